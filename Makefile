@@ -1,0 +1,39 @@
+# The two commands a fresh clone needs:  `make serve` (the main job) and `make test` (the test suite).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup test serve lint browser clean
+
+# Virtualenv with hub-vit and every extra, editable. Re-run when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[all]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+# Debian's Chromium for the Playwright browser tests (Playwright cannot download its own browser here).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is missing: install Debian's 'chromium' package to run the browser tests"; fi; }
+
+# The test suite. pytest exit code 5 ("no tests collected", e.g. a -k filter that matches nothing) is reported, not fatal.
+test: setup browser
+	$(VENV)/bin/ruff check .
+	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5)"; exit 0; fi; exit $$rc
+
+# The main job: serve the default model (Triton + demo once available).
+serve: setup
+	$(VENV)/bin/hub-vit serve
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,27 @@
+"""The shared typer application and rich console."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    name="hub-vit",
+    help="Google's Vision Transformers for timm, transformers, ONNX and Triton.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print a red error line and return the Exit to raise: `raise fail("...")`."""
+    err_console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+@app.callback()
+def _root() -> None:
+    """Google's Vision Transformers for timm, transformers, ONNX and Triton."""

@@ -1,0 +1,1 @@
+"""`hub-vit cards` commands (placeholder until implemented)."""

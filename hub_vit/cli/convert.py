@@ -1,0 +1,1 @@
+"""`hub-vit convert` commands (placeholder until implemented)."""

@@ -1,0 +1,1 @@
+"""`hub-vit explain` commands (placeholder until implemented)."""

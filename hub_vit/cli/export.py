@@ -1,0 +1,1 @@
+"""`hub-vit export` commands (placeholder until implemented)."""

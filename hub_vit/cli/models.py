@@ -1,0 +1,35 @@
+"""`hub-vit models`: the registered architectures, their pretrained tags and parameter counts."""
+
+from __future__ import annotations
+
+import torch
+import typer
+from rich.table import Table
+
+from hub_vit.catalog import MODELS
+from hub_vit.cli.app import app, console, fail
+from hub_vit.model import VisionTransformer, count_parameters
+
+
+@app.command()
+def models(
+    family: str = typer.Option(None, help="Only this family: 'vit' or 'simplevit'."),
+    tags: bool = typer.Option(True, help="List the pretrained tags of each model."),
+) -> None:
+    """List the architectures hub-vit registers with timm and transformers."""
+    families = sorted({e.family for e in MODELS.values()})
+    if family is not None and family not in families:
+        raise fail(f"unknown family {family!r}; valid choices: {', '.join(families)}")
+    table = Table(title="hub-vit models")
+    for column in ("name", "variant", "posemb", "pool", "pre-logits", "params", "pretrained tags"):
+        table.add_column(column, justify="right" if column == "params" else "left")
+    for entry in MODELS.values():
+        if family and entry.family != family:
+            continue
+        spec = entry.spec
+        with torch.device("meta"):  # count without allocating (H/14 has 632M parameters)
+            params = count_parameters(VisionTransformer(spec))
+        tag_text = ", ".join(w.tag for w in entry.weights) if tags else str(len(entry.weights))
+        table.add_row(entry.name, spec.variant or "-", spec.posemb, spec.pool_type,
+                      str(spec.rep_size or "-"), f"{params:,}", tag_text or "-")
+    console.print(table)

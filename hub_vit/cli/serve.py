@@ -1,0 +1,1 @@
+"""`hub-vit serve` commands (placeholder until implemented)."""

@@ -1,0 +1,1 @@
+"""`hub-vit train` commands (placeholder until implemented)."""

@@ -1,0 +1,1 @@
+"""transformers front door (filled in by the HF work)."""

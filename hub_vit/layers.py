@@ -1,0 +1,147 @@
+"""Building blocks of the one hub-vit model: position embeddings, attention, MLP, encoder block, MAP head.
+
+Parameter names follow timm's `VisionTransformer` (`attn.qkv`, `attn.proj`, `mlp.fc1`, ...), so a hub-vit state dict
+reads like a timm one and the transformers wrapper is the same dict under a `vit.` prefix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
+                     dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.Tensor:
+    """big_vision's `posemb_sincos_2d` ("MoCo v3 logic"), exactly: returns (1, h*w, width).
+
+    `omega = 1 / temperature ** (arange(width/4) / (width/4 - 1))`; channels `[sin(x w), cos(x w), sin(y w), cos(y w)]`
+    with x the column and y the row index, tokens in row-major order. Computed in float64 then cast, so the table is
+    the same for every requested dtype and matches numpy to float32 rounding.
+    """
+    if width % 4:
+        raise ValueError(f"sincos2d position embedding needs a width divisible by 4, got {width}")
+    quarter = width // 4
+    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij")
+    omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
+    omega = 1.0 / temperature**omega
+    y = y.reshape(-1, 1) * omega  # (h*w, width/4)
+    x = x.reshape(-1, 1) * omega
+    pe = torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
+    return pe[None].to(dtype=dtype, device=device)
+
+
+def resample_posemb(posemb: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
+    """Resize a learned (1, h*w, D) position embedding to a new grid the way vit_jax and big_vision do.
+
+    Both use `scipy.ndimage.zoom(order=1)`: linear interpolation whose corner samples coincide, i.e.
+    `interpolate(mode="bilinear", align_corners=True)` without antialiasing. Computed in float32.
+    """
+    if tuple(old_grid) == tuple(new_grid):
+        return posemb
+    gh, gw = old_grid
+    if posemb.shape[1] != gh * gw:
+        raise ValueError(f"position embedding has {posemb.shape[1]} tokens, expected {gh}x{gw}={gh * gw}")
+    dtype = posemb.dtype
+    grid = posemb.reshape(1, gh, gw, -1).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=True)
+    return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1).to(dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with fused q/k/v weights (rows `[q; k; v]`, head-major within each).
+
+    `forward(x, return_attn=False)` uses `scaled_dot_product_attention`; with `return_attn=True` it computes
+    `softmax(q k^T / sqrt(d))` explicitly and returns the probabilities `(B, heads, N, N)` as well.
+    """
+
+    def __init__(self, dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (B, heads, N, head_dim)
+        attn = None
+        if return_attn:
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, N, N)
+            x = attn @ v
+        else:
+            x = F.scaled_dot_product_attention(q, k, v)
+        x = x.transpose(1, 2).reshape(B, N, C)
+        return self.proj(x), attn
+
+
+class Mlp(nn.Module):
+    """Dense -> GELU -> Dense (flax `MlpBlock`); `gelu='tanh'` is flax's default approximate GELU."""
+
+    def __init__(self, dim: int, hidden: int, gelu: str) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int, eps: float, gelu: str) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=eps)
+        self.attn = Attention(dim, num_heads)
+        self.norm2 = nn.LayerNorm(dim, eps=eps)
+        self.mlp = Mlp(dim, mlp_dim, gelu)
+
+    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, attn = self.attn(self.norm1(x), return_attn)
+        x = x + y
+        x = x + self.mlp(self.norm2(x))
+        return x, attn
+
+
+class MAPHead(nn.Module):
+    """big_vision `MAPHead`: a learned probe attends over the tokens, then a residual MLP; returns (B, D).
+
+    Same structure and names as timm's `AttentionPoolLatent` (`latent`, `q`, `kv`, `proj`, `norm`, `mlp`).
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int, eps: float, gelu: str) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, dim * 2)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.mlp = Mlp(dim, mlp_dim, gelu)
+
+    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, N, C = x.shape
+        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = None
+        if return_attn:
+            attn = ((q * self.head_dim**-0.5) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, 1, N)
+            y = attn @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)
+        y = self.proj(y.transpose(1, 2).reshape(B, 1, C))
+        y = y + self.mlp(self.norm(y))  # big_vision: x = MHA(probe, x); x = x + MLP(LN(x))
+        return y[:, 0], attn
+
+
+def lecun_normal_(tensor: torch.Tensor, fan_in: int) -> torch.Tensor:
+    """flax's default kernel init: truncated normal (2 std) with variance 1/fan_in, corrected for the truncation."""
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+    return nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)

@@ -1,0 +1,329 @@
+"""`VisionTransformer`: the one model module behind every hub-vit variant (classic ViT and SimpleViT alike).
+
+The architecture is whatever the `ViTSpec` says; there is no second class for SimpleViT. The timm entry points
+(`hub_vit.timm_plugin`) and the transformers classes (`hub_vit.hf`) both wrap this module unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from hub_vit.layers import Block, MAPHead, lecun_normal_, posemb_sincos_2d, resample_posemb
+from hub_vit.variants import ViTSpec, check_image_size
+
+
+class ViTOutput(NamedTuple):
+    """Everything one forward pass can report. Optional fields are None unless asked for.
+
+    hidden_states: depth+1 tensors (B, N, D): the embeddings, then each block's output (before the final norm).
+    attentions: depth tensors (B, heads, N, N), each row a probability distribution over the N tokens.
+    pool_attention: MAP models only, the probe's attention over the tokens (B, heads, 1, N).
+    """
+
+    logits: torch.Tensor  # (B, num_classes), or (B, num_features) when the model has no head
+    pre_logits: torch.Tensor  # (B, num_features): what the head reads
+    tokens: torch.Tensor  # (B, N, D) after the final LayerNorm
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    pool_attention: torch.Tensor | None = None
+
+
+def _tracing() -> bool:
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
+class VisionTransformer(nn.Module):
+    """ViT / SimpleViT. `VisionTransformer(ViTSpec.from_variant("S/16", posemb="sincos2d", pool_type="gap"))`.
+
+    Keyword overrides replace spec fields (this is how timm passes `num_classes=`, `img_size=`, `in_chans=`).
+    """
+
+    def __init__(self, spec: ViTSpec | None = None, **overrides: Any) -> None:
+        super().__init__()
+        if spec is None:
+            raise ValueError("VisionTransformer needs a ViTSpec, e.g. ViTSpec.from_variant('S/16')")
+        spec = spec.replace(**overrides) if overrides else spec
+        self.spec = spec
+        D = spec.width
+        # timm model attributes that timm's helpers (data config, features, optimizers) read
+        self.num_classes = spec.num_classes
+        self.num_features = self.head_hidden_size = spec.num_features
+        self.embed_dim = D
+        self.num_prefix_tokens = spec.num_prefix_tokens
+        self.global_pool = {"tok": "token", "gap": "avg", "map": "map"}[spec.pool_type]
+        self.grad_checkpointing = False
+
+        self.patch_embed = nn.Module()
+        self.patch_embed.proj = nn.Conv2d(spec.in_chans, D, kernel_size=spec.patch_size, stride=spec.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if spec.class_token else None
+        if spec.posemb == "learn":
+            n_pos = spec.num_patches + (1 if spec.posemb_on_cls else 0)
+            self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, D))
+        else:
+            self.pos_embed = None  # sincos2d: computed for the actual grid on every forward, never stored
+        self.blocks = nn.ModuleList(
+            Block(D, spec.num_heads, spec.mlp_dim, spec.layer_norm_eps, spec.gelu) for _ in range(spec.depth)
+        )
+        self.norm = nn.LayerNorm(D, eps=spec.layer_norm_eps)
+        self.attn_pool = None
+        if spec.pool_type == "map":
+            self.attn_pool = MAPHead(D, spec.num_heads, spec.mlp_dim, spec.layer_norm_eps, spec.gelu)
+        if spec.rep_size:
+            self.pre_logits = nn.Sequential()
+            self.pre_logits.add_module("fc", nn.Linear(D, spec.rep_size))
+            self.pre_logits.add_module("act", nn.Tanh())
+        else:
+            self.pre_logits = nn.Identity()
+        self.head = nn.Linear(self.num_features, spec.num_classes) if spec.num_classes else nn.Identity()
+        self.feature_info = [
+            dict(module=f"blocks.{i}", num_chs=D, reduction=spec.patch_size) for i in range(spec.depth)
+        ]
+        self.init_weights()
+
+    # ---------------------------------------------------------------------------------------------------- init
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """big_vision's init, so that training from scratch starts where big_vision starts.
+
+        lecun-normal patch conv, xavier-uniform q/k/v *each* (not the fused matrix), out and MLP kernels, MLP biases
+        N(0, 1e-6), zero cls token, learned posemb N(0, 1/sqrt(D)) (vit_jax: 0.02), zero head.
+        """
+        spec, D = self.spec, self.spec.width
+        conv = self.patch_embed.proj
+        lecun_normal_(conv.weight, fan_in=spec.in_chans * spec.patch_size**2)
+        nn.init.zeros_(conv.bias)
+        if self.cls_token is not None:
+            nn.init.zeros_(self.cls_token)
+        if self.pos_embed is not None:
+            nn.init.normal_(self.pos_embed, std=0.02 if spec.posemb_on_cls else 1 / math.sqrt(D))
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            _xavier_chunks_(block.attn.qkv, 3)
+            _xavier_chunks_(block.attn.proj, 1)
+            _init_mlp_(block.mlp)
+        if self.attn_pool is not None:
+            pool = self.attn_pool
+            bound = math.sqrt(6.0 / (1 + D))  # flax xavier on a (1, 1, D) probe: fan_in 1, fan_out D
+            nn.init.uniform_(pool.latent, -bound, bound)
+            _xavier_chunks_(pool.q, 1)
+            _xavier_chunks_(pool.kv, 2)
+            _xavier_chunks_(pool.proj, 1)
+            _init_mlp_(pool.mlp)
+        if spec.rep_size:
+            lecun_normal_(self.pre_logits.fc.weight, fan_in=D)
+            nn.init.zeros_(self.pre_logits.fc.bias)
+        self._init_head()
+
+    @torch.no_grad()
+    def _init_head(self) -> None:
+        if isinstance(self.head, nn.Linear):
+            if self.spec.head_zeroinit:
+                nn.init.zeros_(self.head.weight)
+            else:
+                nn.init.xavier_uniform_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+
+    # ---------------------------------------------------------------------------------------------------- forward
+    def check_input(self, x: torch.Tensor) -> None:
+        """Clear errors for the three classic mistakes: wrong rank, wrong channel count, size not a patch multiple."""
+        if _tracing():
+            return
+        if x.ndim != 4:
+            raise ValueError(f"expected a (batch, channels, height, width) image tensor, got shape {tuple(x.shape)}")
+        if x.shape[1] != self.spec.in_chans:
+            raise ValueError(
+                f"expected {self.spec.in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)}); "
+                "images must be NCHW"
+            )
+        check_image_size((x.shape[2], x.shape[3]), self.spec.patch_size)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) pixels -> (B, N, D) tokens with position embeddings (and the class token, if any)."""
+        self.check_input(x)
+        x = self.patch_embed.proj(x)  # (B, D, h, w)
+        h, w = x.shape[-2:]
+        x = x.flatten(2).transpose(1, 2)  # (B, h*w, D), row-major patch order as in JAX
+        spec = self.spec
+        if spec.posemb == "sincos2d":
+            x = x + posemb_sincos_2d(h, w, spec.width, dtype=x.dtype, device=x.device)
+        elif not spec.posemb_on_cls:
+            x = x + resample_posemb(self.pos_embed, spec.grid_size, (h, w))  # big_vision: patches only
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+        if spec.posemb_on_cls:  # vit_jax: the embedding has a class-token slot and is added after the concat
+            pos = torch.cat([self.pos_embed[:, :1], resample_posemb(self.pos_embed[:, 1:], spec.grid_size, (h, w))], 1)
+            x = x + pos
+        return x
+
+    def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            return checkpoint(block, x, return_attn, use_reentrant=False)
+        return block(x, return_attn)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, N, D) normalised tokens, on the fused-attention path."""
+        x = self.embed(x)
+        for block in self.blocks:
+            x, _ = self._run_block(block, x, False)
+        return self.norm(x)
+
+    def pool(self, tokens: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, N, D) normalised tokens -> (B, D): class token, patch-token mean (big_vision: norm, then mean) or MAP."""
+        if self.spec.pool_type == "tok":
+            return tokens[:, 0], None
+        if self.spec.pool_type == "gap":
+            return tokens[:, self.num_prefix_tokens:].mean(dim=1), None
+        return self.attn_pool(tokens, return_attn)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """timm API: pooled (+ tanh pre-logits) features if `pre_logits`, else logits."""
+        x = self.pre_logits(self.pool(tokens)[0])
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_all(self, x: torch.Tensor, output_attentions: bool = False,
+                    output_hidden_states: bool = False) -> ViTOutput:
+        """One pass that can also return every block's attention probabilities and hidden states.
+
+        With `output_attentions=True` each block computes softmax(q k^T / sqrt(d)) explicitly (the SDPA kernel does
+        not expose it); the logits equal the fused path's to float32 rounding.
+        """
+        x = self.embed(x)
+        hidden: list[torch.Tensor] = [x]
+        attns: list[torch.Tensor] = []
+        for block in self.blocks:
+            x, attn = self._run_block(block, x, output_attentions)
+            hidden.append(x)
+            if attn is not None:
+                attns.append(attn)
+        tokens = self.norm(x)
+        pooled, pool_attn = self.pool(tokens, output_attentions)
+        feats = self.pre_logits(pooled)
+        return ViTOutput(
+            logits=self.head(feats),
+            pre_logits=feats,
+            tokens=tokens,
+            hidden_states=tuple(hidden) if output_hidden_states else None,
+            attentions=tuple(attns) if output_attentions else None,
+            pool_attention=pool_attn,
+        )
+
+    # ---------------------------------------------------------------------------------------------------- timm API
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """New zero-initialised head for `num_classes` (0 = none). Pooling is part of the architecture and fixed."""
+        if global_pool is not None and global_pool != self.global_pool:
+            raise ValueError(f"this model's pooling is {self.global_pool!r}; it cannot be changed to {global_pool!r}")
+        self.spec = self.spec.replace(num_classes=num_classes)
+        self.num_classes = num_classes
+        device = next(self.parameters()).device
+        self.head = nn.Linear(self.num_features, num_classes, device=device) if num_classes else nn.Identity()
+        self._init_head()
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token", "attn_pool.latent"}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        blocks = [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]
+        return dict(stem=r"^cls_token|^pos_embed|^patch_embed", blocks=blocks)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """timm's feature API: outputs of the chosen blocks, as NCHW maps or NLC token sequences."""
+        from timm.models._features import feature_take_indices
+
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take, max_index = feature_take_indices(len(self.blocks), indices)
+        B, _, H, W = x.shape
+        gh, gw = H // self.spec.patch_size, W // self.spec.patch_size
+        x = self.embed(x)
+        blocks = self.blocks[: max_index + 1] if (stop_early or intermediates_only) else self.blocks
+        outs: list[Any] = []
+        for i, block in enumerate(blocks):
+            x, _ = self._run_block(block, x, False)
+            if i in take:
+                y = self.norm(x) if norm else x
+                prefix, y = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens:]
+                if output_fmt == "NCHW":
+                    y = y.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous()
+                outs.append((y, prefix) if return_prefix_tokens and self.num_prefix_tokens else y)
+        if intermediates_only:
+            return outs
+        return self.norm(x), outs
+
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        from timm.models._features import feature_take_indices
+
+        take, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.attn_pool = None
+            self.pre_logits = nn.Identity()
+            self.reset_classifier(0)
+        return take
+
+    # ---------------------------------------------------------------------------------------------------- loading
+    def load_pretrained(self, checkpoint_path: str, prefix: str = "") -> None:
+        """timm `custom_load` hook: a Google `.npz` (converted on the fly) or a safetensors / torch state dict."""
+        from hub_vit.weights import load_weights_file
+
+        state_dict = load_weights_file(checkpoint_path, spec=self.spec)
+        self.load_adapted_state_dict(state_dict)
+
+    def load_adapted_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Strictly load a checkpoint after adapting it (prefix, position-embedding size, head size) to this model."""
+        from hub_vit.weights import adapt_state_dict, load_strict
+
+        load_strict(self, adapt_state_dict(state_dict, self))
+
+
+@torch.no_grad()
+def _xavier_chunks_(linear: nn.Linear, chunks: int) -> None:
+    """xavier-uniform each of `chunks` stacked (out/chunks, in) blocks separately, as flax inits q, k, v apart."""
+    for w in linear.weight.chunk(chunks, dim=0):
+        nn.init.xavier_uniform_(w)
+    nn.init.zeros_(linear.bias)
+
+
+@torch.no_grad()
+def _init_mlp_(mlp: nn.Module) -> None:
+    for fc in (mlp.fc1, mlp.fc2):
+        nn.init.xavier_uniform_(fc.weight)
+        nn.init.normal_(fc.bias, std=1e-6)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["VisionTransformer", "ViTOutput", "count_parameters"]

@@ -1,0 +1,67 @@
+"""The timm front door: `import hub_vit` registers every `hub_vit.catalog.MODELS` name with timm.
+
+`timm.create_model("simplevit_s16")` builds the paper's S/16; `timm.create_model("vit_b16.augreg_in21k_ft_in1k_384",
+pretrained=True)` downloads and converts Google's npz; `pretrained_cfg_overlay=dict(file="model.safetensors")`
+loads a local file. The entry-point functions are generated from the catalog, so the table stays the only source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
+
+from hub_vit.catalog import MODELS, ModelEntry
+from hub_vit.model import VisionTransformer
+from hub_vit.weights import adapt_state_dict
+
+# No published weights: still a complete data config (Google's models take [-1, 1] inputs: mean = std = 0.5).
+_UNTRAINED_CFG = dict(
+    url="", custom_load=True, num_classes=1000, input_size=(3, 224, 224), crop_pct=0.875, crop_mode="center",
+    interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), first_conv="patch_embed.proj",
+    classifier="head", license="apache-2.0",
+)
+
+
+def _cfgs_for(entry: ModelEntry) -> dict[str, dict[str, Any]]:
+    if not entry.weights:
+        img = entry.spec.img_size
+        return {entry.name: dict(_UNTRAINED_CFG, input_size=(3, *img))}
+    return {f"{entry.name}.{w.tag}": w.pretrained_cfg() for w in entry.weights}
+
+
+default_cfgs = generate_default_cfgs({k: v for e in MODELS.values() for k, v in _cfgs_for(e).items()})
+
+
+def create_hub_vit(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Build a registered hub-vit model through timm's builder (pretrained cfg, weight loading, features_only)."""
+    entry = MODELS[name]
+    # A tag fixes the input size its weights were trained at (e.g. `.augreg_in21k_ft_in1k_384`): build at that size
+    # unless the caller asks for another one, in which case learned position embeddings are resampled on load.
+    cfg = resolve_pretrained_cfg(name, kwargs.pop("pretrained_cfg", None), kwargs.pop("pretrained_cfg_overlay", None))
+    kwargs.setdefault("img_size", tuple(cfg.input_size[-2:]))
+    return build_model_with_cfg(
+        VisionTransformer,
+        name,
+        pretrained,
+        pretrained_cfg=cfg,
+        spec=entry.spec,
+        pretrained_filter_fn=adapt_state_dict,
+        feature_cfg=dict(out_indices=entry.spec.depth - 1, feature_cls="getter"),
+        **kwargs,
+    )
+
+
+def _make_entrypoint(entry: ModelEntry) -> Callable[..., VisionTransformer]:
+    def entrypoint(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+        return create_hub_vit(entry.name, pretrained=pretrained, **kwargs)
+
+    entrypoint.__name__ = entrypoint.__qualname__ = entry.name
+    entrypoint.__module__ = __name__
+    entrypoint.__doc__ = entry.description
+    return entrypoint
+
+
+for _entry in MODELS.values():
+    globals()[_entry.name] = register_model(_make_entrypoint(_entry))

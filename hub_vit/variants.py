@@ -1,0 +1,215 @@
+"""The variant table: the single source of truth for every hub-vit architecture.
+
+A `ViTSpec` is a frozen, typed description of one Vision Transformer. It is built from big_vision's size letters
+(`"S/16"` -> width 384, depth 12, mlp 1536, 6 heads, patch 16) plus the switches that distinguish the classic ViT
+(Dosovitskiy et al. 2020: class token, learned position embedding) from SimpleViT ("Better plain ViT baselines",
+Beyer et al. 2022: fixed 2-D sin-cos position embedding, global average pooling, optional tanh pre-logits).
+
+The model, the timm entry points, the transformers config, the converters, the Triton configs and the model cards
+all read this table; nothing else hard-codes a width or a depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, get_args
+
+
+class Size(NamedTuple):
+    """One row of big_vision's `decode_variant` table."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+
+
+# big_vision models/vit.py::decode_variant (width, depth, mlp_dim, num_heads), in the order of that table.
+SIZES: dict[str, Size] = {
+    "mu": Size(32, 1, 128, 2),
+    "Ti": Size(192, 12, 768, 3),
+    "S": Size(384, 12, 1536, 6),
+    "M": Size(512, 12, 2048, 8),
+    "B": Size(768, 12, 3072, 12),
+    "L": Size(1024, 24, 4096, 16),
+    "So400m": Size(1152, 27, 4304, 16),
+    "H": Size(1280, 32, 5120, 16),
+    "g": Size(1408, 40, 6144, 16),
+    "g-opt": Size(1536, 40, 6144, 16),
+    "G": Size(1664, 48, 8192, 16),
+    "G-opt": Size(1536, 48, 8192, 16),
+    "e": Size(1792, 56, 15360, 16),
+}
+
+PosEmb = Literal["learn", "sincos2d"]
+PoolType = Literal["tok", "gap", "map"]
+Gelu = Literal["tanh", "erf"]
+POSEMBS: tuple[str, ...] = get_args(PosEmb)
+POOL_TYPES: tuple[str, ...] = get_args(PoolType)
+GELUS: tuple[str, ...] = get_args(Gelu)
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(repr, choices))}")
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def to_2tuple(value: int | tuple[int, int] | list[int], name: str = "img_size") -> tuple[int, int]:
+    """`224` -> `(224, 224)`; `(48, 64)` stays `(height, width)`."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int or a (height, width) pair, got {value!r}")
+        return (_positive_int(name, value[0]), _positive_int(name, value[1]))
+    size = _positive_int(name, value)
+    return (size, size)
+
+
+def parse_variant(variant: str) -> tuple[Size, int]:
+    """`"S/16"` -> (SIZES["S"], 16), as big_vision's `decode_variant` does, with errors that list the choices."""
+    if not isinstance(variant, str) or variant.count("/") != 1:
+        raise ValueError(f"variant must look like 'S/16' (size letter / patch size), got {variant!r}")
+    letter, patch = variant.split("/")
+    if letter not in SIZES:
+        raise ValueError(f"unknown model size {letter!r} in {variant!r}; valid sizes: {', '.join(SIZES)}")
+    if not patch.isdigit() or int(patch) <= 0:
+        raise ValueError(f"patch size in {variant!r} must be a positive integer, got {patch!r}")
+    return SIZES[letter], int(patch)
+
+
+@dataclass(frozen=True)
+class ViTSpec:
+    """Everything that determines a hub-vit model's architecture (and hence its state-dict keys and shapes).
+
+    `rep_size` follows big_vision: `None`/`False`/`0` = no pre-logits layer, `True` = a Dense(width)+tanh layer,
+    an int = a Dense(int)+tanh layer. It is stored normalised (an int or None).
+    `posemb_on_cls` is the original ViT convention (vit_jax, HF `ViTModel`): the learned position embedding has a
+    class-token slot and is added *after* the class token is prepended. big_vision adds it to the patches only.
+    """
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    patch_size: int
+    img_size: tuple[int, int] = (224, 224)
+    in_chans: int = 3
+    num_classes: int = 1000
+    posemb: PosEmb = "learn"
+    pool_type: PoolType = "tok"
+    class_token: bool | None = None
+    posemb_on_cls: bool = False
+    rep_size: int | bool | None = None
+    layer_norm_eps: float = 1e-6
+    gelu: Gelu = "tanh"
+    head_zeroinit: bool = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise fields in place once, here
+        for name in ("width", "depth", "mlp_dim", "num_heads", "patch_size", "in_chans"):
+            _positive_int(name, getattr(self, name))
+        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
+            raise ValueError(f"num_classes must be an integer >= 0 (0 = no classifier head), got {self.num_classes!r}")
+        set_(self, "img_size", to_2tuple(self.img_size))
+        _choice("posemb", self.posemb, POSEMBS)
+        _choice("pool_type", self.pool_type, POOL_TYPES)
+        _choice("gelu", self.gelu, GELUS)
+        if self.class_token is None:
+            set_(self, "class_token", self.pool_type == "tok")
+        if self.pool_type == "tok" and not self.class_token:
+            raise ValueError("pool_type 'tok' needs class_token=True (it pools the class token)")
+        if self.class_token and self.pool_type != "tok":
+            raise ValueError(f"class_token=True is only used by pool_type 'tok', not {self.pool_type!r}")
+        if self.posemb_on_cls and not (self.class_token and self.posemb == "learn"):
+            raise ValueError("posemb_on_cls=True needs a class token and posemb='learn'")
+        if self.rep_size is True:
+            set_(self, "rep_size", self.width)
+        elif self.rep_size is False or self.rep_size == 0:
+            set_(self, "rep_size", None)
+        elif self.rep_size is not None:
+            _positive_int("rep_size", self.rep_size)
+        if self.width % self.num_heads:
+            raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+        if self.posemb == "sincos2d" and self.width % 4:
+            raise ValueError(f"posemb 'sincos2d' needs a width divisible by 4, got {self.width}")
+        if not (isinstance(self.layer_norm_eps, float) and self.layer_norm_eps > 0):
+            raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
+        check_image_size(self.img_size, self.patch_size)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_variant(cls, variant: str, **switches: Any) -> ViTSpec:
+        """`ViTSpec.from_variant("S/16", posemb="sincos2d", pool_type="gap", rep_size=True)`."""
+        size, patch = parse_variant(variant)
+        unknown = set(switches) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown switch(es) {sorted(unknown)}; valid switches: {sorted(SWITCHES)}")
+        return cls(**{**size._asdict(), "patch_size": patch, **switches})
+
+    @property
+    def variant(self) -> str | None:
+        """The big_vision variant string (`"S/16"`) if the size is a row of the table, else None."""
+        size = Size(self.width, self.depth, self.mlp_dim, self.num_heads)
+        letter = next((k for k, v in SIZES.items() if v == size), None)
+        return f"{letter}/{self.patch_size}" if letter else None
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.class_token else 0
+
+    @property
+    def num_features(self) -> int:
+        """Width of the vector the classifier head reads (after the optional pre-logits layer)."""
+        return self.rep_size or self.width
+
+    def replace(self, **changes: Any) -> ViTSpec:
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown field(s) {sorted(unknown)}; valid fields: {sorted(SWITCHES)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict; `ViTSpec.from_dict(spec.to_dict()) == spec`."""
+        out = dataclasses.asdict(self)
+        out["img_size"] = list(self.img_size)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ViTSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown ViTSpec field(s) {sorted(unknown)}; valid fields: {sorted(known)}")
+        return cls(**data)
+
+
+SWITCHES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(ViTSpec))
+
+
+def check_image_size(img_size: tuple[int, int], patch_size: int) -> None:
+    """Raise a ValueError that names both numbers when an image does not tile into whole patches."""
+    height, width = img_size
+    if height % patch_size or width % patch_size:
+        raise ValueError(
+            f"image size {height}x{width} is not divisible by the patch size {patch_size}; "
+            f"use a multiple of {patch_size} (e.g. {max(1, height // patch_size) * patch_size}x"
+            f"{max(1, width // patch_size) * patch_size})"
+        )

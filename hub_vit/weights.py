@@ -1,0 +1,103 @@
+"""Reading weight files into a hub-vit model: format dispatch, adaptation to the target model, strict loading.
+
+Loading is always strict: a mismatch raises an error listing the missing and unexpected keys (big_vision's
+`merge_params` style) and every shape that disagrees, instead of silently leaving random tensors in the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from hub_vit.layers import resample_posemb
+from hub_vit.variants import ViTSpec
+
+if TYPE_CHECKING:
+    from hub_vit.model import VisionTransformer
+
+HEAD_KEYS = ("head.weight", "head.bias")
+
+
+class CheckpointMismatchError(ValueError):
+    """A state dict does not fit the model; the message lists every missing, unexpected and mis-shaped key."""
+
+
+def load_weights_file(path: str | Path, spec: ViTSpec | None = None) -> dict[str, torch.Tensor]:
+    """Read `.safetensors`, `.pt/.pth/.bin` (weights only, never arbitrary pickles) or a Google `.npz` checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    if suffix in (".pt", ".pth", ".bin"):
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+        return state.get("state_dict", state) if isinstance(state, dict) else state
+    if suffix == ".npz":
+        from hub_vit.conversion import convert_npz_file
+
+        return convert_npz_file(path, spec=spec)
+    raise ValueError(f"unsupported weights file {path.name!r}; expected .safetensors, .npz, .pt, .pth or .bin")
+
+
+def strip_prefix(state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...] = ("vit.", "model.", "module.")
+                 ) -> dict[str, torch.Tensor]:
+    """Remove a wrapper prefix (transformers `vit.`, DDP `module.`) when every key carries it."""
+    for prefix in prefixes:
+        if state_dict and all(k.startswith(prefix) for k in state_dict):
+            return {k[len(prefix):]: v for k, v in state_dict.items()}
+    return state_dict
+
+
+def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
+    """Fit a hub-vit state dict to `model`: strip prefixes, resample a learned position embedding to the model's
+    grid, and drop a head whose class count differs (the model keeps its freshly initialised head, as for
+    fine-tuning). Also used as timm's `pretrained_filter_fn`."""
+    state_dict = dict(strip_prefix(state_dict))
+    spec = model.spec
+    pos = state_dict.get("pos_embed")
+    if pos is not None and model.pos_embed is not None and pos.shape != model.pos_embed.shape:
+        extra = 1 if spec.posemb_on_cls else 0
+        n_old = pos.shape[1] - extra
+        side = int(round(n_old**0.5))
+        if side * side != n_old:
+            raise CheckpointMismatchError(
+                f"pos_embed has {pos.shape[1]} entries, which is not a square grid; cannot resample it to "
+                f"{spec.grid_size[0]}x{spec.grid_size[1]}"
+            )
+        grid = resample_posemb(pos[:, extra:], (side, side), spec.grid_size)
+        state_dict["pos_embed"] = torch.cat([pos[:, :extra], grid], dim=1) if extra else grid
+    head_w = state_dict.get("head.weight")
+    model_head = model.head.weight if isinstance(model.head, torch.nn.Linear) else None
+    if head_w is not None and (model_head is None or head_w.shape != model_head.shape):
+        for key in HEAD_KEYS:
+            state_dict.pop(key, None)
+        if model_head is not None:
+            state_dict.update({k: v.detach().clone() for k, v in model.state_dict().items() if k in HEAD_KEYS})
+    return state_dict
+
+
+def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """`load_state_dict(strict=True)`, preceded by a full diff so the error names every problem at once."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    mis_shaped = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in sorted(set(expected) & set(state_dict))
+        if tuple(state_dict[k].shape) != tuple(expected[k].shape)
+    ]
+    if missing or unexpected or mis_shaped:
+        lines = ["checkpoint does not match the model:"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+        if mis_shaped:
+            lines.append(f"  shape mismatches ({len(mis_shaped)}): {'; '.join(mis_shaped)}")
+        raise CheckpointMismatchError("\n".join(lines))
+    model.load_state_dict(state_dict, strict=True)

@@ -1,0 +1,1 @@
+"""hub_vit.server"""
