@@ -65,3 +65,30 @@ def _make_entrypoint(entry: ModelEntry) -> Callable[..., VisionTransformer]:
 
 for _entry in MODELS.values():
     globals()[_entry.name] = register_model(_make_entrypoint(_entry))
+
+
+CUSTOM_ARCHITECTURE = "hub_vit"
+default_cfgs[CUSTOM_ARCHITECTURE] = generate_default_cfgs({CUSTOM_ARCHITECTURE: dict(_UNTRAINED_CFG)})[
+    CUSTOM_ARCHITECTURE
+]
+
+
+@register_model
+def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Any architecture the variant table can describe: pass every `ViTSpec` field (a model folder's `model_args`)
+    or `variant="S/16"` plus switches. This is the timm `architecture` of converted checkpoints that match no
+    registered name."""
+    from hub_vit.variants import ViTSpec
+
+    spec_fields = {k: kwargs.pop(k) for k in list(kwargs) if k in ViTSpec.__dataclass_fields__}
+    variant = kwargs.pop("variant", None)
+    spec = ViTSpec.from_variant(variant, **spec_fields) if variant else ViTSpec(**spec_fields)
+    cfg = resolve_pretrained_cfg(CUSTOM_ARCHITECTURE, kwargs.pop("pretrained_cfg", None),
+                                 kwargs.pop("pretrained_cfg_overlay", None))
+    kwargs.setdefault("img_size", spec.img_size)
+    kwargs.setdefault("num_classes", spec.num_classes)
+    return build_model_with_cfg(
+        VisionTransformer, CUSTOM_ARCHITECTURE, pretrained, pretrained_cfg=cfg, spec=spec,
+        pretrained_filter_fn=adapt_state_dict,
+        feature_cfg=dict(out_indices=spec.depth - 1, feature_cls="getter"), **kwargs,
+    )

@@ -78,11 +78,12 @@ def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransform
             state_dict.pop(key, None)
         if model_head is not None:
             state_dict.update({k: v.detach().clone() for k, v in model.state_dict().items() if k in HEAD_KEYS})
+    check_state_dict(state_dict, model)  # timm's own load_state_dict follows; fail here with the full diff
     return state_dict
 
 
-def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-    """`load_state_dict(strict=True)`, preceded by a full diff so the error names every problem at once."""
+def check_state_dict(state_dict: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+    """Raise one error naming every missing, unexpected and mis-shaped key (big_vision `merge_params` style)."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
@@ -100,4 +101,9 @@ def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> 
         if mis_shaped:
             lines.append(f"  shape mismatches ({len(mis_shaped)}): {'; '.join(mis_shaped)}")
         raise CheckpointMismatchError("\n".join(lines))
+
+
+def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """`load_state_dict(strict=True)`, preceded by a full diff so the error names every problem at once."""
+    check_state_dict(state_dict, model)
     model.load_state_dict(state_dict, strict=True)

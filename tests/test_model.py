@@ -1,0 +1,199 @@
+"""The one model module: position embeddings, attention paths, resolution changes, init, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hub_vit.layers import posemb_sincos_2d, resample_posemb
+from hub_vit.model import VisionTransformer
+from hub_vit.variants import ViTSpec
+
+TINY = dict(width=64, depth=2, mlp_dim=128, num_heads=4, patch_size=16, img_size=64, num_classes=10)
+FAMILIES = {
+    "vit_jax_token": dict(posemb="learn", pool_type="tok", posemb_on_cls=True),
+    "big_vision_token": dict(posemb="learn", pool_type="tok"),
+    "simplevit_gap_rep": dict(posemb="sincos2d", pool_type="gap", rep_size=True),
+    "map": dict(posemb="learn", pool_type="map"),
+}
+
+
+def _model(family: str, **kw) -> VisionTransformer:
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTSpec(**{**TINY, **FAMILIES[family], **kw}))
+    with torch.no_grad():  # big_vision zero-inits the head; randomise it so logits differ between classes
+        model.head.weight.normal_(std=0.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    ("fixture", "grid"), [("tiny_sincos2d_gap_rep", (4, 4)), ("tiny_sincos2d_gap_h48w64", (3, 4))]
+)
+def test_sincos2d_equals_big_vision_output(jax_fixtures, fixture: str, grid: tuple[int, int]) -> None:
+    """Golden values: `vit.posemb_sincos_2d` as computed by big_vision itself (tests/fixtures/jax)."""
+    reference = np.load(jax_fixtures / "big_vision" / f"{fixture}.io.npz")["posemb_sincos2d"]
+    ours = posemb_sincos_2d(*grid, reference.shape[-1]).numpy()
+    assert ours.shape == reference.shape
+    np.testing.assert_allclose(ours, reference, atol=1e-6, rtol=0)
+
+
+def test_sincos2d_formula_by_hand() -> None:
+    """Channel order [sin x, cos x, sin y, cos y], omega = 1/10000**(i/(D/4-1)); x = column, y = row."""
+    h, w, D = 3, 5, 16
+    pe = posemb_sincos_2d(h, w, D, dtype=torch.float64)[0]
+    omega = 1.0 / 10000 ** (np.arange(D // 4) / (D // 4 - 1))
+    row, col = 2, 3
+    token = pe[row * w + col].numpy()
+    expected = np.concatenate([np.sin(col * omega), np.cos(col * omega), np.sin(row * omega), np.cos(row * omega)])
+    np.testing.assert_allclose(token, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_attention_path_matches_fused_path(family: str) -> None:
+    model = _model(family)
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        fused = model(x)
+        out = model.forward_all(x, output_attentions=True, output_hidden_states=True)
+    assert (out.logits - fused).abs().max().item() <= 1e-5
+    n_tokens = 16 + model.num_prefix_tokens
+    assert len(out.attentions) == 2 and len(out.hidden_states) == 3
+    for attn in out.attentions:
+        assert attn.shape == (3, 4, n_tokens, n_tokens)
+        torch.testing.assert_close(attn.sum(-1), torch.ones(3, 4, n_tokens), atol=1e-5, rtol=0)
+        assert (attn >= 0).all()
+    if family == "map":
+        assert out.pool_attention.shape == (3, 4, 1, 16)
+        torch.testing.assert_close(out.pool_attention.sum(-1), torch.ones(3, 4, 1), atol=1e-5, rtol=0)
+
+
+def test_gap_pools_normed_patch_tokens() -> None:
+    """big_vision order for GAP: final LayerNorm first, then the mean over tokens."""
+    model = _model("simplevit_gap_rep")
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        out = model.forward_all(x)
+        expected = model.head(torch.tanh(model.pre_logits.fc(out.tokens.mean(1))))
+    torch.testing.assert_close(out.logits, expected)
+
+
+def test_sincos_model_runs_at_new_sizes_without_interpolation(monkeypatch) -> None:
+    model = VisionTransformer(ViTSpec.from_variant("mu/16", posemb="sincos2d", pool_type="gap", img_size=224)).eval()
+
+    def no_interpolation(*args, **kwargs):
+        raise AssertionError("a sincos2d model must recompute its table, never interpolate it")
+
+    monkeypatch.setattr(F, "interpolate", no_interpolation)
+    for size in [(288, 288), (160, 224)]:
+        with torch.no_grad():
+            tokens = model.forward_features(torch.randn(2, 3, *size))
+        assert tokens.shape == (2, (size[0] // 16) * (size[1] // 16), 32)
+    # the table used for 288 is exactly big_vision's 18x18 one: check the first block's input
+    x = torch.randn(1, 3, 288, 288)
+    with torch.no_grad():
+        patches = model.patch_embed.proj(x).flatten(2).transpose(1, 2)
+        torch.testing.assert_close(model.embed(x), patches + posemb_sincos_2d(18, 18, 32))
+
+
+def test_learned_posemb_is_resampled_for_other_sizes() -> None:
+    model = _model("vit_jax_token")
+    x = torch.randn(1, 3, 96, 64)  # 6x4 grid instead of 4x4
+    with torch.no_grad():
+        embedded = model.embed(x)
+        patches = model.patch_embed.proj(x).flatten(2).transpose(1, 2)
+        grid = resample_posemb(model.pos_embed[:, 1:], (4, 4), (6, 4))
+        expected = torch.cat([model.cls_token + model.pos_embed[:, :1], patches + grid], 1)
+    torch.testing.assert_close(embedded, expected)
+    assert model(x).shape == (1, 10)
+
+
+def test_resample_posemb_matches_scipy_zoom_order1() -> None:
+    """vit_jax / big_vision resample with scipy.ndimage.zoom(order=1); compare on a random grid."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng(0)
+    grid = rng.normal(size=(4, 4, 8)).astype(np.float32)
+    expected = ndimage.zoom(grid, (7 / 4, 5 / 4, 1), order=1)
+    ours = resample_posemb(torch.from_numpy(grid.reshape(1, 16, 8)), (4, 4), (7, 5)).numpy().reshape(7, 5, 8)
+    np.testing.assert_allclose(ours, expected, atol=1e-5)
+
+
+def test_big_vision_init() -> None:
+    torch.manual_seed(0)
+    spec = ViTSpec.from_variant("S/16", posemb="learn", pool_type="tok", num_classes=10)
+    model = VisionTransformer(spec)
+    D = spec.width
+    assert torch.count_nonzero(model.head.weight) == 0 and torch.count_nonzero(model.cls_token) == 0
+    q, k, v = model.blocks[0].attn.qkv.weight.chunk(3)
+    bound = math.sqrt(6 / (D + D))  # xavier-uniform of each (D, D) projection, not of the fused (3D, D) matrix
+    for w in (q, k, v):
+        assert w.abs().max() <= bound and w.abs().max() > 0.95 * bound
+    assert model.blocks[0].mlp.fc1.bias.std() < 1e-5
+    conv = model.patch_embed.proj.weight
+    assert abs(conv.std().item() - math.sqrt(1 / (3 * 16 * 16))) < 0.1 * math.sqrt(1 / (3 * 16 * 16))
+    assert abs(model.pos_embed.std().item() - 1 / math.sqrt(D)) < 0.1 / math.sqrt(D)
+
+
+def test_gradient_checkpointing_gives_same_gradients() -> None:
+    model = _model("simplevit_gap_rep").train()
+    x = torch.randn(2, 3, 64, 64)
+    model(x).sum().backward()
+    reference = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).sum().backward()
+    for g, r in zip((p.grad for p in model.parameters()), reference, strict=True):
+        torch.testing.assert_close(g, r)
+
+
+def test_every_parameter_gets_a_gradient() -> None:
+    for family in FAMILIES:
+        model = _model(family).train()
+        model(torch.randn(2, 3, 64, 64)).logsumexp(-1).sum().backward()
+        missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+        assert not missing, f"{family}: no gradient for {missing}"
+
+
+def test_reset_classifier_and_pre_logits() -> None:
+    model = _model("simplevit_gap_rep")
+    model.reset_classifier(3)
+    x = torch.randn(2, 3, 64, 64)
+    assert model(x).shape == (2, 3) and torch.count_nonzero(model.head.weight) == 0
+    model.reset_classifier(0)
+    assert model(x).shape == (2, 64)
+    assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (2, 64)
+    with pytest.raises(ValueError, match="pooling is 'avg'; it cannot be changed to 'token'"):
+        model.reset_classifier(3, global_pool="token")
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ((2, 1, 64, 64), r"expected 3 input channels, got 1 \(input shape \(2, 1, 64, 64\)\)"),
+        ((2, 64, 64, 3), "expected 3 input channels, got 64 .* images must be NCHW"),
+        ((2, 3, 60, 64), "image size 60x64 is not divisible by the patch size 16"),
+        ((3, 64, 64), r"expected a \(batch, channels, height, width\) image tensor, got shape \(3, 64, 64\)"),
+    ],
+)
+def test_bad_input_is_a_clear_error(shape: tuple[int, ...], message: str) -> None:
+    model = _model("simplevit_gap_rep")
+    with pytest.raises(ValueError, match=message):
+        model(torch.randn(*shape))
+
+
+def test_forward_intermediates() -> None:
+    model = _model("vit_jax_token")
+    x = torch.randn(2, 3, 64, 64)
+    final, feats = model.forward_intermediates(x, indices=[0, 1])
+    assert final.shape == (2, 17, 64) and [f.shape for f in feats] == [(2, 64, 4, 4)] * 2
+    with torch.no_grad():
+        hidden = model.forward_all(x, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(feats[1], hidden[2][:, 1:].reshape(2, 4, 4, 64).permute(0, 3, 1, 2))
+    nlc = model.forward_intermediates(x, indices=1, output_fmt="NLC", intermediates_only=True)
+    assert nlc[0].shape == (2, 16, 64)
+    with pytest.raises(ValueError, match="output_fmt must be 'NCHW' or 'NLC'"):
+        model.forward_intermediates(x, output_fmt="NHWC")
