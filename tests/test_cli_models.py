@@ -1,0 +1,31 @@
+"""`hub-vit models` and the CLI entry point, run as a user runs them (the installed console script)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _hub_vit(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("hub-vit", path=str(Path(sys.executable).parent)) or "hub-vit"
+    return subprocess.run([exe, *args], capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+def test_models_lists_names_tags_and_published_counts() -> None:
+    out = _hub_vit("models")
+    assert out.returncode == 0, out.stderr
+    assert "simplevit_s16" in out.stdout and "22,122,472" in out.stdout and "i1k_300ep" in out.stdout
+    assert "vit_h14" in out.stdout and "632,045,800" in out.stdout
+
+
+def test_models_bad_family_names_the_choices() -> None:
+    out = _hub_vit("models", "--family", "resnet")
+    assert out.returncode == 2
+    assert "unknown family 'resnet'; valid choices: simplevit, vit" in out.stderr
+
+
+def test_help_lists_the_command_groups() -> None:
+    out = _hub_vit("--help")
+    assert out.returncode == 0 and "models" in out.stdout
