@@ -1,0 +1,273 @@
+"""The hub-vit model folder: one weight file and one config that timm, transformers and the rest of hub-vit all read.
+
+    folder/
+      model.safetensors          hub-vit state dict, timm key names, no prefix
+      config.json                transformers keys (model_type "hub_vit", spec fields, id2label, auto_map)
+                                 + timm keys (architecture, num_classes, num_features, model_args, pretrained_cfg)
+      preprocessor_config.json   HubViTImageProcessor: resize / centre crop / [-1, 1]
+      configuration_hub_vit.py, modeling_hub_vit.py, image_processing_hub_vit.py, hub_vit_*.py
+                                 remote code generated from hub_vit's own modules (trust_remote_code=True)
+      labels.txt                 one class name per line, line i = class i
+      <extra files>              conversion.json / training.json / README.md (written by their owners)
+      native/                    classic ViT only: a native transformers ViTForImageClassification folder
+
+`save_model_folder` writes everything into a temporary directory beside the target and renames it into place at the
+end, so a failure leaves nothing behind (and `overwrite=True` never leaves a half-replaced folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from hub_vit.model import VisionTransformer
+from hub_vit.variants import ViTSpec
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+PREPROCESSOR_FILE = "preprocessor_config.json"
+LABELS_FILE = "labels.txt"
+NATIVE_DIR = "native"
+
+ExtraFile = str | bytes | Path | Mapping[str, Any] | Sequence[Any]
+
+
+@dataclass(frozen=True)
+class ModelFolderInfo:
+    """What `load_model_folder` found besides the model.
+
+    `config` is the parsed config.json; `pretrained_cfg` the timm data config (input size, crop, interpolation,
+    mean/std); `files` maps every other file name (e.g. "conversion.json", "README.md") to its path.
+    """
+
+    path: Path
+    spec: ViTSpec
+    labels: list[str]
+    pretrained_cfg: dict[str, Any]
+    architecture: str
+    config: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def read_json(self, name: str) -> Any:
+        """Parse an extra JSON file of the folder, e.g. `info.read_json("conversion.json")`."""
+        if name not in self.files:
+            raise FileNotFoundError(f"{name!r} is not in {self.path}; files: {', '.join(sorted(self.files)) or 'none'}")
+        return json.loads(self.files[name].read_text(encoding="utf-8"))
+
+
+def _reserved_names() -> set[str]:
+    from hub_vit.hf.remote_code import BUNDLE
+
+    return {WEIGHTS_FILE, CONFIG_FILE, PREPROCESSOR_FILE, LABELS_FILE, NATIVE_DIR, *BUNDLE.values()}
+
+
+def _check_labels(labels: Sequence[str] | None, spec: ViTSpec) -> list[str] | None:
+    if labels is None:
+        return None
+    if isinstance(labels, str):
+        raise ValueError("labels must be a sequence of class names, not a single string")
+    labels = list(labels)
+    if len(labels) != spec.num_classes:
+        raise ValueError(f"got {len(labels)} labels for a model with num_classes={spec.num_classes}; "
+                         "pass exactly one name per class")
+    for i, label in enumerate(labels):
+        if not isinstance(label, str) or not label.strip() or "\n" in label or "\r" in label:
+            raise ValueError(f"label {i} is {label!r}; labels must be non-empty single-line strings")
+    if len(set(labels)) != len(labels):
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        raise ValueError(f"labels must be unique (label2id maps names back to ids); duplicated: {dupes[:5]}")
+    return labels
+
+
+def _check_architecture(architecture: str | None, spec: ViTSpec) -> str:
+    from hub_vit.catalog import MODELS
+    from hub_vit.hf.configuration_hub_vit import GENERIC_ARCHITECTURE, _architecture_key, timm_architecture
+
+    if architecture is None:
+        return timm_architecture(spec)
+    if architecture == GENERIC_ARCHITECTURE:
+        return architecture
+    if architecture not in MODELS:
+        raise ValueError(f"unknown architecture {architecture!r}; valid: {GENERIC_ARCHITECTURE!r} or a registered "
+                         f"name ({', '.join(MODELS)})")
+    if _architecture_key(MODELS[architecture].spec) != _architecture_key(spec):
+        raise ValueError(f"architecture {architecture!r} does not describe this model (its spec differs beyond "
+                         f"num_classes / img_size); use {timm_architecture(spec)!r}")
+    return architecture
+
+
+def _check_extra_files(extra_files: Mapping[str, ExtraFile] | None) -> dict[str, ExtraFile]:
+    extra = dict(extra_files or {})
+    reserved = _reserved_names()
+    for name in extra:
+        parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+        if not parts or name.startswith("/") or ".." in parts or "\\" in name:
+            raise ValueError(f"extra file name {name!r} must be a relative path inside the folder")
+        if parts[0] in reserved:
+            raise ValueError(f"extra file {name!r} would overwrite a file the folder format owns; reserved names: "
+                             f"{', '.join(sorted(reserved))}")
+    return extra
+
+
+def _write_extra(path: Path, content: ExtraFile) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, Path):
+        shutil.copyfile(content, path)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif isinstance(content, str):
+        path.write_text(content, encoding="utf-8")
+    elif isinstance(content, (Mapping, list, tuple)):
+        path.write_text(json.dumps(content, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    else:
+        raise TypeError(f"extra file {path.name!r}: content must be str, bytes, a Path or JSON data, "
+                        f"got {type(content).__name__}")
+
+
+def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None, pretrained_cfg: dict | None,
+                  architecture: str, extra: dict[str, ExtraFile], native_vit: bool) -> None:
+    from safetensors import safe_open
+
+    from hub_vit.hf.configuration_hub_vit import data_config
+    from hub_vit.hf.image_processing_hub_vit import HubViTImageProcessor
+    from hub_vit.hf.modeling_hub_vit import HubViTForImageClassification, HubViTModel
+    from hub_vit.hf.remote_code import PROCESSOR_AUTO_MAP
+
+    spec = model.spec
+    cfg_kwargs: dict[str, Any] = dict(architecture=architecture, pretrained_cfg=data_config(spec, pretrained_cfg))
+    if labels is not None:
+        cfg_kwargs["id2label"] = dict(enumerate(labels))
+        cfg_kwargs["label2id"] = {name: i for i, name in enumerate(labels)}
+    wrapper_cls = HubViTForImageClassification if spec.num_classes else HubViTModel
+    wrapper = wrapper_cls.from_vit(model, **cfg_kwargs)
+    wrapper.save_pretrained(out)  # config.json, model.safetensors (plain timm keys), remote code
+
+    with safe_open(str(out / WEIGHTS_FILE), framework="pt") as f:  # the one weight file must be complete
+        written = set(f.keys())
+    expected = set(model.state_dict())
+    if written != expected:
+        raise RuntimeError(f"{WEIGHTS_FILE} keys differ from the model: missing {sorted(expected - written)[:5]}, "
+                           f"unexpected {sorted(written - expected)[:5]}")
+
+    processor = HubViTImageProcessor.from_pretrained_cfg(wrapper.config.pretrained_cfg)
+    processor.auto_map = dict(PROCESSOR_AUTO_MAP)
+    processor.to_json_file(out / PREPROCESSOR_FILE)
+    if spec.num_classes:
+        id2label = wrapper.config.id2label
+        (out / LABELS_FILE).write_text("".join(f"{id2label[i]}\n" for i in range(spec.num_classes)), encoding="utf-8")
+    for name, content in extra.items():
+        _write_extra(out / name, content)
+    if native_vit:
+        from hub_vit.hf.native_vit import native_image_processor, to_native_vit
+
+        native = to_native_vit(model, id2label=dict(wrapper.config.id2label), label2id=dict(wrapper.config.label2id))
+        native.save_pretrained(out / NATIVE_DIR)
+        native_image_processor(wrapper.config.pretrained_cfg).save_pretrained(out / NATIVE_DIR)
+
+
+def save_model_folder(
+    model: VisionTransformer,
+    folder: str | os.PathLike[str],
+    *,
+    labels: Sequence[str] | None = None,
+    pretrained_cfg: Mapping[str, Any] | None = None,
+    architecture: str | None = None,
+    extra_files: Mapping[str, ExtraFile] | None = None,
+    native_vit: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """Write `model` as a hub-vit model folder (see module docstring) and return its path.
+
+    labels: one name per class (default `LABEL_i`). pretrained_cfg: timm data config of the weights (crop_pct,
+    interpolation, mean/std, license, ...); input size and class count always come from the model. architecture: timm
+    name for `config.json` (default: the registered name with this architecture, else the generic "hub_vit").
+    extra_files: name -> str / bytes / Path (copied) / JSON data. native_vit: also write `native/` (classic ViT only).
+    Atomic: written into a temporary directory beside `folder` and renamed into place at the end.
+    """
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"save_model_folder expects a hub_vit VisionTransformer, got {type(model).__name__}")
+    folder = Path(folder)
+    spec = model.spec
+    checked_labels = _check_labels(labels, spec)
+    arch = _check_architecture(architecture, spec)
+    extra = _check_extra_files(extra_files)
+    if native_vit:
+        from hub_vit.hf.native_vit import native_vit_config
+
+        native_vit_config(spec)  # raises now, naming the switch, before anything is written
+    if folder.exists() and not overwrite:
+        raise FileExistsError(f"{folder} already exists; pass overwrite=True to replace it")
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder} exists and is not a directory")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        _write_folder(model, tmp, checked_labels, dict(pretrained_cfg) if pretrained_cfg else None, arch, extra,
+                      native_vit)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a published model folder is world-readable
+        if folder.exists():  # overwrite: move the old folder aside first so the swap is two renames
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+            os.replace(folder, old / folder.name)
+            try:
+                os.replace(tmp, folder)
+            except BaseException:
+                os.replace(old / folder.name, folder)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def read_labels(folder: str | os.PathLike[str]) -> list[str]:
+    """labels.txt of a model folder (one name per line)."""
+    path = Path(folder) / LABELS_FILE
+    return path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+
+
+def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer, ModelFolderInfo]:
+    """Load a hub-vit model folder into a `VisionTransformer` (eval mode, strict) plus its `ModelFolderInfo`."""
+    from hub_vit.hf.configuration_hub_vit import HubViTConfig
+    from hub_vit.weights import load_weights_file
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder {str(folder)!r} does not exist")
+    config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{folder} is not a hub-vit model folder: {path.name} is missing")
+    raw = json.loads(config_path.read_text(encoding="utf-8"))
+    if raw.get("model_type") != HubViTConfig.model_type:
+        raise ValueError(f"{config_path} has model_type {raw.get('model_type')!r}, expected "
+                         f"{HubViTConfig.model_type!r} (is this a hub-vit model folder?)")
+    config = HubViTConfig.from_dict({k: v for k, v in raw.items() if k not in ("transformers_version",)})
+    spec = config.to_spec()
+    model = VisionTransformer(spec)
+    model.load_adapted_state_dict(load_weights_file(weights_path))
+    model.eval()
+
+    labels = read_labels(folder)
+    id2label = [config.id2label[i] for i in range(spec.num_classes)] if spec.num_classes else []
+    if labels and labels != id2label:
+        raise ValueError(f"{folder}: {LABELS_FILE} ({len(labels)} lines) disagrees with config.json id2label "
+                         f"({len(id2label)} entries)")
+    timm_cfg = config.timm_config()
+    files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.relative_to(folder).parts[0] not in _reserved_names()}
+    info = ModelFolderInfo(path=folder, spec=spec, labels=labels or id2label, pretrained_cfg=timm_cfg["pretrained_cfg"],
+                           architecture=timm_cfg["architecture"], config=raw, files=files)
+    return model, info
+
+
+__all__ = ["ModelFolderInfo", "load_model_folder", "read_labels", "save_model_folder"]

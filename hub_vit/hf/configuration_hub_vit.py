@@ -1,0 +1,171 @@
+"""`HubViTConfig`: the transformers config of a hub-vit model. Its fields are exactly the `ViTSpec` fields.
+
+The same `config.json` also serves timm's `local-dir:` / `hf-hub:` loader: `to_dict()` adds timm's keys
+(`architecture`, `num_classes`, `num_features`, `model_args`, `pretrained_cfg`, `label_names`), all derived from the
+spec at save time, and `__post_init__` drops the derived ones again on load, so they can never drift apart.
+
+This file is also bundled into every saved model folder as transformers remote code (see `hub_vit.hf.remote_code`):
+it may import only the bundled hub_vit modules (variants, catalog), transformers and the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, ClassVar
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+from hub_vit.catalog import MODELS
+from hub_vit.variants import SWITCHES, ViTSpec
+
+# The default config is the paper's SimpleViT-S/16 (what `HubViTConfig()` builds), taken from the catalog.
+_DEFAULT = MODELS["simplevit_s16"].spec
+SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ViTSpec))
+GENERIC_ARCHITECTURE = "hub_vit"  # timm's generic entry point: any spec, passed as model_args
+
+# timm data config for a model without published weights: Google's models take [-1, 1] inputs (mean = std = 0.5).
+DEFAULT_DATA_CFG: dict[str, Any] = dict(
+    crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+)
+# Keys of a timm pretrained_cfg that describe where *other* weights live; a saved folder is its own source.
+_SOURCE_KEYS = ("url", "file", "state_dict", "hf_hub_id", "source", "custom_load", "architecture", "tag")
+# Keys that timm wants at the top of config.json and that we derive from the spec and labels on every save.
+_DERIVED_TIMM_KEYS = ("num_features", "model_args", "label_names")
+
+
+def timm_architecture(spec: ViTSpec) -> str:
+    """The registered timm name whose architecture equals `spec` (ignoring classes, image size and head init),
+    else the generic 'hub_vit' entry point."""
+    key = _architecture_key(spec)
+    return next((name for name, entry in MODELS.items() if _architecture_key(entry.spec) == key), GENERIC_ARCHITECTURE)
+
+
+def _architecture_key(spec: ViTSpec) -> dict[str, Any]:
+    return {k: v for k, v in spec.to_dict().items() if k not in ("num_classes", "img_size", "head_zeroinit")}
+
+
+def data_config(spec: ViTSpec, pretrained_cfg: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A complete timm `pretrained_cfg` for a model of this spec: published-weights fields if given, else defaults.
+
+    `input_size`, `num_classes` and the classifier/stem names always come from the spec (they describe this model).
+    """
+    cfg = {**DEFAULT_DATA_CFG, **{k: v for k, v in (pretrained_cfg or {}).items() if k not in _SOURCE_KEYS}}
+    cfg.update(
+        input_size=[spec.in_chans, *spec.img_size],
+        num_classes=spec.num_classes,
+        first_conv="patch_embed.proj",
+        classifier="head",
+        fixed_input_size=False,  # sincos is recomputed and learned embeddings resampled for any size
+    )
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
+
+
+@strict(accept_kwargs=True)
+class HubViTConfig(PreTrainedConfig):
+    r"""Configuration of a hub-vit Vision Transformer (classic ViT or SimpleViT).
+
+    Every architecture field is a `hub_vit.variants.ViTSpec` field and is validated by it (a bad value raises a
+    `ValueError` naming the valid choices). `num_classes` is the classifier size and is the same number as
+    transformers' `num_labels` (`len(id2label)`). `pretrained_cfg` is the timm data config (input size, crop,
+    interpolation, mean/std) that the image processor reproduces; `architecture` is the timm model name.
+
+    Example:
+    ```python
+    >>> from hub_vit import ViTSpec
+    >>> from hub_vit.hf import HubViTConfig
+    >>> config = HubViTConfig.from_spec(ViTSpec.from_variant("Ti/16", posemb="sincos2d", pool_type="gap"))
+    ```
+    """
+
+    model_type = "hub_vit"
+    # timm's name for the classifier size; transformers keeps it as len(id2label)
+    attribute_map: ClassVar[dict[str, str]] = {"num_classes": "num_labels"}
+
+    width: int = _DEFAULT.width
+    depth: int = _DEFAULT.depth
+    mlp_dim: int = _DEFAULT.mlp_dim
+    num_heads: int = _DEFAULT.num_heads
+    patch_size: int = _DEFAULT.patch_size
+    img_size: int | list[int] | tuple[int, ...] = tuple(_DEFAULT.img_size)
+    in_chans: int = _DEFAULT.in_chans
+    posemb: str = _DEFAULT.posemb
+    pool_type: str = _DEFAULT.pool_type
+    class_token: bool | None = _DEFAULT.class_token
+    posemb_on_cls: bool = _DEFAULT.posemb_on_cls
+    rep_size: int | bool | None = _DEFAULT.rep_size
+    layer_norm_eps: float = _DEFAULT.layer_norm_eps
+    gelu: str = _DEFAULT.gelu
+    head_zeroinit: bool = _DEFAULT.head_zeroinit
+    # timm side: model name and data config (None = derived from the spec / defaults when saved)
+    architecture: str | None = None
+    pretrained_cfg: dict | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        for key in _DERIVED_TIMM_KEYS:  # written by to_dict() for timm; always re-derived, never read back
+            kwargs.pop(key, None)
+        typos = {k: difflib.get_close_matches(k, SWITCHES, n=1, cutoff=0.8) for k in kwargs if k not in SWITCHES}
+        typos = {k: v[0] for k, v in typos.items() if v}
+        if typos:
+            bad, guess = next(iter(typos.items()))
+            raise ValueError(f"unknown HubViTConfig field {bad!r} (did you mean {guess!r}?); "
+                             f"valid architecture fields: {', '.join(SPEC_FIELDS)}")
+        num_classes = kwargs.pop("num_classes", None)
+        if self.id2label is None and "num_labels" not in kwargs:
+            kwargs["num_labels"] = _DEFAULT.num_classes if num_classes is None else num_classes
+        elif num_classes is not None and self.id2label is not None and len(self.id2label) != num_classes:
+            raise ValueError(f"num_classes={num_classes} disagrees with id2label, which has {len(self.id2label)} "
+                             "labels; pass one of them")
+        elif num_classes is not None and self.id2label is None:
+            kwargs["num_labels"] = num_classes
+        super().__post_init__(**kwargs)
+        spec = self.to_spec()  # validates every field; then store the normalised values (e.g. rep_size=True -> 384)
+        self.img_size = list(spec.img_size)
+        self.class_token = spec.class_token
+        self.rep_size = spec.rep_size
+
+    # ------------------------------------------------------------------------------------------------------- spec
+    def to_spec(self) -> ViTSpec:
+        """The `ViTSpec` this config describes (raises ValueError for any invalid field)."""
+        values = {name: getattr(self, name) for name in SPEC_FIELDS}
+        values["num_classes"] = self.num_labels or 0
+        if isinstance(values["img_size"], list):
+            values["img_size"] = tuple(values["img_size"])
+        try:
+            return ViTSpec(**values)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"invalid HubViTConfig: {exc}") from exc
+
+    @classmethod
+    def from_spec(cls, spec: ViTSpec, **kwargs: Any) -> HubViTConfig:
+        """`HubViTConfig.from_spec(spec, id2label=..., pretrained_cfg=...)`; id2label needs num_classes entries."""
+        fields = spec.to_dict()
+        if "id2label" in kwargs or "num_labels" in kwargs:
+            fields.pop("num_classes")
+        return cls(**fields, **kwargs)
+
+    # ------------------------------------------------------------------------------------------------------- timm
+    def timm_config(self) -> dict[str, Any]:
+        """timm's view of this model (the keys `timm.create_model('local-dir:...')` reads from config.json)."""
+        spec = self.to_spec()
+        labels = [self.id2label[i] for i in range(spec.num_classes)] if self.id2label else []
+        generic = all(label == f"LABEL_{i}" for i, label in enumerate(labels))
+        out: dict[str, Any] = dict(
+            architecture=self.architecture or timm_architecture(spec),
+            num_classes=spec.num_classes,
+            num_features=spec.num_features,
+            model_args=spec.to_dict(),
+            pretrained_cfg=data_config(spec, self.pretrained_cfg),
+        )
+        if labels and not generic:
+            out["label_names"] = labels
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        output = super().to_dict()
+        output.update(self.timm_config())
+        return output
+
+
+__all__ = ["DEFAULT_DATA_CFG", "GENERIC_ARCHITECTURE", "HubViTConfig", "data_config", "timm_architecture"]

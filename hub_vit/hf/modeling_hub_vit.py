@@ -1,0 +1,208 @@
+"""transformers models wrapping the one hub-vit module: `HubViTModel` and `HubViTForImageClassification`.
+
+Both hold the very same `hub_vit.model.VisionTransformer` as `self.vit`; nothing is re-implemented. In memory the
+parameters are `vit.<timm key>`; on disk (`model.safetensors`) they are the plain timm keys, exactly the file timm
+loads: a registered checkpoint-conversion rule adds the `vit.` prefix on load and removes it on save, as transformers
+does for its own `TimmWrapper` models.
+
+This file is also bundled into saved model folders as transformers remote code (see `hub_vit.hf.remote_code`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+
+from hub_vit.hf.configuration_hub_vit import HubViTConfig
+from hub_vit.model import VisionTransformer
+
+try:  # transformers >= 5 renames checkpoint keys through registered rules (load: add prefix; save: strip it)
+    from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+    from transformers.core_model_loading import PrefixChange
+
+    register_checkpoint_conversion_mapping("hub_vit", [PrefixChange(prefix_to_add="vit")], overwrite=True)
+    _PREFIX_RULE: Any = PrefixChange
+except ImportError:  # older 5.x: loading still works through base_model_prefix; saved files keep the prefix
+    _PREFIX_RULE = None
+
+_FORWARD_KWARGS = ("pixel_values", "labels", "output_attentions", "output_hidden_states", "return_dict")
+
+
+class HubViTPreTrainedModel(PreTrainedModel):
+    """Shared plumbing: config class, the `vit` prefix, big_vision initialisation, gradient checkpointing."""
+
+    config_class = HubViTConfig
+    config: HubViTConfig
+    base_model_prefix = "vit"
+    main_input_name = "pixel_values"
+    input_modalities = ("image",)
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["Block"]
+    _supports_sdpa = True  # the fused path is F.scaled_dot_product_attention; output_attentions uses the explicit one
+    accepts_loss_kwargs = False
+
+    vit: VisionTransformer
+
+    @torch.no_grad()
+    def initialize_weights(self) -> None:
+        """big_vision's init (`VisionTransformer.init_weights`) for every parameter that was not loaded.
+
+        transformers marks loaded tensors with `_is_hf_initialized`; the model's own init covers all parameters at
+        once (q/k/v are initialised as chunks of one tensor), so loaded values are kept aside and put back.
+        """
+        params = dict(self.vit.named_parameters())
+        loaded = {name for name, p in params.items() if getattr(p, "_is_hf_initialized", False)}
+        if len(loaded) == len(params):
+            return
+        kept = {name: params[name].detach().clone() for name in loaded}
+        self.vit.init_weights()
+        for name, value in kept.items():
+            params[name].copy_(value)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, VisionTransformer):
+            module.init_weights()
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        """transformers' save (config.json + model.safetensors with plain timm keys), plus the remote-code files and
+        their `auto_map`, so the folder also loads with `trust_remote_code=True` where hub_vit is not installed."""
+        if _PREFIX_RULE is not None and getattr(self, "_weight_conversions", None) is None:
+            # transformers only reverses the rename for models that came from from_pretrained; a model built in
+            # memory must write the same plain timm keys
+            self._weight_conversions = [_PREFIX_RULE(prefix_to_add="vit")]
+        try:
+            from hub_vit.hf.remote_code import AUTO_MAP, write_remote_code
+        except ImportError:  # running as remote code already: transformers copies these files itself
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        self.config.auto_map = dict(AUTO_MAP)
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            write_remote_code(save_directory)
+        return result
+
+    def _set_gradient_checkpointing(self, enable: bool = True, *args: Any, **kwargs: Any) -> None:
+        self.vit.set_grad_checkpointing(enable)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.vit.patch_embed.proj
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+        """Accept plain timm keys too (e.g. Trainer resuming from a model.safetensors written by save_pretrained)."""
+        state_dict = {k if k.startswith("vit.") else f"vit.{k}": v for k, v in state_dict.items()}
+        return super().load_state_dict(state_dict, *args, **kwargs)
+
+    @classmethod
+    def from_vit(cls, vit: VisionTransformer, **config_kwargs: Any) -> HubViTPreTrainedModel:
+        """Wrap an existing `VisionTransformer` (shared, not copied) in this transformers class.
+
+        `config_kwargs` go to `HubViTConfig.from_spec` (e.g. `id2label=`, `pretrained_cfg=`, `architecture=`).
+        """
+        if not isinstance(vit, VisionTransformer):
+            raise TypeError(f"expected a hub_vit VisionTransformer, got {type(vit).__name__}")
+        config = HubViTConfig.from_spec(vit.spec, **config_kwargs)
+        with torch.device("meta"):  # build the shell without allocating or initialising a second model
+            wrapper = cls(config)
+        if wrapper.vit.spec != vit.spec:
+            raise ValueError(f"{cls.__name__} holds a model with num_classes={wrapper.vit.spec.num_classes}, this one "
+                             f"has {vit.spec.num_classes}; use HubViTForImageClassification for a model with a head "
+                             "and HubViTModel for a headless one (vit.reset_classifier(0))")
+        wrapper.vit = vit
+        return wrapper.to(device=next(vit.parameters()).device)
+
+    def _check_kwargs(self, kwargs: dict[str, Any]) -> None:
+        if kwargs:
+            raise TypeError(f"{type(self).__name__}.forward() got unexpected argument(s) {sorted(kwargs)}; "
+                            f"valid arguments: {', '.join(_FORWARD_KWARGS)}")
+
+    def _run(self, pixel_values: torch.Tensor, output_attentions: bool | None, output_hidden_states: bool | None):
+        if pixel_values is None:
+            raise ValueError("pixel_values is required: a (batch, channels, height, width) float tensor in [-1, 1]")
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (self.config.output_hidden_states if output_hidden_states is None
+                                else output_hidden_states)
+        param = next(self.vit.parameters())
+        pixel_values = pixel_values.to(device=param.device, dtype=param.dtype)
+        return self.vit.forward_all(pixel_values, output_attentions=bool(output_attentions),
+                                    output_hidden_states=bool(output_hidden_states))
+
+
+class HubViTModel(HubViTPreTrainedModel):
+    """The backbone without classifier: `last_hidden_state` (B, N, D) after the final LayerNorm and `pooler_output`
+    (B, num_features): the pooled (class token / GAP / MAP) and, if the spec has one, tanh pre-logits features."""
+
+    _keys_to_ignore_on_load_unexpected = [r"head\."]  # loading a classifier checkpoint into the backbone
+
+    def __init__(self, config: HubViTConfig) -> None:
+        if config.num_labels:  # the config describes this model's weights: no head, so no labels (timm reads it)
+            config = copy.deepcopy(config)
+            config.num_labels = 0
+        super().__init__(config)
+        self.vit = VisionTransformer(config.to_spec())
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutputWithPooling | tuple[torch.Tensor, ...]:
+        self._check_kwargs(kwargs)
+        out = self._run(pixel_values, output_attentions, output_hidden_states)
+        result = BaseModelOutputWithPooling(
+            last_hidden_state=out.tokens,  # (B, N, D)
+            pooler_output=out.pre_logits,  # (B, num_features)
+            hidden_states=out.hidden_states,  # depth+1 x (B, N, D): embeddings, then every block (before the norm)
+            attentions=out.attentions,  # depth x (B, heads, N, N)
+        )
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        return result if return_dict else result.to_tuple()
+
+
+class HubViTForImageClassification(HubViTPreTrainedModel):
+    """Backbone + linear head (`vit.head`); `logits` (B, num_labels) and, given `labels`, the loss."""
+
+    def __init__(self, config: HubViTConfig) -> None:
+        super().__init__(config)
+        if not config.num_labels:
+            raise ValueError("HubViTForImageClassification needs num_labels >= 1 (got 0); use HubViTModel for "
+                             "features, or pass num_labels=... / id2label=...")
+        self.num_labels = config.num_labels
+        self.vit = VisionTransformer(config.to_spec())
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.vit.head
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> ImageClassifierOutput | tuple[torch.Tensor, ...]:
+        self._check_kwargs(kwargs)
+        out = self._run(pixel_values, output_attentions, output_hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels.to(out.logits.device), out.logits, self.config)
+        result = ImageClassifierOutput(
+            loss=loss,
+            logits=out.logits,  # (B, num_labels)
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        )
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        return result if return_dict else result.to_tuple()
+
+
+__all__ = ["HubViTForImageClassification", "HubViTModel", "HubViTPreTrainedModel"]

@@ -1,0 +1,315 @@
+"""The hub-vit model folder: one weight file + one config that timm, transformers (local and remote code) all load."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoModelForImageClassification, ViTForImageClassification, pipeline
+
+import hub_vit  # noqa: F401  (registers timm models and the transformers Auto classes)
+from hub_vit.folder import ModelFolderInfo, load_model_folder, save_model_folder
+from hub_vit.hf import HubViTForImageClassification, HubViTModel
+from hub_vit.hf.remote_code import BUNDLE
+from hub_vit.model import VisionTransformer
+from hub_vit.variants import ViTSpec
+
+LABELS = ["tabby", "astronaut", "mug"]
+SIMPLE = ViTSpec.from_variant("mu/16", posemb="sincos2d", pool_type="gap", rep_size=True, img_size=64, num_classes=3,
+                              head_zeroinit=False)
+CLASSIC = ViTSpec.from_variant("mu/16", posemb="learn", pool_type="tok", posemb_on_cls=True, img_size=64,
+                               num_classes=3, head_zeroinit=False)
+
+
+def _model(spec: ViTSpec) -> VisionTransformer:
+    model = VisionTransformer(spec).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def _pixels(spec: ViTSpec) -> torch.Tensor:
+    return torch.rand(2, 3, *spec.img_size) * 2 - 1
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name)
+
+
+@pytest.fixture(scope="module")
+def simple_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[VisionTransformer, Path]:
+    torch.manual_seed(1)
+    model = _model(SIMPLE)
+    folder = save_model_folder(
+        model, tmp_path_factory.mktemp("simple") / "simplevit-mu16", labels=LABELS,
+        pretrained_cfg=dict(crop_pct=0.9, interpolation="bicubic", license="apache-2.0"),
+        extra_files={"conversion.json": {"max_abs_diff": 0.0}, "README.md": "# card\n"},
+    )
+    return model, folder
+
+
+def test_folder_layout_and_config_serving_both_front_doors(simple_folder) -> None:
+    model, folder = simple_folder
+    names = {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "preprocessor_config.json", "labels.txt", "conversion.json",
+            "README.md", *BUNDLE.values()} == names
+    assert set(load_file(folder / "model.safetensors")) == set(model.state_dict())  # timm keys, no prefix
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "hub_vit" and config["architectures"] == ["HubViTForImageClassification"]
+    assert config["auto_map"]["AutoModelForImageClassification"] == "modeling_hub_vit.HubViTForImageClassification"
+    assert config["id2label"] == {str(i): name for i, name in enumerate(LABELS)}
+    assert config["architecture"] == "hub_vit" and config["num_classes"] == 3 and config["label_names"] == LABELS
+    assert ViTSpec.from_dict(config["model_args"]) == SIMPLE
+    pcfg = config["pretrained_cfg"]
+    assert pcfg["input_size"] == [3, 64, 64] and pcfg["crop_pct"] == 0.9 and pcfg["interpolation"] == "bicubic"
+    assert (folder / "labels.txt").read_text().splitlines() == LABELS
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    assert processor["image_processor_type"] == "HubViTImageProcessor" and processor["crop_pct"] == 0.9
+    assert oct(folder.stat().st_mode & 0o777) == "0o755"
+
+
+def test_load_model_folder_round_trip_is_exact(simple_folder) -> None:
+    model, folder = simple_folder
+    loaded, info = load_model_folder(folder)
+    assert isinstance(info, ModelFolderInfo) and info.spec == SIMPLE and info.labels == LABELS
+    assert info.pretrained_cfg["crop_pct"] == 0.9 and info.architecture == "hub_vit"
+    assert sorted(info.files) == ["README.md", "conversion.json"]
+    assert info.read_json("conversion.json") == {"max_abs_diff": 0.0}
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    assert not loaded.training
+
+
+def test_timm_local_dir_and_transformers_load_the_same_weights(simple_folder) -> None:
+    model, folder = simple_folder
+    x = _pixels(SIMPLE)
+    timm_model = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    hf = AutoModelForImageClassification.from_pretrained(folder).eval()
+    base = AutoModel.from_pretrained(folder).eval()
+    assert isinstance(hf, HubViTForImageClassification) and isinstance(base, HubViTModel)
+    with torch.no_grad():
+        expected = model(x)
+        assert torch.equal(timm_model(x), expected)
+        assert torch.equal(hf(x).logits, expected)
+        torch.testing.assert_close(base(x).pooler_output, model.forward_head(model.forward_features(x), True))
+    data_cfg = timm.data.resolve_data_config(model=timm_model)
+    assert data_cfg["crop_pct"] == 0.9 and data_cfg["interpolation"] == "bicubic"
+    assert tuple(data_cfg["mean"]) == tuple(data_cfg["std"]) == (0.5,) * 3
+    assert timm_model.pretrained_cfg["label_names"] == LABELS
+
+
+def test_registered_architecture_name_is_used_and_loads(tmp_path) -> None:
+    spec = hub_vit.MODELS["vit_ti16"].spec.replace(img_size=32, num_classes=2, head_zeroinit=False)
+    model = _model(spec)
+    folder = save_model_folder(model, tmp_path / "ti")
+    assert json.loads((folder / "config.json").read_text())["architecture"] == "vit_ti16"
+    timm_model = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    x = _pixels(spec)
+    with torch.no_grad():
+        assert torch.equal(timm_model(x), model(x))
+    with pytest.raises(ValueError, match="does not describe this model"):
+        save_model_folder(model, tmp_path / "wrong", architecture="simplevit_ti16")
+    assert not (tmp_path / "wrong").exists()
+
+
+_REMOTE_SCRIPT = textwrap.dedent("""
+    import importlib.util, sys
+    import torch
+    assert importlib.util.find_spec("hub_vit") is None, "hub_vit must not be importable here"
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline
+    folder, pixels, out = sys.argv[1:4]
+    model = AutoModelForImageClassification.from_pretrained(folder, trust_remote_code=True).eval()
+    processor = AutoImageProcessor.from_pretrained(folder, trust_remote_code=True)
+    with torch.no_grad():
+        logits = model(torch.load(pixels)).logits
+    photo = Image.open(sys.argv[4])
+    top = pipeline("image-classification", model=folder, trust_remote_code=True)(photo, top_k=1)[0]
+    torch.save({"logits": logits, "module": type(model).__module__, "processor": type(processor).__name__,
+                "photo_pixels": processor(photo, return_tensors="pt").pixel_values, "top": top,
+                "hub_vit_loaded": [m for m in sys.modules if m.startswith("hub_vit")]}, out)
+""")
+
+
+def test_trust_remote_code_without_hub_vit(simple_folder, tmp_path, photos) -> None:
+    """A fresh interpreter that cannot import hub_vit: no site .pth (so no editable finder), cwd outside the repo."""
+    model, folder = simple_folder
+    x = _pixels(SIMPLE)
+    torch.save(x, tmp_path / "x.pt")
+    Image.fromarray(photos["chelsea"]).save(tmp_path / "chelsea.png")
+    (tmp_path / "remote.py").write_text(_REMOTE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
+    env.update(PYTHONPATH=sysconfig.get_paths()["purelib"], HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-S", str(tmp_path / "remote.py"), str(folder), str(tmp_path / "x.pt"),
+         str(tmp_path / "out.pt"), str(tmp_path / "chelsea.png")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert out["module"].startswith("transformers_modules.") and out["hub_vit_loaded"] == []
+    assert out["processor"] == "HubViTImageProcessor"
+    with torch.no_grad():
+        assert torch.equal(out["logits"], model(x))
+        photo_logits = model(out["photo_pixels"]).softmax(-1)[0]
+    assert out["top"]["label"] == LABELS[int(photo_logits.argmax())]
+    from hub_vit.hf import HubViTImageProcessor
+
+    local = HubViTImageProcessor.from_pretrained(folder)(photos["chelsea"], return_tensors="pt").pixel_values
+    assert torch.equal(local, out["photo_pixels"])
+
+
+def test_native_vit_folder_for_classic_vit(tmp_path, photos) -> None:
+    model = _model(CLASSIC)
+    folder = save_model_folder(model, tmp_path / "vit", labels=LABELS, native_vit=True)
+    native = ViTForImageClassification.from_pretrained(folder / "native").eval()
+    assert native.config.hidden_act == "gelu_pytorch_tanh" and native.config.layer_norm_eps == 1e-6
+    assert native.config.qkv_bias and native.config.id2label[1] == "astronaut"
+    x = _pixels(CLASSIC)
+    with torch.no_grad():
+        assert (native(x).logits - model(x)).abs().max() <= 1e-5
+    # the native folder needs no custom code at all, processor included
+    result = pipeline("image-classification", model=str(folder / "native"))(Image.fromarray(photos["astronaut"]))
+    assert {r["label"] for r in result} <= set(LABELS)
+
+
+def test_native_vit_refused_for_simplevit_before_writing(tmp_path) -> None:
+    with pytest.raises(ValueError, match="pool_type='gap'"):
+        save_model_folder(_model(SIMPLE), tmp_path / "simple", native_vit=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_save_leaves_nothing(tmp_path) -> None:
+    with pytest.raises(TypeError, match="content must be"):  # fails after the weights are already written
+        save_model_folder(_model(SIMPLE), tmp_path / "m", extra_files={"notes.txt": 42})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_is_all_or_nothing(tmp_path) -> None:
+    first = save_model_folder(_model(SIMPLE), tmp_path / "m", labels=LABELS)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        save_model_folder(_model(SIMPLE), first)
+    with pytest.raises(TypeError):
+        save_model_folder(_model(SIMPLE), first, overwrite=True, extra_files={"bad.json": object()})
+    assert (first / "labels.txt").read_text().splitlines() == LABELS and _leftovers(tmp_path) == []
+    replacement = _model(SIMPLE)
+    save_model_folder(replacement, first, overwrite=True, labels=["a", "b", "c"])
+    loaded, info = load_model_folder(first)
+    assert info.labels == ["a", "b", "c"] and torch.equal(loaded.head.weight, replacement.head.weight)
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(("kwargs", "error", "needle"), [
+    (dict(labels=["a", "b"]), ValueError, "got 2 labels for a model with num_classes=3"),
+    (dict(labels=["a", "a", "b"]), ValueError, "unique"),
+    (dict(labels=["a", "b\nc", "d"]), ValueError, "single-line"),
+    (dict(architecture="resnet50"), ValueError, "unknown architecture 'resnet50'; valid: 'hub_vit'"),
+    (dict(extra_files={"config.json": "{}"}), ValueError, "reserved names"),
+    (dict(extra_files={"../escape.txt": "x"}), ValueError, "relative path inside the folder"),
+])
+def test_bad_save_arguments(tmp_path, kwargs: dict, error: type, needle: str) -> None:
+    with pytest.raises(error, match=needle):
+        save_model_folder(_model(SIMPLE), tmp_path / "m", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_folders_on_load(tmp_path, simple_folder) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model_folder(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json is missing"):
+        load_model_folder(tmp_path / "empty")
+    native = save_model_folder(_model(CLASSIC), tmp_path / "vit", native_vit=True) / "native"
+    with pytest.raises(ValueError, match="model_type 'vit', expected 'hub_vit'"):
+        load_model_folder(native)
+    _, folder = simple_folder
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for p in folder.iterdir():
+        (broken / p.name).write_bytes(p.read_bytes())
+    (broken / "labels.txt").write_text("x\ny\nz\n")
+    with pytest.raises(ValueError, match="disagrees with config.json id2label"):
+        load_model_folder(broken)
+
+
+def test_headless_model_folder(tmp_path) -> None:
+    model = _model(SIMPLE.replace(num_classes=0))
+    folder = save_model_folder(model, tmp_path / "features")
+    assert not (folder / "labels.txt").exists()
+    base = AutoModel.from_pretrained(folder).eval()
+    x = _pixels(SIMPLE)
+    with torch.no_grad():
+        torch.testing.assert_close(base(x).pooler_output, model(x))
+    loaded, info = load_model_folder(folder)
+    assert info.labels == [] and loaded.spec.num_classes == 0
+    assert np.isfinite(loaded(x).detach().numpy()).all()
+    with pytest.raises(ValueError, match="use HubViTForImageClassification"):
+        HubViTModel.from_vit(_model(SIMPLE))
+
+
+def test_backbone_saved_from_a_classifier_folder_is_headless_everywhere(simple_folder, tmp_path) -> None:
+    model, folder = simple_folder
+    base = AutoModel.from_pretrained(folder)
+    assert base.config.num_classes == 0
+    base.save_pretrained(tmp_path / "backbone")
+    timm_model = timm.create_model(f"local-dir:{tmp_path / 'backbone'}", pretrained=True).eval()
+    x = _pixels(SIMPLE)
+    with torch.no_grad():
+        torch.testing.assert_close(timm_model(x), model.forward_head(model.forward_features(x), pre_logits=True))
+
+
+def test_hf_hub_layout_loads_through_timm(simple_folder, monkeypatch) -> None:
+    """timm's `hf-hub:` path reads the same config.json and model.safetensors (the hub download is faked offline)."""
+    import timm.models._hub as timm_hub
+
+    model, folder = simple_folder
+
+    def fake_download(repo_id: str, filename: str, *args, **kwargs) -> str:
+        assert repo_id == "hub-vit/simplevit-mu16"
+        path = folder / filename
+        if not path.is_file():
+            from huggingface_hub.errors import EntryNotFoundError
+
+            raise EntryNotFoundError(f"{filename} not in the fake repo")
+        return str(path)
+
+    monkeypatch.setattr(timm_hub, "hf_hub_download", fake_download)
+    timm_model = timm.create_model("hf-hub:hub-vit/simplevit-mu16", pretrained=True).eval()
+    x = _pixels(SIMPLE)
+    with torch.no_grad():
+        assert torch.equal(timm_model(x), model(x))
+    assert timm_model.pretrained_cfg["hf_hub_id"] == "hub-vit/simplevit-mu16"
+
+
+def test_remote_code_is_generated_from_the_package(tmp_path, monkeypatch) -> None:
+    import importlib
+    import inspect
+
+    from hub_vit.hf.remote_code import bundle_source
+
+    model_src = inspect.getsource(importlib.import_module("hub_vit.model"))
+    bundled = bundle_source("hub_vit.model")
+    assert "from hub_vit" not in bundled and "from .hub_vit_layers import Block" in bundled
+    def code(text: str) -> list[str]:  # everything but the import lines
+        return [line for line in text.splitlines() if "import" not in line.lower()]
+
+    assert code(bundled) == code(model_src)  # one model definition: the bundle is the package's own code
+    # a lazily imported, unbundled hub_vit module becomes a clear ImportError; a module-level one refuses to bundle
+    (tmp_path / "lazy_mod.py").write_text("def f():\n    from hub_vit.cli import app\n    return app\n")
+    (tmp_path / "eager_mod.py").write_text("from hub_vit.cli import app\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "raise ImportError('hub_vit.cli is not bundled" in bundle_source("lazy_mod")
+    with pytest.raises(ValueError, match="imports \\['hub_vit.cli'\\] at module level"):
+        bundle_source("eager_mod")

@@ -1,0 +1,280 @@
+"""The transformers front door: config <-> spec, the two model classes, save/load, attentions, processor, pipeline."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModel,
+    AutoModelForImageClassification,
+    ViTForImageClassification,
+    pipeline,
+)
+
+import hub_vit  # noqa: F401  (registers the Auto classes)
+from hub_vit.hf import HubViTConfig, HubViTForImageClassification, HubViTImageProcessor, HubViTModel
+from hub_vit.hf.native_vit import native_vit_config, to_native_vit
+from hub_vit.model import VisionTransformer
+from hub_vit.variants import ViTSpec
+
+# Tiny specs, one per pooling flavour. head_zeroinit=False: a zero head would make every logit comparison trivial.
+SPECS = {
+    "simplevit": ViTSpec.from_variant("mu/8", posemb="sincos2d", pool_type="gap", rep_size=True, img_size=32,
+                                      num_classes=5, head_zeroinit=False),
+    "vit": ViTSpec.from_variant("mu/8", posemb="learn", pool_type="tok", posemb_on_cls=True, img_size=32,
+                                num_classes=5, head_zeroinit=False),
+    "map": ViTSpec.from_variant("mu/8", posemb="learn", pool_type="map", img_size=(32, 48), num_classes=5,
+                                head_zeroinit=False, gelu="erf"),
+}
+
+
+def _randomised(spec: ViTSpec) -> VisionTransformer:
+    model = VisionTransformer(spec).eval()
+    with torch.no_grad():  # the class token / posemb start at zero; make every tensor matter
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def _pixels(spec: ViTSpec, batch: int = 2) -> torch.Tensor:
+    return torch.rand(batch, spec.in_chans, *spec.img_size) * 2 - 1
+
+
+@pytest.fixture(params=sorted(SPECS))
+def spec(request: pytest.FixtureRequest) -> ViTSpec:
+    return SPECS[request.param]
+
+
+# ------------------------------------------------------------------------------------------------------------ config
+def test_config_fields_are_the_spec_fields(spec: ViTSpec) -> None:
+    config = HubViTConfig.from_spec(spec)
+    assert config.to_spec() == spec
+    assert config.num_classes == config.num_labels == spec.num_classes
+    data = config.to_dict()
+    restored = AutoConfig.for_model(data.pop("model_type"), **data)
+    assert isinstance(restored, HubViTConfig) and restored.to_spec() == spec
+
+
+def test_default_config_is_the_paper_simplevit_s16() -> None:
+    assert HubViTConfig().to_spec() == hub_vit.MODELS["simplevit_s16"].spec
+
+
+def test_config_json_serves_timm_too(spec: ViTSpec) -> None:
+    d = HubViTConfig.from_spec(spec, id2label={i: f"c{i}" for i in range(5)}).to_dict()
+    assert d["model_type"] == "hub_vit" and d["num_classes"] == 5 and d["label_names"] == [f"c{i}" for i in range(5)]
+    assert ViTSpec.from_dict(d["model_args"]) == spec
+    assert d["pretrained_cfg"]["input_size"] == [3, *spec.img_size] and d["pretrained_cfg"]["mean"] == [0.5] * 3
+    assert d["architecture"] == "hub_vit"  # mu/8 is not a registered size
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    (dict(pool_type="cls"), "valid choices: 'tok', 'gap', 'map'"),
+    (dict(posemb="rope"), "valid choices: 'learn', 'sincos2d'"),
+    (dict(gelu="relu"), "valid choices: 'tanh', 'erf'"),
+    (dict(width=30, num_heads=4), "not divisible"),
+    (dict(img_size=230), "not divisible by the patch size 16"),
+    (dict(widht=384), "did you mean 'width'"),
+    (dict(num_classes=3, id2label={0: "a", 1: "b"}), "disagrees with id2label"),
+])
+def test_bad_config_values_raise_clear_errors(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        HubViTConfig(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------------------------ models
+def test_timm_and_transformers_front_doors_give_identical_logits(spec: ViTSpec) -> None:
+    timm_model = timm.create_model("hub_vit", **spec.to_dict()).eval()
+    with torch.no_grad():
+        for p in timm_model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf = HubViTForImageClassification(HubViTConfig.from_spec(spec)).eval()
+    missing = hf.load_state_dict(timm_model.state_dict())  # plain timm keys, no prefix
+    assert not missing.missing_keys and not missing.unexpected_keys
+    x = _pixels(spec)
+    with torch.no_grad():
+        assert torch.equal(hf(pixel_values=x).logits, timm_model(x))
+
+
+def test_output_attentions_and_hidden_states(spec: ViTSpec) -> None:
+    model = HubViTForImageClassification.from_vit(_randomised(spec)).eval()
+    x = _pixels(spec, batch=3)
+    with torch.no_grad():
+        fused = model(x).logits
+        out = model(x, output_attentions=True, output_hidden_states=True)
+    assert fused.shape == (3, spec.num_classes)
+    assert (out.logits - fused).abs().max() <= 1e-5
+    tokens = spec.num_patches + spec.num_prefix_tokens
+    assert len(out.attentions) == spec.depth and len(out.hidden_states) == spec.depth + 1
+    for attn in out.attentions:
+        assert attn.shape == (3, spec.num_heads, tokens, tokens)
+        torch.testing.assert_close(attn.sum(-1), torch.ones(3, spec.num_heads, tokens), atol=1e-5, rtol=0)
+    assert all(h.shape == (3, tokens, spec.width) for h in out.hidden_states)
+    assert model(x).attentions is None and model(x).hidden_states is None
+
+
+def test_base_model_returns_pre_logits_as_pooler_output(spec: ViTSpec, tmp_path) -> None:
+    vit = _randomised(spec)
+    HubViTForImageClassification.from_vit(vit).save_pretrained(tmp_path)
+    base = AutoModel.from_pretrained(tmp_path).eval()
+    assert isinstance(base, HubViTModel)
+    x = _pixels(spec)
+    with torch.no_grad():
+        out = base(x)
+        expected = vit.forward_head(vit.forward_features(x), pre_logits=True)
+    torch.testing.assert_close(out.pooler_output, expected, atol=1e-6, rtol=0)
+    assert out.last_hidden_state.shape == (2, spec.num_patches + spec.num_prefix_tokens, spec.width)
+    assert out.pooler_output.shape == (2, spec.num_features)
+
+
+def test_save_pretrained_round_trip_is_exact(spec: ViTSpec, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    model = HubViTForImageClassification.from_vit(_randomised(spec), id2label={i: f"k{i}" for i in range(5)})
+    model.save_pretrained(tmp_path)
+    on_disk = load_file(tmp_path / "model.safetensors")
+    assert set(on_disk) == set(model.vit.state_dict())  # plain timm keys, no `vit.` prefix
+    loaded = AutoModelForImageClassification.from_pretrained(tmp_path)
+    assert isinstance(loaded, HubViTForImageClassification) and loaded.config.id2label[4] == "k4"
+    assert loaded.config.to_spec() == model.config.to_spec()
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    loaded.save_pretrained(tmp_path / "again")  # a model that came from from_pretrained writes the same keys
+    assert set(load_file(tmp_path / "again" / "model.safetensors")) == set(on_disk)
+    # the same folder is a timm local-dir checkpoint
+    timm_model = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    x = _pixels(spec)
+    with torch.no_grad():
+        assert torch.equal(timm_model(x), loaded.eval()(x).logits)
+
+
+def test_new_head_on_load_keeps_the_backbone(tmp_path) -> None:
+    spec = SPECS["vit"]
+    vit = _randomised(spec)
+    HubViTForImageClassification.from_vit(vit).save_pretrained(tmp_path)
+    model = HubViTForImageClassification.from_pretrained(tmp_path, num_labels=3, ignore_mismatched_sizes=True)
+    assert model.vit.head.weight.shape == (3, spec.width) and model.config.num_classes == 3
+    assert torch.equal(model.vit.pos_embed, vit.pos_embed)
+    assert torch.equal(model.vit.blocks[0].attn.qkv.weight, vit.blocks[0].attn.qkv.weight)
+    assert torch.isfinite(model.vit.head.weight).all()
+
+
+def test_labels_give_a_loss_and_gradients_flow_with_checkpointing() -> None:
+    spec = SPECS["simplevit"]
+    model = HubViTForImageClassification.from_vit(_randomised(spec)).train()
+    model.activation_checkpointing_enable()
+    assert model.vit.grad_checkpointing
+    out = model(_pixels(spec), labels=torch.tensor([1, 4]))
+    assert out.loss.ndim == 0 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert model.vit.patch_embed.proj.weight.grad is not None
+
+
+def test_bad_model_inputs_raise_clear_errors() -> None:
+    spec = SPECS["vit"]
+    model = HubViTForImageClassification.from_vit(_randomised(spec))
+    with pytest.raises(ValueError, match="expected 3 input channels, got 1"):
+        model(torch.zeros(1, 1, 32, 32))
+    with pytest.raises(ValueError, match="not divisible by the patch size 8"):
+        model(torch.zeros(1, 3, 30, 32))
+    with pytest.raises(ValueError, match="pixel_values is required"):
+        model()
+    with pytest.raises(TypeError, match="unexpected argument"):
+        model(torch.zeros(1, 3, 32, 32), interpolate_pos_encodings=True)
+    with pytest.raises(ValueError, match="num_labels >= 1"):
+        HubViTForImageClassification(HubViTConfig.from_spec(spec.replace(num_classes=0)))
+
+
+# ------------------------------------------------------------------------------------------------ image processor
+def _independent_eval_transform(image: np.ndarray, size: int, crop_pct: float) -> torch.Tensor:
+    """timm's eval recipe written out with PIL + numpy: shorter side -> floor(size / crop_pct), centre crop, [-1, 1]."""
+    pil = Image.fromarray(image)
+    scale = math.floor(size / crop_pct)
+    w, h = pil.size
+    new = (scale, int(h * scale / w)) if w <= h else (int(w * scale / h), scale)  # torchvision truncates
+    pil = pil.resize(new, Image.BILINEAR)
+    left, top = int(round((new[0] - size) / 2)), int(round((new[1] - size) / 2))
+    arr = np.asarray(pil.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0
+    return torch.from_numpy((arr - 0.5) / 0.5).permute(2, 0, 1)
+
+
+def test_image_processor_is_the_eval_transform(photos: dict[str, np.ndarray]) -> None:
+    processor = HubViTImageProcessor(size={"height": 224, "width": 224}, crop_pct=0.875, interpolation="bilinear")
+    batch = processor([photos["astronaut"], photos["chelsea"]], return_tensors="pt").pixel_values
+    assert batch.shape == (2, 3, 224, 224) and batch.dtype == torch.float32
+    for i, name in enumerate(["astronaut", "chelsea"]):
+        expected = _independent_eval_transform(photos[name], 224, 0.875)
+        assert (batch[i] - expected).abs().max() <= 1e-6, name
+    assert -1.0 <= batch.min() and batch.max() <= 1.0
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    (dict(interpolation="cubic"), "valid choices: bilinear, bicubic"),
+    (dict(crop_mode="random"), "valid choices: center"),
+    (dict(crop_pct=1.5), r"crop_pct must be a number in \(0, 1\]"),
+    (dict(size={"shortest_edge": 224}), "height"),
+])
+def test_image_processor_rejects_bad_settings(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        HubViTImageProcessor(**kwargs)
+
+
+def test_image_processor_rejects_wrong_channel_count() -> None:
+    with pytest.raises(ValueError, match="expected an RGB or grayscale image"):
+        HubViTImageProcessor()(np.zeros((32, 32, 4), dtype=np.uint8))
+
+
+def test_pipeline_on_a_real_photo(tmp_path, photos: dict[str, np.ndarray]) -> None:
+    from hub_vit.folder import save_model_folder
+
+    spec = ViTSpec.from_variant("mu/16", posemb="sincos2d", pool_type="gap", rep_size=True, num_classes=4,
+                                head_zeroinit=False)
+    labels = ["astronaut", "cat", "coffee", "rocket"]
+    folder = save_model_folder(_randomised(spec), tmp_path / "m", labels=labels,
+                               pretrained_cfg=dict(crop_pct=224 / 256, interpolation="bilinear"))
+    assert isinstance(AutoImageProcessor.from_pretrained(folder), HubViTImageProcessor)
+    classify = pipeline("image-classification", model=str(folder))
+    for name in ("astronaut", "chelsea"):
+        result = classify(Image.fromarray(photos[name]), top_k=3)
+        assert [set(r) for r in result] == [{"label", "score"}] * 3
+        assert all(r["label"] in labels for r in result)
+        scores = [r["score"] for r in result]
+        assert scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1 + 1e-6
+    # the pipeline's logits are the model's logits on the processor's pixels
+    model, processor = classify.model, classify.image_processor
+    pixels = processor(photos["chelsea"], return_tensors="pt").pixel_values
+    with torch.no_grad():
+        probs = model(pixels).logits.softmax(-1)[0]
+    top = classify(Image.fromarray(photos["chelsea"]), top_k=1)[0]
+    assert top["label"] == labels[int(probs.argmax())] and abs(top["score"] - float(probs.max())) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------------ native ViT
+def test_classic_vit_as_native_transformers_vit() -> None:
+    spec = SPECS["vit"]
+    vit = _randomised(spec)
+    native = to_native_vit(vit)
+    assert isinstance(native, ViTForImageClassification)
+    assert native.config.hidden_act == "gelu_pytorch_tanh" and native.config.layer_norm_eps == 1e-6
+    x = _pixels(spec, batch=3)
+    with torch.no_grad():
+        assert (native(x).logits - vit(x)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize(("name", "needle"), [
+    ("simplevit", "pool_type='gap'"),
+    ("map", "pool_type='map'"),
+])
+def test_non_classic_spec_cannot_be_native(name: str, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        native_vit_config(SPECS[name])
+    with pytest.raises(ValueError, match="posemb_on_cls=False"):
+        native_vit_config(ViTSpec.from_variant("mu/8", img_size=32))
+    with pytest.raises(ValueError, match="rep_size=32"):
+        native_vit_config(SPECS["vit"].replace(rep_size=True))
