@@ -1,0 +1,200 @@
+"""Where a checkpoint comes from: a local path, a URL (`gs://` or `https://`), a big_vision vanity name, or a
+hub-vit catalog name (`vit_b16.augreg_in21k_ft_in1k`). Downloads go over HTTPS into a cache, with a progress bar.
+
+Cache: `$HUB_VIT_CACHE` or `~/.cache/hub_vit`, under `downloads/<sha256 of the URL>/<file name>`, plus a
+`<file name>.sha256` sidecar holding the content hash (computed while downloading; checked against the catalog's
+hash when it has one). A download is written to `*.part` and renamed when complete, so the cache never holds a
+half file. With no network (or `HUB_VIT_OFFLINE=1`) a download fails at once and says which URL to fetch by hand
+and where to put it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+GCS_HTTPS = "https://storage.googleapis.com"
+DEFAULT_TIMEOUT_S = 15.0
+CHUNK = 1 << 20
+
+# big_vision models/vit.py VANITY_NAMES (the names big_vision's own loader accepts), gs:// locations as listed there.
+_HOWTO = "gs://vit_models/augreg"
+VANITY_NAMES: dict[str, str] = {
+    "howto-i21k-Ti/16": f"{_HOWTO}/Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0.npz",
+    "howto-i21k-S/32": f"{_HOWTO}/S_32-i21k-300ep-lr_0.001-aug_none-wd_0.1-do_0.0-sd_0.0.npz",
+    "howto-i21k-S/16": f"{_HOWTO}/S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0.npz",
+    "howto-i21k-B/32": f"{_HOWTO}/B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0.npz",
+    "howto-i21k-B/16": f"{_HOWTO}/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0.npz",
+    "howto-i21k-B/8": f"{_HOWTO}/B_8-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0.npz",
+    "howto-i21k-L/16": f"{_HOWTO}/L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0.npz",
+    "i1k-s16-90ep": "gs://big_vision/vit_s16_i1k_90ep.npz",
+    "i1k-s16-150ep": "gs://big_vision/vit_s16_i1k_150ep.npz",
+    "i1k-s16-300ep": "gs://big_vision/vit_s16_i1k_300ep.npz",
+}
+
+
+class DownloadError(RuntimeError):
+    """A checkpoint could not be fetched; the message says what to download by hand and where to put it."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved checkpoint: the local file, where it came from, and its sha256."""
+
+    path: Path
+    origin: str  # the local path as given, or the URL
+    url: str | None  # HTTPS URL when downloaded or known
+    sha256: str
+    catalog_name: str | None = None  # `vit_b16.augreg_in21k_ft_in1k` when the source is a catalog weight
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HUB_VIT_CACHE") or Path.home() / ".cache" / "hub_vit")
+
+
+def gs_to_https(url: str) -> str:
+    """`gs://bucket/path` -> `https://storage.googleapis.com/bucket/path` (public GCS objects)."""
+    return f"{GCS_HTTPS}/{url.removeprefix('gs://')}" if url.startswith("gs://") else url
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _catalog_lookup(name: str) -> tuple[str, str | None] | None:
+    """`vit_b16.augreg_in21k_ft_in1k` (or a bare registered name: its first tag) -> (https URL, sha256)."""
+    from hub_vit.catalog import MODELS
+
+    base, _, tag = name.partition(".")
+    entry = MODELS.get(base)
+    if entry is None or not entry.weights:
+        return None
+    weight = entry.weight(tag) if tag else entry.weights[0]
+    return weight.url, weight.sha256
+
+
+def cached_path(url: str) -> Path:
+    """Where `url` is (or would be) cached."""
+    key = hashlib.sha256(url.encode()).hexdigest()[:32]
+    return cache_dir() / "downloads" / key / (url.rstrip("/").rsplit("/", 1)[-1] or "checkpoint.npz")
+
+
+def _offline_message(url: str, dest: Path, reason: str) -> str:
+    return (f"cannot download {url} ({reason}). Download it by hand, e.g. `curl -L -o {dest} {url}` "
+            f"(or wget), and run again: the file is then taken from the cache at {dest}. "
+            "Alternatively pass the local .npz path to `hub-vit convert`.")
+
+
+def download(url: str, *, expected_sha256: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+             progress: bool = True) -> Path:
+    """Fetch `url` (gs:// or https://) into the cache unless it is there; return the cached path."""
+    url = gs_to_https(url)
+    dest = cached_path(url)
+    sidecar = dest.with_name(dest.name + ".sha256")
+    if dest.is_file():
+        if expected_sha256 and sidecar.is_file() and sidecar.read_text().strip() != expected_sha256:
+            raise DownloadError(f"cached {dest} has sha256 {sidecar.read_text().strip()}, the catalog says "
+                                f"{expected_sha256}; delete it and download again")
+        return dest
+    if os.environ.get("HUB_VIT_OFFLINE") or os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise DownloadError(_offline_message(url, dest, "offline mode: HUB_VIT_OFFLINE / HF_HUB_OFFLINE is set"))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    digest = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as out:  # noqa: S310
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with _progress(progress, total, dest.name) as advance:
+                while chunk := response.read(CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    advance(len(chunk))
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+        part.unlink(missing_ok=True)
+        reason = getattr(exc, "reason", None) or exc
+        raise DownloadError(_offline_message(url, dest, f"network error: {reason}")) from exc
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    got = digest.hexdigest()
+    if expected_sha256 and got != expected_sha256:
+        part.unlink(missing_ok=True)
+        raise DownloadError(f"{url} downloaded with sha256 {got}, expected {expected_sha256}; not cached")
+    sidecar.write_text(got + "\n")
+    os.replace(part, dest)
+    return dest
+
+
+class _progress:
+    """A rich progress bar as a context manager yielding `advance(n_bytes)`; a no-op when disabled."""
+
+    def __init__(self, enabled: bool, total: int | None, name: str) -> None:
+        self.enabled, self.total, self.name = enabled, total, name
+
+    def __enter__(self):  # noqa: ANN204
+        if not self.enabled:
+            return lambda n: None
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                            TimeRemainingColumn(), transient=True)
+        self.bar.start()
+        task = self.bar.add_task(f"downloading {self.name}", total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, progress: bool = True) -> Source:
+    """Turn what the user typed into a local file (downloading if needed) with its sha256.
+
+    Accepted, in this order: an existing local path; `gs://...` / `http(s)://...`; a big_vision vanity name
+    (`i1k-s16-300ep`, `howto-i21k-B/16`); a hub-vit catalog name (`vit_b16.augreg_in21k_ft_in1k`).
+    """
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_file():
+            raise ValueError(f"checkpoint source {text!r} is a directory; pass an .npz file")
+        return Source(path=path, origin=text, url=None, sha256=sha256_file(path))
+    catalog_name, expected = None, None
+    if text.startswith(("gs://", "http://", "https://")):
+        url = gs_to_https(text)
+    elif text in VANITY_NAMES:
+        url = gs_to_https(VANITY_NAMES[text])
+    elif (found := _catalog_lookup(text)) is not None:
+        catalog_name, (url, expected) = text, found
+    else:
+        from hub_vit.catalog import MODELS
+
+        tags = [f"{name}.{w.tag}" for name, e in MODELS.items() for w in e.weights]
+        raise ValueError(
+            f"checkpoint source {text!r} is not an existing file, a gs:// or https:// URL, a big_vision vanity name "
+            f"({', '.join(VANITY_NAMES)}) or a hub-vit catalog name (e.g. {', '.join(tags[:4])}, ...; "
+            "`hub-vit models` lists them all)"
+        )
+    local = download(url, expected_sha256=expected, timeout=timeout, progress=progress)
+    sidecar = local.with_name(local.name + ".sha256")
+    sha = sidecar.read_text().strip() if sidecar.is_file() else sha256_file(local)
+    return Source(path=local, origin=text, url=url, sha256=sha, catalog_name=catalog_name)
+
+
+__all__ = ["DownloadError", "Source", "VANITY_NAMES", "cache_dir", "cached_path", "download", "gs_to_https",
+           "resolve_source", "sha256_file"]

@@ -1,0 +1,154 @@
+"""Parity of a converted model: against Google's outputs when a reference `*.io.npz` exists, else self-consistency.
+
+A reference file holds `inputs` (B, H, W, 3) NHWC in [-1, 1] and what Google's code computed from them (`logits`,
+`pre_logits`, `pooled`, `encoded`, `block_outputs` (L, B, T, D), `patch_embeddings` (B, h, w, D)); see
+tests/fixtures/jax/README.md. Every array present is compared (max abs diff) plus top-1 agreement. The tolerance
+is 1e-5 in float32 on CPU, which catches an erf/tanh GELU mix-up (2-4e-4); eps is checked separately.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hub_vit.model import VisionTransformer
+
+TOLERANCE = 1e-5
+SELF_CONSISTENCY_TOLERANCE = 1e-3
+_CHECKPOINT_SUFFIXES = re.compile(r"\.(published|linen|scan)$")
+
+
+@dataclass
+class ParityReport:
+    """Max abs diff per compared array, top-1 agreement, and what was compared against."""
+
+    mode: str  # "reference" (Google's outputs) | "self-consistency" (no reference available)
+    reference: str | None
+    max_abs_diff: dict[str, float] = field(default_factory=dict)
+    top1_agreement: float | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+    tolerance: float = TOLERANCE
+    layer_norm_eps: float | None = None
+    gelu: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(v <= self.tolerance for v in self.max_abs_diff.values()) and self.top1_agreement in (None, 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
+
+
+def find_reference(checkpoint: str | Path) -> Path | None:
+    """`x.npz`, `x.published.npz`, `x.linen.npz`, `x.scan.npz` -> `x.io.npz` beside it, if it exists."""
+    path = Path(checkpoint)
+    if not path.name.endswith(".npz") or path.name.endswith(".io.npz"):
+        return None
+    stem = _CHECKPOINT_SUFFIXES.sub("", path.name[: -len(".npz")])
+    candidate = path.with_name(f"{stem}.io.npz")
+    return candidate if candidate.is_file() else None
+
+
+def _diff(ours: torch.Tensor, theirs: np.ndarray) -> float:
+    if tuple(ours.shape) != tuple(theirs.shape):
+        raise ValueError(f"output shape {tuple(ours.shape)} differs from the reference {tuple(theirs.shape)}")
+    return float((ours.double() - torch.from_numpy(np.asarray(theirs)).double()).abs().max())
+
+
+@torch.no_grad()
+def model_outputs(model: VisionTransformer, inputs_nhwc: np.ndarray) -> dict[str, torch.Tensor]:
+    """The same named arrays as a reference file, computed by `model` from NHWC inputs."""
+    model.eval()
+    x = torch.from_numpy(np.ascontiguousarray(inputs_nhwc, dtype=np.float32)).permute(0, 3, 1, 2)  # NCHW
+    out = model.forward_all(x, output_hidden_states=True)
+    assert out.hidden_states is not None
+    return {
+        "logits": out.logits,  # (B, C)
+        "pre_logits": out.pre_logits,  # (B, R)
+        "pooled": model.pool(out.tokens)[0],  # (B, D), before the pre-logits layer
+        "encoded": out.tokens,  # (B, T, D)
+        "block_outputs": torch.stack(out.hidden_states[1:]),  # (L, B, T, D)
+        "patch_embeddings": model.patch_embed.proj(x).permute(0, 2, 3, 1),  # (B, h, w, D)
+    }
+
+
+def _nonparametric_facts(model: VisionTransformer, report: ParityReport) -> None:
+    eps = {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)}
+    gelus = {m.approximate for m in model.modules() if isinstance(m, torch.nn.GELU)}
+    report.layer_norm_eps = eps.pop() if len(eps) == 1 else None
+    report.gelu = gelus.pop() if len(gelus) == 1 else None
+
+
+def compare_to_reference(model: VisionTransformer, reference: str | Path, *, function_changed: str | None = None,
+                         head_changed: bool = False) -> ParityReport:
+    """Run `model` on the reference inputs and compare every array the reference has.
+
+    `function_changed` (e.g. the posemb was resampled) limits the comparison to the patch embeddings, which no
+    option changes; `head_changed` (new class count, dropped pre-logits) skips `logits` and `pre_logits`.
+    """
+    with np.load(reference, allow_pickle=False) as io:
+        ref = {k: io[k] for k in io.files}
+    report = ParityReport(mode="reference", reference=str(reference))
+    ours = model_outputs(model, ref["inputs"])
+    for name, value in ours.items():
+        if name not in ref:
+            continue
+        if function_changed and name != "patch_embeddings":
+            report.skipped[name] = function_changed
+        elif head_changed and name in ("logits", "pre_logits"):
+            report.skipped[name] = "the head / pre-logits layer was replaced by an option"
+        else:
+            report.max_abs_diff[name] = _diff(value, ref[name])
+    if "logits" in report.max_abs_diff:
+        report.top1_agreement = float((ours["logits"].argmax(-1).numpy() == ref["logits"].argmax(-1)).mean())
+    _nonparametric_facts(model, report)
+    return report
+
+
+@torch.no_grad()
+def self_consistency(model: VisionTransformer, batch: int = 2, seed: int = 0) -> ParityReport:
+    """No reference: fixed inputs through the fused (SDPA) path and the explicit-softmax path must agree, outputs
+    must be finite. (No second model is built: memory stays at one copy of the weights.)"""
+    model.eval()
+    spec = model.spec
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.uniform(-1, 1, size=(batch, spec.in_chans, *spec.img_size)).astype(np.float32))
+    fused = model(x)
+    explicit = model.forward_all(x, output_attentions=True).logits
+    # No ground truth here, only two float32 paths through the same weights: a relative 1e-3 catches a broken
+    # conversion (wrong q/k/v order gives O(1) differences) without failing on near one-hot attention.
+    report = ParityReport(mode="self-consistency", reference=None, tolerance=SELF_CONSISTENCY_TOLERANCE)
+    # Relative to the logit scale: untrained or synthetic weights can give logits in the thousands, where float32
+    # summation order alone moves the last digits (for real checkpoints the scale is ~10 and this is ~absolute).
+    scale = max(1.0, float(fused.abs().max()))
+    report.max_abs_diff["fused_vs_explicit_attention_rel"] = float((fused - explicit).abs().max()) / scale
+    if not torch.isfinite(fused).all():
+        report.max_abs_diff["non_finite_outputs"] = float("inf")
+    if spec.num_classes:
+        report.top1_agreement = float((fused.argmax(-1) == explicit.argmax(-1)).float().mean())
+    _nonparametric_facts(model, report)
+    return report
+
+
+def format_report(report: ParityReport) -> str:
+    """Human-readable lines for the CLI."""
+    lines = [f"parity ({report.mode}{': ' + report.reference if report.reference else ''}):"]
+    for name, value in report.max_abs_diff.items():
+        flag = "ok" if value <= report.tolerance else "FAIL"
+        lines.append(f"  {name:<28} max abs diff {value:.3g}  ({flag}, tolerance {report.tolerance:g})")
+    if report.top1_agreement is not None:
+        lines.append(f"  top-1 agreement              {report.top1_agreement:.0%}")
+    for name, why in report.skipped.items():
+        lines.append(f"  {name:<28} skipped: {why}")
+    lines.append(f"  LayerNorm eps {report.layer_norm_eps}, GELU approximate={report.gelu!r}")
+    lines.append("  PASSED" if report.passed else "  FAILED")
+    return "\n".join(lines)
+
+
+__all__ = ["ParityReport", "TOLERANCE", "compare_to_reference", "find_reference", "format_report", "model_outputs",
+           "self_consistency"]

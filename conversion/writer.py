@@ -1,0 +1,166 @@
+"""`convert_to_folder`: source -> converted, strictly loaded, parity-checked model -> a hub-vit model folder.
+
+Everything that can fail (download, layout, shapes, strict load, parity) happens before the first byte is written;
+the folder itself is written by `hub_vit.folder.save_model_folder` into a temporary directory and renamed at the end,
+so an interrupted or failed run leaves no output folder.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hub_vit.model import VisionTransformer, count_parameters
+from hub_vit.variants import ViTSpec
+from hub_vit.weights import HEAD_KEYS, adapt_state_dict, load_strict
+
+from .convert import Conversion, convert_file
+from .download import DEFAULT_TIMEOUT_S, Source, resolve_source
+from .infer import match_architecture
+from .verify import ParityReport, compare_to_reference, find_reference, self_consistency
+
+IMAGENET_SUBSETS = {1000: "imagenet-1k", 21843: "imagenet-21k-goog"}
+
+
+class ParityError(RuntimeError):
+    """The converted model does not reproduce the reference outputs."""
+
+
+@dataclass
+class FolderResult:
+    path: Path
+    conversion: Conversion
+    parity: ParityReport
+    source: Source
+    architecture: str
+    info: dict[str, Any]
+
+
+def class_names(num_classes: int) -> list[str] | None:
+    """ImageNet-1k / ImageNet-21k names (from timm's bundled class lists) where the class count says so, else
+    `class_i`. Names are unique: a repeated description (ImageNet-1k has two "crane"s) gets its WordNet id."""
+    if num_classes == 0:
+        return None
+    subset = IMAGENET_SUBSETS.get(num_classes)
+    if subset is None:
+        return [f"class_{i}" for i in range(num_classes)]
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo(subset)
+    names = [info.index_to_description(i) for i in range(num_classes)]
+    seen: dict[str, int] = {}
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+    return [f"{n} ({info.index_to_label_name(i)})" if seen[n] > 1 else n for i, n in enumerate(names)]
+
+
+def _catalog_weight(source: Source) -> Any:
+    from hub_vit.catalog import MODELS
+
+    for entry in MODELS.values():
+        for weight in entry.weights:
+            if source.url and source.url == weight.url:
+                return weight
+    return None
+
+
+def pretrained_cfg_for(source: Source, spec: ViTSpec) -> dict[str, Any]:
+    """timm data config: the catalog's when the source is a known published file, else big_vision's evaluation
+    defaults (resize_small(size/0.875) | central_crop | value_range(-1, 1), i.e. mean = std = 0.5)."""
+    weight = _catalog_weight(source)
+    if weight is not None:
+        cfg = dict(weight.pretrained_cfg())
+    else:
+        cfg = dict(crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5),
+                   std=(0.5, 0.5, 0.5), license="apache-2.0")
+        if source.url:
+            cfg["origin_url"] = source.url
+    cfg.update(input_size=(spec.in_chans, *spec.img_size), num_classes=spec.num_classes)
+    return cfg
+
+
+def fit_state_dict(model: VisionTransformer, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`adapt_state_dict` (prefix, posemb grid, head size) plus the model's fresh head when the conversion dropped
+    the checkpoint's head (pre-logits removed), so that loading stays strict."""
+    fitted = dict(state_dict)
+    if isinstance(model.head, torch.nn.Linear) and not any(k in fitted for k in HEAD_KEYS):
+        own = model.state_dict()
+        fitted.update({key: own[key].detach().clone() for key in HEAD_KEYS})
+    return adapt_state_dict(fitted, model)
+
+
+def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | None = None, img_size: Any = None,
+                      num_classes: int | None = None, drop_pre_logits: bool = False,
+                      reference: str | Path | None = None, verify: bool = False, overwrite: bool = False,
+                      timeout: float = DEFAULT_TIMEOUT_S, progress: bool = True) -> FolderResult:
+    """Convert `source` (path, URL, vanity or catalog name) into the hub-vit model folder `out`.
+
+    Parity is always measured against a reference (`reference`, or `<name>.io.npz` beside a local checkpoint);
+    with `verify=True` and no reference, fixed-input self-consistency is measured instead. A failed parity check
+    raises `ParityError` and nothing is written.
+    """
+    from hub_vit import __version__
+    from hub_vit.folder import save_model_folder
+    from hub_vit.hf.native_vit import native_vit_blockers
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"output folder {out} already exists; choose another -o or pass --overwrite")
+    src = resolve_source(source, timeout=timeout, progress=progress)
+    conv = convert_file(src.path, img_size=img_size, num_classes=num_classes, drop_pre_logits=drop_pre_logits,
+                        variant=variant)
+    spec = conv.spec
+    model = VisionTransformer(spec)
+    load_strict(model, fit_state_dict(model, conv.state_dict))
+    conv.state_dict.clear()  # the model holds the weights now; keep one copy in memory
+    model.eval()
+
+    ref = Path(reference) if reference is not None else find_reference(src.path)
+    if ref is not None and not ref.is_file():
+        raise FileNotFoundError(f"reference outputs {str(ref)!r} do not exist")
+    resampled = spec.posemb == "learn" and spec.grid_size != conv.source_spec.grid_size
+    head_changed = spec.num_classes != conv.source_spec.num_classes or spec.rep_size != conv.source_spec.rep_size
+    if ref is not None:
+        parity = compare_to_reference(
+            model, ref, head_changed=head_changed,
+            function_changed="position embedding resampled to a new grid" if resampled else None)
+    elif verify:
+        parity = self_consistency(model)
+    else:
+        parity = ParityReport(mode="not measured (no reference outputs; pass --verify for a self-consistency "
+                                   "check)", reference=None)
+    if not parity.passed:
+        from .verify import format_report
+
+        raise ParityError(f"converted model does not reproduce the reference; nothing written\n{format_report(parity)}")
+
+    architecture = match_architecture(spec)
+    info = {
+        "source": {"origin": src.origin, "url": src.url, "path": str(src.path), "sha256": src.sha256,
+                   "bytes": src.path.stat().st_size, "catalog_name": src.catalog_name},
+        "layout": {**conv.layout.to_dict(), "description": conv.layout.describe()},
+        "checkpoint_spec": conv.source_spec.to_dict(),
+        "spec": spec.to_dict(),
+        "architecture": architecture,
+        "variant": spec.variant,
+        "num_parameters": count_parameters(model),
+        "options": {"variant": variant, "img_size": list(spec.img_size) if img_size is not None else None,
+                    "num_classes": num_classes, "drop_pre_logits": drop_pre_logits},
+        "notes": conv.notes,
+        "parity": parity.to_dict(),
+        "converter": {"hub_vit": __version__, "torch": torch.__version__,
+                      "converted_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
+    }
+    path = save_model_folder(
+        model, out, labels=class_names(spec.num_classes), pretrained_cfg=pretrained_cfg_for(src, spec),
+        architecture=architecture, extra_files={"conversion.json": info}, native_vit=not native_vit_blockers(spec),
+        overwrite=overwrite,
+    )
+    return FolderResult(path=path, conversion=conv, parity=parity, source=src, architecture=architecture, info=info)
+
+
+__all__ = ["FolderResult", "ParityError", "class_names", "convert_to_folder", "fit_state_dict", "pretrained_cfg_for"]

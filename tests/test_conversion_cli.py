@@ -1,0 +1,109 @@
+"""`hub-vit convert` end to end: the folder's contents, conversion.json provenance, --verify, and the options."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+import hub_vit  # noqa: F401
+from hub_vit.cli import _load_commands
+from hub_vit.cli.app import app
+from hub_vit.folder import load_model_folder
+
+JAX = Path(__file__).resolve().parent / "fixtures" / "jax"
+INDEX = json.loads((JAX / "index.json").read_text())["files"]
+_load_commands()
+
+
+def run(*args: str) -> str:
+    result = CliRunner().invoke(app, ["convert", *args])
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+def test_convert_verify_prints_parity_and_records_provenance(tmp_path: Path) -> None:
+    src = JAX / "big_vision" / "tiny_sincos2d_gap_rep.scan.npz"
+    out = tmp_path / "simplevit"
+    output = run(str(src), "-o", str(out), "--verify")
+    assert "scan-stacked blocks" in output
+    assert "logits max abs diff" in output and "top-1 agreement 100%" in output and "PASSED" in output
+    info = json.loads((out / "conversion.json").read_text())
+    assert info["source"]["sha256"] == INDEX["big_vision/tiny_sincos2d_gap_rep.scan.npz"]["sha256"]
+    assert info["source"]["bytes"] == INDEX["big_vision/tiny_sincos2d_gap_rep.scan.npz"]["bytes"]
+    assert info["layout"]["family"] == "big_vision" and info["layout"]["scan"]
+    assert info["spec"]["posemb"] == "sincos2d" and info["spec"]["rep_size"] == 64
+    assert info["parity"]["mode"] == "reference" and info["parity"]["passed"]
+    assert max(info["parity"]["max_abs_diff"].values()) <= 1e-5 and info["parity"]["top1_agreement"] == 1.0
+    assert info["parity"]["layer_norm_eps"] == 1e-6 and info["parity"]["gelu"] == "tanh"
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "preprocessor_config.json", "labels.txt", "conversion.json"} <= names
+    assert "native" not in names  # SimpleViT has no native transformers ViT equivalent
+    assert (out / "labels.txt").read_text().splitlines() == [f"class_{i}" for i in range(10)]
+    assert "pos_embed" not in load_file(out / "model.safetensors")
+    model, folder = load_model_folder(out)
+    assert folder.spec.posemb == "sincos2d" and folder.read_json("conversion.json")["parity"]["passed"]
+
+
+def test_self_consistency_without_reference(tmp_path: Path) -> None:
+    src = tmp_path / "lonely.npz"
+    shutil.copy(JAX / "vit_jax" / "tiny_token_rep.linen.npz", src)  # no .io.npz beside it
+    output = run(str(src), "-o", str(tmp_path / "out"), "--verify")
+    assert "parity (self-consistency)" in output and "fused_vs_explicit_attention_rel" in output
+    info = json.loads((tmp_path / "out" / "conversion.json").read_text())
+    assert info["parity"]["mode"] == "self-consistency" and info["parity"]["passed"]
+    # an explicit reference still works from anywhere
+    ref = JAX / "vit_jax" / "tiny_token_rep.io.npz"
+    output = run(str(src), "-o", str(tmp_path / "out2"), "--reference", str(ref))
+    assert "parity (reference" in output and "PASSED" in output
+
+
+def test_new_class_count_reinitialises_head(tmp_path: Path) -> None:
+    out = tmp_path / "five"
+    output = run(str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(out), "--num-classes", "5")
+    assert "head re-initialised" in output
+    weights = load_file(out / "model.safetensors")
+    assert weights["head.weight"].shape == (5, 64) and not weights["head.weight"].any()  # zero-init (big_vision)
+    info = json.loads((out / "conversion.json").read_text())
+    assert "logits" in info["parity"]["skipped"] and info["parity"]["max_abs_diff"]["pooled"] <= 1e-5
+
+
+def test_drop_pre_logits_only_when_asked(tmp_path: Path) -> None:
+    src = str(JAX / "vit_jax" / "tiny_token_rep.published.npz")
+    run(src, "-o", str(tmp_path / "keep"))
+    assert "pre_logits.fc.weight" in load_file(tmp_path / "keep" / "model.safetensors")
+    output = run(src, "-o", str(tmp_path / "drop"), "--drop-pre-logits")
+    assert "pre-logits layer dropped" in output
+    weights = load_file(tmp_path / "drop" / "model.safetensors")
+    assert not any(k.startswith("pre_logits") for k in weights) and weights["head.weight"].shape == (10, 64)
+    info = json.loads((tmp_path / "drop" / "conversion.json").read_text())
+    assert info["spec"]["rep_size"] is None and info["checkpoint_spec"]["rep_size"] == 32
+    assert info["parity"]["max_abs_diff"]["pooled"] <= 1e-5  # everything before the dropped layer is unchanged
+
+
+def test_classic_vit_gets_native_folder_and_registered_name(tmp_path: Path) -> None:
+    out = tmp_path / "vit"
+    run(str(JAX / "vit_jax" / "tiny_token.linen.npz"), "-o", str(out))
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architecture"] == "hub_vit"  # 64-wide: not a size-table variant
+    assert (out / "native" / "config.json").is_file()
+    with np.load(JAX / "vit_jax" / "tiny_token.io.npz") as io:
+        x, logits = torch.from_numpy(io["inputs"]).permute(0, 3, 1, 2), io["logits"]
+    model, _ = load_model_folder(out)
+    with torch.no_grad():
+        assert np.abs(model(x).numpy() - logits).max() <= 1e-5
+
+
+def test_imagenet_label_names() -> None:
+    from hub_vit.conversion.writer import class_names
+
+    names = class_names(1000)
+    assert len(names) == 1000 == len(set(names))
+    assert names[0] == "tench, Tinca tinca" and names[1] == "goldfish, Carassius auratus"
+    assert sum("crane" in n for n in names) == 2 and all(n.strip() for n in names)
+    assert class_names(3) == ["class_0", "class_1", "class_2"] and class_names(0) is None
