@@ -1,1 +1,11 @@
-"""hub_vit.server"""
+"""Triton Inference Server deployment of hub-vit classifiers (installed as `hub_vit.server`).
+
+* `source`: what to serve (default model, registered name, model folder, exported ONNX / engine) -> metadata.
+* `config`: `config.pbtxt` rendering (Triton's ModelConfig protobuf) from that metadata; `ServingOptions`.
+* `repository`: writes the model repository (ensemble: Python preprocessing -> classifier -> top-k).
+* `launcher`: runs the real `tritonserver` (nvidia-pytriton's binary, or a system install) on 127.0.0.1.
+* `client`: sync/async HTTP/gRPC clients; `loadtest`: closed-loop load with latency percentiles and batching stats.
+* `templates/`: the Python-backend `model.py` files copied into generated repositories.
+
+See docs/serving.md.
+"""

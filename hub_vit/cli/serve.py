@@ -1,1 +1,230 @@
-"""`hub-vit serve` commands (placeholder until implemented)."""
+"""`hub-vit serve | repository | classify | loadtest`: Triton serving of hub-vit classifiers.
+
+Heavy imports (torch export, tritonclient, onnx) happen inside the commands so `hub-vit --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from hub_vit.cli.app import app, console, err_console, fail
+
+MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
+
+
+def _options(**kwargs: Any) -> Any:
+    from hub_vit.server.config import ServingOptions
+
+    try:
+        return ServingOptions(**kwargs)
+    except ValueError as err:
+        raise fail(str(err)) from None
+
+
+def _source(model: str | None) -> Any:
+    from hub_vit.server.source import resolve
+
+    try:
+        return resolve(model)
+    except (ValueError, KeyError, ImportError) as err:
+        raise fail(str(err)) from None
+    except (OSError, RuntimeError) as err:  # e.g. a registered name whose checkpoint cannot be downloaded
+        raise fail(f"cannot load model {model!r}: {err}", code=1) from None
+
+
+@app.command()
+def repository(
+    out: Path = typer.Argument(..., help="Folder to write the Triton model repository to."),
+    model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    flavour: str = typer.Option("cpu", help="'cpu' (Python backend + ONNX Runtime) or 'gpu' (ORT+TensorRT / plan)."),
+    gpu_backend: str = typer.Option("onnxruntime", help="GPU flavour: 'onnxruntime' (TensorRT EP) or 'tensorrt'."),
+    precision: str = typer.Option("FP16", help="GPU flavour, TensorRT accelerator precision: FP16 or FP32."),
+    name: str = typer.Option("vit", help="Name clients call (the ensemble)."),
+    max_batch_size: int = typer.Option(16, help="Largest batch one execution runs."),
+    max_queue_delay_us: int = typer.Option(100, help="How long the dynamic batcher waits to fill a batch."),
+    max_queue_size: int = typer.Option(256, help="Queued requests per step beyond which new ones are rejected."),
+    top_k: int = typer.Option(5, help="Labels and scores returned per image."),
+    instances: int = typer.Option(1, help="Classifier instances."),
+    overwrite: bool = typer.Option(False, help="Replace an existing folder."),
+) -> None:
+    """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""
+    from hub_vit.server.repository import write_repository
+
+    opts = _options(name=name, flavour=flavour, gpu_backend=gpu_backend, precision=precision,
+                    max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
+                    max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k,
+                    classifier_instances=instances)
+    try:
+        path = write_repository(_source(model), out, opts, overwrite=overwrite)
+    except (ValueError, FileExistsError) as err:
+        raise fail(str(err)) from None
+    console.print(f"wrote Triton repository [bold]{path}[/] (model [bold]{name}[/], flavour {flavour})")
+
+
+def _preferred(max_batch_size: int) -> tuple[int, ...]:
+    return tuple(s for s in (4, 8, 16, 32, 64) if s <= max_batch_size) or (max_batch_size,)
+
+
+@app.command()
+def serve(
+    model: str = typer.Argument(None, help=MODEL_HELP),
+    repository_dir: Path = typer.Option(None, "--repository", help="Serve this existing repository instead."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
+    http_port: int = typer.Option(8000, help="HTTP/REST port."),
+    grpc_port: int = typer.Option(8001, help="gRPC port."),
+    metrics_port: int = typer.Option(8002, help="Prometheus metrics port."),
+    name: str = typer.Option("vit", help="Name clients call (the ensemble)."),
+    max_batch_size: int = typer.Option(16, help="Largest batch one execution runs."),
+    max_queue_delay_us: int = typer.Option(100, help="How long the dynamic batcher waits to fill a batch."),
+    max_queue_size: int = typer.Option(256, help="Queued requests per step beyond which new ones are rejected."),
+    top_k: int = typer.Option(5, help="Labels and scores returned per image."),
+    exit_timeout: int = typer.Option(30, help="Seconds in-flight requests get to finish on Ctrl-C / SIGTERM."),
+    quiet: bool = typer.Option(False, help="Do not stream the server log."),
+) -> None:
+    """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
+    from hub_vit.server.launcher import ServerError, TritonServer
+    from hub_vit.server.repository import MANIFEST, write_repository
+
+    workdir = None
+    if repository_dir is None:
+        opts = _options(name=name, max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
+                        max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k)
+        source = _source(model)
+        workdir = Path(tempfile.mkdtemp(prefix="hub-vit-serve-"))
+        console.print(f"building the Triton repository for [bold]{source.metadata.name}[/] ({source.origin})")
+        try:
+            repository_dir = write_repository(source, workdir / "repository", opts)
+        except ValueError as err:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise fail(str(err)) from None
+    elif (repository_dir / MANIFEST).is_file():
+        name = json.loads((repository_dir / MANIFEST).read_text())["model"]
+    server = TritonServer(repository_dir, host=host, http_port=http_port, grpc_port=grpc_port,
+                          metrics_port=metrics_port, exit_timeout_s=exit_timeout,
+                          log=None if quiet else (lambda line: err_console.print(line, markup=False, highlight=False)))
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        err_console.print(f"[yellow]{signal.Signals(signum).name}: draining in-flight requests, then exiting[/]")
+        stop.set()
+        server.terminate()
+
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start()
+        console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
+                      f"  HTTP     http://{server.http_url}/v2/models/{name}/infer\n"
+                      f"  gRPC     {server.grpc_url}\n"
+                      f"  metrics  {server.metrics_url}\n"
+                      f"  try:     hub-vit classify --url {server.http_url} --model {name} IMAGE...")
+        code = server.wait()
+        if not stop.is_set():
+            raise fail(f"tritonserver exited unexpectedly with code {code}; log tail:\n{server.tail()}", code=1)
+        console.print("tritonserver stopped")
+    except ServerError as err:
+        if stop.is_set():  # interrupted while still loading: a normal exit, not a server fault
+            console.print("stopped before the server was ready")
+            return
+        raise fail(str(err), code=1) from None
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+@app.command()
+def classify(
+    images: list[Path] = typer.Argument(..., help="Image files (JPEG, PNG, WebP).", exists=True, dir_okay=False),
+    url: str = typer.Option(None, help="host:port (default 127.0.0.1:8000, or :8001 with --grpc)."),
+    grpc: bool = typer.Option(False, "--grpc", help="Use gRPC instead of HTTP."),
+    model: str = typer.Option("vit", help="Served model name."),
+    top: int = typer.Option(3, help="How many of the returned labels to print."),
+) -> None:
+    """Classify images with a running server and print a table."""
+    from tritonclient.utils import InferenceServerException
+
+    from hub_vit.server.client import Classifier
+
+    protocol = "grpc" if grpc else "http"
+    url = url or ("127.0.0.1:8001" if grpc else "127.0.0.1:8000")
+    try:
+        with Classifier(url, protocol=protocol, model=model) as client:
+            predictions = client.classify(list(images))
+    except (ValueError, InferenceServerException, ConnectionError, OSError) as err:
+        raise fail(f"{protocol} {url}: {err}", code=1) from None
+    table = Table(title=f"{model} @ {url} ({protocol})")
+    for column in ("image", "rank", "label", "score"):
+        table.add_column(column, justify="right" if column in ("rank", "score") else "left")
+    for image, prediction in zip(images, predictions, strict=True):
+        for rank, (label, score) in enumerate(zip(prediction.labels[:top], prediction.scores[:top], strict=True), 1):
+            table.add_row(image.name if rank == 1 else "", str(rank), label, f"{score:.4f}")
+    console.print(table)
+
+
+@app.command()
+def loadtest(
+    images: list[Path] = typer.Argument(None, help="Images to cycle through (default: the shipped samples).",
+                                        exists=True, dir_okay=False),
+    url: str = typer.Option(None, help="host:port (default 127.0.0.1:8000, or :8001 with --grpc)."),
+    grpc: bool = typer.Option(False, "--grpc", help="Use gRPC instead of HTTP."),
+    model: str = typer.Option("vit", help="Served model name."),
+    concurrency: int = typer.Option(4, help="Requests in flight at once."),
+    duration: float = typer.Option(10.0, help="Seconds to run (ignored with --requests)."),
+    requests: int = typer.Option(None, help="Stop after this many requests."),
+    batch: int = typer.Option(1, help="Images per request."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the result as JSON here."),
+) -> None:
+    """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
+    from hub_vit.server.loadtest import load_test
+
+    protocol = "grpc" if grpc else "http"
+    url = url or ("127.0.0.1:8001" if grpc else "127.0.0.1:8000")
+    payloads = list(images) if images else _sample_images()
+    try:
+        result = load_test(url, payloads, protocol=protocol, model=model, concurrency=concurrency,
+                           duration_s=duration, requests=requests, batch=batch)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    except Exception as err:  # connection refused, unknown model, ...
+        raise fail(f"{protocol} {url}: {err}", code=1) from None
+    lat = result.latency_ms
+    console.print(f"[bold]{result.requests}[/] requests ({result.errors} errors) in {result.seconds:.1f} s, "
+                  f"concurrency {concurrency}, {protocol}: [bold]{result.throughput_rps:.1f} req/s[/], "
+                  f"{result.images_per_s:.1f} images/s")
+    console.print(f"latency ms  p50 {lat['p50']:.2f}  p90 {lat['p90']:.2f}  p99 {lat['p99']:.2f}  "
+                  f"max {lat['max']:.2f}")
+    table = Table(title="server batching (Triton statistics over the run)")
+    for column in ("model", "inferences", "executions", "images / execution"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for step, numbers in result.batching.items():
+        table.add_row(step, str(numbers["inferences"]), str(numbers["executions"]),
+                      f"{numbers['images_per_execution']:.2f}")
+    console.print(table)
+    for message, count in result.error_messages.items():
+        err_console.print(f"[red]{count} x[/] {message}")
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+
+
+def _sample_images() -> list[Any]:
+    """The shipped model's held-out samples if present, else a few synthetic PNGs."""
+    samples = sorted((Path(__file__).resolve().parents[1] / "assets" / "digits" / "samples").glob("*.png"))
+    if samples:
+        return samples
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)) for _ in range(4)]

@@ -1,0 +1,191 @@
+"""Served throughput/latency (Triton, HTTP and gRPC, concurrency 1/4/16) next to in-process ONNX Runtime on the
+same model, same images, same run.
+
+Targets (issue #6): at concurrency 16 the server reaches >= 85% of in-process throughput; at concurrency 1 its p50
+latency is at most in-process p50 + 5 ms. In-process = the identical pipeline without a server: decode + transform
+(the served `imageprep` code) + one ORT session (same thread settings), batch 16 for throughput, batch 1 for latency.
+
+    python bench/bench_serve.py                          # default model (+ a ViT-Ti/16 224 px random-weight model)
+    python bench/bench_serve.py --models digits --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from hub_vit.server.config import ServingOptions
+from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.loadtest import load_test, percentiles
+from hub_vit.server.repository import template_dir, write_repository
+from hub_vit.server.source import ModelSource, resolve
+from PIL import Image
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CONCURRENCY = (1, 4, 16)
+MAX_BATCH = 16
+
+
+def _imageprep():
+    spec = importlib.util.spec_from_file_location("imageprep", template_dir("preprocess") / "imageprep.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["imageprep"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _encode(array: np.ndarray, fmt: str = "JPEG") -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buffer.getvalue()
+
+
+def digits_case() -> tuple[ModelSource, list[bytes]]:
+    """The shipped default model on held-out digits (PNG), or a same-shape random stand-in if not trained yet."""
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.train.digits import load_digits_split
+
+    images, _ = load_digits_split("val")
+    payloads = [_encode(image, "PNG") for image in images[:64]]
+    if (Path(default_model_folder()) / "model.safetensors").is_file():
+        return resolve(None), payloads
+    from hub_vit.catalog import DIGITS_SPEC
+    from hub_vit.model import VisionTransformer
+
+    model = VisionTransformer(DIGITS_SPEC).eval()
+    source = ModelSource.from_module(model, name="digits_standin", labels=[str(d) for d in range(10)],
+                                     pretrained_cfg={"input_size": (3, 32, 32), "crop_pct": 1.0})
+    return source, payloads
+
+
+def ti16_case() -> tuple[ModelSource, list[bytes]]:
+    """SimpleViT-Ti/16 at 224 px (random weights: speed only) on real photos (JPEG)."""
+    from skimage import data
+
+    from hub_vit.catalog import MODELS
+    from hub_vit.model import VisionTransformer
+
+    model = VisionTransformer(MODELS["simplevit_ti16"].spec).eval()
+    source = ModelSource.from_module(model, name="simplevit_ti16", pretrained_cfg={
+        "input_size": (3, 224, 224), "crop_pct": 0.875, "interpolation": "bilinear", "num_classes": 1000})
+    photos = [data.astronaut(), data.chelsea(), data.coffee()]
+    return source, [_encode(p) for p in photos]
+
+
+CASES = {"digits": digits_case, "ti16": ti16_case}
+
+
+class InProcess:
+    """The served pipeline without a server: served `imageprep` transform + one ORT session (same threads)."""
+
+    def __init__(self, onnx_path: Path, meta, payloads: list[bytes]) -> None:
+        import onnxruntime as ort
+
+        self.prep = _imageprep().Preprocess(crop_size=meta.input_size, scale_size=meta.scale_size,
+                                            interpolation=meta.interpolation, crop_mode=meta.crop_mode,
+                                            mean=meta.mean, std=meta.std)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = os.cpu_count() or 1, 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the served session
+        self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        self.name = self.session.get_inputs()[0].name
+        self.payloads = payloads
+        self.classify(payloads[:1])
+
+    def classify(self, batch: list[bytes]) -> np.ndarray:
+        return self.session.run(None, {self.name: np.stack([self.prep(p) for p in batch])})[0]
+
+    def throughput(self, seconds: float) -> float:
+        """Images per second at batch MAX_BATCH."""
+        cycle = [self.payloads[i % len(self.payloads)] for i in range(MAX_BATCH)]
+        images, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            self.classify(cycle)
+            images += MAX_BATCH
+        return images / (time.perf_counter() - start)
+
+    def latency(self, seconds: float) -> dict[str, float]:
+        """Batch-1 latency percentiles (ms)."""
+        latencies, start = [], time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            t = time.perf_counter()
+            self.classify([self.payloads[len(latencies) % len(self.payloads)]])
+            latencies.append(time.perf_counter() - t)
+        return percentiles(latencies)
+
+
+def run_case(case: str, seconds: float) -> dict:
+    """The machine is shared, so load drifts: every served measurement is paired with an in-process one taken
+    right before it, and each target is judged on its own pair."""
+    source, payloads = CASES[case]()
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        repo = write_repository(source, Path(tmp) / "repo", ServingOptions(max_batch_size=MAX_BATCH))
+        local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
+        with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=10) as server:
+            for protocol in ("http", "grpc"):
+                url = server.http_url if protocol == "http" else server.grpc_url
+                for conc in CONCURRENCY:
+                    base = {"images_per_s_batch16": local.throughput(seconds / 2),
+                            "latency_ms_batch1": local.latency(seconds / 2)}
+                    result = load_test(url, payloads, protocol=protocol, concurrency=conc, duration_s=seconds,
+                                       warmup=4).to_dict()
+                    row = {"in_process": base, "served": result,
+                           "throughput_vs_in_process": result["images_per_s"] / base["images_per_s_batch16"],
+                           "p50_minus_in_process_ms": result["latency_ms"]["p50"] - base["latency_ms_batch1"]["p50"]}
+                    rows[f"{protocol}_c{conc}"] = row
+                    batching = result["batching"].get("vit_classifier", {}).get("images_per_execution", float("nan"))
+                    print(f"[{case}] {protocol} c{conc}: served {result['images_per_s']:.1f} img/s "
+                          f"(in-process {base['images_per_s_batch16']:.1f}, "
+                          f"{row['throughput_vs_in_process']:.0%}), p50 {result['latency_ms']['p50']:.2f} ms "
+                          f"(in-process {base['latency_ms_batch1']['p50']:.2f}), errors {result['errors']}, "
+                          f"batching {batching:.2f}", flush=True)
+    targets = {}
+    for protocol in ("http", "grpc"):
+        c16, c1 = rows[f"{protocol}_c16"], rows[f"{protocol}_c1"]
+        targets[protocol] = {
+            "c16_throughput_vs_in_process": c16["throughput_vs_in_process"],
+            "c16_target_met": c16["throughput_vs_in_process"] >= 0.85,
+            "c1_p50_minus_in_process_ms": c1["p50_minus_in_process_ms"],
+            "c1_target_met": c1["p50_minus_in_process_ms"] <= 5.0,
+        }
+    return {"model": source.metadata.name, "input_size": source.metadata.input_size, "rows": rows,
+            "targets": targets}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--seconds", type=float, default=8.0, help="per measurement")
+    parser.add_argument("--out", type=Path, default=RESULTS / "bench_serve.json")
+    args = parser.parse_args()
+    report = {
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
+                 "note": "shared CPU-only sandbox; other jobs run alongside"},
+        "cases": {case: run_case(case, args.seconds) for case in args.models},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for case, result in report["cases"].items():
+        for protocol, r in result["targets"].items():
+            print(f"{case} {protocol}: c16 = {r['c16_throughput_vs_in_process']:.0%} of in-process "
+                  f"(target >= 85%: {'met' if r['c16_target_met'] else 'MISSED'}); c1 p50 = in-process "
+                  f"{r['c1_p50_minus_in_process_ms']:+.2f} ms (target <= +5 ms: "
+                  f"{'met' if r['c1_target_met'] else 'MISSED'})")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Python clients for the served classifier (sync and async, HTTP and gRPC, over tritonclient).
+
+    with Classifier("127.0.0.1:8000") as clf:               # or protocol="grpc", url "127.0.0.1:8001"
+        for p in clf.classify(["cat.jpg", b"...png bytes...", pil_image]):
+            print(p.labels[0], p.scores[0])
+
+Images travel encoded (paths are read as-is, PIL images are encoded losslessly as PNG); decoding, resizing and
+normalising happen on the server, exactly once, with the model's own transform.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROTOCOLS = ("http", "grpc")
+ImageLike = Any  # str | Path | bytes | PIL.Image.Image
+OUTPUTS = ("labels", "scores", "class_ids")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Top-k of one image, best first; `logits` only when asked for (`with_logits=True`)."""
+
+    labels: list[str]
+    scores: list[float]
+    class_ids: list[int]
+    logits: np.ndarray | None = None
+
+
+def encode(image: ImageLike) -> bytes:
+    """Path / bytes / PIL image -> encoded bytes as sent to the server."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image)
+    if isinstance(image, (str, Path)):
+        path = Path(image)
+        if not path.is_file():
+            raise ValueError(f"image file {str(path)!r} does not exist")
+        return path.read_bytes()
+    if hasattr(image, "save") and hasattr(image, "mode"):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return buffer.getvalue()
+    raise ValueError(f"cannot send {type(image).__name__}; valid image types: path, bytes, PIL.Image")
+
+
+def _module(protocol: str, aio: bool = False) -> Any:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    if protocol == "http":
+        import tritonclient.http as http
+        import tritonclient.http.aio as http_aio
+
+        return http_aio if aio else http
+    import tritonclient.grpc as grpc
+    import tritonclient.grpc.aio as grpc_aio
+
+    return grpc_aio if aio else grpc
+
+
+def build_request(module: Any, images: Sequence[ImageLike], with_logits: bool) -> tuple[list[Any], list[Any]]:
+    if not images:
+        raise ValueError("no images given; pass at least one path, bytes object or PIL image")
+    data = np.array([[encode(image)] for image in images], dtype=np.object_)  # (B, 1) encoded bytes
+    tensor = module.InferInput("image", list(data.shape), "BYTES")
+    tensor.set_data_from_numpy(data)
+    names = OUTPUTS + (("logits",) if with_logits else ())
+    return [tensor], [module.InferRequestedOutput(name) for name in names]
+
+
+def parse_result(result: Any, with_logits: bool) -> list[Prediction]:
+    labels, scores, ids = (result.as_numpy(name) for name in OUTPUTS)  # (B, K) each
+    logits = result.as_numpy("logits") if with_logits else None
+    return [
+        Prediction(
+            labels=[label.decode("utf-8") if isinstance(label, bytes) else str(label) for label in labels[i]],
+            scores=scores[i].astype(float).tolist(),
+            class_ids=ids[i].astype(int).tolist(),
+            logits=None if logits is None else logits[i],
+        )
+        for i in range(len(scores))
+    ]
+
+
+class Classifier:
+    """Blocking client. `url` is `host:port` (8000 for HTTP, 8001 for gRPC by default)."""
+
+    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str = "http", model: str = "vit",
+                 timeout_s: float = 60.0) -> None:
+        self.module, self.model, self.protocol = _module(protocol), model, protocol
+        if protocol == "http":
+            self.client = self.module.InferenceServerClient(url, connection_timeout=timeout_s,
+                                                            network_timeout=timeout_s)
+        else:
+            self.client = self.module.InferenceServerClient(url)
+        self.timeout_s = timeout_s
+
+    def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False) -> list[Prediction]:
+        batch = images if isinstance(images, (list, tuple)) else [images]
+        inputs, outputs = build_request(self.module, batch, with_logits)
+        kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        return parse_result(self.client.infer(self.model, inputs, outputs=outputs, **kwargs), with_logits)
+
+    def ready(self) -> bool:
+        return bool(self.client.is_server_ready()) and bool(self.client.is_model_ready(self.model))
+
+    def statistics(self) -> dict[str, dict[str, int]]:
+        return model_counts(self.client.get_inference_statistics(), self.protocol)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Classifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClassifier:
+    """asyncio client (tritonclient's aio modules); same arguments and results as `Classifier`."""
+
+    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str = "http", model: str = "vit") -> None:
+        self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
+        self.client = self.module.InferenceServerClient(url)
+
+    async def classify(self, images: Sequence[ImageLike] | ImageLike, *,
+                       with_logits: bool = False) -> list[Prediction]:
+        batch = images if isinstance(images, (list, tuple)) else [images]
+        inputs, outputs = build_request(self.module, batch, with_logits)
+        return parse_result(await self.client.infer(self.model, inputs, outputs=outputs), with_logits)
+
+    async def statistics(self) -> dict[str, dict[str, int]]:
+        return model_counts(await self.client.get_inference_statistics(), self.protocol)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self) -> AsyncClassifier:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def model_counts(stats: Any, protocol: str) -> dict[str, dict[str, int]]:
+    """Triton statistics -> {model: {inference_count, execution_count, success, fail, queue_ns, compute_ns}}."""
+    if protocol == "grpc":
+        from google.protobuf.json_format import MessageToDict
+
+        stats = MessageToDict(stats, preserving_proto_field_name=True)
+    out: dict[str, dict[str, int]] = {}
+    for entry in stats.get("model_stats", []):
+        infer = entry.get("inference_stats", {})
+        out[entry["name"]] = {
+            "inference_count": int(entry.get("inference_count", 0)),
+            "execution_count": int(entry.get("execution_count", 0)),
+            "success": int(infer.get("success", {}).get("count", 0)),
+            "fail": int(infer.get("fail", {}).get("count", 0)),
+            "queue_ns": int(infer.get("queue", {}).get("ns", 0)),
+            "compute_ns": int(infer.get("compute_infer", {}).get("ns", 0)),
+        }
+    return out

@@ -1,0 +1,230 @@
+"""Start the real `tritonserver` (shipped in the nvidia-pytriton wheel, or on PATH) on a generated repository.
+
+What it takes to run the wheel's binary outside PyTriton:
+* a backend directory holding the Python backend *and the stub built for the running interpreter's version*
+  (`pytriton/tritonserver/python_backend_stubs/<X.Y>/triton_python_backend_stub`), assembled in a temp workspace;
+* `LD_LIBRARY_PATH` with the wheel's bundled libraries and this interpreter's `LIBDIR` (the stub links libpython,
+  and a system libpython of another patch release breaks model init);
+* this interpreter's `bin/` first on `PATH`, so the stub's embedded Python imports numpy/Pillow/onnxruntime from
+  the same environment.
+The server binds to 127.0.0.1 unless told otherwise, and SIGTERM makes it drain in-flight requests
+(`--exit-timeout-secs`) before exiting.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+class ServerError(RuntimeError):
+    """tritonserver could not be found, did not become ready, or died."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    python_backend: Path  # folder with libtriton_python.so + triton_python_backend_utils.py
+    stub: Path | None  # the stub for this interpreter (None: the backend folder already has one)
+    libs: tuple[Path, ...]
+
+
+def find_triton() -> TritonInstall:
+    """Locate tritonserver: the nvidia-pytriton wheel first, then a system install (`/opt/tritonserver`)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        import pytriton
+    except ImportError:
+        pytriton = None
+    if pytriton is not None:
+        root = Path(pytriton.__file__).parent / "tritonserver"
+        stubs = root / "python_backend_stubs"
+        binary, stub = root / "bin" / "tritonserver", stubs / version / "triton_python_backend_stub"
+        if binary.is_file():
+            if not stub.is_file():
+                found = sorted(p.parent.name for p in stubs.glob("*/triton_python_backend_stub"))
+                raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {version}; "
+                                  f"stubs exist for: {', '.join(found) or 'none'}")
+            libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+            return TritonInstall(binary, root / "backends" / "python", stub, (libs,))
+    system = Path("/opt/tritonserver")
+    binary = Path(shutil.which("tritonserver") or system / "bin" / "tritonserver")
+    if binary.is_file():
+        return TritonInstall(binary, system / "backends" / "python", None, (system / "lib",))
+    raise ServerError("tritonserver not found: install the serve extra (pip install 'hub-vit[serve]', which brings "
+                      "nvidia-pytriton) or run inside an nvcr.io/nvidia/tritonserver container")
+
+
+def has_gpu() -> bool:
+    """An NVIDIA driver is present (device nodes exist); without one, skip the pinned-memory pool and GPU metrics."""
+    return Path("/dev/nvidiactl").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child before exec: no orphaned server if the parent is killed
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class TritonServer:
+    """One tritonserver process. `with TritonServer(repo) as server:` starts, waits until ready and stops it."""
+
+    def __init__(self, repository: str | Path, *, host: str = "127.0.0.1", http_port: int = 8000,
+                 grpc_port: int = 8001, metrics_port: int = 8002, exit_timeout_s: int = 30,
+                 log: Callable[[str], None] | None = None, log_verbose: int = 0,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.repository = Path(repository).resolve()
+        if not self.repository.is_dir():
+            raise ServerError(f"model repository {str(self.repository)!r} is not a folder")
+        self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.exit_timeout_s = exit_timeout_s
+        self.log, self.log_verbose, self.extra_args = log, log_verbose, extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_tail: deque[str] = deque(maxlen=400)
+        self._workspace: Path | None = None
+        self._reader: threading.Thread | None = None
+
+    # -- endpoints ------------------------------------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def command(self, install: TritonInstall, backends: Path) -> list[str]:
+        return [
+            str(install.binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backends}",
+            "--model-control-mode=none",  # no repository changes over the API (arbitrary code execution risk)
+            "--strict-readiness=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--http-address={self.host}", f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+            *(("--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0") if not has_gpu() else ()),
+            f"--log-verbose={self.log_verbose}",
+            *self.extra_args,
+        ]
+
+    def start(self, timeout_s: float = 120.0) -> TritonServer:
+        install = find_triton()
+        self._workspace = Path(tempfile.mkdtemp(prefix="hub-vit-triton-"))
+        backends = self._workspace / "backends"
+        python_dir = backends / "python"
+        shutil.copytree(install.python_backend, python_dir, ignore=shutil.ignore_patterns("__pycache__"))
+        if install.stub is not None:
+            shutil.copy2(install.stub, python_dir / "triton_python_backend_stub")
+        env = dict(os.environ)
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [*(str(p) for p in install.libs), libdir, env.get("LD_LIBRARY_PATH", "")]
+        ).strip(os.pathsep)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        self.process = subprocess.Popen(
+            self.command(install, backends), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            cwd=self._workspace, preexec_fn=_die_with_parent,
+            start_new_session=True,  # Ctrl-C reaches only us; we forward one SIGTERM, so the drain starts once
+        )
+        self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
+        self._reader.start()
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _read_log(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for raw in self.process.stdout:
+            line = raw.decode("utf-8", errors="replace").rstrip()
+            self.log_tail.append(line)
+            if self.log is not None:
+                self.log(line)
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise ServerError(f"tritonserver exited with code {code} before it was ready; log tail:\n"
+                                  + self.tail())
+            if self.is_ready():
+                return
+            time.sleep(0.2)
+        raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s; log tail:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(list(self.log_tail)[-lines:])
+
+    def terminate(self) -> None:
+        """Ask the server to shut down gracefully (SIGTERM: stop accepting, finish in-flight requests)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        assert self.process is not None
+        code = self.process.wait(timeout_s)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        return code
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait for the drain (exit timeout + margin), SIGKILL as a last resort; remove the workspace."""
+        code = None
+        if self.process is not None:
+            self.terminate()
+            try:
+                code = self.wait(self.exit_timeout_s + 15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                code = self.wait(10)
+        if self._workspace is not None:
+            shutil.rmtree(self._workspace, ignore_errors=True)
+            self._workspace = None
+        return code
+
+    def __enter__(self) -> TritonServer:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,115 @@
+"""`hub-vit loadtest`: closed-loop load on the served classifier with tritonclient's asyncio API.
+
+N workers each send one request, wait for its answer and send the next, until a duration or a request count is
+reached. Reported: throughput, latency percentiles (client side, end to end), errors by message, and the server's
+batching efficiency from Triton's statistics, i.e. (inferences / executions) of each step over the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from hub_vit.server.client import AsyncClassifier, ImageLike, encode
+
+
+@dataclass
+class LoadResult:
+    protocol: str
+    concurrency: int
+    batch: int  # images per request
+    requests: int
+    errors: int
+    seconds: float
+    throughput_rps: float  # answered requests per second
+    images_per_s: float
+    latency_ms: dict[str, float]  # p50, p90, p99, mean, max
+    batching: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> inferences, executions, ratio
+    error_messages: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentiles(latencies_s: Sequence[float]) -> dict[str, float]:
+    if not latencies_s:
+        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan"), "mean": float("nan"),
+                "max": float("nan")}
+    ms = np.asarray(latencies_s) * 1000.0
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(ms.mean()), "max": float(ms.max())}
+
+
+def batching_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, now in after.items():
+        then = before.get(name, {})
+        inferences = now["inference_count"] - then.get("inference_count", 0)
+        executions = now["execution_count"] - then.get("execution_count", 0)
+        if inferences:
+            out[name] = {"inferences": inferences, "executions": executions,
+                         "images_per_execution": inferences / executions if executions else float("nan")}
+    return out
+
+
+async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "http", model: str = "vit",
+                   concurrency: int = 4, duration_s: float | None = 10.0, requests: int | None = None,
+                   batch: int = 1, warmup: int = 2) -> LoadResult:
+    """Closed-loop load; stops after `requests` answers if given, else after `duration_s` seconds."""
+    if concurrency < 1 or batch < 1:
+        raise ValueError(f"concurrency and batch must be >= 1, got concurrency={concurrency}, batch={batch}")
+    if requests is None and (duration_s is None or duration_s <= 0):
+        raise ValueError("give a positive duration_s or a request count")
+    payloads = [encode(image) for image in images]
+    if not payloads:
+        raise ValueError("no images to send")
+    cycle = itertools.cycle(payloads)
+    latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    issued = 0
+
+    async with AsyncClassifier(url, protocol=protocol, model=model) as client:
+        for _ in range(warmup):  # first requests pay connection setup; keep them out of the numbers
+            await client.classify([next(cycle) for _ in range(batch)])
+        before = await client.statistics()
+        start = time.perf_counter()
+        deadline = None if requests is not None else start + float(duration_s or 0)
+
+        async def worker() -> None:
+            nonlocal issued
+            while True:
+                if requests is not None:
+                    if issued >= requests:
+                        return
+                    issued += 1
+                elif time.perf_counter() >= deadline:
+                    return
+                body = [next(cycle) for _ in range(batch)]
+                sent = time.perf_counter()
+                try:
+                    await client.classify(body)
+                    latencies.append(time.perf_counter() - sent)
+                except Exception as err:  # any server answer that is not a result is an error of the run
+                    errors[str(err)[:160]] += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - start
+        after = await client.statistics()
+
+    done = len(latencies)
+    return LoadResult(
+        protocol=protocol, concurrency=concurrency, batch=batch, requests=done, errors=sum(errors.values()),
+        seconds=seconds, throughput_rps=done / seconds, images_per_s=done * batch / seconds,
+        latency_ms=percentiles(latencies), batching=batching_delta(before, after), error_messages=dict(errors),
+    )
+
+
+def load_test(url: str, images: Sequence[ImageLike], **kwargs: Any) -> LoadResult:
+    """Blocking wrapper around `run_load`."""
+    return asyncio.run(run_load(url, images, **kwargs))

@@ -1,0 +1,152 @@
+"""Write a Triton model repository for one hub-vit classifier (`hub-vit repository`).
+
+Layout (`<name>` defaults to `vit`; clients call the ensemble `<name>`):
+
+    <out>/<name>/config.pbtxt                      ensemble: image -> labels, scores, class_ids, logits
+    <out>/<name>_preprocess/{config.pbtxt, 1/model.py, 1/imageprep.py, warmup/image}
+    <out>/<name>_classifier/{config.pbtxt, 1/model.onnx | 1/model.plan, 1/labels.txt [, 1/model.py on CPU]}
+    <out>/<name>_postprocess/...                   GPU flavour only: logits -> top-k
+    <out>/hub_vit_repository.json                  what was generated from what (Triton ignores plain files)
+
+The repository is written to a temporary sibling folder and renamed into place at the end, so a failed export never
+leaves a half-written repository behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shutil
+import struct
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from hub_vit.server.config import (
+    WARMUP_IMAGE_FILE,
+    ServingOptions,
+    classifier_config,
+    ensemble_config,
+    postprocess_config,
+    preprocess_config,
+    render,
+)
+from hub_vit.server.source import ModelSource, ServingMetadata
+
+MANIFEST = "hub_vit_repository.json"
+
+
+def template_dir(name: str) -> Path:
+    """Folder of one packaged Python-backend template (`preprocess`, `classifier_ort`, `postprocess`)."""
+    return Path(str(resources.files("hub_vit.server") / "templates" / name))
+
+
+def write_repository(source: ModelSource, out_dir: str | Path, options: ServingOptions | None = None, *,
+                     overwrite: bool = False) -> Path:
+    """Generate the repository for `source` under `out_dir`; returns `out_dir`."""
+    opts = options or ServingOptions()
+    out = Path(out_dir).expanduser().resolve()
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _fill(staging, source, opts)
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            out.rename(trash / out.name)
+            shutil.rmtree(trash)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
+    meta = source.metadata
+    # Ensemble: the version folder must exist even though it holds nothing.
+    _write_config(root, opts.name, render(ensemble_config(meta, opts)))
+    # Preprocessing: packaged template + a real encoded image for warmup (random bytes would not decode).
+    pre = _write_config(root, opts.step("preprocess"), render(preprocess_config(meta, opts)))
+    for file in ("model.py", "imageprep.py"):
+        shutil.copyfile(template_dir("preprocess") / file, pre / "1" / file)
+    (pre / "warmup").mkdir()
+    (pre / "warmup" / WARMUP_IMAGE_FILE).write_bytes(_warmup_element(meta))
+    # Classifier: the weights file + labels (+ the ORT runner on CPU).
+    model_file = _model_file(source, opts)
+    cls = _write_config(root, opts.step("classifier"), render(classifier_config(meta, opts, model_file)))
+    _place_weights(source, cls / "1" / model_file)
+    (cls / "1" / "labels.txt").write_text("\n".join(meta.labels) + "\n", encoding="utf-8")
+    if opts.flavour == "cpu":
+        shutil.copyfile(template_dir("classifier_ort") / "model.py", cls / "1" / "model.py")
+    else:
+        post = _write_config(root, opts.step("postprocess"), render(postprocess_config(meta, opts)))
+        shutil.copyfile(template_dir("postprocess") / "model.py", post / "1" / "model.py")
+        (post / "1" / "labels.txt").write_text("\n".join(meta.labels) + "\n", encoding="utf-8")
+    manifest = {
+        "generated_by": "hub-vit repository",
+        "origin": source.origin,
+        "model": opts.name,
+        "metadata": dataclasses.asdict(meta) | {"labels": len(meta.labels)},
+        "options": dataclasses.asdict(opts),
+    }
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_config(root: Path, name: str, text: str) -> Path:
+    folder = root / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(text, encoding="utf-8")
+    return folder
+
+
+def _model_file(source: ModelSource, opts: ServingOptions) -> str:
+    if opts.flavour == "gpu" and opts.gpu_backend == "tensorrt":
+        if source.engine_path is None:
+            raise ValueError("gpu_backend 'tensorrt' serves a prebuilt engine: pass a .plan/.engine file "
+                             "(hub-vit export), or use gpu_backend 'onnxruntime' (TensorRT accelerator) with ONNX")
+        return "model.plan"
+    if source.engine_path is not None:
+        raise ValueError(f"a TensorRT engine ({source.engine_path}) can only be served with flavour 'gpu' and "
+                         "gpu_backend 'tensorrt'; valid inputs for other setups: a model name, folder or .onnx")
+    return "model.onnx"
+
+
+def _place_weights(source: ModelSource, target: Path) -> None:
+    if source.engine_path is not None:
+        shutil.copyfile(source.engine_path, target)
+    elif source.onnx_path is not None:
+        check_tensor_names(source.onnx_path)
+        shutil.copyfile(source.onnx_path, target)
+        external = source.onnx_path.with_name(source.onnx_path.name + ".data")  # external weights, if any
+        if external.is_file():
+            shutil.copyfile(external, target.with_name(external.name))
+    elif source.module is not None:
+        from hub_vit.export import export_onnx  # the one ONNX exporter of the project
+
+        export_onnx(source.module.eval(), target, dynamic_batch=True)
+    else:
+        raise ValueError("model source has no module, ONNX file or engine to serve")
+
+
+def check_tensor_names(onnx_path: Path) -> None:
+    """Triton's ORT/TensorRT backends bind tensors by name: the graph must read `pixel_values`, write `logits`."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    inputs, outputs = [t.name for t in graph.input], [t.name for t in graph.output]
+    if inputs[:1] != ["pixel_values"] or "logits" not in outputs:
+        raise ValueError(f"{onnx_path}: graph reads {inputs} and writes {outputs}; the served graph must read "
+                         "'pixel_values' and write 'logits' (export it with hub-vit export / hub_vit.export)")
+
+
+def _warmup_element(meta: ServingMetadata) -> bytes:
+    """One TYPE_STRING element as Triton's warmup reads it: 4-byte little-endian length, then a PNG."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (meta.scale_size[1], meta.scale_size[0]), (124, 116, 104)).save(buffer, format="PNG")
+    data = buffer.getvalue()
+    return struct.pack("<I", len(data)) + data

@@ -1,0 +1,66 @@
+"""Triton Python-backend model written by `hub-vit repository`: ONNX Runtime classifier with top-k on the CPU.
+
+Input `pixel_values` (FP32, (B, 3, H, W)) -> `logits` (B, C), `scores` (B, K) softmax probabilities,
+`class_ids` (B, K) and `labels` (B, K) strings, best first. All requests of one dynamic batch run as one ORT call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B, C) logits -> (B, K) softmax scores and class ids, best first (stable order on ties)."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    probs = np.exp(shifted)
+    probs /= probs.sum(axis=1, keepdims=True)
+    ids = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(probs, ids, axis=1).astype(np.float32), ids.astype(np.int64)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        options = ort.SessionOptions()
+        threads = int(params.get("intra_op_threads", "0"))
+        options.intra_op_num_threads = threads if threads > 0 else (os.cpu_count() or 1)
+        options.inter_op_num_threads = 1
+        # No busy-waiting between ops: the preprocessing stub and Triton's HTTP/gRPC threads share these cores,
+        # and spinning ORT threads would steal their time slices (it costs little latency here).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(  # one session per instance, built once
+            str(version_dir / params["onnx_file"]), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self.input_name = self.session.get_inputs()[0].name
+        self.k = int(params["top_k"])
+        labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()
+        self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
+
+    def execute(self, requests: list) -> list:
+        arrays = [pb_utils.get_input_tensor_by_name(r, "pixel_values").as_numpy() for r in requests]
+        sizes = [len(a) for a in arrays]
+        logits = self.session.run(None, {self.input_name: np.concatenate(arrays)})[0].astype(np.float32)  # (N, C)
+        scores, ids = top_k(logits, self.k)
+        responses, start = [], 0
+        for size in sizes:
+            part = slice(start, start + size)
+            start += size
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [
+                        pb_utils.Tensor("logits", logits[part]),
+                        pb_utils.Tensor("scores", scores[part]),
+                        pb_utils.Tensor("class_ids", ids[part]),
+                        pb_utils.Tensor("labels", self.labels[ids[part]]),
+                    ]
+                )
+            )
+        return responses

@@ -1,0 +1,48 @@
+"""Triton Python-backend model written by `hub-vit repository` (GPU flavour): logits -> top-k labels and scores.
+
+Input `logits` (FP32, (B, C)) from the ONNX Runtime / TensorRT classifier -> `scores` (B, K) softmax
+probabilities, `class_ids` (B, K) and `labels` (B, K) strings, best first.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B, C) logits -> (B, K) softmax scores and class ids, best first (stable order on ties)."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    probs = np.exp(shifted)
+    probs /= probs.sum(axis=1, keepdims=True)
+    ids = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(probs, ids, axis=1).astype(np.float32), ids.astype(np.int64)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.k = int(params["top_k"])
+        labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()
+        self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
+
+    def execute(self, requests: list) -> list:
+        responses = []
+        for request in requests:
+            logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy().astype(np.float32)  # (B, C)
+            scores, ids = top_k(logits, self.k)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [
+                        pb_utils.Tensor("scores", scores),
+                        pb_utils.Tensor("class_ids", ids),
+                        pb_utils.Tensor("labels", self.labels[ids]),
+                    ]
+                )
+            )
+        return responses

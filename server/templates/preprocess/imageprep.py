@@ -1,0 +1,109 @@
+"""Encoded image bytes -> normalised CHW float32 array, exactly as timm's eval transform does it (PIL path).
+
+Self-contained (numpy + Pillow only): it is copied next to the Python-backend `model.py` in a generated Triton
+repository, where hub_vit may not be importable. The maths follows torchvision on PIL images: shorter side resized to
+`floor(size / crop_pct)` (longer side truncated), centre crop with `round((H - h) / 2)` offsets, `/ 255`, then
+`(x - mean) / std`, all in float32, so served pixels equal in-process pixels bit for bit.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+FORMATS = ("JPEG", "PNG", "WEBP")  # only these decoders run on untrusted bytes
+INTERPOLATIONS = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+CROP_MODES = ("center", "squash")
+
+
+class BadImageError(ValueError):
+    """The client sent bytes we refuse to classify (answered as a client error, never a server fault)."""
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """One model's eval transform; built once per Triton model instance."""
+
+    crop_size: tuple[int, int]  # (H, W) the model's input
+    scale_size: tuple[int, int]  # (H, W) before cropping; square -> shorter-side resize
+    interpolation: str = "bilinear"
+    crop_mode: str = "center"
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    max_pixels: int = 40_000_000  # decompression-bomb guard, checked on the header before any pixel is decoded
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"unknown interpolation {self.interpolation!r}; valid: {', '.join(INTERPOLATIONS)}")
+        if self.crop_mode not in CROP_MODES:
+            raise ValueError(f"unsupported crop_mode {self.crop_mode!r}; valid: {', '.join(CROP_MODES)}")
+        if self.crop_mode == "center" and self.scale_size[0] != self.scale_size[1]:
+            raise ValueError(f"crop_mode 'center' needs a square scale size, got {self.scale_size}; use 'squash'")
+        if self.scale_size[0] < self.crop_size[0] or self.scale_size[1] < self.crop_size[1]:
+            raise ValueError(f"scale size {self.scale_size} is smaller than the crop {self.crop_size} (crop_pct > 1)")
+
+    # ------------------------------------------------------------------------------------------------------------
+    def decode(self, data: bytes) -> Image.Image:
+        """Bytes -> RGB image with EXIF orientation applied; `BadImageError` naming the problem otherwise."""
+        if not data:
+            raise BadImageError("empty image (0 bytes); send encoded JPEG, PNG or WebP bytes")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            try:
+                image = Image.open(io.BytesIO(data), formats=FORMATS)  # lazy: reads the header only
+            except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+                raise BadImageError(f"decompression bomb refused: {err}") from None
+            except UnidentifiedImageError:
+                raise BadImageError(
+                    f"not an image: {len(data)} bytes starting {data[:8]!r} are not JPEG, PNG or WebP"
+                ) from None
+            except Exception as err:  # Pillow raises plain ValueError/OSError for some malformed headers
+                raise BadImageError(f"cannot read image header: {err}") from None
+            width, height = image.size
+            if width * height > self.max_pixels:
+                raise BadImageError(
+                    f"decompression bomb refused: image declares {width}x{height} = {width * height} pixels, "
+                    f"more than the limit of {self.max_pixels}"
+                )
+            try:
+                image.load()
+                image = ImageOps.exif_transpose(image)
+                return image.convert("RGB")
+            except Exception as err:  # truncated or corrupt data surfaces only while decoding
+                raise BadImageError(f"cannot decode {image.format} image ({width}x{height}): {err}") from None
+
+    def pixels(self, image: Image.Image) -> np.ndarray:
+        """RGB PIL image -> (3, H, W) float32, normalised."""
+        resample = INTERPOLATIONS[self.interpolation]
+        width, height = image.size
+        if self.crop_mode == "squash":
+            new_h, new_w = self.scale_size
+        else:  # shorter side -> size, longer side truncated (torchvision Resize(int))
+            size = self.scale_size[0]
+            short, long = min(width, height), max(width, height)
+            new_short, new_long = size, int(size * long / short)
+            new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
+        if (new_w, new_h) != (width, height):
+            image = image.resize((new_w, new_h), resample)
+        crop_h, crop_w = self.crop_size
+        top = int(round((new_h - crop_h) / 2.0))
+        left = int(round((new_w - crop_w) / 2.0))
+        image = image.crop((left, top, left + crop_w, top + crop_h))
+        array = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1).astype(np.float32) / np.float32(255)  # (3,H,W)
+        mean = np.asarray(self.mean, dtype=np.float32).reshape(3, 1, 1)
+        std = np.asarray(self.std, dtype=np.float32).reshape(3, 1, 1)
+        return (array - mean) / std
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        return self.pixels(self.decode(data))

@@ -1,0 +1,188 @@
+"""The generated Triton repository: configs parse as Triton's own ModelConfig, follow the model's metadata, and the
+server-side transform equals timm's eval transform pixel for pixel (no server started here)."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from PIL import Image
+
+pytest.importorskip("tritonclient.grpc")
+from hub_vit.server.config import ServingOptions  # noqa: E402
+from hub_vit.server.repository import template_dir, write_repository  # noqa: E402
+from hub_vit.server.source import ModelSource, ServingMetadata, resolve  # noqa: E402
+from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
+
+
+def _load_imageprep():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("imageprep", template_dir("preprocess") / "imageprep.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["imageprep"] = module  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _parse(path: Path) -> mc.ModelConfig:
+    return text_format.Parse(path.read_text(), mc.ModelConfig())
+
+
+@pytest.fixture(scope="module")
+def onnx_file(tmp_path_factory) -> Path:
+    from hub_vit.export import export_onnx
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    spec = ViTSpec(width=32, depth=1, mlp_dim=64, num_heads=2, patch_size=8, img_size=(48, 48), num_classes=7,
+                   posemb="sincos2d", pool_type="gap")
+    return export_onnx(VisionTransformer(spec).eval(), tmp_path_factory.mktemp("onnx") / "tiny.onnx")
+
+
+@pytest.fixture(scope="module")
+def meta() -> ServingMetadata:
+    return ServingMetadata("tiny", tuple(f"kind {i}" for i in range(7)), (48, 48), crop_pct=0.9,
+                           interpolation="bicubic")
+
+
+def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
+    opts = ServingOptions(max_batch_size=8, preferred_batch_sizes=(2, 8), max_queue_size=3, top_k=3)
+    repo = write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "repo", opts)
+    ensemble, pre, cls = (_parse(repo / n / "config.pbtxt") for n in ("vit", "vit_preprocess", "vit_classifier"))
+    assert ensemble.platform == "ensemble"
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["vit_preprocess", "vit_classifier"]
+    assert {o.name: list(o.dims) for o in ensemble.output} == {
+        "logits": [7], "scores": [3], "class_ids": [3], "labels": [3]}
+    assert list(pre.output[0].dims) == [3, 48, 48] and pre.input[0].data_type == mc.TYPE_STRING
+    assert pre.parameters["scale_size"].string_value == "[53, 53]"  # floor(48 / 0.9), timm's rule
+    assert pre.parameters["interpolation"].string_value == "bicubic"
+    for config in (pre, cls):
+        assert config.max_batch_size == 8
+        assert list(config.dynamic_batching.preferred_batch_size) == [2, 8]
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == 3
+        assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+        assert len(config.model_warmup) >= 1
+    assert cls.backend == "python" and (repo / "vit_classifier/1/model.onnx").is_file()
+    assert (repo / "vit_classifier/1/labels.txt").read_text().splitlines() == list(meta.labels)
+    warm = (repo / "vit_preprocess/warmup/image").read_bytes()
+    assert int.from_bytes(warm[:4], "little") == len(warm) - 4 and warm[5:8] == b"PNG"
+
+
+def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
+    opts = ServingOptions(flavour="gpu", precision="FP16")
+    repo = write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "repo", opts)
+    cls = _parse(repo / "vit_classifier/config.pbtxt")
+    assert cls.backend == "onnxruntime" and cls.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
+    accel = cls.optimization.execution_accelerators.gpu_execution_accelerator[0]
+    assert accel.name == "tensorrt" and accel.parameters["precision_mode"] == "FP16"
+    assert [o.name for o in cls.output] == ["logits"]
+    steps = [s.model_name for s in _parse(repo / "vit/config.pbtxt").ensemble_scheduling.step]
+    assert steps == ["vit_preprocess", "vit_classifier", "vit_postprocess"]
+    with pytest.raises(ValueError, match="plan"):
+        write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "trt",
+                         ServingOptions(flavour="gpu", gpu_backend="tensorrt"))
+    assert not (tmp_path / "trt").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(flavour="tpu"), "valid: cpu, gpu"),
+    (dict(precision="INT4"), "valid: FP16, FP32"),
+    (dict(max_batch_size=4, preferred_batch_sizes=(8,)), "outside 1..max_batch_size=4"),
+    (dict(name="../x"), "letters, digits"),
+])
+def test_bad_options_name_the_choices(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ServingOptions(**bad)
+
+
+def test_existing_repository_is_not_replaced_silently(tmp_path, onnx_file, meta):
+    source = ModelSource(metadata=meta, onnx_path=onnx_file)
+    write_repository(source, tmp_path / "repo")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        write_repository(source, tmp_path / "repo")
+    write_repository(source, tmp_path / "repo", ServingOptions(top_k=2), overwrite=True)
+    assert "dims: 2" in (tmp_path / "repo/vit/config.pbtxt").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]  # no temp leftovers
+
+
+def test_resolve_rejects_unknown_sources(tmp_path):
+    with pytest.raises(ValueError, match="valid names: .*simplevit_s16"):
+        resolve("no_such_model")
+    with pytest.raises(ValueError, match="does not exist"):
+        resolve(str(tmp_path / "missing.onnx"))
+    with pytest.raises(ValueError, match="not a hub-vit model folder"):
+        resolve(tmp_path)
+
+
+def test_exported_onnx_without_metadata_reads_the_graph(onnx_file):
+    source = resolve(onnx_file)
+    assert source.metadata.input_size == (48, 48) and source.metadata.num_classes == 7
+
+
+@pytest.mark.parametrize("crop_pct, interpolation", [(0.875, "bilinear"), (1.0, "bicubic"), (0.9, "bicubic")])
+def test_server_transform_equals_timm_eval_transform(photos, crop_pct, interpolation):
+    """Golden: timm's own `create_transform` on the same decoded photo; our numpy/PIL path must match exactly."""
+    from timm.data import create_transform, resolve_data_config
+
+    prep = _load_imageprep()
+    cfg = {"input_size": (3, 64, 64), "crop_pct": crop_pct, "interpolation": interpolation,
+           "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+    meta = ServingMetadata.from_pretrained_cfg("t", cfg, None, 3)
+    ours = prep.Preprocess(crop_size=meta.input_size, scale_size=meta.scale_size, interpolation=interpolation)
+    timm_tf = create_transform(**resolve_data_config(pretrained_cfg=cfg), is_training=False)
+    for array in photos.values():
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, format="PNG")
+        expected = timm_tf(Image.fromarray(array)).numpy()
+        np.testing.assert_array_equal(ours(buffer.getvalue()), expected)
+
+
+def test_exif_orientation_is_applied(photos):
+    prep = _load_imageprep()
+    ours = prep.Preprocess(crop_size=(64, 64), scale_size=(64, 64), crop_mode="squash")
+    upright = Image.fromarray(photos["chelsea"])
+    exif = Image.Exif()
+    exif[0x0112] = 3  # Orientation: rotated 180 degrees
+    buffer = io.BytesIO()
+    upright.rotate(180).save(buffer, format="PNG", exif=exif)
+    plain = io.BytesIO()
+    upright.save(plain, format="PNG")
+    np.testing.assert_array_equal(ours(buffer.getvalue()), ours(plain.getvalue()))
+
+
+
+def test_cli_repository_writes_gpu_flavour(tmp_path, onnx_file):
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    runner = CliRunner()
+    result = runner.invoke(app, ["repository", str(tmp_path / "repo"), "--model", str(onnx_file), "--flavour", "gpu",
+                                 "--max-batch-size", "32"])
+    assert result.exit_code == 0, result.output
+    assert _parse(tmp_path / "repo/vit_classifier/config.pbtxt").max_batch_size == 32
+    result = runner.invoke(app, ["repository", str(tmp_path / "bad"), "--model", str(onnx_file), "--flavour", "tpu"])
+    assert result.exit_code != 0 and "valid: cpu, gpu" in result.output
+    assert not (tmp_path / "bad").exists()
+
+
+def test_onnx_with_other_tensor_names_is_refused(tmp_path, meta):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input"], ["output"])], "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["b", 3, 48, 48])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["b", 3, 48, 48])],
+    )
+    path = tmp_path / "other.onnx"
+    onnx.save(helper.make_model(graph), path)
+    with pytest.raises(ValueError, match="must read 'pixel_values' and write 'logits'"):
+        write_repository(ModelSource(metadata=meta, onnx_path=path), tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()

@@ -1,0 +1,423 @@
+"""The real tritonserver (nvidia-pytriton's binary, Python backend) serving a hub-vit classifier over HTTP and gRPC.
+
+One server per configuration (module-scoped), loopback only, free ports, bounded request loops, always stopped.
+In-process reference = timm's eval transform (`timm.data.create_transform` from the model's pretrained_cfg) + the
+PyTorch model, i.e. a path that shares no code with the served one (numpy/Pillow preprocessing + ONNX Runtime).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+import time
+import urllib.request
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("tritonclient.grpc")
+pytest.importorskip("pytriton")
+from hub_vit.server.client import AsyncClassifier, Classifier, encode  # noqa: E402
+from hub_vit.server.config import ServingOptions  # noqa: E402
+from hub_vit.server.launcher import TritonServer, free_port  # noqa: E402
+from hub_vit.server.repository import write_repository  # noqa: E402
+from hub_vit.server.source import ModelSource, resolve  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+PROTOCOLS = ("http", "grpc")
+MAX_BATCH = 8
+
+
+# -- the model under test -----------------------------------------------------------------------------------------
+def _default_folder() -> Path | None:
+    from hub_vit.catalog import default_model_folder
+
+    folder = Path(default_model_folder())
+    return folder if (folder / "model.safetensors").is_file() else None
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    """The shipped default model; until it is trained into the checkout, a tiny random stand-in of the same shape
+    contract (32x32 digits, 10 labels, crop_pct 1.0)."""
+    folder = _default_folder()
+    if folder is not None:
+        return folder
+    from hub_vit.folder import save_model_folder
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    torch.manual_seed(0)
+    spec = ViTSpec(width=32, depth=1, mlp_dim=64, num_heads=2, patch_size=4, img_size=(32, 32), num_classes=10,
+                   posemb="sincos2d", pool_type="gap", rep_size=True)
+    model = VisionTransformer(spec).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # the zero-init head would tie every class
+    cfg = {"crop_pct": 1.0, "interpolation": "bilinear", "mean": (0.5,) * 3, "std": (0.5,) * 3}
+    return save_model_folder(model, tmp_path_factory.mktemp("model") / "digits_standin",
+                             labels=[str(d) for d in range(10)], pretrained_cfg=cfg)
+
+
+@pytest.fixture(scope="module")
+def reference(model_folder):
+    """In-process classifier: timm eval transform + PyTorch forward; returns (probs (N, C)) for encoded images."""
+    from timm.data import create_transform, resolve_data_config
+
+    from hub_vit.folder import load_model_folder
+
+    model, info = load_model_folder(model_folder)
+    transform = create_transform(**resolve_data_config(pretrained_cfg=dict(info.pretrained_cfg)), is_training=False)
+
+    def probs(payloads: list[bytes]) -> np.ndarray:
+        from PIL import ImageOps
+
+        batch = torch.stack([transform(ImageOps.exif_transpose(Image.open(io.BytesIO(p))).convert("RGB"))
+                             for p in payloads])
+        with torch.no_grad():
+            return model(batch).softmax(-1).numpy()
+
+    return probs
+
+
+# -- servers ------------------------------------------------------------------------------------------------------
+def _start(repo: Path, exit_timeout_s: int = 20) -> TritonServer:
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=exit_timeout_s)
+    return server.start(timeout_s=180)
+
+
+@pytest.fixture(scope="module")
+def repo(model_folder, tmp_path_factory) -> Path:
+    opts = ServingOptions(max_batch_size=MAX_BATCH, preferred_batch_sizes=(4, 8), max_queue_delay_us=2000)
+    return write_repository(resolve(model_folder), tmp_path_factory.mktemp("repo") / "repository", opts)
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    server = _start(repo)
+    yield server
+    server.stop()
+
+
+def _variant_repo(repo: Path, model_folder: Path, out: Path, **options) -> Path:
+    """Same exported ONNX, other serving options (no second export)."""
+    source = resolve(model_folder)
+    onnx_source = ModelSource(metadata=source.metadata, onnx_path=repo / "vit_classifier" / "1" / "model.onnx")
+    return write_repository(onnx_source, out, ServingOptions(**options))
+
+
+def _url(server: TritonServer, protocol: str) -> str:
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
+# -- inputs -------------------------------------------------------------------------------------------------------
+def _encode(array: np.ndarray, fmt: str = "PNG", **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def photo_payloads(photos) -> list[bytes]:
+    """Real photos, one per container format the server accepts."""
+    return [_encode(photos["astronaut"], "JPEG", quality=90), _encode(photos["chelsea"], "PNG"),
+            _encode(photos["coffee"], "WEBP", lossless=True)]
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from hub_vit.train.digits import load_digits_split
+
+    images, labels = load_digits_split("val")
+    return [_encode(image) for image in images], labels
+
+
+def _bomb_png(width: int = 50_000, height: int = 50_000) -> bytes:
+    """A ~100-byte PNG whose header declares width x height pixels (decompression-bomb shape)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + \
+        chunk(b"IEND", b"")
+
+
+def _metrics(server: TritonServer) -> str:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
+        return reply.read().decode()
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _assert_same_topk(served, expected_probs: np.ndarray) -> None:
+    for prediction, probs in zip(served, expected_probs, strict=True):
+        k = len(prediction.class_ids)
+        order = np.argsort(-probs, kind="stable")[:k]
+        assert prediction.class_ids == order.tolist()
+        np.testing.assert_allclose(prediction.scores, probs[order], atol=1e-4)
+
+
+# -- correctness --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_photos_and_digits_match_in_process(server, reference, photo_payloads, digits, protocol):
+    payloads = photo_payloads + digits[0][:5]
+    with Classifier(_url(server, protocol), protocol=protocol) as client:
+        served = client.classify(payloads, with_logits=True)
+        one_by_one = [client.classify(p)[0] for p in payloads[:3]]
+    expected = reference(payloads)
+    _assert_same_topk(served, expected)
+    _assert_same_topk(one_by_one, expected[:3])  # batch composition does not change answers
+    labels = (Path(server.repository) / "vit_classifier/1/labels.txt").read_text().splitlines()
+    assert served[0].labels == [labels[i] for i in served[0].class_ids]
+    assert served[0].logits is not None and served[0].logits.shape == (len(labels),)
+
+
+def test_served_accuracy_equals_in_process(server, reference, digits):
+    payloads, labels = digits
+    with Classifier(server.http_url) as client:
+        served = [p.class_ids[0] for i in range(0, len(payloads), MAX_BATCH)
+                  for p in client.classify(payloads[i:i + MAX_BATCH])]
+    local = reference(payloads).argmax(-1)
+    served_acc, local_acc = float(np.mean(np.array(served) == labels)), float(np.mean(local == labels))
+    assert served_acc == local_acc
+    assert served == local.tolist()
+    if _default_folder() is not None:  # the trained model, not the random stand-in
+        assert served_acc > 0.9
+
+
+def test_input_types_paths_bytes_pil(server, tmp_path, photos):
+    path = tmp_path / "cat.png"
+    Image.fromarray(photos["chelsea"]).save(path)
+    with Classifier(server.http_url) as client:
+        by_path, by_bytes, by_pil = client.classify([path, path.read_bytes(), Image.open(path)])
+    assert by_path.class_ids == by_bytes.class_ids == by_pil.class_ids  # PIL images travel as lossless PNG
+    np.testing.assert_allclose(by_pil.scores, by_path.scores, atol=1e-6)
+    with pytest.raises(ValueError, match="valid image types"):
+        encode(42)
+
+
+def test_32_concurrent_requests_are_batched(server, reference, photo_payloads, digits):
+    payloads = [*photo_payloads, *digits[0]][:32]
+    expected = reference(payloads)
+
+    async def fire():
+        async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
+            before = await client.statistics()
+            results = await asyncio.gather(*(client.classify(p) for p in payloads))
+            return before, results, await client.statistics()
+
+    before, results, after = asyncio.run(fire())
+    _assert_same_topk([r[0] for r in results], expected)
+    for step in ("vit_preprocess", "vit_classifier"):
+        requests = after[step]["inference_count"] - before[step]["inference_count"]
+        executions = after[step]["execution_count"] - before[step]["execution_count"]
+        assert requests == 32 and executions < requests, (step, requests, executions)
+
+
+# -- bad input ----------------------------------------------------------------------------------------------------
+def _jpeg_truncated(photos) -> bytes:
+    data = _encode(photos["coffee"], "JPEG", quality=90)
+    return data[: len(data) // 2]
+
+
+BAD_IMAGES = {
+    "not_an_image": (lambda photos: b"this is plain text, not a picture", "not an image"),
+    "truncated_jpeg": (_jpeg_truncated, "cannot decode JPEG"),
+    "decompression_bomb": (lambda photos: _bomb_png(), "decompression bomb"),
+    "empty": (lambda photos: b"", "empty image"),
+}
+
+
+def _still_serving(server: TritonServer, good: bytes) -> None:
+    with Classifier(server.http_url) as client:
+        assert client.ready()
+        assert len(client.classify(good)[0].labels) > 0
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("case", list(BAD_IMAGES))
+def test_bad_images_are_client_errors(server, photos, photo_payloads, case, protocol):
+    make, message = BAD_IMAGES[case]
+    with Classifier(_url(server, protocol), protocol=protocol) as client:
+        with pytest.raises(InferenceServerException) as info:
+            client.classify([photo_payloads[1], make(photos)])  # the bad one is image 1 of the request
+    err = info.value
+    assert message in err.message() and "image 1" in err.message()
+    assert err.status() in ("400", "StatusCode.INVALID_ARGUMENT"), err.status()
+    _still_serving(server, photo_payloads[1])
+
+
+def _raw_infer(server: TritonServer, name: str, data: np.ndarray, datatype: str):
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(server.http_url)
+    try:
+        tensor = http.InferInput(name, list(data.shape), datatype)
+        tensor.set_data_from_numpy(data)
+        return client.infer("vit", [tensor])
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("wrong_dtype", "data-type is 'FP32', but model 'vit' expects 'BYTES'"),
+    ("wrong_name", "unexpected inference input 'pixels'"),
+    ("too_large_batch", f"batch-size must be <= {MAX_BATCH}"),
+])
+def test_bad_tensors_are_client_errors(server, photo_payloads, case, message):
+    good = np.array([[photo_payloads[1]]], dtype=np.object_)
+    with pytest.raises(InferenceServerException) as info:
+        if case == "wrong_dtype":
+            _raw_infer(server, "image", np.zeros((1, 1), dtype=np.float32), "FP32")
+        elif case == "wrong_name":
+            _raw_infer(server, "pixels", good, "BYTES")
+        else:
+            _raw_infer(server, "image", np.repeat(good, MAX_BATCH + 1, axis=0), "BYTES")
+    assert message in info.value.message() and info.value.status() == "400", info.value
+    _still_serving(server, photo_payloads[1])
+
+
+# -- overload and shutdown ----------------------------------------------------------------------------------------
+def test_overload_is_rejected_fast_and_counted(repo, model_folder, tmp_path, photos):
+    tiny_queue = _variant_repo(repo, model_folder, tmp_path / "overload", max_batch_size=MAX_BATCH,
+                               preferred_batch_sizes=(MAX_BATCH,), max_queue_size=2)
+    heavy = _encode(photos["astronaut"], "JPEG", quality=90)  # 512x512 decode + resize: slow enough to queue
+    server = _start(tiny_queue)
+    try:
+        before = _metrics(server)
+
+        async def one(client):
+            sent = time.perf_counter()
+            try:
+                await client.classify([heavy] * MAX_BATCH)
+                return "ok", time.perf_counter() - sent
+            except InferenceServerException as err:
+                return err.message(), time.perf_counter() - sent
+
+        async def flood():
+            async with AsyncClassifier(server.http_url) as client:
+                return await asyncio.gather(*(one(client) for _ in range(24)))
+
+        outcomes = asyncio.run(flood())
+        after = _metrics(server)
+        _still_serving(server, heavy)
+    finally:
+        server.stop()
+    accepted = [t for m, t in outcomes if m == "ok"]
+    rejected = [t for m, t in outcomes if "Exceeds maximum queue size" in m]
+    assert len(accepted) + len(rejected) == len(outcomes), {m for m, _ in outcomes}
+    assert accepted and rejected
+    assert np.median(rejected) < np.median(accepted)  # shed at once instead of waiting in line
+    failures = _metric(after, "nv_inference_request_failure", model="vit") - \
+        _metric(before, "nv_inference_request_failure", model="vit")
+    assert failures >= len(rejected)
+
+
+def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path, photos):
+    server = _start(_variant_repo(repo, model_folder, tmp_path / "drain", max_batch_size=MAX_BATCH,
+                                  preferred_batch_sizes=(MAX_BATCH,)), exit_timeout_s=60)
+    heavy = _encode(photos["astronaut"], "JPEG", quality=90)
+    in_flight = 8  # requests of MAX_BATCH heavy images; the single preprocess instance runs one at a time
+
+    def reached() -> tuple[float, float]:
+        """(requests queued at the first step, requests that reached the server: queued + done + executing)."""
+        text = _metrics(server)
+        queued = _metric(text, "nv_inference_pending_request_count", model="vit_preprocess")
+        done = (_metric(text, "nv_inference_count", model="vit_preprocess") - warm) / MAX_BATCH
+        return queued, queued + done + 1
+
+    warm = _metric(_metrics(server), "nv_inference_count", model="vit_preprocess")  # warmup inferences
+
+    async def run():
+        async with AsyncClassifier(server.http_url) as client:
+            tasks = [asyncio.create_task(client.classify([heavy] * MAX_BATCH)) for _ in range(in_flight)]
+            deadline = time.monotonic() + 30
+            queued, arrived = 0.0, 0.0
+            while time.monotonic() < deadline:  # every request has reached the server and some still wait
+                queued, arrived = reached()
+                if arrived >= in_flight and queued >= 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert arrived >= in_flight and queued >= 2, (queued, arrived)
+            server.terminate()  # SIGTERM while requests are queued and executing
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        results = asyncio.run(run())
+        code = server.wait(90)
+    finally:
+        server.stop()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors
+    assert all(len(r[0].labels) > 0 for r in results)
+    assert code == 0
+    assert "Waiting for in-flight requests" in "\n".join(server.log_tail)
+
+
+# -- command line -------------------------------------------------------------------------------------------------
+def test_cli_classify_and_loadtest(server, tmp_path, photos):
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    image = tmp_path / "coffee.png"
+    Image.fromarray(photos["coffee"]).save(image)
+    runner = CliRunner()
+    result = runner.invoke(app, ["classify", "--url", server.grpc_url, "--grpc", str(image)])
+    assert result.exit_code == 0, result.output
+    assert "coffee.png" in result.output and "score" in result.output
+    out = tmp_path / "load.json"
+    result = runner.invoke(app, ["loadtest", "--url", server.http_url, "--concurrency", "4", "--requests", "24",
+                                 "--json", str(out), str(image)])
+    assert result.exit_code == 0, result.output
+    report = __import__("json").loads(out.read_text())
+    assert report["requests"] == 24 and report["errors"] == 0
+    assert report["batching"]["vit_classifier"]["inferences"] == 24
+    assert set(report["latency_ms"]) >= {"p50", "p90", "p99"}
+    result = runner.invoke(app, ["classify", "--url", server.http_url, str(tmp_path / "missing.png")])
+    assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())
+
+
+def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    onnx = repo / "vit_classifier" / "1" / "model.onnx"  # labels.txt beside it: no export needed
+    ports = [str(free_port()) for _ in range(3)]
+    command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", str(onnx),
+               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--exit-timeout", "10",
+               "--quiet"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            line = process.stdout.readline()
+            lines.append(line)
+            if "metrics" in line:
+                break
+        text = "".join(lines)
+        assert f"http://127.0.0.1:{ports[0]}/v2/models/vit/infer" in text and f"127.0.0.1:{ports[1]}" in text, text
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5) as reply:
+            assert reply.status == 200
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    assert "tritonserver stopped" in out and "SIGTERM" in err
