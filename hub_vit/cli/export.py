@@ -1,1 +1,130 @@
-"""`hub-vit export` commands (placeholder until implemented)."""
+"""`hub-vit export onnx|tensorrt`: verified ONNX variants and TensorRT engines (docs/export.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from hub_vit.cli.app import app, console, err_console, fail
+
+export_app = typer.Typer(help="Export a model to ONNX (verified variants) or TensorRT.", no_args_is_help=True)
+app.add_typer(export_app, name="export")
+
+ALL = "all"
+
+
+def _variant_table(report: object) -> Table:
+    table = Table(title=f"hub-vit export -> {report.out_dir}")  # type: ignore[attr-defined]
+    for col in ("variant", "written", "MiB", "max |diff|", "top-1", "fused ops", "note"):
+        table.add_column(col, justify="right" if col in ("MiB", "max |diff|", "top-1 agree") else "left")
+    for o in report.variants:  # type: ignore[attr-defined]
+        v = o.verification or {}
+        fused = " ".join(f"{k.replace('Normalization', 'Norm')}:{n}" for k, n in o.fused_ops.items() if n) or "-"
+        table.add_row(
+            o.variant,
+            "[green]yes[/]" if o.written else "[red]no[/]",
+            f"{o.size_bytes / 2**20:.1f}" if o.size_bytes else "-",
+            f"{v['max_abs_diff']:.2e}" if v else "-",
+            f"{v['top1_agreement']:.1%}" if v else "-",
+            fused,
+            "passed" if not o.error else "see below",
+        )
+    return table
+
+
+@export_app.command("onnx")
+def onnx_cmd(
+    source: str = typer.Argument(..., help="Registered name (vit_s16, simplevit_s16.i1k_300ep), a hub-vit model "
+                                           "folder, or a weights file (.safetensors/.npz/.pt) with --model."),
+    out: Path = typer.Option(Path("exports"), "-o", "--out", help="Output folder."),
+    model_name: str = typer.Option(None, "--model", help="Architecture for a weights file, e.g. vit_s16."),
+    variant: list[str] = typer.Option(
+        ["fp32", "optimized", "int8-dynamic", "int8-static"], "-v", "--variant",
+        help="Variant(s) to write: fp32, optimized, fp16, int8-dynamic, int8-static, bf16, or 'all'. Repeatable."),
+    attentions: bool = typer.Option(False, "--attentions", help="Also write <stem>.attentions.onnx (attention maps)."),
+    dynamic_size: bool = typer.Option(False, help="Symbolic height/width (sincos2d models only)."),
+    dynamic_batch: bool = typer.Option(True, help="Symbolic batch axis (default), or a graph fixed to batch 1."),
+    opset: int = typer.Option(17, help="ONNX opset (>= 17)."),
+    exporter: str = typer.Option("dynamo", help="torch.onnx exporter: dynamo (fuses fully) or torchscript."),
+    pretrained: bool = typer.Option(None, "--pretrained/--random",
+                                    help="Registered names: load published weights (download) or keep random "
+                                         "weights. Default: bundled weights if the package ships them, else random."),
+    random_inputs: int = typer.Option(16, help="Fresh random images in the verification set."),
+    photos: int = typer.Option(32, help="Real photo crops (scikit-image) in the verification set."),
+    calibration: int = typer.Option(32, help="Calibration images (noise + photo crops) for int8-static."),
+    images: Path = typer.Option(None, help="Folder of in-domain images: half join the verification set, half the "
+                                           "int8-static calibration (recommended for non-photo models)."),
+    images_limit: int = typer.Option(512, help="Use at most this many files from --images."),
+    seed: int = typer.Option(None, help="Seed of the verification set (default: fresh)."),
+    provider: list[str] = typer.Option(None, help="onnxruntime execution provider(s) for verification."),
+    stem: str = typer.Option("model", help="File name stem: <stem>.onnx, <stem>.<variant>.onnx, ..."),
+) -> None:
+    """Export to ONNX, verify every variant against PyTorch, write only the ones that pass (+ a JSON report)."""
+    from hub_vit.export.onnx_export import EXPORTERS, MIN_OPSET
+    from hub_vit.export.sources import load_source
+    from hub_vit.export.variants import VARIANTS, check_variants, export_variants
+
+    try:  # validate everything cheap before building a model
+        variants = list(VARIANTS) if ALL in variant else check_variants(variant)
+        if exporter not in EXPORTERS:
+            raise ValueError(f"unknown exporter {exporter!r}; valid choices: {', '.join(EXPORTERS)}")
+        if opset < MIN_OPSET:
+            raise ValueError(f"--opset must be >= {MIN_OPSET}, got {opset}")
+        if min(random_inputs, photos, calibration) < 0 or random_inputs + photos == 0:
+            raise ValueError("--random-inputs/--photos/--calibration must be >= 0 and the verification set non-empty")
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {str(out)!r} is a file; give a folder")
+        src = load_source(source, model_name=model_name, pretrained=pretrained)
+        own = None
+        if images is not None:
+            from hub_vit.export.verify import load_image_folder
+
+            own = load_image_folder(images, src.model.spec.img_size, limit=images_limit)
+        console.print(f"exporting [bold]{src.name}[/] ({src.kind}, weights: {src.weights}) -> {out}")
+        report = export_variants(src.model, out, variants=variants, stem=stem, opset=opset,
+                                 dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, with_attentions=attentions,
+                                 exporter=exporter, n_random=random_inputs, n_photos=photos,
+                                 n_calibration=calibration, seed=seed, providers=provider or None,
+                                 source=src.describe(), images=own)
+    except (ValueError, TypeError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError,
+            RuntimeError) as exc:
+        raise fail(str(exc)) from None
+    console.print(_variant_table(report))
+    for o in report.variants:
+        console.print(f"  {o.variant}: " + (f"[red]not written[/] - {o.error}" if o.error else f"{o.file}"),
+                      soft_wrap=True)
+    console.print(f"report: {report.report_file}")
+    failed = [o.variant for o in report.variants if not o.written]
+    if failed:
+        err_console.print(f"[yellow]not written:[/] {', '.join(failed)} (reasons in the table and the report)")
+        raise typer.Exit(1)
+
+
+@export_app.command("tensorrt")
+def tensorrt_cmd(
+    onnx_file: Path = typer.Argument(..., help="fp32 ONNX graph from `hub-vit export onnx` (fixed image size)."),
+    out: Path = typer.Option(None, "-o", "--out", help="Engine file (default: <onnx stem>.plan beside the ONNX)."),
+    fp16: bool = typer.Option(True, "--fp16/--fp32", help="fp16 engine (LayerNorm/Softmax kept fp32) or fp32."),
+    min_batch: int = typer.Option(1, help="Optimization profile: smallest batch."),
+    opt_batch: int = typer.Option(8, help="Optimization profile: batch TensorRT tunes for."),
+    max_batch: int = typer.Option(32, help="Optimization profile: largest batch (>= Triton max_batch_size)."),
+    workspace_gib: float = typer.Option(4.0, help="Builder workspace limit in GiB."),
+    seed: int = typer.Option(None, help="Seed of the verification set (default: fresh)."),
+) -> None:
+    """Build a TensorRT engine, verify it against ONNX Runtime and record GPU / version / profile beside it."""
+    from hub_vit.export.tensorrt import BatchProfile, TensorRTUnavailable, export_tensorrt, require_tensorrt
+
+    try:
+        require_tensorrt()  # first: stop at once on a machine that cannot build engines
+        profile = BatchProfile(min_batch, opt_batch, max_batch)
+        engine = out or onnx_file.with_suffix(".plan")
+        info = export_tensorrt(onnx_file, engine, fp16=fp16, profile=profile, workspace_gib=workspace_gib, seed=seed)
+    except TensorRTUnavailable as exc:
+        raise fail(str(exc), code=3) from None
+    except (ValueError, FileNotFoundError, PermissionError, RuntimeError) as exc:
+        raise fail(str(exc)) from None
+    v = info["verification"]
+    console.print(f"engine {engine} ({info['precision']}, TensorRT {info['tensorrt']}, {info['gpu']}): "
+                  f"max |diff| vs ORT {v['max_abs_diff']:.2e}, top-1 agreement {v['top1_agreement']:.1%}")

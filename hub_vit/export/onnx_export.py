@@ -1,0 +1,192 @@
+"""PyTorch -> ONNX for any `VisionTransformer`: named tensors, dynamic batch (and H/W for sincos), atomic write.
+
+The graph reads `pixel_values` (float32, NCHW, value range [-1, 1]) and writes `logits`. The attention graph is a
+separate file (`with_attentions=True`) that also writes `attentions` (B, depth, heads, N, N) and, for MAP models,
+`pool_attention` (B, heads, 1, N), so the plain classifier keeps the fused SDPA path and stays lean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from hub_vit.export.fusable import fusable_copy
+from hub_vit.model import VisionTransformer
+
+INPUT_NAME = "pixel_values"
+LOGITS = "logits"
+ATTENTIONS = "attentions"
+POOL_ATTENTION = "pool_attention"
+MIN_OPSET = 17
+EXPORTERS: tuple[str, ...] = ("dynamo", "torchscript")
+Exporter = Literal["dynamo", "torchscript"]
+# A single ONNX protobuf cannot exceed 2 GiB; bigger models would need external data files, which we do not write.
+MAX_PROTO_BYTES = 2**31 - 2**24
+
+
+class LogitsGraph(nn.Module):
+    """(B, C, H, W) -> (B, num_classes) on the model's own fused forward."""
+
+    def __init__(self, model: VisionTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values)
+
+
+class AttentionGraph(nn.Module):
+    """(B, C, H, W) -> logits, every block's attention probabilities stacked (B, depth, heads, N, N)[, MAP probe's]."""
+
+    def __init__(self, model: VisionTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model.forward_all(pixel_values, output_attentions=True)
+        attentions = torch.stack(out.attentions, dim=1)  # depth x (B, heads, N, N) -> (B, depth, heads, N, N)
+        if out.pool_attention is None:
+            return out.logits, attentions
+        return out.logits, attentions, out.pool_attention
+
+
+def output_names(model: VisionTransformer, with_attentions: bool) -> list[str]:
+    if not with_attentions:
+        return [LOGITS]
+    return [LOGITS, ATTENTIONS] + ([POOL_ATTENTION] if model.spec.pool_type == "map" else [])
+
+
+def _check_args(model: VisionTransformer, opset: int, dynamic_size: bool, exporter: str) -> None:
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"export_onnx needs a hub_vit VisionTransformer, got {type(model).__name__}")
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset < MIN_OPSET:
+        raise ValueError(f"opset must be an integer >= {MIN_OPSET} (one LayerNormalization op), got {opset!r}")
+    if exporter not in EXPORTERS:
+        raise ValueError(f"unknown exporter {exporter!r}; valid choices: {', '.join(map(repr, EXPORTERS))}")
+    if dynamic_size and model.spec.posemb != "sincos2d":
+        raise ValueError(
+            f"dynamic_size needs a sincos2d model (its position embedding is computed for any grid); this model's "
+            f"posemb is {model.spec.posemb!r}, so it is exported for {model.spec.img_size[0]}x{model.spec.img_size[1]}"
+        )
+    n_bytes = sum(p.numel() * 4 for p in model.parameters())
+    if n_bytes > MAX_PROTO_BYTES:
+        raise ValueError(f"model has {n_bytes / 2**30:.1f} GiB of float32 weights; one ONNX file holds 2 GiB")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
+    """Yield a temporary file next to `path`; rename it to `path` only if the block succeeds, else delete it.
+
+    The temp file is in the target folder so the final `os.replace` is an atomic rename on the same filesystem.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"output path {str(path)!r} is a directory; give a file name such as model{suffix}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise PermissionError(f"cannot write to {str(path)!r}: {exc.strerror or exc}") from exc
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; exports are read by servers running as other users
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def quiet_loggers(names: tuple[str, ...] = ("torch.onnx", "onnxscript", "onnx_ir", "root")) -> Iterator[None]:
+    loggers = [logging.getLogger(n if n != "root" else None) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def graph_opset(path: str | Path) -> int:
+    """The default-domain opset a saved graph declares."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _export_to(graph: nn.Module, dummy: torch.Tensor, path: Path, names: list[str], opset: int, dynamic_batch: bool,
+               dynamic_size: bool, patch: int, exporter: str) -> None:
+    # the dynamo exporter prints progress lines to stdout and logs its opset 18 -> 17 down-conversion attempts (a
+    # failed attempt keeps opset 18, still >= 17); keep CLI output and JSON pipes clean
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), quiet_loggers():
+        # the legacy exporter warns that it is legacy, and shape comparisons it records as constants are intended
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            in_axes: dict[int, str] = {0: "batch"} if dynamic_batch else {}
+            if dynamic_size:
+                in_axes.update({2: "height", 3: "width"})
+            out_axes = {0: "batch"} if dynamic_batch else {}
+            dynamic_axes = {INPUT_NAME: in_axes, **{n: out_axes for n in names}} if in_axes else None
+            torch.onnx.export(graph, (dummy,), str(path), input_names=[INPUT_NAME], output_names=names,
+                              opset_version=opset, dynamo=False, dynamic_axes=dynamic_axes, do_constant_folding=True)
+            return
+        dims: dict[int, object] = {}
+        if dynamic_batch:
+            dims[0] = torch.export.Dim("batch", min=1, max=4096)
+        if dynamic_size:
+            # derived dims: heights/widths are whole multiples of the patch, so the model's size checks hold statically
+            dims[2] = patch * torch.export.Dim("grid_h", min=1, max=256)
+            dims[3] = patch * torch.export.Dim("grid_w", min=1, max=256)
+        shapes = {"pixel_values": dims} if dims else None
+        program = torch.onnx.export(graph, (dummy,), None, input_names=[INPUT_NAME], output_names=names,
+                                    opset_version=opset, dynamo=True, dynamic_shapes=shapes, optimize=True)
+        program.save(str(path), external_data=False)
+
+
+def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, dynamic_batch: bool = True,
+                dynamic_size: bool = False, with_attentions: bool = False, exporter: Exporter = "dynamo",
+                fusable_attention: bool = True) -> Path:
+    """Write `model` as an fp32 ONNX graph `pixel_values` -> `logits` (+ `attentions`) and return the path.
+
+    The file appears only once the graph passes `onnx.checker` (full check, shape inference included); any failure
+    leaves nothing at `path`. `dynamic_size` (sincos2d models only) makes height and width symbolic.
+    `fusable_attention` exports the split-q/k/v layout (`hub_vit.export.fusable`) that ONNX Runtime's transformer
+    optimizer fuses; with the default dynamo exporter every block fuses (S/16: 12 of 12; torchscript: 11 of 12).
+    """
+    import onnx
+
+    _check_args(model, opset, dynamic_size, exporter)
+    path = Path(path)
+    was_training = model.training
+    model.eval()
+    spec = model.spec
+    source = fusable_copy(model) if fusable_attention else model
+    graph = AttentionGraph(source) if with_attentions else LogitsGraph(source)
+    names = output_names(model, with_attentions)
+    # batch 2 so the exporter cannot specialise a dynamic batch axis to 1; a static graph takes batch 1
+    dummy = torch.zeros(2 if dynamic_batch else 1, spec.in_chans, *spec.img_size, dtype=torch.float32)
+    try:
+        with atomic_path(path) as tmp, torch.no_grad():
+            _export_to(graph, dummy, tmp, names, opset, dynamic_batch, dynamic_size, spec.patch_size, exporter)
+            onnx.checker.check_model(str(tmp), full_check=True)
+    finally:
+        model.train(was_training)
+    return path
+
+
+__all__ = ["ATTENTIONS", "EXPORTERS", "INPUT_NAME", "LOGITS", "POOL_ATTENTION", "atomic_path", "export_onnx",
+           "graph_opset", "output_names", "quiet_loggers"]

@@ -1,0 +1,171 @@
+"""ONNX -> serialized TensorRT engine with the `tensorrt` Python API (TensorRT 10), verified against ONNX Runtime.
+
+fp16 by default with LayerNorm and Softmax pinned to fp32 (ViT LayerNorm overflows in fp16: NVIDIA/TensorRT #2564,
+#2709); one optimization profile over the batch range; the metadata JSON beside the engine records the GPU,
+the TensorRT version, the profile and the verification numbers. Needs an NVIDIA GPU and `pip install tensorrt`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hub_vit.export.onnx_export import INPUT_NAME, LOGITS, atomic_path
+
+
+class TensorRTUnavailable(RuntimeError):
+    """No GPU or no `tensorrt` package: the TensorRT export cannot run on this machine."""
+
+
+@dataclass(frozen=True)
+class BatchProfile:
+    """min <= opt <= max batch sizes of the engine's optimization profile."""
+
+    min: int = 1
+    opt: int = 8
+    max: int = 32
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.min, int) and 1 <= self.min <= self.opt <= self.max):
+            raise ValueError(f"batch profile must satisfy 1 <= min <= opt <= max, got min={self.min}, "
+                             f"opt={self.opt}, max={self.max}")
+
+
+def require_tensorrt() -> Any:
+    """Import `tensorrt` and check for a CUDA GPU, failing fast with a message that says what is missing."""
+    try:
+        import tensorrt as trt
+    except ImportError as exc:
+        raise TensorRTUnavailable(
+            "TensorRT export needs the `tensorrt` Python package (pip install tensorrt) and an NVIDIA GPU; "
+            f"`import tensorrt` failed: {exc}") from None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise TensorRTUnavailable("TensorRT export needs an NVIDIA GPU, and torch.cuda.is_available() is False here")
+    return trt
+
+
+def _onnx_image_shape(onnx_path: Path) -> tuple[int, int, int]:
+    """(C, H, W) of the graph input; TensorRT profiles here fix H and W, so they must be static."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    inp = next((i for i in graph.input if i.name == INPUT_NAME), None)
+    if inp is None:
+        raise ValueError(f"{onnx_path} has no input named {INPUT_NAME!r}; export it with `hub-vit export onnx`")
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim][1:]
+    if len(dims) != 3 or None in dims:
+        raise ValueError(f"{onnx_path}: input {INPUT_NAME!r} has channel/height/width dims {dims}; the TensorRT "
+                         "export needs a fixed image size (export the ONNX without --dynamic-size)")
+    return dims[0], dims[1], dims[2]
+
+
+def build_engine(onnx_path: str | Path, engine_path: str | Path, *, fp16: bool = True,
+                 profile: BatchProfile = BatchProfile(), workspace_gib: float = 4.0) -> dict[str, Any]:
+    """Parse the ONNX graph, build and serialize the engine (atomically); returns the build metadata."""
+    trt = require_tensorrt()
+    import torch
+
+    onnx_path = Path(onnx_path)
+    if not onnx_path.is_file():
+        raise FileNotFoundError(f"ONNX file {str(onnx_path)!r} does not exist; create it with `hub-vit export onnx`")
+    c, h, w = _onnx_image_shape(onnx_path)
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise RuntimeError(f"TensorRT could not parse {onnx_path}: {errors}")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * 2**30))
+    if fp16:
+        config.set_flag(trt.BuilderFlag.FP16)
+        config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+        pinned = (trt.LayerType.NORMALIZATION, trt.LayerType.SOFTMAX)
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            if layer.type in pinned:  # keep the LayerNorm / softmax statistics in fp32
+                layer.precision = trt.float32
+                for j in range(layer.num_outputs):
+                    layer.set_output_type(j, trt.float32)
+    else:  # TF32 is on by default on Ampere+ and would miss the fp32 threshold (1e-4)
+        config.clear_flag(trt.BuilderFlag.TF32)
+    opt_profile = builder.create_optimization_profile()
+    opt_profile.set_shape(INPUT_NAME, (profile.min, c, h, w), (profile.opt, c, h, w), (profile.max, c, h, w))
+    config.add_optimization_profile(opt_profile)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise RuntimeError(f"TensorRT failed to build an engine from {onnx_path} (see the TensorRT log above)")
+    with atomic_path(engine_path, suffix=".plan") as tmp, open(tmp, "wb") as f:
+        f.write(serialized)  # IHostMemory supports the buffer protocol
+    return {"tensorrt": trt.__version__, "gpu": torch.cuda.get_device_name(0),
+            "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+            "precision": "fp16" if fp16 else "fp32", "fp32_layers": "LayerNorm, Softmax" if fp16 else "all",
+            "profile": {"input": INPUT_NAME, "min": [profile.min, c, h, w], "opt": [profile.opt, c, h, w],
+                        "max": [profile.max, c, h, w]}, "workspace_gib": workspace_gib, "onnx": str(onnx_path)}
+
+
+def run_engine(engine_path: str | Path, x: np.ndarray, batch_size: int) -> np.ndarray:
+    """Logits for `x` (N, C, H, W) float32, in batches of at most `batch_size` (torch CUDA tensors as buffers)."""
+    trt = require_tensorrt()
+    import torch
+
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+    context = engine.create_execution_context()
+    stream = torch.cuda.current_stream()  # same stream as the host->device copies below, so no extra sync is needed
+    outs = []
+    for i in range(0, len(x), batch_size):
+        inp = torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size])).cuda()
+        context.set_input_shape(INPUT_NAME, tuple(inp.shape))
+        out = torch.empty(tuple(context.get_tensor_shape(LOGITS)), dtype=torch.float32, device="cuda")
+        context.set_tensor_address(INPUT_NAME, inp.data_ptr())
+        context.set_tensor_address(LOGITS, out.data_ptr())
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError("TensorRT execution failed")
+        stream.synchronize()
+        outs.append(out.cpu().numpy())
+    return np.concatenate(outs)
+
+
+def export_tensorrt(onnx_path: str | Path, engine_path: str | Path, *, fp16: bool = True,
+                    profile: BatchProfile = BatchProfile(), workspace_gib: float = 4.0, n_random: int = 16,
+                    n_photos: int = 32, seed: int | None = None) -> dict[str, Any]:
+    """Build the engine, verify it against ONNX Runtime (same thresholds as the ONNX variants) and write
+    `<engine>.json`; a failing engine is deleted. Returns the metadata."""
+    import secrets
+
+    from hub_vit.export.verify import judge, ort_outputs, ort_session, photo_batch
+
+    require_tensorrt()
+    engine_path = Path(engine_path)
+    info = build_engine(onnx_path, engine_path, fp16=fp16, profile=profile, workspace_gib=workspace_gib)
+    try:
+        c, h, w = _onnx_image_shape(Path(onnx_path))
+        seed = secrets.randbits(31) if seed is None else seed
+        rng = np.random.default_rng(seed)
+        x = np.concatenate([rng.uniform(-1, 1, (n_random, c, h, w)).astype(np.float32),
+                            photo_batch((h, w), n_photos, seed=seed, in_chans=c)])
+        reference = ort_outputs(ort_session(onnx_path, ["CPUExecutionProvider"]), x, batch_size=profile.opt)["logits"]
+        got = run_engine(engine_path, x, profile.opt)
+        result = judge("tensorrt", info["precision"], reference, got, provider="TensorRT", n_random=n_random,
+                       seed=seed)
+        info["verification"] = {**result.to_dict(), "reference": "onnxruntime CPUExecutionProvider"}
+        if not result.passed:
+            raise RuntimeError(f"TensorRT engine failed verification against ONNX Runtime: {result.reason}")
+        with atomic_path(engine_path.with_suffix(engine_path.suffix + ".json"), suffix=".json") as tmp:
+            tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    except BaseException:
+        engine_path.unlink(missing_ok=True)
+        raise
+    return info
+
+
+__all__ = ["BatchProfile", "TensorRTUnavailable", "build_engine", "export_tensorrt", "require_tensorrt",
+           "run_engine"]

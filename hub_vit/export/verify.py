@@ -1,0 +1,221 @@
+"""PyTorch vs ONNX Runtime on the same inputs: fresh random images plus real photographs (scikit-image's bundled set).
+
+Every exported variant goes through `verify_variant`; the export commands write a file only if it passes.
+Thresholds (issue #4): fp32 max |logit difference| <= 1e-4; reduced precisions (fp16, bf16, int8) top-1 agreement
+>= 99 % over the whole verification set, with the max difference reported.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hub_vit.model import VisionTransformer
+
+FP32_MAX_ABS = 1e-4
+MIN_TOP1_AGREEMENT = 0.99
+# Colour and grey photographs that ship inside scikit-image (no download); grey ones are repeated to 3 channels.
+PHOTO_NAMES: tuple[str, ...] = (
+    "astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
+    "stereo_motorcycle", "camera", "moon", "brick", "grass", "gravel", "coins", "clock", "cell",
+)
+
+
+@dataclass
+class VerifyResult:
+    """One variant's verification: numbers, thresholds and the verdict (with the reason when it fails)."""
+
+    variant: str
+    provider: str
+    n_random: int
+    n_photos: int
+    seed: int
+    max_abs_diff: float
+    mean_abs_diff: float
+    top1_agreement: float
+    thresholds: dict[str, float]
+    passed: bool
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_photos(names: Sequence[str] = PHOTO_NAMES) -> dict[str, np.ndarray]:
+    """name -> RGB uint8 (H, W, 3) from `skimage.data`; photos missing from this scikit-image build are skipped."""
+    try:
+        from skimage import data
+    except ImportError:
+        raise RuntimeError("the verification photos come from scikit-image, which is not installed: "
+                           "pip install scikit-image (part of hub-vit's onnx extra)") from None
+
+    photos: dict[str, np.ndarray] = {}
+    for name in names:
+        try:
+            img = getattr(data, name)()
+        except Exception:  # noqa: BLE001 - a photo that needs a download is simply not part of the set
+            continue
+        img = img[0] if isinstance(img, tuple) else img  # stereo pairs: the left view
+        img = np.asarray(img)
+        if img.ndim == 2:
+            img = np.repeat(img[..., None], 3, axis=-1)
+        photos[name] = np.ascontiguousarray(img[..., :3]).astype(np.uint8)
+    return photos
+
+
+def photo_batch(size: tuple[int, int], count: int, seed: int = 0, in_chans: int = 3) -> np.ndarray:
+    """`count` (C, H, W) float32 crops in [-1, 1]: each photo centre-cropped first, then seeded random crops/flips."""
+    from PIL import Image
+
+    photos = list(load_photos().values())
+    if not photos:
+        raise RuntimeError("scikit-image ships no readable photos here; cannot build the verification set")
+    rng = np.random.default_rng(seed)
+    out = np.empty((count, in_chans, *size), dtype=np.float32)
+    for i in range(count):
+        img = photos[i % len(photos)]
+        h, w = img.shape[:2]
+        if i < len(photos):  # centre crop of the shorter side
+            side, top, left, flip = min(h, w), (h - min(h, w)) // 2, (w - min(h, w)) // 2, False
+        else:  # a random square crop covering 35-100 % of the shorter side
+            side = int(min(h, w) * rng.uniform(0.35, 1.0))
+            top, left = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+            flip = bool(rng.random() < 0.5)
+        crop = Image.fromarray(img[top:top + side, left:left + side]).resize((size[1], size[0]), Image.BILINEAR)
+        arr = np.asarray(crop, dtype=np.float32)  # (H, W, 3)
+        if flip:
+            arr = arr[:, ::-1]
+        chw = arr.transpose(2, 0, 1) / 127.5 - 1.0  # (3, H, W) in [-1, 1], Google's value range
+        out[i] = chw[:in_chans] if in_chans <= 3 else np.resize(chw, (in_chans, *size))
+    return out
+
+
+def verification_inputs(model: VisionTransformer, n_random: int = 16, n_photos: int = 32, seed: int | None = None,
+                        size: tuple[int, int] | None = None, images: np.ndarray | None = None
+                        ) -> tuple[np.ndarray, int]:
+    """(n_random + n_photos [+ len(images)], C, H, W) float32: uniform noise in [-1, 1] from a fresh seed, photo crops,
+    then the caller's own in-domain `images` (already preprocessed), if any.
+
+    Returns the batch and the seed (recorded in reports so a failure can be reproduced).
+    """
+    seed = secrets.randbits(31) if seed is None else seed
+    spec = model.spec
+    size = tuple(size or spec.img_size)
+    gen = torch.Generator().manual_seed(seed)
+    noise = (torch.rand(n_random, spec.in_chans, *size, generator=gen) * 2 - 1).numpy()
+    photos = photo_batch(size, n_photos, seed=seed, in_chans=spec.in_chans) if n_photos else noise[:0]
+    own = noise[:0] if images is None else np.asarray(images, dtype=np.float32)
+    if own.shape[1:] != noise.shape[1:]:
+        raise ValueError(f"verification images have shape {own.shape[1:]}, the model takes {noise.shape[1:]}")
+    return np.concatenate([noise, photos, own]).astype(np.float32), seed
+
+
+def load_image_folder(folder: str | Path, size: tuple[int, int], limit: int | None = None) -> np.ndarray:
+    """Image files of `folder` (recursively, sorted) -> (N, 3, H, W) float32 in [-1, 1]: shorter side resized to
+    fit, centre crop, bilinear (the model's own preprocessing is not known here; it only has to be consistent)."""
+    from PIL import Image
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
+    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".bmp", ".webp"))
+    if not files:
+        raise ValueError(f"image folder {str(folder)!r} has no .png/.jpg/.jpeg/.bmp/.webp files")
+    files = files[:limit] if limit else files
+    out = np.empty((len(files), 3, *size), dtype=np.float32)
+    for i, f in enumerate(files):
+        img = Image.open(f).convert("RGB")
+        scale = max(size[0] / img.height, size[1] / img.width)
+        img = img.resize((max(size[1], round(img.width * scale)), max(size[0], round(img.height * scale))),
+                         Image.BILINEAR)
+        top, left = (img.height - size[0]) // 2, (img.width - size[1]) // 2
+        arr = np.asarray(img.crop((left, top, left + size[1], top + size[0])), dtype=np.float32)
+        out[i] = arr.transpose(2, 0, 1) / 127.5 - 1.0
+    return out
+
+
+@torch.no_grad()
+def torch_outputs(model: VisionTransformer, x: np.ndarray, batch_size: int = 8,
+                  with_attentions: bool = False) -> dict[str, np.ndarray]:
+    """PyTorch reference in float32: `logits` (N, classes) and, if asked, `attentions` (N, depth, heads, T, T)."""
+    was_training = model.training
+    model.eval()
+    logits, attns = [], []
+    try:
+        for i in range(0, len(x), batch_size):
+            xb = torch.from_numpy(x[i:i + batch_size])
+            if with_attentions:
+                out = model.forward_all(xb, output_attentions=True)
+                logits.append(out.logits.numpy())
+                attns.append(torch.stack(out.attentions, dim=1).numpy())
+            else:
+                logits.append(model(xb).numpy())
+    finally:
+        model.train(was_training)
+    result = {"logits": np.concatenate(logits)}
+    if with_attentions:
+        result["attentions"] = np.concatenate(attns)
+    return result
+
+
+def ort_session(path: str | Path, providers: Sequence[str] | None = None, threads: int | None = None) -> Any:
+    """An ONNX Runtime session on `providers` (default: CUDA if this onnxruntime has it, else CPU)."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if providers is None:
+        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+    missing = [p for p in providers if p not in available]
+    if missing:
+        raise ValueError(f"execution provider(s) {missing} not available; this onnxruntime has {available}")
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), sess_options=opts, providers=list(providers))
+
+
+def ort_outputs(session: Any, x: np.ndarray, batch_size: int = 8) -> dict[str, np.ndarray]:
+    """Run `session` over `x` in batches; returns every graph output by name."""
+    names = [o.name for o in session.get_outputs()]
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for i in range(0, len(x), batch_size):
+        for name, value in zip(names, session.run(None, {"pixel_values": x[i:i + batch_size]}), strict=True):
+            parts[name].append(np.asarray(value, dtype=np.float32))
+    return {n: np.concatenate(v) for n, v in parts.items()}
+
+
+def compare(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float, float]:
+    """(max |diff|, mean |diff|, top-1 agreement) of two (N, classes) logit arrays."""
+    diff = np.abs(reference.astype(np.float64) - candidate.astype(np.float64))
+    agree = float((reference.argmax(-1) == candidate.argmax(-1)).mean()) if reference.ndim == 2 else float("nan")
+    return float(diff.max()), float(diff.mean()), agree
+
+
+def judge(variant: str, precision: str, reference: np.ndarray, candidate: np.ndarray, *, provider: str,
+          n_random: int, seed: int) -> VerifyResult:
+    """Apply the issue's thresholds: fp32 by max |diff|, reduced precision by top-1 agreement."""
+    max_abs, mean_abs, agree = compare(reference, candidate)
+    n_photos = len(reference) - n_random
+    if precision == "fp32":
+        thresholds = {"max_abs_diff": FP32_MAX_ABS}
+        passed = max_abs <= FP32_MAX_ABS
+        reason = "" if passed else f"max |logit diff| {max_abs:.3g} > {FP32_MAX_ABS:g}"
+    else:
+        thresholds = {"top1_agreement": MIN_TOP1_AGREEMENT}
+        passed = agree >= MIN_TOP1_AGREEMENT
+        reason = "" if passed else (f"top-1 agreement {agree:.1%} < {MIN_TOP1_AGREEMENT:.0%} over "
+                                    f"{len(reference)} images (max |logit diff| {max_abs:.3g})")
+    return VerifyResult(variant=variant, provider=provider, n_random=n_random, n_photos=n_photos, seed=seed,
+                        max_abs_diff=max_abs, mean_abs_diff=mean_abs, top1_agreement=agree, thresholds=thresholds,
+                        passed=passed, reason=reason)
+
+
+__all__ = ["FP32_MAX_ABS", "MIN_TOP1_AGREEMENT", "PHOTO_NAMES", "VerifyResult", "compare", "judge", "load_photos",
+           "load_image_folder", "ort_outputs", "ort_session", "photo_batch", "torch_outputs", "verification_inputs"]
