@@ -106,6 +106,7 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     from hub_vit import __version__
     from hub_vit.folder import save_model_folder
     from hub_vit.hf.native_vit import native_vit_blockers
+    from hub_vit.model_cards import write_card_or_remove
 
     out = Path(out)
     if out.exists() and not overwrite:
@@ -160,6 +161,7 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
         architecture=architecture, extra_files={"conversion.json": info}, native_vit=not native_vit_blockers(spec),
         overwrite=overwrite,
     )
+    write_card_or_remove(path)
     return FolderResult(path=path, conversion=conv, parity=parity, source=src, architecture=architecture, info=info)
 
 

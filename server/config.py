@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import text_format
-from hub_vit.server.source import ServingMetadata
 from tritonclient.grpc import model_config_pb2 as mc
+
+from hub_vit.server.source import ServingMetadata
 
 FLAVOURS = ("cpu", "gpu")
 GPU_BACKENDS = ("onnxruntime", "tensorrt")

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
 from hub_vit.server.client import AsyncClassifier, ImageLike, encode
 
 

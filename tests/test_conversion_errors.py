@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hub_vit.conversion import ArchitectureMismatchError, CheckpointFormatError, convert_npz_file, read_npz
-from hub_vit.conversion.download import DownloadError, resolve_source, sha256_file
 from typer.testing import CliRunner
 
 import hub_vit  # noqa: F401
 from hub_vit.cli import _load_commands
 from hub_vit.cli.app import app
+from hub_vit.conversion import ArchitectureMismatchError, CheckpointFormatError, convert_npz_file, read_npz
+from hub_vit.conversion.download import DownloadError, resolve_source, sha256_file
 from hub_vit.weights import CheckpointMismatchError
 
 JAX = Path(__file__).resolve().parent / "fixtures" / "jax"

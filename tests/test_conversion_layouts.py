@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from hub_vit.conversion import (
     LayoutError,
     convert_arrays,
@@ -23,7 +24,6 @@ from hub_vit.conversion import (
 )
 from hub_vit.conversion.layouts import convert_pre_linen_names
 from hub_vit.conversion.npz_reader import bf16_void_to_float32
-
 from hub_vit.model import VisionTransformer
 from hub_vit.weights import load_strict
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import timm
 import torch
-from hub_vit.conversion import convert_arrays, convert_npz_file, detect_layout, infer_spec
 
 import hub_vit  # noqa: F401
 from hub_vit.catalog import MODELS
+from hub_vit.conversion import convert_arrays, convert_npz_file, detect_layout, infer_spec
 from hub_vit.model import count_parameters
 from hub_vit.weights import load_strict
 

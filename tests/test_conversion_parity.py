@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import timm
 import torch
-from hub_vit.conversion import infer_spec, read_npz
-from hub_vit.conversion.writer import convert_to_folder
 from transformers import AutoModel, AutoModelForImageClassification, ViTForImageClassification
 
 import hub_vit  # noqa: F401  (registers the timm and transformers classes)
+from hub_vit.conversion import infer_spec, read_npz
+from hub_vit.conversion.writer import convert_to_folder
 
 JAX = Path(__file__).resolve().parent / "fixtures" / "jax"
 ATOL = 1e-5

@@ -16,10 +16,10 @@ import pytest
 import scipy.ndimage
 import timm
 import torch
-from hub_vit.conversion import convert_file, infer_spec, read_npz
-from hub_vit.conversion.writer import convert_to_folder
 
 import hub_vit  # noqa: F401
+from hub_vit.conversion import convert_file, infer_spec, read_npz
+from hub_vit.conversion.writer import convert_to_folder
 
 JAX = Path(__file__).resolve().parent / "fixtures" / "jax"
 VIT_JAX = JAX / "vit_jax" / "tiny_token.published.npz"  # posemb (1, 1+16, 64) with a class-token slot

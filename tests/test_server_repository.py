@@ -13,10 +13,11 @@ from google.protobuf import text_format
 from PIL import Image
 
 pytest.importorskip("tritonclient.grpc")
+from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
+
 from hub_vit.server.config import ServingOptions  # noqa: E402
 from hub_vit.server.repository import template_dir, write_repository  # noqa: E402
 from hub_vit.server.source import ModelSource, ServingMetadata, resolve  # noqa: E402
-from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
 
 def _load_imageprep():

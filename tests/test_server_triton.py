@@ -22,12 +22,13 @@ from PIL import Image
 
 pytest.importorskip("tritonclient.grpc")
 pytest.importorskip("pytriton")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
 from hub_vit.server.client import AsyncClassifier, Classifier, encode  # noqa: E402
 from hub_vit.server.config import ServingOptions  # noqa: E402
 from hub_vit.server.launcher import TritonServer, free_port  # noqa: E402
 from hub_vit.server.repository import write_repository  # noqa: E402
 from hub_vit.server.source import ModelSource, resolve  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")

@@ -1,1 +1,55 @@
-"""`hub-vit cards` commands (placeholder until implemented)."""
+"""`hub-vit card FOLDER` (write the model card) and `hub-vit push FOLDER --repo-id ORG/NAME` (publish the folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hub_vit.cli.app import app, console, fail
+
+
+@app.command()
+def card(
+    folder: Path = typer.Argument(..., help="A hub-vit model folder (config.json + model.safetensors)."),
+    repo_id: str = typer.Option(None, "--repo-id", help="Write the usage snippets for this Hub repo (ORG/NAME)."),
+    stdout: bool = typer.Option(False, "--stdout", help="Print the card instead of writing README.md."),
+) -> None:
+    """(Re)write FOLDER/README.md: the model card, rendered from the folder's own JSON."""
+    from hub_vit.model_cards import ModelFolderError, render_model_card, write_model_card
+    from hub_vit.publish import check_repo_id
+
+    try:
+        if repo_id is not None:
+            check_repo_id(repo_id)
+        if stdout:
+            print(str(render_model_card(folder, repo_id=repo_id)), end="")
+            return
+        path = write_model_card(folder, repo_id=repo_id)
+    except (ModelFolderError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    console.print(f"wrote {path}")
+
+
+@app.command()
+def push(
+    folder: Path = typer.Argument(..., help="A hub-vit model folder with its card (see `hub-vit card`)."),
+    repo_id: str = typer.Option(..., "--repo-id", help="Hub model repository to create or update: ORG/NAME."),
+    private: bool = typer.Option(False, "--private", help="Create the repository as private."),
+    token: str = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN or the `hf auth login` token).",
+                              show_default=False),
+    timeout: float = typer.Option(3.0, "--timeout", help="Seconds to wait for the Hub to answer before giving up."),
+) -> None:
+    """Upload FOLDER to the Hugging Face Hub in one commit and print the repository URL."""
+    from hub_vit.model_cards import ModelFolderError
+    from hub_vit.publish import HubUnreachableError, push_folder
+
+    try:
+        url = push_folder(folder, repo_id, private=private, token=token, timeout=timeout)
+    except HubUnreachableError as exc:
+        raise fail(f"{exc}. Nothing was uploaded.", code=3) from None
+    except (ModelFolderError, ValueError, PermissionError) as exc:
+        raise fail(f"{exc}. Nothing was uploaded.") from None
+    except Exception as exc:  # HTTP errors from the Hub (auth, permissions, quota): report, don't dump a traceback
+        raise fail(f"the Hub refused the upload: {type(exc).__name__}: {exc}", code=1) from None
+    console.print(f"pushed {folder} to {url}")

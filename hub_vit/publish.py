@@ -1,0 +1,200 @@
+"""Publish a hub-vit model folder to the Hugging Face Hub: validate, check the Hub is reachable, one commit.
+
+    >>> from hub_vit.publish import push_folder
+    >>> push_folder("out/simplevit_s16", "my-org/simplevit-s16")   # -> "https://huggingface.co/my-org/simplevit-s16"
+
+Nothing is sent unless every check passes: the folder is complete (weights, config, preprocessor, labels, card, the
+transformers remote code its `auto_map` names), the card parses, offline mode is off and the Hub answers a TCP
+connect within `timeout` seconds. The upload is a single commit, so a failure half-way leaves the repository as it
+was. A hub-vit generated card is re-rendered with the repo id so its snippets say `hf-hub:ORG/NAME`; the local
+folder is never modified.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from hub_vit.model_cards.facts import CARD, CONFIG, LABELS, PREPROCESSOR, WEIGHTS, ModelFolderError, read_folder
+
+REQUIRED_FILES = (WEIGHTS, CONFIG, PREPROCESSOR, LABELS, CARD)
+TIMM_KEYS = ("architecture", "pretrained_cfg", "model_args")  # timm's hf-hub loader reads these from config.json
+# Never uploaded: editor/OS litter, bytecode, half-written temp files of our own atomic writers.
+IGNORED = re.compile(r"(^|/)(\.[^/]*|__pycache__)(/|$)|\.pyc$|\.tmp$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DEFAULT_TIMEOUT_S = 3.0
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+class HubUnreachableError(ConnectionError):
+    """The Hub cannot be reached (offline mode, no network, DNS failure, refused or timed-out connect)."""
+
+
+@dataclass(frozen=True)
+class PushPlan:
+    """What `push_folder` will upload: files relative to the folder, and the card text that goes up as README.md."""
+
+    folder: Path
+    files: tuple[str, ...]
+    card_text: str
+
+
+def check_repo_id(repo_id: str) -> str:
+    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id) or ".." in repo_id or "--" in repo_id \
+            or len(repo_id) > 96 or repo_id.endswith(".git"):
+        raise ValueError(f"invalid repo id {repo_id!r}: expected ORG/NAME, e.g. 'my-org/simplevit-s16' "
+                         "(letters, digits, '-', '_', '.'; no '--' or '..'; at most 96 characters)")
+    return repo_id
+
+
+def validate_folder(folder: str | Path, repo_id: str | None = None) -> PushPlan:
+    """Check `folder` is a complete hub-vit model folder with a parsable card; returns what would be uploaded."""
+    from huggingface_hub import ModelCard
+
+    from hub_vit.model_cards.render import is_generated_card, render_model_card
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelFolderError(f"model folder {str(folder)!r} does not exist or is not a directory")
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if missing:
+        hint = f"; write the card with `hub-vit card {folder}`" if missing == [CARD] else ""
+        raise ModelFolderError(f"refusing to push {folder}: missing {', '.join(missing)} (a hub-vit model folder "
+                               f"needs {', '.join(REQUIRED_FILES)}){hint}")
+    facts = read_folder(folder)  # spec, labels and weights agree with each other
+    absent = [k for k in TIMM_KEYS if k not in facts.config]
+    if absent:
+        raise ModelFolderError(f"refusing to push {folder}: {CONFIG} lacks {', '.join(absent)}, which timm's "
+                               "`hf-hub:` loader needs")
+    if not facts.has_remote_code:
+        raise ModelFolderError(f"refusing to push {folder}: {CONFIG} has no `auto_map`, or a module it names is "
+                               "missing, so transformers' trust_remote_code=True could not load the model")
+    card_text = (folder / CARD).read_text(encoding="utf-8")
+    try:
+        card = ModelCard(card_text)
+    except Exception as exc:  # huggingface_hub raises ValueError / yaml errors for a broken header
+        raise ModelFolderError(f"refusing to push {folder}: {CARD} does not parse as a model card: {exc}") from exc
+    if not card.data.to_dict():
+        raise ModelFolderError(f"refusing to push {folder}: {CARD} has no YAML metadata; regenerate it with "
+                               f"`hub-vit card {folder}`")
+    if repo_id is not None and is_generated_card(card_text):
+        card_text = str(render_model_card(folder, repo_id=repo_id))
+    files = sorted(
+        p.relative_to(folder).as_posix() for p in folder.rglob("*")
+        if p.is_file() and not IGNORED.search(p.relative_to(folder).as_posix())
+    )
+    return PushPlan(folder=folder, files=tuple(files), card_text=card_text)
+
+
+def offline_mode() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it, but at call time (its constant is frozen at import)."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_endpoint(endpoint: str | None = None) -> str:
+    from huggingface_hub import constants
+
+    return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _proxy_for(url: str) -> str | None:
+    scheme = urlsplit(url).scheme
+    for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def _resolve(host: str, port: int, timeout: float) -> list[tuple]:
+    """`socket.getaddrinfo` with a deadline, in a daemon thread (a hung resolver must not delay interpreter exit)."""
+    result: list = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            result.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            result.append(exc)
+        done.set()
+
+    threading.Thread(target=work, name="hub-vit-resolve", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"resolving {host!r} timed out")
+    if isinstance(result[0], OSError):
+        raise result[0]
+    return result[0]
+
+
+def check_reachable(endpoint: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """Raise `HubUnreachableError` unless a TCP connection to the endpoint (or its proxy) opens within `timeout`.
+
+    DNS resolution runs in a worker thread with the same deadline: `getaddrinfo` has no timeout of its own and can
+    hang for tens of seconds on a machine without a network.
+    """
+    if offline_mode():
+        raise HubUnreachableError("HF_HUB_OFFLINE is set, so nothing can be pushed; unset HF_HUB_OFFLINE to publish")
+    target = _proxy_for(endpoint) or endpoint
+    parts = urlsplit(target if "://" in target else f"http://{target}")
+    host = parts.hostname
+    if not host:
+        raise HubUnreachableError(f"cannot parse a host from the Hub endpoint {endpoint!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    via = f" via proxy {target}" if target != endpoint else ""
+    try:
+        addresses = _resolve(host, port, timeout)
+    except TimeoutError as exc:
+        raise HubUnreachableError(f"cannot reach the Hugging Face Hub at {endpoint}{via}: resolving {host!r} took "
+                                  f"more than {timeout:g} s (no network?)") from exc
+    except OSError as exc:
+        raise HubUnreachableError(f"cannot reach the Hugging Face Hub at {endpoint}{via}: cannot resolve "
+                                  f"{host!r} ({exc}); check the network connection") from exc
+    errors = []
+    for family, socktype, proto, _, address in addresses:
+        try:
+            with socket.socket(family, socktype, proto) as sock:
+                sock.settimeout(timeout)
+                sock.connect(address)
+                return
+        except OSError as exc:
+            errors.append(f"{address[0]}:{address[1]}: {exc or type(exc).__name__}")
+    raise HubUnreachableError(f"cannot reach the Hugging Face Hub at {endpoint}{via} within {timeout:g} s "
+                              f"({'; '.join(errors)}); check the network connection")
+
+
+def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, token: str | None = None,
+                endpoint: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                commit_message: str | None = None) -> str:
+    """Upload `folder` to the model repository `repo_id` (created if needed) in one commit; returns its URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi, get_token
+
+    check_repo_id(repo_id)
+    if not (isinstance(timeout, (int, float)) and 0 < timeout <= 600):
+        raise ValueError(f"timeout must be a number of seconds in (0, 600], got {timeout!r}")
+    plan = validate_folder(folder, repo_id=repo_id)
+    endpoint = hub_endpoint(endpoint)
+    check_reachable(endpoint, timeout)
+    token = token or get_token()
+    if not token:
+        raise PermissionError("no Hugging Face token: pass --token, set HF_TOKEN, or run `hf auth login`")
+    api = HfApi(endpoint=endpoint, token=token)
+    repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    operations = [
+        CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(plan.folder / name))
+        for name in plan.files if name != CARD
+    ]
+    operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=plan.card_text.encode("utf-8")))
+    from hub_vit import __version__
+
+    api.create_commit(repo_id, operations, repo_type="model",
+                      commit_message=commit_message or f"Upload hub-vit model folder (hub-vit {__version__})")
+    return str(repo_url)
+
+
+__all__ = ["HubUnreachableError", "PushPlan", "check_reachable", "check_repo_id", "push_folder", "validate_folder"]

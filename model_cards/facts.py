@@ -1,0 +1,241 @@
+"""Everything a model card states, read from a hub-vit model folder (never typed by hand).
+
+Sources, in order of authority: the folder's own files (`config.json`, `labels.txt`, `conversion.json` /
+`training.json`, `model.safetensors`), the catalog (`hub_vit.catalog`: published checkpoints and their published
+results) and computations from the spec (parameter count of the model, multiply-accumulates).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hub_vit.catalog import MODELS, ModelEntry, Weights
+from hub_vit.variants import ViTSpec
+
+from .macs import count_macs
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+LABELS = "labels.txt"
+PREPROCESSOR = "preprocessor_config.json"
+CONVERSION = "conversion.json"
+TRAINING = "training.json"
+CARD = "README.md"
+
+
+class ModelFolderError(ValueError):
+    """The folder is not a usable hub-vit model folder; the message names the file and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class CatalogMatch:
+    """The published checkpoint a folder was converted from (so its published results apply to it)."""
+
+    entry: ModelEntry
+    weights: Weights
+
+    @property
+    def name(self) -> str:
+        return f"{self.entry.name}.{self.weights.tag}"
+
+
+@dataclass(frozen=True)
+class FolderFacts:
+    path: Path
+    config: dict[str, Any]
+    spec: ViTSpec
+    architecture: str
+    pretrained_cfg: dict[str, Any]
+    labels: list[str]
+    conversion: dict[str, Any] | None
+    training: dict[str, Any] | None
+    preprocessor: dict[str, Any] | None
+    num_params: int  # of the model the spec builds, checked against the tensors in model.safetensors
+    macs: int  # one forward pass at the spec's image size, `model_cards.macs.count_macs`
+    match: CatalogMatch | None  # a Google checkpoint from the catalog this folder was converted from
+    bundled: CatalogMatch | None  # the catalog entry whose bundled weights are this very folder (the default model)
+    files: frozenset[str]
+
+    @property
+    def kind(self) -> str:
+        """'converted', 'trained' or 'model' (a folder with no provenance file)."""
+        return "converted" if self.conversion is not None else "trained" if self.training is not None else "model"
+
+    @property
+    def family(self) -> str:
+        """'simplevit' (sincos2d posemb + average pooling, "Better plain ViT baselines") or 'vit'."""
+        if self.match is not None or self.bundled is not None:
+            return (self.match or self.bundled).entry.family  # type: ignore[union-attr]
+        return "simplevit" if self.spec.posemb == "sincos2d" and self.spec.pool_type == "gap" else "vit"
+
+    @property
+    def has_remote_code(self) -> bool:
+        """transformers `trust_remote_code=True` works: every module named in `auto_map` ships in the folder."""
+        modules = _auto_map_modules(self.config)
+        return bool(modules) and all(f"{m}.py" in self.files for m in modules)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelFolderError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelFolderError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _optional_json(folder: Path, name: str) -> dict[str, Any] | None:
+    path = folder / name
+    return _read_json(path) if path.is_file() else None
+
+
+def _auto_map_modules(config: dict[str, Any]) -> list[str]:
+    """`{"AutoConfig": "configuration_hub_vit.HubViTConfig", ...}` -> `["configuration_hub_vit", ...]`."""
+    auto_map = config.get("auto_map") or {}
+    refs = [r for v in auto_map.values() for r in (v if isinstance(v, (list, tuple)) else [v]) if r]
+    return sorted({r.split("--")[-1].rsplit(".", 1)[0] for r in refs})
+
+
+def safetensors_numel(path: Path) -> int:
+    """Number of values stored in a safetensors file, read from its header (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
+    except Exception as exc:  # safetensors raises its own SafetensorError (not an OSError) for a damaged header
+        raise ModelFolderError(f"{path} is not a readable safetensors file: {exc}") from exc
+
+
+def model_num_params(spec: ViTSpec) -> int:
+    """Parameter count of `VisionTransformer(spec)`, built on the meta device (nothing is allocated)."""
+    import torch
+
+    from hub_vit.model import VisionTransformer, count_parameters
+
+    with torch.device("meta"):
+        return count_parameters(VisionTransformer(spec))
+
+
+def read_spec(config: dict[str, Any], path: Path) -> ViTSpec:
+    args = config.get("model_args")
+    if not isinstance(args, dict):
+        raise ModelFolderError(f"{path} has no 'model_args' object (the ViTSpec fields timm builds the model from)")
+    try:
+        return ViTSpec.from_dict(args)
+    except (TypeError, ValueError) as exc:
+        raise ModelFolderError(f"{path}: 'model_args' is not a valid ViTSpec: {exc}") from exc
+
+
+def read_labels(folder: Path, config: dict[str, Any], num_classes: int) -> list[str]:
+    path = folder / LABELS
+    if path.is_file():
+        labels = path.read_text(encoding="utf-8").splitlines()
+    else:
+        labels = list(config.get("label_names") or [])
+    if labels and len(labels) != num_classes:
+        raise ModelFolderError(f"{path} lists {len(labels)} labels but the model has {num_classes} classes")
+    return labels
+
+
+def _source_strings(facts_conv: dict[str, Any] | None, pretrained_cfg: dict[str, Any]) -> set[str]:
+    """Every URL / path the folder names as its origin (conversion.json anywhere, pretrained_cfg url fields)."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, str) and (value.startswith(("gs://", "http://", "https://")) or value.endswith(".npz")):
+            found.add(value)
+
+    walk(facts_conv or {})
+    walk({k: pretrained_cfg.get(k) for k in ("url", "origin_url", "hf_hub_id", "file")})
+    return found
+
+
+def _same_architecture(a: ViTSpec, b: ViTSpec) -> bool:
+    """Equal specs up to `head_zeroinit`, which only says how an untrained head starts (not in any checkpoint)."""
+    return a.replace(head_zeroinit=True) == b.replace(head_zeroinit=True)
+
+
+def match_catalog(spec: ViTSpec, sources: set[str], catalog_name: str | None = None) -> CatalogMatch | None:
+    """The catalog checkpoint the folder was converted from, if any, and only if the folder still has its exact
+    architecture, class count and image size (otherwise the published results do not describe this model).
+
+    Recognised by the converter's `catalog_name`, by URL, or by file name; a file name alone matches only together
+    with the identical spec, so a local copy of a published file is recognised and a namesake is not.
+    """
+    names = {s.rstrip("/").rsplit("/", 1)[-1] for s in sources}
+    for entry in MODELS.values():
+        for w in entry.weights:
+            if not w.gs_url:  # bundled weights hub-vit trained itself (the default model): not a Google checkpoint
+                continue
+            named = catalog_name == f"{entry.name}.{w.tag}"
+            if not (named or {w.gs_url, w.url} & sources or w.gs_url.rsplit("/", 1)[-1] in names):
+                continue
+            expected = entry.spec.replace(img_size=(w.img_size, w.img_size), num_classes=w.num_classes)
+            if _same_architecture(expected, spec):
+                return CatalogMatch(entry, w)
+    return None
+
+
+def match_bundled(folder: Path) -> CatalogMatch | None:
+    """The catalog entry that ships this folder's weights inside the package (`BundledWeights.file`), if any."""
+    here = folder.resolve()
+    for entry in MODELS.values():
+        for w in entry.weights:
+            file = getattr(w, "file", "")
+            if file and Path(file).resolve().parent == here:
+                return CatalogMatch(entry, w)
+    return None
+
+
+def read_folder(folder: str | Path) -> FolderFacts:
+    """Collect a folder's facts; raises `ModelFolderError` naming the missing or inconsistent file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelFolderError(f"model folder {str(folder)!r} does not exist or is not a directory")
+    config_path = folder / CONFIG
+    if not config_path.is_file():
+        raise ModelFolderError(f"{folder} has no {CONFIG}; a hub-vit model folder needs {CONFIG} and {WEIGHTS}")
+    config = _read_json(config_path)
+    spec = read_spec(config, config_path)
+    weights_path = folder / WEIGHTS
+    if not weights_path.is_file():
+        raise ModelFolderError(f"{folder} has no {WEIGHTS}; a hub-vit model folder needs {CONFIG} and {WEIGHTS}")
+    num_params = model_num_params(spec)
+    stored = safetensors_numel(weights_path)
+    if stored != num_params:
+        raise ModelFolderError(
+            f"{weights_path} holds {stored:,} values but the spec in {CONFIG} builds a model with {num_params:,} "
+            "parameters; the folder is inconsistent"
+        )
+    pretrained_cfg = dict(config.get("pretrained_cfg") or {})
+    conversion = _optional_json(folder, CONVERSION)
+    training = _optional_json(folder, TRAINING)
+    return FolderFacts(
+        path=folder,
+        config=config,
+        spec=spec,
+        architecture=str(config.get("architecture") or "hub_vit"),
+        pretrained_cfg=pretrained_cfg,
+        labels=read_labels(folder, config, spec.num_classes),
+        conversion=conversion,
+        training=training,
+        preprocessor=_optional_json(folder, PREPROCESSOR),
+        num_params=num_params,
+        macs=count_macs(spec),
+        match=match_catalog(spec, _source_strings(conversion, pretrained_cfg),
+                            ((conversion or {}).get("source") or {}).get("catalog_name")),
+        bundled=match_bundled(folder),
+        files=frozenset(p.name for p in folder.iterdir()),
+    )

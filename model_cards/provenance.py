@@ -1,0 +1,240 @@
+"""Card text that depends on where a model came from: `conversion.json` (written by `hub_vit.conversion.writer`) or
+`training.json` (written by `hub_vit.train.loop`). Every value shown is read from those files; a field a writer did
+not record is left out of the card, never filled in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+from huggingface_hub import EvalResult
+
+from hub_vit.variants import ViTSpec
+
+from .facts import CONVERSION, TRAINING, FolderFacts
+from .metrics import measured_result
+from .sections import Rows, flatten, fmt_number, fmt_value
+
+POOLS = {"tok": "class-token pooling", "gap": "global average pooling", "map": "multihead attention pooling (MAP)"}
+
+
+def _dict(record: dict[str, Any] | None, key: str) -> dict[str, Any]:
+    value = (record or {}).get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def layout_family(facts: FolderFacts) -> str | None:
+    """'big_vision' or 'vit_jax' for a converted folder (conversion.json `layout.family`), else None."""
+    return _dict(facts.conversion, "layout").get("family")
+
+
+def dataset_name(facts: FolderFacts) -> str | None:
+    """The training dataset's name: training.json `dataset.name` (or `.id`), else its folder's name."""
+    data = _dict(facts.training, "dataset")
+    name = data.get("name") or data.get("id")
+    if not name and data.get("path"):
+        name = PurePath(str(data["path"])).name
+    return str(name) if name else None
+
+
+DATASET_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+IMAGE_FOLDER = "imagefolder"  # the Hub's dataset type for a folder of class sub-folders, which `hub-vit train` reads
+
+
+def datasets(facts: FolderFacts) -> list[str]:
+    """Dataset ids for the metadata: the catalog's (`imagenet-1k`, `sklearn-digits`), else training.json's name if
+    it is id-shaped (`org/name`); a free-text description is not an id and stays in the card body only."""
+    if facts.match is not None or facts.bundled is not None:
+        return [(facts.match or facts.bundled).weights.dataset]  # type: ignore[union-attr]
+    name = dataset_name(facts)
+    return [name] if name and DATASET_ID.match(name) else []
+
+
+def summary(facts: FolderFacts, family: str) -> str:
+    spec = facts.spec
+    size = (f"{family}-{spec.variant}" if spec.variant
+            else f"{family} (custom size: width {spec.width}, depth {spec.depth})")
+    what = f"A {size} image classifier in the hub-vit model-folder format"
+    if facts.match is not None:
+        w = facts.match.weights
+        origin = f"Google's published checkpoint `{w.gs_url}` ({w.dataset}), converted to PyTorch by `hub-vit convert`"
+    elif facts.kind == "converted":
+        origin = f"converted by `hub-vit convert` from `{source_label(_dict(facts.conversion, 'source'))}`"
+    elif facts.kind == "trained":
+        origin = f"trained by `hub-vit train` on {dataset_name(facts) or 'the dataset in training.json'}"
+    else:
+        origin = "with no provenance file (conversion.json / training.json)"
+    return (f"{what}: {origin}. One folder serves timm (`config.json` with `architecture` and `pretrained_cfg`) and "
+            "transformers (`trust_remote_code=True`, or `import hub_vit`), and exports to ONNX and Triton.")
+
+
+def architecture_note(spec: ViTSpec, family: str) -> str:
+    pos = "fixed 2-D sin-cos" if spec.posemb == "sincos2d" else "learned"
+    head = f"a tanh pre-logits layer of width {spec.rep_size} and a linear head" if spec.rep_size else "a linear head"
+    blocks = f"{spec.depth} pre-norm transformer block{'s' if spec.depth > 1 else ''}"
+    return (f"{family}: patch embedding, {pos} position embedding, {blocks}, {POOLS[spec.pool_type]}, {head}. "
+            "The row of hub-vit's variant table (`ViTSpec`) this model is built from:")
+
+
+# ------------------------------------------------------------------------------------------------------- conversion
+def local_name(path: Any) -> str:
+    """A local file as the card shows it: its name only. The directory is private to the machine that converted it
+    (a home folder, a cache) and means nothing to a reader; the sha256 identifies the file."""
+    return PurePath(str(path)).name
+
+
+def source_label(src: dict[str, Any]) -> str:
+    """The checkpoint's URL if it has one, else its file name."""
+    if src.get("url"):
+        return str(src["url"])
+    local = src.get("path") or src.get("origin")
+    return local_name(local) if local else "a Google checkpoint"
+
+
+def parity(facts: FolderFacts) -> dict[str, Any] | None:
+    """The parity numbers `hub-vit convert` measured (conversion.json `parity`), one row per compared output."""
+    record = _dict(facts.conversion, "parity")
+    if not record:
+        return None
+    reference = record.get("reference")
+    against = f"`{local_name(reference)}`" if reference else "-"
+    rows: Rows = [("compared against", f"{record.get('mode', '-')}: {against}")]
+    for name, diff in (record.get("max_abs_diff") or {}).items():
+        rows.append((f"max abs diff `{name}`", fmt_number(diff)))
+    if record.get("top1_agreement") is not None:
+        rows.append(("top-1 agreement", fmt_number(record["top1_agreement"])))
+    for name, why in (record.get("skipped") or {}).items():
+        rows.append((f"not compared: `{name}`", str(why)))
+    for key in ("tolerance", "layer_norm_eps", "gelu", "passed"):
+        if record.get(key) is not None:
+            rows.append((key.replace("_", " "), fmt_value(record[key])))
+    return {"note": f"Measured by `hub-vit convert` when this folder was written (`{CONVERSION}` `parity`): the "
+                    "PyTorch model's outputs against the reference outputs of Google's own JAX code on the same "
+                    "inputs.",
+            "rows": rows}
+
+
+def _conversion_rows(facts: FolderFacts) -> Rows:
+    conv = facts.conversion or {}
+    src, layout, converter = _dict(conv, "source"), _dict(conv, "layout"), _dict(conv, "converter")
+    out: Rows = []
+    out.append(("source", f"`{source_label(src)}`"))
+    if src.get("sha256"):
+        out.append(("source sha256", f"`{src['sha256']}`"))
+    if src.get("bytes") is not None:
+        out.append(("source size (bytes)", fmt_number(src["bytes"])))
+    if src.get("catalog_name"):
+        out.append(("catalog name", f"`{src['catalog_name']}`"))
+    if layout.get("description"):
+        out.append(("checkpoint layout", str(layout["description"])))
+    options = {k: v for k, v in (conv.get("options") or {}).items() if v not in (None, False)}
+    if options:
+        out.append(("conversion options", "; ".join(f"`{k}` {fmt_value(v)}" for k, v in options.items())))
+    for note in conv.get("notes") or []:
+        out.append(("conversion note", str(note)))
+    if converter.get("converted_at"):
+        out.append(("conversion date", str(converter["converted_at"])))
+    if converter.get("hub_vit"):
+        out.append(("converted with hub-vit", str(converter["hub_vit"])))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------- training
+def _training_rows(facts: FolderFacts) -> Rows:
+    run = facts.training or {}
+    data, hw = _dict(run, "dataset"), _dict(run, "hardware")
+    out: Rows = []
+    if dataset_name(facts):
+        out.append(("dataset", str(dataset_name(facts))))
+    for key, label in (("source", "dataset source"), ("license", "dataset license"),
+                       ("num_train", "training images"), ("num_val", "held-out images"),
+                       ("split", "how the data was split"), ("preprocessing", "how the images were made")):
+        if data.get(key) is not None:
+            out.append((label, fmt_value(data[key])))
+    for key, label in (("init", "initialised from"), ("steps", "optimizer steps"), ("epochs", "epochs"),
+                       ("wall_time_s", "wall time (s)")):
+        if run.get(key) is not None:
+            out.append((label, fmt_value(run[key])))
+    if hw:
+        device = hw.get("gpu") or hw.get("device")
+        out.append(("hardware", f"{device}, {fmt_value(hw.get('processes'))} process(es), torch "
+                                f"{hw.get('torch', '-')}, timm {hw.get('timm', '-')}"))
+    if run.get("finished_utc"):
+        out.append(("finished", str(run["finished_utc"])))
+    if run.get("hub_vit_version"):
+        out.append(("trained with hub-vit", str(run["hub_vit_version"])))
+    return out
+
+
+def recipe_rows(facts: FolderFacts) -> Rows:
+    recipe = _dict(facts.training, "recipe")
+    return flatten(recipe) if recipe else []
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The held-out accuracy a training run measured (training.json `held_out`)."""
+
+    value: float  # as stored: a fraction in [0, 1]
+    percent: float  # the same number in percent, as model-index and the paper tables state accuracy
+    dataset: str  # Hub dataset id, or `imagefolder`
+    dataset_name: str
+    split: str
+    rows: Rows
+    note: str
+
+    def eval_result(self) -> EvalResult:
+        return measured_result(self.percent, dataset=self.dataset, name=self.dataset_name, split=self.split,
+                               metric="top-1 accuracy")
+
+
+def measured_accuracy(facts: FolderFacts) -> Measured | None:
+    held = _dict(facts.training, "held_out")
+    top1 = held.get("top1")
+    if not isinstance(top1, (int, float)) or isinstance(top1, bool):
+        return None
+    value = float(top1)
+    percent = round(value * 100, 10)  # round off float noise (0.9722 * 100 = 97.22000000000001)
+    split = str(held.get("split") or "held-out")
+    rows: Rows = [("top-1 accuracy (%)", fmt_number(percent)), ("top-1 accuracy (fraction)", fmt_number(value))]
+    for key, label in (("loss", "cross-entropy loss"), ("images", "images evaluated")):
+        if held.get(key) is not None:
+            rows.append((label, fmt_number(held[key])))
+    return Measured(
+        value=value, percent=percent, dataset=(datasets(facts) or [IMAGE_FOLDER])[0],
+        dataset_name=dataset_name(facts) or (datasets(facts) or [IMAGE_FOLDER])[0], split=split, rows=rows,
+        note=(f"Measured by `hub-vit train` at the end of the run on the held-out `{split}` split, which the model "
+              f"never trained on; stored in `{TRAINING}` (`held_out`)."),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------- shared
+def rows(facts: FolderFacts, version: str) -> Rows:
+    out: Rows = []
+    if facts.match is not None:
+        out.append(("published checkpoint", f"`{facts.match.name}` in `hub_vit.catalog`"))
+    if facts.kind == "converted":
+        out += _conversion_rows(facts)
+    elif facts.kind == "trained":
+        out += _training_rows(facts)
+    out.append(("card generated by hub-vit", version))
+    return out
+
+
+def triton_client() -> str:
+    """A raw tritonclient call against `hub-vit serve` (ensemble `vit`: encoded image bytes in, top-k labels out)."""
+    return (
+        "import numpy as np\n"
+        "import tritonclient.http as httpclient\n\n"
+        'client = httpclient.InferenceServerClient("127.0.0.1:8000")\n'
+        'image = np.array([[open("image.jpg", "rb").read()]], dtype=np.object_)  # (batch, 1) encoded JPEG/PNG/WebP\n'
+        'request = httpclient.InferInput("image", list(image.shape), "BYTES")\n'
+        "request.set_data_from_numpy(image)\n"
+        'result = client.infer("vit", [request])  # the server decodes, resizes and normalises\n'
+        'print(result.as_numpy("labels")[0], result.as_numpy("scores")[0])  # top-k, best first\n\n'
+        "# with hub-vit installed: `hub-vit classify image.jpg`, or\n"
+        "# from hub_vit.server.client import Classifier; Classifier(\"127.0.0.1:8000\").classify([\"image.jpg\"])"
+    )

@@ -1,0 +1,212 @@
+"""Render a hub-vit model folder's card (`README.md`) from its JSON with `huggingface_hub.ModelCard`.
+
+    >>> from hub_vit.model_cards import write_model_card
+    >>> write_model_card(Path("out/simplevit_s16"))   # -> out/simplevit_s16/README.md, written atomically
+
+The YAML metadata is a `ModelCardData` (library, tags, license, datasets, pipeline tag, model-index); the body is the
+Jinja template `hub_vit_card.md.j2` filled from `facts.read_folder` and `sections`. Nothing in the card is typed by
+hand: numbers come from the folder's JSON, the catalog or a computation from the spec.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from hub_vit.catalog import BIG_VISION_LICENSE, PAPER_AUGREG, VIT_JAX_LICENSE
+
+from . import provenance, sections
+from .citations import TITLES, arxiv_url, bibtex_for, papers_for
+from .facts import CARD, FolderFacts, read_folder
+from .metrics import published_results
+
+TEMPLATE = Path(__file__).with_name("hub_vit_card.md.j2")
+MARKER = "hub-vit model card"  # first HTML comment of every generated card; `hub-vit push` re-renders only these
+LAYOUT_LICENSES = {"big_vision": BIG_VISION_LICENSE, "vit_jax": VIT_JAX_LICENSE}
+LICENSE_NAMES = {"apache-2.0": "Apache-2.0"}  # prose for the ids the catalog uses
+PROJECT_LICENSE = "apache-2.0"  # pyproject.toml `license`; weights hub-vit trains itself are released under it
+FAMILY_TITLES = {"simplevit": "SimpleViT", "vit": "ViT"}
+
+
+def _version() -> str:
+    from hub_vit import __version__
+
+    return __version__
+
+
+def model_name(facts: FolderFacts) -> str:
+    """`simplevit_s16.i1k_300ep` for a published checkpoint, the registered name for bundled weights (the default
+    model, `simplevit_digits`), else the folder's name."""
+    if facts.match is not None:
+        return facts.match.name
+    if facts.bundled is not None:
+        return facts.bundled.entry.name
+    path = facts.path.resolve()
+    return path.parent.name if path.name == "model" else path.name  # `hub-vit train` writes <run folder>/model
+
+
+def license_of(facts: FolderFacts) -> tuple[str, str]:
+    """(SPDX-style id for the metadata, sentence for the card)."""
+    if facts.match is not None:
+        lic = facts.match.weights.license
+        return lic, (f"The original weights (`{facts.match.weights.gs_url}`) were released by Google under "
+                     f"{_license_name(lic)}; this converted copy keeps that license.")
+    layout = provenance.layout_family(facts)
+    if facts.kind == "converted" and layout in LAYOUT_LICENSES:
+        lic = LAYOUT_LICENSES[layout]
+        repo = "big_vision" if layout == "big_vision" else "vision_transformer (vit_jax)"
+        return lic, (f"Converted from a checkpoint in the format of Google's {repo} repository, whose published "
+                     f"checkpoints Google releases under {_license_name(lic)}. A checkpoint from elsewhere keeps its "
+                     "own license.")
+    lic = str(facts.pretrained_cfg.get("license") or PROJECT_LICENSE)
+    return lic, (f"Weights trained with hub-vit and released under {_license_name(lic)}, hub-vit's license. The "
+                 "training data, and weights a run was initialised from, keep their own licenses (see Provenance).")
+
+
+def _license_name(lic: str) -> str:
+    return LICENSE_NAMES.get(lic, f"`{lic}`")
+
+
+def eval_results(facts: FolderFacts) -> list[EvalResult]:
+    if facts.match is not None and facts.match.weights.results:
+        return published_results(facts.match)
+    measured = provenance.measured_accuracy(facts)
+    return [measured.eval_result()] if measured is not None else []
+
+
+def build_card_data(facts: FolderFacts) -> ModelCardData:
+    family = facts.family
+    tags = ["image-classification", "vision-transformer", "timm", "transformers", "hub-vit", family]
+    if facts.has_remote_code:
+        tags.append("custom_code")
+    datasets = provenance.datasets(facts)
+    results = eval_results(facts)
+    return ModelCardData(
+        library_name="timm",  # config.json carries `architecture` + `pretrained_cfg`: timm's hf-hub layout
+        pipeline_tag="image-classification",
+        tags=tags,
+        license=license_of(facts)[0],
+        datasets=datasets or None,
+        metrics=["accuracy"] if results else None,
+        model_name=model_name(facts) if results else None,
+        eval_results=results or None,
+    )
+
+
+def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, Any]:
+    spec, name = facts.spec, model_name(facts)
+    family = FAMILY_TITLES[facts.family]
+    variant = spec.variant or "custom size"
+    folder_name = facts.path.resolve().name
+    augreg = facts.match is not None and facts.match.weights.paper == PAPER_AUGREG
+    papers = papers_for(simplevit=True, augreg=augreg)
+    measured = provenance.measured_accuracy(facts)
+    return dict(
+        marker=f"{MARKER}: generated by hub-vit {_version()} from this folder's JSON; "
+               "regenerate with `hub-vit card <this folder>`",
+        title=name,
+        summary=provenance.summary(facts, family),
+        overview=[("architecture", f"`{facts.architecture}` ({family}-{variant})" if spec.variant
+                   else f"`{facts.architecture}` ({family}, {variant})"),
+                  ("task", f"image classification, {sections.fmt_number(spec.num_classes)} classes"),
+                  ("parameters", sections.fmt_number(facts.num_params)),
+                  ("GMACs", sections.fmt_gmacs(facts.macs)),
+                  ("input", f"{spec.img_size[0]} x {spec.img_size[1]} RGB")],
+        spec=spec,
+        architecture_note=provenance.architecture_note(spec, family),
+        architecture=sections.architecture_rows(spec),
+        compute=sections.compute_rows(facts),
+        preprocessing_note=("The eval transform, from `pretrained_cfg` in `config.json`; timm "
+                            "(`resolve_model_data_config`) and the transformers image processor "
+                            "(`preprocessor_config.json`) apply the same steps."),
+        preprocessing=sections.preprocessing_rows(facts),
+        published=_published(facts),
+        evaluation=None if measured is None else {"note": measured.note, "rows": measured.rows},
+        parity=provenance.parity(facts),
+        provenance=provenance.rows(facts, _version()),
+        training_recipe=provenance.recipe_rows(facts),
+        repo_id=repo_id,
+        folder_name=folder_name,
+        # never an absolute path: the card is committed and published, and must read the same on every machine
+        hf_ref=repo_id or f"path/to/{folder_name}",
+        cli_ref=f"path/to/{folder_name}",
+        timm_name=facts.bundled.entry.name if facts.bundled is not None else None,
+        triton_client=provenance.triton_client(),
+        labels=facts.labels,
+        labels_note=sections.labels_note(facts.labels) if facts.labels else "",
+        license_note=license_of(facts)[1],
+        bibtex=bibtex_for(papers),
+    )
+
+
+def _published(facts: FolderFacts) -> dict[str, Any] | None:
+    table = sections.published_table(facts)
+    if table is None:
+        return None
+    assert facts.match is not None  # published_table returns None without a catalog match
+    paper = facts.match.weights.paper
+    table["note"] = (f"Top-1 accuracy (%) published in \"{TITLES[paper]}\" ([{paper}]({arxiv_url(paper)})) for "
+                     f"Google's `{facts.match.entry.name}` checkpoints, as recorded in `hub_vit.catalog`. These are "
+                     "the weights this folder was converted from; the model-index metadata carries this model's row.")
+    return table
+
+
+def render_template(card_data: ModelCardData, context: dict[str, Any]) -> str:
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True, autoescape=False)
+    template = env.from_string(TEMPLATE.read_text(encoding="utf-8"))
+    text = template.render(card_data=card_data.to_yaml(), **context)
+    while "\n\n\n" in text:  # optional sections leave blank runs behind
+        text = text.replace("\n\n\n", "\n\n")
+    return text
+
+
+def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCard:
+    """The card for `folder` (not written). `repo_id` turns the usage snippets into `hf-hub:` / Hub references."""
+    facts = read_folder(folder)
+    card_data = build_card_data(facts)
+    return ModelCard(render_template(card_data, card_context(facts, repo_id)))
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write via a temp file in the same folder and rename, so a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_model_card(folder: str | Path, repo_id: str | None = None) -> Path:
+    """Render `folder`'s card and write it to `folder/README.md` atomically; returns the path."""
+    folder = Path(folder)
+    card = render_model_card(folder, repo_id)
+    return write_text_atomic(folder / CARD, str(card))
+
+
+def write_card_or_remove(folder: str | Path) -> Path:
+    """Write the card of a folder that was just created; if that fails, remove the folder and re-raise.
+
+    `hub-vit convert` and `hub-vit train` call this right after `save_model_folder`, so their output is either a
+    complete folder with its card or nothing at all.
+    """
+    folder = Path(folder)
+    try:
+        return write_model_card(folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def is_generated_card(text: str) -> bool:
+    return f"<!-- {MARKER}" in text

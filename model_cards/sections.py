@@ -1,0 +1,141 @@
+"""The card's tables, as (label, text) rows built from a folder's facts. Every number is formatted here, once.
+
+Number formats (the card tests parse them back): integers with thousands separators (`22,050,664`), floats with six
+significant digits (`format(x, ".6g")`), GMACs with two decimals.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hub_vit.variants import ViTSpec
+
+from .facts import FolderFacts
+from .metrics import RESULT_COLUMNS
+
+Rows = list[tuple[str, str]]
+
+def fmt_number(value: Any) -> str:
+    """One format for every number in the card: ints grouped by thousands, floats to six significant digits."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return format(value, ".6g")
+    return str(value)
+
+
+def fmt_value(value: Any) -> str:
+    """A JSON leaf as table text: numbers via `fmt_number`, lists comma-joined, strings in backticks if path-like."""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt_value(v) for v in value) if value else "-"
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return f"`{value}`" if ("/" in value or value.endswith((".npz", ".json"))) and " " not in value else value
+    return fmt_number(value)
+
+
+def flatten(data: Any, prefix: str = "") -> Rows:
+    """Nested JSON -> rows keyed by dotted path (`parity.max_abs_logit_diff`); lists of scalars stay one row."""
+    rows: Rows = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            rows += flatten(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(data, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in data):
+        for i, value in enumerate(data):
+            rows += flatten(value, f"{prefix}[{i}]")
+    else:
+        rows.append((f"`{prefix}`", fmt_value(data)))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------------ tables
+def architecture_rows(spec: ViTSpec) -> Rows:
+    """Every `ViTSpec` field (the variant table's row for this model), plus the derived head width."""
+    rows: Rows = [("variant", f"`{spec.variant}`" if spec.variant else "custom (not a row of the size table)")]
+    for key, value in spec.to_dict().items():
+        if key == "img_size":
+            rows.append((f"`{key}`", f"{value[0]} x {value[1]} (height x width)"))
+        elif key == "rep_size" and value is None:
+            rows.append((f"`{key}`", "none (linear head on the pooled features)"))
+        else:
+            rows.append((f"`{key}`", fmt_number(value)))
+    rows.append(("head dim (`width / num_heads`)", fmt_number(spec.head_dim)))
+    return rows
+
+
+def compute_rows(facts: FolderFacts) -> Rows:
+    spec = facts.spec
+    prefix = f" + {spec.num_prefix_tokens} class token" if spec.num_prefix_tokens else ""
+    return [
+        ("parameters", fmt_number(facts.num_params)),
+        ("tokens per image", f"{fmt_number(spec.num_patches + spec.num_prefix_tokens)} "
+                             f"({fmt_number(spec.num_patches)} patches{prefix})"),
+        ("multiply-accumulates (MACs)", fmt_number(facts.macs)),
+        ("GMACs", fmt_gmacs(facts.macs)),
+    ]
+
+
+def fmt_gmacs(macs: int) -> str:
+    """Two decimals as in timm's tables; three significant digits for models below 0.1 GMACs (e.g. `0.000453`)."""
+    g = macs / 1e9
+    return f"{g:.2f}" if g >= 0.1 else format(g, ".3g")
+
+
+def value_range(mean: list[float], std: list[float]) -> str:
+    """The interval [0, 1] pixels land in after `(x - mean) / std`, e.g. `[-1, 1]` for Google's mean = std = 0.5."""
+    lows = {(0.0 - m) / s for m, s in zip(mean, std, strict=True)}
+    highs = {(1.0 - m) / s for m, s in zip(mean, std, strict=True)}
+    if len(lows) == 1 and len(highs) == 1:
+        return f"[{fmt_number(lows.pop())}, {fmt_number(highs.pop())}]"
+    return "per channel: " + ", ".join(
+        f"[{fmt_number((0.0 - m) / s)}, {fmt_number((1.0 - m) / s)}]" for m, s in zip(mean, std, strict=True)
+    )
+
+
+def preprocessing_rows(facts: FolderFacts) -> Rows:
+    cfg = facts.pretrained_cfg
+    rows: Rows = []
+    input_size = cfg.get("input_size") or [facts.spec.in_chans, *facts.spec.img_size]
+    _, height, width = input_size
+    crop_pct = cfg.get("crop_pct")
+    interpolation = cfg.get("interpolation", "bilinear")
+    if crop_pct:
+        # timm's eval transform: resize so the crop is crop_pct of the resized image, then centre-crop
+        scale = (math.floor(height / crop_pct), math.floor(width / crop_pct))
+        rows.append(("resize", f"{scale[0]} x {scale[1]} ({interpolation}; `floor(size / crop_pct)`)"
+                     if scale[0] != scale[1] else f"shorter side to {scale[0]} px ({interpolation})"))
+        rows.append(("crop", f"{cfg.get('crop_mode', 'center')} crop to {height} x {width} "
+                             f"(`crop_pct` {fmt_number(float(crop_pct))})"))
+    else:
+        rows.append(("resize", f"{height} x {width} ({interpolation})"))
+    rows.append(("input tensor", f"NCHW float32, {input_size[0]} x {height} x {width}"))
+    mean, std = list(cfg.get("mean", (0.5,) * 3)), list(cfg.get("std", (0.5,) * 3))
+    rows.append(("normalise", f"`(x - mean) / std` with mean {fmt_value(mean)} and std {fmt_value(std)} "
+                              "on pixels scaled to [0, 1]"))
+    rows.append(("value range", value_range(mean, std)))
+    return rows
+
+
+def published_table(facts: FolderFacts) -> dict[str, Any] | None:
+    """The paper's table for every published checkpoint of this architecture, this model's row marked."""
+    if facts.match is None or not facts.match.weights.results:
+        return None
+    entry, this = facts.match.entry, facts.match.weights
+    keys = [k for k in RESULT_COLUMNS if any(k in w.results for w in entry.weights)]
+    rows = []
+    for w in entry.weights:
+        if not w.results:
+            continue
+        name = f"`{entry.name}.{w.tag}`" + (" (**this model**)" if w.tag == this.tag else "")
+        rows.append({"name": name, "values": [fmt_number(w.results[k]) if k in w.results else "-" for k in keys]})
+    return {"columns": [RESULT_COLUMNS[k].column for k in keys], "rows": rows}
+
+
+def labels_note(labels: list[str], shown: int = 10) -> str:
+    head = ", ".join(f"`{label}`" for label in labels[:shown])
+    more = f", ... ({fmt_number(len(labels) - shown)} more)" if len(labels) > shown else ""
+    return f"{fmt_number(len(labels))} classes, in `labels.txt` (line i = class i): {head}{more}."

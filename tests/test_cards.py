@@ -1,0 +1,411 @@
+"""Model cards: parse back with huggingface_hub, valid metadata, and every number traceable to a measured source.
+
+Golden values come from outside hub-vit: the published GMACs of ViT-S/16 and ViT-B/16, the "Better plain ViT
+baselines" table, the JAX fixtures' own sha256 index, and numbers the tests measure themselves (parameter count of
+the loaded model, sha256 of the checkpoint file, torch's FLOP counter).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from huggingface_hub import ModelCard, ModelCardData
+
+from hub_vit.catalog import CLASSIC_VIT, MODELS, SIMPLEVIT
+from hub_vit.model import VisionTransformer, count_parameters
+from hub_vit.model_cards import ModelFolderError, count_macs, gmacs, render_model_card, write_model_card
+from hub_vit.variants import ViTSpec
+
+REPO = Path(__file__).resolve().parents[1]
+JAX = REPO / "tests" / "fixtures" / "jax"
+FIXTURES = {  # converted in the tests: one big_vision SimpleViT, one classic vit_jax ViT (published key names)
+    "big_vision": JAX / "big_vision" / "tiny_sincos2d_gap_rep.npz",
+    "vit_jax": JAX / "vit_jax" / "tiny_token_rep.published.npz",
+}
+# "Better plain ViT baselines for ImageNet-1k" (arXiv:2205.01580), Table 2: ImageNet val / ReaL / v2 top-1 (%)
+PAPER_300EP = {"top1": 80.0, "real": 85.4, "v2": 68.3}
+# Published GMACs at 224 px (ViT-S/16, ViT-B/16) and timm's benchmark tables (two decimals).
+PUBLISHED_GMACS = {"S/16": 4.6, "B/16": 17.6}
+TIMM_GMACS = {"S/16": 4.61, "B/16": 17.58}
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+NUMBER = re.compile(r"(?<![\w.\-])-?\d[\d,]*(?:\.\d+)*(?:e[-+]?\d+)?(?![\w\-])")
+FENCE = re.compile(r"```.*?```", re.S)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def numbers_in(text: str) -> list[str]:
+    """Every number token of a text (dates and versions split the same way in the card and in the JSON)."""
+    return [t.rstrip(",") for t in NUMBER.findall(text)]
+
+
+def token_matches(token: str, value: float) -> bool:
+    """True if `token` is `value` correctly rounded to the digits shown (integers exactly, `4.60` to +-0.005)."""
+    plain = token.replace(",", "")
+    if plain.count(".") > 1:
+        return False
+    mantissa, _, exponent = plain.lower().partition("e")
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    half_ulp = 0.5 * 10 ** (-decimals) * 10 ** int(exponent or 0)
+    return abs(float(plain) - value) <= half_ulp * (1 + 1e-9) + 1e-15
+
+
+def body_of(card_text: str) -> str:
+    """The card without its YAML header, fenced code (usage snippets, BibTeX) and inline code (keys, paths)."""
+    body = card_text.split("\n---\n", 1)[1]
+    return CODE_SPAN.sub(" ", FENCE.sub(" ", body))
+
+
+def json_numbers(data: Any) -> list[float]:
+    """Every number in a JSON tree: numeric leaves, and number tokens inside string leaves (dates, descriptions)."""
+    out: list[float] = []
+    if isinstance(data, dict):
+        for value in data.values():
+            out += json_numbers(value)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            out += json_numbers(value)
+    elif isinstance(data, bool) or data is None:
+        pass
+    elif isinstance(data, (int, float)):
+        out.append(float(data))
+    elif isinstance(data, str):
+        out += [float(t.replace(",", "")) for t in numbers_in(data) if t.count(".") <= 1]
+    return out
+
+
+def table(card_text: str, section: str) -> dict[str, str]:
+    """The two-column markdown table under `## section` (or `### section`) as {label: value}."""
+    part = re.split(rf"^#+ {re.escape(section)}\s*$", card_text, flags=re.M)[1]
+    part = re.split(r"^#+ ", part, maxsplit=1, flags=re.M)[0]
+    rows = {}
+    for line in part.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 2 and set(cells[1]) != {"-"}:
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+def measured_values(folder: Path) -> list[float]:
+    """Everything a card may state about `folder`, from the folder's JSON and from measurements made here."""
+    from hub_vit.folder import load_model_folder
+
+    values: list[float] = []
+    for name in ("config.json", "conversion.json", "training.json", "preprocessor_config.json"):
+        if (folder / name).is_file():
+            values += json_numbers(json.loads((folder / name).read_text()))
+    model, info = load_model_folder(folder)
+    spec = info.spec
+    values += [count_parameters(model), count_macs(spec), count_macs(spec) / 1e9, len(info.labels),
+               len(info.labels) - 10, spec.head_dim, spec.num_patches, spec.num_patches + spec.num_prefix_tokens]
+    cfg = info.pretrained_cfg
+    _, h, w = cfg["input_size"]
+    values += [math.floor(h / cfg["crop_pct"]), math.floor(w / cfg["crop_pct"])]
+    for m, s in zip(cfg["mean"], cfg["std"], strict=True):
+        values += [(0 - m) / s, (1 - m) / s]  # the value range [0, 1] pixels are mapped to
+    values += [0.0, 1.0]  # "pixels scaled to [0, 1]"
+    training = folder / "training.json"
+    if training.is_file():
+        values.append(json.loads(training.read_text())["held_out"]["top1"] * 100)
+    return values
+
+
+def version_tokens(folder: Path) -> set[str]:
+    """Dotted version strings (`0.1.0`) the card may quote: hub-vit's own and those recorded in the folder's JSON."""
+    from hub_vit import __version__
+
+    tokens = set(numbers_in(__version__))
+    for name in ("conversion.json", "training.json"):
+        if (folder / name).is_file():
+            tokens |= set(numbers_in((folder / name).read_text()))
+    return {t for t in tokens if t.count(".") > 1}
+
+
+def assert_every_number_accounted(card_text: str, folder: Path, extra: list[float] = ()) -> None:
+    allowed, versions = measured_values(folder) + list(extra), version_tokens(folder)
+    stray = [t for t in numbers_in(body_of(card_text))
+             if t not in versions and not any(token_matches(t, v) for v in allowed)]
+    assert not stray, f"numbers in the card that no JSON field or measurement accounts for: {stray}"
+
+
+def assert_card_metadata(card: ModelCard) -> dict[str, Any]:
+    data = card.data.to_dict()
+    assert data["library_name"] == "timm"
+    assert data["pipeline_tag"] == "image-classification"
+    assert {"image-classification", "vision-transformer", "timm"} <= set(data["tags"])
+    assert data["license"] == "apache-2.0"
+    assert ModelCardData(**data).to_dict() == data  # the metadata round-trips through huggingface_hub
+    return data
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The JAX fixtures converted by hub-vit's converter (which writes conversion.json), each with its card."""
+    from hub_vit.conversion.writer import convert_to_folder
+
+    root = tmp_path_factory.mktemp("converted")
+    out = {}
+    for layout, npz in FIXTURES.items():
+        folder = convert_to_folder(npz, root / npz.name.split(".")[0], progress=False).path
+        write_model_card(folder)
+        out[layout] = folder
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- GMACs
+@pytest.mark.parametrize("variant", sorted(PUBLISHED_GMACS))
+def test_gmacs_match_published_vit_numbers(variant: str) -> None:
+    spec = ViTSpec.from_variant(variant, **CLASSIC_VIT)  # ViT-S/16, ViT-B/16 at 224 px, 1000 classes
+    g = gmacs(spec)
+    assert round(g, 1) == PUBLISHED_GMACS[variant]
+    assert abs(g - TIMM_GMACS[variant]) / TIMM_GMACS[variant] < 0.005  # timm also counts norms / softmax
+
+
+@pytest.mark.parametrize("switches", [CLASSIC_VIT, SIMPLEVIT, dict(posemb="learn", pool_type="map"),
+                                      dict(posemb="sincos2d", pool_type="map", rep_size=24)],
+                         ids=["vit", "simplevit", "map", "map-rep"])
+def test_macs_formula_equals_torch_flop_counter(switches: dict) -> None:
+    """The analytic count equals what torch counts on the real forward pass (explicit attention: every matmul)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = ViTSpec.from_variant("mu/16", img_size=(48, 64), num_classes=7, **switches)
+    model = VisionTransformer(spec).eval()
+    with FlopCounterMode(display=False) as counter:
+        model.forward_all(torch.zeros(1, 3, 48, 64), output_attentions=True)
+    assert counter.get_total_flops() == 2 * count_macs(spec)  # torch counts 2 FLOPs per multiply-accumulate
+    assert count_macs(spec, (64, 96)) > count_macs(spec)
+    with pytest.raises(ValueError, match="not divisible by the patch size 16"):
+        count_macs(spec, (50, 64))
+
+
+def test_parameter_count_matches_vit_jax() -> None:
+    """The card's parameter count (model built on the meta device) equals vit_jax's `models_test.py` MODEL_SIZES."""
+    from hub_vit.model_cards.facts import model_num_params
+
+    published = {"Ti/16": 5_717_416, "S/16": 22_050_664, "B/16": 86_567_656, "L/16": 304_326_632}
+    for variant, count in published.items():
+        assert model_num_params(ViTSpec.from_variant(variant, **CLASSIC_VIT)) == count, variant
+
+
+# ---------------------------------------------------------------------------------------------------- converted
+@pytest.mark.parametrize("layout", sorted(FIXTURES))
+def test_converted_card_parses_and_matches_conversion_json(converted: dict[str, Path], layout: str) -> None:
+    from hub_vit.folder import load_model_folder
+
+    folder = converted[layout]
+    card = ModelCard.load(folder / "README.md")
+    data = assert_card_metadata(card)
+    assert "model-index" not in data  # a private fixture has no published results
+    conv = json.loads((folder / "conversion.json").read_text())
+    text = str(card)
+
+    arch = table(text, "Architecture")
+    config = json.loads((folder / "config.json").read_text())
+    for field, value in config["model_args"].items():
+        shown = arch[f"`{field}`"]
+        if isinstance(value, list):
+            assert [int(n) for n in numbers_in(shown)] == value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert token_matches(numbers_in(shown)[0], value), (field, shown, value)
+        elif value is not None:
+            assert shown == str(value).lower()
+
+    compute = table(text, "Compute")
+    model, info = load_model_folder(folder)
+    assert int(compute["parameters"].replace(",", "")) == count_parameters(model) == conv["num_parameters"]
+    assert int(compute["multiply-accumulates (MACs)"].replace(",", "")) == count_macs(info.spec)
+
+    parity = table(text, "Conversion parity")
+    for name, diff in conv["parity"]["max_abs_diff"].items():
+        assert token_matches(parity[f"max abs diff `{name}`"], diff), name
+    assert token_matches(parity["top-1 agreement"], conv["parity"]["top1_agreement"])
+    assert token_matches(parity["tolerance"], conv["parity"]["tolerance"])
+
+    prov = table(text, "Provenance")
+    npz = FIXTURES[layout]
+    golden = json.loads((JAX / "index.json").read_text())["files"][npz.relative_to(JAX).as_posix()]
+    assert prov["source sha256"].strip("`") == conv["source"]["sha256"] == golden["sha256"]
+    assert hashlib.sha256(npz.read_bytes()).hexdigest() == golden["sha256"]
+    assert int(prov["source size (bytes)"].replace(",", "")) == golden["bytes"]
+    assert prov["conversion date"] == conv["converter"]["converted_at"]
+    assert_every_number_accounted(text, folder)
+
+
+def test_converted_card_content(converted: dict[str, Path]) -> None:
+    text = (converted["vit_jax"] / "README.md").read_text()
+    for snippet in ('timm.create_model("local-dir:', 'pipeline("image-classification"', "trust_remote_code=True",
+                    "hub-vit export onnx", "onnxruntime", "hub-vit serve", "tritonclient", "arXiv:2010.11929",
+                    "arXiv:2205.01580", "## License", "vision_transformer (vit_jax)"):
+        assert snippet in text, snippet
+    assert "/work/" not in text and str(REPO) not in text  # no machine-specific absolute paths
+    with_repo = str(render_model_card(converted["vit_jax"], repo_id="my-org/tiny-vit"))
+    assert 'timm.create_model("hf-hub:my-org/tiny-vit"' in with_repo
+    assert 'model="my-org/tiny-vit", trust_remote_code=True' in with_repo
+
+
+def test_card_usage_snippets_run(converted: dict[str, Path], tmp_path: Path) -> None:
+    """The timm and transformers snippets of the card, run as written (folder path filled in) on a real photo."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+    from skimage import data
+
+    folder = converted["vit_jax"]
+    text = (folder / "README.md").read_text()
+    assert 'timm.create_model("local-dir:path/to/tiny_token_rep", pretrained=True)' in text
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    timm_code = next(b for b in blocks if "timm.create_model" in b)
+    hf_code = next(b for b in blocks if "AutoModelForImageClassification" in b)
+    script = "\n".join([timm_code, hf_code]).replace(f"path/to/{folder.name}", str(folder))
+    Image.fromarray(data.chelsea()).save(tmp_path / "image.jpg")
+    (tmp_path / "snippets.py").write_text(script + "\nprint('SNIPPETS OK')\n")
+    proc = subprocess.run([sys.executable, "snippets.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SNIPPETS OK" in proc.stdout and "'label': 'class_" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------------- published
+def test_published_checkpoint_card_carries_paper_results(tmp_path: Path) -> None:
+    """A folder converted from `simplevit_s16.i1k_300ep` gets the paper's numbers in model-index and a table."""
+    from hub_vit.folder import save_model_folder
+
+    entry = MODELS["simplevit_s16"]
+    weights = entry.weight("i1k_300ep")
+    model = VisionTransformer(entry.spec)  # the architecture of the published file; weights are not needed here
+    source = {"origin": "simplevit_s16.i1k_300ep", "url": weights.url, "sha256": "0" * 64,
+              "catalog_name": "simplevit_s16.i1k_300ep"}
+    folder = save_model_folder(model, tmp_path / "s16", labels=[f"c{i}" for i in range(1000)],
+                               pretrained_cfg=weights.pretrained_cfg(),
+                               extra_files={"conversion.json": {"source": source, "layout": {"family": "big_vision"}}})
+    card = ModelCard.load(write_model_card(folder))
+    data = assert_card_metadata(card)
+    assert data["datasets"] == ["imagenet-1k"]
+    index = data["model-index"]
+    assert len(index) == 1 and index[0]["name"] == "simplevit_s16.i1k_300ep"
+    by_dataset = {r["dataset"]["name"]: r for r in index[0]["results"]}
+    assert {k: by_dataset[k]["metrics"][0]["value"] for k in by_dataset} == {
+        "ImageNet-1k": PAPER_300EP["top1"], "ImageNet-ReaL": PAPER_300EP["real"], "ImageNet-v2": PAPER_300EP["v2"]}
+    for result in index[0]["results"]:
+        assert result["task"]["type"] == "image-classification"
+        assert result["metrics"][0]["type"] == "accuracy"
+        assert result["source"]["url"] == "https://arxiv.org/abs/2205.01580"
+    assert [r.metric_value for r in card.data.eval_results] == [80.0, 85.4, 68.3]
+
+    text = str(card)
+    assert "76.5" in text and "78.5" in text  # the 90 / 150 epoch rows of the paper's table
+    compute = table(text, "Compute")
+    assert compute["GMACs"] == f"{gmacs(entry.spec):.2f}"
+    catalog_numbers = [v for w in entry.weights for v in w.results.values()]
+    catalog_numbers += json_numbers([weights.paper, weights.gs_url] + [w.tag for w in entry.weights])
+    assert_every_number_accounted(text, folder, extra=catalog_numbers)
+
+
+# ---------------------------------------------------------------------------------------------------- trained
+def assert_trained_card(folder: Path, text: str) -> None:
+    """model-index, the accuracy table and the recipe table equal training.json; nothing else unaccounted for."""
+    card = ModelCard(text)
+    data = assert_card_metadata(card)
+    training = json.loads((folder / "training.json").read_text())
+    held_out = training["held_out"]
+    [entry] = data["model-index"]
+    [result] = entry["results"]
+    assert result["task"]["type"] == "image-classification"
+    assert result["dataset"]["split"] == held_out["split"]
+    assert result["metrics"][0]["type"] == "accuracy"
+    assert math.isclose(result["metrics"][0]["value"], held_out["top1"] * 100, rel_tol=1e-9)
+    measured = table(text, "Measured accuracy")
+    assert token_matches(measured["top-1 accuracy (fraction)"], held_out["top1"])
+    assert token_matches(measured["top-1 accuracy (%)"], held_out["top1"] * 100)
+    assert token_matches(measured["cross-entropy loss"], held_out["loss"])
+    assert int(measured["images evaluated"].replace(",", "")) == held_out["images"]
+    recipe = table(text, "Training recipe")
+    for key, value in training["recipe"].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert token_matches(numbers_in(recipe[f"`{key}`"])[0], value), key
+    prov = table(text, "Provenance")
+    assert token_matches(prov["wall time (s)"], training["wall_time_s"])
+    assert int(prov["optimizer steps"].replace(",", "")) == training["steps"]
+    assert_every_number_accounted(text, folder)
+
+
+def test_trained_run_card(tmp_path: Path) -> None:
+    """A real (2-step) `hub-vit train` run on the digits data: its folder's card states what training.json says."""
+    from hub_vit.train import digits
+    from hub_vit.train.loop import train
+
+    data = digits.write_image_folder(tmp_path / "data")
+    recipe = digits.DIGITS_RECIPE.replace(total_steps=2, warmup_steps=1, eval_every_epochs=100.0)
+    result = train(recipe, data, tmp_path / "run", progress=False, dataset_info=digits.dataset_info())
+    assert result.model_dir is not None
+    text = write_model_card(result.model_dir).read_text()
+    assert_trained_card(result.model_dir, text)
+    meta = ModelCard(text).data.to_dict()
+    assert meta["model-index"][0]["results"][0]["dataset"]["type"] == "imagefolder"  # free-text name, not an id
+    assert "# run" in text  # titled by the run folder, not by its `model/` sub-folder
+
+
+def test_default_model_card_is_committed_current_and_true() -> None:
+    from hub_vit import catalog
+
+    folder = catalog.default_model_folder()
+    path = folder / "README.md"
+    assert path.is_file(), f"the shipped default model has no card; run `hub-vit card {folder}`"
+    committed = path.read_text(encoding="utf-8")
+    assert committed == str(render_model_card(folder)), f"stale card: run `hub-vit card {folder}`"
+    assert_trained_card(folder, committed)
+    data = ModelCard.load(path).data
+    assert data.datasets == ["sklearn-digits"] and data.model_name == catalog.DEFAULT_MODEL
+    assert f'timm.create_model("{catalog.DEFAULT_MODEL}", pretrained=True)' in committed
+
+
+# ---------------------------------------------------------------------------------------------------- failures
+def test_folder_without_weights_is_refused_and_nothing_written(converted: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    shutil.copytree(converted["big_vision"], folder)
+    (folder / "README.md").unlink()
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ModelFolderError, match="model.safetensors"):
+        write_model_card(folder)
+    assert not (folder / "README.md").exists()
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temp file left behind
+
+
+def test_failed_render_keeps_the_old_card(converted: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "mismatch"
+    shutil.copytree(converted["big_vision"], folder)
+    before = (folder / "README.md").read_text()
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"]["depth"] += 1  # the spec no longer describes the weights
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFolderError, match="inconsistent"):
+        write_model_card(folder)
+    assert (folder / "README.md").read_text() == before
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_cli_card_writes_readme_and_reports_bad_folder(converted: dict[str, Path], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    folder = tmp_path / "cli"
+    shutil.copytree(converted["vit_jax"], folder)
+    (folder / "README.md").unlink()
+    result = CliRunner().invoke(app, ["card", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert ModelCard.load(folder / "README.md").data.pipeline_tag == "image-classification"
+    result = CliRunner().invoke(app, ["card", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["card", str(folder), "--repo-id", "not a repo"])
+    assert result.exit_code == 2 and "ORG/NAME" in " ".join(result.output.split())
