@@ -7,6 +7,7 @@ that fit that architecture. Weights are Google's `.npz` files; `hub_vit.conversi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hub_vit.variants import ViTSpec
@@ -17,6 +18,12 @@ VIT_JAX_LICENSE = "apache-2.0"
 PAPER_SIMPLEVIT = "arXiv:2205.01580"
 PAPER_VIT = "arXiv:2010.11929"
 PAPER_AUGREG = "arXiv:2106.10270"
+
+# timm data config of a Google ViT without published weights: [-1, 1] inputs (mean = std = 0.5), as vit_jax and
+# big_vision feed their models; bilinear resize of the shorter side to size/0.875, then a centre crop.
+DEFAULT_DATA_CFG: dict[str, Any] = dict(
+    crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+)
 
 
 @dataclass(frozen=True)
@@ -38,9 +45,12 @@ class Weights:
     paper: str = PAPER_VIT
     results: dict[str, float] = field(default_factory=dict)
     sha256: str | None = None
+    file: str = ""  # weights shipped inside the package (the default model): timm loads `file` before `url`
 
     @property
     def url(self) -> str:
+        if not self.gs_url:
+            return ""
         bucket_path = self.gs_url.removeprefix("gs://")
         return f"{GCS}/{bucket_path}"
 
@@ -48,6 +58,7 @@ class Weights:
         """timm `pretrained_cfg` fields; Google's models take [-1, 1] inputs, i.e. mean = std = 0.5."""
         return dict(
             url=self.url,
+            file=self.file or None,
             hf_hub_id=None,
             custom_load=True,  # npz -> hub_vit.conversion, see VisionTransformer.load_pretrained
             num_classes=self.num_classes,
@@ -57,13 +68,13 @@ class Weights:
             crop_mode="center",
             interpolation=self.interpolation,
             fixed_input_size=False,
-            mean=(0.5, 0.5, 0.5),
-            std=(0.5, 0.5, 0.5),
+            mean=DEFAULT_DATA_CFG["mean"],
+            std=DEFAULT_DATA_CFG["std"],
             first_conv="patch_embed.proj",
             classifier="head",
             license=self.license,
             paper_ids=self.paper,
-            origin_url=self.gs_url,
+            origin_url=self.gs_url or None,
         )
 
 
@@ -173,6 +184,30 @@ def _vit_weights(jax_name: str) -> tuple[Weights, ...]:
     return tuple(out)
 
 
+# The default model: trained in this repository with `hub-vit train` (scripts/train_default_model.sh) and shipped in
+# the package, so everything works offline. The held-out split is `hub_vit.train.digits.load_digits_split("val")`.
+DEFAULT_MODEL = "simplevit_digits"
+
+
+def default_model_folder() -> Path:
+    """The shipped default model: a hub-vit model folder (timm `local-dir:`, transformers `from_pretrained`)."""
+    return Path(__file__).resolve().parent / "assets" / "digits"
+
+
+# SimpleViT on scikit-learn's 8x8 digits upsampled to 32x32 RGB: patch 4 -> 8x8 grid; recipe in docs/training.md.
+DIGITS_SPEC = ViTSpec(width=64, depth=4, mlp_dim=256, num_heads=4, patch_size=4, img_size=(32, 32), num_classes=10,
+                      **SIMPLEVIT)
+
+
+def _digits_entry() -> ModelEntry:
+    weights = Weights(
+        tag="sklearn_digits", gs_url="", num_classes=10, img_size=32, crop_pct=1.0, dataset="sklearn-digits",
+        paper=PAPER_SIMPLEVIT, file=str(default_model_folder() / "model.safetensors"),
+    )
+    return ModelEntry(name=DEFAULT_MODEL, spec=DIGITS_SPEC, family="simplevit", weights=(weights,),
+                      description="SimpleViT (width 64, depth 4, patch 4) trained on scikit-learn digits, 32x32 RGB")
+
+
 def _entries() -> dict[str, ModelEntry]:
     entries: list[ModelEntry] = []
     for short, variant in [("ti16", "Ti/16"), ("s16", "S/16"), ("s32", "S/32"), ("m16", "M/16"), ("b16", "B/16"),
@@ -194,6 +229,7 @@ def _entries() -> dict[str, ModelEntry]:
             description=f"ViT-{variant} (vit_jax): class token, learned position embedding, linear head",
             weights=_vit_weights(jax_name),
         ))
+    entries.append(_digits_entry())
     return {e.name: e for e in entries}
 
 

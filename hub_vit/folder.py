@@ -211,7 +211,9 @@ def save_model_folder(
     try:
         _write_folder(model, tmp, checked_labels, dict(pretrained_cfg) if pretrained_cfg else None, arch, extra,
                       native_vit)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a published model folder is world-readable
+        # mkdtemp / mkstemp-based writers create 0700 / 0600 entries; a published model folder is world-readable
+        for path in (tmp, *tmp.rglob("*")):
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
         if folder.exists():  # overwrite: move the old folder aside first so the swap is two renames
             old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
             os.replace(folder, old / folder.name)

@@ -12,15 +12,14 @@ from typing import Any
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 
-from hub_vit.catalog import MODELS, ModelEntry
+from hub_vit.catalog import DEFAULT_DATA_CFG, MODELS, ModelEntry
 from hub_vit.model import VisionTransformer
 from hub_vit.weights import adapt_state_dict
 
 # No published weights: still a complete data config (Google's models take [-1, 1] inputs: mean = std = 0.5).
 _UNTRAINED_CFG = dict(
-    url="", custom_load=True, num_classes=1000, input_size=(3, 224, 224), crop_pct=0.875, crop_mode="center",
-    interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), first_conv="patch_embed.proj",
-    classifier="head", license="apache-2.0",
+    url="", custom_load=True, num_classes=1000, input_size=(3, 224, 224), first_conv="patch_embed.proj",
+    classifier="head", license="apache-2.0", **DEFAULT_DATA_CFG,
 )
 
 

@@ -189,7 +189,7 @@ def match_catalog(spec: ViTSpec, sources: set[str], catalog_name: str | None = N
 
 
 def match_bundled(folder: Path) -> CatalogMatch | None:
-    """The catalog entry that ships this folder's weights inside the package (`BundledWeights.file`), if any."""
+    """The catalog entry that ships this folder's weights inside the package (`Weights.file`), if any."""
     here = folder.resolve()
     for entry in MODELS.values():
         for w in entry.weights:

@@ -1,1 +1,97 @@
-"""`hub-vit train` commands (placeholder until implemented)."""
+"""`hub-vit train`: the "Better plain ViT baselines" recipe on an image folder (or the bundled digits).
+
+    hub-vit train DATA --out runs/s16                       # paper config: S/16, batch 1024, 90 epochs
+    hub-vit train DATA --out runs/ft --init FOLDER --epochs 10 --lr 3e-4 --warmup-steps 500
+    hub-vit train --preset digits --out runs/digits           # the shipped default model
+    torchrun --nproc_per_node 8 -m hub_vit.train DATA --out runs/s16   # DDP, same global batch
+
+Every recipe setting can be changed with `--set key=value` (see docs/training.md); the run folder records them all.
+Running the same command again resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from hub_vit.cli.app import app, console, fail
+
+PRESETS = ("vit_s16_i1k", "digits")
+
+
+@app.command("train")
+def train_command(
+    data: Path | None = typer.Argument(None, help="Data folder with train/<class>/* and val/<class>/* images."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run folder (recipe.json, metrics.jsonl, checkpoints/, model/)."),
+    preset: str = typer.Option("vit_s16_i1k", help=f"Starting recipe: {', '.join(PRESETS)}."),
+    model: str | None = typer.Option(None, help="Registered architecture, e.g. simplevit_s16 (`hub-vit models`)."),
+    pretrained: bool | None = typer.Option(None, "--pretrained/--scratch", help="Start from published weights."),
+    init: Path | None = typer.Option(None, help="Fine-tune from a hub-vit model folder or weights file."),
+    img_size: int | None = typer.Option(None, help="Training/eval image size."),
+    batch_size: int | None = typer.Option(None, help="Global batch (all processes, all accumulation steps)."),
+    micro_batch: int | None = typer.Option(None, help="Images per process per forward pass (gradient accumulation)."),
+    epochs: float | None = typer.Option(None, help="Training epochs (big_vision total_epochs)."),
+    steps: int | None = typer.Option(None, help="Optimizer steps; overrides --epochs."),
+    lr: float | None = typer.Option(None, help="Peak learning rate."),
+    wd: float | None = typer.Option(None, help="big_vision decoupled weight decay (AdamW gets wd / lr)."),
+    warmup_steps: int | None = typer.Option(None, help="Linear warm-up steps before the cosine decay."),
+    mixup: float | None = typer.Option(None, help="Mixup Beta(p, p) concentration; 0 turns it off."),
+    randaug: str | None = typer.Option(None, help="timm RandAugment string, '' turns it off."),
+    seed: int | None = typer.Option(None, help="Seed of the init, data order, augmentation and mixup."),
+    precision: str | None = typer.Option(None, help="auto (bf16 autocast on CUDA), fp32 or bf16."),
+    workers: int | None = typer.Option(None, help="Data-loading worker processes per training process."),
+    set_: list[str] = typer.Option([], "--set", help="Any recipe setting: --set eval_crop_pct=1.0 (repeatable)."),
+    device: str | None = typer.Option(None, help="cpu or cuda (default: cuda when available)."),
+    threads: int | None = typer.Option(None, help="torch CPU threads per process (default: torch's choice)."),
+    stop_at: int | None = typer.Option(None, help="Stop (with a checkpoint) after this step; rerun to resume."),
+    install_to: Path | None = typer.Option(None, help="digits preset: copy the finished model folder here, with "
+                                                       "sample images and a card stub."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
+) -> None:
+    """Train or fine-tune a ViT with the "Better plain ViT baselines" recipe (resumes if --out has checkpoints)."""
+    from hub_vit.train import digits
+    from hub_vit.train.data import DataFolderError
+    from hub_vit.train.loop import RunFolderError, train
+    from hub_vit.train.recipe import VIT_S16_I1K
+
+    if threads is not None:
+        import torch
+
+        if threads < 1:
+            raise fail(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    if preset not in PRESETS:
+        raise fail(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    recipe = digits.DIGITS_RECIPE if preset == "digits" else VIT_S16_I1K
+    flags: dict[str, Any] = dict(model=model, pretrained=pretrained, img_size=img_size, batch_size=batch_size,
+                                 micro_batch=micro_batch, total_epochs=epochs, total_steps=steps, lr=lr, wd=wd,
+                                 warmup_steps=warmup_steps, mixup=mixup, randaug=randaug, seed=seed,
+                                 precision=precision, workers=workers)
+    try:
+        recipe = recipe.replace(**{k: v for k, v in flags.items() if v is not None}).with_overrides(set_)
+        dataset_info: dict[str, Any] = {}
+        architecture = None
+        if data is None:
+            if preset != "digits":
+                raise fail("give a DATA folder (train/<class>/*, val/<class>/*), or use --preset digits")
+            data = digits.write_image_folder(out / "data")
+            dataset_info = digits.dataset_info()
+            architecture = recipe.model if init is None else None
+        result = train(recipe, data, out, init=init, device=device, stop_at=stop_at, progress=progress,
+                       architecture=architecture, dataset_info=dataset_info)
+    except (ValueError, FileNotFoundError) as exc:
+        if isinstance(exc, (DataFolderError, RunFolderError)) or type(exc) in (ValueError, FileNotFoundError):
+            raise fail(str(exc)) from None
+        raise
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+        return
+    if result.model_dir is None:
+        console.print(f"stopped at step {result.step}/{result.total_steps}; run the same command to resume")
+        return
+    console.print(f"held-out top-1 {result.val_top1:.2%} after {result.step} steps -> {result.model_dir}")
+    if install_to is not None and result.model_dir is not None:
+        digits.install_default_model(result.model_dir, install_to)
+        console.print(f"installed the model folder, samples and card stub in {install_to}")

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from hub_vit.catalog import MODELS
+from hub_vit.catalog import DEFAULT_DATA_CFG, MODELS
 from hub_vit.variants import SWITCHES, ViTSpec
 
 # The default config is the paper's SimpleViT-S/16 (what `HubViTConfig()` builds), taken from the catalog.
@@ -25,10 +25,6 @@ _DEFAULT = MODELS["simplevit_s16"].spec
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ViTSpec))
 GENERIC_ARCHITECTURE = "hub_vit"  # timm's generic entry point: any spec, passed as model_args
 
-# timm data config for a model without published weights: Google's models take [-1, 1] inputs (mean = std = 0.5).
-DEFAULT_DATA_CFG: dict[str, Any] = dict(
-    crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-)
 # Keys of a timm pretrained_cfg that describe where *other* weights live; a saved folder is its own source.
 _SOURCE_KEYS = ("url", "file", "state_dict", "hf_hub_id", "source", "custom_load", "architecture", "tag")
 # Keys that timm wants at the top of config.json and that we derive from the spec and labels on every save.

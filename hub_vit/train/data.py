@@ -1,0 +1,196 @@
+"""Image-folder data with big_vision's train/eval preprocessing, built from timm's transforms and Mixup.
+
+Folder layout: `DATA/train/<class>/*.jpg|png|...` and `DATA/val/<class>/...` (class names = sub-folder names, sorted
+naturally; `val` may lack classes, never add new ones).
+
+Exact resumption: the training stream is a pure function of (seed, position). Global image position `p` belongs to
+epoch `p // N`, whose permutation is seeded by (seed, epoch); the augmentation of that image is seeded by
+(seed, p). Step `t` of a run reads positions `[t * batch, (t + 1) * batch)`, each process its own contiguous slice,
+so a resumed run, a run with a different number of workers and (for the data) a run on another number of processes
+all see the same images with the same augmentations.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from timm.data import create_transform
+from timm.data.mixup import Mixup
+from timm.data.readers.img_extensions import get_img_extensions
+from timm.data.readers.reader_image_folder import natural_key
+from torch.utils.data import Dataset, Sampler
+
+from hub_vit.train.recipe import Recipe
+
+MEAN = STD = (0.5, 0.5, 0.5)  # value_range(-1, 1)
+SPLITS = ("train", "val")
+
+
+class DataFolderError(ValueError):
+    """The data folder is missing, empty, or holds something that is not an image."""
+
+
+@dataclass(frozen=True)
+class ImageFolderSplit:
+    root: Path
+    samples: tuple[tuple[Path, int], ...]  # (file, class index)
+    classes: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def scan_split(root: str | Path, split: str, classes: tuple[str, ...] | None = None) -> ImageFolderSplit:
+    """List `root/split/<class>/<image>`; every file must be an image (dotfiles are skipped).
+
+    Raises `DataFolderError` naming the folder or file and what was expected. With `classes` given (the train split's),
+    a class folder not in that list is an error, so label indices always mean the same class.
+    """
+    folder = Path(root) / split
+    if not folder.is_dir():
+        raise DataFolderError(
+            f"data folder {str(folder)!r} does not exist; expected {str(Path(root))!r} to hold "
+            f"{' and '.join(f'{s}/<class>/<image>' for s in SPLITS)}"
+        )
+    extensions = get_img_extensions(as_set=True)
+    loose = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    if loose:
+        raise DataFolderError(f"{str(folder)!r} holds files outside class folders ({', '.join(loose[:5])}); "
+                              f"expected {split}/<class>/<image>")
+    found = sorted((p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")), key=natural_key)
+    if classes is None:
+        classes = tuple(found)
+    unknown = sorted(set(found) - set(classes))
+    if unknown:
+        raise DataFolderError(f"{str(folder)!r} has class folders {unknown} that the train split does not have; "
+                              f"valid classes: {', '.join(classes)}")
+    samples: list[tuple[Path, int]] = []
+    for name in found:
+        index = classes.index(name)
+        files = (Path(d) / f for d, _, fs in os.walk(folder / name, followlinks=True) for f in fs)
+        for path in sorted(files, key=lambda p: natural_key(str(p))):
+            if path.name.startswith("."):
+                continue
+            if path.suffix.lower() not in extensions:
+                raise DataFolderError(
+                    f"{str(path)!r} is not an image file; every file under {split}/<class>/ must have one of the "
+                    f"extensions {', '.join(sorted(extensions))}"
+                )
+            samples.append((path, index))
+    if not samples:
+        raise DataFolderError(f"data folder {str(folder)!r} has no images; expected {split}/<class>/<image> with "
+                              f"one of the extensions {', '.join(sorted(extensions))}")
+    return ImageFolderSplit(folder, tuple(samples), tuple(classes))
+
+
+def load_rgb(path: Path) -> Image.Image:
+    try:
+        with Image.open(path) as img:
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise DataFolderError(f"cannot decode image {str(path)!r}: {exc}") from exc
+
+
+def train_transform(recipe: Recipe):  # -> torchvision Compose
+    """inception_crop(area, ratio) | flip_lr | randaug(n, m) | value_range(-1, 1), as timm transforms."""
+    return create_transform(
+        recipe.img_size, is_training=True, scale=recipe.crop_area, ratio=recipe.crop_ratio, hflip=recipe.hflip,
+        vflip=0.0, color_jitter=None, auto_augment=recipe.randaug or None, interpolation=recipe.interpolation,
+        mean=MEAN, std=STD, re_prob=0.0,
+    )
+
+
+def eval_transform(recipe: Recipe):
+    """resize_small(img_size / crop_pct) | central_crop(img_size) | value_range(-1, 1)."""
+    return create_transform(recipe.img_size, is_training=False, interpolation=recipe.interpolation,
+                            crop_pct=recipe.eval_crop_pct, mean=MEAN, std=STD)
+
+
+def sample_seed(seed: int, *key: int) -> int:
+    return int(np.random.SeedSequence([seed, *key]).generate_state(1)[0])
+
+
+class TrainStream(Dataset):
+    """Maps a global stream position to (augmented image, label); see the module docstring for the seeding."""
+
+    def __init__(self, split: ImageFolderSplit, recipe: Recipe) -> None:
+        self.split, self.seed, self.transform = split, recipe.seed, train_transform(recipe)
+        self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, permutation), cached per worker
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def index_of(self, position: int) -> int:
+        epoch, offset = divmod(position, len(self.split))
+        if self._perm is None or self._perm[0] != epoch:
+            gen = torch.Generator().manual_seed(sample_seed(self.seed, 1, epoch))
+            self._perm = (epoch, torch.randperm(len(self.split), generator=gen))
+        return int(self._perm[1][offset])
+
+    def __getitem__(self, position: int) -> tuple[torch.Tensor, int]:
+        path, label = self.split.samples[self.index_of(position)]
+        # timm/torchvision transforms draw from python `random`, numpy and torch: seed all three for this image.
+        s = sample_seed(self.seed, 2, position)
+        random.seed(s)
+        np.random.seed(s)
+        torch.manual_seed(s)
+        return self.transform(load_rgb(path)), label
+
+
+class EvalImages(Dataset):
+    def __init__(self, split: ImageFolderSplit, recipe: Recipe) -> None:
+        self.split, self.transform = split, eval_transform(recipe)
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.split.samples[index]
+        return self.transform(load_rgb(path)), label
+
+
+class StreamBatches(Sampler[list[int]]):
+    """Micro-batches of stream positions for one process, from `start_step` to `total_steps`.
+
+    Global step t covers positions [t*B, (t+1)*B); rank r takes [t*B + r*B/W, t*B + (r+1)*B/W), cut into
+    `accum` micro-batches of `micro` positions.
+    """
+
+    def __init__(self, batch_size: int, micro: int, accum: int, rank: int, world: int, start_step: int,
+                 total_steps: int) -> None:
+        self.batch_size, self.micro, self.accum = batch_size, micro, accum
+        self.rank, self.world, self.start_step, self.total_steps = rank, world, start_step, total_steps
+
+    def __len__(self) -> int:
+        return max(self.total_steps - self.start_step, 0) * self.accum
+
+    def __iter__(self) -> Iterator[list[int]]:
+        per_rank = self.batch_size // self.world
+        for step in range(self.start_step, self.total_steps):
+            base = step * self.batch_size + self.rank * per_rank
+            for k in range(self.accum):
+                start = base + k * self.micro
+                yield list(range(start, start + self.micro))
+
+
+class SeededMixup(Mixup):
+    """timm's batch Mixup with big_vision's semantics: one ratio lam ~ Beta(p, p) per batch, always applied, no label
+    smoothing; the ratio comes from a generator re-seeded for every micro-batch, so resumed runs mix identically."""
+
+    def __init__(self, p: float, num_classes: int) -> None:
+        super().__init__(mixup_alpha=p, cutmix_alpha=0.0, prob=1.0, mode="batch", label_smoothing=0.0,
+                         num_classes=num_classes)
+        self.rng = np.random.default_rng(0)
+
+    def reseed(self, seed: int, *key: int) -> None:
+        self.rng = np.random.default_rng([seed, *key])
+
+    def _params_per_batch(self) -> tuple[float, bool]:
+        return float(self.rng.beta(self.mixup_alpha, self.mixup_alpha)), False

@@ -1,0 +1,189 @@
+"""The shipped default model's data and recipe: scikit-learn's handwritten digits as a 32x32 RGB image folder.
+
+`sklearn.datasets.load_digits` ships inside the scikit-learn wheel (1797 images, 8x8, 17 grey levels 0..16, bright
+ink on a dark background), so the default model trains and evaluates with no download. Each image is scaled to
+0..255, upsampled 8x8 -> 32x32 (PIL bilinear) and repeated to RGB; patch 4 gives the model an 8x8 grid, one token
+per original pixel's neighbourhood.
+
+Held-out split: `train_test_split(test_size=0.2, stratify=labels, random_state=0)` over the 1797 images (1437
+train / 360 held-out "val", every class in proportion). `load_digits_split("val")` returns exactly those images, so
+any test can evaluate the default model on the data it never saw.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from hub_vit import catalog
+from hub_vit.train.recipe import Recipe
+from hub_vit.variants import ViTSpec
+
+IMG_SIZE = 32
+SPLIT_SEED = 0
+HELD_OUT_FRACTION = 0.2
+SPLITS = ("train", "val")
+LABELS: tuple[str, ...] = tuple(str(d) for d in range(10))
+
+# The architecture lives in the catalog (the one table of architectures): a small SimpleViT (sincos2d posemb,
+# global average pooling, tanh pre-logits as in the paper's config), patch 4 on 32x32.
+DIGITS_SPEC: ViTSpec = catalog.DIGITS_SPEC
+
+# The paper's recipe scaled down (see docs/training.md "The default model" for each change and why).
+DIGITS_RECIPE = Recipe(
+    model=catalog.DEFAULT_MODEL,
+    img_size=IMG_SIZE,
+    batch_size=32,
+    total_epochs=40.0,
+    lr=3e-3,
+    wd=1e-4,
+    warmup_steps=100,
+    crop_area=(0.7, 1.0),
+    hflip=0.0,
+    randaug="",
+    mixup=0.2,
+    eval_crop_pct=1.0,
+    workers=1,
+    eval_every_epochs=5.0,
+    checkpoint_every_steps=500,
+    log_every_steps=20,
+)
+
+
+@cache
+def _split_indices() -> dict[str, np.ndarray]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    labels = load_digits().target
+    train, val = train_test_split(np.arange(len(labels)), test_size=HELD_OUT_FRACTION, stratify=labels,
+                                  random_state=SPLIT_SEED)
+    return {"train": np.sort(train), "val": np.sort(val)}
+
+
+def to_rgb32(image_8x8: np.ndarray) -> np.ndarray:
+    """(8, 8) floats in 0..16 -> (32, 32, 3) uint8."""
+    grey = Image.fromarray(np.round(image_8x8 * (255.0 / 16.0)).astype(np.uint8), mode="L")
+    big = np.asarray(grey.resize((IMG_SIZE, IMG_SIZE), Image.Resampling.BILINEAR))
+    return np.repeat(big[:, :, None], 3, axis=2)
+
+
+def load_digits_split(split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(images uint8 (N, 32, 32, 3), labels int64 (N,)) for `"train"` (1437) or the held-out `"val"` (360)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown digits split {split!r}; valid splits: {', '.join(map(repr, SPLITS))}")
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    idx = _split_indices()[split]
+    images = np.stack([to_rgb32(raw.images[i]) for i in idx])
+    return images, raw.target[idx].astype(np.int64)
+
+
+def original_indices(split: str) -> np.ndarray:
+    """Positions in `load_digits()` of the split's images (file names of the image folder use them)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown digits split {split!r}; valid splits: {', '.join(map(repr, SPLITS))}")
+    return _split_indices()[split]
+
+
+def write_image_folder(root: str | Path) -> Path:
+    """`root/{train,val}/<digit>/<index in load_digits>.png`: the data folder `hub-vit train` reads.
+
+    Written into a temporary sibling and renamed, so an interrupted call leaves no half-filled folder.
+    """
+    root = Path(root)
+    if (root / "train").is_dir() and (root / "val").is_dir():
+        return root
+    tmp = root.with_name(f".{root.name}.{os.getpid()}.tmp")  # per process: torchrun ranks may race here
+    shutil.rmtree(tmp, ignore_errors=True)
+    for split in SPLITS:
+        images, labels = load_digits_split(split)
+        for image, label, index in zip(images, labels, original_indices(split), strict=True):
+            folder = tmp / split / LABELS[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(folder / f"{index:04d}.png")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(root)
+    except OSError:  # another process finished first; its folder has the same content
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (root / "val").is_dir():
+            raise
+    return root
+
+
+def export_samples(folder: str | Path, per_class: int = 2, size: int = 128, usable: np.ndarray | None = None
+                   ) -> list[Path]:
+    """Held-out digits as `<label>_<i>.png`, upsampled (nearest, so resizing back to 32 px restores the model's exact
+    input) to `size` px for the demo, the README command and the serving tests.
+
+    `usable`: optional boolean mask over the held-out split (e.g. "the shipped model gets this one right"); the first
+    `per_class` usable images of each digit are taken.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    images, labels = load_digits_split("val")
+    usable = np.ones(len(labels), dtype=bool) if usable is None else usable
+    written = []
+    for label in range(10):
+        for i, index in enumerate(np.flatnonzero((labels == label) & usable)[:per_class]):
+            path = folder / f"{label}_{i}.png"
+            Image.fromarray(images[index]).resize((size, size), Image.Resampling.NEAREST).save(path)
+            written.append(path)
+    return written
+
+
+def dataset_info() -> dict:
+    """How the image folder was made (goes into training.json)."""
+    import sklearn
+
+    return dict(
+        name="scikit-learn load_digits (UCI optical recognition of handwritten digits, test part)",
+        scikit_learn=sklearn.__version__,
+        split=f"train_test_split(test_size={HELD_OUT_FRACTION}, stratify=labels, random_state={SPLIT_SEED})",
+        preprocessing="8x8 grey 0..16 -> x255/16 uint8 -> PIL bilinear 32x32 -> RGB; bright ink on dark background",
+        held_out_loader="hub_vit.train.digits.load_digits_split('val')",
+    )
+
+
+def held_out_predictions(model_dir: str | Path) -> np.ndarray:
+    """Class indices a model folder predicts for the held-out split (32x32 inputs, [-1, 1], no resize needed)."""
+    import torch
+
+    from hub_vit.folder import load_model_folder
+
+    model, _ = load_model_folder(model_dir)
+    images, _ = load_digits_split("val")
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0  # (N, 3, 32, 32) in [-1, 1]
+    with torch.no_grad():
+        return model.eval()(x).argmax(-1).numpy()
+
+
+def install_default_model(model_dir: str | Path, dest: str | Path) -> Path:
+    """Copy a finished digits run's model folder to `dest` with `samples/`, atomically, then write its model card."""
+    model_dir, dest = Path(model_dir), Path(dest)
+    if not (model_dir / "training.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a finished training run's model folder: training.json is missing")
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(model_dir, tmp)
+    # demo / README / serving-test samples: held-out digits the model classifies correctly, so that downstream
+    # checks of "predicted label == file name" test the plumbing, not the model's 2-3 % of errors
+    export_samples(tmp / "samples", usable=held_out_predictions(model_dir) == load_digits_split("val")[1])
+    for path in tmp.rglob("*"):  # temp-file writers create 0600 files; shipped assets must be world-readable
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    from hub_vit.model_cards import write_model_card
+
+    write_model_card(dest)  # the real card, titled after the catalog entry the folder is bundled as
+    return dest

@@ -1,0 +1,184 @@
+"""The "Better plain ViT baselines" recipe (big_vision `configs/vit_s16_i1k.py`) as one frozen, typed record.
+
+Every setting of a run lives here, is overridable from the command line (`--set key=value`) and is written to the
+run folder as `recipe.json`, so a run is reproducible from that file alone.
+
+Weight decay: big_vision chains `clip -> scale_by_adam -> scale(lr) -> add_decayed_weights(wd) ->
+scale_by_schedule(s) -> scale(-1)`, so one update is `p -= s(t) * (lr * adam_t + wd * p)`: the decay is multiplied by
+the *schedule* `s(t)` in [0, 1] but not by the peak learning rate. PyTorch's AdamW does `p -= lr_t * wd_pt * p` with
+`lr_t = lr * s(t)`, so the two agree when `wd_pt = wd / lr` (1e-4 / 1e-3 = 0.1 for the paper's config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+Precision = Literal["auto", "fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+Interpolation = Literal["bilinear", "bicubic", "nearest"]
+INTERPOLATIONS: tuple[str, ...] = get_args(Interpolation)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One training run. Defaults are the paper's ViT-S/16 ImageNet-1k config (90 epochs, batch 1024).
+
+    `model`: a registered hub-vit name (`simplevit_s16`), or a model folder / weights file to fine-tune from.
+    `total_steps` wins over `total_epochs` when set. `micro_batch` < `batch_size` turns on gradient accumulation;
+    the optimiser always sees the mean gradient over `batch_size` images, whatever the number of processes.
+    """
+
+    model: str = "simplevit_s16"
+    pretrained: bool = False  # registered names only: start from the catalog's published weights
+    img_size: int = 224
+    # --- optimisation (big_vision: optax_name='scale_by_adam', lr=0.001, wd=0.0001, grad_clip_norm=1.0)
+    batch_size: int = 1024
+    micro_batch: int | None = None
+    total_epochs: float = 90.0
+    total_steps: int | None = None
+    lr: float = 1e-3
+    wd: float = 1e-4  # big_vision's decoupled weight decay (see module docstring for the PyTorch mapping)
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    warmup_steps: int = 10_000
+    grad_clip_norm: float = 1.0
+    # --- data (big_vision: inception_crop(224) | flip_lr | randaug(2, 10) | value_range(-1, 1); mixup p=0.2)
+    crop_area: tuple[float, float] = (0.05, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    randaug: str = "rand-m10-n2-p1.0"  # timm config string; '' turns RandAugment off
+    mixup: float = 0.2  # big_vision's `mixup.p`: the Beta(p, p) concentration, one ratio per batch; 0 = off
+    interpolation: Interpolation = "bilinear"
+    eval_crop_pct: float = 224 / 256  # eval: resize the shorter side to img_size / crop_pct, centre crop img_size
+    # --- run
+    seed: int = 0
+    precision: Precision = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
+    workers: int = 4
+    eval_every_epochs: float = 1.0
+    checkpoint_every_steps: int = 1000
+    log_every_steps: int = 10
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise JSON lists back to tuples once, here
+        for name in ("crop_area", "crop_ratio"):
+            value = tuple(float(v) for v in getattr(self, name))
+            if len(value) != 2 or not 0 < value[0] <= value[1]:
+                raise ValueError(f"{name} must be two numbers 0 < min <= max, got {getattr(self, name)!r}")
+            set_(self, name, value)
+        if self.crop_area[1] > 1:
+            raise ValueError(f"crop_area is a fraction of the image area in (0, 1], got {self.crop_area!r}")
+        for name in ("batch_size", "img_size", "checkpoint_every_steps", "log_every_steps"):
+            _positive_int(name, getattr(self, name))
+        if self.micro_batch is not None:
+            _positive_int("micro_batch", self.micro_batch)
+        if self.total_steps is not None:
+            _positive_int("total_steps", self.total_steps)
+        for name in ("lr", "total_epochs", "eval_every_epochs", "eval_crop_pct"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("wd", "mixup", "grad_clip_norm", "warmup_steps", "workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.hflip <= 1:
+            raise ValueError(f"hflip is a probability in [0, 1], got {self.hflip!r}")
+        if self.randaug and not self.randaug.startswith("rand"):
+            raise ValueError(f"randaug must be a timm RandAugment string like 'rand-m10-n2' or '' (off), "
+                             f"got {self.randaug!r}")
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("interpolation", self.interpolation, INTERPOLATIONS)
+
+    # ------------------------------------------------------------------------------------------------ derived
+    @property
+    def torch_weight_decay(self) -> float:
+        """AdamW `weight_decay` equivalent to big_vision's decoupled `wd` (AdamW multiplies it by the lr)."""
+        return self.wd / self.lr
+
+    def steps_for(self, num_train: int) -> int:
+        """Optimizer steps of the run: `total_steps`, else epochs * images / batch (big_vision's `total_epochs`)."""
+        if self.total_steps is not None:
+            return self.total_steps
+        return max(1, round(self.total_epochs * num_train / self.batch_size))
+
+    def steps_per_epoch(self, num_train: int) -> int:
+        return max(1, round(num_train / self.batch_size))
+
+    def micro_batch_for(self, world_size: int) -> tuple[int, int]:
+        """(images per process per forward pass, accumulation steps) that keep the global batch exact.
+
+        Raises a ValueError naming the numbers when the batch does not split evenly across processes and passes.
+        """
+        if self.batch_size % world_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} does not divide across {world_size} processes; use a multiple of "
+                f"{world_size} (e.g. {max(1, self.batch_size // world_size) * world_size})"
+            )
+        per_rank = self.batch_size // world_size
+        micro = min(self.micro_batch or per_rank, per_rank)
+        if per_rank % micro:
+            divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
+            raise ValueError(
+                f"micro_batch {micro} does not divide the per-process batch {per_rank} "
+                f"(batch_size {self.batch_size} / {world_size} processes); valid micro batches: {divisors}"
+            )
+        if self.mixup and micro % 2:
+            raise ValueError(f"mixup needs an even micro batch (it pairs images), got {micro}")
+        return micro, per_rank // micro
+
+    # ------------------------------------------------------------------------------------------------ I/O
+    def replace(self, **changes: Any) -> Recipe:
+        unknown = set(changes) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown recipe setting(s) {sorted(unknown)}; valid settings: {', '.join(FIELDS)}")
+        return dataclasses.replace(self, **changes)
+
+    def with_overrides(self, assignments: list[str]) -> Recipe:
+        """Apply `key=value` strings (values parsed as JSON when they parse, else kept as strings)."""
+        changes: dict[str, Any] = {}
+        for item in assignments:
+            key, sep, raw = item.partition("=")
+            key = key.strip().replace("-", "_")
+            if not sep or key not in FIELDS:
+                raise ValueError(f"--set expects KEY=VALUE with KEY one of: {', '.join(FIELDS)}; got {item!r}")
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                value = raw
+            changes[key] = value
+        return self.replace(**changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["crop_area"], out["crop_ratio"] = list(self.crop_area), list(self.crop_ratio)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        unknown = set(data) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown recipe setting(s) {sorted(unknown)}; valid settings: {', '.join(FIELDS)}")
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Recipe:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Recipe))
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(repr, choices))}")
+
+
+VIT_S16_I1K = Recipe()  # the paper's 90-epoch config; `Recipe(total_epochs=300)` for the 80.0 % run

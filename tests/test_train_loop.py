@@ -1,0 +1,190 @@
+"""`hub-vit train` end to end on a tiny synthetic image folder: the loss falls, checkpoints resume exactly, bad input
+fails early and leaves no checkpoint behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from hub_vit.train import checkpoint as ckpt
+from hub_vit.train.data import DataFolderError
+from hub_vit.train.loop import RunFolderError, train
+from hub_vit.train.recipe import Recipe
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 60, 230)}
+
+
+def make_folder(root: Path, per_class: int = 8, val_per_class: int = 2) -> Path:
+    """3 classes of 32x32 PNGs: a noisy coloured square on a noisy grey background (position varies)."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", per_class), ("val", val_per_class)):
+        for name, colour in COLOURS.items():
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(n):
+                img = rng.integers(90, 140, size=(32, 32, 3)).astype(np.uint8)
+                y, x = rng.integers(0, 12, size=2)
+                img[y:y + 20, x:x + 20] = np.clip(np.array(colour) + rng.normal(0, 15, (20, 20, 3)), 0, 255)
+                Image.fromarray(img).save(folder / f"{i}.png")
+    return root
+
+
+TINY = Recipe(model="simplevit_digits", img_size=32, batch_size=8, micro_batch=4, lr=3e-3, warmup_steps=2,
+              workers=0, log_every_steps=1, checkpoint_every_steps=2, eval_every_epochs=100.0)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_folder(tmp_path_factory.mktemp("data"))
+
+
+def losses(history: list[dict]) -> list[float]:
+    return [h["loss"] for h in history if "loss" in h]
+
+
+def test_loss_falls_and_model_folder_is_written(data: Path, tmp_path: Path) -> None:
+    recipe = TINY.replace(total_steps=16, randaug="", mixup=0.0, crop_area=(0.8, 1.0))
+    result = train(recipe, data, tmp_path / "run", progress=False)
+    first, last = np.mean(losses(result.history)[:3]), np.mean(losses(result.history)[-3:])
+    assert first == pytest.approx(np.log(3), abs=0.05)  # zero-init head: uniform prediction at the start
+    assert last < 0.6 * first
+    run = tmp_path / "run"
+    assert ckpt.latest(run).step == 16 and (run / "checkpoints" / "step_000000016" / "model.safetensors").is_file()
+    assert json.loads((run / "recipe.json").read_text())["total_steps"] == 16
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == list(range(1, 17))
+    assert all({"lr", "img_per_s", "grad_norm"} <= set(r) for r in lines if "loss" in r)
+    assert any("val_top1" in r for r in lines)
+    training = json.loads((run / "model" / "training.json").read_text())
+    assert training["steps"] == 16 and training["accumulation_steps"] == 2 and training["micro_batch"] == 4
+    assert training["held_out"]["images"] == 6 and training["torch_weight_decay"] == pytest.approx(1e-4 / 3e-3)
+    assert (run / "model" / "labels.txt").read_text().split() == ["blue", "green", "red"]
+
+
+def test_resume_continues_with_same_step_lr_and_weights(data: Path, tmp_path: Path) -> None:
+    # full augmentation (RandAugment + Mixup + Inception crop + flip): resumption must reproduce it too
+    recipe = TINY.replace(total_steps=6)
+    straight = train(recipe, data, tmp_path / "a", progress=False)
+    stopped = train(recipe, data, tmp_path / "b", stop_at=3, progress=False)
+    assert stopped.model_dir is None and stopped.step == 3
+    assert [c.step for c in ckpt.list_checkpoints(tmp_path / "b")] == [2, 3]
+    resumed = train(recipe, data, tmp_path / "b", progress=False)
+    assert [h["step"] for h in resumed.history if "loss" in h] == [4, 5, 6]  # starts where it stopped
+    a = {h["step"]: h for h in straight.history if "loss" in h}
+    for h in stopped.history + resumed.history:
+        if "loss" in h:
+            assert h["lr"] == a[h["step"]]["lr"]
+            assert h["loss"] == pytest.approx(a[h["step"]]["loss"], rel=1e-6, abs=1e-7)
+    wa = load_file(str(tmp_path / "a" / "model" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=0, msg=key)
+
+
+def test_resume_with_another_recipe_is_refused(data: Path, tmp_path: Path) -> None:
+    train(TINY.replace(total_steps=4), data, tmp_path / "run", stop_at=2, progress=False)
+    with pytest.raises(RunFolderError, match=r"lr: 0.003 -> 0.001"):
+        train(TINY.replace(total_steps=4, lr=1e-3), data, tmp_path / "run", progress=False)
+
+
+def test_fine_tune_from_model_folder_with_new_classes(data: Path, tmp_path: Path) -> None:
+    from hub_vit.folder import load_model_folder
+
+    first = train(TINY.replace(total_steps=2), data, tmp_path / "base", progress=False)
+    two = tmp_path / "two"
+    for split in ("train", "val"):
+        for name in ("red", "blue"):
+            (two / split / name).mkdir(parents=True)
+            for f in (data / split / name).iterdir():
+                (two / split / name / f.name).write_bytes(f.read_bytes())
+    result = train(TINY.replace(total_steps=2, lr=1e-3), two, tmp_path / "ft", init=first.model_dir, progress=False)
+    model, info = load_model_folder(result.model_dir)
+    assert model.spec.num_classes == 2 and info.labels == ["blue", "red"]
+    base, _ = load_model_folder(first.model_dir)
+    # the backbone was loaded (and then moved only by 2 small steps), the head is new
+    delta = (model.blocks[0].mlp.fc1.weight - base.blocks[0].mlp.fc1.weight).detach().abs().max()
+    assert 0 < float(delta) < 0.05
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def assert_nothing_written(run: Path) -> None:
+    assert not (run / "checkpoints").exists() and not (run / "model").exists()
+
+
+def test_missing_data_folder(tmp_path: Path) -> None:
+    with pytest.raises(DataFolderError, match=r"does not exist.*train/<class>/<image>"):
+        train(TINY.replace(total_steps=2), tmp_path / "nope", tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_empty_data_folder(tmp_path: Path) -> None:
+    (tmp_path / "data" / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "data" / "val").mkdir(parents=True)
+    with pytest.raises(DataFolderError, match=r"has no images"):
+        train(TINY.replace(total_steps=2), tmp_path / "data", tmp_path / "run", progress=False)
+    assert_nothing_written(tmp_path / "run")
+
+
+def test_non_image_file(data: Path, tmp_path: Path) -> None:
+    bad = make_folder(tmp_path / "data", per_class=2, val_per_class=1)
+    (bad / "train" / "red" / "notes.txt").write_text("not an image")
+    with pytest.raises(DataFolderError, match=r"notes\.txt.*is not an image file.*\.png"):
+        train(TINY.replace(total_steps=2), bad, tmp_path / "run", progress=False)
+    assert_nothing_written(tmp_path / "run")
+
+
+def test_corrupt_image_names_the_file(tmp_path: Path) -> None:
+    bad = make_folder(tmp_path / "data", per_class=2, val_per_class=1)
+    (bad / "train" / "red" / "0.png").write_bytes(b"\x89PNG not really")
+    with pytest.raises(DataFolderError, match=r"cannot decode image .*0\.png"):
+        train(TINY.replace(total_steps=2, batch_size=6, micro_batch=6), bad, tmp_path / "run", progress=False)
+    assert_nothing_written(tmp_path / "run")
+
+
+def test_batch_not_divisible_across_ranks(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "3")  # as under `torchrun --nproc_per_node 3`; fails before joining a group
+    with pytest.raises(ValueError, match=r"batch_size 8 does not divide across 3 processes.*multiple of 3"):
+        train(TINY.replace(total_steps=2), data, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match=r"micro_batch 3 does not divide the per-process batch 8.*\[1, 2, 4, 8\]"):
+        TINY.replace(micro_batch=3).micro_batch_for(1)
+
+
+def test_bad_settings_name_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"--set expects KEY=VALUE with KEY one of: model, .*got .lrr=0.1."):
+        TINY.with_overrides(["lrr=0.1"])
+    with pytest.raises(ValueError, match=r"unknown precision 'fp8'; valid choices: 'auto', 'fp32', 'bf16'"):
+        TINY.replace(precision="fp8")
+    assert TINY.with_overrides(["crop_area=[0.3, 1]", "randaug=rand-m9-n2"]).crop_area == (0.3, 1.0)
+
+
+def test_cli_reports_bad_input(tmp_path: Path) -> None:
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "missing"), "--out", str(tmp_path / "run"),
+                                      "--model", "simplevit_digits", "--img-size", "32", "--no-progress"])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())  # rich wraps long lines
+    assert "does not exist" in text and "train/<class>/<image>" in text
+    make_folder(tmp_path / "data", per_class=2, val_per_class=1)
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--model",
+                                      "nope", "--img-size", "32", "--no-progress"])
+    assert result.exit_code == 2 and "valid names: simplevit_ti16" in " ".join(result.output.split())
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_bf16_autocast_path(data: Path, tmp_path: Path) -> None:
+    # the GPU default (precision=auto on CUDA) is bf16 autocast; on CPU it can be forced, which runs the same code
+    result = train(TINY.replace(total_steps=2, precision="bf16"), data, tmp_path / "run", progress=False)
+    assert all(np.isfinite(losses(result.history)))
+    weights = load_file(str(result.model_dir / "model.safetensors"))
+    assert all(w.dtype == torch.float32 for w in weights.values())  # autocast computes in bf16, keeps fp32 weights
