@@ -1,1 +1,109 @@
-"""`hub-vit explain` commands (placeholder until implemented)."""
+"""`hub-vit rollout IMAGE... -o out/` (overlay PNGs + top-5 labels) and `hub-vit demo` (the Gradio app)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hub_vit.cli.app import app, console, fail
+
+BATCH = 8  # images per forward pass: bounded memory, still batched
+
+
+@app.command()
+def rollout(
+    images: list[Path] = typer.Argument(..., help="Image files (PNG, JPEG, WEBP, BMP, GIF)."),
+    out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the overlay PNGs (created if needed)."),
+    model: str = typer.Option(None, "--model", "-m",
+                              help="Model folder, or a registered name.tag with a cached checkpoint. "
+                                   "Default: the shipped default model."),
+    head_fusion: str = typer.Option("mean", help="How to fuse the heads: mean, max or min."),
+    discard_ratio: float = typer.Option(0.0, help="Share of the lowest attentions to drop per row, in [0, 1)."),
+    class_map: bool = typer.Option(False, "--class-map", help="Also write the top-1 class-specific map."),
+    alpha: float = typer.Option(0.5, help="Heat-map opacity in [0, 1]."),
+    colormap: str = typer.Option("jet", help="Colour map: jet, inferno or gray."),
+) -> None:
+    """Write `<image>_rollout.png` (same size as the image) per image and print its top-5 labels."""
+    from rich.table import Table
+
+    from hub_vit.demo.models import load_explainer, resolve_choice
+    from hub_vit.explain.image import ImageReadError, load_image
+    from hub_vit.explain.overlay import COLORMAPS, save_png
+    from hub_vit.explain.rollout import HEAD_FUSIONS, check_discard_ratio
+
+    if head_fusion not in HEAD_FUSIONS:
+        raise fail(f"unknown --head-fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
+    if colormap not in COLORMAPS:
+        raise fail(f"unknown --colormap {colormap!r}; valid choices: {', '.join(COLORMAPS)}")
+    if not 0 <= alpha <= 1:
+        raise fail(f"--alpha must be in [0, 1], got {alpha}")
+    try:
+        check_discard_ratio(discard_ratio)
+        explainer = load_explainer(resolve_choice(model))
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
+    try:  # read every image before writing anything, so one bad file does not leave a partial output folder
+        decoded = [load_image(path) for path in images]
+    except ImageReadError as exc:
+        raise fail(str(exc)) from exc
+    if out.exists() and not out.is_dir():
+        raise fail(f"--out {str(out)!r} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    names: set[str] = set()
+    for start in range(0, len(images), BATCH):
+        chunk = list(zip(images[start:start + BATCH], decoded[start:start + BATCH], strict=True))
+        prepared = [explainer.prepare(image) for _, image in chunk]
+        result = explainer.rollout(prepared, head_fusion, discard_ratio)
+        for i, ((path, _), prep) in enumerate(zip(chunk, prepared, strict=True)):
+            stem = path.stem
+            while stem in names:  # a.png and other/a.png must not overwrite each other
+                stem = f"{stem}-{len(names)}"
+            names.add(stem)
+            target = out / f"{stem}_rollout.png"
+            save_png(explainer.overlay(prep, result.maps[i], alpha, colormap), str(target))
+            top = explainer.top_k(result.logits[i], 5)
+            console.print(f"[bold]{path}[/] -> {target}")
+            table = Table(show_edge=False)
+            table.add_column("label")
+            table.add_column("probability", justify="right")
+            for label, prob in top:
+                table.add_row(label, f"{prob:.4f}")
+            console.print(table)
+            if class_map:
+                label_index = explainer.label_index(top[0][0])
+                cam = explainer.class_map(prep, label_index).maps[0]
+                class_target = out / f"{stem}_class_{label_index}.png"
+                save_png(explainer.overlay(prep, cam, alpha, colormap), str(class_target))
+                console.print(f"class-specific map for {top[0][0]!r}: {class_target}")
+
+
+@app.command()
+def demo(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 exposes the demo to the network)."),
+    port: int = typer.Option(7860, help="Port to listen on."),
+    model_folder: list[Path] = typer.Option([], "--model-folder", help="Extra model folder(s) to offer; repeatable."),
+    triton_url: str = typer.Option(None, help="host:port of a running `hub-vit serve` (HTTP) to take labels from."),
+    triton_model: str = typer.Option("vit", help="Model name on the Triton server."),
+    max_queue: int = typer.Option(16, min=1, help="Requests allowed to wait; more get a 'queue full' message."),
+    concurrency: int = typer.Option(2, min=1, help="Requests computed at the same time."),
+) -> None:
+    """Start the Gradio attention-rollout demo (blocks until Ctrl-C)."""
+    try:
+        from hub_vit.demo.app import Demo, launch
+        from hub_vit.demo.backends import TritonLabels
+        from hub_vit.demo.models import ModelCache, discover_choices
+    except ImportError as exc:
+        raise fail(f"the demo needs gradio ({exc}); install it with: pip install 'hub-vit[demo]'") from exc
+    try:
+        choices = discover_choices(model_folder)
+        triton = TritonLabels(triton_url, triton_model) if triton_url else None
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
+    if not choices:
+        raise fail("no model to show: this build ships no default model; pass --model-folder DIR "
+                   "(from `hub-vit convert` or `hub-vit train`)")
+    console.print(f"models: {', '.join(c.key for c in choices)}")
+    console.print(f"demo on http://{host}:{port} (Ctrl-C to stop)")
+    launch(Demo(cache=ModelCache(choices), triton=triton), host=host, port=port, max_size=max_queue,
+           concurrency=concurrency)

@@ -1,0 +1,124 @@
+"""Reading untrusted image files and preparing them the way a hub-vit model expects, remembering the crop.
+
+The model sees a centre crop (resize the shorter side to `size / crop_pct`, crop `size`), so a rollout map covers
+only that crop. `prepare_image` returns the crop's box in the original image's pixels, which lets the overlay put the
+map back where the model looked instead of stretching it over the whole photo.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+# Only these decoders ever run on an upload (Pillow's rarer decoders are where the CVEs are).
+IMAGE_FORMATS: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
+INTERPOLATIONS: dict[str, Image.Resampling] = {
+    "nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING,
+}
+
+
+class ImageReadError(ValueError):
+    """A file could not be read as an image; the message names the file and the supported formats."""
+
+
+def load_image(source: str | Path | bytes, name: str | None = None) -> Image.Image:
+    """Decode PNG/JPEG/WEBP/BMP/GIF from a path or bytes, apply EXIF orientation, refuse decompression bombs.
+
+    Returns an RGB (or L, for grey images) PIL image, fully loaded. Any failure is an `ImageReadError`.
+    """
+    label = name or (str(source) if not isinstance(source, bytes) else "upload")
+    fp: Any = io.BytesIO(source) if isinstance(source, bytes) else source
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(fp, formats=list(IMAGE_FORMATS)) as im:
+                im.load()  # Image.open is lazy: decode now, inside the try
+                im = ImageOps.exif_transpose(im)
+                return im.convert("L" if im.mode in ("1", "L", "I", "I;16", "F") else "RGB")
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        raise ImageReadError(f"{label!r} is too large to decode safely ({exc})") from exc
+    except FileNotFoundError as exc:
+        raise ImageReadError(f"image file {label!r} does not exist") from exc
+    except Exception as exc:  # Pillow raises many exception types on malformed input (ValueError, OSError, ...)
+        raise ImageReadError(
+            f"cannot read {label!r} as an image ({type(exc).__name__}); supported formats: {', '.join(IMAGE_FORMATS)}"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How a model's inputs are made: timm `pretrained_cfg` fields plus the channel count."""
+
+    img_size: tuple[int, int] = (224, 224)
+    crop_pct: float = 0.875
+    interpolation: str = "bilinear"
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    in_chans: int = 3
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"unknown interpolation {self.interpolation!r}; valid choices: {', '.join(INTERPOLATIONS)}"
+            )
+        if not 0 < self.crop_pct <= 1:
+            raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct!r}")
+
+    @classmethod
+    def from_pretrained_cfg(cls, cfg: dict[str, Any] | None, spec: Any) -> DataConfig:
+        """Build from a timm pretrained cfg (may be None or partial) and the model's `ViTSpec`."""
+        cfg = cfg or {}
+        size = tuple(cfg.get("input_size", (spec.in_chans, *spec.img_size))[-2:])
+        chans = spec.in_chans
+
+        def per_channel(value: Any) -> tuple[float, ...]:
+            vals = tuple(float(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+            return vals[:chans] if len(vals) >= chans else vals * chans
+
+        return cls(
+            img_size=(int(size[0]), int(size[1])),
+            crop_pct=float(cfg.get("crop_pct") or 1.0),
+            interpolation=str(cfg.get("interpolation") or "bilinear"),
+            mean=per_channel(cfg.get("mean", 0.5)),
+            std=per_channel(cfg.get("std", 0.5)),
+            in_chans=chans,
+        )
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """A model input and where it came from."""
+
+    image: Image.Image  # the decoded original (RGB or L)
+    tensor: torch.Tensor  # (C, H, W) float32, normalised
+    box: tuple[float, float, float, float]  # (left, top, right, bottom) of the model's crop, in original pixels
+
+
+def prepare_image(image: Image.Image, data: DataConfig) -> PreparedImage:
+    """Resize the shorter side to `size / crop_pct`, centre-crop `size`, normalise with mean/std."""
+    th, tw = data.img_size
+    w, h = image.size
+    short = math.floor(min(th, tw) / data.crop_pct)
+    # Same rounding as torchvision's Resize(int) + CenterCrop, which timm's eval transform uses.
+    rw, rh = (short, max(short, int(short * h / w))) if w <= h else (max(short, int(short * w / h)), short)
+    rw, rh = max(rw, tw), max(rh, th)
+    resized = image.convert("L" if data.in_chans == 1 else "RGB").resize((rw, rh), INTERPOLATIONS[data.interpolation])
+    left, top = int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0))
+    crop = resized.crop((left, top, left + tw, top + th))
+    arr = np.asarray(crop, dtype=np.float32) / 255.0
+    arr = arr[..., None] if arr.ndim == 2 else arr  # (H, W, C)
+    arr = (arr - np.asarray(data.mean, np.float32)) / np.asarray(data.std, np.float32)
+    tensor = torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    sx, sy = w / rw, h / rh
+    box = (left * sx, top * sy, (left + tw) * sx, (top + th) * sy)
+    return PreparedImage(image=image, tensor=tensor, box=box)

@@ -1,0 +1,98 @@
+"""The demo's handler without a browser: model cache, label backends (an unreachable Triton server degrades)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hub_vit.demo.app import Demo
+from hub_vit.demo.backends import IN_PROCESS, TritonLabels
+from hub_vit.demo.models import ModelCache, folder_choice, resolve_choice
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hub_vit import VisionTransformer, ViTSpec
+    from hub_vit.folder import save_model_folder
+
+    torch.manual_seed(0)
+    spec = ViTSpec.from_variant("mu/16", img_size=64, num_classes=3, depth=2, pool_type="map", head_zeroinit=False)
+    return save_model_folder(VisionTransformer(spec), tmp_path_factory.mktemp("m") / "probe",
+                             labels=["red", "green", "blue"])
+
+
+@pytest.fixture()
+def photo(tmp_path: Path, photos: dict) -> str:
+    path = tmp_path / "astronaut.png"
+    Image.fromarray(photos["astronaut"]).save(path)
+    return str(path)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again on exit: nothing listens there
+
+
+def test_cache_loads_once_and_names_choices(folder: Path) -> None:
+    cache = ModelCache([folder_choice(folder)])
+    first = cache.get("folder: probe")
+    assert cache.get("folder: probe") is first
+    assert first.labels == ["red", "green", "blue"]
+    with pytest.raises(ValueError, match="valid choices: folder: probe"):
+        cache.get("../../etc")
+
+
+def test_folder_choice_refuses_non_model_folders(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a hub-vit model folder"):
+        folder_choice(tmp_path)
+    with pytest.raises(ValueError, match="valid names"):
+        resolve_choice("not_a_model")
+
+
+def test_analyze_in_process_for_map_model(folder: Path, photo: str) -> None:
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    labels, overlay, layer_view, target, class_map, status, layer = demo.analyze(
+        photo, "folder: probe", IN_PROCESS, "mean", 0.5, 1, None)
+    assert set(labels) == {"red", "green", "blue"} and abs(sum(labels.values()) - 1) < 1e-5
+    assert overlay.shape == (512, 512, 3) and layer_view.shape == overlay.shape and class_map.shape == overlay.shape
+    assert not np.array_equal(overlay, layer_view)  # block 1 of 2 is not the full rollout
+    assert target["value"] == max(labels, key=labels.get)
+    assert "in-process" in status
+
+
+def test_unreachable_triton_degrades_with_a_message(folder: Path, photo: str) -> None:
+    triton = TritonLabels(f"127.0.0.1:{closed_port()}", timeout_s=2.0)
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), triton=triton, examples=[])
+    assert demo.backends() == [IN_PROCESS, triton.choice]
+    labels, *_, status, _ = demo.analyze(photo, "folder: probe", triton.choice, "max", 0.0, 2, "green")
+    assert "not reachable" in status and "in-process" in status
+    assert set(labels) == {"red", "green", "blue"}
+
+
+def test_bad_inputs_raise_gradio_errors(folder: Path, tmp_path: Path, photo: str) -> None:
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    fake = tmp_path / "fake.jpg"
+    fake.write_bytes(b"\x00" * 100)
+    with pytest.raises(gr.Error, match=r"fake\.jpg"):
+        demo.analyze(str(fake), "folder: probe", IN_PROCESS, "mean", 0.0, 1, None)
+    with pytest.raises(gr.Error, match="valid choices"):
+        demo.analyze(photo, "folder: probe", IN_PROCESS, "median", 0.0, 1, None)
+    with pytest.raises(gr.Error, match="unknown model"):
+        demo.analyze(photo, "nope", IN_PROCESS, "mean", 0.0, 1, None)
+    with pytest.raises(ValueError, match="host:port"):
+        TritonLabels("http://example.com/x")
+
+
+def test_large_upload_is_shown_scaled_down(folder: Path, tmp_path: Path, photos: dict) -> None:
+    big = tmp_path / "big_cat.jpg"
+    Image.fromarray(photos["chelsea"]).resize((1804, 1200)).save(big, quality=85)
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    _, overlay, *_ = demo.analyze(str(big), "folder: probe", IN_PROCESS, "mean", 0.0, 2, None)
+    assert overlay.shape == (681, 1024, 3)  # long side capped at 1024, aspect kept (1200 * 1024 / 1804 = 681.2)

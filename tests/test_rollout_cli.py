@@ -1,0 +1,137 @@
+"""`hub-vit rollout IMAGE... -o out/` on real photos, and the helpers under it (image reading, crop box, overlay)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from hub_vit.explain import DataConfig, ImageReadError, blend, load_image, prepare_image
+from hub_vit.explain.overlay import colormap_table, normalize_map
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hub_vit import VisionTransformer, ViTSpec
+    from hub_vit.folder import save_model_folder
+
+    torch.manual_seed(0)
+    spec = ViTSpec.from_variant("mu/16", img_size=64, num_classes=4, depth=2, head_zeroinit=False)  # class token
+    return save_model_folder(VisionTransformer(spec), tmp_path_factory.mktemp("m") / "tiny",
+                             labels=["north", "east", "south", "west"])
+
+
+@pytest.fixture(scope="module")
+def photo_files(tmp_path_factory: pytest.TempPathFactory, photos: dict) -> list[Path]:
+    folder = tmp_path_factory.mktemp("photos")
+    astronaut, coffee = folder / "astronaut.png", folder / "coffee.jpg"
+    Image.fromarray(photos["astronaut"]).save(astronaut)
+    Image.fromarray(photos["coffee"]).save(coffee, quality=90)
+    return [astronaut, coffee]
+
+
+def test_cli_writes_png_of_the_image_size(model_folder: Path, photo_files: list[Path], tmp_path: Path) -> None:
+    # The real console entry point, in a fresh process.
+    out = tmp_path / "out"
+    exe = Path(sys.executable).with_name("hub-vit")
+    cmd = [str(exe), "rollout", *map(str, photo_files), "-o", str(out), "--model", str(model_folder), "--class-map"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for photo in photo_files:
+        written = out / f"{photo.stem}_rollout.png"
+        with Image.open(written) as im:
+            assert im.format == "PNG"
+            im.verify()
+        with Image.open(written) as im, Image.open(photo) as src:
+            assert im.size == src.size
+        assert photo.name in proc.stdout
+    assert len(list(out.glob("*_class_*.png"))) == 2
+    assert "north" in proc.stdout or "south" in proc.stdout  # the top-5 table names the labels
+
+
+def _runner_app():
+    import hub_vit.cli.explain  # noqa: F401  (registers rollout / demo)
+    from hub_vit.cli.app import app
+
+    return app
+
+
+def test_cli_bad_image_writes_nothing(model_folder: Path, photo_files: list[Path], tmp_path: Path) -> None:
+    bad = tmp_path / "notes.png"
+    bad.write_text("not an image")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(photo_files[0]), str(bad), "-o", str(out),
+                                                "--model", str(model_folder)])
+    assert result.exit_code == 2
+    assert "notes.png" in result.output and "PNG, JPEG" in result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--head-fusion", "median"], "mean, max, min"),
+    (["--discard-ratio", "1.5"], "[0, 1)"),
+    (["--colormap", "rainbow"], "jet, inferno, gray"),
+])
+def test_cli_rejects_bad_options(model_folder: Path, photo_files: list[Path], tmp_path: Path, args: list[str],
+                                 message: str) -> None:
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(photo_files[0]), "-o", str(tmp_path / "o"),
+                                                "--model", str(model_folder), *args])
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_cli_unknown_model(photo_files: list[Path], tmp_path: Path) -> None:
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(photo_files[0]), "--model", "vit_nope"])
+    assert result.exit_code == 2 and "valid names" in result.output
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def test_prepare_matches_timm_eval_transform(photos: dict) -> None:
+    # timm's own eval transform (resize shorter side to size / crop_pct, centre crop, normalise) is the reference.
+    from timm.data import create_transform
+
+    image = Image.fromarray(photos["coffee"])  # 600x400, not square
+    data = DataConfig(img_size=(224, 224), crop_pct=0.875, interpolation="bilinear")
+    reference = create_transform(input_size=(3, 224, 224), crop_pct=0.875, interpolation="bilinear",
+                                 mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))(image)
+    prepared = prepare_image(image, data)
+    torch.testing.assert_close(prepared.tensor, reference, atol=1e-6, rtol=0)
+    # 600x400 -> shorter side 256: 384x256; crop 224 at (80, 16) -> in original pixels x 400/256 = 1.5625
+    torch.testing.assert_close(torch.tensor(prepared.box), torch.tensor([125.0, 25.0, 475.0, 375.0]))
+
+
+def test_load_image_rejects_non_images_and_bombs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 photos: dict) -> None:
+    text = tmp_path / "report.png"
+    text.write_text("hello")
+    with pytest.raises(ImageReadError, match=r"report\.png.*PNG, JPEG, WEBP"):
+        load_image(text)
+    with pytest.raises(ImageReadError, match="does not exist"):
+        load_image(tmp_path / "missing.png")
+    ok = tmp_path / "cat.png"
+    Image.fromarray(photos["chelsea"]).save(ok)
+    assert load_image(ok).size == (451, 300)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # pretend the cat is a decompression bomb
+    with pytest.raises(ImageReadError, match="too large"):
+        load_image(ok)
+
+
+def test_blend_places_heat_in_the_crop_box() -> None:
+    image = np.full((40, 60, 3), 200, np.uint8)
+    relevance = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    out = blend(image, relevance, box=(10, 0, 50, 40), alpha=1.0)
+    assert out.shape == (40, 60, 3) and out.dtype == np.uint8
+    assert (out[:, :10] == 70).all() and (out[:, 50:] == 70).all()  # outside the crop: dimmed to 35 %
+    jet = colormap_table("jet")
+    assert tuple(jet[0]) == (0, 0, 128) and tuple(jet[-1]) == (128, 0, 0)  # jet's published endpoints
+    assert tuple(out[0, 49]) == tuple(jet[255]) and tuple(out[39, 10]) == tuple(jet[0])  # hot corner top-right
+
+
+def test_normalize_constant_map_is_zero_not_nan() -> None:
+    assert (normalize_map(np.full((3, 3), 0.25)) == 0).all()
+    np.testing.assert_allclose(normalize_map(np.array([[1.0, 3.0]])), [[0.0, 1.0]])
