@@ -30,7 +30,7 @@ test: setup browser
 
 # The main job: serve the default model (Triton + demo once available).
 serve: setup
-	$(VENV)/bin/hub-vit serve
+	$(VENV)/bin/hub-vit serve --demo
 
 lint: setup
 	$(VENV)/bin/ruff check .

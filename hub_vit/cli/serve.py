@@ -89,6 +89,8 @@ def serve(
     top_k: int = typer.Option(5, help="Labels and scores returned per image."),
     exit_timeout: int = typer.Option(30, help="Seconds in-flight requests get to finish on Ctrl-C / SIGTERM."),
     quiet: bool = typer.Option(False, help="Do not stream the server log."),
+    demo: bool = typer.Option(False, "--demo", help="Also run the Gradio rollout demo (labels from this server)."),
+    demo_port: int = typer.Option(7860, help="Port of the demo (with --demo)."),
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.server.launcher import ServerError, TritonServer
@@ -119,6 +121,7 @@ def serve(
         server.terminate()
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    demo_app = None
     try:
         server.start()
         console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
@@ -126,6 +129,8 @@ def serve(
                       f"  gRPC     {server.grpc_url}\n"
                       f"  metrics  {server.metrics_url}\n"
                       f"  try:     hub-vit classify --url {server.http_url} --model {name} IMAGE...")
+        if demo:
+            demo_app = _start_demo(model, host, demo_port, server.http_url, name)
         code = server.wait()
         if not stop.is_set():
             raise fail(f"tritonserver exited unexpectedly with code {code}; log tail:\n{server.tail()}", code=1)
@@ -136,11 +141,25 @@ def serve(
             return
         raise fail(str(err), code=1) from None
     finally:
+        if demo_app is not None:
+            demo_app.close()
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _start_demo(model: str | None, host: str, port: int, triton_url: str, triton_model: str) -> object:
+    """The Gradio demo in a background thread, its labels taken from the server just started."""
+    try:
+        from hub_vit.demo.app import start_in_background
+    except ImportError as exc:
+        raise fail(f"--demo needs gradio ({exc}); install it with: pip install 'hub-vit[demo]'") from exc
+    folders = [model] if model and Path(model).is_dir() else []
+    demo_app = start_in_background(folders, triton_url=triton_url, triton_model=triton_model, host=host, port=port)
+    console.print(f"[bold green]demo[/]     http://{host}:{port}  (attention rollout; labels from this server)")
+    return demo_app
 
 
 @app.command()
