@@ -17,18 +17,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pytriton  # noqa: F401
 import torch
+import tritonclient.grpc  # noqa: F401  (the `serve` extra is in `.[all]`: missing is a failure, not a skip)
 from PIL import Image
+from tritonclient.utils import InferenceServerException
 
-pytest.importorskip("tritonclient.grpc")
-pytest.importorskip("pytriton")
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from hub_vit.server.client import AsyncClassifier, Classifier, encode  # noqa: E402
-from hub_vit.server.config import ServingOptions  # noqa: E402
-from hub_vit.server.launcher import TritonServer, free_port  # noqa: E402
-from hub_vit.server.repository import write_repository  # noqa: E402
-from hub_vit.server.source import ModelSource, resolve  # noqa: E402
+from hub_vit.server.client import AsyncClassifier, Classifier, encode
+from hub_vit.server.config import ServingOptions
+from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.repository import write_repository
+from hub_vit.server.source import ModelSource, resolve
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
