@@ -130,6 +130,17 @@ def _write_extra(path: Path, content: ExtraFile) -> None:
                         f"got {type(content).__name__}")
 
 
+def processor_config(processor: Any) -> dict[str, Any]:
+    """`preprocessor_config.json` without `image_processor_type` and `auto_map`.
+
+    transformers then finds the processor through `config.json`: the registered class when hub_vit is imported, its
+    `auto_map` entry under `trust_remote_code=True`. With an `AutoImageProcessor` auto_map in this file,
+    `pipeline()`'s AutoVideoProcessor probe derives a non-existent remote "HubViTVideoProcessor" and stops to ask the
+    user interactively whether to run remote code, even though hub_vit is installed.
+    """
+    return {k: v for k, v in processor.to_dict().items() if k not in ("image_processor_type", "auto_map")}
+
+
 def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None, pretrained_cfg: dict | None,
                   architecture: str, extra: dict[str, ExtraFile], native_vit: bool) -> None:
     from safetensors import safe_open
@@ -137,7 +148,6 @@ def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None,
     from hub_vit.hf.configuration_hub_vit import data_config
     from hub_vit.hf.image_processing_hub_vit import HubViTImageProcessor
     from hub_vit.hf.modeling_hub_vit import HubViTForImageClassification, HubViTModel
-    from hub_vit.hf.remote_code import PROCESSOR_AUTO_MAP
 
     spec = model.spec
     cfg_kwargs: dict[str, Any] = dict(architecture=architecture, pretrained_cfg=data_config(spec, pretrained_cfg))
@@ -156,8 +166,7 @@ def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None,
                            f"unexpected {sorted(written - expected)[:5]}")
 
     processor = HubViTImageProcessor.from_pretrained_cfg(wrapper.config.pretrained_cfg)
-    processor.auto_map = dict(PROCESSOR_AUTO_MAP)
-    processor.to_json_file(out / PREPROCESSOR_FILE)
+    _write_extra(out / PREPROCESSOR_FILE, processor_config(processor))
     if spec.num_classes:
         id2label = wrapper.config.id2label
         (out / LABELS_FILE).write_text("".join(f"{id2label[i]}\n" for i in range(spec.num_classes)), encoding="utf-8")

@@ -76,7 +76,9 @@ def test_folder_layout_and_config_serving_both_front_doors(simple_folder) -> Non
     assert pcfg["input_size"] == [3, 64, 64] and pcfg["crop_pct"] == 0.9 and pcfg["interpolation"] == "bicubic"
     assert (folder / "labels.txt").read_text().splitlines() == LABELS
     processor = json.loads((folder / "preprocessor_config.json").read_text())
-    assert processor["image_processor_type"] == "HubViTImageProcessor" and processor["crop_pct"] == 0.9
+    # found through config.json (registered class / its auto_map), see hub_vit.folder.processor_config
+    assert "image_processor_type" not in processor and "auto_map" not in processor and processor["crop_pct"] == 0.9
+    assert config["auto_map"]["AutoImageProcessor"] == "image_processing_hub_vit.HubViTImageProcessor"
     assert oct(folder.stat().st_mode & 0o777) == "0o755"
 
 
@@ -313,3 +315,21 @@ def test_remote_code_is_generated_from_the_package(tmp_path, monkeypatch) -> Non
     assert "raise ImportError('hub_vit.cli is not bundled" in bundle_source("lazy_mod")
     with pytest.raises(ValueError, match="imports \\['hub_vit.cli'\\] at module level"):
         bundle_source("eager_mod")
+
+
+def test_pipeline_never_asks_to_run_remote_code(monkeypatch) -> None:
+    """With hub_vit installed, `pipeline()` on a model folder must not stop at transformers' interactive
+    "run the custom code? [y/N]" prompt (its AutoVideoProcessor probe used to trigger it)."""
+    import builtins
+
+    from transformers import pipeline
+
+    from hub_vit.catalog import default_model_folder
+
+    def no_prompt(*args, **kwargs):
+        raise AssertionError(f"transformers asked interactively: {args}")
+
+    monkeypatch.setattr(builtins, "input", no_prompt)
+    folder = default_model_folder()
+    result = pipeline("image-classification", model=str(folder))(str(folder / "samples" / "7_0.png"))
+    assert result[0]["label"] == "7"
