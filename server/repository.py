@@ -38,7 +38,7 @@ MANIFEST = "hub_vit_repository.json"
 
 
 def template_dir(name: str) -> Path:
-    """Folder of one packaged Python-backend template (`preprocess`, `classifier_ort`, `postprocess`)."""
+    """Folder of one packaged Python-backend template (`preprocess`, `classifier_ort`, `postprocess`, `common`)."""
     return Path(str(resources.files("hub_vit.server") / "templates" / name))
 
 
@@ -81,9 +81,11 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     (cls / "1" / "labels.txt").write_text("\n".join(meta.labels) + "\n", encoding="utf-8")
     if opts.flavour == "cpu":
         shutil.copyfile(template_dir("classifier_ort") / "model.py", cls / "1" / "model.py")
+        shutil.copyfile(template_dir("common") / "topk.py", cls / "1" / "topk.py")
     else:
         post = _write_config(root, opts.step("postprocess"), render(postprocess_config(meta, opts)))
         shutil.copyfile(template_dir("postprocess") / "model.py", post / "1" / "model.py")
+        shutil.copyfile(template_dir("common") / "topk.py", post / "1" / "topk.py")
         (post / "1" / "labels.txt").write_text("\n".join(meta.labels) + "\n", encoding="utf-8")
     manifest = {
         "generated_by": "hub-vit repository",
