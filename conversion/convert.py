@@ -18,7 +18,7 @@ import torch
 
 from hub_vit.layers import resample_posemb
 from hub_vit.variants import ViTSpec
-from hub_vit.weights import CheckpointMismatchError
+from hub_vit.weights import CheckpointMismatchError, mismatch_message
 
 from .infer import check_compatible, check_variant, infer_from_view
 from .keymap import planned
@@ -41,15 +41,9 @@ class Conversion:
 def _mismatch(missing: list[str], unexpected: list[str], shapes: list[str], layout: Layout) -> None:
     if not (missing or unexpected or shapes):
         return
-    lines = [f"checkpoint does not match the inferred architecture ({layout.describe()}):"]
-    if missing:
-        spelled = " (Linen names, as after flax's convert_pre_linen)" if layout.naming == "pre-linen" else ""
-        lines.append(f"  missing keys ({len(missing)}){spelled}: {', '.join(missing)}")
-    if unexpected:
-        lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
-    if shapes:
-        lines.append(f"  wrong shapes ({len(shapes)}): {'; '.join(shapes)}")
-    raise CheckpointMismatchError("\n".join(lines))
+    spelled = " (Linen names, as after flax's convert_pre_linen)" if layout.naming == "pre-linen" else ""
+    header = f"checkpoint does not match the inferred architecture ({layout.describe()}):"
+    raise CheckpointMismatchError(mismatch_message(header, missing, unexpected, shapes, missing_note=spelled))
 
 
 def _file_key(view: CanonicalView, key: str) -> str:

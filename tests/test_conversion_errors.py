@@ -78,7 +78,7 @@ BAD_FILES = {
     "object_array": (object_array, CheckpointFormatError, ["'embedding/kernel'", "dtype object", "allow_pickle=False"]),
     "missing_key": (missing_key, CheckpointMismatchError,
                     ["missing keys (1)", "Linen names", "Transformer/encoderblock_1/MlpBlock_0/Dense_0/bias"]),
-    "wrong_shape": (wrong_shape, CheckpointMismatchError, ["wrong shapes (1)", "head/bias: (11,), expected (10,)"]),
+    "wrong_shape": (wrong_shape, CheckpointMismatchError, ["shape mismatches (1)", "head/bias: (11,), expected (10,)"]),
 }
 
 
