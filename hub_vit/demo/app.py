@@ -126,6 +126,7 @@ class Demo:
         keys = self.cache.keys
         if not keys:
             raise ValueError("no model to show: ship the default model, pass --model-folder, or cache a checkpoint")
+        depth = self.cache.get(keys[0]).depth  # the first model loads now (it would on the first request anyway)
         with gr.Blocks(title="hub-vit attention rollout") as blocks:
             gr.Markdown(INTRO)
             with gr.Row():
@@ -152,7 +153,8 @@ class Demo:
                         class_map = gr.Image(label="Class-specific (gradient-weighted) rollout", elem_id="class-map",
                                              interactive=False, format="png", height=300)
                     with gr.Row():
-                        layer = gr.Slider(1, 12, value=12, step=1, label="Block (per-layer view)", elem_id="layer")
+                        layer = gr.Slider(1, max(depth, 2), value=depth, step=1, elem_id="layer",
+                                          label=f"Block (per-layer view, 1..{depth})")
                         target = gr.Dropdown([], label="Class-specific map for label", elem_id="target")
             inputs = [image, model, backend, fusion, discard, layer, target]
             outputs = [labels, overlay, layer_view, target, class_map, status, layer]
