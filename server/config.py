@@ -19,6 +19,7 @@ FLAVOURS = ("cpu", "gpu")
 GPU_BACKENDS = ("onnxruntime", "tensorrt")
 PRECISIONS = ("FP16", "FP32")
 WARMUP_IMAGE_FILE = "image"
+SPIN_MIN_GMACS = 0.1  # per image; below it the model is overhead-bound and ORT threads should sleep between ops
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,11 @@ class ServingOptions:
     preprocess_instances: int = 1
     classifier_instances: int = 1
     intra_op_threads: int = 0  # ORT threads per classifier instance; 0 = all cores
+    # ORT worker threads spin between ops. On for compute-bound models (a Ti/16 at 224 px: c1 p50 -4.6 ms, measured
+    # in bench/bench_serve.py); off for tiny ones, where spinning steals the cores the preprocessing stub and
+    # Triton's HTTP/gRPC threads need (digits model: c16 throughput 52% -> 30% of in-process). None = decide from
+    # the model's compute (SPIN_MIN_GMACS per image; on when it cannot be computed).
+    ort_spinning: bool | None = None
     max_pixels: int = 40_000_000  # decompression-bomb guard for one decoded image
     gpu_backend: str = "onnxruntime"  # onnxruntime (+ TensorRT accelerator) or tensorrt (a .plan engine)
     precision: str = "FP16"
@@ -131,7 +137,8 @@ def classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: s
         config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=opts.classifier_instances)
         _params(config, {"onnx_file": model_file, "labels_file": "labels.txt",
                          "top_k": str(min(opts.top_k, meta.num_classes)),
-                         "intra_op_threads": str(opts.intra_op_threads)})
+                         "intra_op_threads": str(opts.intra_op_threads),
+                         "allow_spinning": "1" if opts.ort_spinning is not False else "0"})
     else:
         _tensor(config.output, "logits", mc.TYPE_FP32, [meta.num_classes])
         config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=opts.classifier_instances)

@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from hub_vit.server.config import (
+    SPIN_MIN_GMACS,
     WARMUP_IMAGE_FILE,
     ServingOptions,
     classifier_config,
@@ -46,6 +47,8 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
                      overwrite: bool = False) -> Path:
     """Generate the repository for `source` under `out_dir`; returns `out_dir`."""
     opts = options or ServingOptions()
+    if opts.ort_spinning is None:
+        opts = dataclasses.replace(opts, ort_spinning=_compute_bound(source))
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and not overwrite:
         raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
@@ -62,6 +65,16 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _compute_bound(source: ModelSource) -> bool:
+    """Whether the classifier needs at least SPIN_MIN_GMACS per image (unknown, e.g. a bare ONNX file: assume yes)."""
+    spec = getattr(source.module, "spec", None)
+    if spec is None:
+        return True
+    from hub_vit.model_cards.macs import gmacs
+
+    return gmacs(spec) >= SPIN_MIN_GMACS
 
 
 def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:

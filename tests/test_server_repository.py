@@ -187,3 +187,22 @@ def test_onnx_with_other_tensor_names_is_refused(tmp_path, meta):
     with pytest.raises(ValueError, match="must read 'pixel_values' and write 'logits'"):
         write_repository(ModelSource(metadata=meta, onnx_path=path), tmp_path / "repo")
     assert not (tmp_path / "repo").exists()
+
+
+def test_ort_spinning_follows_the_models_compute(tmp_path):
+    """ORT threads spin for a compute-bound ViT (Ti/16 at 224: 1.3 GMACs) and sleep for the tiny default model,
+    where spinning would starve the preprocessing stub (bench/bench_serve.py measured both ways)."""
+    import timm
+
+    from hub_vit.catalog import default_model_folder
+
+    def spinning(source, name):
+        repo = write_repository(source, tmp_path / name, ServingOptions())
+        return _parse(repo / "vit_classifier" / "config.pbtxt").parameters["allow_spinning"].string_value
+
+    ti16 = timm.create_model("simplevit_ti16", num_classes=3)
+    assert spinning(ModelSource.from_module(ti16, name="ti16", labels=["a", "b", "c"]), "ti16") == "1"
+    assert spinning(resolve(str(default_model_folder())), "digits") == "0"
+    forced = write_repository(resolve(str(default_model_folder())), tmp_path / "forced",
+                              ServingOptions(ort_spinning=True))
+    assert _parse(forced / "vit_classifier" / "config.pbtxt").parameters["allow_spinning"].string_value == "1"

@@ -25,9 +25,9 @@ class TritonPythonModel:
         threads = int(params.get("intra_op_threads", "0"))
         options.intra_op_num_threads = threads if threads > 0 else (os.cpu_count() or 1)
         options.inter_op_num_threads = 1
-        # No busy-waiting between ops: the preprocessing stub and Triton's HTTP/gRPC threads share these cores,
-        # and spinning ORT threads would steal their time slices (it costs little latency here).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Spinning between ops saves wake-up latency for compute-bound models but steals the cores that the
+        # preprocessing stub and Triton's HTTP/gRPC threads need when the model is tiny; the repository decides.
+        options.add_session_config_entry("session.intra_op.allow_spinning", params.get("allow_spinning", "1"))
         self.session = ort.InferenceSession(  # one session per instance, built once
             str(version_dir / params["onnx_file"]), sess_options=options, providers=["CPUExecutionProvider"]
         )
