@@ -83,6 +83,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _kill_process_group(pgid: int) -> None:
+    """SIGKILL what is left of the server's session (it was started with `start_new_session`, so its process group
+    id is its pid): Triton's Python-backend stub processes, orphaned when tritonserver exits without reaping them."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left: the normal case after a clean drain
+
+
 def _die_with_parent() -> None:  # runs in the child before exec: no orphaned server if the parent is killed
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -218,6 +227,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 code = self.wait(10)
+            _kill_process_group(self.process.pid)  # Python-backend stubs outlive a server that died or failed to load
         if self._workspace is not None:
             shutil.rmtree(self._workspace, ignore_errors=True)
             self._workspace = None

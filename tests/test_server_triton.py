@@ -421,3 +421,35 @@ def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path):
             process.communicate()
     assert process.returncode == 0, err
     assert "tritonserver stopped" in out and "SIGTERM" in err
+
+
+def test_stop_reaps_backend_stubs_of_a_dead_server(tmp_path):
+    """If tritonserver dies (crash, failed load, SIGKILL) its Python-backend stub processes are orphaned;
+    `stop()` must not leave them running."""
+    import os
+    import signal
+    import subprocess
+
+    from hub_vit.catalog import default_model_folder
+
+    repo = write_repository(resolve(str(default_model_folder())), tmp_path / "repo")
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server.start()
+    group = str(server.process.pid)  # started in its own session: process group id == pid
+
+    def stubs() -> list[str]:
+        out = subprocess.run(["pgrep", "-g", group, "-f", "triton_python_backend_stub"], capture_output=True,
+                             text=True)
+        return out.stdout.split()
+
+    try:
+        assert stubs(), "the Python backend should run stub processes in the server's process group"
+        os.kill(server.process.pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert stubs(), "stubs outlive a killed server (the case stop() must handle)"
+    finally:
+        server.stop()
+    deadline = time.time() + 5
+    while stubs() and time.time() < deadline:
+        time.sleep(0.1)
+    assert not stubs()
