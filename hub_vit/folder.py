@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from hub_vit.atomic import replace_dir
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
 
@@ -220,20 +221,7 @@ def save_model_folder(
     try:
         _write_folder(model, tmp, checked_labels, dict(pretrained_cfg) if pretrained_cfg else None, arch, extra,
                       native_vit)
-        # mkdtemp / mkstemp-based writers create 0700 / 0600 entries; a published model folder is world-readable
-        for path in (tmp, *tmp.rglob("*")):
-            os.chmod(path, 0o755 if path.is_dir() else 0o644)
-        if folder.exists():  # overwrite: move the old folder aside first so the swap is two renames
-            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
-            os.replace(folder, old / folder.name)
-            try:
-                os.replace(tmp, folder)
-            except BaseException:
-                os.replace(old / folder.name, folder)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, folder)
+        replace_dir(tmp, folder)  # overwrite: the old folder stays until the new one is in place
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -10,15 +10,14 @@ hand: numbers come from the folder's JSON, the catalog or a computation from the
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from hub_vit.atomic import atomic_path
 from hub_vit.catalog import BIG_VISION_LICENSE, PAPER_AUGREG, VIT_JAX_LICENSE
 
 from . import provenance, sections
@@ -176,15 +175,8 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
 
 def write_text_atomic(path: Path, text: str) -> Path:
     """Write via a temp file in the same folder and rename, so a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a card is meant to be read by everyone
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path, suffix=".md") as tmp:
+        tmp.write_text(text, encoding="utf-8")
     return path
 
 

@@ -23,6 +23,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from hub_vit.atomic import replace_dir
 from hub_vit.server.config import (
     SPIN_MIN_GMACS,
     WARMUP_IMAGE_FILE,
@@ -56,11 +57,7 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _fill(staging, source, opts)
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            out.rename(trash / out.name)
-            shutil.rmtree(trash)
-        staging.rename(out)
+        replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

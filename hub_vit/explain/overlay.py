@@ -84,19 +84,7 @@ def blend(image: Image.Image | np.ndarray, relevance: torch.Tensor | np.ndarray,
 
 def save_png(array: np.ndarray, path: str) -> None:
     """Write (H, W, 3) uint8 as PNG atomically: a temporary file in the same folder, then a rename."""
-    import os
-    import tempfile
+    from hub_vit.atomic import atomic_path
 
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".png.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            Image.fromarray(array).save(f, format="PNG")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the permissions open() would
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_path(path, suffix=".png") as tmp:
+        Image.fromarray(array).save(tmp, format="PNG")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from hub_vit.atomic import atomic_path
 from hub_vit.export.fusable import fusable_copy
 from hub_vit.model import VisionTransformer
 
@@ -81,30 +80,6 @@ def _check_args(model: VisionTransformer, opset: int, dynamic_size: bool, export
     n_bytes = sum(p.numel() * 4 for p in model.parameters())
     if n_bytes > MAX_PROTO_BYTES:
         raise ValueError(f"model has {n_bytes / 2**30:.1f} GiB of float32 weights; one ONNX file holds 2 GiB")
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
-    """Yield a temporary file next to `path`; rename it to `path` only if the block succeeds, else delete it.
-
-    The temp file is in the target folder so the final `os.replace` is an atomic rename on the same filesystem.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"output path {str(path)!r} is a directory; give a file name such as model{suffix}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise PermissionError(f"cannot write to {str(path)!r}: {exc.strerror or exc}") from exc
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; exports are read by servers running as other users
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -180,7 +155,7 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, 
     # batch 2 so the exporter cannot specialise a dynamic batch axis to 1; a static graph takes batch 1
     dummy = torch.zeros(2 if dynamic_batch else 1, spec.in_chans, *spec.img_size, dtype=torch.float32)
     try:
-        with atomic_path(path) as tmp, torch.no_grad():
+        with atomic_path(path, suffix=".onnx") as tmp, torch.no_grad():
             _export_to(graph, dummy, tmp, names, opset, dynamic_batch, dynamic_size, spec.patch_size, exporter)
             onnx.checker.check_model(str(tmp), full_check=True)
     finally:
@@ -188,5 +163,5 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, 
     return path
 
 
-__all__ = ["ATTENTIONS", "EXPORTERS", "INPUT_NAME", "LOGITS", "POOL_ATTENTION", "atomic_path", "export_onnx",
+__all__ = ["ATTENTIONS", "EXPORTERS", "INPUT_NAME", "LOGITS", "POOL_ATTENTION", "export_onnx",
            "graph_opset", "output_names", "quiet_loggers"]

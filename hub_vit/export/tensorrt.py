@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from hub_vit.export.onnx_export import INPUT_NAME, LOGITS, atomic_path
+from hub_vit.atomic import atomic_path
+from hub_vit.export.onnx_export import INPUT_NAME, LOGITS
 
 
 class TensorRTUnavailable(RuntimeError):

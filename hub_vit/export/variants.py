@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from hub_vit.atomic import atomic_path
 from hub_vit.export import quantize
-from hub_vit.export.onnx_export import ATTENTIONS, Exporter, atomic_path, export_onnx, graph_opset, quiet_loggers
+from hub_vit.export.onnx_export import ATTENTIONS, Exporter, export_onnx, graph_opset, quiet_loggers
 from hub_vit.export.verify import (
     FP32_MAX_ABS,
     judge,
@@ -271,7 +272,7 @@ def _attention_graph(model: VisionTransformer, out_dir: Path, stem: str, x: np.n
     t = time.perf_counter()
     final = out_dir / f"{stem}.attentions.onnx"
     try:
-        with atomic_path(final) as tmp:
+        with atomic_path(final, suffix=".onnx") as tmp:
             export_onnx(model, tmp, opset=opset, dynamic_batch=dynamic_batch, dynamic_size=dynamic_size,
                         with_attentions=True, exporter=exporter)
             session = ort_session(tmp, providers)

@@ -167,6 +167,8 @@ def held_out_predictions(model_dir: str | Path) -> np.ndarray:
 
 def install_default_model(model_dir: str | Path, dest: str | Path) -> Path:
     """Copy a finished digits run's model folder to `dest` with `samples/`, atomically, then write its model card."""
+    from hub_vit.atomic import replace_dir
+
     model_dir, dest = Path(model_dir), Path(dest)
     if not (model_dir / "training.json").is_file():
         raise FileNotFoundError(f"{model_dir} is not a finished training run's model folder: training.json is missing")
@@ -176,13 +178,7 @@ def install_default_model(model_dir: str | Path, dest: str | Path) -> Path:
     # demo / README / serving-test samples: held-out digits the model classifies correctly, so that downstream
     # checks of "predicted label == file name" test the plumbing, not the model's 2-3 % of errors
     export_samples(tmp / "samples", usable=held_out_predictions(model_dir) == load_digits_split("val")[1])
-    for path in tmp.rglob("*"):  # temp-file writers create 0600 files; shipped assets must be world-readable
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
-    if dest.exists():
-        dest.rename(old)
-    tmp.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, dest)
     from hub_vit.model_cards import write_model_card
 
     write_model_card(dest)  # the real card, titled after the catalog entry the folder is bundled as

@@ -1,0 +1,58 @@
+"""Atomic file output: readers see the old file or the complete new one, never half of it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary file next to `path`; rename it to `path` only if the block succeeds, else delete it.
+
+    The temp file is in the target folder so the final `os.replace` is an atomic rename on the same filesystem.
+    The result is world-readable (0644): exports, cards and overlays are read by servers and people, and mkstemp
+    would leave it 0600. `suffix` only shapes the error for a directory given where a file name belongs.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"output path {str(path)!r} is a directory; give a file name such as model{suffix}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise PermissionError(f"cannot write to {str(path)!r}: {exc.strerror or exc}") from exc
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def replace_dir(staging: Path, final: Path) -> None:
+    """Move a finished `staging` folder (a sibling of `final`) into place with renames only.
+
+    An existing `final` is moved aside first and restored if the swap fails, so `final` is always either the old
+    complete folder or the new one. Every entry is made world-readable first (mkdtemp/mkstemp writers leave
+    0700/0600): model folders, repositories and shipped assets are read by servers running as other users.
+    """
+    for path in (staging, *staging.rglob("*")):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    if not final.exists():
+        os.replace(staging, final)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+    os.replace(final, old / final.name)
+    try:
+        os.replace(staging, final)
+    except BaseException:
+        os.replace(old / final.name, final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
