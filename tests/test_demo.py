@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 from PIL import Image
 
 from hub_vit.demo.models import default_model_path
+from hub_vit.server.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -36,12 +36,6 @@ pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                        reason="Debian chromium is not installed (run `make browser`)"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
