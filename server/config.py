@@ -34,13 +34,20 @@ class ServingOptions:
     max_queue_size: int = 256  # beyond this, requests are rejected at once (UNAVAILABLE / HTTP 503)
     queue_timeout_us: int = 0  # 0 = no per-request queue timeout
     top_k: int = 5
-    preprocess_instances: int = 1
-    classifier_instances: int = 1
-    intra_op_threads: int = 0  # ORT threads per classifier instance; 0 = all cores
-    # ORT worker threads spin between ops. On for compute-bound models (a Ti/16 at 224 px: c1 p50 -4.6 ms, measured
-    # in bench/bench_serve.py); off for tiny ones, where spinning steals the cores the preprocessing stub and
-    # Triton's HTTP/gRPC threads need (digits model: c16 throughput 52% -> 30% of in-process). None = decide from
-    # the model's compute (SPIN_MIN_GMACS per image; on when it cannot be computed).
+    # Two instances per Python step by default. Triton 2.51's dynamic batcher (core `WaitForPayloadSlotAvailable`)
+    # is not woken when a busy instance becomes free once a queue policy is set (a policy turns off prefetching);
+    # it waits for the next arrival or its 500 ms timeout. With one instance per step, c16 load showed 500 ms stalls
+    # (p99 ~515 ms); with two, an idle instance is almost always there when the batcher looks. docs/serving.md.
+    preprocess_instances: int = 2
+    classifier_instances: int = 2
+    # ORT threads per classifier instance. 0 = decide from the model's compute: all of the host's cores for a
+    # compute-bound model (SPIN_MIN_GMACS per image or more), the cores shared among the instances for a tiny one,
+    # whose per-op thread hand-offs cost more than they save (digits model: 0.35 vs 0.49 ms CPU per image).
+    intra_op_threads: int = 0
+    # ORT worker threads spin between ops. Worth it only for a compute-bound model with one classifier instance
+    # (Ti/16 at 224 px: c1 p50 -4.6 ms); with two instances, or a tiny model, spinning threads starve the other
+    # instance, the preprocessing stub and Triton's HTTP/gRPC threads (measured in bench/bench_serve.py).
+    # None = decide from the model (see above).
     ort_spinning: bool | None = None
     max_pixels: int = 40_000_000  # decompression-bomb guard for one decoded image
     gpu_backend: str = "onnxruntime"  # onnxruntime (+ TensorRT accelerator) or tensorrt (a .plan engine)
@@ -59,6 +66,9 @@ class ServingOptions:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        if not isinstance(self.intra_op_threads, int) or self.intra_op_threads < 0:
+            raise ValueError(f"intra_op_threads must be 0 (decide from the model) or a positive integer, "
+                             f"got {self.intra_op_threads!r}")
         bad = [s for s in self.preferred_batch_sizes if not 1 <= s <= self.max_batch_size]
         if bad:
             raise ValueError(f"preferred batch sizes {bad} are outside 1..max_batch_size={self.max_batch_size}")
@@ -126,8 +136,25 @@ def preprocess_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelCo
     return config
 
 
-def classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: str) -> mc.ModelConfig:
-    """CPU: Python backend running ORT + top-k. GPU: onnxruntime (TensorRT accelerator) or tensorrt_plan -> logits."""
+def ort_settings(opts: ServingOptions, compute_bound: bool) -> dict[str, str]:
+    """The CPU classifier's ORT thread settings, as config parameters. Threads stay symbolic ('all' / 'share') so
+    the repository adapts to the serving host's core count; an explicit `intra_op_threads` is kept as given."""
+    if opts.intra_op_threads > 0:
+        threads = str(opts.intra_op_threads)
+    else:
+        threads = "all" if compute_bound else "share"
+    spinning = opts.ort_spinning
+    if spinning is None:
+        spinning = compute_bound and opts.classifier_instances == 1
+    return {"intra_op_threads": threads, "allow_spinning": "1" if spinning else "0"}
+
+
+def classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: str, *,
+                      compute_bound: bool = True) -> mc.ModelConfig:
+    """CPU: Python backend running ORT + top-k. GPU: onnxruntime (TensorRT accelerator) or tensorrt_plan -> logits.
+
+    `compute_bound`: the model needs at least SPIN_MIN_GMACS per image (CPU flavour: picks the ORT thread settings).
+    """
     config = mc.ModelConfig(name=opts.step("classifier"), max_batch_size=opts.max_batch_size)
     _tensor(config.input, "pixel_values", mc.TYPE_FP32, [3, *meta.input_size])
     _batching(config, opts)
@@ -136,9 +163,7 @@ def classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: s
         _outputs(config.output, meta, opts, logits=True)
         config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=opts.classifier_instances)
         _params(config, {"onnx_file": model_file, "labels_file": "labels.txt",
-                         "top_k": str(min(opts.top_k, meta.num_classes)),
-                         "intra_op_threads": str(opts.intra_op_threads),
-                         "allow_spinning": "1" if opts.ort_spinning is not False else "0"})
+                         "top_k": str(min(opts.top_k, meta.num_classes)), **ort_settings(opts, compute_bound)})
     else:
         _tensor(config.output, "logits", mc.TYPE_FP32, [meta.num_classes])
         config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=opts.classifier_instances)

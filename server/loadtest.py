@@ -3,6 +3,9 @@
 N workers each send one request, wait for its answer and send the next, until a duration or a request count is
 reached. Reported: throughput, latency percentiles (client side, end to end), errors by message, and the server's
 batching efficiency from Triton's statistics, i.e. (inferences / executions) of each step over the run.
+
+With a duration, throughput counts the answers that arrived within it (the steady-state window, as perf_analyzer
+does); the requests still in flight at the deadline are awaited and count in the latencies, not in the rate.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ class LoadResult:
     protocol: str
     concurrency: int
     batch: int  # images per request
-    requests: int
+    requests: int  # answered, including those drained after a deadline
     errors: int
-    seconds: float
-    throughput_rps: float  # answered requests per second
+    seconds: float  # the window (duration) or, with a request count, the whole run
+    throughput_rps: float  # answered requests per second (within the window when a duration was given)
     images_per_s: float
     latency_ms: dict[str, float]  # p50, p90, p99, mean, max
     batching: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> inferences, executions, ratio
@@ -72,6 +75,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "ht
         raise ValueError("no images to send")
     cycle = itertools.cycle(payloads)
     latencies: list[float] = []
+    answered_at: list[float] = []  # perf_counter time of each answer
     errors: Counter[str] = Counter()
     issued = 0
 
@@ -95,7 +99,9 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "ht
                 sent = time.perf_counter()
                 try:
                     await client.classify(body)
-                    latencies.append(time.perf_counter() - sent)
+                    now = time.perf_counter()
+                    latencies.append(now - sent)
+                    answered_at.append(now)
                 except Exception as err:  # any server answer that is not a result is an error of the run
                     errors[str(err)[:160]] += 1
 
@@ -103,10 +109,13 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "ht
         seconds = time.perf_counter() - start
         after = await client.statistics()
 
-    done = len(latencies)
+    done = rated = len(latencies)
+    if deadline is not None:  # rate over the window; the tail drained after the deadline is not load we offered
+        seconds = float(duration_s)
+        rated = sum(1 for t in answered_at if t <= deadline)
     return LoadResult(
         protocol=protocol, concurrency=concurrency, batch=batch, requests=done, errors=sum(errors.values()),
-        seconds=seconds, throughput_rps=done / seconds, images_per_s=done * batch / seconds,
+        seconds=seconds, throughput_rps=rated / seconds, images_per_s=rated * batch / seconds,
         latency_ms=percentiles(latencies), batching=batching_delta(before, after), error_messages=dict(errors),
     )
 

@@ -48,8 +48,6 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
                      overwrite: bool = False) -> Path:
     """Generate the repository for `source` under `out_dir`; returns `out_dir`."""
     opts = options or ServingOptions()
-    if opts.ort_spinning is None:
-        opts = dataclasses.replace(opts, ort_spinning=_compute_bound(source))
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and not overwrite:
         raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
@@ -86,7 +84,9 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     (pre / "warmup" / WARMUP_IMAGE_FILE).write_bytes(_warmup_element(meta))
     # Classifier: the weights file + labels (+ the ORT runner on CPU).
     model_file = _model_file(source, opts)
-    cls = _write_config(root, opts.step("classifier"), render(classifier_config(meta, opts, model_file)))
+    compute_bound = _compute_bound(source)
+    cls = _write_config(root, opts.step("classifier"),
+                        render(classifier_config(meta, opts, model_file, compute_bound=compute_bound)))
     _place_weights(source, cls / "1" / model_file)
     (cls / "1" / "labels.txt").write_text("\n".join(meta.labels) + "\n", encoding="utf-8")
     if opts.flavour == "cpu":
@@ -103,6 +103,7 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
         "model": opts.name,
         "metadata": dataclasses.asdict(meta) | {"labels": len(meta.labels)},
         "options": dataclasses.asdict(opts),
+        "compute_bound": compute_bound,  # decides the ORT thread settings of the CPU classifier
     }
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 

@@ -189,20 +189,26 @@ def test_onnx_with_other_tensor_names_is_refused(tmp_path, meta):
     assert not (tmp_path / "repo").exists()
 
 
-def test_ort_spinning_follows_the_models_compute(tmp_path):
-    """ORT threads spin for a compute-bound ViT (Ti/16 at 224: 1.3 GMACs) and sleep for the tiny default model,
-    where spinning would starve the preprocessing stub (bench/bench_serve.py measured both ways)."""
+def test_ort_threads_follow_the_models_compute(tmp_path):
+    """A compute-bound ViT (Ti/16 at 224: 1.3 GMACs) gets every core per classifier instance, the tiny default model
+    (2 MMACs) one share of them; threads spin only for a compute-bound model served by a single instance, because
+    spinning threads starve the other instance and the preprocessing stub (bench/bench_serve.py measured both)."""
     import timm
 
     from hub_vit.catalog import default_model_folder
 
-    def spinning(source, name):
-        repo = write_repository(source, tmp_path / name, ServingOptions())
-        return _parse(repo / "vit_classifier" / "config.pbtxt").parameters["allow_spinning"].string_value
+    def settings(source, name, **options):
+        repo = write_repository(source, tmp_path / name, ServingOptions(**options))
+        params = _parse(repo / "vit_classifier" / "config.pbtxt").parameters
+        return params["intra_op_threads"].string_value, params["allow_spinning"].string_value
 
-    ti16 = timm.create_model("simplevit_ti16", num_classes=3)
-    assert spinning(ModelSource.from_module(ti16, name="ti16", labels=["a", "b", "c"]), "ti16") == "1"
-    assert spinning(resolve(str(default_model_folder())), "digits") == "0"
-    forced = write_repository(resolve(str(default_model_folder())), tmp_path / "forced",
-                              ServingOptions(ort_spinning=True))
-    assert _parse(forced / "vit_classifier" / "config.pbtxt").parameters["allow_spinning"].string_value == "1"
+    ti16 = ModelSource.from_module(timm.create_model("simplevit_ti16", num_classes=3), name="ti16",
+                                   labels=["a", "b", "c"])
+    digits = resolve(str(default_model_folder()))
+    assert settings(ti16, "ti16") == ("all", "0")
+    assert settings(ti16, "ti16_one", classifier_instances=1) == ("all", "1")
+    assert settings(digits, "digits") == ("share", "0")
+    assert settings(digits, "digits_one", classifier_instances=1) == ("share", "0")
+    assert settings(digits, "forced", ort_spinning=True, intra_op_threads=3) == ("3", "1")
+    with pytest.raises(ValueError, match="intra_op_threads must be 0"):
+        ServingOptions(intra_op_threads=-1)

@@ -53,7 +53,7 @@ def repository(
     max_queue_delay_us: int = typer.Option(100, help="How long the dynamic batcher waits to fill a batch."),
     max_queue_size: int = typer.Option(256, help="Queued requests per step beyond which new ones are rejected."),
     top_k: int = typer.Option(5, help="Labels and scores returned per image."),
-    instances: int = typer.Option(1, help="Classifier instances."),
+    instances: int = typer.Option(2, help="Classifier instances (two keep Triton's batcher from stalling)."),
     overwrite: bool = typer.Option(False, help="Replace an existing folder."),
 ) -> None:
     """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""

@@ -16,18 +16,28 @@ import triton_python_backend_utils as pb_utils
 from topk import top_k  # copied beside this file by hub-vit repository
 
 
+def _threads(setting: str, config: dict) -> int:
+    """'all': every core of this host; 'share': the cores divided among this model's instances; else a count."""
+    cores = os.cpu_count() or 1
+    if setting == "all":
+        return cores
+    if setting == "share":
+        instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+        return max(1, cores // instances)
+    return max(1, int(setting))
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         version_dir = Path(args["model_repository"]) / args["model_version"]
         options = ort.SessionOptions()
-        threads = int(params.get("intra_op_threads", "0"))
-        options.intra_op_num_threads = threads if threads > 0 else (os.cpu_count() or 1)
+        options.intra_op_num_threads = _threads(params.get("intra_op_threads", "all"), config)
         options.inter_op_num_threads = 1
-        # Spinning between ops saves wake-up latency for compute-bound models but steals the cores that the
-        # preprocessing stub and Triton's HTTP/gRPC threads need when the model is tiny; the repository decides.
-        options.add_session_config_entry("session.intra_op.allow_spinning", params.get("allow_spinning", "1"))
+        # Spinning between ops saves wake-up latency for a compute-bound model served by one instance, but steals
+        # the cores that other instances, the preprocessing stub and Triton's threads need; the repository decides.
+        options.add_session_config_entry("session.intra_op.allow_spinning", params.get("allow_spinning", "0"))
         self.session = ort.InferenceSession(  # one session per instance, built once
             str(version_dir / params["onnx_file"]), sess_options=options, providers=["CPUExecutionProvider"]
         )
