@@ -62,6 +62,19 @@ def batching_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str,
     return out
 
 
+async def _settled_statistics(client: AsyncClassifier, attempts: int = 20, pause_s: float = 0.05) -> dict:
+    """Triton counts an execution just after sending its answers, so the last ones may be missing from a read taken
+    the moment they arrive (seen: 116 of 120): read until two reads agree."""
+    current = await client.statistics()
+    for _ in range(attempts):
+        await asyncio.sleep(pause_s)
+        latest = await client.statistics()
+        if latest == current:
+            break
+        current = latest
+    return current
+
+
 async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "http", model: str = "vit",
                    concurrency: int = 4, duration_s: float | None = 10.0, requests: int | None = None,
                    batch: int = 1, warmup: int = 2) -> LoadResult:
@@ -107,7 +120,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "ht
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         seconds = time.perf_counter() - start
-        after = await client.statistics()
+        after = await _settled_statistics(client)
 
     done = rated = len(latencies)
     if deadline is not None:  # rate over the window; the tail drained after the deadline is not load we offered

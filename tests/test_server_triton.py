@@ -390,6 +390,19 @@ def test_cli_classify_and_loadtest(server, tmp_path, photos):
     assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())
 
 
+def test_loadtest_rates_the_duration_window(server, photo_payloads):
+    """With a duration, the rate counts answers within the window; requests in flight at the deadline are still
+    awaited (no error, their latency recorded) but do not stretch the denominator."""
+    from hub_vit.server.loadtest import load_test
+
+    result = load_test(server.grpc_url, photo_payloads, protocol="grpc", concurrency=4, duration_s=1.0, warmup=1)
+    assert result.errors == 0 and result.seconds == 1.0
+    rated = round(result.throughput_rps * result.seconds)
+    assert 0 < rated <= result.requests <= rated + 4  # at most `concurrency` answers arrive after the deadline
+    assert result.images_per_s == result.throughput_rps  # one image per request
+    assert result.batching["vit_classifier"]["inferences"] == result.requests
+
+
 def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path):
     import signal
     import subprocess
