@@ -139,7 +139,7 @@ def run_case(case: str, seconds: float) -> dict:
                           exit_timeout_s=10) as server:
             for protocol in ("http", "grpc"):
                 url = server.http_url if protocol == "http" else server.grpc_url
-                for conc, batch in [(c, 1) for c in CONCURRENCY] + [(16, MULTI_IMAGE)]:
+                for conc, batch in [(c, 1) for c in CONCURRENCY] + [(CONCURRENCY[-1], MULTI_IMAGE)]:
                     base = {"images_per_s_batch16": local.throughput(seconds / 2),
                             "latency_ms_batch1": local.latency(seconds / 2)}
                     result = load_test(url, payloads, protocol=protocol, concurrency=conc, duration_s=seconds,

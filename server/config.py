@@ -34,10 +34,11 @@ class ServingOptions:
     max_queue_size: int = 256  # beyond this, requests are rejected at once (UNAVAILABLE / HTTP 503)
     queue_timeout_us: int = 0  # 0 = no per-request queue timeout
     top_k: int = 5
-    # Two instances per Python step by default. Triton 2.51's dynamic batcher (core `WaitForPayloadSlotAvailable`)
-    # is not woken when a busy instance becomes free once a queue policy is set (a policy turns off prefetching);
-    # it waits for the next arrival or its 500 ms timeout. With one instance per step, c16 load showed 500 ms stalls
-    # (p99 ~515 ms); with two, an idle instance is almost always there when the batcher looks. docs/serving.md.
+    # Two instances of preprocessing and of the classifier by default. Triton 2.51's dynamic batcher (core
+    # `WaitForPayloadSlotAvailable`) is not woken when a busy instance becomes free once a queue policy is set (a
+    # policy turns off prefetching); it waits for the next arrival or its 500 ms timeout. With one instance per step,
+    # c16 load showed 500 ms stalls (p99 ~515 ms); with two, an idle instance is almost always there when the batcher
+    # looks. docs/serving.md.
     preprocess_instances: int = 2
     classifier_instances: int = 2
     # ORT threads per classifier instance. 0 = decide from the model's compute: all of the host's cores for a

@@ -124,8 +124,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "ht
 
     done = rated = len(latencies)
     if deadline is not None:  # rate over the window; the tail drained after the deadline is not load we offered
-        seconds = float(duration_s)
-        rated = sum(1 for t in answered_at if t <= deadline)
+        seconds, rated = float(duration_s), sum(1 for t in answered_at if t <= deadline)
     return LoadResult(
         protocol=protocol, concurrency=concurrency, batch=batch, requests=done, errors=sum(errors.values()),
         seconds=seconds, throughput_rps=rated / seconds, images_per_s=rated * batch / seconds,
