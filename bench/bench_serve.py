@@ -9,6 +9,8 @@ per request at concurrency 16 (not a target: it shows how much of the gap is fix
 
     python bench/bench_serve.py                          # default model (+ a ViT-Ti/16 224 px random-weight model)
     python bench/bench_serve.py --models digits --seconds 5
+    python bench/bench_serve.py --server-cpus 0,1 --client-cpus 2-5   # many-core host: load generator off the
+                                                                      # server's cores (in-process gets them too)
 """
 
 from __future__ import annotations
@@ -89,6 +91,26 @@ def ti16_case() -> tuple[ModelSource, list[bytes]]:
 CASES = {"digits": digits_case, "ti16": ti16_case}
 
 
+def parse_cpus(text: str | None) -> set[int] | None:
+    """'0,1' or '2-5' or '0,2-3' -> a set of CPU ids (None stays None: no pinning)."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    available = os.sched_getaffinity(0)
+    if not cpus <= available:
+        raise SystemExit(f"CPUs {sorted(cpus - available)} are not available; this process may use {sorted(available)}")
+    return cpus
+
+
+def pin(cpus: set[int] | None) -> None:
+    """Confine the calling thread (and the threads and processes it starts from now on) to `cpus`."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 class InProcess:
     """The served pipeline without a server: served `imageprep` transform + one ORT session (ORT's defaults)."""
 
@@ -100,7 +122,10 @@ class InProcess:
                                             mean=meta.mean, std=meta.std)
         # ORT's defaults (all cores, threads spin between ops): what a user would run in-process, and the faster of
         # the two spinning settings for both benchmark models.
-        self.session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        if len(os.sched_getaffinity(0)) < (os.cpu_count() or 1):  # pinned: ORT's default would count every core
+            options.intra_op_num_threads = len(os.sched_getaffinity(0))
+        self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         self.name = self.session.get_inputs()[0].name
         self.payloads = payloads
         self.classify(payloads[:1])
@@ -127,11 +152,14 @@ class InProcess:
         return percentiles(latencies)
 
 
-def run_case(case: str, seconds: float) -> dict:
+def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
+             client_cpus: set[int] | None = None) -> dict:
     """The machine is shared, so load drifts: every served measurement is paired with an in-process one taken
-    right before it, and each target is judged on its own pair."""
+    right before it, and each target is judged on its own pair. With `server_cpus`, Triton (and its stubs) and the
+    in-process baseline run on those cores, the load generator on `client_cpus`."""
     source, payloads = CASES[case]()
     rows = {}
+    pin(server_cpus)  # Triton's processes and the baseline's ORT threads inherit this
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         repo = write_repository(source, Path(tmp) / "repo", ServingOptions(max_batch_size=MAX_BATCH))
         local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
@@ -140,8 +168,10 @@ def run_case(case: str, seconds: float) -> dict:
             for protocol in ("http", "grpc"):
                 url = server.http_url if protocol == "http" else server.grpc_url
                 for conc, batch in [(c, 1) for c in CONCURRENCY] + [(CONCURRENCY[-1], MULTI_IMAGE)]:
+                    pin(server_cpus)
                     base = {"images_per_s_batch16": local.throughput(seconds / 2),
                             "latency_ms_batch1": local.latency(seconds / 2)}
+                    pin(client_cpus)
                     result = load_test(url, payloads, protocol=protocol, concurrency=conc, duration_s=seconds,
                                        batch=batch, warmup=4).to_dict()
                     row = {"in_process": base, "served": result,
@@ -174,12 +204,19 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--seconds", type=float, default=8.0, help="per measurement")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_serve.json")
+    parser.add_argument("--note", default="shared CPU-only sandbox; other jobs run alongside",
+                        help="what the host is, recorded in the report")
+    parser.add_argument("--server-cpus", help="run Triton and the in-process baseline on these CPUs, e.g. 0,1")
+    parser.add_argument("--client-cpus", help="run the load generator on these CPUs, e.g. 2-5")
     args = parser.parse_args()
+    server_cpus, client_cpus = parse_cpus(args.server_cpus), parse_cpus(args.client_cpus)
+    if server_cpus and client_cpus and server_cpus & client_cpus:
+        raise SystemExit(f"--server-cpus and --client-cpus overlap on {sorted(server_cpus & client_cpus)}")
     report = {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
-                 "note": "shared CPU-only sandbox; other jobs run alongside"},
-        "cases": {case: run_case(case, args.seconds) for case in args.models},
+                 "note": args.note, "server_cpus": sorted(server_cpus or []), "client_cpus": sorted(client_cpus or [])},
+        "cases": {case: run_case(case, args.seconds, server_cpus, client_cpus) for case in args.models},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

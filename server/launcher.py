@@ -14,6 +14,8 @@ The server binds to 127.0.0.1 unless told otherwise, and SIGTERM makes it drain 
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import signal
@@ -49,12 +51,12 @@ class TritonInstall:
 def find_triton() -> TritonInstall:
     """Locate tritonserver: the nvidia-pytriton wheel first, then a system install (`/opt/tritonserver`)."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    try:
-        import pytriton
-    except ImportError:
-        pytriton = None
-    if pytriton is not None:
-        root = Path(pytriton.__file__).parent / "tritonserver"
+    # Find the wheel's files without importing `pytriton`: its __init__ imports PyTriton's own client stack (zmq,
+    # sh, wrapt, ...), which serving the binary does not need and which may be missing or broken.
+    spec = importlib.util.find_spec("pytriton")
+    if spec is not None and spec.submodule_search_locations:
+        package = Path(next(iter(spec.submodule_search_locations)))
+        root = package / "tritonserver"
         stubs = root / "python_backend_stubs"
         binary, stub = root / "bin" / "tritonserver", stubs / version / "triton_python_backend_stub"
         if binary.is_file():
@@ -62,7 +64,8 @@ def find_triton() -> TritonInstall:
                 found = sorted(p.parent.name for p in stubs.glob("*/triton_python_backend_stub"))
                 raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {version}; "
                                   f"stubs exist for: {', '.join(found) or 'none'}")
-            libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+            check_stub_numpy()
+            libs = package.parent / "nvidia_pytriton.libs"
             return TritonInstall(binary, root / "backends" / "python", stub, (libs,))
     system = Path("/opt/tritonserver")
     binary = Path(shutil.which("tritonserver") or system / "bin" / "tritonserver")
@@ -70,6 +73,25 @@ def find_triton() -> TritonInstall:
         return TritonInstall(binary, system / "backends" / "python", None, (system / "lib",))
     raise ServerError("tritonserver not found: install the serve extra (pip install 'hub-vit[serve]', which brings "
                       "nvidia-pytriton) or run inside an nvcr.io/nvidia/tritonserver container")
+
+
+def installed_numpy() -> str | None:
+    try:
+        return importlib.metadata.version("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_stub_numpy() -> None:
+    """nvidia-pytriton's stubs (Triton 2.51's Python backend) misread TYPE_STRING tensors, the encoded images, under
+    numpy 2: the stub dies on the first image with "unpack_from requires a buffer of at least 1701143913 bytes" and
+    the model never loads (reproduced with Python 3.12 + numpy 2.5). The stub imports numpy from this environment,
+    so say so before starting rather than after a crashed warmup. nvidia-pytriton itself declares numpy<2."""
+    version = installed_numpy()
+    if version is not None and int(version.split(".")[0]) >= 2:
+        raise ServerError(f"numpy {version} is installed, but the Triton Python-backend stub shipped in "
+                          f"nvidia-pytriton (Triton 2.51) misreads encoded-image (TYPE_STRING) inputs under numpy 2 "
+                          f"and crashes; nvidia-pytriton requires numpy<2: pip install 'numpy<2'")
 
 
 def has_gpu() -> bool:

@@ -17,8 +17,10 @@ from topk import top_k  # copied beside this file by hub-vit repository
 
 
 def _threads(setting: str, config: dict) -> int:
-    """'all': every core of this host; 'share': the cores divided among this model's instances; else a count."""
-    cores = os.cpu_count() or 1
+    """'all': every core this process may run on; 'share': those cores divided among this model's instances; else a
+    count. Cores come from the CPU affinity mask, not `os.cpu_count()`, so a server confined to some cores (a
+    cpuset-limited container, `taskset`) does not start more ORT threads than it has cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if setting == "all":
         return cores
     if setting == "share":
