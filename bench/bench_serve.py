@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from hub_vit.server.config import ServingOptions
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.loadtest import load_test, percentiles
+from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import template_dir, write_repository
 from hub_vit.server.source import ModelSource, resolve
 

@@ -1,7 +1,8 @@
 """Triton Inference Server deployment of hub-vit classifiers (installed as `hub_vit.server`).
 
 * `source`: what to serve (default model, registered name, model folder, exported ONNX / engine) -> metadata.
-* `config`: `config.pbtxt` rendering (Triton's ModelConfig protobuf) from that metadata; `ServingOptions`.
+* `options`: `ServingOptions`, the repository's knobs and defaults (light: the CLI reads it when it starts).
+* `config`: `config.pbtxt` rendering (Triton's ModelConfig protobuf) from that metadata and those options.
 * `repository`: writes the model repository (ensemble: Python preprocessing -> classifier -> top-k).
 * `launcher`: runs the real `tritonserver` (nvidia-pytriton's binary, or a system install) on 127.0.0.1.
 * `client`: sync/async HTTP/gRPC clients; `loadtest`: closed-loop load with latency percentiles and batching stats.

@@ -7,77 +7,16 @@ text format, so a field name or enum typo cannot produce a config Triton would r
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from hub_vit.server.options import ServingOptions
 from hub_vit.server.source import ServingMetadata
 
-FLAVOURS = ("cpu", "gpu")
-GPU_BACKENDS = ("onnxruntime", "tensorrt")
-PRECISIONS = ("FP16", "FP32")
 WARMUP_IMAGE_FILE = "image"
 SPIN_MIN_GMACS = 0.1  # per image; below it the model is overhead-bound and ORT threads should sleep between ops
-
-
-@dataclass(frozen=True)
-class ServingOptions:
-    """Knobs of the generated repository (batching, queueing, instances); every one has a CPU-friendly default."""
-
-    name: str = "vit"  # the ensemble clients call; its steps are `<name>_preprocess`, `<name>_classifier`, ...
-    flavour: str = "cpu"
-    max_batch_size: int = 16
-    preferred_batch_sizes: tuple[int, ...] = (4, 8, 16)
-    max_queue_delay_us: int = 100  # short: on CPU, requests queue up while an execution runs anyway
-    max_queue_size: int = 256  # beyond this, requests are rejected at once (UNAVAILABLE / HTTP 503)
-    queue_timeout_us: int = 0  # 0 = no per-request queue timeout
-    top_k: int = 5
-    # Two instances of preprocessing and of the classifier by default. Triton 2.51's dynamic batcher (core
-    # `WaitForPayloadSlotAvailable`) is not woken when a busy instance becomes free once a queue policy is set (a
-    # policy turns off prefetching); it waits for the next arrival or its 500 ms timeout. With one instance per step,
-    # c16 load showed 500 ms stalls (p99 ~515 ms); with two, an idle instance is almost always there when the batcher
-    # looks. docs/serving.md.
-    preprocess_instances: int = 2
-    classifier_instances: int = 2
-    # ORT threads per classifier instance. 0 = decide from the model's compute: all of the host's cores for a
-    # compute-bound model (SPIN_MIN_GMACS per image or more), the cores shared among the instances for a tiny one,
-    # whose per-op thread hand-offs cost more than they save (digits model: 0.35 vs 0.49 ms CPU per image).
-    intra_op_threads: int = 0
-    # ORT worker threads spin between ops. Worth it only for a compute-bound model with one classifier instance
-    # (Ti/16 at 224 px: c1 p50 -4.6 ms); with two instances, or a tiny model, spinning threads starve the other
-    # instance, the preprocessing stub and Triton's HTTP/gRPC threads (measured in bench/bench_serve.py).
-    # None = decide from the model (see above).
-    ort_spinning: bool | None = None
-    max_pixels: int = 40_000_000  # decompression-bomb guard for one decoded image
-    gpu_backend: str = "onnxruntime"  # onnxruntime (+ TensorRT accelerator) or tensorrt (a .plan engine)
-    precision: str = "FP16"
-    trt_cache_dir: str = "/tmp/hub-vit-trt-cache"
-
-    def __post_init__(self) -> None:
-        if self.flavour not in FLAVOURS:
-            raise ValueError(f"unknown flavour {self.flavour!r}; valid: {', '.join(FLAVOURS)}")
-        if self.gpu_backend not in GPU_BACKENDS:
-            raise ValueError(f"unknown gpu_backend {self.gpu_backend!r}; valid: {', '.join(GPU_BACKENDS)}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
-        for key in ("max_batch_size", "top_k", "preprocess_instances", "classifier_instances", "max_pixels",
-                    "max_queue_size"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        if not isinstance(self.intra_op_threads, int) or self.intra_op_threads < 0:
-            raise ValueError(f"intra_op_threads must be 0 (decide from the model) or a positive integer, "
-                             f"got {self.intra_op_threads!r}")
-        bad = [s for s in self.preferred_batch_sizes if not 1 <= s <= self.max_batch_size]
-        if bad:
-            raise ValueError(f"preferred batch sizes {bad} are outside 1..max_batch_size={self.max_batch_size}")
-        if not self.name.replace("_", "").replace("-", "").isalnum():
-            raise ValueError(f"model name {self.name!r} may only use letters, digits, '_' and '-'")
-
-    def step(self, role: str) -> str:
-        return f"{self.name}_{role}"
 
 
 def render(config: mc.ModelConfig) -> str:
@@ -193,7 +132,9 @@ def postprocess_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelC
     config = mc.ModelConfig(name=opts.step("postprocess"), backend="python", max_batch_size=opts.max_batch_size)
     _tensor(config.input, "logits", mc.TYPE_FP32, [meta.num_classes])
     _outputs(config.output, meta, opts, logits=False)
-    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+    # As many instances as preprocessing, for the same reason: with a queue policy, Triton 2.51's batcher is not woken
+    # when a step's only instance frees (see ServingOptions.preprocess_instances).
+    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=opts.preprocess_instances)
     _batching(config, opts)
     _params(config, {"labels_file": "labels.txt", "top_k": str(min(opts.top_k, meta.num_classes))})
     warmup = config.model_warmup.add(name="zero_logits", batch_size=1)

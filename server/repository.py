@@ -27,13 +27,13 @@ from hub_vit.atomic import replace_dir
 from hub_vit.server.config import (
     SPIN_MIN_GMACS,
     WARMUP_IMAGE_FILE,
-    ServingOptions,
     classifier_config,
     ensemble_config,
     postprocess_config,
     preprocess_config,
     render,
 )
+from hub_vit.server.options import ServingOptions
 from hub_vit.server.source import ModelSource, ServingMetadata
 
 MANIFEST = "hub_vit_repository.json"

@@ -15,7 +15,7 @@ from PIL import Image
 pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
-from hub_vit.server.config import ServingOptions  # noqa: E402
+from hub_vit.server.options import ServingOptions  # noqa: E402
 from hub_vit.server.repository import template_dir, write_repository  # noqa: E402
 from hub_vit.server.source import ModelSource, ServingMetadata, resolve  # noqa: E402
 
@@ -84,6 +84,9 @@ def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
     assert [o.name for o in cls.output] == ["logits"]
     steps = [s.model_name for s in _parse(repo / "vit/config.pbtxt").ensemble_scheduling.step]
     assert steps == ["vit_preprocess", "vit_classifier", "vit_postprocess"]
+    post = _parse(repo / "vit_postprocess/config.pbtxt")  # a queue policy and two instances: no batcher stall
+    assert post.dynamic_batching.default_queue_policy.max_queue_size == opts.max_queue_size
+    assert post.instance_group[0].count == 2 and post.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
     with pytest.raises(ValueError, match="plan"):
         write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "trt",
                          ServingOptions(flavour="gpu", gpu_backend="tensorrt"))
@@ -171,6 +174,22 @@ def test_cli_repository_writes_gpu_flavour(tmp_path, onnx_file):
     result = runner.invoke(app, ["repository", str(tmp_path / "bad"), "--model", str(onnx_file), "--flavour", "tpu"])
     assert result.exit_code != 0 and "valid: cpu, gpu" in result.output
     assert not (tmp_path / "bad").exists()
+
+
+def test_cli_repository_defaults_are_serving_options_defaults(tmp_path, onnx_file):
+    """The CLI reads its defaults from ServingOptions: with no options it writes the very configs the API writes."""
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["repository", str(tmp_path / "cli"), "--model", str(onnx_file)])
+    assert result.exit_code == 0, result.output
+    write_repository(resolve(str(onnx_file)), tmp_path / "api", ServingOptions())
+    configs = sorted(p.relative_to(tmp_path / "api") for p in (tmp_path / "api").glob("*/config.pbtxt"))
+    assert len(configs) == 3
+    for config in configs:
+        assert (tmp_path / "cli" / config).read_text() == (tmp_path / "api" / config).read_text(), config
 
 
 def test_onnx_with_other_tensor_names_is_refused(tmp_path, meta):

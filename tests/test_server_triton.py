@@ -24,8 +24,8 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from hub_vit.server.client import AsyncClassifier, Classifier, encode
-from hub_vit.server.config import ServingOptions
 from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
 from hub_vit.server.source import ModelSource, resolve
 

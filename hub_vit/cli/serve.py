@@ -11,19 +11,26 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
+from hub_vit.server.options import ServingOptions
 
 MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
+DEFAULTS = ServingOptions()  # every repository default below comes from here (a test compares the configs)
+
+# Options `repository` and `serve` share, declared once.
+Name = Annotated[str, typer.Option(help="Name clients call (the ensemble).")]
+MaxBatchSize = Annotated[int, typer.Option(help="Largest batch one execution runs.")]
+MaxQueueDelayUs = Annotated[int, typer.Option(help="How long the dynamic batcher waits to fill a batch.")]
+MaxQueueSize = Annotated[int, typer.Option(help="Queued requests per step beyond which new ones are rejected.")]
+TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")]
 
 
-def _options(**kwargs: Any) -> Any:
-    from hub_vit.server.config import ServingOptions
-
+def _options(**kwargs: Any) -> ServingOptions:
     try:
         return ServingOptions(**kwargs)
     except ValueError as err:
@@ -45,15 +52,19 @@ def _source(model: str | None) -> Any:
 def repository(
     out: Path = typer.Argument(..., help="Folder to write the Triton model repository to."),
     model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    flavour: str = typer.Option("cpu", help="'cpu' (Python backend + ONNX Runtime) or 'gpu' (ORT+TensorRT / plan)."),
-    gpu_backend: str = typer.Option("onnxruntime", help="GPU flavour: 'onnxruntime' (TensorRT EP) or 'tensorrt'."),
-    precision: str = typer.Option("FP16", help="GPU flavour, TensorRT accelerator precision: FP16 or FP32."),
-    name: str = typer.Option("vit", help="Name clients call (the ensemble)."),
-    max_batch_size: int = typer.Option(16, help="Largest batch one execution runs."),
-    max_queue_delay_us: int = typer.Option(100, help="How long the dynamic batcher waits to fill a batch."),
-    max_queue_size: int = typer.Option(256, help="Queued requests per step beyond which new ones are rejected."),
-    top_k: int = typer.Option(5, help="Labels and scores returned per image."),
-    instances: int = typer.Option(2, help="Classifier instances (two keep Triton's batcher from stalling)."),
+    flavour: str = typer.Option(DEFAULTS.flavour,
+                                help="'cpu' (Python backend + ONNX Runtime) or 'gpu' (ORT+TensorRT / plan)."),
+    gpu_backend: str = typer.Option(DEFAULTS.gpu_backend,
+                                    help="GPU flavour: 'onnxruntime' (TensorRT EP) or 'tensorrt'."),
+    precision: str = typer.Option(DEFAULTS.precision,
+                                  help="GPU flavour, TensorRT accelerator precision: FP16 or FP32."),
+    name: Name = DEFAULTS.name,
+    max_batch_size: MaxBatchSize = DEFAULTS.max_batch_size,
+    max_queue_delay_us: MaxQueueDelayUs = DEFAULTS.max_queue_delay_us,
+    max_queue_size: MaxQueueSize = DEFAULTS.max_queue_size,
+    top_k: TopK = DEFAULTS.top_k,
+    instances: int = typer.Option(DEFAULTS.classifier_instances,
+                                  help="Classifier instances (two keep Triton's batcher from stalling)."),
     overwrite: bool = typer.Option(False, help="Replace an existing folder."),
 ) -> None:
     """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""
@@ -82,11 +93,11 @@ def serve(
     http_port: int = typer.Option(8000, help="HTTP/REST port."),
     grpc_port: int = typer.Option(8001, help="gRPC port."),
     metrics_port: int = typer.Option(8002, help="Prometheus metrics port."),
-    name: str = typer.Option("vit", help="Name clients call (the ensemble)."),
-    max_batch_size: int = typer.Option(16, help="Largest batch one execution runs."),
-    max_queue_delay_us: int = typer.Option(100, help="How long the dynamic batcher waits to fill a batch."),
-    max_queue_size: int = typer.Option(256, help="Queued requests per step beyond which new ones are rejected."),
-    top_k: int = typer.Option(5, help="Labels and scores returned per image."),
+    name: Name = DEFAULTS.name,
+    max_batch_size: MaxBatchSize = DEFAULTS.max_batch_size,
+    max_queue_delay_us: MaxQueueDelayUs = DEFAULTS.max_queue_delay_us,
+    max_queue_size: MaxQueueSize = DEFAULTS.max_queue_size,
+    top_k: TopK = DEFAULTS.top_k,
     exit_timeout: int = typer.Option(30, help="Seconds in-flight requests get to finish on Ctrl-C / SIGTERM."),
     quiet: bool = typer.Option(False, help="Do not stream the server log."),
     demo: bool = typer.Option(False, "--demo", help="Also run the Gradio rollout demo (labels from this server)."),
