@@ -123,8 +123,9 @@ class InProcess:
         # ORT's defaults (all cores, threads spin between ops): what a user would run in-process, and the faster of
         # the two spinning settings for both benchmark models.
         options = ort.SessionOptions()
-        if len(os.sched_getaffinity(0)) < (os.cpu_count() or 1):  # pinned: ORT's default would count every core
-            options.intra_op_num_threads = len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
+        if cores < (os.cpu_count() or 1):  # pinned: ORT's default would count every core
+            options.intra_op_num_threads = cores
         self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         self.name = self.session.get_inputs()[0].name
         self.payloads = payloads

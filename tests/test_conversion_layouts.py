@@ -7,7 +7,6 @@ Google's logits for that fixture.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from hub_vit.conversion import (
 )
 from hub_vit.conversion.layouts import convert_pre_linen_names
 from hub_vit.conversion.npz_reader import bf16_void_to_float32
+from hub_vit.conversion.verify import find_reference
 from hub_vit.model import VisionTransformer
 from hub_vit.weights import load_strict
 
@@ -34,8 +34,9 @@ BV_TOK = JAX / "big_vision" / "tiny_learn_tok.npz"
 
 
 def google_logits(ckpt: Path) -> tuple[np.ndarray, np.ndarray]:
-    stem = re.sub(r"\.(published|linen|scan)$", "", ckpt.name[:-4])
-    with np.load(ckpt.with_name(f"{stem}.io.npz")) as io:
+    reference = find_reference(ckpt)
+    assert reference is not None, f"no Google reference (*.io.npz) beside {ckpt.name}"
+    with np.load(reference) as io:
         return io["inputs"], io["logits"]
 
 

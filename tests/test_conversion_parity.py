@@ -7,7 +7,6 @@ logits); LayerNorm eps 1e-6 vs 1e-5 moves the logits by only 7e-6..1.7e-5, so ep
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from transformers import AutoModel, AutoModelForImageClassification, ViTForImage
 
 import hub_vit  # noqa: F401  (registers the timm and transformers classes)
 from hub_vit.conversion import infer_spec, read_npz
+from hub_vit.conversion.verify import find_reference
 from hub_vit.conversion.writer import convert_to_folder
 
 JAX = Path(__file__).resolve().parent / "fixtures" / "jax"
@@ -29,8 +29,9 @@ assert len(CHECKPOINTS) == 14, [p.name for p in CHECKPOINTS]
 
 
 def reference_for(ckpt: Path) -> dict[str, np.ndarray]:
-    stem = re.sub(r"\.(published|linen|scan)$", "", ckpt.name[: -len(".npz")])
-    with np.load(ckpt.with_name(f"{stem}.io.npz"), allow_pickle=False) as io:
+    reference = find_reference(ckpt)
+    assert reference is not None, f"no Google reference (*.io.npz) beside {ckpt.name}"
+    with np.load(reference, allow_pickle=False) as io:
         return {k: io[k] for k in io.files}
 
 

@@ -7,7 +7,6 @@ bench/results/gpu_smoke_h100.json has the measured differences these tolerances 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import torch
 
 import hub_vit  # noqa: F401  (registers the timm entry points)
 from hub_vit.conversion import infer_spec, read_npz
+from hub_vit.conversion.verify import find_reference
 from hub_vit.explain.rollout import attention_rollout
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
@@ -43,8 +43,9 @@ def random_model(name: str) -> torch.nn.Module:
 
 @pytest.mark.parametrize("ckpt", CHECKPOINTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_google_outputs_on_cuda(ckpt: Path) -> None:
-    stem = re.sub(r"\.(published|linen|scan)$", "", ckpt.name[: -len(".npz")])
-    with np.load(ckpt.with_name(f"{stem}.io.npz"), allow_pickle=False) as io:
+    reference = find_reference(ckpt)
+    assert reference is not None, f"no Google reference (*.io.npz) beside {ckpt.name}"
+    with np.load(reference, allow_pickle=False) as io:
         inputs, logits = io["inputs"], io["logits"]  # Google's NHWC inputs and its model's logits
     spec = infer_spec(read_npz(ckpt), img_size=tuple(inputs.shape[1:3]))
     model = timm.create_model("hub_vit", pretrained=True, pretrained_cfg_overlay=dict(file=str(ckpt), custom_load=True),
