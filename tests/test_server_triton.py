@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from hub_vit.server.client import AsyncClassifier, Classifier, encode
 from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.loadtest import settled_statistics
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
 from hub_vit.server.source import ModelSource, resolve
@@ -215,7 +216,7 @@ def test_32_concurrent_requests_are_batched(server, reference, photo_payloads, d
         async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
             before = await client.statistics()
             results = await asyncio.gather(*(client.classify(p) for p in payloads))
-            return before, results, await client.statistics()
+            return before, results, await settled_statistics(client, before, len(payloads))
 
     before, results, after = asyncio.run(fire())
     _assert_same_topk([r[0] for r in results], expected)
