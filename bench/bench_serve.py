@@ -11,6 +11,7 @@ per request at concurrency 16 (not a target: it shows how much of the gap is fix
     python bench/bench_serve.py --models digits --seconds 5
     python bench/bench_serve.py --server-cpus 0,1 --client-cpus 2-5   # many-core host: load generator off the
                                                                       # server's cores (in-process gets them too)
+    python bench/bench_serve.py --models ti16 --no-spinning           # Ti/16 without spinning ORT threads
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ class InProcess:
 
 
 def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
-             client_cpus: set[int] | None = None) -> dict:
+             client_cpus: set[int] | None = None, spinning: bool | None = None) -> dict:
     """The machine is shared, so load drifts: every served measurement is paired with an in-process one taken
     right before it, and each target is judged on its own pair. With `server_cpus`, Triton (and its stubs) and the
     in-process baseline run on those cores, the load generator on `client_cpus`."""
@@ -162,7 +163,8 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
     rows = {}
     pin(server_cpus)  # Triton's processes and the baseline's ORT threads inherit this
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
-        repo = write_repository(source, Path(tmp) / "repo", ServingOptions(max_batch_size=MAX_BATCH))
+        repo = write_repository(source, Path(tmp) / "repo", ServingOptions(max_batch_size=MAX_BATCH,
+                                                                            ort_spinning=spinning))
         local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
         with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           exit_timeout_s=10) as server:
@@ -209,6 +211,9 @@ def main() -> None:
                         help="what the host is, recorded in the report")
     parser.add_argument("--server-cpus", help="run Triton and the in-process baseline on these CPUs, e.g. 0,1")
     parser.add_argument("--client-cpus", help="run the load generator on these CPUs, e.g. 2-5")
+    parser.add_argument("--spinning", action=argparse.BooleanOptionalAction, default=None,
+                        help="force the served ORT threads to spin (the classifier instances then take turns) or "
+                             "not; default: the repository decides from the model")
     args = parser.parse_args()
     server_cpus, client_cpus = parse_cpus(args.server_cpus), parse_cpus(args.client_cpus)
     if server_cpus and client_cpus and server_cpus & client_cpus:
@@ -217,7 +222,8 @@ def main() -> None:
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
                  "note": args.note, "server_cpus": sorted(server_cpus or []), "client_cpus": sorted(client_cpus or [])},
-        "cases": {case: run_case(case, args.seconds, server_cpus, client_cpus) for case in args.models},
+        "ort_spinning": args.spinning,
+        "cases": {case: run_case(case, args.seconds, server_cpus, client_cpus, args.spinning) for case in args.models},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -83,10 +83,11 @@ def ort_settings(opts: ServingOptions, compute_bound: bool) -> dict[str, str]:
         threads = str(opts.intra_op_threads)
     else:
         threads = "all" if compute_bound else "share"
-    spinning = opts.ort_spinning
-    if spinning is None:
-        spinning = compute_bound and opts.classifier_instances == 1
-    return {"intra_op_threads": threads, "allow_spinning": "1" if spinning else "0"}
+    spinning = compute_bound if opts.ort_spinning is None else opts.ort_spinning
+    # Spinning sessions in several instances would starve each other, so those instances take turns instead.
+    take_turns = spinning and opts.classifier_instances > 1
+    return {"intra_op_threads": threads, "allow_spinning": "1" if spinning else "0",
+            "take_turns": "1" if take_turns else "0"}
 
 
 def classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: str, *,

@@ -36,10 +36,11 @@ class ServingOptions:
     # compute-bound model (SPIN_MIN_GMACS per image or more), the cores shared among the instances for a tiny one,
     # whose per-op thread hand-offs cost more than they save (digits model: 0.35 vs 0.49 ms CPU per image).
     intra_op_threads: int = 0
-    # ORT worker threads spin between ops. Worth it only for a compute-bound model with one classifier instance
-    # (Ti/16 at 224 px: c1 p50 -4.6 ms); with two instances, or a tiny model, spinning threads starve the other
-    # instance, the preprocessing stub and Triton's HTTP/gRPC threads (measured in bench/bench_serve.py).
-    # None = decide from the model (see above).
+    # ORT worker threads spin between ops: for a compute-bound model this saves the wake-up latency of every op
+    # (Ti/16 at 224 px, served at concurrency 1: p50 +2 to +6 ms over in-process instead of +5 to +12 ms). Several
+    # spinning instances would starve each other, so they then take turns on the cores (one ORT run at a time; the
+    # second instance only keeps Triton's batcher from stalling). A tiny model never spins: its threads would starve
+    # the preprocessing stub and Triton's HTTP/gRPC threads. None = decide from the model; bench/bench_serve.py.
     ort_spinning: bool | None = None
     max_pixels: int = 40_000_000  # decompression-bomb guard for one decoded image
     gpu_backend: str = "onnxruntime"  # onnxruntime (+ TensorRT accelerator) or tensorrt (a .plan engine)

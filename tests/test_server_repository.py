@@ -209,9 +209,10 @@ def test_onnx_with_other_tensor_names_is_refused(tmp_path, meta):
 
 
 def test_ort_threads_follow_the_models_compute(tmp_path):
-    """A compute-bound ViT (Ti/16 at 224: 1.3 GMACs) gets every core per classifier instance, the tiny default model
-    (2 MMACs) one share of them; threads spin only for a compute-bound model served by a single instance, because
-    spinning threads starve the other instance and the preprocessing stub (bench/bench_serve.py measured both)."""
+    """A compute-bound ViT (Ti/16 at 224: 1.3 GMACs) gets every core per classifier instance and spinning threads;
+    with two instances they take turns on the cores, because two spinning sessions starve each other. The tiny
+    default model (2 MMACs) gets one share of the cores and never spins: its threads would starve the preprocessing
+    stub (bench/bench_serve.py measured both). Explicit settings win."""
     import timm
 
     from hub_vit.catalog import default_model_folder
@@ -219,15 +220,16 @@ def test_ort_threads_follow_the_models_compute(tmp_path):
     def settings(source, name, **options):
         repo = write_repository(source, tmp_path / name, ServingOptions(**options))
         params = _parse(repo / "vit_classifier" / "config.pbtxt").parameters
-        return params["intra_op_threads"].string_value, params["allow_spinning"].string_value
+        return tuple(params[key].string_value for key in ("intra_op_threads", "allow_spinning", "take_turns"))
 
     ti16 = ModelSource.from_module(timm.create_model("simplevit_ti16", num_classes=3), name="ti16",
                                    labels=["a", "b", "c"])
     digits = resolve(str(default_model_folder()))
-    assert settings(ti16, "ti16") == ("all", "0")
-    assert settings(ti16, "ti16_one", classifier_instances=1) == ("all", "1")
-    assert settings(digits, "digits") == ("share", "0")
-    assert settings(digits, "digits_one", classifier_instances=1) == ("share", "0")
-    assert settings(digits, "forced", ort_spinning=True, intra_op_threads=3) == ("3", "1")
+    assert settings(ti16, "ti16") == ("all", "1", "1")
+    assert settings(ti16, "ti16_one", classifier_instances=1) == ("all", "1", "0")
+    assert settings(ti16, "ti16_still", ort_spinning=False) == ("all", "0", "0")
+    assert settings(digits, "digits") == ("share", "0", "0")
+    assert settings(digits, "digits_one", classifier_instances=1) == ("share", "0", "0")
+    assert settings(digits, "forced", ort_spinning=True, intra_op_threads=3) == ("3", "1", "1")
     with pytest.raises(ValueError, match="intra_op_threads must be 0"):
         ServingOptions(intra_op_threads=-1)

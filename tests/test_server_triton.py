@@ -20,7 +20,9 @@ import pytest
 import pytriton  # noqa: F401
 import torch
 import tritonclient.grpc  # noqa: F401  (the `serve` extra is in `.[all]`: missing is a failure, not a skip)
+from google.protobuf import text_format
 from PIL import Image
+from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
 from hub_vit.server.client import AsyncClassifier, Classifier, encode
@@ -236,6 +238,37 @@ def test_32_concurrent_requests_are_batched(server, reference, photo_payloads, d
         requests = after[step]["inference_count"] - before[step]["inference_count"]
         executions = after[step]["execution_count"] - before[step]["execution_count"]
         assert requests == 32 and executions < requests, (step, requests, executions)
+
+
+def test_spinning_instances_take_turns(repo, model_folder, tmp_path, reference, photo_payloads, digits):
+    """`ort_spinning=True` with two classifier instances: each ORT run holds an exclusive flock on the model file,
+    so two spinning sessions never run at once. Holding that lock here must hold back every answer; releasing it
+    lets them all through, with the in-process answers."""
+    import fcntl
+
+    turns = _variant_repo(repo, model_folder, tmp_path / "turns", ort_spinning=True)
+    config = text_format.Parse((turns / "vit_classifier" / "config.pbtxt").read_text(), mc.ModelConfig())
+    assert config.parameters["take_turns"].string_value == "1"
+    payloads = [*photo_payloads, *digits[0]][:16]
+    expected = reference(payloads)
+    server = _start(turns)
+    try:
+        async def fire():
+            async with AsyncClassifier(server.http_url) as client:
+                await client.classify(payloads[0])  # both instances are up and idle
+                with open(turns / "vit_classifier" / "1" / "model.onnx", "rb") as model_file:
+                    fcntl.flock(model_file, fcntl.LOCK_EX)  # the cores are "taken"
+                    tasks = [asyncio.create_task(client.classify(p)) for p in payloads]
+                    done, _ = await asyncio.wait(tasks, timeout=1.5)
+                    held_back = len(tasks) - len(done)
+                    fcntl.flock(model_file, fcntl.LOCK_UN)
+                return held_back, await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+
+        held_back, results = asyncio.run(fire())
+    finally:
+        server.stop()
+    assert held_back == len(payloads)
+    _assert_same_topk([r[0] for r in results], expected)
 
 
 # -- bad input ----------------------------------------------------------------------------------------------------

@@ -65,6 +65,10 @@ def repository(
     top_k: TopK = DEFAULTS.top_k,
     instances: int = typer.Option(DEFAULTS.classifier_instances,
                                   help="Classifier instances (two keep Triton's batcher from stalling)."),
+    spinning: bool = typer.Option(DEFAULTS.ort_spinning, "--spinning/--no-spinning", show_default=False,
+                                  help="CPU flavour: ORT threads spin between ops (lower latency; several instances "
+                                       "then take turns on the cores). Default: on for a compute-bound model, off "
+                                       "for a tiny one."),
     overwrite: bool = typer.Option(False, help="Replace an existing folder."),
 ) -> None:
     """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""
@@ -73,7 +77,7 @@ def repository(
     opts = _options(name=name, flavour=flavour, gpu_backend=gpu_backend, precision=precision,
                     max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
                     max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k,
-                    classifier_instances=instances)
+                    classifier_instances=instances, ort_spinning=spinning)
     try:
         path = write_repository(_source(model), out, opts, overwrite=overwrite)
     except (ValueError, FileExistsError) as err:

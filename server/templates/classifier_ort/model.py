@@ -6,8 +6,11 @@ Input `pixel_values` (FP32, (B, 3, H, W)) -> `logits` (B, C), `scores` (B, K) so
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,21 +40,40 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = _threads(params.get("intra_op_threads", "all"), config)
         options.inter_op_num_threads = 1
-        # Spinning between ops saves wake-up latency for a compute-bound model served by one instance, but steals
-        # the cores that other instances, the preprocessing stub and Triton's threads need; the repository decides.
+        # Spinning between ops saves wake-up latency for a compute-bound model, but steals the cores that other
+        # instances, the preprocessing stub and Triton's threads need; the repository decides.
         options.add_session_config_entry("session.intra_op.allow_spinning", params.get("allow_spinning", "0"))
+        onnx_path = version_dir / params["onnx_file"]
+        self.turn_fd: int | None = None
+        if params.get("take_turns", "0") == "1":
+            # Spinning instances take turns on the cores: an exclusive flock on the model file (shared by every
+            # instance of this model on the host) around each run, and threads that stop spinning when it ends.
+            options.add_session_config_entry("session.force_spinning_stop", "1")
+            self.turn_fd = os.open(onnx_path, os.O_RDONLY)
         self.session = ort.InferenceSession(  # one session per instance, built once
-            str(version_dir / params["onnx_file"]), sess_options=options, providers=["CPUExecutionProvider"]
+            str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
         )
         self.input_name = self.session.get_inputs()[0].name
         self.k = int(params["top_k"])
         labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()
         self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
 
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        if self.turn_fd is None:
+            yield
+            return
+        fcntl.flock(self.turn_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.turn_fd, fcntl.LOCK_UN)
+
     def execute(self, requests: list) -> list:
         arrays = [pb_utils.get_input_tensor_by_name(r, "pixel_values").as_numpy() for r in requests]
         sizes = [len(a) for a in arrays]
-        logits = self.session.run(None, {self.input_name: np.concatenate(arrays)})[0].astype(np.float32)  # (N, C)
+        with self._turn():
+            logits = self.session.run(None, {self.input_name: np.concatenate(arrays)})[0].astype(np.float32)  # (N, C)
         scores, ids = top_k(logits, self.k)
         responses, start = [], 0
         for size in sizes:
@@ -68,3 +90,7 @@ class TritonPythonModel:
                 )
             )
         return responses
+
+    def finalize(self) -> None:
+        if self.turn_fd is not None:
+            os.close(self.turn_fd)
