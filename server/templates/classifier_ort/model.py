@@ -72,8 +72,10 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list:
         arrays = [pb_utils.get_input_tensor_by_name(r, "pixel_values").as_numpy() for r in requests]
         sizes = [len(a) for a in arrays]
+        batch = np.concatenate(arrays)  # (N, 3, H, W); copied before taking the turn, so the lock covers ORT only
         with self._turn():
-            logits = self.session.run(None, {self.input_name: np.concatenate(arrays)})[0].astype(np.float32)  # (N, C)
+            logits = self.session.run(None, {self.input_name: batch})[0]
+        logits = logits.astype(np.float32, copy=False)  # (N, C)
         scores, ids = top_k(logits, self.k)
         responses, start = [], 0
         for size in sizes:
