@@ -150,6 +150,12 @@ def _bomb_png(width: int = 50_000, height: int = 50_000) -> bytes:
         chunk(b"IEND", b"")
 
 
+def _heavy_png() -> bytes:
+    """A 2048x2048 gradient: a 90 kB PNG that costs ~50 ms to decode and resize (a 512 px JPEG photo: 4 ms)."""
+    y, x = np.mgrid[0:2048, 0:2048]
+    return _encode(np.stack([x // 8, y // 8, (x + y) // 16], axis=-1).astype(np.uint8), "PNG")
+
+
 def _metrics(server: TritonServer) -> str:
     with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
         return reply.read().decode()
@@ -335,14 +341,12 @@ def test_bad_tensors_are_client_errors(server, photo_payloads, case, message):
 
 
 # -- overload and shutdown ----------------------------------------------------------------------------------------
-def test_overload_is_rejected_fast_and_counted(repo, model_folder, tmp_path, photos):
+def test_overload_is_rejected_fast_and_counted(repo, model_folder, tmp_path):
     tiny_queue = _variant_repo(repo, model_folder, tmp_path / "overload", max_batch_size=MAX_BATCH,
                                preferred_batch_sizes=(MAX_BATCH,), max_queue_size=2)
-    # A 2048x2048 gradient: a 90 kB PNG that costs ~50 ms to decode and resize, so a request of 8 keeps a preprocess
-    # instance busy ~0.4 s while a rejection costs only the client's send (~0.06 s with 24 requests in flight); the
-    # 512 px photo (4 ms per image) left too thin a margin between the two medians on a busy machine.
-    y, x = np.mgrid[0:2048, 0:2048]
-    heavy = _encode(np.stack([x // 8, y // 8, (x + y) // 16], axis=-1).astype(np.uint8), "PNG")
+    # A rejection costs only the client's send (~0.06 s with 24 requests in flight); a request of 8 heavy images
+    # keeps a preprocess instance busy ~0.4 s, a clear margin between the two medians even on a busy machine.
+    heavy = _heavy_png()
     server = _start(tiny_queue)
     try:
         before = _metrics(server)
@@ -372,11 +376,13 @@ def test_overload_is_rejected_fast_and_counted(repo, model_folder, tmp_path, pho
     assert failures >= len(rejected), (failures, len(rejected))
 
 
-def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path, photos):
+def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path):
     server = _start(_variant_repo(repo, model_folder, tmp_path / "drain", max_batch_size=MAX_BATCH,
                                   preferred_batch_sizes=(MAX_BATCH,)), exit_timeout_s=60)
-    heavy = _encode(photos["astronaut"], "JPEG", quality=90)
-    in_flight = 8  # requests of MAX_BATCH heavy images; the single preprocess instance runs one at a time
+    heavy = _heavy_png()
+    # 8 requests of MAX_BATCH heavy images: ~0.4 s each on one of the two preprocess instances, so requests stay queued
+    # long enough to be seen (with the 512 px photo, 4 ms per image, all 8 could finish between two metric reads).
+    in_flight = 8
 
     def reached() -> tuple[float, float]:
         """(requests queued at the first step, requests that reached the server: queued + done + executing)."""
