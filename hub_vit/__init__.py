@@ -1,25 +1,49 @@
 """hub-vit: Google's Vision Transformers (ViT and SimpleViT) as first-class timm and transformers models.
 
 `import hub_vit` registers every architecture in `hub_vit.catalog.MODELS` with timm and the `hub_vit` model type
-with the transformers Auto classes.
+with the transformers Auto classes: at once when timm / transformers is already imported, otherwise as soon as it is
+(`hub_vit.registration`). The package itself stays light: the torch-backed names below (`VisionTransformer`,
+`load_model_folder`, ...) are imported on first use, so the `hub-vit` client commands start without loading torch.
 """
 
 from __future__ import annotations
 
-from hub_vit import timm_plugin  # noqa: E402,F401  (side effect: timm registration)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from hub_vit import registration
 from hub_vit.catalog import DEFAULT_MODEL, MODELS, ModelEntry, Weights, default_model_folder, get_entry
-from hub_vit.folder import ModelFolderInfo, load_model_folder, save_model_folder
-from hub_vit.model import VisionTransformer, ViTOutput, count_parameters
 from hub_vit.variants import SIZES, ViTSpec, parse_variant
+
+if TYPE_CHECKING:
+    from hub_vit.folder import ModelFolderInfo, load_model_folder, save_model_folder
+    from hub_vit.model import VisionTransformer, ViTOutput, count_parameters
 
 __version__ = "0.1.0"
 
-try:  # transformers is a core dependency, but keep `import hub_vit` usable if its import breaks
-    from hub_vit import hf  # noqa: F401  (side effect: AutoConfig / AutoModel registration)
-except ImportError as exc:  # pragma: no cover - only hit with a broken transformers install
-    import warnings
+# name -> module that defines it (imported on first access: these pull in torch)
+_LAZY = {
+    "ModelFolderInfo": "hub_vit.folder",
+    "load_model_folder": "hub_vit.folder",
+    "save_model_folder": "hub_vit.folder",
+    "VisionTransformer": "hub_vit.model",
+    "ViTOutput": "hub_vit.model",
+    "count_parameters": "hub_vit.model",
+}
 
-    warnings.warn(f"hub_vit: transformers front door unavailable ({exc})", stacklevel=2)
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:  # AttributeError (not another error) lets `from hub_vit import <submodule>` fall back to import
+        raise AttributeError(f"module 'hub_vit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -39,3 +63,5 @@ __all__ = [
     "parse_variant",
     "save_model_folder",
 ]
+
+registration.install()  # last: a hook that runs at once (timm already imported) may import hub_vit's submodules

@@ -1,4 +1,5 @@
-"""The timm front door: `import hub_vit` registers every `hub_vit.catalog.MODELS` name with timm.
+"""The timm front door: `import hub_vit` registers every `hub_vit.catalog.MODELS` name with timm (once timm is
+imported: `hub_vit.registration`).
 
 `timm.create_model("simplevit_s16")` builds the paper's S/16; `timm.create_model("vit_b16.augreg_in21k_ft_in1k_384",
 pretrained=True)` downloads and converts Google's npz; `pretrained_cfg_overlay=dict(file="model.safetensors")`
@@ -8,13 +9,18 @@ loads a local file. The entry-point functions are generated from the catalog, so
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 
 from hub_vit.catalog import DEFAULT_DATA_CFG, MODELS, ModelEntry
-from hub_vit.model import VisionTransformer
-from hub_vit.weights import adapt_state_dict
+
+if TYPE_CHECKING:
+    from hub_vit.model import VisionTransformer
+
+# The model and the weight adapter are imported inside the builders, not here: this module runs from the post-import
+# hook that fires once timm is imported (hub_vit.registration), which can happen while `hub_vit.model` itself is
+# still importing timm. Registration needs only the catalog.
 
 # No published weights: still a complete data config (Google's models take [-1, 1] inputs: mean = std = 0.5).
 _UNTRAINED_CFG = dict(
@@ -35,6 +41,9 @@ default_cfgs = generate_default_cfgs({k: v for e in MODELS.values() for k, v in 
 
 def create_hub_vit(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     """Build a registered hub-vit model through timm's builder (pretrained cfg, weight loading, features_only)."""
+    from hub_vit.model import VisionTransformer
+    from hub_vit.weights import adapt_state_dict
+
     entry = MODELS[name]
     # A tag fixes the input size its weights were trained at (e.g. `.augreg_in21k_ft_in1k_384`): build at that size
     # unless the caller asks for another one, in which case learned position embeddings are resampled on load.
@@ -77,7 +86,9 @@ def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     """Any architecture the variant table can describe: pass every `ViTSpec` field (a model folder's `model_args`)
     or `variant="S/16"` plus switches. This is the timm `architecture` of converted checkpoints that match no
     registered name."""
+    from hub_vit.model import VisionTransformer
     from hub_vit.variants import ViTSpec
+    from hub_vit.weights import adapt_state_dict
 
     spec_fields = {k: kwargs.pop(k) for k in list(kwargs) if k in ViTSpec.__dataclass_fields__}
     variant = kwargs.pop("variant", None)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 import typer
 from rich.table import Table
 
 from hub_vit.catalog import MODELS
 from hub_vit.cli.app import app, console, fail
-from hub_vit.model import VisionTransformer, count_parameters
 
 
 @app.command()
@@ -17,6 +15,10 @@ def models(
     tags: bool = typer.Option(True, help="List the pretrained tags of each model."),
 ) -> None:
     """List the architectures hub-vit registers with timm and transformers."""
+    import torch  # here, not at the top: every `hub-vit` command imports this module
+
+    from hub_vit.model import VisionTransformer, count_parameters
+
     families = sorted({e.family for e in MODELS.values()})
     if family is not None and family not in families:
         raise fail(f"unknown family {family!r}; valid choices: {', '.join(families)}")
