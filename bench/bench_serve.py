@@ -5,7 +5,8 @@ Targets (issue #6): at concurrency 16 the server reaches >= 85% of in-process th
 latency is at most in-process p50 + 5 ms. In-process = the identical pipeline without a server: decode + transform
 (the served `imageprep` code) + one ORT session with ONNX Runtime's defaults (all cores, spinning threads), batch 16
 for throughput, batch 1 for latency. Served requests carry one image each; an extra row per protocol sends 8 images
-per request at concurrency 16 (not a target: it shows how much of the gap is fixed per-request cost).
+per request at concurrency 16 (not a target: it shows how much of the gap is fixed per-request cost). Each row
+alternates in-process and served measurements SLICES times and reports the median of the paired ratios / gaps.
 
     python bench/bench_serve.py                          # default model (+ a ViT-Ti/16 224 px random-weight model)
     python bench/bench_serve.py --models digits --seconds 5
@@ -41,6 +42,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CONCURRENCY = (1, 4, 16)
 MAX_BATCH = 16
 MULTI_IMAGE = 8  # images per request in the extra c16 row
+SLICES = 3  # each comparison alternates in-process and served measurements this many times; medians are reported
 
 
 def _imageprep():
@@ -154,11 +156,40 @@ class InProcess:
         return percentiles(latencies)
 
 
+def summarize(slices: list[dict]) -> dict:
+    """One row from its slices: the median of the per-slice ratios / gaps (each slice compares a served measurement
+    with the in-process one taken just before it), plus the slices themselves."""
+    def med(values: list[float]) -> float:
+        return float(np.median(values))
+
+    served = [s["served"] for s in slices]
+    return {
+        "throughput_vs_in_process": med([s["throughput_vs_in_process"] for s in slices]),
+        "p50_minus_in_process_ms": med([s["p50_minus_in_process_ms"] for s in slices]),
+        "served_images_per_s": med([r["images_per_s"] for r in served]),
+        "in_process_images_per_s": med([s["in_process"]["images_per_s_batch16"] for s in slices]),
+        "served_p50_ms": med([r["latency_ms"]["p50"] for r in served]),
+        "in_process_p50_ms": med([s["in_process"]["latency_ms_batch1"]["p50"] for s in slices]),
+        "served_p99_ms": med([r["latency_ms"]["p99"] for r in served]),
+        "served_max_ms": max(r["latency_ms"]["max"] for r in served),
+        "errors": sum(r["errors"] for r in served),
+        "classifier_images_per_execution": med([
+            r["batching"].get("vit_classifier", {}).get("images_per_execution", float("nan")) for r in served]),
+        "slices": slices,
+    }
+
+
+def _spread(slices: list[dict], key: str, fmt: str) -> str:
+    values = sorted(s[key] for s in slices)
+    return f"[{format(values[0], fmt)}..{format(values[-1], fmt)}]"
+
+
 def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
              client_cpus: set[int] | None = None, spinning: bool | None = None) -> dict:
     """The machine is shared, so load drifts: every served measurement is paired with an in-process one taken
-    right before it, and each target is judged on its own pair. With `server_cpus`, Triton (and its stubs) and the
-    in-process baseline run on those cores, the load generator on `client_cpus`."""
+    right before it, SLICES pairs per row, and each target is judged on the median of its pairs. With
+    `server_cpus`, Triton (and its stubs) and the in-process baseline run on those cores, the load generator on
+    `client_cpus`."""
     source, payloads = CASES[case]()
     rows = {}
     pin(server_cpus)  # Triton's processes and the baseline's ORT threads inherit this
@@ -171,24 +202,28 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
             for protocol in ("http", "grpc"):
                 url = server.http_url if protocol == "http" else server.grpc_url
                 for conc, batch in [(c, 1) for c in CONCURRENCY] + [(CONCURRENCY[-1], MULTI_IMAGE)]:
-                    pin(server_cpus)
-                    base = {"images_per_s_batch16": local.throughput(seconds / 2),
-                            "latency_ms_batch1": local.latency(seconds / 2)}
-                    pin(client_cpus)
-                    result = load_test(url, payloads, protocol=protocol, concurrency=conc, duration_s=seconds,
-                                       batch=batch, warmup=4).to_dict()
-                    row = {"in_process": base, "served": result,
-                           "throughput_vs_in_process": result["images_per_s"] / base["images_per_s_batch16"],
-                           "p50_minus_in_process_ms": result["latency_ms"]["p50"] - base["latency_ms_batch1"]["p50"]}
                     key = f"{protocol}_c{conc}" + (f"_b{batch}" if batch > 1 else "")
-                    rows[key] = row
-                    batching = result["batching"].get("vit_classifier", {}).get("images_per_execution", float("nan"))
-                    print(f"[{case}] {key}: served {result['images_per_s']:.1f} img/s "
-                          f"(in-process {base['images_per_s_batch16']:.1f}, "
-                          f"{row['throughput_vs_in_process']:.0%}), p50 {result['latency_ms']['p50']:.2f} ms "
-                          f"(in-process {base['latency_ms_batch1']['p50']:.2f}), p99 {result['latency_ms']['p99']:.1f}"
-                          f" ms, max {result['latency_ms']['max']:.1f} ms, errors {result['errors']}, "
-                          f"batching {batching:.2f}", flush=True)
+                    slices = []
+                    for _ in range(SLICES):  # in-process, served, in-process, served, ...: drift hits both sides
+                        pin(server_cpus)
+                        base = {"images_per_s_batch16": local.throughput(seconds / (2 * SLICES)),
+                                "latency_ms_batch1": local.latency(seconds / (2 * SLICES))}
+                        pin(client_cpus)
+                        result = load_test(url, payloads, protocol=protocol, concurrency=conc,
+                                           duration_s=seconds / SLICES, batch=batch, warmup=4).to_dict()
+                        slices.append({
+                            "in_process": base, "served": result,
+                            "throughput_vs_in_process": result["images_per_s"] / base["images_per_s_batch16"],
+                            "p50_minus_in_process_ms": result["latency_ms"]["p50"] - base["latency_ms_batch1"]["p50"],
+                        })
+                    rows[key] = row = summarize(slices)
+                    print(f"[{case}] {key}: served {row['served_images_per_s']:.1f} img/s "
+                          f"(in-process {row['in_process_images_per_s']:.1f}, {row['throughput_vs_in_process']:.0%}"
+                          f" {_spread(slices, 'throughput_vs_in_process', '.0%')}), p50 {row['served_p50_ms']:.2f} ms "
+                          f"(in-process {row['in_process_p50_ms']:.2f}; gap {row['p50_minus_in_process_ms']:+.2f} ms "
+                          f"{_spread(slices, 'p50_minus_in_process_ms', '+.1f')}), p99 {row['served_p99_ms']:.1f} ms, "
+                          f"max {row['served_max_ms']:.1f} ms, errors {row['errors']}, "
+                          f"batching {row['classifier_images_per_execution']:.2f}", flush=True)
     targets = {}
     for protocol in ("http", "grpc"):
         c16, c1 = rows[f"{protocol}_c16"], rows[f"{protocol}_c1"]
