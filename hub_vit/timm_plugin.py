@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 
 from hub_vit.catalog import DEFAULT_DATA_CFG, MODELS, ModelEntry
+from hub_vit.variants import ViTSpec
 
 if TYPE_CHECKING:
     from hub_vit.model import VisionTransformer
 
-# The model and the weight adapter are imported inside the builders, not here: this module runs from the post-import
+# The model and the weight adapter are imported inside `_build`, not here: this module runs from the post-import
 # hook that fires once timm is imported (hub_vit.registration), which can happen while `hub_vit.model` itself is
 # still importing timm. Registration needs only the catalog.
 
@@ -39,26 +40,32 @@ def _cfgs_for(entry: ModelEntry) -> dict[str, dict[str, Any]]:
 default_cfgs = generate_default_cfgs({k: v for e in MODELS.values() for k, v in _cfgs_for(e).items()})
 
 
-def create_hub_vit(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Build a registered hub-vit model through timm's builder (pretrained cfg, weight loading, features_only)."""
+def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwargs: Any) -> VisionTransformer:
+    """timm's builder (pretrained cfg, weight loading, features_only) for one spec; the one place that imports the
+    model, so registration itself stays free of it (see the note at the top)."""
     from hub_vit.model import VisionTransformer
     from hub_vit.weights import adapt_state_dict
 
+    return build_model_with_cfg(
+        VisionTransformer,
+        architecture,
+        pretrained,
+        pretrained_cfg=cfg,
+        spec=spec,
+        pretrained_filter_fn=adapt_state_dict,
+        feature_cfg=dict(out_indices=spec.depth - 1, feature_cls="getter"),
+        **kwargs,
+    )
+
+
+def create_hub_vit(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Build a registered hub-vit model through timm's builder (pretrained cfg, weight loading, features_only)."""
     entry = MODELS[name]
     # A tag fixes the input size its weights were trained at (e.g. `.augreg_in21k_ft_in1k_384`): build at that size
     # unless the caller asks for another one, in which case learned position embeddings are resampled on load.
     cfg = resolve_pretrained_cfg(name, kwargs.pop("pretrained_cfg", None), kwargs.pop("pretrained_cfg_overlay", None))
     kwargs.setdefault("img_size", tuple(cfg.input_size[-2:]))
-    return build_model_with_cfg(
-        VisionTransformer,
-        name,
-        pretrained,
-        pretrained_cfg=cfg,
-        spec=entry.spec,
-        pretrained_filter_fn=adapt_state_dict,
-        feature_cfg=dict(out_indices=entry.spec.depth - 1, feature_cls="getter"),
-        **kwargs,
-    )
+    return _build(name, entry.spec, pretrained, cfg, **kwargs)
 
 
 def _make_entrypoint(entry: ModelEntry) -> Callable[..., VisionTransformer]:
@@ -86,10 +93,6 @@ def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     """Any architecture the variant table can describe: pass every `ViTSpec` field (a model folder's `model_args`)
     or `variant="S/16"` plus switches. This is the timm `architecture` of converted checkpoints that match no
     registered name."""
-    from hub_vit.model import VisionTransformer
-    from hub_vit.variants import ViTSpec
-    from hub_vit.weights import adapt_state_dict
-
     spec_fields = {k: kwargs.pop(k) for k in list(kwargs) if k in ViTSpec.__dataclass_fields__}
     variant = kwargs.pop("variant", None)
     spec = ViTSpec.from_variant(variant, **spec_fields) if variant else ViTSpec(**spec_fields)
@@ -97,8 +100,4 @@ def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
                                  kwargs.pop("pretrained_cfg_overlay", None))
     kwargs.setdefault("img_size", spec.img_size)
     kwargs.setdefault("num_classes", spec.num_classes)
-    return build_model_with_cfg(
-        VisionTransformer, CUSTOM_ARCHITECTURE, pretrained, pretrained_cfg=cfg, spec=spec,
-        pretrained_filter_fn=adapt_state_dict,
-        feature_cfg=dict(out_indices=spec.depth - 1, feature_cls="getter"), **kwargs,
-    )
+    return _build(CUSTOM_ARCHITECTURE, spec, pretrained, cfg, **kwargs)
