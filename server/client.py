@@ -21,6 +21,9 @@ import numpy as np
 PROTOCOLS = ("http", "grpc")
 ImageLike = Any  # str | Path | bytes | PIL.Image.Image
 OUTPUTS = ("labels", "scores", "class_ids")
+# Modes a PNG holds as they are; Pillow refuses to write the others (CMYK, YCbCr, LAB, HSV, RGBX, RGBa, La, PA, F) as
+# PNG, and writing "I" is deprecated.
+PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I;16B", "I;16L", "I;16N")
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,25 @@ def encode(image: ImageLike) -> bytes:
         return path.read_bytes()
     if hasattr(image, "save") and hasattr(image, "mode"):
         buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
+        _png_ready(image).save(buffer, format="PNG")
         return buffer.getvalue()
     raise ValueError(f"cannot send {type(image).__name__}; valid image types: path, bytes, PIL.Image")
+
+
+def _png_ready(image: Any) -> Any:
+    """A PIL image in a mode PNG can hold, converted the way the server's decoder would treat it."""
+    if image.mode in PNG_MODES:
+        return image
+    if image.mode == "F":
+        raise ValueError("cannot send a mode 'F' (32-bit float) PIL image: its value range is unknown; convert it to "
+                         "'L' or 'RGB' first")
+    if image.mode == "I":
+        from hub_vit.image_modes import to_8bit
+
+        return to_8bit(image)  # 16-bit samples in 32-bit ints -> their high bytes, as the server does for 16-bit PNGs
+    if image.mode == "La":  # premultiplied alpha: Pillow converts it only to LA
+        return image.convert("LA")
+    return image.convert("RGB")  # CMYK, YCbCr, ...; alpha (RGBa, La, PA) is dropped, as the server drops it too
 
 
 def _module(protocol: str, aio: bool = False) -> Any:

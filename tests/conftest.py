@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -32,6 +35,19 @@ def jax_fixtures() -> Path:
 @pytest.fixture(scope="session")
 def jax_index() -> dict:
     return json.loads((JAX_FIXTURES / "index.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def imageprep() -> ModuleType:
+    """The served preprocessing module (`server/templates/preprocess/imageprep.py`), loaded from its file the way a
+    generated repository's Python backend loads it, i.e. without hub_vit on the path of its own imports."""
+    from hub_vit.server.repository import template_dir
+
+    spec = importlib.util.spec_from_file_location("imageprep", template_dir("preprocess") / "imageprep.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["imageprep"] = module  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
 
 
 def real_photos() -> dict[str, np.ndarray]:

@@ -4,7 +4,6 @@ server-side transform equals timm's eval transform pixel for pixel (no server st
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,18 +15,8 @@ pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
 from hub_vit.server.options import ServingOptions  # noqa: E402
-from hub_vit.server.repository import template_dir, write_repository  # noqa: E402
+from hub_vit.server.repository import write_repository  # noqa: E402
 from hub_vit.server.source import ModelSource, ServingMetadata, resolve  # noqa: E402
-
-
-def _load_imageprep():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("imageprep", template_dir("preprocess") / "imageprep.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["imageprep"] = module  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 def _parse(path: Path) -> mc.ModelConfig:
@@ -129,15 +118,14 @@ def test_exported_onnx_without_metadata_reads_the_graph(onnx_file):
 
 
 @pytest.mark.parametrize("crop_pct, interpolation", [(0.875, "bilinear"), (1.0, "bicubic"), (0.9, "bicubic")])
-def test_server_transform_equals_timm_eval_transform(photos, crop_pct, interpolation):
+def test_server_transform_equals_timm_eval_transform(imageprep, photos, crop_pct, interpolation):
     """Golden: timm's own `create_transform` on the same decoded photo; our numpy/PIL path must match exactly."""
     from timm.data import create_transform, resolve_data_config
 
-    prep = _load_imageprep()
     cfg = {"input_size": (3, 64, 64), "crop_pct": crop_pct, "interpolation": interpolation,
            "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
     meta = ServingMetadata.from_pretrained_cfg("t", cfg, None, 3)
-    ours = prep.Preprocess(crop_size=meta.input_size, scale_size=meta.scale_size, interpolation=interpolation)
+    ours = imageprep.Preprocess(crop_size=meta.input_size, scale_size=meta.scale_size, interpolation=interpolation)
     timm_tf = create_transform(**resolve_data_config(pretrained_cfg=cfg), is_training=False)
     for array in photos.values():
         buffer = io.BytesIO()
@@ -146,9 +134,8 @@ def test_server_transform_equals_timm_eval_transform(photos, crop_pct, interpola
         np.testing.assert_array_equal(ours(buffer.getvalue()), expected)
 
 
-def test_exif_orientation_is_applied(photos):
-    prep = _load_imageprep()
-    ours = prep.Preprocess(crop_size=(64, 64), scale_size=(64, 64), crop_mode="squash")
+def test_exif_orientation_is_applied(imageprep, photos):
+    ours = imageprep.Preprocess(crop_size=(64, 64), scale_size=(64, 64), crop_mode="squash")
     upright = Image.fromarray(photos["chelsea"])
     exif = Image.Exif()
     exif[0x0112] = 3  # Orientation: rotated 180 degrees

@@ -228,6 +228,17 @@ def test_input_types_paths_bytes_pil(server, tmp_path, photos):
         encode(42)
 
 
+def test_16bit_grey_png_is_served_like_its_8bit_version(server, reference, photos):
+    """Pillow clips 16-bit grey samples to white on convert("RGB"); served pixels must be the high bytes (the golden:
+    numpy's `>> 8` saved as an 8-bit PNG, classified in process by timm's transform)."""
+    luma = photos["coffee"].astype(np.float64) @ np.array([0.299, 0.587, 0.114])  # (H, W) in [0, 255]
+    grey16 = np.round(luma / 255.0 * 65535.0).astype(np.uint16)
+    wide, narrow = _encode(grey16), _encode((grey16 >> 8).astype(np.uint8))
+    with Classifier(server.grpc_url, protocol="grpc") as client:
+        served = client.classify([wide, narrow, Image.fromarray(grey16)])  # the PIL image travels as 16-bit PNG
+    _assert_same_topk(served, reference([narrow] * 3))
+
+
 def test_32_concurrent_requests_are_batched(server, reference, photo_payloads, digits):
     payloads = [*photo_payloads, *digits[0]][:32]
     expected = reference(payloads)

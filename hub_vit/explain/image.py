@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from hub_vit.image_modes import to_8bit
+
 # Only these decoders ever run on an upload (Pillow's rarer decoders are where the CVEs are).
 IMAGE_FORMATS: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
 INTERPOLATIONS: dict[str, Image.Resampling] = {
@@ -43,8 +45,8 @@ def load_image(source: str | Path | bytes, name: str | None = None) -> Image.Ima
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(fp, formats=list(IMAGE_FORMATS)) as im:
                 im.load()  # Image.open is lazy: decode now, inside the try
-                im = ImageOps.exif_transpose(im)
-                return im.convert("L" if im.mode in ("1", "L", "I", "I;16", "F") else "RGB")
+                im = to_8bit(ImageOps.exif_transpose(im))  # 16-bit grey: scaled, not clipped to white
+                return im.convert("L" if im.mode in ("1", "L", "F") else "RGB")
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
         raise ImageReadError(f"{label!r} is too large to decode safely ({exc})") from exc
     except FileNotFoundError as exc:

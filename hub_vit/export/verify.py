@@ -122,6 +122,8 @@ def load_image_folder(folder: str | Path, size: tuple[int, int], limit: int | No
     fit, centre crop, bilinear (the model's own preprocessing is not known here; it only has to be consistent)."""
     from PIL import Image
 
+    from hub_vit.image_modes import to_8bit
+
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
@@ -131,7 +133,7 @@ def load_image_folder(folder: str | Path, size: tuple[int, int], limit: int | No
     files = files[:limit] if limit else files
     out = np.empty((len(files), 3, *size), dtype=np.float32)
     for i, f in enumerate(files):
-        img = Image.open(f).convert("RGB")
+        img = to_8bit(Image.open(f)).convert("RGB")
         scale = max(size[0] / img.height, size[1] / img.width)
         img = img.resize((max(size[1], round(img.width * scale)), max(size[0], round(img.height * scale))),
                          Image.BILINEAR)

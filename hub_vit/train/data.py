@@ -27,6 +27,7 @@ from timm.data.readers.img_extensions import get_img_extensions
 from timm.data.readers.reader_image_folder import natural_key
 from torch.utils.data import Dataset, Sampler
 
+from hub_vit.image_modes import to_8bit
 from hub_vit.train.recipe import Recipe
 
 MEAN = STD = (0.5, 0.5, 0.5)  # value_range(-1, 1)
@@ -93,7 +94,7 @@ def scan_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
 def load_rgb(path: Path) -> Image.Image:
     try:
         with Image.open(path) as img:
-            return img.convert("RGB")
+            return to_8bit(img).convert("RGB")  # 16-bit grey PNGs: scaled, not clipped to white
     except (UnidentifiedImageError, OSError) as exc:
         raise DataFolderError(f"cannot decode image {str(path)!r}: {exc}") from exc
 

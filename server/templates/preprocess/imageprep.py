@@ -25,6 +25,10 @@ INTERPOLATIONS = {
     "hamming": Image.Resampling.HAMMING,
 }
 CROP_MODES = ("center", "squash")
+# 16-bit greyscale PNGs open in these modes; Pillow's convert("RGB") clips their samples to 255 (an all-white image),
+# so they are brought to 8 bits first by keeping the high byte, as Pillow does for 16-bit colour PNGs. The same rule
+# lives in hub_vit/image_modes.py for in-process use; this file stays importable without hub_vit.
+WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
 
 class BadImageError(ValueError):
@@ -79,6 +83,9 @@ class Preprocess:
             try:
                 image.load()
                 image = ImageOps.exif_transpose(image)
+                if image.mode in WIDE_GREY_MODES:
+                    samples = np.clip(np.asarray(image).astype(np.int64), 0, 65535)  # (H, W)
+                    image = Image.fromarray((samples >> 8).astype(np.uint8))  # 2-D uint8 -> mode "L"
                 return image.convert("RGB")
             except Exception as err:  # truncated or corrupt data surfaces only while decoding
                 raise BadImageError(f"cannot decode {image.format} image ({width}x{height}): {err}") from None
