@@ -42,7 +42,7 @@ class ServingOptions:
     # second instance only keeps Triton's batcher from stalling). A tiny model never spins: its threads would starve
     # the preprocessing stub and Triton's HTTP/gRPC threads. None = decide from the model; bench/bench_serve.py.
     ort_spinning: bool | None = None
-    max_pixels: int = 40_000_000  # decompression-bomb guard for one decoded image
+    max_pixels: int = 40_000_000  # most pixels one image may have, decoded or resized before the crop
     gpu_backend: str = "onnxruntime"  # onnxruntime (+ TensorRT accelerator) or tensorrt (a .plan engine)
     precision: str = "FP16"
     trt_cache_dir: str = "/tmp/hub-vit-trt-cache"

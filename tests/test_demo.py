@@ -161,6 +161,13 @@ def test_non_image_upload_shows_error_and_app_recovers(page, photo_path: Path, t
     error = page.locator(".toast-body", has_text="notes.png")
     error.first.wait_for(state="visible")
     assert "not an image" in error.first.inner_text()
+    # A real image too thin to resize (2x200000 px would become 256x25600000 before the crop) is refused by name.
+    thin = tmp_path / "thin.png"
+    Image.new("RGB", (2, 200_000), (200, 10, 10)).save(thin)
+    upload(page, thin)
+    error = page.locator(".toast-body", has_text="thin.png")
+    error.first.wait_for(state="visible")
+    assert "aspect ratio too extreme" in error.first.inner_text()
     # A plain text file is refused too (by the upload widget itself).
     text = tmp_path / "readme.txt"
     text.write_text("hello\n")

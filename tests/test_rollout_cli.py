@@ -62,14 +62,25 @@ def _runner_app():
     return app
 
 
-def test_cli_bad_image_writes_nothing(model_folder: Path, photo_files: list[Path], tmp_path: Path) -> None:
-    bad = tmp_path / "notes.png"
-    bad.write_text("not an image")
+def _text_posing_as_png(path: Path) -> None:
+    path.write_text("not an image")
+
+
+def _thin_png(path: Path) -> None:  # 2x200000 px would become 256x25600000 before the crop
+    Image.new("RGB", (2, 200_000), (200, 10, 10)).save(path)
+
+
+@pytest.mark.parametrize(("make", "message"), [(_text_posing_as_png, "PNG, JPEG"),
+                                               (_thin_png, "aspect ratio too extreme")])
+def test_cli_bad_image_writes_nothing(model_folder: Path, photo_files: list[Path], tmp_path: Path, make,
+                                      message: str) -> None:
+    bad = tmp_path / "bad.png"
+    make(bad)
     out = tmp_path / "out"
     result = CliRunner().invoke(_runner_app(), ["rollout", str(photo_files[0]), str(bad), "-o", str(out),
                                                 "--model", str(model_folder)])
     assert result.exit_code == 2
-    assert "notes.png" in result.output and "PNG, JPEG" in result.output
+    assert "bad.png" in result.output and message in result.output
     assert not out.exists()
 
 
@@ -103,6 +114,14 @@ def test_prepare_matches_timm_eval_transform(photos: dict) -> None:
     torch.testing.assert_close(prepared.tensor, reference, atol=1e-6, rtol=0)
     # 600x400 -> shorter side 256: 384x256; crop 224 at (80, 16) -> in original pixels x 400/256 = 1.5625
     torch.testing.assert_close(torch.tensor(prepared.box), torch.tensor([125.0, 25.0, 475.0, 375.0]))
+
+
+def test_prepare_refuses_extreme_aspect_ratios(photos: dict) -> None:
+    # The shorter side is resized first: 2x200000 px would become 256x25600000 (20 GB) before the crop.
+    data = DataConfig(img_size=(224, 224), crop_pct=0.875)
+    assert prepare_image(Image.fromarray(photos["coffee"]).resize((2000, 200)), data).tensor.shape == (3, 224, 224)
+    with pytest.raises(ImageReadError, match=r"aspect ratio too extreme: a 2x200000 image .* 256x25600000"):
+        prepare_image(Image.new("RGB", (2, 200_000)), data)
 
 
 def test_load_image_rejects_non_images_and_bombs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -134,6 +134,30 @@ def test_server_transform_equals_timm_eval_transform(imageprep, photos, crop_pct
         np.testing.assert_array_equal(ours(buffer.getvalue()), expected)
 
 
+def test_panorama_equals_timm_and_extreme_aspect_ratios_are_refused(imageprep, photos):
+    """The shorter side is resized first, so a thin image grows: 2x200000 px (a 2 kB PNG) would become 248x24800000.
+    A 10:1 panorama is still served exactly as timm transforms it; the thin one is refused from its header alone."""
+    from timm.data import create_transform, resolve_data_config
+
+    cfg = {"input_size": (3, 224, 224), "crop_pct": 0.9, "interpolation": "bicubic", "mean": (0.5,) * 3,
+           "std": (0.5,) * 3}
+    meta = ServingMetadata.from_pretrained_cfg("t", cfg, None, 3)
+    ours = imageprep.Preprocess(crop_size=meta.input_size, scale_size=meta.scale_size, interpolation="bicubic")
+    panorama = Image.fromarray(photos["coffee"]).resize((2000, 200))
+    buffer = io.BytesIO()
+    panorama.save(buffer, format="PNG")
+    expected = create_transform(**resolve_data_config(pretrained_cfg=cfg), is_training=False)(panorama).numpy()
+    np.testing.assert_array_equal(ours(buffer.getvalue()), expected)
+
+    thin = io.BytesIO()
+    Image.new("RGB", (2, 200_000), (200, 10, 10)).save(thin, format="PNG")
+    header_only = thin.getvalue()[:thin.getvalue().index(b"IDAT") + 4]  # no pixel data: refused on the header
+    for data in (thin.getvalue(), header_only):
+        with pytest.raises(imageprep.BadImageError, match=r"aspect ratio too extreme: a 2x200000 image would be "
+                                                          r"resized to 248x24800000"):
+            ours(data)
+
+
 def test_exif_orientation_is_applied(imageprep, photos):
     ours = imageprep.Preprocess(crop_size=(64, 64), scale_size=(64, 64), crop_mode="squash")
     upright = Image.fromarray(photos["chelsea"])

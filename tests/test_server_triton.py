@@ -298,6 +298,7 @@ BAD_IMAGES = {
     "not_an_image": (lambda photos: b"this is plain text, not a picture", "not an image"),
     "truncated_jpeg": (_jpeg_truncated, "cannot decode JPEG"),
     "decompression_bomb": (lambda photos: _bomb_png(), "decompression bomb"),
+    "extreme_aspect_ratio": (lambda photos: _bomb_png(2, 200_000), "aspect ratio too extreme"),  # 0.4 MP, resized 6 GP
     "empty": (lambda photos: b"", "empty image"),
 }
 

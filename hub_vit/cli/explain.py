@@ -43,19 +43,25 @@ def rollout(
         explainer = load_explainer(resolve_choice(model))
     except ValueError as exc:
         raise fail(str(exc)) from exc
-    try:  # read every image before writing anything, so one bad file does not leave a partial output folder
-        decoded = [load_image(path) for path in images]
-    except ImageReadError as exc:
-        raise fail(str(exc)) from exc
+    # Read and prepare every image before writing anything, so one bad file does not leave a partial output folder.
+    ready = []  # (path, PreparedImage)
+    for path in images:
+        try:
+            image = load_image(path)  # its errors name the file
+        except ImageReadError as exc:
+            raise fail(str(exc)) from exc
+        try:
+            ready.append((path, explainer.prepare(image)))
+        except ImageReadError as exc:  # an aspect ratio too extreme to resize
+            raise fail(f"{str(path)!r}: {exc}") from exc
     if out.exists() and not out.is_dir():
         raise fail(f"--out {str(out)!r} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     names: set[str] = set()
     for start in range(0, len(images), BATCH):
-        chunk = list(zip(images[start:start + BATCH], decoded[start:start + BATCH], strict=True))
-        prepared = [explainer.prepare(image) for _, image in chunk]
-        result = explainer.rollout(prepared, head_fusion, discard_ratio)
-        for i, ((path, _), prep) in enumerate(zip(chunk, prepared, strict=True)):
+        chunk = ready[start:start + BATCH]
+        result = explainer.rollout([prep for _, prep in chunk], head_fusion, discard_ratio)
+        for i, (path, prep) in enumerate(chunk):
             stem = path.stem
             while stem in names:  # a.png and other/a.png must not overwrite each other
                 stem = f"{stem}-{len(names)}"

@@ -87,12 +87,16 @@ class Demo:
             raise gr.Error(f"unknown head fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
         if not 0 <= float(discard_ratio) < 1:
             raise gr.Error(f"discard ratio must be in [0, 1), got {discard_ratio}")
+        name = Path(image_path).name
         try:
-            image = load_image(image_path, name=Path(image_path).name)
+            image = load_image(image_path, name=name)
         except ImageReadError as exc:
             raise gr.Error(str(exc)) from exc
         start = time.perf_counter()
-        prepared = explainer.prepare(image)
+        try:
+            prepared = explainer.prepare(image)
+        except ImageReadError as exc:  # an aspect ratio too extreme to resize
+            raise gr.Error(f"{name!r}: {exc}") from exc
         result = explainer.rollout(prepared, head_fusion, float(discard_ratio))
         top = explainer.top_k(result.logits[0], 5)
         status = f"**{explainer.name}** in-process"

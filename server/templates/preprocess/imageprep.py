@@ -45,7 +45,7 @@ class Preprocess:
     crop_mode: str = "center"
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    max_pixels: int = 40_000_000  # decompression-bomb guard, checked on the header before any pixel is decoded
+    max_pixels: int = 40_000_000  # most pixels an image may have, decoded or resized; checked on the header
 
     def __post_init__(self) -> None:
         if self.interpolation not in INTERPOLATIONS:
@@ -80,6 +80,14 @@ class Preprocess:
                     f"decompression bomb refused: image declares {width}x{height} = {width * height} pixels, "
                     f"more than the limit of {self.max_pixels}"
                 )
+            # The shorter side is resized before the crop, so a thin image grows: a 2 kB PNG of 2x200000 pixels
+            # would become 248x24800000 (18 GB). EXIF rotation swaps the sides, which leaves this product unchanged.
+            new_w, new_h = self.resized_size(width, height)
+            if new_w * new_h > self.max_pixels:
+                raise BadImageError(
+                    f"aspect ratio too extreme: a {width}x{height} image would be resized to {new_w}x{new_h} = "
+                    f"{new_w * new_h} pixels before the centre crop, more than the limit of {self.max_pixels}"
+                )
             try:
                 image.load()
                 image = ImageOps.exif_transpose(image)
@@ -90,19 +98,21 @@ class Preprocess:
             except Exception as err:  # truncated or corrupt data surfaces only while decoding
                 raise BadImageError(f"cannot decode {image.format} image ({width}x{height}): {err}") from None
 
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """(W, H) of a `width` x `height` image after the resize that comes before the crop."""
+        if self.crop_mode == "squash":
+            return self.scale_size[1], self.scale_size[0]
+        size = self.scale_size[0]  # shorter side -> size, longer side truncated (torchvision Resize(int))
+        short, long = min(width, height), max(width, height)
+        new_short, new_long = size, int(size * long / short)
+        return (new_short, new_long) if width <= height else (new_long, new_short)
+
     def pixels(self, image: Image.Image) -> np.ndarray:
         """RGB PIL image -> (3, H, W) float32, normalised."""
-        resample = INTERPOLATIONS[self.interpolation]
         width, height = image.size
-        if self.crop_mode == "squash":
-            new_h, new_w = self.scale_size
-        else:  # shorter side -> size, longer side truncated (torchvision Resize(int))
-            size = self.scale_size[0]
-            short, long = min(width, height), max(width, height)
-            new_short, new_long = size, int(size * long / short)
-            new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
+        new_w, new_h = self.resized_size(width, height)
         if (new_w, new_h) != (width, height):
-            image = image.resize((new_w, new_h), resample)
+            image = image.resize((new_w, new_h), INTERPOLATIONS[self.interpolation])
         crop_h, crop_w = self.crop_size
         top = int(round((new_h - crop_h) / 2.0))
         left = int(round((new_w - crop_w) / 2.0))
