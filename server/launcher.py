@@ -17,6 +17,7 @@ import ctypes
 import importlib.metadata
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,6 +35,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+# Triton logs one line per model version that fails to load; the reason's traceback follows as escaped newlines:
+#   E1123 06:09:28.412527 4209 model_lifecycle.cc:642] "failed to load 'vit_classifier' version 1: Internal:
+#   InvalidProtobuf: [ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from ... failed:Protobuf parsing failed.
+#   \n\nAt:\n  .../onnxruntime_inference_collection.py(753): _create_inference_session\n ..."
+LOAD_FAILURE = re.compile(r"failed to load '(?P<model>[^']+)' version (?P<version>\d+): (?P<reason>.*)")
+
+
+def load_failure(line: str) -> str | None:
+    """A one-line summary of a model that failed to load, from one line of Triton's log; None for other lines."""
+    match = LOAD_FAILURE.search(line)
+    if match is None:
+        return None
+    reason = match["reason"].split("\\n")[0].rstrip('"').strip()  # up to the traceback
+    return f"model {match['model']!r} (version {match['version']}) failed to load: {reason}"
 
 
 class ServerError(RuntimeError):
@@ -136,6 +151,7 @@ class TritonServer:
         self.log, self.log_verbose, self.extra_args = log, log_verbose, extra_args
         self.process: subprocess.Popen[bytes] | None = None
         self.log_tail: deque[str] = deque(maxlen=400)
+        self.load_failures: list[str] = []  # `load_failure` summaries, kept even when the tail has moved on
         self._workspace: Path | None = None
         self._reader: threading.Thread | None = None
 
@@ -202,6 +218,9 @@ class TritonServer:
         for raw in self.process.stdout:
             line = raw.decode("utf-8", errors="replace").rstrip()
             self.log_tail.append(line)
+            failure = load_failure(line)
+            if failure is not None:
+                self.load_failures.append(failure)
             if self.log is not None:
                 self.log(line)
 
@@ -217,12 +236,17 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
-                raise ServerError(f"tritonserver exited with code {code} before it was ready; log tail:\n"
-                                  + self.tail())
+                if self._reader is not None:  # the process is gone: let the reader take in its last lines
+                    self._reader.join(timeout=2)
+                raise ServerError(f"tritonserver exited with code {code} before it was ready{self._failures()}\n"
+                                  f"log tail:\n{self.tail()}")
             if self.is_ready():
                 return
             time.sleep(0.2)
-        raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s; log tail:\n{self.tail()}")
+        raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s{self._failures()}\nlog tail:\n{self.tail()}")
+
+    def _failures(self) -> str:
+        return "".join(f"\n  {failure}" for failure in self.load_failures)
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(list(self.log_tail)[-lines:])

@@ -22,3 +22,20 @@ def test_numpy_1_finds_the_wheel_binary_and_this_interpreters_stub(monkeypatch):
     assert install.binary.name == "tritonserver" and install.binary.is_file()
     assert install.stub is not None and install.stub.is_file()
     assert (install.python_backend / "libtriton_python.so").is_file()
+
+
+def test_load_failure_summarises_tritons_own_log_line():
+    # Verbatim from Triton 2.51 (nvidia-pytriton 0.7.0) serving a repository whose model.onnx was truncated.
+    line = (
+        """E1123 06:09:28.412527 4209 model_lifecycle.cc:642] "failed to load 'vit_classifier' version 1: Internal: """
+        """InvalidProtobuf: [ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from /tmp/rp/vit_classifier/1/"""
+        """model.onnx failed:Protobuf parsing failed.\\n\\nAt:\\n  /work/main/.venv/lib/python3.11/site-packages/"""
+        """onnxruntime/capi/onnxruntime_inference_collection.py(753): _create_inference_session\\n"""
+    )
+    assert launcher.load_failure(line) == (
+        "model 'vit_classifier' (version 1) failed to load: Internal: InvalidProtobuf: [ONNXRuntimeError] : 7 : "
+        "INVALID_PROTOBUF : Load model from /tmp/rp/vit_classifier/1/model.onnx failed:Protobuf parsing failed."
+    )
+    follow_up = 'I1123 06:09:28.412568 4209 model_lifecycle.cc:777] "failed to load \'vit_classifier\'"'
+    assert launcher.load_failure(follow_up) is None  # the line after it, without a reason
+    assert launcher.load_failure('I1123 06:09:10.415730 model_lifecycle.cc:472] "loading: vit_classifier:1"') is None

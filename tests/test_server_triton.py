@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import shutil
 import struct
 import time
 import urllib.request
@@ -26,7 +27,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
 from hub_vit.server.client import AsyncClassifier, Classifier, encode
-from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.launcher import ServerError, TritonServer, free_port
 from hub_vit.server.loadtest import settled_statistics
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
@@ -500,6 +501,18 @@ def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path):
             process.communicate()
     assert process.returncode == 0, err
     assert "tritonserver stopped" in out and "SIGTERM" in err
+
+
+def test_a_model_that_fails_to_load_is_named_with_its_reason(repo, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(repo, broken)
+    onnx = broken / "vit_classifier" / "1" / "model.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:2000])  # a truncated copy
+    with pytest.raises(ServerError) as info:
+        _start(broken)
+    first_lines = str(info.value).split("log tail:")[0]  # the summary comes before the log
+    assert "model 'vit_classifier' (version 1) failed to load" in first_lines
+    assert "Protobuf parsing failed" in first_lines  # ONNX Runtime's own words
 
 
 def test_stop_reaps_backend_stubs_of_a_dead_server(tmp_path):
