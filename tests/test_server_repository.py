@@ -170,7 +170,6 @@ def test_exif_orientation_is_applied(imageprep, photos):
     np.testing.assert_array_equal(ours(buffer.getvalue()), ours(plain.getvalue()))
 
 
-
 def test_cli_repository_writes_gpu_flavour(tmp_path, onnx_file):
     from typer.testing import CliRunner
 

@@ -1,0 +1,96 @@
+"""The GPU Dockerfile cannot be built here (no Docker engine), so what can drift from the code is checked instead:
+the files it copies exist, the extras it installs are declared, its `hub-vit repository` step runs with today's CLI
+and writes the GPU flavour it promises, and every flag of its CMD is one `tritonserver --help` lists (the real
+binary from nvidia-pytriton: Triton 2.51, older than the image's, and these flags are older still)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    logical, current = [], ""
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        logical.append(current)
+        current = ""
+    return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1].strip()) for text in logical]
+
+
+def _args() -> dict[str, str]:
+    """Build arguments with their defaults (`ARG NAME=value`; a FROM line's ARG included)."""
+    out = {}
+    for kind, text in _instructions():
+        if kind == "ARG":
+            name, _, value = text.partition("=")
+            out[name] = value.strip('"')
+    return out
+
+
+def test_copied_paths_exist_and_installed_extras_are_declared():
+    copied = [text.split()[:-1] for kind, text in _instructions() if kind == "COPY"]
+    assert copied, "the Dockerfile copies nothing"
+    for sources in copied:
+        for source in sources:
+            assert (REPO / source).exists(), f"Dockerfile copies {source}, which the repository does not have"
+    declared = set(importlib.metadata.metadata("hub-vit").get_all("Provides-Extra") or [])  # pyproject's extras
+    runs = " ".join(text for kind, text in _instructions() if kind == "RUN")
+    installs = re.findall(r'"\.\[([^\]]+)\]"', runs)
+    assert installs, "the Dockerfile does not install hub-vit from its copy"
+    for extras in installs:
+        assert set(extras.split(",")) <= declared, f"extras {extras} not all in pyproject's {sorted(declared)}"
+
+
+def test_repository_step_writes_the_gpu_flavour(tmp_path):
+    """Run the Dockerfile's own `hub-vit repository` command line (ARG defaults, /models -> a temp folder)."""
+    step = next(text for kind, text in _instructions() if kind == "RUN" and text.startswith("hub-vit repository"))
+    command = step.split("&&")[0].replace("/models", shlex.quote(str(tmp_path / "models")))
+    env = dict(os.environ, **_args(), PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    result = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    manifest = json.loads((tmp_path / "models" / "hub_vit_repository.json").read_text())
+    assert manifest["options"]["flavour"] == "gpu" and manifest["metadata"]["name"] == "digits"  # the shipped model
+    classifier = text_format.Parse((tmp_path / "models/vit_classifier/config.pbtxt").read_text(), mc.ModelConfig())
+    assert classifier.backend == "onnxruntime"
+    assert classifier.max_batch_size == int(_args()["MAX_BATCH_SIZE"])
+    assert [group.kind for group in classifier.instance_group] == [mc.ModelInstanceGroup.KIND_GPU]
+    (accelerator,) = classifier.optimization.execution_accelerators.gpu_execution_accelerator
+    assert accelerator.name == "tensorrt" and accelerator.parameters["precision_mode"] == "FP16"
+
+
+def test_cmd_flags_are_tritonserver_flags():
+    from hub_vit.server.launcher import ServerError, find_triton
+
+    try:
+        install = find_triton()
+    except ServerError as err:
+        pytest.skip(f"no tritonserver binary to ask: {err}")
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(str(p) for p in install.libs))
+    usage = subprocess.run([str(install.binary), "--help"], capture_output=True, text=True, env=env, timeout=60)
+    known = set(re.findall(r"^\s+(--[a-z0-9-]+)", usage.stdout + usage.stderr, flags=re.MULTILINE))
+    assert len(known) > 30, "tritonserver --help listed no flags"
+    (cmd,) = [json.loads(text) for kind, text in _instructions() if kind == "CMD"]
+    assert cmd[0] == "tritonserver"
+    for flag in cmd[1:]:
+        assert flag.split("=")[0] in known, f"{flag} is not a tritonserver flag"
+    healthcheck = next(text for kind, text in _instructions() if kind == "HEALTHCHECK")
+    assert "/v2/health/ready" in healthcheck
