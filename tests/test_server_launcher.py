@@ -39,3 +39,39 @@ def test_load_failure_summarises_tritons_own_log_line():
     follow_up = 'I1123 06:09:28.412568 4209 model_lifecycle.cc:777] "failed to load \'vit_classifier\'"'
     assert launcher.load_failure(follow_up) is None  # the line after it, without a reason
     assert launcher.load_failure('I1123 06:09:10.415730 model_lifecycle.cc:472] "loading: vit_classifier:1"') is None
+
+
+@pytest.fixture()
+def listening_port():
+    """A port something already listens on (another server, as far as Triton could tell)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_ports_are_checked_before_anything_starts(tmp_path, listening_port):
+    from hub_vit.server.launcher import TritonServer, free_port
+
+    with pytest.raises(ServerError, match=r"HTTP port 70000 is not a TCP port \(1-65535\)"):
+        TritonServer(tmp_path, http_port=70000)
+    with pytest.raises(ServerError, match=r"ports must differ, got HTTP 9000, gRPC 9000, metrics 8002"):
+        TritonServer(tmp_path, http_port=9000, grpc_port=9000)
+    server = TritonServer(tmp_path, http_port=free_port(), grpc_port=listening_port, metrics_port=free_port())
+    with pytest.raises(ServerError, match=rf"gRPC port {listening_port} on 127.0.0.1 is already in use.*--grpc-port"):
+        server.start()
+    assert server.process is None  # refused before tritonserver was started
+
+
+def test_cli_serve_refuses_a_taken_port_before_building(listening_port):
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["serve", "--http-port", str(listening_port), "--quiet"])
+    assert result.exit_code == 2
+    assert f"HTTP port {listening_port} on 127.0.0.1 is already in use" in result.output
+    assert "building the Triton repository" not in result.output
