@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hub_vit.ports import PortError, check_ports
+
 PR_SET_PDEATHSIG = 1
 # Triton logs one line per model version that fails to load; the reason's traceback follows as escaped newlines:
 #   E1123 06:09:28.412527 4209 model_lifecycle.cc:642] "failed to load 'vit_classifier' version 1: Internal:
@@ -120,33 +122,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def check_ports(host: str, ports: dict[str, int], *, in_use: bool = True) -> None:
-    """`ServerError` naming the port unless every port (label -> number) is a TCP port, they differ, and (with
-    `in_use`) nothing listens on them yet."""
-    for label, port in ports.items():
-        if not 1 <= port <= 65535:
-            raise ServerError(f"{label} port {port} is not a TCP port (1-65535)")
-    if len(set(ports.values())) < len(ports):
-        raise ServerError("the ports must differ, got "
-                          + ", ".join(f"{label} {port}" for label, port in ports.items()))
-    for label, port in ports.items() if in_use else ():
-        if port_in_use(host, port):
-            raise ServerError(f"{label} port {port} on {host} is already in use (another server?); choose another "
-                              f"(hub-vit serve --{label.lower()}-port)")
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Something listens on (host, port). SO_REUSEADDR as servers set it, so a port in TIME_WAIT counts as free."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 def _kill_process_group(pgid: int) -> None:
     """SIGKILL what is left of the server's session (it was started with `start_new_session`, so its process group
     id is its pid): Triton's Python-backend stub processes, orphaned when tritonserver exits without reaping them."""
@@ -174,7 +149,10 @@ class TritonServer:
         if not self.repository.is_dir():
             raise ServerError(f"model repository {str(self.repository)!r} is not a folder")
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
-        check_ports(host, self._ports(), in_use=False)
+        try:
+            check_ports(host, self._ports(), in_use=False)
+        except PortError as err:
+            raise ServerError(str(err)) from None
         self.exit_timeout_s = exit_timeout_s
         self.log, self.log_verbose, self.extra_args = log, log_verbose, extra_args
         self.process: subprocess.Popen[bytes] | None = None
@@ -214,10 +192,13 @@ class TritonServer:
         ]
 
     def _ports(self) -> dict[str, int]:
-        return {"HTTP": self.http_port, "gRPC": self.grpc_port, "metrics": self.metrics_port}
+        return {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:
-        check_ports(self.host, self._ports())  # Triton would say so only deep in its log, after loading models
+        try:  # Triton would say so only deep in its log, after loading every model
+            check_ports(self.host, self._ports())
+        except PortError as err:
+            raise ServerError(str(err)) from None
         install = find_triton()
         self._workspace = Path(tempfile.mkdtemp(prefix="hub-vit-triton-"))
         backends = self._workspace / "backends"

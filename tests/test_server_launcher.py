@@ -55,23 +55,35 @@ def listening_port():
 def test_ports_are_checked_before_anything_starts(tmp_path, listening_port):
     from hub_vit.server.launcher import TritonServer, free_port
 
-    with pytest.raises(ServerError, match=r"HTTP port 70000 is not a TCP port \(1-65535\)"):
+    with pytest.raises(ServerError, match=r"http_port 70000 is not a TCP port \(1-65535\)"):
         TritonServer(tmp_path, http_port=70000)
-    with pytest.raises(ServerError, match=r"ports must differ, got HTTP 9000, gRPC 9000, metrics 8002"):
+    with pytest.raises(ServerError, match=r"http_port and grpc_port are both 9000"):
         TritonServer(tmp_path, http_port=9000, grpc_port=9000)
     server = TritonServer(tmp_path, http_port=free_port(), grpc_port=listening_port, metrics_port=free_port())
-    with pytest.raises(ServerError, match=rf"gRPC port {listening_port} on 127.0.0.1 is already in use.*--grpc-port"):
+    with pytest.raises(ServerError, match=rf"grpc_port {listening_port}: something already listens on 127.0.0.1:"):
         server.start()
     assert server.process is None  # refused before tritonserver was started
 
 
-def test_cli_serve_refuses_a_taken_port_before_building(listening_port):
+@pytest.mark.parametrize("command", [["serve", "--quiet", "--http-port"], ["serve", "--quiet", "--demo", "--demo-port"],
+                                     ["demo", "--port"]])
+def test_cli_refuses_a_taken_port_before_building(listening_port, command):
     from typer.testing import CliRunner
 
     from hub_vit.cli import _load_commands, app
 
     _load_commands()
-    result = CliRunner().invoke(app, ["serve", "--http-port", str(listening_port), "--quiet"])
+    result = CliRunner().invoke(app, [*command, str(listening_port)])
     assert result.exit_code == 2
-    assert f"HTTP port {listening_port} on 127.0.0.1 is already in use" in result.output
+    assert f"{command[-1]} {listening_port}: something already listens on 127.0.0.1:{listening_port}" in result.output
     assert "building the Triton repository" not in result.output
+
+
+def test_cli_demo_refuses_an_impossible_port():
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["demo", "--port", "99999"])  # was a traceback from uvicorn's bind()
+    assert result.exit_code == 2 and "--port 99999 is not a TCP port (1-65535)" in result.output

@@ -95,6 +95,8 @@ def demo(
     concurrency: int = typer.Option(2, min=1, help="Requests computed at the same time."),
 ) -> None:
     """Start the Gradio attention-rollout demo (blocks until Ctrl-C)."""
+    from hub_vit.ports import PortError, check_ports
+
     try:
         from hub_vit.demo.app import Demo, launch
         from hub_vit.demo.backends import TritonLabels
@@ -109,6 +111,10 @@ def demo(
     if not choices:
         raise fail("no model to show: this build ships no default model; pass --model-folder DIR "
                    "(from `hub-vit convert` or `hub-vit train`)")
+    try:
+        check_ports(host, {"--port": port})
+    except PortError as exc:
+        raise fail(str(exc)) from exc
     console.print(f"models: {', '.join(c.key for c in choices)}")
     console.print(f"demo on http://{host}:{port} (Ctrl-C to stop)")
     launch(Demo(cache=ModelCache(choices), triton=triton), host=host, port=port, max_size=max_queue,

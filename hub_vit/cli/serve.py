@@ -108,13 +108,14 @@ def serve(
     demo_port: int = typer.Option(7860, help="Port of the demo (with --demo)."),
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
-    from hub_vit.server.launcher import ServerError, TritonServer, check_ports
+    from hub_vit.ports import PortError, check_ports
+    from hub_vit.server.launcher import ServerError, TritonServer
     from hub_vit.server.repository import MANIFEST, write_repository
 
     try:  # before building anything: a taken port is the likeliest reason a second `serve` fails
-        check_ports(host, {"HTTP": http_port, "gRPC": grpc_port, "metrics": metrics_port,
-                           **({"demo": demo_port} if demo else {})})
-    except ServerError as err:
+        check_ports(host, {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port,
+                           **({"--demo-port": demo_port} if demo else {})})
+    except PortError as err:
         raise fail(str(err)) from None
     workdir = None
     if repository_dir is None:

@@ -1,0 +1,40 @@
+"""Checking TCP ports before a server starts, so a taken or invalid port is one clear error instead of a failure deep
+in tritonserver's log or a traceback from uvicorn."""
+
+from __future__ import annotations
+
+import socket
+
+
+class PortError(ValueError):
+    """A port setting that cannot work; the message names the setting as the caller knows it."""
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Something listens on (host, port). SO_REUSEADDR as servers set it, so a port in TIME_WAIT counts as free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_ports(host: str, ports: dict[str, int], *, in_use: bool = True) -> None:
+    """`PortError` unless every port (setting name -> number) is a TCP port, no two are equal, and (with `in_use`)
+    nothing listens on any of them yet."""
+    for setting, port in ports.items():
+        if not 1 <= port <= 65535:
+            raise PortError(f"{setting} {port} is not a TCP port (1-65535)")
+    by_port: dict[int, list[str]] = {}
+    for setting, port in ports.items():
+        by_port.setdefault(port, []).append(setting)
+    for port, settings in by_port.items():
+        if len(settings) > 1:
+            raise PortError(f"{' and '.join(settings)} are both {port}; each server needs its own port")
+    for setting, port in ports.items() if in_use else ():
+        if port_in_use(host, port):
+            raise PortError(f"{setting} {port}: something already listens on {host}:{port} (another server?); "
+                            f"choose another port")
