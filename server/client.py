@@ -11,6 +11,7 @@ normalising happen on the server, exactly once, with the model's own transform.
 from __future__ import annotations
 
 import io
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,29 @@ def _png_ready(image: Any) -> Any:
     return image.convert("RGB")  # CMYK, YCbCr, ...; alpha (RGBa, La, PA) is dropped, as the server drops it too
 
 
+def server_address(url: str) -> tuple[str, bool]:
+    """`host:port`, optionally written as a URL (`http://`, `grpc://`; `https://` for TLS) -> (host:port, use TLS).
+    `ValueError` naming the problem otherwise: tritonclient itself fails on these with unrelated errors (a bad port
+    ends in an AttributeError from its destructor)."""
+    example = "e.g. 127.0.0.1:8000 for HTTP or 127.0.0.1:8001 for gRPC"
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep:
+        scheme, rest = "", scheme
+    if scheme not in ("", "http", "https", "grpc"):
+        raise ValueError(f"unsupported scheme {scheme!r} in server URL {url!r}; give host:port ({example})")
+    rest = rest.rstrip("/")
+    if "/" in rest or "?" in rest:
+        raise ValueError(f"server URL {url!r} has a path; give host:port only ({example})")
+    try:
+        parts = urllib.parse.urlsplit(f"//{rest}")
+        port = parts.port
+    except ValueError:
+        port, parts = None, None
+    if parts is None or not parts.hostname or port is None or port == 0:
+        raise ValueError(f"server URL must be host:port ({example}), got {url!r}")
+    return rest, scheme == "https"
+
+
 def _module(protocol: str, aio: bool = False) -> Any:
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
@@ -107,16 +131,17 @@ def parse_result(result: Any, with_logits: bool) -> list[Prediction]:
 
 
 class Classifier:
-    """Blocking client. `url` is `host:port` (8000 for HTTP, 8001 for gRPC by default)."""
+    """Blocking client. `url` is `host:port` (8000 for HTTP, 8001 for gRPC by default); see `server_address`."""
 
     def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str = "http", model: str = "vit",
                  timeout_s: float = 60.0) -> None:
         self.module, self.model, self.protocol = _module(protocol), model, protocol
+        address, tls = server_address(url)
         if protocol == "http":
-            self.client = self.module.InferenceServerClient(url, connection_timeout=timeout_s,
+            self.client = self.module.InferenceServerClient(address, ssl=tls, connection_timeout=timeout_s,
                                                             network_timeout=timeout_s)
         else:
-            self.client = self.module.InferenceServerClient(url)
+            self.client = self.module.InferenceServerClient(address, ssl=tls)
         self.timeout_s = timeout_s
 
     def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False) -> list[Prediction]:
@@ -146,7 +171,8 @@ class AsyncClassifier:
 
     def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str = "http", model: str = "vit") -> None:
         self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
-        self.client = self.module.InferenceServerClient(url)
+        address, tls = server_address(url)
+        self.client = self.module.InferenceServerClient(address, ssl=tls)
 
     async def classify(self, images: Sequence[ImageLike] | ImageLike, *,
                        with_logits: bool = False) -> list[Prediction]:

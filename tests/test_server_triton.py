@@ -229,6 +229,13 @@ def test_input_types_paths_bytes_pil(server, tmp_path, photos):
         encode(42)
 
 
+def test_url_forms_reach_the_server(server):
+    """Scheme prefixes and a trailing slash, as users paste them, reach the same server."""
+    for url, protocol in ((f"http://{server.http_url}/", "http"), (f"grpc://{server.grpc_url}", "grpc")):
+        with Classifier(url, protocol=protocol) as client:
+            assert client.ready()
+
+
 def test_16bit_grey_png_is_served_like_its_8bit_version(server, reference, photos):
     """Pillow clips 16-bit grey samples to white on convert("RGB"); served pixels must be the high bytes (the golden:
     numpy's `>> 8` saved as an 8-bit PNG, classified in process by timm's transform)."""

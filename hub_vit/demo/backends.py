@@ -16,8 +16,9 @@ class TritonLabels:
     """Top-k labels from the served classifier at `url` (`host:port`, HTTP), via `hub_vit.server.client`."""
 
     def __init__(self, url: str, model: str = "vit", timeout_s: float = 10.0) -> None:
-        if not url or "://" in url or "/" in url:
-            raise ValueError(f"Triton URL must be host:port (e.g. 127.0.0.1:8000), got {url!r}")
+        from hub_vit.server.client import server_address  # numpy only; tritonclient loads on first request
+
+        server_address(url)  # ValueError naming the problem, before the page offers this backend
         self.url, self.model, self.timeout_s = url, model, timeout_s
         self.choice = f"triton ({url})"
         self._client: Any = None

@@ -1,0 +1,49 @@
+"""Server addresses the clients accept, and the ones they refuse with a message (not tritonclient's own errors: a
+non-numeric port ended in an AttributeError from its destructor)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hub_vit.server.client import Classifier, server_address
+
+
+@pytest.mark.parametrize(("url", "address", "tls"), [
+    ("127.0.0.1:8000", "127.0.0.1:8000", False),
+    ("http://127.0.0.1:8000/", "127.0.0.1:8000", False),  # copied from a browser or from `hub-vit serve`'s output
+    ("grpc://localhost:8001", "localhost:8001", False),
+    ("https://triton.example.com:443", "triton.example.com:443", True),
+    ("[::1]:8001", "[::1]:8001", False),
+])
+def test_accepted_forms(url, address, tls):
+    assert server_address(url) == (address, tls)
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("notaurl:xx", "must be host:port"),
+    ("127.0.0.1", "must be host:port"),
+    ("127.0.0.1:70000", "must be host:port"),
+    (":8000", "must be host:port"),
+    ("127.0.0.1:8000/v2/models/vit/infer", "has a path"),
+    ("ftp://127.0.0.1:21", "unsupported scheme 'ftp'"),
+])
+def test_refused_forms_name_the_problem(url, message):
+    with pytest.raises(ValueError, match=message):
+        server_address(url)
+    for protocol in ("http", "grpc"):
+        with pytest.raises(ValueError, match=message):
+            Classifier(url, protocol=protocol)
+
+
+def test_cli_classify_refuses_a_bad_url(tmp_path):
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    image = tmp_path / "x.png"
+    Image.new("RGB", (8, 8)).save(image)
+    _load_commands()
+    result = CliRunner().invoke(app, ["classify", "--url", "notaurl:xx", str(image)])
+    assert result.exit_code != 0 and "must be host:port" in result.output
+    assert not isinstance(result.exception, AttributeError)
