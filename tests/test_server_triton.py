@@ -462,6 +462,15 @@ def test_cli_classify_and_loadtest(server, tmp_path, photos):
     assert set(report["latency_ms"]) >= {"p50", "p90", "p99"}
     result = runner.invoke(app, ["classify", "--url", server.http_url, str(tmp_path / "missing.png")])
     assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())
+    # The other protocol's port: one message that points at the ports (was an HTTPParseError traceback for HTTP).
+    for command in (["classify", "--url", server.grpc_url], ["classify", "--grpc", "--url", server.http_url],
+                    ["loadtest", "--requests", "2", "--url", server.grpc_url]):
+        result = runner.invoke(app, [*command, str(image)])
+        output = " ".join(result.output.split())
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (command, output)
+        assert "answer from" in output and "not its" in output and "Defaults: HTTP 8000, gRPC 8001" in output, output
+    result = runner.invoke(app, ["classify", "--url", server.http_url, "--model", "nope", str(image)])
+    assert result.exit_code == 1 and "unknown model" in result.output and "Defaults" not in result.output
 
 
 def test_loadtest_rates_the_duration_window(server, photo_payloads):

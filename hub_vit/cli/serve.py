@@ -192,8 +192,6 @@ def classify(
     top: int = typer.Option(3, help="How many of the returned labels to print."),
 ) -> None:
     """Classify images with a running server and print a table."""
-    from tritonclient.utils import InferenceServerException
-
     from hub_vit.server.client import Classifier
 
     protocol = "grpc" if grpc else "http"
@@ -201,8 +199,10 @@ def classify(
     try:
         with Classifier(url, protocol=protocol, model=model) as client:
             predictions = client.classify(list(images))
-    except (ValueError, InferenceServerException, ConnectionError, OSError) as err:
+    except ValueError as err:
         raise fail(f"{protocol} {url}: {err}", code=1) from None
+    except Exception as err:  # refused, not Triton, the other protocol's port (HTTPParseError), unknown model, ...
+        raise fail(_request_failed(protocol, url, err), code=1) from None
     table = Table(title=f"{model} @ {url} ({protocol})")
     for column in ("image", "rank", "label", "score"):
         table.add_column(column, justify="right" if column in ("rank", "score") else "left")
@@ -237,7 +237,7 @@ def loadtest(
     except ValueError as err:
         raise fail(str(err)) from None
     except Exception as err:  # connection refused, unknown model, ...
-        raise fail(f"{protocol} {url}: {err}", code=1) from None
+        raise fail(_request_failed(protocol, url, err), code=1) from None
     lat = result.latency_ms
     console.print(f"[bold]{result.requests}[/] requests ({result.errors} errors) in {result.seconds:.1f} s, "
                   f"concurrency {concurrency}, {protocol}: [bold]{result.throughput_rps:.1f} req/s[/], "
@@ -256,6 +256,21 @@ def loadtest(
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+
+
+def _request_failed(protocol: str, url: str, err: Exception) -> str:
+    """One readable line for a request that got no answer from the model: the error, shortened (aiohttp quotes the
+    whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look."""
+    from tritonclient.utils import InferenceServerException
+
+    text = " ".join(str(err).split())
+    text = text if len(text) <= 240 else text[:240] + " ..."
+    if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
+        return f"{protocol} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
+    names = {"http": "HTTP", "grpc": "gRPC"}
+    this, other = names[protocol], names["http" if protocol == "grpc" else "grpc"]
+    return (f"{protocol} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), and "
+            f"is this its {this} port, not its {other} port? Defaults: HTTP 8000, gRPC 8001 (--grpc).")
 
 
 def _sample_images() -> list[Any]:
