@@ -90,7 +90,8 @@ def cached_path(url: str) -> Path:
 def _offline_message(url: str, dest: Path, reason: str) -> str:
     return (f"cannot download {url} ({reason}). Download it by hand, e.g. `curl -L -o {dest} {url}` "
             f"(or wget), and run again: the file is then taken from the cache at {dest}. "
-            "Alternatively pass the local .npz path to `hub-vit convert`.")
+            "Alternatively pass the local .npz path to `hub-vit convert`, or to timm as "
+            "`timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))`.")
 
 
 def download(url: str, *, expected_sha256: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,

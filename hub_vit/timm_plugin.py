@@ -9,6 +9,8 @@ loads a local file. The entry-point functions are generated from the catalog, so
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
@@ -65,7 +67,19 @@ def create_hub_vit(name: str, pretrained: bool = False, **kwargs: Any) -> Vision
     # unless the caller asks for another one, in which case learned position embeddings are resampled on load.
     cfg = resolve_pretrained_cfg(name, kwargs.pop("pretrained_cfg", None), kwargs.pop("pretrained_cfg_overlay", None))
     kwargs.setdefault("img_size", tuple(cfg.input_size[-2:]))
+    if pretrained and cfg.url and not (cfg.file or cfg.state_dict) and cfg.source in ("", "timm", None):
+        cfg = replace(cfg, file=str(_fetch(entry, cfg)))
     return _build(name, entry.spec, pretrained, cfg, **kwargs)
+
+
+def _fetch(entry: ModelEntry, cfg: Any) -> Path:
+    """Google's npz through hub-vit's own downloader instead of timm's: the cache `hub-vit convert` uses, the
+    catalog's sha256 checked, and without network a `DownloadError` that names the URL to fetch by hand and where to
+    put it (timm's raises a bare `URLError: Name or service not known`)."""
+    from hub_vit.conversion.download import download
+
+    sha256 = next((w.sha256 for w in entry.weights if w.tag == cfg.tag), None)
+    return download(cfg.url, expected_sha256=sha256)
 
 
 def _make_entrypoint(entry: ModelEntry) -> Callable[..., VisionTransformer]:

@@ -157,6 +157,37 @@ def test_strict_loading_lists_every_problem(tmp_path) -> None:
     assert "norm.bias: checkpoint (7,) vs model (192,)" in text
 
 
+def test_pretrained_download_goes_through_hub_vits_downloader(tmp_path, monkeypatch) -> None:
+    """timm's own downloader would use its own cache and, offline, raise `URLError: Name or service not known`."""
+    from hub_vit.conversion import download as downloads
+
+    source = timm.create_model("vit_ti16", img_size=32)
+    with torch.no_grad():
+        for p in source.parameters():
+            p.normal_(std=0.2)
+    path = tmp_path / "weights.safetensors"
+    save_file(source.state_dict(), str(path))
+    asked = []
+    monkeypatch.setattr(downloads, "download", lambda url, expected_sha256=None: asked.append(url) or path)
+    loaded = timm.create_model("vit_ti16.augreg_in21k_ft_in1k", pretrained=True, img_size=32)
+    assert asked == [MODELS["vit_ti16"].weight("augreg_in21k_ft_in1k").url]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(x), source.eval()(x), atol=0, rtol=0)
+
+
+def test_pretrained_offline_names_the_url_and_the_cache(tmp_path, monkeypatch) -> None:
+    from hub_vit.conversion.download import DownloadError, cached_path
+
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path))
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    url = MODELS["simplevit_s16"].weight("i1k_90ep").url
+    with pytest.raises(DownloadError) as err:
+        timm.create_model("simplevit_s16.i1k_90ep", pretrained=True)
+    text = str(err.value)
+    assert url in text and str(cached_path(url)) in text and "curl -L -o" in text
+
+
 def test_pretrained_without_weights_is_a_clear_error() -> None:
     with pytest.raises(RuntimeError, match="No pretrained weights exist for simplevit_b32"):
         timm.create_model("simplevit_b32", pretrained=True)
