@@ -185,6 +185,13 @@ def test_bad_input_is_a_clear_error(shape: tuple[int, ...], message: str) -> Non
         model(torch.randn(*shape))
 
 
+def test_raw_uint8_pixels_are_a_clear_error() -> None:
+    """Was torch's "Input type (unsigned char) and bias type (float) should be the same" from inside the conv."""
+    model = _model("simplevit_gap_rep")
+    with pytest.raises(ValueError, match=r"expected normalised float pixels, got a torch.uint8 tensor"):
+        model(torch.randint(0, 255, (2, 3, 64, 64), dtype=torch.uint8))
+
+
 def test_forward_intermediates() -> None:
     model = _model("vit_jax_token")
     x = torch.randn(2, 3, 64, 64)
