@@ -317,6 +317,19 @@ def test_remote_code_is_generated_from_the_package(tmp_path, monkeypatch) -> Non
         bundle_source("eager_mod")
 
 
+def test_shipped_folders_remote_code_is_current() -> None:
+    """The shipped default model's folder carries generated copies of bundled package modules (transformers remote
+    code). After a change to one of them the copies must be regenerated (`write_remote_code(folder)`); otherwise
+    users loading the folder without hub_vit run old code. Two copies had drifted before this test existed."""
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.hf.remote_code import bundle_source
+
+    folder = default_model_folder()
+    for module, file_name in BUNDLE.items():
+        committed = (folder / file_name).read_text(encoding="utf-8").split("\n", 2)[2]  # after the 2-line header
+        assert committed == bundle_source(module), f"stale {file_name}: run write_remote_code({str(folder)!r})"
+
+
 def test_pipeline_never_asks_to_run_remote_code(monkeypatch) -> None:
     """With hub_vit installed, `pipeline()` on a model folder must not stop at transformers' interactive
     "run the custom code? [y/N]" prompt (its AutoVideoProcessor probe used to trigger it)."""

@@ -89,6 +89,18 @@ def test_training_loader_scales_16bit_grey(png_pair):
     np.testing.assert_array_equal(np.asarray(load_rgb(wide)), np.asarray(load_rgb(narrow)))
 
 
+def test_transformers_image_processor_scales_16bit_grey(png_pair):
+    """The transformers front door (`pipeline("image-classification", model=folder)`) preprocesses with it."""
+    from transformers import AutoImageProcessor
+
+    from hub_vit.catalog import default_model_folder
+
+    processor = AutoImageProcessor.from_pretrained(str(default_model_folder()))
+    wide, narrow = png_pair
+    np.testing.assert_array_equal(processor(Image.open(wide), return_tensors="np")["pixel_values"],
+                                  processor(Image.open(narrow), return_tensors="np")["pixel_values"])
+
+
 def test_export_verification_images_scale_16bit_grey(png_pair, tmp_path):
     from hub_vit.export.verify import load_image_folder
 

@@ -136,11 +136,17 @@ class VisionTransformer(nn.Module):
 
     # ---------------------------------------------------------------------------------------------------- forward
     def check_input(self, x: torch.Tensor) -> None:
-        """Clear errors for the three classic mistakes: wrong rank, wrong channel count, size not a patch multiple."""
+        """Clear errors for the classic mistakes: wrong rank, raw uint8 pixels, wrong channel count, size not a
+        patch multiple."""
         if _tracing():
             return
         if x.ndim != 4:
             raise ValueError(f"expected a (batch, channels, height, width) image tensor, got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(
+                f"expected normalised float pixels, got a {x.dtype} tensor; prepare images with the model's own "
+                "transform: timm.data.create_transform(**timm.data.resolve_data_config(model=model))"
+            )
         if x.shape[1] != self.spec.in_chans:
             raise ValueError(
                 f"expected {self.spec.in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)}); "

@@ -95,14 +95,21 @@ def check_state_dict(state_dict: dict[str, torch.Tensor], model: torch.nn.Module
         if tuple(state_dict[k].shape) != tuple(expected[k].shape)
     ]
     if missing or unexpected or mis_shaped:
-        lines = ["checkpoint does not match the model:"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
-        if mis_shaped:
-            lines.append(f"  shape mismatches ({len(mis_shaped)}): {'; '.join(mis_shaped)}")
-        raise CheckpointMismatchError("\n".join(lines))
+        raise CheckpointMismatchError(mismatch_message("checkpoint does not match the model:", missing, unexpected,
+                                                       mis_shaped))
+
+
+def mismatch_message(header: str, missing: list[str], unexpected: list[str], mis_shaped: list[str],
+                     missing_note: str = "") -> str:
+    """One message naming every missing, unexpected and mis-shaped key, each group with its count."""
+    lines = [header]
+    if missing:
+        lines.append(f"  missing keys ({len(missing)}){missing_note}: {', '.join(missing)}")
+    if unexpected:
+        lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+    if mis_shaped:
+        lines.append(f"  shape mismatches ({len(mis_shaped)}): {'; '.join(mis_shaped)}")
+    return "\n".join(lines)
 
 
 def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:

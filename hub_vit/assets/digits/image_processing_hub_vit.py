@@ -20,6 +20,8 @@ from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
 from transformers.image_transforms import to_pil_image
 from transformers.image_utils import make_flat_list_of_images
 
+from .hub_vit_image_modes import to_8bit
+
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
 CROP_MODES = ("center", "squash", "border")
 
@@ -109,7 +111,7 @@ class HubViTImageProcessor(BaseImageProcessor):
         pixels = []
         for image in make_flat_list_of_images(images):
             pil = image if hasattr(image, "convert") else to_pil_image(_as_numpy(image))
-            pil = pil.convert("RGB" if channels == 3 else "L")
+            pil = to_8bit(pil).convert("RGB" if channels == 3 else "L")  # 16-bit grey: scaled, not clipped to white
             pixels.append(transform(pil))  # (C, H, W)
         batch = torch.stack(pixels)  # (B, C, H, W)
         data = {"pixel_values": batch.numpy() if return_tensors == "np" else batch}
