@@ -122,6 +122,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _answers(url: str) -> bool:
+    """GET `url` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def _kill_process_group(pgid: int) -> None:
     """SIGKILL what is left of the server's session (it was started with `start_new_session`, so its process group
     id is its pid): Triton's Python-backend stub processes, orphaned when tritonserver exits without reaping them."""
@@ -238,11 +247,9 @@ class TritonServer:
                 self.log(line)
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
-                return reply.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        """Every model ready and every endpoint answering. Triton starts its metrics service last, after HTTP already
+        reports ready (a metrics read right after readiness was once refused in CI), so that is checked too."""
+        return _answers(f"http://{self.http_url}/v2/health/ready") and _answers(self.metrics_url)
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
