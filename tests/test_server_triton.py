@@ -404,12 +404,16 @@ def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path):
     # long enough to be seen (with the 512 px photo, 4 ms per image, all 8 could finish between two metric reads).
     in_flight = 8
 
+    busy = ServingOptions().preprocess_instances  # with requests queued, every preprocess instance executes one
+
     def reached() -> tuple[float, float]:
-        """(requests queued at the first step, requests that reached the server: queued + done + executing)."""
+        """(requests queued at the first step, requests that reached the server: queued + done + executing).
+        Triton's pending count excludes executing requests; counting one instance instead of both made the condition
+        true only in the instant between two executions, which a loaded machine could miss until all were done."""
         text = _metrics(server)
         queued = _metric(text, "nv_inference_pending_request_count", model="vit_preprocess")
         done = (_metric(text, "nv_inference_count", model="vit_preprocess") - warm) / MAX_BATCH
-        return queued, queued + done + 1
+        return queued, queued + done + (busy if queued else 0)
 
     warm = _metric(_metrics(server), "nv_inference_count", model="vit_preprocess")  # warmup inferences
 
@@ -419,7 +423,7 @@ def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path):
             deadline = time.monotonic() + 30
             queued, arrived = 0.0, 0.0
             while time.monotonic() < deadline:  # every request has reached the server and some still wait
-                queued, arrived = reached()
+                queued, arrived = await asyncio.to_thread(reached)  # the loop keeps sending the 1.4 MB bodies meanwhile
                 if arrived >= in_flight and queued >= 2:
                     break
                 await asyncio.sleep(0.01)
