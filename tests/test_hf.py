@@ -225,6 +225,17 @@ def test_image_processor_rejects_bad_settings(kwargs: dict, needle: str) -> None
         HubViTImageProcessor(**kwargs)
 
 
+def test_image_processor_refuses_extreme_aspect_ratios(photos: dict[str, np.ndarray]) -> None:
+    """The shorter side is resized first: 2x200000 px (a 2 kB PNG) would become 256x25600000 before the crop."""
+    from PIL import Image
+
+    processor = HubViTImageProcessor(size={"height": 224, "width": 224}, crop_pct=0.875)
+    panorama = Image.fromarray(photos["coffee"]).resize((2000, 200))  # 10:1 is fine
+    assert processor(panorama)["pixel_values"].shape == (1, 3, 224, 224)
+    with pytest.raises(ValueError, match=r"too extreme: a 2x200000 image would be resized to 256x25600000 "):
+        processor(Image.new("RGB", (2, 200_000)))
+
+
 def test_image_processor_rejects_wrong_channel_count() -> None:
     with pytest.raises(ValueError, match="expected an RGB or grayscale image"):
         HubViTImageProcessor()(np.zeros((32, 32, 4), dtype=np.uint8))

@@ -12,6 +12,7 @@ This file is also bundled into saved model folders as transformers remote code (
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,9 @@ from transformers.image_utils import make_flat_list_of_images
 from .hub_vit_image_modes import to_8bit
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
+# Most pixels the resize before the centre crop may create, as in hub-vit's served preprocessing. The shorter side is
+# resized, so a thin image grows: a 2 kB PNG of 2x200000 pixels would become 256x25600000 (20 GB) and end the process.
+MAX_RESIZED_PIXELS = 40_000_000
 CROP_MODES = ("center", "squash", "border")
 
 
@@ -112,10 +116,25 @@ class HubViTImageProcessor(BaseImageProcessor):
         for image in make_flat_list_of_images(images):
             pil = image if hasattr(image, "convert") else to_pil_image(_as_numpy(image))
             pil = to_8bit(pil).convert("RGB" if channels == 3 else "L")  # 16-bit grey: scaled, not clipped to white
+            self._check_resize(*pil.size)
             pixels.append(transform(pil))  # (C, H, W)
         batch = torch.stack(pixels)  # (B, C, H, W)
         data = {"pixel_values": batch.numpy() if return_tensors == "np" else batch}
         return BatchFeature(data=data, tensor_type=return_tensors)
+
+    def _check_resize(self, width: int, height: int) -> None:
+        """`ValueError` if timm's resize would create more than `MAX_RESIZED_PIXELS` pixels (an extreme aspect ratio;
+        only the centre mode with a square input resizes by the shorter side, the other modes have a fixed size)."""
+        scale = [math.floor(v / self.crop_pct) for v in (self.size["height"], self.size["width"])]
+        if self.crop_mode != "center" or scale[0] != scale[1]:
+            return
+        short, long = min(width, height), max(width, height)
+        new_short, new_long = scale[0], int(scale[0] * long / short)
+        new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
+        if new_w * new_h > MAX_RESIZED_PIXELS:
+            raise ValueError(f"aspect ratio too extreme: a {width}x{height} image would be resized to "
+                             f"{new_w}x{new_h} = {new_w * new_h} pixels before the centre crop, more than the limit "
+                             f"of {MAX_RESIZED_PIXELS}")
 
     def __call__(self, images: Any, **kwargs: Any) -> BatchFeature:
         return self.preprocess(images, **kwargs)
