@@ -158,10 +158,7 @@ class TritonServer:
         if not self.repository.is_dir():
             raise ServerError(f"model repository {str(self.repository)!r} is not a folder")
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
-        try:
-            check_ports(host, self._ports(), in_use=False)
-        except PortError as err:
-            raise ServerError(str(err)) from None
+        self._check_ports(in_use=False)
         self.exit_timeout_s = exit_timeout_s
         self.log, self.log_verbose, self.extra_args = log, log_verbose, extra_args
         self.process: subprocess.Popen[bytes] | None = None
@@ -200,14 +197,15 @@ class TritonServer:
             *self.extra_args,
         ]
 
-    def _ports(self) -> dict[str, int]:
-        return {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
-
-    def start(self, timeout_s: float = 120.0) -> TritonServer:
-        try:  # Triton would say so only deep in its log, after loading every model
-            check_ports(self.host, self._ports())
+    def _check_ports(self, in_use: bool) -> None:
+        ports = {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
+        try:
+            check_ports(self.host, ports, in_use=in_use)
         except PortError as err:
             raise ServerError(str(err)) from None
+
+    def start(self, timeout_s: float = 120.0) -> TritonServer:
+        self._check_ports(in_use=True)  # Triton would say so only deep in its log, after loading every model
         install = find_triton()
         self._workspace = Path(tempfile.mkdtemp(prefix="hub-vit-triton-"))
         backends = self._workspace / "backends"

@@ -19,6 +19,7 @@ import torch
 from PIL import Image, ImageOps
 
 from hub_vit.image_modes import to_8bit
+from hub_vit.resize_bound import check_resize, shorter_side_resize
 
 # Only these decoders ever run on an upload (Pillow's rarer decoders are where the CVEs are).
 IMAGE_FORMATS: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
@@ -27,11 +28,6 @@ INTERPOLATIONS: dict[str, Image.Resampling] = {
     "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS,
     "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING,
 }
-
-
-# Most pixels the resize before the centre crop may create (the server's default `max_pixels` too). The shorter side
-# is resized, so a thin image grows: a 2 kB PNG of 2x200000 pixels would become 256x25600000 (20 GB).
-MAX_RESIZED_PIXELS = 40_000_000
 
 
 class ImageReadError(ValueError):
@@ -114,18 +110,15 @@ class PreparedImage:
 def prepare_image(image: Image.Image, data: DataConfig) -> PreparedImage:
     """Resize the shorter side to `size / crop_pct`, centre-crop `size`, normalise with mean/std.
 
-    `ImageReadError` if the resize would create more than `MAX_RESIZED_PIXELS` pixels (an extreme aspect ratio)."""
+    `ImageReadError` if the resize would create more than `hub_vit.resize_bound.MAX_RESIZED_PIXELS` pixels (an
+    extreme aspect ratio)."""
     th, tw = data.img_size
     w, h = image.size
     short = math.floor(min(th, tw) / data.crop_pct)
     # Same rounding as torchvision's Resize(int) + CenterCrop, which timm's eval transform uses.
-    rw, rh = (short, max(short, int(short * h / w))) if w <= h else (max(short, int(short * w / h)), short)
+    rw, rh = shorter_side_resize(w, h, short)
     rw, rh = max(rw, tw), max(rh, th)
-    if rw * rh > MAX_RESIZED_PIXELS:
-        raise ImageReadError(
-            f"aspect ratio too extreme: a {w}x{h} image would be resized to {rw}x{rh} = {rw * rh} pixels before the "
-            f"centre crop, more than the limit of {MAX_RESIZED_PIXELS}"
-        )
+    check_resize(w, h, rw, rh, error=ImageReadError)
     resized = image.convert("L" if data.in_chans == 1 else "RGB").resize((rw, rh), INTERPOLATIONS[data.interpolation])
     left, top = int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0))
     crop = resized.crop((left, top, left + tw, top + th))

@@ -20,11 +20,9 @@ from transformers.image_transforms import to_pil_image
 from transformers.image_utils import make_flat_list_of_images
 
 from hub_vit.image_modes import to_8bit
+from hub_vit.resize_bound import check_resize, shorter_side_resize
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
-# Most pixels the resize before the centre crop may create, as in hub-vit's served preprocessing. The shorter side is
-# resized, so a thin image grows: a 2 kB PNG of 2x200000 pixels would become 256x25600000 (20 GB) and end the process.
-MAX_RESIZED_PIXELS = 40_000_000
 CROP_MODES = ("center", "squash", "border")
 
 
@@ -121,18 +119,11 @@ class HubViTImageProcessor(BaseImageProcessor):
         return BatchFeature(data=data, tensor_type=return_tensors)
 
     def _check_resize(self, width: int, height: int) -> None:
-        """`ValueError` if timm's resize would create more than `MAX_RESIZED_PIXELS` pixels (an extreme aspect ratio;
-        only the centre mode with a square input resizes by the shorter side, the other modes have a fixed size)."""
+        """`ValueError` if timm's resize would create too many pixels (`hub_vit.resize_bound`; only the centre mode
+        with a square input resizes by the shorter side, the other modes have a fixed size)."""
         scale = [math.floor(v / self.crop_pct) for v in (self.size["height"], self.size["width"])]
-        if self.crop_mode != "center" or scale[0] != scale[1]:
-            return
-        short, long = min(width, height), max(width, height)
-        new_short, new_long = scale[0], int(scale[0] * long / short)
-        new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
-        if new_w * new_h > MAX_RESIZED_PIXELS:
-            raise ValueError(f"aspect ratio too extreme: a {width}x{height} image would be resized to "
-                             f"{new_w}x{new_h} = {new_w * new_h} pixels before the centre crop, more than the limit "
-                             f"of {MAX_RESIZED_PIXELS}")
+        if self.crop_mode == "center" and scale[0] == scale[1]:
+            check_resize(width, height, *shorter_side_resize(width, height, scale[0]))
 
     def __call__(self, images: Any, **kwargs: Any) -> BatchFeature:
         return self.preprocess(images, **kwargs)

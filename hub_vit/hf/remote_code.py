@@ -22,6 +22,7 @@ BUNDLE: dict[str, str] = {
     "hub_vit.model": "hub_vit_model.py",
     "hub_vit.weights": "hub_vit_weights.py",
     "hub_vit.image_modes": "hub_vit_image_modes.py",
+    "hub_vit.resize_bound": "hub_vit_resize_bound.py",
     "hub_vit.hf.configuration_hub_vit": "configuration_hub_vit.py",
     "hub_vit.hf.modeling_hub_vit": "modeling_hub_vit.py",
     "hub_vit.hf.image_processing_hub_vit": "image_processing_hub_vit.py",
