@@ -6,7 +6,9 @@ latency is at most in-process p50 + 5 ms. In-process = the identical pipeline wi
 (the served `imageprep` code) + one ORT session with ONNX Runtime's defaults (all cores, spinning threads), batch 16
 for throughput, batch 1 for latency. Served requests carry one image each; an extra row per protocol sends 8 images
 per request at concurrency 16 (not a target: it shows how much of the gap is fixed per-request cost). Each row
-alternates in-process and served measurements SLICES times and reports the median of the paired ratios / gaps.
+alternates in-process and served measurements SLICES times and reports the median of the paired ratios / gaps, and
+the CPU milliseconds per image spent by the in-process baseline, by the server (Triton + its stubs) and by the load
+generator, so the run itself shows where a gap comes from.
 
     python bench/bench_serve.py                          # default model (+ a ViT-Ti/16 224 px random-weight model)
     python bench/bench_serve.py --models digits --seconds 5
@@ -108,6 +110,21 @@ def parse_cpus(text: str | None) -> set[int] | None:
     return cpus
 
 
+def process_group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds used so far by the live processes of one process group (Linux /proc): Triton and
+    its Python-backend stubs, which `TritonServer` starts in a session of their own."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()  # after "(comm)": state, ppid, pgrp, ...
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / tick
+
+
 def pin(cpus: set[int] | None) -> None:
     """Confine the calling thread (and the threads and processes it starts from now on) to `cpus`."""
     if cpus:
@@ -137,14 +154,14 @@ class InProcess:
     def classify(self, batch: list[bytes]) -> np.ndarray:
         return self.session.run(None, {self.name: np.stack([self.prep(p) for p in batch])})[0]
 
-    def throughput(self, seconds: float) -> float:
-        """Images per second at batch MAX_BATCH."""
+    def throughput(self, seconds: float) -> tuple[float, float]:
+        """Images per second at batch MAX_BATCH, and CPU milliseconds per image (this process: decode + ORT)."""
         cycle = [self.payloads[i % len(self.payloads)] for i in range(MAX_BATCH)]
-        images, start = 0, time.perf_counter()
+        images, start, cpu = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - start < seconds:
             self.classify(cycle)
             images += MAX_BATCH
-        return images / (time.perf_counter() - start)
+        return images / (time.perf_counter() - start), (time.process_time() - cpu) * 1000 / images
 
     def latency(self, seconds: float) -> dict[str, float]:
         """Batch-1 latency percentiles (ms)."""
@@ -175,6 +192,13 @@ def summarize(slices: list[dict]) -> dict:
         "errors": sum(r["errors"] for r in served),
         "classifier_images_per_execution": med([
             r["batching"].get("vit_classifier", {}).get("images_per_execution", float("nan")) for r in served]),
+        # Where the cores went, per image: the baseline's process; Triton + its stubs; the Python load generator,
+        # which shares the server's cores unless --client-cpus moves it (perf_analyzer, in C++, would cost less).
+        "cpu_ms_per_image": {
+            "in_process": med([s["in_process"]["cpu_ms_per_image"] for s in slices]),
+            "server": med([s["cpu_ms_per_image"]["server"] for s in slices]),
+            "load_generator": med([s["cpu_ms_per_image"]["load_generator"] for s in slices]),
+        },
         "slices": slices,
     }
 
@@ -206,24 +230,35 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
                     slices = []
                     for _ in range(SLICES):  # in-process, served, in-process, served, ...: drift hits both sides
                         pin(server_cpus)
-                        base = {"images_per_s_batch16": local.throughput(seconds / (2 * SLICES)),
+                        rate, cpu_ms = local.throughput(seconds / (2 * SLICES))
+                        base = {"images_per_s_batch16": rate, "cpu_ms_per_image": cpu_ms,
                                 "latency_ms_batch1": local.latency(seconds / (2 * SLICES))}
                         pin(client_cpus)
+                        server_cpu, client_cpu = process_group_cpu_s(server.process.pid), time.process_time()
                         result = load_test(url, payloads, protocol=protocol, concurrency=conc,
                                            duration_s=seconds / SLICES, batch=batch, warmup=4).to_dict()
+                        # CPU over the whole call (warm-up and drained tail too), per image answered in it
+                        images = (result["requests"] + 4) * batch
                         slices.append({
                             "in_process": base, "served": result,
+                            "cpu_ms_per_image": {
+                                "server": (process_group_cpu_s(server.process.pid) - server_cpu) * 1000 / images,
+                                "load_generator": (time.process_time() - client_cpu) * 1000 / images,
+                            },
                             "throughput_vs_in_process": result["images_per_s"] / base["images_per_s_batch16"],
                             "p50_minus_in_process_ms": result["latency_ms"]["p50"] - base["latency_ms_batch1"]["p50"],
                         })
                     rows[key] = row = summarize(slices)
+                    cpu = row["cpu_ms_per_image"]
                     print(f"[{case}] {key}: served {row['served_images_per_s']:.1f} img/s "
                           f"(in-process {row['in_process_images_per_s']:.1f}, {row['throughput_vs_in_process']:.0%}"
                           f" {_spread(slices, 'throughput_vs_in_process', '.0%')}), p50 {row['served_p50_ms']:.2f} ms "
                           f"(in-process {row['in_process_p50_ms']:.2f}; gap {row['p50_minus_in_process_ms']:+.2f} ms "
                           f"{_spread(slices, 'p50_minus_in_process_ms', '+.1f')}), p99 {row['served_p99_ms']:.1f} ms, "
                           f"max {row['served_max_ms']:.1f} ms, errors {row['errors']}, "
-                          f"batching {row['classifier_images_per_execution']:.2f}", flush=True)
+                          f"batching {row['classifier_images_per_execution']:.2f}; CPU ms/img: in-process "
+                          f"{cpu['in_process']:.2f}, server {cpu['server']:.2f}, load generator "
+                          f"{cpu['load_generator']:.2f}", flush=True)
     targets = {}
     for protocol in ("http", "grpc"):
         c16, c1 = rows[f"{protocol}_c16"], rows[f"{protocol}_c1"]
