@@ -95,17 +95,25 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-norm encoder block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_dim: int, eps: float, gelu: str) -> None:
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int, eps: float, gelu: str, drop_path: float = 0.0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=eps)
         self.attn = Attention(dim, num_heads)
         self.norm2 = nn.LayerNorm(dim, eps=eps)
         self.mlp = Mlp(dim, mlp_dim, gelu)
+        # Stochastic depth (training only; no parameters): timm's layer, imported only when used, so the module and
+        # the remote-code copy of it load without timm
+        if drop_path > 0:
+            from timm.layers import DropPath
+
+            self.drop_path: nn.Module = DropPath(drop_path)
+        else:
+            self.drop_path = nn.Identity()
 
     def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         y, attn = self.attn(self.norm1(x), return_attn)
-        x = x + y
-        x = x + self.mlp(self.norm2(x))
+        x = x + self.drop_path(y)
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
         return x, attn
 
 

@@ -34,6 +34,26 @@ class ViTOutput(NamedTuple):
     pool_attention: torch.Tensor | None = None
 
 
+# timm's names for the three poolings (`global_pool`), and back
+_POOL_NAMES = {"tok": "token", "gap": "avg", "map": "map"}
+_TIMM_POOLS = {name: pool for pool, name in _POOL_NAMES.items()}
+# timm regularisation arguments that hub-vit models do not implement: accepted when they ask for nothing (timm's
+# train.py always passes drop_rate, and may pass the others as 0)
+_UNSUPPORTED_REGULARISATION = ("pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
+                               "drop_block_rate")
+
+
+def _check_timm_regularisation(overrides: dict[str, Any], **rates: float) -> None:
+    for name, rate in rates.items():
+        if not (isinstance(rate, (int, float)) and 0 <= rate < 1):
+            raise ValueError(f"{name} must be a number in [0, 1), got {rate!r}")
+    for name in _UNSUPPORTED_REGULARISATION:
+        value = overrides.pop(name, None)
+        if value:
+            raise ValueError(f"{name}={value!r} is not implemented by hub-vit models; supported regularisation: "
+                             "drop_rate (dropout before the head) and drop_path_rate (stochastic depth)")
+
+
 def _tracing() -> bool:
     return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
@@ -42,13 +62,22 @@ class VisionTransformer(nn.Module):
     """ViT / SimpleViT. `VisionTransformer(ViTSpec.from_variant("S/16", posemb="sincos2d", pool_type="gap"))`.
 
     Keyword overrides replace spec fields (this is how timm passes `num_classes=`, `img_size=`, `in_chans=`).
+    Training-only regularisation, as timm's models take it (none of it changes the state dict): `drop_rate` is
+    dropout on the features the head reads, `drop_path_rate` stochastic depth rising linearly to that rate over the
+    blocks. `global_pool` may only name the model's own pooling ('token', 'avg' or 'map'): pooling is architecture.
     """
 
-    def __init__(self, spec: ViTSpec | None = None, **overrides: Any) -> None:
+    def __init__(self, spec: ViTSpec | None = None, *, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
+                 global_pool: str | None = None, **overrides: Any) -> None:
         super().__init__()
         if spec is None:
             raise ValueError("VisionTransformer needs a ViTSpec, e.g. ViTSpec.from_variant('S/16')")
+        _check_timm_regularisation(overrides, drop_rate=drop_rate, drop_path_rate=drop_path_rate)
         spec = spec.replace(**overrides) if overrides else spec
+        if global_pool is not None and _TIMM_POOLS.get(global_pool) != spec.pool_type:
+            raise ValueError(f"global_pool={global_pool!r}: this model pools with {_POOL_NAMES[spec.pool_type]!r} "
+                             f"(pool_type {spec.pool_type!r}), and pooling is part of its architecture; pass "
+                             f"global_pool={_POOL_NAMES[spec.pool_type]!r} or leave it out")
         self.spec = spec
         D = spec.width
         # timm model attributes that timm's helpers (data config, features, optimizers) read
@@ -56,7 +85,7 @@ class VisionTransformer(nn.Module):
         self.num_features = self.head_hidden_size = spec.num_features
         self.embed_dim = D
         self.num_prefix_tokens = spec.num_prefix_tokens
-        self.global_pool = {"tok": "token", "gap": "avg", "map": "map"}[spec.pool_type]
+        self.global_pool = _POOL_NAMES[spec.pool_type]
         self.grad_checkpointing = False
 
         self.patch_embed = nn.Module()
@@ -67,8 +96,10 @@ class VisionTransformer(nn.Module):
             self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, D))
         else:
             self.pos_embed = None  # sincos2d: computed for the actual grid on every forward, never stored
+        # timm's stochastic-depth schedule, linspace(0, rate, depth), in plain Python (models are built on "meta" too)
+        rates = [drop_path_rate * i / max(spec.depth - 1, 1) for i in range(spec.depth)]
         self.blocks = nn.ModuleList(
-            Block(D, spec.num_heads, spec.mlp_dim, spec.layer_norm_eps, spec.gelu) for _ in range(spec.depth)
+            Block(D, spec.num_heads, spec.mlp_dim, spec.layer_norm_eps, spec.gelu, rates[i]) for i in range(spec.depth)
         )
         self.norm = nn.LayerNorm(D, eps=spec.layer_norm_eps)
         self.attn_pool = None
@@ -80,6 +111,7 @@ class VisionTransformer(nn.Module):
             self.pre_logits.add_module("act", nn.Tanh())
         else:
             self.pre_logits = nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate) if drop_rate else nn.Identity()
         self.head = nn.Linear(self.num_features, spec.num_classes) if spec.num_classes else nn.Identity()
         self.feature_info = [
             dict(module=f"blocks.{i}", num_chs=D, reduction=spec.patch_size) for i in range(spec.depth)
@@ -193,7 +225,7 @@ class VisionTransformer(nn.Module):
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """timm API: pooled (+ tanh pre-logits) features if `pre_logits`, else logits."""
         x = self.pre_logits(self.pool(tokens)[0])
-        return x if pre_logits else self.head(x)
+        return x if pre_logits else self.head(self.head_drop(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
@@ -217,7 +249,7 @@ class VisionTransformer(nn.Module):
         pooled, pool_attn = self.pool(tokens, output_attentions)
         feats = self.pre_logits(pooled)
         return ViTOutput(
-            logits=self.head(feats),
+            logits=self.head(self.head_drop(feats)),
             pre_logits=feats,
             tokens=tokens,
             hidden_states=tuple(hidden) if output_hidden_states else None,

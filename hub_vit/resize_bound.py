@@ -20,6 +20,16 @@ def shorter_side_resize(width: int, height: int, size: int) -> tuple[int, int]:
     return (new_short, new_long) if width <= height else (new_long, new_short)
 
 
+def eval_resize(width: int, height: int, scale_height: int, scale_width: int) -> tuple[int, int]:
+    """(W, H) after timm's eval resize to the scale size (`floor(input size / crop_pct)`) in its centre-crop mode:
+    torchvision `Resize(int)` (shorter side) for a square scale size, timm's `ResizeKeepRatio` otherwise (the side
+    with the smaller source/target ratio lands on its target, the other keeps the aspect ratio and is rounded)."""
+    if scale_height == scale_width:
+        return shorter_side_resize(width, height, scale_height)
+    ratio = min(height / scale_height, width / scale_width)
+    return round(width / ratio), round(height / ratio)
+
+
 def check_resize(width: int, height: int, new_width: int, new_height: int,
                  error: type[ValueError] = ValueError) -> None:
     """`error` naming both sizes if resizing `width` x `height` to `new_width` x `new_height` would create more than

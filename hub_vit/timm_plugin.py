@@ -55,7 +55,7 @@ def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwarg
         pretrained_cfg=cfg,
         spec=spec,
         pretrained_filter_fn=adapt_state_dict,
-        feature_cfg=dict(out_indices=spec.depth - 1, feature_cls="getter"),
+        feature_cfg=dict(out_indices=min(3, spec.depth), feature_cls="getter"),  # timm ViT: the last 3 blocks
         **kwargs,
     )
 
@@ -109,6 +109,12 @@ def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     registered name."""
     spec_fields = {k: kwargs.pop(k) for k in list(kwargs) if k in ViTSpec.__dataclass_fields__}
     variant = kwargs.pop("variant", None)
+    size_fields = ("width", "depth", "mlp_dim", "num_heads", "patch_size")
+    if not variant and not all(name in spec_fields for name in size_fields):
+        missing = [name for name in size_fields if name not in spec_fields]
+        raise ValueError(f"timm.create_model('hub_vit') needs variant='S/16' (a size letter / patch size, plus "
+                         f"switches such as posemb='sincos2d', pool_type='gap') or every size field; missing: "
+                         f"{', '.join(missing)}")
     spec = ViTSpec.from_variant(variant, **spec_fields) if variant else ViTSpec(**spec_fields)
     cfg = resolve_pretrained_cfg(CUSTOM_ARCHITECTURE, kwargs.pop("pretrained_cfg", None),
                                  kwargs.pop("pretrained_cfg_overlay", None))

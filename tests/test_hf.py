@@ -66,6 +66,16 @@ def test_default_config_is_the_paper_simplevit_s16() -> None:
     assert HubViTConfig().to_spec() == hub_vit.MODELS["simplevit_s16"].spec
 
 
+def test_config_from_fields_equals_the_registered_model() -> None:
+    # Defaults are switches, not S/16's normalised values: the pre-logits layer is as wide as the model (True), and
+    # the class token follows pool_type; a Ti/16 written out field by field is timm's simplevit_ti16.
+    config = HubViTConfig(width=192, depth=12, mlp_dim=768, num_heads=3, patch_size=16)
+    assert config.rep_size == 192 and config.to_spec() == hub_vit.MODELS["simplevit_ti16"].spec
+    assert HubViTConfig(posemb="learn", pool_type="tok").class_token is True
+    with pytest.raises(ValueError, match=r"no 'variant' field.*ViTSpec.from_variant\('Ti/16'"):
+        HubViTConfig(variant="Ti/16")
+
+
 def test_config_json_serves_timm_too(spec: ViTSpec) -> None:
     d = HubViTConfig.from_spec(spec, id2label={i: f"c{i}" for i in range(5)}).to_dict()
     assert d["model_type"] == "hub_vit" and d["num_classes"] == 5 and d["label_names"] == [f"c{i}" for i in range(5)]
@@ -185,6 +195,8 @@ def test_bad_model_inputs_raise_clear_errors() -> None:
         model(torch.zeros(1, 3, 30, 32))
     with pytest.raises(ValueError, match="pixel_values is required"):
         model()
+    with pytest.raises(ValueError, match="expected normalised float pixels, got a torch.uint8 tensor"):
+        model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))  # cast to float silently before
     with pytest.raises(TypeError, match="unexpected argument"):
         model(torch.zeros(1, 3, 32, 32), interpolate_pos_encodings=True)
     with pytest.raises(ValueError, match="num_labels >= 1"):
@@ -234,6 +246,32 @@ def test_image_processor_refuses_extreme_aspect_ratios(photos: dict[str, np.ndar
     assert processor(panorama)["pixel_values"].shape == (1, 3, 224, 224)
     with pytest.raises(ValueError, match=r"too extreme: a 2x200000 image would be resized to 256x25600000 "):
         processor(Image.new("RGB", (2, 200_000)))
+
+
+def test_image_processor_bounds_non_square_models_too(photos: dict[str, np.ndarray]) -> None:
+    """A non-square input resizes with timm's ResizeKeepRatio, which grows a thin image just the same."""
+    from PIL import Image
+
+    processor = HubViTImageProcessor(size={"height": 48, "width": 64}, crop_pct=1.0)
+    panorama = Image.fromarray(photos["coffee"]).resize((2000, 200))
+    assert processor(panorama)["pixel_values"].shape == (1, 3, 48, 64)
+    with pytest.raises(ValueError, match=r"too extreme: a 2x200000 image would be resized to 64x6400000 "):
+        processor(Image.new("RGB", (2, 200_000)))
+
+
+def test_image_processor_takes_grey_arrays_like_grey_images(photos: dict[str, np.ndarray]) -> None:
+    # (H, W) arrays are what numpy / a 16-bit grey PNG give; transformers' list helper refuses them
+    processor = HubViTImageProcessor(size={"height": 32, "width": 32}, crop_pct=0.875)
+    grey = np.asarray(Image.fromarray(photos["coffee"]).convert("L"))  # (H, W) uint8
+    reference = processor(Image.fromarray(grey))["pixel_values"]
+    for array in (grey, grey.astype(np.uint16) * 257, grey.astype(np.float32) / 255, torch.from_numpy(grey.copy())):
+        torch.testing.assert_close(processor(array)["pixel_values"], reference, atol=1e-6, rtol=0)
+    assert processor([grey, grey])["pixel_values"].shape == (2, 3, 32, 32)
+    assert HubViTImageProcessor(size=32).size == {"height": 32, "width": 32}
+    with pytest.raises(ValueError, match="no images given"):
+        processor([])
+    with pytest.raises(ValueError, match=r"drop the alpha channel first"):
+        processor(np.zeros((32, 32, 4), dtype=np.uint8))
 
 
 def test_image_processor_rejects_wrong_channel_count() -> None:

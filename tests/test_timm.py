@@ -200,6 +200,54 @@ def test_features_only() -> None:
     assert model.feature_info.channels() == [192, 192] and model.feature_info.reduction() == [16, 16]
 
 
+def test_features_only_defaults_to_the_last_three_blocks_as_timm_vit() -> None:
+    model = timm.create_model("simplevit_ti16", features_only=True, img_size=64)
+    assert model.feature_info.module_name() == ["blocks.9", "blocks.10", "blocks.11"]
+
+
+def test_timm_train_script_kwargs() -> None:
+    # timm's train.py always passes drop_rate (0.0 by default) and may pass the other regularisers and global_pool
+    model = timm.create_model("simplevit_ti16", drop_rate=0.1, drop_path_rate=0.2, attn_drop_rate=0.0,
+                              proj_drop_rate=0.0, global_pool="avg", num_classes=3, img_size=32)
+    assert isinstance(model.head_drop, torch.nn.Dropout) and model.head_drop.p == 0.1
+    rates = [block.drop_path.drop_prob if hasattr(block.drop_path, "drop_prob") else 0.0 for block in model.blocks]
+    assert rates == pytest.approx(torch.linspace(0, 0.2, 12).tolist())  # timm's linear stochastic-depth schedule
+    plain = timm.create_model("simplevit_ti16", num_classes=3, img_size=32)
+    assert list(model.state_dict()) == list(plain.state_dict())  # regularisation adds no weights
+    plain.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model.eval()(x), plain.eval()(x), rtol=0, atol=0)  # identity in eval
+    model.train()  # and random in training: stochastic depth in the blocks, dropout before the (zero-init) head
+    assert not torch.equal(model.forward_features(x), model.forward_features(x))
+    torch.nn.init.normal_(model.head.weight)
+    features = model.forward_head(model.forward_features(x), pre_logits=True)
+    assert not torch.equal(model.head(features), model.forward_head(model.forward_features(x)))
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    (dict(attn_drop_rate=0.1), "attn_drop_rate=0.1 is not implemented by hub-vit models; supported regularisation"),
+    (dict(drop_path_rate=1.5), r"drop_path_rate must be a number in \[0, 1\)"),
+    (dict(global_pool="token"), "this model pools with 'avg' .* pass global_pool='avg'"),
+])
+def test_unsupported_timm_kwargs_are_named(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        timm.create_model("simplevit_ti16", img_size=32, **kwargs)
+
+
+def test_generic_architecture_needs_a_variant() -> None:
+    with pytest.raises(ValueError, match=r"needs variant='S/16' .* missing: width, depth, mlp_dim"):
+        timm.create_model("hub_vit")
+
+
+def test_pretrained_rgb_weights_for_grey_input() -> None:
+    # timm's convention (adapt_input_conv): RGB patch filters summed for in_chans=1, so with mean = std = 0.5 a grey
+    # image gives the RGB model's output for the same image repeated on three channels.
+    rgb = timm.create_model("simplevit_digits", pretrained=True).eval()
+    grey = timm.create_model("simplevit_digits", pretrained=True, in_chans=1).eval()
+    x = torch.rand(2, 1, 32, 32) * 2 - 1
+    torch.testing.assert_close(grey(x), rgb(x.expand(-1, 3, -1, -1)), atol=1e-5, rtol=0)
+
+
 def test_generic_architecture_from_model_args() -> None:
     model = timm.create_model("hub_vit", variant="mu/4", img_size=32, num_classes=10, posemb="sincos2d",
                               pool_type="gap")

@@ -19,7 +19,7 @@ import torch
 from PIL import Image, ImageOps
 
 from hub_vit.image_modes import to_8bit
-from hub_vit.resize_bound import check_resize, shorter_side_resize
+from hub_vit.resize_bound import check_resize, eval_resize
 
 # Only these decoders ever run on an upload (Pillow's rarer decoders are where the CVEs are).
 IMAGE_FORMATS: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
@@ -108,16 +108,14 @@ class PreparedImage:
 
 
 def prepare_image(image: Image.Image, data: DataConfig) -> PreparedImage:
-    """Resize the shorter side to `size / crop_pct`, centre-crop `size`, normalise with mean/std.
+    """Resize to `size / crop_pct` keeping the aspect ratio (as timm does), centre-crop `size`, normalise.
 
     `ImageReadError` if the resize would create more than `hub_vit.resize_bound.MAX_RESIZED_PIXELS` pixels (an
     extreme aspect ratio)."""
     th, tw = data.img_size
     w, h = image.size
-    short = math.floor(min(th, tw) / data.crop_pct)
-    # Same rounding as torchvision's Resize(int) + CenterCrop, which timm's eval transform uses.
-    rw, rh = shorter_side_resize(w, h, short)
-    rw, rh = max(rw, tw), max(rh, th)
+    # Same sizes and rounding as timm's eval transform (Resize(int) or ResizeKeepRatio, then CenterCrop).
+    rw, rh = eval_resize(w, h, math.floor(th / data.crop_pct), math.floor(tw / data.crop_pct))
     check_resize(w, h, rw, rh, error=ImageReadError)
     resized = image.convert("L" if data.in_chans == 1 else "RGB").resize((rw, rh), INTERPOLATIONS[data.interpolation])
     left, top = int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0))

@@ -17,10 +17,9 @@ import numpy as np
 import torch
 from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
 from transformers.image_transforms import to_pil_image
-from transformers.image_utils import make_flat_list_of_images
 
 from hub_vit.image_modes import to_8bit
-from hub_vit.resize_bound import check_resize, shorter_side_resize
+from hub_vit.resize_bound import check_resize, eval_resize
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
 CROP_MODES = ("center", "squash", "border")
@@ -52,6 +51,8 @@ class HubViTImageProcessor(BaseImageProcessor):
         kwargs.pop("image_processor_type", None)
         self.auto_map: dict[str, str] | None = kwargs.pop("auto_map", None)  # set in saved folders (remote code)
         super().__init__(**kwargs)
+        if isinstance(size, int) and not isinstance(size, bool):
+            size = {"height": size, "width": size}
         size = dict(size or {"height": 224, "width": 224})
         if set(size) != {"height", "width"} or not all(isinstance(v, int) and v > 0 for v in size.values()):
             raise ValueError(f"size must be {{'height': H, 'width': W}} with positive integers, got {size!r}")
@@ -101,7 +102,8 @@ class HubViTImageProcessor(BaseImageProcessor):
         return create_transform(**self.data_config(), is_training=False)
 
     def preprocess(self, images: Any, return_tensors: str | None = "pt", **kwargs: Any) -> BatchFeature:
-        """One image or a list (PIL, HWC/CHW numpy or torch, uint8 or [0, 1] floats) -> `pixel_values` (B, C, H, W)."""
+        """One image or a list (PIL; numpy or torch, HWC / CHW / (H, W) grey, uint8, 16-bit grey or [0, 1] floats; a
+        4-D array is a batch) -> `pixel_values` (B, C, H, W)."""
         if kwargs:
             raise TypeError(f"unexpected preprocessing argument(s) {sorted(kwargs)}; valid: images, return_tensors")
         if return_tensors not in (None, "pt", "np"):
@@ -109,8 +111,11 @@ class HubViTImageProcessor(BaseImageProcessor):
         transform = self.transform()
         channels = len(self.image_mean)
         pixels = []
-        for image in make_flat_list_of_images(images):
-            pil = image if hasattr(image, "convert") else to_pil_image(_as_numpy(image))
+        batch_images = _flat_images(images)
+        if not batch_images:
+            raise ValueError("no images given; pass a PIL image, an array or a list of them")
+        for image in batch_images:
+            pil = image if hasattr(image, "convert") else _to_pil(_as_numpy(image))
             pil = to_8bit(pil).convert("RGB" if channels == 3 else "L")  # 16-bit grey: scaled, not clipped to white
             self._check_resize(*pil.size)
             pixels.append(transform(pil))  # (C, H, W)
@@ -120,10 +125,10 @@ class HubViTImageProcessor(BaseImageProcessor):
 
     def _check_resize(self, width: int, height: int) -> None:
         """`ValueError` if timm's resize would create too many pixels (`hub_vit.resize_bound`; only the centre mode
-        with a square input resizes by the shorter side, the other modes have a fixed size)."""
+        keeps the aspect ratio, the other modes resize to a fixed size)."""
         scale = [math.floor(v / self.crop_pct) for v in (self.size["height"], self.size["width"])]
-        if self.crop_mode == "center" and scale[0] == scale[1]:
-            check_resize(width, height, *shorter_side_resize(width, height, scale[0]))
+        if self.crop_mode == "center":
+            check_resize(width, height, *eval_resize(width, height, *scale))
 
     def __call__(self, images: Any, **kwargs: Any) -> BatchFeature:
         return self.preprocess(images, **kwargs)
@@ -137,13 +142,45 @@ class HubViTImageProcessor(BaseImageProcessor):
         return out
 
 
+def _to_pil(array: np.ndarray) -> Any:
+    if array.ndim == 2 and array.dtype in (np.uint8, np.uint16):
+        from PIL import Image
+
+        return Image.fromarray(array)  # mode "L" or "I;16"
+    return to_pil_image(array)
+
+
+def _flat_images(images: Any) -> list[Any]:
+    """One image, a (B, ...) array or (nested) lists of them -> a flat list. Arrays of 2 or 3 dims are one image
+    ((H, W) grey, (H, W, C) or (C, H, W)); 4 dims are a batch."""
+    if hasattr(images, "convert"):  # PIL
+        return [images]
+    if isinstance(images, (np.ndarray, torch.Tensor)):
+        if images.ndim in (2, 3):
+            return [images]
+        if images.ndim == 4:
+            return list(images)
+        raise ValueError(f"expected an image array of 2 to 4 dimensions, got shape {tuple(images.shape)}")
+    if isinstance(images, (list, tuple)):
+        return [image for item in images for image in _flat_images(item)]
+    raise ValueError(f"cannot read a {type(images).__name__} as an image; valid: PIL image, numpy array, torch "
+                     "tensor, or a list of them")
+
+
 def _as_numpy(image: Any) -> np.ndarray:
-    """to_pil_image takes uint8 or [0, 1] float arrays, channels first or last."""
+    """to_pil_image takes uint8 or [0, 1] float arrays, channels first or last; (H, W) grey arrays, 16-bit ones
+    included, become PIL images directly (to_8bit then scales 16-bit samples as for a 16-bit PNG)."""
     if isinstance(image, torch.Tensor):
         image = image.detach().cpu().numpy()
     array = np.asarray(image)
+    if array.ndim == 2:
+        if array.dtype == np.bool_:
+            array = array.astype(np.uint8) * 255
+        return array if array.dtype in (np.uint8, np.uint16) else array[..., None]  # floats: (H, W, 1)
     if array.ndim == 3 and array.shape[0] not in (1, 3) and array.shape[-1] not in (1, 3):
-        raise ValueError(f"expected an RGB or grayscale image (H, W, 3) / (3, H, W), got shape {array.shape}")
+        alpha = " (drop the alpha channel first: array[..., :3])" if 4 in (array.shape[0], array.shape[-1]) else ""
+        raise ValueError(f"expected an RGB or grayscale image (H, W, 3) / (3, H, W) / (H, W), got shape "
+                         f"{array.shape}{alpha}")
     return array
 
 

@@ -126,6 +126,7 @@ class HubViTPreTrainedModel(PreTrainedModel):
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (self.config.output_hidden_states if output_hidden_states is None
                                 else output_hidden_states)
+        self.vit.check_input(pixel_values)  # before the cast below, which would hide raw uint8 pixels
         param = next(self.vit.parameters())
         pixel_values = pixel_values.to(device=param.device, dtype=param.dtype)
         return self.vit.forward_all(pixel_values, output_attentions=bool(output_attentions),

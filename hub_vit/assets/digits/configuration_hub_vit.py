@@ -90,9 +90,11 @@ class HubViTConfig(PreTrainedConfig):
     in_chans: int = _DEFAULT.in_chans
     posemb: str = _DEFAULT.posemb
     pool_type: str = _DEFAULT.pool_type
-    class_token: bool | None = _DEFAULT.class_token
+    class_token: bool | None = None  # None: derived from pool_type, as in ViTSpec
     posemb_on_cls: bool = _DEFAULT.posemb_on_cls
-    rep_size: int | bool | None = _DEFAULT.rep_size
+    # S/16's pre-logits layer as the spec's own switch (True = as wide as the model), not its normalised width 384,
+    # so a config with another width gets a pre-logits layer of its own width
+    rep_size: int | bool | None = True if _DEFAULT.rep_size == _DEFAULT.width else _DEFAULT.rep_size
     layer_norm_eps: float = _DEFAULT.layer_norm_eps
     gelu: str = _DEFAULT.gelu
     head_zeroinit: bool = _DEFAULT.head_zeroinit
@@ -103,6 +105,9 @@ class HubViTConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs: Any) -> None:
         for key in _DERIVED_TIMM_KEYS:  # written by to_dict() for timm; always re-derived, never read back
             kwargs.pop(key, None)
+        if "variant" in kwargs:  # the timm generic entry point's spelling; a config stores the fields themselves
+            raise ValueError(f"HubViTConfig has no 'variant' field; build it from the variant table: "
+                             f"HubViTConfig.from_spec(ViTSpec.from_variant({kwargs['variant']!r}, ...))")
         typos = {k: difflib.get_close_matches(k, SWITCHES, n=1, cutoff=0.8) for k in kwargs if k not in SWITCHES}
         typos = {k: v[0] for k, v in typos.items() if v}
         if typos:

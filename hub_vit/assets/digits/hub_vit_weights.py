@@ -57,8 +57,9 @@ def strip_prefix(state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...] 
 
 def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
     """Fit a hub-vit state dict to `model`: strip prefixes, resample a learned position embedding to the model's
-    grid, and drop a head whose class count differs (the model keeps its freshly initialised head, as for
-    fine-tuning). Also used as timm's `pretrained_filter_fn`."""
+    grid, adapt the patch filters to the model's input channels (`in_chans=1` from RGB weights), and drop a head whose
+    class count differs (the model keeps its freshly initialised head, as for fine-tuning). Also used as timm's
+    `pretrained_filter_fn`."""
     state_dict = dict(strip_prefix(state_dict))
     spec = model.spec
     pos = state_dict.get("pos_embed")
@@ -73,6 +74,14 @@ def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransform
             )
         grid = resample_posemb(pos[:, extra:], (side, side), spec.grid_size)
         state_dict["pos_embed"] = torch.cat([pos[:, :extra], grid], dim=1) if extra else grid
+    conv = state_dict.get("patch_embed.proj.weight")  # (D, C, p, p)
+    in_chans = model.patch_embed.proj.weight.shape[1]
+    if conv is not None and conv.ndim == 4 and conv.shape[1] != in_chans:
+        # timm's rule for its own pretrained models: RGB -> 1 channel sums the filters (a grey image then gives the
+        # RGB model's output for that image repeated 3x), other counts repeat and rescale them
+        from timm.models import adapt_input_conv
+
+        state_dict["patch_embed.proj.weight"] = adapt_input_conv(in_chans, conv)
     head_w = state_dict.get("head.weight")
     model_head = model.head.weight if isinstance(model.head, torch.nn.Linear) else None
     if head_w is not None and (model_head is None or head_w.shape != model_head.shape):
