@@ -274,6 +274,11 @@ class VisionTransformer(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """transformers' name for timm's `grad_checkpointing` (its `is_activation_checkpointing` looks for it)."""
+        return self.grad_checkpointing
+
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token", "attn_pool.latent"}

@@ -175,11 +175,34 @@ def test_new_head_on_load_keeps_the_backbone(tmp_path) -> None:
     assert torch.isfinite(model.vit.head.weight).all()
 
 
+@pytest.mark.parametrize("name", ["vit", "map"])
+def test_from_pretrained_at_another_size_resamples_learned_posemb(name: str, tmp_path) -> None:
+    # transformers used to fail on vit.pos_embed, or with ignore_mismatched_sizes=True re-initialise it silently.
+    # References: the saved model itself on 64x64 inputs (it resamples its embedding per forward) and, for the
+    # square grid, timm's loader with img_size=64.
+    spec = SPECS[name]  # "map" is 32x48: a non-square grid
+    original = _randomised(spec)
+    HubViTForImageClassification.from_vit(original).save_pretrained(tmp_path)
+    x = torch.randn(2, 3, 64, 64)
+    expected = original(x)
+    if name == "vit":
+        timm_model = timm.create_model(f"local-dir:{tmp_path}", pretrained=True, img_size=64).eval()
+        torch.testing.assert_close(timm_model(x), expected, rtol=0, atol=1e-6)
+    for model in (AutoModelForImageClassification.from_pretrained(tmp_path, img_size=64),  # config carries it
+                  HubViTForImageClassification.from_pretrained(tmp_path, img_size=64)):  # the kwarg itself
+        assert model.config.img_size == [64, 64] and model.vit.pos_embed.shape[1] == 64 + spec.posemb_on_cls
+        torch.testing.assert_close(model.eval()(x).logits, expected, rtol=0, atol=1e-6)
+    tuned = AutoModelForImageClassification.from_pretrained(tmp_path, img_size=64, num_labels=3,
+                                                            ignore_mismatched_sizes=True)
+    torch.testing.assert_close(tuned.vit.pos_embed, model.vit.pos_embed, rtol=0, atol=0)
+    assert tuned.vit.head.out_features == 3
+
+
 def test_labels_give_a_loss_and_gradients_flow_with_checkpointing() -> None:
     spec = SPECS["simplevit"]
     model = HubViTForImageClassification.from_vit(_randomised(spec)).train()
     model.activation_checkpointing_enable()
-    assert model.vit.grad_checkpointing
+    assert model.vit.grad_checkpointing and model.is_activation_checkpointing
     out = model(_pixels(spec), labels=torch.tensor([1, 4]))
     assert out.loss.ndim == 0 and torch.isfinite(out.loss)
     out.loss.backward()
@@ -272,6 +295,21 @@ def test_image_processor_takes_grey_arrays_like_grey_images(photos: dict[str, np
         processor([])
     with pytest.raises(ValueError, match=r"drop the alpha channel first"):
         processor(np.zeros((32, 32, 4), dtype=np.uint8))
+
+
+@pytest.mark.parametrize(("override", "needle"), [
+    (dict(crop_pct=1.5), r"crop_pct must be a number in \(0, 1\]"),
+    (dict(crop_mode="middle"), "valid choices: center, squash, border"),
+    (dict(interpolation="cubic"), "valid choices: bilinear, bicubic"),
+])
+def test_from_pretrained_overrides_are_validated(override: dict, needle: str) -> None:
+    # transformers sets overrides it does not know as plain attributes after __init__ (a KeyError at call time)
+    from hub_vit.catalog import default_model_folder
+
+    with pytest.raises(ValueError, match=needle):
+        AutoImageProcessor.from_pretrained(default_model_folder(), **override)
+    tuned = AutoImageProcessor.from_pretrained(default_model_folder(), crop_pct=0.9, interpolation="bicubic")
+    assert (tuned.crop_pct, tuned.interpolation) == (0.9, "bicubic")
 
 
 def test_image_processor_rejects_wrong_channel_count() -> None:

@@ -11,7 +11,7 @@ This file is also bundled into saved model folders as transformers remote code (
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -22,6 +22,18 @@ from hub_vit.image_modes import to_8bit
 from hub_vit.resize_bound import check_resize, eval_resize
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
+
+
+class HubViTImageProcessorKwargs(TypedDict, total=False):
+    """The settings `from_pretrained(..., **overrides)` may change; transformers passes exactly these to `__init__`,
+    which validates them (others would be set as unchecked attributes)."""
+
+    size: dict[str, int] | int
+    crop_pct: float
+    interpolation: str
+    crop_mode: str
+    image_mean: list[float]
+    image_std: list[float]
 CROP_MODES = ("center", "squash", "border")
 
 
@@ -37,6 +49,7 @@ class HubViTImageProcessor(BaseImageProcessor):
     """
 
     model_input_names = ["pixel_values"]
+    valid_kwargs = HubViTImageProcessorKwargs
 
     def __init__(
         self,

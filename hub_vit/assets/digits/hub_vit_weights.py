@@ -55,11 +55,13 @@ def strip_prefix(state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...] 
     return state_dict
 
 
-def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
+def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransformer,
+                     source_grid: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """Fit a hub-vit state dict to `model`: strip prefixes, resample a learned position embedding to the model's
     grid, adapt the patch filters to the model's input channels (`in_chans=1` from RGB weights), and drop a head whose
     class count differs (the model keeps its freshly initialised head, as for fine-tuning). Also used as timm's
-    `pretrained_filter_fn`."""
+    `pretrained_filter_fn`. `source_grid` is the (rows, cols) patch grid the checkpoint's learned position embedding
+    was trained on; without it the grid must be square."""
     state_dict = dict(strip_prefix(state_dict))
     spec = model.spec
     pos = state_dict.get("pos_embed")
@@ -67,12 +69,13 @@ def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransform
         extra = 1 if spec.posemb_on_cls else 0
         n_old = pos.shape[1] - extra
         side = int(round(n_old**0.5))
-        if side * side != n_old:
+        old_grid = tuple(source_grid) if source_grid is not None else (side, side)
+        if old_grid[0] * old_grid[1] != n_old:
             raise CheckpointMismatchError(
                 f"pos_embed has {pos.shape[1]} entries, which is not a square grid; cannot resample it to "
                 f"{spec.grid_size[0]}x{spec.grid_size[1]}"
             )
-        grid = resample_posemb(pos[:, extra:], (side, side), spec.grid_size)
+        grid = resample_posemb(pos[:, extra:], old_grid, spec.grid_size)
         state_dict["pos_embed"] = torch.cat([pos[:, :extra], grid], dim=1) if extra else grid
     conv = state_dict.get("patch_embed.proj.weight")  # (D, C, p, p)
     in_chans = model.patch_embed.proj.weight.shape[1]

@@ -13,7 +13,7 @@ This file is also bundled into saved model folders as transformers remote code (
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -24,6 +24,18 @@ from .hub_vit_image_modes import to_8bit
 from .hub_vit_resize_bound import check_resize, eval_resize
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
+
+
+class HubViTImageProcessorKwargs(TypedDict, total=False):
+    """The settings `from_pretrained(..., **overrides)` may change; transformers passes exactly these to `__init__`,
+    which validates them (others would be set as unchecked attributes)."""
+
+    size: dict[str, int] | int
+    crop_pct: float
+    interpolation: str
+    crop_mode: str
+    image_mean: list[float]
+    image_std: list[float]
 CROP_MODES = ("center", "squash", "border")
 
 
@@ -39,6 +51,7 @@ class HubViTImageProcessor(BaseImageProcessor):
     """
 
     model_input_names = ["pixel_values"]
+    valid_kwargs = HubViTImageProcessorKwargs
 
     def __init__(
         self,

@@ -23,6 +23,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClass
 
 from .configuration_hub_vit import HubViTConfig
 from .hub_vit_model import VisionTransformer
+from .hub_vit_variants import to_2tuple
+from .hub_vit_weights import adapt_state_dict
 
 try:  # transformers >= 5 renames checkpoint keys through registered rules (load: add prefix; save: strip it)
     from transformers.conversion_mapping import register_checkpoint_conversion_mapping
@@ -88,6 +90,42 @@ class HubViTPreTrainedModel(PreTrainedModel):
             write_remote_code(save_directory)
         return result
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *model_args: Any, **kwargs: Any) -> Any:
+        """transformers' `from_pretrained`; asking for another image size (`img_size=`, or a `config` with one, as
+        the Auto classes pass it) also resamples a saved *learned* position embedding to the new grid, as timm does
+        on load, instead of failing on `vit.pos_embed` (or, with `ignore_mismatched_sizes=True`, silently
+        re-initialising it)."""
+        config = kwargs.get("config")
+        target = kwargs.get("img_size") if config is None else getattr(config, "img_size", None)
+        saved = None if target is None else _saved_learned_grid_size(pretrained_model_name_or_path, kwargs)
+        if saved is None or to_2tuple(target) == saved:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        if config is not None:  # load at the saved size first
+            config = copy.deepcopy(config)
+            config.img_size = list(saved)
+            kwargs = {**kwargs, "config": config}
+        else:
+            kwargs = {k: v for k, v in kwargs.items() if k != "img_size"}
+        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        return model.resize_image(target)
+
+    @torch.no_grad()
+    def resize_image(self, img_size: int | tuple[int, int]) -> HubViTPreTrainedModel:
+        """Rebuild for another input size, keeping every weight: a learned position embedding is resampled to the new
+        grid (`hub_vit.weights.adapt_state_dict`); sincos ones are computed per forward anyway. Returns `self`."""
+        spec = self.vit.spec.replace(img_size=img_size)
+        if spec == self.vit.spec:
+            return self
+        param = next(self.vit.parameters())
+        with torch.device("meta"):
+            vit = VisionTransformer(spec)
+        vit.load_state_dict(adapt_state_dict(self.vit.state_dict(), vit, self.vit.spec.grid_size), assign=True)
+        vit.grad_checkpointing = self.vit.grad_checkpointing
+        self.vit = vit.to(device=param.device, dtype=param.dtype).train(self.vit.training)
+        self.config.img_size = list(spec.img_size)
+        return self
+
     def _set_gradient_checkpointing(self, enable: bool = True, *args: Any, **kwargs: Any) -> None:
         self.vit.set_grad_checkpointing(enable)
 
@@ -133,6 +171,19 @@ class HubViTPreTrainedModel(PreTrainedModel):
         pixel_values = pixel_values.to(device=param.device, dtype=param.dtype)
         return self.vit.forward_all(pixel_values, output_attentions=bool(output_attentions),
                                     output_hidden_states=bool(output_hidden_states))
+
+
+def _saved_learned_grid_size(path: Any, kwargs: dict[str, Any]) -> tuple[int, int] | None:
+    """The saved image size of a model folder / Hub repo whose position embedding is learned, else None (nothing
+    to resample, or no readable config: transformers then reports the problem itself)."""
+    hub = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+    try:
+        saved, _ = HubViTConfig.get_config_dict(path, **{k: kwargs[k] for k in hub if k in kwargs})
+    except (OSError, ValueError, TypeError):
+        return None
+    if saved.get("posemb") != "learn" or not saved.get("img_size"):
+        return None
+    return to_2tuple(saved["img_size"])
 
 
 class HubViTModel(HubViTPreTrainedModel):
