@@ -45,12 +45,15 @@ IMAGE_FOLDER = "imagefolder"  # the Hub's dataset type for a folder of class sub
 
 
 def datasets(facts: FolderFacts) -> list[str]:
-    """Dataset ids for the metadata: the catalog's (`imagenet-1k`, `sklearn-digits`), else training.json's name if
-    it is id-shaped (`org/name`); a free-text description is not an id and stays in the card body only."""
+    """Dataset ids for the metadata: the catalog's (`imagenet-1k`, `sklearn-digits`), else training.json's
+    `dataset.name` / `.id` if it is id-shaped (`org/name`); a free-text description or a local folder's name is not an
+    id and stays in the card body only (the model index then says `imagefolder`)."""
     if facts.match is not None or facts.bundled is not None:
         return [(facts.match or facts.bundled).weights.dataset]  # type: ignore[union-attr]
-    name = dataset_name(facts)
-    return [name] if name and DATASET_ID.match(name) else []
+    # Only a name given as such: a local folder's name ("flowers") would link to someone else's Hub dataset
+    data = _dict(facts.training, "dataset")
+    name = data.get("name") or data.get("id")
+    return [str(name)] if name and DATASET_ID.match(str(name)) else []
 
 
 def summary(facts: FolderFacts, family: str) -> str:

@@ -354,6 +354,21 @@ def test_trained_run_card(tmp_path: Path) -> None:
     assert "# run" in text  # titled by the run folder, not by its `model/` sub-folder
 
 
+def test_local_data_folder_name_is_not_published_as_a_hub_dataset(tmp_path: Path) -> None:
+    # A run on ./flowers used to write `datasets: [flowers]`, a link to somebody else's Hub dataset.
+    from hub_vit.train import digits
+    from hub_vit.train.loop import train
+
+    data = digits.write_image_folder(tmp_path / "flowers")
+    recipe = digits.DIGITS_RECIPE.replace(total_steps=1, warmup_steps=1, eval_every_epochs=100.0)
+    result = train(recipe, data, tmp_path / "run", progress=False)
+    text = write_model_card(result.model_dir).read_text()
+    meta = ModelCard(text).data.to_dict()
+    assert "datasets" not in meta
+    assert meta["model-index"][0]["results"][0]["dataset"]["type"] == "imagefolder"
+    assert "flowers" in text  # still named in the card body
+
+
 def test_default_model_card_is_committed_current_and_true() -> None:
     from hub_vit import catalog
 

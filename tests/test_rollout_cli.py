@@ -96,6 +96,25 @@ def test_cli_rejects_bad_options(model_folder: Path, photo_files: list[Path], tm
     assert result.exit_code == 2 and message in result.output
 
 
+def test_cli_prints_bracketed_names_as_they_are(model_folder: Path, photos: dict, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # rich markup: "cat [edited].png" used to be reported as "cat _rollout.png", not the file actually written
+    from hub_vit.cli.app import console
+
+    monkeypatch.setattr(console, "width", 400)  # the whole path on one line
+    photo = tmp_path / "cat [edited].png"
+    Image.fromarray(photos["coffee"]).save(photo)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(photo), "-o", str(out), "--model", str(model_folder)])
+    assert result.exit_code == 0, result.output
+    assert (out / "cat [edited]_rollout.png").is_file() and "cat [edited]_rollout.png" in result.output
+    (tmp_path / "afile").write_text("")
+    for bad in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        result = CliRunner().invoke(_runner_app(), ["rollout", str(photo), "-o", str(bad), "--model",
+                                                    str(model_folder)])
+        assert result.exit_code == 2 and "is a file" in result.output
+
+
 def test_cli_unknown_model(photo_files: list[Path], tmp_path: Path) -> None:
     result = CliRunner().invoke(_runner_app(), ["rollout", str(photo_files[0]), "--model", "vit_nope"])
     assert result.exit_code == 2 and "valid names" in result.output

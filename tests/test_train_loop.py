@@ -95,6 +95,36 @@ def test_resume_with_another_recipe_is_refused(data: Path, tmp_path: Path) -> No
         train(TINY.replace(total_steps=4, lr=1e-3), data, tmp_path / "run", progress=False)
 
 
+def test_resume_after_a_kill_logs_each_step_once(data: Path, tmp_path: Path) -> None:
+    # Killed after logging step 3 but before its checkpoint: the resumed run restarts at step 2 and logs 3 again.
+    import shutil
+
+    recipe = TINY.replace(total_steps=5)
+    train(recipe, data, tmp_path / "run", stop_at=3, progress=False)
+    shutil.rmtree(ckpt.latest(tmp_path / "run").path)
+    with (tmp_path / "run" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "lo')  # and a line cut short by the kill
+    train(recipe, data, tmp_path / "run", progress=False)
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if "loss" in json.loads(line)]
+    assert steps == [1, 2, 3, 4, 5]
+
+
+def test_resume_on_other_classes_or_into_a_file_is_refused(tmp_path: Path) -> None:
+    data = make_folder(tmp_path / "data", per_class=2, val_per_class=1)
+    train(TINY.replace(total_steps=4), data, tmp_path / "run", stop_at=2, progress=False)
+    extra = data / "train" / "zebra"
+    extra.mkdir()
+    shutil_copy = (data / "train" / "red" / "0.png").read_bytes()
+    (extra / "0.png").write_bytes(shutil_copy)
+    with pytest.raises(RunFolderError, match=r"started on other classes \(added: \['zebra'\], removed: none\)"):
+        train(TINY.replace(total_steps=4), data, tmp_path / "run", progress=False)
+    (tmp_path / "afile").write_text("")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "run"):
+        with pytest.raises(RunFolderError, match=r"a file is in the way"):
+            train(TINY.replace(total_steps=2), data, out, progress=False)
+
+
 def test_fine_tune_from_model_folder_with_new_classes(data: Path, tmp_path: Path) -> None:
     from hub_vit.folder import load_model_folder
 
@@ -127,10 +157,44 @@ def test_missing_data_folder(tmp_path: Path) -> None:
 
 def test_empty_data_folder(tmp_path: Path) -> None:
     (tmp_path / "data" / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "data" / "train" / "dog").mkdir(parents=True)
     (tmp_path / "data" / "val").mkdir(parents=True)
     with pytest.raises(DataFolderError, match=r"has no images"):
         train(TINY.replace(total_steps=2), tmp_path / "data", tmp_path / "run", progress=False)
     assert_nothing_written(tmp_path / "run")
+
+
+def test_one_class_or_an_empty_class_is_refused(tmp_path: Path) -> None:
+    from hub_vit.train.data import scan_split
+
+    one = make_folder(tmp_path / "one", per_class=2, val_per_class=1)
+    for name in ("green", "blue"):
+        for split in ("train", "val"):
+            for f in (one / split / name).iterdir():
+                f.unlink()
+            (one / split / name).rmdir()
+    with pytest.raises(DataFolderError, match=r"has 1 class folder\(s\) \(red\); a classifier needs at least 2"):
+        train(TINY.replace(total_steps=2), one, tmp_path / "run", progress=False)
+    assert_nothing_written(tmp_path / "run")
+    empty = make_folder(tmp_path / "empty", per_class=2, val_per_class=1)
+    (empty / "train" / "zebra").mkdir()
+    with pytest.raises(DataFolderError, match=r"class folder\(s\) \['zebra'\] .* hold no images"):
+        scan_split(empty, "train")
+
+
+def test_webp_and_exif_orientation(tmp_path: Path) -> None:
+    # the formats and the orientation every other image path uses: a phone photo must not be trained sideways
+    from hub_vit.train.data import load_rgb, scan_split
+
+    root = make_folder(tmp_path / "data", per_class=1, val_per_class=1)
+    pixels = np.zeros((20, 40, 3), dtype=np.uint8)
+    pixels[:, :20] = 255  # left half white
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW to display"
+    Image.fromarray(pixels).save(root / "train" / "red" / "phone.webp", exif=exif.tobytes(), lossless=True)
+    assert any(p.name == "phone.webp" for p, _ in scan_split(root, "train").samples)
+    upright = np.asarray(load_rgb(root / "train" / "red" / "phone.webp"))
+    assert upright.shape == (40, 20, 3) and upright[:20].min() == 255 and upright[20:].max() == 0  # white on top
 
 
 def test_non_image_file(data: Path, tmp_path: Path) -> None:
@@ -164,6 +228,12 @@ def test_bad_settings_name_the_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown precision 'fp8'; valid choices: 'auto', 'fp32', 'bf16'"):
         TINY.replace(precision="fp8")
     assert TINY.with_overrides(["crop_area=[0.3, 1]", "randaug=rand-m9-n2"]).crop_area == (0.3, 1.0)
+    for assignment, needle in [("wd=abc", "wd must be a number, got 'abc'"), ("workers=1.5", "workers must be an "
+                               "integer, got 1.5"), ("crop_area=5", r"crop_area must be two numbers \[min, max\]"),
+                               ("randaug=5", "randaug must be a string"), ("seed=abc", "seed must be an integer"),
+                               ("total_steps=x", "total_steps must be an integer or null")]:
+        with pytest.raises(ValueError, match=needle):  # before: TypeErrors from inside the checks
+            TINY.with_overrides([assignment])
 
 
 def test_cli_reports_bad_input(tmp_path: Path) -> None:
@@ -180,6 +250,12 @@ def test_cli_reports_bad_input(tmp_path: Path) -> None:
                                       "nope", "--img-size", "32", "--no-progress"])
     assert result.exit_code == 2 and "valid names: simplevit_ti16" in " ".join(result.output.split())
     assert not (tmp_path / "run" / "checkpoints").exists()
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--model",
+                                      "simplevit_digits", "--install-to", str(tmp_path / "inst"), "--no-progress"])
+    assert result.exit_code == 2 and "needs --preset digits" in " ".join(result.output.split())
+    missing = tmp_path / "[draft] data"  # rich markup in a path must be printed as it is
+    result = CliRunner().invoke(app, ["train", str(missing), "--out", str(tmp_path / "run"), "--no-progress"])
+    assert result.exit_code == 2 and "[draft] data" in result.output
 
 
 def test_bf16_autocast_path(data: Path, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def card(
         path = write_model_card(folder, repo_id=repo_id)
     except (ModelFolderError, ValueError) as exc:
         raise fail(str(exc)) from None
-    console.print(f"wrote {path}")
+    console.print(f"wrote {path}", markup=False)
 
 
 @app.command()
@@ -52,4 +52,4 @@ def push(
         raise fail(f"{exc}. Nothing was uploaded.") from None
     except Exception as exc:  # HTTP errors from the Hub (auth, permissions, quota): report, don't dump a traceback
         raise fail(f"the Hub refused the upload: {type(exc).__name__}: {exc}", code=1) from None
-    console.print(f"pushed {folder} to {url}")
+    console.print(f"pushed {folder} to {url}", markup=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from hub_vit.cli.app import app, console, fail
 
@@ -62,4 +63,4 @@ def convert(
         console.print(f"  note: {note}", soft_wrap=True, markup=False)
     if verify or result.parity.mode == "reference":
         console.print(format_report(result.parity), highlight=False, markup=False, soft_wrap=True)
-    console.print(f"[green]wrote[/] {result.path}")
+    console.print(f"[green]wrote[/] {escape(str(result.path))}")

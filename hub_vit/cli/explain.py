@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from hub_vit.cli.app import app, console, fail
 
@@ -54,9 +55,13 @@ def rollout(
             ready.append((path, explainer.prepare(image)))
         except ImageReadError as exc:  # an aspect ratio too extreme to resize
             raise fail(f"{str(path)!r}: {exc}") from exc
-    if out.exists() and not out.is_dir():
-        raise fail(f"--out {str(out)!r} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # no permission, read-only file system
+        raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
     names: set[str] = set()
     for start in range(0, len(images), BATCH):
         chunk = ready[start:start + BATCH]
@@ -69,19 +74,19 @@ def rollout(
             target = out / f"{stem}_rollout.png"
             save_png(explainer.overlay(prep, result.maps[i], alpha, colormap), str(target))
             top = explainer.top_k(result.logits[i], 5)
-            console.print(f"[bold]{path}[/] -> {target}")
+            console.print(f"[bold]{escape(str(path))}[/] -> {escape(str(target))}")
             table = Table(show_edge=False)
             table.add_column("label")
             table.add_column("probability", justify="right")
             for label, prob in top:
-                table.add_row(label, f"{prob:.4f}")
+                table.add_row(escape(label), f"{prob:.4f}")
             console.print(table)
             if class_map:
                 label_index = explainer.label_index(top[0][0])
                 cam = explainer.class_map(prep, label_index).maps[0]
                 class_target = out / f"{stem}_class_{label_index}.png"
                 save_png(explainer.overlay(prep, cam, alpha, colormap), str(class_target))
-                console.print(f"class-specific map for {top[0][0]!r}: {class_target}")
+                console.print(f"class-specific map for {top[0][0]!r}: {class_target}", markup=False)
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
@@ -93,9 +94,10 @@ def onnx_cmd(
         raise fail(str(exc)) from None
     console.print(_variant_table(report))
     for o in report.variants:
-        console.print(f"  {o.variant}: " + (f"[red]not written[/] - {o.error}" if o.error else f"{o.file}"),
+        outcome = f"[red]not written[/] - {escape(o.error)}" if o.error else escape(str(o.file))
+        console.print(f"  {o.variant}: {outcome}",
                       soft_wrap=True)
-    console.print(f"report: {report.report_file}")
+    console.print(f"report: {report.report_file}", markup=False)
     failed = [o.variant for o in report.variants if not o.written]
     if failed:
         err_console.print(f"[yellow]not written:[/] {', '.join(failed)} (reasons in the table and the report)")

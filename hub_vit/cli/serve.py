@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
@@ -208,7 +209,7 @@ def classify(
         table.add_column(column, justify="right" if column in ("rank", "score") else "left")
     for image, prediction in zip(images, predictions, strict=True):
         for rank, (label, score) in enumerate(zip(prediction.labels[:top], prediction.scores[:top], strict=True), 1):
-            table.add_row(image.name if rank == 1 else "", str(rank), label, f"{score:.4f}")
+            table.add_row(escape(image.name) if rank == 1 else "", str(rank), escape(label), f"{score:.4f}")
     console.print(table)
 
 

@@ -65,6 +65,9 @@ def train_command(
         torch.set_num_threads(threads)
     if preset not in PRESETS:
         raise fail(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    if install_to is not None and preset != "digits":
+        raise fail("--install-to installs the default model (digit samples, sklearn-digits card) and needs "
+                   "--preset digits; the finished model folder of any run is OUT/model")
     recipe = digits.DIGITS_RECIPE if preset == "digits" else VIT_S16_I1K
     flags: dict[str, Any] = dict(model=model, pretrained=pretrained, img_size=img_size, batch_size=batch_size,
                                  micro_batch=micro_batch, total_epochs=epochs, total_steps=steps, lr=lr, wd=wd,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from timm.data import create_transform
 from timm.data.mixup import Mixup
 from timm.data.readers.img_extensions import get_img_extensions
@@ -32,6 +32,8 @@ from hub_vit.train.recipe import Recipe
 
 MEAN = STD = (0.5, 0.5, 0.5)  # value_range(-1, 1)
 SPLITS = ("train", "val")
+# Beyond timm's default (png, jpg, jpeg): the formats every other hub-vit image path reads too
+IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"})
 
 
 class DataFolderError(ValueError):
@@ -60,14 +62,19 @@ def scan_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
             f"data folder {str(folder)!r} does not exist; expected {str(Path(root))!r} to hold "
             f"{' and '.join(f'{s}/<class>/<image>' for s in SPLITS)}"
         )
-    extensions = get_img_extensions(as_set=True)
+    extensions = set(get_img_extensions(as_set=True)) | IMAGE_EXTENSIONS
     loose = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     if loose:
         raise DataFolderError(f"{str(folder)!r} holds files outside class folders ({', '.join(loose[:5])}); "
                               f"expected {split}/<class>/<image>")
     found = sorted((p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")), key=natural_key)
+    defines_classes = classes is None  # the train split does; the val split must use its classes
     if classes is None:
         classes = tuple(found)
+        if len(classes) < 2:
+            listed = ", ".join(classes) or "none"
+            raise DataFolderError(f"{str(folder)!r} has {len(classes)} class folder(s) ({listed}); a classifier "
+                                  f"needs at least 2: {split}/<class>/<image>")
     unknown = sorted(set(found) - set(classes))
     if unknown:
         raise DataFolderError(f"{str(folder)!r} has class folders {unknown} that the train split does not have; "
@@ -85,6 +92,11 @@ def scan_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
                     f"extensions {', '.join(sorted(extensions))}"
                 )
             samples.append((path, index))
+    seen = {label for _, label in samples}
+    empty = [name for i, name in enumerate(classes) if i not in seen]
+    if empty and defines_classes and samples:
+        raise DataFolderError(f"class folder(s) {empty} under {str(folder)!r} hold no images; a class the model "
+                              "never sees cannot be learned (remove the folder or add images)")
     if not samples:
         raise DataFolderError(f"data folder {str(folder)!r} has no images; expected {split}/<class>/<image> with "
                               f"one of the extensions {', '.join(sorted(extensions))}")
@@ -92,9 +104,11 @@ def scan_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
 
 
 def load_rgb(path: Path) -> Image.Image:
+    """An RGB image upright as displayed (EXIF orientation applied, as the rollout, the image processor and the
+    served preprocessing do: a phone photo must not be trained sideways and served upright)."""
     try:
         with Image.open(path) as img:
-            return to_8bit(img).convert("RGB")  # 16-bit grey PNGs: scaled, not clipped to white
+            return to_8bit(ImageOps.exif_transpose(img)).convert("RGB")  # 16-bit grey: scaled, not clipped to white
     except (UnidentifiedImageError, OSError) as exc:
         raise DataFolderError(f"cannot decode image {str(path)!r}: {exc}") from exc
 

@@ -72,7 +72,9 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
     val_split = scan_split(data_dir, "val", classes=train_split.classes)
     classes = train_split.classes
     total_steps = recipe.steps_for(len(train_split))
-    _check_run_folder(run_dir, recipe, init)
+    if stop_at is not None and stop_at < 1:
+        raise ValueError(f"stop_at must be a step >= 1, got {stop_at}")
+    _check_run_folder(run_dir, recipe, init, classes)
     torch.manual_seed(recipe.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
     model, source = build_model(recipe, len(classes), init)
     model.to(d.device)
@@ -86,8 +88,8 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
         start_step, wall_before = extra["step"], float(extra.get("wall_time_s", 0.0))
     if d.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(run_dir / "recipe.json", json.dumps({**recipe.to_dict(), "init": str(init) if init else None},
-                                                          indent=2))
+        _atomic_write(run_dir / "recipe.json", json.dumps(_run_settings(recipe, init, classes), indent=2))
+        _trim_metrics(run_dir / "metrics.jsonl", start_step)
     distributed.barrier(d)
 
     net: torch.nn.Module = model
@@ -223,18 +225,51 @@ def export_model(model: torch.nn.Module, folder: Path, recipe: Recipe, classes: 
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
-def _check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None) -> None:
+def _run_settings(recipe: Recipe, init: str | Path | None, classes: tuple[str, ...]) -> dict[str, Any]:
+    """What `recipe.json` records, and what a resumed run must match."""
+    return {**recipe.to_dict(), "init": str(init) if init else None, "classes": list(classes)}
+
+
+def _check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, classes: tuple[str, ...]) -> None:
+    existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "" if existing == run_dir else f" (its parent {str(existing)!r} is a file)"
+        raise RunFolderError(f"--out {str(run_dir)!r} cannot be a run folder{where}: a file is in the way; choose a "
+                             "folder path")
     saved = run_dir / "recipe.json"
     if not saved.is_file():
         return
     old = json.loads(saved.read_text())
-    new = {**recipe.to_dict(), "init": str(init) if init else None}
-    ignore = {"workers", "log_every_steps", "checkpoint_every_steps"}  # do not change the result
+    new = _run_settings(recipe, init, classes)
+    if "classes" in old and old["classes"] != new["classes"]:  # runs from before it was recorded: not checked
+        added = sorted(set(new["classes"]) - set(old["classes"]))
+        removed = sorted(set(old["classes"]) - set(new["classes"]))
+        raise RunFolderError(f"run folder {str(run_dir)!r} was started on other classes (added: {added or 'none'}, "
+                             f"removed: {removed or 'none'}); its head and labels would not match: resume with the "
+                             "same data or choose a new --out folder")
+    ignore = {"workers", "log_every_steps", "checkpoint_every_steps", "classes"}  # do not change the result
     diff = {k: (old.get(k), v) for k, v in new.items() if k not in ignore and old.get(k) != v}
     if diff:
         lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
         raise RunFolderError(f"run folder {str(run_dir)!r} was started with another recipe ({lines}); "
                              "resume it with the same settings or choose a new --out folder")
+
+
+def _trim_metrics(path: Path, step: int) -> None:
+    """Drop the records after `step` (the checkpoint a resumed run restarts from): they are logged again."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short when the run was killed
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line)
+    if len(kept) != len(lines):
+        _atomic_write(path, "".join(f"{line}\n" for line in kept))
 
 
 def _atomic_write(path: Path, text: str) -> None:

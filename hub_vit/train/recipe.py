@@ -64,11 +64,15 @@ class Recipe:
     log_every_steps: int = 10
 
     def __post_init__(self) -> None:
+        _check_types(self)  # `--set wd=abc` names the setting instead of failing later inside a comparison
         set_ = object.__setattr__  # frozen: normalise JSON lists back to tuples once, here
         for name in ("crop_area", "crop_ratio"):
-            value = tuple(float(v) for v in getattr(self, name))
-            if len(value) != 2 or not 0 < value[0] <= value[1]:
-                raise ValueError(f"{name} must be two numbers 0 < min <= max, got {getattr(self, name)!r}")
+            raw = getattr(self, name)
+            if not (isinstance(raw, (list, tuple)) and len(raw) == 2 and all(_is_number(v) for v in raw)):
+                raise ValueError(f"{name} must be two numbers [min, max], got {raw!r}")
+            value = (float(raw[0]), float(raw[1]))
+            if not 0 < value[0] <= value[1]:
+                raise ValueError(f"{name} must be two numbers 0 < min <= max, got {raw!r}")
             set_(self, name, value)
         if self.crop_area[1] > 1:
             raise ValueError(f"crop_area is a fraction of the image area in (0, 1], got {self.crop_area!r}")
@@ -169,6 +173,34 @@ class Recipe:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Recipe))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# The type each annotation asks for (the Literal aliases are strings, checked against their choices afterwards).
+_TYPE_CHECKS: dict[str, tuple[str, Any]] = {
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "float": ("a number", _is_number),
+    "Precision": ("a string", lambda v: isinstance(v, str)),
+    "Interpolation": ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def _check_types(recipe: Recipe) -> None:
+    for f in dataclasses.fields(recipe):
+        value = getattr(recipe, f.name)
+        annotation = str(f.type)
+        optional = annotation.endswith(" | None")
+        check = _TYPE_CHECKS.get(annotation.removesuffix(" | None"))
+        if check is None or (optional and value is None):
+            continue
+        what, ok = check
+        if not ok(value):
+            raise ValueError(f"{f.name} must be {what}{' or null' if optional else ''}, got {value!r}")
 
 
 def _positive_int(name: str, value: object) -> None:
