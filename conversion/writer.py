@@ -20,7 +20,7 @@ from hub_vit.weights import HEAD_KEYS, adapt_state_dict, load_strict
 
 from .convert import Conversion, convert_file
 from .download import DEFAULT_TIMEOUT_S, Source, resolve_source
-from .infer import match_architecture
+from .infer import ArchitectureMismatchError, check_compatible, match_architecture
 from .verify import ParityReport, compare_to_reference, find_reference, self_consistency
 
 IMAGENET_SUBSETS = {1000: "imagenet-1k", 21843: "imagenet-21k-goog"}
@@ -104,16 +104,19 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     raises `ParityError` and nothing is written.
     """
     from hub_vit import __version__
-    from hub_vit.folder import save_model_folder
+    from hub_vit.folder import check_output_folder, save_model_folder
     from hub_vit.hf.native_vit import native_vit_blockers
     from hub_vit.model_cards import write_card_or_remove
 
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"output folder {out} already exists; choose another -o or pass --overwrite")
+    check_output_folder(out, overwrite)  # before a download or a conversion: a file in the way, an occupied folder
     src = resolve_source(source, timeout=timeout, progress=progress)
+    check_output_folder(out, overwrite, keep=[src.path, *([Path(reference)] if reference is not None else [])])
     conv = convert_file(src.path, img_size=img_size, num_classes=num_classes, drop_pre_logits=drop_pre_logits,
                         variant=variant)
+    if src.catalog_name:
+        _check_catalog_architecture(src.catalog_name, conv.source_spec, src.path)
+    _check_finite(conv.state_dict, src.path)
     spec = conv.spec
     model = VisionTransformer(spec)
     load_strict(model, fit_state_dict(model, conv.state_dict))
@@ -163,6 +166,30 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     )
     write_card_or_remove(path)
     return FolderResult(path=path, conversion=conv, parity=parity, source=src, architecture=architecture, info=info)
+
+
+def _check_finite(state_dict: dict[str, torch.Tensor], path: Path) -> None:
+    """NaN or inf in a checkpoint means a broken file or a diverged run; a model folder of it would serve garbage."""
+    bad = {key: int((~torch.isfinite(t)).sum()) for key, t in state_dict.items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())}
+    if bad:
+        listed = ", ".join(f"{key} ({count} of {state_dict[key].numel()})" for key, count in list(bad.items())[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ValueError(f"{str(path)!r} holds NaN or inf values in {len(bad)} tensor(s): {listed}{more}; the "
+                         "checkpoint is corrupt or from a diverged run, nothing written")
+
+
+def _check_catalog_architecture(name: str, found: ViTSpec, path: Path) -> None:
+    """A catalog name promises an architecture; a file that is another model (a wrong file dropped at the cache path
+    the offline message names, say) must not be written under that name and its data config."""
+    from hub_vit.catalog import MODELS
+
+    entry = MODELS[name.partition(".")[0]]
+    try:
+        check_compatible(found, entry.spec)
+    except ArchitectureMismatchError as exc:
+        raise ArchitectureMismatchError(f"{str(path)!r} is not the catalog's {name} ({entry.spec.variant}): {exc}; "
+                                        "delete the file and fetch it again") from None
 
 
 __all__ = ["FolderResult", "ParityError", "class_names", "convert_to_folder", "fit_state_dict", "pretrained_cfg_for"]

@@ -211,10 +211,7 @@ def save_model_folder(
         from hub_vit.hf.native_vit import native_vit_config
 
         native_vit_config(spec)  # raises now, naming the switch, before anything is written
-    if folder.exists() and not overwrite:
-        raise FileExistsError(f"{folder} already exists; pass overwrite=True to replace it")
-    if folder.exists() and not folder.is_dir():
-        raise NotADirectoryError(f"{folder} exists and is not a directory")
+    check_output_folder(folder, overwrite)
     folder.parent.mkdir(parents=True, exist_ok=True)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
@@ -226,6 +223,41 @@ def save_model_folder(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+def is_model_folder(folder: Path) -> bool:
+    """A hub-vit model folder: `config.json` with `model_type` 'hub_vit'."""
+    try:
+        return json.loads((folder / CONFIG_FILE).read_text()).get("model_type") == "hub_vit"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: Sequence[Path] = ()) -> None:
+    """Raise (before any work) if `folder` cannot become a model folder: it exists without `overwrite`, a file is in
+    the way, or, with `overwrite`, it is not an empty folder or a hub-vit model folder (replacing deletes everything in
+    it) or it holds one of the `keep` paths (e.g. the checkpoint being converted)."""
+    folder = Path(folder)
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise NotADirectoryError(f"output folder {str(folder)!r} cannot be created: {str(blocker)!r} is a file")
+    if not folder.exists():
+        return
+    if not overwrite:
+        raise FileExistsError(f"output folder {str(folder)!r} already exists; choose another or pass overwrite=True "
+                              "(--overwrite) to replace it")
+    resolved = folder.resolve()
+    if resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents:
+        raise FileExistsError(f"output folder {str(folder)!r} is the current directory or holds it; replacing it "
+                              "would leave this shell in a deleted folder: choose another output folder")
+    inside = [str(k) for k in keep if resolved == Path(k).resolve() or resolved in Path(k).resolve().parents]
+    if inside:
+        raise FileExistsError(f"output folder {str(folder)!r} holds {', '.join(inside)}, which replacing it would "
+                              "delete; choose another output folder")
+    if any(folder.iterdir()) and not is_model_folder(folder):
+        raise FileExistsError(f"output folder {str(folder)!r} is not a hub-vit model folder (no config.json with "
+                              "model_type 'hub_vit'); overwrite replaces model folders only, and would delete "
+                              "everything in it: choose another output folder")
 
 
 def read_labels(folder: str | os.PathLike[str]) -> list[str]:

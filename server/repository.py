@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hub_vit.atomic import replace_dir
 from hub_vit.server.config import (
+    GENERATED_HEADER,
     SPIN_MIN_GMACS,
     WARMUP_IMAGE_FILE,
     classifier_config,
@@ -51,6 +52,11 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and not overwrite:
         raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{str(out)!r} is a file; give a folder for the repository")
+    if out.exists() and any(out.iterdir()) and not _is_generated_repository(out):
+        raise FileExistsError(f"{str(out)!r} is not a repository written by `hub-vit repository` (no generated "
+                              "config.pbtxt); replacing it would delete everything in it: choose another folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -60,6 +66,18 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _is_generated_repository(folder: Path) -> bool:
+    """Some `<model>/config.pbtxt` in `folder` starts with the header `config.render` writes."""
+    for config in folder.glob("*/config.pbtxt"):
+        try:
+            with config.open(encoding="utf-8", errors="replace") as f:
+                if f.readline().startswith(GENERATED_HEADER):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _compute_bound(source: ModelSource) -> bool:

@@ -107,3 +107,50 @@ def test_imagenet_label_names() -> None:
     assert names[0] == "tench, Tinca tinca" and names[1] == "goldfish, Carassius auratus"
     assert sum("crane" in n for n in names) == 2 and all(n.strip() for n in names)
     assert class_names(3) == ["class_0", "class_1", "class_2"] and class_names(0) is None
+
+
+def test_overwrite_never_deletes_the_checkpoint_or_other_files(tmp_path: Path) -> None:
+    # `convert work/my.npz -o work --overwrite` used to replace `work` (checkpoint, notes and all) by the model folder
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(JAX / "vit_jax" / "tiny_token.published.npz", work / "my.npz")
+    (work / "notes.txt").write_text("important")
+    result = CliRunner().invoke(app, ["convert", str(work / "my.npz"), "-o", str(work), "--overwrite"])
+    assert result.exit_code == 2 and "not a hub-vit model folder" in " ".join(result.output.split())
+    assert sorted(p.name for p in work.iterdir()) == ["my.npz", "notes.txt"]
+    model = tmp_path / "model"
+    run(str(work / "my.npz"), "-o", str(model))
+    shutil.move(work / "my.npz", model / "my.npz")  # the checkpoint now sits inside a model folder
+    result = CliRunner().invoke(app, ["convert", str(model / "my.npz"), "-o", str(model), "--overwrite"])
+    assert result.exit_code == 2 and "which replacing it would delete" in " ".join(result.output.split())
+    assert (model / "my.npz").is_file()
+
+
+def test_catalog_name_with_another_model_in_the_cache_is_refused(tmp_path: Path, monkeypatch) -> None:
+    # Following the offline message by hand with the wrong file used to write a 2-layer model under the Ti/16
+    # catalog name and data config (timm's loader refuses the same file).
+    from hub_vit.catalog import MODELS
+    from hub_vit.conversion.download import cached_path
+
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    dest = cached_path(MODELS["vit_ti16"].weight("augreg_in21k_ft_in1k").url)
+    dest.parent.mkdir(parents=True)
+    shutil.copy(JAX / "vit_jax" / "tiny_token.published.npz", dest)
+    result = CliRunner().invoke(app, ["convert", "vit_ti16.augreg_in21k_ft_in1k", "-o", str(tmp_path / "out")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "is not the catalog's vit_ti16.augreg_in21k_ft_in1k (Ti/16)" in text
+    assert "width 64 (checkpoint) vs 192 (model)" in text and not (tmp_path / "out").exists()
+
+
+def test_non_finite_weights_are_refused(tmp_path: Path) -> None:
+    with np.load(JAX / "vit_jax" / "tiny_token.published.npz") as npz:
+        arrays = dict(npz)
+    key = next(k for k in arrays if k.endswith("kernel") and arrays[k].ndim == 2)
+    arrays[key] = arrays[key].copy()
+    arrays[key][0, :3] = np.nan
+    np.savez(tmp_path / "nan.npz", **arrays)
+    result = CliRunner().invoke(app, ["convert", str(tmp_path / "nan.npz"), "-o", str(tmp_path / "out")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "holds NaN or inf values in 1 tensor(s)" in text and "(3 of " in text
+    assert not (tmp_path / "out").exists()

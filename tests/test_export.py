@@ -217,7 +217,7 @@ def test_failed_export_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytes
         raise onnx.checker.ValidationError("simulated checker failure")
 
     monkeypatch.setattr(onnx.checker, "check_model", broken_checker)
-    with pytest.raises(onnx.checker.ValidationError):
+    with pytest.raises(ValueError, match="simulated checker failure"):
         export_onnx(_model("classic_tok"), tmp_path / "model.onnx", exporter="torchscript")
     assert list(tmp_path.iterdir()) == []
 
@@ -273,3 +273,27 @@ def test_cli_exports_a_model_folder(tmp_path: Path) -> None:
     report = json.loads((out / "model.export.json").read_text())
     assert report["source"]["kind"] == "folder"
     assert all(v["written"] for v in report["variants"])
+
+
+def test_cli_bad_opset_or_image_leaves_no_folder(tmp_path: Path) -> None:
+    # opset 26 used to end in an onnx ValidationError traceback and an empty output folder; a non-image among
+    # --images in an UnidentifiedImageError traceback
+    from typer.testing import CliRunner
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    runner = CliRunner()
+    result = runner.invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(tmp_path / "o"), "-v",
+                                 "fp32", "--opset", "26"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "exported at opset 26 is not valid ONNX" in text
+    assert not (tmp_path / "o").exists()
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "x.png").write_text("not an image")
+    result = runner.invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(tmp_path / "o"), "-v",
+                                 "fp32", "--images", str(images)])
+    assert result.exit_code == 2 and "cannot read image" in " ".join(result.output.split())
+    assert not (tmp_path / "o").exists()

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForImageClassification, ViTForImageClassification, pipeline
 
 import hub_vit  # noqa: F401  (registers timm models and the transformers Auto classes)
-from hub_vit.folder import ModelFolderInfo, load_model_folder, save_model_folder
+from hub_vit.folder import ModelFolderInfo, check_output_folder, load_model_folder, save_model_folder
 from hub_vit.hf import HubViTForImageClassification, HubViTModel
 from hub_vit.hf.remote_code import BUNDLE
 from hub_vit.model import VisionTransformer
@@ -191,6 +191,30 @@ def test_native_vit_refused_for_simplevit_before_writing(tmp_path) -> None:
     with pytest.raises(ValueError, match="pool_type='gap'"):
         save_model_folder(_model(SIMPLE), tmp_path / "simple", native_vit=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_replaces_model_folders_only(tmp_path, monkeypatch) -> None:
+    # `hub-vit convert ckpt.npz -o FOLDER --overwrite` used to delete FOLDER with whatever it held, the checkpoint
+    # being converted included
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("important")
+    with pytest.raises(FileExistsError, match=r"not a hub-vit model folder .* choose another output folder"):
+        save_model_folder(_model(SIMPLE), work, overwrite=True)
+    assert (work / "notes.txt").read_text() == "important"
+    model_dir = save_model_folder(_model(SIMPLE), tmp_path / "m")
+    (model_dir / "ckpt.npz").write_bytes(b"weights")
+    with pytest.raises(FileExistsError, match=r"holds .*ckpt\.npz, which replacing it would delete"):
+        check_output_folder(model_dir, True, keep=[model_dir / "ckpt.npz"])
+    monkeypatch.chdir(model_dir)
+    with pytest.raises(FileExistsError, match="current directory"):
+        save_model_folder(_model(SIMPLE), ".", overwrite=True)
+    (tmp_path / "afile").write_text("")
+    for blocked in (tmp_path / "afile", tmp_path / "afile" / "m"):
+        with pytest.raises(NotADirectoryError, match="is a file"):
+            save_model_folder(_model(SIMPLE), blocked, overwrite=True)
+    (tmp_path / "empty").mkdir()
+    save_model_folder(_model(SIMPLE), tmp_path / "empty", overwrite=True)  # an empty folder is fine
 
 
 def test_failed_save_leaves_nothing(tmp_path) -> None:

@@ -101,6 +101,12 @@ def test_existing_repository_is_not_replaced_silently(tmp_path, onnx_file, meta)
     write_repository(source, tmp_path / "repo", ServingOptions(top_k=2), overwrite=True)
     assert "dims: 2" in (tmp_path / "repo/vit/config.pbtxt").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]  # no temp leftovers
+    other = tmp_path / "photos"  # --overwrite on a folder that is not a generated repository deletes nothing
+    other.mkdir()
+    (other / "cat.jpg").write_bytes(b"jpeg")
+    with pytest.raises(FileExistsError, match="not a repository written by `hub-vit repository`"):
+        write_repository(source, other, overwrite=True)
+    assert (other / "cat.jpg").read_bytes() == b"jpeg"
 
 
 def test_resolve_rejects_unknown_sources(tmp_path):

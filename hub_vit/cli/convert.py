@@ -49,8 +49,8 @@ def convert(
         result = convert_to_folder(source, out, variant=variant, img_size=size, num_classes=num_classes,
                                    drop_pre_logits=not pre_logits, reference=reference, verify=verify,
                                    overwrite=overwrite, timeout=timeout)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError, CheckpointFormatError, DownloadError,
-            ParityError) as exc:
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
+            CheckpointFormatError, DownloadError, ParityError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise fail(message) from None
     conv = result.conversion

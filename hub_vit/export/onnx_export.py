@@ -157,7 +157,12 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, 
     try:
         with atomic_path(path, suffix=".onnx") as tmp, torch.no_grad():
             _export_to(graph, dummy, tmp, names, opset, dynamic_batch, dynamic_size, spec.patch_size, exporter)
-            onnx.checker.check_model(str(tmp), full_check=True)
+            try:
+                onnx.checker.check_model(str(tmp), full_check=True)
+            except onnx.checker.ValidationError as exc:  # e.g. an opset newer than the exporter's op library
+                first = str(exc).strip().splitlines()[0]
+                raise ValueError(f"the graph exported at opset {opset} is not valid ONNX ({first}); opset "
+                                 f"{MIN_OPSET} (the default) and the next few are tested, use one of them") from None
     finally:
         model.train(was_training)
     return path

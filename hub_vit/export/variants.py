@@ -7,12 +7,13 @@ reported with the reason and leaves no file. A JSON report (`<stem>.export.json`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,16 @@ def _writable_dir(out_dir: Path) -> None:
         raise PermissionError(f"cannot write to output folder {str(out_dir)!r}: {exc.strerror or exc}") from exc
 
 
+@contextlib.contextmanager
+def _removed_if_left_empty(folder: Path, created: bool) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
+
+
 def calibration_images(model: VisionTransformer, count: int, n_random: int, n_photos: int, seed: int) -> np.ndarray:
     """int8-static calibration set: the verification set's mix of noise and photo crops, drawn with another seed.
 
@@ -185,83 +196,85 @@ def export_variants(
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"output folder {str(out_dir)!r} is a file")
+    created = not out_dir.exists()
     _writable_dir(out_dir)
-    model.eval()
-    own_verify = own_calib = None
-    if images is not None and len(images):
-        half = (len(images) + 1) // 2
-        own_verify, own_calib = images[:half], images[half:]
-    x, seed = verification_inputs(model, n_random=n_random, n_photos=n_photos, seed=seed, images=own_verify)
-    reference = torch_outputs(model, x)["logits"]
-    provider_name = ",".join(providers) if providers else "default"
-    outcomes: list[VariantOutcome] = []
-    settings = dict(variants=variants, stem=stem, opset=opset, dynamic_batch=dynamic_batch, dynamic_size=dynamic_size,
-                    with_attentions=with_attentions, exporter=exporter, n_random=n_random, n_photos=n_photos,
-                    n_calibration=n_calibration, n_own_images=0 if images is None else len(images), seed=seed,
-                    thresholds={"fp32_max_abs_diff": FP32_MAX_ABS,
-                                                                        "min_top1_agreement": 0.99})
-    with tempfile.TemporaryDirectory(prefix=".export-", dir=out_dir) as tmp:
-        work = Path(tmp)
-        t0 = time.perf_counter()
-        fp32 = export_onnx(model, work / "fp32.onnx", opset=opset, dynamic_batch=dynamic_batch,
-                           dynamic_size=dynamic_size, exporter=exporter)
-        export_seconds = time.perf_counter() - t0
-        settings["graph_opset"] = graph_opset(fp32)
-        calibration = calibration_images(model, n_calibration, n_random, n_photos, seed) \
-            if "int8-static" in variants else x[:0]
-        if own_calib is not None and "int8-static" in variants:
-            calibration = np.concatenate([calibration, own_calib.astype(np.float32)])
-        fp32_ok = True
-        for variant in variants:
-            outcome = VariantOutcome(variant=variant, precision=PRECISION[variant], written=False)
-            outcomes.append(outcome)
-            t = time.perf_counter()
-            if not fp32_ok and variant != "fp32":
-                outcome.error = "not built: the fp32 graph it derives from failed verification"
-                continue
-            try:
-                with quiet_loggers():  # ORT's quantiser logs advice through the root logger
-                    path, outcome.fused_ops = _build(variant, fp32, work, model, calibration)
-                session = ort_session(path, providers)
-                got = ort_outputs(session, x, batch_size=8 if dynamic_batch else 1)["logits"]
-                result = judge(variant, PRECISION[variant], reference, got, provider=session.get_providers()[0],
-                               n_random=n_random, seed=seed)
-                if own_verify is not None:  # judge counts everything after the noise as photos
-                    result.n_photos -= len(own_verify)
-                    result.extra["n_own_images"] = len(own_verify)
-                outcome.verification = result.to_dict()
-            except Exception as exc:  # noqa: BLE001 - a variant that cannot be built/run is reported, not fatal
-                outcome.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}"
-                if "NOT_IMPLEMENTED" in outcome.error:
-                    outcome.error = (f"onnxruntime {ort_version()} has no {PRECISION[variant]} kernel for an op of "
-                                     f"this graph on the execution provider(s) {providers or 'default'}: "
-                                     + outcome.error)
+    with _removed_if_left_empty(out_dir, created):  # a failed export (bad opset, Ctrl-C) leaves no empty folder
+        model.eval()
+        own_verify = own_calib = None
+        if images is not None and len(images):
+            half = (len(images) + 1) // 2
+            own_verify, own_calib = images[:half], images[half:]
+        x, seed = verification_inputs(model, n_random=n_random, n_photos=n_photos, seed=seed, images=own_verify)
+        reference = torch_outputs(model, x)["logits"]
+        provider_name = ",".join(providers) if providers else "default"
+        outcomes: list[VariantOutcome] = []
+        settings = dict(variants=variants, stem=stem, opset=opset, dynamic_batch=dynamic_batch,
+                        dynamic_size=dynamic_size, with_attentions=with_attentions, exporter=exporter,
+                        n_random=n_random, n_photos=n_photos, n_calibration=n_calibration,
+                        n_own_images=0 if images is None else len(images), seed=seed,
+                        thresholds={"fp32_max_abs_diff": FP32_MAX_ABS, "min_top1_agreement": 0.99})
+        with tempfile.TemporaryDirectory(prefix=".export-", dir=out_dir) as tmp:
+            work = Path(tmp)
+            t0 = time.perf_counter()
+            fp32 = export_onnx(model, work / "fp32.onnx", opset=opset, dynamic_batch=dynamic_batch,
+                               dynamic_size=dynamic_size, exporter=exporter)
+            export_seconds = time.perf_counter() - t0
+            settings["graph_opset"] = graph_opset(fp32)
+            calibration = calibration_images(model, n_calibration, n_random, n_photos, seed) \
+                if "int8-static" in variants else x[:0]
+            if own_calib is not None and "int8-static" in variants:
+                calibration = np.concatenate([calibration, own_calib.astype(np.float32)])
+            fp32_ok = True
+            for variant in variants:
+                outcome = VariantOutcome(variant=variant, precision=PRECISION[variant], written=False)
+                outcomes.append(outcome)
+                t = time.perf_counter()
+                if not fp32_ok and variant != "fp32":
+                    outcome.error = "not built: the fp32 graph it derives from failed verification"
+                    continue
+                try:
+                    with quiet_loggers():  # ORT's quantiser logs advice through the root logger
+                        path, outcome.fused_ops = _build(variant, fp32, work, model, calibration)
+                    session = ort_session(path, providers)
+                    got = ort_outputs(session, x, batch_size=8 if dynamic_batch else 1)["logits"]
+                    result = judge(variant, PRECISION[variant], reference, got, provider=session.get_providers()[0],
+                                   n_random=n_random, seed=seed)
+                    if own_verify is not None:  # judge counts everything after the noise as photos
+                        result.n_photos -= len(own_verify)
+                        result.extra["n_own_images"] = len(own_verify)
+                    outcome.verification = result.to_dict()
+                except Exception as exc:  # noqa: BLE001 - a variant that cannot be built/run is reported, not fatal
+                    outcome.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}"
+                    if "NOT_IMPLEMENTED" in outcome.error:
+                        outcome.error = (f"onnxruntime {ort_version()} has no {PRECISION[variant]} kernel for an op of "
+                                         f"this graph on the execution provider(s) {providers or 'default'}: "
+                                         + outcome.error)
+                    outcome.seconds = time.perf_counter() - t + (export_seconds if variant == "fp32" else 0)
+                    fp32_ok = fp32_ok and variant != "fp32"
+                    continue
                 outcome.seconds = time.perf_counter() - t + (export_seconds if variant == "fp32" else 0)
-                fp32_ok = fp32_ok and variant != "fp32"
-                continue
-            outcome.seconds = time.perf_counter() - t + (export_seconds if variant == "fp32" else 0)
-            if not result.passed:
-                outcome.error = f"verification failed: {result.reason}"
-                fp32_ok = fp32_ok and variant != "fp32"
-                continue
-            final = out_dir / (f"{stem}.onnx" if variant == "fp32" else f"{stem}.{variant}.onnx")
-            shutil.copyfile(path, work / "staged.onnx")  # fp32 stays in `work` for later variants
-            (work / "staged.onnx").replace(final)
-            outcome.written, outcome.file, outcome.size_bytes = True, str(final), final.stat().st_size
-        if with_attentions:
-            # a few of each kind: the attention graph is larger (B, depth, heads, N, N) and slower to compare
-            n_noise = min(2, n_random)
-            subset = np.concatenate([x[:n_noise], x[n_random:n_random + 6]])
-            outcomes.append(_attention_graph(model, out_dir, stem, subset, n_noise, opset=opset,
-                                             dynamic_batch=dynamic_batch, dynamic_size=dynamic_size,
-                                             exporter=exporter, providers=providers, seed=seed))
-    report = ExportReport(source=source or {"spec": model.spec.to_dict()}, out_dir=str(out_dir), settings=settings,
-                          environment=environment(providers), variants=outcomes)
-    report.environment["verification_provider"] = provider_name
-    report.report_file = str(out_dir / f"{stem}.export.json")
-    with atomic_path(report.report_file, suffix=".json") as tmp_json:
-        tmp_json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-    return report
+                if not result.passed:
+                    outcome.error = f"verification failed: {result.reason}"
+                    fp32_ok = fp32_ok and variant != "fp32"
+                    continue
+                final = out_dir / (f"{stem}.onnx" if variant == "fp32" else f"{stem}.{variant}.onnx")
+                shutil.copyfile(path, work / "staged.onnx")  # fp32 stays in `work` for later variants
+                (work / "staged.onnx").replace(final)
+                outcome.written, outcome.file, outcome.size_bytes = True, str(final), final.stat().st_size
+            if with_attentions:
+                # a few of each kind: the attention graph is larger (B, depth, heads, N, N) and slower to compare
+                n_noise = min(2, n_random)
+                subset = np.concatenate([x[:n_noise], x[n_random:n_random + 6]])
+                outcomes.append(_attention_graph(model, out_dir, stem, subset, n_noise, opset=opset,
+                                                 dynamic_batch=dynamic_batch, dynamic_size=dynamic_size,
+                                                 exporter=exporter, providers=providers, seed=seed))
+        report = ExportReport(source=source or {"spec": model.spec.to_dict()}, out_dir=str(out_dir), settings=settings,
+                              environment=environment(providers), variants=outcomes)
+        report.environment["verification_provider"] = provider_name
+        report.report_file = str(out_dir / f"{stem}.export.json")
+        with atomic_path(report.report_file, suffix=".json") as tmp_json:
+            tmp_json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        return report
 
 
 def _attention_graph(model: VisionTransformer, out_dir: Path, stem: str, x: np.ndarray, n_random: int, *, opset: int,

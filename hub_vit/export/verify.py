@@ -123,18 +123,28 @@ def load_image_folder(folder: str | Path, size: tuple[int, int], limit: int | No
     from PIL import Image
 
     from hub_vit.image_modes import to_8bit
+    from hub_vit.resize_bound import check_resize
 
     folder = Path(folder)
+    if folder.is_file():
+        raise NotADirectoryError(f"--images {str(folder)!r} is a file; give a folder of images")
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
+    if limit is not None and limit < 0:
+        raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
     files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".bmp", ".webp"))
     if not files:
         raise ValueError(f"image folder {str(folder)!r} has no .png/.jpg/.jpeg/.bmp/.webp files")
     files = files[:limit] if limit else files
     out = np.empty((len(files), 3, *size), dtype=np.float32)
     for i, f in enumerate(files):
-        img = to_8bit(Image.open(f)).convert("RGB")
+        try:
+            with Image.open(f) as opened:
+                img = to_8bit(opened).convert("RGB")
+        except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError
+            raise ValueError(f"cannot read image {str(f)!r}: {exc}") from None
         scale = max(size[0] / img.height, size[1] / img.width)
+        check_resize(img.width, img.height, round(img.width * scale), round(img.height * scale))
         img = img.resize((max(size[1], round(img.width * scale)), max(size[0], round(img.height * scale))),
                          Image.BILINEAR)
         top, left = (img.height - size[0]) // 2, (img.width - size[1]) // 2
