@@ -91,8 +91,15 @@ def compare_to_reference(model: VisionTransformer, reference: str | Path, *, fun
     `function_changed` (e.g. the posemb was resampled) limits the comparison to the patch embeddings, which no
     option changes; `head_changed` (new class count, dropped pre-logits) skips `logits` and `pre_logits`.
     """
-    with np.load(reference, allow_pickle=False) as io:
-        ref = {k: io[k] for k in io.files}
+    try:
+        with np.load(reference, allow_pickle=False) as io:
+            ref = {k: io[k] for k in io.files}
+    except (OSError, ValueError, EOFError) as exc:  # not an npz: a text file, a truncated download
+        raise ValueError(f"reference outputs {str(reference)!r} are not a readable .npz file ({exc})") from None
+    if "inputs" not in ref:
+        raise ValueError(f"reference outputs {str(reference)!r} have no 'inputs' array (found: "
+                         f"{', '.join(sorted(ref)[:6]) or 'nothing'}{', ...' if len(ref) > 6 else ''}); a reference is "
+                         "the *.io.npz written with Google's model code (inputs, logits, ...), not a checkpoint")
     report = ParityReport(mode="reference", reference=str(reference))
     ours = model_outputs(model, ref["inputs"])
     for name, value in ours.items():

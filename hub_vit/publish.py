@@ -26,7 +26,7 @@ REQUIRED_FILES = (WEIGHTS, CONFIG, PREPROCESSOR, LABELS, CARD)
 TIMM_KEYS = ("architecture", "pretrained_cfg", "model_args")  # timm's hf-hub loader reads these from config.json
 # Never uploaded: editor/OS litter, bytecode, half-written temp files of our own atomic writers.
 IGNORED = re.compile(r"(^|/)(\.[^/]*|__pycache__)(/|$)|\.pyc$|\.tmp$")
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$", re.ASCII)  # the shape; the Hub's validator has the finer rules
 DEFAULT_TIMEOUT_S = 3.0
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
@@ -45,10 +45,18 @@ class PushPlan:
 
 
 def check_repo_id(repo_id: str) -> str:
-    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id) or ".." in repo_id or "--" in repo_id \
-            or len(repo_id) > 96 or repo_id.endswith(".git"):
-        raise ValueError(f"invalid repo id {repo_id!r}: expected ORG/NAME, e.g. 'my-org/simplevit-s16' "
-                         "(letters, digits, '-', '_', '.'; no '--' or '..'; at most 96 characters)")
+    """ORG/NAME by the Hub's own rule (`huggingface_hub.utils.validate_repo_id`), checked before any network call;
+    the namespace is required, since a model folder is pushed to a chosen user or organisation."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    rule = ("expected ORG/NAME, e.g. 'my-org/simplevit-s16' (letters, digits, '-', '_', '.'; no '--' or '..'; not "
+            "starting or ending with '-' or '.'; at most 96 characters)")
+    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
+        raise ValueError(f"invalid repo id {repo_id!r}: {rule}")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise ValueError(f"invalid repo id {repo_id!r}: {rule} ({str(exc).splitlines()[0]})") from None
     return repo_id
 
 

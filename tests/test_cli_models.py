@@ -29,3 +29,13 @@ def test_models_bad_family_names_the_choices() -> None:
 def test_help_lists_the_command_groups() -> None:
     out = _hub_vit("--help")
     assert out.returncode == 0 and "models" in out.stdout
+
+
+def test_models_piped_is_one_uncut_line_per_model() -> None:
+    # a pipe gets rich's 80 columns: names and counts were cut to 'simplevi…' / '305,173,4…', so grep found nothing
+    exe = shutil.which("hub-vit", path=str(Path(sys.executable).parent)) or "hub-vit"
+    out = subprocess.run([exe, "models"], capture_output=True, text=True,
+                         env={"COLUMNS": "60", "PATH": "/usr/bin:/bin"})
+    lines = {line.split("\t")[0]: line.split("\t") for line in out.stdout.splitlines()}
+    assert lines["name"] == ["name", "variant", "posemb", "pool", "pre-logits", "params", "pretrained tags"]
+    assert lines["simplevit_l16"][5] == "305,173,480" and "i1k_300ep" in lines["simplevit_s16"][6]

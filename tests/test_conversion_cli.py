@@ -154,3 +154,13 @@ def test_non_finite_weights_are_refused(tmp_path: Path) -> None:
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "holds NaN or inf values in 1 tensor(s)" in text and "(3 of " in text
     assert not (tmp_path / "out").exists()
+
+
+def test_reference_that_is_not_reference_outputs_is_named(tmp_path: Path) -> None:
+    ckpt = JAX / "vit_jax" / "tiny_token.published.npz"
+    (tmp_path / "notes.txt").write_text("not an npz")
+    for reference, needle in [(ckpt, "have no 'inputs' array"), (tmp_path / "notes.txt", "not a readable .npz")]:
+        result = CliRunner().invoke(app, ["convert", str(ckpt), "-o", str(tmp_path / "out"), "--reference",
+                                          str(reference)])
+        assert result.exit_code == 2 and needle in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "out").exists()

@@ -253,6 +253,7 @@ def test_cli_unknown_model_and_precision(tmp_path: Path) -> None:
     assert "unknown model 'vit_nope'" in result.output and "vit_s16" in result.output
     result = runner.invoke(app, ["export", "onnx", "vit_s16", "-v", "int4", "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and "int4" in result.output and "int8-dynamic" in result.output
+    assert ", or all" in " ".join(result.output.split())
     assert not (tmp_path / "o").exists()
 
 

@@ -172,7 +172,8 @@ def test_unparsable_card_is_refused(folder: Path, tmp_path: Path, no_network_che
     assert no_network_check == []
 
 
-@pytest.mark.parametrize("repo_id", ["tiny", "a/b/c", "org/bad--name", "org/name.git", "org/has space", ""])
+@pytest.mark.parametrize("repo_id", ["tiny", "a/b/c", "org/bad--name", "org/name.git", "org/has space", "",
+                                     "me/x-", "me/x.", "me./x"])  # the last three: the Hub's own rule
 def test_bad_repo_id_is_refused(folder: Path, repo_id: str, no_network_check: list[str]) -> None:
     with pytest.raises(ValueError, match=r"invalid repo id .* expected ORG/NAME"):
         publish.push_folder(folder, repo_id, token="hf_dummy")

@@ -19,7 +19,8 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a red error line and return the Exit to raise: `raise fail("...")`."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}")  # paths may hold [brackets]
+    # escaped: paths may hold [brackets]; soft-wrapped: a command or path in the message stays pasteable
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 

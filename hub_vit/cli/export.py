@@ -68,7 +68,10 @@ def onnx_cmd(
     from hub_vit.export.variants import VARIANTS, check_variants, export_variants
 
     try:  # validate everything cheap before building a model
-        variants = list(VARIANTS) if ALL in variant else check_variants(variant)
+        try:
+            variants = list(VARIANTS) if ALL in variant else check_variants(variant)
+        except ValueError as exc:  # the CLI also takes "all"
+            raise ValueError(f"{exc}, or {ALL}") from None
         if exporter not in EXPORTERS:
             raise ValueError(f"unknown exporter {exporter!r}; valid choices: {', '.join(EXPORTERS)}")
         if opset < MIN_OPSET:

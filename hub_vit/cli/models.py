@@ -22,9 +22,8 @@ def models(
     families = sorted({e.family for e in MODELS.values()})
     if family is not None and family not in families:
         raise fail(f"unknown family {family!r}; valid choices: {', '.join(families)}")
-    table = Table(title="hub-vit models")
-    for column in ("name", "variant", "posemb", "pool", "pre-logits", "params", "pretrained tags"):
-        table.add_column(column, justify="right" if column == "params" else "left")
+    header = ("name", "variant", "posemb", "pool", "pre-logits", "params", "pretrained tags" if tags else "weights")
+    rows = []
     for entry in MODELS.values():
         if family and entry.family != family:
             continue
@@ -32,6 +31,16 @@ def models(
         with torch.device("meta"):  # count without allocating (H/14 has 632M parameters)
             params = count_parameters(VisionTransformer(spec))
         tag_text = ", ".join(w.tag for w in entry.weights) if tags else str(len(entry.weights))
-        table.add_row(entry.name, spec.variant or "-", spec.posemb, spec.pool_type,
-                      str(spec.rep_size or "-"), f"{params:,}", tag_text or "-")
+        rows.append((entry.name, spec.variant or "-", spec.posemb, spec.pool_type, str(spec.rep_size or "-"),
+                     f"{params:,}", tag_text or "-"))
+    if not console.is_terminal:  # piped: one tab-separated line per model, never cut (`hub-vit models | grep s16`)
+        for row in (header, *rows):
+            print("\t".join(row))
+        return
+    table = Table(title="hub-vit models")
+    for column in header:  # names and counts never shorten; the tag list folds onto more lines
+        table.add_column(column, justify="right" if column in ("params", "weights") else "left",
+                         no_wrap=column != header[-1], min_width=12 if column == header[-1] else None)
+    for row in rows:
+        table.add_row(*row)
     console.print(table)

@@ -87,6 +87,8 @@ def quantize_int8_static(src: str | Path, dst: str | Path, calibration: np.ndarr
     Only MatMul / Conv / Gemm are quantised: softmax and LayerNorm stay float, which is where ViT activations have
     the outliers that wreck a fully-int8 graph. Shape pre-processing (ORT's `quant_pre_process`) runs first.
     """
+    if len(calibration) == 0:
+        raise ValueError("int8-static needs calibration images: pass --calibration N (> 0) or --images DIR")
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
