@@ -222,6 +222,16 @@ def test_gradient_rollout_hand_computed_relevance_rule() -> None:
     torch.testing.assert_close(maps[0], torch.tensor([[0.25, 0.25], [1.25, 0.25]]))
 
 
+def test_gradient_rollout_names_bad_labels_and_inference_mode() -> None:
+    model, x = tiny_model("tok"), torch.randn(3, 3, 32, 32)
+    with pytest.raises(ValueError, match=r"label\(s\) \[7\] out of range"):  # the label given, not [7, 7, 7]
+        gradient_rollout(model, x, labels=7)
+    with pytest.raises(ValueError, match="labels must be integer class indices, got torch.float32"):
+        gradient_rollout(model, x, labels=[1.7, 0.2, 3.9])  # used to be truncated silently
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=r"outside torch.inference_mode\(\)"):
+        gradient_rollout(model, x)
+
+
 def test_gradient_rollout_rejects_bad_label() -> None:
     with pytest.raises(ValueError, match="0..6"):
         gradient_rollout(tiny_model("tok"), torch.randn(1, 3, 32, 32), labels=9)

@@ -54,15 +54,16 @@ def _check_labels(labels: torch.Tensor | Sequence[int] | int | None, logits: tor
     B, C = logits.shape
     if labels is None:
         return logits.argmax(dim=-1)
-    labels = torch.as_tensor(labels, dtype=torch.long, device=logits.device).reshape(-1)
-    if labels.numel() == 1:
-        labels = labels.expand(B)
-    if labels.numel() != B:
-        raise ValueError(f"need one label per image: batch of {B}, got {labels.numel()} labels")
-    bad = [int(v) for v in labels if not 0 <= int(v) < C]
+    given = torch.as_tensor(labels, device=logits.device).reshape(-1)
+    if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class indices, got {given.dtype} values {given.tolist()[:8]}")
+    given = given.long()
+    if given.numel() != 1 and given.numel() != B:
+        raise ValueError(f"need one label per image: batch of {B}, got {given.numel()} labels")
+    bad = sorted({int(v) for v in given if not 0 <= int(v) < C})  # the labels as given, not one per image
     if bad:
         raise ValueError(f"label(s) {bad} out of range; valid labels are 0..{C - 1}")
-    return labels
+    return given.expand(B) if given.numel() == 1 else given
 
 
 def gradient_rollout(model: torch.nn.Module, x: torch.Tensor,
@@ -73,6 +74,9 @@ def gradient_rollout(model: torch.nn.Module, x: torch.Tensor,
     """
     if model.spec.num_classes == 0:
         raise ValueError("gradient rollout needs a classifier head; this model has num_classes=0")
+    if torch.is_inference_mode_enabled():  # enable_grad cannot lift it, and the backward pass would fail obscurely
+        raise RuntimeError("gradient rollout needs autograd: call it outside torch.inference_mode() "
+                           "(torch.no_grad() is fine)")
     with torch.enable_grad():
         # The input is made a leaf that requires grad, so the graph exists even when the weights are frozen.
         x = x.detach().requires_grad_(True)
