@@ -7,6 +7,7 @@ missing is skipped, and its commands say which extra to install.
 from __future__ import annotations
 
 import importlib
+import signal
 
 from hub_vit.cli.app import app, console
 
@@ -19,7 +20,15 @@ def _load_commands() -> None:
         importlib.import_module(f"hub_vit.cli.{name}")
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Python's default SIGTERM ends the process at once, skipping the `finally` / `except BaseException` blocks that
+    # remove staging folders (a killed convert left `.OUT.tmp-*` with a full copy of the weights); a SystemExit runs
+    # them. `hub-vit serve` installs its own handler (drain, then exit).
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _load_commands()
     app()
 
