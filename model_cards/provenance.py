@@ -41,6 +41,7 @@ def dataset_name(facts: FolderFacts) -> str | None:
 
 
 DATASET_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+FINE_TUNED_FROM = "fine-tuned from "  # training.json `init` for --init FOLDER/FILE (hub_vit.train.models)
 IMAGE_FOLDER = "imagefolder"  # the Hub's dataset type for a folder of class sub-folders, which `hub-vit train` reads
 
 
@@ -160,7 +161,10 @@ def _training_rows(facts: FolderFacts) -> Rows:
     for key, label in (("init", "initialised from"), ("steps", "optimizer steps"), ("epochs", "epochs"),
                        ("wall_time_s", "wall time (s)")):
         if run.get(key) is not None:
-            out.append((label, fmt_value(run[key])))
+            value = run[key]
+            if key == "init" and str(value).startswith(FINE_TUNED_FROM):  # a local path: its name only, as for sources
+                value = FINE_TUNED_FROM + local_name(str(value)[len(FINE_TUNED_FROM):])
+            out.append((label, fmt_value(value)))
     if hw:
         device = hw.get("gpu") or hw.get("device")
         out.append(("hardware", f"{device}, {fmt_value(hw.get('processes'))} process(es), torch "

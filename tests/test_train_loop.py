@@ -142,6 +142,10 @@ def test_fine_tune_from_model_folder_with_new_classes(data: Path, tmp_path: Path
     # the backbone was loaded (and then moved only by 2 small steps), the head is new
     delta = (model.blocks[0].mlp.fc1.weight - base.blocks[0].mlp.fc1.weight).detach().abs().max()
     assert 0 < float(delta) < 0.05
+    from hub_vit.model_cards import write_model_card
+
+    card = write_model_card(result.model_dir).read_text()  # cards are published: no local directories in them
+    assert "fine-tuned from model" in card and str(tmp_path) not in card
 
 
 # ------------------------------------------------------------------------------------------------ bad input
