@@ -188,3 +188,19 @@ def test_blend_places_heat_in_the_crop_box() -> None:
 def test_normalize_constant_map_is_zero_not_nan() -> None:
     assert (normalize_map(np.full((3, 3), 0.25)) == 0).all()
     np.testing.assert_allclose(normalize_map(np.array([[1.0, 3.0]])), [[0.0, 1.0]])
+
+
+def test_cli_takes_large_local_photos_the_demo_refuses(model_folder: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # Between Pillow's warning limit (89 MP) and its hard limit (twice that): a 108 MP phone photo, scaled down here
+    # by lowering the limit. Refused for uploads, taken from the command line.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+    photo = tmp_path / "big.png"
+    Image.new("RGB", (70, 70), (200, 30, 30)).save(photo)  # 4,900 pixels: over the limit, under twice it
+    with pytest.raises(ImageReadError, match="too large to decode safely"):
+        load_image(photo)
+    assert load_image(photo, large=True).size == (70, 70)
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(photo), "-o", str(tmp_path / "out"), "--model",
+                                                str(model_folder)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "big_rollout.png").is_file()

@@ -48,7 +48,7 @@ def rollout(
     ready = []  # (path, PreparedImage)
     for path in images:
         try:
-            image = load_image(path)  # its errors name the file
+            image = load_image(path, large=True)  # the user's own files; its errors name the file
         except ImageReadError as exc:
             raise fail(str(exc)) from exc
         try:

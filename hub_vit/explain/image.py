@@ -34,16 +34,18 @@ class ImageReadError(ValueError):
     """A file could not be read as an image; the message names the file and the supported formats."""
 
 
-def load_image(source: str | Path | bytes, name: str | None = None) -> Image.Image:
+def load_image(source: str | Path | bytes, name: str | None = None, *, large: bool = False) -> Image.Image:
     """Decode PNG/JPEG/WEBP/BMP/GIF from a path or bytes, apply EXIF orientation, refuse decompression bombs.
 
     Returns an RGB (or L, for grey images) PIL image, fully loaded. Any failure is an `ImageReadError`.
+    Above Pillow's `MAX_IMAGE_PIXELS` (89 MP) an image is refused, unless `large` (the user's own files on the
+    command line: a 108 MP phone photo is real); Pillow's hard limit, twice that, always applies.
     """
     label = name or (str(source) if not isinstance(source, bytes) else "upload")
     fp: Any = io.BytesIO(source) if isinstance(source, bytes) else source
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore" if large else "error", Image.DecompressionBombWarning)
             with Image.open(fp, formats=list(IMAGE_FORMATS)) as im:
                 im.load()  # Image.open is lazy: decode now, inside the try
                 im = to_8bit(ImageOps.exif_transpose(im))  # 16-bit grey: scaled, not clipped to white
