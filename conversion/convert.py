@@ -116,6 +116,8 @@ def convert_view(view: CanonicalView, spec: ViTSpec | None = None, *, img_size: 
         dropped = {"pre_logits/kernel", "pre_logits/bias", "head/kernel", "head/bias"}
         table = table.replace(num_classes=0)
         notes.append("pre-logits layer dropped; the head read its output, so the head is re-initialised too")
+    elif target.num_classes == 0:
+        notes.append(f"head of {source.num_classes} classes removed: the model outputs its pooled features")
     elif target.num_classes != source.num_classes:
         notes.append(f"head has {source.num_classes} classes, model {target.num_classes}: head re-initialised")
 

@@ -10,6 +10,7 @@ and where to put it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import urllib.error
@@ -81,6 +82,13 @@ def _catalog_lookup(name: str) -> tuple[str, str | None] | None:
     return weight.url, weight.sha256
 
 
+def _remove_if_empty(folder: Path) -> None:
+    """`downloads/<hash>/`, then `downloads/`, if the failed fetch left them empty."""
+    for path in (folder, folder.parent):
+        with contextlib.suppress(OSError):  # not empty (other downloads), or already gone
+            path.rmdir()
+
+
 def cached_path(url: str) -> Path:
     """Where `url` is (or would be) cached."""
     key = hashlib.sha256(url.encode()).hexdigest()[:32]
@@ -120,10 +128,12 @@ def download(url: str, *, expected_sha256: str | None = None, timeout: float = D
                     advance(len(chunk))
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         part.unlink(missing_ok=True)
+        _remove_if_empty(dest.parent)  # no empty `downloads/<hash>/` left behind by a failed fetch
         reason = getattr(exc, "reason", None) or exc
         raise DownloadError(_offline_message(url, dest, f"network error: {reason}")) from exc
     except BaseException:
         part.unlink(missing_ok=True)
+        _remove_if_empty(dest.parent)
         raise
     got = digest.hexdigest()
     if expected_sha256 and got != expected_sha256:

@@ -17,11 +17,12 @@ end, so a failure leaves nothing behind (and `overwrite=True` never leaves a hal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -181,6 +182,20 @@ def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None,
         native_image_processor(wrapper.config.pretrained_cfg).save_pretrained(out / NATIVE_DIR)
 
 
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """No "Writing model shards" bars: a model folder is one small write, and CLI output stays readable."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def save_model_folder(
     model: VisionTransformer,
     folder: str | os.PathLike[str],
@@ -216,8 +231,9 @@ def save_model_folder(
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
-        _write_folder(model, tmp, checked_labels, dict(pretrained_cfg) if pretrained_cfg else None, arch, extra,
-                      native_vit)
+        with _quiet_progress():
+            _write_folder(model, tmp, checked_labels, dict(pretrained_cfg) if pretrained_cfg else None, arch, extra,
+                          native_vit)
         replace_dir(tmp, folder)  # overwrite: the old folder stays until the new one is in place
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

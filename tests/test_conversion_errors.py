@@ -161,6 +161,7 @@ def test_offline_download_fails_fast_with_instructions(tmp_path: Path, monkeypat
     assert f"cannot download {url}" in output and "Download it by hand" in output
     assert str(tmp_path / "cache") in output  # where to put the file
     assert not list((tmp_path / "cache").rglob("*.part"))
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_dir() and not any(p.iterdir())]  # no empty folders
 
 
 def test_unreachable_host_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
