@@ -68,6 +68,13 @@ def train_command(
     if install_to is not None and preset != "digits":
         raise fail("--install-to installs the default model (digit samples, sklearn-digits card) and needs "
                    "--preset digits; the finished model folder of any run is OUT/model")
+    if install_to is not None:
+        from hub_vit.folder import check_output_folder
+
+        try:  # before a training run, not after it: the folder is replaced, so it must be a model folder
+            check_output_folder(install_to, overwrite=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise fail(f"--install-to: {exc}") from None
     recipe = digits.DIGITS_RECIPE if preset == "digits" else VIT_S16_I1K
     flags: dict[str, Any] = dict(model=model, pretrained=pretrained, img_size=img_size, batch_size=batch_size,
                                  micro_batch=micro_batch, total_epochs=epochs, total_steps=steps, lr=lr, wd=wd,

@@ -168,10 +168,12 @@ def held_out_predictions(model_dir: str | Path) -> np.ndarray:
 def install_default_model(model_dir: str | Path, dest: str | Path) -> Path:
     """Copy a finished digits run's model folder to `dest` with `samples/`, atomically, then write its model card."""
     from hub_vit.atomic import replace_dir
+    from hub_vit.folder import check_output_folder
 
     model_dir, dest = Path(model_dir), Path(dest)
     if not (model_dir / "training.json").is_file():
         raise FileNotFoundError(f"{model_dir} is not a finished training run's model folder: training.json is missing")
+    check_output_folder(dest, overwrite=True)  # replaces a model folder, never an arbitrary one (or the cwd)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(model_dir, tmp)
