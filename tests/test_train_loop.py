@@ -268,3 +268,45 @@ def test_bf16_autocast_path(data: Path, tmp_path: Path) -> None:
     assert all(np.isfinite(losses(result.history)))
     weights = load_file(str(result.model_dir / "model.safetensors"))
     assert all(w.dtype == torch.float32 for w in weights.values())  # autocast computes in bf16, keeps fp32 weights
+
+
+def test_ctrl_c_stops_after_the_step_with_a_checkpoint(data: Path, tmp_path: Path) -> None:
+    # Ctrl-C used to end the run at once, losing every step since the last checkpoint (1000 by default). SIGINT goes
+    # to the whole process group, data-loader workers included, as a terminal sends it.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    recipe = TINY.replace(total_steps=2000, workers=1, checkpoint_every_steps=1000)
+    script = (
+        "import json\n"
+        "from pathlib import Path\n"
+        "from hub_vit.train.loop import train\n"
+        "from hub_vit.train.recipe import Recipe\n"
+        f"recipe = Recipe.from_dict(json.loads({json.dumps(recipe.to_dict())!r}))\n"
+        f"result = train(recipe, Path({str(data)!r}), Path({str(run)!r}), progress=False)\n"
+        "print('interrupted', result.interrupted, result.step, flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = run / "metrics.jsonl"
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    _, interrupted, step = out.split()
+    assert interrupted == "True" and 3 <= int(step) < 2000
+    assert ckpt.latest(run).step == int(step)  # the step it stopped after, not the last periodic checkpoint (none)
+    logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-1] == int(step)
+    resumed = train(recipe, data, run, stop_at=int(step) + 1, progress=False)
+    assert [h["step"] for h in resumed.history if "loss" in h] == [int(step) + 1]

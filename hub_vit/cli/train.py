@@ -98,6 +98,10 @@ def train_command(
         raise
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
         return
+    if result.interrupted:
+        console.print(f"interrupted at step {result.step}/{result.total_steps}, checkpoint written; run the same "
+                      "command to resume")
+        raise typer.Exit(130)
     if result.model_dir is None:
         console.print(f"stopped at step {result.step}/{result.total_steps}; run the same command to resume")
         return

@@ -15,6 +15,8 @@ import json
 import math
 import os
 import platform
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +42,37 @@ class TrainResult:
     total_steps: int
     model_dir: Path | None = None  # set when the run reached total_steps
     val_top1: float | None = None
+    interrupted: bool = False  # Ctrl-C: stopped after a step, with a checkpoint of it
     history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _StopOnInterrupt:
+    """Ctrl-C (SIGINT) ends a single-process run after the current step, with a checkpoint of it, instead of losing
+    every step since the last checkpoint (1000 by default). A second Ctrl-C interrupts at once."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, self._previous)  # the next Ctrl-C is a plain KeyboardInterrupt
+
+    def __enter__(self) -> _StopOnInterrupt:
+        if self.enabled:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled and signal.getsignal(signal.SIGINT) == self._handle:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _ignore_sigint(worker_id: int) -> None:
+    """Data-loader workers share the terminal's process group: Ctrl-C must not kill them mid-step (the main process
+    finishes the step, then stops; its loader shuts them down)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class RunFolderError(ValueError):
@@ -104,7 +136,7 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
     stream = TrainStream(train_split, recipe)
     end_step = min(total_steps, stop_at) if stop_at is not None else total_steps
     sampler = StreamBatches(recipe.batch_size, micro, accum, d.rank, d.world_size, start_step, end_step)
-    loader = DataLoader(stream, batch_sampler=sampler, num_workers=recipe.workers,
+    loader = DataLoader(stream, batch_sampler=sampler, num_workers=recipe.workers, worker_init_fn=_ignore_sigint,
                         pin_memory=d.device.type == "cuda", persistent_workers=False)
     steps_per_epoch = recipe.steps_per_epoch(len(train_split))
     eval_every = max(1, round(recipe.eval_every_epochs * steps_per_epoch))
@@ -122,7 +154,8 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
     loss_sum, val = 0.0, None
     batches = iter(loader)
     model.train()
-    with bar:
+    stop = _StopOnInterrupt(enabled=not d.enabled)  # DDP ranks would stop at different steps and hang
+    with bar, stop:
         while step < end_step:
             scheduler.step_update(num_updates=step)  # lr for update `step` (optax: count before increment)
             optimizer.zero_grad(set_to_none=True)
@@ -149,7 +182,7 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
             optimizer.step()
             step += 1
             loss_sum += step_loss
-            if step % recipe.log_every_steps == 0 or step == end_step:
+            if step % recipe.log_every_steps == 0 or step == end_step or stop.requested:
                 now = time.perf_counter()
                 mean_loss = distributed.all_sum(d, [loss_sum])[0] / d.world_size / (step - last_step)
                 rate = (step - last_step) * recipe.batch_size / max(now - last_t, 1e-9)
@@ -163,12 +196,15 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
                 bar.note(f"step {step}: val top-1 {val['val_top1']:.2%}  loss {val['val_loss']:.4f}")
                 model.train()
             wall = wall_before + time.perf_counter() - t0
-            if step % recipe.checkpoint_every_steps == 0 or step == end_step:
+            if step % recipe.checkpoint_every_steps == 0 or step == end_step or stop.requested:
                 if d.is_main:
                     ckpt.save(run_dir, step, model, optimizer, scheduler, extra=dict(wall_time_s=wall))
                 distributed.barrier(d)
+            if stop.requested:
+                break
 
-    result = TrainResult(run_dir=run_dir, step=step, total_steps=total_steps, history=history)
+    result = TrainResult(run_dir=run_dir, step=step, total_steps=total_steps, history=history,
+                         interrupted=stop.requested and step < total_steps)
     if step < total_steps:
         return result
     if val is None:  # resumed a finished run: measure again
@@ -193,7 +229,8 @@ def evaluate(net: torch.nn.Module, split, recipe: Recipe, d: distributed.Dist, a
     net.eval()
     data = EvalImages(split, recipe)
     share = Subset(data, range(d.rank, len(data), d.world_size))
-    loader = DataLoader(share, batch_size=min(256, max(len(share), 1)), num_workers=min(recipe.workers, 2))
+    loader = DataLoader(share, batch_size=min(256, max(len(share), 1)), num_workers=min(recipe.workers, 2),
+                        worker_init_fn=_ignore_sigint)
     correct = total = loss = 0.0
     for images, labels in loader:
         images, labels = images.to(d.device), labels.to(d.device)
