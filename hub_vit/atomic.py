@@ -56,3 +56,10 @@ def replace_dir(staging: Path, final: Path) -> None:
         os.replace(old / final.name, final)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def file_in_the_way(folder: str | Path) -> Path | None:
+    """The file (`folder` itself or one of its parents) that stops `folder` from being created as a directory, or
+    None. Checked before work starts, so the error names the path instead of a later NotADirectoryError."""
+    folder = Path(folder)
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hub_vit.atomic import replace_dir
+from hub_vit.atomic import file_in_the_way, replace_dir
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
 
@@ -254,7 +254,7 @@ def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: S
     the way, or, with `overwrite`, it is not an empty folder or a hub-vit model folder (replacing deletes everything in
     it) or it holds one of the `keep` paths (e.g. the checkpoint being converted)."""
     folder = Path(folder)
-    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    blocker = file_in_the_way(folder)
     if blocker is not None:
         raise NotADirectoryError(f"output folder {str(folder)!r} cannot be created: {str(blocker)!r} is a file")
     if not folder.exists():
@@ -262,8 +262,8 @@ def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: S
     if not overwrite:
         raise FileExistsError(f"output folder {str(folder)!r} already exists; choose another or pass overwrite=True "
                               "(--overwrite) to replace it")
-    resolved = folder.resolve()
-    if resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents:
+    resolved, cwd = folder.resolve(), Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
         raise FileExistsError(f"output folder {str(folder)!r} is the current directory or holds it; replacing it "
                               "would leave this shell in a deleted folder: choose another output folder")
     inside = [str(k) for k in keep if resolved == Path(k).resolve() or resolved in Path(k).resolve().parents]

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from hub_vit.atomic import file_in_the_way
 from hub_vit.cli.app import app, console, fail
 
 BATCH = 8  # images per forward pass: bounded memory, still batched
@@ -55,7 +56,7 @@ def rollout(
             ready.append((path, explainer.prepare(image)))
         except ImageReadError as exc:  # an aspect ratio too extreme to resize
             raise fail(f"{str(path)!r}: {exc}") from exc
-    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    blocker = file_in_the_way(out)
     if blocker is not None:
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
     try:

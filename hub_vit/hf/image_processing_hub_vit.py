@@ -22,6 +22,7 @@ from hub_vit.image_modes import to_8bit
 from hub_vit.resize_bound import check_resize, eval_resize
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
+CROP_MODES = ("center", "squash", "border")
 
 
 class HubViTImageProcessorKwargs(TypedDict, total=False):
@@ -34,7 +35,6 @@ class HubViTImageProcessorKwargs(TypedDict, total=False):
     crop_mode: str
     image_mean: list[float]
     image_std: list[float]
-CROP_MODES = ("center", "squash", "border")
 
 
 class HubViTImageProcessor(BaseImageProcessor):

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from timm.loss import SoftTargetCrossEntropy
 from torch.utils.data import DataLoader, Subset
 
+from hub_vit.atomic import file_in_the_way
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train import distributed
 from hub_vit.train.data import EvalImages, SeededMixup, StreamBatches, TrainStream, scan_split
@@ -268,9 +269,9 @@ def _run_settings(recipe: Recipe, init: str | Path | None, classes: tuple[str, .
 
 
 def _check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, classes: tuple[str, ...]) -> None:
-    existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        where = "" if existing == run_dir else f" (its parent {str(existing)!r} is a file)"
+    blocker = file_in_the_way(run_dir)
+    if blocker is not None:
+        where = "" if blocker == run_dir else f" (its parent {str(blocker)!r} is a file)"
         raise RunFolderError(f"--out {str(run_dir)!r} cannot be a run folder{where}: a file is in the way; choose a "
                              "folder path")
     saved = run_dir / "recipe.json"

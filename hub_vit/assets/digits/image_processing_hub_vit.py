@@ -24,6 +24,7 @@ from .hub_vit_image_modes import to_8bit
 from .hub_vit_resize_bound import check_resize, eval_resize
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
+CROP_MODES = ("center", "squash", "border")
 
 
 class HubViTImageProcessorKwargs(TypedDict, total=False):
@@ -36,7 +37,6 @@ class HubViTImageProcessorKwargs(TypedDict, total=False):
     crop_mode: str
     image_mean: list[float]
     image_std: list[float]
-CROP_MODES = ("center", "squash", "border")
 
 
 class HubViTImageProcessor(BaseImageProcessor):
