@@ -1,34 +1,44 @@
 # hub-vit on Triton Inference Server, GPU host: ONNX Runtime backend with the TensorRT execution accelerator (FP16).
 #
-#   docker build -t hub-vit-triton .                                   # the shipped default model
-#   docker build -t hub-vit-triton --build-arg MODEL=simplevit_s16.i1k_300ep .   # any registered name / folder
-#   docker run --gpus all -p 8000:8000 -p 8001:8001 -p 8002:8002 hub-vit-triton
+#   docker build -t hub-vit-triton .                                             # the shipped default model
+#   docker build -t hub-vit-triton --build-arg MODEL=simplevit_s16.i1k_300ep .   # a registered name (downloaded)
+#   docker build -t hub-vit-triton --build-arg MODEL=runs/flowers .              # a model folder or exported .onnx
+#                                                                                # inside the build context
+#   docker run --gpus all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 \
+#       -v hub-vit-trt-cache:/tmp/hub-vit-trt-cache hub-vit-triton
 #   hub-vit classify --url 127.0.0.1:8000 cat.jpg
 #
+# --shm-size: the Python-backend steps (decoding, top-k) exchange every batch with Triton through /dev/shm, and
+# Docker's 64 MB default is too small for a batch of photos (Triton then fails requests: "Failed to increase the
+# shared memory pool size"). The volume keeps the TensorRT engines ONNX Runtime builds on first load, so a new
+# container does not build them again. The 25.08 image needs NVIDIA driver 575+ and a GPU of compute capability 7.5+.
 # Not built in CI (no Docker engine there). 25.07+ carries the fixes for CVE-2025-23310/23311/23319/23320/23334.
 ARG TRITON_TAG=25.08
 FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-py3
 
 ARG MODEL=""
 ARG MAX_BATCH_SIZE=32
+# Image decoding runs on CPU processes; on a GPU host it, not the GPU, limits throughput unless there are enough.
+ARG PREPROCESS_INSTANCES=4
 # PIP_BREAK_SYSTEM_PACKAGES: 25.x images are Ubuntu 24.04 (PEP 668); the container is the environment.
 ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PIP_BREAK_SYSTEM_PACKAGES=1
 
 # hub-vit (CPU torch is enough to export ONNX; inference runs in Triton's ORT/TensorRT backends). The Python
 # backend steps (image decoding, top-k) use this same system Python, hence Pillow and numpy come along.
+# The whole build context is copied (.dockerignore leaves out the venv, git history, tests, benchmarks), so MODEL
+# may name a model folder or an .onnx file in it, relative to the context's root.
 WORKDIR /opt/hub-vit
-COPY pyproject.toml README.md ./
-COPY hub_vit ./hub_vit
-COPY server ./server
-COPY conversion ./conversion
-COPY model_cards ./model_cards
+COPY . ./
 RUN python3 -m pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[onnx]" "tritonclient[grpc]"
 
-# The model repository, generated from the model's own metadata (never hand-edited). Engines for TensorRT are
-# built on first load on the GPU and cached under /tmp/hub-vit-trt-cache (writable by the runtime user).
+# The model repository, generated from the model's own metadata (never hand-edited). TensorRT engines are built on
+# first load on the GPU and cached in /tmp/hub-vit-trt-cache, owned by the runtime user (a new named volume mounted
+# there starts with that owner). A downloaded checkpoint only serves the ONNX export: this layer removes it.
 RUN hub-vit repository /models --flavour gpu --gpu-backend onnxruntime --precision FP16 \
-        --max-batch-size ${MAX_BATCH_SIZE} ${MODEL:+--model "$MODEL"} \
-    && chown -R triton-server:triton-server /models
+        --max-batch-size ${MAX_BATCH_SIZE} --preprocess-instances ${PREPROCESS_INSTANCES} ${MODEL:+--model "$MODEL"} \
+    && rm -rf "${HOME:-/root}/.cache/hub_vit" \
+    && mkdir -p /tmp/hub-vit-trt-cache \
+    && chown -R triton-server:triton-server /models /tmp/hub-vit-trt-cache
 
 USER triton-server
 EXPOSE 8000 8001 8002

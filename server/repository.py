@@ -123,6 +123,8 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
         "options": dataclasses.asdict(opts),
         "compute_bound": compute_bound,  # decides the ORT thread settings of the CPU classifier
     }
+    if source.engine_info:  # a prebuilt engine's precision, TensorRT version and GPU were fixed when it was built
+        manifest["engine"] = {k: source.engine_info.get(k) for k in ("precision", "tensorrt", "gpu", "profile")}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
@@ -138,11 +140,33 @@ def _model_file(source: ModelSource, opts: ServingOptions) -> str:
         if source.engine_path is None:
             raise ValueError("gpu_backend 'tensorrt' serves a prebuilt engine: pass a .plan/.engine file "
                              "(hub-vit export), or use gpu_backend 'onnxruntime' (TensorRT accelerator) with ONNX")
+        _check_engine(source, opts)
         return "model.plan"
     if source.engine_path is not None:
         raise ValueError(f"a TensorRT engine ({source.engine_path}) can only be served with flavour 'gpu' and "
                          "gpu_backend 'tensorrt'; valid inputs for other setups: a model name, folder or .onnx")
     return "model.onnx"
+
+
+def _check_engine(source: ModelSource, opts: ServingOptions) -> None:
+    """An engine's optimization profile must take every batch Triton sends it (1 .. max_batch_size, warmup included)
+    and the served image size; Triton's TensorRT backend would otherwise refuse to load it, or fail its warmup."""
+    profile = (source.engine_info or {}).get("profile")
+    if not profile:
+        return  # an engine from elsewhere: Triton checks it at load
+    lo, hi = int(profile["min"][0]), int(profile["max"][0])
+    rebuild = "rebuild it with `hub-vit export tensorrt --min-batch 1 --max-batch N`"
+    if lo > 1:
+        raise ValueError(f"TensorRT engine {source.engine_path} takes batches of {lo} to {hi} images; Triton sends "
+                         f"batches from 1 image up: {rebuild}")
+    if hi < opts.max_batch_size:
+        raise ValueError(f"TensorRT engine {source.engine_path} takes at most {hi} images per batch, less than "
+                         f"max_batch_size {opts.max_batch_size}: pass --max-batch-size {hi}, or {rebuild} "
+                         f"(N >= {opts.max_batch_size})")
+    size = tuple(int(v) for v in profile["max"][-2:])
+    if size != source.metadata.input_size:
+        raise ValueError(f"TensorRT engine {source.engine_path} takes {size[0]}x{size[1]} images, but the model's "
+                         f"metadata says {source.metadata.input_size[0]}x{source.metadata.input_size[1]}")
 
 
 def _place_weights(source: ModelSource, target: Path) -> None:

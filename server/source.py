@@ -95,6 +95,7 @@ class ModelSource:
     onnx_path: Path | None = None
     engine_path: Path | None = None
     origin: str = ""
+    engine_info: dict[str, Any] | None = None  # `<engine>.json` of `hub-vit export tensorrt`: batch profile, precision
 
     @classmethod
     def from_module(cls, module: torch.nn.Module, *, name: str, labels: list[str] | None = None,
@@ -166,24 +167,35 @@ def _from_name(name: str) -> ModelSource:
 
 
 def _from_exported(path: Path, kind: str) -> ModelSource:
-    """An exported file: metadata from a hub-vit `config.json` (+ `labels.txt`) beside it, else from the graph."""
+    """An exported file. Metadata, first found: a hub-vit `config.json` (+ `labels.txt`) beside it (a model folder's);
+    what `hub-vit export` recorded (`<engine>.json`, the `<stem>.export.json` report); for ONNX, the graph's shapes
+    with Google's defaults for the transform."""
+    from hub_vit.export.metadata import engine_info, find_model_metadata
+
     config_file, labels_file = path.parent / "config.json", path.parent / "labels.txt"
     labels = labels_file.read_text(encoding="utf-8").splitlines() if labels_file.is_file() else None
+    recorded = find_model_metadata(path)
     if config_file.is_file():
         config = json.loads(config_file.read_text(encoding="utf-8"))
         cfg = dict(config.get("pretrained_cfg") or {})
         labels = labels or config.get("label_names")
         num_classes = config.get("num_classes")
+    elif recorded is not None:
+        cfg = dict(recorded.get("pretrained_cfg") or {})
+        labels = labels or recorded.get("labels") or None
+        num_classes = recorded.get("num_classes")
     elif kind == "onnx":
         cfg, num_classes = _onnx_shapes(path)
     else:
-        raise ValueError(f"TensorRT engine {str(path)!r} needs a hub-vit config.json beside it (input size, labels)")
+        raise ValueError(f"TensorRT engine {str(path)!r} needs its metadata (input size, labels, transform): the "
+                         f"{path.name}.json that `hub-vit export tensorrt` writes beside it, or a hub-vit config.json")
     if "input_size" not in cfg and kind == "onnx":
         cfg["input_size"] = _onnx_shapes(path)[0]["input_size"]
     meta = ServingMetadata.from_pretrained_cfg(path.stem, cfg, labels, num_classes)
     if kind == "onnx":
         return ModelSource(metadata=meta, onnx_path=path.resolve(), origin=str(path.resolve()))
-    return ModelSource(metadata=meta, engine_path=path.resolve(), origin=str(path.resolve()))
+    return ModelSource(metadata=meta, engine_path=path.resolve(), origin=str(path.resolve()),
+                       engine_info=engine_info(path))
 
 
 def _onnx_shapes(path: Path) -> tuple[dict[str, Any], int]:

@@ -60,15 +60,28 @@ def test_copied_paths_exist_and_installed_extras_are_declared():
         assert set(extras.split(",")) <= declared, f"extras {extras} not all in pyproject's {sorted(declared)}"
 
 
-def test_repository_step_writes_the_gpu_flavour(tmp_path):
-    """Run the Dockerfile's own `hub-vit repository` command line (ARG defaults, /models -> a temp folder)."""
+def test_build_context_keeps_the_package_and_drops_the_venv():
+    """`COPY . ./` sends the build context: pip needs the package sources, the venv and git history must stay out."""
+    patterns = {line.strip().rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv"} <= patterns
+    needed = {"pyproject.toml", "README.md", "hub_vit", "server", "conversion", "model_cards"}
+    assert not needed & patterns, f"the build context leaves out {needed & patterns}, which pip install needs"
+
+
+@pytest.mark.parametrize("model", ["", "hub_vit/assets/digits"], ids=["default", "folder-in-context"])
+def test_repository_step_writes_the_gpu_flavour(tmp_path, model):
+    """Run the Dockerfile's own `hub-vit repository` command line (ARG defaults, /models -> a temp folder), from
+    the context's root as WORKDIR is: with no MODEL, and with MODEL naming a model folder inside the context."""
     step = next(text for kind, text in _instructions() if kind == "RUN" and text.startswith("hub-vit repository"))
     command = step.split("&&")[0].replace("/models", shlex.quote(str(tmp_path / "models")))
     env = dict(os.environ, **_args(), PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
-    result = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=600)
+    env["MODEL"] = model
+    result = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
     manifest = json.loads((tmp_path / "models" / "hub_vit_repository.json").read_text())
     assert manifest["options"]["flavour"] == "gpu" and manifest["metadata"]["name"] == "digits"  # the shipped model
+    assert manifest["options"]["preprocess_instances"] == int(_args()["PREPROCESS_INSTANCES"])
     classifier = text_format.Parse((tmp_path / "models/vit_classifier/config.pbtxt").read_text(), mc.ModelConfig())
     assert classifier.backend == "onnxruntime"
     assert classifier.max_batch_size == int(_args()["MAX_BATCH_SIZE"])

@@ -102,14 +102,16 @@ def test_transformers_image_processor_scales_16bit_grey(png_pair):
 
 
 def test_export_verification_images_scale_16bit_grey(png_pair, tmp_path):
+    from hub_vit.explain.image import DataConfig
     from hub_vit.export.verify import load_image_folder
 
     wide, narrow = png_pair
     for name, source in (("wide", wide), ("narrow", narrow)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "image.png").write_bytes(source.read_bytes())
-    np.testing.assert_array_equal(load_image_folder(tmp_path / "wide", (32, 32)),
-                                  load_image_folder(tmp_path / "narrow", (32, 32)))
+    data = DataConfig(img_size=(32, 32), crop_pct=1.0)
+    np.testing.assert_array_equal(load_image_folder(tmp_path / "wide", data),
+                                  load_image_folder(tmp_path / "narrow", data))
 
 
 @pytest.mark.parametrize("mode", ["1", "L", "LA", "P", "RGBA", "CMYK", "YCbCr", "HSV", "RGBX", "RGBa", "La", "PA",

@@ -205,6 +205,36 @@ def test_photos_and_digits_match_in_process(server, reference, photo_payloads, d
     assert served[0].logits is not None and served[0].logits.shape == (len(labels),)
 
 
+def test_gpu_flavour_ensemble_and_postprocess_on_the_real_server(repo, model_folder, tmp_path, reference,
+                                                               photo_payloads, digits):
+    """The GPU flavour's ensemble and its Python postprocess step (logits -> top-k labels), served for real. Only its
+    KIND_GPU ONNX Runtime classifier cannot run on this machine: it is swapped for the CPU flavour's classifier, which
+    keeps the step's contract (`pixel_values` -> `logits`; the extra top-k outputs it also writes go unused)."""
+    gpu = _variant_repo(repo, model_folder, tmp_path / "gpu", flavour="gpu", max_batch_size=MAX_BATCH,
+                        preferred_batch_sizes=(4, 8))
+    cpu = _variant_repo(repo, model_folder, tmp_path / "cpu", max_batch_size=MAX_BATCH, preferred_batch_sizes=(4, 8))
+    shutil.rmtree(gpu / "vit_classifier")
+    shutil.copytree(cpu / "vit_classifier", gpu / "vit_classifier")
+    server = _start(gpu)
+    try:
+        payloads = photo_payloads + digits[0][:5]
+        expected = reference(payloads)
+        labels = (gpu / "vit_postprocess/1/labels.txt").read_text().splitlines()
+        for protocol in PROTOCOLS:
+            with Classifier(_url(server, protocol), protocol=protocol) as client:
+                served = client.classify(payloads, with_logits=True)
+            _assert_same_topk(served, expected)
+            assert all(p.labels == [labels[i] for i in p.class_ids] for p in served)
+            assert served[0].logits is not None and served[0].logits.shape == (len(labels),)
+        with Classifier(server.http_url) as client:  # the answers came through the postprocess step (counted just
+            deadline = time.perf_counter() + 5  # after it answers, hence the short wait)
+            while client.statistics()["vit_postprocess"]["inference_count"] < 2 * len(payloads):
+                assert time.perf_counter() < deadline, client.statistics()
+                time.sleep(0.05)
+    finally:
+        server.stop()
+
+
 def test_served_accuracy_equals_in_process(server, reference, digits):
     payloads, labels = digits
     with Classifier(server.http_url) as client:

@@ -55,14 +55,16 @@ def onnx_cmd(
     random_inputs: int = typer.Option(16, help="Fresh random images in the verification set."),
     photos: int = typer.Option(32, help="Real photo crops (scikit-image) in the verification set."),
     calibration: int = typer.Option(32, help="Calibration images (noise + photo crops) for int8-static."),
-    images: Path = typer.Option(None, help="Folder of in-domain images: half join the verification set, half the "
-                                           "int8-static calibration (recommended for non-photo models)."),
+    images: Path = typer.Option(None, help="Folder of in-domain images, prepared by the model's own transform: half "
+                                           "join the verification set, half the int8-static calibration "
+                                           "(recommended for non-photo models)."),
     images_limit: int = typer.Option(512, help="Use at most this many files from --images."),
     seed: int = typer.Option(None, help="Seed of the verification set (default: fresh)."),
     provider: list[str] = typer.Option(None, help="onnxruntime execution provider(s) for verification."),
     stem: str = typer.Option("model", help="File name stem: <stem>.onnx, <stem>.<variant>.onnx, ..."),
 ) -> None:
     """Export to ONNX, verify every variant against PyTorch, write only the ones that pass (+ a JSON report)."""
+    from hub_vit.export.metadata import model_metadata
     from hub_vit.export.onnx_export import EXPORTERS, MIN_OPSET
     from hub_vit.export.sources import load_source
     from hub_vit.export.variants import VARIANTS, check_variants, export_variants
@@ -83,15 +85,20 @@ def onnx_cmd(
         src = load_source(source, model_name=model_name, pretrained=pretrained)
         own = None
         if images is not None:
+            from hub_vit.explain.image import DataConfig
             from hub_vit.export.verify import load_image_folder
 
-            own = load_image_folder(images, src.model.spec.img_size, limit=images_limit)
+            spec = src.model.spec  # the exported graph's input size, whatever size the transform was recorded at
+            data = DataConfig.from_pretrained_cfg({**src.pretrained_cfg, "input_size": (spec.in_chans, *spec.img_size)},
+                                                  spec)
+            own = load_image_folder(images, data, limit=images_limit)
         console.print(f"exporting [bold]{src.name}[/] ({src.kind}, weights: {src.weights}) -> {out}")
         report = export_variants(src.model, out, variants=variants, stem=stem, opset=opset,
                                  dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, with_attentions=attentions,
                                  exporter=exporter, n_random=random_inputs, n_photos=photos,
                                  n_calibration=calibration, seed=seed, providers=provider or None,
-                                 source=src.describe(), images=own)
+                                 source=src.describe(), images=own,
+                                 metadata=model_metadata(src.model, src.labels, src.pretrained_cfg))
     except (ValueError, TypeError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError,
             RuntimeError) as exc:
         raise fail(str(exc)) from None

@@ -57,8 +57,10 @@ def repository(
                                 help="'cpu' (Python backend + ONNX Runtime) or 'gpu' (ORT+TensorRT / plan)."),
     gpu_backend: str = typer.Option(DEFAULTS.gpu_backend,
                                     help="GPU flavour: 'onnxruntime' (TensorRT EP) or 'tensorrt'."),
-    precision: str = typer.Option(DEFAULTS.precision,
-                                  help="GPU flavour, TensorRT accelerator precision: FP16 or FP32."),
+    precision: str = typer.Option(None, show_default=False,
+                                  help=f"GPU flavour, TensorRT accelerator precision: FP16 or FP32 (default "
+                                       f"{DEFAULTS.precision}). Not for --gpu-backend tensorrt: an engine's precision "
+                                       "is fixed when it is built."),
     name: Name = DEFAULTS.name,
     max_batch_size: MaxBatchSize = DEFAULTS.max_batch_size,
     max_queue_delay_us: MaxQueueDelayUs = DEFAULTS.max_queue_delay_us,
@@ -66,6 +68,9 @@ def repository(
     top_k: TopK = DEFAULTS.top_k,
     instances: int = typer.Option(DEFAULTS.classifier_instances,
                                   help="Classifier instances (two keep Triton's batcher from stalling)."),
+    preprocess_instances: int = typer.Option(DEFAULTS.preprocess_instances,
+                                             help="Image-decoding instances (CPU processes; raise it on a GPU host "
+                                                  "so decoding keeps up with the GPU)."),
     spinning: bool = typer.Option(DEFAULTS.ort_spinning, "--spinning/--no-spinning", show_default=False,
                                   help="CPU flavour: ORT threads spin between ops (lower latency; several instances "
                                        "then take turns on the cores). Default: on for a compute-bound model, off "
@@ -75,10 +80,14 @@ def repository(
     """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""
     from hub_vit.server.repository import write_repository
 
-    opts = _options(name=name, flavour=flavour, gpu_backend=gpu_backend, precision=precision,
+    if precision is not None and gpu_backend == "tensorrt":
+        raise fail("--precision sets the TensorRT accelerator of --gpu-backend onnxruntime; a TensorRT engine's "
+                   "precision is fixed when it is built (hub-vit export tensorrt --fp16/--fp32)")
+    opts = _options(name=name, flavour=flavour, gpu_backend=gpu_backend, precision=precision or DEFAULTS.precision,
                     max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
                     max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k,
-                    classifier_instances=instances, ort_spinning=spinning)
+                    classifier_instances=instances, preprocess_instances=preprocess_instances,
+                    ort_spinning=spinning)
     try:
         path = write_repository(_source(model), out, opts, overwrite=overwrite)
     except (ValueError, FileExistsError) as err:

@@ -84,7 +84,8 @@ def load_source(source: str | Path, *, model_name: str | None = None, pretrained
         import hub_vit  # noqa: F401  (registers the timm entry points)
 
         model = timm.create_model(name, pretrained=True)
-        return ModelSource(model.eval(), "registered", name, f"pretrained {tag or entry.weights[0].tag}")
+        return ModelSource(model.eval(), "registered", name, f"pretrained {tag or entry.weights[0].tag}",
+                           pretrained_cfg=dict(model.pretrained_cfg))
     model = VisionTransformer(entry.spec.replace(head_zeroinit=False))
     return ModelSource(model.eval(), "registered", entry.name, "random init")
 

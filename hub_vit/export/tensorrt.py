@@ -142,6 +142,7 @@ def export_tensorrt(onnx_path: str | Path, engine_path: str | Path, *, fp16: boo
     `<engine>.json`; a failing engine is deleted. Returns the metadata."""
     import secrets
 
+    from hub_vit.export.metadata import MODEL_KEY, report_metadata
     from hub_vit.export.verify import judge, ort_outputs, ort_session, photo_batch
 
     require_tensorrt()
@@ -158,6 +159,9 @@ def export_tensorrt(onnx_path: str | Path, engine_path: str | Path, *, fp16: boo
         result = judge("tensorrt", info["precision"], reference, got, provider="TensorRT", n_random=n_random,
                        seed=seed)
         info["verification"] = {**result.to_dict(), "reference": "onnxruntime CPUExecutionProvider"}
+        serving = report_metadata(Path(onnx_path))  # labels + transform from the ONNX export's report, if any
+        if serving:
+            info[MODEL_KEY] = serving
         if not result.passed:
             raise RuntimeError(f"TensorRT engine failed verification against ONNX Runtime: {result.reason}")
         with atomic_path(engine_path.with_suffix(engine_path.suffix + ".json"), suffix=".json") as tmp:

@@ -22,6 +22,7 @@ import numpy as np
 
 from hub_vit.atomic import atomic_path
 from hub_vit.export import quantize
+from hub_vit.export.metadata import model_metadata
 from hub_vit.export.onnx_export import ATTENTIONS, Exporter, export_onnx, graph_opset, quiet_loggers
 from hub_vit.export.verify import (
     FP32_MAX_ABS,
@@ -65,6 +66,7 @@ class ExportReport:
     environment: dict[str, Any]
     variants: list[VariantOutcome]
     report_file: str = ""
+    model: dict[str, Any] = field(default_factory=dict)  # labels + eval transform, for serving (export.metadata)
 
     def outcome(self, variant: str) -> VariantOutcome:
         for o in self.variants:
@@ -185,12 +187,15 @@ def export_variants(
     providers: Sequence[str] | None = None,
     source: dict[str, Any] | None = None,
     images: np.ndarray | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> ExportReport:
     """Export, verify and write the requested variants of `model` into `out_dir`; returns the report (also saved).
 
     Files: `<stem>.onnx` (fp32), `<stem>.<variant>.onnx`, `<stem>.attentions.onnx` (if asked), `<stem>.export.json`.
     `images`: optional in-domain images (N, C, H, W) in [-1, 1]; the first half joins the verification set, the
     second half the int8-static calibration set (disjoint), so a domain model is checked on its own kind of data.
+    `metadata`: labels + eval transform recorded for serving (`hub_vit.export.metadata.model_metadata`; default:
+    the model's own `pretrained_cfg`, no labels).
     """
     variants = check_variants(variants)
     out_dir = Path(out_dir)
@@ -269,7 +274,8 @@ def export_variants(
                                                  dynamic_batch=dynamic_batch, dynamic_size=dynamic_size,
                                                  exporter=exporter, providers=providers, seed=seed))
         report = ExportReport(source=source or {"spec": model.spec.to_dict()}, out_dir=str(out_dir), settings=settings,
-                              environment=environment(providers), variants=outcomes)
+                              environment=environment(providers), variants=outcomes,
+                              model=metadata or model_metadata(model))
         report.environment["verification_provider"] = provider_name
         report.report_file = str(out_dir / f"{stem}.export.json")
         with atomic_path(report.report_file, suffix=".json") as tmp_json:

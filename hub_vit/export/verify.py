@@ -16,7 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from hub_vit.explain.image import DataConfig
 from hub_vit.model import VisionTransformer
+
+# File names of the formats `hub_vit.explain.image.load_image` decodes (PNG, JPEG, WEBP, BMP, GIF).
+IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 
 FP32_MAX_ABS = 1e-4
 MIN_TOP1_AGREEMENT = 0.99
@@ -117,13 +121,11 @@ def verification_inputs(model: VisionTransformer, n_random: int = 16, n_photos: 
     return np.concatenate([noise, photos, own]).astype(np.float32), seed
 
 
-def load_image_folder(folder: str | Path, size: tuple[int, int], limit: int | None = None) -> np.ndarray:
-    """Image files of `folder` (recursively, sorted) -> (N, 3, H, W) float32 in [-1, 1]: shorter side resized to
-    fit, centre crop, bilinear (the model's own preprocessing is not known here; it only has to be consistent)."""
-    from PIL import Image
-
-    from hub_vit.image_modes import to_8bit
-    from hub_vit.resize_bound import check_resize
+def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = None) -> np.ndarray:
+    """Image files of `folder` (recursively, sorted) -> (N, C, H, W) float32, each prepared exactly as the model's
+    own eval transform `data` prepares it (EXIF orientation, resize, centre crop, mean/std), so int8 calibration
+    and verification see the activations the served model will see."""
+    from hub_vit.explain.image import load_image, prepare_image
 
     folder = Path(folder)
     if folder.is_file():
@@ -132,24 +134,14 @@ def load_image_folder(folder: str | Path, size: tuple[int, int], limit: int | No
         raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
     if limit is not None and limit < 0:
         raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".bmp", ".webp"))
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
-        raise ValueError(f"image folder {str(folder)!r} has no .png/.jpg/.jpeg/.bmp/.webp files")
+        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(IMAGE_SUFFIXES)} files")
     files = files[:limit] if limit else files
-    out = np.empty((len(files), 3, *size), dtype=np.float32)
+    out = np.empty((len(files), data.in_chans, *data.img_size), dtype=np.float32)
     for i, f in enumerate(files):
-        try:
-            with Image.open(f) as opened:
-                img = to_8bit(opened).convert("RGB")
-        except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError
-            raise ValueError(f"cannot read image {str(f)!r}: {exc}") from None
-        scale = max(size[0] / img.height, size[1] / img.width)
-        check_resize(img.width, img.height, round(img.width * scale), round(img.height * scale))
-        img = img.resize((max(size[1], round(img.width * scale)), max(size[0], round(img.height * scale))),
-                         Image.BILINEAR)
-        top, left = (img.height - size[0]) // 2, (img.width - size[1]) // 2
-        arr = np.asarray(img.crop((left, top, left + size[1], top + size[0])), dtype=np.float32)
-        out[i] = arr.transpose(2, 0, 1) / 127.5 - 1.0
+        # The user's own files: above Pillow's 89 MP warning is fine (large=True); ImageReadError names the file.
+        out[i] = prepare_image(load_image(f, large=True), data).tensor.numpy()
     return out
 
 
