@@ -10,6 +10,24 @@ class PortError(ValueError):
     """A port setting that cannot work; the message names the setting as the caller knows it."""
 
 
+def check_host(host: str, setting: str = "--host") -> None:
+    """`PortError` unless `host` is an IPv4 address or name of this machine that a server can bind. IPv6 is refused:
+    tritonserver 2.51 takes `host:port` without brackets and fails to bind '::1:8001'."""
+    if ":" in host:
+        raise PortError(f"{setting} {host!r}: IPv6 addresses are not supported by the local tritonserver; use an IPv4 "
+                        "address such as 127.0.0.1 (loopback) or 0.0.0.0 (every interface)")
+    try:
+        socket.getaddrinfo(host, None, socket.AF_INET)
+    except OSError:
+        raise PortError(f"{setting} {host!r}: cannot resolve this name to an IPv4 address") from None
+    with socket.socket(socket.AF_INET) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError as exc:
+            raise PortError(f"{setting} {host!r} is not an address of this machine ({exc.strerror}); use 127.0.0.1, "
+                            "0.0.0.0 or one of this machine's own addresses") from None
+
+
 def port_in_use(host: str, port: int) -> bool:
     """Something listens on (host, port). SO_REUSEADDR as servers set it, so a port in TIME_WAIT counts as free."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -17,6 +35,9 @@ def port_in_use(host: str, port: int) -> bool:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
+        except PermissionError:
+            raise PortError(f"port {port} on {host} needs root (ports below 1024 are privileged); choose a port "
+                            "above 1023") from None
         except OSError:
             return True
     return False

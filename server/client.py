@@ -10,7 +10,9 @@ normalising happen on the server, exactly once, with the model's own transform.
 
 from __future__ import annotations
 
+import asyncio
 import io
+import re
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,9 +24,16 @@ import numpy as np
 PROTOCOLS = ("http", "grpc")
 ImageLike = Any  # str | Path | bytes | PIL.Image.Image
 OUTPUTS = ("labels", "scores", "class_ids")
-# Modes a PNG holds as they are; Pillow refuses to write the others (CMYK, YCbCr, LAB, HSV, RGBX, RGBa, La, PA, F) as
-# PNG, and writing "I" is deprecated.
-PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I;16B", "I;16L", "I;16N")
+# Modes a PNG holds as they are; Pillow refuses to write the others (CMYK, YCbCr, LAB, HSV, RGBX, RGBa, La, PA, F,
+# and the 16-bit "I;16L" / "I;16N", which `_png_ready` rewrites as "I;16") as PNG, and writing "I" is deprecated.
+PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I;16B")
+# 16-bit greyscale in a byte order Pillow's PNG writer does not take; the samples are kept, only their layout changes.
+_OTHER_16BIT_MODES = ("I;16L", "I;16N")
+# Requests one AsyncClassifier.classify call keeps in flight: enough to keep the dynamic batcher fed, few enough that
+# a long list does not fill the server's queue (max_queue_size) and get its tail rejected as an overload.
+MAX_IN_FLIGHT = 4
+# How the server names a bad image: its 0-based index within the request it came in.
+_IMAGE_INDEX = re.compile(r"\bimage (\d+): ")
 
 
 @dataclass(frozen=True)
@@ -43,8 +52,12 @@ def encode(image: ImageLike) -> bytes:
         return bytes(image)
     if isinstance(image, (str, Path)):
         path = Path(image)
-        if not path.is_file():
+        if path.is_dir():
+            raise ValueError(f"{str(path)!r} is a directory; give image files (JPEG, PNG or WebP)")
+        if not path.exists():
             raise ValueError(f"image file {str(path)!r} does not exist")
+        if not path.is_file():
+            raise ValueError(f"{str(path)!r} is not a regular file; give image files (JPEG, PNG or WebP)")
         return path.read_bytes()
     if hasattr(image, "save") and hasattr(image, "mode"):
         buffer = io.BytesIO()
@@ -57,6 +70,10 @@ def _png_ready(image: Any) -> Any:
     """A PIL image in a mode PNG can hold, converted the way the server's decoder would treat it."""
     if image.mode in PNG_MODES:
         return image
+    if image.mode in _OTHER_16BIT_MODES:  # same samples, rewritten little-endian as "I;16", which PNG can hold
+        from PIL import Image
+
+        return Image.frombytes("I;16", image.size, np.asarray(image).astype("<u2").tobytes())
     if image.mode == "F":
         raise ValueError("cannot send a mode 'F' (32-bit float) PIL image: its value range is unknown; convert it to "
                          "'L' or 'RGB' first")
@@ -106,6 +123,39 @@ def _module(protocol: str, aio: bool = False) -> Any:
     return grpc_aio if aio else grpc
 
 
+def as_batch(images: Sequence[ImageLike] | ImageLike) -> list[ImageLike]:
+    """One image or a list/tuple of them -> a non-empty list."""
+    batch = list(images) if isinstance(images, (list, tuple)) else [images]
+    if not batch:
+        raise ValueError("no images given; pass at least one path, bytes object or PIL image")
+    return batch
+
+
+def batch_limit(config: Any) -> int:
+    """Triton's model config (HTTP: a dict; gRPC: a `ModelConfigResponse`) -> its `max_batch_size`, the most images
+    one request may hold; 0 means the model declares no limit."""
+    if isinstance(config, dict):
+        return int(config.get("config", config).get("max_batch_size", 0))  # gRPC's as_json=True nests it in "config"
+    return int(config.config.max_batch_size)
+
+
+def split(images: list[ImageLike], limit: int) -> list[tuple[int, list[ImageLike]]]:
+    """(offset, images) chunks of at most `limit` images (all in one when `limit` is 0: no limit), in order."""
+    size = limit if limit > 0 else len(images)
+    return [(start, images[start:start + size]) for start in range(0, len(images), size)]
+
+
+def _renumbered(err: Exception, offset: int) -> Exception:
+    """A server error about "image i" of a chunk, renumbered to the image's index in the caller's whole list (the
+    chunks are this client's doing; the caller only sees its list)."""
+    from tritonclient.utils import InferenceServerException
+
+    if offset == 0 or not isinstance(err, InferenceServerException):
+        return err
+    message = _IMAGE_INDEX.sub(lambda m: f"image {int(m.group(1)) + offset}: ", err.message() or "", count=1)
+    return InferenceServerException(message, status=err.status(), debug_details=err.debug_details())
+
+
 def build_request(module: Any, images: Sequence[ImageLike], with_logits: bool) -> tuple[list[Any], list[Any]]:
     if not images:
         raise ValueError("no images given; pass at least one path, bytes object or PIL image")
@@ -143,12 +193,30 @@ class Classifier:
         else:
             self.client = self.module.InferenceServerClient(address, ssl=tls)
         self.timeout_s = timeout_s
+        self._limits: dict[str, int] = {}  # model -> max_batch_size, read from the server once
+
+    def max_batch_size(self) -> int:
+        """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
+        if self.model not in self._limits:
+            kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+            self._limits[self.model] = batch_limit(self.client.get_model_config(self.model, **kwargs))
+        return self._limits[self.model]
 
     def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False) -> list[Prediction]:
-        batch = images if isinstance(images, (list, tuple)) else [images]
-        inputs, outputs = build_request(self.module, batch, with_logits)
+        """Predictions in the order of `images`; a list longer than the model's `max_batch_size` is sent as several
+        requests (the server refuses larger ones). A server error names the image by its index in `images`."""
+        batch = as_batch(images)
+        limit = self.max_batch_size() if len(batch) > 1 else 0  # one image fits any model: no config round trip
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
-        return parse_result(self.client.infer(self.model, inputs, outputs=outputs, **kwargs), with_logits)
+        predictions: list[Prediction] = []
+        for offset, chunk in split(batch, limit):
+            inputs, outputs = build_request(self.module, chunk, with_logits)
+            try:
+                result = self.client.infer(self.model, inputs, outputs=outputs, **kwargs)
+            except Exception as err:
+                raise _renumbered(err, offset) from None
+            predictions.extend(parse_result(result, with_logits))
+        return predictions
 
     def ready(self) -> bool:
         return bool(self.client.is_server_ready()) and bool(self.client.is_model_ready(self.model))
@@ -173,12 +241,39 @@ class AsyncClassifier:
         self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
         address, tls = server_address(url)
         self.client = self.module.InferenceServerClient(address, ssl=tls)
+        self._limits: dict[str, int] = {}  # model -> max_batch_size, read from the server once
+
+    async def max_batch_size(self) -> int:
+        """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
+        if self.model not in self._limits:
+            self._limits[self.model] = batch_limit(await self.client.get_model_config(self.model))
+        return self._limits[self.model]
 
     async def classify(self, images: Sequence[ImageLike] | ImageLike, *,
                        with_logits: bool = False) -> list[Prediction]:
-        batch = images if isinstance(images, (list, tuple)) else [images]
-        inputs, outputs = build_request(self.module, batch, with_logits)
-        return parse_result(await self.client.infer(self.model, inputs, outputs=outputs), with_logits)
+        """As `Classifier.classify`; the requests of a long list run concurrently (at most MAX_IN_FLIGHT at once)."""
+        batch = as_batch(images)
+        limit = await self.max_batch_size() if len(batch) > 1 else 0
+        gate = asyncio.Semaphore(MAX_IN_FLIGHT)
+
+        async def one(offset: int, chunk: list[ImageLike]) -> list[Prediction]:
+            async with gate:
+                inputs, outputs = build_request(self.module, chunk, with_logits)  # encoded only when sent
+                try:
+                    result = await self.client.infer(self.model, inputs, outputs=outputs)
+                except Exception as err:
+                    raise _renumbered(err, offset) from None
+            return parse_result(result, with_logits)
+
+        tasks = [asyncio.ensure_future(one(offset, chunk)) for offset, chunk in split(batch, limit)]
+        try:
+            chunks = await asyncio.gather(*tasks)
+        except BaseException:  # one chunk failed (or we were cancelled): the rest would only load the server
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return [prediction for chunk in chunks for prediction in chunk]
 
     async def statistics(self) -> dict[str, dict[str, int]]:
         return model_counts(await self.client.get_inference_statistics(), self.protocol)

@@ -274,6 +274,12 @@ class TritonServer:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 
+    def kill(self) -> None:
+        """Stop at once (SIGKILL to the server and its backend stubs): in-flight requests get no answer."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            _kill_process_group(self.process.pid)
+
     def wait(self, timeout_s: float | None = None) -> int:
         assert self.process is not None
         code = self.process.wait(timeout_s)

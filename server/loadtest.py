@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from tritonclient.utils import InferenceServerException
 
 from hub_vit.server.client import AsyncClassifier, ImageLike, encode
 
@@ -85,8 +87,11 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "ht
     """Closed-loop load; stops after `requests` answers if given, else after `duration_s` seconds."""
     if concurrency < 1 or batch < 1:
         raise ValueError(f"concurrency and batch must be >= 1, got concurrency={concurrency}, batch={batch}")
-    if requests is None and (duration_s is None or duration_s <= 0):
-        raise ValueError("give a positive duration_s or a request count")
+    if requests is not None and requests < 1:
+        raise ValueError(f"the request count (--requests) must be >= 1, got {requests}")
+    if requests is None and (duration_s is None or not 0 < duration_s < math.inf):  # NaN fails this too
+        raise ValueError(f"the duration (--duration) must be a finite number of seconds > 0, got {duration_s}; "
+                         "or give a request count (--requests)")
     payloads = [encode(image) for image in images]
     if not payloads:
         raise ValueError("no images to send")
@@ -97,8 +102,18 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "ht
     issued = 0
 
     async with AsyncClassifier(url, protocol=protocol, model=model) as client:
+        limit = await client.max_batch_size()
+        if limit and batch > limit:  # the client would split it: one "request" would then be several
+            raise ValueError(f"--batch {batch} is more than the {limit} images per request model {model!r} takes "
+                             f"(its max_batch_size); valid: 1..{limit}")
         for _ in range(warmup):  # first requests pay connection setup; keep them out of the numbers
-            await client.classify([next(cycle) for _ in range(batch)])
+            try:
+                await client.classify([next(cycle) for _ in range(batch)])
+            except InferenceServerException as err:
+                # The server answered with an error (a bad image among the inputs, a full queue): the run counts
+                # those as errors later; only a server that does not answer at all stops it here.
+                if err.status() in (None, "StatusCode.UNAVAILABLE") and "queue" not in str(err).lower():
+                    raise
         before = await client.statistics()
         start = time.perf_counter()
         deadline = None if requests is not None else start + float(duration_s or 0)

@@ -59,6 +59,10 @@ class ServingOptions:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        for key in ("max_queue_delay_us", "queue_timeout_us"):  # Triton's config holds them as uint64
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key} must be 0 or a positive number of microseconds, got {value!r}")
         if not isinstance(self.intra_op_threads, int) or self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (decide from the model) or a positive integer, "
                              f"got {self.intra_op_threads!r}")

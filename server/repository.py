@@ -50,10 +50,13 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
     """Generate the repository for `source` under `out_dir`; returns `out_dir`."""
     opts = options or ServingOptions()
     out = Path(out_dir).expanduser().resolve()
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{str(out)!r} is a file; give a folder for the repository")
+    if out == Path.cwd() or out in Path.cwd().parents:
+        raise FileExistsError(f"{str(out)!r} is the current directory (or holds it); replacing it would leave the "
+                              "shell in a deleted folder: choose another folder")
+    if out.exists() and any(out.iterdir()) and not overwrite:  # an empty folder (mkdir first) is taken as is
+        raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
     if out.exists() and any(out.iterdir()) and not _is_generated_repository(out):
         raise FileExistsError(f"{str(out)!r} is not a repository written by `hub-vit repository` (no generated "
                               "config.pbtxt); replacing it would delete everything in it: choose another folder")
@@ -188,9 +191,9 @@ def _place_weights(source: ModelSource, target: Path) -> None:
 
 def check_tensor_names(onnx_path: Path) -> None:
     """Triton's ORT/TensorRT backends bind tensors by name: the graph must read `pixel_values`, write `logits`."""
-    import onnx
+    from hub_vit.server.source import load_onnx_graph
 
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    graph = load_onnx_graph(onnx_path)
     inputs, outputs = [t.name for t in graph.input], [t.name for t in graph.output]
     if inputs[:1] != ["pixel_values"] or "logits" not in outputs:
         raise ValueError(f"{onnx_path}: graph reads {inputs} and writes {outputs}; the served graph must read "

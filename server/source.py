@@ -120,6 +120,9 @@ def resolve(source: str | Path | None) -> ModelSource:
         return _from_exported(path, "onnx")
     if path.is_file() and path.suffix in ENGINE_SUFFIXES:
         return _from_exported(path, "engine")
+    if path.is_file():
+        raise ValueError(f"{str(source)!r} is a file but not a model: give a model folder, an .onnx file or a "
+                         f"TensorRT engine ({', '.join(ENGINE_SUFFIXES)})")
     if path.suffix in (".onnx", *ENGINE_SUFFIXES) or "/" in str(source):
         raise ValueError(f"model path {str(source)!r} does not exist (expected a model folder, .onnx or .plan file)")
     return _from_name(str(source))
@@ -137,7 +140,10 @@ def _default_model() -> ModelSource:
 
 def _from_folder(folder: Path) -> ModelSource:
     if not (folder / "config.json").is_file():
-        raise ValueError(f"{str(folder)!r} is not a hub-vit model folder (no config.json)")
+        graphs = sorted(p.name for p in folder.glob("*.onnx")) + sorted(
+            p.name for p in folder.iterdir() if p.suffix in ENGINE_SUFFIXES)
+        hint = f"; to serve an exported file, name it: {str(folder / graphs[0])!r}" if graphs else ""
+        raise ValueError(f"{str(folder)!r} is not a hub-vit model folder (no config.json){hint}")
     from hub_vit.folder import load_model_folder
 
     model, info = load_model_folder(folder)
@@ -152,6 +158,10 @@ def _from_name(name: str) -> ModelSource:
 
     from hub_vit.catalog import DEFAULT_MODEL
     if name.split(".", 1)[0] == DEFAULT_MODEL:  # the shipped folder carries the labels too
+        if "." in name:
+            from hub_vit.catalog import get_entry
+
+            get_entry(DEFAULT_MODEL).weight(name.split(".", 1)[1])  # ValueError listing the valid tags
         return _default_model()
 
     import hub_vit.timm_plugin  # noqa: F401  (registers the hub-vit names with timm)
@@ -161,6 +171,15 @@ def _from_name(name: str) -> ModelSource:
     if base not in MODELS:
         raise ValueError(f"unknown model {name!r}: not a file or folder, and not a registered name; "
                          f"valid names: {', '.join(MODELS)}")
+    from hub_vit.catalog import get_entry
+
+    entry = get_entry(base)
+    if not entry.weights:
+        with_weights = [n for n in MODELS if get_entry(n).weights]
+        raise ValueError(f"{base!r} has no published weights to serve (architecture only); serve a trained model "
+                         f"folder, or a registered name with weights: {', '.join(with_weights)}")
+    if "." in name:
+        entry.weight(name.split(".", 1)[1])  # ValueError listing the valid tags
     model = timm.create_model(name, pretrained=True).eval()  # downloads and converts Google's checkpoint
     meta = ServingMetadata.from_pretrained_cfg(name, dict(model.pretrained_cfg), None, model.num_classes)
     return ModelSource(metadata=meta, module=model, origin=f"registered model {name!r}")
@@ -198,10 +217,19 @@ def _from_exported(path: Path, kind: str) -> ModelSource:
                        engine_info=engine_info(path))
 
 
-def _onnx_shapes(path: Path) -> tuple[dict[str, Any], int]:
+def load_onnx_graph(path: Path) -> Any:
+    """The graph of an ONNX file (weights not loaded); a corrupt or truncated file is a ValueError naming it."""
     import onnx
+    from google.protobuf.message import DecodeError
 
-    graph = onnx.load(str(path), load_external_data=False).graph
+    try:
+        return onnx.load(str(path), load_external_data=False).graph
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{str(path)!r} is not a valid ONNX model (truncated or corrupt?): {exc}") from None
+
+
+def _onnx_shapes(path: Path) -> tuple[dict[str, Any], int]:
+    graph = load_onnx_graph(path)
     dims = [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]  # (B, 3, H, W)
     out = [d.dim_value for d in graph.output[0].type.tensor_type.shape.dim]  # (B, C)
     if len(dims) != 4 or not dims[2] or not dims[3] or len(out) != 2 or not out[1]:

@@ -114,3 +114,12 @@ def test_precision_is_refused_for_a_prebuilt_engine(exported, tmp_path):
     assert result.exit_code == 0, result.output
     pre = text_format.Parse((tmp_path / "repo/vit_preprocess/config.pbtxt").read_text(), mc.ModelConfig())
     assert pre.instance_group[0].count == 4
+
+
+def test_export_from_the_registered_name_keeps_the_labels(tmp_path):
+    """`hub-vit export onnx simplevit_digits` (the name, not the folder) recorded no labels: served as class_N."""
+    _load_commands()
+    result = CliRunner().invoke(app, ["export", "onnx", "simplevit_digits", "-o", str(tmp_path), "-v", "fp32",
+                                      "--random-inputs", "2", "--photos", "4", "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    assert resolve(tmp_path / "model.onnx").metadata.labels == tuple(DIGITS)

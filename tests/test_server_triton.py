@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import io
 import shutil
+import signal
 import struct
+import subprocess
+import sys
 import time
 import urllib.request
 import zlib
@@ -494,6 +497,17 @@ def test_cli_classify_and_loadtest(server, tmp_path, photos):
     assert report["requests"] == 24 and report["errors"] == 0
     assert report["batching"]["vit_classifier"]["inferences"] == 24
     assert set(report["latency_ms"]) >= {"p50", "p90", "p99"}
+    # A bad image first in the cycle: the warm-up used to abort the run on it; now it is counted, and the exit code
+    # says the run had failures (a CI job must see them) unless --allow-errors.
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image at all")
+    for extra, code in (((), 1), (("--allow-errors",), 0)):
+        result = runner.invoke(app, ["loadtest", "--url", server.http_url, "--requests", "8", *extra, str(bad),
+                                     str(image)])
+        output = " ".join(result.output.split())
+        assert result.exit_code == code, output
+        assert ("4 of 8 requests failed" in output) == (code == 1), output
+        assert "not an image" in output
     result = runner.invoke(app, ["classify", "--url", server.http_url, str(tmp_path / "missing.png")])
     assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())
     # The other protocol's port: one message that points at the ports (was an HTTPParseError traceback for HTTP).
@@ -520,26 +534,27 @@ def test_loadtest_rates_the_duration_window(server, photo_payloads):
     assert result.batching["vit_classifier"]["inferences"] == result.requests
 
 
-def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path):
-    import signal
-    import subprocess
-    import sys
-
+def _cli_serve(repo: Path, exit_timeout: int) -> tuple[subprocess.Popen, list[str], str]:
+    """`hub-vit serve` in a subprocess on free ports, read until it printed its endpoints."""
     onnx = repo / "vit_classifier" / "1" / "model.onnx"  # labels.txt beside it: no export needed
     ports = [str(free_port()) for _ in range(3)]
     command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", str(onnx),
-               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--exit-timeout", "10",
-               "--quiet"]
+               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--exit-timeout",
+               str(exit_timeout), "--quiet"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        line = process.stdout.readline()
+        lines.append(line)
+        if "metrics" in line:
+            break
+    return process, ports, "".join(lines)
+
+
+def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path):
+    process, ports, text = _cli_serve(repo, exit_timeout=10)
     try:
-        lines = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            line = process.stdout.readline()
-            lines.append(line)
-            if "metrics" in line:
-                break
-        text = "".join(lines)
         assert f"http://127.0.0.1:{ports[0]}/v2/models/vit/infer" in text and f"127.0.0.1:{ports[1]}" in text, text
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5) as reply:
             assert reply.status == 200
@@ -551,6 +566,32 @@ def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path):
             process.communicate()
     assert process.returncode == 0, err
     assert "tritonserver stopped" in out and "SIGTERM" in err
+
+
+def test_cli_serve_second_signal_stops_at_once(repo):
+    """An open keep-alive connection holds Triton's drain open for the whole --exit-timeout (120 s here); a second
+    Ctrl-C / SIGTERM used to repeat the drain request, now it stops the server at once."""
+    import http.client
+
+    process, ports, text = _cli_serve(repo, exit_timeout=120)
+    connection = http.client.HTTPConnection("127.0.0.1", int(ports[0]), timeout=5)
+    try:
+        assert "serving" in text, text
+        connection.request("GET", "/v2/health/ready")
+        assert connection.getresponse().read() == b""  # the connection stays open (HTTP/1.1 keep-alive)
+        process.send_signal(signal.SIGINT)
+        time.sleep(2)
+        assert process.poll() is None  # still draining: the open connection holds it
+        sent = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+        assert time.monotonic() - sent < 20, err
+    finally:
+        connection.close()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert "SIGINT again: stopping now" in " ".join(err.split()), err
 
 
 def test_a_model_that_fails_to_load_is_named_with_its_reason(repo, tmp_path):

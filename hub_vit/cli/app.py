@@ -20,7 +20,8 @@ err_console = Console(stderr=True)
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a red error line and return the Exit to raise: `raise fail("...")`."""
     # escaped: paths may hold [brackets]; soft-wrapped: a command or path in the message stays pasteable
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    # emoji=False: '127.0.0.1:-1' must not turn into a thumbs-down
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, emoji=False)
     return typer.Exit(code)
 
 

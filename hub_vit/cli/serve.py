@@ -29,6 +29,12 @@ MaxBatchSize = Annotated[int, typer.Option(help="Largest batch one execution run
 MaxQueueDelayUs = Annotated[int, typer.Option(help="How long the dynamic batcher waits to fill a batch.")]
 MaxQueueSize = Annotated[int, typer.Option(help="Queued requests per step beyond which new ones are rejected.")]
 TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")]
+MaxPixels = Annotated[int, typer.Option(help="Most pixels an image may declare (larger ones are refused before "
+                                             "decoding; 48 MP phone photos need more than the default).")]
+# `serve --repository` refuses these when they differ from the defaults: they would not change the repository.
+_SERVE_DEFAULTS = {"max_batch_size": DEFAULTS.max_batch_size, "max_queue_delay_us": DEFAULTS.max_queue_delay_us,
+                   "max_queue_size": DEFAULTS.max_queue_size, "top_k": DEFAULTS.top_k,
+                   "max_pixels": DEFAULTS.max_pixels}
 
 
 def _options(**kwargs: Any) -> ServingOptions:
@@ -75,6 +81,7 @@ def repository(
                                   help="CPU flavour: ORT threads spin between ops (lower latency; several instances "
                                        "then take turns on the cores). Default: on for a compute-bound model, off "
                                        "for a tiny one."),
+    max_pixels: MaxPixels = DEFAULTS.max_pixels,
     overwrite: bool = typer.Option(False, help="Replace an existing folder."),
 ) -> None:
     """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""
@@ -87,10 +94,10 @@ def repository(
                     max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
                     max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k,
                     classifier_instances=instances, preprocess_instances=preprocess_instances,
-                    ort_spinning=spinning)
+                    ort_spinning=spinning, max_pixels=max_pixels)
     try:
         path = write_repository(_source(model), out, opts, overwrite=overwrite)
-    except (ValueError, FileExistsError) as err:
+    except (ValueError, FileExistsError, NotADirectoryError) as err:
         raise fail(str(err)) from None
     console.print(f"wrote Triton repository [bold]{path}[/] (model [bold]{name}[/], flavour {flavour})")
 
@@ -116,38 +123,60 @@ def serve(
     quiet: bool = typer.Option(False, help="Do not stream the server log."),
     demo: bool = typer.Option(False, "--demo", help="Also run the Gradio rollout demo (labels from this server)."),
     demo_port: int = typer.Option(7860, help="Port of the demo (with --demo)."),
+    max_pixels: MaxPixels = DEFAULTS.max_pixels,
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
-    from hub_vit.ports import PortError, check_ports
+    from hub_vit.ports import PortError, check_host, check_ports
     from hub_vit.server.launcher import ServerError, TritonServer
-    from hub_vit.server.repository import MANIFEST, write_repository
+    from hub_vit.server.repository import write_repository
 
     try:  # before building anything: a taken port is the likeliest reason a second `serve` fails
+        check_host(host)
         check_ports(host, {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port,
                            **({"--demo-port": demo_port} if demo else {})})
     except PortError as err:
         raise fail(str(err)) from None
+    if exit_timeout < 0:
+        raise fail(f"--exit-timeout must be >= 0 seconds, got {exit_timeout}")
     workdir = None
     if repository_dir is None:
         opts = _options(name=name, max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
-                        max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k)
+                        max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k,
+                        max_pixels=max_pixels)
         source = _source(model)
         workdir = Path(tempfile.mkdtemp(prefix="hub-vit-serve-"))
         console.print(f"building the Triton repository for [bold]{source.metadata.name}[/] ({source.origin})")
         try:
             repository_dir = write_repository(source, workdir / "repository", opts)
-        except ValueError as err:
+        except BaseException as err:  # a bad model, or Ctrl-C while exporting: no temp folder is left behind
             shutil.rmtree(workdir, ignore_errors=True)
-            raise fail(str(err)) from None
-    elif (repository_dir / MANIFEST).is_file():
-        name = json.loads((repository_dir / MANIFEST).read_text())["model"]
-    server = TritonServer(repository_dir, host=host, http_port=http_port, grpc_port=grpc_port,
-                          metrics_port=metrics_port, exit_timeout_s=exit_timeout,
-                          log=None if quiet else (lambda line: err_console.print(line, markup=False, highlight=False)))
+            if isinstance(err, ValueError):
+                raise fail(str(err)) from None
+            raise
+    else:
+        name = _existing_repository(repository_dir, model=model, name=name, max_batch_size=max_batch_size,
+                                    max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
+                                    top_k=top_k, max_pixels=max_pixels)
+    # soft_wrap: one log line stays one line in a log file / journal (rich would cut it at 80 columns off a terminal)
+    log = None if quiet else (lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True,
+                                                             emoji=False))
+    try:
+        server = TritonServer(repository_dir, host=host, http_port=http_port, grpc_port=grpc_port,
+                              metrics_port=metrics_port, exit_timeout_s=exit_timeout, log=log)
+    except ServerError as err:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise fail(str(err)) from None
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: object) -> None:
-        err_console.print(f"[yellow]{signal.Signals(signum).name}: draining in-flight requests, then exiting[/]")
+        if stop.is_set():  # a second Ctrl-C / SIGTERM: the user will not wait for the drain
+            err_console.print(f"[yellow]{signal.Signals(signum).name} again: stopping now, in-flight requests are "
+                              "dropped[/]")
+            server.kill()
+            return
+        err_console.print(f"[yellow]{signal.Signals(signum).name}: draining in-flight requests (up to "
+                          f"{exit_timeout} s), then exiting; press Ctrl-C again to stop at once[/]")
         stop.set()
         server.terminate()
 
@@ -181,6 +210,34 @@ def serve(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _existing_repository(folder: Path, *, model: str | None, **given: Any) -> str:
+    """`serve --repository`: the repository is served as written, so options that would change it are refused
+    (they used to be dropped without a word); returns the ensemble's name (from the manifest, else `--name`)."""
+    from hub_vit.server.repository import MANIFEST
+
+    if not folder.is_dir():
+        raise fail(f"--repository {str(folder)!r} is {'a file' if folder.exists() else 'missing'}; give the folder "
+                   "`hub-vit repository` wrote")
+    changed = [f"--{key.replace('_', '-')}" for key, value in given.items()
+               if key != "name" and value != _SERVE_DEFAULTS[key]]
+    if model is not None:
+        changed.insert(0, "MODEL")
+    if changed:
+        raise fail(f"{', '.join(changed)} only apply when serve builds the repository; --repository serves "
+                   f"{str(folder)!r} as written (rebuild it with `hub-vit repository` to change it)")
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return given["name"]
+    written = json.loads(manifest.read_text(encoding="utf-8"))
+    if given["name"] != DEFAULTS.name and given["name"] != written["model"]:
+        raise fail(f"--name {given['name']!r}: the repository serves {written['model']!r} (its manifest says so)")
+    if written.get("options", {}).get("flavour") == "gpu":
+        raise fail(f"{str(folder)!r} is a GPU-flavour repository (ONNX Runtime / TensorRT backends, KIND_GPU); the "
+                   "local tritonserver has only the Python backend: regenerate it with --flavour cpu, or serve it "
+                   "with the Dockerfile's image on a GPU host")
+    return str(written["model"])
+
+
 def _start_demo(model: str | None, host: str, port: int, triton_url: str, triton_model: str) -> object:
     """The Gradio demo in a background thread, its labels taken from the server just started."""
     try:
@@ -204,22 +261,87 @@ def classify(
     """Classify images with a running server and print a table."""
     from hub_vit.server.client import Classifier
 
+    if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
+        raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
     protocol = "grpc" if grpc else "http"
     url = url or ("127.0.0.1:8001" if grpc else "127.0.0.1:8000")
     try:
         with Classifier(url, protocol=protocol, model=model) as client:
-            predictions = client.classify(list(images))
+            predictions, errors = _classify_files(client, list(images))
     except ValueError as err:
         raise fail(f"{protocol} {url}: {err}", code=1) from None
     except Exception as err:  # refused, not Triton, the other protocol's port (HTTPParseError), unknown model, ...
         raise fail(_request_failed(protocol, url, err), code=1) from None
-    table = Table(title=f"{model} @ {url} ({protocol})")
-    for column in ("image", "rank", "label", "score"):
-        table.add_column(column, justify="right" if column in ("rank", "score") else "left")
-    for image, prediction in zip(images, predictions, strict=True):
-        for rank, (label, score) in enumerate(zip(prediction.labels[:top], prediction.scores[:top], strict=True), 1):
-            table.add_row(escape(image.name) if rank == 1 else "", str(rank), escape(label), f"{score:.4f}")
-    console.print(table)
+    if predictions:
+        returned = min(len(prediction.labels) for prediction in predictions.values())
+        if top > returned:  # said once, not per image; the server's top-k is fixed when its repository is built
+            err_console.print(f"note: --top {top}, but the server returns {returned} labels per image (hub-vit serve "
+                              "--top-k)", soft_wrap=True, emoji=False, markup=False, highlight=False)
+        table = Table(title=f"{model} @ {url} ({protocol})")
+        for column in ("image", "rank", "label", "score"):
+            table.add_column(column, justify="right" if column in ("rank", "score") else "left")
+        for index, prediction in sorted(predictions.items()):
+            ranked = zip(prediction.labels[:top], prediction.scores[:top], strict=True)
+            for rank, (label, score) in enumerate(ranked, 1):
+                table.add_row(escape(images[index].name) if rank == 1 else "", str(rank), escape(label),
+                              f"{score:.4f}")
+        console.print(table)
+    for index, message in sorted(errors.items()):
+        err_console.print(f"[bold red]error:[/] {escape(str(images[index]))}: {escape(message)}", soft_wrap=True,
+                          emoji=False)
+    if errors:
+        raise typer.Exit(1)
+
+
+def _classify_files(client: Any, images: list[Path]) -> tuple[dict[int, Any], dict[int, str]]:
+    """`classify`: {position: prediction} for the files the server classified, {position: why not} for the others.
+    Requests hold at most the model's max_batch_size files; a request refused for a bad file (a client error: not an
+    image, truncated, too large, unreadable) is sent again file by file, so the good files are still classified and
+    each bad one is named by its path instead of its index in the request. Other errors (no server, overload, unknown
+    model) are raised: they are not about one file."""
+    from hub_vit.server.client import split
+
+    predictions: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    for offset, chunk in split(images, client.max_batch_size()):
+        try:
+            predictions.update(enumerate(client.classify(chunk), offset))
+            continue
+        except Exception as err:
+            message = _bad_file(err)
+            if message is None:
+                raise
+            if len(chunk) == 1:
+                errors[offset] = message
+                continue
+        for index, image in enumerate(chunk, offset):
+            try:
+                predictions[index] = client.classify([image])[0]
+            except Exception as err:
+                message = _bad_file(err)
+                if message is None:
+                    raise
+                errors[index] = message
+    return predictions, errors
+
+
+def _bad_file(err: Exception) -> str | None:
+    """The reason one file of a request failed, without the server's "image i: " prefix (a position in a request the
+    user never saw); None when the error is not about a file (no server, overload, ...)."""
+    import re
+
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(err, InferenceServerException):
+        if err.status() not in ("400", "StatusCode.INVALID_ARGUMENT"):
+            return None
+        # the server says "in ensemble 'vit', image 0: not an image: ..."; the file's path replaces both prefixes
+        return re.sub(r"^(in ensemble '[^']*', )?image \d+: ", "", " ".join((err.message() or str(err)).split()))
+    if isinstance(err, OSError) and err.filename is not None:  # unreadable (permissions, removed since the start);
+        return f"cannot read the file: {err.strerror or err}"  # a socket error has no file name: not about a file
+    if isinstance(err, ValueError):  # the client's own checks (e.g. not a regular file)
+        return str(err)
+    return None
 
 
 @app.command()
@@ -234,6 +356,9 @@ def loadtest(
     requests: int = typer.Option(None, help="Stop after this many requests."),
     batch: int = typer.Option(1, help="Images per request."),
     json_out: Path = typer.Option(None, "--json", help="Also write the result as JSON here."),
+    allow_errors: bool = typer.Option(False, "--allow-errors",
+                                      help="Exit 0 even when requests failed (e.g. an overload test that expects "
+                                           "rejections); by default any failed request makes the exit code 1."),
 ) -> None:
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
     from hub_vit.server.loadtest import load_test
@@ -241,6 +366,8 @@ def loadtest(
     protocol = "grpc" if grpc else "http"
     url = url or ("127.0.0.1:8001" if grpc else "127.0.0.1:8000")
     payloads = list(images) if images else _sample_images()
+    if json_out is not None and json_out.is_dir():  # checked first: the run's numbers must not be lost at the end
+        raise fail(f"--json {str(json_out)!r} is a folder; give a file name, e.g. {str(json_out / 'loadtest.json')!r}")
     try:
         result = load_test(url, payloads, protocol=protocol, model=model, concurrency=concurrency,
                            duration_s=duration, requests=requests, batch=batch)
@@ -262,10 +389,16 @@ def loadtest(
                       f"{numbers['images_per_execution']:.2f}")
     console.print(table)
     for message, count in result.error_messages.items():
-        err_console.print(f"[red]{count} x[/] {message}")
+        err_console.print(f"[red]{count} x[/] {escape(message)}", soft_wrap=True, emoji=False)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        except OSError as err:
+            raise fail(f"cannot write --json {str(json_out)!r}: {err}", code=1) from None
+    if result.errors and not allow_errors:  # a CI job must see a broken run (--allow-errors for overload tests)
+        raise fail(f"{result.errors} of {result.errors + result.requests} requests failed (reasons above; "
+                   "--allow-errors exits 0 anyway)", code=1)
 
 
 def _request_failed(protocol: str, url: str, err: Exception) -> str:

@@ -84,7 +84,11 @@ def load_source(source: str | Path, *, model_name: str | None = None, pretrained
         import hub_vit  # noqa: F401  (registers the timm entry points)
 
         model = timm.create_model(name, pretrained=True)
-        return ModelSource(model.eval(), "registered", name, f"pretrained {tag or entry.weights[0].tag}",
+        # Weights shipped in a model folder (the default model) carry their class names beside them.
+        weights_file = (model.pretrained_cfg or {}).get("file")
+        labels_file = Path(weights_file).parent / "labels.txt" if weights_file else None
+        labels = labels_file.read_text(encoding="utf-8").splitlines() if labels_file and labels_file.is_file() else []
+        return ModelSource(model.eval(), "registered", name, f"pretrained {tag or entry.weights[0].tag}", labels,
                            pretrained_cfg=dict(model.pretrained_cfg))
     model = VisionTransformer(entry.spec.replace(head_zeroinit=False))
     return ModelSource(model.eval(), "registered", entry.name, "random init")

@@ -63,11 +63,15 @@ class Preprocess:
         if not data:
             raise BadImageError("empty image (0 bytes); send encoded JPEG, PNG or WebP bytes")
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # Our own header check below enforces max_pixels; Pillow's warning limit (89 MP) only applies when
+            # max_pixels is not raised above it (its hard limit, twice that, always applies).
+            warnings.simplefilter("ignore" if self.max_pixels > Image.MAX_IMAGE_PIXELS else "error",
+                                  Image.DecompressionBombWarning)
             try:
                 image = Image.open(io.BytesIO(data), formats=FORMATS)  # lazy: reads the header only
             except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-                raise BadImageError(f"decompression bomb refused: {err}") from None
+                raise BadImageError(f"image too large, refused before decoding (decompression bomb guard): {err}"
+                                    ) from None
             except UnidentifiedImageError:
                 raise BadImageError(
                     f"not an image: {len(data)} bytes starting {data[:8]!r} are not JPEG, PNG or WebP"
@@ -77,8 +81,9 @@ class Preprocess:
             width, height = image.size
             if width * height > self.max_pixels:
                 raise BadImageError(
-                    f"decompression bomb refused: image declares {width}x{height} = {width * height} pixels, "
-                    f"more than the limit of {self.max_pixels}"
+                    f"image too large: it declares {width}x{height} = {width * height / 1e6:.1f} MP, more than this "
+                    f"server's limit of {self.max_pixels / 1e6:.1f} MP (hub-vit serve --max-pixels); refused before "
+                    "decoding, as a decompression bomb guard"
                 )
             # The shorter side is resized before the crop, so a thin image grows: a 2 kB PNG of 2x200000 pixels
             # would become 248x24800000 (18 GB). EXIF rotation swaps the sides, which leaves this product unchanged.

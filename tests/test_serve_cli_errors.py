@@ -1,0 +1,146 @@
+"""`hub-vit serve` / `repository` / `loadtest`: what a user gets wrong is one clear error naming the option, never a
+traceback or a silently ignored option (each case below was reproduced by a review first). No server is started:
+every check here happens before one would be."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from hub_vit.cli import _load_commands, app
+
+pytest.importorskip("tritonclient.grpc")
+
+
+def _run(*args: str) -> tuple[int, str]:
+    _load_commands()
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, " ".join(result.output.split())
+
+
+PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "18403")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--host", "example.invalid"), "cannot resolve this name"),
+    (("--host", "10.9.8.7"), "is not an address of this machine"),
+    (("--host", "::1"), "IPv6 addresses are not supported"),
+    (("--repository", "/nonexistent/repo"), "--repository '/nonexistent/repo' is missing"),
+    (("--exit-timeout", "-1"), "--exit-timeout must be >= 0"),
+    (("--max-queue-delay-us", "-1"), "max_queue_delay_us must be 0 or a positive number of microseconds"),
+])
+def test_serve_refuses_bad_settings_before_starting(args, message):
+    code, out = _run("serve", *PORTS, *args)
+    assert code == 2 and message in out, out
+    assert "Traceback" not in out
+
+
+def test_serve_repository_refuses_options_it_would_ignore(tmp_path):
+    (tmp_path / "repo").mkdir()
+    code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "--top-k", "2", "--max-batch-size", "4")
+    assert code == 2 and "--max-batch-size, --top-k only apply when serve builds the repository" in out, out
+    code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "simplevit_digits")
+    assert code == 2 and "MODEL only apply" in out
+
+
+def test_serve_repository_names_a_gpu_repository(tmp_path):
+    code, out = _run("repository", str(tmp_path / "gpu"), "--flavour", "gpu")
+    assert code == 0, out
+    code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "gpu"))
+    assert code == 2 and "is a GPU-flavour repository" in out and "--flavour cpu" in out
+
+
+def test_corrupt_onnx_is_named_not_a_traceback(tmp_path):
+    bad = tmp_path / "trunc.onnx"
+    bad.write_bytes(b"\x08\x07\x12\x04this is not a protobuf" * 50)
+    code, out = _run("repository", str(tmp_path / "repo"), "--model", str(bad))
+    assert code == 2 and "is not a valid ONNX model (truncated or corrupt?)" in out, out
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize("model, message", [
+    ("simplevit_ti16", "has no published weights to serve"),
+    ("simplevit_digits.foo", "no pretrained tag 'foo'; valid tags: sklearn_digits"),
+])
+def test_registered_names_without_those_weights(tmp_path, model, message):
+    code, out = _run("repository", str(tmp_path / "repo"), "--model", model)
+    assert code == 2 and message in out, out
+
+
+def test_non_model_file_and_export_folder_are_explained(tmp_path):
+    photo = tmp_path / "cat.png"
+    Image.new("RGB", (8, 8)).save(photo)
+    code, out = _run("repository", str(tmp_path / "repo"), "--model", str(photo))
+    assert code == 2 and "is a file but not a model" in out
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    (exports / "model.onnx").write_bytes(b"x")
+    code, out = _run("repository", str(tmp_path / "repo"), "--model", str(exports))
+    assert code == 2 and "to serve an exported file, name it" in out and "model.onnx" in out
+
+
+def test_repository_onto_a_file_or_the_current_directory(tmp_path, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for extra in ((), ("--overwrite",)):
+        code, out = _run("repository", str(afile), *extra)
+        assert code == 2 and "is a file; give a folder" in out, out
+    code, out = _run("repository", str(tmp_path / "repo"))
+    assert code == 0, out
+    monkeypatch.chdir(tmp_path / "repo")
+    code, out = _run("repository", ".", "--overwrite")
+    assert code == 2 and "is the current directory" in out
+    assert (tmp_path / "repo" / "hub_vit_repository.json").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out = _run("repository", str(empty))  # an empty folder made beforehand is fine without --overwrite
+    assert code == 0 and (empty / "hub_vit_repository.json").is_file(), out
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--duration", "nan"), "must be a finite number of seconds > 0, got nan"),
+    (("--duration", "inf"), "must be a finite number of seconds > 0, got inf"),
+    (("--requests", "0"), "--requests) must be >= 1, got 0"),
+])
+def test_loadtest_refuses_runs_that_cannot_end_or_mean_nothing(args, message):
+    code, out = _run("loadtest", "--url", "127.0.0.1:18409", *args)  # refused before any connection
+    assert code == 2 and message in out, out
+
+
+def test_loadtest_json_folder_is_refused_before_the_run(tmp_path):
+    code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(tmp_path))
+    assert code == 2 and "is a folder; give a file name" in out
+
+
+def test_user_input_is_shown_as_typed():
+    code, out = _run("classify", "--url", "127.0.0.1:-1", str(Path(__file__)))
+    assert "127.0.0.1:-1" in out and "\N{THUMBS DOWN SIGN}" not in out
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A tiny PNG whose header declares width x height (no real pixel data)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+def test_max_pixels_is_the_limit_and_the_message_names_the_option(imageprep):
+    photo_48mp = _png_header(8000, 6000)
+    default = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32))
+    with pytest.raises(imageprep.BadImageError, match=r"48\.0 MP, more than this server's limit of 40\.0 MP "
+                                                       r"\(hub-vit serve --max-pixels\)"):
+        default.decode(photo_48mp)
+    raised = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32), max_pixels=120_000_000)
+    with pytest.raises(imageprep.BadImageError) as err:  # past the size check: only the missing pixels fail
+        raised.decode(photo_48mp)
+    assert "too large" not in str(err.value)
+    with pytest.raises(imageprep.BadImageError) as err:  # 96 MP: above Pillow's 89 MP warning, below the raised limit
+        raised.decode(_png_header(12000, 8000))
+    assert "too large" not in str(err.value)

@@ -1,0 +1,194 @@
+"""`hub-vit classify` and the Python clients against the real tritonserver serving the default model.
+
+Lists longer than the model's max_batch_size, bad files among good ones, `--top` bounds, PIL modes Pillow cannot
+write as PNG as they are, and directories given as images. One server (module-scoped, default serving options, so
+max_batch_size 16 and top-k 5 as `hub-vit serve` runs them), loopback only, free ports, always stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc  # noqa: F401  (the `serve` extra is in `.[all]`: missing is a failure, not a skip)
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+from typer.testing import CliRunner
+
+from hub_vit.server.client import AsyncClassifier, Classifier, Prediction, encode
+from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.options import ServingOptions
+from hub_vit.server.repository import write_repository
+from hub_vit.server.source import resolve
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+PROTOCOLS = ("http", "grpc")
+OPTIONS = ServingOptions()  # the defaults `hub-vit serve` uses
+IMAGES = 2 * OPTIONS.max_batch_size + 3  # three requests: 16 + 16 + 3
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = write_repository(resolve(None), tmp_path_factory.mktemp("repo") / "repository", OPTIONS)
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=20)
+    server.start(timeout_s=180)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def digits() -> list[bytes]:
+    """Distinct real images (the digits validation split), PNG-encoded, more than two requests' worth."""
+    from hub_vit.train.digits import load_digits_split
+
+    images, _ = load_digits_split("val")
+    assert len(images) >= IMAGES
+    return [_png(Image.fromarray(image)) for image in images[:IMAGES]]
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _url(server: TritonServer, protocol: str) -> str:
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
+def _same(a: list[Prediction], b: list[Prediction]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.class_ids == y.class_ids
+        np.testing.assert_allclose(x.scores, y.scores, atol=1e-5)
+
+
+def _requests_counted(client: Classifier, before: int, expected: int, timeout_s: float = 5.0) -> int:
+    """Requests the ensemble answered since `before`, read until `expected` is reached or `timeout_s` passes
+    (Triton counts a request just after answering it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = client.statistics()["vit"]["success"] - before
+        if done >= expected or time.monotonic() >= deadline:
+            return done
+        time.sleep(0.02)
+
+
+# -- 1. lists longer than max_batch_size ----------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_long_lists_are_sent_in_max_batch_size_requests_in_order(server, digits, protocol):
+    url = _url(server, protocol)
+    with Classifier(url, protocol=protocol) as client:
+        one_by_one = [client.classify(image)[0] for image in digits]
+        before = client.statistics()["vit"]["success"]
+        served = client.classify(digits)  # was: "[400] inference request batch-size must be <= 16 for 'vit'"
+        assert _requests_counted(client, before, 3) == 3  # 16 + 16 + 3, not one request per image
+        assert client.max_batch_size() == OPTIONS.max_batch_size
+        assert client._limits == {"vit": OPTIONS.max_batch_size}  # read once, then cached
+    _same(served, one_by_one)
+    assert len({tuple(p.class_ids) for p in served}) > 1  # distinct images: a shuffled order would show
+
+    async def run() -> list[Prediction]:
+        async with AsyncClassifier(url, protocol=protocol) as client:
+            predictions = await client.classify(digits)
+            assert await client.max_batch_size() == OPTIONS.max_batch_size
+            return predictions
+
+    _same(asyncio.run(run()), one_by_one)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_bad_image_in_a_later_request_is_named_by_its_index_in_the_list(server, digits, protocol):
+    images = list(digits)
+    images[20] = b"this is not an image"  # the 5th image of the second request
+    with Classifier(_url(server, protocol), protocol=protocol) as client:
+        with pytest.raises(InferenceServerException) as info:
+            client.classify(images)
+    assert "image 20: not an image" in info.value.message(), info.value
+    assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+
+    async def run() -> None:
+        async with AsyncClassifier(_url(server, protocol), protocol=protocol) as client:
+            await client.classify(images)
+
+    with pytest.raises(InferenceServerException, match="image 20: not an image"):
+        asyncio.run(run())
+
+
+# -- 2 and 3. the command line --------------------------------------------------------------------------------------
+def _cli(*args: str):
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    return CliRunner().invoke(app, ["classify", *args])
+
+
+def test_cli_classifies_every_good_file_and_names_each_bad_one(server, digits, tmp_path):
+    files = []
+    for index, payload in enumerate(digits[:18]):  # 18 files: two requests
+        path = tmp_path / f"digit{index:02d}.png"
+        path.write_bytes(payload)
+        files.append(path)
+    (tmp_path / "bad.jpg").write_bytes(b"this is not an image")
+    (tmp_path / "cut.png").write_bytes(digits[0][: len(digits[0]) // 2])  # a truncated PNG
+    files.insert(1, tmp_path / "bad.jpg")
+    files.insert(17, tmp_path / "cut.png")  # in the second request
+    for protocol_args in ((), ("--grpc",)):
+        url = server.grpc_url if protocol_args else server.http_url
+        result = _cli("--url", url, *protocol_args, "--top", "1", *map(str, files))
+        output = " ".join(result.output.split())
+        assert result.exit_code == 1, output
+        for index in range(18):  # every good file is in the table
+            assert f"digit{index:02d}.png" in output, output
+        assert f"{tmp_path / 'bad.jpg'}: not an image" in output, output
+        assert f"{tmp_path / 'cut.png'}: cannot decode PNG image" in output, output
+        assert "image 0" not in output and "ensemble" not in output, output  # a position in a request means nothing
+        assert "batch-size" not in output, output
+
+
+def test_cli_top_is_validated_and_capped_with_a_note(server, digits, tmp_path):
+    image = tmp_path / "digit.png"
+    image.write_bytes(digits[0])
+    for bad in ("0", "-1"):
+        result = _cli("--url", server.http_url, "--top", bad, str(image))
+        assert result.exit_code == 2, result.output
+        assert "--top must be at least 1" in result.output and f"got {bad}" in result.output, result.output
+    result = _cli("--url", server.http_url, "--top", "10", str(image), str(image))
+    output = " ".join(result.output.split())
+    assert result.exit_code == 0, output
+    assert output.count(f"the server returns {OPTIONS.top_k} labels per image (hub-vit serve --top-k)") == 1, output
+    assert f" {OPTIONS.top_k} " in output and f" {OPTIONS.top_k + 1} " not in output, output
+    result = _cli("--url", server.http_url, "--top", "2", str(image))
+    assert result.exit_code == 0 and "labels per image" not in result.output, result.output
+    ranks = [line.split("│")[2].strip() for line in result.output.splitlines() if line.count("│") == 5]
+    assert ranks == ["1", "2"], result.output
+
+
+# -- 4. 16-bit PIL modes Pillow cannot write as PNG -----------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["I;16L", "I;16N"])
+def test_16bit_little_endian_modes_are_encoded_with_their_values(server, mode):
+    samples = (np.arange(32 * 32, dtype=np.uint32).reshape(32, 32) * 61 % 65536).astype("<u2")
+    image = Image.frombytes(mode, (32, 32), samples.tobytes())  # raised "cannot write mode I;16L as PNG"
+    decoded = Image.open(io.BytesIO(encode(image)))
+    assert decoded.mode == "I;16"
+    np.testing.assert_array_equal(np.asarray(decoded), samples)
+    reference = Image.frombytes("I;16", (32, 32), samples.tobytes())
+    with Classifier(server.http_url) as client:
+        _same(client.classify([image]), client.classify([reference]))
+
+
+# -- 5. a directory given as an image -------------------------------------------------------------------------------
+def test_a_directory_is_named_as_one(server, tmp_path: Path):
+    with Classifier(server.http_url) as client:
+        with pytest.raises(ValueError, match="is a directory; give image files") as info:
+            client.classify(str(tmp_path))
+        assert "does not exist" not in str(info.value)
+        with pytest.raises(ValueError, match="does not exist"):
+            client.classify(tmp_path / "missing.png")
