@@ -636,3 +636,19 @@ def test_stop_reaps_backend_stubs_of_a_dead_server(tmp_path):
     while stubs() and time.time() < deadline:
         time.sleep(0.1)
     assert not stubs()
+
+
+def test_cli_serve_an_empty_repository_is_not_reported_as_serving(tmp_path):
+    """Triton reports ready with no model at all; `serve --repository` used to print 'serving model vit' then."""
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    (tmp_path / "empty").mkdir()
+    _load_commands()
+    result = CliRunner().invoke(app, ["serve", "--repository", str(tmp_path / "empty"), "--quiet", "--http-port",
+                                      str(free_port()), "--grpc-port", str(free_port()), "--metrics-port",
+                                      str(free_port())])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and "serves no model 'vit'; models it serves: none" in output, output
+    assert "serving model" not in output

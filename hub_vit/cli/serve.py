@@ -184,6 +184,9 @@ def serve(
     demo_app = None
     try:
         server.start()
+        missing = _not_served(server.http_url, name)
+        if missing:
+            raise fail(missing, code=1)
         console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
                       f"  HTTP     http://{server.http_url}/v2/models/{name}/infer\n"
                       f"  gRPC     {server.grpc_url}\n"
@@ -208,6 +211,27 @@ def serve(
             signal.signal(sig, handler)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _not_served(http_url: str, name: str) -> str | None:
+    """Why `name` cannot be called on a server that reports ready (Triton is ready with no model at all: an empty or
+    foreign `--repository`), or None when it can."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/models/{name}/ready", timeout=10):
+            return None
+    except urllib.error.HTTPError:
+        pass
+    try:
+        request = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            models = sorted({m["name"] for m in json.loads(reply.read()) if m.get("state") == "READY"})
+    except (urllib.error.URLError, ValueError, KeyError, TypeError):
+        models = []
+    return (f"the server is up but serves no model {name!r}; models it serves: {', '.join(models) or 'none'} "
+            "(an empty or foreign --repository? pass --name, or build one with hub-vit repository)")
 
 
 def _existing_repository(folder: Path, *, model: str | None, **given: Any) -> str:
