@@ -32,7 +32,8 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--host", "::1"), "IPv6 addresses are not supported"),
     (("--repository", "/nonexistent/repo"), "--repository '/nonexistent/repo' is missing"),
     (("--exit-timeout", "-1"), "--exit-timeout must be >= 0"),
-    (("--max-queue-delay-us", "-1"), "max_queue_delay_us must be 0 or a positive number of microseconds"),
+    (("--max-queue-delay-us", "-1"), "--max-queue-delay-us must be 0 or a positive number of microseconds"),
+    (("--top-k", "0"), "error: --top-k must be a positive integer, got 0"),  # the flag, not the Python field
 ])
 def test_serve_refuses_bad_settings_before_starting(args, message):
     code, out = _run("serve", *PORTS, *args)

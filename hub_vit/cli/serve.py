@@ -6,6 +6,7 @@ Heavy imports (torch export, tritonclient, onnx) happen inside the commands so `
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import tempfile
@@ -37,11 +38,19 @@ _SERVE_DEFAULTS = {"max_batch_size": DEFAULTS.max_batch_size, "max_queue_delay_u
                    "max_pixels": DEFAULTS.max_pixels}
 
 
+# ServingOptions fields as the CLI spells them, so a validation error names the flag the user typed.
+_FLAGS = {"classifier_instances": "--instances", "ort_spinning": "--spinning"}
+
+
 def _options(**kwargs: Any) -> ServingOptions:
     try:
         return ServingOptions(**kwargs)
     except ValueError as err:
-        raise fail(str(err)) from None
+        message = str(err)
+        for field in sorted(kwargs, key=len, reverse=True):  # longest first: max_queue_size before queue_size
+            flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+            message = re.sub(rf"(?<![\w-]){field}\b", flag, message)
+        raise fail(message) from None
 
 
 def _source(model: str | None) -> Any:
