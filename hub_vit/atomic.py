@@ -58,6 +58,13 @@ def replace_dir(staging: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def holds_cwd(folder: str | Path) -> bool:
+    """`folder` is the current directory or one of its parents: replacing it would leave the shell in a deleted
+    folder."""
+    resolved, cwd = Path(folder).resolve(), Path.cwd().resolve()
+    return resolved == cwd or resolved in cwd.parents
+
+
 def file_in_the_way(folder: str | Path) -> Path | None:
     """The file (`folder` itself or one of its parents) that stops `folder` from being created as a directory, or
     None. Checked before work starts, so the error names the path instead of a later NotADirectoryError."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hub_vit.atomic import file_in_the_way, replace_dir
+from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
 
@@ -262,10 +262,10 @@ def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: S
     if not overwrite:
         raise FileExistsError(f"output folder {str(folder)!r} already exists; choose another or pass overwrite=True "
                               "(--overwrite) to replace it")
-    resolved, cwd = folder.resolve(), Path.cwd().resolve()
-    if resolved == cwd or resolved in cwd.parents:
+    if holds_cwd(folder):
         raise FileExistsError(f"output folder {str(folder)!r} is the current directory or holds it; replacing it "
                               "would leave this shell in a deleted folder: choose another output folder")
+    resolved = folder.resolve()
     inside = [str(k) for k in keep if resolved == Path(k).resolve() or resolved in Path(k).resolve().parents]
     if inside:
         raise FileExistsError(f"output folder {str(folder)!r} holds {', '.join(inside)}, which replacing it would "

@@ -193,14 +193,14 @@ class Classifier:
         else:
             self.client = self.module.InferenceServerClient(address, ssl=tls)
         self.timeout_s = timeout_s
-        self._limits: dict[str, int] = {}  # model -> max_batch_size, read from the server once
+        self._limit: int | None = None  # the model's max_batch_size, read from the server once
 
     def max_batch_size(self) -> int:
         """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
-        if self.model not in self._limits:
+        if self._limit is None:
             kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
-            self._limits[self.model] = batch_limit(self.client.get_model_config(self.model, **kwargs))
-        return self._limits[self.model]
+            self._limit = batch_limit(self.client.get_model_config(self.model, **kwargs))
+        return self._limit
 
     def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False) -> list[Prediction]:
         """Predictions in the order of `images`; a list longer than the model's `max_batch_size` is sent as several
@@ -241,13 +241,13 @@ class AsyncClassifier:
         self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
         address, tls = server_address(url)
         self.client = self.module.InferenceServerClient(address, ssl=tls)
-        self._limits: dict[str, int] = {}  # model -> max_batch_size, read from the server once
+        self._limit: int | None = None  # the model's max_batch_size, read from the server once
 
     async def max_batch_size(self) -> int:
         """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
-        if self.model not in self._limits:
-            self._limits[self.model] = batch_limit(await self.client.get_model_config(self.model))
-        return self._limits[self.model]
+        if self._limit is None:
+            self._limit = batch_limit(await self.client.get_model_config(self.model))
+        return self._limit
 
     async def classify(self, images: Sequence[ImageLike] | ImageLike, *,
                        with_logits: bool = False) -> list[Prediction]:

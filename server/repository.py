@@ -23,7 +23,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from hub_vit.atomic import replace_dir
+from hub_vit.atomic import holds_cwd, replace_dir
 from hub_vit.server.config import (
     GENERATED_HEADER,
     SPIN_MIN_GMACS,
@@ -52,12 +52,13 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{str(out)!r} is a file; give a folder for the repository")
-    if out == Path.cwd() or out in Path.cwd().parents:
+    if holds_cwd(out):
         raise FileExistsError(f"{str(out)!r} is the current directory (or holds it); replacing it would leave the "
                               "shell in a deleted folder: choose another folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:  # an empty folder (mkdir first) is taken as is
+    occupied = out.exists() and any(out.iterdir())  # an empty folder (mkdir first) is taken as is
+    if occupied and not overwrite:
         raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
-    if out.exists() and any(out.iterdir()) and not _is_generated_repository(out):
+    if occupied and not _is_generated_repository(out):
         raise FileExistsError(f"{str(out)!r} is not a repository written by `hub-vit repository` (no generated "
                               "config.pbtxt); replacing it would delete everything in it: choose another folder")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -140,9 +140,9 @@ def _default_model() -> ModelSource:
 
 def _from_folder(folder: Path) -> ModelSource:
     if not (folder / "config.json").is_file():
-        graphs = sorted(p.name for p in folder.glob("*.onnx")) + sorted(
-            p.name for p in folder.iterdir() if p.suffix in ENGINE_SUFFIXES)
-        hint = f"; to serve an exported file, name it: {str(folder / graphs[0])!r}" if graphs else ""
+        graphs = sorted((p for p in folder.iterdir() if p.suffix in (".onnx", *ENGINE_SUFFIXES)),
+                        key=lambda p: (p.suffix != ".onnx", p.name))  # ONNX first
+        hint = f"; to serve an exported file, name it: {str(graphs[0])!r}" if graphs else ""
         raise ValueError(f"{str(folder)!r} is not a hub-vit model folder (no config.json){hint}")
     from hub_vit.folder import load_model_folder
 
@@ -156,23 +156,13 @@ def _from_folder(folder: Path) -> ModelSource:
 def _from_name(name: str) -> ModelSource:
     import timm
 
-    from hub_vit.catalog import DEFAULT_MODEL
-    if name.split(".", 1)[0] == DEFAULT_MODEL:  # the shipped folder carries the labels too
-        if "." in name:
-            from hub_vit.catalog import get_entry
-
-            get_entry(DEFAULT_MODEL).weight(name.split(".", 1)[1])  # ValueError listing the valid tags
-        return _default_model()
-
     import hub_vit.timm_plugin  # noqa: F401  (registers the hub-vit names with timm)
-    from hub_vit.catalog import MODELS
+    from hub_vit.catalog import DEFAULT_MODEL, MODELS, get_entry
 
     base = name.split(".", 1)[0]
     if base not in MODELS:
         raise ValueError(f"unknown model {name!r}: not a file or folder, and not a registered name; "
                          f"valid names: {', '.join(MODELS)}")
-    from hub_vit.catalog import get_entry
-
     entry = get_entry(base)
     if not entry.weights:
         with_weights = [n for n in MODELS if get_entry(n).weights]
@@ -180,6 +170,8 @@ def _from_name(name: str) -> ModelSource:
                          f"folder, or a registered name with weights: {', '.join(with_weights)}")
     if "." in name:
         entry.weight(name.split(".", 1)[1])  # ValueError listing the valid tags
+    if base == DEFAULT_MODEL:  # the shipped folder carries the labels too
+        return _default_model()
     model = timm.create_model(name, pretrained=True).eval()  # downloads and converts Google's checkpoint
     meta = ServingMetadata.from_pretrained_cfg(name, dict(model.pretrained_cfg), None, model.num_classes)
     return ModelSource(metadata=meta, module=model, origin=f"registered model {name!r}")
@@ -193,13 +185,12 @@ def _from_exported(path: Path, kind: str) -> ModelSource:
 
     config_file, labels_file = path.parent / "config.json", path.parent / "labels.txt"
     labels = labels_file.read_text(encoding="utf-8").splitlines() if labels_file.is_file() else None
-    recorded = find_model_metadata(path)
     if config_file.is_file():
         config = json.loads(config_file.read_text(encoding="utf-8"))
         cfg = dict(config.get("pretrained_cfg") or {})
         labels = labels or config.get("label_names")
         num_classes = config.get("num_classes")
-    elif recorded is not None:
+    elif (recorded := find_model_metadata(path)) is not None:
         cfg = dict(recorded.get("pretrained_cfg") or {})
         labels = labels or recorded.get("labels") or None
         num_classes = recorded.get("num_classes")

@@ -33,9 +33,8 @@ TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")
 MaxPixels = Annotated[int, typer.Option(help="Most pixels an image may declare (larger ones are refused before "
                                              "decoding; 48 MP phone photos need more than the default).")]
 # `serve --repository` refuses these when they differ from the defaults: they would not change the repository.
-_SERVE_DEFAULTS = {"max_batch_size": DEFAULTS.max_batch_size, "max_queue_delay_us": DEFAULTS.max_queue_delay_us,
-                   "max_queue_size": DEFAULTS.max_queue_size, "top_k": DEFAULTS.top_k,
-                   "max_pixels": DEFAULTS.max_pixels}
+_SERVE_DEFAULTS = {key: getattr(DEFAULTS, key)
+                   for key in ("max_batch_size", "max_queue_delay_us", "max_queue_size", "top_k", "max_pixels")}
 
 
 # ServingOptions fields as the CLI spells them, so a validation error names the flag the user typed.
@@ -361,8 +360,6 @@ def _classify_files(client: Any, images: list[Path]) -> tuple[dict[int, Any], di
 def _bad_file(err: Exception) -> str | None:
     """The reason one file of a request failed, without the server's "image i: " prefix (a position in a request the
     user never saw); None when the error is not about a file (no server, overload, ...)."""
-    import re
-
     from tritonclient.utils import InferenceServerException
 
     if isinstance(err, InferenceServerException):
