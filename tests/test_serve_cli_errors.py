@@ -145,3 +145,14 @@ def test_max_pixels_is_the_limit_and_the_message_names_the_option(imageprep):
     with pytest.raises(imageprep.BadImageError) as err:  # 96 MP: above Pillow's 89 MP warning, below the raised limit
         raised.decode(_png_header(12000, 8000))
     assert "too large" not in str(err.value)
+
+
+def test_serve_repository_that_is_a_file_or_serves_another_name(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, out = _run("serve", *PORTS, "--repository", str(afile))
+    assert code == 2 and "is a file; give the folder `hub-vit repository` wrote" in out, out
+    code, out = _run("repository", str(tmp_path / "repo"), "--name", "digits")
+    assert code == 0, out
+    code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "--name", "other")
+    assert code == 2 and "--name 'other': the repository serves 'digits'" in out, out
