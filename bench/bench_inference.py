@@ -39,6 +39,12 @@ HF_SIZES = {"S/16": dict(hidden_size=384, num_hidden_layers=12, num_attention_he
             "B/16": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)}
 
 
+def bf16_note() -> str:
+    """How this CPU runs bf16 autocast: native (avx512_bf16 / AMX) or emulated in fp32 (slower than fp32)."""
+    native = [f for f in machine()["isa_flags"] if f in ("avx512_bf16", "amx_bf16")]
+    return f"oneDNN bf16 ({', '.join(native)})" if native else "oneDNN bf16, emulated: this CPU has no avx512_bf16/AMX"
+
+
 def machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     flags: list[str] = []
@@ -210,7 +216,7 @@ def bench_variant(bench: Bench, variant: str, batches: list[int], work: Path, th
         bench.row(variant, "transformers ViT eager (sdpa)", batch, hf_run)
         bench.row(variant, "hub-vit eager", batch, torch_runner(hub))
         bench.row(variant, "hub-vit eager bf16 autocast", batch, torch_runner(hub, torch.bfloat16),
-                  compare_to_hub=True, note="oneDNN bf16 (avx512_bf16)")
+                  compare_to_hub=True, note=bf16_note())
         bench.row(variant, "ORT plain export of timm", batch, ort_runner(timm_onnx, threads),
                   note="torch.onnx dynamo export, ORT default graph optimisations")
         for o in report.variants:
