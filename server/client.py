@@ -32,8 +32,11 @@ _OTHER_16BIT_MODES = ("I;16L", "I;16N")
 # Requests one AsyncClassifier.classify call keeps in flight: enough to keep the dynamic batcher fed, few enough that
 # a long list does not fill the server's queue (max_queue_size) and get its tail rejected as an overload.
 MAX_IN_FLIGHT = 4
-# How the server names a bad image: its 0-based index within the request it came in.
-_IMAGE_INDEX = re.compile(r"\bimage (\d+): ")
+# How the server names a bad image: its 0-based index within the request it came in, after the ensemble's name
+# ("in ensemble 'vit', image 3: not an image: ...").
+_IMAGE_ERROR = re.compile(r"^(in ensemble '[^']*', )?image (\d+): ")
+# A request refused for what it holds (a bad image, a wrong tensor): HTTP 400 / gRPC INVALID_ARGUMENT.
+CLIENT_ERROR_STATUSES = ("400", "StatusCode.INVALID_ARGUMENT")
 
 
 @dataclass(frozen=True)
@@ -152,13 +155,23 @@ def _renumbered(err: Exception, offset: int) -> Exception:
 
     if offset == 0 or not isinstance(err, InferenceServerException):
         return err
-    message = _IMAGE_INDEX.sub(lambda m: f"image {int(m.group(1)) + offset}: ", err.message() or "", count=1)
+    message = _IMAGE_ERROR.sub(lambda m: f"{m[1] or ''}image {int(m[2]) + offset}: ", err.message() or "", count=1)
     return InferenceServerException(message, status=err.status(), debug_details=err.debug_details())
 
 
+def failed_image(err: Exception) -> tuple[int, str] | None:
+    """The server's refusal of one image -> (the image's index in the request, the reason without the "image i: "
+    prefix); None for any other error (no server, overload, a wrong tensor, too large a batch)."""
+    from tritonclient.utils import InferenceServerException
+
+    if not isinstance(err, InferenceServerException) or err.status() not in CLIENT_ERROR_STATUSES:
+        return None
+    message = " ".join((err.message() or "").split())
+    match = _IMAGE_ERROR.match(message)
+    return None if match is None else (int(match[2]), message[match.end():])
+
+
 def build_request(module: Any, images: Sequence[ImageLike], with_logits: bool) -> tuple[list[Any], list[Any]]:
-    if not images:
-        raise ValueError("no images given; pass at least one path, bytes object or PIL image")
     data = np.array([[encode(image)] for image in images], dtype=np.object_)  # (B, 1) encoded bytes
     tensor = module.InferInput("image", list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data)

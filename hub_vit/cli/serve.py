@@ -327,46 +327,62 @@ def classify(
 
 def _classify_files(client: Any, images: list[Path]) -> tuple[dict[int, Any], dict[int, str]]:
     """`classify`: {position: prediction} for the files the server classified, {position: why not} for the others.
-    Requests hold at most the model's max_batch_size files; a request refused for a bad file (a client error: not an
-    image, truncated, too large, unreadable) is sent again file by file, so the good files are still classified and
-    each bad one is named by its path instead of its index in the request. Other errors (no server, overload, unknown
-    model) are raised: they are not about one file."""
+    Requests hold at most the model's max_batch_size files. The server refuses a request at its first bad file and
+    names that file's index in the request: the file is set aside with the reason and the rest is sent again, so k
+    bad files cost k more requests, the good files are still classified and each bad one is named by its path.
+    A refusal that names no file (a file the client could not read) is resolved file by file. Other errors (no
+    server, overload, unknown model) are raised: they are not about one file."""
     from hub_vit.server.client import split
 
     predictions: dict[int, Any] = {}
     errors: dict[int, str] = {}
     for offset, chunk in split(images, client.max_batch_size()):
-        try:
-            predictions.update(enumerate(client.classify(chunk), offset))
-            continue
-        except Exception as err:
-            message = _bad_file(err)
-            if message is None:
-                raise
-            if len(chunk) == 1:
-                errors[offset] = message
-                continue
-        for index, image in enumerate(chunk, offset):
+        pending = list(enumerate(chunk, offset))  # (position in `images`, path) still to classify
+        while pending:
             try:
-                predictions[index] = client.classify([image])[0]
+                answers = client.classify([path for _, path in pending])
+                predictions.update(zip([position for position, _ in pending], answers, strict=True))
+                break
             except Exception as err:
-                message = _bad_file(err)
-                if message is None:
+                failed = _failed_file(err, len(pending))
+                if failed is not None:
+                    index, message = failed
+                    errors[pending.pop(index)[0]] = message
+                    continue
+                if _bad_file(err) is None:
                     raise
-                errors[index] = message
+            for position, path in pending:  # a refusal that names no file
+                try:
+                    predictions[position] = client.classify([path])[0]
+                except Exception as err:
+                    message = _bad_file(err)
+                    if message is None:
+                        raise
+                    errors[position] = message
+            break
     return predictions, errors
 
 
+def _failed_file(err: Exception, count: int) -> tuple[int, str] | None:
+    """(index in the request, reason) when the server refused one of the `count` files sent by naming it."""
+    from hub_vit.server.client import failed_image
+
+    failed = failed_image(err)
+    return failed if failed is not None and failed[0] < count else None
+
+
 def _bad_file(err: Exception) -> str | None:
-    """The reason one file of a request failed, without the server's "image i: " prefix (a position in a request the
-    user never saw); None when the error is not about a file (no server, overload, ...)."""
+    """The reason one file failed, when the error is about that file (sent alone, or read by the client); None when
+    it is not about a file (no server, overload, ...)."""
     from tritonclient.utils import InferenceServerException
 
+    from hub_vit.server.client import CLIENT_ERROR_STATUSES, failed_image
+
     if isinstance(err, InferenceServerException):
-        if err.status() not in ("400", "StatusCode.INVALID_ARGUMENT"):
+        if err.status() not in CLIENT_ERROR_STATUSES:
             return None
-        # the server says "in ensemble 'vit', image 0: not an image: ..."; the file's path replaces both prefixes
-        return re.sub(r"^(in ensemble '[^']*', )?image \d+: ", "", " ".join((err.message() or str(err)).split()))
+        failed = failed_image(err)  # "image 0: not an image: ...": the file's path replaces the prefix
+        return failed[1] if failed is not None else " ".join((err.message() or str(err)).split())
     if isinstance(err, OSError) and err.filename is not None:  # unreadable (permissions, removed since the start);
         return f"cannot read the file: {err.strerror or err}"  # a socket error has no file name: not about a file
     if isinstance(err, ValueError):  # the client's own checks (e.g. not a regular file)
