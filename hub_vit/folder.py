@@ -143,12 +143,19 @@ def processor_config(processor: Any) -> dict[str, Any]:
     return {k: v for k, v in processor.to_dict().items() if k not in ("image_processor_type", "auto_map")}
 
 
+def write_processor_config(folder: str | os.PathLike, pretrained_cfg: dict[str, Any]) -> None:
+    """`preprocessor_config.json` for the `HubViTImageProcessor` of a timm data config (crop, resize, mean/std)."""
+    from hub_vit.hf.image_processing_hub_vit import HubViTImageProcessor
+
+    processor = HubViTImageProcessor.from_pretrained_cfg(pretrained_cfg)
+    _write_extra(Path(folder) / PREPROCESSOR_FILE, processor_config(processor))
+
+
 def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None, pretrained_cfg: dict | None,
                   architecture: str, extra: dict[str, ExtraFile], native_vit: bool) -> None:
     from safetensors import safe_open
 
     from hub_vit.hf.configuration_hub_vit import data_config
-    from hub_vit.hf.image_processing_hub_vit import HubViTImageProcessor
     from hub_vit.hf.modeling_hub_vit import HubViTForImageClassification, HubViTModel
 
     spec = model.spec
@@ -167,8 +174,7 @@ def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None,
         raise RuntimeError(f"{WEIGHTS_FILE} keys differ from the model: missing {sorted(expected - written)[:5]}, "
                            f"unexpected {sorted(written - expected)[:5]}")
 
-    processor = HubViTImageProcessor.from_pretrained_cfg(wrapper.config.pretrained_cfg)
-    _write_extra(out / PREPROCESSOR_FILE, processor_config(processor))
+    write_processor_config(out, wrapper.config.pretrained_cfg)
     if spec.num_classes:
         id2label = wrapper.config.id2label
         (out / LABELS_FILE).write_text("".join(f"{id2label[i]}\n" for i in range(spec.num_classes)), encoding="utf-8")

@@ -164,6 +164,26 @@ def test_save_pretrained_round_trip_is_exact(spec: ViTSpec, tmp_path) -> None:
         assert torch.equal(timm_model(x), loaded.eval()(x).logits)
 
 
+def test_a_model_saved_alone_loads_its_image_processor(tmp_path) -> None:
+    # transformers' save_pretrained writes no preprocessor_config.json, the only file AutoImageProcessor reads: a model
+    # saved alone (a fine-tuning script's last line) had no processor ("Can't load image processor")
+    spec = SPECS["map"]  # a 32x48 input
+    cfg = dict(crop_pct=1.0, interpolation="bicubic", mean=(0.1, 0.2, 0.3), std=(0.5, 0.4, 0.3))
+    model = HubViTForImageClassification.from_vit(_randomised(spec), pretrained_cfg=cfg)
+    model.save_pretrained(tmp_path / "alone")
+    processor = AutoImageProcessor.from_pretrained(tmp_path / "alone")
+    # the reference: timm's own eval transform for the same folder
+    timm_model = timm.create_model(f"local-dir:{tmp_path / 'alone'}", pretrained=True)
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=timm_model))
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (61, 83, 3), dtype=np.uint8))
+    torch.testing.assert_close(processor(image)["pixel_values"][0], transform(image), atol=1e-6, rtol=0)
+    # a processor saved into the folder first is kept, not replaced by the model's
+    HubViTImageProcessor.from_pretrained_cfg({**timm_model.pretrained_cfg, "crop_pct": 0.5}).save_pretrained(
+        tmp_path / "both")
+    model.save_pretrained(tmp_path / "both")
+    assert AutoImageProcessor.from_pretrained(tmp_path / "both").crop_pct == 0.5
+
+
 def test_new_head_on_load_keeps_the_backbone(tmp_path) -> None:
     spec = SPECS["vit"]
     vit = _randomised(spec)

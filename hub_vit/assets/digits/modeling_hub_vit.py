@@ -75,12 +75,15 @@ class HubViTPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
         """transformers' save (config.json + model.safetensors with plain timm keys), plus the remote-code files and
-        their `auto_map`, so the folder also loads with `trust_remote_code=True` where hub_vit is not installed."""
+        their `auto_map`, so the folder also loads with `trust_remote_code=True` where hub_vit is not installed, and
+        the model's own `preprocessor_config.json` unless the folder has one (a processor saved there first is kept):
+        `AutoImageProcessor.from_pretrained` reads only that file, and the model alone holds its transform."""
         if _PREFIX_RULE is not None and getattr(self, "_weight_conversions", None) is None:
             # transformers only reverses the rename for models that came from from_pretrained; a model built in
             # memory must write the same plain timm keys
             self._weight_conversions = [_PREFIX_RULE(prefix_to_add="vit")]
         try:
+            raise ImportError('hub_vit.folder is not bundled with this model folder; install hub-vit for this feature')
             raise ImportError('hub_vit.hf.remote_code is not bundled with this model folder; install hub-vit for this feature')
         except ImportError:  # running as remote code already: transformers copies these files itself
             return super().save_pretrained(save_directory, *args, **kwargs)
@@ -88,6 +91,8 @@ class HubViTPreTrainedModel(PreTrainedModel):
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             write_remote_code(save_directory)
+            if not os.path.exists(os.path.join(save_directory, PREPROCESSOR_FILE)):
+                write_processor_config(save_directory, self.config.timm_config()["pretrained_cfg"])
         return result
 
     @classmethod
