@@ -112,6 +112,20 @@ def server_address(url: str) -> tuple[str, bool]:
     return rest, scheme == "https"
 
 
+def resolve_protocol(url: str, protocol: str | None = None) -> str:
+    """The protocol to speak to `url`: `grpc://` means gRPC and `http://` HTTP; otherwise (`host:port`, `https://`)
+    `protocol`, HTTP when not given. A URL whose scheme names the other protocol than `protocol` is refused: it would
+    be spoken to in the wrong language and fail with an unrelated parse error."""
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    scheme = url.strip().partition("://")[0] if "://" in url else ""
+    named = {"grpc": "grpc", "http": "http"}.get(scheme)
+    if named is not None and protocol is not None and named != protocol:
+        raise ValueError(f"server URL {url!r} is a {scheme}:// address, but the protocol asked for is {protocol}; "
+                         f"drop one of them (a bare host:port takes the protocol asked for)")
+    return named or protocol or "http"
+
+
 def _module(protocol: str, aio: bool = False) -> Any:
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
@@ -194,12 +208,14 @@ def parse_result(result: Any, with_logits: bool) -> list[Prediction]:
 
 
 class Classifier:
-    """Blocking client. `url` is `host:port` (8000 for HTTP, 8001 for gRPC by default); see `server_address`."""
+    """Blocking client. `url` is `host:port` (8000 for HTTP, 8001 for gRPC by default); see `server_address`.
+    `protocol` is "http" or "grpc"; None (the default) takes it from a `grpc://` / `http://` URL, else HTTP."""
 
-    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str = "http", model: str = "vit",
+    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit",
                  timeout_s: float = 60.0) -> None:
-        self.module, self.model, self.protocol = _module(protocol), model, protocol
         address, tls = server_address(url)
+        protocol = resolve_protocol(url, protocol)
+        self.module, self.model, self.protocol = _module(protocol), model, protocol
         if protocol == "http":
             self.client = self.module.InferenceServerClient(address, ssl=tls, connection_timeout=timeout_s,
                                                             network_timeout=timeout_s)
@@ -250,9 +266,10 @@ class Classifier:
 class AsyncClassifier:
     """asyncio client (tritonclient's aio modules); same arguments and results as `Classifier`."""
 
-    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str = "http", model: str = "vit") -> None:
-        self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
+    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit") -> None:
         address, tls = server_address(url)
+        protocol = resolve_protocol(url, protocol)
+        self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
         self.client = self.module.InferenceServerClient(address, ssl=tls)
         self._limit: int | None = None  # the model's max_batch_size, read from the server once
 

@@ -81,10 +81,11 @@ async def settled_statistics(client: AsyncClassifier, before: dict[str, dict[str
         await asyncio.sleep(pause_s)
 
 
-async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "http", model: str = "vit",
+async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | None = None, model: str = "vit",
                    concurrency: int = 4, duration_s: float | None = 10.0, requests: int | None = None,
                    batch: int = 1, warmup: int = 2) -> LoadResult:
-    """Closed-loop load; stops after `requests` answers if given, else after `duration_s` seconds."""
+    """Closed-loop load; stops after `requests` answers if given, else after `duration_s` seconds. `protocol`: as
+    `AsyncClassifier` (None: from a grpc:// / http:// URL, else HTTP)."""
     if concurrency < 1 or batch < 1:
         raise ValueError(f"concurrency and batch must be >= 1, got concurrency={concurrency}, batch={batch}")
     if requests is not None and requests < 1:
@@ -145,7 +146,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str = "ht
     if deadline is not None:  # rate over the window; the tail drained after the deadline is not load we offered
         seconds, rated = float(duration_s), sum(1 for t in answered_at if t <= deadline)
     return LoadResult(
-        protocol=protocol, concurrency=concurrency, batch=batch, requests=done, errors=sum(errors.values()),
+        protocol=client.protocol, concurrency=concurrency, batch=batch, requests=done, errors=sum(errors.values()),
         seconds=seconds, throughput_rps=rated / seconds, images_per_s=rated * batch / seconds,
         latency_ms=percentiles(latencies), batching=batching_delta(before, after), error_messages=dict(errors),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hub_vit.server.client import Classifier, server_address
+from hub_vit.server.client import Classifier, resolve_protocol, server_address
 
 
 @pytest.mark.parametrize(("url", "address", "tls"), [
@@ -47,3 +47,40 @@ def test_cli_classify_refuses_a_bad_url(tmp_path):
     result = CliRunner().invoke(app, ["classify", "--url", "notaurl:xx", str(image)])
     assert result.exit_code != 0 and "must be host:port" in result.output
     assert not isinstance(result.exception, AttributeError)
+
+
+@pytest.mark.parametrize(("url", "protocol", "expected"), [
+    ("127.0.0.1:8001", None, "http"),  # a bare address: the protocol asked for, HTTP by default
+    ("127.0.0.1:8001", "grpc", "grpc"),
+    ("grpc://127.0.0.1:8001", None, "grpc"),  # pasted with its scheme: the scheme decides
+    ("grpc://127.0.0.1:8001", "grpc", "grpc"),
+    ("http://127.0.0.1:8000/", None, "http"),
+    ("https://triton.example.com:443", "grpc", "grpc"),  # TLS, either protocol
+    ("https://triton.example.com:443", None, "http"),
+])
+def test_the_url_scheme_chooses_the_protocol(url, protocol, expected):
+    assert resolve_protocol(url, protocol) == expected
+    assert Classifier(url, protocol=protocol).protocol == expected
+
+
+@pytest.mark.parametrize(("url", "protocol"), [("grpc://127.0.0.1:8001", "http"), ("http://127.0.0.1:8000", "grpc")])
+def test_a_scheme_naming_the_other_protocol_is_refused(url, protocol):
+    # was: spoken to in the other protocol, failing with "('Expected HTTP/, RTSP/ or ICE/', 8)"
+    scheme = url.split(":")[0]
+    with pytest.raises(ValueError, match=f"is a {scheme}:// address, but the protocol asked for is {protocol}"):
+        Classifier(url, protocol=protocol)
+
+
+def test_cli_refuses_an_http_url_with_grpc(tmp_path):
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    image = tmp_path / "x.png"
+    Image.new("RGB", (8, 8)).save(image)
+    _load_commands()
+    for command in ("classify", "loadtest"):
+        result = CliRunner().invoke(app, [command, "--url", "http://127.0.0.1:8000", "--grpc", str(image)])
+        assert result.exit_code == 2, result.output
+        assert "is an HTTP address, but --grpc is given" in " ".join(result.output.split())

@@ -200,3 +200,28 @@ def test_a_directory_is_named_as_one(server, tmp_path: Path):
         assert "does not exist" not in str(info.value)
         with pytest.raises(ValueError, match="does not exist"):
             client.classify(tmp_path / "missing.png")
+
+
+def test_a_grpc_url_speaks_grpc_without_being_told(server, digits, tmp_path):
+    # `hub-vit serve` prints the gRPC endpoint as host:port; users paste it as grpc://host:port, which was spoken to
+    # over HTTP and failed with "('Expected HTTP/, RTSP/ or ICE/', 8)" and a hint that the port was wrong
+    url = f"grpc://{server.grpc_url}"
+    with Classifier(server.grpc_url, protocol="grpc") as reference:
+        expected = reference.classify(digits[:3])
+    with Classifier(url) as client:
+        assert client.protocol == "grpc"
+        _same(client.classify(digits[:3]), expected)
+
+    async def run() -> list[Prediction]:
+        async with AsyncClassifier(url) as client:
+            return await client.classify(digits[:3])
+
+    _same(asyncio.run(run()), expected)
+    image = tmp_path / "digit.png"
+    image.write_bytes(digits[0])
+    result = _cli("--url", url, str(image))
+    assert result.exit_code == 0 and "(grpc)" in result.output, result.output
+    from hub_vit.cli import app
+
+    result = CliRunner().invoke(app, ["loadtest", "--url", url, "--requests", "4", str(image)])
+    assert result.exit_code == 0 and "grpc" in result.output, result.output

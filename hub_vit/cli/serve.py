@@ -295,8 +295,7 @@ def classify(
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
-    protocol = "grpc" if grpc else "http"
-    url = url or ("127.0.0.1:8001" if grpc else "127.0.0.1:8000")
+    url, protocol = _endpoint(url, grpc)
     try:
         with Classifier(url, protocol=protocol, model=model) as client:
             predictions, errors = _classify_files(client, list(images))
@@ -409,8 +408,7 @@ def loadtest(
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
     from hub_vit.server.loadtest import load_test
 
-    protocol = "grpc" if grpc else "http"
-    url = url or ("127.0.0.1:8001" if grpc else "127.0.0.1:8000")
+    url, protocol = _endpoint(url, grpc)
     payloads = list(images) if images else _sample_images()
     if json_out is not None and json_out.is_dir():  # checked first: the run's numbers must not be lost at the end
         raise fail(f"--json {str(json_out)!r} is a folder; give a file name, e.g. {str(json_out / 'loadtest.json')!r}")
@@ -445,6 +443,20 @@ def loadtest(
     if result.errors and not allow_errors:  # a CI job must see a broken run (--allow-errors for overload tests)
         raise fail(f"{result.errors} of {result.errors + result.requests} requests failed (reasons above; "
                    "--allow-errors exits 0 anyway)", code=1)
+
+
+def _endpoint(url: str | None, grpc: bool) -> tuple[str, str]:
+    """`--url` / `--grpc` -> (url, protocol): a `grpc://` URL speaks gRPC without `--grpc`; an `http://` one with
+    `--grpc` is refused (it names two protocols)."""
+    from hub_vit.server.client import resolve_protocol
+
+    if url is None:
+        return ("127.0.0.1:8001", "grpc") if grpc else ("127.0.0.1:8000", "http")
+    try:
+        return url, resolve_protocol(url, "grpc" if grpc else None)
+    except ValueError:  # the one contradiction left: http:// with --grpc
+        raise fail(f"--url {url!r} is an HTTP address, but --grpc is given; give the gRPC address (host:port, "
+                   f"default port 8001) or drop --grpc") from None
 
 
 def _request_failed(protocol: str, url: str, err: Exception) -> str:
