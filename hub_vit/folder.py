@@ -143,6 +143,14 @@ def processor_config(processor: Any) -> dict[str, Any]:
     return {k: v for k, v in processor.to_dict().items() if k not in ("image_processor_type", "auto_map")}
 
 
+def _first_difference(labels: list[str], id2label: list[str]) -> str:
+    """Where `labels.txt` and `id2label` first part: a class count or one class's name."""
+    if len(labels) != len(id2label):
+        return f"{len(labels)} lines against {len(id2label)} entries"
+    index = next(i for i, (a, b) in enumerate(zip(labels, id2label, strict=True)) if a != b)
+    return f"class {index} is {labels[index]!r} in {LABELS_FILE}, {id2label[index]!r} in id2label"
+
+
 def write_processor_config(folder: str | os.PathLike, pretrained_cfg: dict[str, Any]) -> None:
     """`preprocessor_config.json` for the `HubViTImageProcessor` of a timm data config (crop, resize, mean/std)."""
     from hub_vit.hf.image_processing_hub_vit import HubViTImageProcessor
@@ -313,8 +321,8 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     labels = read_labels(folder)
     id2label = [config.id2label[i] for i in range(spec.num_classes)] if spec.num_classes else []
     if labels and labels != id2label:
-        raise ValueError(f"{folder}: {LABELS_FILE} ({len(labels)} lines) disagrees with config.json id2label "
-                         f"({len(id2label)} entries)")
+        raise ValueError(f"{folder}: {LABELS_FILE} disagrees with config.json id2label: "
+                         f"{_first_difference(labels, id2label)}")
     timm_cfg = config.timm_config()
     files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*"))
              if p.is_file() and p.relative_to(folder).parts[0] not in _reserved_names()}

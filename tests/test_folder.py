@@ -265,8 +265,12 @@ def test_bad_folders_on_load(tmp_path, simple_folder) -> None:
     broken.mkdir()
     for p in folder.iterdir():
         (broken / p.name).write_bytes(p.read_bytes())
-    (broken / "labels.txt").write_text("x\ny\nz\n")
-    with pytest.raises(ValueError, match="disagrees with config.json id2label"):
+    (broken / "labels.txt").write_text("x\ny\n")
+    with pytest.raises(ValueError, match="disagrees with config.json id2label: 2 lines against 3 entries"):
+        load_model_folder(broken)
+    labels = (folder / "labels.txt").read_text().splitlines()
+    (broken / "labels.txt").write_text("\n".join([*labels[:2], "renamed", *labels[3:]]) + "\n")
+    with pytest.raises(ValueError, match=f"class 2 is 'renamed' in labels.txt, '{labels[2]}' in id2label"):
         load_model_folder(broken)
 
 

@@ -62,6 +62,13 @@ def test_config_fields_are_the_spec_fields(spec: ViTSpec) -> None:
     assert isinstance(restored, HubViTConfig) and restored.to_spec() == spec
 
 
+def test_from_spec_keywords_override_spec_fields(spec: ViTSpec) -> None:
+    # was: TypeError "got multiple values for keyword argument 'num_classes'"
+    config = HubViTConfig.from_spec(spec, num_classes=3, img_size=64)
+    assert config.to_spec() == spec.replace(num_classes=3, img_size=(64, 64))
+    assert config.num_labels == 3
+
+
 def test_default_config_is_the_paper_simplevit_s16() -> None:
     assert HubViTConfig().to_spec() == hub_vit.MODELS["simplevit_s16"].spec
 

@@ -140,11 +140,12 @@ class HubViTConfig(PreTrainedConfig):
 
     @classmethod
     def from_spec(cls, spec: ViTSpec, **kwargs: Any) -> HubViTConfig:
-        """`HubViTConfig.from_spec(spec, id2label=..., pretrained_cfg=...)`; id2label needs num_classes entries."""
+        """`HubViTConfig.from_spec(spec, id2label=..., pretrained_cfg=...)`; id2label needs num_classes entries.
+        A keyword that is a spec field (`num_classes=5`, `img_size=384`) overrides the spec's value."""
         fields = spec.to_dict()
         if "id2label" in kwargs or "num_labels" in kwargs:
             fields.pop("num_classes")
-        return cls(**fields, **kwargs)
+        return cls(**{**fields, **kwargs})
 
     # ------------------------------------------------------------------------------------------------------- timm
     def timm_config(self) -> dict[str, Any]:
