@@ -1,11 +1,15 @@
 """Where a checkpoint comes from: a local path, a URL (`gs://` or `https://`), a big_vision vanity name, or a
 hub-vit catalog name (`vit_b16.augreg_in21k_ft_in1k`). Downloads go over HTTPS into a cache, with a progress bar.
 
-Cache: `$HUB_VIT_CACHE` or `~/.cache/hub_vit`, under `downloads/<sha256 of the URL>/<file name>`, plus a
-`<file name>.sha256` sidecar holding the content hash (computed while downloading; checked against the catalog's
-hash when it has one). A download is written to `*.part` and renamed when complete, so the cache never holds a
-half file. With no network (or `HUB_VIT_OFFLINE=1`) a download fails at once and says which URL to fetch by hand
-and where to put it.
+Cache: `$HUB_VIT_CACHE` or `~/.cache/hub_vit`, under `downloads/<first 32 hex digits of the URL's sha256>/<file
+name>`, plus a `<file name>.sha256` sidecar holding the content hash (computed while downloading; checked against
+the catalog's hash when it has one). A download is written to `*.part` and renamed when complete, so the cache never
+holds a half file. With no network (or `HUB_VIT_OFFLINE=1`) a download fails at once and says which URL to fetch by
+hand and where to put it.
+
+The sidecar is the evidence that a cached file is what hub-vit fetched from its URL: a file placed in the cache by
+hand has none, so it converts the same but its model card cannot claim the published checkpoint's results (unless
+its sha256 equals one the catalog records).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -49,8 +54,11 @@ class Source:
     path: Path
     origin: str  # the local path as given, or the URL
     url: str | None  # HTTPS URL when downloaded or known
-    sha256: str
+    sha256: str  # of the file's content, computed when resolved
     catalog_name: str | None = None  # `vit_b16.augreg_in21k_ft_in1k` when the source is a catalog weight
+    # What hub-vit's downloader recorded (the `.sha256` sidecar) while fetching `url`; None for a local path or a
+    # file placed in the cache by hand. Equal to `sha256` only if the file is the one fetched from `url`.
+    downloaded_sha256: str | None = None
 
 
 def cache_dir() -> Path:
@@ -68,6 +76,17 @@ def sha256_file(path: str | Path) -> str:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _catalog_name_for_url(url: str) -> tuple[str, str | None] | None:
+    """The catalog name and sha256 of the published weights at `url` (https), if the catalog lists that URL."""
+    from hub_vit.catalog import MODELS
+
+    for entry in MODELS.values():
+        for weight in entry.weights:
+            if weight.url and weight.url == url:
+                return f"{entry.name}.{weight.tag}", weight.sha256
+    return None
 
 
 def _catalog_lookup(name: str) -> tuple[str, str | None] | None:
@@ -95,11 +114,22 @@ def cached_path(url: str) -> Path:
     return cache_dir() / "downloads" / key / (url.rstrip("/").rsplit("/", 1)[-1] or "checkpoint.npz")
 
 
+def hand_download_commands(url: str, dest: Path) -> tuple[str, str]:
+    """Shell commands (curl, wget) that fetch `url` to `dest` as pasted: the cache folder is created first, since a
+    failed download leaves none behind and neither tool creates missing folders for `-o` / `-O` by itself."""
+    folder, target, source = (shlex.quote(str(p)) for p in (dest.parent, dest, url))
+    return (f"mkdir -p {folder} && curl -L -o {target} {source}",
+            f"mkdir -p {folder} && wget -O {target} {source}")
+
+
 def _offline_message(url: str, dest: Path, reason: str) -> str:
-    return (f"cannot download {url} ({reason}). Download it by hand, e.g. `curl -L -o {dest} {url}` "
-            f"(or wget), and run again: the file is then taken from the cache at {dest}. "
+    curl, wget = hand_download_commands(url, dest)
+    return (f"cannot download {url} ({reason}). Download it by hand, e.g. `{curl}` (or `{wget}`), and run again: "
+            f"the file is then taken from the cache at {dest}. "
             "Alternatively pass the local .npz path to `hub-vit convert`, or to timm as "
-            "`timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))`.")
+            "`timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))`. "
+            "A file downloaded by hand converts the same, but hub-vit cannot tell it is the published file, so its "
+            "model card does not claim the published checkpoint's results (unless its sha256 equals the catalog's).")
 
 
 def download(url: str, *, expected_sha256: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
@@ -109,9 +139,11 @@ def download(url: str, *, expected_sha256: str | None = None, timeout: float = D
     dest = cached_path(url)
     sidecar = dest.with_name(dest.name + ".sha256")
     if dest.is_file():
-        if expected_sha256 and sidecar.is_file() and sidecar.read_text().strip() != expected_sha256:
-            raise DownloadError(f"cached {dest} has sha256 {sidecar.read_text().strip()}, the catalog says "
-                                f"{expected_sha256}; delete it and download again")
+        if expected_sha256:  # also for a file placed in the cache by hand (no sidecar): hash it
+            got = sidecar.read_text().strip() if sidecar.is_file() else sha256_file(dest)
+            if got != expected_sha256:
+                raise DownloadError(f"cached {dest} has sha256 {got}, the catalog says {expected_sha256}; delete "
+                                    "it and download again")
         return dest
     if os.environ.get("HUB_VIT_OFFLINE") or os.environ.get("HF_HUB_OFFLINE") == "1":
         raise DownloadError(_offline_message(url, dest, "offline mode: HUB_VIT_OFFLINE / HF_HUB_OFFLINE is set"))
@@ -186,10 +218,10 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
             raise ValueError(f"checkpoint source {text!r} is a directory; pass an .npz file")
         return Source(path=path, origin=text, url=None, sha256=sha256_file(path))
     catalog_name, expected = None, None
-    if text.startswith(("gs://", "http://", "https://")):
-        url = gs_to_https(text)
-    elif text in VANITY_NAMES:
-        url = gs_to_https(VANITY_NAMES[text])
+    if text.startswith(("gs://", "http://", "https://")) or text in VANITY_NAMES:
+        url = gs_to_https(VANITY_NAMES.get(text, text))
+        # a URL or vanity name of a published file names a catalog weight just as its catalog name does
+        catalog_name, expected = _catalog_name_for_url(url) or (None, None)
     elif (found := _catalog_lookup(text)) is not None:
         catalog_name, (url, expected) = text, found
     else:
@@ -203,9 +235,11 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
         )
     local = download(url, expected_sha256=expected, timeout=timeout, progress=progress)
     sidecar = local.with_name(local.name + ".sha256")
-    sha = sidecar.read_text().strip() if sidecar.is_file() else sha256_file(local)
-    return Source(path=local, origin=text, url=url, sha256=sha, catalog_name=catalog_name)
+    # The content is hashed even when a sidecar exists: a file swapped in after the download must not inherit it
+    recorded = sidecar.read_text().strip() if sidecar.is_file() else None
+    return Source(path=local, origin=text, url=url, sha256=sha256_file(local), catalog_name=catalog_name,
+                  downloaded_sha256=recorded)
 
 
 __all__ = ["DownloadError", "Source", "VANITY_NAMES", "cache_dir", "cached_path", "download", "gs_to_https",
-           "resolve_source", "sha256_file"]
+           "hand_download_commands", "resolve_source", "sha256_file"]

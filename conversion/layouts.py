@@ -175,6 +175,15 @@ class CanonicalView(Mapping[str, np.ndarray]):
         return len(self.refs)
 
 
+def _block_gap_message(found: set[int]) -> str:
+    """Name the missing encoder blocks: a per-block checkpoint numbers its blocks 0, 1, 2, ... with no gap."""
+    missing = [i for i in range(max(found)) if i not in found]
+    listed = ", ".join(f"encoderblock_{i}" for i in missing)
+    return (f"encoder block{'s' if len(missing) > 1 else ''} {listed} missing: the checkpoint has "
+            f"{', '.join(f'encoderblock_{i}' for i in sorted(found))} under Transformer/, and blocks must be "
+            "numbered 0, 1, 2, ... without gaps")
+
+
 def canonicalize(arrays: Mapping[str, np.ndarray]) -> CanonicalView:
     """Detect the layout of a flat npz key set and return the lazy canonical view (`view.layout` says what)."""
     shapes = shapes_of(arrays)
@@ -219,7 +228,7 @@ def canonicalize(arrays: Mapping[str, np.ndarray]) -> CanonicalView:
     else:
         depth = len(per_block)
         if per_block != set(range(depth)):
-            raise LayoutError(f"encoder blocks are not numbered 0..{depth - 1}: found {sorted(per_block)}")
+            raise LayoutError(_block_gap_message(per_block))
     if depth == 0:
         raise LayoutError("checkpoint has no encoder blocks ('Transformer/encoderblock_{i}/...' or scan-stacked "
                           "'Transformer/encoderblock/...')")

@@ -83,6 +83,20 @@ def pretrained_cfg_for(source: Source, spec: ViTSpec) -> dict[str, Any]:
     return cfg
 
 
+def source_record(src: Source) -> dict[str, Any]:
+    """conversion.json `source`. `downloaded_sha256` is what hub-vit's downloader recorded while fetching `url`
+    (None for a local path or a file placed in the cache by hand); `content_verified` names the published file the
+    content is shown to be and why, or is None. Model cards claim published results only with that evidence."""
+    from hub_vit.model_cards.facts import verified_catalog_weights
+
+    record: dict[str, Any] = {"origin": src.origin, "url": src.url, "path": str(src.path), "sha256": src.sha256,
+                              "bytes": src.path.stat().st_size, "catalog_name": src.catalog_name,
+                              "downloaded_sha256": src.downloaded_sha256}
+    verified = verified_catalog_weights(record)
+    record["content_verified"] = None if verified is None else {"catalog_name": verified[0], "evidence": verified[1]}
+    return record
+
+
 def fit_state_dict(model: VisionTransformer, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`adapt_state_dict` (prefix, posemb grid, head size) plus the model's fresh head when the conversion dropped
     the checkpoint's head (pre-logits removed), so that loading stays strict."""
@@ -144,8 +158,7 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
 
     architecture = match_architecture(spec)
     info = {
-        "source": {"origin": src.origin, "url": src.url, "path": str(src.path), "sha256": src.sha256,
-                   "bytes": src.path.stat().st_size, "catalog_name": src.catalog_name},
+        "source": source_record(src),
         "layout": {**conv.layout.to_dict(), "description": conv.layout.describe()},
         "checkpoint_spec": conv.source_spec.to_dict(),
         "spec": spec.to_dict(),
@@ -192,4 +205,5 @@ def _check_catalog_architecture(name: str, found: ViTSpec, path: Path) -> None:
                                         "delete the file and fetch it again") from None
 
 
-__all__ = ["FolderResult", "ParityError", "class_names", "convert_to_folder", "fit_state_dict", "pretrained_cfg_for"]
+__all__ = ["FolderResult", "ParityError", "class_names", "convert_to_folder", "fit_state_dict", "pretrained_cfg_for",
+           "source_record"]

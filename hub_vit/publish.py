@@ -12,6 +12,7 @@ folder is never modified.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -20,7 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from hub_vit.model_cards.facts import CARD, CONFIG, LABELS, PREPROCESSOR, WEIGHTS, ModelFolderError, read_folder
+from hub_vit.model_cards.facts import (
+    CARD,
+    CONFIG,
+    LABELS,
+    PREPROCESSOR,
+    WEIGHTS,
+    ModelFolderError,
+    read_folder,
+    read_json,
+    read_spec,
+)
 
 REQUIRED_FILES = (WEIGHTS, CONFIG, PREPROCESSOR, LABELS, CARD)
 TIMM_KEYS = ("architecture", "pretrained_cfg", "model_args")  # timm's hf-hub loader reads these from config.json
@@ -60,6 +71,16 @@ def check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
+def required_files(folder: Path) -> tuple[str, ...]:
+    """`REQUIRED_FILES`, without `labels.txt` for a headless model (`num_classes` 0 in config.json, e.g. a SigLIP
+    image tower): it has no classes to name, and `hub-vit convert` writes no labels file for it."""
+    if (folder / CONFIG).is_file():
+        with contextlib.suppress(ModelFolderError):  # an unreadable config.json is reported by read_folder
+            if read_spec(read_json(folder / CONFIG), folder / CONFIG).num_classes == 0:
+                return tuple(name for name in REQUIRED_FILES if name != LABELS)
+    return REQUIRED_FILES
+
+
 def validate_folder(folder: str | Path, repo_id: str | None = None) -> PushPlan:
     """Check `folder` is a complete hub-vit model folder with a parsable card; returns what would be uploaded."""
     from huggingface_hub import ModelCard
@@ -69,11 +90,12 @@ def validate_folder(folder: str | Path, repo_id: str | None = None) -> PushPlan:
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelFolderError(f"model folder {str(folder)!r} does not exist or is not a directory")
-    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    required = required_files(folder)
+    missing = [name for name in required if not (folder / name).is_file()]
     if missing:
         hint = f"; write the card with `hub-vit card {folder}`" if missing == [CARD] else ""
         raise ModelFolderError(f"refusing to push {folder}: missing {', '.join(missing)} (a hub-vit model folder "
-                               f"needs {', '.join(REQUIRED_FILES)}){hint}")
+                               f"needs {', '.join(required)}){hint}")
     facts = read_folder(folder)  # spec, labels and weights agree with each other
     absent = [k for k in TIMM_KEYS if k not in facts.config]
     if absent:

@@ -3,7 +3,8 @@ imported: `hub_vit.registration`).
 
 `timm.create_model("simplevit_s16")` builds the paper's S/16; `timm.create_model("vit_b16.augreg_in21k_ft_in1k_384",
 pretrained=True)` downloads and converts Google's npz; `pretrained_cfg_overlay=dict(file="model.safetensors")`
-loads a local file. The entry-point functions are generated from the catalog, so the table stays the only source.
+loads a local file, and `file="x.npz"` converts a local Google npz (no `custom_load=True` needed). The entry-point
+functions are generated from the catalog, so the table stays the only source.
 """
 
 from __future__ import annotations
@@ -66,10 +67,20 @@ def create_hub_vit(name: str, pretrained: bool = False, **kwargs: Any) -> Vision
     # A tag fixes the input size its weights were trained at (e.g. `.augreg_in21k_ft_in1k_384`): build at that size
     # unless the caller asks for another one, in which case learned position embeddings are resampled on load.
     cfg = resolve_pretrained_cfg(name, kwargs.pop("pretrained_cfg", None), kwargs.pop("pretrained_cfg_overlay", None))
+    cfg = _npz_through_converter(cfg)
     kwargs.setdefault("img_size", tuple(cfg.input_size[-2:]))
     if pretrained and cfg.url and not (cfg.file or cfg.state_dict) and cfg.source in ("", "timm", None):
         cfg = replace(cfg, file=str(_fetch(entry, cfg)))
     return _build(name, entry.spec, pretrained, cfg, **kwargs)
+
+
+def _npz_through_converter(cfg: Any) -> Any:
+    """A `file=` ending in `.npz` is a Google checkpoint: load it through `VisionTransformer.load_pretrained`
+    (hub-vit's npz conversion). timm resets `custom_load` whenever a `file` is given, and its own loader would hand
+    the npz to `torch.load`, which fails with a bare `hasRecord("version")` error."""
+    if cfg.file and str(cfg.file).lower().endswith(".npz") and not cfg.custom_load:
+        return replace(cfg, custom_load=True)
+    return cfg
 
 
 def _fetch(entry: ModelEntry, cfg: Any) -> Path:
@@ -116,8 +127,8 @@ def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
                          f"switches such as posemb='sincos2d', pool_type='gap') or every size field; missing: "
                          f"{', '.join(missing)}")
     spec = ViTSpec.from_variant(variant, **spec_fields) if variant else ViTSpec(**spec_fields)
-    cfg = resolve_pretrained_cfg(CUSTOM_ARCHITECTURE, kwargs.pop("pretrained_cfg", None),
-                                 kwargs.pop("pretrained_cfg_overlay", None))
+    cfg = _npz_through_converter(resolve_pretrained_cfg(CUSTOM_ARCHITECTURE, kwargs.pop("pretrained_cfg", None),
+                                                        kwargs.pop("pretrained_cfg_overlay", None)))
     kwargs.setdefault("img_size", spec.img_size)
     kwargs.setdefault("num_classes", spec.num_classes)
     return _build(CUSTOM_ARCHITECTURE, spec, pretrained, cfg, **kwargs)

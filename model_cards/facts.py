@@ -33,14 +33,21 @@ class ModelFolderError(ValueError):
 
 @dataclass(frozen=True)
 class CatalogMatch:
-    """The published checkpoint a folder was converted from (so its published results apply to it)."""
+    """A catalog checkpoint a folder corresponds to. Its published results apply to the folder only when
+    `evidence` says why the converted file is that published file; a match by name and layout alone (a file placed
+    by hand, renamed, or another model's weights under Google's file name) has `evidence` None."""
 
     entry: ModelEntry
     weights: Weights
+    evidence: str | None = None
 
     @property
     def name(self) -> str:
         return f"{self.entry.name}.{self.weights.tag}"
+
+    @property
+    def verified(self) -> bool:
+        return self.evidence is not None
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,8 @@ class FolderFacts:
     preprocessor: dict[str, Any] | None
     num_params: int  # of the model the spec builds, checked against the tensors in model.safetensors
     macs: int  # one forward pass at the spec's image size, `model_cards.macs.count_macs`
-    match: CatalogMatch | None  # a Google checkpoint from the catalog this folder was converted from
+    match: CatalogMatch | None  # the Google checkpoint this folder was converted from, its content verified
+    namesake: CatalogMatch | None  # a catalog checkpoint whose name and layout the source has, content not verified
     bundled: CatalogMatch | None  # the catalog entry whose bundled weights are this very folder (the default model)
     files: frozenset[str]
 
@@ -79,7 +87,7 @@ class FolderFacts:
         return bool(modules) and all(f"{m}.py" in self.files for m in modules)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -91,7 +99,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _optional_json(folder: Path, name: str) -> dict[str, Any] | None:
     path = folder / name
-    return _read_json(path) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 def _auto_map_modules(config: dict[str, Any]) -> list[str]:
@@ -167,12 +175,43 @@ def _same_architecture(a: ViTSpec, b: ViTSpec) -> bool:
     return a.replace(head_zeroinit=True) == b.replace(head_zeroinit=True)
 
 
-def match_catalog(spec: ViTSpec, sources: set[str], catalog_name: str | None = None) -> CatalogMatch | None:
+def content_evidence(source: dict[str, Any] | None, weights: Weights) -> str | None:
+    """Why the converted file (conversion.json `source`) is `weights`' published file, or None when nothing shows it.
+
+    Evidence is the content, never the name: the file's sha256 equals the catalog's (when the catalog records one),
+    or hub-vit's own downloader fetched it from the catalog URL and recorded that same sha256 while downloading
+    (`downloaded_sha256`, from the cache's `.sha256` sidecar). A file placed in the cache by hand has no sidecar.
+    """
+    source = source or {}
+    sha = source.get("sha256")
+    if not sha:
+        return None
+    if weights.sha256:  # the catalog's hash decides alone: a download that does not match it is not the file
+        return "its sha256 equals the one `hub_vit.catalog` records" if sha == weights.sha256 else None
+    if weights.url and source.get("url") == weights.url and source.get("downloaded_sha256") == sha:
+        return f"downloaded by hub-vit from `{weights.url}`, which recorded this sha256 while downloading"
+    return None
+
+
+def verified_catalog_weights(source: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(catalog name, evidence) of the published file `source` is shown to be, if any: what `hub-vit convert`
+    records as conversion.json `source.content_verified`."""
+    for entry in MODELS.values():
+        for w in entry.weights:
+            evidence = content_evidence(source, w) if w.gs_url else None
+            if evidence is not None:
+                return f"{entry.name}.{w.tag}", evidence
+    return None
+
+
+def match_catalog(spec: ViTSpec, sources: set[str], catalog_name: str | None = None,
+                  source: dict[str, Any] | None = None) -> CatalogMatch | None:
     """The catalog checkpoint the folder was converted from, if any, and only if the folder still has its exact
     architecture, class count and image size (otherwise the published results do not describe this model).
 
-    Recognised by the converter's `catalog_name`, by URL, or by file name; a file name alone matches only together
-    with the identical spec, so a local copy of a published file is recognised and a namesake is not.
+    Recognised by the converter's `catalog_name`, by URL, or by file name, together with the identical spec; the
+    match carries `evidence` only if `source` (conversion.json `source`) shows the content is the published file
+    (`content_evidence`). A namesake with the right layout matches without evidence, and gets no published claims.
     """
     names = {s.rstrip("/").rsplit("/", 1)[-1] for s in sources}
     for entry in MODELS.values():
@@ -184,18 +223,26 @@ def match_catalog(spec: ViTSpec, sources: set[str], catalog_name: str | None = N
                 continue
             expected = entry.spec.replace(img_size=(w.img_size, w.img_size), num_classes=w.num_classes)
             if _same_architecture(expected, spec):
-                return CatalogMatch(entry, w)
+                return CatalogMatch(entry, w, content_evidence(source, w))
     return None
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Byte-identical files (sizes first, so a file of another size is never hashed)."""
+    from hub_vit.conversion.download import sha256_file
+
+    return a.is_file() and b.is_file() and a.stat().st_size == b.stat().st_size and sha256_file(a) == sha256_file(b)
+
+
 def match_bundled(folder: Path) -> CatalogMatch | None:
-    """The catalog entry that ships this folder's weights inside the package (`Weights.file`), if any."""
+    """The catalog entry that ships this folder's weights inside the package (`Weights.file`), if any: the shipped
+    folder itself, or a copy of it anywhere (its model.safetensors byte-identical to the shipped one)."""
     here = folder.resolve()
     for entry in MODELS.values():
         for w in entry.weights:
             file = getattr(w, "file", "")
-            if file and Path(file).resolve().parent == here:
-                return CatalogMatch(entry, w)
+            if file and (Path(file).resolve().parent == here or _same_file(here / WEIGHTS, Path(file))):
+                return CatalogMatch(entry, w, "the weights hub-vit ships in the package")
     return None
 
 
@@ -207,7 +254,7 @@ def read_folder(folder: str | Path) -> FolderFacts:
     config_path = folder / CONFIG
     if not config_path.is_file():
         raise ModelFolderError(f"{folder} has no {CONFIG}; a hub-vit model folder needs {CONFIG} and {WEIGHTS}")
-    config = _read_json(config_path)
+    config = read_json(config_path)
     spec = read_spec(config, config_path)
     weights_path = folder / WEIGHTS
     if not weights_path.is_file():
@@ -222,6 +269,10 @@ def read_folder(folder: str | Path) -> FolderFacts:
     pretrained_cfg = dict(config.get("pretrained_cfg") or {})
     conversion = _optional_json(folder, CONVERSION)
     training = _optional_json(folder, TRAINING)
+    source = (conversion or {}).get("source")
+    source = source if isinstance(source, dict) else None
+    found = match_catalog(spec, _source_strings(conversion, pretrained_cfg), (source or {}).get("catalog_name"),
+                          source)
     return FolderFacts(
         path=folder,
         config=config,
@@ -234,8 +285,8 @@ def read_folder(folder: str | Path) -> FolderFacts:
         preprocessor=_optional_json(folder, PREPROCESSOR),
         num_params=num_params,
         macs=count_macs(spec),
-        match=match_catalog(spec, _source_strings(conversion, pretrained_cfg),
-                            ((conversion or {}).get("source") or {}).get("catalog_name")),
+        match=found if found is not None and found.verified else None,
+        namesake=found if found is not None and not found.verified else None,
         bundled=match_bundled(folder),
         files=frozenset(p.name for p in folder.iterdir()),
     )

@@ -61,23 +61,33 @@ def summary(facts: FolderFacts, family: str) -> str:
     spec = facts.spec
     size = (f"{family}-{spec.variant}" if spec.variant
             else f"{family} (custom size: width {spec.width}, depth {spec.depth})")
-    what = f"A {size} image classifier in the hub-vit model-folder format"
+    role = "image feature extractor (no classification head)" if spec.num_classes == 0 else "image classifier"
+    what = f"A {size} {role} in the hub-vit model-folder format"
     if facts.match is not None:
         w = facts.match.weights
         origin = f"Google's published checkpoint `{w.gs_url}` ({w.dataset}), converted to PyTorch by `hub-vit convert`"
+    elif facts.namesake is not None:
+        origin = (f"converted by `hub-vit convert` from `{source_label(_dict(facts.conversion, 'source'))}`, which has "
+                  f"the name and layout of Google's published checkpoint `{facts.namesake.weights.gs_url}` but whose "
+                  "content was not verified to be that file, so the published results are not claimed for it")
     elif facts.kind == "converted":
         origin = f"converted by `hub-vit convert` from `{source_label(_dict(facts.conversion, 'source'))}`"
     elif facts.kind == "trained":
         origin = f"trained by `hub-vit train` on {dataset_name(facts) or 'the dataset in training.json'}"
     else:
         origin = "with no provenance file (conversion.json / training.json)"
+    # `hub-vit serve` (Triton) answers with top-k labels, so it serves classifiers only
+    exports = "ONNX and Triton" if spec.num_classes else "ONNX"
     return (f"{what}: {origin}. One folder serves timm (`config.json` with `architecture` and `pretrained_cfg`) and "
-            "transformers (`trust_remote_code=True`, or `import hub_vit`), and exports to ONNX and Triton.")
+            f"transformers (`trust_remote_code=True`, or `import hub_vit`), and exports to {exports}.")
 
 
 def architecture_note(spec: ViTSpec, family: str) -> str:
     pos = "fixed 2-D sin-cos" if spec.posemb == "sincos2d" else "learned"
-    head = f"a tanh pre-logits layer of width {spec.rep_size} and a linear head" if spec.rep_size else "a linear head"
+    head = "a linear head" if spec.num_classes else "no head (the pooled features are the model's output)"
+    if spec.rep_size:
+        output = "a linear head" if spec.num_classes else "no head (the pre-logits output is the model's output)"
+        head = f"a tanh pre-logits layer of width {spec.rep_size} and {output}"
     blocks = f"{spec.depth} pre-norm transformer block{'s' if spec.depth > 1 else ''}"
     return (f"{family}: patch embedding, {pos} position embedding, {blocks}, {POOLS[spec.pool_type]}, {head}. "
             "The row of hub-vit's variant table (`ViTSpec`) this model is built from:")
@@ -103,9 +113,10 @@ def parity(facts: FolderFacts) -> dict[str, Any] | None:
     record = _dict(facts.conversion, "parity")
     if not record:
         return None
+    mode = str(record.get("mode", "-"))
     reference = record.get("reference")
-    against = f"`{local_name(reference)}`" if reference else "-"
-    rows: Rows = [("compared against", f"{record.get('mode', '-')}: {against}")]
+    against = f"`{local_name(reference)}`" if reference else PARITY_TARGETS.get(mode, "-")
+    rows: Rows = [("compared against", f"{mode}: {against}")]
     for name, diff in (record.get("max_abs_diff") or {}).items():
         rows.append((f"max abs diff `{name}`", fmt_number(diff)))
     if record.get("top1_agreement") is not None:
@@ -115,10 +126,27 @@ def parity(facts: FolderFacts) -> dict[str, Any] | None:
     for key in ("tolerance", "layer_norm_eps", "gelu", "passed"):
         if record.get(key) is not None:
             rows.append((key.replace("_", " "), fmt_value(record[key])))
-    return {"note": f"Measured by `hub-vit convert` when this folder was written (`{CONVERSION}` `parity`): the "
-                    "PyTorch model's outputs against the reference outputs of Google's own JAX code on the same "
-                    "inputs.",
-            "rows": rows}
+    return {"note": parity_note(mode, record), "rows": rows}
+
+
+PARITY_TARGETS = {"self-consistency": "the model's fused (SDPA) vs explicit-softmax attention paths"}
+
+
+def parity_note(mode: str, record: dict[str, Any]) -> str:
+    """What the parity numbers show, worded by mode: only a reference run compares against Google's outputs."""
+    measured = f"Measured by `hub-vit convert` when this folder was written (`{CONVERSION}` `parity`)"
+    skipped = (" Outputs listed as not compared were skipped because an option changed what they compute."
+               if record.get("skipped") else "")
+    if mode == "reference":
+        return (f"{measured}: the PyTorch model's outputs against the reference outputs of Google's own JAX code on "
+                f"the same inputs.{skipped}")
+    if mode == "self-consistency":
+        return (f"{measured}: a self-consistency check only, since no reference outputs of Google's code were "
+                "available. Fixed random inputs ran through the model's fused (SDPA) and explicit-softmax attention "
+                "paths, which must agree; this shows the converted weights compute consistently, not that they "
+                f"reproduce Google's outputs.{skipped}")
+    return (f"Not measured: `hub-vit convert` had no reference outputs and was run without `--verify` "
+            f"(`{CONVERSION}` `parity`).")
 
 
 def _conversion_rows(facts: FolderFacts) -> Rows:
@@ -222,7 +250,13 @@ def measured_accuracy(facts: FolderFacts) -> Measured | None:
 def rows(facts: FolderFacts, version: str) -> Rows:
     out: Rows = []
     if facts.match is not None:
-        out.append(("published checkpoint", f"`{facts.match.name}` in `hub_vit.catalog`"))
+        out.append(("published checkpoint", f"`{facts.match.name}` in `hub_vit.catalog`; content verified: "
+                                            f"{facts.match.evidence}"))
+    elif facts.namesake is not None:
+        out.append(("published checkpoint", f"not verified: the source has the name and layout of "
+                                            f"`{facts.namesake.name}` in `hub_vit.catalog`, but it was not downloaded "
+                                            "by hub-vit from the catalog's URL and its sha256 matches no hash the "
+                                            "catalog records, so the published results are not claimed"))
     if facts.kind == "converted":
         out += _conversion_rows(facts)
     elif facts.kind == "trained":

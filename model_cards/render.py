@@ -19,6 +19,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hub_vit.atomic import atomic_path
 from hub_vit.catalog import BIG_VISION_LICENSE, PAPER_AUGREG, VIT_JAX_LICENSE
+from hub_vit.variants import ViTSpec
 
 from . import provenance, sections
 from .citations import TITLES, arxiv_url, bibtex_for, papers_for
@@ -79,16 +80,27 @@ def eval_results(facts: FolderFacts) -> list[EvalResult]:
     return [measured.eval_result()] if measured is not None else []
 
 
+def task_of(facts: FolderFacts) -> str:
+    """The Hub's pipeline tag: a model without a head (num_classes 0, e.g. a SigLIP image tower) outputs features."""
+    return "image-feature-extraction" if facts.spec.num_classes == 0 else "image-classification"
+
+
+def task_text(spec: ViTSpec) -> str:
+    if spec.num_classes == 0:
+        return f"image feature extraction: {sections.fmt_number(spec.num_features)}-dim pooled features, no head"
+    return f"image classification, {sections.fmt_number(spec.num_classes)} classes"
+
+
 def build_card_data(facts: FolderFacts) -> ModelCardData:
     family = facts.family
-    tags = ["image-classification", "vision-transformer", "timm", "transformers", "hub-vit", family]
+    tags = [task_of(facts), "vision-transformer", "timm", "transformers", "hub-vit", family]
     if facts.has_remote_code:
         tags.append("custom_code")
     datasets = provenance.datasets(facts)
     results = eval_results(facts)
     return ModelCardData(
         library_name="timm",  # config.json carries `architecture` + `pretrained_cfg`: timm's hf-hub layout
-        pipeline_tag="image-classification",
+        pipeline_tag=task_of(facts),
         tags=tags,
         license=license_of(facts)[0],
         datasets=datasets or None,
@@ -113,11 +125,14 @@ def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, An
         summary=provenance.summary(facts, family),
         overview=[("architecture", f"`{facts.architecture}` ({family}-{variant})" if spec.variant
                    else f"`{facts.architecture}` ({family}, {variant})"),
-                  ("task", f"image classification, {sections.fmt_number(spec.num_classes)} classes"),
+                  ("task", task_text(spec)),
                   ("parameters", sections.fmt_number(facts.num_params)),
                   ("GMACs", sections.fmt_gmacs(facts.macs)),
                   ("input", f"{spec.img_size[0]} x {spec.img_size[1]} RGB")],
         spec=spec,
+        headless=spec.num_classes == 0,
+        num_features=spec.num_features,
+        num_tokens=spec.num_patches + spec.num_prefix_tokens,
         architecture_note=provenance.architecture_note(spec, family),
         architecture=sections.architecture_rows(spec),
         compute=sections.compute_rows(facts),

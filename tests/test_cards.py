@@ -282,8 +282,9 @@ def test_published_checkpoint_card_carries_paper_results(tmp_path: Path) -> None
     entry = MODELS["simplevit_s16"]
     weights = entry.weight("i1k_300ep")
     model = VisionTransformer(entry.spec)  # the architecture of the published file; weights are not needed here
+    # The evidence hub-vit's downloader leaves: it fetched the catalog URL and recorded this sha256 while downloading
     source = {"origin": "simplevit_s16.i1k_300ep", "url": weights.url, "sha256": "0" * 64,
-              "catalog_name": "simplevit_s16.i1k_300ep"}
+              "catalog_name": "simplevit_s16.i1k_300ep", "downloaded_sha256": "0" * 64}
     folder = save_model_folder(model, tmp_path / "s16", labels=[f"c{i}" for i in range(1000)],
                                pretrained_cfg=weights.pretrained_cfg(),
                                extra_files={"conversion.json": {"source": source, "layout": {"family": "big_vision"}}})
@@ -303,11 +304,95 @@ def test_published_checkpoint_card_carries_paper_results(tmp_path: Path) -> None
 
     text = str(card)
     assert "76.5" in text and "78.5" in text  # the 90 / 150 epoch rows of the paper's table
+    assert "content verified: downloaded by hub-vit from" in table(text, "Provenance")["published checkpoint"]
     compute = table(text, "Compute")
     assert compute["GMACs"] == f"{gmacs(entry.spec):.2f}"
     catalog_numbers = [v for w in entry.weights for v in w.results.values()]
     catalog_numbers += json_numbers([weights.paper, weights.gs_url] + [w.tag for w in entry.weights])
     assert_every_number_accounted(text, folder, extra=catalog_numbers)
+
+
+def test_same_name_and_layout_without_download_evidence_claims_nothing(tmp_path: Path) -> None:
+    """The folder above, minus the downloader's record: a file with Google's name and layout is not Google's file."""
+    from hub_vit.folder import save_model_folder
+
+    entry = MODELS["simplevit_s16"]
+    weights = entry.weight("i1k_300ep")
+    source = {"origin": "simplevit_s16.i1k_300ep", "url": weights.url, "sha256": "0" * 64,
+              "catalog_name": "simplevit_s16.i1k_300ep", "downloaded_sha256": None}  # placed in the cache by hand
+    folder = save_model_folder(VisionTransformer(entry.spec), tmp_path / "s16", labels=[f"c{i}" for i in range(1000)],
+                               pretrained_cfg=weights.pretrained_cfg(),
+                               extra_files={"conversion.json": {"source": source, "layout": {"family": "big_vision"}}})
+    card = ModelCard.load(write_model_card(folder))
+    data = assert_card_metadata(card)
+    assert "model-index" not in data and "datasets" not in data
+    text = str(card)
+    assert "## Published results" not in text and "80.0" not in text and "85.4" not in text
+    assert "Google's published checkpoint `gs://big_vision/vit_s16_i1k_300ep.npz` (imagenet-1k)" not in text
+    assert "but whose content was not verified" in text
+    assert table(text, "Provenance")["published checkpoint"].startswith("not verified:")
+
+
+# ---------------------------------------------------------------------------------------------------- headless
+def test_headless_folder_validates_and_its_card_snippets_run(tmp_path: Path) -> None:
+    """`--num-classes 0` (as for SigLIP image towers): no labels.txt, feature-extraction card, snippets that run."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+    from skimage import data
+
+    from hub_vit.conversion.writer import convert_to_folder
+    from hub_vit.publish import validate_folder
+
+    folder = convert_to_folder(FIXTURES["vit_jax"], tmp_path / "tower", num_classes=0, progress=False).path
+    assert not (folder / "labels.txt").exists()
+    plan = validate_folder(folder)  # used to refuse: "missing labels.txt"
+    assert "README.md" in plan.files
+    text = (folder / "README.md").read_text()
+    card = ModelCard(text).data.to_dict()
+    assert card["pipeline_tag"] == "image-feature-extraction" and "image-classification" not in card["tags"]
+    assert "image classification" not in text and "image-classification" not in text
+    assert "AutoModelForImageClassification" not in text and "(1, 0)" not in text and "hub-vit serve" not in text
+    # tiny_token_rep (vit_jax/fixtures.json): representation_size 32, so 32-dim features; 1 + 16 tokens of width 64
+    assert "(1, 32)" in text and "(1, 17, 64)" in text
+
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    timm_code = next(b for b in blocks if "timm.create_model" in b)
+    hf_code = next(b for b in blocks if "AutoModel." in b)
+    check = ("\nimport torch\n"
+             "assert tuple(features.shape) == (1, 32) and tuple(tokens.shape) == (1, 17, 64)\n"
+             "assert tuple(outputs.pooler_output.shape) == (1, 32)\n"
+             "torch.testing.assert_close(outputs.pooler_output, features, atol=1e-5, rtol=0)\n"
+             "print('SNIPPETS OK')\n")
+    script = "\n".join([timm_code, hf_code]).replace(f"path/to/{folder.name}", str(folder)) + check
+    Image.fromarray(data.chelsea()).save(tmp_path / "image.jpg")
+    (tmp_path / "snippets.py").write_text(script)
+    proc = subprocess.run([sys.executable, "snippets.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SNIPPETS OK" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------------- parity
+def test_parity_text_is_worded_by_mode(converted: dict[str, Path], tmp_path: Path) -> None:
+    from hub_vit.conversion.writer import convert_to_folder
+
+    google = "against the reference outputs of Google's own JAX code"
+    reference = table_note((converted["vit_jax"] / "README.md").read_text(), "Conversion parity")
+    assert google in reference
+    lonely = tmp_path / "lonely.npz"
+    shutil.copy(FIXTURES["vit_jax"], lonely)  # no .io.npz beside it: self-consistency
+    folder = convert_to_folder(lonely, tmp_path / "self", verify=True, progress=False).path
+    text = (folder / "README.md").read_text()
+    note = table_note(text, "Conversion parity")
+    assert google not in note and "self-consistency check only" in note and "not that they reproduce" in note
+    assert table(text, "Conversion parity")["compared against"].startswith("self-consistency: the model's fused")
+
+
+def table_note(card_text: str, section: str) -> str:
+    """The prose between `## section` and its table."""
+    part = re.split(rf"^#+ {re.escape(section)}\s*$", card_text, flags=re.M)[1]
+    return part.split("\n|", 1)[0].strip()
 
 
 # ---------------------------------------------------------------------------------------------------- trained
@@ -381,6 +466,19 @@ def test_default_model_card_is_committed_current_and_true() -> None:
     data = ModelCard.load(path).data
     assert data.datasets == ["sklearn-digits"] and data.model_name == catalog.DEFAULT_MODEL
     assert f'timm.create_model("{catalog.DEFAULT_MODEL}", pretrained=True)' in committed
+
+
+def test_copy_of_the_default_model_gets_the_same_metadata(tmp_path: Path) -> None:
+    """A byte-identical copy (e.g. made to push it) is the shipped model: the same datasets and model-index."""
+    from hub_vit import catalog
+
+    shipped = catalog.default_model_folder()
+    copy = shutil.copytree(shipped, tmp_path / "digits_copy")
+    data = render_model_card(copy).data.to_dict()
+    committed = ModelCard.load(shipped / "README.md").data.to_dict()
+    assert data["datasets"] == ["sklearn-digits"]
+    assert data["model-index"] == committed["model-index"]
+    assert data["model-index"][0]["results"][0]["dataset"]["type"] == "sklearn-digits"
 
 
 # ---------------------------------------------------------------------------------------------------- failures

@@ -54,13 +54,48 @@ def test_self_consistency_without_reference(tmp_path: Path) -> None:
     src = tmp_path / "lonely.npz"
     shutil.copy(JAX / "vit_jax" / "tiny_token_rep.linen.npz", src)  # no .io.npz beside it
     output = run(str(src), "-o", str(tmp_path / "out"), "--verify")
-    assert "parity (self-consistency)" in output and "fused_vs_explicit_attention_rel" in output
+    assert "parity (self-consistency)" in output and "pooled_fused_vs_explicit_rel" in output
+    assert "logits_fused_vs_explicit_rel" in output and "top-1 agreement 100%" in output
     info = json.loads((tmp_path / "out" / "conversion.json").read_text())
     assert info["parity"]["mode"] == "self-consistency" and info["parity"]["passed"]
     # an explicit reference still works from anywhere
     ref = JAX / "vit_jax" / "tiny_token_rep.io.npz"
     output = run(str(src), "-o", str(tmp_path / "out2"), "--reference", str(ref))
     assert "parity (reference" in output and "PASSED" in output
+
+
+def test_self_consistency_with_a_fresh_zero_head_compares_pooled_features(tmp_path: Path) -> None:
+    # Comparing the logits of an all-zero head was 0 vs 0: "100% agreement" whatever the backbone computed
+    src = tmp_path / "lonely.npz"
+    shutil.copy(JAX / "vit_jax" / "tiny_token.published.npz", src)  # no .io.npz beside it
+    output = run(str(src), "-o", str(tmp_path / "out"), "--num-classes", "5", "--img-size", "96", "--verify")
+    parity = json.loads((tmp_path / "out" / "conversion.json").read_text())["parity"]
+    assert list(parity["max_abs_diff"]) == ["pooled_fused_vs_explicit_rel"] and parity["top1_agreement"] is None
+    assert "all zeros" in parity["skipped"]["logits"] and "top-1 agreement" not in output
+    assert "PASSED for the compared outputs only (pooled_fused_vs_explicit_rel); not compared: logits" in output
+
+
+def test_zero_head_self_consistency_fails_when_the_fused_attention_is_wrong(monkeypatch) -> None:
+    from hub_vit import layers
+    from hub_vit.conversion.verify import self_consistency
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    model = VisionTransformer(ViTSpec(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=16, img_size=(32, 32),
+                                      num_classes=10, head_zeroinit=True))
+    assert not model.head.weight.any()
+    assert self_consistency(model).passed
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(layers.F, "scaled_dot_product_attention", lambda q, k, v, **kw: 2 * sdpa(q, k, v, **kw))
+    report = self_consistency(model)  # only the fused path is broken; the logits are 0 on both paths
+    assert not report.passed and report.max_abs_diff["pooled_fused_vs_explicit_rel"] > 1e-2
+
+
+def test_reference_with_img_size_says_which_outputs_were_skipped(tmp_path: Path) -> None:
+    output = run(str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(tmp_path / "out"), "--img-size", "96",
+                 "--verify")
+    assert "PASSED for the compared outputs only (patch_embeddings); not compared: logits" in output
+    assert "position embedding resampled" in output
 
 
 def test_new_class_count_reinitialises_head(tmp_path: Path) -> None:

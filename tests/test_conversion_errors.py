@@ -20,7 +20,13 @@ from typer.testing import CliRunner
 import hub_vit  # noqa: F401
 from hub_vit.cli import _load_commands
 from hub_vit.cli.app import app
-from hub_vit.conversion import ArchitectureMismatchError, CheckpointFormatError, convert_npz_file, read_npz
+from hub_vit.conversion import (
+    ArchitectureMismatchError,
+    CheckpointFormatError,
+    LayoutError,
+    convert_npz_file,
+    read_npz,
+)
 from hub_vit.conversion.download import DownloadError, resolve_source, sha256_file
 from hub_vit.weights import CheckpointMismatchError
 
@@ -72,6 +78,15 @@ def wrong_shape(tmp_path: Path) -> Path:
     return rewrite(tmp_path, GOOD, edit)
 
 
+def missing_block(tmp_path: Path) -> Path:
+    # The message read "encoder blocks are not numbered 0..0: found [1]"
+    def edit(a: dict) -> None:
+        for key in [k for k in a if k.startswith("Transformer/encoderblock_0/")]:
+            a.pop(key)
+
+    return rewrite(tmp_path, GOOD, edit)
+
+
 BAD_FILES = {
     "text_renamed_npz": (text_file, CheckpointFormatError, ["not an npz checkpoint", "not a zip archive"]),
     "truncated_npz": (truncated, CheckpointFormatError, ["truncated"]),
@@ -79,6 +94,9 @@ BAD_FILES = {
     "missing_key": (missing_key, CheckpointMismatchError,
                     ["missing keys (1)", "Linen names", "Transformer/encoderblock_1/MlpBlock_0/Dense_0/bias"]),
     "wrong_shape": (wrong_shape, CheckpointMismatchError, ["shape mismatches (1)", "head/bias: (11,), expected (10,)"]),
+    "missing_block": (missing_block, LayoutError,
+                      ["encoder block encoderblock_0 missing", "the checkpoint has encoderblock_1",
+                       "numbered 0, 1, 2, ... without gaps"]),
 }
 
 

@@ -148,6 +148,23 @@ def test_incomplete_folder_is_refused(folder: Path, tmp_path: Path, missing: str
     assert hub_calls == [] and no_network_check == []
 
 
+def test_headless_folder_needs_no_labels(tmp_path: Path, hub_calls: list[str]) -> None:
+    """num_classes 0 (a SigLIP image tower, `--num-classes 0`): there are no classes to name, and hub-vit's own
+    writers leave labels.txt out, so its absence must not block a push. A classifier without one is still refused
+    (test above)."""
+    from hub_vit.folder import save_model_folder
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    spec = ViTSpec.from_variant("mu/16", img_size=32, num_classes=0, posemb="sincos2d", pool_type="gap")
+    path = save_model_folder(VisionTransformer(spec), tmp_path / "tower", labels=None)
+    write_model_card(path)
+    assert not (path / "labels.txt").exists()
+    plan = publish.validate_folder(path)
+    assert "labels.txt" not in plan.files and {"model.safetensors", "config.json", "README.md"} <= set(plan.files)
+    assert hub_calls == []
+
+
 def test_cli_refuses_folder_without_weights(folder: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -1,0 +1,99 @@
+"""A card claims Google's published checkpoint, and its published ImageNet results, only with evidence that the
+converted file IS that checkpoint, never for a file that merely has its name and tensor layout.
+
+The checkpoint here is random weights with exactly the keys and shapes of big_vision's SimpleViT-S/16
+(`tests/fixtures/jax/manifests/big_vision/vit_s16_i1k_224.json`, from `jax.eval_shape` of big_vision's own model),
+saved under Google's file name `vit_s16_i1k_300ep.npz`. Golden values: "Better plain ViT baselines for ImageNet-1k"
+(arXiv:2205.01580) Table 2, 300 epochs: ImageNet 80.0, ReaL 85.4, v2 68.3.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from huggingface_hub import ModelCard
+
+from hub_vit import catalog
+from hub_vit.conversion import download
+from hub_vit.conversion.writer import convert_to_folder
+
+MANIFEST = Path(__file__).resolve().parent / "fixtures" / "jax" / "manifests" / "big_vision" / "vit_s16_i1k_224.json"
+FILE_NAME = "vit_s16_i1k_300ep.npz"  # gs://big_vision/vit_s16_i1k_300ep.npz, big_vision's README
+PAPER_300EP = {"ImageNet-1k": 80.0, "ImageNet-ReaL": 85.4, "ImageNet-v2": 68.3}
+
+
+@pytest.fixture(scope="module")
+def namesake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random weights in the published file's exact layout, under the published file's name."""
+    manifest = json.loads(MANIFEST.read_text())
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for key, info in manifest["params"].items():
+        value = rng.standard_normal(info["shape"], dtype=np.float32) * 0.02
+        arrays[f"params/{key}"] = value + 1 if key.endswith("scale") else value  # LayerNorm scales near 1
+    path = tmp_path_factory.mktemp("namesake") / "big_vision" / FILE_NAME
+    path.parent.mkdir()
+    np.savez(path, **arrays)
+    return path
+
+
+def published_claims(folder: Path) -> dict[str, object]:
+    text = (folder / "README.md").read_text()
+    meta = ModelCard(text).data.to_dict()
+    results = {r["dataset"]["name"]: r["metrics"][0]["value"] for r in (meta.get("model-index") or [{}])[0].get(
+        "results", [])}
+    return {"results": results, "datasets": meta.get("datasets"), "table": "## Published results" in text,
+            "google": "Google's published checkpoint `gs://big_vision/vit_s16_i1k_300ep.npz` (imagenet-1k)" in text,
+            "not verified": "whose content was not verified" in text}
+
+
+def test_random_weights_under_the_published_name_claim_nothing(namesake: Path, tmp_path: Path) -> None:
+    folder = convert_to_folder(namesake, tmp_path / "local", progress=False).path
+    assert published_claims(folder) == {"results": {}, "datasets": None, "table": False, "google": False,
+                                        "not verified": True}
+    assert json.loads((folder / "conversion.json").read_text())["source"]["content_verified"] is None
+
+
+def test_file_placed_in_the_cache_by_hand_claims_nothing(namesake: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The offline route: the message names the cache path, the user puts a file there, and converts by name
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    dest = download.cached_path(catalog.MODELS["simplevit_s16"].weight("i1k_300ep").url)
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(namesake.read_bytes())
+    folder = convert_to_folder("simplevit_s16.i1k_300ep", tmp_path / "by_hand", progress=False).path
+    assert published_claims(folder) == {"results": {}, "datasets": None, "table": False, "google": False,
+                                        "not verified": True}
+
+
+def test_file_downloaded_by_hub_vit_from_the_catalog_url_keeps_the_claims(namesake: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local HTTP server stands in for storage.googleapis.com: hub-vit's downloader fetches the catalog URL and
+    records the content's sha256, which is the evidence the card needs."""
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(namesake.parent.parent))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(catalog, "GCS", base)
+    monkeypatch.setattr(download, "GCS_HTTPS", base)
+    try:
+        folder = convert_to_folder("i1k-s16-300ep", tmp_path / "downloaded", progress=False).path  # vanity name
+    finally:
+        server.shutdown()
+        server.server_close()
+    claims = published_claims(folder)
+    assert claims == {"results": PAPER_300EP, "datasets": ["imagenet-1k"], "table": True, "google": True,
+                      "not verified": False}
+    source = json.loads((folder / "conversion.json").read_text())["source"]
+    assert source["catalog_name"] == "simplevit_s16.i1k_300ep"  # a vanity name records its catalog name
+    assert source["downloaded_sha256"] == source["sha256"]
+    assert source["content_verified"]["catalog_name"] == "simplevit_s16.i1k_300ep"

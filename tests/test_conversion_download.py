@@ -1,0 +1,146 @@
+"""The download cache as the docs describe it: the offline message's commands work as pasted, the cache folder is
+named as documented, vanity names record their catalog name, and only hub-vit's own download counts as evidence that
+a cached file is the published one.
+
+Golden values come from outside hub-vit: the bytes of a fixture file served over a real local HTTP server and
+fetched by the system's curl / wget, hashlib's sha256, and big_vision's VANITY_NAMES table (models/vit.py), which
+names `gs://big_vision/vit_s16_i1k_300ep.npz` as `i1k-s16-300ep`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import http.server
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hub_vit.conversion.download import DownloadError, cached_path, resolve_source
+
+REPO = Path(__file__).resolve().parents[1]
+JAX = REPO / "tests" / "fixtures" / "jax"
+FIXTURE = JAX / "vit_jax" / "tiny_token.published.npz"
+S16_300EP_URL = "https://storage.googleapis.com/big_vision/vit_s16_i1k_300ep.npz"  # big_vision README
+
+
+@contextlib.contextmanager
+def serving(folder: Path) -> Iterator[str]:
+    """A real HTTP server over `folder` on a free local port; yields its base URL."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def offline_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> str:
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    with pytest.raises(DownloadError) as err:
+        resolve_source(source, progress=False)
+    return str(err.value)
+
+
+def hand_commands(message: str) -> dict[str, str]:
+    """The curl and wget commands the message quotes in backticks."""
+    quoted = re.findall(r"`([^`]+)`", message)
+    return {tool: next(q for q in quoted if f"{tool} " in q) for tool in ("curl", "wget")}
+
+
+@pytest.mark.parametrize("tool", ["curl", "wget"])
+def test_offline_message_commands_work_as_pasted(tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The old `curl -L -o <cache path> URL` failed with curl error 23: the cache folder does not exist
+    message = offline_message(tmp_path, monkeypatch, "i1k-s16-300ep")
+    dest = cached_path(S16_300EP_URL)
+    assert str(dest) in message and not dest.parent.exists()
+    command = hand_commands(message)[tool]
+    assert command.startswith(f"mkdir -p {dest.parent} && ") and command.endswith(S16_300EP_URL)
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed; the command's form was checked above")
+    served = tmp_path / "served"
+    (served / "big_vision").mkdir(parents=True)
+    shutil.copy(FIXTURE, served / "big_vision" / dest.name)
+    with serving(served) as base:
+        local = command.replace(S16_300EP_URL, f"{base}/big_vision/{dest.name}")
+        proc = subprocess.run(["bash", "-c", local], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert dest.read_bytes() == FIXTURE.read_bytes()
+    again = resolve_source("i1k-s16-300ep", progress=False)  # still offline: taken from the cache
+    assert again.path == dest and again.sha256 == hashlib.sha256(FIXTURE.read_bytes()).hexdigest()
+
+
+def test_offline_message_says_a_hand_download_cannot_claim_published_results(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    message = " ".join(offline_message(tmp_path, monkeypatch, "simplevit_s16.i1k_300ep").split())
+    assert "A file downloaded by hand converts the same" in message
+    assert "model card does not claim the published checkpoint's results" in message
+
+
+def test_cache_folder_is_the_first_32_hex_digits_of_the_url_sha256(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path))
+    digest = hashlib.sha256(S16_300EP_URL.encode()).hexdigest()
+    assert cached_path(S16_300EP_URL) == tmp_path / "downloads" / digest[:32] / "vit_s16_i1k_300ep.npz"
+    doc = " ".join((REPO / "docs" / "conversion.md").read_text().split())
+    assert "downloads/<first 32 hex digits of the URL's sha256>/<name>" in doc
+
+
+def test_vanity_name_records_its_catalog_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path))
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    dest = cached_path(S16_300EP_URL)
+    dest.parent.mkdir(parents=True)
+    shutil.copy(FIXTURE, dest)
+    for source in ("i1k-s16-300ep", "gs://big_vision/vit_s16_i1k_300ep.npz", "simplevit_s16.i1k_300ep"):
+        resolved = resolve_source(source, progress=False)
+        assert resolved.url == S16_300EP_URL and resolved.catalog_name == "simplevit_s16.i1k_300ep", source
+
+
+def test_only_hub_vits_own_download_is_evidence_of_the_published_file(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file placed at the cache path by hand has no sidecar, and a file swapped in after a download does not
+    inherit the sidecar's hash: neither is recorded as the published file."""
+    from hub_vit import catalog
+    from hub_vit.conversion import download
+    from hub_vit.conversion.writer import source_record
+
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    dest = cached_path(S16_300EP_URL)
+    dest.parent.mkdir(parents=True)
+    shutil.copy(FIXTURE, dest)
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    by_hand = resolve_source("simplevit_s16.i1k_300ep", progress=False)
+    assert by_hand.downloaded_sha256 is None and source_record(by_hand)["content_verified"] is None
+    shutil.rmtree(tmp_path / "cache")
+    monkeypatch.delenv("HUB_VIT_OFFLINE")
+
+    served = tmp_path / "served"
+    (served / "big_vision").mkdir(parents=True)
+    shutil.copy(FIXTURE, served / "big_vision" / "vit_s16_i1k_300ep.npz")
+    with serving(served) as base:  # the local server stands in for storage.googleapis.com
+        monkeypatch.setattr(catalog, "GCS", base)
+        monkeypatch.setattr(download, "GCS_HTTPS", base)
+        fetched = resolve_source("i1k-s16-300ep", progress=False)
+    sha = hashlib.sha256(FIXTURE.read_bytes()).hexdigest()
+    assert fetched.url == f"{base}/big_vision/vit_s16_i1k_300ep.npz"
+    assert fetched.downloaded_sha256 == sha == fetched.sha256
+    record = source_record(fetched)
+    assert record["catalog_name"] == "simplevit_s16.i1k_300ep"
+    assert record["content_verified"]["catalog_name"] == "simplevit_s16.i1k_300ep"
+
+    shutil.copy(JAX / "vit_jax" / "tiny_gap.published.npz", fetched.path)  # swapped after the download
+    swapped = resolve_source(f"{base}/big_vision/vit_s16_i1k_300ep.npz", progress=False)  # served from the cache
+    assert swapped.sha256 != swapped.downloaded_sha256 == sha
+    assert source_record(swapped)["content_verified"] is None
