@@ -109,7 +109,7 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     compute_bound = _compute_bound(source)
     cls = _write_config(root, opts.step("classifier"),
                         render(classifier_config(meta, opts, model_file, compute_bound=compute_bound)))
-    _place_weights(source, cls / "1" / model_file)
+    _place_weights(source, cls / "1" / model_file, opts)
     (cls / "1" / "labels.txt").write_text("\n".join(meta.labels) + "\n", encoding="utf-8")
     if opts.flavour == "cpu":
         shutil.copyfile(template_dir("classifier_ort") / "model.py", cls / "1" / "model.py")
@@ -173,11 +173,11 @@ def _check_engine(source: ModelSource, opts: ServingOptions) -> None:
                          f"metadata says {source.metadata.input_size[0]}x{source.metadata.input_size[1]}")
 
 
-def _place_weights(source: ModelSource, target: Path) -> None:
+def _place_weights(source: ModelSource, target: Path, opts: ServingOptions) -> None:
     if source.engine_path is not None:
         shutil.copyfile(source.engine_path, target)
     elif source.onnx_path is not None:
-        check_tensor_names(source.onnx_path)
+        check_graph(source.onnx_path, opts.max_batch_size)
         shutil.copyfile(source.onnx_path, target)
         external = source.onnx_path.with_name(source.onnx_path.name + ".data")  # external weights, if any
         if external.is_file():
@@ -190,8 +190,10 @@ def _place_weights(source: ModelSource, target: Path) -> None:
         raise ValueError("model source has no module, ONNX file or engine to serve")
 
 
-def check_tensor_names(onnx_path: Path) -> None:
-    """Triton's ORT/TensorRT backends bind tensors by name: the graph must read `pixel_values`, write `logits`."""
+def check_graph(onnx_path: Path, max_batch_size: int) -> None:
+    """Triton's ORT/TensorRT backends bind tensors by name: the graph must read `pixel_values`, write `logits`. Its
+    batch dimension must take every batch Triton forms (1 .. max_batch_size, warmup included): a graph exported with
+    a fixed batch failed the warmup at max_batch_size and took tritonserver down (SIGSEGV), the reason only in a log."""
     from hub_vit.server.source import load_onnx_graph
 
     graph = load_onnx_graph(onnx_path)
@@ -199,6 +201,12 @@ def check_tensor_names(onnx_path: Path) -> None:
     if inputs[:1] != ["pixel_values"] or "logits" not in outputs:
         raise ValueError(f"{onnx_path}: graph reads {inputs} and writes {outputs}; the served graph must read "
                          "'pixel_values' and write 'logits' (export it with hub-vit export / hub_vit.export)")
+    batch = graph.input[0].type.tensor_type.shape.dim[0].dim_value  # 0 for a symbolic (dynamic) dimension
+    if batch and not batch == max_batch_size == 1:
+        way_out = "pass --max-batch-size 1, or " if batch == 1 else ""
+        raise ValueError(f"{onnx_path}: the graph takes batches of exactly {batch} image(s) (exported with "
+                         f"--no-dynamic-batch?), but Triton sends batches of 1 to max_batch_size {max_batch_size}: "
+                         f"{way_out}export it again without --no-dynamic-batch")
 
 
 def _warmup_element(meta: ServingMetadata) -> bytes:

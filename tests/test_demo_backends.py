@@ -96,3 +96,37 @@ def test_large_upload_is_shown_scaled_down(folder: Path, tmp_path: Path, photos:
     demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
     _, overlay, *_ = demo.analyze(str(big), "folder: probe", IN_PROCESS, "mean", 0.0, 2, None)
     assert overlay.shape == (681, 1024, 3)  # long side capped at 1024, aspect kept (1200 * 1024 / 1804 = 681.2)
+
+
+def test_a_decompression_bomb_upload_is_called_too_large(tmp_path: Path) -> None:
+    # gradio decodes the upload before the handler; a 50000x50000 PNG header was "not an image this demo can read"
+    import struct
+    import zlib
+
+    from gradio.data_classes import FileData
+
+    from hub_vit.demo.app import _guard_upload
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 50_000, 50_000, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    component = gr.Image(type="filepath")
+    _guard_upload(component)
+    with pytest.raises(gr.Error, match=r"'bomb\.png' is too large to decode safely \(Image size \(2500000000 pixels"):
+        component.preprocess(FileData(path=str(bomb), orig_name="bomb.png"))
+
+
+def test_folders_with_the_same_name_are_told_apart_the_same_way(tmp_path: Path) -> None:
+    # was: "folder: model" for the first and the full path for the second of two training runs' model folders
+    from hub_vit.demo.models import DEFAULT_KEY, discover_choices
+
+    folders = [tmp_path / "runs" / "d2" / "model", tmp_path / "runs" / "ft" / "model", tmp_path / "flowers"]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"")
+    keys = [c.key for c in discover_choices([*folders, folders[0]]) if c.key != DEFAULT_KEY and c.kind == "folder"]
+    assert keys == ["folder: d2/model", "folder: ft/model", "folder: flowers"]  # the repeated folder offered once

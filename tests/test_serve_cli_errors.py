@@ -46,7 +46,7 @@ def test_serve_repository_refuses_options_it_would_ignore(tmp_path):
     code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "--top-k", "2", "--max-batch-size", "4")
     assert code == 2 and "--max-batch-size, --top-k only apply when serve builds the repository" in out, out
     code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "simplevit_digits")
-    assert code == 2 and "MODEL only apply" in out
+    assert code == 2 and "MODEL only applies when" in out
 
 
 def test_serve_repository_names_a_gpu_repository(tmp_path):
@@ -114,8 +114,21 @@ def test_loadtest_refuses_runs_that_cannot_end_or_mean_nothing(args, message):
 
 
 def test_loadtest_json_folder_is_refused_before_the_run(tmp_path):
+    # nothing listens on the port: an error about the server would mean the run had started
     code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(tmp_path))
     assert code == 2 and "is a folder; give a file name" in out
+    (tmp_path / "file").write_text("x")
+    for path, message in ((tmp_path / "file" / "x.json", "is a file"), (tmp_path / "new" / "x.json", "does not exist"),
+                          (Path("/proc/x.json"), "cannot write --json '/proc/x.json'")):
+        code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(path))  # failed after the run
+        assert code == 2 and message in out, out
+    assert not (tmp_path / "new").exists()  # a mistyped folder is not created
+    kept = tmp_path / "previous.json"
+    kept.write_text("{}")
+    code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(kept))
+    assert code == 1 and "no HTTP answer" in out and kept.read_text() == "{}"  # checked, left as it was
+    code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(tmp_path / "fresh.json"))
+    assert code == 1 and not (tmp_path / "fresh.json").exists()  # the probe leaves no empty file behind
 
 
 def test_user_input_is_shown_as_typed():
@@ -145,6 +158,11 @@ def test_max_pixels_is_the_limit_and_the_message_names_the_option(imageprep):
     with pytest.raises(imageprep.BadImageError) as err:  # 96 MP: above Pillow's 89 MP warning, below the raised limit
         raised.decode(_png_header(12000, 8000))
     assert "too large" not in str(err.value)
+    # past Pillow's own limits, whose check runs first: the same message, naming the option (was Pillow's words)
+    for size, limit in (((12000, 10000), default), ((50000, 50000), default), ((50000, 50000), raised)):
+        with pytest.raises(imageprep.BadImageError, match=rf"it declares {size[0] * size[1] / 1e6:.1f} MP, more than "
+                           rf"this server's limit of {limit.max_pixels / 1e6:.1f} MP \(hub-vit serve --max-pixels\)"):
+            limit.decode(_png_header(*size))
 
 
 def test_serve_repository_that_is_a_file_or_serves_another_name(tmp_path):

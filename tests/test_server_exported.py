@@ -123,3 +123,34 @@ def test_export_from_the_registered_name_keeps_the_labels(tmp_path):
                                       "--random-inputs", "2", "--photos", "4", "--seed", "0"])
     assert result.exit_code == 0, result.output
     assert resolve(tmp_path / "model.onnx").metadata.labels == tuple(DIGITS)
+
+
+def test_a_graph_with_a_fixed_batch_is_named_before_triton_would_crash_on_it(tmp_path):
+    """`hub-vit export onnx --no-dynamic-batch` then `hub-vit serve`: the warmup at max_batch_size 16 failed inside
+    tritonserver, which died with SIGSEGV, the reason only in its log. Now refused with the way out, and served (for
+    real) with that way out: max_batch_size 1."""
+    import onnx
+
+    from hub_vit.export.onnx_export import export_onnx
+    from hub_vit.folder import load_model_folder
+    from hub_vit.server.client import Classifier
+    from hub_vit.server.launcher import TritonServer, free_port
+
+    model, _ = load_model_folder(default_model_folder())
+    graph = export_onnx(model, tmp_path / "fixed" / "model.onnx", dynamic_batch=False)
+    assert onnx.load(str(graph)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1  # really fixed
+    (graph.parent / "labels.txt").write_text("\n".join(DIGITS) + "\n")
+    with pytest.raises(ValueError, match=r"takes batches of exactly 1 image\(s\) .* max_batch_size 16: pass "
+                                         r"--max-batch-size 1, or export it again without --no-dynamic-batch"):
+        write_repository(resolve(graph), tmp_path / "refused", ServingOptions())
+    assert not (tmp_path / "refused").exists()
+    repo = write_repository(resolve(graph), tmp_path / "repo", ServingOptions(max_batch_size=1,
+                                                                               preferred_batch_sizes=(1,)))
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server.start(timeout_s=180)
+    try:
+        sample = default_model_folder() / "samples" / "7_0.png"
+        with Classifier(server.http_url) as client:
+            assert [p.labels[0] for p in client.classify([sample, sample])] == ["7", "7"]  # split into 2 requests
+    finally:
+        server.stop()

@@ -603,6 +603,24 @@ def test_cli_serve_second_signal_stops_at_once(repo):
     assert "SIGINT again: stopping now" in " ".join(err.split()), err
 
 
+def test_the_demos_triton_labels_do_not_hold_the_drain_open(repo, photos):
+    """`hub-vit serve --demo`: once the demo had asked the server for labels, its idle keep-alive connection held
+    Triton's drain open for the whole --exit-timeout on Ctrl-C (33.6 s of 30 measured, nothing in flight)."""
+    from hub_vit.demo.backends import TritonLabels
+
+    server = _start(repo, exit_timeout_s=120)
+    try:
+        labels = TritonLabels(server.http_url)
+        pairs, status = labels.top_k(Image.fromarray(photos["chelsea"]))
+        assert pairs is not None and "Triton" in status, status
+        sent = time.monotonic()
+        server.terminate()  # what the first Ctrl-C does
+        server.wait(60)
+        assert time.monotonic() - sent < 30  # nothing in flight: no reason to wait for the exit timeout
+    finally:
+        server.stop()
+
+
 def test_a_model_that_fails_to_load_is_named_with_its_reason(repo, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(repo, broken)

@@ -129,7 +129,8 @@ def serve(
     top_k: TopK = DEFAULTS.top_k,
     exit_timeout: int = typer.Option(30, help="Seconds in-flight requests get to finish on Ctrl-C / SIGTERM."),
     quiet: bool = typer.Option(False, help="Do not stream the server log."),
-    demo: bool = typer.Option(False, "--demo", help="Also run the Gradio rollout demo (labels from this server)."),
+    demo: bool = typer.Option(False, "--demo", help="Also run the Gradio rollout demo (it can take labels from "
+                                                    "this server)."),
     demo_port: int = typer.Option(7860, help="Port of the demo (with --demo)."),
     max_pixels: MaxPixels = DEFAULTS.max_pixels,
 ) -> None:
@@ -255,7 +256,8 @@ def _existing_repository(folder: Path, *, model: str | None, **given: Any) -> st
     if model is not None:
         changed.insert(0, "MODEL")
     if changed:
-        raise fail(f"{', '.join(changed)} only apply when serve builds the repository; --repository serves "
+        verb = "applies" if len(changed) == 1 else "apply"
+        raise fail(f"{', '.join(changed)} only {verb} when serve builds the repository; --repository serves "
                    f"{str(folder)!r} as written (rebuild it with `hub-vit repository` to change it)")
     manifest = folder / MANIFEST
     if not manifest.is_file():
@@ -278,7 +280,8 @@ def _start_demo(model: str | None, host: str, port: int, triton_url: str, triton
         raise fail(f"--demo needs gradio ({exc}); install it with: pip install 'hub-vit[demo]'") from exc
     folders = [model] if model and Path(model).is_dir() else []
     demo_app = start_in_background(folders, triton_url=triton_url, triton_model=triton_model, host=host, port=port)
-    console.print(f"[bold green]demo[/]     http://{host}:{port}  (attention rollout; labels from this server)")
+    console.print(f"[bold green]demo[/]     http://{host}:{port}  (attention rollout; its 'Labels from' choice "
+                  "offers this server)")
     return demo_app
 
 
@@ -410,8 +413,8 @@ def loadtest(
 
     url, protocol = _endpoint(url, grpc)
     payloads = list(images) if images else _sample_images()
-    if json_out is not None and json_out.is_dir():  # checked first: the run's numbers must not be lost at the end
-        raise fail(f"--json {str(json_out)!r} is a folder; give a file name, e.g. {str(json_out / 'loadtest.json')!r}")
+    if json_out is not None:  # checked first: the run's numbers must not be lost at the end
+        _check_writable(json_out)
     try:
         result = load_test(url, payloads, protocol=protocol, model=model, concurrency=concurrency,
                            duration_s=duration, requests=requests, batch=batch)
@@ -436,13 +439,30 @@ def loadtest(
         err_console.print(f"[red]{count} x[/] {escape(message)}", soft_wrap=True, emoji=False)
     if json_out is not None:
         try:
-            json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         except OSError as err:
             raise fail(f"cannot write --json {str(json_out)!r}: {err}", code=1) from None
     if result.errors and not allow_errors:  # a CI job must see a broken run (--allow-errors for overload tests)
         raise fail(f"{result.errors} of {result.errors + result.requests} requests failed (reasons above; "
                    "--allow-errors exits 0 anyway)", code=1)
+
+
+def _check_writable(path: Path) -> None:
+    """`loadtest --json`: a file that can be written, found out before the run, not after it. Its folder must exist
+    (a typo in a path should not create folders), and the file is opened for appending, without changing it."""
+    if path.is_dir():
+        raise fail(f"--json {str(path)!r} is a folder; give a file name, e.g. {str(path / 'loadtest.json')!r}")
+    if not path.parent.is_dir():
+        what = "is a file" if path.parent.exists() else "does not exist"
+        raise fail(f"--json {str(path)!r}: its folder {str(path.parent)!r} {what}")
+    existed = path.exists()
+    try:
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as err:
+        raise fail(f"cannot write --json {str(path)!r}: {err.strerror or err}") from None
+    if not existed:
+        path.unlink()  # only the run's result is ever left there
 
 
 def _endpoint(url: str | None, grpc: bool) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+from PIL import Image
 
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
 from hub_vit.demo.models import ModelCache
@@ -57,6 +58,8 @@ def _guard_upload(component: gr.Image) -> None:
             raise
         except Exception as exc:
             name = getattr(payload, "orig_name", None) or "the upload"
+            if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):  # it is an image
+                raise gr.Error(f"{name!r} is too large to decode safely ({exc})") from exc
             raise gr.Error(f"{name!r} is not an image this demo can read ({type(exc).__name__}); "
                            f"upload one of: {', '.join(IMAGE_FORMATS)}") from exc
 

@@ -21,23 +21,19 @@ class TritonLabels:
         server_address(url)  # ValueError naming the problem, before the page offers this backend
         self.url, self.model, self.timeout_s = url, model, timeout_s
         self.choice = f"triton ({url})"
-        self._client: Any = None
-
-    def _connect(self) -> Any:
-        if self._client is None:
-            from hub_vit.server.client import Classifier
-
-            self._client = Classifier(self.url, model=self.model, timeout_s=self.timeout_s)
-        return self._client
 
     def top_k(self, image: Any, k: int = 5) -> tuple[list[tuple[str, float]] | None, str]:
-        """([(label, score)] or None, a status line). Never raises for an unreachable or broken server."""
+        """([(label, score)] or None, a status line). Never raises for an unreachable or broken server.
+        One connection per request, closed at once: an idle keep-alive connection from the demo would hold the
+        server's drain open for its whole exit timeout when `hub-vit serve --demo` is stopped."""
         try:
-            prediction = self._connect().classify([image])[0]
+            from hub_vit.server.client import Classifier
+
+            with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
+                prediction = client.classify([image])[0]
         except ImportError as exc:
             return None, f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
         except Exception as exc:  # connection refused, timeout, server-side error: degrade, don't crash the page
-            self._client = None  # reconnect next time (the server may come up later)
             reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             return None, (f"Triton server at {self.url} not reachable or failed ({reason}); "
                           "labels shown from the in-process model.")

@@ -82,12 +82,24 @@ def discover_choices(folders: Sequence[str | Path] = ()) -> list[ModelChoice]:
     default = default_model_path()
     if default is not None:
         choices.append(ModelChoice(key=DEFAULT_KEY, kind="folder", target=str(default)))
-    for folder in folders:
-        choice = folder_choice(folder)
-        if any(c.key == choice.key for c in choices):  # two folders with the same name: disambiguate by path
-            choice = folder_choice(folder, key=f"folder: {choice.target}")
-        choices.append(choice)
+    found = {Path(folder_choice(folder).target): None for folder in folders}  # checked, resolved, once each
+    for path, name in zip(found, _distinct_names(list(found)), strict=True):
+        choices.append(folder_choice(path, key=f"folder: {name}"))
     return choices + registered_choices()
+
+
+def _distinct_names(paths: list[Path]) -> list[str]:
+    """The shortest trailing part of each path that tells them apart: `model` alone; `d2/model` and `ft/model` for
+    two training runs' folders (the same rule for every clashing folder, not the full path for the second one)."""
+    depth = dict.fromkeys(paths, 1)
+    while True:
+        names = {path: "/".join(path.parts[-depth[path]:]) for path in paths}
+        clashing = [path for path in paths if depth[path] < len(path.parts)
+                    and sum(names[other] == names[path] for other in paths) > 1]
+        if not clashing:
+            return [names[path] for path in paths]
+        for path in clashing:
+            depth[path] += 1
 
 
 def resolve_choice(model: str | None, choices: Sequence[ModelChoice] = ()) -> ModelChoice:

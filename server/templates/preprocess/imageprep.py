@@ -9,6 +9,7 @@ repository, where hub_vit may not be importable. The maths follows torchvision o
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -33,6 +34,12 @@ WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
 class BadImageError(ValueError):
     """The client sent bytes we refuse to classify (answered as a client error, never a server fault)."""
+
+
+def _declared_pixels(err: Exception) -> str:
+    """The pixel count in Pillow's decompression-bomb message ("Image size (2500000000 pixels) exceeds ...")."""
+    found = re.search(r"\((\d+) pixels\)", str(err))
+    return f"{int(found[1]) / 1e6:.1f} MP" if found else "more pixels than Pillow decodes"
 
 
 @dataclass(frozen=True)
@@ -70,8 +77,9 @@ class Preprocess:
             try:
                 image = Image.open(io.BytesIO(data), formats=FORMATS)  # lazy: reads the header only
             except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-                raise BadImageError(f"image too large, refused before decoding (decompression bomb guard): {err}"
-                                    ) from None
+                # Pillow checks inside open(), before the header check below can: past its warning limit (89 MP)
+                # when max_pixels is lower, always past its hard limit (twice that). Same message, same way out.
+                raise BadImageError(self._too_large(_declared_pixels(err))) from None
             except UnidentifiedImageError:
                 raise BadImageError(
                     f"not an image: {len(data)} bytes starting {data[:8]!r} are not JPEG, PNG or WebP"
@@ -80,11 +88,7 @@ class Preprocess:
                 raise BadImageError(f"cannot read image header: {err}") from None
             width, height = image.size
             if width * height > self.max_pixels:
-                raise BadImageError(
-                    f"image too large: it declares {width}x{height} = {width * height / 1e6:.1f} MP, more than this "
-                    f"server's limit of {self.max_pixels / 1e6:.1f} MP (hub-vit serve --max-pixels); refused before "
-                    "decoding, as a decompression bomb guard"
-                )
+                raise BadImageError(self._too_large(f"{width}x{height} = {width * height / 1e6:.1f} MP"))
             # The shorter side is resized before the crop, so a thin image grows: a 2 kB PNG of 2x200000 pixels
             # would become 248x24800000 (18 GB). EXIF rotation swaps the sides, which leaves this product unchanged.
             new_w, new_h = self.resized_size(width, height)
@@ -102,6 +106,13 @@ class Preprocess:
                 return image.convert("RGB")
             except Exception as err:  # truncated or corrupt data surfaces only while decoding
                 raise BadImageError(f"cannot decode {image.format} image ({width}x{height}): {err}") from None
+
+    def _too_large(self, declared: str) -> str:
+        hard = f"; Pillow's own limit of {2 * Image.MAX_IMAGE_PIXELS / 1e6:.1f} MP always applies" \
+            if self.max_pixels > 2 * Image.MAX_IMAGE_PIXELS else ""
+        return (f"image too large: it declares {declared}, more than this server's limit of "
+                f"{min(self.max_pixels, 2 * Image.MAX_IMAGE_PIXELS) / 1e6:.1f} MP (hub-vit serve --max-pixels{hard}); "
+                "refused before decoding, as a decompression bomb guard")
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
         """(W, H) of a `width` x `height` image after the resize that comes before the crop."""
