@@ -5,8 +5,11 @@
 #
 # Trains simplevit_digits with `hub-vit train --preset digits` (the paper's recipe scaled down, see docs/training.md)
 # on scikit-learn's digits, then copies the finished model folder with sample images and a card stub to INSTALL_DIR
-# (default: a scratch folder; pass hub_vit/assets/digits to replace the shipped model). Re-running with the same
-# RUN_DIR resumes from its newest checkpoint. One process, one torch thread, one data-loading worker.
+# (default: runs/digits-installed). Both paths are relative to the repository root (the script cd's there first), so
+# `scripts/train_default_model.sh runs/digits hub_vit/assets/digits` overwrites the shipped model in place.
+# The samples are the first held-out digits the model classifies correctly: a short or untrained run installs
+# samples only for the classes it gets right. Re-running with the same RUN_DIR resumes from its newest checkpoint.
+# One process, one torch thread, one data-loading worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_DIR="${1:-runs/digits}"

@@ -13,6 +13,34 @@ from hub_vit.cli.app import app, console, fail
 BATCH = 8  # images per forward pass: bounded memory, still batched
 
 
+def output_stems(paths: list[Path]) -> list[str]:
+    """One output name per image, in argument order: the file's stem, and for the 2nd, 3rd, ... image with the same
+    stem `<stem>-2`, `<stem>-3`, ... (photo.jpg and photo.png, or a/x.png and b/x.png, must not overwrite each other).
+
+    Names are compared case-insensitively, so the files stay apart on case-insensitive file systems too; a counter
+    name that is itself an argument's stem (x-2.png) is skipped.
+    """
+    taken = {path.stem.casefold() for path in paths}
+    used: set[str] = set()
+    counters: dict[str, int] = {}
+    stems = []
+    for path in paths:
+        stem = path.stem
+        if stem.casefold() in used:
+            key = stem.casefold()
+            n = counters.get(key, 1)
+            while True:
+                n += 1
+                candidate = f"{stem}-{n}"
+                if candidate.casefold() not in used and candidate.casefold() not in taken:
+                    break
+            counters[key] = n
+            stem = candidate
+        used.add(stem.casefold())
+        stems.append(stem)
+    return stems
+
+
 @app.command()
 def rollout(
     images: list[Path] = typer.Argument(..., help="Image files (PNG, JPEG, WEBP, BMP, GIF)."),
@@ -63,15 +91,12 @@ def rollout(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # no permission, read-only file system
         raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
-    names: set[str] = set()
+    stems = output_stems([path for path, _ in ready])
     for start in range(0, len(images), BATCH):
         chunk = ready[start:start + BATCH]
         result = explainer.rollout([prep for _, prep in chunk], head_fusion, discard_ratio)
         for i, (path, prep) in enumerate(chunk):
-            stem = path.stem
-            while stem in names:  # a.png and other/a.png must not overwrite each other
-                stem = f"{stem}-{len(names)}"
-            names.add(stem)
+            stem = stems[start + i]
             target = out / f"{stem}_rollout.png"
             save_png(explainer.overlay(prep, result.maps[i], alpha, colormap), str(target))
             top = explainer.top_k(result.logits[i], 5)

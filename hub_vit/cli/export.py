@@ -82,6 +82,10 @@ def onnx_cmd(
             raise ValueError("--random-inputs/--photos/--calibration must be >= 0 and the verification set non-empty")
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} is a file; give a folder")
+        if provider:
+            from hub_vit.export.verify import check_providers
+
+            check_providers(provider)  # a typo or missing GPU build must not cost a model build and leave a report
         src = load_source(source, model_name=model_name, pretrained=pretrained)
         own = None
         if images is not None:

@@ -42,16 +42,19 @@ def train_command(
     randaug: str | None = typer.Option(None, help="timm RandAugment string, '' turns it off."),
     seed: int | None = typer.Option(None, help="Seed of the init, data order, augmentation and mixup."),
     precision: str | None = typer.Option(None, help="auto (bf16 autocast on CUDA), fp32 or bf16."),
-    workers: int | None = typer.Option(None, help="Data-loading worker processes per training process."),
+    workers: int | None = typer.Option(None, help="Data-loading worker processes per training process "
+                                                   "(default: the preset's, at most the CPUs this process may use)."),
     set_: list[str] = typer.Option([], "--set", help="Any recipe setting: --set eval_crop_pct=1.0 (repeatable)."),
     device: str | None = typer.Option(None, help="cpu or cuda (default: cuda when available)."),
     threads: int | None = typer.Option(None, help="torch CPU threads per process (default: torch's choice)."),
-    stop_at: int | None = typer.Option(None, help="Stop (with a checkpoint) after this step; rerun to resume."),
+    stop_at: int | None = typer.Option(None, help="Stop (with a checkpoint) after this step; rerun with a larger "
+                                                   "--stop-at, or without it, to resume."),
     install_to: Path | None = typer.Option(None, help="digits preset: copy the finished model folder here, with "
                                                        "sample images and a card stub."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
 ) -> None:
     """Train or fine-tune a ViT with the "Better plain ViT baselines" recipe (resumes if --out has checkpoints)."""
+    from hub_vit.conversion.download import DownloadError
     from hub_vit.train import digits
     from hub_vit.train.data import DataFolderError
     from hub_vit.train.loop import RunFolderError, train
@@ -92,6 +95,8 @@ def train_command(
             architecture = recipe.model if init is None else None
         result = train(recipe, data, out, init=init, device=device, stop_at=stop_at, progress=progress,
                        architecture=architecture, dataset_info=dataset_info)
+    except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
+        raise fail(str(exc)) from None
     except (ValueError, FileNotFoundError) as exc:
         if isinstance(exc, (DataFolderError, RunFolderError)) or type(exc) in (ValueError, FileNotFoundError):
             raise fail(str(exc)) from None
@@ -103,7 +108,9 @@ def train_command(
                       "command to resume")
         raise typer.Exit(130)
     if result.model_dir is None:
-        console.print(f"stopped at step {result.step}/{result.total_steps}; run the same command to resume")
+        # the same --stop-at would stop again at once: the run goes on only with a later stop or none
+        console.print(f"stopped at step {result.step}/{result.total_steps}; to resume, run the same command with a "
+                      f"larger --stop-at or without it")
         return
     console.print(f"held-out top-1 {result.val_top1:.2%} after {result.step} steps -> {result.model_dir}")
     if install_to is not None and result.model_dir is not None:

@@ -13,7 +13,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from torch import nn
 from hub_vit.atomic import atomic_path
 from hub_vit.export.fusable import fusable_copy
 from hub_vit.model import VisionTransformer
+
+if TYPE_CHECKING:
+    import onnx
 
 INPUT_NAME = "pixel_values"
 LOGITS = "logits"
@@ -99,14 +102,18 @@ def graph_opset(path: str | Path) -> int:
     """The default-domain opset a saved graph declares."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    return _default_opset(onnx.load(str(path), load_external_data=False))
+
+
+def _default_opset(proto: onnx.ModelProto) -> int:
+    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def _export_to(graph: nn.Module, dummy: torch.Tensor, path: Path, names: list[str], opset: int, dynamic_batch: bool,
                dynamic_size: bool, patch: int, exporter: str) -> None:
     # the dynamo exporter prints progress lines to stdout and logs its opset 18 -> 17 down-conversion attempts (a
-    # failed attempt keeps opset 18, still >= 17); keep CLI output and JSON pipes clean
+    # failed attempt keeps opset 18; `_down_convert` tries again on the optimised graph); keep CLI output and JSON
+    # pipes clean
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), quiet_loggers():
         # the legacy exporter warns that it is legacy, and shape comparisons it records as constants are intended
         warnings.simplefilter("ignore")
@@ -130,6 +137,52 @@ def _export_to(graph: nn.Module, dummy: torch.Tensor, path: Path, names: list[st
         program = torch.onnx.export(graph, (dummy,), None, input_names=[INPUT_NAME], output_names=names,
                                     opset_version=opset, dynamo=True, dynamic_shapes=shapes, optimize=True)
         program.save(str(path), external_data=False)
+    _down_convert(path, opset)
+
+
+def _down_convert(path: Path, opset: int) -> None:
+    """Bring a graph the exporter left at a newer opset down to `opset`, when ONNX's version converter can.
+
+    The dynamo exporter builds at opset 18 and converts down before it optimises; on a GAP model that conversion
+    fails (the pooling ReduceMean's `axes` is not yet a constant), so the graph stays at 18. Once optimised, the axes
+    are a constant initializer and the converter succeeds. When it still fails, the exporter's opset (>= `opset`)
+    is kept, as before: the caller reads the opset actually written from the file (`graph_opset`).
+    """
+    import onnx
+    from onnx import version_converter
+
+    proto = onnx.load(str(path), load_external_data=False)
+    if _default_opset(proto) <= opset:
+        return
+    try:
+        converted = version_converter.convert_version(proto, opset)
+    except (RuntimeError, ValueError, IndexError):  # the C++ converter's assertion failures arrive as RuntimeError
+        return
+    if opset < 18 and not _drop_noop_with_empty_axes(converted.graph):
+        return
+    onnx.save(converted, str(path))
+
+
+def _drop_noop_with_empty_axes(graph: onnx.GraphProto) -> bool:
+    """Opset 18 gave the Reduce ops but ReduceSum (which has had it since 13) `noop_with_empty_axes`; the converter
+    moves `axes` back to an attribute but keeps this one, which opset 17 does not know. Dropping it is exact when it
+    is 0 (the opset 17 behaviour) or when the axes are given (it only matters for empty axes). Returns False when a
+    node relies on it (then nothing is dropped).
+    """
+    found = []
+    for node in graph.node:
+        if not node.op_type.startswith("Reduce") or node.op_type == "ReduceSum":
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        noop = attrs.get("noop_with_empty_axes")
+        if noop is None:
+            continue
+        if noop.i != 0 and not ("axes" in attrs and len(attrs["axes"].ints) > 0):
+            return False
+        found.append((node, noop))
+    for node, noop in found:
+        node.attribute.remove(noop)
+    return True
 
 
 def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, dynamic_batch: bool = True,

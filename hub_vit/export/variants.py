@@ -26,6 +26,8 @@ from hub_vit.export.metadata import model_metadata
 from hub_vit.export.onnx_export import ATTENTIONS, Exporter, export_onnx, graph_opset, quiet_loggers
 from hub_vit.export.verify import (
     FP32_MAX_ABS,
+    check_informative,
+    check_providers,
     judge,
     ort_outputs,
     ort_session,
@@ -198,6 +200,8 @@ def export_variants(
     the model's own `pretrained_cfg`, no labels).
     """
     variants = check_variants(variants)
+    if providers:
+        check_providers(providers)  # before the output folder exists: a bad provider would fail every variant
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"output folder {str(out_dir)!r} is a file")
@@ -211,6 +215,7 @@ def export_variants(
             own_verify, own_calib = images[:half], images[half:]
         x, seed = verification_inputs(model, n_random=n_random, n_photos=n_photos, seed=seed, images=own_verify)
         reference = torch_outputs(model, x)["logits"]
+        check_informative(reference)  # before any graph is built: a zero head would "pass" vacuously
         provider_name = ",".join(providers) if providers else "default"
         outcomes: list[VariantOutcome] = []
         settings = dict(variants=variants, stem=stem, opset=opset, dynamic_batch=dynamic_batch,

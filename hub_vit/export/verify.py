@@ -176,13 +176,39 @@ def ort_session(path: str | Path, providers: Sequence[str] | None = None, thread
     available = ort.get_available_providers()
     if providers is None:
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
-    missing = [p for p in providers if p not in available]
-    if missing:
-        raise ValueError(f"execution provider(s) {missing} not available; this onnxruntime has {available}")
+    check_providers(providers)
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
     return ort.InferenceSession(str(path), sess_options=opts, providers=list(providers))
+
+
+def check_providers(providers: Sequence[str]) -> None:
+    """Refuse execution providers this onnxruntime build does not have, naming the ones it does."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    missing = [p for p in providers if p not in available]
+    if missing:
+        raise ValueError(f"execution provider(s) {', '.join(missing)} not available in this onnxruntime "
+                         f"({ort.__version__}); available: {', '.join(available)}")
+
+
+def check_informative(reference: np.ndarray) -> None:
+    """Refuse a reference on which verification would pass whatever the graph computes.
+
+    When every verification image gets the same logits (all 0 for a zero-initialised head: a fresh
+    `hub-vit convert --num-classes` folder, a timm state_dict), max |diff| can be 0 and top-1 agreement 100 % by
+    ties for a graph that ignores its input, so calling it "passed" would certify nothing.
+    """
+    if len(reference) > 1 and bool((reference == reference[:1]).all()):
+        values = np.unique(reference)
+        shown = "all 0" if values.size == 1 and values[0] == 0 else f"the same {reference.shape[-1]} values"
+        raise ValueError(
+            f"cannot verify this model: its logits do not depend on the input ({shown} for every one of "
+            f"{len(reference)} verification images; the classifier head is zero, e.g. freshly initialised), so the "
+            "comparison with ONNX Runtime would pass without testing anything. Fine-tune it first (hub-vit train "
+            "--init) or export a model with a trained head")
 
 
 def ort_outputs(session: Any, x: np.ndarray, batch_size: int = 8) -> dict[str, np.ndarray]:
@@ -221,5 +247,6 @@ def judge(variant: str, precision: str, reference: np.ndarray, candidate: np.nda
                         passed=passed, reason=reason)
 
 
-__all__ = ["FP32_MAX_ABS", "MIN_TOP1_AGREEMENT", "PHOTO_NAMES", "VerifyResult", "compare", "judge", "load_photos",
+__all__ = ["FP32_MAX_ABS", "MIN_TOP1_AGREEMENT", "PHOTO_NAMES", "VerifyResult", "check_informative",
+           "check_providers", "compare", "judge", "load_photos",
            "load_image_folder", "ort_outputs", "ort_session", "photo_batch", "torch_outputs", "verification_inputs"]

@@ -31,7 +31,7 @@ from hub_vit.atomic import file_in_the_way
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train import distributed
 from hub_vit.train.data import EvalImages, SeededMixup, StreamBatches, TrainStream, scan_split
-from hub_vit.train.models import build_model
+from hub_vit.train.models import build_model, init_folder_architecture
 from hub_vit.train.recipe import Recipe
 from hub_vit.train.schedule import current_lr, make_optimizer, make_scheduler
 
@@ -107,6 +107,9 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
     total_steps = recipe.steps_for(len(train_split))
     if stop_at is not None and stop_at < 1:
         raise ValueError(f"stop_at must be a step >= 1, got {stop_at}")
+    folder_architecture = init_folder_architecture(init)
+    if folder_architecture is not None:  # record what is trained, not the preset's default `model`
+        recipe = recipe.replace(model=folder_architecture)
     _check_run_folder(run_dir, recipe, init, classes)
     torch.manual_seed(recipe.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
     model, source = build_model(recipe, len(classes), init)
@@ -286,6 +289,8 @@ def _check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, cl
                              f"removed: {removed or 'none'}); its head and labels would not match: resume with the "
                              "same data or choose a new --out folder")
     ignore = {"workers", "log_every_steps", "checkpoint_every_steps", "classes"}  # do not change the result
+    if init_folder_architecture(init) is not None:
+        ignore.add("model")  # the folder (compared as `init`) decides it; runs before the fix recorded the default
     diff = {k: (old.get(k), v) for k, v in new.items() if k not in ignore and old.get(k) != v}
     if diff:
         lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())

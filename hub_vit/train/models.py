@@ -3,18 +3,36 @@ folder / weights file to fine-tune, with a new classifier head when the class co
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hub_vit.model import VisionTransformer
 from hub_vit.train.recipe import Recipe
 
 
+def init_folder_architecture(init: str | Path | None) -> str | None:
+    """The architecture recorded in `init`'s config.json when `init` is a model folder, else None.
+
+    A folder decides the architecture that is trained whatever `recipe.model` says, so the run records this name
+    (recipe.json, training.json, the card) instead of the preset's default. An unreadable folder gives None here and
+    its clear error from `build_model`.
+    """
+    if init is None or not Path(init).is_dir():
+        return None
+    try:
+        architecture = json.loads((Path(init) / "config.json").read_text(encoding="utf-8")).get("architecture")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return architecture if isinstance(architecture, str) else None
+
+
 def build_model(recipe: Recipe, num_classes: int, init: str | Path | None = None) -> tuple[VisionTransformer, str]:
     """Returns (model, description of where its weights came from).
 
-    `init`: a hub-vit model folder (`config.json` + `model.safetensors`), or a weights file (`.safetensors`, `.npz`,
-    `.pt`) for the architecture `recipe.model`. Position embeddings are resampled to `recipe.img_size` and a head of
-    another size is replaced by a zero-initialised one (big_vision's fine-tuning convention).
+    `init`: a hub-vit model folder (`config.json` + `model.safetensors`, whose architecture is used and `recipe.model`
+    ignored), or a weights file (`.safetensors`, `.npz`, `.pt`) for the architecture `recipe.model`. Position
+    embeddings are resampled to `recipe.img_size` and a head of another size is replaced by a zero-initialised one
+    (big_vision's fine-tuning convention).
     """
     import timm
 

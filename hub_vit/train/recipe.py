@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -21,6 +22,17 @@ Precision = Literal["auto", "fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
 INTERPOLATIONS: tuple[str, ...] = get_args(Interpolation)
+MAX_DEFAULT_WORKERS = 4
+
+
+def default_workers() -> int:
+    """4 data-loading workers, but no more than the CPUs this process may run on: torch warns when a loader has more
+    workers than that, and they would only compete with the training threads. The count does not change results."""
+    try:
+        cpus = len(os.sched_getaffinity(0))  # honours taskset / cgroup CPU sets; Linux only
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_WORKERS, cpus))
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,7 @@ class Recipe:
     # --- run
     seed: int = 0
     precision: Precision = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
-    workers: int = 4
+    workers: int = dataclasses.field(default_factory=default_workers)  # <= CPUs
     eval_every_epochs: float = 1.0
     checkpoint_every_steps: int = 1000
     log_every_steps: int = 10

@@ -1,0 +1,99 @@
+"""Export guards found in review: the documented opset per model family, a zero head that would verify vacuously,
+and an unavailable execution provider. Tiny models (width 64, depth 2, 32x32) keep it fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hub_vit.catalog import default_model_folder
+from hub_vit.cli import _load_commands, app
+from hub_vit.export import export_onnx
+from hub_vit.export.onnx_export import graph_opset
+from hub_vit.export.variants import export_variants
+from hub_vit.model import VisionTransformer
+from hub_vit.variants import ViTSpec
+
+TINY = dict(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=8, img_size=32, num_classes=10,
+            head_zeroinit=False)
+FAMILIES = {
+    "classic_tok": ViTSpec(**TINY, posemb="learn", pool_type="tok", posemb_on_cls=True),
+    "simplevit_gap": ViTSpec(**TINY, posemb="sincos2d", pool_type="gap", rep_size=True),  # the default model's kind
+    "map": ViTSpec(**TINY, pool_type="map"),
+}
+DOCUMENTED_OPSET = 17  # docs/export.md: model.onnx is opset 17 (TensorRT and older runtimes rely on it)
+
+
+def _model(spec: ViTSpec) -> VisionTransformer:
+    torch.manual_seed(0)
+    return VisionTransformer(spec).eval()
+
+
+def _ort_logits(path: Path, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": x})[0]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("with_attentions", [False, True], ids=["logits", "attentions"])
+def test_dynamo_export_is_the_documented_opset(family: str, with_attentions: bool, tmp_path: Path) -> None:
+    # SimpleViT graphs used to stay at opset 18: the exporter's down-conversion failed on the GAP ReduceMean
+    model = _model(FAMILIES[family])
+    path = export_onnx(model, tmp_path / "m.onnx", with_attentions=with_attentions)
+    assert graph_opset(path) == DOCUMENTED_OPSET
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(_ort_logits(path, x), expected, atol=1e-4, rtol=0)
+
+
+def test_dynamic_size_sincos_export_is_the_documented_opset(tmp_path: Path) -> None:
+    model = _model(FAMILIES["simplevit_gap"])
+    path = export_onnx(model, tmp_path / "m.onnx", dynamic_size=True)
+    assert graph_opset(path) == DOCUMENTED_OPSET
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 3, 48, 64)).astype(np.float32)  # not the 32x32 it was traced at
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(_ort_logits(path, x), expected, atol=1e-4, rtol=0)
+
+
+def test_explicit_newer_opset_is_kept(tmp_path: Path) -> None:
+    path = export_onnx(_model(FAMILIES["simplevit_gap"]), tmp_path / "m.onnx", opset=18)
+    assert graph_opset(path) == 18
+
+
+def test_zero_head_is_refused_instead_of_passing_vacuously(tmp_path: Path) -> None:
+    # every logit 0: max |diff| would be 0 and top-1 agreement 100 % by ties, whatever the graph computes
+    model = _model(ViTSpec(**{**TINY, "head_zeroinit": True}, posemb="learn", pool_type="tok"))
+    assert not model.head.weight.any()
+    out = tmp_path / "exports"
+    with pytest.raises(ValueError, match="logits do not depend on the input") as err:
+        export_variants(model, out, variants=["fp32"], n_random=4, n_photos=4, seed=0)
+    assert "classifier head is zero" in str(err.value)
+    assert not out.exists()
+
+
+def test_a_head_with_any_weight_is_verified(tmp_path: Path) -> None:
+    model = _model(ViTSpec(**{**TINY, "head_zeroinit": True}, posemb="learn", pool_type="tok"))
+    with torch.no_grad():
+        model.head.weight[0, 0] = 1e-3  # tiny, but the logits now depend on the image
+    report = export_variants(model, tmp_path / "exports", variants=["fp32"], n_random=4, n_photos=4, seed=0,
+                             exporter="torchscript")
+    assert report.outcome("fp32").written
+
+
+def test_cli_unavailable_provider_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    _load_commands()
+    missing = "NoSuchExecutionProvider"
+    assert missing not in ort.get_available_providers()
+    out = tmp_path / "exports"
+    result = CliRunner().invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(out), "-v", "fp32",
+                                      "--provider", missing])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert missing in text and "CPUExecutionProvider" in text  # names the bad one and the valid choices
+    assert not out.exists()  # no report left behind

@@ -1,0 +1,81 @@
+"""`hub-vit train` from the command line: what a run records, what it prints, and how bad input ends (one line,
+exit 2, nothing written). Tiny runs on the 3-colour folder of test_train_loop (32x32 images, 1-2 steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hub_vit.catalog import default_model_folder
+from hub_vit.cli import _load_commands, app
+from hub_vit.train.recipe import Recipe
+from tests.test_train_loop import make_folder
+
+# small and quick: one thread, no worker processes, no augmentation, 8 images a step
+QUICK = ["--img-size", "32", "--batch-size", "8", "--warmup-steps", "1", "--mixup", "0", "--randaug", "",
+         "--workers", "0", "--threads", "1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_folder(tmp_path_factory.mktemp("data"))
+
+
+def _train(*args: str) -> tuple[int, str]:
+    _load_commands()
+    result = CliRunner().invoke(app, ["train", *args])
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_pretrained_offline_is_a_one_line_error(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # used to end in a 325-line traceback (DownloadError is a RuntimeError, which the command did not catch)
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    out = tmp_path / "run"
+    code, text = _train(str(data), "--out", str(out), "--model", "simplevit_s16.i1k_300ep", "--pretrained",
+                        "--stop-at", "1", *QUICK)
+    assert code == 2, text
+    assert "cannot download https://storage.googleapis.com/big_vision/vit_s16_i1k_300ep.npz" in text
+    assert "Traceback" not in text and "curl -L -o" in text
+    assert not out.exists()
+
+
+def test_fine_tuning_a_folder_records_the_folder_architecture(data: Path, tmp_path: Path) -> None:
+    # the shipped digits model is a simplevit_digits; the vit_s16_i1k preset's default model is simplevit_s16
+    assert json.loads((default_model_folder() / "config.json").read_text())["architecture"] == "simplevit_digits"
+    out = tmp_path / "ft"
+    code, text = _train(str(data), "--out", str(out), "--init", str(default_model_folder()), "--steps", "1", *QUICK)
+    assert code == 0, text
+    assert json.loads((out / "recipe.json").read_text())["model"] == "simplevit_digits"
+    training = json.loads((out / "model" / "training.json").read_text())
+    assert training["recipe"]["model"] == "simplevit_digits"
+    assert json.loads((out / "model" / "config.json").read_text())["architecture"] == "simplevit_digits"
+    card = (out / "model" / "README.md").read_text()
+    assert "simplevit_digits" in card and "simplevit_s16" not in card
+
+
+def test_stop_at_hint_says_how_to_resume(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [str(data), "--out", str(out), "--model", "simplevit_digits", "--steps", "2", *QUICK]
+    code, text = _train(*args, "--stop-at", "1")
+    assert code == 0 and "stopped at step 1/2" in text
+    # the same command (same --stop-at) would stop again at once, so the hint must not say "the same command"
+    assert "larger --stop-at or without it" in text
+    code, text = _train(*args, "--stop-at", "1")
+    assert code == 0 and "stopped at step 1/2" in text  # what the old hint led to: no progress
+    code, text = _train(*args)
+    assert code == 0 and "after 2 steps" in text, text
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [({0}, 1), ({0, 1}, 2), (set(range(64)), 4)])
+def test_default_workers_fit_the_cpus_this_process_may_use(monkeypatch: pytest.MonkeyPatch, cpus: set[int],
+                                                           expected: int) -> None:
+    # torch warns when a loader has more workers than the process's CPUs (4 workers on the 2-core CI machine did)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus, raising=False)
+    assert Recipe().workers == expected
+    assert Recipe(workers=8).workers == 8  # an explicit count is kept as given
+    assert Recipe().replace(workers=6).workers == 6
