@@ -8,8 +8,8 @@ holds a half file. With no network (or `HUB_VIT_OFFLINE=1`) a download fails at 
 hand and where to put it.
 
 The sidecar is the evidence that a cached file is what hub-vit fetched from its URL: a file placed in the cache by
-hand has none, so it converts the same but its model card cannot claim the published checkpoint's results (unless
-its sha256 equals one the catalog records).
+hand has none, so it converts the same but its model card cannot claim the published checkpoint's results (the
+catalog records no hashes yet that it could be compared with).
 """
 
 from __future__ import annotations
@@ -78,17 +78,6 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _catalog_name_for_url(url: str) -> tuple[str, str | None] | None:
-    """The catalog name and sha256 of the published weights at `url` (https), if the catalog lists that URL."""
-    from hub_vit.catalog import MODELS
-
-    for entry in MODELS.values():
-        for weight in entry.weights:
-            if weight.url and weight.url == url:
-                return f"{entry.name}.{weight.tag}", weight.sha256
-    return None
-
-
 def _catalog_lookup(name: str) -> tuple[str, str | None] | None:
     """`vit_b16.augreg_in21k_ft_in1k` (or a bare registered name: its first tag) -> (https URL, sha256)."""
     from hub_vit.catalog import MODELS
@@ -129,7 +118,7 @@ def _offline_message(url: str, dest: Path, reason: str) -> str:
             "Alternatively pass the local .npz path to `hub-vit convert`, or to timm as "
             "`timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))`. "
             "A file downloaded by hand converts the same, but hub-vit cannot tell it is the published file, so its "
-            "model card does not claim the published checkpoint's results (unless its sha256 equals the catalog's).")
+            "model card does not claim the published checkpoint's results.")
 
 
 def download(url: str, *, expected_sha256: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
@@ -221,7 +210,10 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
     if text.startswith(("gs://", "http://", "https://")) or text in VANITY_NAMES:
         url = gs_to_https(VANITY_NAMES.get(text, text))
         # a URL or vanity name of a published file names a catalog weight just as its catalog name does
-        catalog_name, expected = _catalog_name_for_url(url) or (None, None)
+        from hub_vit.catalog import weights_at_url
+
+        if (found_at := weights_at_url(url)) is not None:
+            catalog_name, expected = f"{found_at[0].name}.{found_at[1].tag}", found_at[1].sha256
     elif (found := _catalog_lookup(text)) is not None:
         catalog_name, (url, expected) = text, found
     else:

@@ -124,13 +124,6 @@ def _relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) / max(1.0, float(a.abs().max()))
 
 
-def _head_is_zero(model: VisionTransformer) -> bool:
-    """A freshly initialised head (`--num-classes`, dropped pre-logits) is all zeros: every logit is 0 whatever the
-    backbone computes, so logits compared against logits would agree vacuously."""
-    head = model.head
-    return not isinstance(head, torch.nn.Linear) or not (bool(head.weight.any()) or bool(head.bias.any()))
-
-
 @torch.no_grad()
 def self_consistency(model: VisionTransformer, batch: int = 2, seed: int = 0) -> ParityReport:
     """No reference: fixed inputs through the fused (SDPA) path and the explicit-softmax path must agree, outputs
@@ -140,8 +133,8 @@ def self_consistency(model: VisionTransformer, batch: int = 2, seed: int = 0) ->
     spec = model.spec
     rng = np.random.default_rng(seed)
     x = torch.from_numpy(rng.uniform(-1, 1, size=(batch, spec.in_chans, *spec.img_size)).astype(np.float32))
-    fused_pooled = model.pool(model.forward_features(x))[0]
-    fused = model.head(model.pre_logits(fused_pooled))
+    tokens = model.forward_features(x)
+    fused_pooled, fused = model.pool(tokens)[0], model.forward_head(tokens)  # forward()'s own head path
     explicit = model.forward_all(x, output_attentions=True)
     explicit_pooled = model.pool(explicit.tokens, return_attn=True)[0]  # a MAP head's explicit-softmax path too
     # No ground truth here, only two float32 paths through the same weights: a relative 1e-3 catches a broken
@@ -150,8 +143,8 @@ def self_consistency(model: VisionTransformer, batch: int = 2, seed: int = 0) ->
     report.max_abs_diff["pooled_fused_vs_explicit_rel"] = _relative_diff(fused_pooled, explicit_pooled)
     if not torch.isfinite(fused_pooled).all() or not torch.isfinite(fused).all():
         report.max_abs_diff["non_finite_outputs"] = float("inf")
-    if spec.num_classes and _head_is_zero(model):
-        report.skipped["logits"] = "the head is freshly initialised (all zeros), so every logit is 0"
+    if spec.num_classes and model.head_is_constant():
+        report.skipped["logits"] = "the head's weight is all zero (freshly initialised): no logit depends on the input"
     elif spec.num_classes:
         report.max_abs_diff["logits_fused_vs_explicit_rel"] = _relative_diff(fused, explicit.logits)
         report.top1_agreement = float((fused.argmax(-1) == explicit.logits.argmax(-1)).float().mean())

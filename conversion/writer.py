@@ -58,22 +58,14 @@ def class_names(num_classes: int) -> list[str] | None:
     return [f"{n} ({info.index_to_label_name(i)})" if seen[n] > 1 else n for i, n in enumerate(names)]
 
 
-def _catalog_weight(source: Source) -> Any:
-    from hub_vit.catalog import MODELS
-
-    for entry in MODELS.values():
-        for weight in entry.weights:
-            if source.url and source.url == weight.url:
-                return weight
-    return None
-
-
 def pretrained_cfg_for(source: Source, spec: ViTSpec) -> dict[str, Any]:
     """timm data config: the catalog's when the source is a known published file, else big_vision's evaluation
     defaults (resize_small(size/0.875) | central_crop | value_range(-1, 1), i.e. mean = std = 0.5)."""
-    weight = _catalog_weight(source)
-    if weight is not None:
-        cfg = dict(weight.pretrained_cfg())
+    from hub_vit.catalog import weights_at_url
+
+    found = weights_at_url(source.url)
+    if found is not None:
+        cfg = dict(found[1].pretrained_cfg())
     else:
         cfg = dict(crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5),
                    std=(0.5, 0.5, 0.5), license="apache-2.0")

@@ -33,7 +33,6 @@ from hub_vit.variants import ViTSpec
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-PREPROCESSOR_FILE = "preprocessor_config.json"
 LABELS_FILE = "labels.txt"
 NATIVE_DIR = "native"
 
@@ -64,6 +63,7 @@ class ModelFolderInfo:
 
 
 def _reserved_names() -> set[str]:
+    from hub_vit.hf.image_processing_hub_vit import PREPROCESSOR_FILE
     from hub_vit.hf.remote_code import BUNDLE
 
     return {WEIGHTS_FILE, CONFIG_FILE, PREPROCESSOR_FILE, LABELS_FILE, NATIVE_DIR, *BUNDLE.values()}
@@ -132,17 +132,6 @@ def _write_extra(path: Path, content: ExtraFile) -> None:
                         f"got {type(content).__name__}")
 
 
-def processor_config(processor: Any) -> dict[str, Any]:
-    """`preprocessor_config.json` without `image_processor_type` and `auto_map`.
-
-    transformers then finds the processor through `config.json`: the registered class when hub_vit is imported, its
-    `auto_map` entry under `trust_remote_code=True`. With an `AutoImageProcessor` auto_map in this file,
-    `pipeline()`'s AutoVideoProcessor probe derives a non-existent remote "HubViTVideoProcessor" and stops to ask the
-    user interactively whether to run remote code, even though hub_vit is installed.
-    """
-    return {k: v for k, v in processor.to_dict().items() if k not in ("image_processor_type", "auto_map")}
-
-
 def _first_difference(labels: list[str], id2label: list[str]) -> str:
     """Where `labels.txt` and `id2label` first part: a class count or one class's name."""
     if len(labels) != len(id2label):
@@ -151,19 +140,12 @@ def _first_difference(labels: list[str], id2label: list[str]) -> str:
     return f"class {index} is {labels[index]!r} in {LABELS_FILE}, {id2label[index]!r} in id2label"
 
 
-def write_processor_config(folder: str | os.PathLike, pretrained_cfg: dict[str, Any]) -> None:
-    """`preprocessor_config.json` for the `HubViTImageProcessor` of a timm data config (crop, resize, mean/std)."""
-    from hub_vit.hf.image_processing_hub_vit import HubViTImageProcessor
-
-    processor = HubViTImageProcessor.from_pretrained_cfg(pretrained_cfg)
-    _write_extra(Path(folder) / PREPROCESSOR_FILE, processor_config(processor))
-
-
 def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None, pretrained_cfg: dict | None,
                   architecture: str, extra: dict[str, ExtraFile], native_vit: bool) -> None:
     from safetensors import safe_open
 
     from hub_vit.hf.configuration_hub_vit import data_config
+    from hub_vit.hf.image_processing_hub_vit import write_processor_config
     from hub_vit.hf.modeling_hub_vit import HubViTForImageClassification, HubViTModel
 
     spec = model.spec
@@ -182,7 +164,7 @@ def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None,
         raise RuntimeError(f"{WEIGHTS_FILE} keys differ from the model: missing {sorted(expected - written)[:5]}, "
                            f"unexpected {sorted(written - expected)[:5]}")
 
-    write_processor_config(out, wrapper.config.pretrained_cfg)
+    write_processor_config(out, wrapper.config.pretrained_cfg)  # (imported with the transformers classes above)
     if spec.num_classes:
         id2label = wrapper.config.id2label
         (out / LABELS_FILE).write_text("".join(f"{id2label[i]}\n" for i in range(spec.num_classes)), encoding="utf-8")

@@ -257,6 +257,12 @@ class VisionTransformer(nn.Module):
             pool_attention=pool_attn,
         )
 
+    def head_is_constant(self) -> bool:
+        """True when the logits cannot depend on the input: a linear head whose weight is all zero (freshly
+        initialised by `head_zeroinit`, `reset_classifier`, a new `--num-classes` head), so every logit is its bias.
+        Verification that compares such logits passes whatever the backbone computes."""
+        return isinstance(self.head, nn.Linear) and not bool(self.head.weight.any())
+
     # ---------------------------------------------------------------------------------------------------- timm API
     def get_classifier(self) -> nn.Module:
         return self.head

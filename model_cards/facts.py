@@ -186,6 +186,10 @@ def content_evidence(source: dict[str, Any] | None, weights: Weights) -> str | N
     sha = source.get("sha256")
     if not sha:
         return None
+    if "downloaded_sha256" not in source:  # written before hub-vit recorded downloads: keep its name-based match
+        return (f"not recorded (`{CONVERSION}` comes from a hub-vit version that did not record downloads; the "
+                "file matches by name and layout, which is how that version recognised it; convert it again to have "
+                "the download verified)")
     if weights.sha256:  # the catalog's hash decides alone: a download that does not match it is not the file
         return "its sha256 equals the one `hub_vit.catalog` records" if sha == weights.sha256 else None
     if weights.url and source.get("url") == weights.url and source.get("downloaded_sha256") == sha:

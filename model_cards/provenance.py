@@ -66,10 +66,13 @@ def summary(facts: FolderFacts, family: str) -> str:
     if facts.match is not None:
         w = facts.match.weights
         origin = f"Google's published checkpoint `{w.gs_url}` ({w.dataset}), converted to PyTorch by `hub-vit convert`"
-    elif facts.namesake is not None:
+    elif facts.namesake is not None and facts.kind == "converted":
         origin = (f"converted by `hub-vit convert` from `{source_label(_dict(facts.conversion, 'source'))}`, which has "
                   f"the name and layout of Google's published checkpoint `{facts.namesake.weights.gs_url}` but whose "
                   "content was not verified to be that file, so the published results are not claimed for it")
+    elif facts.namesake is not None:
+        origin = (f"its `pretrained_cfg` names Google's published checkpoint `{facts.namesake.weights.gs_url}`, but "
+                  f"no `{CONVERSION}` records where its weights came from, so the published results are not claimed")
     elif facts.kind == "converted":
         origin = f"converted by `hub-vit convert` from `{source_label(_dict(facts.conversion, 'source'))}`"
     elif facts.kind == "trained":
@@ -253,10 +256,12 @@ def rows(facts: FolderFacts, version: str) -> Rows:
         out.append(("published checkpoint", f"`{facts.match.name}` in `hub_vit.catalog`; content verified: "
                                             f"{facts.match.evidence}"))
     elif facts.namesake is not None:
-        out.append(("published checkpoint", f"not verified: the source has the name and layout of "
-                                            f"`{facts.namesake.name}` in `hub_vit.catalog`, but it was not downloaded "
-                                            "by hub-vit from the catalog's URL and its sha256 matches no hash the "
-                                            "catalog records, so the published results are not claimed"))
+        where = ("the source has the name and layout of" if facts.kind == "converted"
+                 else "the folder's `pretrained_cfg` names")
+        out.append(("published checkpoint", f"not verified: {where} `{facts.namesake.name}` in `hub_vit.catalog`, "
+                                            "but no record shows hub-vit downloaded it from the catalog's URL (and "
+                                            "the catalog has no hash of it to compare), so the published results "
+                                            "are not claimed"))
     if facts.kind == "converted":
         out += _conversion_rows(facts)
     elif facts.kind == "trained":

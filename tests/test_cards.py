@@ -333,6 +333,39 @@ def test_same_name_and_layout_without_download_evidence_claims_nothing(tmp_path:
     assert table(text, "Provenance")["published checkpoint"].startswith("not verified:")
 
 
+def test_a_conversion_recorded_before_download_evidence_keeps_its_match_and_says_so(tmp_path: Path) -> None:
+    """A conversion.json from an earlier hub-vit has no `downloaded_sha256` key: its folder's card keeps the
+    published results it had (re-rendering must not silently drop them) and says the download was not recorded."""
+    from hub_vit.folder import save_model_folder
+
+    entry = MODELS["simplevit_s16"]
+    weights = entry.weight("i1k_300ep")
+    source = {"origin": "simplevit_s16.i1k_300ep", "url": weights.url, "sha256": "0" * 64,
+              "catalog_name": "simplevit_s16.i1k_300ep"}  # as the previous version wrote it
+    folder = save_model_folder(VisionTransformer(entry.spec), tmp_path / "s16", labels=[f"c{i}" for i in range(1000)],
+                               pretrained_cfg=weights.pretrained_cfg(),
+                               extra_files={"conversion.json": {"source": source, "layout": {"family": "big_vision"}}})
+    card = ModelCard.load(write_model_card(folder))
+    assert [r.metric_value for r in card.data.eval_results] == [80.0, 85.4, 68.3]
+    row = table(str(card), "Provenance")["published checkpoint"]
+    assert "content verified: not recorded" in row and "convert it again" in row, row
+
+
+def test_a_folder_without_conversion_json_is_not_said_to_be_converted(tmp_path: Path) -> None:
+    """Its pretrained_cfg names a published file (saved from a timm model), but no record says where the weights
+    came from: no published results, and no claim that `hub-vit convert` made it."""
+    from hub_vit.folder import save_model_folder
+
+    entry = MODELS["simplevit_s16"]
+    weights = entry.weight("i1k_300ep")
+    folder = save_model_folder(VisionTransformer(entry.spec), tmp_path / "s16", labels=[f"c{i}" for i in range(1000)],
+                               pretrained_cfg=weights.pretrained_cfg())
+    text = str(ModelCard.load(write_model_card(folder)))
+    assert "## Published results" not in text and "converted by `hub-vit convert`" not in text
+    assert "its `pretrained_cfg` names Google's published checkpoint" in text
+    assert table(text, "Provenance")["published checkpoint"].startswith("not verified: the folder's `pretrained_cfg`")
+
+
 # ---------------------------------------------------------------------------------------------------- headless
 def test_headless_folder_validates_and_its_card_snippets_run(tmp_path: Path) -> None:
     """`--num-classes 0` (as for SigLIP image towers): no labels.txt, feature-extraction card, snippets that run."""

@@ -71,10 +71,15 @@ def test_zero_head_is_refused_instead_of_passing_vacuously(tmp_path: Path) -> No
     model = _model(ViTSpec(**{**TINY, "head_zeroinit": True}, posemb="learn", pool_type="tok"))
     assert not model.head.weight.any()
     out = tmp_path / "exports"
-    with pytest.raises(ValueError, match="logits do not depend on the input") as err:
-        export_variants(model, out, variants=["fp32"], n_random=4, n_photos=4, seed=0)
-    assert "classifier head is zero" in str(err.value)
-    assert not out.exists()
+    for n_random, n_photos in ((4, 4), (1, 0)):  # one image too: logits equal across images were the old test
+        with pytest.raises(ValueError, match="logits do not depend on the input") as err:
+            export_variants(model, out, variants=["fp32"], n_random=n_random, n_photos=n_photos, seed=0)
+        assert "head's weight is all zero" in str(err.value)
+        assert not out.exists()
+    with torch.no_grad():
+        model.head.bias.fill_(0.5)  # a bias alone changes nothing: every image still gets the same logits
+    with pytest.raises(ValueError, match="logits do not depend on the input"):
+        export_variants(model, out, variants=["fp32"], n_random=1, n_photos=0, seed=0)
 
 
 def test_a_head_with_any_weight_is_verified(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_folder_layout_and_config_serving_both_front_doors(simple_folder) -> Non
     assert pcfg["input_size"] == [3, 64, 64] and pcfg["crop_pct"] == 0.9 and pcfg["interpolation"] == "bicubic"
     assert (folder / "labels.txt").read_text().splitlines() == LABELS
     processor = json.loads((folder / "preprocessor_config.json").read_text())
-    # found through config.json (registered class / its auto_map), see hub_vit.folder.processor_config
+    # found through config.json (registered class / its auto_map), see image_processing_hub_vit.processor_config
     assert "image_processor_type" not in processor and "auto_map" not in processor and processor["crop_pct"] == 0.9
     assert config["auto_map"]["AutoImageProcessor"] == "image_processing_hub_vit.HubViTImageProcessor"
     assert oct(folder.stat().st_mode & 0o777) == "0o755"
@@ -139,8 +139,11 @@ _REMOTE_SCRIPT = textwrap.dedent("""
         logits = model(torch.load(pixels)).logits
     photo = Image.open(sys.argv[4])
     top = pipeline("image-classification", model=folder, trust_remote_code=True)(photo, top_k=1)[0]
+    model.save_pretrained(sys.argv[5])  # the model alone, by the bundled classes: its processor must come along
+    resaved = AutoImageProcessor.from_pretrained(sys.argv[5], trust_remote_code=True)
     torch.save({"logits": logits, "module": type(model).__module__, "processor": type(processor).__name__,
                 "photo_pixels": processor(photo, return_tensors="pt").pixel_values, "top": top,
+                "resaved_pixels": resaved(photo, return_tensors="pt").pixel_values,
                 "hub_vit_loaded": [m for m in sys.modules if m.startswith("hub_vit")]}, out)
 """)
 
@@ -156,7 +159,7 @@ def test_trust_remote_code_without_hub_vit(simple_folder, tmp_path, photos) -> N
     env.update(PYTHONPATH=sysconfig.get_paths()["purelib"], HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
     proc = subprocess.run(
         [sys.executable, "-S", str(tmp_path / "remote.py"), str(folder), str(tmp_path / "x.pt"),
-         str(tmp_path / "out.pt"), str(tmp_path / "chelsea.png")],
+         str(tmp_path / "out.pt"), str(tmp_path / "chelsea.png"), str(tmp_path / "resaved")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -171,6 +174,7 @@ def test_trust_remote_code_without_hub_vit(simple_folder, tmp_path, photos) -> N
 
     local = HubViTImageProcessor.from_pretrained(folder)(photos["chelsea"], return_tensors="pt").pixel_values
     assert torch.equal(local, out["photo_pixels"])
+    assert torch.equal(local, out["resaved_pixels"])
 
 
 def test_native_vit_folder_for_classic_vit(tmp_path, photos) -> None:

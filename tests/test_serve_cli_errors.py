@@ -129,6 +129,10 @@ def test_loadtest_json_folder_is_refused_before_the_run(tmp_path):
     assert code == 1 and "no HTTP answer" in out and kept.read_text() == "{}"  # checked, left as it was
     code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(tmp_path / "fresh.json"))
     assert code == 1 and not (tmp_path / "fresh.json").exists()  # the probe leaves no empty file behind
+    link = tmp_path / "latest.json"
+    link.symlink_to(tmp_path / "run1.json")  # a link to the file this run is to write
+    code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(link))
+    assert code == 1 and link.is_symlink() and not (tmp_path / "run1.json").exists()  # was: link deleted, file made
 
 
 def test_user_input_is_shown_as_typed():

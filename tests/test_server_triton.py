@@ -512,11 +512,11 @@ def test_cli_classify_and_loadtest(server, tmp_path, photos):
                                  str(image)])
     output = " ".join(result.output.split())
     assert result.exit_code == 2 and f"--batch {MAX_BATCH + 1} is more than the {MAX_BATCH} images" in output, output
-    (tmp_path / "afile").write_text("x")  # --json under a file: the run's numbers are printed, the write is refused
+    (tmp_path / "afile").write_text("x")  # --json under a file: refused before the run, not after it
     result = runner.invoke(app, ["loadtest", "--url", server.http_url, "--requests", "2", "--json",
                                  str(tmp_path / "afile" / "load.json"), str(image)])
     output = " ".join(result.output.split())
-    assert result.exit_code == 1 and "2 requests" in output and "cannot write --json" in output, output
+    assert result.exit_code == 2 and "is a file" in output and "2 requests" not in output, output
     result = runner.invoke(app, ["classify", "--url", server.http_url, str(tmp_path / "missing.png")])
     assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())
     # The other protocol's port: one message that points at the ports (was an HTTPParseError traceback for HTTP).

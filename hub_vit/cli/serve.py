@@ -455,14 +455,15 @@ def _check_writable(path: Path) -> None:
     if not path.parent.is_dir():
         what = "is a file" if path.parent.exists() else "does not exist"
         raise fail(f"--json {str(path)!r}: its folder {str(path.parent)!r} {what}")
-    existed = path.exists()
+    target = path.resolve()  # a symbolic link is probed at its target, and left in place
+    existed = target.exists()
     try:
-        with path.open("a", encoding="utf-8"):
+        with target.open("a", encoding="utf-8"):
             pass
     except OSError as err:
         raise fail(f"cannot write --json {str(path)!r}: {err.strerror or err}") from None
     if not existed:
-        path.unlink()  # only the run's result is ever left there
+        target.unlink()  # only the run's result is ever left there
 
 
 def _endpoint(url: str | None, grpc: bool) -> tuple[str, str]:

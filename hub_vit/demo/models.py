@@ -93,7 +93,7 @@ def _distinct_names(paths: list[Path]) -> list[str]:
     two training runs' folders (the same rule for every clashing folder, not the full path for the second one)."""
     depth = dict.fromkeys(paths, 1)
     while True:
-        names = {path: "/".join(path.parts[-depth[path]:]) for path in paths}
+        names = {path: str(Path(*path.parts[-depth[path]:])) for path in paths}  # "/model", not "//model"
         clashing = [path for path in paths if depth[path] < len(path.parts)
                     and sum(names[other] == names[path] for other in paths) > 1]
         if not clashing:

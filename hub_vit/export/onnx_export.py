@@ -145,8 +145,8 @@ def _down_convert(path: Path, opset: int) -> None:
 
     The dynamo exporter builds at opset 18 and converts down before it optimises; on a GAP model that conversion
     fails (the pooling ReduceMean's `axes` is not yet a constant), so the graph stays at 18. Once optimised, the axes
-    are a constant initializer and the converter succeeds. When it still fails, the exporter's opset (>= `opset`)
-    is kept, as before: the caller reads the opset actually written from the file (`graph_opset`).
+    are a constant initializer and the converter succeeds. When it still fails, or its result is not a valid graph,
+    the exporter's opset (>= `opset`) is kept, as before: the caller reads the opset written from the file.
     """
     import onnx
     from onnx import version_converter
@@ -156,9 +156,13 @@ def _down_convert(path: Path, opset: int) -> None:
         return
     try:
         converted = version_converter.convert_version(proto, opset)
-    except (RuntimeError, ValueError, IndexError):  # the C++ converter's assertion failures arrive as RuntimeError
+    except (version_converter.ConvertError, RuntimeError, ValueError, IndexError):  # C++ assertions: RuntimeError
         return
     if opset < 18 and not _drop_noop_with_empty_axes(converted.graph):
+        return
+    try:  # only a valid graph replaces the exporter's own (which the caller checks in full afterwards)
+        onnx.checker.check_model(converted, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
         return
     onnx.save(converted, str(path))
 

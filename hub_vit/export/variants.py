@@ -202,6 +202,7 @@ def export_variants(
     variants = check_variants(variants)
     if providers:
         check_providers(providers)  # before the output folder exists: a bad provider would fail every variant
+    check_informative(model)  # likewise: a constant (zero) head would "pass" every variant vacuously
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"output folder {str(out_dir)!r} is a file")
@@ -215,7 +216,6 @@ def export_variants(
             own_verify, own_calib = images[:half], images[half:]
         x, seed = verification_inputs(model, n_random=n_random, n_photos=n_photos, seed=seed, images=own_verify)
         reference = torch_outputs(model, x)["logits"]
-        check_informative(reference)  # before any graph is built: a zero head would "pass" vacuously
         provider_name = ",".join(providers) if providers else "default"
         outcomes: list[VariantOutcome] = []
         settings = dict(variants=variants, stem=stem, opset=opset, dynamic_batch=dynamic_batch,

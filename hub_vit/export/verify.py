@@ -194,21 +194,15 @@ def check_providers(providers: Sequence[str]) -> None:
                          f"({ort.__version__}); available: {', '.join(available)}")
 
 
-def check_informative(reference: np.ndarray) -> None:
-    """Refuse a reference on which verification would pass whatever the graph computes.
-
-    When every verification image gets the same logits (all 0 for a zero-initialised head: a fresh
-    `hub-vit convert --num-classes` folder, a timm state_dict), max |diff| can be 0 and top-1 agreement 100 % by
-    ties for a graph that ignores its input, so calling it "passed" would certify nothing.
-    """
-    if len(reference) > 1 and bool((reference == reference[:1]).all()):
-        values = np.unique(reference)
-        shown = "all 0" if values.size == 1 and values[0] == 0 else f"the same {reference.shape[-1]} values"
+def check_informative(model: VisionTransformer) -> None:
+    """Refuse a model on which verification would pass whatever the graph computes: with a constant head (all-zero
+    weight: a fresh `hub-vit convert --num-classes` folder, a timm state_dict) every logit is its bias, so max |diff|
+    can be 0 and top-1 agreement 100 % by ties for a graph that ignores its input, on any number of images."""
+    if model.head_is_constant():
         raise ValueError(
-            f"cannot verify this model: its logits do not depend on the input ({shown} for every one of "
-            f"{len(reference)} verification images; the classifier head is zero, e.g. freshly initialised), so the "
-            "comparison with ONNX Runtime would pass without testing anything. Fine-tune it first (hub-vit train "
-            "--init) or export a model with a trained head")
+            "cannot verify this model: its classifier head's weight is all zero (freshly initialised), so its logits "
+            "do not depend on the input and the comparison with ONNX Runtime would pass without testing anything. "
+            "Fine-tune it first (hub-vit train --init) or export a model with a trained head")
 
 
 def ort_outputs(session: Any, x: np.ndarray, batch_size: int = 8) -> dict[str, np.ndarray]:

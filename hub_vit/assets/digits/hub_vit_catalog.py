@@ -244,3 +244,13 @@ def get_entry(name: str) -> ModelEntry:
     if base not in MODELS:
         raise KeyError(f"unknown hub-vit model {name!r}; valid names: {', '.join(MODELS)}")
     return MODELS[base]
+
+
+def weights_at_url(url: str | None) -> tuple[ModelEntry, Weights] | None:
+    """The published weights the catalog downloads from `url` (https), if any: how a URL or vanity name given to
+    `hub-vit convert` is recognised as a catalog checkpoint (its name, hash and data config)."""
+    for entry in MODELS.values():
+        for weights in entry.weights:
+            if url and weights.url == url:
+                return entry, weights
+    return None

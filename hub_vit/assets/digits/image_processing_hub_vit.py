@@ -12,7 +12,9 @@ This file is also bundled into saved model folders as transformers remote code (
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Any, TypedDict
 
 import numpy as np
@@ -23,6 +25,7 @@ from transformers.image_transforms import to_pil_image
 from .hub_vit_image_modes import to_8bit
 from .hub_vit_resize_bound import check_resize, eval_resize
 
+PREPROCESSOR_FILE = "preprocessor_config.json"
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
 CROP_MODES = ("center", "squash", "border")
 
@@ -199,4 +202,23 @@ def _as_numpy(image: Any) -> np.ndarray:
     return array
 
 
-__all__ = ["HubViTImageProcessor"]
+def processor_config(processor: HubViTImageProcessor) -> dict[str, Any]:
+    """`preprocessor_config.json` without `image_processor_type` and `auto_map`.
+
+    transformers then finds the processor through `config.json`: the registered class when hub_vit is imported, its
+    `auto_map` entry under `trust_remote_code=True`. With an `AutoImageProcessor` auto_map in this file,
+    `pipeline()`'s AutoVideoProcessor probe derives a non-existent remote "HubViTVideoProcessor" and stops to ask the
+    user interactively whether to run remote code, even though hub_vit is installed.
+    """
+    return {k: v for k, v in processor.to_dict().items() if k not in ("image_processor_type", "auto_map")}
+
+
+def write_processor_config(folder: str | os.PathLike, pretrained_cfg: dict[str, Any]) -> None:
+    """`preprocessor_config.json` for the processor of a timm data config (crop, resize, mean/std). Lives here, in
+    the remote-code bundle, so a model saved by the bundled classes (hub_vit not installed) writes it too."""
+    config = processor_config(HubViTImageProcessor.from_pretrained_cfg(pretrained_cfg))
+    with open(os.path.join(folder, PREPROCESSOR_FILE), "w", encoding="utf-8") as f:
+        f.write(json.dumps(config, indent=2) + "\n")
+
+
+__all__ = ["PREPROCESSOR_FILE", "HubViTImageProcessor", "processor_config", "write_processor_config"]

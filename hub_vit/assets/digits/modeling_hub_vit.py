@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
 from .configuration_hub_vit import HubViTConfig
+from .image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from .hub_vit_model import VisionTransformer
 from .hub_vit_variants import to_2tuple
 from .hub_vit_weights import adapt_state_dict
@@ -83,14 +84,15 @@ class HubViTPreTrainedModel(PreTrainedModel):
             # memory must write the same plain timm keys
             self._weight_conversions = [_PREFIX_RULE(prefix_to_add="vit")]
         try:
-            raise ImportError('hub_vit.folder is not bundled with this model folder; install hub-vit for this feature')
             raise ImportError('hub_vit.hf.remote_code is not bundled with this model folder; install hub-vit for this feature')
         except ImportError:  # running as remote code already: transformers copies these files itself
-            return super().save_pretrained(save_directory, *args, **kwargs)
-        self.config.auto_map = dict(AUTO_MAP)
+            AUTO_MAP = write_remote_code = None
+        if AUTO_MAP is not None:
+            self.config.auto_map = dict(AUTO_MAP)
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            write_remote_code(save_directory)
+            if write_remote_code is not None:
+                write_remote_code(save_directory)
             if not os.path.exists(os.path.join(save_directory, PREPROCESSOR_FILE)):
                 write_processor_config(save_directory, self.config.timm_config()["pretrained_cfg"])
         return result
