@@ -131,3 +131,13 @@ def test_folders_with_the_same_name_are_told_apart_the_same_way(tmp_path: Path) 
     keys = [c.key for c in discover_choices([*folders, folders[0]]) if c.key != DEFAULT_KEY and c.kind == "folder"]
     assert keys == ["folder: d2/model", "folder: ft/model", "folder: flowers"]  # the repeated folder offered once
     assert _distinct_names([Path("/x/model"), Path("/model")]) == ["x/model", "/model"]  # was "//model"
+
+
+def test_registered_name_of_the_shipped_model_resolves_to_its_folder() -> None:
+    # simplevit_digits' weights ship in the package: no download cache is involved, with or without the tag
+    from hub_vit.catalog import default_model_folder
+
+    for name in ("simplevit_digits", "simplevit_digits.sklearn_digits"):
+        choice = resolve_choice(name)
+        assert choice.kind == "folder" and Path(choice.target) == default_model_folder().resolve()
+        assert choice.key == "simplevit_digits.sklearn_digits"

@@ -123,7 +123,10 @@ def resolve_choice(model: str | None, choices: Sequence[ModelChoice] = ()) -> Mo
         tag = tag or (entry.weights[0].tag if entry.weights else "")
         if not tag:
             raise ValueError(f"{name!r} has no published weights; pass a model folder instead")
-        entry.weight(tag)  # raises, listing the valid tags
+        weights = entry.weight(tag)  # raises, listing the valid tags
+        if weights.file and Path(weights.file).parent.joinpath("config.json").is_file():
+            # shipped inside the package (the default model): its folder has the labels and the input recipe
+            return folder_choice(Path(weights.file).parent, key=f"{name}.{tag}")
         if cached_checkpoint(name, tag) is None:
             raise ValueError(f"the checkpoint of {name}.{tag} is not in the local cache; download it once with "
                              f"`timm.create_model('{name}.{tag}', pretrained=True)` or convert it to a folder")
