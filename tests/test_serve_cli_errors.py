@@ -178,3 +178,17 @@ def test_serve_repository_that_is_a_file_or_serves_another_name(tmp_path):
     assert code == 0, out
     code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "--name", "other")
     assert code == 2 and "--name 'other': the repository serves 'digits'" in out, out
+
+
+def test_try_line_names_a_real_sample_of_the_served_model(tmp_path):
+    # a pip-installed user has no checkout path to type: the banner shows the shipped sample wherever pip put it
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.cli.serve import _example_image
+
+    example = Path(_example_image(str(default_model_folder())))
+    assert example.is_file() and example.parent == default_model_folder() / "samples"
+    spaced = tmp_path / "my models" / "samples"
+    spaced.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(spaced / "a b.png")
+    assert _example_image(str(spaced.parent)) == f"'{spaced / 'a b.png'}'"  # quoted: pastes as one argument
+    assert _example_image(str(tmp_path / "model.onnx")) == "IMAGE..."

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import signal
 import tempfile
@@ -148,11 +149,13 @@ def serve(
     if exit_timeout < 0:
         raise fail(f"--exit-timeout must be >= 0 seconds, got {exit_timeout}")
     workdir = None
+    example = "IMAGE..."
     if repository_dir is None:
         opts = _options(name=name, max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
                         max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k,
                         max_pixels=max_pixels)
         source = _source(model)
+        example = _example_image(source.origin)
         workdir = Path(tempfile.mkdtemp(prefix="hub-vit-serve-"))
         console.print(f"building the Triton repository for [bold]{source.metadata.name}[/] ({source.origin})")
         try:
@@ -200,7 +203,8 @@ def serve(
                       f"  HTTP     http://{server.http_url}/v2/models/{name}/infer\n"
                       f"  gRPC     {server.grpc_url}\n"
                       f"  metrics  {server.metrics_url}\n"
-                      f"  try:     hub-vit classify --url {server.http_url} --model {name} IMAGE...")
+                      f"  try:     hub-vit classify --url {server.http_url} --model {name} {example}",
+                      soft_wrap=True)  # one line however narrow the terminal: it is pasted as a command
         if demo:
             demo_app = _start_demo(model, host, demo_port, server.http_url, name)
         code = server.wait()
@@ -220,6 +224,14 @@ def serve(
             signal.signal(sig, handler)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _example_image(origin: str) -> str:
+    """A sample image of the served model folder for the `try:` line (the shipped model has some, wherever pip put
+    it), else a placeholder."""
+    folder = Path(origin)
+    samples = sorted(folder.glob("samples/*.png")) if folder.is_dir() else []
+    return shlex.quote(str(samples[0])) if samples else "IMAGE..."
 
 
 def _not_served(http_url: str, name: str) -> str | None:
