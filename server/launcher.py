@@ -16,8 +16,10 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -41,6 +43,9 @@ PR_SET_PDEATHSIG = 1
 #   E1123 06:09:28.412527 4209 model_lifecycle.cc:642] "failed to load 'vit_classifier' version 1: Internal:
 #   InvalidProtobuf: [ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from ... failed:Protobuf parsing failed.
 #   \n\nAt:\n  .../onnxruntime_inference_collection.py(753): _create_inference_session\n ..."
+# Triton's words when a port was taken between our check and its bind (HTTP, gRPC and metrics alike):
+#   E1123 ... grpc_server.cc] "failed to start GRPC service: Unavailable - Socket '127.0.0.1:8001' already in use "
+PORT_IN_USE = re.compile(r"Socket '[^']*:(?P<port>\d+)' already in use")
 LOAD_FAILURE = re.compile(r"failed to load '(?P<model>[^']+)' version (?P<version>\d+): (?P<reason>.*)")
 
 
@@ -55,6 +60,37 @@ def load_failure(line: str) -> str | None:
 
 class ServerError(RuntimeError):
     """tritonserver could not be found, did not become ready, or died."""
+
+
+# Triton's Python backend starts each stub as `bash -c "exec <stub> <repository>/<model>/1/model.py ..."` without
+# quoting, so a space or a shell character in the repository path splits or breaks that command and the model never
+# loads (the server then waits out its whole start timeout). Letters of any script are fine.
+SHELL_UNSAFE = re.compile(r"""[\s'"\\$`!&;|<>()*?\[\]{}#~^]""")
+
+
+def shell_unsafe(path: str | Path) -> str:
+    """The characters of `path` that Triton's stub command line cannot take ('' when it is safe)."""
+    found = dict.fromkeys(SHELL_UNSAFE.findall(str(path)))
+    return " ".join("space" if c == " " else repr(c) for c in found)
+
+
+def unservable_path_message(path: str | Path) -> str | None:
+    """Why the Python backend could not start from `path`, or None when it can."""
+    bad = shell_unsafe(path)
+    if not bad:
+        return None
+    return (f"Triton's Python backend cannot start models from {str(path)!r}: it launches them through a shell "
+            f"that splits the path at {bad}; use a path without spaces or shell characters")
+
+
+def shell_safe_tempdir(prefix: str) -> Path:
+    """`tempfile.mkdtemp`, in $TMPDIR when its path is safe for the stub command line, else in /tmp or /var/tmp."""
+    for base in (tempfile.gettempdir(), "/tmp", "/var/tmp"):
+        if not shell_unsafe(base) and os.access(base, os.W_OK | os.X_OK):
+            return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    raise ServerError(f"no writable temporary folder whose path Triton's Python backend can use: $TMPDIR is "
+                      f"{tempfile.gettempdir()!r} ({shell_unsafe(tempfile.gettempdir()) or 'not writable'}); "
+                      "point TMPDIR at a writable folder without spaces or shell characters")
 
 
 @dataclass(frozen=True)
@@ -131,6 +167,15 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _server_id(url: str) -> str | None:
+    """The `name` of Triton's server metadata (GET /v2): its `--id`."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return json.loads(reply.read()).get("name")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return None
+
+
 def _kill_process_group(pgid: int) -> None:
     """SIGKILL what is left of the server's session (it was started with `start_new_session`, so its process group
     id is its pid): Triton's Python-backend stub processes, orphaned when tritonserver exits without reaping them."""
@@ -157,6 +202,9 @@ class TritonServer:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise ServerError(f"model repository {str(self.repository)!r} is not a folder")
+        unservable = unservable_path_message(self.repository)
+        if unservable:
+            raise ServerError(unservable)
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
         self._check_ports(in_use=False)
         self.exit_timeout_s = exit_timeout_s
@@ -166,6 +214,8 @@ class TritonServer:
         self.load_failures: list[str] = []  # `load_failure` summaries, kept even when the tail has moved on
         self._workspace: Path | None = None
         self._reader: threading.Thread | None = None
+        # `--id`: GET /v2 answers it, so readiness is never taken from another server that got our port first
+        self.server_id = f"hub-vit-{os.getpid()}-{secrets.token_hex(4)}"
 
     # -- endpoints ------------------------------------------------------------------------------------------------
     @property
@@ -184,6 +234,7 @@ class TritonServer:
     def command(self, install: TritonInstall, backends: Path) -> list[str]:
         return [
             str(install.binary),
+            f"--id={self.server_id}",
             f"--model-repository={self.repository}",
             f"--backend-directory={backends}",
             "--model-control-mode=none",  # no repository changes over the API (arbitrary code execution risk)
@@ -207,7 +258,7 @@ class TritonServer:
     def start(self, timeout_s: float = 120.0) -> TritonServer:
         self._check_ports(in_use=True)  # Triton would say so only deep in its log, after loading every model
         install = find_triton()
-        self._workspace = Path(tempfile.mkdtemp(prefix="hub-vit-triton-"))
+        self._workspace = shell_safe_tempdir("hub-vit-triton-")
         backends = self._workspace / "backends"
         python_dir = backends / "python"
         shutil.copytree(install.python_backend, python_dir, ignore=shutil.ignore_patterns("__pycache__"))
@@ -245,9 +296,12 @@ class TritonServer:
                 self.log(line)
 
     def is_ready(self) -> bool:
-        """Every model ready and every endpoint answering. Triton starts its metrics service last, after HTTP already
-        reports ready (a metrics read right after readiness was once refused in CI), so that is checked too."""
-        return _answers(f"http://{self.http_url}/v2/health/ready") and _answers(self.metrics_url)
+        """Every model ready and every endpoint answering, *this* server's. Triton starts its metrics service last,
+        after HTTP already reports ready (a metrics read right after readiness was once refused in CI), so that is
+        checked too. Another server on our port (two `serve` started at once both passed the port check) answers
+        /v2 with its own id."""
+        return (_answers(f"http://{self.http_url}/v2/health/ready") and _answers(self.metrics_url)
+                and _server_id(f"http://{self.http_url}/v2") == self.server_id)
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -256,12 +310,29 @@ class TritonServer:
                 code = None if self.process is None else self.process.returncode
                 if self._reader is not None:  # the process is gone: let the reader take in its last lines
                     self._reader.join(timeout=2)
+                taken = self._port_taken()
+                if taken:
+                    raise ServerError(taken)
                 raise ServerError(f"tritonserver exited with code {code} before it was ready{self._failures()}\n"
                                   f"log tail:\n{self.tail()}")
             if self.is_ready():
                 return
             time.sleep(0.2)
         raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s{self._failures()}\nlog tail:\n{self.tail()}")
+
+    def _port_taken(self) -> str | None:
+        """A one-line error when Triton died because a port was taken after our check (another server starting at
+        the same time), from its log: `failed to start GRPC service: Unavailable - Socket '127.0.0.1:8001' already
+        in use` (HTTP and metrics: `failed to start HTTP service` / `... Metrics service ...`)."""
+        names = {self.http_port: "http_port", self.grpc_port: "grpc_port", self.metrics_port: "metrics_port"}
+        for line in self.log_tail:
+            match = PORT_IN_USE.search(line)
+            if match is None:
+                continue
+            port = int(match["port"])
+            return (f"{names.get(port, 'port')} {port}: already in use on {self.host} (taken by another process "
+                    "while tritonserver was loading its models, e.g. a second server started at the same time)")
+        return None
 
     def _failures(self) -> str:
         return "".join(f"\n  {failure}" for failure in self.load_failures)

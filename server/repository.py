@@ -52,6 +52,9 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{str(out)!r} is a file; give a folder for the repository")
+    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:  # mkdir would say only "[Errno 17] File exists"
+        raise NotADirectoryError(f"{str(blocking)!r} is a file, so the repository {str(out)!r} cannot be made in it")
     if holds_cwd(out):
         raise FileExistsError(f"{str(out)!r} is the current directory (or holds it); replacing it would leave the "
                               "shell in a deleted folder: choose another folder")

@@ -121,7 +121,8 @@ def test_a_decompression_bomb_upload_is_called_too_large(tmp_path: Path) -> None
 
 def test_folders_with_the_same_name_are_told_apart_the_same_way(tmp_path: Path) -> None:
     # was: "folder: model" for the first and the full path for the second of two training runs' model folders
-    from hub_vit.demo.models import DEFAULT_KEY, _distinct_names, discover_choices
+    from hub_vit.demo.models import DEFAULT_KEY, discover_choices
+    from hub_vit.paths import distinct_names
 
     folders = [tmp_path / "runs" / "d2" / "model", tmp_path / "runs" / "ft" / "model", tmp_path / "flowers"]
     for folder in folders:
@@ -130,7 +131,8 @@ def test_folders_with_the_same_name_are_told_apart_the_same_way(tmp_path: Path) 
         (folder / "model.safetensors").write_bytes(b"")
     keys = [c.key for c in discover_choices([*folders, folders[0]]) if c.key != DEFAULT_KEY and c.kind == "folder"]
     assert keys == ["folder: d2/model", "folder: ft/model", "folder: flowers"]  # the repeated folder offered once
-    assert _distinct_names([Path("/x/model"), Path("/model")]) == ["x/model", "/model"]  # was "//model"
+    assert distinct_names([Path("/x/model"), Path("/model")]) == ["x/model", "/model"]  # was "//model"
+    assert distinct_names([Path("/a/x.png"), Path("/b/x.png"), Path("/a/x.png")]) == ["a/x.png", "b/x.png", "a/x.png"]
 
 
 def test_registered_name_of_the_shipped_model_resolves_to_its_folder() -> None:

@@ -91,8 +91,12 @@ def test_repository_onto_a_file_or_the_current_directory(tmp_path, monkeypatch):
     for extra in ((), ("--overwrite",)):
         code, out = _run("repository", str(afile), *extra)
         assert code == 2 and "is a file; give a folder" in out, out
+    code, out = _run("repository", str(afile / "sub"))  # was "[Errno 17] File exists"
+    assert code == 2 and f"'{afile}' is a file, so the repository" in out, out
     code, out = _run("repository", str(tmp_path / "repo"))
     assert code == 0, out
+    code, out = _run("repository", str(tmp_path / "repo"))
+    assert code == 2 and "already exists; pass --overwrite to replace it" in out, out  # the flag, not the keyword
     monkeypatch.chdir(tmp_path / "repo")
     code, out = _run("repository", ".", "--overwrite")
     assert code == 2 and "is the current directory" in out
@@ -192,3 +196,13 @@ def test_try_line_names_a_real_sample_of_the_served_model(tmp_path):
     Image.new("RGB", (8, 8)).save(spaced / "a b.png")
     assert _example_image(str(spaced.parent)) == f"'{spaced / 'a b.png'}'"  # quoted: pastes as one argument
     assert _example_image(str(tmp_path / "model.onnx")) == "IMAGE..."
+
+
+def test_repository_at_a_path_the_python_backend_cannot_serve_from_says_so(tmp_path):
+    # written (a container mounts it elsewhere), with a note; `serve --repository` refuses it at once (it waited 120 s)
+    repo = tmp_path / "my models" / "repo (1)"
+    code, out = _run("repository", str(repo))
+    assert code == 0 and (repo / "hub_vit_repository.json").is_file(), out
+    assert "note: Triton's Python backend cannot start models from" in out and "space '(' ')'" in out, out
+    code, out = _run("serve", *PORTS, "--repository", str(repo))
+    assert code == 2 and "splits the path at space '(' ')'" in out, out

@@ -70,15 +70,27 @@ def _same(a: list[Prediction], b: list[Prediction]) -> None:
         np.testing.assert_allclose(x.scores, y.scores, atol=1e-5)
 
 
-def _requests_counted(client: Classifier, before: int, expected: int, timeout_s: float = 5.0) -> int:
-    """Requests the ensemble answered since `before`, read until `expected` is reached or `timeout_s` passes
-    (Triton counts a request just after answering it)."""
+def _requests_counted(client: Classifier, before: int, expected: int, timeout_s: float = 5.0,
+                      model: str = "vit") -> int:
+    """Requests `model` (the ensemble by default) answered since `before`, read until `expected` is reached or
+    `timeout_s` passes (Triton counts a request just after answering it)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        done = client.statistics()["vit"]["success"] - before
+        done = client.statistics()[model]["success"] - before
         if done >= expected or time.monotonic() >= deadline:
             return done
         time.sleep(0.02)
+
+
+def _quiet(client: Classifier, pause_s: float = 0.3) -> dict:
+    """Statistics once two reads `pause_s` apart agree: nothing sent earlier is still being counted."""
+    latest = client.statistics()
+    while True:
+        time.sleep(pause_s)
+        again = client.statistics()
+        if again == latest:
+            return latest
+        latest = again
 
 
 # -- 1. lists longer than max_batch_size ----------------------------------------------------------------------------
@@ -143,13 +155,14 @@ def test_cli_classifies_every_good_file_and_names_each_bad_one(server, digits, t
     for protocol_args in ((), ("--grpc",)):
         url = server.grpc_url if protocol_args else server.http_url
         with Classifier(server.http_url) as stats:
-            before = stats.statistics()
+            before = _quiet(stats)  # the previous requests' steps may be counted a moment after their answers
             result = _cli("--url", url, *protocol_args, "--top", "1", *map(str, files))
             # each request refused at its bad file (named by index) is sent again without it: 2 answered...
             assert _requests_counted(stats, before["vit"]["success"], 2) == 2
             # ... of 4 sent in all (the preprocessing step sees every request, the refused ones too), not one more
             # request per file of each refused request (that was 2 refused + 18 + 2)
-            after = stats.statistics()
+            _requests_counted(stats, before["vit_preprocess"]["success"], 4, model="vit_preprocess")
+            after = _quiet(stats)
             assert after["vit_preprocess"]["success"] - before["vit_preprocess"]["success"] == 4
         output = " ".join(result.output.split())
         assert result.exit_code == 1, output
@@ -177,6 +190,16 @@ def test_cli_top_is_validated_and_capped_with_a_note(server, digits, tmp_path):
     assert result.exit_code == 0 and "labels per image" not in result.output, result.output
     ranks = [line.split("│")[2].strip() for line in result.output.splitlines() if line.count("│") == 5]
     assert ranks == ["1", "2"], result.output
+
+
+def test_cli_tells_files_with_the_same_name_apart(server, digits, tmp_path):
+    # the table showed the base name only: two x.png rows nobody could tell apart
+    for folder, payload in (("a", digits[0]), ("b", digits[1])):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "x.png").write_bytes(payload)
+    result = _cli("--url", server.http_url, "--top", "1", str(tmp_path / "a" / "x.png"), str(tmp_path / "b" / "x.png"))
+    names = [line.split("│")[1].strip() for line in result.output.splitlines() if line.count("│") == 5]
+    assert result.exit_code == 0 and names == ["a/x.png", "b/x.png"], result.output
 
 
 # -- 4. 16-bit PIL modes Pillow cannot write as PNG -----------------------------------------------------------------

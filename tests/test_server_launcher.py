@@ -87,3 +87,80 @@ def test_cli_demo_refuses_an_impossible_port():
     _load_commands()
     result = CliRunner().invoke(app, ["demo", "--port", "99999"])  # was a traceback from uvicorn's bind()
     assert result.exit_code == 2 and "--port 99999 is not a TCP port (1-65535)" in result.output
+
+
+def test_a_repository_path_the_python_backend_stub_cannot_take_is_refused(tmp_path):
+    # Triton launches each stub as `bash -c "exec <stub> <repository>/<model>/1/model.py ..."`, unquoted: from such a
+    # path the model never loaded and the server waited out its whole start timeout (120 s)
+    from hub_vit.server.launcher import TritonServer, free_port
+
+    repo = tmp_path / "my models" / "repo ü (1)"
+    repo.mkdir(parents=True)
+    with pytest.raises(ServerError, match=r"splits the path at space '\(' '\)'; use a path without spaces"):
+        TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    assert launcher.shell_unsafe(tmp_path / "Zürich_ü-1.2") == ""  # letters of any script are fine
+
+
+def test_workspaces_avoid_a_tmpdir_the_stub_cannot_take(tmp_path, monkeypatch):
+    import tempfile
+
+    unsafe = tmp_path / "tmp dir"
+    unsafe.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(unsafe))
+    workspace = launcher.shell_safe_tempdir("hub-vit-test-")
+    try:
+        assert workspace.is_dir() and unsafe not in workspace.parents and not launcher.shell_unsafe(workspace)
+    finally:
+        workspace.rmdir()
+    safe = tmp_path / "tmp_ok"
+    safe.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(safe))
+    workspace = launcher.shell_safe_tempdir("hub-vit-test-")
+    assert workspace.parent == safe  # $TMPDIR is used whenever it can be
+
+
+def test_readiness_is_never_taken_from_another_server_on_our_port(tmp_path):
+    """Two `hub-vit serve` started at once both passed the port check; the second then took the first server's
+    answers for its own readiness, printed 'serving', and died with a raw Triton log."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from hub_vit.server.launcher import TritonServer, free_port
+
+    class OtherTriton(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps({"name": "triton", "version": "2.51.0"}).encode() if self.path == "/v2" else b""
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), OtherTriton)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        port = other.server_address[1]
+        server = TritonServer(tmp_path, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+        server.http_port = server.metrics_port = port  # what the first server's ports look like to the second
+        assert not server.is_ready()
+        server.server_id = "triton"
+        assert server.is_ready()  # the same answers with our own id: ready
+    finally:
+        other.shutdown()
+        other.server_close()
+
+
+def test_a_port_taken_while_triton_starts_is_one_line(tmp_path, listening_port, monkeypatch):
+    from hub_vit.server.launcher import TritonServer, free_port
+
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(TritonServer, "_check_ports", lambda self, in_use: None)  # taken after our check
+    server = TritonServer(tmp_path / "empty", http_port=free_port(), grpc_port=listening_port,
+                          metrics_port=free_port())
+    with pytest.raises(ServerError) as info:
+        server.start(timeout_s=60)
+    assert str(info.value).startswith(f"grpc_port {listening_port}: already in use on 127.0.0.1"), info.value
+    assert "log tail" not in str(info.value)

@@ -543,14 +543,15 @@ def test_loadtest_rates_the_duration_window(server, photo_payloads):
     assert result.batching["vit_classifier"]["inferences"] == result.requests
 
 
-def _cli_serve(repo: Path, exit_timeout: int) -> tuple[subprocess.Popen, list[str], str]:
+def _cli_serve(repo: Path, exit_timeout: int, env: dict[str, str] | None = None
+               ) -> tuple[subprocess.Popen, list[str], str]:
     """`hub-vit serve` in a subprocess on free ports, read until it printed its endpoints."""
     onnx = repo / "vit_classifier" / "1" / "model.onnx"  # labels.txt beside it: no export needed
     ports = [str(free_port()) for _ in range(3)]
     command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", str(onnx),
                "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--exit-timeout",
                str(exit_timeout), "--quiet"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
@@ -561,20 +562,41 @@ def _cli_serve(repo: Path, exit_timeout: int) -> tuple[subprocess.Popen, list[st
     return process, ports, "".join(lines)
 
 
-def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path):
-    process, ports, text = _cli_serve(repo, exit_timeout=10)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])  # SIGHUP: terminal closed / ssh dropped
+def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path, sig):
+    import os
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    process, ports, text = _cli_serve(repo, exit_timeout=10, env={**os.environ, "TMPDIR": str(tmp)})
     try:
         assert f"http://127.0.0.1:{ports[0]}/v2/models/vit/infer" in text and f"127.0.0.1:{ports[1]}" in text, text
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5) as reply:
             assert reply.status == 200
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(sig)
         out, err = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate()
     assert process.returncode == 0, err
-    assert "tritonserver stopped" in out and "SIGTERM" in err
+    assert "tritonserver stopped" in out and sig.name in err
+    assert not list(tmp.glob("hub-vit-*"))  # repository and backend workspace removed (SIGHUP left both, ~4 MB)
+
+
+def test_a_tmpdir_with_spaces_and_parentheses_still_serves(repo, tmp_path, monkeypatch):
+    # the Python-backend stub is launched through an unquoted shell command from hub-vit's workspace: in such a
+    # $TMPDIR the server waited out its whole start timeout ("bash: line 1: .../tmp: No such file or directory")
+    import tempfile
+
+    unsafe = tmp_path / "tmp dir (1)"
+    unsafe.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(unsafe))
+    server = _start(repo)
+    try:
+        assert server.is_ready()
+    finally:
+        server.stop()
 
 
 def test_cli_serve_second_signal_stops_at_once(repo):

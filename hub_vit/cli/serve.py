@@ -10,7 +10,6 @@ import re
 import shlex
 import shutil
 import signal
-import tempfile
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -94,6 +93,7 @@ def repository(
     overwrite: bool = typer.Option(False, help="Replace an existing folder."),
 ) -> None:
     """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""
+    from hub_vit.server.launcher import unservable_path_message
     from hub_vit.server.repository import write_repository
 
     if precision is not None and gpu_backend == "tensorrt":
@@ -107,8 +107,13 @@ def repository(
     try:
         path = write_repository(_source(model), out, opts, overwrite=overwrite)
     except (ValueError, FileExistsError, NotADirectoryError) as err:
-        raise fail(str(err)) from None
-    console.print(f"wrote Triton repository [bold]{path}[/] (model [bold]{name}[/], flavour {flavour})")
+        raise fail(str(err).replace("pass overwrite=True (--overwrite)", "pass --overwrite")) from None
+    console.print(f"wrote Triton repository [bold]{escape(str(path))}[/] (model [bold]{name}[/], flavour {flavour})",
+                  soft_wrap=True)
+    unservable = unservable_path_message(path)
+    if unservable:  # a GPU host mounts it elsewhere (docker -v ...:/models); `hub-vit serve --repository` here cannot
+        err_console.print(f"[yellow]note:[/] {escape(unservable)} (`hub-vit serve --repository` refuses it; a "
+                          "container that mounts it at another path is fine)", soft_wrap=True)
 
 
 def _preferred(max_batch_size: int) -> tuple[int, ...]:
@@ -137,7 +142,7 @@ def serve(
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.ports import PortError, check_host, check_ports
-    from hub_vit.server.launcher import ServerError, TritonServer
+    from hub_vit.server.launcher import ServerError, TritonServer, shell_safe_tempdir
     from hub_vit.server.repository import write_repository
 
     try:  # before building anything: a taken port is the likeliest reason a second `serve` fails
@@ -156,8 +161,12 @@ def serve(
                         max_pixels=max_pixels)
         source = _source(model)
         example = _example_image(source.origin)
-        workdir = Path(tempfile.mkdtemp(prefix="hub-vit-serve-"))
-        console.print(f"building the Triton repository for [bold]{source.metadata.name}[/] ({source.origin})")
+        try:  # in $TMPDIR unless its path has spaces or shell characters the Python-backend stub cannot take
+            workdir = shell_safe_tempdir("hub-vit-serve-")
+        except ServerError as err:
+            raise fail(str(err)) from None
+        console.print(f"building the Triton repository for [bold]{escape(source.metadata.name)}[/] "
+                      f"({escape(source.origin)})", soft_wrap=True)
         try:
             repository_dir = write_repository(source, workdir / "repository", opts)
         except BaseException as err:  # a bad model, or Ctrl-C while exporting: no temp folder is left behind
@@ -192,7 +201,8 @@ def serve(
         stop.set()
         server.terminate()
 
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP: the terminal closed or ssh dropped; drain and remove the temp folders as for Ctrl-C
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     demo_app = None
     try:
         server.start()
@@ -306,6 +316,7 @@ def classify(
     top: int = typer.Option(3, help="How many of the returned labels to print."),
 ) -> None:
     """Classify images with a running server and print a table."""
+    from hub_vit.paths import distinct_names
     from hub_vit.server.client import Classifier
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
@@ -326,11 +337,11 @@ def classify(
         table = Table(title=f"{model} @ {url} ({protocol})")
         for column in ("image", "rank", "label", "score"):
             table.add_column(column, justify="right" if column in ("rank", "score") else "left")
+        shown = distinct_names([image.resolve() for image in images])  # a/x.png and b/x.png, not x.png twice
         for index, prediction in sorted(predictions.items()):
             ranked = zip(prediction.labels[:top], prediction.scores[:top], strict=True)
             for rank, (label, score) in enumerate(ranked, 1):
-                table.add_row(escape(images[index].name) if rank == 1 else "", str(rank), escape(label),
-                              f"{score:.4f}")
+                table.add_row(escape(shown[index]) if rank == 1 else "", str(rank), escape(label), f"{score:.4f}")
         console.print(table)
     for index, message in sorted(errors.items()):
         err_console.print(f"[bold red]error:[/] {escape(str(images[index]))}: {escape(message)}", soft_wrap=True,

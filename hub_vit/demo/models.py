@@ -20,6 +20,7 @@ from typing import Literal
 
 from hub_vit.explain.image import DataConfig
 from hub_vit.explain.pipeline import Explainer
+from hub_vit.paths import distinct_names
 
 DEFAULT_KEY = "default"
 
@@ -83,23 +84,9 @@ def discover_choices(folders: Sequence[str | Path] = ()) -> list[ModelChoice]:
     if default is not None:
         choices.append(ModelChoice(key=DEFAULT_KEY, kind="folder", target=str(default)))
     found = {Path(folder_choice(folder).target): None for folder in folders}  # checked, resolved, once each
-    for path, name in zip(found, _distinct_names(list(found)), strict=True):
+    for path, name in zip(found, distinct_names(list(found)), strict=True):
         choices.append(folder_choice(path, key=f"folder: {name}"))
     return choices + registered_choices()
-
-
-def _distinct_names(paths: list[Path]) -> list[str]:
-    """The shortest trailing part of each path that tells them apart: `model` alone; `d2/model` and `ft/model` for
-    two training runs' folders (the same rule for every clashing folder, not the full path for the second one)."""
-    depth = dict.fromkeys(paths, 1)
-    while True:
-        names = {path: str(Path(*path.parts[-depth[path]:])) for path in paths}  # "/model", not "//model"
-        clashing = [path for path in paths if depth[path] < len(path.parts)
-                    and sum(names[other] == names[path] for other in paths) > 1]
-        if not clashing:
-            return [names[path] for path in paths]
-        for path in clashing:
-            depth[path] += 1
 
 
 def resolve_choice(model: str | None, choices: Sequence[ModelChoice] = ()) -> ModelChoice:
