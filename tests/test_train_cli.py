@@ -79,3 +79,43 @@ def test_default_workers_fit_the_cpus_this_process_may_use(monkeypatch: pytest.M
     assert Recipe().workers == expected
     assert Recipe(workers=8).workers == 8  # an explicit count is kept as given
     assert Recipe().replace(workers=6).workers == 6
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["out-is-a-file", "parent-is-a-file"])
+def test_out_that_is_a_file_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                inside: bool) -> None:
+    # --preset digits writes its data into OUT first: that used to end in a NotADirectoryError traceback
+    monkeypatch.chdir(tmp_path)
+    Path("afile").write_text("mine")
+    out = Path("afile", "run") if inside else Path("afile")
+    code, text = _train("--preset", "digits", "--out", str(out), "--steps", "1", *QUICK)
+    assert code == 2, text
+    assert f"--out {str(out)!r} cannot be a run folder" in text and "a file is in the way" in text
+    assert "Traceback" not in text
+    assert Path("afile").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_run_folder_with_brackets_is_printed_verbatim(data: Path, tmp_path: Path) -> None:
+    # "[draft]" used to vanish, and "[/]" raised rich's MarkupError after the run had finished
+    out = tmp_path / "x [" / "]y [draft]"
+    code, text = _train(str(data), "--out", str(out), "--model", "simplevit_digits", "--steps", "1", *QUICK)
+    assert code == 0, text
+    assert f"-> {out / 'model'}" in text and "MarkupError" not in text
+
+
+def test_digits_pretrained_offline_leaves_no_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the digits data is written into OUT before the weights are fetched; a clean error must not leave it behind
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    out = tmp_path / "troff"
+    code, text = _train("--preset", "digits", "--out", str(out), "--model", "simplevit_s16.i1k_300ep",
+                        "--pretrained", "--stop-at", "1", *QUICK)
+    assert code == 2 and "cannot download" in text, text
+    assert not out.exists()
+    kept = tmp_path / "kept"
+    (kept / "mine.txt").parent.mkdir()
+    (kept / "mine.txt").write_text("x")  # an existing folder is the user's: nothing in it is removed
+    code, text = _train("--preset", "digits", "--out", str(kept), "--model", "simplevit_s16.i1k_300ep",
+                        "--pretrained", "--stop-at", "1", *QUICK)
+    assert code == 2, text
+    assert (kept / "mine.txt").read_text() == "x"

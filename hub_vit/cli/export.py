@@ -17,7 +17,7 @@ ALL = "all"
 
 
 def _variant_table(report: object) -> Table:
-    table = Table(title=f"hub-vit export -> {report.out_dir}")  # type: ignore[attr-defined]
+    table = Table(title=f"hub-vit export -> {escape(report.out_dir)}")  # type: ignore[attr-defined]
     for col in ("variant", "written", "MiB", "max |diff|", "top-1", "fused ops", "note"):
         table.add_column(col, justify="right" if col in ("MiB", "max |diff|", "top-1 agree") else "left")
     for o in report.variants:  # type: ignore[attr-defined]
@@ -33,6 +33,25 @@ def _variant_table(report: object) -> Table:
             "passed" if not o.error else "see below",
         )
     return table
+
+
+def _warn_random_weights(name: str, pretrained: bool | None) -> None:
+    """Say plainly that the export holds random weights, and how to get published ones."""
+    why = "--random was given" if pretrained is False else "a bare name without a pretrained tag"
+    err_console.print(f"[yellow]note:[/] exporting {escape(name)} with RANDOM weights ({why}); for published "
+                      f"weights name a tag (`hub-vit models` lists them, e.g. simplevit_s16.i1k_300ep) or pass "
+                      "--pretrained", soft_wrap=True)
+
+
+def _print_replaced(report: object) -> None:
+    """Name what this export did to the earlier one in the folder: graphs it removed, engines now out of date."""
+    removed = report.removed  # type: ignore[attr-defined]
+    if removed:
+        console.print(f"removed from the earlier export in this folder (not part of this one): {', '.join(removed)}",
+                      markup=False, soft_wrap=True)
+    for engine in report.stale_engines:  # type: ignore[attr-defined]
+        err_console.print(f"[yellow]note:[/] {escape(engine)} was built from the earlier export's graph; rebuild it "
+                          "with `hub-vit export tensorrt` before serving it", soft_wrap=True)
 
 
 @export_app.command("onnx")
@@ -51,7 +70,8 @@ def onnx_cmd(
     exporter: str = typer.Option("dynamo", help="torch.onnx exporter: dynamo (fuses fully) or torchscript."),
     pretrained: bool = typer.Option(None, "--pretrained/--random",
                                     help="Registered names: load published weights (download) or keep random "
-                                         "weights. Default: bundled weights if the package ships them, else random."),
+                                         "weights. Default: a name.tag loads that tag's weights; a bare name loads "
+                                         "bundled weights if the package ships them, else random."),
     random_inputs: int = typer.Option(16, help="Fresh random images in the verification set."),
     photos: int = typer.Option(32, help="Real photo crops (scikit-image) in the verification set."),
     calibration: int = typer.Option(32, help="Calibration images (noise + photo crops) for int8-static."),
@@ -96,7 +116,10 @@ def onnx_cmd(
             data = DataConfig.from_pretrained_cfg({**src.pretrained_cfg, "input_size": (spec.in_chans, *spec.img_size)},
                                                   spec)
             own = load_image_folder(images, data, limit=images_limit)
-        console.print(f"exporting [bold]{src.name}[/] ({src.kind}, weights: {src.weights}) -> {out}")
+        console.print(f"exporting [bold]{escape(src.name)}[/] ({src.kind}, weights: {escape(src.weights)}) -> "
+                      f"{escape(str(out))}", soft_wrap=True)
+        if src.random_weights:
+            _warn_random_weights(src.name, pretrained)
         report = export_variants(src.model, out, variants=variants, stem=stem, opset=opset,
                                  dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, with_attentions=attentions,
                                  exporter=exporter, n_random=random_inputs, n_photos=photos,
@@ -111,7 +134,8 @@ def onnx_cmd(
         outcome = f"[red]not written[/] - {escape(o.error)}" if o.error else escape(str(o.file))
         console.print(f"  {o.variant}: {outcome}",
                       soft_wrap=True)
-    console.print(f"report: {report.report_file}", markup=False)
+    console.print(f"report: {report.report_file}", markup=False, soft_wrap=True)
+    _print_replaced(report)
     failed = [o.variant for o in report.variants if not o.written]
     if failed:
         err_console.print(f"[yellow]not written:[/] {', '.join(failed)} (reasons in the table and the report)")
@@ -143,4 +167,5 @@ def tensorrt_cmd(
         raise fail(str(exc)) from None
     v = info["verification"]
     console.print(f"engine {engine} ({info['precision']}, TensorRT {info['tensorrt']}, {info['gpu']}): "
-                  f"max |diff| vs ORT {v['max_abs_diff']:.2e}, top-1 agreement {v['top1_agreement']:.1%}")
+                  f"max |diff| vs ORT {v['max_abs_diff']:.2e}, top-1 agreement {v['top1_agreement']:.1%}",
+                  markup=False, soft_wrap=True)  # a path with [brackets] is text, not markup

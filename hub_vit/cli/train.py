@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from hub_vit.cli.app import app, console, fail
 
@@ -57,7 +58,7 @@ def train_command(
     from hub_vit.conversion.download import DownloadError
     from hub_vit.train import digits
     from hub_vit.train.data import DataFolderError
-    from hub_vit.train.loop import RunFolderError, train
+    from hub_vit.train.loop import RunFolderError, check_run_folder_path, train
     from hub_vit.train.recipe import VIT_S16_I1K
 
     if threads is not None:
@@ -78,6 +79,11 @@ def train_command(
             check_output_folder(install_to, overwrite=True)
         except (FileExistsError, NotADirectoryError) as exc:
             raise fail(f"--install-to: {exc}") from None
+    try:  # before the digits data is written into it: a file there would end in a NotADirectoryError traceback
+        check_run_folder_path(out)
+    except RunFolderError as exc:
+        raise fail(str(exc)) from None
+    fresh_out = not out.exists()
     recipe = digits.DIGITS_RECIPE if preset == "digits" else VIT_S16_I1K
     flags: dict[str, Any] = dict(model=model, pretrained=pretrained, img_size=img_size, batch_size=batch_size,
                                  micro_batch=micro_batch, total_epochs=epochs, total_steps=steps, lr=lr, wd=wd,
@@ -96,9 +102,11 @@ def train_command(
         result = train(recipe, data, out, init=init, device=device, stop_at=stop_at, progress=progress,
                        architecture=architecture, dataset_info=dataset_info)
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
+        _discard_fresh_run_folder(out, fresh_out)
         raise fail(str(exc)) from None
     except (ValueError, FileNotFoundError) as exc:
         if isinstance(exc, (DataFolderError, RunFolderError)) or type(exc) in (ValueError, FileNotFoundError):
+            _discard_fresh_run_folder(out, fresh_out)
             raise fail(str(exc)) from None
         raise
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
@@ -112,7 +120,22 @@ def train_command(
         console.print(f"stopped at step {result.step}/{result.total_steps}; to resume, run the same command with a "
                       f"larger --stop-at or without it")
         return
-    console.print(f"held-out top-1 {result.val_top1:.2%} after {result.step} steps -> {result.model_dir}")
+    console.print(f"held-out top-1 {result.val_top1:.2%} after {result.step} steps -> {escape(str(result.model_dir))}",
+                  soft_wrap=True)
     if install_to is not None and result.model_dir is not None:
         digits.install_default_model(result.model_dir, install_to)
-        console.print(f"installed the model folder, samples and card stub in {install_to}")
+        console.print(f"installed the model folder, samples and card stub in {escape(str(install_to))}",
+                      soft_wrap=True)
+
+
+def _discard_fresh_run_folder(out: Path, fresh: bool) -> None:
+    """After a clean error, remove the run folder this command created if it holds only the digits data it wrote
+    (`--preset digits` writes it before the recipe's weights are fetched): an error leaves nothing behind. A folder
+    that existed before, or that training already wrote to, is kept. Not under torchrun: another rank may still be
+    writing its copy of the data there."""
+    if not fresh or os.environ.get("WORLD_SIZE", "1") != "1" or not out.is_dir():
+        return
+    if {p.name for p in out.iterdir()} <= {"data"}:
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)

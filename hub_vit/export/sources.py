@@ -12,6 +12,7 @@ from typing import Any
 from hub_vit.model import VisionTransformer
 
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".npz", ".pt", ".pth", ".bin")
+RANDOM_INIT = "random init"  # `ModelSource.weights` of a registered name exported without published weights
 
 
 @dataclass
@@ -21,9 +22,13 @@ class ModelSource:
     model: VisionTransformer
     kind: str  # "registered" | "folder" | "weights"
     name: str
-    weights: str  # a path, a pretrained tag, or "random init"
+    weights: str  # a path, "pretrained <tag>", or RANDOM_INIT
     labels: list[str] = field(default_factory=list)
     pretrained_cfg: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def random_weights(self) -> bool:
+        return self.weights == RANDOM_INIT
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "weights": self.weights, "spec": self.model.spec.to_dict()}
@@ -44,9 +49,11 @@ def load_source(source: str | Path, *, model_name: str | None = None, pretrained
 
     * a folder -> `hub_vit.folder.load_model_folder` (weights, spec and labels from the folder);
     * a weights file -> the registered architecture `model_name` with those weights loaded strictly;
-    * a registered name (optionally `name.tag`) -> timm's builder; `pretrained=None` loads weights only when the
-      entry ships them in the package (no download), otherwise the weights are random. Random weights get a
-      non-zero head (big_vision initialises it to zero, which would make every logit 0 and verification vacuous).
+    * a registered name (optionally `name.tag`) -> timm's builder. `pretrained=None`: a `name.tag` loads that tag's
+      published weights (downloaded, or `DownloadError` offline); a bare name loads weights only when the entry
+      ships them in the package (no download), otherwise the weights are random. `pretrained=False` (`--random`)
+      always gives random weights. Random weights get a non-zero head (big_vision initialises it to zero, which
+      would make every logit 0 and verification vacuous).
     """
     path = Path(source)
     if path.is_dir():
@@ -76,8 +83,10 @@ def load_source(source: str | Path, *, model_name: str | None = None, pretrained
     if tag is not None:
         entry.weight(tag)  # ValueError listing the valid tags
     if pretrained is None:
-        bundled = [w for w in entry.weights if getattr(w, "file", "") and Path(w.file).is_file()]
-        pretrained = bool(bundled) and (tag is None or any(w.tag == tag for w in bundled))
+        pretrained = _pretrained_by_default(entry, tag)
+    if pretrained and not entry.weights:
+        raise ValueError(f"{entry.name!r} has no published weights (architecture only); drop --pretrained to export "
+                         "it with random weights, or export a trained model folder")
     if pretrained:
         import timm
 
@@ -91,7 +100,19 @@ def load_source(source: str | Path, *, model_name: str | None = None, pretrained
         return ModelSource(model.eval(), "registered", name, f"pretrained {tag or entry.weights[0].tag}", labels,
                            pretrained_cfg=dict(model.pretrained_cfg))
     model = VisionTransformer(entry.spec.replace(head_zeroinit=False))
-    return ModelSource(model.eval(), "registered", entry.name, "random init")
+    return ModelSource(model.eval(), "registered", entry.name, RANDOM_INIT)
 
 
-__all__ = ["WEIGHT_SUFFIXES", "ModelSource", "load_source"]
+def _pretrained_by_default(entry: Any, tag: str | None) -> bool:
+    """Whether a registered name loads published weights when neither --pretrained nor --random is given.
+
+    A `name.tag` names published weights, so it gets them: exporting random weights under it (the old default for
+    tags not shipped in the package) looked like a pretrained export, exit 0. A bare name gets the weights the
+    package ships (no download), else random weights, as documented.
+    """
+    if tag is not None:
+        return True
+    return any(getattr(w, "file", "") and Path(w.file).is_file() for w in entry.weights)
+
+
+__all__ = ["RANDOM_INIT", "WEIGHT_SUFFIXES", "ModelSource", "load_source"]

@@ -1,14 +1,19 @@
 """Export one model as several verified ONNX variants: fp32, ORT-optimized, fp16, int8 (dynamic / static), bf16.
 
 Every variant is built in a temporary folder inside the output folder, run through ONNX Runtime on the verification
-set (`hub_vit.export.verify`) and moved into place only if it passes; a variant that fails or cannot be built is
-reported with the reason and leaves no file. A JSON report (`<stem>.export.json`) records everything.
+set (`hub_vit.export.verify`) and staged only if it passes; a variant that fails or cannot be built is reported with
+the reason and leaves no file. A JSON report (`<stem>.export.json`) records everything.
+
+An export owns its files in the output folder: when the run is done, the files an earlier export with the same stem
+wrote there (its report and graphs) are replaced as a set, so no graph of another model is left beside the new
+report. Other files in the folder are never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform
 import shutil
 import tempfile
@@ -22,7 +27,7 @@ import numpy as np
 
 from hub_vit.atomic import atomic_path
 from hub_vit.export import quantize
-from hub_vit.export.metadata import model_metadata
+from hub_vit.export.metadata import REPORT_SUFFIX, engine_info, model_metadata
 from hub_vit.export.onnx_export import ATTENTIONS, Exporter, export_onnx, graph_opset, quiet_loggers
 from hub_vit.export.verify import (
     FP32_MAX_ABS,
@@ -39,6 +44,7 @@ from hub_vit.model import VisionTransformer
 
 VARIANTS: tuple[str, ...] = ("fp32", "optimized", "fp16", "int8-dynamic", "int8-static", "bf16")
 DEFAULT_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-static")
+ATTENTIONS_VARIANT = "attentions"  # `<stem>.attentions.onnx`, written with --attentions
 PRECISION = {"fp32": "fp32", "optimized": "fp32", "fp16": "fp16", "int8-dynamic": "int8", "int8-static": "int8",
              "bf16": "bf16"}
 
@@ -69,6 +75,8 @@ class ExportReport:
     variants: list[VariantOutcome]
     report_file: str = ""
     model: dict[str, Any] = field(default_factory=dict)  # labels + eval transform, for serving (export.metadata)
+    removed: list[str] = field(default_factory=list)  # graphs of the earlier export here that this one did not rewrite
+    stale_engines: list[str] = field(default_factory=list)  # TensorRT engines here built from the earlier graphs
 
     def outcome(self, variant: str) -> VariantOutcome:
         for o in self.variants:
@@ -225,6 +233,8 @@ def export_variants(
                         thresholds={"fp32_max_abs_diff": FP32_MAX_ABS, "min_top1_agreement": 0.99})
         with tempfile.TemporaryDirectory(prefix=".export-", dir=out_dir) as tmp:
             work = Path(tmp)
+            staged = work / "staged"  # what passed, moved into `out_dir` together once the run is done
+            staged.mkdir()
             t0 = time.perf_counter()
             fp32 = export_onnx(model, work / "fp32.onnx", opset=opset, dynamic_batch=dynamic_batch,
                                dynamic_size=dynamic_size, exporter=exporter)
@@ -267,36 +277,97 @@ def export_variants(
                     outcome.error = f"verification failed: {result.reason}"
                     fp32_ok = fp32_ok and variant != "fp32"
                     continue
-                final = out_dir / (f"{stem}.onnx" if variant == "fp32" else f"{stem}.{variant}.onnx")
-                shutil.copyfile(path, work / "staged.onnx")  # fp32 stays in `work` for later variants
-                (work / "staged.onnx").replace(final)
-                outcome.written, outcome.file, outcome.size_bytes = True, str(final), final.stat().st_size
+                name = variant_file_name(stem, variant)
+                shutil.copyfile(path, staged / name)  # fp32 stays in `work` for later variants
+                outcome.written, outcome.file = True, str(out_dir / name)
+                outcome.size_bytes = (staged / name).stat().st_size
             if with_attentions:
                 # a few of each kind: the attention graph is larger (B, depth, heads, N, N) and slower to compare
                 n_noise = min(2, n_random)
                 subset = np.concatenate([x[:n_noise], x[n_random:n_random + 6]])
-                outcomes.append(_attention_graph(model, out_dir, stem, subset, n_noise, opset=opset,
+                outcomes.append(_attention_graph(model, out_dir, staged, stem, subset, n_noise, opset=opset,
                                                  dynamic_batch=dynamic_batch, dynamic_size=dynamic_size,
                                                  exporter=exporter, providers=providers, seed=seed))
-        report = ExportReport(source=source or {"spec": model.spec.to_dict()}, out_dir=str(out_dir), settings=settings,
-                              environment=environment(providers), variants=outcomes,
-                              model=metadata or model_metadata(model))
-        report.environment["verification_provider"] = provider_name
-        report.report_file = str(out_dir / f"{stem}.export.json")
-        with atomic_path(report.report_file, suffix=".json") as tmp_json:
-            tmp_json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+            report = ExportReport(source=source or {"spec": model.spec.to_dict()}, out_dir=str(out_dir),
+                                  settings=settings, environment=environment(providers), variants=outcomes,
+                                  model=metadata or model_metadata(model))
+            report.environment["verification_provider"] = provider_name
+            report.report_file = str(out_dir / f"{stem}{REPORT_SUFFIX}")
+            _replace_previous_export(staged, out_dir, stem, report)
         return report
 
 
-def _attention_graph(model: VisionTransformer, out_dir: Path, stem: str, x: np.ndarray, n_random: int, *, opset: int,
-                     dynamic_batch: bool, dynamic_size: bool, exporter: Exporter, providers: Sequence[str] | None,
-                     seed: int) -> VariantOutcome:
-    """The separate logits + attention-maps graph; both outputs must match PyTorch within the fp32 threshold."""
-    outcome = VariantOutcome(variant="attentions", precision="fp32", written=False)
-    t = time.perf_counter()
-    final = out_dir / f"{stem}.attentions.onnx"
+def variant_file_name(stem: str, variant: str) -> str:
+    """`<stem>.onnx` for fp32, else `<stem>.<variant>.onnx` (also `<stem>.attentions.onnx`)."""
+    return f"{stem}.onnx" if variant == "fp32" else f"{stem}.{variant}.onnx"
+
+
+def previous_export_files(out_dir: str | Path, stem: str) -> list[Path]:
+    """The files an earlier export with this stem left in `out_dir`: its report, the graphs it lists, and any file
+    named like a graph this module writes (an export whose report is gone, or from before the report listed it).
+
+    A listed file counts only if it is `<stem>.*.onnx` directly in `out_dir`, so an edited report cannot make an
+    export delete an unrelated file.
+    """
+    out_dir = Path(out_dir)
+    names = {f"{stem}{REPORT_SUFFIX}", *(variant_file_name(stem, v) for v in (*VARIANTS, ATTENTIONS_VARIANT))}
     try:
-        with atomic_path(final, suffix=".onnx") as tmp:
+        old = json.loads((out_dir / f"{stem}{REPORT_SUFFIX}").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = {}
+    listed = old.get("variants") if isinstance(old, dict) else None
+    for entry in listed if isinstance(listed, list) else []:
+        name = Path(str(entry.get("file") or "") if isinstance(entry, dict) else "").name
+        if name.startswith(f"{stem}.") and name.endswith(".onnx"):
+            names.add(name)
+    return sorted(p for p in (out_dir / n for n in names) if p.is_file())
+
+
+def _engines_built_from(out_dir: Path, graphs: Sequence[str]) -> list[str]:
+    """TensorRT engines in `out_dir` whose `<engine>.json` (`hub-vit export tensorrt`) names one of `graphs`."""
+    stale = []
+    for info_file in sorted(out_dir.glob("*.json")):
+        engine = info_file.with_suffix("")
+        info = engine_info(engine) if engine.is_file() else None
+        if info and Path(str(info.get("onnx") or "")).name in graphs:
+            stale.append(engine.name)
+    return stale
+
+
+def _replace_previous_export(staged: Path, out_dir: Path, stem: str, report: ExportReport) -> None:
+    """Move the staged graphs into `out_dir` in place of the earlier export's files, then write the report.
+
+    A graph of the earlier export that this run does not rewrite (not requested, or refused this time) would sit
+    beside the new report, unlisted, and `hub-vit repository`/`serve` would take it for this model (a wrong graph,
+    or Triton crashing on its input shape). The earlier report goes first and the new one comes last, so a report
+    never lists the other export's files. Engines are only flagged: another command built them, at GPU cost.
+    """
+    report_path = Path(report.report_file)
+    previous = previous_export_files(out_dir, stem)
+    new = {p.name for p in staged.iterdir()}
+    graphs = [p.name for p in previous if p != report_path]
+    report.removed = [name for name in graphs if name not in new]
+    report.stale_engines = _engines_built_from(out_dir, graphs)
+    report_path.unlink(missing_ok=True)
+    for name in report.removed:
+        (out_dir / name).unlink(missing_ok=True)
+    for path in sorted(staged.iterdir()):
+        os.chmod(path, 0o644)  # served by other users; the staging folder's files may be 0600
+        os.replace(path, out_dir / path.name)
+    with atomic_path(report_path, suffix=".json") as tmp_json:
+        tmp_json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+def _attention_graph(model: VisionTransformer, out_dir: Path, staged: Path, stem: str, x: np.ndarray, n_random: int,
+                     *, opset: int, dynamic_batch: bool, dynamic_size: bool, exporter: Exporter,
+                     providers: Sequence[str] | None, seed: int) -> VariantOutcome:
+    """The separate logits + attention-maps graph; both outputs must match PyTorch within the fp32 threshold.
+    Written to `staged` (moved into `out_dir` with the other graphs)."""
+    outcome = VariantOutcome(variant=ATTENTIONS_VARIANT, precision="fp32", written=False)
+    t = time.perf_counter()
+    name = variant_file_name(stem, ATTENTIONS_VARIANT)
+    try:
+        with atomic_path(staged / name, suffix=".onnx") as tmp:
             export_onnx(model, tmp, opset=opset, dynamic_batch=dynamic_batch, dynamic_size=dynamic_size,
                         with_attentions=True, exporter=exporter)
             session = ort_session(tmp, providers)
@@ -314,10 +385,11 @@ def _attention_graph(model: VisionTransformer, out_dir: Path, stem: str, x: np.n
     except Exception as exc:  # noqa: BLE001
         outcome.error = str(exc) if str(exc).startswith("verification failed") else f"{type(exc).__name__}: {exc}"
     else:
-        outcome.written, outcome.file, outcome.size_bytes = True, str(final), final.stat().st_size
+        outcome.written, outcome.file = True, str(out_dir / name)
+        outcome.size_bytes = (staged / name).stat().st_size
     outcome.seconds = time.perf_counter() - t
     return outcome
 
 
 __all__ = ["DEFAULT_VARIANTS", "PRECISION", "VARIANTS", "ExportReport", "VariantOutcome", "check_variants",
-           "export_variants"]
+           "export_variants", "previous_export_files", "variant_file_name"]

@@ -100,14 +100,14 @@ def write_image_folder(root: str | Path) -> Path:
     root = Path(root)
     if (root / "train").is_dir() and (root / "val").is_dir():
         return root
+    _remove_abandoned_tmps(root)
     tmp = root.with_name(f".{root.name}.{os.getpid()}.tmp")  # per process: torchrun ranks may race here
     shutil.rmtree(tmp, ignore_errors=True)
-    for split in SPLITS:
-        images, labels = load_digits_split(split)
-        for image, label, index in zip(images, labels, original_indices(split), strict=True):
-            folder = tmp / split / LABELS[label]
-            folder.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(image).save(folder / f"{index:04d}.png")
+    try:  # Ctrl-C or a full disk mid-way: the half-filled folder goes too (the rename below is the commit)
+        _write_splits(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     root.parent.mkdir(parents=True, exist_ok=True)
     try:
         tmp.rename(root)
@@ -116,6 +116,37 @@ def write_image_folder(root: str | Path) -> Path:
         if not (root / "val").is_dir():
             raise
     return root
+
+
+def _write_splits(tmp: Path) -> None:
+    for split in SPLITS:
+        images, labels = load_digits_split(split)
+        for image, label, index in zip(images, labels, original_indices(split), strict=True):
+            folder = tmp / split / LABELS[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(folder / f"{index:04d}.png")
+
+
+def _remove_abandoned_tmps(root: Path) -> None:
+    """Remove `.<root>.<pid>.tmp` folders whose process is gone (killed with SIGKILL, say, or a crash before the
+    cleanup ran): the name is per process, so no later run would ever reuse, and so remove, them. A live pid may be
+    another torchrun rank writing right now: its folder is left alone."""
+    for tmp in root.parent.glob(f".{root.name}.*.tmp") if root.parent.is_dir() else ():
+        pid = tmp.name[len(root.name) + 2: -len(".tmp")]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if os.name != "posix":  # Windows' os.kill(pid, 0) sends CTRL_C_EVENT instead of probing: assume alive
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
 
 
 def export_samples(folder: str | Path, per_class: int = 2, size: int = 128, usable: np.ndarray | None = None

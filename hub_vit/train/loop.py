@@ -271,12 +271,19 @@ def _run_settings(recipe: Recipe, init: str | Path | None, classes: tuple[str, .
     return {**recipe.to_dict(), "init": str(init) if init else None, "classes": list(classes)}
 
 
-def _check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, classes: tuple[str, ...]) -> None:
+def check_run_folder_path(run_dir: str | Path) -> None:
+    """RunFolderError naming --out when `run_dir` (or a parent) is a file: checked before anything is written, also
+    the digits data the CLI puts inside the run folder (else a NotADirectoryError traceback)."""
+    run_dir = Path(run_dir)
     blocker = file_in_the_way(run_dir)
     if blocker is not None:
         where = "" if blocker == run_dir else f" (its parent {str(blocker)!r} is a file)"
         raise RunFolderError(f"--out {str(run_dir)!r} cannot be a run folder{where}: a file is in the way; choose a "
                              "folder path")
+
+
+def _check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, classes: tuple[str, ...]) -> None:
+    check_run_folder_path(run_dir)
     saved = run_dir / "recipe.json"
     if not saved.is_file():
         return
@@ -396,4 +403,4 @@ class _Progress:
 
     def note(self, message: str) -> None:
         if self.enabled:
-            self.progress.console.print(message)
+            self.progress.console.print(message, markup=False)
