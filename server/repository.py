@@ -22,6 +22,7 @@ import struct
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from hub_vit.atomic import holds_cwd, replace_dir
 from hub_vit.server.config import (
@@ -180,7 +181,7 @@ def _place_weights(source: ModelSource, target: Path, opts: ServingOptions) -> N
     if source.engine_path is not None:
         shutil.copyfile(source.engine_path, target)
     elif source.onnx_path is not None:
-        check_graph(source.onnx_path, opts.max_batch_size)
+        check_graph(source.onnx_path, opts.max_batch_size, source.metadata)
         shutil.copyfile(source.onnx_path, target)
         external = source.onnx_path.with_name(source.onnx_path.name + ".data")  # external weights, if any
         if external.is_file():
@@ -193,10 +194,12 @@ def _place_weights(source: ModelSource, target: Path, opts: ServingOptions) -> N
         raise ValueError("model source has no module, ONNX file or engine to serve")
 
 
-def check_graph(onnx_path: Path, max_batch_size: int) -> None:
+def check_graph(onnx_path: Path, max_batch_size: int, meta: ServingMetadata | None = None) -> None:
     """Triton's ORT/TensorRT backends bind tensors by name: the graph must read `pixel_values`, write `logits`. Its
     batch dimension must take every batch Triton forms (1 .. max_batch_size, warmup included): a graph exported with
-    a fixed batch failed the warmup at max_batch_size and took tritonserver down (SIGSEGV), the reason only in a log."""
+    a fixed batch failed the warmup at max_batch_size and took tritonserver down (SIGSEGV), the reason only in a log.
+    Its fixed image size and class count must be the metadata's: a graph of another model (one left beside a newer
+    export's report) crashed the warmup too, or would have answered with the wrong labels."""
     from hub_vit.server.source import load_onnx_graph
 
     graph = load_onnx_graph(onnx_path)
@@ -210,6 +213,24 @@ def check_graph(onnx_path: Path, max_batch_size: int) -> None:
         raise ValueError(f"{onnx_path}: the graph takes batches of exactly {batch} image(s) (exported with "
                          f"--no-dynamic-batch?), but Triton sends batches of 1 to max_batch_size {max_batch_size}: "
                          f"{way_out}export it again without --no-dynamic-batch")
+    if meta is not None:
+        _check_graph_matches(onnx_path, graph, meta)
+
+
+def _check_graph_matches(onnx_path: Path, graph: Any, meta: ServingMetadata) -> None:
+    """Fixed dims of `pixel_values` (N, C, H, W) and `logits` (N, classes) against the metadata; symbolic ones
+    (a --dynamic-size export) take anything."""
+    size = tuple(d.dim_value for d in graph.input[0].type.tensor_type.shape.dim[2:4])
+    logits = next(t for t in graph.output if t.name == "logits")
+    classes = [d.dim_value for d in logits.type.tensor_type.shape.dim][-1:]
+    found = []
+    if len(size) == 2 and all(size) and size != tuple(meta.input_size):
+        found.append(f"takes {size[0]}x{size[1]} images, the metadata says {meta.input_size[0]}x{meta.input_size[1]}")
+    if classes and classes[0] and classes[0] != meta.num_classes:
+        found.append(f"has {classes[0]} classes, the metadata {meta.num_classes} labels")
+    if found:
+        raise ValueError(f"{onnx_path}: the graph {' and '.join(found)}: they describe different models (a graph "
+                         "left from an earlier export?); export the model again, or serve its folder")
 
 
 def _warmup_element(meta: ServingMetadata) -> bytes:

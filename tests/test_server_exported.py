@@ -154,3 +154,17 @@ def test_a_graph_with_a_fixed_batch_is_named_before_triton_would_crash_on_it(tmp
             assert [p.labels[0] for p in client.classify([sample, sample])] == ["7", "7"]  # split into 2 requests
     finally:
         server.stop()
+
+
+def test_a_graph_of_another_model_than_its_metadata_is_refused(exported, tmp_path):
+    """A graph left beside metadata of another model (an earlier export's file next to a newer report) crashed the
+    warmup when the image size differed, and would have answered with the wrong labels when only classes did."""
+    from hub_vit.server.repository import check_graph
+    from hub_vit.server.source import ServingMetadata
+
+    graph = exported / "model.onnx"  # 32x32 images, 10 classes
+    with pytest.raises(ValueError, match=r"takes 32x32 images, the metadata says 224x224: they describe different"):
+        check_graph(graph, 16, ServingMetadata(name="x", labels=tuple(DIGITS), input_size=(224, 224)))
+    with pytest.raises(ValueError, match=r"the graph has 10 classes, the metadata 3 labels"):
+        check_graph(graph, 16, ServingMetadata(name="x", labels=("a", "b", "c"), input_size=(32, 32)))
+    check_graph(graph, 16, ServingMetadata(name="x", labels=tuple(DIGITS), input_size=(32, 32)))
