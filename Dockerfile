@@ -20,6 +20,8 @@ ARG MODEL=""
 ARG MAX_BATCH_SIZE=32
 # Image decoding runs on CPU processes; on a GPU host it, not the GPU, limits throughput unless there are enough.
 ARG PREPROCESS_INSTANCES=4
+# Build-time only (an ARG is not in the image's environment): where a downloaded checkpoint lands, removed in its layer
+ARG HUB_VIT_CACHE=/tmp/hub-vit-downloads
 # PIP_BREAK_SYSTEM_PACKAGES: 25.x images are Ubuntu 24.04 (PEP 668); the container is the environment.
 ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PIP_BREAK_SYSTEM_PACKAGES=1
 
@@ -36,7 +38,7 @@ RUN python3 -m pip install --extra-index-url https://download.pytorch.org/whl/cp
 # there starts with that owner). A downloaded checkpoint only serves the ONNX export: this layer removes it.
 RUN hub-vit repository /models --flavour gpu --gpu-backend onnxruntime --precision FP16 \
         --max-batch-size ${MAX_BATCH_SIZE} --preprocess-instances ${PREPROCESS_INSTANCES} ${MODEL:+--model "$MODEL"} \
-    && rm -rf "${HOME:-/root}/.cache/hub_vit" \
+    && rm -rf "${HUB_VIT_CACHE}" \
     && mkdir -p /tmp/hub-vit-trt-cache \
     && chown -R triton-server:triton-server /models /tmp/hub-vit-trt-cache
 

@@ -1,11 +1,13 @@
 """Where a checkpoint comes from: a local path, a URL (`gs://` or `https://`), a big_vision vanity name, or a
 hub-vit catalog name (`vit_b16.augreg_in21k_ft_in1k`). Downloads go over HTTPS into a cache, with a progress bar.
 
-Cache: `$HUB_VIT_CACHE` or `~/.cache/hub_vit`, under `downloads/<first 32 hex digits of the URL's sha256>/<file
-name>`, plus a `<file name>.sha256` sidecar holding the content hash (computed while downloading; checked against
-the catalog's hash when it has one). A download is written to `*.part` and renamed when complete, so the cache never
-holds a half file. With no network (or `HUB_VIT_OFFLINE=1`) a download fails at once and says which URL to fetch by
-hand and where to put it.
+Cache: `$HUB_VIT_CACHE`, else `$XDG_CACHE_HOME/hub_vit` (`~/.cache/hub_vit` when XDG_CACHE_HOME is unset, as for
+huggingface_hub and torch), under `downloads/<first 32 hex digits of the URL's sha256>/<file name>`, plus a
+`<file name>.sha256` sidecar holding the content hash (computed while downloading; checked against the catalog's
+hash when it has one). A download is written to `*.part` and renamed when complete, so the cache never
+holds a half file. With no network (or `HUB_VIT_OFFLINE` / `HF_HUB_OFFLINE` set to 1, true, yes or on) a download
+fails at once and says which URL to fetch by hand and where to put it. A cache that cannot be written (read-only
+home, full disk) is one error naming the folder and HUB_VIT_CACHE; a failed download removes the folders it created.
 
 The sidecar is the evidence that a cached file is what hub-vit fetched from its URL: a file placed in the cache by
 hand has none, so it converts the same but its model card cannot claim the published checkpoint's results (the
@@ -62,7 +64,22 @@ class Source:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("HUB_VIT_CACHE") or Path.home() / ".cache" / "hub_vit")
+    """`$HUB_VIT_CACHE`, else `$XDG_CACHE_HOME/hub_vit`, else `~/.cache/hub_vit`: a user who moved every cache with
+    XDG_CACHE_HOME (off a small or read-only home) finds hub-vit's beside huggingface_hub's and torch's."""
+    explicit = os.environ.get("HUB_VIT_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg).expanduser() / "hub_vit" if xdg else Path.home() / ".cache" / "hub_vit"
+
+
+def offline_mode() -> bool:
+    """HUB_VIT_OFFLINE, or HF_HUB_OFFLINE (else TRANSFORMERS_OFFLINE) as huggingface_hub parses it: 1, true, yes or on,
+    in any case. Read at call time; huggingface_hub's own `constants.HF_HUB_OFFLINE` is frozen when it is imported."""
+    from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
+
+    hf = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return any(value.upper() in ENV_VARS_TRUE_VALUES for value in (os.environ.get("HUB_VIT_OFFLINE", ""), hf))
 
 
 def gs_to_https(url: str) -> str:
@@ -90,11 +107,73 @@ def _catalog_lookup(name: str) -> tuple[str, str | None] | None:
     return weight.url, weight.sha256
 
 
-def _remove_if_empty(folder: Path) -> None:
-    """`downloads/<hash>/`, then `downloads/`, if the failed fetch left them empty."""
-    for path in (folder, folder.parent):
-        with contextlib.suppress(OSError):  # not empty (other downloads), or already gone
+class CacheNotWritableError(DownloadError):
+    """The download cache (or a file in it) cannot be created or written: read-only file system, full disk, no
+    permission. Not a network problem, so the hand-download help (which puts the file in that cache) does not apply."""
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first: what `mkdir(parents=True)` creates."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return missing
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove the folders a failed fetch created (deepest first), as long as they are empty: a failed download must
+    leave no empty `downloads/<hash>/` (or a whole new `HUB_VIT_CACHE` tree) behind."""
+    for path in folders:
+        with contextlib.suppress(OSError):  # not empty (another download finished meanwhile), or already gone
             path.rmdir()
+
+
+def _cache_error(url: str, exc: OSError) -> CacheNotWritableError:
+    where = f"{exc.strerror}: {str(exc.filename)!r}" if exc.strerror and exc.filename else str(exc)
+    return CacheNotWritableError(
+        f"cannot download {url}: the download cache {str(cache_dir())!r} is not writable ({where}); set "
+        "HUB_VIT_CACHE to a writable folder, or download the file by hand and pass its local path instead")
+
+
+def _make_cache_folder(url: str, folder: Path) -> list[Path]:
+    """Create `folder`; return the folders created, for cleanup. An unwritable cache is a one-line error."""
+    missing = missing_folders(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # read-only HOME or HUB_VIT_CACHE, no permission, full disk, a file in the way
+        remove_empty_folders(missing)  # the parents mkdir managed to create before it failed
+        raise _cache_error(url, exc) from exc
+    return missing
+
+
+class _LocalWriteError(Exception):
+    """Wraps an OSError from writing the `.part` file, so a full disk is not reported as a network error."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _fetch(url: str, part: Path, *, timeout: float, progress: bool, name: str) -> str:
+    """Stream `url` into `part`; return the content's sha256. Local write failures raise `_LocalWriteError`."""
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310
+        total = int(response.headers.get("Content-Length") or 0) or None
+        try:
+            out = open(part, "wb")  # not in the `with` below: its OSError is the cache's, not the network's
+        except OSError as exc:
+            raise _LocalWriteError(exc) from exc
+        with out, _progress(progress, total, name) as advance:
+            while chunk := response.read(CHUNK):
+                try:
+                    out.write(chunk)
+                except OSError as exc:
+                    raise _LocalWriteError(exc) from exc
+                digest.update(chunk)
+                advance(len(chunk))
+    return digest.hexdigest()
 
 
 def cached_path(url: str) -> Path:
@@ -134,35 +213,43 @@ def download(url: str, *, expected_sha256: str | None = None, timeout: float = D
                 raise DownloadError(f"cached {dest} has sha256 {got}, the catalog says {expected_sha256}; delete "
                                     "it and download again")
         return dest
-    if os.environ.get("HUB_VIT_OFFLINE") or os.environ.get("HF_HUB_OFFLINE") == "1":
+    if offline_mode():
         raise DownloadError(_offline_message(url, dest, "offline mode: HUB_VIT_OFFLINE / HF_HUB_OFFLINE is set"))
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    created = _make_cache_folder(url, dest.parent)  # before the network: an unwritable cache is the error to report
     part = dest.with_name(dest.name + ".part")
-    digest = hashlib.sha256()
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as out:  # noqa: S310
-            total = int(response.headers.get("Content-Length") or 0) or None
-            with _progress(progress, total, dest.name) as advance:
-                while chunk := response.read(CHUNK):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    advance(len(chunk))
+        got = _fetch(url, part, timeout=timeout, progress=progress, name=dest.name)
+        if expected_sha256 and got != expected_sha256:
+            raise DownloadError(f"{url} downloaded with sha256 {got}, expected {expected_sha256}; not cached")
+        _store(part, dest, sidecar, got)
+    except _LocalWriteError as exc:
+        _discard(part, dest, sidecar, created)
+        raise _cache_error(url, exc.error) from exc.error
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-        part.unlink(missing_ok=True)
-        _remove_if_empty(dest.parent)  # no empty `downloads/<hash>/` left behind by a failed fetch
+        _discard(part, dest, sidecar, created)  # no empty `downloads/<hash>/` left behind by a failed fetch
         reason = getattr(exc, "reason", None) or exc
         raise DownloadError(_offline_message(url, dest, f"network error: {reason}")) from exc
     except BaseException:
-        part.unlink(missing_ok=True)
-        _remove_if_empty(dest.parent)
+        _discard(part, dest, sidecar, created)
         raise
-    got = digest.hexdigest()
-    if expected_sha256 and got != expected_sha256:
-        part.unlink(missing_ok=True)
-        raise DownloadError(f"{url} downloaded with sha256 {got}, expected {expected_sha256}; not cached")
-    sidecar.write_text(got + "\n")
-    os.replace(part, dest)
     return dest
+
+
+def _store(part: Path, dest: Path, sidecar: Path, sha256: str) -> None:
+    """Sidecar first, then the rename: a cached file without its sidecar would look like a hand download."""
+    try:
+        sidecar.write_text(sha256 + "\n")
+        os.replace(part, dest)
+    except OSError as exc:  # a full disk can strike at the sidecar too
+        raise _LocalWriteError(exc) from exc
+
+
+def _discard(part: Path, dest: Path, sidecar: Path, created: list[Path]) -> None:
+    """Undo a failed fetch: the half file, a sidecar whose file never arrived, the folders made for them."""
+    part.unlink(missing_ok=True)
+    if not dest.exists():
+        sidecar.unlink(missing_ok=True)
+    remove_empty_folders(created)
 
 
 class _progress:
@@ -233,5 +320,5 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
                   downloaded_sha256=recorded)
 
 
-__all__ = ["DownloadError", "Source", "VANITY_NAMES", "cache_dir", "cached_path", "download", "gs_to_https",
-           "hand_download_commands", "resolve_source", "sha256_file"]
+__all__ = ["CacheNotWritableError", "DownloadError", "Source", "VANITY_NAMES", "cache_dir", "cached_path", "download",
+           "gs_to_https", "hand_download_commands", "offline_mode", "resolve_source", "sha256_file"]

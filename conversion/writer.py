@@ -19,7 +19,7 @@ from hub_vit.variants import ViTSpec
 from hub_vit.weights import HEAD_KEYS, adapt_state_dict, load_strict
 
 from .convert import Conversion, convert_file
-from .download import DEFAULT_TIMEOUT_S, Source, resolve_source
+from .download import DEFAULT_TIMEOUT_S, Source, missing_folders, remove_empty_folders, resolve_source
 from .infer import ArchitectureMismatchError, check_compatible, match_architecture
 from .verify import ParityReport, compare_to_reference, find_reference, self_consistency
 
@@ -28,6 +28,26 @@ IMAGENET_SUBSETS = {1000: "imagenet-1k", 21843: "imagenet-21k-goog"}
 
 class ParityError(RuntimeError):
     """The converted model does not reproduce the reference outputs."""
+
+
+class OutputWriteError(RuntimeError):
+    """The output folder could not be written (read-only file system, disk full, no permission); nothing was left
+    behind. The message names the folder and the operating system's reason."""
+
+    def __init__(self, out: Path, reason: str) -> None:
+        super().__init__(f"cannot write output folder {str(out)!r}: {reason}; nothing was written")
+        self.path, self.reason = out, reason
+
+
+def os_reason(exc: BaseException) -> str:
+    """The operating system's words for a write failure ('Read-only file system'), looking through wrappers such as
+    `atomic_path`'s PermissionError; else the exception's own message."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror
+        seen = seen.__cause__
+    return str(exc)
 
 
 @dataclass
@@ -164,13 +184,36 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
         "converter": {"hub_vit": __version__, "torch": torch.__version__,
                       "converted_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
     }
-    path = save_model_folder(
-        model, out, labels=class_names(spec.num_classes), pretrained_cfg=pretrained_cfg_for(src, spec),
-        architecture=architecture, extra_files={"conversion.json": info}, native_vit=not native_vit_blockers(spec),
-        overwrite=overwrite,
-    )
-    write_card_or_remove(path)
+    created = missing_folders(out.parent)  # save_model_folder creates them; a failed write must not leave them
+    try:
+        path = save_model_folder(
+            model, out, labels=class_names(spec.num_classes), pretrained_cfg=pretrained_cfg_for(src, spec),
+            architecture=architecture, extra_files={"conversion.json": info},
+            native_vit=not native_vit_blockers(spec), overwrite=overwrite,
+        )
+        write_card_or_remove(path)
+    except Exception as exc:
+        reason = _write_failure(exc)
+        if reason is None:
+            raise
+        remove_empty_folders(created)
+        raise OutputWriteError(out, reason) from exc
     return FolderResult(path=path, conversion=conv, parity=parity, source=src, architecture=architecture, info=info)
+
+
+def _write_failure(exc: Exception) -> str | None:
+    """The reason when `exc` is the file system refusing a write (read-only, full, no permission), else None.
+
+    hub-vit's own message-only errors (an output folder that appeared meanwhile) keep their own words, and anything
+    else stays a traceback: it is a bug, not the disk. safetensors reports a full disk as
+    `SafetensorError('Error while serializing: I/O error: ...')`, not as an OSError.
+    """
+    if isinstance(exc, OSError):
+        return os_reason(exc) if exc.errno is not None or isinstance(exc.__cause__, OSError) else None
+    if type(exc).__name__ == "SafetensorError" and "I/O error:" in str(exc):
+        reason = str(exc).split("I/O error:", 1)[1].strip()  # 'No space left on device (os error 28)'
+        return reason.split(" (os error", 1)[0]
+    return None
 
 
 def _check_finite(state_dict: dict[str, torch.Tensor], path: Path) -> None:
@@ -197,5 +240,5 @@ def _check_catalog_architecture(name: str, found: ViTSpec, path: Path) -> None:
                                         "delete the file and fetch it again") from None
 
 
-__all__ = ["FolderResult", "ParityError", "class_names", "convert_to_folder", "fit_state_dict", "pretrained_cfg_for",
-           "source_record"]
+__all__ = ["FolderResult", "OutputWriteError", "ParityError", "class_names", "convert_to_folder", "fit_state_dict",
+           "os_reason", "pretrained_cfg_for", "source_record"]

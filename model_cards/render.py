@@ -10,6 +10,7 @@ hand: numbers come from the folder's JSON, the catalog or a computation from the
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -146,16 +147,41 @@ def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, An
         provenance=provenance.rows(facts, _version()),
         training_recipe=provenance.recipe_rows(facts),
         repo_id=repo_id,
-        folder_name=folder_name,
-        # never an absolute path: the card is committed and published, and must read the same on every machine
-        hf_ref=repo_id or f"path/to/{folder_name}",
-        cli_ref=f"path/to/{folder_name}",
-        timm_name=facts.bundled.entry.name if facts.bundled is not None else None,
+        **snippet_refs(folder_name, repo_id, facts.bundled.entry.name if facts.bundled is not None else None),
         triton_client=provenance.triton_client(),
         labels=facts.labels,
         labels_note=sections.labels_note(facts.labels) if facts.labels else "",
         license_note=license_of(facts)[1],
         bibtex=bibtex_for(papers),
+    )
+
+
+def py_str(text: str) -> str:
+    """`text` as a Python string literal, in the double quotes the snippets use: a folder named `a "b"`, `it's` or
+    holding a backslash still pastes as valid Python (repr escapes what needs escaping)."""
+    literal = repr(text)
+    if literal.startswith("'") and "'" not in text and '"' not in text:  # repr chose '...' only by default
+        return f'"{literal[1:-1]}"'
+    return literal
+
+
+def snippet_refs(folder_name: str, repo_id: str | None, timm_name: str | None) -> dict[str, str | None]:
+    """The folder (or Hub repo) as the usage snippets write it: shell words quoted with `shlex.quote` (a folder
+    named `Zürich ü (v2)` is one argument, not a syntax error) and Python strings as literals (`py_str`).
+
+    Never an absolute path: the card is committed and published, and must read the same on every machine.
+    """
+    local = f"path/to/{folder_name}"
+    onnx_dir = f"{folder_name}-onnx"
+    return dict(
+        cli_ref=shlex.quote(local),
+        cli_onnx_dir=shlex.quote(onnx_dir),
+        py_hf_hub=py_str(f"hf-hub:{repo_id}") if repo_id else None,
+        py_local_dir=py_str(f"local-dir:{local}"),
+        py_hf_ref=py_str(repo_id or local),
+        py_timm_name=py_str(timm_name) if timm_name else None,
+        py_onnx_file=py_str(f"{onnx_dir}/model.onnx"),
+        timm_name=timm_name,
     )
 
 

@@ -65,8 +65,11 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
     if occupied and not _is_generated_repository(out):
         raise FileExistsError(f"{str(out)!r} is not a repository written by `hub-vit repository` (no generated "
                               "config.pbtxt); replacing it would delete everything in it: choose another folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:  # named by the folder asked for, not by the hidden staging folder beside it
+        raise OSError(err.errno, err.strerror, str(out)) from None
     try:
         _fill(staging, source, opts)
         replace_dir(staging, out)

@@ -7,6 +7,7 @@ the loaded model, sha256 of the checkpoint file, torch's FLOP counter).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -555,3 +556,91 @@ def test_cli_card_writes_readme_and_reports_bad_folder(converted: dict[str, Path
     assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["card", str(folder), "--repo-id", "not a repo"])
     assert result.exit_code == 2 and "ORG/NAME" in " ".join(result.output.split())
+
+
+# ------------------------------------------------------------------------- unusual folder names, unwritable disks
+@pytest.mark.parametrize("name", ["Zürich ü (v2)", "it's \"q\" $HOME `x` \\n; rm -rf x [draft]"])
+def test_usage_snippets_quote_the_folder_name(name: str, converted: dict[str, Path], tmp_path: Path) -> None:
+    """The shell lines, run by bash with `hub-vit` printing its arguments, and the Python blocks, parsed by Python,
+    get the folder name as one argument / string: `hub-vit serve path/to/Zürich ü (v2)` was a shell syntax error."""
+    import ast
+    import subprocess
+
+    folder = tmp_path / name
+    shutil.copytree(converted["vit_jax"], folder)
+    text = str(render_model_card(folder))
+    lines = [line for block in re.findall(r"```bash\n(.*?)```", text, re.S) for line in block.splitlines()]
+    got = {}
+    for line in lines:
+        proc = subprocess.run(["bash", "-c", f'hub-vit() {{ printf "%s\\0" "$@"; }}\n{line}'], capture_output=True,
+                              timeout=30)
+        assert proc.returncode == 0, (line, proc.stderr)
+        args = proc.stdout.decode().split("\0")[:-1]
+        got[args[0]] = args
+    assert got == {"export": ["export", "onnx", f"path/to/{name}", "-o", f"{name}-onnx", "-v", "fp32"],
+                   "serve": ["serve", f"path/to/{name}"]}
+    strings = {node.value for block in re.findall(r"```python\n(.*?)```", text, re.S)
+               for node in ast.walk(ast.parse(block)) if isinstance(node, ast.Constant)}
+    assert {f"local-dir:path/to/{name}", f"path/to/{name}", f"{name}-onnx/model.onnx"} <= strings
+
+
+def _card_dir_read_only(monkeypatch: pytest.MonkeyPatch) -> str:
+    import tempfile
+
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, prefix=None, **kwargs):
+        if prefix == ".README.md.":
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*args, prefix=prefix, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    return "Read-only file system"
+
+
+def _card_disk_full(monkeypatch: pytest.MonkeyPatch) -> str:
+    real = Path.write_text
+
+    def write_text(self: Path, *args, **kwargs) -> int:
+        if self.name.startswith(".README.md."):  # atomic_path's temporary file
+            self.write_bytes(b"half a ca")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    return "No space left on device"
+
+
+@pytest.mark.parametrize("break_disk", [_card_dir_read_only, _card_disk_full])
+def test_cli_card_on_a_read_only_or_full_disk(break_disk, converted: dict[str, Path], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # a traceback (EROFS arrived as a PermissionError, ENOSPC as a bare OSError); the old card must stay intact
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    folder = tmp_path / "m"
+    shutil.copytree(converted["vit_jax"], folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    reason = break_disk(monkeypatch)
+    result = CliRunner().invoke(app, ["card", str(folder)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.output.splitlines() == [f"error: cannot write to {str(folder / 'README.md')!r}: {reason}"]
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+
+
+def test_cli_card_wrote_line_keeps_the_whole_path_on_one_line(converted: dict[str, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.cli.app import console
+
+    _load_commands()
+    monkeypatch.setattr(console, "width", 80)  # what a pipe gets
+    folder = tmp_path / "a rather long folder name for a model" / "converted from a checkpoint ü [draft] (v2)"
+    shutil.copytree(converted["vit_jax"], folder)
+    result = CliRunner().invoke(app, ["card", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"wrote {folder / 'README.md'}"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
@@ -15,6 +17,7 @@ import hub_vit  # noqa: F401
 from hub_vit.cli import _load_commands
 from hub_vit.cli.app import app
 from hub_vit.folder import load_model_folder
+from tests.test_cards import _card_dir_read_only
 
 JAX = Path(__file__).resolve().parent / "fixtures" / "jax"
 INDEX = json.loads((JAX / "index.json").read_text())["files"]
@@ -232,3 +235,94 @@ def test_sigterm_mid_write_leaves_no_staging_folder(tmp_path: Path) -> None:
         proc.kill()
     time.sleep(0.1)
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------ unwritable destinations, printed paths
+def _mkdtemp_on_read_only(monkeypatch, root: Path) -> None:
+    import tempfile
+
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args, dir=None, **kwargs):  # noqa: A002 (tempfile's own parameter name)
+        if dir is not None and (Path(dir) == root or root in Path(dir).parents):
+            raise OSError(errno.EROFS, "Read-only file system", str(Path(dir) / ".out.tmp-x"))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+
+
+def _safetensors_disk_full(monkeypatch, root: Path) -> None:
+    import safetensors
+    import transformers.modeling_utils
+
+    def save_file(*args, **kwargs) -> None:  # what safetensors raises on a full disk (no OSError)
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", save_file)
+
+
+def _card_disk_full(monkeypatch, root: Path) -> None:
+    import hub_vit.model_cards.render as render
+
+    def write_text_atomic(path: Path, text: str) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(render, "write_text_atomic", write_text_atomic)
+
+
+def _card_read_only(monkeypatch, root: Path) -> None:  # atomic_path's own PermissionError, wrapping EROFS
+    _card_dir_read_only(monkeypatch)
+
+
+@pytest.mark.parametrize(("break_disk", "reason"), [
+    (_mkdtemp_on_read_only, "Read-only file system"),
+    (_safetensors_disk_full, "No space left on device"),
+    (_card_disk_full, "No space left on device"),
+    (_card_read_only, "Read-only file system"),
+])
+def test_read_only_or_full_destination_is_one_line_and_leaves_nothing(break_disk, reason: str, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    # EROFS / ENOSPC were tracebacks (only PermissionError was caught), and the parent folders stayed behind
+    out = tmp_path / "new" / "out"
+    break_disk(monkeypatch, tmp_path)
+    result = CliRunner().invoke(app, ["convert", str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(out)])
+    lines = result.output.splitlines()
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot write output folder {str(out)!r}: "), lines
+    assert reason in lines[0] and "nothing was written" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bug_while_writing_is_not_reported_as_a_disk_problem(tmp_path: Path, monkeypatch) -> None:
+    import hub_vit.model_cards.render as render
+
+    def write_text_atomic(path: Path, text: str) -> Path:
+        raise ZeroDivisionError("a bug, not the disk")
+
+    monkeypatch.setattr(render, "write_text_atomic", write_text_atomic)
+    result = CliRunner().invoke(app, ["convert", str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o",
+                                      str(tmp_path / "out")])
+    assert isinstance(result.exception, ZeroDivisionError)  # still a traceback
+    assert not (tmp_path / "out").exists()
+
+
+def test_wrote_line_keeps_the_whole_path_on_one_line(tmp_path: Path, monkeypatch) -> None:
+    # piped output (80 columns) hard-wrapped the path: a script reading `wrote (.*)` got half of it. "[draft]" is
+    # rich markup that must print as it is.
+    from hub_vit.cli.app import console
+
+    monkeypatch.setattr(console, "width", 80)
+    out = tmp_path / "a rather long output folder name" / "for a converted checkpoint ü [draft] (v2)"
+    result = CliRunner().invoke(app, ["convert", str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.output.splitlines()
+
+
+def test_layout_description_is_printed_as_it_is(tmp_path: Path, monkeypatch) -> None:
+    # the layout names the checkpoint's own key prefix: "[/x]" in it was a MarkupError after the folder was written
+    from hub_vit.conversion.layouts import Layout
+
+    describe = Layout.describe
+    monkeypatch.setattr(Layout, "describe", lambda self: describe(self) + ", prefix '[/x] [draft]'")
+    output = run(str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(tmp_path / "out"))
+    assert "prefix '[/x] [draft]'" in output

@@ -10,6 +10,7 @@ names `gs://big_vision/vit_s16_i1k_300ep.npz` as `i1k-s16-300ep`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import http.server
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from hub_vit.conversion.download import DownloadError, cached_path, resolve_source
 
@@ -144,3 +146,134 @@ def test_only_hub_vits_own_download_is_evidence_of_the_published_file(tmp_path: 
     swapped = resolve_source(f"{base}/big_vision/vit_s16_i1k_300ep.npz", progress=False)  # served from the cache
     assert swapped.sha256 != swapped.downloaded_sha256 == sha
     assert source_record(swapped)["content_verified"] is None
+
+
+# ------------------------------------------------------------------------------- unwritable cache, failed downloads
+def _refuse_mkdir_under(monkeypatch: pytest.MonkeyPatch, root: Path, code: int, reason: str) -> None:
+    """Make every folder under `root` uncreatable, as on a read-only (EROFS) or full (ENOSPC) file system."""
+    real_mkdir = Path.mkdir
+
+    def mkdir(self: Path, *args, **kwargs) -> None:
+        if self == root or root in self.parents:
+            raise OSError(code, reason, str(self))
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+
+
+@pytest.mark.parametrize(("code", "reason"), [(errno.EROFS, "Read-only file system"),
+                                              (errno.ENOSPC, "No space left on device")])
+def test_unwritable_cache_is_one_error_naming_the_folder_and_hub_vit_cache(
+        code: int, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # HOME or HUB_VIT_CACHE on a read-only or full file system was an OSError traceback from mkdir, before the
+    # network was even tried
+    cache = tmp_path / "ro" / "cache"
+    monkeypatch.setenv("HUB_VIT_CACHE", str(cache))
+    _refuse_mkdir_under(monkeypatch, tmp_path / "ro", code, reason)
+    with pytest.raises(DownloadError) as err:
+        resolve_source("http://127.0.0.1:9/vit.npz", progress=False)  # mkdir fails first: no connection is made
+    message = str(err.value)
+    assert repr(str(cache)) in message and reason in message and "HUB_VIT_CACHE" in message
+    assert "\n" not in message
+
+    from hub_vit.cli import _load_commands
+    from hub_vit.cli.app import app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["convert", "simplevit_s16.i1k_90ep", "-o", str(tmp_path / "cv")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert text.startswith("error: cannot download") and "HUB_VIT_CACHE" in text and reason in text
+
+
+def test_failed_download_leaves_no_folder_it_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # HUB_VIT_CACHE=/nonexistent/deep plus a failed download left the empty /nonexistent/deep behind
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "new" / "deep"))
+    (tmp_path / "served").mkdir()
+    with serving(tmp_path / "served") as base, pytest.raises(DownloadError, match="network error"):
+        resolve_source(f"{base}/missing.npz", progress=False)  # 404
+    assert list(tmp_path.iterdir()) == [tmp_path / "served"]
+
+
+def test_existing_cache_folders_are_kept_after_a_failed_download(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "downloads").mkdir(parents=True)
+    (tmp_path / "served").mkdir()
+    with serving(tmp_path / "served") as base, pytest.raises(DownloadError):
+        resolve_source(f"{base}/missing.npz", progress=False)
+    assert (tmp_path / "cache" / "downloads").is_dir() and not any((tmp_path / "cache" / "downloads").iterdir())
+
+
+def test_full_disk_while_downloading_is_a_cache_error_not_a_network_error(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hub_vit.conversion import download
+
+    class FullDisk:  # the .part file: opens, then the first write fails as on a full disk
+        def __init__(self, path: Path, mode: str) -> None:
+            self.path = Path(path)
+            self.path.write_bytes(b"")
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self) -> FullDisk:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(download, "open", FullDisk, raising=False)
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copy(FIXTURE, served / "x.npz")
+    with serving(served) as base, pytest.raises(DownloadError) as err:
+        resolve_source(f"{base}/x.npz", progress=False)
+    message = str(err.value)
+    assert "No space left on device" in message and "HUB_VIT_CACHE" in message and "network error" not in message
+    assert not (tmp_path / "cache").exists()  # neither the .part file nor the folders made for it
+
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "yes", "On"])
+def test_hf_hub_offline_is_read_as_huggingface_hub_reads_it(value: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # only HF_HUB_OFFLINE=1 counted: =true tried the network (a 15 s wait on a slow one)
+    from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
+
+    assert value.upper() in ENV_VARS_TRUE_VALUES  # huggingface_hub's own list of "on" values
+    monkeypatch.delenv("HUB_VIT_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(DownloadError, match="offline mode"):
+        resolve_source("http://127.0.0.1:9/vit.npz", progress=False)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "no", "off", ""])
+def test_offline_switches_that_are_off(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hub_vit.conversion.download import offline_mode
+
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    for name in ("HUB_VIT_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv("HUB_VIT_OFFLINE", raising=False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv(name, value)
+        assert not offline_mode(), name
+        monkeypatch.setenv(name, "yes")
+        assert offline_mode(), name
+
+
+def test_cache_follows_xdg_cache_home_unless_hub_vit_cache_is_set(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # huggingface_hub and torch put their caches under $XDG_CACHE_HOME; hub-vit ignored it
+    from hub_vit.conversion.download import cache_dir
+
+    monkeypatch.delenv("HUB_VIT_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "hub_vit"
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("HUB_VIT_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "hub_vit"

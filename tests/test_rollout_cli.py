@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,66 @@ def test_cli_prints_bracketed_names_as_they_are(model_folder: Path, photos: dict
 def test_cli_unknown_model(photo_files: list[Path], tmp_path: Path) -> None:
     result = CliRunner().invoke(_runner_app(), ["rollout", str(photo_files[0]), "--model", "vit_nope"])
     assert result.exit_code == 2 and "valid names" in result.output
+
+
+
+@pytest.mark.parametrize(("code", "reason"), [(errno.EROFS, "Read-only file system"),
+                                              (errno.ENOSPC, "No space left on device")])
+def test_cli_read_only_or_full_disk_is_one_line(code: int, reason: str, model_folder: Path, photo_files: list[Path],
+                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # only the mkdir of --out was caught: a PNG that could not be written was a traceback
+    import hub_vit.explain.overlay as overlay
+
+    def save_png(array, path: str) -> None:
+        raise OSError(code, reason)
+
+    monkeypatch.setattr(overlay, "save_png", save_png)
+    out = tmp_path / "new" / "out"
+    result = CliRunner().invoke(_runner_app(), ["rollout", *map(str, photo_files), "-o", str(out), "--model",
+                                                str(model_folder)])
+    target = out / f"{photo_files[0].stem}_rollout.png"
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.output.splitlines() == [f"error: cannot write to {str(target)!r}: {reason}"]
+    assert not (tmp_path / "new").exists()  # the folders this run created, empty, are gone
+
+
+def test_cli_full_disk_after_some_overlays_keeps_them(model_folder: Path, photo_files: list[Path], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import hub_vit.explain.overlay as overlay
+
+    real = overlay.save_png
+
+    def save_png(array, path: str) -> None:
+        if Path(path).stem.startswith(photo_files[1].stem):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(array, path)
+
+    monkeypatch.setattr(overlay, "save_png", save_png)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(_runner_app(), ["rollout", *map(str, photo_files), "-o", str(out), "--model",
+                                                str(model_folder)])
+    assert result.exit_code == 1 and "No space left on device" in result.output
+    assert sorted(p.name for p in out.iterdir()) == [f"{photo_files[0].stem}_rollout.png"]  # complete, and printed
+
+
+def test_cli_arrow_line_keeps_the_whole_path_on_one_line(model_folder: Path, photos: dict, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # piped output (80 columns) hard-wrapped "IMAGE -> OUT": a script reading `-> (.*)` got half the path
+    from hub_vit.cli.app import console
+
+    monkeypatch.setattr(console, "width", 80)
+    photo = tmp_path / "imgs dir" / "ünï cødé" / "three 3 (copy) ü.png"
+    photo.parent.mkdir(parents=True)
+    Image.fromarray(photos["coffee"]).save(photo)
+    out = tmp_path / "röllout out" / "a b"
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(photo), "-o", str(out), "--model", str(model_folder),
+                                                "--class-map"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert f"{photo} -> {out / 'three 3 (copy) ü_rollout.png'}" in lines
+    class_lines = [line for line in lines if line.startswith("class-specific map for ")]
+    assert len(class_lines) == 1 and f": {out / 'three 3 (copy) ü_class_'}" in class_lines[0]
+    assert class_lines[0].endswith(".png")
 
 
 # ---------------------------------------------------------------------------------------------- helpers

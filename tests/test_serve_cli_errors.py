@@ -206,3 +206,20 @@ def test_repository_at_a_path_the_python_backend_cannot_serve_from_says_so(tmp_p
     assert "note: Triton's Python backend cannot start models from" in out and "space '(' ')'" in out, out
     code, out = _run("serve", *PORTS, "--repository", str(repo))
     assert code == 2 and "splits the path at space '(' ')'" in out, out
+
+
+def test_repository_on_a_read_only_file_system_names_the_folder(tmp_path, monkeypatch, capsys):
+    import errno
+    import tempfile
+
+    from hub_vit.cli import main
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", kwargs.get("dir"))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    monkeypatch.setattr("sys.argv", ["hub-vit", "repository", str(tmp_path / "repo")])
+    with pytest.raises(SystemExit) as info:
+        main()
+    out = " ".join(capsys.readouterr().err.split())
+    assert info.value.code == 1 and f"Read-only file system: '{tmp_path / 'repo'}'" in out, out  # not '.repo.xyz'

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import signal
 
-from hub_vit.cli.app import app, console
+from hub_vit.cli.app import app, console, fail, is_environment_error, os_error_text
 
 # One module per capability; each adds its commands to `app` on import.
 COMMAND_MODULES = ("models", "convert", "export", "train", "serve", "explain", "cards")
@@ -30,7 +30,16 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def main() -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _load_commands()
-    app()
+    try:
+        app()
+    except OSError as exc:
+        # The safety net for every command: a read-only, full or forbidden destination that a command did not catch
+        # itself is one line naming the reason and the path, not a traceback. Other errors (bugs) keep theirs;
+        # KeyboardInterrupt is not an OSError and keeps its own handling.
+        if not is_environment_error(exc):
+            raise
+        fail(os_error_text(exc), code=1)
+        raise SystemExit(1) from None
 
 
 __all__ = ["app", "console", "main"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -23,6 +26,37 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     # emoji=False: '127.0.0.1:-1' must not turn into a thumbs-down
     err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, emoji=False)
     return typer.Exit(code)
+
+
+# errno values that describe the machine, not hub-vit: the file system refused a write (read-only, full, over quota,
+# no permission) or a path is too long. The user fixes these by choosing another path, so a traceback only hides the
+# one line they need. Any other OSError (ENOENT on a packaged file, EBADF, ...) may be a bug and keeps its traceback.
+ENVIRONMENT_ERRNOS = frozenset(
+    code for code in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", None),
+                      errno.EFBIG, errno.ENAMETOOLONG) if code is not None
+)
+
+
+def is_environment_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS
+
+
+def os_error_text(exc: OSError) -> str:
+    """`Read-only file system: 'out/x'`: the OS reason, then the path it names (when it names one)."""
+    reason = exc.strerror or str(exc)
+    if isinstance(exc.filename, (str, bytes, os.PathLike)):
+        return f"{reason}: {os.fsdecode(exc.filename)!r}"
+    return reason
+
+
+def write_failed(path: str | os.PathLike[str], exc: OSError) -> typer.Exit:
+    """`error: cannot write to 'PATH': <OS reason>` (exit 1): a destination on a read-only or full file system.
+
+    An OSError without an errno is hub-vit's own message (`atomic_path`: "cannot write to 'x': Read-only file
+    system") and is printed as it is."""
+    if exc.errno is None:
+        return fail(str(exc), code=1)
+    return fail(f"cannot write to {os.fspath(path)!r}: {exc.strerror or exc}", code=1)
 
 
 @app.callback()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from hub_vit.cli.app import app, console, fail
+from hub_vit.cli.app import app, console, fail, write_failed
 
 
 @app.command()
@@ -16,19 +16,27 @@ def card(
     stdout: bool = typer.Option(False, "--stdout", help="Print the card instead of writing README.md."),
 ) -> None:
     """(Re)write FOLDER/README.md: the model card, rendered from the folder's own JSON."""
-    from hub_vit.model_cards import ModelFolderError, render_model_card, write_model_card
+    from hub_vit.model_cards import ModelFolderError, render_model_card
+    from hub_vit.model_cards.facts import CARD
+    from hub_vit.model_cards.render import write_text_atomic
     from hub_vit.publish import check_repo_id
 
     try:
         if repo_id is not None:
             check_repo_id(repo_id)
-        if stdout:
-            print(str(render_model_card(folder, repo_id=repo_id)), end="")
-            return
-        path = write_model_card(folder, repo_id=repo_id)
+        text = str(render_model_card(folder, repo_id=repo_id))
     except (ModelFolderError, ValueError) as exc:
         raise fail(str(exc)) from None
-    console.print(f"wrote {path}", markup=False)
+    if stdout:
+        print(text, end="")
+        return
+    path = folder / CARD
+    try:
+        write_text_atomic(path, text)
+    except OSError as exc:  # read-only or full file system: written atomically, so the old README.md stays intact
+        raise write_failed(path, exc) from None
+    # soft-wrapped: a script reading `wrote (.*)` from a pipe (80 columns) must get the whole path on one line
+    console.print(f"wrote {path}", markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -40,7 +40,7 @@ def convert(
     from hub_vit.conversion.download import DownloadError
     from hub_vit.conversion.npz_reader import CheckpointFormatError
     from hub_vit.conversion.verify import format_report
-    from hub_vit.conversion.writer import ParityError, convert_to_folder
+    from hub_vit.conversion.writer import OutputWriteError, ParityError, convert_to_folder
 
     try:
         size = parse_img_size(img_size)
@@ -49,18 +49,22 @@ def convert(
         result = convert_to_folder(source, out, variant=variant, img_size=size, num_classes=num_classes,
                                    drop_pre_logits=not pre_logits, reference=reference, verify=verify,
                                    overwrite=overwrite, timeout=timeout)
+    except OutputWriteError as exc:  # read-only or full disk: the work was done, writing it failed (exit 1, not 2)
+        raise fail(str(exc), code=1) from None
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
             CheckpointFormatError, DownloadError, ParityError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise fail(message) from None
     conv = result.conversion
-    console.print(f"[bold]layout[/]: {conv.layout.describe()}", soft_wrap=True)
+    # escaped: the layout names the checkpoint's own key prefix, which may hold [brackets]
+    console.print(f"[bold]layout[/]: {escape(conv.layout.describe())}", soft_wrap=True)
     spec = conv.spec
-    console.print(f"[bold]model[/]: {result.architecture} ({spec.variant or 'custom size'}, posemb {spec.posemb}, "
-                  f"pool {spec.pool_type}, pre-logits {spec.rep_size or 'none'}, {spec.num_classes} classes, "
-                  f"{spec.img_size[0]}x{spec.img_size[1]})", soft_wrap=True)
+    console.print(f"[bold]model[/]: {escape(result.architecture)} ({escape(spec.variant or 'custom size')}, posemb "
+                  f"{spec.posemb}, pool {spec.pool_type}, pre-logits {spec.rep_size or 'none'}, {spec.num_classes} "
+                  f"classes, {spec.img_size[0]}x{spec.img_size[1]})", soft_wrap=True)
     for note in conv.notes:
         console.print(f"  note: {note}", soft_wrap=True, markup=False)
     if verify or result.parity.mode == "reference":
         console.print(format_report(result.parity), highlight=False, markup=False, soft_wrap=True)
-    console.print(f"[green]wrote[/] {escape(str(result.path))}")
+    # soft-wrapped: a script reading `wrote (.*)` from a pipe (80 columns) must get the whole path on one line
+    console.print(f"[green]wrote[/] {escape(str(result.path))}", soft_wrap=True)

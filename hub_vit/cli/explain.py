@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
 
 from hub_vit.atomic import file_in_the_way
-from hub_vit.cli.app import app, console, fail
+from hub_vit.cli.app import app, console, fail, write_failed
+
+if TYPE_CHECKING:
+    import numpy as np
 
 BATCH = 8  # images per forward pass: bounded memory, still batched
 
@@ -41,6 +46,28 @@ def output_stems(paths: list[Path]) -> list[str]:
     return stems
 
 
+def _save_overlay(array: np.ndarray, target: Path, created: list[Path]) -> None:
+    """`save_png`, with a read-only or full disk as one error line (exit 1) naming the file.
+
+    Each PNG is written atomically, so a failure leaves no half file. Overlays already written (and printed) stay;
+    the folders this run created (`created`, deepest first) are removed if none of them was written there.
+    """
+    from hub_vit.explain.overlay import save_png
+
+    try:
+        save_png(array, str(target))
+    except OSError as exc:
+        _remove_created(created)
+        raise write_failed(target, exc) from None
+
+
+def _remove_created(folders: list[Path]) -> None:
+    """Remove the folders this run created (deepest first) that are still empty: no empty --out after a failure."""
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty: it holds overlays written before the failure
+            folder.rmdir()
+
+
 @app.command()
 def rollout(
     images: list[Path] = typer.Argument(..., help="Image files (PNG, JPEG, WEBP, BMP, GIF)."),
@@ -59,7 +86,7 @@ def rollout(
 
     from hub_vit.demo.models import load_explainer, resolve_choice
     from hub_vit.explain.image import ImageReadError, load_image
-    from hub_vit.explain.overlay import COLORMAPS, save_png
+    from hub_vit.explain.overlay import COLORMAPS
     from hub_vit.explain.rollout import HEAD_FUSIONS, check_discard_ratio
 
     if head_fusion not in HEAD_FUSIONS:
@@ -87,9 +114,11 @@ def rollout(
     blocker = file_in_the_way(out)
     if blocker is not None:
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
+    created = [p for p in (out, *out.parents) if not p.exists()]  # removed again if no overlay gets written
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # no permission, read-only file system
+        _remove_created(created)
         raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
     stems = output_stems([path for path, _ in ready])
     for start in range(0, len(images), BATCH):
@@ -98,9 +127,10 @@ def rollout(
         for i, (path, prep) in enumerate(chunk):
             stem = stems[start + i]
             target = out / f"{stem}_rollout.png"
-            save_png(explainer.overlay(prep, result.maps[i], alpha, colormap), str(target))
+            _save_overlay(explainer.overlay(prep, result.maps[i], alpha, colormap), target, created)
             top = explainer.top_k(result.logits[i], 5)
-            console.print(f"[bold]{escape(str(path))}[/] -> {escape(str(target))}")
+            # soft-wrapped: a script reading `-> (.*)` from a pipe (80 columns) must get the whole path on one line
+            console.print(f"[bold]{escape(str(path))}[/] -> {escape(str(target))}", soft_wrap=True)
             table = Table(show_edge=False)
             table.add_column("label")
             table.add_column("probability", justify="right")
@@ -111,8 +141,8 @@ def rollout(
                 label_index = explainer.label_index(top[0][0])
                 cam = explainer.class_map(prep, label_index).maps[0]
                 class_target = out / f"{stem}_class_{label_index}.png"
-                save_png(explainer.overlay(prep, cam, alpha, colormap), str(class_target))
-                console.print(f"class-specific map for {top[0][0]!r}: {class_target}", markup=False)
+                _save_overlay(explainer.overlay(prep, cam, alpha, colormap), class_target, created)
+                console.print(f"class-specific map for {top[0][0]!r}: {class_target}", markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -1,0 +1,64 @@
+"""The `hub-vit` entry point's safety net: a read-only, full or forbidden destination that a command does not catch
+itself is one line (`error: <OS reason>: '<path>'`, exit 1) instead of a traceback; every other exception (a bug)
+keeps its traceback, and Ctrl-C keeps its own handling."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import hub_vit.cli as cli
+from hub_vit.cli.app import app
+
+
+@pytest.fixture
+def command(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[BaseException], None]]:
+    """Register `hub-vit boom` raising the given exception (removed again after the test), and restore SIGTERM."""
+    monkeypatch.setattr(app, "registered_commands", list(app.registered_commands))
+    monkeypatch.setattr(sys, "argv", ["hub-vit", "boom"])
+    sigterm = signal.getsignal(signal.SIGTERM)
+
+    def register(exc: BaseException) -> None:
+        @app.command("boom")
+        def boom() -> None:
+            raise exc
+
+    yield register
+    signal.signal(signal.SIGTERM, sigterm)
+
+
+@pytest.mark.parametrize(("code", "reason"), [(errno.EROFS, "Read-only file system"),
+                                              (errno.ENOSPC, "No space left on device"),
+                                              (errno.EACCES, "Permission denied")])
+def test_environment_os_error_is_one_line(code: int, reason: str, command, capsys: pytest.CaptureFixture) -> None:
+    command(OSError(code, reason, "out dir/[draft] x"))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"error: {reason}: 'out dir/[draft] x'"] and captured.out == ""
+
+
+def test_disk_full_without_a_path_still_says_why(command, capsys: pytest.CaptureFixture) -> None:
+    command(OSError(errno.ENOSPC, "No space left on device"))  # what a failed write() raises: no file name
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 1 and capsys.readouterr().err.splitlines() == ["error: No space left on device"]
+
+
+@pytest.mark.parametrize("exc", [FileNotFoundError(errno.ENOENT, "No such file or directory", "templates/x.pbtxt"),
+                                 OSError("no errno"), ValueError("a bug"), KeyboardInterrupt()])
+def test_other_errors_are_not_hidden(exc: BaseException, command) -> None:
+    # a missing packaged file or any non-OSError is a bug: its traceback must reach the user (and the tests)
+    command(exc)
+    if isinstance(exc, KeyboardInterrupt):  # typer turns Ctrl-C into "Aborted." and exit 130, as before
+        with pytest.raises(SystemExit) as exit_:
+            cli.main()
+        assert exit_.value.code == 130
+        return
+    with pytest.raises(type(exc)):
+        cli.main()
