@@ -326,3 +326,12 @@ def test_layout_description_is_printed_as_it_is(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(Layout, "describe", lambda self: describe(self) + ", prefix '[/x] [draft]'")
     output = run(str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(tmp_path / "out"))
     assert "prefix '[/x] [draft]'" in output
+
+
+def test_an_existing_output_names_the_flag_not_the_keyword(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    run(str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(out))
+    result = CliRunner().invoke(app, ["convert", str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(out)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "already exists; choose another or pass --overwrite to replace it" in output, output

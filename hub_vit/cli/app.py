@@ -28,6 +28,11 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def as_flags(message: str) -> str:
+    """A library message read on the command line: `pass overwrite=True (--overwrite)` -> `pass --overwrite`."""
+    return message.replace("overwrite=True (--overwrite)", "--overwrite")
+
+
 # errno values that describe the machine, not hub-vit: the file system refused a write (read-only, full, over quota,
 # no permission) or a path is too long. The user fixes these by choosing another path, so a traceback only hides the
 # one line they need. Any other OSError (ENOENT on a packaged file, EBADF, ...) may be a bug and keeps its traceback.

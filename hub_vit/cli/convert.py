@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import app, console, fail
+from hub_vit.cli.app import app, as_flags, console, fail
 
 
 def parse_img_size(text: str | None) -> int | tuple[int, int] | None:
@@ -54,7 +54,7 @@ def convert(
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
             CheckpointFormatError, DownloadError, ParityError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise fail(message) from None
+        raise fail(as_flags(message)) from None
     conv = result.conversion
     # escaped: the layout names the checkpoint's own key prefix, which may hold [brackets]
     console.print(f"[bold]layout[/]: {escape(conv.layout.describe())}", soft_wrap=True)

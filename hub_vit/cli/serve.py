@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_vit.cli.app import app, console, err_console, fail
+from hub_vit.cli.app import app, as_flags, console, err_console, fail
 from hub_vit.server.options import ServingOptions
 
 MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
@@ -107,7 +107,7 @@ def repository(
     try:
         path = write_repository(_source(model), out, opts, overwrite=overwrite)
     except (ValueError, FileExistsError, NotADirectoryError) as err:
-        raise fail(str(err).replace("pass overwrite=True (--overwrite)", "pass --overwrite")) from None
+        raise fail(as_flags(str(err))) from None
     console.print(f"wrote Triton repository [bold]{escape(str(path))}[/] (model [bold]{name}[/], flavour {flavour})",
                   soft_wrap=True)
     unservable = unservable_path_message(path)
