@@ -65,12 +65,19 @@ class Source:
 
 def cache_dir() -> Path:
     """`$HUB_VIT_CACHE`, else `$XDG_CACHE_HOME/hub_vit`, else `~/.cache/hub_vit`: a user who moved every cache with
-    XDG_CACHE_HOME (off a small or read-only home) finds hub-vit's beside huggingface_hub's and torch's."""
+    XDG_CACHE_HOME (off a small or read-only home) finds hub-vit's beside huggingface_hub's and torch's. An existing
+    `~/.cache/hub_vit` is kept while `$XDG_CACHE_HOME/hub_vit` does not exist."""
     explicit = os.environ.get("HUB_VIT_CACHE")
     if explicit:
         return Path(explicit).expanduser()
+    home_cache = Path.home() / ".cache" / "hub_vit"
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg).expanduser() / "hub_vit" if xdg else Path.home() / ".cache" / "hub_vit"
+    if not xdg:
+        return home_cache
+    chosen = Path(xdg).expanduser() / "hub_vit"
+    # a cache filled before hub-vit followed XDG_CACHE_HOME stays in use (offline, its checkpoints are all there is)
+    # until the XDG one exists
+    return home_cache if not chosen.exists() and home_cache.is_dir() else chosen
 
 
 def offline_mode() -> bool:

@@ -63,9 +63,11 @@ class ServerError(RuntimeError):
 
 
 # Triton's Python backend starts each stub as `bash -c "exec <stub> <repository>/<model>/1/model.py ..."` without
-# quoting, so a space or a shell character in the repository path splits or breaks that command and the model never
-# loads (the server then waits out its whole start timeout). Letters of any script are fine.
-SHELL_UNSAFE = re.compile(r"""[\s'"\\$`!&;|<>()*?\[\]{}#~^]""")
+# quoting, so a space or a shell character in the repository path splits or breaks that command, and its stub fails
+# on any non-ASCII character (UnicodeEncodeError, even under a UTF-8 locale): the model never loads and the server
+# waits out its whole start timeout. Tried with the real server: + , = @ % : ~ # ^ ! serve; glob and brace
+# characters (* ? [ ] { }) serve only while they match no file, so they are refused too.
+SHELL_UNSAFE = re.compile(r"""[\s'"\\$`&;|<>()*?\[\]{}]|[^\x00-\x7f]""")
 
 
 def shell_unsafe(path: str | Path) -> str:
@@ -80,7 +82,8 @@ def unservable_path_message(path: str | Path) -> str | None:
     if not bad:
         return None
     return (f"Triton's Python backend cannot start models from {str(path)!r}: it launches them through a shell "
-            f"that splits the path at {bad}; use a path without spaces or shell characters")
+            f"command line (and an ASCII-only stub) that breaks at {bad}; use a path without spaces, shell "
+            "characters or non-ASCII letters")
 
 
 def shell_safe_tempdir(prefix: str) -> Path:
@@ -90,7 +93,7 @@ def shell_safe_tempdir(prefix: str) -> Path:
             return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     raise ServerError(f"no writable temporary folder whose path Triton's Python backend can use: $TMPDIR is "
                       f"{tempfile.gettempdir()!r} ({shell_unsafe(tempfile.gettempdir()) or 'not writable'}); "
-                      "point TMPDIR at a writable folder without spaces or shell characters")
+                      "point TMPDIR at a writable folder without spaces, shell characters or non-ASCII letters")
 
 
 @dataclass(frozen=True)

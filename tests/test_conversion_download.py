@@ -269,11 +269,17 @@ def test_cache_follows_xdg_cache_home_unless_hub_vit_cache_is_set(tmp_path: Path
     from hub_vit.conversion.download import cache_dir
 
     monkeypatch.delenv("HUB_VIT_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_dir() == tmp_path / "xdg" / "hub_vit"
     monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "mine"))
     assert cache_dir() == tmp_path / "mine"
     monkeypatch.delenv("HUB_VIT_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", "")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_dir() == tmp_path / "home" / ".cache" / "hub_vit"
+    # a cache filled before XDG_CACHE_HOME was followed keeps its checkpoints in use (offline they are all there is)
+    (tmp_path / "home" / ".cache" / "hub_vit").mkdir(parents=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "hub_vit"
+    (tmp_path / "xdg" / "hub_vit").mkdir(parents=True)
+    assert cache_dir() == tmp_path / "xdg" / "hub_vit"  # once the XDG one exists, it is the cache

@@ -88,10 +88,32 @@ def test_only_export_files_count_even_if_the_report_lists_others(tmp_path: Path)
         {"file": str(tmp_path / "notes.txt")}, {"file": "../model.x.onnx"}, {"file": str(tmp_path / "model.v2.onnx")},
         "junk", {"file": None}]}))
     (tmp_path / "model.v2.onnx").write_text("listed graph of a later version")
-    assert [p.name for p in previous_export_files(tmp_path, "model")] == [
-        "model.export.json", "model.fp16.onnx", "model.v2.onnx"]
-    (tmp_path / "model.export.json").write_text("{not json")  # a broken report: the file-name rule still applies
-    assert [p.name for p in previous_export_files(tmp_path, "model")] == ["model.export.json", "model.fp16.onnx"]
+    # model.fp16.onnx is named like a variant but not listed (--stem model.fp16 wrote it, or a user): not this export's
+    assert [p.name for p in previous_export_files(tmp_path, "model")] == ["model.export.json", "model.v2.onnx"]
+    (tmp_path / "model.export.json").write_text("{not json")  # a broken report: only the report itself goes
+    assert [p.name for p in previous_export_files(tmp_path, "model")] == ["model.export.json"]
+
+
+@pytest.mark.parametrize("stem", ["../up", "sub/m", "", ".."])
+def test_a_stem_with_a_folder_in_it_is_refused_before_anything_is_written(tmp_path: Path, stem: str) -> None:
+    # "../up" reported up.onnx as written where no file was; "sub/m" failed on a missing staging path
+    code, text = _cli(str(default_model_folder()), "-o", str(tmp_path / "out"), "-v", "fp32", "--stem", stem)
+    assert code == 2 and "must be a plain file name" in " ".join(text.split()), text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_is_named_by_the_output_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def full(*args: object, **kwargs: object) -> None:  # the exporter writing the graph into the staging folder
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / ".export-x1" / "model.onnx"))
+
+    monkeypatch.setattr(torch.onnx, "export", full)
+    code, text = _cli(str(default_model_folder()), "-o", str(tmp_path / "out"), "-v", "fp32", "--random-inputs", "4",
+                      "--photos", "4", "--exporter", "torchscript")
+    text = " ".join(text.split())
+    assert code == 1 and f"cannot write the export to '{tmp_path / 'out'}': No space left on device" in text, text
+    assert ".export-" not in text
 
 
 def test_cli_names_the_removed_files(tmp_path: Path) -> None:

@@ -205,7 +205,7 @@ def test_repository_at_a_path_the_python_backend_cannot_serve_from_says_so(tmp_p
     assert code == 0 and (repo / "hub_vit_repository.json").is_file(), out
     assert "note: Triton's Python backend cannot start models from" in out and "space '(' ')'" in out, out
     code, out = _run("serve", *PORTS, "--repository", str(repo))
-    assert code == 2 and "splits the path at space '(' ')'" in out, out
+    assert code == 2 and "breaks at space '(' ')'" in out, out
 
 
 def test_repository_on_a_read_only_file_system_names_the_folder(tmp_path, monkeypatch, capsys):

@@ -197,9 +197,11 @@ def test_cli_tells_files_with_the_same_name_apart(server, digits, tmp_path):
     for folder, payload in (("a", digits[0]), ("b", digits[1])):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "x.png").write_bytes(payload)
-    result = _cli("--url", server.http_url, "--top", "1", str(tmp_path / "a" / "x.png"), str(tmp_path / "b" / "x.png"))
+    (tmp_path / "three.png").symlink_to(tmp_path / "a" / "x.png")  # e.g. an HF snapshot's link to a hashed blob
+    result = _cli("--url", server.http_url, "--top", "1", str(tmp_path / "a" / "x.png"), str(tmp_path / "b" / "x.png"),
+                  str(tmp_path / "three.png"))
     names = [line.split("│")[1].strip() for line in result.output.splitlines() if line.count("│") == 5]
-    assert result.exit_code == 0 and names == ["a/x.png", "b/x.png"], result.output
+    assert result.exit_code == 0 and names == ["a/x.png", "b/x.png", "three.png"], result.output
 
 
 # -- 4. 16-bit PIL modes Pillow cannot write as PNG -----------------------------------------------------------------

@@ -589,7 +589,7 @@ def test_a_tmpdir_with_spaces_and_parentheses_still_serves(repo, tmp_path, monke
     # $TMPDIR the server waited out its whole start timeout ("bash: line 1: .../tmp: No such file or directory")
     import tempfile
 
-    unsafe = tmp_path / "tmp dir (1)"
+    unsafe = tmp_path / "tmp dir é (1)"  # non-ASCII: the stub failed with UnicodeEncodeError
     unsafe.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(unsafe))
     server = _start(repo)
@@ -701,3 +701,34 @@ def test_cli_serve_an_empty_repository_is_not_reported_as_serving(tmp_path):
     output = " ".join(result.output.split())
     assert result.exit_code == 1 and "serves no model 'vit'; models it serves: none" in output, output
     assert "serving model" not in output
+
+
+def test_cli_serve_try_line_pastes_for_a_folder_with_brackets(tmp_path):
+    """The `try:` line names a sample of the served folder; under `m [/]x` rich read the path as markup (a
+    MarkupError traceback once the server was up; `[v2]` vanished from the printed path)."""
+    import os
+    import shlex
+
+    from hub_vit.catalog import default_model_folder
+
+    folder = tmp_path / "m [/]x"
+    shutil.copytree(default_model_folder(), folder)
+    ports = [str(free_port()) for _ in range(3)]
+    command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", str(folder), "--http-port",
+               ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--quiet"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "COLUMNS": "40"})
+    try:
+        line, deadline = "", time.monotonic() + 120
+        while "try:" not in line and time.monotonic() < deadline and process.poll() is None:
+            line = process.stdout.readline()
+        args = shlex.split(line.split("try:", 1)[-1])
+        assert args[:2] == ["hub-vit", "classify"] and Path(args[-1]).is_file(), line
+        assert Path(args[-1]).parent == folder / "samples"
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0 and "Traceback" not in err, err

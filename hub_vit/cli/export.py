@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import typer
@@ -14,6 +15,9 @@ export_app = typer.Typer(help="Export a model to ONNX (verified variants) or Ten
 app.add_typer(export_app, name="export")
 
 ALL = "all"
+# The disk refused the export's files after the work began: exit 1, as for a write that fails (not bad input)
+WRITE_FAILURES = frozenset(code for code in (errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", None), errno.EFBIG)
+                           if code is not None)
 
 
 def _variant_table(report: object) -> Table:
@@ -126,8 +130,13 @@ def onnx_cmd(
                                  n_calibration=calibration, seed=seed, providers=provider or None,
                                  source=src.describe(), images=own,
                                  metadata=model_metadata(src.model, src.labels, src.pretrained_cfg))
-    except (ValueError, TypeError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError,
-            RuntimeError) as exc:
+    except OSError as exc:
+        if exc.errno in WRITE_FAILURES:  # named by the folder asked for, not by the hidden staging file inside it
+            raise fail(f"cannot write the export to {str(out)!r}: {exc.strerror or exc}", code=1) from None
+        if isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError)):
+            raise fail(str(exc)) from None
+        raise
+    except (ValueError, TypeError, RuntimeError) as exc:
         raise fail(str(exc)) from None
     console.print(_variant_table(report))
     for o in report.variants:

@@ -212,9 +212,10 @@ def serve(
         console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
                       f"  HTTP     http://{server.http_url}/v2/models/{name}/infer\n"
                       f"  gRPC     {server.grpc_url}\n"
-                      f"  metrics  {server.metrics_url}\n"
-                      f"  try:     hub-vit classify --url {server.http_url} --model {name} {example}",
-                      soft_wrap=True)  # one line however narrow the terminal: it is pasted as a command
+                      f"  metrics  {server.metrics_url}")
+        # plain text on one line however narrow the terminal: it is pasted as a command (a path may hold [brackets])
+        console.print(f"  try:     hub-vit classify --url {server.http_url} --model {name} {example}",
+                      markup=False, highlight=False, soft_wrap=True)
         if demo:
             demo_app = _start_demo(model, host, demo_port, server.http_url, name)
         code = server.wait()
@@ -337,7 +338,9 @@ def classify(
         table = Table(title=f"{model} @ {url} ({protocol})")
         for column in ("image", "rank", "label", "score"):
             table.add_column(column, justify="right" if column in ("rank", "score") else "left")
-        shown = distinct_names([image.resolve() for image in images])  # a/x.png and b/x.png, not x.png twice
+        # a/x.png and b/x.png, not x.png twice; absolute, not resolved: a symlink keeps its own name (an HF snapshot
+        # links three.png to a blob named by its hash)
+        shown = distinct_names([image.absolute() for image in images])
         for index, prediction in sorted(predictions.items()):
             ranked = zip(prediction.labels[:top], prediction.scores[:top], strict=True)
             for rank, (label, score) in enumerate(ranked, 1):

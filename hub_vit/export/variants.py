@@ -208,6 +208,7 @@ def export_variants(
     the model's own `pretrained_cfg`, no labels).
     """
     variants = check_variants(variants)
+    check_stem(stem)
     if providers:
         check_providers(providers)  # before the output folder exists: a bad provider would fail every variant
     check_informative(model)  # likewise: a constant (zero) head would "pass" every variant vacuously
@@ -302,15 +303,22 @@ def variant_file_name(stem: str, variant: str) -> str:
     return f"{stem}.onnx" if variant == "fp32" else f"{stem}.{variant}.onnx"
 
 
-def previous_export_files(out_dir: str | Path, stem: str) -> list[Path]:
-    """The files an earlier export with this stem left in `out_dir`: its report, the graphs it lists, and any file
-    named like a graph this module writes (an export whose report is gone, or from before the report listed it).
+def check_stem(stem: str) -> None:
+    """A stem names files inside the output folder: a path in it (`../up`, `sub/m`) would put graphs where the staging
+    and the report do not follow them."""
+    if not stem or stem in (".", "..") or "/" in stem or "\\" in stem or stem != stem.strip():
+        raise ValueError(f"--stem {stem!r} must be a plain file name (no folder, no '/'); choose the folder with -o")
 
-    A listed file counts only if it is `<stem>.*.onnx` directly in `out_dir`, so an edited report cannot make an
-    export delete an unrelated file.
+
+def previous_export_files(out_dir: str | Path, stem: str) -> list[Path]:
+    """The files an earlier export with this stem left in `out_dir`: its report and the graphs it lists.
+
+    Only what the report lists: a file merely named like a variant (`model.fp16.onnx` written by `--stem model.fp16`,
+    or by hand) is not this stem's export. A listed file counts only if it is `<stem>.*.onnx` directly in `out_dir`,
+    so an edited report cannot make an export delete an unrelated file.
     """
     out_dir = Path(out_dir)
-    names = {f"{stem}{REPORT_SUFFIX}", *(variant_file_name(stem, v) for v in (*VARIANTS, ATTENTIONS_VARIANT))}
+    names = {f"{stem}{REPORT_SUFFIX}"}
     try:
         old = json.loads((out_dir / f"{stem}{REPORT_SUFFIX}").read_text(encoding="utf-8"))
     except (OSError, ValueError):
