@@ -39,3 +39,25 @@ def test_models_piped_is_one_uncut_line_per_model() -> None:
     lines = {line.split("\t")[0]: line.split("\t") for line in out.stdout.splitlines()}
     assert lines["name"] == ["name", "variant", "posemb", "pool", "pre-logits", "params", "pretrained tags"]
     assert lines["simplevit_l16"][5] == "305,173,480" and "i1k_300ep" in lines["simplevit_s16"][6]
+
+
+def test_models_on_a_narrow_terminal_cuts_nothing(monkeypatch) -> None:
+    # at 40 columns every name read 'simplevit_…' and two columns were dropped to zero width
+    import io
+
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    import hub_vit.cli.models as models_cli
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    for width, table in ((40, False), (200, True)):
+        screen = io.StringIO()
+        monkeypatch.setattr(models_cli, "console", Console(file=screen, force_terminal=True, width=width,
+                                                           color_system=None))
+        result = CliRunner().invoke(app, ["models", "--family", "simplevit"])
+        text = screen.getvalue()
+        assert result.exit_code == 0 and "…" not in text, text
+        assert "simplevit_so400m14" in text and "414,628,696" in text and "i1k_300ep" in text, text
+        assert ("┃" in text) == table and all(len(line) <= width for line in text.splitlines()), text

@@ -37,6 +37,12 @@ def models(
         for row in (header, *rows):
             print("\t".join(row))
         return
+    if _table_width(header, rows) > console.width:  # a narrow terminal: one block per model, nothing cut or dropped
+        for row in rows:
+            console.print(row[0], style="bold", highlight=False)
+            for key, value in zip(header[1:], row[1:], strict=True):
+                console.print(f"  {key}: {value}", highlight=False, markup=False)
+        return
     table = Table(title="hub-vit models")
     for column in header:  # names and counts never shorten; the tag list folds onto more lines
         table.add_column(column, justify="right" if column in ("params", "weights") else "left",
@@ -44,3 +50,11 @@ def models(
     for row in rows:
         table.add_row(*row)
     console.print(table)
+
+
+def _table_width(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> int:
+    """Columns the table needs without cutting a name or a count: each column's widest cell, 3 columns of border and
+    padding per column and one more (the tag list may fold, so 12 is counted for it)."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    widths[-1] = min(widths[-1], 12)
+    return sum(widths) + 3 * len(widths) + 1

@@ -456,7 +456,8 @@ def loadtest(
                   f"max {lat['max']:.2f}")
     table = Table(title="server batching (Triton statistics over the run)")
     for column in ("model", "inferences", "executions", "images / execution"):
-        table.add_column(column, justify="left" if column == "model" else "right")
+        # fold, never '…': a narrow terminal wraps a step's name or a header instead of cutting it
+        table.add_column(column, justify="left" if column == "model" else "right", overflow="fold")
     for step, numbers in result.batching.items():
         table.add_row(step, str(numbers["inferences"]), str(numbers["executions"]),
                       f"{numbers['images_per_execution']:.2f}")
