@@ -57,5 +57,5 @@ def check_ports(host: str, ports: dict[str, int], *, in_use: bool = True) -> Non
             raise PortError(f"{' and '.join(settings)} are both {port}; each server needs its own port")
     for setting, port in ports.items() if in_use else ():
         if port_in_use(host, port):
-            raise PortError(f"{setting} {port}: something already listens on {host}:{port} (another server?); "
+            raise PortError(f"{setting} {port}: {host}:{port} is already in use (another server?); "
                             f"choose another port")

@@ -60,7 +60,7 @@ def test_ports_are_checked_before_anything_starts(tmp_path, listening_port):
     with pytest.raises(ServerError, match=r"http_port and grpc_port are both 9000"):
         TritonServer(tmp_path, http_port=9000, grpc_port=9000)
     server = TritonServer(tmp_path, http_port=free_port(), grpc_port=listening_port, metrics_port=free_port())
-    with pytest.raises(ServerError, match=rf"grpc_port {listening_port}: something already listens on 127.0.0.1:"):
+    with pytest.raises(ServerError, match=rf"grpc_port {listening_port}: 127.0.0.1:{listening_port} is already in use"):
         server.start()
     assert server.process is None  # refused before tritonserver was started
 
@@ -75,7 +75,7 @@ def test_cli_refuses_a_taken_port_before_building(listening_port, command):
     _load_commands()
     result = CliRunner().invoke(app, [*command, str(listening_port)])
     assert result.exit_code == 2
-    assert f"{command[-1]} {listening_port}: something already listens on 127.0.0.1:{listening_port}" in result.output
+    assert f"{command[-1]} {listening_port}: 127.0.0.1:{listening_port} is already in use" in result.output
     assert "building the Triton repository" not in result.output
 
 
