@@ -131,6 +131,7 @@ def test_loadtest_json_folder_is_refused_before_the_run(tmp_path):
     kept.write_text("{}")
     code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(kept))
     assert code == 1 and "no HTTP answer" in out and kept.read_text() == "{}"  # checked, left as it was
+    assert "ssl:default" not in out, out  # aiohttp's words for a plain-HTTP connection
     code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(tmp_path / "fresh.json"))
     assert code == 1 and not (tmp_path / "fresh.json").exists()  # the probe leaves no empty file behind
     link = tmp_path / "latest.json"

@@ -512,7 +512,7 @@ def _request_failed(protocol: str, url: str, err: Exception) -> str:
     whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look."""
     from tritonclient.utils import InferenceServerException
 
-    text = " ".join(str(err).split())
+    text = " ".join(str(err).split()).replace(" ssl:default ", " ")  # aiohttp says "ssl:default" for plain HTTP too
     text = text if len(text) <= 240 else text[:240] + " ..."
     if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
         return f"{protocol} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
