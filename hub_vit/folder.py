@@ -144,7 +144,7 @@ def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None,
                   architecture: str, extra: dict[str, ExtraFile], native_vit: bool) -> None:
     from safetensors import safe_open
 
-    from hub_vit.hf.configuration_hub_vit import data_config
+    from hub_vit.hf.configuration_hub_vit import data_config, label_at
     from hub_vit.hf.image_processing_hub_vit import write_processor_config
     from hub_vit.hf.modeling_hub_vit import HubViTForImageClassification, HubViTModel
 
@@ -167,7 +167,8 @@ def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None,
     write_processor_config(out, wrapper.config.pretrained_cfg)  # (imported with the transformers classes above)
     if spec.num_classes:
         id2label = wrapper.config.id2label
-        (out / LABELS_FILE).write_text("".join(f"{id2label[i]}\n" for i in range(spec.num_classes)), encoding="utf-8")
+        (out / LABELS_FILE).write_text("".join(f"{label_at(id2label, i)}\n" for i in range(spec.num_classes)),
+                                       encoding="utf-8")
     for name, content in extra.items():
         _write_extra(out / name, content)
     if native_vit:
@@ -280,7 +281,7 @@ def read_labels(folder: str | os.PathLike[str]) -> list[str]:
 
 def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer, ModelFolderInfo]:
     """Load a hub-vit model folder into a `VisionTransformer` (eval mode, strict) plus its `ModelFolderInfo`."""
-    from hub_vit.hf.configuration_hub_vit import HubViTConfig
+    from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
     from hub_vit.weights import load_weights_file
 
     folder = Path(folder)
@@ -301,7 +302,7 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     model.eval()
 
     labels = read_labels(folder)
-    id2label = [config.id2label[i] for i in range(spec.num_classes)] if spec.num_classes else []
+    id2label = [label_at(config.id2label, i) for i in range(spec.num_classes)] if spec.num_classes else []
     if labels and labels != id2label:
         raise ValueError(f"{folder}: {LABELS_FILE} disagrees with config.json id2label: "
                          f"{_first_difference(labels, id2label)}")

@@ -392,3 +392,47 @@ def test_non_classic_spec_cannot_be_native(name: str, needle: str) -> None:
         native_vit_config(ViTSpec.from_variant("mu/8", img_size=32))
     with pytest.raises(ValueError, match="rep_size=32"):
         native_vit_config(SPECS["vit"].replace(rep_size=True))
+
+
+def test_the_fine_tuning_recipes_string_keyed_id2label_loads_and_saves(tmp_path) -> None:
+    # transformers' image-classification tutorial passes id2label={"0": "cat", ...}; from_pretrained sets it after
+    # construction, unconverted, and the config's own to_dict (logging, save_pretrained) raised a bare KeyError: 0
+    from hub_vit.catalog import default_model_folder
+
+    labels = ["cat", "dog", "bird"]
+    model = AutoModelForImageClassification.from_pretrained(
+        default_model_folder(), num_labels=3, id2label={str(i): label for i, label in enumerate(labels)},
+        label2id={label: str(i) for i, label in enumerate(labels)}, ignore_mismatched_sizes=True)
+    assert "cat" in repr(model.config) and model(torch.zeros(1, 3, 32, 32)).logits.shape == (1, 3)
+    model.save_pretrained(tmp_path)
+    again = AutoModelForImageClassification.from_pretrained(tmp_path)
+    assert again.config.id2label == {0: "cat", 1: "dog", 2: "bird"}
+    from hub_vit.hf.configuration_hub_vit import label_at
+
+    with pytest.raises(ValueError, match="id2label has no label for class 1"):  # named, not a bare KeyError
+        label_at({"0": "a", "2": "c"}, 1)
+
+
+def test_float_images_are_zero_to_one_whatever_their_values() -> None:
+    # transformers' to_pil_image reads a float array of whole numbers as 0..255: white (all 1.0) came out black
+    from hub_vit.catalog import default_model_folder
+
+    processor = AutoImageProcessor.from_pretrained(default_model_folder())
+    white = processor(np.ones((32, 32, 3), np.float32))["pixel_values"]
+    assert torch.allclose(white, torch.ones_like(white))  # mean = std = 0.5: white is +1
+    assert processor(torch.ones(3, 32, 32))["pixel_values"].min() == 1.0
+    assert processor(np.eye(32, dtype=np.float32))["pixel_values"].max() == 1.0  # a 0/1 mask keeps its ones
+    assert processor(torch.ones(3, 32, 32, dtype=torch.bfloat16))["pixel_values"].min() == 1.0  # was a TypeError
+    with pytest.raises(ValueError, match=r"float images must hold values in \[0, 1\], got 127.5 .. 127.5"):
+        processor(np.full((32, 32, 3), 127.5, np.float32))
+
+
+def test_interpolate_pos_encoding_is_accepted_as_vit_code_passes_it() -> None:
+    from hub_vit.catalog import default_model_folder
+
+    model = AutoModelForImageClassification.from_pretrained(default_model_folder())
+    x = torch.randn(1, 3, 64, 64).clamp(-1, 1)
+    with torch.no_grad():  # the position embedding follows the input size either way
+        assert torch.equal(model(x, interpolate_pos_encoding=True).logits, model(x).logits)
+    with pytest.raises(TypeError, match=r"unexpected argument\(s\) \['head_mask'\]"):
+        model(x, head_mask=torch.ones(4))

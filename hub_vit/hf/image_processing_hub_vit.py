@@ -187,8 +187,11 @@ def _as_numpy(image: Any) -> np.ndarray:
     """to_pil_image takes uint8 or [0, 1] float arrays, channels first or last; (H, W) grey arrays, 16-bit ones
     included, become PIL images directly (to_8bit then scales 16-bit samples as for a 16-bit PNG)."""
     if isinstance(image, torch.Tensor):
-        image = image.detach().cpu().numpy()
+        image = image.detach().cpu()
+        image = (image.float() if image.dtype in (torch.bfloat16, torch.float16) else image).numpy()  # numpy: no bf16
     array = np.asarray(image)
+    if np.issubdtype(array.dtype, np.floating):
+        array = _float_to_uint8(array)
     if array.ndim == 2:
         if array.dtype == np.bool_:
             array = array.astype(np.uint8) * 255
@@ -198,6 +201,18 @@ def _as_numpy(image: Any) -> np.ndarray:
         raise ValueError(f"expected an RGB or grayscale image (H, W, 3) / (3, H, W) / (H, W), got shape "
                          f"{array.shape}{alpha}")
     return array
+
+
+def _float_to_uint8(array: np.ndarray) -> np.ndarray:
+    """Float pixels are [0, 1], as documented, whatever their values: transformers' `to_pil_image` reads a float array
+    whose values are all whole numbers as 0..255, so an all-1.0 (white) image or a 0/1 mask came out black."""
+    if array.size and not np.isfinite(array).all():
+        raise ValueError("the float image holds NaN or infinite values")
+    low, high = (float(array.min()), float(array.max())) if array.size else (0.0, 0.0)
+    if low < -1e-3 or high > 1 + 1e-3:
+        raise ValueError(f"float images must hold values in [0, 1], got {low:g} .. {high:g}; for 0..255 pixels pass "
+                         "uint8 (array.astype(np.uint8)) or divide by 255")
+    return np.round(np.clip(array, 0, 1) * 255).astype(np.uint8)
 
 
 def processor_config(processor: HubViTImageProcessor) -> dict[str, Any]:

@@ -34,7 +34,8 @@ try:  # transformers >= 5 renames checkpoint keys through registered rules (load
 except ImportError:  # older 5.x: loading still works through base_model_prefix; saved files keep the prefix
     _PREFIX_RULE = None
 
-_FORWARD_KWARGS = ("pixel_values", "labels", "output_attentions", "output_hidden_states", "return_dict")
+_FORWARD_KWARGS = ("pixel_values", "labels", "output_attentions", "output_hidden_states", "return_dict",
+                   "interpolate_pos_encoding")
 
 
 class HubViTPreTrainedModel(PreTrainedModel):
@@ -161,6 +162,9 @@ class HubViTPreTrainedModel(PreTrainedModel):
         return wrapper.to(device=next(vit.parameters()).device)
 
     def _check_kwargs(self, kwargs: dict[str, Any]) -> None:
+        # ViT code passes interpolate_pos_encoding=True for other image sizes; here the position embedding always
+        # follows the input size (sincos computed, learned resampled), so the flag asks for what happens anyway
+        kwargs = {k: v for k, v in kwargs.items() if not (k == "interpolate_pos_encoding" and v is not None)}
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward() got unexpected argument(s) {sorted(kwargs)}; "
                             f"valid arguments: {', '.join(_FORWARD_KWARGS)}")

@@ -60,6 +60,17 @@ def data_config(spec: ViTSpec, pretrained_cfg: dict[str, Any] | None = None) -> 
     return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
 
 
+def label_at(id2label: dict[Any, str], index: int) -> str:
+    """`id2label[index]`, also when the keys are strings: transformers' fine-tuning recipe builds
+    `{str(i): label}` and `from_pretrained(..., id2label=...)` sets it after construction, unconverted."""
+    if index in id2label:
+        return id2label[index]
+    if str(index) in id2label:
+        return id2label[str(index)]
+    raise ValueError(f"id2label has no label for class {index}; it needs one for each of the classes (keys 0 .. "
+                     f"n-1), got keys {sorted(map(str, id2label))[:10]}")
+
+
 @strict(accept_kwargs=True)
 class HubViTConfig(PreTrainedConfig):
     r"""Configuration of a hub-vit Vision Transformer (classic ViT or SimpleViT).
@@ -153,7 +164,7 @@ class HubViTConfig(PreTrainedConfig):
     def timm_config(self) -> dict[str, Any]:
         """timm's view of this model (the keys `timm.create_model('local-dir:...')` reads from config.json)."""
         spec = self.to_spec()
-        labels = [self.id2label[i] for i in range(spec.num_classes)] if self.id2label else []
+        labels = [label_at(self.id2label, i) for i in range(spec.num_classes)] if self.id2label else []
         generic = all(label == f"LABEL_{i}" for i, label in enumerate(labels))
         out: dict[str, Any] = dict(
             architecture=self.architecture or timm_architecture(spec),
