@@ -68,10 +68,16 @@ class VisionTransformer(nn.Module):
     """
 
     def __init__(self, spec: ViTSpec | None = None, *, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 global_pool: str | None = None, **overrides: Any) -> None:
+                 global_pool: str | None = None, dynamic_img_size: bool = False, dynamic_img_pad: bool = False,
+                 **overrides: Any) -> None:
         super().__init__()
         if spec is None:
             raise ValueError("VisionTransformer needs a ViTSpec, e.g. ViTSpec.from_variant('S/16')")
+        # timm's dynamic_img_size=True asks for what these models always do: any image that tiles into whole patches
+        if dynamic_img_pad:
+            raise ValueError("dynamic_img_pad=True is not supported: images must tile into whole patches (any "
+                             "multiple of the patch size works at any time, dynamic_img_size is always on); pad or "
+                             "resize them first")
         _check_timm_regularisation(overrides, drop_rate=drop_rate, drop_path_rate=drop_path_rate)
         spec = spec.replace(**overrides) if overrides else spec
         if global_pool is not None and _TIMM_POOLS.get(global_pool) != spec.pool_type:
@@ -333,11 +339,16 @@ class VisionTransformer(nn.Module):
 
         take, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[: max_index + 1]
+        # the spec follows, so a pruned model saves as a folder that loads back (config depth = blocks kept)
+        self.spec = self.spec.replace(depth=max_index + 1)
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
-            self.attn_pool = None
+            # pooling is part of the architecture (a MAP pool is kept: forward_head still pools, to (B, width));
+            # the pre-logits layer and the classifier go
             self.pre_logits = nn.Identity()
+            self.spec = self.spec.replace(rep_size=None)
+            self.num_features = self.head_hidden_size = self.spec.num_features
             self.reset_classifier(0)
         return take
 

@@ -204,3 +204,23 @@ def test_forward_intermediates() -> None:
     assert nlc[0].shape == (2, 16, 64)
     with pytest.raises(ValueError, match="output_fmt must be 'NCHW' or 'NLC'"):
         model.forward_intermediates(x, output_fmt="NHWC")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_pruned_models_run_and_save_as_folders_that_load_back(family: str, tmp_path) -> None:
+    # timm's prune_intermediate_layers: a MAP model's forward raised "'NoneType' object is not callable", and the
+    # spec kept the old depth, so a saved pruned model did not load back
+    from hub_vit.folder import load_model_folder, save_model_folder
+
+    model = _model(family, depth=3, rep_size=True).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        before = model.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
+        assert model.prune_intermediate_layers(indices=[1]) == [1]
+        after = model.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
+        assert torch.equal(before, after) and len(model.blocks) == 2 and model.spec.depth == 2
+        assert model(x).shape == (2, 64)  # pooled features, no head (the pool is part of the architecture)
+    save_model_folder(model, tmp_path / "pruned")
+    loaded, _ = load_model_folder(tmp_path / "pruned")
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))

@@ -228,6 +228,7 @@ def test_timm_train_script_kwargs() -> None:
     (dict(attn_drop_rate=0.1), "attn_drop_rate=0.1 is not implemented by hub-vit models; supported regularisation"),
     (dict(drop_path_rate=1.5), r"drop_path_rate must be a number in \[0, 1\)"),
     (dict(global_pool="token"), "this model pools with 'avg' .* pass global_pool='avg'"),
+    (dict(dynamic_img_pad=True), "dynamic_img_pad=True is not supported: images must tile into whole patches"),
 ])
 def test_unsupported_timm_kwargs_are_named(kwargs: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -252,3 +253,10 @@ def test_generic_architecture_from_model_args() -> None:
     model = timm.create_model("hub_vit", variant="mu/4", img_size=32, num_classes=10, posemb="sincos2d",
                               pool_type="gap")
     assert model.spec.width == 32 and model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
+def test_dynamic_img_size_is_accepted_as_it_is_always_on() -> None:
+    # timm ViT code passes dynamic_img_size=True; it was "unknown field(s)" with a list of spec fields
+    model = timm.create_model("simplevit_ti16", img_size=32, dynamic_img_size=True).eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 48, 64)).shape == (1, 1000)
