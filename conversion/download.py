@@ -16,7 +16,6 @@ catalog records no hashes yet that it could be compared with).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shlex
@@ -24,6 +23,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from hub_vit.atomic import missing_folders, remove_empty_folders
 
 GCS_HTTPS = "https://storage.googleapis.com"
 DEFAULT_TIMEOUT_S = 15.0
@@ -117,24 +118,6 @@ def _catalog_lookup(name: str) -> tuple[str, str | None] | None:
 class CacheNotWritableError(DownloadError):
     """The download cache (or a file in it) cannot be created or written: read-only file system, full disk, no
     permission. Not a network problem, so the hand-download help (which puts the file in that cache) does not apply."""
-
-
-def missing_folders(folder: Path) -> list[Path]:
-    """`folder` and those of its parents that do not exist yet, deepest first: what `mkdir(parents=True)` creates."""
-    missing = []
-    for path in (folder, *folder.parents):
-        if path.exists():
-            break
-        missing.append(path)
-    return missing
-
-
-def remove_empty_folders(folders: list[Path]) -> None:
-    """Remove the folders a failed fetch created (deepest first), as long as they are empty: a failed download must
-    leave no empty `downloads/<hash>/` (or a whole new `HUB_VIT_CACHE` tree) behind."""
-    for path in folders:
-        with contextlib.suppress(OSError):  # not empty (another download finished meanwhile), or already gone
-            path.rmdir()
 
 
 def _cache_error(url: str, exc: OSError) -> CacheNotWritableError:

@@ -14,12 +14,13 @@ from typing import Any
 
 import torch
 
+from hub_vit.atomic import missing_folders, remove_empty_folders
 from hub_vit.model import VisionTransformer, count_parameters
 from hub_vit.variants import ViTSpec
 from hub_vit.weights import HEAD_KEYS, adapt_state_dict, load_strict
 
 from .convert import Conversion, convert_file
-from .download import DEFAULT_TIMEOUT_S, Source, missing_folders, remove_empty_folders, resolve_source
+from .download import DEFAULT_TIMEOUT_S, Source, resolve_source
 from .infer import ArchitectureMismatchError, check_compatible, match_architecture
 from .verify import ParityReport, compare_to_reference, find_reference, self_consistency
 

@@ -70,3 +70,23 @@ def file_in_the_way(folder: str | Path) -> Path | None:
     None. Checked before work starts, so the error names the path instead of a later NotADirectoryError."""
     folder = Path(folder)
     return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+
+
+def missing_folders(folder: str | Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first: what `mkdir(parents=True)` creates,
+    recorded before it runs so a failed write can take them away again (`remove_empty_folders`)."""
+    folder = Path(folder)
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return missing
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove the folders a failed write created (deepest first, as `missing_folders` lists them) while they are
+    empty: a failed download, conversion or rollout leaves no empty folder tree behind."""
+    for path in folders:
+        with contextlib.suppress(OSError):  # not empty (something written before the failure, or meanwhile): kept
+            path.rmdir()

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hub_vit.atomic import holds_cwd, replace_dir
+from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir
 from hub_vit.server.config import (
     GENERATED_HEADER,
     SPIN_MIN_GMACS,
@@ -53,7 +53,7 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{str(out)!r} is a file; give a folder for the repository")
-    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    blocking = file_in_the_way(out)  # a parent, `out` itself was checked above
     if blocking is not None:  # mkdir would say only "[Errno 17] File exists"
         raise NotADirectoryError(f"{str(blocking)!r} is a file, so the repository {str(out)!r} cannot be made in it")
     if holds_cwd(out):

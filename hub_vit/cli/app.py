@@ -33,13 +33,14 @@ def as_flags(message: str) -> str:
     return message.replace("overwrite=True (--overwrite)", "--overwrite")
 
 
-# errno values that describe the machine, not hub-vit: the file system refused a write (read-only, full, over quota,
-# no permission) or a path is too long. The user fixes these by choosing another path, so a traceback only hides the
-# one line they need. Any other OSError (ENOENT on a packaged file, EBADF, ...) may be a bug and keeps its traceback.
-ENVIRONMENT_ERRNOS = frozenset(
-    code for code in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", None),
-                      errno.EFBIG, errno.ENAMETOOLONG) if code is not None
+# The disk refused a write once the work was under way: read-only, full, over quota, file too large.
+DISK_REFUSED_ERRNOS = frozenset(
+    code for code in (errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG) if code is not None
 )
+# errno values that describe the machine, not hub-vit: the disk refused a write, no permission, or a path is too long.
+# The user fixes these by choosing another path, so a traceback only hides the one line they need. Any other OSError
+# (ENOENT on a packaged file, EBADF, ...) may be a bug and keeps its traceback.
+ENVIRONMENT_ERRNOS = DISK_REFUSED_ERRNOS | {errno.EACCES, errno.EPERM, errno.ENAMETOOLONG}
 
 
 def is_environment_error(exc: BaseException) -> bool:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
 
-from hub_vit.atomic import file_in_the_way
+from hub_vit.atomic import file_in_the_way, missing_folders, remove_empty_folders
 from hub_vit.cli.app import app, console, fail, write_failed
 
 if TYPE_CHECKING:
@@ -57,15 +56,8 @@ def _save_overlay(array: np.ndarray, target: Path, created: list[Path]) -> None:
     try:
         save_png(array, str(target))
     except OSError as exc:
-        _remove_created(created)
+        remove_empty_folders(created)
         raise write_failed(target, exc) from None
-
-
-def _remove_created(folders: list[Path]) -> None:
-    """Remove the folders this run created (deepest first) that are still empty: no empty --out after a failure."""
-    for folder in folders:
-        with contextlib.suppress(OSError):  # not empty: it holds overlays written before the failure
-            folder.rmdir()
 
 
 @app.command()
@@ -114,11 +106,11 @@ def rollout(
     blocker = file_in_the_way(out)
     if blocker is not None:
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
-    created = [p for p in (out, *out.parents) if not p.exists()]  # removed again if no overlay gets written
+    created = missing_folders(out)  # removed again if no overlay gets written
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # no permission, read-only file system
-        _remove_created(created)
+        remove_empty_folders(created)
         raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
     stems = output_stems([path for path, _ in ready])
     for start in range(0, len(images), BATCH):

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_vit.cli.app import app, console, err_console, fail
+from hub_vit.cli.app import DISK_REFUSED_ERRNOS, app, console, err_console, fail
 
 export_app = typer.Typer(help="Export a model to ONNX (verified variants) or TensorRT.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
 ALL = "all"
-# The disk refused the export's files after the work began: exit 1, as for a write that fails (not bad input)
-WRITE_FAILURES = frozenset(code for code in (errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", None), errno.EFBIG)
-                           if code is not None)
 
 
 def _variant_table(report: object) -> Table:
@@ -131,7 +127,9 @@ def onnx_cmd(
                                  source=src.describe(), images=own,
                                  metadata=model_metadata(src.model, src.labels, src.pretrained_cfg))
     except OSError as exc:
-        if exc.errno in WRITE_FAILURES:  # named by the folder asked for, not by the hidden staging file inside it
+        # the disk refused the files after the work began: exit 1, as for a write that fails (not bad input), named
+        # by the folder asked for, not by the hidden staging file inside it
+        if exc.errno in DISK_REFUSED_ERRNOS:
             raise fail(f"cannot write the export to {str(out)!r}: {exc.strerror or exc}", code=1) from None
         if isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError)):
             raise fail(str(exc)) from None

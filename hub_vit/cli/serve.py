@@ -240,9 +240,13 @@ def serve(
 def _example_image(origin: str) -> str:
     """A sample image of the served model folder for the `try:` line (the shipped model has some, wherever pip put
     it), else a placeholder."""
-    folder = Path(origin)
-    samples = sorted(folder.glob("samples/*.png")) if folder.is_dir() else []
+    samples = _samples_of(Path(origin))
     return shlex.quote(str(samples[0])) if samples else "IMAGE..."
+
+
+def _samples_of(folder: Path) -> list[Path]:
+    """A model folder's sample images (`samples/*.png`, as the shipped model has), sorted; none for anything else."""
+    return sorted(folder.glob("samples/*.png")) if folder.is_dir() else []
 
 
 def _not_served(http_url: str, name: str) -> str | None:
@@ -524,7 +528,9 @@ def _request_failed(protocol: str, url: str, err: Exception) -> str:
 
 def _sample_images() -> list[Any]:
     """The shipped model's held-out samples if present, else a few synthetic PNGs."""
-    samples = sorted((Path(__file__).resolve().parents[1] / "assets" / "digits" / "samples").glob("*.png"))
+    from hub_vit.catalog import default_model_folder
+
+    samples = _samples_of(default_model_folder())
     if samples:
         return samples
     import numpy as np
