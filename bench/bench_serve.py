@@ -8,13 +8,14 @@ for throughput, batch 1 for latency. Served requests carry one image each; an ex
 per request at concurrency 16 (not a target: it shows how much of the gap is fixed per-request cost). Each row
 alternates in-process and served measurements SLICES times and reports the median of the paired ratios / gaps, and
 the CPU milliseconds per image spent by the in-process baseline, by the server (Triton + its stubs) and by the load
-generator, so the run itself shows where a gap comes from.
+generator, so the run itself shows where a gap comes from. The results file is rewritten after each finished model
+("complete": false until the last one), so an interrupted or failed run keeps the models it finished.
 
-    python bench/bench_serve.py                          # default model (+ a ViT-Ti/16 224 px random-weight model)
-    python bench/bench_serve.py --models digits --seconds 5
-    python bench/bench_serve.py --server-cpus 0,1 --client-cpus 2-5   # many-core host: load generator off the
-                                                                      # server's cores (in-process gets them too)
-    python bench/bench_serve.py --models ti16 --no-spinning           # Ti/16 without spinning ORT threads
+    .venv/bin/python bench/bench_serve.py                 # default model (+ a ViT-Ti/16 224 px random-weight model)
+    .venv/bin/python bench/bench_serve.py --models digits --seconds 5
+    .venv/bin/python bench/bench_serve.py --models ti16 --no-spinning   # Ti/16 without spinning ORT threads
+    # many-core host: load generator off the server's cores (the in-process baseline gets the server's cores too)
+    .venv/bin/python bench/bench_serve.py --server-cpus 0,1 --client-cpus 2-5
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ import importlib.util
 import io
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
+from run_info import add_note_option, check_writable, run_info, write_json
 
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.loadtest import load_test, percentiles
@@ -208,6 +210,15 @@ def _spread(slices: list[dict], key: str, fmt: str) -> str:
     return f"[{format(values[0], fmt)}..{format(values[-1], fmt)}]"
 
 
+def triton_version(server: TritonServer) -> str | None:
+    """The running server's own version (GET /v2): the binary may come from the wheel or a system install."""
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2", timeout=5) as reply:
+            return json.loads(reply.read()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
              client_cpus: set[int] | None = None, spinning: bool | None = None) -> dict:
     """The machine is shared, so load drifts: every served measurement is paired with an in-process one taken
@@ -223,6 +234,7 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
         local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
         with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           exit_timeout_s=10) as server:
+            version = triton_version(server)
             for protocol in ("http", "grpc"):
                 url = server.http_url if protocol == "http" else server.grpc_url
                 for conc, batch in [(c, 1) for c in CONCURRENCY] + [(CONCURRENCY[-1], MULTI_IMAGE)]:
@@ -268,8 +280,8 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
             "c1_p50_minus_in_process_ms": c1["p50_minus_in_process_ms"],
             "c1_target_met": c1["p50_minus_in_process_ms"] <= 5.0,
         }
-    return {"model": source.metadata.name, "input_size": source.metadata.input_size, "rows": rows,
-            "targets": targets}
+    return {"model": source.metadata.name, "input_size": source.metadata.input_size, "tritonserver": version,
+            "rows": rows, "targets": targets}
 
 
 def main() -> None:
@@ -277,26 +289,37 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--seconds", type=float, default=8.0, help="per measurement")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_serve.json")
-    parser.add_argument("--note", default="shared CPU-only sandbox; other jobs run alongside",
-                        help="what the host is, recorded in the report")
     parser.add_argument("--server-cpus", help="run Triton and the in-process baseline on these CPUs, e.g. 0,1")
     parser.add_argument("--client-cpus", help="run the load generator on these CPUs, e.g. 2-5")
     parser.add_argument("--spinning", action=argparse.BooleanOptionalAction, default=None,
                         help="force the served ORT threads to spin (the classifier instances then take turns) or "
                              "not; default: the repository decides from the model")
+    add_note_option(parser)
     args = parser.parse_args()
     server_cpus, client_cpus = parse_cpus(args.server_cpus), parse_cpus(args.client_cpus)
     if server_cpus and client_cpus and server_cpus & client_cpus:
         raise SystemExit(f"--server-cpus and --client-cpus overlap on {sorted(server_cpus & client_cpus)}")
-    report = {
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
-                 "note": args.note, "server_cpus": sorted(server_cpus or []), "client_cpus": sorted(client_cpus or [])},
+    check_writable(args.out.parent)  # before the run, not after minutes of measuring
+    report: dict[str, Any] = {
+        "run": run_info(args, packages=("nvidia-pytriton", "tritonclient")),
+        "complete": False,  # until every requested model has finished
+        "host": {"server_cpus": sorted(server_cpus or []), "client_cpus": sorted(client_cpus or [])},
+        "slices": SLICES, "concurrency": list(CONCURRENCY), "max_batch": MAX_BATCH, "multi_image": MULTI_IMAGE,
         "ort_spinning": args.spinning,
-        "cases": {case: run_case(case, args.seconds, server_cpus, client_cpus, args.spinning) for case in args.models},
+        "cases": {},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for case in args.models:
+        try:
+            report["cases"][case] = run_case(case, args.seconds, server_cpus, client_cpus, args.spinning)
+        except KeyboardInterrupt:
+            finished = ", ".join(report["cases"])
+            kept = f"finished models kept in {args.out}: {finished}" if finished else f"{args.out} not written"
+            print(f"interrupted during {case}; {kept}", file=sys.stderr)
+            raise SystemExit(130) from None
+        # rewritten after each model, so a failure or Ctrl-C in a later one keeps this one
+        write_json(args.out, report)
+    report["complete"] = True
+    write_json(args.out, report)
     for case, result in report["cases"].items():
         for protocol, r in result["targets"].items():
             print(f"{case} {protocol}: c16 = {r['c16_throughput_vs_in_process']:.0%} of in-process "

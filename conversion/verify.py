@@ -37,7 +37,14 @@ class ParityReport:
     gelu: str | None = None
 
     @property
-    def passed(self) -> bool:
+    def measured(self) -> bool:
+        return bool(self.max_abs_diff) or self.top1_agreement is not None
+
+    @property
+    def passed(self) -> bool | None:
+        """True / False for a measured report; None when nothing was compared (neither passed nor failed)."""
+        if not self.measured:
+            return None
         return all(v <= self.tolerance for v in self.max_abs_diff.values()) and self.top1_agreement in (None, 1.0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,6 +176,8 @@ def format_report(report: ParityReport) -> str:
 
 def verdict(report: ParityReport) -> str:
     """PASSED / FAILED, qualified when some outputs were not compared (a bare PASSED would claim them too)."""
+    if report.passed is None:
+        return "  NOT MEASURED"
     if not report.passed:
         return "  FAILED"
     if not report.skipped:

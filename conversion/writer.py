@@ -18,6 +18,7 @@ from hub_vit.atomic import missing_folders, remove_empty_folders
 from hub_vit.model import VisionTransformer, count_parameters
 from hub_vit.variants import ViTSpec
 from hub_vit.weights import HEAD_KEYS, adapt_state_dict, load_strict
+from hub_vit.weights_digest import state_dict_digest
 
 from .convert import Conversion, convert_file
 from .download import DEFAULT_TIMEOUT_S, Source, resolve_source
@@ -164,7 +165,7 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     else:
         parity = ParityReport(mode="not measured (no reference outputs; pass --verify for a self-consistency "
                                    "check)", reference=None)
-    if not parity.passed:
+    if parity.passed is False:  # None: not measured (no reference, no --verify), said so in conversion.json
         from .verify import format_report
 
         raise ParityError(f"converted model does not reproduce the reference; nothing written\n{format_report(parity)}")
@@ -178,6 +179,9 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
         "architecture": architecture,
         "variant": spec.variant,
         "num_parameters": count_parameters(model),
+        # what the claims below (parity) and on the card (published results) are about: `model_cards` compares it with
+        # the folder's model.safetensors and withholds them once the weights have changed
+        "weights_digest": state_dict_digest(model.state_dict()),
         "options": {"variant": variant, "img_size": list(spec.img_size) if img_size is not None else None,
                     "num_classes": num_classes, "drop_pre_logits": drop_pre_logits},
         "notes": conv.notes,

@@ -25,6 +25,9 @@ PREPROCESSOR = "preprocessor_config.json"
 CONVERSION = "conversion.json"
 TRAINING = "training.json"
 CARD = "README.md"
+WEIGHTS_AS_RECORDED = "as recorded"
+WEIGHTS_CHANGED = "changed"
+WEIGHTS_UNRECORDED = "not recorded"
 
 
 class ModelFolderError(ValueError):
@@ -67,6 +70,31 @@ class FolderFacts:
     namesake: CatalogMatch | None  # a catalog checkpoint whose name and layout the source has, content not verified
     bundled: CatalogMatch | None  # the catalog entry whose bundled weights are this very folder (the default model)
     files: frozenset[str]
+    # conversion.json / training.json `weights_digest` against model.safetensors: WEIGHTS_AS_RECORDED, WEIGHTS_CHANGED,
+    # WEIGHTS_UNRECORDED (a record without a digest), or None (no record)
+    weights_state: str | None = None
+    # the verified Google checkpoint the folder was converted from, when its weights have changed since (or the record
+    # cannot show they have not): its published results are withheld, `match` is None
+    withheld: CatalogMatch | None = None
+
+    @property
+    def record_describes_weights(self) -> bool:
+        """The provenance record's claims (published results, parity, held-out accuracy) describe model.safetensors."""
+        return self.weights_state == WEIGHTS_AS_RECORDED
+
+    @property
+    def weights_note(self) -> str | None:
+        """Why the record's claims do not describe the folder's weights; None when they do or there is no record."""
+        record = CONVERSION if self.kind == "converted" else TRAINING
+        writer = "`hub-vit convert`" if self.kind == "converted" else "`hub-vit train`"
+        if self.weights_state == WEIGHTS_CHANGED:
+            return (f"`{WEIGHTS}` no longer holds the weights {writer} wrote (their digest differs from "
+                    f"`weights_digest` in `{record}`: fine-tuned, re-saved with other values or replaced since)")
+        if self.weights_state == WEIGHTS_UNRECORDED:
+            again = "convert" if self.kind == "converted" else "train"
+            return (f"`{record}` records no digest of the weights {writer} wrote (an earlier hub-vit wrote it), so "
+                    f"nothing shows `{WEIGHTS}` still holds them; {again} again to have them checked")
+        return None
 
     @property
     def kind(self) -> str:
@@ -186,15 +214,27 @@ def content_evidence(source: dict[str, Any] | None, weights: Weights) -> str | N
     sha = source.get("sha256")
     if not sha:
         return None
-    if "downloaded_sha256" not in source:  # written before hub-vit recorded downloads: keep its name-based match
-        return (f"not recorded (`{CONVERSION}` comes from a hub-vit version that did not record downloads; the "
-                "file matches by name and layout, which is how that version recognised it; convert it again to have "
-                "the download verified)")
     if weights.sha256:  # the catalog's hash decides alone: a download that does not match it is not the file
         return "its sha256 equals the one `hub_vit.catalog` records" if sha == weights.sha256 else None
     if weights.url and source.get("url") == weights.url and source.get("downloaded_sha256") == sha:
         return f"downloaded by hub-vit from `{weights.url}`, which recorded this sha256 while downloading"
     return None
+
+
+def weights_state(record: dict[str, Any] | None, weights_path: Path) -> str | None:
+    """Whether `record` (conversion.json / training.json) still describes `weights_path`: the `weights_digest` it
+    recorded for the weights it wrote, compared with the file's (`hub_vit.weights_digest`)."""
+    from hub_vit.weights_digest import file_digest
+
+    if record is None:
+        return None
+    recorded = record.get("weights_digest")
+    if not isinstance(recorded, str) or not recorded:
+        return WEIGHTS_UNRECORDED
+    try:
+        return WEIGHTS_AS_RECORDED if file_digest(weights_path) == recorded else WEIGHTS_CHANGED
+    except ValueError as exc:
+        raise ModelFolderError(str(exc)) from exc
 
 
 def verified_catalog_weights(source: dict[str, Any] | None) -> tuple[str, str] | None:
@@ -277,6 +317,8 @@ def read_folder(folder: str | Path) -> FolderFacts:
     source = source if isinstance(source, dict) else None
     found = match_catalog(spec, _source_strings(conversion, pretrained_cfg), (source or {}).get("catalog_name"),
                           source)
+    state = weights_state(conversion if conversion is not None else training, weights_path)
+    verified = found if found is not None and found.verified else None
     return FolderFacts(
         path=folder,
         config=config,
@@ -289,8 +331,10 @@ def read_folder(folder: str | Path) -> FolderFacts:
         preprocessor=_optional_json(folder, PREPROCESSOR),
         num_params=num_params,
         macs=count_macs(spec),
-        match=found if found is not None and found.verified else None,
+        match=verified if state == WEIGHTS_AS_RECORDED else None,
         namesake=found if found is not None and not found.verified else None,
         bundled=match_bundled(folder),
         files=frozenset(p.name for p in folder.iterdir()),
+        weights_state=state,
+        withheld=verified if state != WEIGHTS_AS_RECORDED else None,
     )

@@ -19,7 +19,7 @@ import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hub_vit.atomic import atomic_path
-from hub_vit.catalog import BIG_VISION_LICENSE, PAPER_AUGREG, VIT_JAX_LICENSE
+from hub_vit.catalog import BIG_VISION_LICENSE, PAPER_AUGREG, PAPER_SIMPLEVIT, VIT_JAX_LICENSE
 from hub_vit.variants import ViTSpec
 
 from . import provenance, sections
@@ -32,6 +32,9 @@ MARKER = "hub-vit model card"  # first HTML comment of every generated card; `hu
 LAYOUT_LICENSES = {"big_vision": BIG_VISION_LICENSE, "vit_jax": VIT_JAX_LICENSE}
 LICENSE_NAMES = {"apache-2.0": "Apache-2.0"}  # prose for the ids the catalog uses
 PROJECT_LICENSE = "apache-2.0"  # pyproject.toml `license`; weights hub-vit trains itself are released under it
+# where hub-vit cannot tell the weights' license; `stated_license` keeps what the publisher writes there
+ADD_LICENSE = ("Before publishing, add `license: <id>` to this card's metadata; rendering the card again "
+               "(`hub-vit card`, `hub-vit push`) keeps it.")
 FAMILY_TITLES = {"simplevit": "SimpleViT", "vit": "ViT"}
 
 
@@ -52,22 +55,41 @@ def model_name(facts: FolderFacts) -> str:
     return path.parent.name if path.name == "model" else path.name  # `hub-vit train` writes <run folder>/model
 
 
-def license_of(facts: FolderFacts) -> tuple[str, str]:
-    """(SPDX-style id for the metadata, sentence for the card)."""
+def license_of(facts: FolderFacts) -> tuple[str | None, str]:
+    """(license id for the metadata, or None when nothing shows it; sentence for the card).
+
+    A license is stated only where the folder shows where its weights came from: Google's published checkpoint (by
+    content), or `hub-vit train`. A file in Google's layout is not thereby Google's, and a folder with no provenance
+    file could hold anything: their metadata states no license rather than a guess the Hub would display as fact.
+    """
     if facts.match is not None:
         lic = facts.match.weights.license
         return lic, (f"The original weights (`{facts.match.weights.gs_url}`) were released by Google under "
                      f"{_license_name(lic)}; this converted copy keeps that license.")
+    if facts.withheld is not None:
+        lic = facts.withheld.weights.license
+        return lic, (f"Converted from Google's published checkpoint `{facts.withheld.weights.gs_url}`, released by "
+                     f"Google under {_license_name(lic)}; weights derived from it since keep that license's terms.")
     layout = provenance.layout_family(facts)
-    if facts.kind == "converted" and layout in LAYOUT_LICENSES:
-        lic = LAYOUT_LICENSES[layout]
-        repo = "big_vision" if layout == "big_vision" else "vision_transformer (vit_jax)"
-        return lic, (f"Converted from a checkpoint in the format of Google's {repo} repository, whose published "
-                     f"checkpoints Google releases under {_license_name(lic)}. A checkpoint from elsewhere keeps its "
-                     "own license.")
-    lic = str(facts.pretrained_cfg.get("license") or PROJECT_LICENSE)
-    return lic, (f"Weights trained with hub-vit and released under {_license_name(lic)}, hub-vit's license. The "
-                 "training data, and weights a run was initialised from, keep their own licenses (see Provenance).")
+    if facts.kind == "converted":
+        origin = ""
+        if layout in LAYOUT_LICENSES:
+            repo = "big_vision" if layout == "big_vision" else "vision_transformer (vit_jax)"
+            google = _license_name(LAYOUT_LICENSES[layout])
+            origin = (f"It was converted from a checkpoint in the format of Google's {repo} repository; Google "
+                      f"releases its published checkpoints under {google}, but nothing shows this file is one of "
+                      "them. ")
+        return None, f"{origin}The license of the converted file's origin applies; this card states none. {ADD_LICENSE}"
+    if facts.kind == "trained":
+        lic = str(facts.pretrained_cfg.get("license") or PROJECT_LICENSE)
+        return lic, (f"Weights trained with hub-vit and released under {_license_name(lic)}, hub-vit's license. The "
+                     "training data, and weights a run was initialised from, keep their own licenses (see "
+                     "Provenance).")
+    named = facts.pretrained_cfg.get("license")
+    named_note = (f" `pretrained_cfg` in `config.json` names {_license_name(str(named))}, the license of the weights "
+                  "it describes, but nothing shows this folder holds those weights." if named else "")
+    return None, ("No provenance file (conversion.json / training.json) records where these weights came from, so "
+                  f"this card states no license.{named_note} {ADD_LICENSE}")
 
 
 def _license_name(lic: str) -> str:
@@ -92,6 +114,28 @@ def task_text(spec: ViTSpec) -> str:
     return f"image classification, {sections.fmt_number(spec.num_classes)} classes"
 
 
+def stated_license(folder: Path) -> str | None:
+    """The license in the metadata of the folder's current card, if it has one: what a publisher wrote there where
+    hub-vit states none (`license_of`), kept when the card is rendered again (`hub-vit card`, `hub-vit push`)."""
+    path = folder / CARD
+    if not path.is_file():
+        return None
+    try:
+        lic = ModelCard(path.read_text(encoding="utf-8")).data.to_dict().get("license")
+    except Exception:  # an unreadable or hand-broken card states nothing usable; rendering replaces it
+        return None
+    return lic if isinstance(lic, str) and lic.strip() else None
+
+
+def card_license(facts: FolderFacts) -> tuple[str | None, str]:
+    """`license_of`, or where it states none, the license the current card's metadata was given by hand."""
+    lic, note = license_of(facts)
+    if lic is None and (stated := stated_license(facts.path)) is not None:
+        return stated, (f"{_license_name(stated)}, as stated in this card's metadata by its publisher: hub-vit cannot "
+                        "tell from the folder where the weights came from.")
+    return lic, note
+
+
 def build_card_data(facts: FolderFacts) -> ModelCardData:
     family = facts.family
     tags = [task_of(facts), "vision-transformer", "timm", "transformers", "hub-vit", family]
@@ -103,7 +147,7 @@ def build_card_data(facts: FolderFacts) -> ModelCardData:
         library_name="timm",  # config.json carries `architecture` + `pretrained_cfg`: timm's hf-hub layout
         pipeline_tag=task_of(facts),
         tags=tags,
-        license=license_of(facts)[0],
+        license=card_license(facts)[0],
         datasets=datasets or None,
         metrics=["accuracy"] if results else None,
         model_name=model_name(facts) if results else None,
@@ -117,7 +161,7 @@ def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, An
     variant = spec.variant or "custom size"
     folder_name = facts.path.resolve().name
     augreg = facts.match is not None and facts.match.weights.paper == PAPER_AUGREG
-    papers = papers_for(simplevit=True, augreg=augreg)
+    papers = papers_for(simplevit=facts.family == "simplevit", augreg=augreg)
     measured = provenance.measured_accuracy(facts)
     return dict(
         marker=f"{MARKER}: generated by hub-vit {_version()} from this folder's JSON; "
@@ -151,7 +195,7 @@ def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, An
         triton_client=provenance.triton_client(),
         labels=facts.labels,
         labels_note=sections.labels_note(facts.labels) if facts.labels else "",
-        license_note=license_of(facts)[1],
+        license_note=card_license(facts)[1],
         bibtex=bibtex_for(papers),
     )
 
@@ -193,8 +237,17 @@ def _published(facts: FolderFacts) -> dict[str, Any] | None:
     paper = facts.match.weights.paper
     table["note"] = (f"Top-1 accuracy (%) published in \"{TITLES[paper]}\" ([{paper}]({arxiv_url(paper)})) for "
                      f"Google's `{facts.match.entry.name}` checkpoints, as recorded in `hub_vit.catalog`. These are "
-                     "the weights this folder was converted from; the model-index metadata carries this model's row.")
+                     "the weights this folder was converted from; the model-index metadata carries this model's row. "
+                     f"{_eval_pipeline_note(paper, str(facts.pretrained_cfg.get('interpolation', 'bilinear')))}")
     return table
+
+
+def _eval_pipeline_note(paper: str, interpolation: str) -> str:
+    """The published numbers come from Google's TensorFlow eval pipeline, not from the Pillow transform above."""
+    how = ("big_vision's TensorFlow pipeline, which resizes with area resampling (`resize_small`)"
+           if paper == PAPER_SIMPLEVIT else "Google's TensorFlow input pipeline")
+    return (f"The paper evaluated with {how}; the {interpolation} resize above differs slightly, so accuracy measured "
+            "with it can differ a little from these numbers.")
 
 
 def render_template(card_data: ModelCardData, context: dict[str, Any]) -> str:

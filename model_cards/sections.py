@@ -31,7 +31,7 @@ def fmt_value(value: Any) -> str:
     """A JSON leaf as table text: numbers via `fmt_number`, lists comma-joined, strings in backticks if path-like."""
     if isinstance(value, (list, tuple)):
         return ", ".join(fmt_value(v) for v in value) if value else "-"
-    if value is None:
+    if value is None or value == "":  # an unset option (`randaug ""`): the same dash as null, not an empty cell
         return "-"
     if isinstance(value, str):
         return f"`{value}`" if ("/" in value or value.endswith((".npz", ".json"))) and " " not in value else value
@@ -131,7 +131,8 @@ def published_table(facts: FolderFacts) -> dict[str, Any] | None:
         if not w.results:
             continue
         name = f"`{entry.name}.{w.tag}`" + (" (**this model**)" if w.tag == this.tag else "")
-        rows.append({"name": name, "values": [fmt_number(w.results[k]) if k in w.results else "-" for k in keys]})
+        # one decimal, as the paper's tables print them (80.0, not 80)
+        rows.append({"name": name, "values": [f"{w.results[k]:.1f}" if k in w.results else "-" for k in keys]})
     return {"columns": [RESULT_COLUMNS[k].column for k in keys], "rows": rows}
 
 

@@ -24,6 +24,7 @@ from hub_vit.catalog import CLASSIC_VIT, MODELS, SIMPLEVIT
 from hub_vit.model import VisionTransformer, count_parameters
 from hub_vit.model_cards import ModelFolderError, count_macs, gmacs, render_model_card, write_model_card
 from hub_vit.variants import ViTSpec
+from hub_vit.weights_digest import file_digest, state_dict_digest
 
 REPO = Path(__file__).resolve().parents[1]
 JAX = REPO / "tests" / "fixtures" / "jax"
@@ -138,12 +139,13 @@ def assert_every_number_accounted(card_text: str, folder: Path, extra: list[floa
     assert not stray, f"numbers in the card that no JSON field or measurement accounts for: {stray}"
 
 
-def assert_card_metadata(card: ModelCard) -> dict[str, Any]:
+def assert_card_metadata(card: ModelCard, license: str | None = "apache-2.0") -> dict[str, Any]:
+    """Metadata every card has; `license` None: the card must state none (the folder does not show the weights')."""
     data = card.data.to_dict()
     assert data["library_name"] == "timm"
     assert data["pipeline_tag"] == "image-classification"
     assert {"image-classification", "vision-transformer", "timm"} <= set(data["tags"])
-    assert data["license"] == "apache-2.0"
+    assert data.get("license") == license
     assert ModelCardData(**data).to_dict() == data  # the metadata round-trips through huggingface_hub
     return data
 
@@ -204,7 +206,7 @@ def test_converted_card_parses_and_matches_conversion_json(converted: dict[str, 
 
     folder = converted[layout]
     card = ModelCard.load(folder / "README.md")
-    data = assert_card_metadata(card)
+    data = assert_card_metadata(card, license=None)  # Google's layout, but nothing shows the file is Google's
     assert "model-index" not in data  # a private fixture has no published results
     conv = json.loads((folder / "conversion.json").read_text())
     text = str(card)
@@ -228,7 +230,7 @@ def test_converted_card_parses_and_matches_conversion_json(converted: dict[str, 
     parity = table(text, "Conversion parity")
     for name, diff in conv["parity"]["max_abs_diff"].items():
         assert token_matches(parity[f"max abs diff `{name}`"], diff), name
-    assert token_matches(parity["top-1 agreement"], conv["parity"]["top1_agreement"])
+    assert token_matches(parity["top-1 agreement (fraction of inputs)"], conv["parity"]["top1_agreement"])
     assert token_matches(parity["tolerance"], conv["parity"]["tolerance"])
 
     prov = table(text, "Provenance")
@@ -238,6 +240,10 @@ def test_converted_card_parses_and_matches_conversion_json(converted: dict[str, 
     assert hashlib.sha256(npz.read_bytes()).hexdigest() == golden["sha256"]
     assert int(prov["source size (bytes)"].replace(",", "")) == golden["bytes"]
     assert prov["conversion date"] == conv["converter"]["converted_at"]
+    # the weights the parity numbers describe are the folder's: the recorded digest is model.safetensors' own
+    digest = file_digest(folder / "model.safetensors")
+    assert prov["weights digest"] == f"`{digest}`: the same as `model.safetensors` now"
+    assert conv["weights_digest"] == file_digest(folder / "model.safetensors")
     assert_every_number_accounted(text, folder)
 
 
@@ -245,8 +251,12 @@ def test_converted_card_content(converted: dict[str, Path]) -> None:
     text = (converted["vit_jax"] / "README.md").read_text()
     for snippet in ('timm.create_model("local-dir:', 'pipeline("image-classification"', "trust_remote_code=True",
                     "hub-vit export onnx", "onnxruntime", "hub-vit serve", "tritonclient", "arXiv:2010.11929",
-                    "arXiv:2205.01580", "## License", "vision_transformer (vit_jax)"):
+                    "## License", "vision_transformer (vit_jax)"):
         assert snippet in text, snippet
+    # a classic ViT (class token, learned position embedding) cites the ViT paper only; SimpleViT cites both
+    assert "arXiv:2205.01580" not in text
+    simplevit = (converted["big_vision"] / "README.md").read_text()
+    assert "arXiv:2010.11929" in simplevit and "arXiv:2205.01580" in simplevit
     assert "/work/" not in text and str(REPO) not in text  # no machine-specific absolute paths
     with_repo = str(render_model_card(converted["vit_jax"], repo_id="my-org/tiny-vit"))
     assert 'timm.create_model("hf-hub:my-org/tiny-vit"' in with_repo
@@ -286,9 +296,10 @@ def test_published_checkpoint_card_carries_paper_results(tmp_path: Path) -> None
     # The evidence hub-vit's downloader leaves: it fetched the catalog URL and recorded this sha256 while downloading
     source = {"origin": "simplevit_s16.i1k_300ep", "url": weights.url, "sha256": "0" * 64,
               "catalog_name": "simplevit_s16.i1k_300ep", "downloaded_sha256": "0" * 64}
+    record = {"source": source, "layout": {"family": "big_vision"},
+              "weights_digest": state_dict_digest(model.state_dict())}
     folder = save_model_folder(model, tmp_path / "s16", labels=[f"c{i}" for i in range(1000)],
-                               pretrained_cfg=weights.pretrained_cfg(),
-                               extra_files={"conversion.json": {"source": source, "layout": {"family": "big_vision"}}})
+                               pretrained_cfg=weights.pretrained_cfg(), extra_files={"conversion.json": record})
     card = ModelCard.load(write_model_card(folder))
     data = assert_card_metadata(card)
     assert data["datasets"] == ["imagenet-1k"]
@@ -325,7 +336,7 @@ def test_same_name_and_layout_without_download_evidence_claims_nothing(tmp_path:
                                pretrained_cfg=weights.pretrained_cfg(),
                                extra_files={"conversion.json": {"source": source, "layout": {"family": "big_vision"}}})
     card = ModelCard.load(write_model_card(folder))
-    data = assert_card_metadata(card)
+    data = assert_card_metadata(card, license=None)
     assert "model-index" not in data and "datasets" not in data
     text = str(card)
     assert "## Published results" not in text and "80.0" not in text and "85.4" not in text
@@ -334,22 +345,74 @@ def test_same_name_and_layout_without_download_evidence_claims_nothing(tmp_path:
     assert table(text, "Provenance")["published checkpoint"].startswith("not verified:")
 
 
-def test_a_conversion_recorded_before_download_evidence_keeps_its_match_and_says_so(tmp_path: Path) -> None:
-    """A conversion.json from an earlier hub-vit has no `downloaded_sha256` key: its folder's card keeps the
-    published results it had (re-rendering must not silently drop them) and says the download was not recorded."""
+def published_folder(folder: Path, **changes: Any) -> tuple[Path, VisionTransformer]:
+    """A folder `hub-vit convert` would write from `simplevit_s16.i1k_300ep` downloaded by hub-vit (the evidence its
+    downloader records), with `changes` applied to conversion.json's `source` (a key set to ... is removed)."""
     from hub_vit.folder import save_model_folder
 
     entry = MODELS["simplevit_s16"]
     weights = entry.weight("i1k_300ep")
+    model = VisionTransformer(entry.spec)
     source = {"origin": "simplevit_s16.i1k_300ep", "url": weights.url, "sha256": "0" * 64,
-              "catalog_name": "simplevit_s16.i1k_300ep"}  # as the previous version wrote it
-    folder = save_model_folder(VisionTransformer(entry.spec), tmp_path / "s16", labels=[f"c{i}" for i in range(1000)],
-                               pretrained_cfg=weights.pretrained_cfg(),
-                               extra_files={"conversion.json": {"source": source, "layout": {"family": "big_vision"}}})
+              "catalog_name": "simplevit_s16.i1k_300ep", "downloaded_sha256": "0" * 64, **changes}
+    source = {k: v for k, v in source.items() if v is not ...}
+    record = {"source": source, "layout": {"family": "big_vision"},
+              "weights_digest": state_dict_digest(model.state_dict()),
+              "parity": {"mode": "self-consistency", "reference": None, "max_abs_diff": {"logits": 1e-7},
+                         "tolerance": 1e-3, "passed": True}}
+    return save_model_folder(model, folder, labels=[f"c{i}" for i in range(1000)],
+                             pretrained_cfg=weights.pretrained_cfg(), extra_files={"conversion.json": record}), model
+
+
+def test_a_conversion_record_without_download_evidence_claims_nothing(tmp_path: Path) -> None:
+    """A conversion.json with no `downloaded_sha256` key at all (not even null) is no evidence either: the card makes
+    no published claim, rather than trusting name and layout."""
+    folder, _ = published_folder(tmp_path / "s16", downloaded_sha256=...)
     card = ModelCard.load(write_model_card(folder))
-    assert [r.metric_value for r in card.data.eval_results] == [80.0, 85.4, 68.3]
-    row = table(str(card), "Provenance")["published checkpoint"]
-    assert "content verified: not recorded" in row and "convert it again" in row, row
+    assert not card.data.eval_results and card.data.to_dict().get("license") is None
+    assert table(str(card), "Provenance")["published checkpoint"].startswith("not verified:")
+
+
+def test_weights_changed_after_conversion_withhold_published_results_and_parity(tmp_path: Path) -> None:
+    """Fine-tuned (or otherwise re-saved with other values) after a verified conversion: the folder keeps its
+    conversion.json, but the published results, the model name and the parity numbers no longer describe its
+    weights, and the card says so. Re-saving the same values through transformers changes nothing."""
+    from transformers import AutoModelForImageClassification
+
+    folder, _ = published_folder(tmp_path / "s16")
+    assert [r.metric_value for r in ModelCard.load(write_model_card(folder)).data.eval_results] == [80.0, 85.4, 68.3]
+
+    hf = AutoModelForImageClassification.from_pretrained(folder)
+    hf.save_pretrained(folder)  # the same tensors, written by transformers: still the converted weights
+    assert [r.metric_value for r in ModelCard.load(write_model_card(folder)).data.eval_results] == [80.0, 85.4, 68.3]
+
+    with torch.no_grad():
+        hf.vit.head.bias.add_(0.01)  # a fine-tuning step's worth of change
+    hf.save_pretrained(folder)
+    card = ModelCard.load(write_model_card(folder))
+    data = card.data.to_dict()
+    assert "model-index" not in data and "datasets" not in data and not card.data.eval_results
+    assert data["license"] == "apache-2.0"  # derived from Google's Apache-2.0 weights, which the record does show
+    text = str(card)
+    assert "## Published results" not in text and "80.0" not in text
+    assert "no longer holds the weights `hub-vit convert` wrote" in text.split("\n\n")[2], text.split("\n\n")[2]
+    assert "not this folder's: `model.safetensors` no longer holds" in table_note(text, "Conversion parity")
+    recorded = json.loads((folder / "conversion.json").read_text())["weights_digest"]
+    assert recorded != file_digest(folder / "model.safetensors")
+    assert table(text, "Provenance")["weights digest"].startswith(f"`{recorded}`: **not this folder's weights**")
+
+
+def test_a_conversion_record_without_weights_digest_claims_nothing(tmp_path: Path) -> None:
+    """A conversion.json an earlier hub-vit wrote records no digest of the weights: nothing shows model.safetensors
+    still holds them, so no published results, and the card says how to get them back (convert again)."""
+    folder, _ = published_folder(tmp_path / "s16")
+    record = json.loads((folder / "conversion.json").read_text())
+    del record["weights_digest"]
+    (folder / "conversion.json").write_text(json.dumps(record))
+    card = ModelCard.load(write_model_card(folder))
+    assert not card.data.eval_results
+    assert "records no digest of the weights" in table(str(card), "Provenance")["weights digest"]
+    assert "convert again" in table(str(card), "Provenance")["weights digest"]
 
 
 def test_a_folder_without_conversion_json_is_not_said_to_be_converted(tmp_path: Path) -> None:
@@ -422,6 +485,13 @@ def test_parity_text_is_worded_by_mode(converted: dict[str, Path], tmp_path: Pat
     assert google not in note and "self-consistency check only" in note and "not that they reproduce" in note
     assert table(text, "Conversion parity")["compared against"].startswith("self-consistency: the model's fused")
 
+    unmeasured = convert_to_folder(lonely, tmp_path / "plain", progress=False).path  # no reference, no --verify
+    assert json.loads((unmeasured / "conversion.json").read_text())["parity"]["passed"] is None  # compared nothing
+    text = (unmeasured / "README.md").read_text()
+    assert table_note(text, "Conversion parity").startswith("Not measured")
+    rows = table(text, "Conversion parity")
+    assert "passed" not in rows and not rows["compared against"].endswith(": -"), rows
+
 
 def table_note(card_text: str, section: str) -> str:
     """The prose between `## section` and its table."""
@@ -471,6 +541,51 @@ def test_trained_run_card(tmp_path: Path) -> None:
     meta = ModelCard(text).data.to_dict()
     assert meta["model-index"][0]["results"][0]["dataset"]["type"] == "imagefolder"  # free-text name, not an id
     assert "# run" in text  # titled by the run folder, not by its `model/` sub-folder
+
+
+def test_trained_card_withholds_the_accuracy_once_the_weights_change(tmp_path: Path) -> None:
+    """training.json's held-out accuracy was measured on the weights the run wrote; a folder fine-tuned further (or
+    given another weight file) keeps training.json, but its card claims no accuracy for weights nobody measured."""
+    from hub_vit.folder import load_model_folder, save_model_folder
+    from hub_vit.train import digits
+    from hub_vit.train.loop import train
+
+    data = digits.write_image_folder(tmp_path / "data")
+    recipe = digits.DIGITS_RECIPE.replace(total_steps=1, warmup_steps=1, eval_every_epochs=100.0)
+    folder = train(recipe, data, tmp_path / "run", progress=False).model_dir
+    assert ModelCard.load(folder / "README.md").data.eval_results  # as written by the run: claimed
+    model, info = load_model_folder(folder)
+    with torch.no_grad():
+        model.head.weight.mul_(2)
+    save_model_folder(model, folder, labels=info.labels, pretrained_cfg=info.pretrained_cfg, overwrite=True,
+                      extra_files={"training.json": (folder / "training.json").read_bytes()})
+    card = ModelCard.load(write_model_card(folder))
+    assert not card.data.eval_results and "model-index" not in card.data.to_dict()
+    text = str(card)
+    assert "## Measured accuracy" not in text
+    assert "held-out accuracy recorded then is not claimed" in text.split("\n\n")[2]
+    assert "no longer holds the weights `hub-vit train` wrote" in table(text, "Provenance")["weights digest"]
+
+
+def test_folder_without_provenance_states_no_license_until_its_publisher_does(tmp_path: Path) -> None:
+    """Random weights saved from a registered name: nothing says whose they are, so no license in the metadata (it
+    was 'trained with hub-vit, Apache-2.0'); a license the publisher writes into the metadata survives re-rendering."""
+    import timm
+
+    import hub_vit  # noqa: F401  (registers the architectures)
+    from hub_vit.folder import save_model_folder
+
+    model = timm.create_model("vit_ti16", img_size=32, num_classes=3)
+    folder = save_model_folder(model, tmp_path / "mine", pretrained_cfg=model.pretrained_cfg)
+    text = write_model_card(folder).read_text()
+    assert "license" not in ModelCard(text).data.to_dict()
+    note = table_note(text + "\n|", "License")
+    assert "No provenance file" in note and "trained with hub-vit" not in text and "add `license: <id>`" in note
+
+    (folder / "README.md").write_text(text.replace("library_name: timm", "library_name: timm\nlicense: mit", 1))
+    again = write_model_card(folder).read_text()
+    assert ModelCard(again).data.to_dict()["license"] == "mit"
+    assert "as stated in this card's metadata by its publisher" in table_note(again + "\n|", "License")
 
 
 def test_local_data_folder_name_is_not_published_as_a_hub_dataset(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from hub_vit.train.loop import train
+from hub_vit.weights_digest import file_digest
 from tests.test_train_loop import TINY, make_folder
 
 pytestmark = pytest.mark.slow
@@ -41,6 +42,7 @@ def test_torchrun_two_ranks_gloo(tmp_path: Path) -> None:
     assert training["hardware"]["processes"] == 2 and training["steps"] == 2
     digests = training["rank_weight_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]  # sha256 of every weight, computed on each rank
+    assert training["weights_digest"] == digests[0] == file_digest(run / "model" / "model.safetensors")
 
     # Same recipe in one process: micro-batch 4 x 2 accumulation steps covers the same 8 images per step that the
     # two ranks (4 each) covered, with the same augmentation and mixup ratios, so the weights must agree.

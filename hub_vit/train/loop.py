@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import math
 import os
@@ -34,6 +33,7 @@ from hub_vit.train.data import EvalImages, SeededMixup, StreamBatches, TrainStre
 from hub_vit.train.models import build_model, init_folder_architecture
 from hub_vit.train.recipe import Recipe
 from hub_vit.train.schedule import current_lr, make_optimizer, make_scheduler
+from hub_vit.weights_digest import state_dict_digest
 
 
 @dataclass
@@ -213,7 +213,7 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
         return result
     if val is None:  # resumed a finished run: measure again
         val = evaluate(net, val_split, recipe, d, autocast)
-    digests = distributed.all_gather(d, _weights_digest(model))
+    digests = distributed.all_gather(d, state_dict_digest(model.state_dict()))
     if len(set(digests)) != 1:
         raise RuntimeError(f"processes ended with different weights (sha256 per rank: {digests})")
     result.val_top1 = val["val_top1"]
@@ -328,14 +328,6 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _weights_digest(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def hardware(d: distributed.Dist) -> dict[str, Any]:
     info: dict[str, Any] = dict(
         device=d.device.type, processes=d.world_size, cpu_threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
@@ -366,6 +358,9 @@ def _training_record(recipe: Recipe, data_dir: Path, train_split, val_split, tot
         wall_time_s=round(wall, 1),
         hardware=hardware(d),
         rank_weight_digests=digests,
+        # what held_out was measured on (every rank holds the same weights, checked above); the card withholds the
+        # accuracy once the folder's model.safetensors holds other weights (`hub_vit.weights_digest`)
+        weights_digest=digests[0],
         finished_utc=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )
 

@@ -1,0 +1,106 @@
+"""What every bench/results JSON records about its run, and how the bench scripts write their results.
+
+A result file that does not say which code, libraries, CPU and settings produced it cannot be told apart from a stale
+one, so each script stores `run_info(args)` under the key "run". The scripts are started as
+`.venv/bin/python bench/<script>.py`, which puts bench/ on sys.path: `from run_info import ...` works from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "numpy", "onnxruntime")  # every script's results depend on these
+
+
+def package_version(name: str) -> str | None:
+    """The installed distribution's version (None if it is not installed), without importing it."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_state(repo: Path = REPO) -> dict[str, Any]:
+    """HEAD of the checkout the scripts live in and whether the work tree differs from it (untracked files count:
+    a new module changes what runs). Both None outside a git checkout or without git."""
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *cmd], capture_output=True, text=True, check=True,
+                              timeout=30).stdout
+    try:
+        return {"commit": git("rev-parse", "HEAD").strip(), "dirty": bool(git("status", "--porcelain").strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed options, JSON-safe (paths and other objects as strings; lists, numbers and flags kept)."""
+    def plain(value: Any) -> Any:
+        if value is None or isinstance(value, bool | int | float | str):
+            return value
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return str(value)
+    return {key: plain(value) for key, value in vars(args).items()}
+
+
+def run_info(args: argparse.Namespace, packages: tuple[str, ...] = ()) -> dict[str, Any]:
+    """When, which hub-vit (version, commit, dirty), which library versions (`PACKAGES` + `packages`), which CPU,
+    and the script's argv and parsed settings, with the user's `--note` if one was given."""
+    return {
+        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "hub_vit": {"version": package_version("hub-vit"), **git_state()},
+        "versions": {"python": platform.python_version(), **{p: package_version(p) for p in PACKAGES + packages}},
+        "cpu": {"model": cpu_model(), "count": os.cpu_count(), "usable": len(os.sched_getaffinity(0))},
+        "platform": platform.platform(),
+        "argv": sys.argv[1:],
+        "settings": settings(args),
+        "note": getattr(args, "note", None) or None,
+    }
+
+
+def add_note_option(parser: argparse.ArgumentParser) -> None:
+    # No default text: a fixed "shared machine" string was recorded even for quiet runs and contradicted the docs.
+    parser.add_argument("--note", default=None, help="free text about the host or the run, stored in the results")
+
+
+def check_writable(folder: Path) -> None:
+    """Create `folder` and prove a file can be written there before measuring, so a bad --out fails at once
+    instead of after a long run."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".bench-write-check-"):
+            pass
+    except OSError as exc:
+        raise SystemExit(f"cannot write results to {folder}: {exc}") from exc
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write `data` as JSON through a temp file and os.replace: a reader (or a Ctrl-C) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
