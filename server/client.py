@@ -84,9 +84,11 @@ def _png_ready(image: Any) -> Any:
         from hub_vit.image_modes import to_8bit
 
         return to_8bit(image)  # 16-bit samples in 32-bit ints -> their high bytes, as the server does for 16-bit PNGs
-    if image.mode == "La":  # premultiplied alpha: Pillow converts it only to LA
-        return image.convert("LA")
-    return image.convert("RGB")  # CMYK, YCbCr, ...; alpha (RGBa, La, PA) is dropped, as the server drops it too
+    from hub_vit.image_modes import ALPHA_MODES, flatten_alpha
+
+    if image.mode in ALPHA_MODES:  # RGBa, La, PA: composited onto white here, as the server does with RGBA / LA
+        return flatten_alpha(image)
+    return image.convert("RGB")  # CMYK, YCbCr, ...
 
 
 def server_address(url: str) -> tuple[str, bool]:

@@ -28,19 +28,23 @@ FILE_NAME = "vit_s16_i1k_300ep.npz"  # gs://big_vision/vit_s16_i1k_300ep.npz, bi
 PAPER_300EP = {"ImageNet-1k": 80.0, "ImageNet-ReaL": 85.4, "ImageNet-v2": 68.3}
 
 
-@pytest.fixture(scope="module")
-def namesake(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Random weights in the published file's exact layout, under the published file's name."""
+def write_namesake(path: Path) -> Path:
+    """Random weights in the published file's exact layout (its manifest), written to `path`."""
     manifest = json.loads(MANIFEST.read_text())
     rng = np.random.default_rng(0)
     arrays = {}
     for key, info in manifest["params"].items():
         value = rng.standard_normal(info["shape"], dtype=np.float32) * 0.02
         arrays[f"params/{key}"] = value + 1 if key.endswith("scale") else value  # LayerNorm scales near 1
-    path = tmp_path_factory.mktemp("namesake") / "big_vision" / FILE_NAME
-    path.parent.mkdir()
+    path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **arrays)
     return path
+
+
+@pytest.fixture(scope="module")
+def namesake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random weights in the published file's exact layout, under the published file's name."""
+    return write_namesake(tmp_path_factory.mktemp("namesake") / "big_vision" / FILE_NAME)
 
 
 def published_claims(folder: Path) -> dict[str, object]:

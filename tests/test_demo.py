@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -55,14 +56,16 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_model_folder(VisionTransformer(spec), tmp_path_factory.mktemp("model") / "tiny", labels=labels)
 
 
-@pytest.fixture(scope="module")
-def demo_url(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextmanager
+def running_demo(args: list[str], workdir: Path, **env: str) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+    """`python -m hub_vit.demo ARGS` on a free port, cwd `workdir` (not the repo: nothing from the cwd may be
+    served); yields (process, url, log file) once the page answers, and stops it afterwards."""
     port = free_port()
-    workdir = tmp_path_factory.mktemp("demo-cwd")  # not the repo: nothing from the cwd may be served
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
-    log = open(workdir / "demo.log", "w+")  # noqa: SIM115 - closed below
-    cmd = [sys.executable, "-m", "hub_vit.demo", "--port", str(port), "--model-folder", str(model_folder)]
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1", **env)
+    log_path = workdir / "demo.log"
+    log = open(log_path, "w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "hub_vit.demo", "--port", str(port), *args], cwd=workdir, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 180
@@ -80,7 +83,7 @@ def demo_url(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> It
                 log.seek(0)
                 pytest.fail(f"demo did not answer on {url} within 180 s:\n{log.read()[-3000:]}")
             time.sleep(0.5)
-        yield url
+        yield proc, url, log_path
     finally:
         proc.terminate()
         try:
@@ -91,17 +94,41 @@ def demo_url(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="module")
-def page(demo_url: str) -> Iterator[object]:
+def demo_process(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(url, log file) of the demo showing `model_folder`."""
+    with running_demo(["--model-folder", str(model_folder)], tmp_path_factory.mktemp("demo-cwd")) as (_, url, log):
+        yield url, log
+
+
+@pytest.fixture(scope="module")
+def demo_url(demo_process: tuple[str, Path]) -> str:
+    return demo_process[0]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """One headless Chromium for the module (Playwright's sync API runs one instance per thread)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1100})
-        page.set_default_timeout(90_000)
-        page.goto(demo_url)
-        page.wait_for_selector("#input-image input[type=file]", state="attached")
-        yield page
+        yield browser
         browser.close()
+
+
+def open_page(browser, url: str) -> object:
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(90_000)
+    page.goto(url)
+    page.wait_for_selector("#input-image input[type=file]", state="attached")
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(browser, demo_url: str) -> Iterator[object]:
+    page = open_page(browser, demo_url)
+    yield page
+    page.close()
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +179,8 @@ def test_upload_shows_labels_and_overlay_and_fusion_changes_it(page, photo_path:
     assert changed.mean() > 0.01, "switching head fusion mean -> max did not change the overlay"
 
 
-def test_non_image_upload_shows_error_and_app_recovers(page, photo_path: Path, tmp_path: Path) -> None:
+def test_non_image_upload_shows_error_and_app_recovers(page, photo_path: Path, tmp_path: Path,
+                                                      demo_process: tuple[str, Path]) -> None:
     # A file that claims to be a PNG but is text: the page must say so, in words.
     fake = tmp_path / "notes.png"
     fake.write_text("these are meeting notes, not pixels\n")
@@ -180,6 +208,10 @@ def test_non_image_upload_shows_error_and_app_recovers(page, photo_path: Path, t
     src = wait_for_new_overlay(page, before)
     assert fetch_image(page, src).shape[:2] == Image.open(other).size[::-1]
     assert "%" in page.locator("#labels").inner_text()
+    # Expected refusals are one log line each, not a 30-40 line traceback per bad upload
+    log = demo_process[1].read_text()
+    assert "refused: 'notes.png' is not an image" in log and "refused: 'thin.png'" in log
+    assert "Traceback" not in log, log[-3000:]
 
 
 def test_only_the_apps_own_files_are_served(demo_url: str, model_folder: Path) -> None:
@@ -204,3 +236,181 @@ def test_picking_an_example_digit_shows_its_label(page, model_folder: Path) -> N
     page.wait_for_function("() => document.querySelector('#labels').innerText.includes('%')")
     lines = [line.strip() for line in page.locator("#labels").inner_text().splitlines() if line.strip()]
     assert lines[1] == "3", f"top-1 for the held-out digit 3 sample: {lines[:4]}"
+
+
+# -- controls -----------------------------------------------------------------------------------------------------
+def wait_for_new_src(page, elem_id: str, previous: str | None) -> str:
+    page.wait_for_function(
+        "([id, prev]) => { const img = document.querySelector(`#${id} img`); "
+        "return img && img.src && img.src !== prev; }",
+        arg=[elem_id, previous],
+    )
+    return page.locator(f"#{elem_id} img").get_attribute("src")
+
+
+def src_of(page, elem_id: str) -> str | None:
+    img = page.locator(f"#{elem_id} img")
+    return img.get_attribute("src") if img.count() else None
+
+
+def top1(page) -> str:
+    page.wait_for_function("() => document.querySelector('#labels').innerText.includes('%')")
+    return [line.strip() for line in page.locator("#labels").inner_text().splitlines() if line.strip()][1]
+
+
+def count_runs(page) -> list[int]:
+    """Every analysis run the page asks for from now on (one `queue/join` request each)."""
+    runs: list[int] = []
+    page.on("request", lambda r: runs.append(1) if "/queue/join" in r.url else None)
+    return runs
+
+
+def pick(page, elem_id: str, option: str) -> None:
+    page.locator(f"#{elem_id} input").click()
+    page.locator(f"li[role=option][aria-label='{option}']").first.click()
+
+
+def test_the_class_map_follows_each_new_images_top1(page, photo_path: Path, tmp_path: Path) -> None:
+    # was: the label the app had filled in for the previous image stayed, so a new image's "class-specific" map was
+    # for a class the model did not predict (and "Remove Image" kept it too)
+    before = overlay_src(page)
+    upload(page, photo_path)
+    wait_for_new_overlay(page, before)
+    first = top1(page)
+    assert page.locator("#target input").input_value() == first
+    runs = count_runs(page)
+    options = page.locator("#target input")
+    options.click()
+    other = next(o for o in page.locator("li[role=option]").all_inner_texts() if o.strip() != first).strip()
+    class_map = src_of(page, "class-map")
+    page.locator(f"li[role=option][aria-label='{other}']").first.click()
+    wait_for_new_src(page, "class-map", class_map)
+    assert page.locator("#target input").input_value() == other  # the user's pick, for this image
+    page.wait_for_timeout(1000)
+    assert len(runs) == 1, f"one pick in the label list ran the analysis {len(runs)} times"  # was twice
+    page.locator("#input-image button[aria-label='Remove Image']").click()
+    page.wait_for_function("() => !document.querySelector('#labels').innerText.includes('%')")
+    assert page.locator("#target input").input_value() == ""
+    coffee = tmp_path / "coffee.jpg"
+    shutil.copy(REPO / "hub_vit" / "demo" / "examples" / "coffee.jpg", coffee)
+    upload(page, coffee)
+    wait_for_new_overlay(page, None)
+    assert page.locator("#target input").input_value() == top1(page)
+
+
+def test_sliders_recompute_on_keyboard_changes(page) -> None:
+    # was: `.release` only, so arrow keys and typing + Enter changed the shown value but not the maps
+    if overlay_src(page) is None:
+        upload(page, REPO / "hub_vit" / "demo" / "examples" / "chelsea.jpg")
+        wait_for_new_overlay(page, None)
+    before = overlay_src(page)
+    page.locator("#discard-ratio input[type=range]").focus()
+    page.keyboard.press("ArrowRight")
+    wait_for_new_overlay(page, before)
+    assert page.locator("#discard-ratio input[type=number]").input_value() == "0.05"
+    layer_view = src_of(page, "layer-view")
+    box = page.locator("#layer input[type=number]")
+    box.fill("1")
+    box.press("Enter")
+    wait_for_new_src(page, "layer-view", layer_view)
+    assert box.input_value() == "1"
+
+
+def test_examples_and_results_have_accessible_names(page) -> None:
+    # was: 23 image-only example buttons with alt="", and alt="" on every result image
+    names = page.locator("#examples button:has(img)").evaluate_all(
+        "buttons => buttons.map(b => [b.getAttribute('aria-label'), b.querySelector('img').alt])")
+    assert names and all(label and label.startswith("Example: ") and alt for label, alt in names), names
+    if (REPO / "hub_vit" / "assets" / "digits" / "samples" / "3_0.png").exists():
+        assert ["Example: digit 3 (held-out sample 3_0.png)", "digit 3 (held-out sample 3_0.png)"] in names
+    assert "Example: photo: chelsea" in [label for label, _ in names]
+    if overlay_src(page) is None:
+        upload(page, REPO / "hub_vit" / "demo" / "examples" / "chelsea.jpg")
+        wait_for_new_overlay(page, None)
+    for elem_id in ("overlay", "layer-view", "class-map"):
+        page.wait_for_function(f"() => document.querySelector('#{elem_id} img')?.alt")
+
+
+# -- several models -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_folders(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """`model_folder`, a one-block model and a folder whose weights file is damaged (accepted at start-up)."""
+    import torch
+
+    from hub_vit import VisionTransformer, ViTSpec
+    from hub_vit.folder import save_model_folder
+
+    root = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    spec = ViTSpec.from_variant("mu/8", img_size=32, num_classes=3, depth=1, pool_type="gap", head_zeroinit=False)
+    one_block = save_model_folder(VisionTransformer(spec), root / "one_block", labels=["x", "y", "z"])
+    corrupt = shutil.copytree(one_block, root / "corrupt")
+    (corrupt / "model.safetensors").write_bytes((corrupt / "model.safetensors").read_bytes()[:1000])
+    return [model_folder, one_block, corrupt]
+
+
+@pytest.fixture(scope="module")
+def models_page(browser, model_folders: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    args = [arg for folder in model_folders for arg in ("--model-folder", str(folder))]
+    with running_demo(args, tmp_path_factory.mktemp("demo-models-cwd")) as (_, url, _):
+        page = open_page(browser, url)
+        yield page
+        page.close()
+
+
+def test_switching_models_resets_the_block_and_a_failed_load_says_why(models_page, model_folders: list[Path],
+                                                                      photo_path: Path) -> None:
+    from hub_vit.demo.models import discover_choices
+
+    page = models_page
+    first = page.locator("#model input").input_value()
+    depth = page.locator("#layer input[type=number]").input_value()
+    upload(page, photo_path)
+    wait_for_new_overlay(page, None)
+    runs = count_runs(page)
+    before = overlay_src(page)
+    pick(page, "model", "folder: one_block")
+    wait_for_new_overlay(page, before)
+    assert page.locator("#layer input[type=number]").input_value() == "1"
+    page.wait_for_timeout(1000)
+    assert len(runs) == 1, f"one pick in the model list ran the analysis {len(runs)} times"  # was twice
+    before = overlay_src(page)
+    pick(page, "model", first)
+    wait_for_new_overlay(page, before)
+    # was: block 1 of the one-block model stayed selected for every model after it
+    assert page.locator("#layer input[type=number]").input_value() == depth != "1"
+    assert "folder: corrupt" in [c.key for c in discover_choices(model_folders)]
+    pick(page, "model", "folder: corrupt")
+    toast = page.locator(".toast-body", has_text="folder: corrupt")
+    toast.first.wait_for(state="visible")
+    assert "SafetensorError" in toast.first.inner_text()  # was a bare red "Error" on every output
+    page.wait_for_function("text => document.querySelector('#status').innerText.includes(text)",
+                           arg="Cannot load model 'folder: corrupt'")
+    assert "%" not in page.locator("#labels").inner_text()  # the previous model's labels are not left standing
+    assert overlay_src(page) is None
+    pick(page, "model", first)  # and the page recovers
+    wait_for_new_overlay(page, None)
+    assert "%" in page.locator("#labels").inner_text()
+
+
+def test_uploads_and_results_are_deleted_when_the_demo_stops(browser, model_folder: Path, tmp_path: Path) -> None:
+    # was: every upload and 3 overlay PNGs per analysis stayed in Gradio's cache (/tmp/gradio) for good
+    from hub_vit.demo.app import example_images
+
+    cache = tmp_path / "gradio-cache"
+    private = tmp_path / "private_photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 96, 3), dtype=np.uint8)).save(private)
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    with running_demo(["--model-folder", str(model_folder)], workdir, GRADIO_TEMP_DIR=str(cache)) as (proc, url, _):
+        page = open_page(browser, url)
+        upload(page, private)
+        wait_for_new_overlay(page, None)
+        page.close()
+        stored = [f for f in cache.rglob("*") if f.is_file()]
+        assert any(f.name == private.name for f in stored) and any(f.name == "image.png" for f in stored)
+        proc.terminate()  # SIGTERM, as `docker stop` or systemd sends it
+        proc.wait(timeout=30)
+    left = sorted(f.name for f in cache.rglob("*") if f.is_file())
+    examples = {p.name for p in example_images()}  # Gradio's copies of the bundled examples may stay
+    assert not [name for name in left if name not in examples], left

@@ -143,3 +143,138 @@ def test_registered_name_of_the_shipped_model_resolves_to_its_folder() -> None:
         choice = resolve_choice(name)
         assert choice.kind == "folder" and Path(choice.target) == default_model_folder().resolve()
         assert choice.key == "simplevit_digits.sklearn_digits"
+
+
+def test_a_new_image_or_model_resets_the_class_map_target_and_block(folder: Path, photo: str, tmp_path: Path,
+                                                                     photos: dict) -> None:
+    # was: the label the app itself had filled in for the previous image was kept for the next one, so a
+    # "class-specific" map showed a class the model did not predict; the block slider kept the previous model's block
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    labels, *_ = demo.analyze(photo, "folder: probe", IN_PROCESS, "mean", 0.0, 1, None)
+    other = next(name for name in ("red", "green", "blue") if name != max(labels, key=labels.get))
+    *_, target, _, _, layer = demo.analyze(photo, "folder: probe", IN_PROCESS, "mean", 0.0, 1, other)
+    assert target["value"] == other  # picked by the user for this image: kept while the controls change
+    coffee = tmp_path / "coffee.png"
+    Image.fromarray(photos["coffee"]).save(coffee)
+    labels, *_, target, _, _, layer = demo.analyze_new_image(str(coffee), "folder: probe", IN_PROCESS, "mean", 0.0,
+                                                             1, other)
+    assert target["value"] == max(labels, key=labels.get)  # the new image's own top-1
+    *_, target, _, _, layer = demo.analyze_new_model(str(coffee), "folder: probe", IN_PROCESS, "mean", 0.0, 1, other)
+    assert layer["value"] == 2 and target["value"] == max(labels, key=labels.get)  # the model's depth and top-1
+    cleared = demo.analyze_new_image(None, "folder: probe", IN_PROCESS, "mean", 0.0, 1, other)  # "Remove Image"
+    assert cleared[3] == gr.update(choices=[], value=None)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A small PNG whose header declares width x height pixels (its data is one empty zlib stream)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+def test_uploads_above_the_servers_pixel_limit_are_refused_on_the_header(folder: Path, tmp_path: Path) -> None:
+    # was: an 88 MP PNG of 277 kB (under Pillow's 89 MP warning) was decoded, about 1 GB per request
+    from hub_vit.demo.app import MAX_PIXELS
+    from hub_vit.server.options import ServingOptions
+
+    assert MAX_PIXELS == ServingOptions().max_pixels  # the same bound as `hub-vit serve`'s default --max-pixels
+    near = tmp_path / "near_limit.png"
+    near.write_bytes(_png_header(9400, 9400))  # 88.4 MP; nothing to decode, which would fail if it were tried
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    with pytest.raises(gr.Error, match=r"'near_limit\.png' is too large: it declares 9400x9400 = 88\.4 MP, more "
+                                       r"than the limit of 40\.0 MP; refused before decoding") as info:
+        demo.analyze(str(near), "folder: probe", IN_PROCESS, "mean", 0.0, 1, None)
+    assert info.value.print_exception is False  # an expected refusal: one log line, no traceback
+
+
+def test_a_truncated_upload_is_called_damaged_with_pillows_reason(folder: Path, tmp_path: Path,
+                                                                  photos: dict) -> None:
+    # was: "cannot read 'truncated.jpg' as an image (OSError); supported formats: PNG, JPEG, ..." (JPEG is one)
+    whole = tmp_path / "whole.jpg"
+    Image.fromarray(photos["chelsea"]).save(whole, quality=90)
+    truncated = tmp_path / "truncated.jpg"
+    truncated.write_bytes(whole.read_bytes()[:5000])
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    with pytest.raises(gr.Error, match=r"'truncated\.jpg' is a damaged or incomplete JPEG image \(image file is "
+                                       r"truncated"):
+        demo.analyze(str(truncated), "folder: probe", IN_PROCESS, "mean", 0.0, 1, None)
+
+
+def test_a_transparent_upload_is_analysed_as_shown_on_white(folder: Path, tmp_path: Path, photos: dict) -> None:
+    # was: the hidden half of a cut-out photo was classified and coloured in the overlay
+    rgb = photos["chelsea"]
+    alpha = np.zeros(rgb.shape[:2], np.uint8)
+    alpha[:, rgb.shape[1] // 2:] = 255
+    cutout, shown = tmp_path / "cutout.png", tmp_path / "shown.png"
+    Image.fromarray(np.dstack([rgb, alpha]), "RGBA").save(cutout)
+    Image.fromarray(np.where(alpha[..., None] == 255, rgb, 255).astype(np.uint8)).save(shown)
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    got = demo.analyze(str(cutout), "folder: probe", IN_PROCESS, "mean", 0.0, 1, None)
+    want = demo.analyze(str(shown), "folder: probe", IN_PROCESS, "mean", 0.0, 1, None)
+    assert got[0] == want[0]
+    for a, b in zip(got[1:3], want[1:3], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# -- a real tritonserver ------------------------------------------------------------------------------------------
+SERVED_MAX_PIXELS = 200_000  # low, so a small photo is over it
+
+
+@pytest.fixture(scope="module")
+def served(folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`folder` served by the real tritonserver with a low --max-pixels."""
+    from hub_vit.server.launcher import TritonServer, free_port
+    from hub_vit.server.options import ServingOptions
+    from hub_vit.server.repository import write_repository
+    from hub_vit.server.source import resolve
+
+    repo = write_repository(resolve(folder), tmp_path_factory.mktemp("repo") / "repository",
+                            ServingOptions(max_pixels=SERVED_MAX_PIXELS))
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server.start(timeout_s=180)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_triton_gets_the_uploaded_files_own_bytes(served, folder: Path, tmp_path: Path, photos: dict,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: every upload decoded and re-encoded as lossless PNG (a 1.3 MB JPEG became 7.1 MB, 2.1 s) before sending
+    from hub_vit.server import client
+
+    sent: list[bytes] = []
+    encode = client.encode
+    monkeypatch.setattr(client, "encode", lambda image: sent.append(encode(image)) or sent[-1])
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), triton=TritonLabels(served.http_url), examples=[])
+    jpeg, bmp = tmp_path / "cat.jpg", tmp_path / "cat.bmp"
+    Image.fromarray(photos["chelsea"][::2, ::2]).save(jpeg, quality=90)
+    Image.fromarray(photos["chelsea"][::2, ::2]).save(bmp)
+    labels, *_, status, _ = demo.analyze(str(jpeg), "folder: probe", demo.triton.choice, "mean", 0.0, 1, None)
+    assert "labels from **Triton**" in status and set(labels) <= {"red", "green", "blue"}
+    assert sent == [jpeg.read_bytes()]
+    demo.analyze(str(bmp), "folder: probe", demo.triton.choice, "mean", 0.0, 1, None)
+    assert sent[-1].startswith(b"\x89PNG")  # a format the server does not decode: the decoded image, as PNG
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_a_triton_refusal_is_reported_as_one_with_its_whole_reason(served, folder: Path, tmp_path: Path,
+                                                                  photos: dict) -> None:
+    # was: "Triton server at ... not reachable or failed ([400] ... as a decompression b)": reachable, and cut off
+    big = tmp_path / "big.png"
+    Image.fromarray(photos["chelsea"]).resize((600, 400)).save(big)  # 240,000 pixels: over the server's limit
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), triton=TritonLabels(served.http_url), examples=[])
+    labels, *_, status, _ = demo.analyze(str(big), "folder: probe", demo.triton.choice, "mean", 0.0, 1, None)
+    assert status.startswith(f"Triton server at {served.http_url} refused the image: image too large: it declares "
+                             "600x400 = 0.2 MP"), status
+    assert "refused before decoding, as a decompression bomb guard; labels shown from the in-process model" in status
+    assert "not reachable" not in status
+    assert set(labels) == {"red", "green", "blue"}  # the in-process labels instead

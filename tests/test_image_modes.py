@@ -133,8 +133,132 @@ def test_client_sends_pil_images_of_any_mode(imageprep, photos, mode):
     np.testing.assert_array_equal(np.asarray(prep.decode(encode(image))), np.asarray(expected))
 
 
+@pytest.mark.parametrize("mode", ["RGBa", "La", "PA", "RGBA", "LA"])
+def test_client_sends_transparent_pil_images_as_the_server_would_see_them(imageprep, photos, mode):
+    """Half-transparent pixels reach the server composited onto white, whichever alpha mode the PIL image has (RGBa /
+    La / PA used to drop alpha, showing hidden colours)."""
+    from hub_vit.image_modes import flatten_alpha
+    from hub_vit.server.client import encode
+
+    rgba = Image.fromarray(photos["astronaut"][::8, ::8]).convert("RGBA")
+    alpha = np.zeros(rgba.size[::-1], np.uint8)
+    alpha[:, : alpha.shape[1] // 2] = 255  # left half opaque, right half fully transparent
+    rgba.putalpha(Image.fromarray(alpha))
+    image = rgba.convert("LA").convert(mode) if mode in ("La", "LA") else rgba.convert(mode)
+    assert image.mode == mode
+    prep = imageprep.Preprocess(crop_size=(16, 16), scale_size=(16, 16), crop_mode="squash")
+    decoded = np.asarray(prep.decode(encode(image)))
+    expected = np.asarray(flatten_alpha(image).convert("RGB"))
+    np.testing.assert_array_equal(decoded, expected)
+    if mode != "PA":  # PA's alpha survives conversion from RGBA only as the palette allows; the others keep it exactly
+        assert (decoded[:, -1] == 255).all(), "the transparent half must arrive white"
+
+
 def test_client_refuses_float_images_by_name():
     from hub_vit.server.client import encode
 
     with pytest.raises(ValueError, match="mode 'F'"):
         encode(Image.fromarray(np.zeros((4, 4), dtype=np.float32)))
+
+
+# -- transparency -------------------------------------------------------------------------------------------------
+# What the user sees of a transparent image is it on a white page; every path must give the model that. The golden
+# is numpy's own composite onto white of binary alpha (0 or 255, exact), saved as an ordinary opaque PNG.
+
+
+def _cutout_and_golden(photo: np.ndarray, mode: str) -> tuple[Image.Image, np.ndarray]:
+    """(a transparent image in `mode` whose hidden pixels keep a colour, its composite onto white as RGB uint8)."""
+    rgb = photo[::4, ::4].copy()
+    h, w = rgb.shape[:2]
+    visible = np.zeros((h, w), dtype=bool)
+    visible[:, w // 2:] = True  # the right half is shown; the left half is hidden but keeps the photo's colours
+    if mode == "RGBA":
+        image = Image.fromarray(np.dstack([rgb, np.where(visible, 255, 0).astype(np.uint8)]), "RGBA")
+        golden = np.where(visible[..., None], rgb, 255)
+    elif mode == "LA":  # black ink on a transparent background: hidden pixels black, as a paint program saves them
+        ink = np.where(rgb.mean(axis=2) > 100, 0, 255).astype(np.uint8)  # ink alpha where the photo is bright
+        image = Image.fromarray(np.dstack([np.zeros_like(ink), ink]), "LA")
+        golden = np.repeat(np.where(ink == 255, 0, 255).astype(np.uint8)[..., None], 3, axis=2)
+    else:  # "P": a palette PNG whose first entry is transparent (tRNS), the hidden pixels pointing at a dark red
+        index = np.where(visible, 2, 1).astype(np.uint8)
+        index[:, : w // 4] = 0  # the hidden colour itself: black
+        image = Image.fromarray(index, "P")
+        image.putpalette([0, 0, 0, 200, 30, 30, 20, 200, 20] + [0] * (768 - 9))
+        image.info["transparency"] = bytes([0, 0, 255] + [255] * 253)  # entries 0 and 1 hidden, 2 shown
+        colours = np.array([[0, 0, 0], [200, 30, 30], [20, 200, 20]], dtype=np.uint8)
+        golden = np.where(index[..., None] == 2, colours[index], 255).astype(np.uint8)
+    return image, golden.astype(np.uint8)
+
+
+@pytest.fixture(scope="module", params=["RGBA", "LA", "P"])
+def transparent(request, photos, tmp_path_factory) -> tuple[Path, Path]:
+    """(a transparent PNG, the opaque PNG of its composite onto white) on disk."""
+    image, golden = _cutout_and_golden(photos["chelsea"], request.param)
+    folder = tmp_path_factory.mktemp(f"alpha-{request.param}")
+    cutout, flat = folder / "cutout.png", folder / "flat.png"
+    image.save(cutout)
+    Image.fromarray(golden).save(flat)
+    reopened = Image.open(cutout)
+    assert reopened.mode == request.param and (request.param != "P" or "transparency" in reopened.info)
+    return cutout, flat
+
+
+def test_rollout_and_demo_loader_composite_transparency_onto_white(transparent):
+    from hub_vit.explain.image import load_image
+
+    cutout, flat = transparent
+    np.testing.assert_array_equal(np.asarray(load_image(cutout).convert("RGB")), np.asarray(load_image(flat)))
+
+
+def test_served_preprocessing_composites_transparency_onto_white(imageprep, transparent):
+    cutout, flat = transparent
+    prep = imageprep.Preprocess(crop_size=(64, 64), scale_size=(73, 73), interpolation="bicubic")
+    np.testing.assert_array_equal(np.asarray(prep.decode(cutout.read_bytes())),
+                                  np.asarray(prep.decode(flat.read_bytes())))
+    np.testing.assert_array_equal(prep(cutout.read_bytes()), prep(flat.read_bytes()))
+
+
+def test_training_loader_composites_transparency_onto_white(transparent):
+    from hub_vit.train.data import load_rgb
+
+    cutout, flat = transparent
+    np.testing.assert_array_equal(np.asarray(load_rgb(cutout)), np.asarray(load_rgb(flat)))
+
+
+def test_transformers_image_processor_composites_transparency_onto_white(transparent):
+    from transformers import AutoImageProcessor
+
+    from hub_vit.catalog import default_model_folder
+
+    processor = AutoImageProcessor.from_pretrained(str(default_model_folder()))
+    cutout, flat = transparent
+    np.testing.assert_array_equal(processor(Image.open(cutout), return_tensors="np")["pixel_values"],
+                                  processor(Image.open(flat), return_tensors="np")["pixel_values"])
+
+
+def test_partial_alpha_is_blended_with_white_alike_in_process_and_served(imageprep):
+    """Half-transparent pixels: in-process (hub_vit.image_modes) and served (imageprep's own copy) agree exactly,
+    and both are the usual `c * a + 255 * (1 - a)` to rounding."""
+    from hub_vit.image_modes import to_8bit
+
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, size=(24, 32, 4), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buffer, format="PNG")
+    prep = imageprep.Preprocess(crop_size=(16, 16), scale_size=(16, 16), crop_mode="squash")
+    served = np.asarray(prep.decode(buffer.getvalue()))
+    in_process = np.asarray(to_8bit(Image.open(io.BytesIO(buffer.getvalue()))))
+    np.testing.assert_array_equal(served, in_process)
+    alpha = rgba[..., 3:].astype(np.float64) / 255
+    expected = rgba[..., :3] * alpha + 255 * (1 - alpha)
+    assert np.abs(in_process.astype(np.float64) - expected).max() <= 1
+
+
+def test_opaque_images_are_left_as_they_are(photos):
+    from hub_vit.image_modes import to_8bit
+
+    rgb = photos["coffee"][::8, ::8]
+    opaque = Image.fromarray(np.dstack([rgb, np.full(rgb.shape[:2], 255, np.uint8)]), "RGBA")
+    np.testing.assert_array_equal(np.asarray(to_8bit(opaque)), rgb)  # alpha 255 everywhere: the same pixels
+    plain = Image.fromarray(rgb)
+    assert to_8bit(plain) is plain

@@ -4,6 +4,7 @@ fails early and leaves no checkpoint behind."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -238,6 +239,25 @@ def test_bad_settings_name_the_choices() -> None:
                                ("total_steps=x", "total_steps must be an integer or null")]:
         with pytest.raises(ValueError, match=needle):  # before: TypeErrors from inside the checks
             TINY.with_overrides([assignment])
+
+
+@pytest.mark.parametrize(("assignment", "needle"), [
+    ("eval_crop_pct=87.5", r"eval_crop_pct is the fraction .* in \(0, 1\] \(e.g. 0.875\), got 87.5"),
+    ({"wd": math.nan}, "wd must be a finite number >= 0, got nan"),  # as `--wd nan` passes it (typer floats)
+    ({"mixup": math.nan}, "mixup must be a finite number >= 0, got nan"),
+    ({"lr": math.inf}, "lr must be a finite number > 0, got inf"),
+    ("eps=0", "eps must be a finite number > 0, got 0"),
+    ("eval_every_epochs=1e400", "eval_every_epochs must be a finite number > 0, got inf"),
+    ("b2=1", r"b1 and b2 are Adam's decay rates in \[0, 1\)"),
+    ("seed=-1", r"seed must be an integer in \[0, 2\*\*32\), got -1"),
+])
+def test_settings_that_only_failed_later_are_refused_up_front(assignment: str | dict, needle: str) -> None:
+    """Each of these used to pass the recipe check and fail after recipe.json was written: a DataLoader worker's
+    traceback (seed -1), a NaN gradient norm (wd nan, eps 0), silently no mixup (mixup nan), an OverflowError, or,
+    for eval_crop_pct 87.5, the model folder refused at the very end of the run, leaving a run folder that could
+    neither finish nor be corrected."""
+    with pytest.raises(ValueError, match=needle):
+        TINY.replace(**assignment) if isinstance(assignment, dict) else TINY.with_overrides([assignment])
 
 
 def test_cli_reports_bad_input(tmp_path: Path) -> None:

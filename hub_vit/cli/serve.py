@@ -217,7 +217,7 @@ def serve(
         console.print(f"  try:     hub-vit classify --url {server.http_url} --model {name} {example}",
                       markup=False, highlight=False, soft_wrap=True)
         if demo:
-            demo_app = _start_demo(model, host, demo_port, server.http_url, name)
+            demo_app = _start_demo(model, workdir is None, host, demo_port, server.http_url, name)
         code = server.wait()
         if not stop.is_set():
             raise fail(f"tritonserver exited unexpectedly with code {code}; log tail:\n{server.tail()}", code=1)
@@ -299,16 +299,40 @@ def _existing_repository(folder: Path, *, model: str | None, **given: Any) -> st
     return str(written["model"])
 
 
-def _start_demo(model: str | None, host: str, port: int, triton_url: str, triton_model: str) -> object:
-    """The Gradio demo in a background thread, its labels taken from the server just started."""
+def _start_demo(model: str | None, repository: bool, host: str, port: int, triton_url: str,
+                triton_model: str) -> object:
+    """The Gradio demo in a background thread, its labels taken from the server just started. It opens on the served
+    model when it can run that model in-process (the default model, a folder, a registered name); an exported .onnx
+    / .plan runs only on the server, so the page opens on the default model and says so next to Triton's labels.
+    With --repository the demo cannot tell what is served."""
     try:
         from hub_vit.demo.app import start_in_background
     except ImportError as exc:
         raise fail(f"--demo needs gradio ({exc}); install it with: pip install 'hub-vit[demo]'") from exc
-    folders = [model] if model and Path(model).is_dir() else []
-    demo_app = start_in_background(folders, triton_url=triton_url, triton_model=triton_model, host=host, port=port)
-    console.print(f"[bold green]demo[/]     http://{host}:{port}  (attention rollout; its 'Labels from' choice "
-                  "offers this server)")
+    from hub_vit.demo.models import served_choice
+
+    served, served_name = None, None
+    if not repository:
+        try:
+            served = served_choice(model)
+        except ValueError:  # not loadable in-process after all: the page says the labels are another model's
+            served = None
+        if served is None:
+            served_name = f"{Path(model).name!r}" if model else "the default model"
+    try:
+        demo_app = start_in_background(served, triton_url=triton_url, triton_model=triton_model,
+                                       served_name=served_name, host=host, port=port)
+    except ValueError as exc:  # no model to show in-process
+        raise fail(f"--demo: {exc}", code=1) from exc
+    if served is not None:
+        shown = f"shows {served.key}, the served model"
+    elif served_name is not None:
+        shown = (f"shows in-process models only: {served_name} runs on the server alone, so Triton's labels are not "
+                 "those of the maps")
+    else:
+        shown = "shows in-process models; pick the one the repository serves"
+    console.print(f"[bold green]demo[/]     http://{host}:{port}  (attention rollout; {escape(shown)}; its 'Labels "
+                  "from' choice offers this server)", soft_wrap=True)
     return demo_app
 
 

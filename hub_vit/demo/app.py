@@ -2,12 +2,16 @@
 
 One handler (`Demo.analyze`) serves every control, so the page always shows one consistent state; models are loaded
 once (`ModelCache`) and the rollout itself costs about one forward pass. Hardening (see docs/explain.md):
-`gr.Error` with a readable message for any bad upload, a bounded queue, a file-size limit, 127.0.0.1 by default,
-and only this package's example folders in `allowed_paths`.
+`gr.Error` with a readable message for any bad upload, the server's pixel limit, a bounded queue, a file-size limit,
+127.0.0.1 by default, only this package's example folders in `allowed_paths`, and uploads deleted after an hour.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,9 +22,12 @@ import gradio as gr
 from PIL import Image
 
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
-from hub_vit.demo.models import ModelCache
+from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError
 from hub_vit.explain.image import IMAGE_FORMATS, ImageReadError, load_image
 from hub_vit.explain.rollout import HEAD_FUSIONS
+from hub_vit.resize_bound import MAX_RESIZED_PIXELS
+
+log = logging.getLogger(__name__)
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 DIGIT_SAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "digits" / "samples"
@@ -28,6 +35,12 @@ EXAMPLE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 MAX_FILE_SIZE = "10mb"
 MAX_SIDE = 1024  # pictures shown in the page have a long side of at most MAX_SIDE ...
 MIN_SIDE = 384  # ... and at least MIN_SIDE pixels (a 128 px digit sample is shown 3x, pixels kept sharp)
+# Most pixels an upload may declare: `hub-vit serve`'s default --max-pixels (the same bound as the resize before the
+# crop), checked on the header. Pillow's own 89 MP warning let an 88 MP PNG of 277 kB cost 1 GB per request.
+MAX_PIXELS = MAX_RESIZED_PIXELS
+# Gradio's upload and output cache (the users' photos, the overlays): every 10 minutes, files older than an hour are
+# deleted, and all of them when the demo stops (Ctrl-C, SIGTERM, `hub-vit serve` exiting).
+DELETE_CACHE = (600, 3600)
 INTRO = """# hub-vit: where does the Vision Transformer look?
 Upload an image (or pick an example) to see the model's top-5 labels and its **attention rollout** (Abnar & Zuidema
 2020): attention multiplied through the blocks, read out the way the classifier reads the tokens (class token, or the
@@ -44,6 +57,19 @@ def example_images() -> list[Path]:
     return found
 
 
+def example_label(path: Path) -> str:
+    """What a screen reader says for an example thumbnail: `digit 3 (held-out sample 3_0.png)`, `photo: chelsea`."""
+    if path.parent == DIGIT_SAMPLES_DIR:
+        return f"digit {path.stem.split('_')[0]} (held-out sample {path.name})"
+    return f"photo: {path.stem}"
+
+
+def refusal(message: str) -> gr.Error:
+    """A `gr.Error` for an expected user error (a bad upload, an out-of-range value): one log line, no traceback."""
+    log.warning("refused: %s", message)
+    return gr.Error(message, print_exception=False)
+
+
 def _guard_upload(component: gr.Image) -> None:
     """Turn the image component's decode failure (a non-image upload) into a readable `gr.Error`.
 
@@ -54,61 +80,109 @@ def _guard_upload(component: gr.Image) -> None:
     def checked(payload: Any) -> Any:
         try:
             return preprocess(payload)
-        except gr.Error:
-            raise
+        except gr.Error as exc:
+            raise refusal(exc.message) from exc
         except Exception as exc:
             name = getattr(payload, "orig_name", None) or "the upload"
             if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):  # it is an image
-                raise gr.Error(f"{name!r} is too large to decode safely ({exc})") from exc
-            raise gr.Error(f"{name!r} is not an image this demo can read ({type(exc).__name__}); "
-                           f"upload one of: {', '.join(IMAGE_FORMATS)}") from exc
+                raise refusal(f"{name!r} is too large to decode safely ({exc})") from exc
+            raise refusal(f"{name!r} is not an image this demo can read ({type(exc).__name__}); "
+                          f"upload one of: {', '.join(IMAGE_FORMATS)}") from exc
 
     component.preprocess = checked  # type: ignore[method-assign]
 
 
+# Accessible names Gradio cannot set itself: an example thumbnail is an image-only button whose <img> has alt=""
+# (example_labels would replace the thumbnails with text), and the result images have alt="" too. Runs on page load
+# and again whenever an image appears or changes.
+RESULT_ALT = {"overlay": "attention rollout over the image (all blocks)",
+              "layer-view": "attention rollout through the chosen block",
+              "class-map": "class-specific rollout for the chosen label"}
+_A11Y_JS = """() => {
+  const examples = EXAMPLES, results = RESULTS;
+  const name = () => {
+    for (const img of document.querySelectorAll("#examples img")) {
+      const text = examples[decodeURIComponent((img.getAttribute("src") || "").split("/").pop())];
+      if (text && img.alt !== text) {
+        img.alt = text;
+        img.closest("button")?.setAttribute("aria-label", "Example: " + text);
+      }
+    }
+    for (const [id, text] of Object.entries(results)) {
+      for (const img of document.querySelectorAll(`#${id} img`)) if (img.alt !== text) img.alt = text;
+    }
+  };
+  new MutationObserver(name).observe(document.body, {childList: true, subtree: true, attributeFilter: ["src"]});
+  name();
+}"""
+
+
+def a11y_js(examples: Sequence[Path]) -> str:
+    """`_A11Y_JS` with the example names (by file name) and the result images' alt texts filled in."""
+    names = {p.name: example_label(p) for p in examples}
+    return _A11Y_JS.replace("EXAMPLES", json.dumps(names)).replace("RESULTS", json.dumps(RESULT_ALT))
+
+
 @dataclass
 class Demo:
-    """State shared by the handlers: the model cache and the optional Triton backend."""
+    """State shared by the handlers: the model cache, the optional Triton backend and the model shown first."""
 
     cache: ModelCache
     triton: TritonLabels | None = None
     examples: list[Path] = field(default_factory=example_images)
+    selected: str | None = None  # the model the page opens with (`hub-vit serve X --demo`: X); default: the first
 
     def backends(self) -> list[str]:
         return [IN_PROCESS] + ([self.triton.choice] if self.triton else [])
 
     def analyze(self, image_path: str | None, model_key: str, backend: str, head_fusion: str, discard_ratio: float,
-                layer: float, target: str | None) -> tuple[Any, ...]:
-        """Everything on the right-hand side of the page, from the current controls."""
+                layer: float | None, target: str | None) -> tuple[Any, ...]:
+        """Everything on the right-hand side of the page, from the current controls.
+
+        `layer` None: the model's last block; `target` None (or not one of the model's labels): the top-1 label."""
         if not image_path:
-            return None, None, None, gr.update(), None, "Upload an image or pick an example.", gr.update()
+            slider = gr.update()
+            if layer is None:  # a model picked with no image yet: its slider already, and a load failure said now
+                try:
+                    slider = self._slider(self.cache.get(model_key).depth)
+                except ModelLoadError as exc:
+                    return self._failed(exc)
+                except ValueError as exc:
+                    raise refusal(str(exc)) from exc
+            return None, None, None, gr.update(choices=[], value=None), None, "Upload an image or pick an example.", \
+                slider
         try:
             explainer = self.cache.get(model_key)
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from exc
+        except ModelLoadError as exc:
+            return self._failed(exc)
+        except ValueError as exc:  # not one of the listed models
+            raise refusal(str(exc)) from exc
         if head_fusion not in HEAD_FUSIONS:
-            raise gr.Error(f"unknown head fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
+            raise refusal(f"unknown head fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
         if not 0 <= float(discard_ratio) < 1:
-            raise gr.Error(f"discard ratio must be in [0, 1), got {discard_ratio}")
+            raise refusal(f"discard ratio must be in [0, 1), got {discard_ratio}")
         name = Path(image_path).name
         try:
-            image = load_image(image_path, name=name)
+            image = load_image(image_path, name=name, max_pixels=MAX_PIXELS)
         except ImageReadError as exc:
-            raise gr.Error(str(exc)) from exc
+            raise refusal(str(exc)) from exc
         start = time.perf_counter()
         try:
             prepared = explainer.prepare(image)
         except ImageReadError as exc:  # an aspect ratio too extreme to resize
-            raise gr.Error(f"{name!r}: {exc}") from exc
+            raise refusal(f"{name!r}: {exc}") from exc
         result = explainer.rollout(prepared, head_fusion, float(discard_ratio))
         top = explainer.top_k(result.logits[0], 5)
         status = f"**{explainer.name}** in-process"
         if backend != IN_PROCESS:
             if self.triton is None:
-                raise gr.Error(f"unknown backend {backend!r}; valid choices: {', '.join(self.backends())}")
-            remote, message = self.triton.top_k(image, 5)
+                raise refusal(f"unknown backend {backend!r}; valid choices: {', '.join(self.backends())}")
+            remote, message = self.triton.top_k(image, 5, source=image_path)
             status = message
             top = remote if remote is not None else top
+            mismatch = self.triton.mismatch(model_key)
+            if mismatch and remote is not None:
+                status += f" · **note**: {mismatch}"
         depth = explainer.depth
         layer_index = int(min(max(int(layer or depth), 1), depth))
         display = dict(max_side=MAX_SIDE, min_side=MIN_SIDE)
@@ -119,36 +193,63 @@ class Demo:
         class_map = explainer.overlay(prepared, cam, **display)
         status += f" · rollout + class map {time.perf_counter() - start:.2f} s · crop {explainer.data.img_size}"
         return (
-            {name: prob for name, prob in top},
+            dict(top),  # labels are distinct per model (`distinct_labels`): five entries, five probabilities
             overlay,
             layer_view,
             gr.update(choices=explainer.labels, value=target),
             class_map,
             status,
-            # Gradio needs minimum < maximum; a 1-block model gets a 1..2 slider clamped to block 1 above.
-            gr.update(maximum=max(depth, 2), value=layer_index, label=f"Block (per-layer view, 1..{depth})"),
+            self._slider(depth, layer_index),
         )
+
+    def analyze_new_image(self, image_path: str | None, model_key: str, backend: str, head_fusion: str,
+                          discard_ratio: float, layer: float | None, target: str | None) -> tuple[Any, ...]:
+        """A new image (or none): the class map follows its top-1; a label picked for the previous image is not
+        carried over (it would show a "class-specific" map for a class the model did not predict)."""
+        return self.analyze(image_path, model_key, backend, head_fusion, discard_ratio, layer, None)
+
+    def analyze_new_model(self, image_path: str | None, model_key: str, backend: str, head_fusion: str,
+                          discard_ratio: float, layer: float | None, target: str | None) -> tuple[Any, ...]:
+        """Another model: its top-1 label and its full rollout (its own depth), not the previous model's choices."""
+        return self.analyze(image_path, model_key, backend, head_fusion, discard_ratio, None, None)
+
+    @staticmethod
+    def _slider(depth: int, value: int | None = None) -> Any:
+        # Gradio needs minimum < maximum; a 1-block model gets a 1..2 slider clamped to block 1 in `analyze`.
+        return gr.update(maximum=max(depth, 2), value=depth if value is None else value,
+                         label=f"Block (per-layer view, 1..{depth})")
+
+    @staticmethod
+    def _failed(exc: ModelLoadError) -> tuple[Any, ...]:
+        """A model that cannot be shown: a toast and the status line say why, and the previous model's results are
+        cleared rather than left looking current."""
+        message = str(exc)
+        log.warning("%s", message)
+        gr.Warning(message)
+        return None, None, None, gr.update(choices=[], value=None), None, f"**{message[:1].upper()}{message[1:]}**", \
+            gr.update()
 
     def build(self) -> gr.Blocks:
         keys = self.cache.keys
         if not keys:
             raise ValueError("no model to show: ship the default model, pass --model-folder, or cache a checkpoint")
-        depth = self.cache.get(keys[0]).depth  # the first model loads now (it would on the first request anyway)
-        with gr.Blocks(title="hub-vit attention rollout") as blocks:
+        first = self.selected if self.selected in keys else keys[0]
+        depth = self.cache.get(first).depth  # the first model loads now (it would on the first request anyway)
+        with gr.Blocks(title="hub-vit attention rollout", delete_cache=DELETE_CACHE) as blocks:
             gr.Markdown(INTRO)
             with gr.Row():
                 with gr.Column(scale=1):
                     image = gr.Image(type="filepath", label="Image", sources=["upload"], elem_id="input-image",
                                      image_mode=None, height=320)
                     _guard_upload(image)
-                    model = gr.Dropdown(keys, value=keys[0], label="Model", elem_id="model")
+                    model = gr.Dropdown(keys, value=first, label="Model", elem_id="model")
                     backend = gr.Radio(self.backends(), value=IN_PROCESS, label="Labels from", elem_id="backend")
                     fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion", elem_id="head-fusion")
                     discard = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio (lowest attentions)",
                                         elem_id="discard-ratio")
                     if self.examples:
                         gr.Examples([[str(p)] for p in self.examples], inputs=[image], label="Examples",
-                                    examples_per_page=24)
+                                    examples_per_page=24, elem_id="examples")
                 with gr.Column(scale=2):
                     status = gr.Markdown("Upload an image or pick an example.", elem_id="status")
                     labels = gr.Label(num_top_classes=5, label="Top-5", elem_id="labels")
@@ -165,12 +266,18 @@ class Demo:
                         target = gr.Dropdown([], label="Class-specific map for label", elem_id="target")
             inputs = [image, model, backend, fusion, discard, layer, target]
             outputs = [labels, overlay, layer_view, target, class_map, status, layer]
-            run = dict(fn=self.analyze, inputs=inputs, outputs=outputs, trigger_mode="always_last")
-            image.change(**run)
-            for control in (model, backend, fusion, target):
-                control.input(**run)  # user changes only: our own updates of `target` must not loop
-            for slider in (discard, layer):
-                slider.release(**run)
+            # One queue slot pool for every trigger (`concurrency_id`): `concurrency` computations at once in all,
+            # not that many per control.
+            run = dict(inputs=inputs, outputs=outputs, trigger_mode="always_last", concurrency_id="analyze")
+            image.change(self.analyze_new_image, **run)
+            # User actions only (`select` / `input`), so the app's own updates of `target` and `layer` never trigger
+            # a run. A dropdown fires `input` twice per pick in Gradio 6.31 and `select` once. A slider fires
+            # `input` for the keyboard (arrow keys, typing in its number box) as well as for the mouse, where
+            # `release` missed the keyboard entirely.
+            model.select(self.analyze_new_model, **run)
+            target.select(self.analyze, **run)
+            for control in (backend, fusion, discard, layer):
+                control.input(self.analyze, **run)
         return blocks
 
 
@@ -178,23 +285,41 @@ def launch(demo: Demo, *, host: str = "127.0.0.1", port: int | None = None, max_
            concurrency: int = 2, share: bool = False, block: bool = True) -> gr.Blocks:
     """Start the server; blocks unless `block=False` (then it runs in a thread and the Blocks are returned, e.g. for
     `hub-vit serve` to run the demo next to Triton; stop it with `.close()`). Only the example folders are served
-    besides Gradio's own upload cache."""
+    besides Gradio's own upload cache. Blocking, SIGTERM stops it as Ctrl-C does, so the cache is deleted too."""
     blocks = demo.build().queue(default_concurrency_limit=concurrency, max_size=max_size)
     allowed = sorted({str(p.parent) for p in demo.examples})
     blocks.launch(server_name=host, server_port=port, max_file_size=MAX_FILE_SIZE, allowed_paths=allowed,
-                  share=share, show_error=False, ssr_mode=False, prevent_thread_lock=not block)
+                  share=share, show_error=False, ssr_mode=False, prevent_thread_lock=True, js=a11y_js(demo.examples))
+    if block:
+        on_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
+        try:
+            blocks.block_thread()  # Ctrl-C (and SIGTERM, above): closes the server, whose shutdown empties the cache
+        finally:
+            if on_main:
+                signal.signal(signal.SIGTERM, previous)
     return blocks
 
 
-def start_in_background(model_folders: Sequence[str | Path] = (), *, triton_url: str | None = None,
-                        triton_model: str = "vit", host: str = "127.0.0.1", port: int | None = None) -> gr.Blocks:
-    """For `hub-vit serve`: the demo in a background thread next to Triton (labels from it when `triton_url` is
-    given). Returns the running Blocks; `.close()` stops it."""
-    from hub_vit.demo.models import discover_choices
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
-    triton = TritonLabels(triton_url, triton_model) if triton_url else None
-    return launch(Demo(cache=ModelCache(discover_choices(model_folders)), triton=triton), host=host, port=port,
-                  block=False)
+
+def start_in_background(served: ModelChoice | None = None, *, triton_url: str | None = None,
+                        triton_model: str = "vit", served_name: str | None = None, host: str = "127.0.0.1",
+                        port: int | None = None) -> gr.Blocks:
+    """For `hub-vit serve`: the demo in a background thread next to Triton (labels from it when `triton_url` is
+    given). `served`: the served model, offered and preselected, when the demo can run it in-process; else the page
+    opens on the default model and `served_name` (what the server serves) lets the status line say the labels are
+    another model's. Returns the running Blocks; `.close()` stops it."""
+    from hub_vit.demo.models import discover_choices, with_choice
+
+    choices, key = discover_choices(), None
+    if served is not None:
+        choices, key = with_choice(choices, served)
+    triton = (TritonLabels(triton_url, triton_model, served_key=key, served_name=served_name)
+              if triton_url else None)
+    return launch(Demo(cache=ModelCache(choices), triton=triton, selected=key), host=host, port=port, block=False)
 
 
 __all__: Sequence[str] = ("Demo", "example_images", "launch", "start_in_background")

@@ -2,40 +2,76 @@
 
 The rollout maps always come from the in-process model (Triton returns labels, not attention). The Triton backend is
 optional: if `tritonclient` is missing or the server does not answer, the page says so and shows the in-process
-labels instead of failing.
+labels instead of failing. A server that refuses the image (HTTP 400) says why, in full.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 IN_PROCESS = "in-process"
 
 
-class TritonLabels:
-    """Top-k labels from the served classifier at `url` (`host:port`, HTTP), via `hub_vit.server.client`."""
+def served_format(data: bytes) -> bool:
+    """Whether the served preprocessing decodes `data` itself: JPEG, PNG or WebP, by the file's signature. Such an
+    upload is sent as it is; anything else the demo reads (BMP, GIF) goes as a PNG of the decoded image."""
+    return data.startswith((b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
 
-    def __init__(self, url: str, model: str = "vit", timeout_s: float = 10.0) -> None:
+
+class TritonLabels:
+    """Top-k labels from the served classifier at `url` (`host:port`, HTTP), via `hub_vit.server.client`.
+
+    `served_key`: the demo's key of the model the server serves, when the demo has it in-process (`hub-vit serve
+    --demo`); `served_name` says what the server serves when that is known at all. With either, the status line
+    warns when the page's maps come from another model than the labels."""
+
+    def __init__(self, url: str, model: str = "vit", timeout_s: float = 10.0, *, served_key: str | None = None,
+                 served_name: str | None = None) -> None:
         from hub_vit.server.client import server_address  # numpy only; tritonclient loads on first request
 
         server_address(url)  # ValueError naming the problem, before the page offers this backend
         self.url, self.model, self.timeout_s = url, model, timeout_s
+        self.served_key, self.served_name = served_key, served_name
         self.choice = f"triton ({url})"
 
-    def top_k(self, image: Any, k: int = 5) -> tuple[list[tuple[str, float]] | None, str]:
+    def mismatch(self, model_key: str) -> str | None:
+        """A warning when the labels would come from another model than the maps (`model_key`), else None."""
+        if self.served_key == model_key or (self.served_key is None and self.served_name is None):
+            return None  # the same model, or nothing known about the server (`hub-vit demo --triton-url`)
+        served = self.served_name or repr(self.served_key)
+        return (f"the server serves {served}, the maps come from the in-process model {model_key!r}: these labels "
+                "are not that model's")
+
+    def top_k(self, image: Any, k: int = 5, source: str | Path | None = None) -> tuple[list[tuple[str, float]] | None,
+                                                                                      str]:
         """([(label, score)] or None, a status line). Never raises for an unreachable or broken server.
-        One connection per request, closed at once: an idle keep-alive connection from the demo would hold the
-        server's drain open for its whole exit timeout when `hub-vit serve --demo` is stopped."""
+
+        `source`: the uploaded file; its own bytes are sent when the server decodes its format (no PNG re-encoding
+        of a large photo), else the decoded `image`. One connection per request, closed at once: an idle keep-alive
+        connection from the demo would hold the server's drain open for its whole exit timeout when
+        `hub-vit serve --demo` is stopped."""
+        payload: Any = image
+        if source is not None:
+            data = Path(source).read_bytes()
+            payload = data if served_format(data) else image
         try:
-            from hub_vit.server.client import Classifier
+            from hub_vit.server.client import Classifier, failed_image
 
             with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
-                prediction = client.classify([image])[0]
+                prediction = client.classify([payload])[0]
         except ImportError as exc:
             return None, f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
         except Exception as exc:  # connection refused, timeout, server-side error: degrade, don't crash the page
-            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            refused = failed_image(exc)
+            if refused is not None:  # HTTP 400 about this image: the server is fine and says why, in full
+                return None, (f"Triton server at {self.url} refused the image: {refused[1]}; labels shown from the "
+                              "in-process model.")
+            reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             return None, (f"Triton server at {self.url} not reachable or failed ({reason}); "
                           "labels shown from the in-process model.")
-        pairs = list(zip(prediction.labels, prediction.scores, strict=False))[:k]
+        triples = list(zip(prediction.labels, prediction.scores, prediction.class_ids, strict=False))[:k]
+        names = [label for label, _, _ in triples]
+        # a name two classes share (ImageNet's two "crane"s) gets its class index, as the in-process labels do
+        pairs = [(f"{label} ({index})" if names.count(label) > 1 else label, score) for label, score, index in triples]
         return pairs, f"labels from **Triton** model {self.model!r} at {self.url}; maps from the in-process model"

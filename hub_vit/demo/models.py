@@ -4,14 +4,17 @@ Three kinds of model:
 * the shipped default model (`hub_vit.catalog.default_model_folder()`),
 * model folders named on the command line (`hub-vit convert` / `hub-vit train` output), loaded with
   `hub_vit.folder.load_model_folder`,
-* registered names whose Google checkpoint is already in the local timm/torch-hub cache (`name.tag`); nothing is
-  downloaded from the demo.
+* registered names whose Google checkpoint is already in hub-vit's download cache (`name.tag`): exactly those
+  `timm.create_model(name.tag, pretrained=True)` loads without a network (`hub_vit.timm_plugin` fetches through
+  `hub_vit.conversion.download`, whose cache this is). They are loaded from that file; nothing is ever downloaded
+  from the demo.
 
 The list is fixed when the app starts: a browser can pick among these, never name a path of its own.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,26 +50,47 @@ def default_model_path() -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+class ModelLoadError(ValueError):
+    """A listed model could not be loaded (damaged weights, no classifier head, its checkpoint gone from the cache);
+    the message names the model and the reason."""
+
+
+def no_head_message(what: str) -> str:
+    return (f"{what} has no classifier head (num_classes=0): the demo and `hub-vit rollout` need one for the labels "
+            "and the class-specific map; give a classifier (`hub-vit convert` of a fine-tuned checkpoint, or "
+            "`hub-vit train`)")
+
+
 def folder_choice(folder: str | Path, key: str | None = None) -> ModelChoice:
-    """A model folder given by the user; refuses anything that is not one."""
+    """A model folder given by the user; refuses anything that is not one, and a folder without a classifier head."""
     path = Path(folder).expanduser()
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         raise ValueError(f"{str(folder)!r} is not a hub-vit model folder (expected config.json and "
                          "model.safetensors in it; make one with `hub-vit convert` or `hub-vit train`)")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{str(folder)!r}: config.json is not readable JSON ({exc})") from exc
+    if isinstance(config, dict) and config.get("num_classes") == 0:  # refused at start-up, not on the first click
+        raise ValueError(no_head_message(f"model folder {str(folder)!r}"))
     return ModelChoice(key=key or f"folder: {path.resolve().name}", kind="folder", target=str(path.resolve()))
 
 
-def cached_checkpoint(name: str, tag: str) -> Path | None:
-    """Where timm's downloader keeps `name.tag`'s Google checkpoint, if it is already there."""
-    import torch
-
+def checkpoint_path(name: str, tag: str) -> Path | None:
+    """Where hub-vit's downloader keeps `name.tag`'s Google checkpoint (`$HUB_VIT_CACHE/downloads/...`): the file
+    `timm.create_model(name.tag, pretrained=True)` loads (`hub_vit.timm_plugin._fetch`), whether it is there or not.
+    None for weights bundled in the package (the default model, offered as a folder instead)."""
     from hub_vit.catalog import get_entry
+    from hub_vit.conversion.download import cached_path, gs_to_https
 
     weights = get_entry(name).weight(tag)
-    if not weights.gs_url:  # bundled in the package (the default model): offered as a folder instead
-        return None
-    path = Path(torch.hub.get_dir()) / "checkpoints" / weights.url.rsplit("/", 1)[-1]
-    return path if path.is_file() else None
+    return cached_path(gs_to_https(weights.url)) if weights.gs_url else None
+
+
+def cached_checkpoint(name: str, tag: str) -> Path | None:
+    """`checkpoint_path(name, tag)` if the file is there, else None."""
+    path = checkpoint_path(name, tag)
+    return path if path is not None and path.is_file() else None
 
 
 def registered_choices() -> list[ModelChoice]:
@@ -115,8 +139,16 @@ def resolve_choice(model: str | None, choices: Sequence[ModelChoice] = ()) -> Mo
             # shipped inside the package (the default model): its folder has the labels and the input recipe
             return folder_choice(Path(weights.file).parent, key=f"{name}.{tag}")
         if cached_checkpoint(name, tag) is None:
-            raise ValueError(f"the checkpoint of {name}.{tag} is not in the local cache; download it once with "
-                             f"`timm.create_model('{name}.{tag}', pretrained=True)` or convert it to a folder")
+            from hub_vit.conversion.download import hand_download_commands
+
+            path = checkpoint_path(name, tag)
+            assert path is not None  # bundled weights returned above
+            curl, _ = hand_download_commands(weights.url, path)
+            raise ValueError(f"the checkpoint of {name}.{tag} is not in hub-vit's download cache (expected at "
+                             f"{path}; HUB_VIT_CACHE moves it) and is never downloaded from here. Fetch it once "
+                             f"with network: `hub-vit convert {name}.{tag} -o DIR` and "
+                             f"`timm.create_model('{name}.{tag}', pretrained=True)` both leave it there; or by hand: "
+                             f"`{curl}`")
         return ModelChoice(key=f"{name}.{tag}", kind="registered", target=f"{name}.{tag}")
     raise ValueError(f"{model!r} is neither a model folder nor a registered name; valid names: {', '.join(MODELS)}")
 
@@ -132,7 +164,24 @@ def _imagenet_labels(num_classes: int) -> list[str]:
 
 
 def load_explainer(choice: ModelChoice) -> Explainer:
-    """Load the model behind `choice` (CPU, eval mode) with its labels and input recipe."""
+    """Load the model behind `choice` (CPU, eval mode) with its labels and input recipe.
+
+    `ModelLoadError` naming the model and the reason for anything that keeps it from being shown: damaged or missing
+    files, no classifier head, a registered checkpoint no longer in the download cache."""
+    try:
+        explainer = _load(choice)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # safetensors, torch, JSON and OS errors alike: one readable line, not a bare "Error"
+        first = next((line for line in str(exc).splitlines() if line.strip()), "").strip()
+        reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        raise ModelLoadError(f"cannot load model {choice.key!r} ({choice.target}): {reason}") from exc
+    if explainer.model.spec.num_classes == 0:
+        raise ModelLoadError(no_head_message(f"model {choice.key!r}"))
+    return explainer
+
+
+def _load(choice: ModelChoice) -> Explainer:
     if choice.kind == "folder":
         from hub_vit.folder import load_model_folder
 
@@ -144,10 +193,39 @@ def load_explainer(choice: ModelChoice) -> Explainer:
 
     import hub_vit.timm_plugin  # noqa: F401  (registers the names with timm)
 
-    model = timm.create_model(choice.target, pretrained=True)  # from the local cache (checked when listed)
+    name, _, tag = choice.target.partition(".")
+    path = cached_checkpoint(name, tag)
+    if path is None:  # listed at start-up, deleted since: say so rather than download inside a page request
+        raise ModelLoadError(f"cannot load model {choice.key!r}: its checkpoint is no longer in hub-vit's download "
+                             f"cache ({checkpoint_path(name, tag)})")
+    # The same file and conversion as `pretrained=True` alone, but named: timm never goes to the network from here
+    model = timm.create_model(choice.target, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
     data = DataConfig.from_pretrained_cfg(dict(model.pretrained_cfg), model.spec)
     return Explainer(model=model, labels=_imagenet_labels(model.num_classes), data=data, name=choice.key,
                      info={"architecture": choice.target})
+
+
+def served_choice(model: str | None) -> ModelChoice | None:
+    """What `hub-vit serve MODEL` serves, as a demo choice: the default model (None), a model folder, or a registered
+    `name.tag` (serve itself has just put its checkpoint into the download cache). None for an exported .onnx /
+    .plan file: the demo runs models in PyTorch and cannot show that one."""
+    if model is not None and Path(model).expanduser().is_file():
+        return None
+    return resolve_choice(model)
+
+
+def with_choice(choices: Sequence[ModelChoice], wanted: ModelChoice) -> tuple[list[ModelChoice], str]:
+    """`choices` with `wanted` in it (first, if it was not there yet) and the key it goes by: the same folder or
+    registered name offered twice (`default` and `simplevit_digits.sklearn_digits`) keeps the first key."""
+    def same(a: ModelChoice, b: ModelChoice) -> bool:
+        if a.kind != b.kind:
+            return False
+        return Path(a.target).resolve() == Path(b.target).resolve() if a.kind == "folder" else a.target == b.target
+
+    for choice in choices:
+        if same(choice, wanted):
+            return list(choices), choice.key
+    return [wanted, *choices], wanted.key
 
 
 class ModelCache:
@@ -166,6 +244,6 @@ class ModelCache:
         if key not in self.choices:
             raise ValueError(f"unknown model {key!r}; valid choices: {', '.join(self.choices) or 'none'}")
         with self._lock:  # one load at a time; a second request for the same model waits and reuses it
-            if key not in self._loaded:
+            if key not in self._loaded:  # a failed load (ModelLoadError) is not kept: the next request tries again
                 self._loaded[key] = load_explainer(self.choices[key])
             return self._loaded[key]

@@ -34,30 +34,45 @@ class ImageReadError(ValueError):
     """A file could not be read as an image; the message names the file and the supported formats."""
 
 
-def load_image(source: str | Path | bytes, name: str | None = None, *, large: bool = False) -> Image.Image:
+def load_image(source: str | Path | bytes, name: str | None = None, *, large: bool = False,
+               max_pixels: int | None = None) -> Image.Image:
     """Decode PNG/JPEG/WEBP/BMP/GIF from a path or bytes, apply EXIF orientation, refuse decompression bombs.
 
-    Returns an RGB (or L, for grey images) PIL image, fully loaded. Any failure is an `ImageReadError`.
+    Returns an RGB (or L, for grey images) PIL image, fully loaded; a transparent image is composited onto white
+    (`hub_vit.image_modes`). Any failure is an `ImageReadError`: a file that is no image in these formats, a damaged
+    or truncated one (with Pillow's reason), or one too large.
     Above Pillow's `MAX_IMAGE_PIXELS` (89 MP) an image is refused, unless `large` (the user's own files on the
-    command line: a 108 MP phone photo is real); Pillow's hard limit, twice that, always applies.
+    command line: a 108 MP phone photo is real); Pillow's hard limit, twice that, always applies. `max_pixels`, when
+    given, is a tighter bound checked on the header, before any pixel is decoded (the demo uses the server's).
     """
     label = name or (str(source) if not isinstance(source, bytes) else "upload")
     fp: Any = io.BytesIO(source) if isinstance(source, bytes) else source
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore" if large else "error", Image.DecompressionBombWarning)
-            with Image.open(fp, formats=list(IMAGE_FORMATS)) as im:
-                im.load()  # Image.open is lazy: decode now, inside the try
-                im = to_8bit(ImageOps.exif_transpose(im))  # 16-bit grey: scaled, not clipped to white
-                return im.convert("L" if im.mode in ("1", "L", "F") else "RGB")
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-        raise ImageReadError(f"{label!r} is too large to decode safely ({exc})") from exc
-    except FileNotFoundError as exc:
-        raise ImageReadError(f"image file {label!r} does not exist") from exc
-    except Exception as exc:  # Pillow raises many exception types on malformed input (ValueError, OSError, ...)
-        raise ImageReadError(
-            f"cannot read {label!r} as an image ({type(exc).__name__}); supported formats: {', '.join(IMAGE_FORMATS)}"
-        ) from exc
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore" if large else "error", Image.DecompressionBombWarning)
+        try:
+            im = Image.open(fp, formats=list(IMAGE_FORMATS))  # lazy: reads the header only
+        except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+            raise ImageReadError(f"{label!r} is too large to decode safely ({exc})") from exc
+        except FileNotFoundError as exc:
+            raise ImageReadError(f"image file {label!r} does not exist") from exc
+        except Exception as exc:  # Pillow raises many exception types on malformed input (ValueError, OSError, ...)
+            raise ImageReadError(f"cannot read {label!r} as an image ({type(exc).__name__}); supported formats: "
+                                 f"{', '.join(IMAGE_FORMATS)}") from exc
+        with im:
+            (width, height), kind = im.size, im.format
+            if max_pixels is not None and width * height > max_pixels:
+                raise ImageReadError(f"{label!r} is too large: it declares {width}x{height} = "
+                                     f"{width * height / 1e6:.1f} MP, more than the limit of {max_pixels / 1e6:.1f} "
+                                     "MP; refused before decoding")
+            try:
+                im.load()  # the pixels: a truncated or corrupt file fails only here
+                upright = to_8bit(ImageOps.exif_transpose(im))  # 16-bit grey scaled, transparency onto white
+                return upright.convert("L" if upright.mode in ("1", "L", "F") else "RGB")
+            except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:  # a GIF frame, say
+                raise ImageReadError(f"{label!r} is too large to decode safely ({exc})") from exc
+            except Exception as exc:  # the header was fine: a damaged file, not an unsupported format
+                reason = str(exc).strip() or type(exc).__name__
+                raise ImageReadError(f"{label!r} is a damaged or incomplete {kind} image ({reason})") from exc
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ Shared by `hub-vit rollout` and the Gradio demo so both show exactly the same th
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,13 @@ from hub_vit.explain.grad_rollout import gradient_rollout
 from hub_vit.explain.image import DataConfig, PreparedImage, prepare_image
 from hub_vit.explain.overlay import blend
 from hub_vit.explain.rollout import RolloutResult, attention_rollout
+
+
+def distinct_labels(labels: list[str]) -> list[str]:
+    """Each label once: a name several classes share gets its class index, `crane (134)` and `crane (517)` (timm's
+    ImageNet-1k names), so a top-5 keyed by name keeps both and a picked name maps back to the right class."""
+    counts = Counter(labels)
+    return [f"{label} ({i})" if counts[label] > 1 else label for i, label in enumerate(labels)]
 
 
 @dataclass
@@ -33,6 +41,7 @@ class Explainer:
         n = self.model.spec.num_classes
         if len(self.labels) != n:  # a folder without labels.txt, or a mismatch: fall back to class indices
             self.labels = [f"class {i}" for i in range(n)]
+        self.labels = distinct_labels(self.labels)
 
     @property
     def depth(self) -> int:

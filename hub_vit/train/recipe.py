@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,12 +95,23 @@ class Recipe:
             _positive_int("micro_batch", self.micro_batch)
         if self.total_steps is not None:
             _positive_int("total_steps", self.total_steps)
-        for name in ("lr", "total_epochs", "eval_every_epochs", "eval_crop_pct"):
-            if not float(getattr(self, name)) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        # `not x > 0` / `not x >= 0` also refuse NaN (every comparison with NaN is False); inf never makes sense here
+        for name in ("lr", "total_epochs", "eval_every_epochs", "eval_crop_pct", "eps"):
+            value = float(getattr(self, name))
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
         for name in ("wd", "mixup", "grad_clip_norm", "warmup_steps", "workers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+            value = float(getattr(self, name))
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+        # checked here, not when the model folder is written after the whole run (87.5 typed as a percentage)
+        if self.eval_crop_pct > 1:
+            raise ValueError(f"eval_crop_pct is the fraction of the resized image kept by the centre crop, in (0, 1] "
+                             f"(e.g. 0.875), got {self.eval_crop_pct!r}")
+        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+            raise ValueError(f"b1 and b2 are Adam's decay rates in [0, 1), got {self.b1!r}, {self.b2!r}")
+        if not 0 <= self.seed < 2**32:  # numpy's generators, seeded per data worker, take 32-bit seeds
+            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
         if not 0 <= self.hflip <= 1:
             raise ValueError(f"hflip is a probability in [0, 1], got {self.hflip!r}")
         if self.randaug and not self.randaug.startswith("rand"):

@@ -30,6 +30,10 @@ CROP_MODES = ("center", "squash")
 # so they are brought to 8 bits first by keeping the high byte, as Pillow does for 16-bit colour PNGs. The same rule
 # lives in hub_vit/image_modes.py for in-process use; this file stays importable without hub_vit.
 WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+# Transparent images (RGBA, LA, a palette or colour key with transparency) are composited onto white, the background
+# a browser shows them on: convert("RGB") alone keeps the colour of invisible pixels. Same rule as image_modes.py.
+ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
+GREY_MODES = ("1", "L", "LA", "La")
 
 
 class BadImageError(ValueError):
@@ -40,6 +44,14 @@ def _declared_pixels(err: Exception) -> str:
     """The pixel count in Pillow's decompression-bomb message ("Image size (2500000000 pixels) exceeds ...")."""
     found = re.search(r"\((\d+) pixels\)", str(err))
     return f"{int(found[1]) / 1e6:.1f} MP" if found else "more pixels than Pillow decodes"
+
+
+def _on_white(image: Image.Image) -> Image.Image:
+    """A transparent image composited onto white, as RGB (grey through LA: La and "1" convert to LA only)."""
+    rgba = (image.convert("LA") if image.mode in GREY_MODES else image).convert("RGBA")
+    if rgba.getchannel("A").getextrema()[0] < 255:
+        rgba = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+    return rgba.convert("RGB")
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,8 @@ class Preprocess:
                 if image.mode in WIDE_GREY_MODES:
                     samples = np.clip(np.asarray(image).astype(np.int64), 0, 65535)  # (H, W)
                     image = Image.fromarray((samples >> 8).astype(np.uint8))  # 2-D uint8 -> mode "L"
+                elif image.mode in ALPHA_MODES or "transparency" in image.info:
+                    image = _on_white(image)
                 return image.convert("RGB")
             except Exception as err:  # truncated or corrupt data surfaces only while decoding
                 raise BadImageError(f"cannot decode {image.format} image ({width}x{height}): {err}") from None
