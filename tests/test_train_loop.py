@@ -111,6 +111,20 @@ def test_resume_after_a_kill_logs_each_step_once(data: Path, tmp_path: Path) -> 
     assert steps == [1, 2, 3, 4, 5]
 
 
+def test_a_run_that_failed_before_its_first_checkpoint_can_be_corrected(data: Path, tmp_path: Path) -> None:
+    """`--lr 1e30` ends at step 1 ('gradient norm is inf ...; lower --lr') with only recipe.json written; the lower
+    --lr the error suggests used to be refused as 'another recipe' in that folder."""
+    with pytest.raises(FloatingPointError, match="lower --lr"):
+        train(TINY.replace(total_steps=4, warmup_steps=1, lr=1e30, checkpoint_every_steps=1000), data, tmp_path / "run",
+              progress=False)
+    from hub_vit.train import checkpoint as ckpt
+
+    assert (tmp_path / "run" / "recipe.json").is_file() and ckpt.latest(tmp_path / "run") is None
+    result = train(TINY.replace(total_steps=2), data, tmp_path / "run", progress=False)
+    assert result.model_dir is not None
+    assert json.loads((tmp_path / "run" / "recipe.json").read_text())["lr"] == TINY.lr
+
+
 def test_resume_on_other_classes_or_into_a_file_is_refused(tmp_path: Path) -> None:
     data = make_folder(tmp_path / "data", per_class=2, val_per_class=1)
     train(TINY.replace(total_steps=4), data, tmp_path / "run", stop_at=2, progress=False)

@@ -287,6 +287,10 @@ def _check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, cl
     saved = run_dir / "recipe.json"
     if not saved.is_file():
         return
+    if ckpt.latest(run_dir) is None and not (run_dir / "model").exists():
+        # a run that failed before its first checkpoint (`--lr` too high, a bad image): nothing trained to protect,
+        # and the corrected command (the error's own advice) must be able to start over in the same folder
+        return
     old = json.loads(saved.read_text())
     new = _run_settings(recipe, init, classes)
     if "classes" in old and old["classes"] != new["classes"]:  # runs from before it was recorded: not checked
