@@ -65,9 +65,13 @@ def file_digest(path: str | Path) -> str:
         except (struct.error, ValueError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path} is not a safetensors file (its header cannot be read: {exc})") from exc
         start = 8 + header_len
+        if not isinstance(header, dict):
+            raise ValueError(f"{path} is not a safetensors file (its header is not a JSON object)")
         for name in sorted(k for k in header if k != "__metadata__"):
             try:
                 begin, end = header[name]["data_offsets"]
+                if not (type(begin) is int and type(end) is int and 0 <= begin <= end):  # bool is an int subclass
+                    raise ValueError(f"data_offsets {[begin, end]!r} are not 0 <= begin <= end")
                 h.update(_entry_header(name, str(header[name]["dtype"]), list(header[name]["shape"])))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path} is not a safetensors file (entry {name!r} of its header: {exc!r})") from exc

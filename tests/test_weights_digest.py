@@ -60,3 +60,9 @@ def test_a_damaged_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "odd.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
     with pytest.raises(ValueError, match=r"odd\.safetensors is not a safetensors file \(entry 'w'"):
         file_digest(tmp_path / "odd.safetensors")
+    for entries in ([1, 2], {"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}},
+                    {"w": {"dtype": "F32", "shape": [1], "data_offsets": [True, 4]}}, {"w": None}):
+        header = json.dumps(entries).encode()
+        (tmp_path / "bad.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
+        with pytest.raises(ValueError, match=r"bad\.safetensors is not a safetensors file"):
+            file_digest(tmp_path / "bad.safetensors")

@@ -53,8 +53,11 @@ class TritonLabels:
         `hub-vit serve --demo` is stopped."""
         payload: Any = image
         if source is not None:
-            data = Path(source).read_bytes()
-            payload = data if served_format(data) else image
+            try:
+                data = Path(source).read_bytes()
+                payload = data if served_format(data) else image
+            except OSError:  # the upload left Gradio's cache meanwhile (its hourly cleanup): send the decoded image
+                payload = image
         try:
             from hub_vit.server.client import Classifier, failed_image
 
