@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from run_info import add_note_option, check_writable, run_info, write_json
+from run_info import add_note_option, check_writable, cpu_model, run_info, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 GMACS = {"S/16": 4.6, "B/16": 17.6}  # per 224 px image (timm / the ViT paper's FLOP counts, MACs)
@@ -49,12 +49,9 @@ def bf16_note() -> str:
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
     flags: list[str] = []
     try:
-        text = Path("/proc/cpuinfo").read_text()
-        cpu = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), cpu)
-        line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+        line = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
         flags = sorted(f for f in line.split() if f.startswith(("avx512", "amx", "avx_vnni", "avx2", "fma")))
     except OSError:
         pass
@@ -62,9 +59,10 @@ def machine() -> dict[str, Any]:
     import timm
     import transformers
 
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "isa_flags": flags,
-            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "onnxruntime": ort.__version__, "timm": timm.__version__, "transformers": transformers.__version__}
+    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "isa_flags": flags, "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "onnxruntime": ort.__version__, "timm": timm.__version__,
+            "transformers": transformers.__version__}
 
 
 def matmul_peak(n: int = 2048, seconds: float = 3.0) -> float:

@@ -78,6 +78,11 @@ class FolderFacts:
     withheld: CatalogMatch | None = None
 
     @property
+    def record(self) -> dict[str, Any] | None:
+        """The provenance record whose claims the card repeats: conversion.json, else training.json, else None."""
+        return self.conversion if self.conversion is not None else self.training
+
+    @property
     def record_describes_weights(self) -> bool:
         """The provenance record's claims (published results, parity, held-out accuracy) describe model.safetensors."""
         return self.weights_state == WEIGHTS_AS_RECORDED

@@ -280,8 +280,7 @@ def rows(facts: FolderFacts, version: str) -> Rows:
     elif facts.kind == "trained":
         out += _training_rows(facts)
     if facts.weights_state is not None:
-        record = facts.conversion if facts.kind == "converted" else facts.training
-        digest = (record or {}).get("weights_digest")
+        digest = (facts.record or {}).get("weights_digest")
         state = ("the same as `model.safetensors` now" if facts.record_describes_weights
                  else f"**not this folder's weights**: {facts.weights_note}")
         out.append(("weights digest", f"`{digest}`: {state}" if digest else state))
