@@ -33,12 +33,14 @@ def package_version(name: str) -> str | None:
 
 def git_state(repo: Path = REPO) -> dict[str, Any]:
     """HEAD of the checkout the scripts live in and whether the work tree differs from it (untracked files count:
-    a new module changes what runs). Both None outside a git checkout or without git."""
+    a new module changes what runs; the benches' own results under bench/results do not, or one run would mark
+    every later one dirty). Both None outside a git checkout or without git."""
     def git(*cmd: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *cmd], capture_output=True, text=True, check=True,
                               timeout=30).stdout
     try:
-        return {"commit": git("rev-parse", "HEAD").strip(), "dirty": bool(git("status", "--porcelain").strip())}
+        changes = git("status", "--porcelain", "--", ".", ":(exclude)bench/results")
+        return {"commit": git("rev-parse", "HEAD").strip(), "dirty": bool(changes.strip())}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
 

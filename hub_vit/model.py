@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hub_vit.layers import Block, MAPHead, lecun_normal_, posemb_sincos_2d, resample_posemb
-from hub_vit.variants import ViTSpec, check_image_size
+from hub_vit.variants import ViTSpec, check_image_size, to_2tuple
 
 
 class ViTOutput(NamedTuple):
@@ -282,6 +282,69 @@ class VisionTransformer(nn.Module):
         device = next(self.parameters()).device
         self.head = nn.Linear(self.num_features, num_classes, device=device) if num_classes else nn.Identity()
         self._init_head()
+
+    @torch.no_grad()
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None,
+                       patch_size: int | tuple[int, int] | None = None) -> None:
+        """timm API: make `img_size` (and optionally `patch_size`) the model's own input size, in place.
+
+        A learned position embedding is resampled once to the new patch grid, with the function that loads weights
+        at another size (`resample_posemb`: bilinear, corners aligned, as big_vision), and stays a trainable
+        Parameter, so fine-tuning at the new resolution trains the resampled table; the class-token slot of a vit_jax
+        embedding is kept as it is. A sincos table is computed from the grid on every forward, so only the spec
+        changes. A new `patch_size` resamples the patch filters as timm's `PatchEmbed.set_input_size` does
+        (`timm.layers.resample_patch_embed`, FlexiViT's pseudo-inverse resize) and keeps `img_size` unless given.
+        `self.spec` follows (a saved folder loads back at the new size); `pretrained_cfg` keeps describing the
+        checkpoint, as on timm's own ViT, and timm's record of the current size (`get_model_input_config`) is updated.
+        Bad values raise `ValueError` before anything changes. Optimisers holding the old Parameters must be rebuilt.
+        """
+        changes: dict[str, Any] = {}
+        if img_size is not None:
+            changes["img_size"] = to_2tuple(img_size, "img_size")
+        if patch_size is not None:
+            ph, pw = to_2tuple(patch_size, "patch_size")
+            if ph != pw:
+                raise ValueError(f"patch_size must be square (hub-vit patches are p x p), got {patch_size!r}")
+            changes["patch_size"] = ph
+        old = self.spec
+        spec = old.replace(**changes)  # validates: whole patches, positive sizes (the model is still untouched)
+        if spec == old:
+            return
+        proj = self.patch_embed.proj
+        new_proj = None
+        if spec.patch_size != old.patch_size:
+            try:
+                from timm.layers import resample_patch_embed
+            except ImportError as exc:  # remote code without timm: the resize needs timm's resampler
+                raise ValueError("set_input_size(patch_size=...) needs timm (its resample_patch_embed)") from exc
+            new_proj = nn.Conv2d(spec.in_chans, spec.width, kernel_size=spec.patch_size, stride=spec.patch_size,
+                                 device=proj.weight.device, dtype=proj.weight.dtype)
+            # (D, C, p, p) -> (D, C, p', p'): timm's defaults (bicubic, antialias), as its own ViT resizes
+            new_proj.weight.copy_(resample_patch_embed(proj.weight, [spec.patch_size, spec.patch_size]))
+            new_proj.bias.copy_(proj.bias)
+            new_proj.weight.requires_grad_(proj.weight.requires_grad)
+            new_proj.bias.requires_grad_(proj.bias.requires_grad)
+        new_pos = None
+        if self.pos_embed is not None and spec.grid_size != old.grid_size:
+            pos = self.pos_embed  # (1, [1 +] gh*gw, D); the class-token slot (vit_jax) is not part of the grid
+            extra = 1 if spec.posemb_on_cls else 0
+            grid = resample_posemb(pos[:, extra:], old.grid_size, spec.grid_size)  # (1, gh'*gw', D)
+            new_pos = nn.Parameter(torch.cat([pos[:, :extra], grid], dim=1) if extra else grid,
+                                   requires_grad=pos.requires_grad)
+        # nothing above can fail any more: commit
+        if new_proj is not None:
+            self.patch_embed.proj = new_proj
+        if new_pos is not None:
+            self.pos_embed = new_pos
+        self.spec = spec
+        for info in self.feature_info:
+            info["reduction"] = spec.patch_size
+        try:  # recent timm (1.0.31 here) records the current size apart from the checkpoint's pretrained_cfg
+            from timm.models._input import update_model_input_size
+        except ImportError:  # older timm, or remote code without timm: the spec is the record
+            return
+        # (timm records patch_size among the reconstruction arguments only when it was changed)
+        update_model_input_size(self, spec.img_size, patch_size=spec.patch_size if patch_size is not None else None)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable

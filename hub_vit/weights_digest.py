@@ -27,6 +27,10 @@ _SAFETENSORS_DTYPES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL",
 }
+# dtypes only newer torch releases have (safetensors writes them where torch has them)
+_SAFETENSORS_DTYPES.update({getattr(torch, attr): name for attr, name in (
+    ("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"), ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
+) if hasattr(torch, attr)})
 
 
 def _entry_header(name: str, dtype: str, shape: list[int]) -> bytes:

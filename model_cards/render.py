@@ -10,10 +10,11 @@ hand: numbers come from the folder's JSON, the catalog or a computation from the
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -29,6 +30,9 @@ from .metrics import published_results
 
 TEMPLATE = Path(__file__).with_name("hub_vit_card.md.j2")
 MARKER = "hub-vit model card"  # first HTML comment of every generated card; `hub-vit push` re-renders only these
+# The marker also says who put the metadata's `license:` there, so a re-render keeps only a person's: "hub-vit" (it
+# stated one from the folder), "none" (it stated none; one found later was added by hand) or "publisher" (kept).
+_LICENSE_SOURCE = re.compile(rf"<!-- {MARKER}:[^\n]*?license-source: (hub-vit|none|publisher)\b")
 LAYOUT_LICENSES = {"big_vision": BIG_VISION_LICENSE, "vit_jax": VIT_JAX_LICENSE}
 LICENSE_NAMES = {"apache-2.0": "Apache-2.0"}  # prose for the ids the catalog uses
 PROJECT_LICENSE = "apache-2.0"  # pyproject.toml `license`; weights hub-vit trains itself are released under it
@@ -82,9 +86,14 @@ def license_of(facts: FolderFacts) -> tuple[str | None, str]:
         return None, f"{origin}The license of the converted file's origin applies; this card states none. {ADD_LICENSE}"
     if facts.kind == "trained":
         lic = str(facts.pretrained_cfg.get("license") or PROJECT_LICENSE)
-        return lic, (f"Weights trained with hub-vit and released under {_license_name(lic)}, hub-vit's license. The "
-                     "training data, and weights a run was initialised from, keep their own licenses (see "
-                     "Provenance).")
+        # Like a withheld conversion: the record's license still binds what was derived from its weights, but the
+        # card must not say this file is what `hub-vit train` wrote when its digest says otherwise.
+        trained = ("Weights trained with hub-vit and released" if facts.record_describes_weights else
+                   "The weights `hub-vit train` wrote were released")
+        changed = ("" if facts.record_describes_weights else
+                   " This file is no longer those weights (see Provenance); weights derived from them keep its terms.")
+        return lic, (f"{trained} under {_license_name(lic)}, hub-vit's license.{changed} The training data, and "
+                     "weights a run was initialised from, keep their own licenses (see Provenance).")
     named = facts.pretrained_cfg.get("license")
     named_note = (f" `pretrained_cfg` in `config.json` names {_license_name(str(named))}, the license of the weights "
                   "it describes, but nothing shows this folder holds those weights." if named else "")
@@ -115,25 +124,45 @@ def task_text(spec: ViTSpec) -> str:
 
 
 def stated_license(folder: Path) -> str | None:
-    """The license in the metadata of the folder's current card, if it has one: what a publisher wrote there where
-    hub-vit states none (`license_of`), kept when the card is rendered again (`hub-vit card`, `hub-vit push`)."""
+    """The license a person wrote into the metadata of the folder's current card, if any: what a publisher states
+    where hub-vit states none (`license_of`), kept when the card is rendered again (`hub-vit card`, `hub-vit push`).
+
+    A license hub-vit wrote itself is not the publisher's word and is not kept: a generated card whose marker says
+    `license-source: hub-vit`. Cards generated before the marker had that field state it in their prose instead:
+    only one rendered without a license asks for one (`ADD_LICENSE`); the others got `apache-2.0` from hub-vit, also
+    where nothing showed the weights' origin. A hand-written card's license is its author's.
+    """
     path = folder / CARD
     if not path.is_file():
         return None
     try:
-        lic = ModelCard(path.read_text(encoding="utf-8")).data.to_dict().get("license")
+        text = path.read_text(encoding="utf-8")
+        lic = ModelCard(text).data.to_dict().get("license")
     except Exception:  # an unreadable or hand-broken card states nothing usable; rendering replaces it
         return None
+    if is_generated_card(text):
+        source = _LICENSE_SOURCE.search(text)
+        by_person = source.group(1) != "hub-vit" if source is not None else ADD_LICENSE in " ".join(text.split())
+        if not by_person:
+            return None
     return lic if isinstance(lic, str) and lic.strip() else None
 
 
-def card_license(facts: FolderFacts) -> tuple[str | None, str]:
-    """`license_of`, or where it states none, the license the current card's metadata was given by hand."""
+class CardLicense(NamedTuple):
+    id: str | None  # the metadata's `license:`; None states none
+    note: str  # the License section's prose
+    source: str  # who stated it, recorded in the marker: "hub-vit", "publisher" or "none"
+
+
+def card_license(facts: FolderFacts) -> CardLicense:
+    """`license_of`, or where it states none, the license a person gave the current card's metadata."""
     lic, note = license_of(facts)
-    if lic is None and (stated := stated_license(facts.path)) is not None:
-        return stated, (f"{_license_name(stated)}, as stated in this card's metadata by its publisher: hub-vit cannot "
-                        "tell from the folder where the weights came from.")
-    return lic, note
+    if lic is not None:
+        return CardLicense(lic, note, "hub-vit")
+    if (stated := stated_license(facts.path)) is not None:
+        return CardLicense(stated, f"{_license_name(stated)}, as stated in this card's metadata by its publisher: "
+                                   "hub-vit cannot tell from the folder where the weights came from.", "publisher")
+    return CardLicense(None, note, "none")
 
 
 def build_card_data(facts: FolderFacts) -> ModelCardData:
@@ -147,7 +176,7 @@ def build_card_data(facts: FolderFacts) -> ModelCardData:
         library_name="timm",  # config.json carries `architecture` + `pretrained_cfg`: timm's hf-hub layout
         pipeline_tag=task_of(facts),
         tags=tags,
-        license=card_license(facts)[0],
+        license=card_license(facts).id,
         datasets=datasets or None,
         metrics=["accuracy"] if results else None,
         model_name=model_name(facts) if results else None,
@@ -160,12 +189,14 @@ def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, An
     family = FAMILY_TITLES[facts.family]
     variant = spec.variant or "custom size"
     folder_name = facts.path.resolve().name
-    augreg = facts.match is not None and facts.match.weights.paper == PAPER_AUGREG
+    source = facts.match or facts.withheld  # a withheld conversion still came from that paper's checkpoint
+    augreg = source is not None and source.weights.paper == PAPER_AUGREG
     papers = papers_for(simplevit=facts.family == "simplevit", augreg=augreg)
     measured = provenance.measured_accuracy(facts)
+    lic = card_license(facts)
     return dict(
         marker=f"{MARKER}: generated by hub-vit {_version()} from this folder's JSON; "
-               "regenerate with `hub-vit card <this folder>`",
+               f"regenerate with `hub-vit card <this folder>`; license-source: {lic.source}",
         title=name,
         summary=provenance.summary(facts, family),
         overview=[("architecture", f"`{facts.architecture}` ({family}-{variant})" if spec.variant
@@ -195,7 +226,7 @@ def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, An
         triton_client=provenance.triton_client(),
         labels=facts.labels,
         labels_note=sections.labels_note(facts.labels) if facts.labels else "",
-        license_note=card_license(facts)[1],
+        license_note=lic.note,
         bibtex=bibtex_for(papers),
     )
 

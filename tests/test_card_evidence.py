@@ -77,12 +77,11 @@ def test_file_placed_in_the_cache_by_hand_claims_nothing(namesake: Path, tmp_pat
                                         "not verified": True}
 
 
-def test_file_downloaded_by_hub_vit_from_the_catalog_url_keeps_the_claims(namesake: Path, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A local HTTP server stands in for storage.googleapis.com: hub-vit's downloader fetches the catalog URL and
-    records the content's sha256, which is the evidence the card needs."""
-    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(namesake.parent.parent))
+def convert_downloaded(root: Path, name: str, out: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Convert catalog `name` through hub-vit's own downloader, with a local HTTP server serving `root` in place of
+    storage.googleapis.com (gs://<bucket>/<path> is fetched from <root>/<bucket>/<path>)."""
+    monkeypatch.setenv("HUB_VIT_CACHE", str(out.parent / "cache"))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *a: None  # type: ignore[attr-defined]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -90,10 +89,17 @@ def test_file_downloaded_by_hub_vit_from_the_catalog_url_keeps_the_claims(namesa
     monkeypatch.setattr(catalog, "GCS", base)
     monkeypatch.setattr(download, "GCS_HTTPS", base)
     try:
-        folder = convert_to_folder("i1k-s16-300ep", tmp_path / "downloaded", progress=False).path  # vanity name
+        return convert_to_folder(name, out, progress=False).path
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_file_downloaded_by_hub_vit_from_the_catalog_url_keeps_the_claims(namesake: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """hub-vit's downloader fetches the catalog URL and records the content's sha256, which is the evidence the card
+    needs."""
+    folder = convert_downloaded(namesake.parent.parent, "i1k-s16-300ep", tmp_path / "downloaded", monkeypatch)  # vanity
     claims = published_claims(folder)
     assert claims == {"results": PAPER_300EP, "datasets": ["imagenet-1k"], "table": True, "google": True,
                       "not verified": False}
@@ -101,3 +107,33 @@ def test_file_downloaded_by_hub_vit_from_the_catalog_url_keeps_the_claims(namesa
     assert source["catalog_name"] == "simplevit_s16.i1k_300ep"  # a vanity name records its catalog name
     assert source["downloaded_sha256"] == source["sha256"]
     assert source["content_verified"]["catalog_name"] == "simplevit_s16.i1k_300ep"
+
+
+def test_changed_augreg_conversion_keeps_its_citation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights changed after a verified AugReg conversion: the card withholds the record's claims but still says the
+    file was derived from that checkpoint, so it keeps citing the AugReg paper (it dropped arXiv:2106.10270)."""
+    import torch
+
+    from hub_vit.folder import load_model_folder, save_model_folder
+
+    weights = catalog.MODELS["vit_ti16"].weight("augreg_in21k_ft_in1k")
+    manifest = json.loads((MANIFEST.parent.parent / "vit_jax" / "ViT-Ti_16_i21k_ft_i1k_224.json").read_text())
+    rng = np.random.default_rng(0)
+    params = manifest["params"].items()
+    arrays = {key: rng.standard_normal(info["shape"], dtype=np.float32) * 0.02 for key, info in params}
+    npz = tmp_path / "gcs" / weights.gs_url.removeprefix("gs://")
+    npz.parent.mkdir(parents=True)
+    np.savez(npz, **arrays)
+    folder = convert_downloaded(tmp_path / "gcs", "vit_ti16.augreg_in21k_ft_in1k", tmp_path / "ti16", monkeypatch)
+    assert catalog.PAPER_AUGREG.removeprefix("arXiv:") in (folder / "README.md").read_text()
+
+    model, info = load_model_folder(folder)
+    with torch.no_grad():
+        model.head.weight.mul_(2)  # e.g. fine-tuned since
+    save_model_folder(model, folder, labels=info.labels, pretrained_cfg=info.pretrained_cfg, overwrite=True,
+                      extra_files={"conversion.json": (folder / "conversion.json").read_bytes()})
+    from hub_vit.model_cards import write_model_card
+
+    text = write_model_card(folder).read_text()
+    assert "## Published results" not in text  # withheld ...
+    assert catalog.PAPER_AUGREG.removeprefix("arXiv:") in text.split("```bibtex")[-1]  # ... but still cited

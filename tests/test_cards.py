@@ -565,6 +565,8 @@ def test_trained_card_withholds_the_accuracy_once_the_weights_change(tmp_path: P
     assert "## Measured accuracy" not in text
     assert "held-out accuracy recorded then is not claimed" in text.split("\n\n")[2]
     assert "no longer holds the weights `hub-vit train` wrote" in table(text, "Provenance")["weights digest"]
+    license_note = table_note(text + "\n|", "License")  # the license binds what was derived, without saying this
+    assert "Weights trained with hub-vit" not in text and "This file is no longer those weights" in license_note
 
 
 def test_folder_without_provenance_states_no_license_until_its_publisher_does(tmp_path: Path) -> None:
@@ -586,6 +588,35 @@ def test_folder_without_provenance_states_no_license_until_its_publisher_does(tm
     again = write_model_card(folder).read_text()
     assert ModelCard(again).data.to_dict()["license"] == "mit"
     assert "as stated in this card's metadata by its publisher" in table_note(again + "\n|", "License")
+
+
+def test_license_hub_vit_wrote_is_not_kept_as_the_publishers(tmp_path: Path) -> None:
+    """Only a license a person wrote survives a re-render: not one hub-vit stated from a record that is gone, nor the
+    `apache-2.0` older versions wrote into every card (their marker has no `license-source`). Before, both were kept
+    and credited "as stated in this card's metadata by its publisher"."""
+    from hub_vit import catalog
+
+    folder = shutil.copytree(catalog.default_model_folder(), tmp_path / "digits_copy")
+    text = write_model_card(folder).read_text()
+    assert ModelCard(text).data.to_dict()["license"] == "apache-2.0" and "license-source: hub-vit" in text
+
+    (folder / "training.json").unlink()  # the record that justified hub-vit's license
+    again = write_model_card(folder).read_text()
+    assert "license" not in ModelCard(again).data.to_dict() and "license-source: none" in again
+    assert "by its publisher" not in again and "add `license: <id>`" in table_note(again + "\n|", "License")
+
+    old = text.replace("; license-source: hub-vit", "", 1)  # as the version before the field rendered it
+    assert "license-source" not in old
+    (folder / "README.md").write_text(old)
+    assert "license" not in ModelCard(write_model_card(folder).read_text()).data.to_dict()
+
+    # A card from that version which stated no license asked for one: a license found there now is a person's.
+    asked = again.replace("; license-source: none", "", 1)
+    asked = asked.replace("library_name: timm", "library_name: timm\nlicense: mit", 1)
+    (folder / "README.md").write_text(asked)
+    kept = write_model_card(folder).read_text()
+    assert ModelCard(kept).data.to_dict()["license"] == "mit" and "license-source: publisher" in kept
+    assert ModelCard(write_model_card(folder).read_text()).data.to_dict()["license"] == "mit"  # and stays
 
 
 def test_local_data_folder_name_is_not_published_as_a_hub_dataset(tmp_path: Path) -> None:

@@ -262,3 +262,23 @@ def test_opaque_images_are_left_as_they_are(photos):
     np.testing.assert_array_equal(np.asarray(to_8bit(opaque)), rgb)  # alpha 255 everywhere: the same pixels
     plain = Image.fromarray(rgb)
     assert to_8bit(plain) is plain
+
+
+def test_16bit_grey_colour_key_is_composited_onto_white_in_process_and_served(imageprep, grey16, tmp_path):
+    """A 16-bit grey PNG with a tRNS colour key: the keyed samples are transparent, so white, like any other
+    transparency (they kept their own grey before: the wide-grey branch returned before compositing)."""
+    from hub_vit.explain.image import load_image
+
+    samples = grey16[::4, ::4].copy()
+    key = int(samples[0, 0])
+    assert key >> 8 != 255, "a key that is already white would hide the bug"
+    samples[:, : samples.shape[1] // 3] = key  # the left third hidden
+    path = tmp_path / "keyed16.png"
+    Image.fromarray(samples).save(path, transparency=key)
+    assert Image.open(path).info.get("transparency") == key, "the fixture must carry a 16-bit colour key"
+    golden = np.where(samples == key, 255, samples >> 8).astype(np.uint8)  # numpy: white where keyed, else high byte
+
+    np.testing.assert_array_equal(np.asarray(to_8bit(Image.open(path))), golden)
+    np.testing.assert_array_equal(np.asarray(load_image(path).convert("RGB")), np.dstack([golden] * 3))
+    prep = imageprep.Preprocess(crop_size=(64, 64), scale_size=(73, 73), interpolation="bicubic")
+    np.testing.assert_array_equal(np.asarray(prep.decode(path.read_bytes())), np.dstack([golden] * 3))

@@ -31,6 +31,17 @@ def test_file_digest_equals_state_dict_digest_whatever_the_file_metadata(tmp_pat
     assert (tmp_path / "a.safetensors").read_bytes() != (tmp_path / "b.safetensors").read_bytes()
 
 
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2"])
+def test_every_dtype_safetensors_writes_has_a_digest(dtype: str, tmp_path: Path) -> None:
+    # was: TypeError "... has no safetensors name" for dtypes safetensors' save_file writes
+    torch_dtype = getattr(torch, dtype, None)
+    if torch_dtype is None:
+        pytest.skip(f"this torch has no {dtype}")
+    state = {"t": torch.arange(6, dtype=torch.float32).reshape(2, 3).to(torch_dtype)}
+    save_file(state, tmp_path / "w.safetensors")
+    assert file_digest(tmp_path / "w.safetensors") == state_dict_digest(state)
+
+
 @pytest.mark.parametrize("change", ["value", "name", "dtype", "shape"])
 def test_any_change_changes_the_digest(change: str) -> None:
     state = sample()

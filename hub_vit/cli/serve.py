@@ -231,8 +231,8 @@ def serve(
         if demo_app is not None:
             demo_app.close()
         server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, handler in previous.items():  # None: installed from C, not restorable; the default is closest
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
 

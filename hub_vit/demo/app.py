@@ -177,7 +177,7 @@ class Demo:
         if backend != IN_PROCESS:
             if self.triton is None:
                 raise refusal(f"unknown backend {backend!r}; valid choices: {', '.join(self.backends())}")
-            remote, message = self.triton.top_k(image, 5, source=image_path)
+            remote, message = self.triton.top_k(image, 5, source=image_path, labels=explainer.labels)
             status = message
             top = remote if remote is not None else top
             mismatch = self.triton.mismatch(model_key)
@@ -296,8 +296,8 @@ def launch(demo: Demo, *, host: str = "127.0.0.1", port: int | None = None, max_
         try:
             blocks.block_thread()  # Ctrl-C (and SIGTERM, above): closes the server, whose shutdown empties the cache
         finally:
-            if on_main:
-                signal.signal(signal.SIGTERM, previous)
+            if on_main:  # None: the previous handler was installed from C; the default is the closest restorable
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     return blocks
 
 

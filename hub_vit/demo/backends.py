@@ -43,9 +43,12 @@ class TritonLabels:
         return (f"the server serves {served}, the maps come from the in-process model {model_key!r}: these labels "
                 "are not that model's")
 
-    def top_k(self, image: Any, k: int = 5, source: str | Path | None = None) -> tuple[list[tuple[str, float]] | None,
-                                                                                      str]:
+    def top_k(self, image: Any, k: int = 5, source: str | Path | None = None,
+              labels: list[str] | None = None) -> tuple[list[tuple[str, float]] | None, str]:
         """([(label, score)] or None, a status line). Never raises for an unreachable or broken server.
+
+        `labels`: the page's model's distinct labels (`distinct_labels`), so a class both backends name alike gets
+        the same key under both (see `served_labels`).
 
         `source`: the uploaded file; its own bytes are sent when the server decodes its format (no PNG re-encoding
         of a large photo), else the decoded `image`. One connection per request, closed at once: an idle keep-alive
@@ -73,8 +76,23 @@ class TritonLabels:
             reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             return None, (f"Triton server at {self.url} not reachable or failed ({reason}); "
                           "labels shown from the in-process model.")
-        triples = list(zip(prediction.labels, prediction.scores, prediction.class_ids, strict=False))[:k]
-        names = [label for label, _, _ in triples]
-        # a name two classes share (ImageNet's two "crane"s) gets its class index, as the in-process labels do
-        pairs = [(f"{label} ({index})" if names.count(label) > 1 else label, score) for label, score, index in triples]
+        triples = list(zip(prediction.labels, prediction.class_ids, prediction.scores, strict=False))[:k]
+        pairs = list(zip(served_labels([(label, index) for label, index, _ in triples], labels),
+                         [score for _, _, score in triples], strict=True))
         return pairs, f"labels from **Triton** model {self.model!r} at {self.url}; maps from the in-process model"
+
+
+def served_labels(classes: list[tuple[str, int]], page_labels: list[str] | None = None) -> list[str]:
+    """The keys of the served top-k `[(name, class id)]` on the page: where the page's model names that class id the
+    same (`crane` as `crane (134)` or plain `cat`), its distinct label, so one class has one key whichever backend
+    answered and ImageNet's two cranes stay apart even when only one is in the top-k; else the served name, with
+    its class id when the top-k holds that name twice."""
+    names = [name for name, _ in classes]
+    page = page_labels or []
+    out = []
+    for name, index in classes:
+        if 0 <= index < len(page) and page[index] in (name, f"{name} ({index})"):
+            out.append(page[index])
+        else:
+            out.append(f"{name} ({index})" if names.count(name) > 1 else name)
+    return out

@@ -5,14 +5,19 @@ Resize the shorter side to `size / crop_pct` with the configured interpolation, 
 built by `timm.data.create_transform`, so the transformers pipeline and `timm.data.create_transform(
 **timm.data.resolve_data_config(model=m))` produce the same tensor for the same image.
 
+Like transformers' ViT processor, every setting can be given to one call (`processor(image, do_resize=False)`) or to
+`from_pretrained(folder, do_normalize=False)`; the `do_*` switches drop one step of timm's recipe.
+
 This file is also bundled into saved model folders as transformers remote code (see `hub_vit.hf.remote_code`).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
+import warnings
 from typing import Any, TypedDict
 
 import numpy as np
@@ -26,6 +31,19 @@ from hub_vit.resize_bound import check_resize, eval_resize
 PREPROCESSOR_FILE = "preprocessor_config.json"
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
 CROP_MODES = ("center", "squash", "border")
+# Steps of the recipe a call (or the constructor) may switch off; transformers' names (ViT / CLIP processors)
+FLAGS = ("do_resize", "do_center_crop", "do_rescale", "do_normalize")
+# Every setting of the processor; each can also be given to one call, and to from_pretrained
+SETTINGS = ("size", "crop_pct", "interpolation", "crop_mode", "image_mean", "image_std", *FLAGS)
+# ViT's `resample` (PIL.Image.Resampling / transformers' PILImageResampling values) -> `interpolation`
+RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+CALL_OPTIONS = (*SETTINGS, "resample")
+# Options of transformers' own image processors (its ImagesKwargs, and the keys of its size dicts) that this one does
+# not take. from_pretrained warns about these; any other unused keyword (dtype, code_revision, model kwargs:
+# pipeline() passes them all) is ignored silently, as by ViT's processor.
+_FOREIGN_OPTIONS = ("rescale_factor", "crop_size", "do_pad", "pad_size", "do_convert_rgb", "default_to_square",
+                    "data_format", "input_data_format", "device", "disable_grouping", "image_seq_length",
+                    "height", "width", "shortest_edge", "longest_edge")
 
 
 class HubViTImageProcessorKwargs(TypedDict, total=False):
@@ -38,17 +56,27 @@ class HubViTImageProcessorKwargs(TypedDict, total=False):
     crop_mode: str
     image_mean: list[float]
     image_std: list[float]
+    do_resize: bool
+    do_center_crop: bool
+    do_rescale: bool
+    do_normalize: bool
+    resample: int
 
 
 class HubViTImageProcessor(BaseImageProcessor):
     """Eval preprocessing of a hub-vit model: resize / centre crop / [-1, 1], built from a timm data config.
 
     Args:
-        size: `{"height": H, "width": W}` of the model input (the crop).
+        size: `{"height": H, "width": W}` of the model input (the crop); an int is a square.
         crop_pct: fraction of the resized image kept by the centre crop (shorter side resized to size / crop_pct).
-        interpolation: resize filter, one of `INTERPOLATIONS`.
+        interpolation: resize filter, one of `INTERPOLATIONS`; `resample` (ViT's name, a `PIL.Image.Resampling`
+            value) is accepted instead.
         crop_mode: timm crop mode, one of `CROP_MODES` (`"center"` for Google's checkpoints).
         image_mean, image_std: per-channel normalisation (0.5 for Google's models).
+        do_resize, do_center_crop, do_rescale, do_normalize: switch one step of the recipe off (transformers'
+            names): no resize, no crop, pixels kept in 0..255 instead of [0, 1], no mean/std.
+
+    Every setting can also be passed to one call, `processor(image, do_resize=False)`, without changing the processor.
     """
 
     model_input_names = ["pixel_values"]
@@ -56,36 +84,64 @@ class HubViTImageProcessor(BaseImageProcessor):
 
     def __init__(
         self,
-        size: dict[str, int] | None = None,
+        size: dict[str, int] | int | None = None,
         crop_pct: float = 0.875,
-        interpolation: str = "bilinear",
+        interpolation: str | None = None,
         crop_mode: str = "center",
-        image_mean: list[float] | tuple[float, ...] = (0.5, 0.5, 0.5),
-        image_std: list[float] | tuple[float, ...] = (0.5, 0.5, 0.5),
+        image_mean: list[float] | tuple[float, ...] | float = (0.5, 0.5, 0.5),
+        image_std: list[float] | tuple[float, ...] | float = (0.5, 0.5, 0.5),
+        do_resize: bool = True,
+        do_center_crop: bool = True,
+        do_rescale: bool = True,
+        do_normalize: bool = True,
+        resample: int | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.pop("image_processor_type", None)
         self.auto_map: dict[str, str] | None = kwargs.pop("auto_map", None)  # set in saved folders (remote code)
         super().__init__(**kwargs)
-        if isinstance(size, int) and not isinstance(size, bool):
-            size = {"height": size, "width": size}
-        size = dict(size or {"height": 224, "width": 224})
-        if set(size) != {"height", "width"} or not all(isinstance(v, int) and v > 0 for v in size.values()):
-            raise ValueError(f"size must be {{'height': H, 'width': W}} with positive integers, got {size!r}")
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(f"unknown interpolation {interpolation!r}; valid choices: {', '.join(INTERPOLATIONS)}")
-        if crop_mode not in CROP_MODES:
-            raise ValueError(f"unknown crop_mode {crop_mode!r}; valid choices: {', '.join(CROP_MODES)}")
-        if not (isinstance(crop_pct, (int, float)) and 0 < crop_pct <= 1):
-            raise ValueError(f"crop_pct must be a number in (0, 1], got {crop_pct!r}")
-        if len(image_mean) != len(image_std):
-            raise ValueError(f"image_mean {list(image_mean)} and image_std {list(image_std)} differ in length")
-        self.size = size
-        self.crop_pct = float(crop_pct)
-        self.interpolation = interpolation
-        self.crop_mode = crop_mode
-        self.image_mean = [float(m) for m in image_mean]
-        self.image_std = [float(s) for s in image_std]
+        settings = _check_settings(
+            size=size, crop_pct=crop_pct, interpolation=interpolation, crop_mode=crop_mode, image_mean=image_mean,
+            image_std=image_std, do_resize=do_resize, do_center_crop=do_center_crop, do_rescale=do_rescale,
+            do_normalize=do_normalize, resample=resample,
+        )
+        self.size: dict[str, int] = settings["size"]
+        self.crop_pct: float = settings["crop_pct"]
+        self.interpolation: str = settings["interpolation"]
+        self.crop_mode: str = settings["crop_mode"]
+        self.image_mean: list[float] = settings["image_mean"]
+        self.image_std: list[float] = settings["image_std"]
+        self.do_resize: bool = settings["do_resize"]
+        self.do_center_crop: bool = settings["do_center_crop"]
+        self.do_rescale: bool = settings["do_rescale"]
+        self.do_normalize: bool = settings["do_normalize"]
+        # (settings, transform) for the processor's own settings: built once, rebuilt if an attribute is changed
+        self._own_transform: tuple[dict[str, Any], Any] | None = None
+
+    @classmethod
+    def from_dict(cls, image_processor_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """transformers' `from_dict` (what `from_pretrained(folder, **overrides)` calls). It passes the overrides
+        named in `valid_kwargs` to `__init__` and drops the rest silently; here a dropped one that is an image
+        processor option of transformers' own processors (`rescale_factor`, `crop_size`, `shortest_edge`, ...) or a
+        misspelt setting is named in a warning, with the valid ones."""
+        image_processor_dict = dict(image_processor_dict)
+        if kwargs.get("resample") is not None and "interpolation" not in kwargs:
+            image_processor_dict.pop("interpolation", None)  # the override replaces the saved filter
+        valid = set(HubViTImageProcessorKwargs.__annotations__)
+        ignored = [k for k in kwargs if k not in valid and k != "return_unused_kwargs"
+                   and (k in _FOREIGN_OPTIONS or difflib.get_close_matches(k, valid, n=1, cutoff=0.8))]
+        if not ignored:
+            return super().from_dict(image_processor_dict, **kwargs)
+        warnings.warn(f"{cls.__name__}.from_pretrained ignores {sorted(ignored)}: not settings of this processor; "
+                      f"valid settings: {', '.join(CALL_OPTIONS)}", UserWarning, stacklevel=3)
+        # kept from transformers, which would set the ones that name a class attribute (`rescale_factor`) on the
+        # instance, where nothing reads them, and log that they "were applied"
+        dropped = {k: kwargs.pop(k) for k in ignored}
+        result = super().from_dict(image_processor_dict, **kwargs)
+        if kwargs.get("return_unused_kwargs"):
+            processor, unused = result
+            return processor, {**unused, **dropped}
+        return result
 
     @classmethod
     def from_pretrained_cfg(cls, pretrained_cfg: dict[str, Any]) -> HubViTImageProcessor:
@@ -100,31 +156,47 @@ class HubViTImageProcessor(BaseImageProcessor):
             image_std=pretrained_cfg.get("std", (0.5, 0.5, 0.5)),
         )
 
+    def settings(self, **options: Any) -> dict[str, Any]:
+        """This processor's settings, with one call's `options` (validated; None = the processor's own) in place."""
+        own = {name: getattr(self, name) for name in SETTINGS}
+        options = {k: v for k, v in options.items() if v is not None}
+        if not options:
+            return own
+        merged = {**own, **options}
+        if "resample" in options and "interpolation" not in options:
+            merged["interpolation"] = None  # ViT's name for the filter replaces the processor's own
+        return _check_settings(**merged, channels=len(self.image_mean))
+
     def data_config(self) -> dict[str, Any]:
-        """The timm data config this processor implements (the kwargs of `timm.data.create_transform`)."""
-        return dict(
-            input_size=(len(self.image_mean), self.size["height"], self.size["width"]),
-            interpolation=self.interpolation,
-            mean=tuple(self.image_mean),
-            std=tuple(self.image_std),
-            crop_pct=self.crop_pct,
-            crop_mode=self.crop_mode,
-        )
+        """The timm data config this processor implements (the kwargs of `timm.data.create_transform`); the
+        `do_*` switches are not part of it (timm's recipe always has every step)."""
+        return _data_config(self.settings())
 
-    def transform(self) -> Any:
-        """timm's eval transform (PIL image -> normalised CHW float tensor)."""
-        from timm.data import create_transform
+    def transform(self, **options: Any) -> Any:
+        """The transform for a PIL image -> (C, H, W) float tensor: timm's eval transform for this processor's data
+        config, with the steps a `do_*` switch turns off left out. Built once for the processor's own settings;
+        `options` (those of one call) get a transform of their own, and the processor is not changed."""
+        own = self.settings()
+        settings = self.settings(**options)
+        if settings != own:
+            return _build_transform(settings)
+        cached = getattr(self, "_own_transform", None)  # (absent on a processor pickled by an older hub-vit)
+        if cached is None or cached[0] != own:
+            cached = self._own_transform = (own, _build_transform(own))
+        return cached[1]
 
-        return create_transform(**self.data_config(), is_training=False)
-
-    def preprocess(self, images: Any, return_tensors: str | None = "pt", **kwargs: Any) -> BatchFeature:
+    def preprocess(self, images: Any, return_tensors: str | None = "pt", **options: Any) -> BatchFeature:
         """One image or a list (PIL; numpy or torch, HWC / CHW / (H, W) grey, uint8, 16-bit grey or [0, 1] floats; a
-        4-D array is a batch) -> `pixel_values` (B, C, H, W)."""
-        if kwargs:
-            raise TypeError(f"unexpected preprocessing argument(s) {sorted(kwargs)}; valid: images, return_tensors")
+        4-D array is a batch) -> `pixel_values` (B, C, H, W); `return_tensors=None` gives a list of (C, H, W)
+        tensors, as ViT's processor does. `options`: any setting (`SETTINGS`, or ViT's `resample`), for this call."""
+        unknown = sorted(set(options) - set(CALL_OPTIONS))
+        if unknown:
+            raise TypeError(f"unexpected preprocessing argument(s) {unknown}; valid: images, return_tensors, "
+                            f"{', '.join(CALL_OPTIONS)}")
         if return_tensors not in (None, "pt", "np"):
             raise ValueError(f"return_tensors must be 'pt', 'np' or None, got {return_tensors!r}")
-        transform = self.transform()
+        settings = self.settings(**options)
+        transform = self.transform(**options)
         channels = len(self.image_mean)
         pixels = []
         batch_images = _flat_images(images)
@@ -133,18 +205,18 @@ class HubViTImageProcessor(BaseImageProcessor):
         for image in batch_images:
             pil = image if hasattr(image, "convert") else _to_pil(_as_numpy(image))
             pil = to_8bit(pil).convert("RGB" if channels == 3 else "L")  # 16-bit grey: scaled, not clipped to white
-            self._check_resize(*pil.size)
+            if settings["do_resize"]:
+                _check_resize(settings, *pil.size)
             pixels.append(transform(pil))  # (C, H, W)
+        if return_tensors is None:
+            return BatchFeature(data={"pixel_values": pixels})
+        shapes = sorted({tuple(p.shape) for p in pixels})
+        if len(shapes) > 1:
+            raise ValueError(f"the images have different sizes after preprocessing ({shapes}), so they cannot form "
+                             "one batch; keep do_resize / do_center_crop on, or pass return_tensors=None for a list")
         batch = torch.stack(pixels)  # (B, C, H, W)
         data = {"pixel_values": batch.numpy() if return_tensors == "np" else batch}
         return BatchFeature(data=data, tensor_type=return_tensors)
-
-    def _check_resize(self, width: int, height: int) -> None:
-        """`ValueError` if timm's resize would create too many pixels (`hub_vit.resize_bound`; only the centre mode
-        keeps the aspect ratio, the other modes resize to a fixed size)."""
-        scale = [math.floor(v / self.crop_pct) for v in (self.size["height"], self.size["width"])]
-        if self.crop_mode == "center":
-            check_resize(width, height, *eval_resize(width, height, *scale))
 
     def __call__(self, images: Any, **kwargs: Any) -> BatchFeature:
         return self.preprocess(images, **kwargs)
@@ -152,10 +224,124 @@ class HubViTImageProcessor(BaseImageProcessor):
     def to_dict(self) -> dict[str, Any]:
         keep = ("size", "crop_pct", "interpolation", "crop_mode", "image_mean", "image_std")
         out = {k: getattr(self, k) for k in keep}
+        # a switched-off step is saved; the defaults are not, so model folders keep their preprocessor_config.json
+        out.update({flag: False for flag in FLAGS if not getattr(self, flag)})
         out["image_processor_type"] = type(self).__name__
         if self.auto_map:
             out["auto_map"] = self.auto_map
         return out
+
+
+def _check_settings(size: Any, crop_pct: Any, interpolation: Any, crop_mode: Any, image_mean: Any, image_std: Any,
+                    do_resize: Any, do_center_crop: Any, do_rescale: Any, do_normalize: Any, resample: Any = None,
+                    channels: int | None = None) -> dict[str, Any]:
+    """Validate and normalise one set of settings (the constructor's, or a call's merged with the processor's).
+
+    `channels` is the processor's channel count when checking one call's options: a call may not change it (the
+    model's in_chans); a single number for `image_mean` / `image_std` applies to every channel, as in ViT.
+    """
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = {"height": size, "width": size}
+    size = dict(size or {"height": 224, "width": 224})
+    if set(size) != {"height", "width"} or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                   for v in size.values()):
+        raise ValueError(f"size must be {{'height': H, 'width': W}} with positive integers, got {size!r} (the shorter "
+                         "side is resized to size / crop_pct, then centre-cropped to size; 'shortest_edge' and "
+                         "'longest_edge' are not supported)")
+    if resample is not None:
+        name = resample if isinstance(resample, str) else None
+        if isinstance(resample, int) and not isinstance(resample, bool):  # PIL.Image.Resampling is an IntEnum
+            name = RESAMPLE.get(int(resample))
+        if name not in INTERPOLATIONS:
+            raise ValueError(f"unknown resample {resample!r}; valid: a PIL.Image.Resampling value "
+                             f"({', '.join(f'{k}={v}' for k, v in RESAMPLE.items())}) or an interpolation name")
+        if interpolation is not None and interpolation != name:
+            raise ValueError(f"resample={resample!r} ({name}) and interpolation={interpolation!r} disagree; pass one")
+        interpolation = name
+    interpolation = "bilinear" if interpolation is None else interpolation
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {interpolation!r}; valid choices: {', '.join(INTERPOLATIONS)}")
+    if crop_mode not in CROP_MODES:
+        raise ValueError(f"unknown crop_mode {crop_mode!r}; valid choices: {', '.join(CROP_MODES)}")
+    if isinstance(crop_pct, bool) or not (isinstance(crop_pct, (int, float)) and 0 < crop_pct <= 1):
+        raise ValueError(f"crop_pct must be a number in (0, 1], got {crop_pct!r}")
+    flags = {"do_resize": do_resize, "do_center_crop": do_center_crop, "do_rescale": do_rescale,
+             "do_normalize": do_normalize}
+    for name, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    sequences = [len(v) for v in (image_mean, image_std) if not isinstance(v, (int, float))]
+    n = channels or (sequences[0] if sequences else 3)
+    stats = {}
+    for name, value in (("image_mean", image_mean), ("image_std", image_std)):
+        values = [value] * n if isinstance(value, (int, float)) and not isinstance(value, bool) else list(value)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            raise ValueError(f"{name} must be numbers, got {value!r}")
+        if channels is not None and len(values) != channels:
+            raise ValueError(f"{name} has {len(values)} values, but this processor's images have {channels} channels "
+                             f"(the model's in_chans); pass {channels} values or one number")
+        stats[name] = [float(v) for v in values]
+    if len(stats["image_mean"]) != len(stats["image_std"]):
+        raise ValueError(f"image_mean {stats['image_mean']} and image_std {stats['image_std']} differ in length")
+    if not all(s > 0 for s in stats["image_std"]):
+        raise ValueError(f"image_std must be positive, got {stats['image_std']}")
+    return dict(size=size, crop_pct=float(crop_pct), interpolation=interpolation, crop_mode=crop_mode, **stats,
+                **{name: bool(value) for name, value in flags.items()})
+
+
+def _data_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """The kwargs of `timm.data.create_transform` for one set of settings."""
+    return dict(
+        input_size=(len(settings["image_mean"]), settings["size"]["height"], settings["size"]["width"]),
+        interpolation=settings["interpolation"],
+        mean=tuple(settings["image_mean"]),
+        std=tuple(settings["image_std"]),
+        crop_pct=settings["crop_pct"],
+        crop_mode=settings["crop_mode"],
+    )
+
+
+def _build_transform(settings: dict[str, Any]) -> Any:
+    """timm's eval transform (PIL image -> normalised (C, H, W) float tensor); each `do_*` switch that is off drops
+    its step from timm's own list: resize (`Resize` / `ResizeKeepRatio`), crop (`CenterCrop` / `CenterCropOrPad`),
+    the [0, 1] scaling of `ToTensor` (replaced by a float tensor of the 0..255 values) and `Normalize`."""
+    from timm.data import create_transform
+
+    transform = create_transform(**_data_config(settings), is_training=False)
+    if all(settings[flag] for flag in FLAGS):
+        return transform
+    from timm.data.transforms import CenterCropOrPad, ResizeKeepRatio
+    from torchvision import transforms
+
+    kinds = {"do_resize": (transforms.Resize, ResizeKeepRatio), "do_center_crop": (transforms.CenterCrop,
+             CenterCropOrPad), "do_rescale": (transforms.ToTensor,), "do_normalize": (transforms.Normalize,)}
+    steps, found = [], set()
+    for step in transform.transforms:
+        flag = next((name for name, types in kinds.items() if isinstance(step, types)), None)
+        found.add(flag)
+        if flag is None or settings[flag]:
+            steps.append(step)
+        elif flag == "do_rescale":
+            steps.append(_unscaled_tensor)
+    missing = [flag for flag in FLAGS if not settings[flag] and flag not in found]
+    if missing:  # a timm whose eval transform is built from other steps: say so rather than ignore the switch
+        raise RuntimeError(f"cannot apply {missing}: timm's eval transform has no such step ({transform})")
+    return transforms.Compose(steps)
+
+
+def _unscaled_tensor(pil: Any) -> torch.Tensor:
+    """PIL image -> (C, H, W) float32 tensor of the 0..255 values: ToTensor without its division by 255."""
+    from torchvision.transforms.functional import pil_to_tensor
+
+    return pil_to_tensor(pil).float()
+
+
+def _check_resize(settings: dict[str, Any], width: int, height: int) -> None:
+    """`ValueError` if timm's resize would create too many pixels (`hub_vit.resize_bound`; only the centre mode
+    keeps the aspect ratio, the other modes resize to a fixed size)."""
+    scale = [math.floor(v / settings["crop_pct"]) for v in (settings["size"]["height"], settings["size"]["width"])]
+    if settings["crop_mode"] == "center":
+        check_resize(width, height, *eval_resize(width, height, *scale))
 
 
 def _to_pil(array: np.ndarray) -> Any:
@@ -197,7 +383,10 @@ def _as_numpy(image: Any) -> np.ndarray:
             array = array.astype(np.uint8) * 255
         return array if array.dtype in (np.uint8, np.uint16) else array[..., None]  # floats: (H, W, 1)
     if array.ndim == 3 and array.shape[0] not in (1, 3) and array.shape[-1] not in (1, 3):
-        alpha = " (drop the alpha channel first: array[..., :3])" if 4 in (array.shape[0], array.shape[-1]) else ""
+        # RGBA: as a PIL image it is composited onto white like every transparent image; slicing the alpha off would
+        # show the colours hidden pixels keep
+        alpha = (" (for RGBA pass PIL.Image.fromarray(array, 'RGBA'), channels last: transparent pixels become "
+                 "white)") if 4 in (array.shape[0], array.shape[-1]) else ""
         raise ValueError(f"expected an RGB or grayscale image (H, W, 3) / (3, H, W) / (H, W), got shape "
                          f"{array.shape}{alpha}")
     return array

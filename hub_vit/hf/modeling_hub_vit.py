@@ -88,6 +88,10 @@ class HubViTPreTrainedModel(PreTrainedModel):
             AUTO_MAP = write_remote_code = None
         if AUTO_MAP is not None:
             self.config.auto_map = dict(AUTO_MAP)
+        # the module's own input size: timm's `self.vit.set_input_size(...)` resizes pos_embed / the patch filters
+        # without knowing of this config, and a stale img_size would not load the saved weights back
+        self.config.img_size = list(self.vit.spec.img_size)
+        self.config.patch_size = self.vit.spec.patch_size
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             if write_remote_code is not None:

@@ -36,7 +36,11 @@ def to_8bit(image: Image.Image) -> Image.Image:
     unchanged."""
     if image.mode in WIDE_GREY_MODES:
         samples = np.asarray(image).astype(np.int64)  # (H, W); I;16B arrives big-endian, astype normalises it
-        return Image.fromarray((np.clip(samples, 0, 65535) >> 8).astype(np.uint8))  # 2-D uint8 -> mode "L"
+        grey = (np.clip(samples, 0, 65535) >> 8).astype(np.uint8)
+        key = image.info.get("transparency")
+        if isinstance(key, int):  # a PNG colour key (tRNS) on the full 16-bit sample: those pixels are transparent
+            grey[samples == key] = BACKGROUND
+        return Image.fromarray(grey)  # 2-D uint8 -> mode "L"
     return flatten_alpha(image)
 
 

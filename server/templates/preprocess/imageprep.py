@@ -113,8 +113,12 @@ class Preprocess:
                 image.load()
                 image = ImageOps.exif_transpose(image)
                 if image.mode in WIDE_GREY_MODES:
-                    samples = np.clip(np.asarray(image).astype(np.int64), 0, 65535)  # (H, W)
-                    image = Image.fromarray((samples >> 8).astype(np.uint8))  # 2-D uint8 -> mode "L"
+                    samples = np.asarray(image).astype(np.int64)  # (H, W)
+                    grey = (np.clip(samples, 0, 65535) >> 8).astype(np.uint8)
+                    key = image.info.get("transparency")
+                    if isinstance(key, int):  # a tRNS colour key on the 16-bit sample: transparent, so white
+                        grey[samples == key] = 255
+                    image = Image.fromarray(grey)  # 2-D uint8 -> mode "L"
                 elif image.mode in ALPHA_MODES or "transparency" in image.info:
                     image = _on_white(image)
                 return image.convert("RGB")

@@ -1,0 +1,38 @@
+"""bench/run_info.py: what every bench script records about the run. `dirty` must mean "the code differs from
+HEAD", not "a bench ran before": the benches rewrite their tracked results under bench/results."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+RUN_INFO = Path(__file__).resolve().parent.parent / "bench" / "run_info.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_run_info", RUN_INFO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_results_do_not_make_the_checkout_dirty(tmp_path: Path) -> None:
+    run_info = _load()
+    repo = tmp_path / "repo"
+    (repo / "bench" / "results").mkdir(parents=True)
+    (repo / "bench" / "results" / "x.json").write_text("{}")
+    (repo / "model.py").write_text("a = 1\n")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    assert run_info.git_state(repo)["dirty"] is False
+    (repo / "bench" / "results" / "x.json").write_text('{"rate": 2}')  # a bench rewrote its tracked result
+    (repo / "bench" / "results" / "new.json").write_text("{}")  # or saved a new one
+    assert run_info.git_state(repo)["dirty"] is False
+    (repo / "model.py").write_text("a = 2\n")  # the code changed
+    assert run_info.git_state(repo)["dirty"] is True
