@@ -268,11 +268,16 @@ class Classifier:
 class AsyncClassifier:
     """asyncio client (tritonclient's aio modules); same arguments and results as `Classifier`."""
 
-    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit") -> None:
+    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit",
+                 connections: int = 100) -> None:
+        """`connections`: most HTTP connections open at once (tritonclient's `conn_limit`, 100 by default), so the
+        requests one wants in flight at once; beyond it they queue inside the client, unseen by the server. gRPC
+        multiplexes every request over one channel."""
         address, tls = server_address(url)
         protocol = resolve_protocol(url, protocol)
         self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
-        self.client = self.module.InferenceServerClient(address, ssl=tls)
+        extra = {"conn_limit": max(1, connections)} if protocol == "http" else {}
+        self.client = self.module.InferenceServerClient(address, ssl=tls, **extra)
         self._limit: int | None = None  # the model's max_batch_size, read from the server once
 
     async def max_batch_size(self) -> int:

@@ -195,6 +195,46 @@ def _die_with_parent() -> None:  # runs in the child before exec: no orphaned se
         pass
 
 
+def exit_description(code: int) -> str:
+    """How a process ended, for a message: `exited with code 1`, `was killed by SIGKILL (the OOM killer?)`."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"was killed by signal {-code}"
+    hint = {"SIGKILL": " (the OOM killer, or kill -9)",
+            "SIGFPE": " (a crash inside Triton: Triton 2.51 dies so when a request asks its classification extension "
+                      "for the STRING output `labels`)",
+            "SIGSEGV": " (a crash inside Triton or a backend)"}.get(name, "")
+    return f"was killed by {name}{hint}"
+
+
+def _group_processes(pgid: int) -> dict[int, str]:
+    """pid -> command line of the live processes in process group `pgid` (zombies count as dead), from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'
+            state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+            if int(pgrp) != pgid or state in ("Z", "X"):
+                continue
+            found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def _stub_instance(cmdline: str) -> str:
+    """The model instance a Python-backend stub serves, from its command line (`stub <repo>/vit_preprocess/1/model.py
+    <shm region> <sizes> <pid> <backend dir> <n> vit_preprocess_0_0 DEFAULT`), else the command line's start."""
+    match = re.search(r"/([^/\s]+)/\d+/model\.py .*?\s(\1_\d+_\d+)(?:\s|$)", cmdline)
+    return match[2] if match else cmdline[:80]
+
+
 class TritonServer:
     """One tritonserver process. `with TritonServer(repo) as server:` starts, waits until ready and stops it."""
 
@@ -219,6 +259,7 @@ class TritonServer:
         self._reader: threading.Thread | None = None
         # `--id`: GET /v2 answers it, so readiness is never taken from another server that got our port first
         self.server_id = f"hub-vit-{os.getpid()}-{secrets.token_hex(4)}"
+        self.shm_prefix = f"{self.server_id}_"
 
     # -- endpoints ------------------------------------------------------------------------------------------------
     @property
@@ -248,6 +289,8 @@ class TritonServer:
             f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
             *(("--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0") if not has_gpu() else ()),
             f"--log-verbose={self.log_verbose}",
+            # the stubs' /dev/shm regions carry this server's id, so `stop` can remove what a SIGKILL leaves behind
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *self.extra_args,
         ]
 
@@ -372,10 +415,53 @@ class TritonServer:
                 self.process.kill()
                 code = self.wait(10)
             _kill_process_group(self.process.pid)  # Python-backend stubs outlive a server that died or failed to load
+            self._remove_shm_regions()
         if self._workspace is not None:
             shutil.rmtree(self._workspace, ignore_errors=True)
             self._workspace = None
         return code
+
+    def _remove_shm_regions(self) -> None:
+        """Unlink this server's shared-memory regions: a clean drain removes them, a SIGKILL of the server or its
+        stubs does not, and each holds what its stub's pool grew to (hundreds of MB after large requests)."""
+        for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            try:
+                region.unlink()
+            except OSError:
+                pass
+
+    # -- supervision ----------------------------------------------------------------------------------------------
+    def stubs(self) -> dict[int, str]:
+        """pid -> model instance of the server's live Python-backend stubs (they run in its process group)."""
+        if self.process is None:
+            return {}
+        return {pid: _stub_instance(cmd) for pid, cmd in _group_processes(self.process.pid).items()
+                if pid != self.process.pid and "triton_python_backend_stub" in cmd}
+
+    def watch(self, stopping: threading.Event, interval_s: float = 1.0) -> str | None:
+        """Block while the server runs. None once it exits after `stopping` was set (a shutdown); else the failure,
+        one line: tritonserver died, or one of its Python-backend stubs did. Triton 2.51 does not restart a dead stub
+        and keeps reporting ready, while every request routed to that instance fails (HTTP 500 "Stub process ... is
+        not healthy"): such a server must be replaced, not kept."""
+        assert self.process is not None
+        stubs = self.stubs()  # those of a ready server: one per Python-backend model instance
+        while True:
+            try:
+                code = self.process.wait(interval_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code is not None:
+                if self._reader is not None:
+                    self._reader.join(timeout=5)
+                return None if stopping.is_set() else f"tritonserver {exit_description(code)}"
+            if stopping.is_set():
+                continue  # draining: stubs end on their own
+            alive = self.stubs()
+            dead = sorted(set(stubs) - set(alive))
+            if dead and not stopping.is_set():
+                names = ", ".join(f"'{stubs[pid]}' (pid {pid})" for pid in dead)
+                return (f"the Python-backend stub of model instance {names} died (killed, e.g. by the OOM killer, or "
+                        "crashed); Triton does not restart it and fails every request sent to that instance")
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.process is None else self

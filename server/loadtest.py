@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from hub_vit.server.client import AsyncClassifier, ImageLike, encode
+from hub_vit.server.client import AsyncClassifier, ImageLike, encode, resolve_protocol
 
 
 @dataclass
@@ -38,6 +38,8 @@ class LoadResult:
     latency_ms: dict[str, float]  # p50, p90, p99, mean, max
     batching: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> inferences, executions, ratio
     error_messages: dict[str, int] = field(default_factory=dict)
+    interrupted: bool = False  # Ctrl-C ended the run early: the numbers cover the time until then
+    statistics_error: str | None = None  # why `batching` is empty: the server's statistics could not be read
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +95,8 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
     if requests is None and (duration_s is None or not 0 < duration_s < math.inf):  # NaN fails this too
         raise ValueError(f"the duration (--duration) must be a finite number of seconds > 0, got {duration_s}; "
                          "or give a request count (--requests)")
+    if resolve_protocol(url, protocol) == "http":
+        _allow_open_files(concurrency + 64)  # one socket per worker, plus the interpreter's own files
     payloads = [encode(image) for image in images]
     if not payloads:
         raise ValueError("no images to send")
@@ -102,7 +106,9 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
     errors: Counter[str] = Counter()
     issued = 0
 
-    async with AsyncClassifier(url, protocol=protocol, model=model) as client:
+    # as many HTTP connections as workers: tritonclient's default of 100 would queue the rest in the client, and a
+    # "concurrency 2000" run would offer the server 100 requests at a time without saying so
+    async with AsyncClassifier(url, protocol=protocol, model=model, connections=max(100, concurrency)) as client:
         limit = await client.max_batch_size()
         if limit and batch > limit:  # the client would split it: one "request" would then be several
             raise ValueError(f"--batch {batch} is more than the {limit} images per request model {model!r} takes "
@@ -118,10 +124,11 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         before = await client.statistics()
         start = time.perf_counter()
         deadline = None if requests is not None else start + float(duration_s or 0)
+        interrupted = _on_first_interrupt()
 
         async def worker() -> None:
             nonlocal issued
-            while True:
+            while not interrupted.is_set():
                 if requests is not None:
                     if issued >= requests:
                         return
@@ -138,18 +145,86 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
                 except Exception as err:  # any server answer that is not a result is an error of the run
                     errors[str(err)[:160]] += 1
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        try:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        finally:
+            interrupted.restore()
         seconds = time.perf_counter() - start
-        after = await settled_statistics(client, before, len(latencies) * batch, model=model)
+        stopped_at = interrupted.at
+        batching, statistics_error = {}, None
+        try:
+            after = await settled_statistics(client, before, len(latencies) * batch, model=model)
+            batching = batching_delta(before, after)
+        except Exception as err:  # the server died during the run: its answers so far are still the result
+            statistics_error = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
 
     done = rated = len(latencies)
-    if deadline is not None:  # rate over the window; the tail drained after the deadline is not load we offered
+    if deadline is not None and stopped_at is None:  # rate over the window, not the tail drained after it
         seconds, rated = float(duration_s), sum(1 for t in answered_at if t <= deadline)
+    elif stopped_at is not None:  # Ctrl-C: the window ends there; requests then in flight were awaited
+        seconds, rated = max(stopped_at - start, 1e-9), sum(1 for t in answered_at if t <= stopped_at)
     return LoadResult(
         protocol=client.protocol, concurrency=concurrency, batch=batch, requests=done, errors=sum(errors.values()),
         seconds=seconds, throughput_rps=rated / seconds, images_per_s=rated * batch / seconds,
-        latency_ms=percentiles(latencies), batching=batching_delta(before, after), error_messages=dict(errors),
+        latency_ms=percentiles(latencies), batching=batching, error_messages=dict(errors),
+        interrupted=stopped_at is not None, statistics_error=statistics_error,
     )
+
+
+def _allow_open_files(count: int) -> None:
+    """Raise this process's soft limit on open files towards `count` (at most the hard limit): an HTTP run at
+    concurrency 2000 needs 2000 sockets, over the usual soft limit of 1024 ("Too many open files" per request)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < count:
+        target = count if hard == resource.RLIM_INFINITY else min(count, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass  # the requests over the limit then fail, each counted with its reason
+
+
+class _Interrupt:
+    """Set by the first Ctrl-C of a run (`_on_first_interrupt`): workers send no new request, the ones in flight are
+    awaited and the run is reported. `at`: perf_counter time of that Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self._restore: Any = None
+
+    def is_set(self) -> bool:
+        return self.at is not None
+
+    def restore(self) -> None:
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
+
+
+def _on_first_interrupt() -> _Interrupt:
+    """The first Ctrl-C (SIGINT) ends the run early with its numbers so far; a second one, restored to Python's
+    default, aborts at once. Only in the main thread's loop (signal handlers cannot be set elsewhere)."""
+    import signal
+    import threading
+
+    state = _Interrupt()
+    if threading.current_thread() is not threading.main_thread():
+        return state
+    loop = asyncio.get_running_loop()
+
+    def first() -> None:
+        state.at = time.perf_counter()
+        state.restore()  # the next Ctrl-C raises KeyboardInterrupt as usual
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, first)
+    except (NotImplementedError, RuntimeError, ValueError):  # no signal support in this loop
+        return state
+    state._restore = lambda: loop.remove_signal_handler(signal.SIGINT)
+    return state
 
 
 def load_test(url: str, images: Sequence[ImageLike], **kwargs: Any) -> LoadResult:

@@ -11,6 +11,7 @@ import shlex
 import shutil
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -134,6 +135,8 @@ def serve(
     max_queue_size: MaxQueueSize = DEFAULTS.max_queue_size,
     top_k: TopK = DEFAULTS.top_k,
     exit_timeout: int = typer.Option(30, help="Seconds in-flight requests get to finish on Ctrl-C / SIGTERM."),
+    max_restarts: int = typer.Option(3, help="Restart tritonserver when it or one of its backend stubs dies, at most "
+                                             "this many times within 60 s (0: exit with an error instead)."),
     quiet: bool = typer.Option(False, help="Do not stream the server log."),
     demo: bool = typer.Option(False, "--demo", help="Also run the Gradio rollout demo (it can take labels from "
                                                     "this server)."),
@@ -142,7 +145,7 @@ def serve(
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.ports import PortError, check_host, check_ports
-    from hub_vit.server.launcher import ServerError, TritonServer, shell_safe_tempdir
+    from hub_vit.server.launcher import ServerError, TritonServer, exit_description, shell_safe_tempdir
     from hub_vit.server.repository import write_repository
 
     try:  # before building anything: a taken port is the likeliest reason a second `serve` fails
@@ -153,6 +156,8 @@ def serve(
         raise fail(str(err)) from None
     if exit_timeout < 0:
         raise fail(f"--exit-timeout must be >= 0 seconds, got {exit_timeout}")
+    if max_restarts < 0:
+        raise fail(f"--max-restarts must be >= 0, got {max_restarts}")
     workdir = None
     example = "IMAGE..."
     if repository_dir is None:
@@ -181,19 +186,23 @@ def serve(
     # soft_wrap: one log line stays one line in a log file / journal (rich would cut it at 80 columns off a terminal)
     log = None if quiet else (lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True,
                                                              emoji=False))
+    def new_server() -> TritonServer:
+        return TritonServer(repository_dir, host=host, http_port=http_port, grpc_port=grpc_port,
+                            metrics_port=metrics_port, exit_timeout_s=exit_timeout, log=log)
+
     try:
-        server = TritonServer(repository_dir, host=host, http_port=http_port, grpc_port=grpc_port,
-                              metrics_port=metrics_port, exit_timeout_s=exit_timeout, log=log)
+        server = new_server()
     except ServerError as err:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
         raise fail(str(err)) from None
-    stop = threading.Event()
+    stop, forced = threading.Event(), threading.Event()
 
     def _on_signal(signum: int, _frame: object) -> None:
         if stop.is_set():  # a second Ctrl-C / SIGTERM: the user will not wait for the drain
             err_console.print(f"[yellow]{signal.Signals(signum).name} again: stopping now, in-flight requests are "
                               "dropped[/]")
+            forced.set()
             server.kill()
             return
         err_console.print(f"[yellow]{signal.Signals(signum).name}: draining in-flight requests (up to "
@@ -218,9 +227,34 @@ def serve(
                       markup=False, highlight=False, soft_wrap=True)
         if demo:
             demo_app = _start_demo(model, workdir is None, host, demo_port, server.http_url, name)
-        code = server.wait()
-        if not stop.is_set():
-            raise fail(f"tritonserver exited unexpectedly with code {code}; log tail:\n{server.tail()}", code=1)
+        restarts: list[float] = []  # monotonic times of the restarts within the last minute
+        while (failure := server.watch(stop)) is not None:
+            now = time.monotonic()
+            restarts = [t for t in restarts if now - t < 60]
+            if len(restarts) >= max_restarts:
+                why = (f"not restarting: {len(restarts)} restarts within 60 s already (--max-restarts {max_restarts})"
+                       if max_restarts else "not restarting (--max-restarts 0)")
+                raise fail(f"{failure}; {why}; log tail:\n{server.tail()}", code=1)
+            restarts.append(now)
+            # A replaced server, not a half-working one: Triton keeps answering ready with a dead stub
+            err_console.print(f"[red]error:[/] {escape(failure)}; restarting tritonserver ({len(restarts)} of at most "
+                              f"{max_restarts} restarts within 60 s); requests in flight are lost", soft_wrap=True)
+            server.kill()
+            server.stop()
+            server = new_server()
+            server.start()
+            if stop.is_set():  # Ctrl-C / SIGTERM while it was starting: `_on_signal` saw the old server
+                server.terminate()
+            else:
+                console.print(f"[bold green]serving again[/] model [bold]{name}[/] on the same ports")
+        code = server.process.returncode if server.process is not None else None
+        if code and not forced.is_set():
+            # Triton's "Exit timeout expired": something held the drain open for --exit-timeout. That may be requests
+            # still running (they got no answer) or only idle keep-alive connections (a load balancer's), which a
+            # normal stop must not report as a failure: a warning, and the exit status of a requested stop.
+            err_console.print(f"[yellow]warning:[/] tritonserver {exit_description(code)} while stopping: its drain "
+                              f"did not finish within --exit-timeout {exit_timeout} s (requests still running got no "
+                              "answer; idle keep-alive connections also hold it open)", soft_wrap=True)
         console.print("tritonserver stopped")
     except ServerError as err:
         if stop.is_set():  # interrupted while still loading: a normal exit, not a server fault
@@ -477,6 +511,8 @@ def loadtest(
     except Exception as err:  # connection refused, unknown model, ...
         raise fail(_request_failed(protocol, url, err), code=1) from None
     lat = result.latency_ms
+    if result.interrupted:
+        err_console.print("[yellow]interrupted (Ctrl-C):[/] the numbers cover the run until then")
     console.print(f"[bold]{result.requests}[/] requests ({result.errors} errors) in {result.seconds:.1f} s, "
                   f"concurrency {concurrency}, {protocol}: [bold]{result.throughput_rps:.1f} req/s[/], "
                   f"{result.images_per_s:.1f} images/s")
@@ -489,7 +525,11 @@ def loadtest(
     for step, numbers in result.batching.items():
         table.add_row(step, str(numbers["inferences"]), str(numbers["executions"]),
                       f"{numbers['images_per_execution']:.2f}")
-    console.print(table)
+    if result.statistics_error is None:
+        console.print(table)
+    else:  # e.g. the server went away during the run: the answers it gave are still reported
+        err_console.print(f"[yellow]no server batching statistics:[/] reading them after the run failed "
+                          f"({escape(result.statistics_error)}); did the server stop?", soft_wrap=True)
     for message, count in result.error_messages.items():
         err_console.print(f"[red]{count} x[/] {escape(message)}", soft_wrap=True, emoji=False)
     if json_out is not None:
@@ -497,6 +537,8 @@ def loadtest(
             json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         except OSError as err:
             raise fail(f"cannot write --json {str(json_out)!r}: {err}", code=1) from None
+    if result.interrupted:  # reported and saved, but not a completed run: the shell's code for Ctrl-C
+        raise typer.Exit(130)
     if result.errors and not allow_errors:  # a CI job must see a broken run (--allow-errors for overload tests)
         raise fail(f"{result.errors} of {result.errors + result.requests} requests failed (reasons above; "
                    "--allow-errors exits 0 anyway)", code=1)
