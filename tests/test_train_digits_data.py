@@ -46,3 +46,20 @@ def test_temp_folders_of_dead_processes_are_removed(tmp_path: Path, monkeypatch:
     with pytest.raises(KeyboardInterrupt):
         digits.write_image_folder(tmp_path / "data")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unrelated.name])
+
+
+def test_ctrl_c_while_the_cli_writes_the_data_leaves_no_run_folder(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # `hub-vit train --preset digits --out X` interrupted ~4 s in (while writing the digits PNGs) used to leave an
+    # empty X behind, exit 130 and print nothing
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _failing_save(monkeypatch, KeyboardInterrupt())
+    _load_commands()
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "--preset", "digits", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 130, result.output
+    assert "interrupted" in result.output and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train.data import DataFolderError
-from hub_vit.train.loop import RunFolderError, train
+from hub_vit.train.loop import RunFolderError, TrainingWarning, train
 from hub_vit.train.recipe import Recipe
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 60, 230)}
@@ -263,7 +263,8 @@ def test_bad_settings_name_the_choices() -> None:
     ("eps=0", "eps must be a finite number > 0, got 0"),
     ("eval_every_epochs=1e400", "eval_every_epochs must be a finite number > 0, got inf"),
     ("b2=1", r"b1 and b2 are Adam's decay rates in \[0, 1\)"),
-    ("seed=-1", r"seed must be an integer in \[0, 2\*\*32\), got -1"),
+    ("seed=-1", r"seed must be an integer in \[0, 2\*\*64\), got -1"),
+    ("seed=18446744073709551616", r"seed must be an integer in \[0, 2\*\*64\), got 18446744073709551616"),
 ])
 def test_settings_that_only_failed_later_are_refused_up_front(assignment: str | dict, needle: str) -> None:
     """Each of these used to pass the recipe check and fail after recipe.json was written: a DataLoader worker's
@@ -344,3 +345,237 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint(data: Path, tmp_path: Pat
     assert logged[-1] == int(step)
     resumed = train(recipe, data, run, stop_at=int(step) + 1, progress=False)
     assert [h["step"] for h in resumed.history if "loss" in h] == [int(step) + 1]
+
+
+# ------------------------------------------------------------------------------------------------ review s11
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_resume_on_other_training_images_is_refused(data: Path, tmp_path: Path) -> None:
+    """A changed image count used to resume silently: the run length followed the new count while the restored
+    scheduler kept the old one (a grown set trained its last steps at lr 0, a shrunk one stopped at 71 % of the peak
+    lr), and the image order changed. Other files of the same count change the order too."""
+    mine = _copy(data, tmp_path / "data")
+    recipe = TINY.replace(total_steps=4)
+    train(recipe, mine, tmp_path / "run", stop_at=2, progress=False)
+    extra = mine / "train" / "red" / "new.png"
+    extra.write_bytes((mine / "train" / "red" / "0.png").read_bytes())
+    with pytest.raises(RunFolderError, match=r"^train data changed since the checkpoint: 25 images, the run was "
+                                             r"started with 24; .*restore the data, or start a new run folder"):
+        train(recipe, mine, tmp_path / "run", progress=False)
+    extra.unlink()
+    (mine / "train" / "red" / "0.png").rename(mine / "train" / "red" / "renamed.png")
+    with pytest.raises(RunFolderError, match=r"the same number of images \(24\) but other file names"):
+        train(recipe, mine, tmp_path / "run", progress=False)
+    (mine / "train" / "red" / "renamed.png").rename(mine / "train" / "red" / "0.png")
+    assert train(recipe, mine, tmp_path / "run", progress=False).model_dir is not None  # restored: resumes
+
+
+def test_resume_on_edited_images_or_other_val_data_warns(data: Path, tmp_path: Path) -> None:
+    """An image replaced in place (the way to repair a damaged one) keeps the order and the schedule: the run
+    resumes, with a warning; so does a changed val split, which does not change the weights."""
+    mine = _copy(data, tmp_path / "data")
+    recipe = TINY.replace(total_steps=4)
+    train(recipe, mine, tmp_path / "run", stop_at=2, progress=False)
+    (mine / "train" / "red" / "0.png").write_bytes((mine / "train" / "blue" / "1.png").read_bytes())
+    with pytest.warns(TrainingWarning, match=r"train data changed since the checkpoint: the same 24 file names, but "
+                                             r"some files have other sizes"):
+        train(recipe, mine, tmp_path / "run", stop_at=3, progress=False)
+    (mine / "val" / "red" / "extra.png").write_bytes((mine / "val" / "red" / "0.png").read_bytes())
+    with pytest.warns(TrainingWarning, match=r"val data changed since the checkpoint: 7 images, the run was started "
+                                             r"with 6; .*measured on different images"):
+        result = train(recipe, mine, tmp_path / "run", progress=False)
+    assert result.model_dir is not None
+    recorded = json.loads((tmp_path / "run" / "recipe.json").read_text())["data"]
+    assert recorded["train"]["images"] == 24 and recorded["val"]["images"] == 7  # the data it resumed on
+
+
+def test_run_folder_without_a_data_fingerprint_resumes_with_a_warning(data: Path, tmp_path: Path) -> None:
+    # run folders written before the fingerprint: resumed as before, and told that the data is not checked
+    recipe = TINY.replace(total_steps=3)
+    train(recipe, data, tmp_path / "run", stop_at=2, progress=False)
+    saved = tmp_path / "run" / "recipe.json"
+    old = json.loads(saved.read_text())
+    for key in ("data", "init_sha256"):
+        del old[key]
+    saved.write_text(json.dumps(old))
+    with pytest.warns(TrainingWarning, match=r"was started before hub-vit recorded a fingerprint of the data"):
+        result = train(recipe, data, tmp_path / "run", progress=False)
+    assert result.step == 3 and "data" in json.loads(saved.read_text())
+
+
+def test_init_is_compared_by_content_not_as_typed(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                  ) -> None:
+    """`--init d1/model` then `--init /abs/d1/model`, or the same run resumed from another directory, used to be
+    refused as 'another recipe (init: 'd1/model' -> ...)'."""
+    import shutil
+
+    base = train(TINY.replace(total_steps=1, warmup_steps=0), data, tmp_path / "d1", progress=False).model_dir
+    monkeypatch.chdir(tmp_path)
+    recipe = TINY.replace(total_steps=4)
+    train(recipe, data, Path("ft"), init=Path("d1/model"), stop_at=1, progress=False)
+    train(recipe, data, tmp_path / "ft", init=base, stop_at=2, progress=False)  # absolute path
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    train(recipe, data, Path("../ft"), init=Path("../d1/model"), stop_at=3, progress=False)  # another directory
+    shutil.move(tmp_path / "d1", tmp_path / "moved")  # the same weights elsewhere (a copy on local scratch)
+    train(recipe, data, tmp_path / "ft", init=tmp_path / "moved" / "model", stop_at=4, progress=False)
+    other = train(TINY.replace(total_steps=1, warmup_steps=0, seed=1), data, tmp_path / "d2", progress=False)
+    shutil.rmtree(tmp_path / "moved" / "model")
+    shutil.copytree(other.model_dir, tmp_path / "moved" / "model")  # other weights under the recorded path
+    with pytest.raises(RunFolderError, match=r"another recipe \(init: '.*moved/model \(sha256 \w{12}...\)' -> "):
+        train(recipe, data, tmp_path / "ft", init=tmp_path / "moved" / "model", progress=False)
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint(data: Path, tmp_path: Path) -> None:
+    """SIGTERM (timeout, SLURM, systemd, kill) used to lose every step since the last checkpoint, print two
+    tracebacks when the data-loader workers got it too, and could leave a `.step_*` staging folder. It now works as
+    Ctrl-C does: the step finishes, is checkpointed, and the command exits 143 with one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    argv = ["hub-vit", "train", str(data), "--out", str(run), "--model", "simplevit_digits", "--img-size", "32",
+            "--batch-size", "8", "--warmup-steps", "1", "--mixup", "0", "--randaug", "", "--workers", "1",
+            "--threads", "1", "--steps", "2000", "--set", "log_every_steps=1", "--no-progress"]
+    script = f"import sys\nsys.argv = {argv!r}\nfrom hub_vit.cli import main\nmain()\n"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = run / "metrics.jsonl"
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGTERM)  # the whole group, workers included, as `timeout` and SLURM do
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    text = " ".join(out.split())
+    assert proc.returncode == 128 + signal.SIGTERM, text
+    assert "Traceback" not in text and "killed by signal" not in text
+    step = ckpt.latest(run).step
+    assert 3 <= step < 2000 and f"stopped by SIGTERM after step {step}/2000, checkpoint written" in text
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step_{step:09d}"]  # no .step_* staging
+
+
+def test_a_failed_checkpoint_write_leaves_no_staging_folder_and_old_ones_are_swept(data: Path, tmp_path: Path
+                                                                                   ) -> None:
+    """A second Ctrl-C/SIGTERM during the write raises inside `save`: the staging folder goes, the checkpoints
+    before it stay. One left by a process killed outright (SIGKILL) is removed when the run starts again."""
+    recipe = TINY.replace(total_steps=3)
+    run = tmp_path / "run"
+    result = train(recipe, data, run, stop_at=2, progress=False)
+    assert result.step == 2
+
+    class Interrupted:  # a scheduler whose state is interrupted while being saved (as by a second signal)
+        def state_dict(self) -> dict:
+            raise KeyboardInterrupt
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(run, 3, model, torch.optim.SGD(model.parameters(), lr=0.1), Interrupted())
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000000002"]
+    stale = run / "checkpoints" / ".step_000000003.999999999"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    assert train(recipe, data, run, progress=False).model_dir is not None
+    assert not stale.exists()
+
+
+def test_stop_signal_handlers_are_restored_even_when_unknown(tmp_path: Path) -> None:
+    # signal.getsignal/signal.signal return None for a handler installed outside Python; signal.signal(s, None)
+    # raises TypeError. A signal ignored on purpose (SIG_IGN) stays ignored.
+    import signal
+
+    from hub_vit.train.loop import _StopOnSignal
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with _StopOnSignal(enabled=True) as stop:
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # not taken over
+            assert signal.getsignal(signal.SIGINT) == stop._handle
+            stop._previous[signal.SIGINT] = None  # as if the previous handler had been installed from C
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        with _StopOnSignal(enabled=True) as stop:
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.signum == signal.SIGTERM and stop.requested
+            assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]  # a second one acts at once
+            assert signal.getsignal(signal.SIGINT) == before[signal.SIGINT]
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def test_checkpoints_follow_the_umask_like_the_rest_of_the_run_folder(data: Path, tmp_path: Path) -> None:
+    # tempfile.mkdtemp made step_* 0700 and safetensors wrote model.safetensors 0600: teammates on a shared file
+    # system could read model/ but not resume from or inspect the checkpoints
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        train(TINY.replace(total_steps=1, warmup_steps=0), data, tmp_path / "run", progress=False)
+    finally:
+        os.umask(old)
+    folder = ckpt.latest(tmp_path / "run").path
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in folder.iterdir()} == {
+        "model.safetensors": 0o644, "state.pt": 0o644}
+
+
+def test_damaged_training_image_mid_run_is_one_line_and_keeps_the_steps(data: Path, tmp_path: Path) -> None:
+    """A damaged image read by a data-loader worker used to end in torch's 20-line 'Caught DataFolderError in
+    DataLoader worker process 0 ... Original Traceback' and lose the steps since the last checkpoint."""
+    from hub_vit.train.data import TrainStream, scan_split
+
+    mine = _copy(data, tmp_path / "data")
+    recipe = TINY.replace(total_steps=6, workers=1, randaug="", mixup=0.0, checkpoint_every_steps=1000)
+    stream = TrainStream(scan_split(mine, "train"), recipe)
+    first_step = {stream.index_of(p) for p in range(recipe.batch_size)}
+    index = next(i for i in range(len(stream)) if i not in first_step)  # read in step 2 or 3 (first epoch)
+    bad = stream.split.samples[index][0]
+    good = bad.read_bytes()
+    bad.write_bytes(b"not an image")
+    with pytest.raises(DataFolderError) as caught:
+        train(recipe, mine, tmp_path / "run", progress=False)
+    message = str(caught.value)
+    assert message.startswith(f"cannot decode image {str(bad)!r}") and "\n" not in message
+    assert "checkpoint of step" in message and "replace the file with a readable image of the same name" in message
+    step = ckpt.latest(tmp_path / "run").step
+    assert 1 <= step < 3 and f"checkpoint of step {step} written" in message
+    logged = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, step + 1))  # each step done is logged (the resumed run starts after them)
+    bad.write_bytes(good + b"\0")  # repaired (in place, another size): resumes with a warning
+    with pytest.warns(TrainingWarning, match="some files have other sizes"):
+        result = train(recipe, mine, tmp_path / "run", progress=False)
+    assert result.model_dir is not None
+
+
+def test_damaged_val_image_is_found_before_the_first_step(data: Path, tmp_path: Path) -> None:
+    # it used to surface at the first eval (after every step before it; at the end of a run with the defaults), in
+    # the eval that ran before that step's checkpoint was written
+    mine = _copy(data, tmp_path / "data")
+    (mine / "val" / "red" / "0.png").write_bytes((mine / "val" / "red" / "0.png").read_bytes()[:60])  # cut short
+    with pytest.raises(DataFolderError, match=r"cannot decode image .*val/red/0\.png"):
+        train(TINY.replace(total_steps=2), mine, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_epoch_in_metrics_agrees_with_training_json(data: Path, tmp_path: Path) -> None:
+    # 24 images, batch 16: 3 steps are 2.0 epochs; metrics.jsonl said 1.5 (steps per epoch rounded to 2)
+    recipe = TINY.replace(batch_size=16, micro_batch=None, total_steps=3, warmup_steps=1)
+    result = train(recipe, data, tmp_path / "run", progress=False)
+    training = json.loads((result.model_dir / "training.json").read_text())
+    assert training["epochs"] == 2.0 and result.history[-1]["epoch"] == 2.0

@@ -1,7 +1,7 @@
 """`hub-vit train`: the "Better plain ViT baselines" recipe on an image folder (or the bundled digits).
 
     hub-vit train DATA --out runs/s16                       # paper config: S/16, batch 1024, 90 epochs
-    hub-vit train DATA --out runs/ft --init FOLDER --epochs 10 --lr 3e-4 --warmup-steps 500
+    hub-vit train DATA --out runs/ft --init FOLDER --epochs 10 --lr 3e-4 --warmup-steps 20 --batch-size 64
     hub-vit train --preset digits --out runs/digits           # the shipped default model
     torchrun --nproc_per_node 8 -m hub_vit.train DATA --out runs/s16   # DDP, same global batch
 
@@ -12,15 +12,19 @@ Running the same command again resumes from the newest checkpoint.
 from __future__ import annotations
 
 import os
+import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import app, console, fail
+from hub_vit.cli.app import app, console, err_console, fail
 
 PRESETS = ("vit_s16_i1k", "digits")
+# recipe settings that have their own flag (the rest only have --set)
+FLAG_NAMES = {"total_epochs": "--epochs", "total_steps": "--steps"}
 
 
 @app.command("train")
@@ -58,7 +62,8 @@ def train_command(
     from hub_vit.conversion.download import DownloadError
     from hub_vit.train import digits
     from hub_vit.train.data import DataFolderError
-    from hub_vit.train.loop import RunFolderError, check_run_folder_path, train
+    from hub_vit.train.loop import RunFolderError, TrainingWarning, check_run_folder_path, train
+    from hub_vit.train.models import ModelChoiceError
     from hub_vit.train.recipe import VIT_S16_I1K
 
     if threads is not None:
@@ -72,6 +77,11 @@ def train_command(
     if install_to is not None and preset != "digits":
         raise fail("--install-to installs the default model (digit samples, sklearn-digits card) and needs "
                    "--preset digits; the finished model folder of any run is OUT/model")
+    if install_to is not None and data is not None:
+        # the default model's samples, held-out check and card are scikit-learn's digits: a model trained on DATA
+        # installed with them would claim digit samples (named 0..9) for classes it does not have
+        raise fail("--install-to installs the default digits model and trains on the bundled digits: leave out DATA "
+                   f"({str(data)!r}); the finished model folder of a run on your own data is OUT/model")
     if install_to is not None:
         from hub_vit.folder import check_output_folder
 
@@ -89,6 +99,11 @@ def train_command(
                                  micro_batch=micro_batch, total_epochs=epochs, total_steps=steps, lr=lr, wd=wd,
                                  warmup_steps=warmup_steps, mixup=mixup, randaug=randaug, seed=seed,
                                  precision=precision, workers=workers)
+    for item in set_:  # `--lr 1e-3 --set lr=3e-3` used to let --set win without a word
+        key = item.partition("=")[0].strip().replace("-", "_")
+        if flags.get(key) is not None:
+            flag = FLAG_NAMES.get(key, "--" + key.replace("_", "-"))
+            raise fail(f"{flag} and --set {item} both set {key}; pass one of them")
     try:
         recipe = recipe.replace(**{k: v for k, v in flags.items() if v is not None}).with_overrides(set_)
         dataset_info: dict[str, Any] = {}
@@ -99,22 +114,38 @@ def train_command(
             data = digits.write_image_folder(out / "data")
             dataset_info = digits.dataset_info()
             architecture = recipe.model if init is None else None
-        result = train(recipe, data, out, init=init, device=device, stop_at=stop_at, progress=progress,
-                       architecture=architecture, dataset_info=dataset_info)
+        with warnings.catch_warnings():  # restores showwarning and the filters afterwards
+            warnings.simplefilter("always", TrainingWarning)
+            warnings.showwarning = _show_warning(warnings.showwarning, TrainingWarning)
+            result = train(recipe, data, out, init=init, device=device, stop_at=stop_at, progress=progress,
+                           architecture=architecture, dataset_info=dataset_info)
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
         _discard_fresh_run_folder(out, fresh_out)
         raise fail(str(exc)) from None
     except (ValueError, FileNotFoundError) as exc:
-        if isinstance(exc, (DataFolderError, RunFolderError)) or type(exc) in (ValueError, FileNotFoundError):
+        if isinstance(exc, (DataFolderError, RunFolderError, ModelChoiceError)) or type(exc) in (ValueError,
+                                                                                                 FileNotFoundError):
             _discard_fresh_run_folder(out, fresh_out)
             raise fail(str(exc)) from None
+        raise
+    except FloatingPointError as exc:  # "gradient norm is inf at step 2; lower --lr": a bad value, found by running
+        raise fail(str(exc)) from None
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the first step (e.g. while the digits data is written)
+        _discard_fresh_run_folder(out, fresh_out)
+        console.print("interrupted; checkpoints written before are kept, run the same command to resume")
+        raise typer.Exit(128 + signal.SIGINT) from None
+    except SystemExit as exc:  # SIGTERM outside the training steps, or a second one (hub_vit.cli's handler)
+        if exc.code == 128 + signal.SIGTERM:
+            _discard_fresh_run_folder(out, fresh_out)  # no half-made run folder
+            console.print("stopped by SIGTERM; checkpoints written before are kept, run the same command to resume")
         raise
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
         return
     if result.interrupted:
-        console.print(f"interrupted at step {result.step}/{result.total_steps}, checkpoint written; run the same "
-                      "command to resume")
-        raise typer.Exit(130)
+        name = "Ctrl-C" if result.stop_signal in (None, signal.SIGINT) else signal.Signals(result.stop_signal).name
+        console.print(f"stopped by {name} after step {result.step}/{result.total_steps}, checkpoint written; run the "
+                      "same command to resume")
+        raise typer.Exit(128 + (result.stop_signal or signal.SIGINT))  # 130 for Ctrl-C, 143 for SIGTERM
     if result.model_dir is None:
         # the same --stop-at would stop again at once: the run goes on only with a later stop or none
         console.print(f"stopped at step {result.step}/{result.total_steps}; to resume, run the same command with a "
@@ -139,3 +170,14 @@ def _discard_fresh_run_folder(out: Path, fresh: bool) -> None:
         import shutil
 
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _show_warning(default, category: type[Warning]):
+    """`warnings.showwarning` that prints the run's own warnings as one `warning:` line (not Python's
+    'file:line: TrainingWarning: ...' with a source line) and leaves every other warning to `default`."""
+    def show(message, kind, filename, lineno, file=None, line=None):  # warnings.showwarning's signature
+        if issubclass(kind, category):
+            err_console.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True, emoji=False)
+        else:
+            default(message, kind, filename, lineno, file, line)
+    return show

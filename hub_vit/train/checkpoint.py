@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,16 +32,25 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 def save(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
          extra: dict[str, Any] | None = None, keep: int = 2) -> Path:
-    """Write checkpoint `step` atomically and keep only the newest `keep` ones."""
+    """Write checkpoint `step` atomically and keep only the newest `keep` ones.
+
+    The staging folder `.step_N.<pid>` is renamed into place when complete; a process killed before that leaves it
+    behind, and `remove_staging` (at the next start) removes it. Permissions follow the umask like the rest of the
+    run folder (tempfile.mkdtemp made the folder 0700 and safetensors writes 0600: teammates on a shared file system
+    could read model/ but not resume from or inspect the checkpoints).
+    """
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:09d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    tmp = root / f".{final.name}.{os.getpid()}"  # one writer per run folder; a same-named leftover is a dead one's
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     try:
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "step": str(step)})
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "extra": extra or {}}, tmp / "state.pt")
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "step": str(step)})
+        os.chmod(tmp / "model.safetensors", stat.S_IMODE((tmp / "state.pt").stat().st_mode))  # open()'s umask mode
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -51,6 +60,16 @@ def save(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.opti
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
     return final
+
+
+def remove_staging(run_dir: Path) -> list[Path]:
+    """Remove the `.step_*` staging folders of checkpoints whose writer was killed before renaming them (hundreds of
+    MB each for a B/16; `list_checkpoints` never picks them up, so nothing else would remove them)."""
+    root = checkpoint_dir(run_dir)
+    stale = sorted(p for p in root.glob(f".{PREFIX}*") if p.is_dir()) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def list_checkpoints(run_dir: Path) -> list[Checkpoint]:

@@ -12,6 +12,7 @@ all see the same images with the same augmentations.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from collections.abc import Iterator
@@ -38,6 +39,16 @@ IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"})
 
 class DataFolderError(ValueError):
     """The data folder is missing, empty, or holds something that is not an image."""
+
+    @classmethod
+    def from_worker(cls, exc: DataFolderError) -> DataFolderError:
+        """The error's own one-line message when `exc` was raised in a data-loader worker: torch re-raises it in the
+        main process with the worker's whole traceback as the message (20 lines for "cannot decode image ...")."""
+        text = str(exc).rstrip()
+        marker = f"{cls.__name__}: "
+        if not text.startswith(f"Caught {cls.__name__}") or marker not in text:
+            return exc
+        return cls(text.rsplit(marker, 1)[1])
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,29 @@ def scan_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
         raise DataFolderError(f"data folder {str(folder)!r} has no images; expected {split}/<class>/<image> with "
                               f"one of the extensions {', '.join(sorted(extensions))}")
     return ImageFolderSplit(folder, tuple(samples), tuple(classes))
+
+
+def fingerprint(split: ImageFolderSplit) -> dict[str, object]:
+    """What a resumed run compares to make sure it reads the data the run started with: the image count, a digest of
+    the sorted relative paths (the order of the images and the length of the run follow from them) and a digest of
+    the paths with their sizes (an image edited or replaced in place). File sizes, not contents: one `stat` per
+    image, cheap even for ImageNet's 1.28M files."""
+    files = sorted((path.relative_to(split.root).as_posix(), path.stat().st_size) for path, _ in split.samples)
+    names = hashlib.sha256("".join(f"{name}\n" for name, _ in files).encode())
+    sized = hashlib.sha256("".join(f"{name}\t{size}\n" for name, size in files).encode())
+    return dict(images=len(files), names_sha256=names.hexdigest(), files_sha256=sized.hexdigest())
+
+
+def check_headers(split: ImageFolderSplit) -> None:
+    """DataFolderError naming the first file PIL cannot identify (or whose structure is broken, for the formats whose
+    `verify` checks it without decoding, e.g. PNG's chunk CRCs). Cheap: the pixels are not decoded, so a truncated
+    image can still fail later, when it is decoded."""
+    for path, _ in split.samples:
+        try:
+            with Image.open(path) as img:
+                img.verify()
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:  # PIL's PNG verify raises SyntaxError
+            raise DataFolderError(f"cannot decode image {str(path)!r}: {exc}") from exc
 
 
 def load_rgb(path: Path) -> Image.Image:

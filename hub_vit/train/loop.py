@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
+import hashlib
 import json
 import math
 import os
@@ -17,6 +19,7 @@ import platform
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,16 @@ from torch.utils.data import DataLoader, Subset
 from hub_vit.atomic import file_in_the_way
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train import distributed
-from hub_vit.train.data import EvalImages, SeededMixup, StreamBatches, TrainStream, scan_split
+from hub_vit.train.data import (
+    DataFolderError,
+    EvalImages,
+    SeededMixup,
+    StreamBatches,
+    TrainStream,
+    check_headers,
+    fingerprint,
+    scan_split,
+)
 from hub_vit.train.models import build_model, init_folder_architecture
 from hub_vit.train.recipe import Recipe
 from hub_vit.train.schedule import current_lr, make_optimizer, make_scheduler
@@ -43,41 +55,74 @@ class TrainResult:
     total_steps: int
     model_dir: Path | None = None  # set when the run reached total_steps
     val_top1: float | None = None
-    interrupted: bool = False  # Ctrl-C: stopped after a step, with a checkpoint of it
+    interrupted: bool = False  # Ctrl-C or SIGTERM: stopped after a step, with a checkpoint of it
     history: list[dict[str, Any]] = field(default_factory=list)
+    stop_signal: int | None = None  # the signal that stopped the run (signal.SIGINT or signal.SIGTERM)
 
 
-class _StopOnInterrupt:
-    """Ctrl-C (SIGINT) ends a single-process run after the current step, with a checkpoint of it, instead of losing
-    every step since the last checkpoint (1000 by default). A second Ctrl-C interrupts at once."""
+class TrainingWarning(UserWarning):
+    """Something the run goes on with but the user should know: a warm-up longer than the run, data edited since the
+    checkpoint, a run folder too old to record its data. The command line prints each as one `warning:` line."""
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _StopOnSignal:
+    """Ctrl-C (SIGINT) and SIGTERM (`kill`, `timeout`, SLURM's scancel and time limit, systemd) end a single-process
+    run after the current step, with a checkpoint of it, instead of losing every step since the last checkpoint (1000
+    by default). After the first signal the previous handlers are back, so a second one interrupts at once (the
+    checkpoint being written is a staging folder renamed into place: it is either complete or absent)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
-        self.requested = False
-        self._previous: Any = None
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        signal.signal(signal.SIGINT, self._previous)  # the next Ctrl-C is a plain KeyboardInterrupt
+        if self.signum is None:
+            self.signum = signum
+        self._restore()
 
-    def __enter__(self) -> _StopOnInterrupt:
+    def __enter__(self) -> _StopOnSignal:
         if self.enabled:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in STOP_SIGNALS:
+                if signal.getsignal(signum) == signal.SIG_IGN:  # ignored on purpose by whoever started us: keep it so
+                    continue
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.enabled and signal.getsignal(signal.SIGINT) == self._handle:
-            signal.signal(signal.SIGINT, self._previous)
+        self._restore()
+
+    def _restore(self) -> None:
+        for signum, previous in list(self._previous.items()):
+            if signal.getsignal(signum) == self._handle:
+                # getsignal/signal return None for a handler installed outside Python: signal.signal(signum, None)
+                # raises TypeError, so the default action stands in for it
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            del self._previous[signum]
 
 
-def _ignore_sigint(worker_id: int) -> None:
-    """Data-loader workers share the terminal's process group: Ctrl-C must not kill them mid-step (the main process
-    finishes the step, then stops; its loader shuts them down)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _ignore_stop_signals(worker_id: int) -> None:
+    """Data-loader workers share the process group: Ctrl-C from the terminal, and SIGTERM from `timeout` or SLURM
+    (which signal the whole group), must not kill them mid-step. The main process finishes the step, writes the
+    checkpoint and stops; its loader shuts them down. A worker killed by the signal used to make torch raise 'DataLoader
+    worker is killed by signal: Terminated' in the main process, even inside the clean-up of a checkpoint."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 class RunFolderError(ValueError):
     """The run folder belongs to another recipe (resuming it would silently change the experiment)."""
+
+
+# What a run folder holds (`data` is the digits preset's image folder, written by the command line)
+RUN_ENTRIES = frozenset({"recipe.json", "metrics.jsonl", "checkpoints", "model", "data"})
 
 
 def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: str | Path | None = None,
@@ -110,7 +155,19 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
     folder_architecture = init_folder_architecture(init)
     if folder_architecture is not None:  # record what is trained, not the preset's default `model`
         recipe = recipe.replace(model=folder_architecture)
-    _check_run_folder(run_dir, recipe, init, classes)
+    data = {"train": fingerprint(train_split), "val": fingerprint(val_split)}
+    notes = _check_run_folder(run_dir, recipe, init, classes, data)
+    check_headers(val_split)  # a damaged val image used to surface at the first eval, after (possibly) hours of steps
+    try:  # timm builds the augmentation here, before anything is written, not in the first data-loader worker
+        stream = TrainStream(train_split, recipe)
+    except (AssertionError, KeyError) as exc:  # timm's RandAugment parser asserts; the recipe's own check is stricter
+        raise ValueError(f"randaug {recipe.randaug!r}: timm refuses it ({exc or type(exc).__name__})") from None
+    if recipe.warmup_steps >= total_steps and recipe.warmup_steps > 0:
+        # timm's scheduler caps it silently (at total_steps - 1): the run would end at the peak lr, never annealed.
+        # A warning, not an error: short trial runs of a preset (`--preset digits --steps 30`) do this on purpose.
+        notes.append(f"the warm-up ({recipe.warmup_steps} steps) is not shorter than the run ({total_steps} steps): "
+                     "the learning rate rises for the whole run and never decays; for a cosine decay pass e.g. "
+                     f"--warmup-steps {max(1, total_steps // 10) if total_steps > 1 else 0}")
     torch.manual_seed(recipe.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
     model, source = build_model(recipe, len(classes), init)
     model.to(d.device)
@@ -123,8 +180,11 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
         extra = ckpt.load(found, model, optimizer, scheduler)
         start_step, wall_before = extra["step"], float(extra.get("wall_time_s", 0.0))
     if d.is_main:
+        for note in notes:
+            warnings.warn(note, TrainingWarning, stacklevel=3)
         run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(run_dir / "recipe.json", json.dumps(_run_settings(recipe, init, classes), indent=2))
+        ckpt.remove_staging(run_dir)  # left by a process killed while writing a checkpoint (SIGKILL, power loss)
+        _atomic_write(run_dir / "recipe.json", json.dumps(_run_settings(recipe, init, classes, data), indent=2))
         _trim_metrics(run_dir / "metrics.jsonl", start_step)
     distributed.barrier(d)
 
@@ -137,13 +197,13 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
     mixup = SeededMixup(recipe.mixup, len(classes)) if recipe.mixup > 0 else None
     soft_ce = SoftTargetCrossEntropy()
 
-    stream = TrainStream(train_split, recipe)
     end_step = min(total_steps, stop_at) if stop_at is not None else total_steps
     sampler = StreamBatches(recipe.batch_size, micro, accum, d.rank, d.world_size, start_step, end_step)
-    loader = DataLoader(stream, batch_sampler=sampler, num_workers=recipe.workers, worker_init_fn=_ignore_sigint,
-                        pin_memory=d.device.type == "cuda", persistent_workers=False)
-    steps_per_epoch = recipe.steps_per_epoch(len(train_split))
-    eval_every = max(1, round(recipe.eval_every_epochs * steps_per_epoch))
+    loader = DataLoader(stream, batch_sampler=sampler, num_workers=recipe.workers,
+                        worker_init_fn=_ignore_stop_signals, pin_memory=d.device.type == "cuda",
+                        persistent_workers=False)
+    steps_per_epoch = recipe.steps_per_epoch(len(train_split))  # exact (not rounded): as training.json's `epochs`
+    eval_every = recipe.steps_every(recipe.eval_every_epochs, len(train_split))
     metrics_path = run_dir / "metrics.jsonl"
     history: list[dict[str, Any]] = []
 
@@ -158,14 +218,51 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
     loss_sum, val = 0.0, None
     batches = iter(loader)
     model.train()
-    stop = _StopOnInterrupt(enabled=not d.enabled)  # DDP ranks would stop at different steps and hang
-    with bar, stop:
+    stop = _StopOnSignal(enabled=not d.enabled)  # DDP ranks would stop at different steps and hang
+    saved_step = start_step if found is not None else -1
+
+    def checkpoint() -> None:
+        nonlocal saved_step
+        if saved_step == step:
+            return
+        if d.is_main:
+            ckpt.save(run_dir, step, model, optimizer, scheduler,
+                      extra=dict(wall_time_s=wall_before + time.perf_counter() - t0))
+        distributed.barrier(d)
+        saved_step = step
+
+    def log_losses() -> None:
+        """One metrics record for the steps since the last one (mean loss; the last step's lr and grad norm)."""
+        nonlocal last_t, last_step, loss_sum
+        now = time.perf_counter()
+        mean_loss = distributed.all_sum(d, [loss_sum])[0] / d.world_size / (step - last_step)
+        rate = (step - last_step) * recipe.batch_size / max(now - last_t, 1e-9)
+        log(dict(step=step, epoch=round(step / steps_per_epoch, 3), loss=mean_loss, lr=lr,
+                 grad_norm=float(grad_norm), img_per_s=round(rate, 1)))
+        bar.update(step, mean_loss, lr, rate)
+        last_t, last_step, loss_sum = now, step, 0.0
+
+    lr, grad_norm = 0.0, torch.zeros(())  # of the last step done; set by the first
+    with bar, stop, _shut_down_workers(batches):
         while step < end_step:
             scheduler.step_update(num_updates=step)  # lr for update `step` (optax: count before increment)
             optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
             for k in range(accum):
-                images, labels = next(batches)
+                try:
+                    images, labels = next(batches)
+                except DataFolderError as exc:  # a damaged training image: one line naming it, not a worker traceback
+                    error = DataFolderError.from_worker(exc)
+                    if d.enabled or step == start_step:  # no rank may wait for the others here / nothing new to save
+                        raise error from None
+                    # the weights are those of `step` completed steps (this one's update has not been applied): keep
+                    # them, so that replacing the file (same name) and rerunning loses nothing
+                    if step > last_step:
+                        log_losses()  # the resumed run starts after `step`: these steps would never be logged
+                    checkpoint()
+                    raise DataFolderError(f"{error}; checkpoint of step {step} written: replace the file with a "
+                                          "readable image of the same name and run the same command to resume "
+                                          "(removing it changes the run's length and is refused)") from None
                 images = images.to(d.device, non_blocking=True)
                 labels = labels.to(d.device, non_blocking=True)
                 if mixup is not None:
@@ -187,28 +284,22 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
             step += 1
             loss_sum += step_loss
             if step % recipe.log_every_steps == 0 or step == end_step or stop.requested:
-                now = time.perf_counter()
-                mean_loss = distributed.all_sum(d, [loss_sum])[0] / d.world_size / (step - last_step)
-                rate = (step - last_step) * recipe.batch_size / max(now - last_t, 1e-9)
-                log(dict(step=step, epoch=round(step / steps_per_epoch, 3), loss=mean_loss, lr=lr,
-                         grad_norm=float(grad_norm), img_per_s=round(rate, 1)))
-                bar.update(step, mean_loss, lr, rate)
-                last_t, last_step, loss_sum = now, step, 0.0
+                log_losses()
+            # the checkpoint comes before the eval: an eval that fails (a damaged val image, out of memory) must not
+            # cost the steps since the last checkpoint
+            if step % recipe.checkpoint_every_steps == 0 or step == end_step or stop.requested:
+                checkpoint()
             if step % eval_every == 0 or step == total_steps:
                 val = evaluate(net, val_split, recipe, d, autocast)
                 log(dict(step=step, epoch=round(step / steps_per_epoch, 3), **val))
                 bar.note(f"step {step}: val top-1 {val['val_top1']:.2%}  loss {val['val_loss']:.4f}")
                 model.train()
-            wall = wall_before + time.perf_counter() - t0
-            if step % recipe.checkpoint_every_steps == 0 or step == end_step or stop.requested:
-                if d.is_main:
-                    ckpt.save(run_dir, step, model, optimizer, scheduler, extra=dict(wall_time_s=wall))
-                distributed.barrier(d)
             if stop.requested:
+                checkpoint()  # the signal may have come during the eval
                 break
 
     result = TrainResult(run_dir=run_dir, step=step, total_steps=total_steps, history=history,
-                         interrupted=stop.requested and step < total_steps)
+                         interrupted=stop.requested and step < total_steps, stop_signal=stop.signum)
     if step < total_steps:
         return result
     if val is None:  # resumed a finished run: measure again
@@ -234,15 +325,17 @@ def evaluate(net: torch.nn.Module, split, recipe: Recipe, d: distributed.Dist, a
     data = EvalImages(split, recipe)
     share = Subset(data, range(d.rank, len(data), d.world_size))
     loader = DataLoader(share, batch_size=min(256, max(len(share), 1)), num_workers=min(recipe.workers, 2),
-                        worker_init_fn=_ignore_sigint)
+                        worker_init_fn=_ignore_stop_signals)
     correct = total = loss = 0.0
-    for images, labels in loader:
-        images, labels = images.to(d.device), labels.to(d.device)
-        with autocast():
-            logits = net(images).float()  # (B, classes)
-        correct += float((logits.argmax(-1) == labels).sum())
-        loss += float(F.cross_entropy(logits, labels, reduction="sum"))
-        total += len(labels)
+    batches = iter(loader)
+    with _shut_down_workers(batches):  # also when the loop body raises (a second Ctrl-C during the forward pass)
+        for images, labels in _one_line_errors(batches):
+            images, labels = images.to(d.device), labels.to(d.device)
+            with autocast():
+                logits = net(images).float()  # (B, classes)
+            correct += float((logits.argmax(-1) == labels).sum())
+            loss += float(F.cross_entropy(logits, labels, reduction="sum"))
+            total += len(labels)
     correct, total, loss = distributed.all_sum(d, [correct, total, loss])
     return dict(val_top1=correct / total, val_loss=loss / total, val_images=int(total))
 
@@ -266,9 +359,61 @@ def export_model(model: torch.nn.Module, folder: Path, recipe: Recipe, classes: 
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
-def _run_settings(recipe: Recipe, init: str | Path | None, classes: tuple[str, ...]) -> dict[str, Any]:
-    """What `recipe.json` records, and what a resumed run must match."""
-    return {**recipe.to_dict(), "init": str(init) if init else None, "classes": list(classes)}
+def _one_line_errors(batches):
+    """The loader's batches; a DataFolderError raised in a worker comes out with its own one-line message."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except DataFolderError as exc:
+            raise DataFolderError.from_worker(exc) from None
+        yield batch
+
+
+@contextlib.contextmanager
+def _shut_down_workers(batches):
+    """Stop the loader's worker processes when the loop ends, also by an exception. The workers ignore SIGTERM
+    (`_ignore_stop_signals`), so they must be told to exit: left to garbage collection, an iterator kept alive by
+    the exception's traceback outlives the interpreter's exit, where multiprocessing terminates its daemon children
+    with SIGTERM and waits for them, forever."""
+    try:
+        yield batches
+    finally:
+        shutdown = getattr(batches, "_shutdown_workers", None)  # torch's multi-process iterator; none with 0 workers
+        if shutdown is not None:
+            shutdown()
+
+
+def _run_settings(recipe: Recipe, init: str | Path | None, classes: tuple[str, ...],
+                  data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What `recipe.json` records, and what a resumed run must match: the recipe, the starting weights (resolved
+    path and sha256 of the weights file), the classes and a fingerprint of the data (`data.fingerprint`)."""
+    return {**recipe.to_dict(), **_init_settings(init), "classes": list(classes), "data": data}
+
+
+def _init_settings(init: str | Path | None) -> dict[str, Any]:
+    """`init` as an absolute path (a resumed job may start in another directory, or name it another way) and the
+    sha256 of its weights file (a folder's model.safetensors), so that moved weights resume and replaced ones do
+    not."""
+    if init is None:
+        return {"init": None, "init_sha256": None}
+    path = Path(init)
+    weights = path / "model.safetensors" if path.is_dir() else path
+    return {"init": str(path.resolve()), "init_sha256": _sha256(weights) if weights.is_file() else None}
+
+
+def _sha256(path: Path) -> str:
+    info = path.stat()
+    return _sha256_of(str(path.resolve()), info.st_size, info.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    """Cached per (file, size, mtime): the run folder check and recipe.json both need it, and an H/14 file is
+    2.5 GB."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def check_run_folder_path(run_dir: str | Path) -> None:
@@ -280,33 +425,99 @@ def check_run_folder_path(run_dir: str | Path) -> None:
         where = "" if blocker == run_dir else f" (its parent {str(blocker)!r} is a file)"
         raise RunFolderError(f"--out {str(run_dir)!r} cannot be a run folder{where}: a file is in the way; choose a "
                              "folder path")
+    if run_dir.is_dir() and not (run_dir / "recipe.json").is_file():
+        # an existing folder of something else (a project, a folder of runs) would get checkpoints/, model/ and
+        # recipe.json mixed into it
+        foreign = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".") and p.name not in RUN_ENTRIES)
+        if foreign:
+            listed = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise RunFolderError(f"--out {str(run_dir)!r} is not a run folder (it holds {listed}); choose a new or "
+                                 "empty folder")
 
 
-def _check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, classes: tuple[str, ...]) -> None:
+def _check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, classes: tuple[str, ...],
+                      data: dict[str, Any] | None = None) -> list[str]:
+    """RunFolderError when resuming `run_dir` would change the experiment; returns the warnings to print (data edited
+    in place, a val split that changed, a run folder that predates the data fingerprint)."""
     check_run_folder_path(run_dir)
     saved = run_dir / "recipe.json"
     if not saved.is_file():
-        return
+        return []
     if ckpt.latest(run_dir) is None and not (run_dir / "model").exists():
         # a run that failed before its first checkpoint (`--lr` too high, a bad image): nothing trained to protect,
         # and the corrected command (the error's own advice) must be able to start over in the same folder
-        return
+        return []
     old = json.loads(saved.read_text())
-    new = _run_settings(recipe, init, classes)
+    new = _run_settings(recipe, init, classes, data)
     if "classes" in old and old["classes"] != new["classes"]:  # runs from before it was recorded: not checked
         added = sorted(set(new["classes"]) - set(old["classes"]))
         removed = sorted(set(old["classes"]) - set(new["classes"]))
         raise RunFolderError(f"run folder {str(run_dir)!r} was started on other classes (added: {added or 'none'}, "
                              f"removed: {removed or 'none'}); its head and labels would not match: resume with the "
                              "same data or choose a new --out folder")
-    ignore = {"workers", "log_every_steps", "checkpoint_every_steps", "classes"}  # do not change the result
+    # do not change the result, or compared below
+    ignore = {"workers", "log_every_steps", "checkpoint_every_steps", "classes", "data", "init", "init_sha256"}
     if init_folder_architecture(init) is not None:
         ignore.add("model")  # the folder (compared as `init`) decides it; runs before the fix recorded the default
     diff = {k: (old.get(k), v) for k, v in new.items() if k not in ignore and old.get(k) != v}
+    init_change = _init_change(old, new)
+    if init_change:
+        diff["init"] = init_change
     if diff:
         lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
         raise RunFolderError(f"run folder {str(run_dir)!r} was started with another recipe ({lines}); "
                              "resume it with the same settings or choose a new --out folder")
+    if data is None:
+        return []
+    if not isinstance(old.get("data"), dict):
+        return [f"run folder {str(run_dir)!r} was started before hub-vit recorded a fingerprint of the data: the "
+                "data is not compared with the data the checkpoint was trained on"]
+    notes = []
+    for split in ("train", "val"):
+        change = _data_change(split, old["data"].get(split), data[split])
+        if change is None:
+            continue
+        kind, text = change
+        if split == "train" and kind != "sizes":
+            raise RunFolderError(f"{text}; the run's length, learning-rate schedule and image order follow from the "
+                                 f"training images: restore the data, or start a new run folder (--out) to train on "
+                                 f"this data")
+        notes.append(f"{text}; resuming on them" + (
+            " (same image order and schedule)" if split == "train" else
+            ": the held-out numbers before and after this point are measured on different images"))
+    return notes
+
+
+def _data_change(split: str, old: Any, new: dict[str, Any]) -> tuple[str, str] | None:
+    """(kind, message) for a split whose fingerprint differs from the one recorded when the run started."""
+    if not isinstance(old, dict):
+        return None
+    head = f"{split} data changed since the checkpoint"
+    if old.get("images") != new["images"]:
+        return "count", f"{head}: {new['images']} images, the run was started with {old.get('images')}"
+    if old.get("names_sha256") != new["names_sha256"]:
+        return "names", f"{head}: the same number of images ({new['images']}) but other file names"
+    if old.get("files_sha256") != new["files_sha256"]:
+        return "sizes", (f"{head}: the same {new['images']} file names, but some files have other sizes (edited "
+                         "or replaced images)")
+    return None
+
+
+def _init_change(old: dict[str, Any], new: dict[str, Any]) -> tuple[Any, Any] | None:
+    """(old, new) when the starting weights differ from the run's; None when they are the same weights, wherever
+    they are now (compared by sha256) or, for run folders from before the digest was recorded, by resolved path."""
+    a, b = old.get("init"), new.get("init")
+    if a is None or b is None:
+        return None if a == b else (a, b)
+    if old.get("init_sha256") and new.get("init_sha256"):
+        if old["init_sha256"] == new["init_sha256"]:
+            return None
+        if a == b:
+            return f"{a} (sha256 {old['init_sha256'][:12]}...)", f"{b} (sha256 {new['init_sha256'][:12]}...)"
+        return a, b
+    if new.get("init_sha256") is None and not Path(b).exists():
+        return None  # build_model names the missing path next
+    return None if a == b or Path(a).resolve() == Path(b) else (a, b)
 
 
 def _trim_metrics(path: Path, step: int) -> None:

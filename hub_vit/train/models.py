@@ -26,6 +26,11 @@ def init_folder_architecture(init: str | Path | None) -> str | None:
     return architecture if isinstance(architecture, str) else None
 
 
+class ModelChoiceError(ValueError):
+    """The model or starting weights cannot be used: an unknown pretrained tag, --pretrained for a model without
+    published weights, or an --init file that is unreadable or does not fit the model (the message names the file)."""
+
+
 def build_model(recipe: Recipe, num_classes: int, init: str | Path | None = None) -> tuple[VisionTransformer, str]:
     """Returns (model, description of where its weights came from).
 
@@ -40,28 +45,108 @@ def build_model(recipe: Recipe, num_classes: int, init: str | Path | None = None
     from hub_vit.catalog import MODELS
 
     img = (recipe.img_size, recipe.img_size)
-    base = recipe.model.split(".", 1)[0]
+    base, _, tag = recipe.model.partition(".")
     if init is None or not Path(init).is_dir():
         if base not in MODELS:
             raise ValueError(f"unknown model {recipe.model!r}; valid names: {', '.join(MODELS)} "
                              "(or pass a model folder with --init)")
+        if tag:  # else timm's "RuntimeError: Invalid pretrained tag (nope)" traceback
+            try:
+                MODELS[base].weight(tag)
+            except ValueError as exc:
+                raise ModelChoiceError(str(exc)) from None
+    if init is not None and recipe.pretrained:
+        # both choose the starting weights; --init used to win silently while `pretrained: true` was recorded
+        raise ModelChoiceError("--pretrained and --init both choose the starting weights; pass one of them")
     if init is None:
+        if recipe.pretrained and not MODELS[base].weights:
+            with_weights = [name for name, entry in MODELS.items() if entry.weights]
+            raise ModelChoiceError(f"model {base!r} has no published weights for --pretrained; models with weights: "
+                                   f"{', '.join(with_weights)} (or drop --pretrained to train from scratch)")
         model = timm.create_model(recipe.model, pretrained=recipe.pretrained, num_classes=num_classes, img_size=img)
         source = f"{recipe.model} ({'published weights' if recipe.pretrained else 'random init, big_vision scheme'})"
         return model, source
     path = Path(init)
+    if not path.exists():
+        raise FileNotFoundError(f"--init {str(path)!r} is neither a model folder nor a weights file")
+    try:
+        return _load_init(path, recipe, num_classes, img), f"fine-tuned from {path}"
+    except FileNotFoundError:
+        raise
+    except _init_errors() as exc:
+        raise ModelChoiceError(_init_error_text(path, recipe, exc)) from None
+
+
+def _load_init(path: Path, recipe: Recipe, num_classes: int, img: tuple[int, int]) -> VisionTransformer:
+    from hub_vit.catalog import MODELS
+
     if path.is_dir():
         from hub_vit.folder import load_model_folder
 
         loaded, _info = load_model_folder(path)
         spec, state = loaded.spec, loaded.state_dict()
-    elif path.is_file():
+    else:
         from hub_vit.weights import load_weights_file
 
-        spec = MODELS[base].spec
+        spec = MODELS[recipe.model.split(".", 1)[0]].spec
         state = load_weights_file(path, spec=spec)
-    else:
-        raise FileNotFoundError(f"--init {str(path)!r} is neither a model folder nor a weights file")
     model = VisionTransformer(spec.replace(num_classes=num_classes, img_size=img))
     model.load_adapted_state_dict(state)  # resamples pos_embed, swaps a head of another size for a zero-init one
-    return model, f"fine-tuned from {path}"
+    return model
+
+
+def _init_errors() -> tuple[type[BaseException], ...]:
+    """What reading a broken or mismatched --init raises: hub-vit's ValueErrors (CheckpointMismatchError,
+    ArchitectureMismatchError, CheckpointFormatError, a folder that is not a model folder), safetensors' and
+    torch.load's errors for a file that is not what its suffix says or is cut short (UnpicklingError, struct.error,
+    and RuntimeError "PytorchStreamReader failed reading zip archive"; nothing here downloads, so a RuntimeError is
+    the file's), and OSError for an unreadable one."""
+    import pickle
+    import struct
+    import zipfile
+
+    from safetensors import SafetensorError
+
+    return (ValueError, KeyError, SafetensorError, pickle.UnpicklingError, struct.error, RuntimeError,
+            zipfile.BadZipFile, EOFError, OSError)
+
+
+def _init_error_text(path: Path, recipe: Recipe, exc: BaseException) -> str:
+    import pickle
+    import struct
+
+    from safetensors import SafetensorError
+
+    from hub_vit.weights import CheckpointMismatchError
+
+    what = "model folder" if path.is_dir() else f"weights file (read as --model {recipe.model})"
+    if isinstance(exc, SafetensorError):
+        reason = f"not a readable safetensors file ({exc})"
+    elif isinstance(exc, pickle.UnpicklingError):  # torch's message is a paragraph about weights_only
+        reason = "not a weights-only torch file (torch.load(weights_only=True) refuses it)"
+    elif isinstance(exc, (OSError, EOFError, RuntimeError, struct.error)):
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = f"cannot read it ({first}); is the file complete?"
+    else:
+        reason = _one_line(str(exc))
+    hint = ""
+    if not path.is_dir() and (isinstance(exc, CheckpointMismatchError) or type(exc).__name__ ==
+                              "ArchitectureMismatchError"):
+        hint = ("; a weights file is loaded into --model (the preset's default unless given): pass the file's "
+                "architecture with --model, or --init its model folder")
+    return f"--init {str(path)!r}: cannot use this {what}: {reason}{hint}"
+
+
+def _one_line(message: str, names: int = 3) -> str:
+    """A multi-line mismatch report ('missing keys (96): a, b, c, ...' per line) as one line, with the first few
+    entries of each group."""
+    parts = []
+    for line in (line.strip() for line in message.splitlines()):
+        head, sep, items = line.partition(": ")
+        separator = "; " if "; " in items else ", "  # shape mismatches are '; '-separated
+        listed = items.split(separator) if sep else []
+        if len(listed) > names:
+            line = f"{head}: {separator.join(listed[:names])}{separator}..."
+        if line:
+            parts.append(line.rstrip(":"))
+    return " | ".join(parts) if len(parts) > 2 else "; ".join(parts)

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -24,6 +25,7 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
 INTERPOLATIONS: tuple[str, ...] = get_args(Interpolation)
 MAX_DEFAULT_WORKERS = 4
+MAX_STEPS = 2**53  # optimizer steps of a run: exact as a float, and far beyond any real run
 
 
 def default_workers() -> int:
@@ -110,13 +112,14 @@ class Recipe:
                              f"(e.g. 0.875), got {self.eval_crop_pct!r}")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             raise ValueError(f"b1 and b2 are Adam's decay rates in [0, 1), got {self.b1!r}, {self.b2!r}")
-        if not 0 <= self.seed < 2**32:  # numpy's generators, seeded per data worker, take 32-bit seeds
-            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+        # torch.manual_seed takes at most 2**64 - 1 and numpy's SeedSequence no negative number (the per-image seeds
+        # derived from it are 32-bit whatever the seed)
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if not 0 <= self.hflip <= 1:
             raise ValueError(f"hflip is a probability in [0, 1], got {self.hflip!r}")
-        if self.randaug and not self.randaug.startswith("rand"):
-            raise ValueError(f"randaug must be a timm RandAugment string like 'rand-m10-n2' or '' (off), "
-                             f"got {self.randaug!r}")
+        if self.randaug:
+            _check_randaug(self.randaug)
         _choice("precision", self.precision, PRECISIONS)
         _choice("interpolation", self.interpolation, INTERPOLATIONS)
 
@@ -130,10 +133,22 @@ class Recipe:
         """Optimizer steps of the run: `total_steps`, else epochs * images / batch (big_vision's `total_epochs`)."""
         if self.total_steps is not None:
             return self.total_steps
-        return max(1, round(self.total_epochs * num_train / self.batch_size))
+        steps = self.total_epochs * num_train / self.batch_size
+        if not steps < MAX_STEPS:  # `--epochs 1e307`: an OverflowError traceback (inf steps) or a run of 1e300 steps
+            raise ValueError(f"total_epochs {self.total_epochs!r} makes more than {MAX_STEPS:.0e} steps of "
+                             f"{self.batch_size} images on {num_train} images; use fewer --epochs, or --steps")
+        return max(1, round(steps))
 
-    def steps_per_epoch(self, num_train: int) -> int:
-        return max(1, round(num_train / self.batch_size))
+    def steps_per_epoch(self, num_train: int) -> float:
+        """Optimizer steps per pass over the data (not rounded: `epoch` in metrics.jsonl and the eval cadence must
+        agree with training.json's `epochs`, which is steps * batch / images)."""
+        return num_train / self.batch_size
+
+    def steps_every(self, epochs: float, num_train: int) -> int:
+        """The number of steps in `epochs` epochs, at least 1 (the eval cadence); `eval_every_epochs` beyond the run
+        (1e300) gives a step count no run reaches, instead of an OverflowError."""
+        steps = epochs * self.steps_per_epoch(num_train)
+        return max(1, round(steps)) if steps < MAX_STEPS else MAX_STEPS
 
     def micro_batch_for(self, world_size: int) -> tuple[int, int]:
         """(images per process per forward pass, accumulation steps) that keep the global batch exact.
@@ -225,6 +240,38 @@ def _check_types(recipe: Recipe) -> None:
         what, ok = check
         if not ok(value):
             raise ValueError(f"{f.name} must be {what}{' or null' if optional else ''}, got {value!r}")
+
+
+# RandAugment config sections as timm's `rand_augment_transform` parses them: key -> value type ('t' names a set of
+# ops). timm silently skips a section without digits ('rand-foo') and asserts on an unknown key: both are refused here.
+_RANDAUG_KEYS: dict[str, type] = {"m": int, "n": int, "p": float, "mstd": float, "mmax": int, "inc": int}
+_RANDAUG_OP_SETS = ("weights", "3a", "3aw")
+
+
+def _check_randaug(config: str) -> None:
+    """A ValueError naming the first part of a timm RandAugment string that timm would refuse with a bare
+    AssertionError, or ignore without a word ('rand-m10-n2-x5', 'randfoo', 'rand-foo', 'rand-m9.5')."""
+    sections = config.split("-")
+    usage = ("; expected 'rand' then '-'-separated parts m<int> (magnitude), n<int> (ops per image), p<float> "
+             f"(probability), mstd<float>, mmax<int>, inc<0|1> or t<{'|'.join(_RANDAUG_OP_SETS)}>, e.g. "
+             "'rand-m10-n2-p1.0', or '' (off)")
+    if sections[0] != "rand":
+        raise ValueError(f"randaug {config!r} must be 'rand' or start with 'rand-' (timm RandAugment), not "
+                         f"{sections[0]!r}{usage}")
+    for part in sections[1:]:
+        if part.startswith("t") and part[1:] in _RANDAUG_OP_SETS:
+            continue
+        match = re.fullmatch(r"(\D*)(\d.*)?", part)  # the key is everything before the first digit, as in timm
+        key, value = (match.group(1), match.group(2) or "") if match else (part, "")
+        kind = _RANDAUG_KEYS.get(key)
+        try:
+            number = kind(value) if kind is not None and value else None
+        except ValueError:  # 'm9.5': timm reads m with int()
+            number = None
+        if number is None or not number >= 0:
+            raise ValueError(f"randaug {config!r}: unknown or malformed part {part!r}{usage}")
+        if key == "p" and number > 1:
+            raise ValueError(f"randaug {config!r}: p is a probability in [0, 1], got {value}")
 
 
 def _positive_int(name: str, value: object) -> None:

@@ -10,6 +10,8 @@ warm-up *prefix* (so the cosine runs over `total - warmup` steps, as big_vision'
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from timm.scheduler import CosineLRScheduler
 from torch import nn
@@ -44,16 +46,24 @@ def make_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, total_steps
     number of updates done so far *before* each `optimizer.step()` (optax's `scale_by_schedule` reads the count
     before incrementing it, so the very first update has lr 0, exactly as in big_vision)."""
     warmup = min(recipe.warmup_steps, max(total_steps - 1, 0))
-    return CosineLRScheduler(
-        optimizer,
-        t_initial=max(total_steps - warmup, 1),
-        lr_min=0.0,
-        warmup_t=warmup,
-        warmup_lr_init=0.0,
-        warmup_prefix=True,
-        cycle_limit=1,
-        t_in_epochs=False,
-    )
+    # a cosine of 1 step makes timm log "Cosine annealing scheduler will have no effect ... t_initial = t_mul =
+    # eta_mul = 1", cryptic next to the run's own warning (the warm-up fills the run); the schedule is as intended
+    timm_log = logging.getLogger(CosineLRScheduler.__module__)
+    level = timm_log.level
+    timm_log.setLevel(logging.ERROR)
+    try:
+        return CosineLRScheduler(
+            optimizer,
+            t_initial=max(total_steps - warmup, 1),
+            lr_min=0.0,
+            warmup_t=warmup,
+            warmup_lr_init=0.0,
+            warmup_prefix=True,
+            cycle_limit=1,
+            t_in_epochs=False,
+        )
+    finally:
+        timm_log.setLevel(level)
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
