@@ -90,8 +90,8 @@ def license_of(facts: FolderFacts) -> tuple[str | None, str]:
         # card must not say this file is what `hub-vit train` wrote when its digest says otherwise.
         trained = ("Weights trained with hub-vit and released" if facts.record_describes_weights else
                    "The weights `hub-vit train` wrote were released")
-        changed = ("" if facts.record_describes_weights else
-                   " This file is no longer those weights (see Provenance); weights derived from them keep its terms.")
+        changed = ("" if facts.record_describes_weights else " This file is no longer those weights (see "
+                   "Provenance); weights derived from them keep that license's terms.")
         return lic, (f"{trained} under {_license_name(lic)}, hub-vit's license.{changed} The training data, and "
                      "weights a run was initialised from, keep their own licenses (see Provenance).")
     named = facts.pretrained_cfg.get("license")

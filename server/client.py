@@ -312,6 +312,12 @@ class AsyncClassifier:
             raise
         return [prediction for chunk in chunks for prediction in chunk]
 
+    async def server_id(self) -> str:
+        """The server's id (`GET /v2` "name"; `hub-vit serve` gives every server it starts its own): a changed id
+        means another server process, whose statistics counters started from zero."""
+        metadata = await self.client.get_server_metadata()
+        return str(metadata["name"] if isinstance(metadata, dict) else metadata.name)
+
     async def statistics(self) -> dict[str, dict[str, int]]:
         return model_counts(await self.client.get_inference_statistics(), self.protocol)
 

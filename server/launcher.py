@@ -204,8 +204,8 @@ def exit_description(code: int) -> str:
     except ValueError:
         return f"was killed by signal {-code}"
     hint = {"SIGKILL": " (the OOM killer, or kill -9)",
-            "SIGFPE": " (a crash inside Triton: Triton 2.51 dies so when a request asks its classification extension "
-                      "for the STRING output `labels`)",
+            "SIGFPE": " (a crash inside Triton; Triton 2.51 crashes so when a request asks its classification "
+                      "extension for the STRING output `labels`)",
             "SIGSEGV": " (a crash inside Triton or a backend)"}.get(name, "")
     return f"was killed by {name}{hint}"
 
@@ -226,6 +226,32 @@ def _group_processes(pgid: int) -> dict[int, str]:
         except (OSError, ValueError):  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+# /dev/shm/<server id>_<uuid>: the Python-backend stubs' regions, named after `TritonServer.server_id`
+_REGION = re.compile(r"hub-vit-(?P<pid>\d+)-[0-9a-f]{8}_")
+
+
+def remove_orphaned_regions(shm: Path = Path("/dev/shm")) -> None:
+    """Remove the shared-memory regions of hub-vit servers whose starting process is gone: `stop` removes a server's
+    own, but a process killed before it could (SIGKILL, a crash, a power cut) leaves them, 1 MB or what the stub's pool
+    grew to, until reboot. A region whose process is alive, or not ours to signal, is left alone. (A /dev/shm shared
+    between PID namespaces would make a live server of another container look gone; Docker gives each its own.)"""
+    for region in shm.glob("hub-vit-*"):
+        match = _REGION.match(region.name)
+        if match is None:
+            continue
+        try:
+            os.kill(int(match["pid"]), 0)
+            continue  # alive
+        except PermissionError:
+            continue  # alive, another user's
+        except (ProcessLookupError, OverflowError):  # gone (or no pid at all)
+            pass
+        try:
+            region.unlink()
+        except OSError:
+            pass
 
 
 def _stub_instance(cmdline: str) -> str:
@@ -253,6 +279,7 @@ class TritonServer:
         self.exit_timeout_s = exit_timeout_s
         self.log, self.log_verbose, self.extra_args = log, log_verbose, extra_args
         self.process: subprocess.Popen[bytes] | None = None
+        self._stopping = False  # `terminate` was called, perhaps before there was a process to signal
         self.log_tail: deque[str] = deque(maxlen=400)
         self.load_failures: list[str] = []  # `load_failure` summaries, kept even when the tail has moved on
         self._workspace: Path | None = None
@@ -303,6 +330,7 @@ class TritonServer:
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:
         self._check_ports(in_use=True)  # Triton would say so only deep in its log, after loading every model
+        remove_orphaned_regions()
         install = find_triton()
         self._workspace = shell_safe_tempdir("hub-vit-triton-")
         backends = self._workspace / "backends"
@@ -323,6 +351,8 @@ class TritonServer:
         )
         self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
         self._reader.start()
+        if self._stopping:  # a Ctrl-C while the workspace was prepared: stop now, not after loading every model
+            self.process.send_signal(signal.SIGTERM)
         try:
             self.wait_ready(timeout_s)
         except BaseException:
@@ -387,7 +417,9 @@ class TritonServer:
         return "\n".join(list(self.log_tail)[-lines:])
 
     def terminate(self) -> None:
-        """Ask the server to shut down gracefully (SIGTERM: stop accepting, finish in-flight requests)."""
+        """Ask the server to shut down gracefully (SIGTERM: stop accepting, finish in-flight requests); called before
+        `start` has a process, it makes `start` stop the server as soon as it is launched."""
+        self._stopping = True
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 

@@ -121,7 +121,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
                 # those as errors later; only a server that does not answer at all stops it here.
                 if err.status() in (None, "StatusCode.UNAVAILABLE") and "queue" not in str(err).lower():
                     raise
-        before = await client.statistics()
+        before, server_before = await client.statistics(), await client.server_id()
         start = time.perf_counter()
         deadline = None if requests is not None else start + float(duration_s or 0)
         interrupted = _on_first_interrupt()
@@ -144,6 +144,8 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
                     answered_at.append(now)
                 except Exception as err:  # any server answer that is not a result is an error of the run
                     errors[str(err)[:160]] += 1
+                    if not _answered(err):  # refused connection (a server restarting): no tight retry loop
+                        await asyncio.sleep(0.05)
 
         try:
             await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -151,12 +153,18 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
             interrupted.restore()
         seconds = time.perf_counter() - start
         stopped_at = interrupted.at
+        if stopped_at is not None and deadline is not None and stopped_at >= deadline:
+            stopped_at = None  # Ctrl-C while the last answers drained: the window was complete
         batching, statistics_error = {}, None
         try:
             after = await settled_statistics(client, before, len(latencies) * batch, model=model)
-            batching = batching_delta(before, after)
-        except Exception as err:  # the server died during the run: its answers so far are still the result
-            statistics_error = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            if await client.server_id() == server_before:
+                batching = batching_delta(before, after)
+            else:  # `hub-vit serve` replaced a server that died: the new one counts from zero
+                statistics_error = "the server restarted during the run, and its counters started again"
+        except Exception as err:  # the server died during the run: its answers until then are still the result
+            reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            statistics_error = f"reading them after the run failed ({reason}); did the server stop?"
 
     done = rated = len(latencies)
     if deadline is not None and stopped_at is None:  # rate over the window, not the tail drained after it
@@ -169,6 +177,15 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         latency_ms=percentiles(latencies), batching=batching, error_messages=dict(errors),
         interrupted=stopped_at is not None, statistics_error=statistics_error,
     )
+
+
+def _answered(err: Exception) -> bool:
+    """Whether a failed request reached the server (which refused it: a bad image, a full queue) rather than failing
+    to connect. tritonclient gives server answers a status (HTTP code, gRPC status other than UNAVAILABLE)."""
+    if not isinstance(err, InferenceServerException):
+        return False
+    status = err.status()
+    return status is not None and status != "StatusCode.UNAVAILABLE" or "queue" in str(err).lower()
 
 
 def _allow_open_files(count: int) -> None:

@@ -84,3 +84,30 @@ def test_cli_refuses_an_http_url_with_grpc(tmp_path):
         result = CliRunner().invoke(app, [command, "--url", "http://127.0.0.1:8000", "--grpc", str(image)])
         assert result.exit_code == 2, result.output
         assert "is an HTTP address, but --grpc is given" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("protocol", "concurrency", "limit"), [("http", 2000, 2000), ("http", 4, 100),
+                                                                 ("grpc", 2000, None)])
+def test_load_test_opens_a_connection_per_worker(protocol, concurrency, limit, monkeypatch):
+    # was: tritonclient's default of 100 HTTP connections; "concurrency 2000" queued 1900 requests inside the client,
+    # unseen by the server, and reported no rejection where gRPC got thousands. No server here: the run stops at the
+    # first request (connection refused), after the client was built.
+    import asyncio
+
+    from hub_vit.server import loadtest
+    from hub_vit.server.launcher import free_port
+
+    built = []
+
+    class Recording(loadtest.AsyncClassifier):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self.client)
+
+    monkeypatch.setattr(loadtest, "AsyncClassifier", Recording)
+    with pytest.raises(Exception):  # noqa: B017 (connection refused, as tritonclient reports it per protocol)
+        asyncio.run(loadtest.run_load(f"127.0.0.1:{free_port()}", [b"x"], protocol=protocol,
+                                      concurrency=concurrency, requests=1))
+    assert len(built) == 1
+    if limit is not None:
+        assert built[0]._conn.limit == limit  # aiohttp's connector behind tritonclient.http.aio

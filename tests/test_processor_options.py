@@ -83,6 +83,19 @@ def test_calls_do_not_change_the_processor(odd: Image.Image) -> None:
     assert processor.transform(do_resize=True, size=None, crop_pct=0.875) is own
 
 
+def test_settings_changed_in_place_take_effect(odd: Image.Image) -> None:
+    # was: the cached transform was keyed on the processor's own dict and lists, so after a first call
+    # `processor.size["height"] = 48` (transformers' idiom) still gave 32 x 32 pixels, even with size=processor.size
+    processor = _processor()
+    assert processor(odd)["pixel_values"].shape == (1, 3, 32, 32)
+    processor.size["height"] = 48
+    assert processor(odd)["pixel_values"].shape == (1, 3, 48, 32)
+    assert processor(odd, size=processor.size)["pixel_values"].shape == (1, 3, 48, 32)
+    processor.image_mean[0] = 1.0
+    expected = _processor(size={"height": 48, "width": 32}, image_mean=[1.0, 0.5, 0.5])(odd)["pixel_values"]
+    torch.testing.assert_close(processor(odd)["pixel_values"], expected, rtol=0, atol=0)
+
+
 def test_size_crop_and_resize_switches(odd: Image.Image) -> None:
     processor = _processor()
     assert processor(odd, size=64)["pixel_values"].shape == (1, 3, 64, 64)

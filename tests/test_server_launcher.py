@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hub_vit.server import launcher
@@ -166,3 +168,26 @@ def test_a_port_taken_while_triton_starts_is_one_line(tmp_path, listening_port, 
         server.start(timeout_s=60)
     assert str(info.value).startswith(f"grpc_port {listening_port}: already in use on 127.0.0.1"), info.value
     assert "log tail" not in str(info.value)
+
+
+def test_regions_of_servers_whose_process_is_gone_are_removed(tmp_path):
+    # a process killed before `stop` (SIGKILL, a crash) left its stubs' /dev/shm regions for good (1 MB or more each)
+    import subprocess
+    import sys
+
+    from hub_vit.server.launcher import remove_orphaned_regions
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead_pid = int(gone.stdout)
+    regions = {name: tmp_path / name for name in (
+        f"hub-vit-{dead_pid}-0123abcd_5a56b7e7-f1a7-4981-adea-dc5ffc0526ed",  # its process is gone: removed
+        f"hub-vit-{os.getpid()}-0123abcd_18f220cf-b91c-4e4c-8c55-17d5d7748421",  # this live process's: kept
+        "hub-vit-1-0123abcd_18f220cf",  # init's (alive, maybe not ours to signal): kept
+        "hub-vit-notes",  # not a region name: kept
+        "triton_python_backend_shm_region_1",  # another program's: kept
+    )}
+    for path in regions.values():
+        path.write_bytes(b"\0" * 16)
+    remove_orphaned_regions(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(list(regions)[1:])

@@ -146,6 +146,16 @@ def test_out_holding_something_else_is_refused(data: Path, tmp_path: Path) -> No
     assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
 
 
+def test_out_holding_only_the_jobs_own_log_is_a_run_folder(data: Path, tmp_path: Path) -> None:
+    # `hub-vit train ... | tee run/train.log` and SLURM's `--output=run/%j.out` create the file before hub-vit starts
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").write_text("")
+    (run / "1234.out").write_text("")
+    code, text = _train(str(data), "--out", str(run), "--model", "simplevit_digits", "--steps", "1", *QUICK)
+    assert code == 0 and (run / "model").is_dir(), text
+
+
 def test_diverging_lr_is_one_line(data: Path, tmp_path: Path) -> None:
     # FloatingPointError("gradient norm is inf ...; lower --lr") was not caught: a traceback
     code, text = _train(str(data), "--out", str(tmp_path / "run"), "--model", "simplevit_digits", "--steps", "3",

@@ -573,6 +573,22 @@ def test_damaged_val_image_is_found_before_the_first_step(data: Path, tmp_path: 
     assert not (tmp_path / "run").exists()
 
 
+def test_oversized_image_is_one_line_in_val_and_in_train(data: Path, tmp_path: Path) -> None:
+    # a 14000x13000 1-bit PNG (25 kB) is over Pillow's decompression-bomb limit: DecompressionBombError is no OSError,
+    # and escaped the val header check (and the training loader) as a traceback
+    from PIL import Image
+
+    from hub_vit.train.data import load_rgb
+
+    mine = _copy(data, tmp_path / "data")
+    big = mine / "val" / "red" / "huge.png"
+    Image.new("1", (14000, 13000)).save(big)
+    with pytest.raises(DataFolderError, match=r"image .*huge\.png' is too large to decode safely"):
+        train(TINY.replace(total_steps=2), mine, tmp_path / "run", progress=False)
+    with pytest.raises(DataFolderError, match=r"huge\.png' is too large to decode safely"):
+        load_rgb(big)
+
+
 def test_epoch_in_metrics_agrees_with_training_json(data: Path, tmp_path: Path) -> None:
     # 24 images, batch 16: 3 steps are 2.0 epochs; metrics.jsonl said 1.5 (steps per epoch rounded to 2)
     recipe = TINY.replace(batch_size=16, micro_batch=None, total_steps=3, warmup_steps=1)

@@ -241,14 +241,15 @@ def serve(
                               f"{max_restarts} restarts within 60 s); requests in flight are lost", soft_wrap=True)
             server.kill()
             server.stop()
-            server = new_server()
+            if stop.is_set():  # Ctrl-C / SIGTERM meanwhile: nothing left to drain, and no new server wanted
+                break
+            server = new_server()  # from here `_on_signal` stops the new one, even before it has a process
+            if stop.is_set():
+                break
             server.start()
-            if stop.is_set():  # Ctrl-C / SIGTERM while it was starting: `_on_signal` saw the old server
-                server.terminate()
-            else:
-                console.print(f"[bold green]serving again[/] model [bold]{name}[/] on the same ports")
+            console.print(f"[bold green]serving again[/] model [bold]{name}[/] on the same ports")
         code = server.process.returncode if server.process is not None else None
-        if code and not forced.is_set():
+        if code and not forced.is_set() and failure is None:
             # Triton's "Exit timeout expired": something held the drain open for --exit-timeout. That may be requests
             # still running (they got no answer) or only idle keep-alive connections (a load balancer's), which a
             # normal stop must not report as a failure: a warning, and the exit status of a requested stop.
@@ -528,8 +529,8 @@ def loadtest(
     if result.statistics_error is None:
         console.print(table)
     else:  # e.g. the server went away during the run: the answers it gave are still reported
-        err_console.print(f"[yellow]no server batching statistics:[/] reading them after the run failed "
-                          f"({escape(result.statistics_error)}); did the server stop?", soft_wrap=True)
+        err_console.print(f"[yellow]no server batching statistics:[/] {escape(result.statistics_error)}",
+                          soft_wrap=True)
     for message, count in result.error_messages.items():
         err_console.print(f"[red]{count} x[/] {escape(message)}", soft_wrap=True, emoji=False)
     if json_out is not None:

@@ -13,6 +13,7 @@ This file is also bundled into saved model folders as transformers remote code (
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import math
@@ -182,7 +183,9 @@ class HubViTImageProcessor(BaseImageProcessor):
             return _build_transform(settings)
         cached = getattr(self, "_own_transform", None)  # (absent on a processor pickled by an older hub-vit)
         if cached is None or cached[0] != own:
-            cached = self._own_transform = (own, _build_transform(own))
+            # keyed on a copy: `own` holds the attributes' own dict and lists, and `processor.size["height"] = 160`
+            # (transformers' idiom) changes them in place, which a key sharing them would never see
+            cached = self._own_transform = (copy.deepcopy(own), _build_transform(own))
         return cached[1]
 
     def preprocess(self, images: Any, return_tensors: str | None = "pt", **options: Any) -> BatchFeature:

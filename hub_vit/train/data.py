@@ -133,6 +133,8 @@ def check_headers(split: ImageFolderSplit) -> None:
         try:
             with Image.open(path) as img:
                 img.verify()
+        except Image.DecompressionBombError as exc:  # not an OSError: it would escape as a traceback
+            raise DataFolderError(_too_large(path, exc)) from exc
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:  # PIL's PNG verify raises SyntaxError
             raise DataFolderError(f"cannot decode image {str(path)!r}: {exc}") from exc
 
@@ -143,8 +145,15 @@ def load_rgb(path: Path) -> Image.Image:
     try:
         with Image.open(path) as img:
             return to_8bit(ImageOps.exif_transpose(img)).convert("RGB")  # 16-bit grey: scaled, not clipped to white
+    except Image.DecompressionBombError as exc:
+        raise DataFolderError(_too_large(path, exc)) from exc
     except (UnidentifiedImageError, OSError) as exc:
         raise DataFolderError(f"cannot decode image {str(path)!r}: {exc}") from exc
+
+
+def _too_large(path: Path, exc: Exception) -> str:
+    return (f"image {str(path)!r} is too large to decode safely ({exc}); shrink it, or raise "
+            "PIL.Image.MAX_IMAGE_PIXELS if the file is trusted")
 
 
 def train_transform(recipe: Recipe):  # -> torchvision Compose

@@ -123,6 +123,7 @@ class RunFolderError(ValueError):
 
 # What a run folder holds (`data` is the digits preset's image folder, written by the command line)
 RUN_ENTRIES = frozenset({"recipe.json", "metrics.jsonl", "checkpoints", "model", "data"})
+LOG_SUFFIXES = frozenset({".log", ".out", ".err"})  # files a run folder may hold besides its own
 
 
 def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: str | Path | None = None,
@@ -428,7 +429,9 @@ def check_run_folder_path(run_dir: str | Path) -> None:
     if run_dir.is_dir() and not (run_dir / "recipe.json").is_file():
         # an existing folder of something else (a project, a folder of runs) would get checkpoints/, model/ and
         # recipe.json mixed into it
-        foreign = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".") and p.name not in RUN_ENTRIES)
+        # the job's own log (`| tee run/train.log`, SLURM's `--output=run/%j.out`) is written before hub-vit starts
+        foreign = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".") and p.name not in RUN_ENTRIES
+                         and not (p.is_file() and p.suffix in LOG_SUFFIXES))
         if foreign:
             listed = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
             raise RunFolderError(f"--out {str(run_dir)!r} is not a run folder (it holds {listed}); choose a new or "
