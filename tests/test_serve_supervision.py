@@ -233,3 +233,31 @@ def test_loadtest_across_a_restart_reports_no_wrong_batching() -> None:
         assert 0 < errors < 4 * 30 / 0.05, flat  # 4 workers backing off 50 ms: at most 2,400 in 30 s
     finally:
         serve.stop()
+
+
+def test_a_signal_sent_twice_at_once_is_one_stop_request() -> None:
+    # `kill -TERM -- -PGID` of `make serve` (systemd stops a unit the same way) reaches serve directly and again through
+    # GNU make, which forwards SIGTERM to its child: serve took the second copy for "again: stop now" and dropped the
+    # requests in flight, instead of draining them
+    import http.client
+
+    serve = Serve()
+    connection = None
+    try:
+        serve.wait_for("metrics")
+        connection = http.client.HTTPConnection("127.0.0.1", serve.ports[0], timeout=5)
+        connection.request("GET", "/v2/health/ready")
+        connection.getresponse().read()  # an open keep-alive connection holds the drain open for --exit-timeout
+        serve.process.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        serve.process.send_signal(signal.SIGTERM)
+        time.sleep(2)
+        assert serve.process.poll() is None, serve.text  # still draining
+        serve.process.send_signal(signal.SIGTERM)  # a real second request, later: now it stops at once
+        assert serve.finish(30) == 0
+        flat = " ".join(serve.text.split())
+        assert flat.count("SIGTERM: draining") == 1 and flat.count("SIGTERM again: stopping now") == 1, flat
+    finally:
+        if connection is not None:
+            connection.close()
+        serve.stop()

@@ -24,6 +24,7 @@ from hub_vit.server.options import ServingOptions
 
 MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
 DEFAULTS = ServingOptions()  # every repository default below comes from here (a test compares the configs)
+DUPLICATE_SIGNAL_S = 1.0  # a repeat of the stopping signal within this is the same request (see `serve`)
 
 # Options `repository` and `serve` share, declared once.
 Name = Annotated[str, typer.Option(help="Name clients call (the ensemble).")]
@@ -197,8 +198,14 @@ def serve(
             shutil.rmtree(workdir, ignore_errors=True)
         raise fail(str(err)) from None
     stop, forced = threading.Event(), threading.Event()
+    first: list[tuple[int, float]] = []  # (signal, monotonic time) of the signal that started the drain
 
     def _on_signal(signum: int, _frame: object) -> None:
+        now = time.monotonic()
+        if first and first[0][0] == signum and now - first[0][1] < DUPLICATE_SIGNAL_S:
+            # the same signal twice at once is one stop request: `kill -TERM -- -PGID` (systemd's default too) reaches
+            # us, and GNU make (`make serve`) forwards the SIGTERM it got to its child, so serve sees it twice
+            return
         if stop.is_set():  # a second Ctrl-C / SIGTERM: the user will not wait for the drain
             err_console.print(f"[yellow]{signal.Signals(signum).name} again: stopping now, in-flight requests are "
                               "dropped[/]")
@@ -207,6 +214,7 @@ def serve(
             return
         err_console.print(f"[yellow]{signal.Signals(signum).name}: draining in-flight requests (up to "
                           f"{exit_timeout} s), then exiting; press Ctrl-C again to stop at once[/]")
+        first.append((signum, now))
         stop.set()
         server.terminate()
 
