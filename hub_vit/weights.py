@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hub_vit.layers import resample_posemb
+from hub_vit.layers import resample_pos_table
 from hub_vit.variants import ViTSpec
 
 if TYPE_CHECKING:
@@ -73,8 +73,7 @@ def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransform
                 f"pos_embed has {pos.shape[1]} entries, which is not a square grid; cannot resample it to "
                 f"{spec.grid_size[0]}x{spec.grid_size[1]}"
             )
-        grid = resample_posemb(pos[:, extra:], old_grid, spec.grid_size)
-        state_dict["pos_embed"] = torch.cat([pos[:, :extra], grid], dim=1) if extra else grid
+        state_dict["pos_embed"] = resample_pos_table(pos, old_grid, spec.grid_size, extra)
     conv = state_dict.get("patch_embed.proj.weight")  # (D, C, p, p)
     in_chans = model.patch_embed.proj.weight.shape[1]
     if conv is not None and conv.ndim == 4 and conv.shape[1] != in_chans:

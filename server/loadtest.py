@@ -119,7 +119,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
             except InferenceServerException as err:
                 # The server answered with an error (a bad image among the inputs, a full queue): the run counts
                 # those as errors later; only a server that does not answer at all stops it here.
-                if err.status() in (None, "StatusCode.UNAVAILABLE") and "queue" not in str(err).lower():
+                if not _answered(err):
                     raise
         before, server_before = await client.statistics(), await client.server_id()
         start = time.perf_counter()

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -305,15 +310,25 @@ def test_bf16_autocast_path(data: Path, tmp_path: Path) -> None:
     assert all(w.dtype == torch.float32 for w in weights.values())  # autocast computes in bf16, keeps fp32 weights
 
 
+def signal_group_mid_run(proc: subprocess.Popen, run: Path, signum: int) -> str:
+    """Once the training run in `proc` (its own process group) has logged 3 records to `run`, send `signum` to the
+    whole group, as a terminal or `timeout` does; its output."""
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = run / "metrics.jsonl"
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.1)
+        os.killpg(proc.pid, signum)
+        return proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+
+
 def test_ctrl_c_stops_after_the_step_with_a_checkpoint(data: Path, tmp_path: Path) -> None:
     # Ctrl-C used to end the run at once, losing every step since the last checkpoint (1000 by default). SIGINT goes
     # to the whole process group, data-loader workers included, as a terminal sends it.
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     run = tmp_path / "run"
     recipe = TINY.replace(total_steps=2000, workers=1, checkpoint_every_steps=1000)
     script = (
@@ -326,17 +341,7 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint(data: Path, tmp_path: Pat
         "print('interrupted', result.interrupted, result.step, flush=True)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            metrics = run / "metrics.jsonl"
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    out = signal_group_mid_run(proc, run, signal.SIGINT)
     assert proc.returncode == 0, out
     _, interrupted, step = out.split()
     assert interrupted == "True" and 3 <= int(step) < 2000
@@ -435,12 +440,6 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint(data: Path, tmp_path: Pa
     """SIGTERM (timeout, SLURM, systemd, kill) used to lose every step since the last checkpoint, print two
     tracebacks when the data-loader workers got it too, and could leave a `.step_*` staging folder. It now works as
     Ctrl-C does: the step finishes, is checkpointed, and the command exits 143 with one line."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     run = tmp_path / "run"
     argv = ["hub-vit", "train", str(data), "--out", str(run), "--model", "simplevit_digits", "--img-size", "32",
             "--batch-size", "8", "--warmup-steps", "1", "--mixup", "0", "--randaug", "", "--workers", "1",
@@ -448,17 +447,7 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint(data: Path, tmp_path: Pa
     script = f"import sys\nsys.argv = {argv!r}\nfrom hub_vit.cli import main\nmain()\n"
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            metrics = run / "metrics.jsonl"
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGTERM)  # the whole group, workers included, as `timeout` and SLURM do
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    out = signal_group_mid_run(proc, run, signal.SIGTERM)  # workers included, as `timeout` and SLURM do
     text = " ".join(out.split())
     assert proc.returncode == 128 + signal.SIGTERM, text
     assert "Traceback" not in text and "killed by signal" not in text
@@ -494,7 +483,6 @@ def test_a_failed_checkpoint_write_leaves_no_staging_folder_and_old_ones_are_swe
 def test_stop_signal_handlers_are_restored_even_when_unknown(tmp_path: Path) -> None:
     # signal.getsignal/signal.signal return None for a handler installed outside Python; signal.signal(s, None)
     # raises TypeError. A signal ignored on purpose (SIG_IGN) stays ignored.
-    import signal
 
     from hub_vit.train.loop import _StopOnSignal
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
-import hashlib
 import json
 import math
 import os
@@ -30,6 +29,7 @@ from timm.loss import SoftTargetCrossEntropy
 from torch.utils.data import DataLoader, Subset
 
 from hub_vit.atomic import file_in_the_way
+from hub_vit.conversion.download import sha256_file
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train import distributed
 from hub_vit.train.data import (
@@ -413,8 +413,7 @@ def _sha256(path: Path) -> str:
 def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     """Cached per (file, size, mtime): the run folder check and recipe.json both need it, and an H/14 file is
     2.5 GB."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return sha256_file(path)
 
 
 def check_run_folder_path(run_dir: str | Path) -> None:

@@ -52,6 +52,15 @@ def resample_posemb(posemb: torch.Tensor, old_grid: tuple[int, int], new_grid: t
     return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1).to(dtype)
 
 
+def resample_pos_table(pos: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int],
+                       prefix: int) -> torch.Tensor:
+    """A learned (1, prefix + h*w, D) position table resampled to `new_grid` (`resample_posemb`); the first `prefix`
+    entries (vit_jax's class-token slot) are not part of the grid and are kept as they are."""
+    if not prefix:
+        return resample_posemb(pos, old_grid, new_grid)
+    return torch.cat([pos[:, :prefix], resample_posemb(pos[:, prefix:], old_grid, new_grid)], dim=1)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with fused q/k/v weights (rows `[q; k; v]`, head-major within each).
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .hub_vit_layers import Block, MAPHead, lecun_normal_, posemb_sincos_2d, resample_posemb
+from .hub_vit_layers import Block, MAPHead, lecun_normal_, posemb_sincos_2d, resample_pos_table, resample_posemb
 from .hub_vit_variants import ViTSpec, check_image_size, to_2tuple
 
 
@@ -206,8 +206,7 @@ class VisionTransformer(nn.Module):
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
         if spec.posemb_on_cls:  # vit_jax: the embedding has a class-token slot and is added after the concat
-            pos = torch.cat([self.pos_embed[:, :1], resample_posemb(self.pos_embed[:, 1:], spec.grid_size, (h, w))], 1)
-            x = x + pos
+            x = x + resample_pos_table(self.pos_embed, spec.grid_size, (h, w), prefix=1)
         return x
 
     def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -329,9 +328,7 @@ class VisionTransformer(nn.Module):
         new_pos = None
         if self.pos_embed is not None and spec.grid_size != old.grid_size:
             pos = self.pos_embed  # (1, [1 +] gh*gw, D); the class-token slot (vit_jax) is not part of the grid
-            extra = 1 if spec.posemb_on_cls else 0
-            grid = resample_posemb(pos[:, extra:], old.grid_size, spec.grid_size)  # (1, gh'*gw', D)
-            new_pos = nn.Parameter(torch.cat([pos[:, :extra], grid], dim=1) if extra else grid,
+            new_pos = nn.Parameter(resample_pos_table(pos, old.grid_size, spec.grid_size, int(spec.posemb_on_cls)),
                                    requires_grad=pos.requires_grad)
         # nothing above can fail any more: commit
         if new_proj is not None:
