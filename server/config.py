@@ -56,13 +56,12 @@ def _outputs(group: Any, meta: ServingMetadata, opts: ServingOptions, *, logits:
     _tensor(group, "labels", mc.TYPE_STRING, [k])
 
 
-def preprocess_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelConfig:
-    """Python backend: `image` (encoded bytes) -> `pixel_values` (3, H, W) FP32."""
-    config = mc.ModelConfig(name=opts.step("preprocess"), backend="python", max_batch_size=opts.max_batch_size)
+def _image_input(config: mc.ModelConfig, meta: ServingMetadata, opts: ServingOptions,
+                 warmup_batches: tuple[int, ...] = (1,)) -> None:
+    """`image` (one encoded image per row) in, with the transform's parameters and warm-ups on a real encoded image
+    (random bytes would not decode; Triton repeats it for each row of a warm-up batch): the front of every model that
+    decodes."""
     _tensor(config.input, "image", mc.TYPE_STRING, [1])
-    _tensor(config.output, "pixel_values", mc.TYPE_FP32, [3, *meta.input_size])
-    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=opts.preprocess_instances)
-    _batching(config, opts)
     _params(config, {
         "crop_size": list(meta.input_size),
         "scale_size": list(meta.scale_size),
@@ -72,10 +71,21 @@ def preprocess_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelCo
         "std": list(meta.std),
         "max_pixels": str(opts.max_pixels),
     })
-    warmup = config.model_warmup.add(name="one_encoded_image", batch_size=1)
-    warmup.inputs["image"].data_type = mc.TYPE_STRING
-    warmup.inputs["image"].dims.extend([1])
-    warmup.inputs["image"].input_data_file = WARMUP_IMAGE_FILE
+    for size in sorted(set(warmup_batches)):
+        name = "one_encoded_image" if size == 1 else f"encoded_image_batch_{size}"
+        warmup = config.model_warmup.add(name=name, batch_size=size)
+        warmup.inputs["image"].data_type = mc.TYPE_STRING
+        warmup.inputs["image"].dims.extend([1])
+        warmup.inputs["image"].input_data_file = WARMUP_IMAGE_FILE
+
+
+def preprocess_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelConfig:
+    """GPU flavour, Python backend: `image` (encoded bytes) -> `pixel_values` (3, H, W) FP32."""
+    config = mc.ModelConfig(name=opts.step("preprocess"), backend="python", max_batch_size=opts.max_batch_size)
+    _image_input(config, meta, opts)
+    _tensor(config.output, "pixel_values", mc.TYPE_FP32, [3, *meta.input_size])
+    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=opts.preprocess_instances)
+    _batching(config, opts)
     return config
 
 
@@ -93,36 +103,44 @@ def ort_settings(opts: ServingOptions, compute_bound: bool) -> dict[str, str]:
             "take_turns": "1" if take_turns else "0"}
 
 
-def classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: str, *,
-                      compute_bound: bool = True) -> mc.ModelConfig:
-    """CPU: Python backend running ORT + top-k. GPU: onnxruntime (TensorRT accelerator) or tensorrt_plan -> logits.
+def cpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: str, *,
+                          compute_bound: bool = True) -> mc.ModelConfig:
+    """CPU flavour's one step. Python backend: decode + transform, ONNX Runtime and top-k in one stub (`image` ->
+    `labels`, `scores`, `class_ids`, `logits`); a dynamic batch runs as one ORT call.
 
-    `compute_bound`: the model needs at least SPIN_MIN_GMACS per image (CPU flavour: picks the ORT thread settings).
-    """
+    One stub instead of a preprocessing stub and a classifier stub saves a hop per request (measured side by side in
+    docs/serving.md, bench/ab_layouts.py); two instances still overlap one batch's decoding with the other's ORT run.
+    Warm-ups at batch 1 and at max_batch_size, so the first full batch does not pay ORT's first run at that shape.
+    `compute_bound`: the model needs at least SPIN_MIN_GMACS per image (picks the ORT thread settings)."""
+    config = mc.ModelConfig(name=opts.step("classifier"), backend="python", max_batch_size=opts.max_batch_size)
+    _image_input(config, meta, opts, warmup_batches=(1, opts.max_batch_size))
+    _outputs(config.output, meta, opts, logits=True)
+    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=opts.classifier_instances)
+    _batching(config, opts)
+    _params(config, {"onnx_file": model_file, "labels_file": "labels.txt",
+                     "top_k": str(min(opts.top_k, meta.num_classes)), **ort_settings(opts, compute_bound)})
+    return config
+
+
+def gpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: str) -> mc.ModelConfig:
+    """GPU flavour: onnxruntime (TensorRT accelerator) or tensorrt_plan, KIND_GPU: `pixel_values` -> `logits`."""
     config = mc.ModelConfig(name=opts.step("classifier"), max_batch_size=opts.max_batch_size)
     _tensor(config.input, "pixel_values", mc.TYPE_FP32, [3, *meta.input_size])
+    _tensor(config.output, "logits", mc.TYPE_FP32, [meta.num_classes])
     _batching(config, opts)
-    if opts.flavour == "cpu":
-        config.backend = "python"
-        _outputs(config.output, meta, opts, logits=True)
-        config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=opts.classifier_instances)
-        _params(config, {"onnx_file": model_file, "labels_file": "labels.txt",
-                         "top_k": str(min(opts.top_k, meta.num_classes)), **ort_settings(opts, compute_bound)})
+    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=opts.classifier_instances)
+    config.default_model_filename = model_file
+    if opts.gpu_backend == "tensorrt":
+        config.backend = "tensorrt"
     else:
-        _tensor(config.output, "logits", mc.TYPE_FP32, [meta.num_classes])
-        config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=opts.classifier_instances)
-        config.default_model_filename = model_file
-        if opts.gpu_backend == "tensorrt":
-            config.backend = "tensorrt"
-        else:
-            config.backend = "onnxruntime"
-            trt = config.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
-            trt.parameters.update({
-                "precision_mode": opts.precision,
-                "max_workspace_size_bytes": str(1 << 30),
-                "trt_engine_cache_enable": "1",
-                "trt_engine_cache_path": opts.trt_cache_dir,
-            })
+        config.backend = "onnxruntime"
+        trt = config.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
+        trt.parameters.update({
+            "precision_mode": opts.precision,
+            "max_workspace_size_bytes": str(1 << 30),
+            "trt_engine_cache_enable": "1",
+            "trt_engine_cache_path": opts.trt_cache_dir,
+        })
     for size in sorted({1, opts.max_batch_size}):
         warmup = config.model_warmup.add(name=f"zeros_batch_{size}", batch_size=size)
         warmup.inputs["pixel_values"].data_type = mc.TYPE_FP32
@@ -149,21 +167,30 @@ def postprocess_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelC
 
 
 def ensemble_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelConfig:
-    """The model clients call: `image` -> `labels`, `scores`, `class_ids`, `logits` (each step batches itself)."""
+    """The model clients call: `image` -> `labels`, `scores`, `class_ids`, `logits` (each step batches itself).
+
+    CPU: one step, the Python classifier that also decodes. The ensemble costs no stub hop (Triton schedules it in
+    C++), and it is what counts overload: Triton 2.51 leaves a directly called model's failure metrics at 0 when its
+    queue policy rejects a request (reason REJECTED included), while an ensemble counts its step's rejections.
+    GPU: Python preprocessing (CPU) -> ORT / TensorRT classifier (GPU) -> Python top-k (CPU)."""
     config = mc.ModelConfig(name=opts.name, platform="ensemble", max_batch_size=opts.max_batch_size)
     _tensor(config.input, "image", mc.TYPE_STRING, [1])
     _outputs(config.output, meta, opts, logits=True)
     steps = config.ensemble_scheduling.step
+    if opts.flavour == "cpu":
+        only = steps.add(model_name=opts.step("classifier"), model_version=-1)
+        only.input_map["image"] = "image"
+        for output in config.output:  # the step answers with every output the ensemble has
+            only.output_map[output.name] = output.name
+        return config
     pre = steps.add(model_name=opts.step("preprocess"), model_version=-1)
     pre.input_map["image"] = "image"
     pre.output_map["pixel_values"] = "pixel_values"
     cls = steps.add(model_name=opts.step("classifier"), model_version=-1)
     cls.input_map["pixel_values"] = "pixel_values"
     cls.output_map["logits"] = "logits"
-    top = cls
-    if opts.flavour == "gpu":
-        top = steps.add(model_name=opts.step("postprocess"), model_version=-1)
-        top.input_map["logits"] = "logits"
+    top = steps.add(model_name=opts.step("postprocess"), model_version=-1)
+    top.input_map["logits"] = "logits"
     for name in ("scores", "class_ids", "labels"):
         top.output_map[name] = name
     return config

@@ -17,7 +17,7 @@ PRECISIONS = ("FP16", "FP32")
 class ServingOptions:
     """Knobs of the generated repository (batching, queueing, instances); every one has a CPU-friendly default."""
 
-    name: str = "vit"  # the ensemble clients call; its steps are `<name>_preprocess`, `<name>_classifier`, ...
+    name: str = "vit"  # the ensemble clients call; its steps are `<name>_classifier` (+ `_preprocess`, ... on GPU)
     flavour: str = "cpu"
     max_batch_size: int = 16
     preferred_batch_sizes: tuple[int, ...] = (4, 8, 16)
@@ -25,11 +25,11 @@ class ServingOptions:
     max_queue_size: int = 256  # beyond this, requests are rejected at once (UNAVAILABLE / HTTP 503)
     queue_timeout_us: int = 0  # 0 = no per-request queue timeout
     top_k: int = 5
-    # Two instances of preprocessing and of the classifier by default. Triton 2.51's dynamic batcher (core
-    # `WaitForPayloadSlotAvailable`) is not woken when a busy instance becomes free once a queue policy is set (a
-    # policy turns off prefetching); it waits for the next arrival or its 500 ms timeout. With one instance per step,
-    # c16 load showed 500 ms stalls (p99 ~515 ms); with two, an idle instance is almost always there when the batcher
-    # looks. docs/serving.md.
+    # Two instances of the CPU classifier (which also decodes) and of the GPU flavour's Python steps by default.
+    # Triton 2.51's dynamic batcher (core `WaitForPayloadSlotAvailable`) is not woken when a busy instance becomes
+    # free once a queue policy is set (a policy turns off prefetching); it waits for the next arrival or its 500 ms
+    # timeout. With one instance per step, c16 load showed 500 ms stalls (p99 ~515 ms); with two, an idle instance is
+    # almost always there when the batcher looks. docs/serving.md.
     preprocess_instances: int = 2
     classifier_instances: int = 2
     # ORT threads per classifier instance. 0 = decide from the model's compute: all of the host's cores for a
@@ -39,8 +39,9 @@ class ServingOptions:
     # ORT worker threads spin between ops: for a compute-bound model this saves the wake-up latency of every op
     # (Ti/16 at 224 px, served at concurrency 1: p50 +2 to +6 ms over in-process instead of +5 to +12 ms). Several
     # spinning instances would starve each other, so they then take turns on the cores (one ORT run at a time; the
-    # second instance only keeps Triton's batcher from stalling). A tiny model never spins: its threads would starve
-    # the preprocessing stub and Triton's HTTP/gRPC threads. None = decide from the model; bench/bench_serve.py.
+    # second instance decodes its batch meanwhile and keeps Triton's batcher from stalling). A tiny model never
+    # spins: its threads would starve the other instance's decoding and Triton's HTTP/gRPC threads. None = decide
+    # from the model; bench/bench_serve.py.
     ort_spinning: bool | None = None
     max_pixels: int = 40_000_000  # most pixels one image may have, decoded or resized before the crop
     gpu_backend: str = "onnxruntime"  # onnxruntime (+ TensorRT accelerator) or tensorrt (a .plan engine)

@@ -1,11 +1,16 @@
 """Write a Triton model repository for one hub-vit classifier (`hub-vit repository`).
 
-Layout (`<name>` defaults to `vit`; clients call the ensemble `<name>`):
+Layout (`<name>` defaults to `vit`; clients call the ensemble `<name>`: image -> labels, scores, class_ids, logits):
 
-    <out>/<name>/config.pbtxt                      ensemble: image -> labels, scores, class_ids, logits
-    <out>/<name>_preprocess/{config.pbtxt, 1/model.py, 1/imageprep.py, warmup/image}
-    <out>/<name>_classifier/{config.pbtxt, 1/model.onnx | 1/model.plan, 1/labels.txt [, 1/model.py on CPU]}
-    <out>/<name>_postprocess/...                   GPU flavour only: logits -> top-k
+    <out>/<name>/config.pbtxt                      the ensemble: CPU one step, GPU three
+    CPU flavour: one Python-backend step decodes, runs ONNX Runtime and ranks (one stub hop per request)
+    <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/topk.py, 1/triton_errors.py,
+                             1/model.onnx, 1/labels.txt, warmup/image}
+    GPU flavour: the classifier runs in Triton's own ORT / TensorRT backend on the GPU
+    <out>/<name>_preprocess/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/triton_errors.py, warmup/image}
+    <out>/<name>_classifier/{config.pbtxt, 1/model.onnx | 1/model.plan}
+    <out>/<name>_postprocess/{config.pbtxt, 1/model.py, 1/topk.py, 1/labels.txt}: logits -> top-k
+
     <out>/hub_vit_repository.json                  what was generated from what (Triton ignores plain files)
 
 The repository is written to a temporary sibling folder and renamed into place at the end, so a failed export never
@@ -29,8 +34,9 @@ from hub_vit.server.config import (
     GENERATED_HEADER,
     SPIN_MIN_GMACS,
     WARMUP_IMAGE_FILE,
-    classifier_config,
+    cpu_classifier_config,
     ensemble_config,
+    gpu_classifier_config,
     postprocess_config,
     preprocess_config,
     render,
@@ -101,31 +107,44 @@ def _compute_bound(source: ModelSource) -> bool:
     return gmacs(spec) >= SPIN_MIN_GMACS
 
 
+def _copy_templates(folder: Path, files: dict[str, str]) -> None:
+    """{file: template} -> the packaged template files into `folder/1`, where the Python backend imports them."""
+    for file, template in files.items():
+        shutil.copyfile(template_dir(template) / file, folder / "1" / file)
+
+
+def _write_labels(folder: Path, meta: ServingMetadata) -> None:
+    (folder / "1" / "labels.txt").write_text("\n".join(meta.labels) + "\n", encoding="utf-8")
+
+
+def _write_warmup_image(folder: Path, meta: ServingMetadata) -> None:
+    (folder / "warmup").mkdir()
+    (folder / "warmup" / WARMUP_IMAGE_FILE).write_bytes(_warmup_element(meta))
+
+
 def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     meta = source.metadata
-    # Ensemble: the version folder must exist even though it holds nothing.
-    _write_config(root, opts.name, render(ensemble_config(meta, opts)))
-    # Preprocessing: packaged template + a real encoded image for warmup (random bytes would not decode).
-    pre = _write_config(root, opts.step("preprocess"), render(preprocess_config(meta, opts)))
-    for file in ("model.py", "imageprep.py"):
-        shutil.copyfile(template_dir("preprocess") / file, pre / "1" / file)
-    (pre / "warmup").mkdir()
-    (pre / "warmup" / WARMUP_IMAGE_FILE).write_bytes(_warmup_element(meta))
-    # Classifier: the weights file + labels (+ the ORT runner on CPU).
     model_file = _model_file(source, opts)
     compute_bound = _compute_bound(source)
-    cls = _write_config(root, opts.step("classifier"),
-                        render(classifier_config(meta, opts, model_file, compute_bound=compute_bound)))
-    _place_weights(source, cls / "1" / model_file, opts)
-    (cls / "1" / "labels.txt").write_text("\n".join(meta.labels) + "\n", encoding="utf-8")
+    decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common"}
+    # Ensemble: the version folder must exist even though it holds nothing.
+    _write_config(root, opts.name, render(ensemble_config(meta, opts)))
     if opts.flavour == "cpu":
-        shutil.copyfile(template_dir("classifier_ort") / "model.py", cls / "1" / "model.py")
-        shutil.copyfile(template_dir("common") / "topk.py", cls / "1" / "topk.py")
+        cls = _write_config(root, opts.step("classifier"),
+                            render(cpu_classifier_config(meta, opts, model_file, compute_bound=compute_bound)))
+        _copy_templates(cls, {"model.py": "classifier_ort", "topk.py": "common", **decoding})
+        _write_warmup_image(cls, meta)
+        _place_weights(source, cls / "1" / model_file, opts)
+        _write_labels(cls, meta)
     else:
+        pre = _write_config(root, opts.step("preprocess"), render(preprocess_config(meta, opts)))
+        _copy_templates(pre, {"model.py": "preprocess", **decoding})
+        _write_warmup_image(pre, meta)
+        cls = _write_config(root, opts.step("classifier"), render(gpu_classifier_config(meta, opts, model_file)))
+        _place_weights(source, cls / "1" / model_file, opts)
         post = _write_config(root, opts.step("postprocess"), render(postprocess_config(meta, opts)))
-        shutil.copyfile(template_dir("postprocess") / "model.py", post / "1" / "model.py")
-        shutil.copyfile(template_dir("common") / "topk.py", post / "1" / "topk.py")
-        (post / "1" / "labels.txt").write_text("\n".join(meta.labels) + "\n", encoding="utf-8")
+        _copy_templates(post, {"model.py": "postprocess", "topk.py": "common"})
+        _write_labels(post, meta)
     manifest = {
         "generated_by": "hub-vit repository",
         "origin": source.origin,

@@ -159,11 +159,11 @@ def test_cli_classifies_every_good_file_and_names_each_bad_one(server, digits, t
             result = _cli("--url", url, *protocol_args, "--top", "1", *map(str, files))
             # each request refused at its bad file (named by index) is sent again without it: 2 answered...
             assert _requests_counted(stats, before["vit"]["success"], 2) == 2
-            # ... of 4 sent in all (the preprocessing step sees every request, the refused ones too), not one more
+            # ... of 4 sent in all (the classifier step sees every request, the refused ones too), not one more
             # request per file of each refused request (that was 2 refused + 18 + 2)
-            _requests_counted(stats, before["vit_preprocess"]["success"], 4, model="vit_preprocess")
+            _requests_counted(stats, before["vit_classifier"]["success"], 4, model="vit_classifier")
             after = _quiet(stats)
-            assert after["vit_preprocess"]["success"] - before["vit_preprocess"]["success"] == 4
+            assert after["vit_classifier"]["success"] - before["vit_classifier"]["success"] == 4
         output = " ".join(result.output.split())
         assert result.exit_code == 1, output
         for index in range(18):  # every good file is in the table

@@ -43,23 +43,33 @@ def meta() -> ServingMetadata:
 def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     opts = ServingOptions(max_batch_size=8, preferred_batch_sizes=(2, 8), max_queue_size=3, top_k=3)
     repo = write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "repo", opts)
-    ensemble, pre, cls = (_parse(repo / n / "config.pbtxt") for n in ("vit", "vit_preprocess", "vit_classifier"))
+    # one Python step decodes, classifies and ranks, behind the ensemble clients call (which counts overload)
+    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == ["vit", "vit_classifier"]
+    ensemble, config = _parse(repo / "vit/config.pbtxt"), _parse(repo / "vit_classifier/config.pbtxt")
     assert ensemble.platform == "ensemble"
-    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["vit_preprocess", "vit_classifier"]
-    assert {o.name: list(o.dims) for o in ensemble.output} == {
-        "logits": [7], "scores": [3], "class_ids": [3], "labels": [3]}
-    assert list(pre.output[0].dims) == [3, 48, 48] and pre.input[0].data_type == mc.TYPE_STRING
-    assert pre.parameters["scale_size"].string_value == "[53, 53]"  # floor(48 / 0.9), timm's rule
-    assert pre.parameters["interpolation"].string_value == "bicubic"
-    for config in (pre, cls):
-        assert config.max_batch_size == 8
-        assert list(config.dynamic_batching.preferred_batch_size) == [2, 8]
-        assert config.dynamic_batching.default_queue_policy.max_queue_size == 3
-        assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
-        assert len(config.model_warmup) >= 1
-    assert cls.backend == "python" and (repo / "vit_classifier/1/model.onnx").is_file()
+    (step,) = ensemble.ensemble_scheduling.step
+    assert step.model_name == "vit_classifier" and dict(step.input_map) == {"image": "image"}
+    assert set(step.output_map) == {"logits", "scores", "class_ids", "labels"}
+    assert config.backend == "python" and not config.platform
+    for model in (ensemble, config):
+        assert [(i.name, i.data_type, list(i.dims)) for i in model.input] == [("image", mc.TYPE_STRING, [1])]
+        assert {o.name: list(o.dims) for o in model.output} == {
+            "logits": [7], "scores": [3], "class_ids": [3], "labels": [3]}
+        assert model.max_batch_size == 8
+    assert config.parameters["scale_size"].string_value == "[53, 53]"  # floor(48 / 0.9), timm's rule
+    assert config.parameters["crop_size"].string_value == "[48, 48]"
+    assert config.parameters["interpolation"].string_value == "bicubic"
+    assert config.parameters["top_k"].string_value == "3"
+    assert list(config.dynamic_batching.preferred_batch_size) == [2, 8]
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 3
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU and config.instance_group[0].count == 2
+    # warm-ups on the encoded PNG at batch 1 and at max_batch_size (the first full batch must not pay ORT's first run)
+    warmups = [(w.batch_size, w.inputs["image"].input_data_file) for w in config.model_warmup]
+    assert warmups == [(1, "image"), (8, "image")]
+    files = {p.name for p in (repo / "vit_classifier/1").iterdir()}
+    assert files == {"model.py", "imageprep.py", "topk.py", "triton_errors.py", "model.onnx", "labels.txt"}
     assert (repo / "vit_classifier/1/labels.txt").read_text().splitlines() == list(meta.labels)
-    warm = (repo / "vit_preprocess/warmup/image").read_bytes()
+    warm = (repo / "vit_classifier/warmup/image").read_bytes()
     assert int.from_bytes(warm[:4], "little") == len(warm) - 4 and warm[5:8] == b"PNG"
 
 
@@ -73,6 +83,11 @@ def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
     assert [o.name for o in cls.output] == ["logits"]
     steps = [s.model_name for s in _parse(repo / "vit/config.pbtxt").ensemble_scheduling.step]
     assert steps == ["vit_preprocess", "vit_classifier", "vit_postprocess"]
+    pre = _parse(repo / "vit_preprocess/config.pbtxt")
+    assert list(pre.output[0].dims) == [3, 48, 48] and pre.input[0].data_type == mc.TYPE_STRING
+    assert pre.parameters["scale_size"].string_value == "[53, 53]"
+    assert {p.name for p in (repo / "vit_preprocess/1").iterdir()} == {"model.py", "imageprep.py", "triton_errors.py"}
+    assert {p.name for p in (repo / "vit_classifier/1").iterdir()} == {"model.onnx"}
     post = _parse(repo / "vit_postprocess/config.pbtxt")  # a queue policy and two instances: no batcher stall
     assert post.dynamic_batching.default_queue_policy.max_queue_size == opts.max_queue_size
     assert post.instance_group[0].count == 2 and post.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
@@ -190,6 +205,12 @@ def test_cli_repository_writes_gpu_flavour(tmp_path, onnx_file):
     result = runner.invoke(app, ["repository", str(tmp_path / "bad"), "--model", str(onnx_file), "--flavour", "tpu"])
     assert result.exit_code != 0 and "valid: cpu, gpu" in result.output
     assert not (tmp_path / "bad").exists()
+    # options of the other flavour would do nothing: refused, not dropped without a word
+    for flags, message in ((["--preprocess-instances", "4"], "the CPU flavour decodes in each classifier instance"),
+                           (["--flavour", "gpu", "--no-spinning"], "the GPU flavour runs Triton's own")):
+        result = runner.invoke(app, ["repository", str(tmp_path / "bad"), "--model", str(onnx_file), *flags])
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+        assert not (tmp_path / "bad").exists()
 
 
 def test_cli_repository_defaults_are_serving_options_defaults(tmp_path, onnx_file):
@@ -203,7 +224,7 @@ def test_cli_repository_defaults_are_serving_options_defaults(tmp_path, onnx_fil
     assert result.exit_code == 0, result.output
     write_repository(resolve(str(onnx_file)), tmp_path / "api", ServingOptions())
     configs = sorted(p.relative_to(tmp_path / "api") for p in (tmp_path / "api").glob("*/config.pbtxt"))
-    assert len(configs) == 3
+    assert len(configs) == 2
     for config in configs:
         assert (tmp_path / "cli" / config).read_text() == (tmp_path / "api" / config).read_text(), config
 

@@ -210,14 +210,21 @@ def test_photos_and_digits_match_in_process(server, reference, photo_payloads, d
 
 def test_gpu_flavour_ensemble_and_postprocess_on_the_real_server(repo, model_folder, tmp_path, reference,
                                                                photo_payloads, digits):
-    """The GPU flavour's ensemble and its Python postprocess step (logits -> top-k labels), served for real. Only its
-    KIND_GPU ONNX Runtime classifier cannot run on this machine: it is swapped for the CPU flavour's classifier, which
-    keeps the step's contract (`pixel_values` -> `logits`; the extra top-k outputs it also writes go unused)."""
+    """The GPU flavour's ensemble, its Python preprocess and postprocess steps (logits -> top-k labels), served for
+    real. Only its KIND_GPU ONNX Runtime classifier cannot run on this machine: it is swapped for the CPU flavour's
+    classifier with its input turned into `pixel_values` (the template then skips decoding), which keeps the step's
+    contract (`pixel_values` -> `logits`; the extra top-k outputs it also writes go unused)."""
     gpu = _variant_repo(repo, model_folder, tmp_path / "gpu", flavour="gpu", max_batch_size=MAX_BATCH,
                         preferred_batch_sizes=(4, 8))
     cpu = _variant_repo(repo, model_folder, tmp_path / "cpu", max_batch_size=MAX_BATCH, preferred_batch_sizes=(4, 8))
+    gpu_classifier = text_format.Parse((gpu / "vit_classifier/config.pbtxt").read_text(), mc.ModelConfig())
     shutil.rmtree(gpu / "vit_classifier")
     shutil.copytree(cpu / "vit_classifier", gpu / "vit_classifier")
+    swapped = text_format.Parse((cpu / "vit_classifier/config.pbtxt").read_text(), mc.ModelConfig())
+    del swapped.input[:], swapped.model_warmup[:]
+    swapped.input.extend(gpu_classifier.input)  # pixel_values (3, H, W)
+    swapped.model_warmup.extend(gpu_classifier.model_warmup)  # zeros, batch 1 and max_batch_size
+    (gpu / "vit_classifier/config.pbtxt").write_text(text_format.MessageToString(swapped))
     server = _start(gpu)
     try:
         payloads = photo_payloads + digits[0][:5]
@@ -292,10 +299,9 @@ def test_32_concurrent_requests_are_batched(server, reference, photo_payloads, d
 
     before, results, after = asyncio.run(fire())
     _assert_same_topk([r[0] for r in results], expected)
-    for step in ("vit_preprocess", "vit_classifier"):
-        requests = after[step]["inference_count"] - before[step]["inference_count"]
-        executions = after[step]["execution_count"] - before[step]["execution_count"]
-        assert requests == 32 and executions < requests, (step, requests, executions)
+    requests = after["vit_classifier"]["inference_count"] - before["vit_classifier"]["inference_count"]
+    executions = after["vit_classifier"]["execution_count"] - before["vit_classifier"]["execution_count"]
+    assert requests == 32 and executions < requests, (requests, executions)
 
 
 def test_spinning_instances_take_turns(repo, model_folder, tmp_path, reference, photo_payloads, digits):
@@ -363,6 +369,33 @@ def test_bad_images_are_client_errors(server, photos, photo_payloads, case, prot
     _still_serving(server, photo_payloads[1])
 
 
+def test_bad_and_good_requests_sent_together_are_answered_apart(server, reference, photo_payloads, digits):
+    """The classifier step decodes every request of a dynamic batch and runs the good ones as one ORT call: a request
+    with a bad image gets its own client error, and the good requests sent with it their right answers (which batch
+    each lands in is the server's choice; test_server_template.py composes mixed batches exactly)."""
+    good = [*photo_payloads, *digits[0]][:12]
+    expected = reference(good)
+    bad = b"this is not an image"
+
+    async def fire():
+        async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
+            before = await client.statistics()
+            calls = [client.classify([bad] if i % 3 == 2 else [good.pop(0)]) for i in range(18)]  # 12 good, 6 bad
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            # the ensemble counts only the answered requests; its step counts all 18
+            return before, outcomes, await settled_statistics(client, before, len(outcomes), model="vit_classifier")
+
+    before, outcomes, after = asyncio.run(fire())
+    answers = [o[0] for i, o in enumerate(outcomes) if i % 3 != 2]
+    refused = [o for i, o in enumerate(outcomes) if i % 3 == 2]
+    _assert_same_topk(answers, expected)
+    for err in refused:
+        assert isinstance(err, InferenceServerException) and "not an image" in err.message(), err
+        assert err.status() == "StatusCode.INVALID_ARGUMENT", err.status()
+    step = {key: after["vit_classifier"][key] - before["vit_classifier"][key] for key in after["vit_classifier"]}
+    assert step["inference_count"] == 18 and step["execution_count"] < 18, step  # they were batched together
+
+
 def _raw_infer(server: TritonServer, name: str, data: np.ndarray, datatype: str):
     import tritonclient.http as http
 
@@ -398,7 +431,7 @@ def test_overload_is_rejected_fast_and_counted(repo, model_folder, tmp_path):
     tiny_queue = _variant_repo(repo, model_folder, tmp_path / "overload", max_batch_size=MAX_BATCH,
                                preferred_batch_sizes=(MAX_BATCH,), max_queue_size=2)
     # A rejection costs only the client's send (~0.06 s with 24 requests in flight); a request of 8 heavy images
-    # keeps a preprocess instance busy ~0.4 s, a clear margin between the two medians even on a busy machine.
+    # keeps a classifier instance busy ~0.4 s, a clear margin between the two medians even on a busy machine.
     heavy = _heavy_png()
     server = _start(tiny_queue)
     try:
@@ -433,22 +466,22 @@ def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path):
     server = _start(_variant_repo(repo, model_folder, tmp_path / "drain", max_batch_size=MAX_BATCH,
                                   preferred_batch_sizes=(MAX_BATCH,)), exit_timeout_s=60)
     heavy = _heavy_png()
-    # 8 requests of MAX_BATCH heavy images: ~0.4 s each on one of the two preprocess instances, so requests stay queued
+    # 8 requests of MAX_BATCH heavy images: ~0.4 s each on one of the two classifier instances, so requests stay queued
     # long enough to be seen (with the 512 px photo, 4 ms per image, all 8 could finish between two metric reads).
     in_flight = 8
 
-    busy = ServingOptions().preprocess_instances  # with requests queued, every preprocess instance executes one
+    busy = ServingOptions().classifier_instances  # with requests queued, every instance executes one
 
     def reached() -> tuple[float, float]:
         """(requests queued at the first step, requests that reached the server: queued + done + executing).
         Triton's pending count excludes executing requests; counting one instance instead of both made the condition
         true only in the instant between two executions, which a loaded machine could miss until all were done."""
         text = _metrics(server)
-        queued = _metric(text, "nv_inference_pending_request_count", model="vit_preprocess")
-        done = (_metric(text, "nv_inference_count", model="vit_preprocess") - warm) / MAX_BATCH
+        queued = _metric(text, "nv_inference_pending_request_count", model="vit_classifier")
+        done = (_metric(text, "nv_inference_count", model="vit_classifier") - warm) / MAX_BATCH
         return queued, queued + done + (busy if queued else 0)
 
-    warm = _metric(_metrics(server), "nv_inference_count", model="vit_preprocess")  # warmup inferences
+    warm = _metric(_metrics(server), "nv_inference_count", model="vit_classifier")  # warmup inferences
 
     async def run():
         async with AsyncClassifier(server.http_url) as client:

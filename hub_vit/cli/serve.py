@@ -83,10 +83,13 @@ def repository(
     max_queue_size: MaxQueueSize = DEFAULTS.max_queue_size,
     top_k: TopK = DEFAULTS.top_k,
     instances: int = typer.Option(DEFAULTS.classifier_instances,
-                                  help="Classifier instances (two keep Triton's batcher from stalling)."),
-    preprocess_instances: int = typer.Option(DEFAULTS.preprocess_instances,
-                                             help="Image-decoding instances (CPU processes; raise it on a GPU host "
-                                                  "so decoding keeps up with the GPU)."),
+                                  help="Classifier instances (CPU: each decodes and runs ORT; two keep Triton's "
+                                       "batcher from stalling)."),
+    preprocess_instances: int = typer.Option(None, show_default=False,
+                                             help=f"GPU flavour: image-decoding and top-k instances (CPU processes; "
+                                                  f"raise it so decoding keeps up with the GPU; default "
+                                                  f"{DEFAULTS.preprocess_instances}). The CPU flavour decodes in its "
+                                                  f"--instances."),
     spinning: bool = typer.Option(DEFAULTS.ort_spinning, "--spinning/--no-spinning", show_default=False,
                                   help="CPU flavour: ORT threads spin between ops (lower latency; several instances "
                                        "then take turns on the cores). Default: on for a compute-bound model, off "
@@ -98,13 +101,21 @@ def repository(
     from hub_vit.server.launcher import unservable_path_message
     from hub_vit.server.repository import write_repository
 
+    if preprocess_instances is not None and flavour == "cpu":
+        raise fail("--preprocess-instances sets the GPU flavour's decoding and top-k steps; the CPU flavour decodes in "
+                   "each classifier instance: use --instances")
+    if spinning is not None and flavour == "gpu":
+        raise fail("--spinning/--no-spinning sets the CPU flavour's ONNX Runtime threads; the GPU flavour runs "
+                   "Triton's own ONNX Runtime / TensorRT backends")
     if precision is not None and gpu_backend == "tensorrt":
         raise fail("--precision sets the TensorRT accelerator of --gpu-backend onnxruntime; a TensorRT engine's "
                    "precision is fixed when it is built (hub-vit export tensorrt --fp16/--fp32)")
     opts = _options(name=name, flavour=flavour, gpu_backend=gpu_backend, precision=precision or DEFAULTS.precision,
                     max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
                     max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k,
-                    classifier_instances=instances, preprocess_instances=preprocess_instances,
+                    classifier_instances=instances,
+                    preprocess_instances=(DEFAULTS.preprocess_instances if preprocess_instances is None
+                                          else preprocess_instances),
                     ort_spinning=spinning, max_pixels=max_pixels)
     try:
         path = write_repository(_source(model), out, opts, overwrite=overwrite)

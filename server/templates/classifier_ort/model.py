@@ -1,7 +1,12 @@
-"""Triton Python-backend model written by `hub-vit repository`: ONNX Runtime classifier with top-k on the CPU.
+"""Triton Python-backend model written by `hub-vit repository`: the CPU flavour's classifier, the one step of the
+ensemble clients call.
 
-Input `pixel_values` (FP32, (B, 3, H, W)) -> `logits` (B, C), `scores` (B, K) softmax probabilities,
-`class_ids` (B, K) and `labels` (B, K) strings, best first. All requests of one dynamic batch run as one ORT call.
+Input `image` (TYPE_STRING, one encoded JPEG/PNG/WebP per row), decoded and transformed here as the model's
+pretrained config says (imageprep, parameters in config.pbtxt) -> `logits` (B, C), `scores` (B, K) softmax
+probabilities, `class_ids` (B, K) and `labels` (B, K) strings, best first. All requests of one dynamic batch run as
+one ORT call. A bad image fails only its own request, with a client error (INVALID_ARG -> HTTP 400) naming it.
+A config whose input is `pixel_values` (FP32, (B, 3, H, W)) skips the decoding (the tests serve the GPU flavour's
+ensemble with this as its classifier).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
-from topk import top_k  # copied beside this file by hub-vit repository
+from imageprep import Preprocess  # these three: copied beside this file by hub-vit repository
+from topk import top_k
+from triton_errors import request_error
 
 
 def _threads(setting: str, config: dict) -> int:
@@ -37,11 +44,13 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.decodes = config["input"][0]["name"] == "image"
+        self.preprocess = Preprocess.from_params(params) if self.decodes else None  # built once per instance
         options = ort.SessionOptions()
         options.intra_op_num_threads = _threads(params.get("intra_op_threads", "all"), config)
         options.inter_op_num_threads = 1
         # Spinning between ops saves wake-up latency for a compute-bound model, but steals the cores that other
-        # instances, the preprocessing stub and Triton's threads need; the repository decides.
+        # instances' decoding and Triton's threads need; the repository decides.
         options.add_session_config_entry("session.intra_op.allow_spinning", params.get("allow_spinning", "0"))
         onnx_path = version_dir / params["onnx_file"]
         self.turn_fd: int | None = None
@@ -69,27 +78,39 @@ class TritonPythonModel:
         finally:
             fcntl.flock(self.turn_fd, fcntl.LOCK_UN)
 
+    def _pixels(self, request: object) -> np.ndarray:
+        """(B, 3, H, W) float32 for one request; BadImageError names the first image that does not decode."""
+        if self.decodes:
+            return self.preprocess.batch(pb_utils.get_input_tensor_by_name(request, "image").as_numpy())
+        return pb_utils.get_input_tensor_by_name(request, "pixel_values").as_numpy()
+
     def execute(self, requests: list) -> list:
-        arrays = [pb_utils.get_input_tensor_by_name(r, "pixel_values").as_numpy() for r in requests]
-        sizes = [len(a) for a in arrays]
-        batch = np.concatenate(arrays)  # (N, 3, H, W); copied before taking the turn, so the lock covers ORT only
+        responses: list = [None] * len(requests)
+        arrays, owners = [], []  # the decoded requests and their places in `requests`
+        for place, request in enumerate(requests):  # the dynamic batcher hands us several requests at once
+            try:
+                arrays.append(self._pixels(request))
+                owners.append(place)
+            except Exception as err:  # a bad image, or e.g. a MemoryError: this request fails, not its batch
+                responses[place] = pb_utils.InferenceResponse(error=request_error(err))
+        if not arrays:
+            return responses
+        batch = np.concatenate(arrays)  # (N, 3, H, W); built before taking the turn, so the lock covers ORT only
         with self._turn():
             logits = self.session.run(None, {self.input_name: batch})[0]
         logits = logits.astype(np.float32, copy=False)  # (N, C)
         scores, ids = top_k(logits, self.k)
-        responses, start = [], 0
-        for size in sizes:
-            part = slice(start, start + size)
-            start += size
-            responses.append(
-                pb_utils.InferenceResponse(
-                    [
-                        pb_utils.Tensor("logits", logits[part]),
-                        pb_utils.Tensor("scores", scores[part]),
-                        pb_utils.Tensor("class_ids", ids[part]),
-                        pb_utils.Tensor("labels", self.labels[ids[part]]),
-                    ]
-                )
+        start = 0
+        for place, array in zip(owners, arrays, strict=True):
+            part = slice(start, start + len(array))
+            start += len(array)
+            responses[place] = pb_utils.InferenceResponse(
+                [
+                    pb_utils.Tensor("logits", logits[part]),
+                    pb_utils.Tensor("scores", scores[part]),
+                    pb_utils.Tensor("class_ids", ids[part]),
+                    pb_utils.Tensor("labels", self.labels[ids[part]]),
+                ]
             )
         return responses
 

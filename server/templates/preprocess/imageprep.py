@@ -9,6 +9,7 @@ repository, where hub_vit may not be importable. The maths follows torchvision o
 from __future__ import annotations
 
 import io
+import json
 import re
 import warnings
 from dataclasses import dataclass
@@ -158,3 +159,29 @@ class Preprocess:
 
     def __call__(self, data: bytes) -> np.ndarray:
         return self.pixels(self.decode(data))
+
+    def batch(self, images: np.ndarray) -> np.ndarray:
+        """One request's `image` tensor ((B,) or (B, 1) encoded images) -> (B, 3, H, W); the BadImageError names
+        the first bad image by its 0-based index in the request."""
+        if images.size == 0:
+            raise BadImageError("the request holds no image; send at least one encoded JPEG, PNG or WebP")
+        pixels = []
+        for index, data in enumerate(images.reshape(-1)):
+            try:
+                pixels.append(self(data if isinstance(data, bytes) else bytes(data)))
+            except BadImageError as err:
+                raise BadImageError(f"image {index}: {err}") from None
+        return np.stack(pixels)
+
+    @classmethod
+    def from_params(cls, params: dict[str, str]) -> Preprocess:
+        """From a generated config.pbtxt's parameters (string values; the sizes, mean and std as JSON lists)."""
+        return cls(
+            crop_size=tuple(json.loads(params["crop_size"])),
+            scale_size=tuple(json.loads(params["scale_size"])),
+            interpolation=params["interpolation"],
+            crop_mode=params["crop_mode"],
+            mean=tuple(json.loads(params["mean"])),
+            std=tuple(json.loads(params["std"])),
+            max_pixels=int(params["max_pixels"]),
+        )

@@ -1,0 +1,149 @@
+"""The CPU flavour's two repository layouts side by side: one Python step that decodes, runs ONNX Runtime and ranks
+(the current default) against the previous layout, a Python preprocessing step feeding a Python ORT + top-k step.
+
+The previous layout is rebuilt from the current repository's pieces plus the two templates as they were at commit
+PREVIOUS (git show), with the same defaults (two instances per step, ORT settings per model, the same batching and
+queue settings), so the only difference is the extra stub hop. Both servers run at once on the same cores and are
+measured alternately, one image per request: in-process throughput (batch 16) or latency (batch 1), then each layout
+in turn, ROUNDS times; `--reverse` swaps the order of the two layouts. Printed and saved: every measurement and the
+median ratio one step / two steps per row.
+
+    .venv/bin/python bench/ab_layouts.py                       # digits, 4 s per measurement, 3 rounds
+    .venv/bin/python bench/ab_layouts.py --models ti16 --reverse
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_serve import CASES, RESULTS, InProcess
+from google.protobuf import text_format
+from run_info import REPO, add_note_option, check_writable, run_info, write_json
+from tritonclient.grpc import model_config_pb2 as mc
+
+from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.loadtest import load_test
+from hub_vit.server.options import ServingOptions
+from hub_vit.server.repository import write_repository
+
+PREVIOUS = "5b17ea8"  # the last commit with the two-step CPU layout
+MAX_BATCH = 16
+DECODING = ("crop_size", "scale_size", "interpolation", "crop_mode", "mean", "std", "max_pixels")
+
+
+def _parse(path: Path) -> mc.ModelConfig:
+    return text_format.Parse(path.read_text(), mc.ModelConfig())
+
+
+def _previous_file(path: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), "show", f"{PREVIOUS}:{path}"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def two_step_repository(cpu: Path, gpu: Path, out: Path) -> Path:
+    """The previous CPU layout: `vit` -> `vit_preprocess` (the GPU flavour's step, today's config, PREVIOUS's
+    template) -> `vit_classifier` (today's CPU step fed `pixel_values`, PREVIOUS's template)."""
+    shutil.copytree(gpu, out)
+    shutil.rmtree(out / "vit_postprocess")
+    shutil.rmtree(out / "vit_classifier")
+    shutil.copytree(cpu / "vit_classifier", out / "vit_classifier")
+    shutil.rmtree(out / "vit_classifier" / "warmup")
+    for stale in ("vit_classifier/1/imageprep.py", "vit_classifier/1/triton_errors.py",
+                  "vit_preprocess/1/triton_errors.py"):
+        (out / stale).unlink()
+    for target, source in (("vit_classifier/1/model.py", "server/templates/classifier_ort/model.py"),
+                           ("vit_preprocess/1/model.py", "server/templates/preprocess/model.py"),
+                           ("vit_preprocess/1/imageprep.py", "server/templates/preprocess/imageprep.py")):
+        (out / target).write_text(_previous_file(source), encoding="utf-8")
+    classifier = _parse(cpu / "vit_classifier/config.pbtxt")
+    gpu_classifier = _parse(gpu / "vit_classifier/config.pbtxt")
+    for key in DECODING:
+        del classifier.parameters[key]
+    del classifier.input[:], classifier.model_warmup[:]
+    classifier.input.extend(gpu_classifier.input)  # pixel_values (3, H, W)
+    classifier.model_warmup.extend(gpu_classifier.model_warmup)  # zeros at batch 1 and max_batch_size, as before
+    (out / "vit_classifier/config.pbtxt").write_text(text_format.MessageToString(classifier), encoding="utf-8")
+    ensemble = _parse(cpu / "vit/config.pbtxt")
+    del ensemble.ensemble_scheduling.step[:]
+    pre = ensemble.ensemble_scheduling.step.add(model_name="vit_preprocess", model_version=-1)
+    pre.input_map["image"] = "image"
+    pre.output_map["pixel_values"] = "pixel_values"
+    cls = ensemble.ensemble_scheduling.step.add(model_name="vit_classifier", model_version=-1)
+    cls.input_map["pixel_values"] = "pixel_values"
+    for output in ensemble.output:
+        cls.output_map[output.name] = output.name
+    (out / "vit/config.pbtxt").write_text(text_format.MessageToString(ensemble), encoding="utf-8")
+    return out
+
+
+def run_case(case: str, seconds: float, rounds: int, reverse: bool) -> dict[str, Any]:
+    source, payloads = CASES[case]()
+    with tempfile.TemporaryDirectory(prefix="ab-layouts-") as tmp:
+        opts = ServingOptions(max_batch_size=MAX_BATCH)
+        one = write_repository(source, Path(tmp) / "one_step", opts)
+        gpu = write_repository(source, Path(tmp) / "gpu", ServingOptions(max_batch_size=MAX_BATCH, flavour="gpu"))
+        two = two_step_repository(one, gpu, Path(tmp) / "two_steps")
+        local = InProcess(one / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
+        ports = {name: {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+                 for name in ("one_step", "two_steps")}
+        rows: dict[str, dict[str, list[float]]] = {}
+        with TritonServer(one, **ports["one_step"]) as one_srv, TritonServer(two, **ports["two_steps"]) as two_srv:
+            order = [("one_step", one_srv), ("two_steps", two_srv)]
+            if not reverse:
+                order.reverse()
+            for _ in range(rounds):
+                for conc in (16, 1):
+                    for protocol in ("grpc", "http"):
+                        row = rows.setdefault(f"{protocol}_c{conc}", {})
+                        base = local.throughput(seconds)[0] if conc > 1 else local.latency(seconds)["p50"]
+                        row.setdefault("in_process", []).append(base)
+                        for name, server in order:
+                            url = server.grpc_url if protocol == "grpc" else server.http_url
+                            result = load_test(url, payloads, protocol=protocol, concurrency=conc, duration_s=seconds,
+                                               warmup=4)
+                            if result.errors:
+                                raise SystemExit(f"{name} {protocol} c{conc}: {result.errors} errors: "
+                                                 f"{result.error_messages}")
+                            row.setdefault(name, []).append(result.images_per_s if conc > 1
+                                                            else result.latency_ms["p50"])
+    summary = {}
+    for key, row in rows.items():
+        ratio = float(np.median(np.array(row["one_step"]) / np.array(row["two_steps"])))
+        summary[key] = {"one_step_over_two_steps_median": ratio,
+                        **{name: [round(v, 3) for v in values] for name, values in row.items()}}
+        unit = "images/s" if key.endswith("c16") else "ms p50"
+        print(f"[{case}] {key} ({unit}): one step {np.median(row['one_step']):.2f}, two steps "
+              f"{np.median(row['two_steps']):.2f}, in-process {np.median(row['in_process']):.2f}; one/two per round "
+              f"median {ratio:.2f}", flush=True)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["digits"], choices=list(CASES))
+    parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reverse", action="store_true", help="measure the one-step layout first in each round")
+    parser.add_argument("--out", type=Path, default=RESULTS / "ab_layouts.json")
+    add_note_option(parser)
+    args = parser.parse_args()
+    check_writable(args.out.parent)
+    try:
+        _previous_file("server/templates/preprocess/model.py")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        sys.exit(f"needs git and the commit {PREVIOUS} (the previous layout's templates): run it in a full clone")
+    report = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient")), "previous_commit": PREVIOUS,
+              "cases": {case: run_case(case, args.seconds, args.rounds, args.reverse) for case in args.models}}
+    write_json(args.out, report)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
