@@ -74,3 +74,24 @@ def test_cli_stops_at_once_without_gpu_or_tensorrt(tmp_path: Path) -> None:
 def test_batch_profile_is_validated() -> None:
     with pytest.raises(ValueError, match="min <= opt <= max"):
         BatchProfile(8, 4, 16)
+
+
+@pytest.mark.parametrize("version", ["11.4.0.106", "9.3.0"])
+def test_another_tensorrt_major_is_refused_before_anything_runs(monkeypatch, tmp_path: Path, version: str) -> None:
+    """`pip install tensorrt` brings TensorRT 11 today, which removed the weakly typed FP16 build this export uses:
+    an installed 11.x (or an old 9.x) must be a clear one-line refusal naming the version to install, not an
+    AttributeError from deep inside the build."""
+    import sys
+    import types
+
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__=version))
+    with pytest.raises(TensorRTUnavailable, match=rf"TensorRT {version} is installed.*'tensorrt>=10,<11'"):
+        require_tensorrt()
+    _load_commands()
+    result = CliRunner().invoke(app, ["export", "tensorrt", str(tmp_path / "model.onnx")])
+    assert result.exit_code == 3 and "is written for TensorRT 10" in " ".join(result.output.split()), result.output
+    assert list(tmp_path.iterdir()) == []

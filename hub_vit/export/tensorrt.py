@@ -2,7 +2,9 @@
 
 fp16 by default with LayerNorm and Softmax pinned to fp32 (ViT LayerNorm overflows in fp16: NVIDIA/TensorRT #2564,
 #2709); one optimization profile over the batch range; the metadata JSON beside the engine records the GPU,
-the TensorRT version, the profile and the verification numbers. Needs an NVIDIA GPU and `pip install tensorrt`.
+the TensorRT version, the profile and the verification numbers. Needs an NVIDIA GPU and TensorRT 10
+(`pip install 'tensorrt>=10,<11'`): TensorRT 11 removed weak typing (BuilderFlag.FP16 and the per-layer precision
+pins this build relies on), and the Triton image the Dockerfile serves engines with (25.08) runs TensorRT 10.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import numpy as np
 from hub_vit.atomic import atomic_path
 from hub_vit.export.onnx_export import INPUT_NAME, LOGITS
 
+SUPPORTED_MAJOR = 10  # the API this build uses; see the module docstring
+INSTALL = "pip install 'tensorrt>=10,<11'"
+
 
 class TensorRTUnavailable(RuntimeError):
-    """No GPU or no `tensorrt` package: the TensorRT export cannot run on this machine."""
+    """No GPU, no `tensorrt` package or another major version of it: the TensorRT export cannot run here."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +42,20 @@ class BatchProfile:
 
 
 def require_tensorrt() -> Any:
-    """Import `tensorrt` and check for a CUDA GPU, failing fast with a message that says what is missing."""
+    """Import `tensorrt`, check its major version and for a CUDA GPU, failing fast with a message that says what is
+    missing."""
     try:
         import tensorrt as trt
     except ImportError as exc:
         raise TensorRTUnavailable(
-            "TensorRT export needs the `tensorrt` Python package (pip install tensorrt) and an NVIDIA GPU; "
+            f"TensorRT export needs the `tensorrt` Python package ({INSTALL}) and an NVIDIA GPU; "
             f"`import tensorrt` failed: {exc}") from None
+    version = str(getattr(trt, "__version__", "unknown"))
+    if version.split(".")[0] != str(SUPPORTED_MAJOR):
+        raise TensorRTUnavailable(
+            f"TensorRT {version} is installed, but the export is written for TensorRT {SUPPORTED_MAJOR}: TensorRT 11 "
+            f"removed the weakly typed FP16 build (BuilderFlag.FP16, per-layer fp32 pins for LayerNorm/Softmax) it "
+            f"uses, and Triton's 25.08 image serves TensorRT {SUPPORTED_MAJOR} engines; {INSTALL}")
     import torch
 
     if not torch.cuda.is_available():
