@@ -15,6 +15,7 @@ median ratio one step / two steps per row.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -28,14 +29,15 @@ from google.protobuf import text_format
 from run_info import REPO, add_note_option, check_writable, run_info, write_json
 from tritonclient.grpc import model_config_pb2 as mc
 
+from hub_vit.server.config import cpu_classifier_config, render
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.loadtest import load_test
 from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import write_repository
+from hub_vit.server.repository import MANIFEST, write_repository
+from hub_vit.server.source import ServingMetadata
 
 PREVIOUS = "5b17ea8"  # the last commit with the two-step CPU layout
 MAX_BATCH = 16
-DECODING = ("crop_size", "scale_size", "interpolation", "crop_mode", "mean", "std", "max_pixels")
 
 
 def _parse(path: Path) -> mc.ModelConfig:
@@ -47,9 +49,10 @@ def _previous_file(path: str) -> str:
                           check=True).stdout
 
 
-def two_step_repository(cpu: Path, gpu: Path, out: Path) -> Path:
+def two_step_repository(meta: ServingMetadata, opts: ServingOptions, cpu: Path, gpu: Path, out: Path) -> Path:
     """The previous CPU layout: `vit` -> `vit_preprocess` (the GPU flavour's step, today's config, PREVIOUS's
-    template) -> `vit_classifier` (today's CPU step fed `pixel_values`, PREVIOUS's template)."""
+    template) -> `vit_classifier` (today's CPU step fed `pixel_values`, PREVIOUS's template). `cpu` and `gpu`: the
+    repositories written for `meta` with `opts` in each flavour."""
     shutil.copytree(gpu, out)
     shutil.rmtree(out / "vit_postprocess")
     shutil.rmtree(out / "vit_classifier")
@@ -62,14 +65,9 @@ def two_step_repository(cpu: Path, gpu: Path, out: Path) -> Path:
                            ("vit_preprocess/1/model.py", "server/templates/preprocess/model.py"),
                            ("vit_preprocess/1/imageprep.py", "server/templates/preprocess/imageprep.py")):
         (out / target).write_text(_previous_file(source), encoding="utf-8")
-    classifier = _parse(cpu / "vit_classifier/config.pbtxt")
-    gpu_classifier = _parse(gpu / "vit_classifier/config.pbtxt")
-    for key in DECODING:
-        del classifier.parameters[key]
-    del classifier.input[:], classifier.model_warmup[:]
-    classifier.input.extend(gpu_classifier.input)  # pixel_values (3, H, W)
-    classifier.model_warmup.extend(gpu_classifier.model_warmup)  # zeros at batch 1 and max_batch_size, as before
-    (out / "vit_classifier/config.pbtxt").write_text(text_format.MessageToString(classifier), encoding="utf-8")
+    compute_bound = json.loads((cpu / MANIFEST).read_text())["compute_bound"]
+    classifier = cpu_classifier_config(meta, opts, "model.onnx", compute_bound=compute_bound, decodes=False)
+    (out / "vit_classifier/config.pbtxt").write_text(render(classifier), encoding="utf-8")
     ensemble = _parse(cpu / "vit/config.pbtxt")
     del ensemble.ensemble_scheduling.step[:]
     pre = ensemble.ensemble_scheduling.step.add(model_name="vit_preprocess", model_version=-1)
@@ -89,7 +87,7 @@ def run_case(case: str, seconds: float, rounds: int, reverse: bool) -> dict[str,
         opts = ServingOptions(max_batch_size=MAX_BATCH)
         one = write_repository(source, Path(tmp) / "one_step", opts)
         gpu = write_repository(source, Path(tmp) / "gpu", ServingOptions(max_batch_size=MAX_BATCH, flavour="gpu"))
-        two = two_step_repository(one, gpu, Path(tmp) / "two_steps")
+        two = two_step_repository(source.metadata, opts, one, gpu, Path(tmp) / "two_steps")
         local = InProcess(one / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
         ports = {name: {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
                  for name in ("one_step", "two_steps")}

@@ -79,6 +79,17 @@ def _image_input(config: mc.ModelConfig, meta: ServingMetadata, opts: ServingOpt
         warmup.inputs["image"].input_data_file = WARMUP_IMAGE_FILE
 
 
+def _pixel_input(config: mc.ModelConfig, meta: ServingMetadata, opts: ServingOptions) -> None:
+    """`pixel_values` (3, H, W) FP32 in, with warm-ups on zeros at batch 1 and at max_batch_size: the front of a
+    classifier fed by a preprocessing step."""
+    _tensor(config.input, "pixel_values", mc.TYPE_FP32, [3, *meta.input_size])
+    for size in sorted({1, opts.max_batch_size}):
+        warmup = config.model_warmup.add(name=f"zeros_batch_{size}", batch_size=size)
+        warmup.inputs["pixel_values"].data_type = mc.TYPE_FP32
+        warmup.inputs["pixel_values"].dims.extend([3, *meta.input_size])
+        warmup.inputs["pixel_values"].zero_data = True
+
+
 def preprocess_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelConfig:
     """GPU flavour, Python backend: `image` (encoded bytes) -> `pixel_values` (3, H, W) FP32."""
     config = mc.ModelConfig(name=opts.step("preprocess"), backend="python", max_batch_size=opts.max_batch_size)
@@ -104,16 +115,21 @@ def ort_settings(opts: ServingOptions, compute_bound: bool) -> dict[str, str]:
 
 
 def cpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: str, *,
-                          compute_bound: bool = True) -> mc.ModelConfig:
+                          compute_bound: bool = True, decodes: bool = True) -> mc.ModelConfig:
     """CPU flavour's one step. Python backend: decode + transform, ONNX Runtime and top-k in one stub (`image` ->
     `labels`, `scores`, `class_ids`, `logits`); a dynamic batch runs as one ORT call.
 
     One stub instead of a preprocessing stub and a classifier stub saves a hop per request (measured side by side in
     docs/serving.md, bench/ab_layouts.py); two instances still overlap one batch's decoding with the other's ORT run.
     Warm-ups at batch 1 and at max_batch_size, so the first full batch does not pay ORT's first run at that shape.
-    `compute_bound`: the model needs at least SPIN_MIN_GMACS per image (picks the ORT thread settings)."""
+    `compute_bound`: the model needs at least SPIN_MIN_GMACS per image (picks the ORT thread settings).
+    `decodes=False`: the same step fed `pixel_values` instead (the template skips decoding), as the tests use it in
+    place of the GPU classifier and bench/ab_layouts.py to rebuild the previous two-step layout."""
     config = mc.ModelConfig(name=opts.step("classifier"), backend="python", max_batch_size=opts.max_batch_size)
-    _image_input(config, meta, opts, warmup_batches=(1, opts.max_batch_size))
+    if decodes:
+        _image_input(config, meta, opts, warmup_batches=(1, opts.max_batch_size))
+    else:
+        _pixel_input(config, meta, opts)
     _outputs(config.output, meta, opts, logits=True)
     config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=opts.classifier_instances)
     _batching(config, opts)
@@ -125,7 +141,7 @@ def cpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_fil
 def gpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: str) -> mc.ModelConfig:
     """GPU flavour: onnxruntime (TensorRT accelerator) or tensorrt_plan, KIND_GPU: `pixel_values` -> `logits`."""
     config = mc.ModelConfig(name=opts.step("classifier"), max_batch_size=opts.max_batch_size)
-    _tensor(config.input, "pixel_values", mc.TYPE_FP32, [3, *meta.input_size])
+    _pixel_input(config, meta, opts)
     _tensor(config.output, "logits", mc.TYPE_FP32, [meta.num_classes])
     _batching(config, opts)
     config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=opts.classifier_instances)
@@ -141,11 +157,6 @@ def gpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_fil
             "trt_engine_cache_enable": "1",
             "trt_engine_cache_path": opts.trt_cache_dir,
         })
-    for size in sorted({1, opts.max_batch_size}):
-        warmup = config.model_warmup.add(name=f"zeros_batch_{size}", batch_size=size)
-        warmup.inputs["pixel_values"].data_type = mc.TYPE_FP32
-        warmup.inputs["pixel_values"].dims.extend([3, *meta.input_size])
-        warmup.inputs["pixel_values"].zero_data = True
     return config
 
 

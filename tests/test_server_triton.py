@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import shutil
 import signal
 import struct
@@ -30,10 +31,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
 from hub_vit.server.client import AsyncClassifier, Classifier, encode
+from hub_vit.server.config import cpu_classifier_config, render
 from hub_vit.server.launcher import ServerError, TritonServer, free_port
 from hub_vit.server.loadtest import settled_statistics
 from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import write_repository
+from hub_vit.server.repository import MANIFEST, write_repository
 from hub_vit.server.source import ModelSource, resolve
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -214,17 +216,15 @@ def test_gpu_flavour_ensemble_and_postprocess_on_the_real_server(repo, model_fol
     real. Only its KIND_GPU ONNX Runtime classifier cannot run on this machine: it is swapped for the CPU flavour's
     classifier with its input turned into `pixel_values` (the template then skips decoding), which keeps the step's
     contract (`pixel_values` -> `logits`; the extra top-k outputs it also writes go unused)."""
-    gpu = _variant_repo(repo, model_folder, tmp_path / "gpu", flavour="gpu", max_batch_size=MAX_BATCH,
-                        preferred_batch_sizes=(4, 8))
-    cpu = _variant_repo(repo, model_folder, tmp_path / "cpu", max_batch_size=MAX_BATCH, preferred_batch_sizes=(4, 8))
-    gpu_classifier = text_format.Parse((gpu / "vit_classifier/config.pbtxt").read_text(), mc.ModelConfig())
+    options = dict(max_batch_size=MAX_BATCH, preferred_batch_sizes=(4, 8))
+    gpu = _variant_repo(repo, model_folder, tmp_path / "gpu", flavour="gpu", **options)
+    cpu = _variant_repo(repo, model_folder, tmp_path / "cpu", **options)
     shutil.rmtree(gpu / "vit_classifier")
-    shutil.copytree(cpu / "vit_classifier", gpu / "vit_classifier")
-    swapped = text_format.Parse((cpu / "vit_classifier/config.pbtxt").read_text(), mc.ModelConfig())
-    del swapped.input[:], swapped.model_warmup[:]
-    swapped.input.extend(gpu_classifier.input)  # pixel_values (3, H, W)
-    swapped.model_warmup.extend(gpu_classifier.model_warmup)  # zeros, batch 1 and max_batch_size
-    (gpu / "vit_classifier/config.pbtxt").write_text(text_format.MessageToString(swapped))
+    shutil.copytree(cpu / "vit_classifier", gpu / "vit_classifier")  # model.py, model.onnx, labels, ...
+    compute_bound = json.loads((cpu / MANIFEST).read_text())["compute_bound"]
+    swapped = cpu_classifier_config(resolve(model_folder).metadata, ServingOptions(**options), "model.onnx",
+                                    compute_bound=compute_bound, decodes=False)  # fed pixel_values (3, H, W)
+    (gpu / "vit_classifier/config.pbtxt").write_text(render(swapped))
     server = _start(gpu)
     try:
         payloads = photo_payloads + digits[0][:5]
@@ -526,7 +526,7 @@ def test_cli_classify_and_loadtest(server, tmp_path, photos):
     result = runner.invoke(app, ["loadtest", "--url", server.http_url, "--concurrency", "4", "--requests", "24",
                                  "--json", str(out), str(image)])
     assert result.exit_code == 0, result.output
-    report = __import__("json").loads(out.read_text())
+    report = json.loads(out.read_text())
     assert report["requests"] == 24 and report["errors"] == 0
     assert report["batching"]["vit_classifier"]["inferences"] == 24
     assert set(report["latency_ms"]) >= {"p50", "p90", "p99"}
