@@ -44,7 +44,11 @@ RUN hub-vit repository /models --flavour gpu --gpu-backend onnxruntime --precisi
 
 USER triton-server
 EXPOSE 8000 8001 8002
+# Healthy = ready (/v2/health/ready) and every Python-backend instance's stub alive: Triton keeps answering ready
+# after a stub died (OOM killer, decoder crash) while failing each request routed to it. No inference is sent, so a
+# busy server stays healthy. Docker only marks the container unhealthy (Swarm replaces it); in Kubernetes, give the
+# same command to an exec livenessProbe.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
-    CMD curl -fsS http://127.0.0.1:8000/v2/health/ready || exit 1
+    CMD hub-vit health --url 127.0.0.1:8000 --repository /models --timeout 3 || exit 1
 CMD ["tritonserver", "--model-repository=/models", "--model-control-mode=none", "--strict-readiness=true", \
      "--exit-timeout-secs=30"]

@@ -210,8 +210,9 @@ def exit_description(code: int) -> str:
     return f"was killed by {name}{hint}"
 
 
-def _group_processes(pgid: int) -> dict[int, str]:
-    """pid -> command line of the live processes in process group `pgid` (zombies count as dead), from /proc."""
+def live_processes(pgid: int | None = None) -> dict[int, str]:
+    """pid -> command line of the live processes (zombies count as dead) in process group `pgid`, or of every one
+    this user may read when `pgid` is None, from /proc."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -220,7 +221,7 @@ def _group_processes(pgid: int) -> dict[int, str]:
             stat = (entry / "stat").read_text()
             # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'
             state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
-            if int(pgrp) != pgid or state in ("Z", "X"):
+            if (pgid is not None and int(pgrp) != pgid) or state in ("Z", "X"):
                 continue
             found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, ValueError):  # gone meanwhile, or not ours to read
@@ -254,7 +255,7 @@ def remove_orphaned_regions(shm: Path = Path("/dev/shm")) -> None:
             pass
 
 
-def _stub_instance(cmdline: str) -> str:
+def stub_instance(cmdline: str) -> str:
     """The model instance a Python-backend stub serves, from its command line (`stub <repo>/vit_preprocess/1/model.py
     <shm region> <sizes> <pid> <backend dir> <n> vit_preprocess_0_0 DEFAULT`), else the command line's start."""
     match = re.search(r"/([^/\s]+)/\d+/model\.py .*?\s(\1_\d+_\d+)(?:\s|$)", cmdline)
@@ -467,7 +468,7 @@ class TritonServer:
         """pid -> model instance of the server's live Python-backend stubs (they run in its process group)."""
         if self.process is None:
             return {}
-        return {pid: _stub_instance(cmd) for pid, cmd in _group_processes(self.process.pid).items()
+        return {pid: stub_instance(cmd) for pid, cmd in live_processes(self.process.pid).items()
                 if pid != self.process.pid and "triton_python_backend_stub" in cmd}
 
     def watch(self, stopping: threading.Event, interval_s: float = 1.0) -> str | None:

@@ -18,6 +18,9 @@ from hub_vit.cli.app import app
 @pytest.fixture
 def command(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[BaseException], None]]:
     """Register `hub-vit boom` raising the given exception (removed again after the test), and restore SIGTERM."""
+    # The real commands first: `cli.main()` imports their modules, which would register them on the copy below and
+    # lose them with it at teardown (a later test in the same process then finds no `serve` command).
+    cli._load_commands()
     monkeypatch.setattr(app, "registered_commands", list(app.registered_commands))
     monkeypatch.setattr(sys, "argv", ["hub-vit", "boom"])
     sigterm = signal.getsignal(signal.SIGTERM)

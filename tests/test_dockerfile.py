@@ -1,7 +1,8 @@
 """The GPU Dockerfile cannot be built here (no Docker engine), so what can drift from the code is checked instead:
 the files it copies exist, the extras it installs are declared, its `hub-vit repository` step runs with today's CLI
 and writes the GPU flavour it promises, and every flag of its CMD is one `tritonserver --help` lists (the real
-binary from nvidia-pytriton: Triton 2.51, older than the image's, and these flags are older still)."""
+binary from nvidia-pytriton: Triton 2.51, older than the image's, and these flags are older still), and its
+HEALTHCHECK probes the repository and port the CMD serves."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
+
+from hub_vit.server.health import python_instances
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,6 +91,10 @@ def test_repository_step_writes_the_gpu_flavour(tmp_path, model):
     assert [group.kind for group in classifier.instance_group] == [mc.ModelInstanceGroup.KIND_GPU]
     (accelerator,) = classifier.optimization.execution_accelerators.gpu_execution_accelerator
     assert accelerator.name == "tensorrt" and accelerator.parameters["precision_mode"] == "FP16"
+    # what the HEALTHCHECK's `hub-vit health --repository` expects to find alive in the container
+    count = int(_args()["PREPROCESS_INSTANCES"])
+    assert python_instances(tmp_path / "models") == {
+        f"{step}_0_{n}": step for step in ("vit_preprocess", "vit_postprocess") for n in range(count)}
 
 
 def test_cmd_flags_are_tritonserver_flags():
@@ -105,5 +112,21 @@ def test_cmd_flags_are_tritonserver_flags():
     assert cmd[0] == "tritonserver"
     for flag in cmd[1:]:
         assert flag.split("=")[0] in known, f"{flag} is not a tritonserver flag"
+
+
+def test_healthcheck_probes_the_served_repository_and_port():
+    """The probe (`hub-vit health`, run for real in tests/test_health.py) must look at the repository the CMD serves
+    and the RUN step writes, on the HTTP port the image exposes (the CMD keeps tritonserver's default, 8000)."""
     healthcheck = next(text for kind, text in _instructions() if kind == "HEALTHCHECK")
-    assert "/v2/health/ready" in healthcheck
+    probe = shlex.split(healthcheck.split(" CMD ", 1)[1])
+    assert probe[:2] == ["hub-vit", "health"], probe
+    repository = probe[probe.index("--repository") + 1]
+    (cmd,) = [json.loads(text) for kind, text in _instructions() if kind == "CMD"]
+    assert f"--model-repository={repository}" in cmd
+    assert not any(flag.startswith("--http-port") for flag in cmd)
+    step = next(text for kind, text in _instructions() if kind == "RUN" and text.startswith("hub-vit repository"))
+    assert shlex.split(step)[2] == repository
+    host, port = probe[probe.index("--url") + 1].rsplit(":", 1)
+    assert host == "127.0.0.1" and port in next(text for kind, text in _instructions() if kind == "EXPOSE").split()
+    timeout = float(probe[probe.index("--timeout") + 1])
+    assert timeout < float(re.search(r"--timeout=(\d+)s", healthcheck)[1]), "the probe must answer within Docker's"

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from hub_vit.catalog import default_model_folder
-from hub_vit.server.launcher import _group_processes, free_port
+from hub_vit.server.launcher import free_port, live_processes
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -71,7 +71,7 @@ class Serve:
 
     def tritonserver_pid(self) -> int:
         """The tritonserver this serve started (its child, and the leader of its own process group)."""
-        for pid, cmd in _group_processes(self._child_group()).items():
+        for pid, cmd in live_processes(self._child_group()).items():
             if "tritonserver --id=" in cmd:
                 return pid
         raise AssertionError("no tritonserver found")
@@ -89,7 +89,7 @@ class Serve:
         raise AssertionError("serve has no tritonserver child")
 
     def stubs(self) -> dict[int, str]:
-        return {pid: cmd for pid, cmd in _group_processes(self.tritonserver_pid()).items()
+        return {pid: cmd for pid, cmd in live_processes(self.tritonserver_pid()).items()
                 if "triton_python_backend_stub" in cmd}
 
     def classify(self) -> list[str]:

@@ -1,0 +1,39 @@
+"""`hub-vit health`: a health probe for a running Triton server (the Dockerfile's HEALTHCHECK, a Kubernetes probe)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from hub_vit.cli.app import app, console, err_console, fail
+
+
+@app.command()
+def health(
+    url: str = typer.Option("127.0.0.1:8000", help="The server's HTTP address (host:port)."),
+    repository: Path = typer.Option(None, help="The model repository the server was started with: also check that "
+                                               "every Python-backend model instance has a live stub (run this on "
+                                               "the server's host, inside its container)."),
+    timeout: float = typer.Option(3.0, help="Seconds to wait for the server's answer."),
+) -> None:
+    """Exit 0 when the server is ready and (with --repository) none of its Python-backend stubs has died; else print
+    what is wrong and exit 1. Triton keeps answering ready after a stub died, while failing every request routed to
+    that model instance; this sees it. Sends no inference request, so a busy server is not reported unhealthy."""
+    from hub_vit.server.health import check
+
+    if timeout <= 0:
+        raise fail(f"--timeout must be positive, got {timeout}")
+    try:
+        report = check(url, repository, timeout_s=timeout)
+    except ValueError as err:  # not a repository, an unreadable config, a gRPC address
+        raise fail(str(err)) from None
+    if not report.healthy:
+        for problem in report.problems():
+            err_console.print(f"[bold red]unhealthy:[/] {escape(problem)}", soft_wrap=True, emoji=False)
+        raise typer.Exit(1)
+    stubs = (f"; {len(report.alive)} of {len(report.expected)} Python-backend stubs alive "
+             f"({', '.join(sorted(report.alive)) or 'none expected'})" if report.stubs_checked
+             else "; stubs not checked (give --repository, on the server's host)")
+    console.print(f"healthy: {escape(report.url)} is ready{escape(stubs)}", soft_wrap=True)

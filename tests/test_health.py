@@ -1,0 +1,126 @@
+"""`hub-vit health`, the Dockerfile's HEALTHCHECK: ready *and* every Python-backend stub alive.
+
+The case it exists for is reproduced against the real Triton 2.51: a stub killed with SIGKILL (as the OOM killer does)
+leaves `/v2/health/ready` answering 200 while the requests routed to that instance fail; the probe must say unhealthy
+and name the instance."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hub_vit.catalog import default_model_folder
+from hub_vit.server.health import Health, http_base, python_instances
+from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.options import ServingOptions
+from hub_vit.server.repository import write_repository
+from hub_vit.server.source import resolve
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _health(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from hub_vit.cli import main; main()", "health", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _config(folder: Path, name: str, text: str) -> None:
+    (folder / name).mkdir(parents=True)
+    (folder / name / "config.pbtxt").write_text(text)
+
+
+def test_expected_instances_are_named_as_triton_names_them(tmp_path):
+    # Triton's naming (core, backend_model.cc / model_config_utils.cc): a group's name, default "<model>_<index>",
+    # then "_<n>" for each of its `count`; a config without instance_group gets one group named after the model.
+    _config(tmp_path, "decode", 'backend: "python"\ninstance_group { count: 2 kind: KIND_CPU }\n'
+                                'instance_group { name: "spare" kind: KIND_CPU }\n')
+    _config(tmp_path, "rank", 'backend: "python"\n')
+    _config(tmp_path, "net", 'backend: "onnxruntime"\ninstance_group { count: 4 kind: KIND_GPU }\n')
+    _config(tmp_path, "vit", 'platform: "ensemble"\n')
+    assert python_instances(tmp_path) == {"decode_0_0": "decode", "decode_0_1": "decode", "spare_0": "decode",
+                                          "rank_0": "rank"}
+
+
+def test_the_gpu_flavour_expects_its_decoding_and_top_k_stubs(tmp_path):
+    repo = write_repository(resolve(default_model_folder()), tmp_path / "models",
+                            ServingOptions(flavour="gpu", preprocess_instances=3))
+    expected = python_instances(repo)
+    assert expected == {f"{model}_0_{n}": model for model in ("vit_preprocess", "vit_postprocess") for n in range(3)}
+
+
+def test_a_bad_repository_or_address_is_refused_by_name(tmp_path):
+    result = _health("--repository", str(tmp_path / "nope"))
+    assert result.returncode == 2 and "is not a folder" in result.stderr
+    result = _health("--repository", str(tmp_path))
+    assert result.returncode == 2 and "holds no model" in result.stderr
+    _config(tmp_path, "broken", "backend: python\ninstance_group {")
+    result = _health("--repository", str(tmp_path))
+    assert result.returncode == 2 and "cannot read" in result.stderr and "config.pbtxt" in result.stderr
+    result = _health("--url", "grpc://127.0.0.1:8001")
+    assert result.returncode == 2 and "gRPC address" in result.stderr and "8000" in result.stderr
+    result = _health("--timeout", "0")
+    assert result.returncode == 2 and "--timeout must be positive" in result.stderr
+    assert http_base("http://h:1/") == "http://h:1" and http_base("h:1") == "http://h:1"
+
+
+def test_a_down_server_is_one_line_about_the_address():
+    port = free_port()
+    result = _health("--url", f"127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert result.stderr.count("unhealthy:") == 1 and f"127.0.0.1:{port}/v2/health/ready" in result.stderr
+    report = Health("http://x", "no answer", {"a_0_0": "a"}, {}, stubs_checked=True)
+    assert report.problems() == ["no answer"]  # a server that is down has no stubs: not a second problem
+
+
+def _ready_status(url: str) -> int:
+    with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=10) as reply:
+        return reply.status
+
+
+def _dockerfile_healthcheck() -> str:
+    """The HEALTHCHECK's command, as the Dockerfile writes it (continuation lines joined)."""
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if line.startswith("HEALTHCHECK"))
+    return line.split(" CMD ", 1)[1].strip()
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_a_dead_stub_makes_a_ready_server_unhealthy(tmp_path):
+    repo = write_repository(resolve(default_model_folder()), tmp_path / "models")
+    # The Dockerfile's own probe, pointed at this server and repository instead of 127.0.0.1:8000 and /models
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    probe = (_dockerfile_healthcheck().replace("127.0.0.1:8000", server.http_url)
+             .replace("/models", shlex.quote(str(repo))))
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    with server:
+        result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+        assert result.returncode == 0, result.stderr
+        assert "2 of 2 Python-backend stubs alive (vit_classifier_0_0, vit_classifier_0_1)" in result.stdout
+
+        # A copy of the repository's configs served by no one: the check is not fooled by the names alone
+        elsewhere = tmp_path / "elsewhere"
+        shutil.copytree(repo, elsewhere, ignore=lambda folder, names: [n for n in names if n.endswith(".onnx")])
+        result = _health("--url", server.http_url, "--repository", str(elsewhere))
+        assert result.returncode == 1 and "no Python-backend stub of this repository runs on this host" in \
+            result.stderr
+
+        pid, instance = next(iter(server.stubs().items()))
+        os.kill(pid, signal.SIGKILL)  # what the OOM killer does
+        deadline = time.monotonic() + 10
+        while pid in server.stubs() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _ready_status(server.http_url) == 200  # Triton still says ready: the old probe would pass
+        result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+        assert result.returncode == 1
+        assert f"no live Python-backend stub for model instance '{instance}' (model vit_classifier)" in result.stderr
+        assert _health("--url", server.http_url).returncode == 0  # readiness alone cannot see it
