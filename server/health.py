@@ -5,9 +5,9 @@ that dies (the OOM killer, a crash in a decoder) and keeps answering ready, whil
 instance fails (HTTP 500 "Stub process ... is not healthy"). `hub-vit serve` watches its own stubs and replaces such
 a server; a server started otherwise (the Dockerfile's CMD, a Kubernetes pod) needs its probe to see it.
 
-The stubs are found in /proc: the check runs where the server runs (inside its container). Each stub's command line
-is `triton_python_backend_stub <repository>/<model>/<version>/model.py <shm region> <shm sizes> <server pid>
-<backend> <ipc handle> <instance> ...`. The expected instances come from the repository's `config.pbtxt` files.
+The stubs are found in /proc, so the check runs where the server runs (inside its container): each stub's command line
+names the model file under the repository and the model instance (`launcher.STUB`). The expected instances come from
+the repository's `config.pbtxt` files.
 
 No inference request is sent: a probe must not fail because the server is busy (an overloaded server rejects
 requests by design, and restarting it then would make things worse).
@@ -21,10 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hub_vit.server.launcher import live_processes
-
-STUB = "triton_python_backend_stub"
-STUB_NAME_ARG = 8  # argv index of the model instance's name in a stub's command line (see the module docstring)
+from hub_vit.server.launcher import STUB, STUB_MODEL_FILE_ARG, live_processes, stub_instance
 
 
 @dataclass(frozen=True)
@@ -96,11 +93,11 @@ def live_stubs(repository: str | Path) -> dict[str, int]:
     found = {}
     for pid, cmdline in live_processes().items():
         args = cmdline.split()
-        if len(args) <= STUB_NAME_ARG or not args[0].endswith(STUB):
+        if len(args) <= STUB_MODEL_FILE_ARG or not args[0].endswith(STUB):
             continue
-        model_dir = os.path.dirname(os.path.dirname(args[1]))  # <repository>/<model>/<version>/model.py
+        model_dir = os.path.dirname(os.path.dirname(args[STUB_MODEL_FILE_ARG]))  # <repo>/<model>/<version>/model.py
         if os.path.realpath(os.path.dirname(model_dir)) == root:
-            found[args[STUB_NAME_ARG]] = pid
+            found[stub_instance(cmdline)] = pid
     return found
 
 

@@ -255,11 +255,18 @@ def remove_orphaned_regions(shm: Path = Path("/dev/shm")) -> None:
             pass
 
 
+# A Python-backend stub's command line, the same in Triton 2.51 and the GPU image's (python_backend stub_launcher.cc):
+#   triton_python_backend_stub <repo>/<model>/<version>/model.py <shm region> <shm size> <shm growth> <server pid>
+#   <backend dir> <ipc handle> <model instance> [DEFAULT | <runtime model dir>]
+STUB = "triton_python_backend_stub"
+STUB_MODEL_FILE_ARG, STUB_INSTANCE_ARG = 1, 8
+
+
 def stub_instance(cmdline: str) -> str:
-    """The model instance a Python-backend stub serves, from its command line (`stub <repo>/vit_preprocess/1/model.py
-    <shm region> <sizes> <pid> <backend dir> <n> vit_preprocess_0_0 DEFAULT`), else the command line's start."""
-    match = re.search(r"/([^/\s]+)/\d+/model\.py .*?\s(\1_\d+_\d+)(?:\s|$)", cmdline)
-    return match[2] if match else cmdline[:80]
+    """The model instance a Python-backend stub serves (`vit_classifier_0_1`), from its command line (above), else
+    the command line's start."""
+    args = cmdline.split()
+    return args[STUB_INSTANCE_ARG] if len(args) > STUB_INSTANCE_ARG and args[0].endswith(STUB) else cmdline[:80]
 
 
 class TritonServer:
@@ -469,7 +476,7 @@ class TritonServer:
         if self.process is None:
             return {}
         return {pid: stub_instance(cmd) for pid, cmd in live_processes(self.process.pid).items()
-                if pid != self.process.pid and "triton_python_backend_stub" in cmd}
+                if pid != self.process.pid and STUB in cmd}
 
     def watch(self, stopping: threading.Event, interval_s: float = 1.0) -> str | None:
         """Block while the server runs. None once it exits after `stopping` was set (a shutdown); else the failure,

@@ -20,7 +20,7 @@ import pytest
 
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.health import Health, http_base, python_instances
-from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.launcher import TritonServer, free_port, stub_instance
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
 from hub_vit.server.source import resolve
@@ -48,6 +48,19 @@ def test_expected_instances_are_named_as_triton_names_them(tmp_path):
     _config(tmp_path, "vit", 'platform: "ensemble"\n')
     assert python_instances(tmp_path) == {"decode_0_0": "decode", "decode_0_1": "decode", "spare_0": "decode",
                                           "rank_0": "rank"}
+
+
+def test_the_instance_is_read_from_a_stubs_command_line():
+    # Verbatim from Triton 2.51 (/proc/<pid>/cmdline, NULs as spaces), and the argument order of the GPU image's
+    # python_backend (stub_launcher.cc: a runtime model folder in place of DEFAULT), with a named instance group.
+    local = ("/tmp/hub-vit-triton-c4w3ewm_/backends/python/triton_python_backend_stub /tmp/hc/run/vit_classifier/1/"
+             "model.py hub-vit-23575-03de56de_c3f6987f-1905-4d4f-a01f-59d9910adc3f 1048576 1048576 23583 "
+             "/tmp/hub-vit-triton-c4w3ewm_/backends/python 336 vit_classifier_0_1 DEFAULT ")
+    image = ("/opt/tritonserver/backends/python/triton_python_backend_stub /models/vit_preprocess/1/model.py "
+             "triton_python_backend_shm_region_4f1c 1048576 1048576 41 /opt/tritonserver/backends/python 336 "
+             "decoders_2 /models/vit_preprocess")
+    assert stub_instance(local) == "vit_classifier_0_1" and stub_instance(image) == "decoders_2"
+    assert stub_instance("python3 -m something else entirely") == "python3 -m something else entirely"
 
 
 def test_the_gpu_flavour_expects_its_decoding_and_top_k_stubs(tmp_path):
