@@ -21,6 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hub_vit.server.client import resolve_protocol, server_address
 from hub_vit.server.launcher import STUB, STUB_MODEL_FILE_ARG, live_processes, stub_instance
 
 
@@ -102,10 +103,12 @@ def live_stubs(repository: str | Path) -> dict[str, int]:
 
 
 def http_base(url: str) -> str:
-    """`127.0.0.1:8000` or `http://127.0.0.1:8000` -> `http://127.0.0.1:8000`; a gRPC address is refused."""
-    if url.startswith("grpc://"):
+    """`127.0.0.1:8000` or `http://127.0.0.1:8000` -> `http://127.0.0.1:8000` (`https://` kept); a gRPC address, or
+    anything but host:port, is refused as the clients refuse it (`client.server_address`)."""
+    if resolve_protocol(url) == "grpc":
         raise ValueError(f"{url!r} is a gRPC address; the health check asks Triton's HTTP endpoint (default port 8000)")
-    return (url if url.startswith(("http://", "https://")) else f"http://{url}").rstrip("/")
+    address, tls = server_address(url)
+    return f"{'https' if tls else 'http'}://{address}"
 
 
 def readiness(url: str, timeout_s: float = 3.0) -> str | None:
@@ -124,9 +127,10 @@ def readiness(url: str, timeout_s: float = 3.0) -> str | None:
 
 def check(url: str, repository: str | Path | None = None, timeout_s: float = 3.0) -> Health:
     """Readiness of the server at `url`, and, given the `repository` it serves, its Python-backend stubs."""
-    expected = python_instances(repository) if repository is not None else {}  # a bad path is refused first
-    not_ready = readiness(url, timeout_s)
+    base = http_base(url)  # a bad address or path is refused before anything is asked
+    expected = python_instances(repository) if repository is not None else {}
+    not_ready = readiness(base, timeout_s)
     if repository is None:
-        return Health(http_base(url), not_ready)
+        return Health(base, not_ready)
     alive = {name: pid for name, pid in live_stubs(repository).items() if name in expected}
-    return Health(http_base(url), not_ready, expected, alive, stubs_checked=True)
+    return Health(base, not_ready, expected, alive, stubs_checked=True)

@@ -24,8 +24,7 @@ from hub_vit.server.launcher import TritonServer, free_port, stub_instance
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
 from hub_vit.server.source import resolve
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.test_dockerfile import _instructions
 
 
 def _health(*args: str) -> subprocess.CompletedProcess:
@@ -82,7 +81,10 @@ def test_a_bad_repository_or_address_is_refused_by_name(tmp_path):
     assert result.returncode == 2 and "gRPC address" in result.stderr and "8000" in result.stderr
     result = _health("--timeout", "0")
     assert result.returncode == 2 and "--timeout must be positive" in result.stderr
+    result = _health("--url", "127.0.0.1:8000/v2")
+    assert result.returncode == 2 and "has a path; give host:port only" in result.stderr
     assert http_base("http://h:1/") == "http://h:1" and http_base("h:1") == "http://h:1"
+    assert http_base("https://h:1") == "https://h:1"
 
 
 def test_a_down_server_is_one_line_about_the_address():
@@ -100,10 +102,9 @@ def _ready_status(url: str) -> int:
 
 
 def _dockerfile_healthcheck() -> str:
-    """The HEALTHCHECK's command, as the Dockerfile writes it (continuation lines joined)."""
-    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
-    line = next(line for line in text.splitlines() if line.startswith("HEALTHCHECK"))
-    return line.split(" CMD ", 1)[1].strip()
+    """The HEALTHCHECK's command, as the Dockerfile writes it."""
+    healthcheck = next(text for kind, text in _instructions() if kind == "HEALTHCHECK")
+    return healthcheck.split(" CMD ", 1)[1].strip()
 
 
 @pytest.mark.triton
