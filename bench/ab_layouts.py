@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from typing import Any
 import numpy as np
 from bench_serve import CASES, RESULTS, InProcess
 from google.protobuf import text_format
-from run_info import REPO, add_note_option, check_writable, run_info, write_json
+from run_info import add_note_option, check_writable, file_at, run_info, write_json
 from tritonclient.grpc import model_config_pb2 as mc
 
 from hub_vit.server.config import cpu_classifier_config, render
@@ -44,11 +42,6 @@ def _parse(path: Path) -> mc.ModelConfig:
     return text_format.Parse(path.read_text(), mc.ModelConfig())
 
 
-def _previous_file(path: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), "show", f"{PREVIOUS}:{path}"], capture_output=True, text=True,
-                          check=True).stdout
-
-
 def two_step_repository(meta: ServingMetadata, opts: ServingOptions, cpu: Path, gpu: Path, out: Path) -> Path:
     """The previous CPU layout: `vit` -> `vit_preprocess` (the GPU flavour's step, today's config, PREVIOUS's
     template) -> `vit_classifier` (today's CPU step fed `pixel_values`, PREVIOUS's template). `cpu` and `gpu`: the
@@ -64,7 +57,7 @@ def two_step_repository(meta: ServingMetadata, opts: ServingOptions, cpu: Path, 
     for target, source in (("vit_classifier/1/model.py", "server/templates/classifier_ort/model.py"),
                            ("vit_preprocess/1/model.py", "server/templates/preprocess/model.py"),
                            ("vit_preprocess/1/imageprep.py", "server/templates/preprocess/imageprep.py")):
-        (out / target).write_text(_previous_file(source), encoding="utf-8")
+        (out / target).write_text(file_at(PREVIOUS, source), encoding="utf-8")
     compute_bound = json.loads((cpu / MANIFEST).read_text())["compute_bound"]
     classifier = cpu_classifier_config(meta, opts, "model.onnx", compute_bound=compute_bound, decodes=False)
     (out / "vit_classifier/config.pbtxt").write_text(render(classifier), encoding="utf-8")
@@ -133,10 +126,7 @@ def main() -> None:
     add_note_option(parser)
     args = parser.parse_args()
     check_writable(args.out.parent)
-    try:
-        _previous_file("server/templates/preprocess/model.py")
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        sys.exit(f"needs git and the commit {PREVIOUS} (the previous layout's templates): run it in a full clone")
+    file_at(PREVIOUS, "server/templates/preprocess/model.py")  # before the run: git and the commit are there
     report = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient")), "previous_commit": PREVIOUS,
               "cases": {case: run_case(case, args.seconds, args.rounds, args.reverse) for case in args.models}}
     write_json(args.out, report)

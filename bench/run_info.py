@@ -45,6 +45,17 @@ def git_state(repo: Path = REPO) -> dict[str, Any]:
         return {"commit": None, "dirty": None}
 
 
+def file_at(commit: str, path: str, repo: Path = REPO) -> str:
+    """`path` as it was at `commit` (git show), for the A/B scripts that run a previous version next to today's; a
+    copy without git or without that commit (shallow, exported) stops the script with a message that says so."""
+    try:
+        return subprocess.run(["git", "-C", str(repo), "show", f"{commit}:{path}"], capture_output=True, text=True,
+                              check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        raise SystemExit(f"needs git and the commit {commit} ({path} as it was there): run it in a full clone") \
+            from None
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

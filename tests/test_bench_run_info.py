@@ -7,6 +7,8 @@ import importlib.util
 import subprocess
 from pathlib import Path
 
+import pytest
+
 RUN_INFO = Path(__file__).resolve().parent.parent / "bench" / "run_info.py"
 
 
@@ -36,3 +38,24 @@ def test_bench_results_do_not_make_the_checkout_dirty(tmp_path: Path) -> None:
     assert run_info.git_state(repo)["dirty"] is False
     (repo / "model.py").write_text("a = 2\n")  # the code changed
     assert run_info.git_state(repo)["dirty"] is True
+
+
+def test_file_at_reads_a_previous_version_and_names_a_missing_commit(tmp_path: Path) -> None:
+    # the A/B scripts (ab_layouts, ab_load_generator) run a file as it was at an older commit next to today's
+    run_info = _load()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    (repo / "loadtest.py").write_text("version = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    first = git("rev-parse", "HEAD").strip()
+    (repo / "loadtest.py").write_text("version = 2\n")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+    assert run_info.file_at(first, "loadtest.py", repo) == "version = 1\n"
+    with pytest.raises(SystemExit, match="needs git and the commit 0123abc"):
+        run_info.file_at("0123abc", "loadtest.py", repo)

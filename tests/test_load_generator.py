@@ -1,0 +1,95 @@
+"""What the asyncio client and the load generator put on the wire, seen by a recording HTTP server (the real-server
+load tests are in test_server_triton.py): answers asked for uncompressed, prepared requests checked on their answer,
+and one pass over the images in requests built once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from hub_vit.server.client import AsyncClassifier
+from hub_vit.server.loadtest import request_bodies
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """Answers every infer request with `rows` rows of top-1 outputs (JSON) and records its headers."""
+
+    rows: int | None = None  # None: as many rows as the request has images
+    seen: list[dict[str, str]]
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        header = json.loads(body[:int(self.headers.get("Inference-Header-Content-Length", len(body)))])
+        type(self).seen.append(dict(self.headers))
+        rows = self.rows if self.rows is not None else header["inputs"][0]["shape"][0]
+        answer = json.dumps({"model_name": "vit", "outputs": [
+            {"name": "labels", "datatype": "BYTES", "shape": [rows, 1], "data": ["7"] * rows},
+            {"name": "scores", "datatype": "FP32", "shape": [rows, 1], "data": [0.9] * rows},
+            {"name": "class_ids", "datatype": "INT64", "shape": [rows, 1], "data": [7] * rows},
+        ]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[tuple[str, type[Recorder]]]:
+    handler = type("RecorderForTest", (Recorder,), {"seen": [], "rows": None})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+
+
+def test_async_http_client_asks_for_uncompressed_answers(recorder):
+    # aiohttp asks for gzip by default, and Triton then compresses every answer (CPU on both ends for ~400 bytes)
+    url, handler = recorder
+
+    async def go() -> None:
+        async with AsyncClassifier(url) as client:
+            predictions = await client.classify([b"png bytes"])
+            assert predictions[0].labels == ["7"]
+            prepared = client.prepare([b"a", b"b"])
+            await client.send(prepared)
+            await client.send(prepared)  # built once, sent as often as wanted
+
+    asyncio.run(go())
+    assert len(handler.seen) == 3
+    assert all(headers.get("Accept-Encoding") == "identity" for headers in handler.seen), handler.seen
+
+
+def test_send_checks_the_answer_has_a_row_per_image(recorder):
+    url, handler = recorder
+    handler.rows = 1
+
+    async def go() -> None:
+        async with AsyncClassifier(url) as client:
+            await client.send(client.prepare([b"a"]))  # right
+            with pytest.raises(ValueError, match="answered 1 rows of scores for a request of 3 images"):
+                await client.send(client.prepare([b"a", b"b", b"c"]))
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(("count", "batch", "expected"), [
+    (5, 1, [[0], [1], [2], [3], [4]]),
+    (5, 2, [[0, 1], [2, 3], [4, 0]]),  # the last request filled up from the start
+    (2, 4, [[0, 1, 0, 1]]),  # fewer images than one request holds
+    (4, 4, [[0, 1, 2, 3]]),
+])
+def test_request_bodies_send_every_image_once_per_pass(count, batch, expected):
+    payloads = [bytes([i]) for i in range(count)]
+    bodies = request_bodies(payloads, batch)
+    assert [[payload[0] for payload in body] for body in bodies] == expected
