@@ -262,11 +262,18 @@ STUB = "triton_python_backend_stub"
 STUB_MODEL_FILE_ARG, STUB_INSTANCE_ARG = 1, 8
 
 
+def is_stub(cmdline: str) -> bool:
+    """Whether a command line (as `live_processes` reads it) is a Python-backend stub's: its program, not some
+    argument (a shell's `-c "... triton_python_backend_stub ..."`), is the stub."""
+    args = cmdline.split(maxsplit=1)
+    return bool(args) and args[0].endswith(STUB)
+
+
 def stub_instance(cmdline: str) -> str:
     """The model instance a Python-backend stub serves (`vit_classifier_0_1`), from its command line (above), else
     the command line's start."""
     args = cmdline.split()
-    return args[STUB_INSTANCE_ARG] if len(args) > STUB_INSTANCE_ARG and args[0].endswith(STUB) else cmdline[:80]
+    return args[STUB_INSTANCE_ARG] if len(args) > STUB_INSTANCE_ARG and is_stub(cmdline) else cmdline[:80]
 
 
 class TritonServer:
@@ -476,7 +483,7 @@ class TritonServer:
         if self.process is None:
             return {}
         return {pid: stub_instance(cmd) for pid, cmd in live_processes(self.process.pid).items()
-                if pid != self.process.pid and STUB in cmd}
+                if pid != self.process.pid and is_stub(cmd)}
 
     def watch(self, stopping: threading.Event, interval_s: float = 1.0) -> str | None:
         """Block while the server runs. None once it exits after `stopping` was set (a shutdown); else the failure,

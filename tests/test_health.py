@@ -20,7 +20,7 @@ import pytest
 
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.health import Health, http_base, python_instances
-from hub_vit.server.launcher import TritonServer, free_port, stub_instance
+from hub_vit.server.launcher import TritonServer, free_port, is_stub, stub_instance
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
 from hub_vit.server.source import resolve
@@ -60,6 +60,10 @@ def test_the_instance_is_read_from_a_stubs_command_line():
              "decoders_2 /models/vit_preprocess")
     assert stub_instance(local) == "vit_classifier_0_1" and stub_instance(image) == "decoders_2"
     assert stub_instance("python3 -m something else entirely") == "python3 -m something else entirely"
+    # the server's own watch and this probe recognise a stub the same way: by its program, not by a mention
+    assert is_stub(local) and is_stub(image)
+    assert not is_stub("bash -c exec /opt/tritonserver/backends/python/triton_python_backend_stub x")
+    assert not is_stub("")
 
 
 def test_the_gpu_flavour_expects_its_decoding_and_top_k_stubs(tmp_path):
