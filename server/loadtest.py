@@ -24,6 +24,10 @@ from tritonclient.utils import InferenceServerException
 
 from hub_vit.server.client import AsyncClassifier, ImageLike, encode, resolve_protocol
 
+# Cores of CPU this load generator may use before its numbers are its own limit: it is one Python process whose
+# asyncio loop runs on one thread (gRPC adds a poller thread, which rarely takes much).
+SATURATED_CORES = 0.9
+
 
 @dataclass
 class LoadResult:
@@ -40,6 +44,14 @@ class LoadResult:
     error_messages: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False  # Ctrl-C ended the run early: the numbers cover the time until then
     statistics_error: str | None = None  # why `batching` is empty: the server's statistics could not be read
+    # This process's own CPU from the first measured request until the last answer (drained ones included): per
+    # request sent, and as cores kept busy. A load generator near a full core is measuring itself, not the server.
+    load_generator_cpu_ms_per_request: float = float("nan")
+    load_generator_cores: float = float("nan")
+
+    @property
+    def load_generator_saturated(self) -> bool:
+        return self.load_generator_cores >= SATURATED_CORES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,7 +137,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
                 if not _answered(err):
                     raise
         before, server_before = await client.statistics(), await client.server_id()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         deadline = None if requests is not None else start + float(duration_s or 0)
         interrupted = _on_first_interrupt()
 
@@ -154,7 +166,9 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         finally:
             interrupted.restore()
-        seconds = time.perf_counter() - start
+        seconds = elapsed = time.perf_counter() - start  # the whole run, drained answers included
+        cpu_s = time.process_time() - cpu_start
+        attempts = len(latencies) + sum(errors.values())  # requests sent in the run, answered or failed
         stopped_at = interrupted.at
         if stopped_at is not None and deadline is not None and stopped_at >= deadline:
             stopped_at = None  # Ctrl-C while the last answers drained: the window was complete
@@ -179,6 +193,8 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         seconds=seconds, throughput_rps=rated / seconds, images_per_s=rated * batch / seconds,
         latency_ms=percentiles(latencies), batching=batching, error_messages=dict(errors),
         interrupted=stopped_at is not None, statistics_error=statistics_error,
+        load_generator_cpu_ms_per_request=cpu_s * 1000 / attempts if attempts else float("nan"),
+        load_generator_cores=cpu_s / elapsed if elapsed > 0 else float("nan"),
     )
 
 

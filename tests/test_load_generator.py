@@ -93,3 +93,24 @@ def test_request_bodies_send_every_image_once_per_pass(count, batch, expected):
     payloads = [bytes([i]) for i in range(count)]
     bodies = request_bodies(payloads, batch)
     assert [[payload[0] for payload in body] for body in bodies] == expected
+
+
+@pytest.mark.parametrize("cores", [0.35, 0.97])
+def test_loadtest_says_when_the_load_generator_is_the_limit(cores, monkeypatch):
+    # a closed loop whose client keeps a core busy measures the client: perf_analyzer-like warning, not silence
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.server import loadtest
+
+    result = loadtest.LoadResult(
+        protocol="http", concurrency=16, batch=1, requests=100, errors=0, seconds=1.0, throughput_rps=100.0,
+        images_per_s=100.0, latency_ms=loadtest.percentiles([0.01] * 100), batching={},
+        load_generator_cpu_ms_per_request=cores * 10, load_generator_cores=cores)
+    monkeypatch.setattr(loadtest, "load_test", lambda *args, **kwargs: result)
+    _load_commands()
+    out = CliRunner().invoke(app, ["loadtest", "--url", "127.0.0.1:8000", "--requests", "100"])
+    output = " ".join(out.output.split())
+    assert out.exit_code == 0, output
+    assert f"{cores:.2f} cores busy" in output
+    assert ("these numbers may be its limit" in output) == (cores >= loadtest.SATURATED_CORES), output

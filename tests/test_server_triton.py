@@ -530,6 +530,9 @@ def test_cli_classify_and_loadtest(server, tmp_path, photos):
     assert report["requests"] == 24 and report["errors"] == 0
     assert report["batching"]["vit_classifier"]["inferences"] == 24
     assert set(report["latency_ms"]) >= {"p50", "p90", "p99"}
+    # the load generator's own CPU over the run (it shares these cores with the server)
+    assert report["load_generator_cpu_ms_per_request"] > 0 and 0 < report["load_generator_cores"] < 4
+    assert "load generator (this process)" in result.output
     # A bad image first in the cycle: the warm-up used to abort the run on it; now it is counted, and the exit code
     # says the run had failures (a CI job must see them) unless --allow-errors.
     bad = tmp_path / "bad.png"

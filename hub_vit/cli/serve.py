@@ -538,6 +538,12 @@ def loadtest(
                   f"{result.images_per_s:.1f} images/s")
     console.print(f"latency ms  p50 {lat['p50']:.2f}  p90 {lat['p90']:.2f}  p99 {lat['p99']:.2f}  "
                   f"max {lat['max']:.2f}")
+    console.print(f"load generator (this process): {result.load_generator_cpu_ms_per_request:.3f} ms CPU per "
+                  f"request, {result.load_generator_cores:.2f} cores busy")
+    if result.load_generator_saturated:
+        err_console.print("[yellow]the load generator kept about a whole core busy:[/] these numbers may be its "
+                          "limit, not the server's; run several load generators, or run it on another host",
+                          soft_wrap=True)
     table = Table(title="server batching (Triton statistics over the run)")
     for column in ("model", "inferences", "executions", "images / execution"):
         # fold, never '…': a narrow terminal wraps a step's name or a header instead of cutting it
