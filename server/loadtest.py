@@ -125,7 +125,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
             raise ValueError(f"--batch {batch} is more than the {limit} images per request model {model!r} takes "
                              f"(its max_batch_size); valid: 1..{limit}")
         # built once, as perf_analyzer does: the load generator shares the machine, and every microsecond of its own
-        # per request is one the server does not get (seen: 0.24 -> 0.19 ms of CPU per request on 2 cores)
+        # per request is one the server does not get (seen: 0.24-0.25 -> 0.17-0.19 ms of CPU per request, 2 cores)
         cycle = itertools.cycle([client.prepare(body) for body in request_bodies(payloads, batch)])
         del payloads  # each prepared request holds its own serialised copy
         for _ in range(warmup):  # first requests pay connection setup; keep them out of the numbers
