@@ -399,8 +399,7 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
-                if self._reader is not None:  # the process is gone: let the reader take in its last lines
-                    self._reader.join(timeout=2)
+                self._reap()  # the process is gone: the reader takes in its last lines
                 taken = self._port_taken()
                 if taken:
                     raise ServerError(taken)
@@ -447,9 +446,18 @@ class TritonServer:
     def wait(self, timeout_s: float | None = None) -> int:
         assert self.process is not None
         code = self.process.wait(timeout_s)
+        self._reap()
+        return code
+
+    def _reap(self) -> None:
+        """Once tritonserver has exited: SIGKILL what is left of its process group, then let the log reader take in
+        the last lines. A clean shutdown leaves nothing; a server that died or failed to load leaves its Python-backend
+        stubs, which run on (one was seen alive 30 minutes later) and hold the log pipe open, so the reader waited out
+        its timeout first (a dead server took `hub-vit serve` 12 s to replace or give up on, instead of 1)."""
+        assert self.process is not None
+        _kill_process_group(self.process.pid)
         if self._reader is not None:
             self._reader.join(timeout=5)
-        return code
 
     def stop(self) -> int | None:
         """SIGTERM, wait for the drain (exit timeout + margin), SIGKILL as a last resort; remove the workspace."""
@@ -460,8 +468,7 @@ class TritonServer:
                 code = self.wait(self.exit_timeout_s + 15)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                code = self.wait(10)
-            _kill_process_group(self.process.pid)  # Python-backend stubs outlive a server that died or failed to load
+                code = self.wait(10)  # wait() reaps the stubs a server that died or failed to load left behind
             self._remove_shm_regions()
         if self._workspace is not None:
             shutil.rmtree(self._workspace, ignore_errors=True)
@@ -498,8 +505,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 code = None
             if code is not None:
-                if self._reader is not None:
-                    self._reader.join(timeout=5)
+                self._reap()
                 return None if stopping.is_set() else f"tritonserver {exit_description(code)}"
             if stopping.is_set():
                 continue  # draining: stubs end on their own

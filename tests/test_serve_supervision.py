@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from hub_vit.catalog import default_model_folder
-from hub_vit.server.launcher import free_port, live_processes
+from hub_vit.server.launcher import free_port, is_stub, live_processes
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -99,9 +99,20 @@ class Serve:
             return [p.labels[0] for p in client.classify(SAMPLES[:4])]
 
     def stop(self) -> None:
+        """Kill serve if it still runs, and its server's whole process group with it: a serve killed midway cannot
+        clean up, and a test must not leave a tritonserver or its stubs running (a stub left so ran for 30 min)."""
         if self.process.poll() is None:
+            try:
+                group = self._child_group()
+            except AssertionError:  # no tritonserver child (not started yet, or between two servers)
+                group = None
             self.process.kill()
             self.process.wait(30)
+            if group is not None:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def classification_of_labels(http_port: int) -> None:
@@ -204,7 +215,15 @@ def test_loadtest_keeps_its_numbers_when_the_server_goes_away() -> None:
         serve.wait_for("metrics")
         load = _loadtest(serve.ports[0], "--duration", "8", "--allow-errors")
         time.sleep(4)
-        os.kill(serve.tritonserver_pid(), signal.SIGKILL)
+        killed = serve.tritonserver_pid()
+        os.kill(killed, signal.SIGKILL)
+        # serve gives up on it (--max-restarts 0) and reaps its stubs, which requests kept busy, before the load ends
+        assert serve.finish(30) == 1
+        assert "not restarting (--max-restarts 0)" in " ".join(serve.text.split()), serve.text
+        deadline = time.monotonic() + 2  # a SIGKILLed stub is gone once it next runs
+        while [pid for pid, cmd in live_processes(killed).items() if is_stub(cmd)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid, cmd in live_processes(killed).items() if is_stub(cmd)]
         out, err = load.communicate(timeout=120)
         flat = " ".join((out + err).split())
         assert load.returncode == 0, flat

@@ -696,30 +696,41 @@ def test_stop_reaps_backend_stubs_of_a_dead_server(tmp_path):
     `stop()` must not leave them running."""
     import os
     import signal
-    import subprocess
+    import threading
 
     from hub_vit.catalog import default_model_folder
+    from hub_vit.server.launcher import is_stub, live_processes
+    from hub_vit.server.loadtest import load_test
 
-    repo = write_repository(resolve(str(default_model_folder())), tmp_path / "repo")
+    folder = default_model_folder()
+    repo = write_repository(resolve(str(folder)), tmp_path / "repo")
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start()
-    group = str(server.process.pid)  # started in its own session: process group id == pid
+    group = server.process.pid  # started in its own session: process group id == pid
 
-    def stubs() -> list[str]:
-        out = subprocess.run(["pgrep", "-g", group, "-f", "triton_python_backend_stub"], capture_output=True,
-                             text=True)
-        return out.stdout.split()
+    def stubs() -> list[int]:  # live ones: a killed stub stays a zombie until init reaps it
+        return [pid for pid, cmd in live_processes(group).items() if is_stub(cmd)]
 
+    samples = sorted((folder / "samples").glob("*.png"))
+    load = threading.Thread(target=lambda: load_test(server.http_url, samples, concurrency=8, duration_s=4))
     try:
         assert stubs(), "the Python backend should run stub processes in the server's process group"
+        load.start()  # stubs busy with requests when their server dies: they do not exit on their own then
+        time.sleep(1.5)
         os.kill(server.process.pid, signal.SIGKILL)
         time.sleep(0.5)
         assert stubs(), "stubs outlive a killed server (the case stop() must handle)"
+        # waiting for the dead server reaps them at once: they hold its log pipe, so the log reader waited for them
+        # (5 s in each of watch() and stop(): a dead server took `hub-vit serve` 12 s to replace), and one of them
+        # once ran on for 30 minutes after `hub-vit serve` itself was killed
+        assert server.wait(30) == -signal.SIGKILL
+        deadline = time.monotonic() + 2  # SIGKILL is delivered at once, acted on when the process next runs
+        while stubs() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not stubs()
     finally:
         server.stop()
-    deadline = time.time() + 5
-    while stubs() and time.time() < deadline:
-        time.sleep(0.1)
+        load.join(60)
     assert not stubs()
 
 
