@@ -454,8 +454,8 @@ class TritonServer:
         the last lines. A clean shutdown leaves nothing; a server that died or failed to load leaves its Python-backend
         stubs, which run on (one was seen alive 30 minutes later) and hold the log pipe open, so the reader waited out
         its timeout first (a dead server took `hub-vit serve` 12 s to replace or give up on, instead of 1)."""
-        assert self.process is not None
-        _kill_process_group(self.process.pid)
+        if self.process is not None:  # None: stopped before `start` launched it
+            _kill_process_group(self.process.pid)
         if self._reader is not None:
             self._reader.join(timeout=5)
 
@@ -465,10 +465,10 @@ class TritonServer:
         if self.process is not None:
             self.terminate()
             try:
-                code = self.wait(self.exit_timeout_s + 15)
+                code = self.wait(self.exit_timeout_s + 15)  # wait() also reaps the stubs a dead server left behind
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                code = self.wait(10)  # wait() reaps the stubs a server that died or failed to load left behind
+                code = self.wait(10)
             self._remove_shm_regions()
         if self._workspace is not None:
             shutil.rmtree(self._workspace, ignore_errors=True)
