@@ -453,7 +453,7 @@ class TritonServer:
         """Once tritonserver has exited: SIGKILL what is left of its process group, then let the log reader take in
         the last lines. A clean shutdown leaves nothing; a server that died or failed to load leaves its Python-backend
         stubs, which run on (one was seen alive 30 minutes later) and hold the log pipe open, so the reader waited out
-        its timeout first (a dead server took `hub-vit serve` 12 s to replace or give up on, instead of 1)."""
+        its timeout first (`hub-vit serve` spent 12 s cleaning up a dead server, instead of 1-2 s)."""
         if self.process is not None:  # None: stopped before `start` launched it
             _kill_process_group(self.process.pid)
         if self._reader is not None:

@@ -29,6 +29,12 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 SAMPLES = sorted((default_model_folder() / "samples").glob("*.png"))
 
 
+def live_stubs(group: int) -> dict[int, str]:
+    """pid -> command line of the live Python-backend stubs in process group `group` (a tritonserver's), recognised
+    as the server's own watch recognises them."""
+    return {pid: cmd for pid, cmd in live_processes(group).items() if is_stub(cmd)}
+
+
 class Serve:
     """`hub-vit serve` (the default model) in a subprocess on free ports; its output lines read as they come."""
 
@@ -89,8 +95,7 @@ class Serve:
         raise AssertionError("serve has no tritonserver child")
 
     def stubs(self) -> dict[int, str]:
-        return {pid: cmd for pid, cmd in live_processes(self.tritonserver_pid()).items()
-                if "triton_python_backend_stub" in cmd}
+        return live_stubs(self.tritonserver_pid())
 
     def classify(self) -> list[str]:
         from hub_vit.server.client import Classifier
@@ -221,9 +226,9 @@ def test_loadtest_keeps_its_numbers_when_the_server_goes_away() -> None:
         assert serve.finish(30) == 1
         assert "not restarting (--max-restarts 0)" in " ".join(serve.text.split()), serve.text
         deadline = time.monotonic() + 2  # a SIGKILLed stub is gone once it next runs
-        while [pid for pid, cmd in live_processes(killed).items() if is_stub(cmd)] and time.monotonic() < deadline:
+        while live_stubs(killed) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not [pid for pid, cmd in live_processes(killed).items() if is_stub(cmd)]
+        assert not live_stubs(killed)
         out, err = load.communicate(timeout=120)
         flat = " ".join((out + err).split())
         assert load.returncode == 0, flat

@@ -699,17 +699,13 @@ def test_stop_reaps_backend_stubs_of_a_dead_server(tmp_path):
     import threading
 
     from hub_vit.catalog import default_model_folder
-    from hub_vit.server.launcher import is_stub, live_processes
     from hub_vit.server.loadtest import load_test
 
     folder = default_model_folder()
     repo = write_repository(resolve(str(folder)), tmp_path / "repo")
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start()
-    group = server.process.pid  # started in its own session: process group id == pid
-
-    def stubs() -> list[int]:  # live ones: a killed stub stays a zombie until init reaps it
-        return [pid for pid, cmd in live_processes(group).items() if is_stub(cmd)]
+    stubs = server.stubs  # the live ones in its process group (a killed stub stays a zombie until init reaps it)
 
     samples = sorted((folder / "samples").glob("*.png"))
     load = threading.Thread(target=lambda: load_test(server.http_url, samples, concurrency=8, duration_s=4))
@@ -721,7 +717,7 @@ def test_stop_reaps_backend_stubs_of_a_dead_server(tmp_path):
         time.sleep(0.5)
         assert stubs(), "stubs outlive a killed server (the case stop() must handle)"
         # waiting for the dead server reaps them at once: they hold its log pipe, so the log reader waited for them
-        # (5 s in each of watch() and stop(): a dead server took `hub-vit serve` 12 s to replace), and one of them
+        # (5 s in each of watch() and stop(): `hub-vit serve` spent 12 s cleaning up a dead server), and one of them
         # once ran on for 30 minutes after `hub-vit serve` itself was killed
         assert server.wait(30) == -signal.SIGKILL
         deadline = time.monotonic() + 2  # SIGKILL is delivered at once, acted on when the process next runs
