@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,24 @@ def _ignore_stop_signals(worker_id: int) -> None:
     worker is killed by signal: Terminated' in the main process, even inside the clean-up of a checkpoint."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held by `_start_workers` until now
+
+
+def _start_workers(loader: DataLoader) -> Iterator:
+    """`iter(loader)`, with the stop signals held (blocked) in this thread while it starts the worker processes.
+
+    A new worker installs torch's SIGTERM handler (which re-raises a SIGTERM not sent by its parent) before it runs
+    `_ignore_stop_signals`; a group SIGTERM landing in between killed it, and the run failed instead of stopping
+    after its step. The workers inherit the held signals and release them once they ignore them (a pending one is
+    then dropped); here a pending one is delivered as soon as the mask is restored, to `_StopOnSignal`."""
+    if not hasattr(signal, "pthread_sigmask"):  # not on Windows, where none of this applies
+        return iter(loader)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class RunFolderError(ValueError):
@@ -217,7 +236,7 @@ def _train(recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, i
     bar = _Progress(enabled=progress and d.is_main, total=total_steps, start=start_step)
     step, t0, last_t, last_step = start_step, time.perf_counter(), time.perf_counter(), start_step
     loss_sum, val = 0.0, None
-    batches = iter(loader)
+    batches = _start_workers(loader)
     model.train()
     stop = _StopOnSignal(enabled=not d.enabled)  # DDP ranks would stop at different steps and hang
     saved_step = start_step if found is not None else -1
@@ -328,7 +347,7 @@ def evaluate(net: torch.nn.Module, split, recipe: Recipe, d: distributed.Dist, a
     loader = DataLoader(share, batch_size=min(256, max(len(share), 1)), num_workers=min(recipe.workers, 2),
                         worker_init_fn=_ignore_stop_signals)
     correct = total = loss = 0.0
-    batches = iter(loader)
+    batches = _start_workers(loader)
     with _shut_down_workers(batches):  # also when the loop body raises (a second Ctrl-C during the forward pass)
         for images, labels in _one_line_errors(batches):
             images, labels = images.to(d.device), labels.to(d.device)
