@@ -112,19 +112,38 @@ def parse_cpus(text: str | None) -> set[int] | None:
     return cpus
 
 
-def process_group_cpu_s(pgid: int) -> float:
-    """User + system CPU seconds used so far by the live processes of one process group (Linux /proc): Triton and
-    its Python-backend stubs, which `TritonServer` starts in a session of their own."""
+def process_group_cpu_by_pid(pgid: int) -> dict[int, float]:
+    """pid -> user + system CPU seconds used so far, for the live processes of one process group (Linux /proc):
+    Triton and its Python-backend stubs, which `TritonServer` starts in a session of their own."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    used = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rpartition(")")[2].split()  # after "(comm)": state, ppid, pgrp, ...
         except OSError:  # the process ended meanwhile
             continue
         if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / tick
+            used[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
+    return used
+
+
+def process_group_cpu_s(pgid: int) -> float:
+    """CPU seconds used so far by the live processes of one process group (see `process_group_cpu_by_pid`)."""
+    return sum(process_group_cpu_by_pid(pgid).values())
+
+
+def server_cpu_ms_per_image(before: dict[int, float], after: dict[int, float], leader: int,
+                            images: int) -> dict[str, float]:
+    """CPU ms per image between two `process_group_cpu_by_pid` snapshots of a server's group: all of it, the
+    tritonserver process itself (`leader`: HTTP/gRPC front ends, batcher, ensemble) and its Python-backend stubs
+    (decoding, ONNX Runtime, top-k). A stub started between the snapshots counts from zero."""
+    def delta(pid: int) -> float:
+        return after[pid] - before.get(pid, 0.0)
+
+    stubs = sum(delta(pid) for pid in after if pid != leader)
+    tritonserver = delta(leader) if leader in after else 0.0
+    return {"server": (tritonserver + stubs) * 1000 / images, "tritonserver": tritonserver * 1000 / images,
+            "stubs": stubs * 1000 / images}
 
 
 def pin(cpus: set[int] | None) -> None:
@@ -194,12 +213,13 @@ def summarize(slices: list[dict]) -> dict:
         "errors": sum(r["errors"] for r in served),
         "classifier_images_per_execution": med([
             r["batching"].get("vit_classifier", {}).get("images_per_execution", float("nan")) for r in served]),
-        # Where the cores went, per image: the baseline's process; Triton + its stubs; the Python load generator,
-        # which shares the server's cores unless --client-cpus moves it (perf_analyzer, in C++, would cost less).
+        # Where the cores went, per image: the baseline's process; Triton + its stubs (and each apart); the Python
+        # load generator, which shares the server's cores unless --client-cpus moves it (perf_analyzer, in C++, would
+        # cost less).
         "cpu_ms_per_image": {
             "in_process": med([s["in_process"]["cpu_ms_per_image"] for s in slices]),
-            "server": med([s["cpu_ms_per_image"]["server"] for s in slices]),
-            "load_generator": med([s["cpu_ms_per_image"]["load_generator"] for s in slices]),
+            **{part: med([s["cpu_ms_per_image"][part] for s in slices])
+               for part in ("server", "tritonserver", "stubs", "load_generator")},
         },
         "slices": slices,
     }
@@ -246,7 +266,7 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
                         base = {"images_per_s_batch16": rate, "cpu_ms_per_image": cpu_ms,
                                 "latency_ms_batch1": local.latency(seconds / (2 * SLICES))}
                         pin(client_cpus)
-                        server_cpu, client_cpu = process_group_cpu_s(server.process.pid), time.process_time()
+                        server_cpu, client_cpu = process_group_cpu_by_pid(server.process.pid), time.process_time()
                         result = load_test(url, payloads, protocol=protocol, concurrency=conc,
                                            duration_s=seconds / SLICES, batch=batch, warmup=4).to_dict()
                         # CPU over the whole call (warm-up and drained tail too), per image answered in it
@@ -254,7 +274,8 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
                         slices.append({
                             "in_process": base, "served": result,
                             "cpu_ms_per_image": {
-                                "server": (process_group_cpu_s(server.process.pid) - server_cpu) * 1000 / images,
+                                **server_cpu_ms_per_image(server_cpu, process_group_cpu_by_pid(server.process.pid),
+                                                          server.process.pid, images),
                                 "load_generator": (time.process_time() - client_cpu) * 1000 / images,
                             },
                             "throughput_vs_in_process": result["images_per_s"] / base["images_per_s_batch16"],
@@ -269,7 +290,8 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
                           f"{_spread(slices, 'p50_minus_in_process_ms', '+.1f')}), p99 {row['served_p99_ms']:.1f} ms, "
                           f"max {row['served_max_ms']:.1f} ms, errors {row['errors']}, "
                           f"batching {row['classifier_images_per_execution']:.2f}; CPU ms/img: in-process "
-                          f"{cpu['in_process']:.2f}, server {cpu['server']:.2f}, load generator "
+                          f"{cpu['in_process']:.2f}, server {cpu['server']:.2f} (tritonserver "
+                          f"{cpu['tritonserver']:.2f} + stubs {cpu['stubs']:.2f}), load generator "
                           f"{cpu['load_generator']:.2f}", flush=True)
     targets = {}
     for protocol in ("http", "grpc"):
