@@ -463,6 +463,10 @@ def test_a_sigterm_while_workers_start_does_not_kill_them() -> None:
     stopping after its step (test_sigterm_stops_after_the_step_with_a_checkpoint failed 1 run in 24 on a busy 2-core
     machine; every eval starts new workers). The window is widened here to a second, by slowing a step torch runs
     inside it. (SIGINT has no such window: until worker_init_fn the worker keeps the parent's Python handler.)"""
+    import torch.utils.data._utils.worker as worker
+
+    if not hasattr(worker, "_generate_state"):  # private torch API: the step this test slows down
+        pytest.skip("torch's data-loader worker no longer calls _generate_state; widen the window another way")
     signum = signal.SIGTERM
     script = f"""
 import signal, sys, time
