@@ -467,8 +467,7 @@ def test_a_sigterm_while_workers_start_does_not_kill_them() -> None:
 
     if not hasattr(worker, "_generate_state"):  # private torch API: the step this test slows down
         pytest.skip("torch's data-loader worker no longer calls _generate_state; widen the window another way")
-    signum = signal.SIGTERM
-    script = f"""
+    script = """
 import signal, sys, time
 import torch.utils.data._utils.worker as worker
 from torch.utils.data import DataLoader
@@ -480,7 +479,7 @@ def slow_start(*args):  # in the worker, after torch's signal handlers and befor
     time.sleep(1.0)
     return real(*args)
 worker._generate_state = slow_start
-signal.signal({int(signum)}, lambda *_: print("stop requested", flush=True))  # as _StopOnSignal does
+signal.signal(signal.SIGTERM, lambda *_: print("stop requested", flush=True))  # as _StopOnSignal does
 loader = DataLoader(list(range(8)), batch_size=4, num_workers=1, worker_init_fn=loop._ignore_stop_signals)
 batches = loop._start_workers(loader)
 with loop._shut_down_workers(batches):
@@ -491,7 +490,7 @@ with loop._shut_down_workers(batches):
     try:
         first = proc.stdout.readline()
         assert first == "window\n", first + proc.communicate(timeout=60)[0]
-        os.killpg(proc.pid, signum)  # the worker is inside the window for the next second
+        os.killpg(proc.pid, signal.SIGTERM)  # the worker is inside the window for the next second
         out = first + proc.communicate(timeout=60)[0]
     finally:
         proc.kill()

@@ -126,7 +126,7 @@ def _start_workers(loader: DataLoader) -> Iterator:
     A new worker installs torch's SIGTERM handler (which re-raises a SIGTERM not sent by its parent) before it runs
     `_ignore_stop_signals`; a group SIGTERM landing in between killed it, and the run failed instead of stopping
     after its step. The workers inherit the held signals and release them once they ignore them (a pending one is
-    then dropped); here a pending one is delivered as soon as the mask is restored, to `_StopOnSignal`."""
+    then dropped); here a pending one is delivered as soon as the mask is restored (to `_StopOnSignal` in a run)."""
     if not hasattr(signal, "pthread_sigmask"):  # not on Windows, where none of this applies
         return iter(loader)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
