@@ -14,7 +14,6 @@ median ratio one step / two steps per row.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import tempfile
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 from bench_serve import CASES, RESULTS, InProcess
 from google.protobuf import text_format
-from run_info import add_note_option, check_writable, file_at, run_info, write_json
+from run_info import check_writable, file_at, run_info, side_by_side_parser, write_json
 from tritonclient.grpc import model_config_pb2 as mc
 
 from hub_vit.server.config import cpu_classifier_config, render
@@ -117,13 +116,9 @@ def run_case(case: str, seconds: float, rounds: int, reverse: bool) -> dict[str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = side_by_side_parser(__doc__, seconds=4.0, reverse_help="measure the one-step layout first in each round",
+                                 out=RESULTS / "ab_layouts.json")
     parser.add_argument("--models", nargs="+", default=["digits"], choices=list(CASES))
-    parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--reverse", action="store_true", help="measure the one-step layout first in each round")
-    parser.add_argument("--out", type=Path, default=RESULTS / "ab_layouts.json")
-    add_note_option(parser)
     args = parser.parse_args()
     check_writable(args.out.parent)
     file_at(PREVIOUS, "server/templates/preprocess/model.py")  # before the run: git and the commit are there

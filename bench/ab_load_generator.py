@@ -16,7 +16,6 @@ request (this process) and the server's CPU per image (Triton with its stubs), a
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 from bench_serve import CASES, RESULTS, process_group_cpu_s
-from run_info import add_note_option, check_writable, file_at, run_info, write_json
+from run_info import check_writable, file_at, run_info, side_by_side_parser, write_json
 
 from hub_vit.server import loadtest
 from hub_vit.server.launcher import TritonServer, free_port
@@ -99,13 +98,8 @@ def run(seconds: float, rounds: int, reverse: bool, folder: Path) -> dict[str, A
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--reverse", action="store_true", help="measure the current version first in each round")
-    parser.add_argument("--out", type=Path, default=RESULTS / "ab_load_generator.json")
-    add_note_option(parser)
-    args = parser.parse_args()
+    args = side_by_side_parser(__doc__, seconds=6.0, reverse_help="measure the current version first in each round",
+                               out=RESULTS / "ab_load_generator.json").parse_args()
     check_writable(args.out.parent)
     file_at(PREVIOUS, "server/loadtest.py")  # before the run: git and the commit are there
     with tempfile.TemporaryDirectory(prefix="ab-load-generator-") as tmp:

@@ -97,6 +97,18 @@ def add_note_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--note", default=None, help="free text about the host or the run, stored in the results")
 
 
+def side_by_side_parser(doc: str | None, *, seconds: float, reverse_help: str, out: Path) -> argparse.ArgumentParser:
+    """The command line the A/B scripts share (ab_layouts, ab_load_generator: a previous version measured next to
+    today's, alternately): seconds per measurement, rounds, which version goes first, where the results go, a note."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=seconds, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reverse", action="store_true", help=reverse_help)
+    parser.add_argument("--out", type=Path, default=out)
+    add_note_option(parser)
+    return parser
+
+
 def check_writable(folder: Path) -> None:
     """Create `folder` and prove a file can be written there before measuring, so a bad --out fails at once
     instead of after a long run."""
