@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -42,6 +43,9 @@ _IMAGE_ERROR = re.compile(r"^(in ensemble '[^']*', )?image (\d+): ")
 PLAIN_ANSWERS = {"Accept-Encoding": "identity"}
 # A request refused for what it holds (a bad image, a wrong tensor): HTTP 400 / gRPC INVALID_ARGUMENT.
 CLIENT_ERROR_STATUSES = ("400", "StatusCode.INVALID_ARGUMENT")
+# Triton's answers when it sheds load: the queue was full (max_queue_size), or the request waited in it longer than its
+# queue timeout. HTTP 503 / gRPC UNAVAILABLE, the status gRPC also gives when no server answers: only these words tell.
+SHED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,25 @@ def _renumbered(err: Exception, offset: int) -> Exception:
     return InferenceServerException(message, status=err.status(), debug_details=err.debug_details())
 
 
+def queue_timeout(seconds: float | None) -> dict[str, int]:
+    """`queue_timeout_s` -> tritonclient's `infer(timeout=...)` keyword (microseconds; Triton takes it from the
+    request's parameters when the model's queue policy allows an override, as generated repositories do)."""
+    if seconds is None:
+        return {}
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        raise ValueError(f"the queue timeout must be a positive number of seconds, got {seconds!r}")
+    return {"timeout": max(1, round(seconds * 1e6))}
+
+
+def shed(err: Exception) -> bool:
+    """Whether the server refused a request to shed load (its queue was full, or the request waited longer than its
+    queue timeout), rather than not answering at all."""
+    from tritonclient.utils import InferenceServerException
+
+    return isinstance(err, InferenceServerException) and any(words in (err.message() or "")
+                                                             for words in SHED_MESSAGES)
+
+
 def failed_image(err: Exception) -> tuple[int, str] | None:
     """The server's refusal of one image -> (the image's index in the request, the reason without the "image i: "
     prefix); None for any other error (no server, overload, a wrong tensor, too large a batch)."""
@@ -200,6 +223,7 @@ class PreparedRequest:
     inputs: list[Any]
     outputs: list[Any]
     images: int
+    timeout_us: int | None = None  # the request's queue timeout (None: the repository's own)
 
 
 def build_request(module: Any, images: Sequence[ImageLike], with_logits: bool) -> tuple[list[Any], list[Any]]:
@@ -248,12 +272,18 @@ class Classifier:
             self._limit = batch_limit(self.client.get_model_config(self.model, **kwargs))
         return self._limit
 
-    def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False) -> list[Prediction]:
+    def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
+                 queue_timeout_s: float | None = None) -> list[Prediction]:
         """Predictions in the order of `images`; a list longer than the model's `max_batch_size` is sent as several
-        requests (the server refuses larger ones). A server error names the image by its index in `images`."""
+        requests (the server refuses larger ones). A server error names the image by its index in `images`.
+        `queue_timeout_s`: the server rejects a request ("Request timeout expired", HTTP 503 / gRPC UNAVAILABLE)
+        that waits longer than this in a step's queue, instead of computing an answer nobody waits for any more;
+        None: the repository's own limit (none by default)."""
         batch = as_batch(images)
+        kwargs = queue_timeout(queue_timeout_s)
         limit = self.max_batch_size() if len(batch) > 1 else 0  # one image fits any model: no config round trip
-        kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        if self.protocol == "grpc":
+            kwargs["client_timeout"] = self.timeout_s
         predictions: list[Prediction] = []
         for offset, chunk in split(batch, limit):
             inputs, outputs = build_request(self.module, chunk, with_logits)
@@ -302,10 +332,11 @@ class AsyncClassifier:
             self._limit = batch_limit(await self.client.get_model_config(self.model))
         return self._limit
 
-    async def classify(self, images: Sequence[ImageLike] | ImageLike, *,
-                       with_logits: bool = False) -> list[Prediction]:
+    async def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
+                       queue_timeout_s: float | None = None) -> list[Prediction]:
         """As `Classifier.classify`; the requests of a long list run concurrently (at most MAX_IN_FLIGHT at once)."""
         batch = as_batch(images)
+        timeout = queue_timeout(queue_timeout_s)
         limit = await self.max_batch_size() if len(batch) > 1 else 0
         gate = asyncio.Semaphore(MAX_IN_FLIGHT)
 
@@ -313,7 +344,8 @@ class AsyncClassifier:
             async with gate:
                 inputs, outputs = build_request(self.module, chunk, with_logits)  # encoded only when sent
                 try:
-                    result = await self.client.infer(self.model, inputs, outputs=outputs, headers=self._headers)
+                    result = await self.client.infer(self.model, inputs, outputs=outputs, headers=self._headers,
+                                                     **timeout)
                 except Exception as err:
                     raise _renumbered(err, offset) from None
             return parse_result(result, with_logits)
@@ -328,17 +360,20 @@ class AsyncClassifier:
             raise
         return [prediction for chunk in chunks for prediction in chunk]
 
-    def prepare(self, images: Sequence[ImageLike] | ImageLike) -> PreparedRequest:
+    def prepare(self, images: Sequence[ImageLike] | ImageLike, *,
+                queue_timeout_s: float | None = None) -> PreparedRequest:
         """One request holding `images` (at most the model's `max_batch_size`; `classify` splits, this does not),
-        encoded and serialised now, for `send`."""
+        encoded and serialised now, for `send`. `queue_timeout_s`: as in `classify`."""
         batch = as_batch(images)
+        timeout = queue_timeout(queue_timeout_s)
         inputs, outputs = build_request(self.module, batch, with_logits=False)
-        return PreparedRequest(inputs, outputs, len(batch))
+        return PreparedRequest(inputs, outputs, len(batch), timeout.get("timeout"))
 
     async def send(self, request: PreparedRequest) -> None:
         """Send a prepared request and wait for its answer; raises the server's error as `classify` does. The answer
         is checked (one row of scores per image), not turned into `Prediction`s."""
-        result = await self.client.infer(self.model, request.inputs, outputs=request.outputs, headers=self._headers)
+        result = await self.client.infer(self.model, request.inputs, outputs=request.outputs, headers=self._headers,
+                                         timeout=request.timeout_us)
         scores = result.as_numpy("scores")  # (B, K)
         if scores is None or len(scores) != request.images:
             rows = "no scores" if scores is None else f"{len(scores)} rows of scores"

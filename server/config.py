@@ -12,7 +12,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hub_vit.server.options import ServingOptions
+from hub_vit.server.options import LONGEST_QUEUE_TIMEOUT_US, ServingOptions
 from hub_vit.server.source import ServingMetadata
 
 WARMUP_IMAGE_FILE = "image"
@@ -35,7 +35,11 @@ def _batching(config: mc.ModelConfig, opts: ServingOptions) -> None:
     policy = batching.default_queue_policy
     policy.max_queue_size = opts.max_queue_size
     policy.timeout_action = mc.ModelQueuePolicy.REJECT
-    policy.default_timeout_microseconds = opts.queue_timeout_us
+    # A client may ask for a shorter queue timeout per request (`timeout` in the request's parameters): work whose
+    # client has given up is dropped from the queue instead of computed. Triton (core PriorityQueue::PolicyQueue::
+    # Enqueue) takes a request's timeout only when it is shorter than a non-zero default: "no limit" is the longest.
+    policy.allow_timeout_override = True
+    policy.default_timeout_microseconds = opts.queue_timeout_us or LONGEST_QUEUE_TIMEOUT_US
 
 
 def _params(config: mc.ModelConfig, values: dict[str, Any]) -> None:

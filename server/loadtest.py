@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from hub_vit.server.client import AsyncClassifier, ImageLike, encode, resolve_protocol
+from hub_vit.server.client import AsyncClassifier, ImageLike, encode, queue_timeout, resolve_protocol, shed
 
 # Cores of CPU this load generator may use before its numbers are its own limit: it is one Python process whose
 # asyncio loop runs on one thread (gRPC adds a poller thread, which rarely takes much).
@@ -48,6 +48,7 @@ class LoadResult:
     # request sent, and as cores kept busy. A load generator near a full core is measuring itself, not the server.
     load_generator_cpu_ms_per_request: float = float("nan")
     load_generator_cores: float = float("nan")
+    queue_timeout_ms: float | None = None  # each request's queue timeout; None: the repository's own
 
     @property
     def load_generator_saturated(self) -> bool:
@@ -97,9 +98,10 @@ async def settled_statistics(client: AsyncClassifier, before: dict[str, dict[str
 
 async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | None = None, model: str = "vit",
                    concurrency: int = 4, duration_s: float | None = 10.0, requests: int | None = None,
-                   batch: int = 1, warmup: int = 2) -> LoadResult:
+                   batch: int = 1, warmup: int = 2, queue_timeout_s: float | None = None) -> LoadResult:
     """Closed-loop load; stops after `requests` answers if given, else after `duration_s` seconds. `protocol`: as
-    `AsyncClassifier` (None: from a grpc:// / http:// URL, else HTTP)."""
+    `AsyncClassifier` (None: from a grpc:// / http:// URL, else HTTP). `queue_timeout_s`: sent with every request
+    (`AsyncClassifier.classify`); the requests the server rejects for it are errors of the run, by their message."""
     if concurrency < 1 or batch < 1:
         raise ValueError(f"concurrency and batch must be >= 1, got concurrency={concurrency}, batch={batch}")
     if requests is not None and requests < 1:
@@ -107,6 +109,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
     if requests is None and (duration_s is None or not 0 < duration_s < math.inf):  # NaN fails this too
         raise ValueError(f"the duration (--duration) must be a finite number of seconds > 0, got {duration_s}; "
                          "or give a request count (--requests)")
+    queue_timeout(queue_timeout_s)  # checked before connecting
     if resolve_protocol(url, protocol) == "http":
         _allow_open_files(concurrency + 64)  # one socket per worker, plus the interpreter's own files
     payloads = [encode(image) for image in images]
@@ -126,7 +129,8 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
                              f"(its max_batch_size); valid: 1..{limit}")
         # built once, as perf_analyzer does: the load generator shares the machine, and every microsecond of its own
         # per request is one the server does not get (seen: 0.24-0.25 -> 0.17-0.19 ms of CPU per request, 2 cores)
-        cycle = itertools.cycle([client.prepare(body) for body in request_bodies(payloads, batch)])
+        cycle = itertools.cycle([client.prepare(body, queue_timeout_s=queue_timeout_s)
+                                 for body in request_bodies(payloads, batch)])
         del payloads  # each prepared request holds its own serialised copy
         for _ in range(warmup):  # first requests pay connection setup; keep them out of the numbers
             try:
@@ -195,6 +199,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         interrupted=stopped_at is not None, statistics_error=statistics_error,
         load_generator_cpu_ms_per_request=cpu_s * 1000 / attempts if attempts else float("nan"),
         load_generator_cores=cpu_s / elapsed if elapsed > 0 else float("nan"),
+        queue_timeout_ms=None if queue_timeout_s is None else queue_timeout_s * 1000,
     )
 
 
@@ -206,12 +211,13 @@ def request_bodies(payloads: Sequence[bytes], batch: int) -> list[list[bytes]]:
 
 
 def _answered(err: Exception) -> bool:
-    """Whether a failed request reached the server (which refused it: a bad image, a full queue) rather than failing
-    to connect. tritonclient gives server answers a status (HTTP code, gRPC status other than UNAVAILABLE)."""
+    """Whether a failed request reached the server (which refused it: a bad image, a full queue, its queue timeout)
+    rather than failing to connect. tritonclient gives server answers a status (HTTP code, gRPC status other than
+    UNAVAILABLE, which the server also gives when it sheds load)."""
     if not isinstance(err, InferenceServerException):
         return False
     status = err.status()
-    return status is not None and status != "StatusCode.UNAVAILABLE" or "queue" in str(err).lower()
+    return status is not None and status != "StatusCode.UNAVAILABLE" or shed(err)
 
 
 def _allow_open_files(count: int) -> None:

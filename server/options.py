@@ -11,6 +11,9 @@ from dataclasses import dataclass
 FLAVOURS = ("cpu", "gpu")
 GPU_BACKENDS = ("onnxruntime", "tensorrt")
 PRECISIONS = ("FP16", "FP32")
+# One day: the longest queue timeout a repository sets, and the one it sets when none is asked for (a client's shorter
+# per-request timeout still applies; see config._batching). Triton adds it, in ns, to a uint64 clock.
+LONGEST_QUEUE_TIMEOUT_US = 86_400_000_000
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,9 @@ class ServingOptions:
     preferred_batch_sizes: tuple[int, ...] = (4, 8, 16)
     max_queue_delay_us: int = 100  # short: on CPU, requests queue up while an execution runs anyway
     max_queue_size: int = 256  # beyond this, requests are rejected at once (UNAVAILABLE / HTTP 503)
-    queue_timeout_us: int = 0  # 0 = no per-request queue timeout
+    # Longest a request may wait in a step's queue before it is rejected (HTTP 503 / gRPC UNAVAILABLE "Request timeout
+    # expired"); 0 = no limit. A client may ask for less per request (client.Classifier.classify(queue_timeout_s=...)).
+    queue_timeout_us: int = 0
     top_k: int = 5
     # Two instances of the CPU classifier (which also decodes) and of the GPU flavour's Python steps by default.
     # Triton 2.51's dynamic batcher (core `WaitForPayloadSlotAvailable`) is not woken when a busy instance becomes
@@ -64,6 +69,9 @@ class ServingOptions:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} must be 0 or a positive number of microseconds, got {value!r}")
+        if self.queue_timeout_us > LONGEST_QUEUE_TIMEOUT_US:
+            raise ValueError(f"queue_timeout_us must be at most {LONGEST_QUEUE_TIMEOUT_US} (one day), got "
+                             f"{self.queue_timeout_us}; 0 = no limit")
         if not isinstance(self.intra_op_threads, int) or self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (decide from the model) or a positive integer, "
                              f"got {self.intra_op_threads!r}")

@@ -34,6 +34,8 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--exit-timeout", "-1"), "--exit-timeout must be >= 0"),
     (("--max-queue-delay-us", "-1"), "--max-queue-delay-us must be 0 or a positive number of microseconds"),
     (("--top-k", "0"), "error: --top-k must be a positive integer, got 0"),  # the flag, not the Python field
+    (("--queue-timeout-us", "-5"), "--queue-timeout-us must be 0 or a positive number of microseconds"),
+    (("--queue-timeout-us", "90000000000"), "--queue-timeout-us must be at most 86400000000 (one day)"),
 ])
 def test_serve_refuses_bad_settings_before_starting(args, message):
     code, out = _run("serve", *PORTS, *args)
@@ -115,6 +117,30 @@ def test_repository_onto_a_file_or_the_current_directory(tmp_path, monkeypatch):
 def test_loadtest_refuses_runs_that_cannot_end_or_mean_nothing(args, message):
     code, out = _run("loadtest", "--url", "127.0.0.1:18409", *args)  # refused before any connection
     assert code == 2 and message in out, out
+
+
+@pytest.mark.parametrize("command", ["loadtest", "classify"])
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
+def test_a_request_queue_timeout_must_be_positive(command, value):
+    code, out = _run(command, "--url", "127.0.0.1:18409", "--queue-timeout-ms", value, str(Path(__file__)))
+    assert code == 2 and f"--queue-timeout-ms must be a positive number of milliseconds, got {float(value)}" in out, out
+
+
+@pytest.mark.parametrize("message, why", [
+    ("in ensemble 'vit', Request timeout expired", "it waited in the server's queue longer than its queue timeout"),
+    ("in ensemble 'vit', Exceeds maximum queue size", "the server's queue was full (its --max-queue-size)"),
+])
+def test_a_shed_grpc_request_is_not_reported_as_no_server(message, why):
+    """gRPC answers UNAVAILABLE both when no server listens and when the server sheds load: the words decide."""
+    from tritonclient.utils import InferenceServerException
+
+    from hub_vit.cli.serve import _request_failed
+
+    text = _request_failed("grpc", "127.0.0.1:8001", InferenceServerException(message, "StatusCode.UNAVAILABLE"))
+    assert "the server is overloaded and shed this request: " + why in text, text
+    assert "is a server running there" not in text, text
+    no_server = InferenceServerException("failed to connect to all addresses", "StatusCode.UNAVAILABLE")
+    assert "is a server running there" in _request_failed("grpc", "127.0.0.1:8001", no_server)
 
 
 def test_loadtest_json_folder_is_refused_before_the_run(tmp_path):

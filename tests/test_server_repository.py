@@ -61,7 +61,10 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     assert config.parameters["interpolation"].string_value == "bicubic"
     assert config.parameters["top_k"].string_value == "3"
     assert list(config.dynamic_batching.preferred_batch_size) == [2, 8]
-    assert config.dynamic_batching.default_queue_policy.max_queue_size == 3
+    policy = config.dynamic_batching.default_queue_policy
+    assert policy.max_queue_size == 3 and policy.timeout_action == mc.ModelQueuePolicy.REJECT
+    # a client's queue timeout applies only below a non-zero default (Triton's PolicyQueue::Enqueue)
+    assert policy.allow_timeout_override and policy.default_timeout_microseconds > 0
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU and config.instance_group[0].count == 2
     # warm-ups on the encoded PNG at batch 1 and at max_batch_size (the first full batch must not pay ORT's first run)
     warmups = [(w.batch_size, w.inputs["image"].input_data_file) for w in config.model_warmup]
@@ -74,8 +77,11 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
 
 
 def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
-    opts = ServingOptions(flavour="gpu", precision="FP16")
+    opts = ServingOptions(flavour="gpu", precision="FP16", queue_timeout_us=2500)
     repo = write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "repo", opts)
+    for step in ("preprocess", "classifier", "postprocess"):  # every batched step limits its own queue
+        policy = _parse(repo / f"vit_{step}/config.pbtxt").dynamic_batching.default_queue_policy
+        assert policy.default_timeout_microseconds == 2500 and policy.allow_timeout_override, step
     cls = _parse(repo / "vit_classifier/config.pbtxt")
     assert cls.backend == "onnxruntime" and cls.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
     accel = cls.optimization.execution_accelerators.gpu_execution_accelerator[0]
@@ -102,6 +108,8 @@ def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
     (dict(precision="INT4"), "valid: FP16, FP32"),
     (dict(max_batch_size=4, preferred_batch_sizes=(8,)), "outside 1..max_batch_size=4"),
     (dict(name="../x"), "letters, digits"),
+    (dict(queue_timeout_us=-1), "0 or a positive number of microseconds"),
+    (dict(queue_timeout_us=86_400_000_001), r"at most 86400000000 \(one day\)"),
 ])
 def test_bad_options_name_the_choices(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -462,6 +462,69 @@ def test_overload_is_rejected_fast_and_counted(repo, model_folder, tmp_path):
     assert failures >= len(rejected), (failures, len(rejected))
 
 
+def test_requests_past_their_queue_timeout_are_rejected_not_computed(repo, model_folder, tmp_path):
+    """A client's per-request queue timeout reaches the classifier's queue through the ensemble (HTTP with the async
+    client, gRPC with blocking clients in threads): requests that waited longer are answered "Request timeout expired"
+    and never executed; without a timeout the same flood is answered in full."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = _start(_variant_repo(repo, model_folder, tmp_path / "timeouts", max_batch_size=MAX_BATCH,
+                                  preferred_batch_sizes=(MAX_BATCH,)))
+    heavy, flood = [_heavy_png()] * MAX_BATCH, 10  # one request keeps an instance busy ~0.4 s; two instances
+    timeout_s = 0.15  # so all but the first two requests wait longer than this
+
+    def outcome(call) -> str:
+        try:
+            return "ok" if len(call()[0].labels) > 0 else "empty answer"
+        except InferenceServerException as err:
+            return f"{err.status()} {err.message()}"
+
+    def over_http(timeout: float | None) -> list[str]:
+        async def one(client):
+            try:
+                answer = await client.classify(heavy, queue_timeout_s=timeout)
+                return "ok" if len(answer[0].labels) > 0 else "empty answer"
+            except InferenceServerException as err:
+                return f"{err.status()} {err.message()}"
+
+        async def run():
+            async with AsyncClassifier(server.http_url) as client:
+                return await asyncio.gather(*(one(client) for _ in range(flood)))
+
+        return asyncio.run(run())
+
+    def over_grpc(timeout: float | None) -> list[str]:
+        def one(_):
+            with Classifier(server.grpc_url, protocol="grpc") as client:
+                return outcome(lambda: client.classify(heavy, queue_timeout_s=timeout))
+
+        with ThreadPoolExecutor(flood) as pool:
+            return list(pool.map(one, range(flood)))
+
+    def computed() -> int:
+        with Classifier(server.http_url) as client:
+            return client.statistics()["vit_classifier"]["inference_count"]
+
+    try:
+        for send in (over_http, over_grpc):
+            before_metrics, before = _metrics(server), computed()
+            outcomes = send(timeout_s)
+            accepted = outcomes.count("ok")
+            expired = [o for o in outcomes if o.endswith("Request timeout expired")]
+            assert accepted + len(expired) == flood, (send.__name__, outcomes)
+            assert accepted >= 1 and expired, (send.__name__, outcomes)
+            assert {o.split(" ")[0] for o in expired} <= {"503", "StatusCode.UNAVAILABLE"}, expired
+            time.sleep(1.0)  # an expired request that were still executed would be counted by now
+            assert computed() - before == accepted * MAX_BATCH, (send.__name__, outcomes)  # the rest never ran
+            failures = _settled_delta(server, before_metrics, "nv_inference_request_failure", len(expired),
+                                      model="vit")
+            assert failures >= len(expired), (failures, len(expired))
+            assert send(None) == ["ok"] * flood  # the same flood without a queue timeout: all answered
+        _still_serving(server, heavy[0])
+    finally:
+        server.stop()
+
+
 def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path):
     server = _start(_variant_repo(repo, model_folder, tmp_path / "drain", max_batch_size=MAX_BATCH,
                                   preferred_batch_sizes=(MAX_BATCH,)), exit_timeout_s=60)

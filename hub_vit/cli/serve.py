@@ -31,12 +31,20 @@ Name = Annotated[str, typer.Option(help="Name clients call (the ensemble).")]
 MaxBatchSize = Annotated[int, typer.Option(help="Largest batch one execution runs.")]
 MaxQueueDelayUs = Annotated[int, typer.Option(help="How long the dynamic batcher waits to fill a batch.")]
 MaxQueueSize = Annotated[int, typer.Option(help="Queued requests per step beyond which new ones are rejected.")]
+QueueTimeoutUs = Annotated[int, typer.Option(help="Longest a request may wait in a step's queue before it is rejected "
+                                                  "(0: no limit; a client may ask for less per request).")]
+# `classify` and `loadtest`: the client's side of the same limit, per request.
+RequestQueueTimeoutMs = Annotated[float, typer.Option(
+    show_default=False, help="Ask the server to reject each request that waits longer than this many ms in its queue "
+                             "(\"Request timeout expired\") instead of computing it late (default: the server's own "
+                             "limit).")]
 TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")]
 MaxPixels = Annotated[int, typer.Option(help="Most pixels an image may declare (larger ones are refused before "
                                              "decoding; 48 MP phone photos need more than the default).")]
 # `serve --repository` refuses these when they differ from the defaults: they would not change the repository.
 _SERVE_DEFAULTS = {key: getattr(DEFAULTS, key)
-                   for key in ("max_batch_size", "max_queue_delay_us", "max_queue_size", "top_k", "max_pixels")}
+                   for key in ("max_batch_size", "max_queue_delay_us", "max_queue_size", "queue_timeout_us", "top_k",
+                               "max_pixels")}
 
 
 # ServingOptions fields as the CLI spells them, so a validation error names the flag the user typed.
@@ -81,6 +89,7 @@ def repository(
     max_batch_size: MaxBatchSize = DEFAULTS.max_batch_size,
     max_queue_delay_us: MaxQueueDelayUs = DEFAULTS.max_queue_delay_us,
     max_queue_size: MaxQueueSize = DEFAULTS.max_queue_size,
+    queue_timeout_us: QueueTimeoutUs = DEFAULTS.queue_timeout_us,
     top_k: TopK = DEFAULTS.top_k,
     instances: int = typer.Option(DEFAULTS.classifier_instances,
                                   help="Classifier instances (CPU: each decodes and runs ORT; two keep Triton's "
@@ -112,8 +121,8 @@ def repository(
                    "precision is fixed when it is built (hub-vit export tensorrt --fp16/--fp32)")
     opts = _options(name=name, flavour=flavour, gpu_backend=gpu_backend, precision=precision or DEFAULTS.precision,
                     max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
-                    max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k,
-                    classifier_instances=instances,
+                    max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
+                    queue_timeout_us=queue_timeout_us, top_k=top_k, classifier_instances=instances,
                     preprocess_instances=(DEFAULTS.preprocess_instances if preprocess_instances is None
                                           else preprocess_instances),
                     ort_spinning=spinning, max_pixels=max_pixels)
@@ -145,6 +154,7 @@ def serve(
     max_batch_size: MaxBatchSize = DEFAULTS.max_batch_size,
     max_queue_delay_us: MaxQueueDelayUs = DEFAULTS.max_queue_delay_us,
     max_queue_size: MaxQueueSize = DEFAULTS.max_queue_size,
+    queue_timeout_us: QueueTimeoutUs = DEFAULTS.queue_timeout_us,
     top_k: TopK = DEFAULTS.top_k,
     exit_timeout: int = typer.Option(30, help="Seconds in-flight requests get to finish on Ctrl-C / SIGTERM."),
     max_restarts: int = typer.Option(3, help="Restart tritonserver when it or one of its backend stubs dies, at most "
@@ -174,8 +184,8 @@ def serve(
     example = "IMAGE..."
     if repository_dir is None:
         opts = _options(name=name, max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
-                        max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size, top_k=top_k,
-                        max_pixels=max_pixels)
+                        max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
+                        queue_timeout_us=queue_timeout_us, top_k=top_k, max_pixels=max_pixels)
         source = _source(model)
         example = _example_image(source.origin)
         try:  # in $TMPDIR unless its path has spaces or shell characters the Python-backend stub cannot take
@@ -194,7 +204,7 @@ def serve(
     else:
         name = _existing_repository(repository_dir, model=model, name=name, max_batch_size=max_batch_size,
                                     max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
-                                    top_k=top_k, max_pixels=max_pixels)
+                                    queue_timeout_us=queue_timeout_us, top_k=top_k, max_pixels=max_pixels)
     # soft_wrap: one log line stays one line in a log file / journal (rich would cut it at 80 columns off a terminal)
     log = None if quiet else (lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True,
                                                              emoji=False))
@@ -397,6 +407,7 @@ def classify(
     grpc: bool = typer.Option(False, "--grpc", help="Use gRPC instead of HTTP."),
     model: str = typer.Option("vit", help="Served model name."),
     top: int = typer.Option(3, help="How many of the returned labels to print."),
+    queue_timeout_ms: RequestQueueTimeoutMs = None,
 ) -> None:
     """Classify images with a running server and print a table."""
     from hub_vit.paths import distinct_names
@@ -404,10 +415,11 @@ def classify(
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
+    queue_timeout_s = _queue_timeout_s(queue_timeout_ms)
     url, protocol = _endpoint(url, grpc)
     try:
         with Classifier(url, protocol=protocol, model=model) as client:
-            predictions, errors = _classify_files(client, list(images))
+            predictions, errors = _classify_files(client, list(images), queue_timeout_s)
     except ValueError as err:
         raise fail(f"{protocol} {url}: {err}", code=1) from None
     except Exception as err:  # refused, not Triton, the other protocol's port (HTTPParseError), unknown model, ...
@@ -435,7 +447,17 @@ def classify(
         raise typer.Exit(1)
 
 
-def _classify_files(client: Any, images: list[Path]) -> tuple[dict[int, Any], dict[int, str]]:
+def _queue_timeout_s(ms: float | None) -> float | None:
+    """`--queue-timeout-ms` -> seconds for the client, refused unless a positive number of milliseconds."""
+    if ms is None:
+        return None
+    if not 0 < ms < float("inf"):  # NaN fails this too
+        raise fail(f"--queue-timeout-ms must be a positive number of milliseconds, got {ms}")
+    return ms / 1000
+
+
+def _classify_files(client: Any, images: list[Path],
+                    queue_timeout_s: float | None = None) -> tuple[dict[int, Any], dict[int, str]]:
     """`classify`: {position: prediction} for the files the server classified, {position: why not} for the others.
     Requests hold at most the model's max_batch_size files. The server refuses a request at its first bad file and
     names that file's index in the request: the file is set aside with the reason and the rest is sent again, so k
@@ -450,7 +472,7 @@ def _classify_files(client: Any, images: list[Path]) -> tuple[dict[int, Any], di
         pending = list(enumerate(chunk, offset))  # (position in `images`, path) still to classify
         while pending:
             try:
-                answers = client.classify([path for _, path in pending])
+                answers = client.classify([path for _, path in pending], queue_timeout_s=queue_timeout_s)
                 predictions.update(zip([position for position, _ in pending], answers, strict=True))
                 break
             except Exception as err:
@@ -463,7 +485,7 @@ def _classify_files(client: Any, images: list[Path]) -> tuple[dict[int, Any], di
                     raise
             for position, path in pending:  # a refusal that names no file
                 try:
-                    predictions[position] = client.classify([path])[0]
+                    predictions[position] = client.classify([path], queue_timeout_s=queue_timeout_s)[0]
                 except Exception as err:
                     message = _bad_file(err)
                     if message is None:
@@ -515,17 +537,19 @@ def loadtest(
     allow_errors: bool = typer.Option(False, "--allow-errors",
                                       help="Exit 0 even when requests failed (e.g. an overload test that expects "
                                            "rejections); by default any failed request makes the exit code 1."),
+    queue_timeout_ms: RequestQueueTimeoutMs = None,
 ) -> None:
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
     from hub_vit.server.loadtest import load_test
 
+    queue_timeout_s = _queue_timeout_s(queue_timeout_ms)
     url, protocol = _endpoint(url, grpc)
     payloads = list(images) if images else _sample_images()
     if json_out is not None:  # checked first: the run's numbers must not be lost at the end
         _check_writable(json_out)
     try:
         result = load_test(url, payloads, protocol=protocol, model=model, concurrency=concurrency,
-                           duration_s=duration, requests=requests, batch=batch)
+                           duration_s=duration, requests=requests, batch=batch, queue_timeout_s=queue_timeout_s)
     except ValueError as err:
         raise fail(str(err)) from None
     except Exception as err:  # connection refused, unknown model, ...
@@ -608,8 +632,14 @@ def _request_failed(protocol: str, url: str, err: Exception) -> str:
     whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look."""
     from tritonclient.utils import InferenceServerException
 
+    from hub_vit.server.client import shed
+
     text = " ".join(str(err).split()).replace(" ssl:default ", " ")  # aiohttp says "ssl:default" for plain HTTP too
     text = text if len(text) <= 240 else text[:240] + " ..."
+    if shed(err):  # gRPC says UNAVAILABLE here too, as for no server at all: the hint below would mislead
+        why = ("it waited in the server's queue longer than its queue timeout (--queue-timeout-ms, or the server's "
+               "--queue-timeout-us)" if "timeout" in text else "the server's queue was full (its --max-queue-size)")
+        return f"{protocol} {url}: {text}\nthe server is overloaded and shed this request: {why}; retry later"
     if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
         return f"{protocol} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
     names = {"http": "HTTP", "grpc": "gRPC"}

@@ -65,7 +65,8 @@ class TritonLabels:
             from hub_vit.server.client import Classifier, failed_image
 
             with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
-                prediction = client.classify([payload])[0]
+                # a request still queued when the page stops waiting is dropped by the server, not computed
+                prediction = client.classify([payload], queue_timeout_s=self.timeout_s)[0]
         except ImportError as exc:
             return None, f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
         except Exception as exc:  # connection refused, timeout, server-side error: degrade, don't crash the page
