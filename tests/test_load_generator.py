@@ -21,11 +21,13 @@ class Recorder(BaseHTTPRequestHandler):
 
     rows: int | None = None  # None: as many rows as the request has images
     seen: list[dict[str, str]]
+    parameters: list[dict]  # each request's JSON "parameters"
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
         body = self.rfile.read(int(self.headers["Content-Length"]))
         header = json.loads(body[:int(self.headers.get("Inference-Header-Content-Length", len(body)))])
         type(self).seen.append(dict(self.headers))
+        type(self).parameters.append(header.get("parameters", {}))
         rows = self.rows if self.rows is not None else header["inputs"][0]["shape"][0]
         answer = json.dumps({"model_name": "vit", "outputs": [
             {"name": "labels", "datatype": "BYTES", "shape": [rows, 1], "data": ["7"] * rows},
@@ -44,7 +46,7 @@ class Recorder(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def recorder() -> Iterator[tuple[str, type[Recorder]]]:
-    handler = type("RecorderForTest", (Recorder,), {"seen": [], "rows": None})
+    handler = type("RecorderForTest", (Recorder,), {"seen": [], "parameters": [], "rows": None})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -68,6 +70,24 @@ def test_async_http_client_asks_for_uncompressed_answers(recorder):
     asyncio.run(go())
     assert len(handler.seen) == 3
     assert all(headers.get("Accept-Encoding") == "identity" for headers in handler.seen), handler.seen
+
+
+def test_a_queue_timeout_travels_in_microseconds_and_a_bad_one_is_refused_unsent(recorder):
+    # Triton reads a request's queue timeout from its "timeout" parameter, in microseconds (the real server's
+    # rejections are tested in test_server_triton.py)
+    url, handler = recorder
+
+    async def go() -> None:
+        async with AsyncClassifier(url) as client:
+            await client.classify([b"a"], queue_timeout_s=0.002)
+            await client.send(client.prepare([b"a"], queue_timeout_s=0.25))
+            await client.classify([b"a"])
+            for bad in (0, -1.0, float("nan"), float("inf"), True, "1"):
+                with pytest.raises(ValueError, match="queue timeout must be a positive number of seconds"):
+                    await client.classify([b"a"], queue_timeout_s=bad)
+
+    asyncio.run(go())
+    assert [p.get("timeout") for p in handler.parameters] == [2000, 250000, None]
 
 
 def test_send_checks_the_answer_has_a_row_per_image(recorder):

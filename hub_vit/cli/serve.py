@@ -638,7 +638,8 @@ def _request_failed(protocol: str, url: str, err: Exception) -> str:
     text = text if len(text) <= 240 else text[:240] + " ..."
     if shed(err):  # gRPC says UNAVAILABLE here too, as for no server at all: the hint below would mislead
         why = ("it waited in the server's queue longer than its queue timeout (--queue-timeout-ms, or the server's "
-               "--queue-timeout-us)" if "timeout" in text else "the server's queue was full (its --max-queue-size)")
+               "--queue-timeout-us)" if "Request timeout expired" in text
+               else "the server's queue was full (its --max-queue-size)")
         return f"{protocol} {url}: {text}\nthe server is overloaded and shed this request: {why}; retry later"
     if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
         return f"{protocol} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
