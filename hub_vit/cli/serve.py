@@ -448,12 +448,16 @@ def classify(
 
 
 def _queue_timeout_s(ms: float | None) -> float | None:
-    """`--queue-timeout-ms` -> seconds for the client, refused unless a positive number of milliseconds."""
-    if ms is None:
-        return None
-    if not 0 < ms < float("inf"):  # NaN fails this too
-        raise fail(f"--queue-timeout-ms must be a positive number of milliseconds, got {ms}")
-    return ms / 1000
+    """`--queue-timeout-ms` -> seconds for the client, checked by the client's own rule (`client.queue_timeout`) and
+    refused in the flag's words."""
+    from hub_vit.server.client import queue_timeout
+
+    seconds = None if ms is None else ms / 1000
+    try:
+        queue_timeout(seconds)
+    except ValueError:
+        raise fail(f"--queue-timeout-ms must be a positive number of milliseconds, got {ms}") from None
+    return seconds
 
 
 def _classify_files(client: Any, images: list[Path],
