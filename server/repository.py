@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hub_vit import __version__
 from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir
 from hub_vit.server.config import (
     GENERATED_HEADER,
@@ -107,10 +108,29 @@ def _compute_bound(source: ModelSource) -> bool:
     return gmacs(spec) >= SPIN_MIN_GMACS
 
 
-def _copy_templates(folder: Path, files: dict[str, str]) -> None:
-    """{file: template} -> the packaged template files into `folder/1`, where the Python backend imports them."""
-    for file, template in files.items():
-        shutil.copyfile(template_dir(template) / file, folder / "1" / file)
+def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
+                  compute_bound: bool) -> dict[str, str | Path]:
+    """Repository-relative path -> what hub-vit's own code puts there: a config's text, or the packaged template file
+    copied beside it (the Python-backend `model.py` and the modules it imports). The rest of a repository (weights,
+    labels, warm-up image) comes from the model. `outdated_files` compares a repository with this."""
+    decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common"}
+    cls = opts.step("classifier")
+    files: dict[str, str | Path] = {f"{opts.name}/config.pbtxt": render(ensemble_config(meta, opts))}
+    if opts.flavour == "cpu":
+        files[f"{cls}/config.pbtxt"] = render(cpu_classifier_config(meta, opts, model_file,
+                                                                    compute_bound=compute_bound))
+        return files | _templates(cls, {"model.py": "classifier_ort", "topk.py": "common", **decoding})
+    pre, post = opts.step("preprocess"), opts.step("postprocess")
+    files[f"{pre}/config.pbtxt"] = render(preprocess_config(meta, opts))
+    files |= _templates(pre, {"model.py": "preprocess", **decoding})
+    files[f"{cls}/config.pbtxt"] = render(gpu_classifier_config(meta, opts, model_file))
+    files[f"{post}/config.pbtxt"] = render(postprocess_config(meta, opts))
+    return files | _templates(post, {"model.py": "postprocess", "topk.py": "common"})
+
+
+def _templates(step: str, files: dict[str, str]) -> dict[str, Path]:
+    """{file: template} -> {`<step>/1/<file>`: the packaged template file}, where the Python backend imports it."""
+    return {f"{step}/1/{file}": template_dir(template) / file for file, template in files.items()}
 
 
 def _write_labels(folder: Path, meta: ServingMetadata) -> None:
@@ -126,27 +146,26 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     meta = source.metadata
     model_file = _model_file(source, opts)
     compute_bound = _compute_bound(source)
-    decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common"}
-    # Ensemble: the version folder must exist even though it holds nothing.
-    _write_config(root, opts.name, render(ensemble_config(meta, opts)))
+    for relative, content in _server_files(meta, opts, model_file, compute_bound).items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Path):
+            shutil.copyfile(content, path)
+        else:
+            path.write_text(content, encoding="utf-8")
+    (root / opts.name / "1").mkdir()  # Triton wants the ensemble's version folder, though it holds nothing
+    cls = root / opts.step("classifier")
+    (cls / "1").mkdir(exist_ok=True)  # the GPU classifier has no template: its folder holds only the weights
+    _place_weights(source, cls / "1" / model_file, opts)
     if opts.flavour == "cpu":
-        cls = _write_config(root, opts.step("classifier"),
-                            render(cpu_classifier_config(meta, opts, model_file, compute_bound=compute_bound)))
-        _copy_templates(cls, {"model.py": "classifier_ort", "topk.py": "common", **decoding})
         _write_warmup_image(cls, meta)
-        _place_weights(source, cls / "1" / model_file, opts)
         _write_labels(cls, meta)
     else:
-        pre = _write_config(root, opts.step("preprocess"), render(preprocess_config(meta, opts)))
-        _copy_templates(pre, {"model.py": "preprocess", **decoding})
-        _write_warmup_image(pre, meta)
-        cls = _write_config(root, opts.step("classifier"), render(gpu_classifier_config(meta, opts, model_file)))
-        _place_weights(source, cls / "1" / model_file, opts)
-        post = _write_config(root, opts.step("postprocess"), render(postprocess_config(meta, opts)))
-        _copy_templates(post, {"model.py": "postprocess", "topk.py": "common"})
-        _write_labels(post, meta)
+        _write_warmup_image(root / opts.step("preprocess"), meta)
+        _write_labels(root / opts.step("postprocess"), meta)
     manifest = {
         "generated_by": "hub-vit repository",
+        "hub_vit_version": __version__,
         "origin": source.origin,
         "model": opts.name,
         "metadata": dataclasses.asdict(meta) | {"labels": len(meta.labels)},
@@ -158,11 +177,43 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
-def _write_config(root: Path, name: str, text: str) -> Path:
-    folder = root / name
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(text, encoding="utf-8")
-    return folder
+def outdated_files(root: str | Path) -> list[str] | None:
+    """The configs and server code of repository `root` that this hub-vit would write differently for the model and
+    options its manifest records (repository-relative paths, missing ones included): a repository written by an
+    earlier hub-vit (or edited since) serves what it holds until it is rebuilt, e.g. without a later fix. [] when
+    everything matches; None when there is no readable manifest to compare with."""
+    root = Path(root)
+    try:
+        manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+        meta, opts = _manifest_settings(manifest)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, not JSON, or not a manifest we know
+        return None
+    model_file = "model.plan" if opts.flavour == "gpu" and opts.gpu_backend == "tensorrt" else "model.onnx"
+    outdated = []
+    for relative, content in _server_files(meta, opts, model_file, bool(manifest.get("compute_bound", True))).items():
+        expected = content.read_bytes() if isinstance(content, Path) else content.encode("utf-8")
+        try:
+            same = (root / relative).read_bytes() == expected
+        except OSError:
+            same = False
+        if not same:
+            outdated.append(relative)
+    return outdated
+
+
+def _manifest_settings(manifest: dict[str, Any]) -> tuple[ServingMetadata, ServingOptions]:
+    """The metadata and options a manifest records, as this hub-vit's types: fields it does not know are left out and
+    fields it lacks take their defaults (so a repository written before an option existed compares with that
+    option's default). The configs need only the number of labels, which is what the manifest keeps."""
+    def known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+        names = {field.name for field in dataclasses.fields(cls)} - {"labels"}
+        return {key: tuple(value) if isinstance(value, list) else value
+                for key, value in values.items() if key in names}
+
+    written = manifest["metadata"]
+    labels = tuple(f"class {index}" for index in range(int(written["labels"])))
+    return ServingMetadata(labels=labels, **known(ServingMetadata, written)), \
+        ServingOptions(**known(ServingOptions, manifest["options"]))
 
 
 def _model_file(source: ModelSource, opts: ServingOptions) -> str:

@@ -235,6 +235,24 @@ def test_repository_at_a_path_the_python_backend_cannot_serve_from_says_so(tmp_p
     assert code == 2 and "breaks at space '(' ')'" in out, out
 
 
+
+def test_serve_repository_warns_when_it_is_not_what_this_version_writes(tmp_path):
+    # served as it is, but the user learns that it lacks this version's configs / server code (here a path the stub
+    # cannot take then stops serve before a server starts)
+    repo = tmp_path / "my models" / "repo"
+    assert _run("repository", str(repo))[0] == 0
+    code, out = _run("serve", *PORTS, "--repository", str(repo))
+    assert code == 2 and "warning" not in out, out
+    with (repo / "vit_classifier/1/model.py").open("a") as f:
+        f.write("# edited\n")
+    code, out = _run("serve", *PORTS, "--repository", str(repo))
+    assert code == 2 and "breaks at space" in out, out
+    from hub_vit import __version__
+
+    assert (f"warning: {repo} is not what this hub-vit ({__version__}) writes for its model and options (written by "
+            f"hub-vit {__version__}, or edited since): vit_classifier/1/model.py differs. It is served as it is; "
+            "rebuild it with `hub-vit repository`") in out, out
+
 def test_repository_on_a_read_only_file_system_names_the_folder(tmp_path, monkeypatch, capsys):
     import errno
     import tempfile

@@ -15,7 +15,7 @@ pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
 from hub_vit.server.options import ServingOptions  # noqa: E402
-from hub_vit.server.repository import write_repository  # noqa: E402
+from hub_vit.server.repository import outdated_files, write_repository  # noqa: E402
 from hub_vit.server.source import ModelSource, ServingMetadata, resolve  # noqa: E402
 
 
@@ -131,6 +131,33 @@ def test_existing_repository_is_not_replaced_silently(tmp_path, onnx_file, meta)
         write_repository(source, other, overwrite=True)
     assert (other / "cat.jpg").read_bytes() == b"jpeg"
 
+
+
+@pytest.mark.parametrize("flavour", ["cpu", "gpu"])
+def test_outdated_files_names_what_an_earlier_hub_vit_wrote(tmp_path, onnx_file, meta, flavour):
+    import json
+
+    opts = ServingOptions(flavour=flavour, max_batch_size=8, preferred_batch_sizes=(8,), top_k=3)
+    repo = write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "repo", opts)
+    assert outdated_files(repo) == []  # what this version writes, read back from the manifest's model and options
+    # As the hub-vit before per-request queue timeouts wrote it: no override in the queue policy, and a manifest
+    # without that option or a version
+    config = repo / "vit_classifier/config.pbtxt"
+    config.write_text(config.read_text().replace("    default_timeout_microseconds: 86400000000\n", "")
+                      .replace("    allow_timeout_override: true\n", ""))
+    manifest = json.loads((repo / "hub_vit_repository.json").read_text())
+    del manifest["hub_vit_version"], manifest["options"]["queue_timeout_us"]
+    manifest["options"]["an_option_from_elsewhere"] = 1  # not one this version knows: left out, not an error
+    (repo / "hub_vit_repository.json").write_text(json.dumps(manifest))
+    assert outdated_files(repo) == ["vit_classifier/config.pbtxt"]
+    step = "vit_classifier" if flavour == "cpu" else "vit_postprocess"
+    (repo / step / "1/topk.py").unlink()
+    with (repo / step / "1/model.py").open("a") as f:
+        f.write("# edited\n")
+    assert sorted(outdated_files(repo)) == sorted(["vit_classifier/config.pbtxt", f"{step}/1/model.py",
+                                                   f"{step}/1/topk.py"])
+    (repo / "hub_vit_repository.json").write_text("{not json")
+    assert outdated_files(repo) is None and outdated_files(tmp_path) is None  # nothing to compare with
 
 def test_resolve_rejects_unknown_sources(tmp_path):
     with pytest.raises(ValueError, match="valid names: .*simplevit_s16"):

@@ -360,7 +360,26 @@ def _existing_repository(folder: Path, *, model: str | None, **given: Any) -> st
         raise fail(f"{str(folder)!r} is a GPU-flavour repository (ONNX Runtime / TensorRT backends, KIND_GPU); the "
                    "local tritonserver has only the Python backend: regenerate it with --flavour cpu, or serve it "
                    "with the Dockerfile's image on a GPU host")
+    _warn_if_outdated(folder, written)
     return str(written["model"])
+
+
+def _warn_if_outdated(folder: Path, manifest: dict[str, Any]) -> None:
+    """`serve --repository` serves what the folder holds: say so when that is not what this hub-vit would write for
+    the same model and options (a repository written by an earlier version lacks its later fixes)."""
+    from hub_vit import __version__
+    from hub_vit.server.repository import MANIFEST, outdated_files
+
+    outdated = outdated_files(folder)
+    if not outdated:
+        return
+    shown = ", ".join(outdated[:3]) + (f" and {len(outdated) - 3} more" if len(outdated) > 3 else "")
+    writer = f"hub-vit {manifest['hub_vit_version']}" if "hub_vit_version" in manifest else "an earlier hub-vit"
+    err_console.print(f"[yellow]warning:[/] {escape(str(folder))} is not what this hub-vit ({__version__}) writes for "
+                      f"its model and options (written by {escape(writer)}, or edited since): {escape(shown)} "
+                      f"{'differs' if len(outdated) == 1 else 'differ'}. It is served as it is; rebuild it with "
+                      f"`hub-vit repository` (its {MANIFEST} records the model and options) to serve this version's "
+                      "configs and server code", soft_wrap=True)
 
 
 def _start_demo(model: str | None, repository: bool, host: str, port: int, triton_url: str,
