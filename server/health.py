@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hub_vit.server.client import resolve_protocol, server_address
-from hub_vit.server.launcher import STUB_MODEL_FILE_ARG, is_stub, live_processes, stub_instance
+from hub_vit.server.launcher import STUB_MODEL_FILE_ARG, live_processes, stub_args, stub_instance
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ def live_stubs(repository: str | Path) -> dict[str, int]:
     root = os.path.realpath(repository)
     found = {}
     for pid, cmdline in live_processes().items():
-        args = cmdline.split()
-        if len(args) <= STUB_MODEL_FILE_ARG or not is_stub(cmdline):
+        args = stub_args(cmdline)
+        if args is None or len(args) <= STUB_MODEL_FILE_ARG:
             continue
         model_dir = os.path.dirname(os.path.dirname(args[STUB_MODEL_FILE_ARG]))  # <repo>/<model>/<version>/model.py
         if os.path.realpath(os.path.dirname(model_dir)) == root:

@@ -262,18 +262,23 @@ STUB = "triton_python_backend_stub"
 STUB_MODEL_FILE_ARG, STUB_INSTANCE_ARG = 1, 8
 
 
+def stub_args(cmdline: str) -> list[str] | None:
+    """A Python-backend stub's arguments (its program first), from a command line as `live_processes` reads it; None
+    when the command line is not a stub's: its program, not some argument (a shell's `-c "... triton_python_backend_stub
+    ..."`), must be the stub."""
+    args = cmdline.split()
+    return args if args and args[0].endswith(STUB) else None
+
+
 def is_stub(cmdline: str) -> bool:
-    """Whether a command line (as `live_processes` reads it) is a Python-backend stub's: its program, not some
-    argument (a shell's `-c "... triton_python_backend_stub ..."`), is the stub."""
-    args = cmdline.split(maxsplit=1)
-    return bool(args) and args[0].endswith(STUB)
+    return stub_args(cmdline) is not None
 
 
 def stub_instance(cmdline: str) -> str:
     """The model instance a Python-backend stub serves (`vit_classifier_0_1`), from its command line (above), else
     the command line's start."""
-    args = cmdline.split()
-    return args[STUB_INSTANCE_ARG] if len(args) > STUB_INSTANCE_ARG and is_stub(cmdline) else cmdline[:80]
+    args = stub_args(cmdline)
+    return args[STUB_INSTANCE_ARG] if args is not None and len(args) > STUB_INSTANCE_ARG else cmdline[:80]
 
 
 class TritonServer:

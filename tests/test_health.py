@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from hub_vit.server.launcher import TritonServer, free_port, is_stub, stub_insta
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
 from hub_vit.server.source import resolve
+from tests.polling import wait_until
 from tests.test_dockerfile import _instructions
 
 
@@ -134,9 +134,7 @@ def test_a_dead_stub_makes_a_ready_server_unhealthy(tmp_path):
 
         pid, instance = next(iter(server.stubs().items()))
         os.kill(pid, signal.SIGKILL)  # what the OOM killer does
-        deadline = time.monotonic() + 10
-        while pid in server.stubs() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert wait_until(lambda: pid not in server.stubs(), timeout_s=10)
         assert _ready_status(server.http_url) == 200  # Triton still says ready: the old probe would pass
         result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env)
         assert result.returncode == 1

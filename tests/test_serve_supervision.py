@@ -23,6 +23,7 @@ import pytest
 
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.launcher import free_port, is_stub, live_processes
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -225,10 +226,7 @@ def test_loadtest_keeps_its_numbers_when_the_server_goes_away() -> None:
         # serve gives up on it (--max-restarts 0) and reaps its stubs, which requests kept busy, before the load ends
         assert serve.finish(30) == 1
         assert "not restarting (--max-restarts 0)" in " ".join(serve.text.split()), serve.text
-        deadline = time.monotonic() + 2  # a SIGKILLed stub is gone once it next runs
-        while live_stubs(killed) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not live_stubs(killed)
+        assert wait_until(lambda: not live_stubs(killed), timeout_s=2), live_stubs(killed)
         out, err = load.communicate(timeout=120)
         flat = " ".join((out + err).split())
         assert load.returncode == 0, flat

@@ -37,6 +37,7 @@ from hub_vit.server.loadtest import settled_statistics
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import MANIFEST, write_repository
 from hub_vit.server.source import ModelSource, resolve
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -782,10 +783,8 @@ def test_stop_reaps_backend_stubs_of_a_dead_server(tmp_path):
         # (5 s in each of watch() and stop(): `hub-vit serve` spent 12 s cleaning up a dead server), and one of them
         # once ran on for 30 minutes after `hub-vit serve` itself was killed
         assert server.wait(30) == -signal.SIGKILL
-        deadline = time.monotonic() + 2  # SIGKILL is delivered at once, acted on when the process next runs
-        while stubs() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not stubs()
+        # SIGKILL is delivered at once, acted on when the process next runs
+        assert wait_until(lambda: not stubs(), timeout_s=2), stubs()
     finally:
         server.stop()
         load.join(60)
