@@ -7,7 +7,11 @@ a server; a server started otherwise (the Dockerfile's CMD, a Kubernetes pod) ne
 
 The stubs are found in /proc, so the check runs where the server runs (inside its container): each stub's command line
 names the model file under the repository and the model instance (`launcher.STUB`). The expected instances come from
-the repository's `config.pbtxt` files.
+the repository's `config.pbtxt` files. When no stub of the repository is alive, a `tritonserver` process started with
+`--model-repository=<that repository>` tells "all stubs died" from "not the server's host".
+
+Readiness is taken from Triton's HTTP endpoint only: Triton's metrics port answers 200 with an empty body to any path,
+`/v2/health/ready` included, so a ready answer is confirmed by the server metadata `GET /v2` returns there.
 
 No inference request is sent: a probe must not fail because the server is busy (an overloaded server rejects
 requests by design, and restarting it then would make things worse).
@@ -15,7 +19,11 @@ requests by design, and restarting it then would make things worse).
 
 from __future__ import annotations
 
+import http.client
+import json
+import math
 import os
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -34,6 +42,8 @@ class Health:
     expected: dict[str, str] = field(default_factory=dict)  # Python-backend model instance -> its model
     alive: dict[str, int] = field(default_factory=dict)  # model instance -> pid of its live stub
     stubs_checked: bool = False  # False: no repository given, readiness only
+    # pids of the tritonserver processes serving the repository here; looked for only when no stub is alive
+    servers: list[int] = field(default_factory=list)
 
     @property
     def missing(self) -> list[str]:
@@ -47,6 +57,12 @@ class Health:
         """One line per problem found, for a person reading a probe's output."""
         if self.not_ready is not None:  # a server that is down has no stubs either: that is not news
             return [self.not_ready]
+        if self.missing and not self.alive and self.servers:
+            pids = ", ".join(str(pid) for pid in self.servers)
+            return [f"every Python-backend stub of this repository has died ({', '.join(self.missing)}), while "
+                    f"tritonserver (pid {pids}) still serves it on this host: the OOM killer or a crash; Triton does "
+                    "not restart them and fails every request routed to them while still answering ready, so restart "
+                    "the server"]
         if self.missing and not self.alive:
             return [f"no Python-backend stub of this repository runs on this host (expected {len(self.expected)}: "
                     f"{', '.join(sorted(self.expected))}); run the check where the server runs (inside its "
@@ -102,6 +118,45 @@ def live_stubs(repository: str | Path) -> dict[str, int]:
     return found
 
 
+# Triton's flags naming a model repository (`tritonserver --help`: --model-store is "equivalent to --model-repository")
+REPOSITORY_FLAGS = ("--model-repository", "--model-store")
+
+
+def served_repositories(cmdline: str, cwd: str = "/") -> list[str]:
+    """The model repositories a tritonserver command line (as `launcher.live_processes` reads it) serves, as real
+    paths (a relative one taken from `cwd`, the process's working folder); [] when the program is not tritonserver:
+    a shell or an editor merely naming it does not serve anything. Both `--model-repository=X` (hub-vit's launcher,
+    the Dockerfile's CMD) and `--model-repository X` are read; Triton takes the flag more than once."""
+    args = cmdline.split()
+    if not args or os.path.basename(args[0]) != "tritonserver":
+        return []
+    found = []
+    for index, arg in enumerate(args[1:], start=1):
+        name, equals, value = arg.partition("=")
+        if name not in REPOSITORY_FLAGS:
+            continue
+        if not equals:
+            if index + 1 >= len(args):
+                continue
+            value = args[index + 1]
+        found.append(os.path.realpath(os.path.join(cwd, value)))
+    return found
+
+
+def live_servers(repository: str | Path) -> list[int]:
+    """Pids of the live tritonserver processes on this host that serve `repository`."""
+    root = os.path.realpath(repository)
+    found = []
+    for pid, cmdline in live_processes().items():
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")  # only matters for a relative --model-repository
+        except OSError:  # gone meanwhile, or another user's: an absolute path is still read right
+            cwd = "/"
+        if root in served_repositories(cmdline, cwd):
+            found.append(pid)
+    return sorted(found)
+
+
 def http_base(url: str) -> str:
     """`127.0.0.1:8000` or `http://127.0.0.1:8000` -> `http://127.0.0.1:8000` (`https://` kept); a gRPC address, or
     anything but host:port, is refused as the clients refuse it (`client.server_address`)."""
@@ -111,18 +166,73 @@ def http_base(url: str) -> str:
     return f"{'https' if tls else 'http'}://{address}"
 
 
-def readiness(url: str, timeout_s: float = 3.0) -> str | None:
-    """None when `GET /v2/health/ready` answers 200; else why not, in one line."""
-    address = f"{http_base(url)}/v2/health/ready"
+MAX_TIMEOUT_S = 3600.0  # a probe waiting longer is a mistake (and sockets refuse nan, and overflow on inf or 1e300)
+NOT_HTTP_HINT = "is this Triton's HTTP port? gRPC is usually 8001, metrics 8002"
+
+
+def check_timeout(timeout_s: float, name: str = "timeout_s") -> None:
+    """Refuse a timeout sockets cannot take (nan, inf, 1e300) or no probe means (<= 0, over an hour), naming it as
+    the caller knows it (`--timeout` on the command line)."""
+    if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise ValueError(f"{name} must be a positive number of seconds (at most {MAX_TIMEOUT_S:g}), got {timeout_s}")
+
+
+class NoAnswer(Exception):
+    """No HTTP answer at all: why, in one line."""
+
+
+def _get(address: str, timeout_s: float) -> bytes:
+    """The body of `GET address` answering 200 (its first 64 KiB); HTTPError for another status; NoAnswer when no
+    HTTP answer came."""
     try:
-        with urllib.request.urlopen(address, timeout=timeout_s):
-            return None
-    except urllib.error.HTTPError as err:
-        return (f"not ready: {address} answered HTTP {err.code} (starting, stopping, or a model failed to load; "
-                "the server's log says which)")
+        with urllib.request.urlopen(address, timeout=timeout_s) as reply:
+            return reply.read(1 << 16)  # server metadata is a few hundred bytes; never read an endless stream
+    except urllib.error.HTTPError:  # an answer with a status, the caller's to read (HTTPError is a URLError too)
+        raise
     except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        return f"no answer from {address}: {reason}"
+        raise NoAnswer(f"no answer from {address}: {getattr(err, 'reason', err)}") from None
+    except http.client.HTTPException as err:  # something answered, not in HTTP/1 (gRPC's HTTP/2 frames, say)
+        # the class name, not the message: BadStatusLine's message is the binary bytes the other end sent
+        raise NoAnswer(f"no HTTP answer from {address}: {type(err).__name__} ({NOT_HTTP_HINT})") from None
+
+
+def is_server_metadata(body: bytes) -> bool:
+    """Whether `body` is a KServe v2 server-metadata answer (`GET /v2`), as Triton's HTTP endpoint gives it:
+    `{"name": ..., "version": ..., "extensions": [...]}`."""
+    try:
+        metadata = json.loads(body)
+    except ValueError:  # not JSON (the metrics port's empty body), or not UTF-8
+        return False
+    return (isinstance(metadata, dict) and isinstance(metadata.get("name"), str)
+            and ("version" in metadata or "extensions" in metadata))
+
+
+def readiness(url: str, timeout_s: float = 3.0) -> str | None:
+    """None when `GET /v2/health/ready` answers 200 and the answer came from Triton's HTTP endpoint; else why not, in
+    one line. The second request (`GET /v2`, server metadata: cheap, no inference, so a busy server still passes) is
+    what tells Triton's HTTP endpoint from its metrics port, which answers 200 with an empty body to any path."""
+    check_timeout(timeout_s)
+    deadline = time.monotonic() + timeout_s  # both requests share the caller's timeout (a HEALTHCHECK has its own)
+    base = http_base(url)
+    ready = f"{base}/v2/health/ready"
+    try:
+        _get(ready, timeout_s)
+    except urllib.error.HTTPError as err:
+        return (f"not ready: {ready} answered HTTP {err.code} (starting, stopping, or a model failed to load; "
+                "the server's log says which)")
+    except NoAnswer as err:
+        return str(err)
+    try:
+        # at least 0.1 s: a server that took the whole timeout to say ready still gets asked, not failed unasked
+        body = _get(f"{base}/v2", max(deadline - time.monotonic(), 0.1))
+    except urllib.error.HTTPError:  # an answer, but not server metadata: not Triton's inference endpoint
+        body = b""
+    except NoAnswer as err:
+        return str(err)
+    if not is_server_metadata(body):
+        return (f"{base} answered /v2/health/ready but is not Triton's HTTP endpoint (the metrics port?): its /v2 "
+                "gave no server metadata (JSON with name and version); give the HTTP port, usually 8000")
+    return None
 
 
 def check(url: str, repository: str | Path | None = None, timeout_s: float = 3.0) -> Health:
@@ -133,4 +243,5 @@ def check(url: str, repository: str | Path | None = None, timeout_s: float = 3.0
     if repository is None:
         return Health(base, not_ready)
     alive = {name: pid for name, pid in live_stubs(repository).items() if name in expected}
-    return Health(base, not_ready, expected, alive, stubs_checked=True)
+    servers = live_servers(repository) if expected and not alive else []  # only needed to explain no stub at all
+    return Health(base, not_ready, expected, alive, stubs_checked=True, servers=servers)

@@ -13,12 +13,13 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hub_vit.catalog import default_model_folder
-from hub_vit.server.health import Health, http_base, python_instances
+from hub_vit.server.health import Health, http_base, python_instances, served_repositories
 from hub_vit.server.launcher import TritonServer, free_port, is_stub, stub_instance
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
@@ -83,12 +84,37 @@ def test_a_bad_repository_or_address_is_refused_by_name(tmp_path):
     assert result.returncode == 2 and "cannot read" in result.stderr and "config.pbtxt" in result.stderr
     result = _health("--url", "grpc://127.0.0.1:8001")
     assert result.returncode == 2 and "gRPC address" in result.stderr and "8000" in result.stderr
-    result = _health("--timeout", "0")
-    assert result.returncode == 2 and "--timeout must be positive" in result.stderr
     result = _health("--url", "127.0.0.1:8000/v2")
     assert result.returncode == 2 and "has a path; give host:port only" in result.stderr
     assert http_base("http://h:1/") == "http://h:1" and http_base("h:1") == "http://h:1"
     assert http_base("https://h:1") == "https://h:1"
+
+
+def test_the_served_repository_is_read_from_a_tritonservers_command_line():
+    # The Dockerfile's CMD, hub-vit's launcher (verbatim from /proc, NULs as spaces), the flag's other spelling, and
+    # a relative repository taken from the server's working folder
+    assert served_repositories("tritonserver --model-repository=/models --model-control-mode=none") == ["/models"]
+    launcher = ("/work/.venv/lib/python3.11/site-packages/pytriton/tritonserver/bin/tritonserver --id=hub-vit-1-ab "
+                "--model-repository=/tmp/hub-vit-serve-x/repository --backend-directory=/tmp/b/backends")
+    assert served_repositories(launcher) == ["/tmp/hub-vit-serve-x/repository"]
+    assert served_repositories("tritonserver --model-repository /a --model-store=b", cwd="/w") == ["/a", "/w/b"]
+    # a program merely naming tritonserver serves nothing; a flag without its value names nothing
+    assert served_repositories("bash -c tritonserver --model-repository=/models") == []
+    assert served_repositories("tritonserver --model-repository") == []
+
+
+@pytest.mark.parametrize("timeout", ["inf", "1e300", "nan", "0", "-1", "3601"])
+def test_a_timeout_no_socket_or_probe_can_use_is_refused_naming_the_flag(timeout):
+    # inf and 1e300 overflowed inside the socket (a traceback), nan was "Invalid value NaN" without the flag's name
+    result = _health("--timeout", timeout, "--url", f"127.0.0.1:{free_port()}")
+    assert result.returncode == 2, result.stderr
+    assert "--timeout must be a positive number of seconds (at most 3600), got" in result.stderr
+    assert "Traceback" not in result.stderr and "no answer" not in result.stderr  # refused before asking
+
+
+def test_the_longest_timeout_is_taken():
+    result = _health("--timeout", "3600", "--url", f"127.0.0.1:{free_port()}")
+    assert result.returncode == 1 and "no answer from" in result.stderr  # asked: the port is free, so refused
 
 
 def test_a_down_server_is_one_line_about_the_address():
@@ -111,32 +137,81 @@ def _dockerfile_healthcheck() -> str:
     return healthcheck.split(" CMD ", 1)[1].strip()
 
 
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[tuple[TritonServer, Path]]:
+    """One real server, and its repository, for this module's probes. Only the last test kills its stubs; the ports
+    the others probe answer the same either way."""
+    repo = write_repository(resolve(default_model_folder()), tmp_path_factory.mktemp("health") / "models")
+    with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()) as server:
+        yield server, repo
+
+
 @pytest.mark.triton
 @pytest.mark.slow
-def test_a_dead_stub_makes_a_ready_server_unhealthy(tmp_path):
-    repo = write_repository(resolve(default_model_folder()), tmp_path / "models")
+def test_the_grpc_port_is_one_line_not_a_traceback(served):
+    server, repo = served
+    result = _health("--url", server.grpc_url, "--repository", str(repo))  # host:port, as a person mistypes it
+    assert result.returncode == 1, result.stderr
+    # was a rich traceback ending in http.client.BadStatusLine and the HTTP/2 frame's binary bytes
+    assert len(result.stderr.strip().splitlines()) == 1 and "\x00" not in result.stderr, result.stderr
+    assert f"unhealthy: no HTTP answer from http://{server.grpc_url}/v2/health/ready: BadStatusLine" in result.stderr
+    assert "(is this Triton's HTTP port? gRPC is usually 8001, metrics 8002)" in result.stderr
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_the_metrics_port_is_not_taken_for_a_ready_server(served):
+    server, repo = served
+    metrics = f"{server.host}:{server.metrics_port}"
+    assert _ready_status(metrics) == 200  # Triton's metrics port answers 200 to any path: readiness alone passes
+    result = _health("--url", metrics, "--repository", str(repo))
+    assert result.returncode == 1, result.stdout
+    assert result.stderr.count("unhealthy:") == 1
+    assert (f"http://{metrics} answered /v2/health/ready but is not Triton's HTTP endpoint (the metrics port?)"
+            in result.stderr)
+    assert _health("--url", server.http_url, "--repository", str(repo)).returncode == 0  # the same on the HTTP port
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_a_dead_stub_makes_a_ready_server_unhealthy(served, tmp_path):
+    server, repo = served
     # The Dockerfile's own probe, pointed at this server and repository instead of 127.0.0.1:8000 and /models
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     probe = (_dockerfile_healthcheck().replace("127.0.0.1:8000", server.http_url)
              .replace("/models", shlex.quote(str(repo))))
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
-    with server:
-        result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env)
-        assert result.returncode == 0, result.stderr
-        assert "2 of 2 Python-backend stubs alive (vit_classifier_0_0, vit_classifier_0_1)" in result.stdout
+    result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "2 of 2 Python-backend stubs alive (vit_classifier_0_0, vit_classifier_0_1)" in result.stdout
 
-        # A copy of the repository's configs served by no one: the check is not fooled by the names alone
-        elsewhere = tmp_path / "elsewhere"
-        shutil.copytree(repo, elsewhere, ignore=lambda folder, names: [n for n in names if n.endswith(".onnx")])
-        result = _health("--url", server.http_url, "--repository", str(elsewhere))
-        assert result.returncode == 1 and "no Python-backend stub of this repository runs on this host" in \
-            result.stderr
+    # A copy of the repository's configs served by no one: the check is not fooled by the names alone
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(repo, elsewhere, ignore=lambda folder, names: [n for n in names if n.endswith(".onnx")])
+    result = _health("--url", server.http_url, "--repository", str(elsewhere))
+    assert result.returncode == 1 and "no Python-backend stub of this repository runs on this host" in \
+        result.stderr
 
-        pid, instance = next(iter(server.stubs().items()))
-        os.kill(pid, signal.SIGKILL)  # what the OOM killer does
-        assert wait_until(lambda: pid not in server.stubs(), timeout_s=10)
-        assert _ready_status(server.http_url) == 200  # Triton still says ready: the old probe would pass
-        result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env)
-        assert result.returncode == 1
-        assert f"no live Python-backend stub for model instance '{instance}' (model vit_classifier)" in result.stderr
-        assert _health("--url", server.http_url).returncode == 0  # readiness alone cannot see it
+    pid, instance = next(iter(server.stubs().items()))
+    os.kill(pid, signal.SIGKILL)  # what the OOM killer does
+    assert wait_until(lambda: pid not in server.stubs(), timeout_s=10)
+    assert _ready_status(server.http_url) == 200  # Triton still says ready: the old probe would pass
+    result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1
+    assert f"no live Python-backend stub for model instance '{instance}' (model vit_classifier)" in result.stderr
+    assert _health("--url", server.http_url).returncode == 0  # readiness alone cannot see it
+
+    # Every stub dead, tritonserver alive: "no stub runs on this host, run the check where the server runs" would
+    # send the reader elsewhere. Asked through a symlink, as a container's /models may be: paths compare resolved.
+    for pid in server.stubs():
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not server.stubs(), timeout_s=10)
+    link = tmp_path / "models-link"
+    link.symlink_to(repo)
+    result = _health("--url", server.http_url, "--repository", str(link))
+    assert result.returncode == 1
+    assert ("every Python-backend stub of this repository has died (vit_classifier_0_0, vit_classifier_0_1), "
+            f"while tritonserver (pid {server.process.pid}) still serves it on this host") in result.stderr
+    assert "restart the server" in result.stderr and "run the check where" not in result.stderr
+    # the copy no tritonserver serves is still "not this host"
+    result = _health("--url", server.http_url, "--repository", str(elsewhere))
+    assert result.returncode == 1 and "run the check where the server runs" in result.stderr

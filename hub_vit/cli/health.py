@@ -16,15 +16,17 @@ def health(
     repository: Path = typer.Option(None, help="The model repository the server was started with: also check that "
                                                "every Python-backend model instance has a live stub (run this on "
                                                "the server's host, inside its container)."),
-    timeout: float = typer.Option(3.0, help="Seconds to wait for the server's answer."),
+    timeout: float = typer.Option(3.0, help="Seconds to wait for the server's answers (at most 3600)."),
 ) -> None:
     """Exit 0 when the server is ready and (with --repository) none of its Python-backend stubs has died; else print
     what is wrong and exit 1. Triton keeps answering ready after a stub died, while failing every request routed to
     that model instance; this sees it. Sends no inference request, so a busy server is not reported unhealthy."""
-    from hub_vit.server.health import check
+    from hub_vit.server.health import check, check_timeout
 
-    if timeout <= 0:
-        raise fail(f"--timeout must be positive, got {timeout}")
+    try:  # before anything is asked: nan, inf or 1e300 would otherwise end in a socket's error, not naming the flag
+        check_timeout(timeout, name="--timeout")
+    except ValueError as err:
+        raise fail(str(err)) from None
     try:
         report = check(url, repository, timeout_s=timeout)
     except ValueError as err:  # not a repository, an unreadable config, a gRPC address
