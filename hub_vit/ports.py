@@ -28,6 +28,15 @@ def check_host(host: str, setting: str = "--host") -> None:
                             "0.0.0.0 or one of this machine's own addresses") from None
 
 
+def ipv4_address(host: str) -> str:
+    """The IPv4 address `host` names (itself when it is one). Triton 2.51 takes its HTTP and metrics addresses
+    literally: given a name such as `localhost` it binds 255.255.255.255, so nothing reaches it."""
+    try:
+        return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
+    except OSError:
+        raise PortError(f"--host {host!r}: cannot resolve this name to an IPv4 address") from None
+
+
 def port_in_use(host: str, port: int) -> bool:
     """Something listens on (host, port). SO_REUSEADDR as servers set it, so a port in TIME_WAIT counts as free."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-import math
+import numbers
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from hub_vit.server.options import LONGEST_QUEUE_TIMEOUT_US
 
 PROTOCOLS = ("http", "grpc")
 ImageLike = Any  # str | Path | bytes | PIL.Image.Image
@@ -105,14 +107,18 @@ def server_address(url: str) -> tuple[str, bool]:
     `ValueError` naming the problem otherwise: tritonclient itself fails on these with unrelated errors (a bad port
     ends in an AttributeError from its destructor)."""
     example = "e.g. 127.0.0.1:8000 for HTTP or 127.0.0.1:8001 for gRPC"
-    scheme, sep, rest = url.strip().partition("://")
+    if not isinstance(url, str):
+        raise TypeError(f"the server URL must be a string such as '127.0.0.1:8000', got {url!r}")
+    scheme, sep, rest = _split_scheme(url)
     if not sep:
         scheme, rest = "", scheme
     if scheme not in ("", "http", "https", "grpc"):
         raise ValueError(f"unsupported scheme {scheme!r} in server URL {url!r}; give host:port ({example})")
     rest = rest.rstrip("/")
-    if "/" in rest or "?" in rest:
+    if "/" in rest or "?" in rest or "#" in rest:
         raise ValueError(f"server URL {url!r} has a path; give host:port only ({example})")
+    if "@" in rest:  # tritonclient would take `user@host` as the host name
+        raise ValueError(f"server URL {url!r} holds a user name; give host:port only ({example})")
     try:
         parts = urllib.parse.urlsplit(f"//{rest}")
         port = parts.port
@@ -123,13 +129,19 @@ def server_address(url: str) -> tuple[str, bool]:
     return rest, scheme == "https"
 
 
+def _split_scheme(url: str) -> tuple[str, str, str]:
+    """(scheme in lower case, "://" or "", the rest): URL schemes are case-insensitive (`HTTP://...`)."""
+    scheme, sep, rest = url.strip().partition("://")
+    return (scheme.lower(), sep, rest) if sep else (scheme, sep, rest)
+
+
 def resolve_protocol(url: str, protocol: str | None = None) -> str:
     """The protocol to speak to `url`: `grpc://` means gRPC and `http://` HTTP; otherwise (`host:port`, `https://`)
     `protocol`, HTTP when not given. A URL whose scheme names the other protocol than `protocol` is refused: it would
     be spoken to in the wrong language and fail with an unrelated parse error."""
     if protocol is not None and protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
-    scheme = url.strip().partition("://")[0] if "://" in url else ""
+    scheme = _split_scheme(url)[0] if "://" in url else ""
     named = {"grpc": "grpc", "http": "http"}.get(scheme)
     if named is not None and protocol is not None and named != protocol:
         raise ValueError(f"server URL {url!r} is a {scheme}:// address, but the protocol asked for is {protocol}; "
@@ -184,14 +196,27 @@ def _renumbered(err: Exception, offset: int) -> Exception:
     return InferenceServerException(message, status=err.status(), debug_details=err.debug_details())
 
 
+LONGEST_QUEUE_TIMEOUT_S = LONGEST_QUEUE_TIMEOUT_US // 1_000_000
+
+
+def check_timeout(timeout_s: float) -> None:
+    """A client's `timeout_s` (longest wait for an answer) must be a positive, finite number of seconds: tritonclient
+    fails on others with unrelated errors (0: BlockingIOError; -1: "Timeout value out of range")."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < float("inf"):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+
+
 def queue_timeout(seconds: float | None) -> dict[str, int]:
     """`queue_timeout_s` -> tritonclient's `infer(timeout=...)` keyword (microseconds; Triton takes it from the
     request's parameters when the model's queue policy allows an override, as generated repositories do)."""
     if seconds is None:
         return {}
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
-        raise ValueError(f"the queue timeout must be a positive number of seconds, got {seconds!r}")
-    return {"timeout": max(1, round(seconds * 1e6))}
+    # numbers.Real takes numpy scalars too; at most the repository's own default (one day), the longest timeout
+    # Triton applies (a longer one is not even parsed: HTTP 500 / a protobuf range error on gRPC)
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 < seconds <= LONGEST_QUEUE_TIMEOUT_S:
+        raise ValueError(f"the queue timeout must be a positive number of seconds, at most {LONGEST_QUEUE_TIMEOUT_S} "
+                         f"(one day), got {seconds!r}")
+    return {"timeout": max(1, round(float(seconds) * 1e6))}
 
 
 def shed(err: Exception) -> bool:
@@ -256,6 +281,7 @@ class Classifier:
                  timeout_s: float = 60.0) -> None:
         address, tls = server_address(url)
         protocol = resolve_protocol(url, protocol)
+        check_timeout(timeout_s)
         self.module, self.model, self.protocol = _module(protocol), model, protocol
         if protocol == "http":
             self.client = self.module.InferenceServerClient(address, ssl=tls, connection_timeout=timeout_s,
@@ -268,8 +294,7 @@ class Classifier:
     def max_batch_size(self) -> int:
         """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
         if self._limit is None:
-            kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
-            self._limit = batch_limit(self.client.get_model_config(self.model, **kwargs))
+            self._limit = batch_limit(self.client.get_model_config(self.model, **self._deadline()))
         return self._limit
 
     def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
@@ -295,10 +320,17 @@ class Classifier:
         return predictions
 
     def ready(self) -> bool:
-        return bool(self.client.is_server_ready()) and bool(self.client.is_model_ready(self.model))
+        deadline = self._deadline()
+        return bool(self.client.is_server_ready(**deadline)) and bool(self.client.is_model_ready(self.model,
+                                                                                                  **deadline))
 
     def statistics(self) -> dict[str, dict[str, int]]:
-        return model_counts(self.client.get_inference_statistics(), self.protocol)
+        return model_counts(self.client.get_inference_statistics(**self._deadline()), self.protocol)
+
+    def _deadline(self) -> dict[str, float]:
+        """gRPC calls take their deadline per call (HTTP's was set on the connection): a server that accepts and
+        then stalls must not hang the caller."""
+        return {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
 
     def close(self) -> None:
         self.client.close()
@@ -311,25 +343,29 @@ class Classifier:
 
 
 class AsyncClassifier:
-    """asyncio client (tritonclient's aio modules); same arguments and results as `Classifier`."""
+    """asyncio client (tritonclient's aio modules); the arguments and results of `Classifier`, plus `connections`."""
 
     def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit",
-                 connections: int = 100) -> None:
-        """`connections`: most HTTP connections open at once (tritonclient's `conn_limit`, 100 by default), so the
-        requests one wants in flight at once; beyond it they queue inside the client, unseen by the server. gRPC
-        multiplexes every request over one channel."""
+                 timeout_s: float = 60.0, connections: int = 100) -> None:
+        """`timeout_s`: longest wait for each answer (HTTP: aiohttp's total timeout per request; gRPC: each call's
+        deadline). `connections`: most HTTP connections open at once (tritonclient's `conn_limit`, 100 by default),
+        so the requests one wants in flight at once; beyond it they queue inside the client, unseen by the server.
+        gRPC multiplexes every request over one channel."""
         address, tls = server_address(url)
         protocol = resolve_protocol(url, protocol)
+        check_timeout(timeout_s)
         self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
-        extra = {"conn_limit": max(1, connections)} if protocol == "http" else {}
+        extra = {"conn_limit": max(1, connections), "conn_timeout": timeout_s} if protocol == "http" else {}
         self.client = self.module.InferenceServerClient(address, ssl=tls, **extra)
+        self.timeout_s = timeout_s
         self._headers = PLAIN_ANSWERS if protocol == "http" else None
+        self._deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
         self._limit: int | None = None  # the model's max_batch_size, read from the server once
 
     async def max_batch_size(self) -> int:
         """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
         if self._limit is None:
-            self._limit = batch_limit(await self.client.get_model_config(self.model))
+            self._limit = batch_limit(await self.client.get_model_config(self.model, **self._deadline))
         return self._limit
 
     async def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
@@ -345,7 +381,7 @@ class AsyncClassifier:
                 inputs, outputs = build_request(self.module, chunk, with_logits)  # encoded only when sent
                 try:
                     result = await self.client.infer(self.model, inputs, outputs=outputs, headers=self._headers,
-                                                     **timeout)
+                                                     **timeout, **self._deadline)
                 except Exception as err:
                     raise _renumbered(err, offset) from None
             return parse_result(result, with_logits)
@@ -373,7 +409,7 @@ class AsyncClassifier:
         """Send a prepared request and wait for its answer; raises the server's error as `classify` does. The answer
         is checked (one row of scores per image), not turned into `Prediction`s."""
         result = await self.client.infer(self.model, request.inputs, outputs=request.outputs, headers=self._headers,
-                                         timeout=request.timeout_us)
+                                         timeout=request.timeout_us, **self._deadline)
         scores = result.as_numpy("scores")  # (B, K)
         if scores is None or len(scores) != request.images:
             rows = "no scores" if scores is None else f"{len(scores)} rows of scores"
@@ -382,11 +418,11 @@ class AsyncClassifier:
     async def server_id(self) -> str:
         """The server's id (`GET /v2` "name"; `hub-vit serve` gives every server it starts its own): a changed id
         means another server process, whose statistics counters started from zero."""
-        metadata = await self.client.get_server_metadata()
+        metadata = await self.client.get_server_metadata(**self._deadline)
         return str(metadata["name"] if isinstance(metadata, dict) else metadata.name)
 
     async def statistics(self) -> dict[str, dict[str, int]]:
-        return model_counts(await self.client.get_inference_statistics(), self.protocol)
+        return model_counts(await self.client.get_inference_statistics(**self._deadline), self.protocol)
 
     async def close(self) -> None:
         await self.client.close()

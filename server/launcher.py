@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hub_vit.ports import PortError, check_ports
+from hub_vit.ports import PortError, check_ports, ipv4_address
 
 PR_SET_PDEATHSIG = 1
 # Triton logs one line per model version that fails to load; the reason's traceback follows as escaped newlines:
@@ -86,11 +86,20 @@ def unservable_path_message(path: str | Path) -> str | None:
             "characters or non-ASCII letters")
 
 
+def _temp_bases() -> tuple[str, ...]:  # computed when asked: $TMPDIR may change
+    return (tempfile.gettempdir(), "/tmp", "/var/tmp")
+
+
+# `<prefix><pid>-<random>`: the pid of the process that made it, so a later start can remove what a killed one left
+_WORKSPACE = re.compile(r"hub-vit-[a-z]+-(?P<pid>\d+)-")
+
+
 def shell_safe_tempdir(prefix: str) -> Path:
-    """`tempfile.mkdtemp`, in $TMPDIR when its path is safe for the stub command line, else in /tmp or /var/tmp."""
-    for base in (tempfile.gettempdir(), "/tmp", "/var/tmp"):
+    """`tempfile.mkdtemp`, in $TMPDIR when its path is safe for the stub command line, else in /tmp or /var/tmp; its
+    name carries this process's id (`remove_orphaned_workspaces`)."""
+    for base in _temp_bases():
         if not shell_unsafe(base) and os.access(base, os.W_OK | os.X_OK):
-            return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+            return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
     raise ServerError(f"no writable temporary folder whose path Triton's Python backend can use: $TMPDIR is "
                       f"{tempfile.gettempdir()!r} ({shell_unsafe(tempfile.gettempdir()) or 'not writable'}); "
                       "point TMPDIR at a writable folder without spaces, shell characters or non-ASCII letters")
@@ -240,19 +249,34 @@ def remove_orphaned_regions(shm: Path = Path("/dev/shm")) -> None:
     between PID namespaces would make a live server of another container look gone; Docker gives each its own.)"""
     for region in shm.glob("hub-vit-*"):
         match = _REGION.match(region.name)
-        if match is None:
+        if match is None or not _gone(int(match["pid"])):
             continue
-        try:
-            os.kill(int(match["pid"]), 0)
-            continue  # alive
-        except PermissionError:
-            continue  # alive, another user's
-        except (ProcessLookupError, OverflowError):  # gone (or no pid at all)
-            pass
         try:
             region.unlink()
         except OSError:
             pass
+
+
+def remove_orphaned_workspaces(bases: tuple[str, ...] | None = None) -> None:
+    """Remove the temporary folders (`shell_safe_tempdir`) of hub-vit processes that are gone: `hub-vit serve`'s
+    repository (a whole model.onnx: hundreds of MB for a ViT-B) and the server's backend copy are removed on every
+    stop, but not after a SIGKILL. Folders of live processes, other users' and older unnamed ones are left alone."""
+    for base in bases or _temp_bases():
+        for folder in Path(base).glob("hub-vit-*"):
+            match = _WORKSPACE.match(folder.name)
+            if match is not None and folder.is_dir() and not folder.is_symlink() and _gone(int(match["pid"])):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _gone(pid: int) -> bool:
+    """No process `pid` (a live one, also another user's that we may not signal, is not gone)."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return False
+    except (ProcessLookupError, OverflowError):
+        return True
+    return False
 
 
 # A Python-backend stub's command line, the same in Triton 2.51 and the GPU image's (python_backend stub_launcher.cc):
@@ -323,6 +347,7 @@ class TritonServer:
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def command(self, install: TritonInstall, backends: Path) -> list[str]:
+        address = ipv4_address(self.host)  # a name (`localhost`) would be bound as 255.255.255.255 by Triton 2.51
         return [
             str(install.binary),
             f"--id={self.server_id}",
@@ -331,9 +356,9 @@ class TritonServer:
             "--model-control-mode=none",  # no repository changes over the API (arbitrary code execution risk)
             "--strict-readiness=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
-            f"--http-address={self.host}", f"--http-port={self.http_port}",
-            f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+            f"--http-address={address}", f"--http-port={self.http_port}",
+            f"--grpc-address={address}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={address}", f"--metrics-port={self.metrics_port}",
             *(("--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0") if not has_gpu() else ()),
             f"--log-verbose={self.log_verbose}",
             # the stubs' /dev/shm regions carry this server's id, so `stop` can remove what a SIGKILL leaves behind
@@ -351,6 +376,7 @@ class TritonServer:
     def start(self, timeout_s: float = 120.0) -> TritonServer:
         self._check_ports(in_use=True)  # Triton would say so only deep in its log, after loading every model
         remove_orphaned_regions()
+        remove_orphaned_workspaces()
         install = find_triton()
         self._workspace = shell_safe_tempdir("hub-vit-triton-")
         backends = self._workspace / "backends"
@@ -408,7 +434,8 @@ class TritonServer:
                 taken = self._port_taken()
                 if taken:
                     raise ServerError(taken)
-                raise ServerError(f"tritonserver exited with code {code} before it was ready{self._failures()}\n"
+                ended = "ended" if code is None else exit_description(code)
+                raise ServerError(f"tritonserver {ended} before it was ready{self._failures()}\n"
                                   f"log tail:\n{self.tail()}")
             if self.is_ready():
                 return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 import time
 from collections import Counter
@@ -56,6 +57,18 @@ class LoadResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_json(self) -> str:
+        """The result as standard JSON: a number there is none of (no answered request: no latency) is null, not
+        Python's bare NaN, which JSON parsers refuse."""
+        def standard(value: Any) -> Any:
+            if isinstance(value, float) and not math.isfinite(value):
+                return None
+            if isinstance(value, dict):
+                return {key: standard(item) for key, item in value.items()}
+            return value
+
+        return json.dumps(standard(self.to_dict()), indent=2, allow_nan=False)
 
 
 def percentiles(latencies_s: Sequence[float]) -> dict[str, float]:
@@ -129,17 +142,17 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
                              f"(its max_batch_size); valid: 1..{limit}")
         # built once, as perf_analyzer does: the load generator shares the machine, and every microsecond of its own
         # per request is one the server does not get (seen: 0.24-0.25 -> 0.17-0.19 ms of CPU per request, 2 cores)
-        cycle = itertools.cycle([client.prepare(body, queue_timeout_s=queue_timeout_s)
-                                 for body in request_bodies(payloads, batch)])
+        prepared = [client.prepare(body, queue_timeout_s=queue_timeout_s) for body in request_bodies(payloads, batch)]
         del payloads  # each prepared request holds its own serialised copy
-        for _ in range(warmup):  # first requests pay connection setup; keep them out of the numbers
+        for request in itertools.islice(itertools.cycle(prepared), warmup):  # connection setup, kept out of the numbers
             try:
-                await client.send(next(cycle))
+                await client.send(request)
             except InferenceServerException as err:
-                # The server answered with an error (a bad image among the inputs, a full queue): the run counts
-                # those as errors later; only a server that does not answer at all stops it here.
+                # The server answered with an error (a bad image among the inputs, a full queue): the run meets it
+                # again and counts it; only a server that does not answer at all stops it here.
                 if not _answered(err):
                     raise
+        cycle = itertools.cycle(prepared)  # from the first image again: every image the run reaches is counted
         before, server_before = await client.statistics(), await client.server_id()
         start, cpu_start = time.perf_counter(), time.process_time()
         deadline = None if requests is not None else start + float(duration_s or 0)
@@ -162,7 +175,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
                     latencies.append(now - sent)
                     answered_at.append(now)
                 except Exception as err:  # any server answer that is not a result is an error of the run
-                    errors[str(err)[:160]] += 1
+                    errors[error_message(err, client.timeout_s)] += 1
                     if not _answered(err):  # refused connection (a server restarting): no tight retry loop
                         await asyncio.sleep(0.05)
 
@@ -201,6 +214,14 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         load_generator_cores=cpu_s / elapsed if elapsed > 0 else float("nan"),
         queue_timeout_ms=None if queue_timeout_s is None else queue_timeout_s * 1000,
     )
+
+
+def error_message(err: Exception, timeout_s: float) -> str:
+    """How a failed request is counted in `error_messages`: the server's words (at most 160 characters); a request
+    that got no answer in time names the client's timeout (aiohttp's `TimeoutError` has no words of its own)."""
+    if isinstance(err, TimeoutError):  # asyncio's too
+        return f"no answer within the client's timeout of {timeout_s:g} s"
+    return str(err)[:160] or type(err).__name__
 
 
 def request_bodies(payloads: Sequence[bytes], batch: int) -> list[list[bytes]]:

@@ -6,6 +6,7 @@ defaults when it starts without paying for those imports.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 FLAVOURS = ("cpu", "gpu")
@@ -14,6 +15,12 @@ PRECISIONS = ("FP16", "FP32")
 # One day: the longest queue timeout a repository sets, and the one it sets when none is asked for (a client's shorter
 # per-request timeout still applies; see config._batching). Triton adds it, in ns, to a uint64 clock.
 LONGEST_QUEUE_TIMEOUT_US = 86_400_000_000
+
+# The largest value of each option that Triton's ModelConfig field (model_config.proto) can hold.
+_INT32, _UINT32, _UINT64 = 2**31 - 1, 2**32 - 1, 2**64 - 1
+_CONFIG_LIMITS = {"max_batch_size": (_INT32, "an int32"), "preprocess_instances": (_INT32, "an int32"),
+                  "classifier_instances": (_INT32, "an int32"), "max_queue_size": (_UINT32, "a uint32"),
+                  "max_queue_delay_us": (_UINT64, "a uint64")}
 
 
 @dataclass(frozen=True)
@@ -72,14 +79,20 @@ class ServingOptions:
         if self.queue_timeout_us > LONGEST_QUEUE_TIMEOUT_US:
             raise ValueError(f"queue_timeout_us must be at most {LONGEST_QUEUE_TIMEOUT_US} (one day), got "
                              f"{self.queue_timeout_us}; 0 = no limit")
+        for key, (limit, kind) in _CONFIG_LIMITS.items():  # else protobuf's "Value out of range", naming nothing
+            value = getattr(self, key)
+            if value > limit:
+                raise ValueError(f"{key} must be at most {limit} (Triton's config holds it as {kind}), got {value}")
         if not isinstance(self.intra_op_threads, int) or self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (decide from the model) or a positive integer, "
                              f"got {self.intra_op_threads!r}")
         bad = [s for s in self.preferred_batch_sizes if not 1 <= s <= self.max_batch_size]
         if bad:
             raise ValueError(f"preferred batch sizes {bad} are outside 1..max_batch_size={self.max_batch_size}")
-        if not self.name.replace("_", "").replace("-", "").isalnum():
-            raise ValueError(f"model name {self.name!r} may only use letters, digits, '_' and '-'")
+        # ASCII: the name is part of the Python-backend stub's model path, which the stub reads as ASCII only
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", self.name):
+            raise ValueError(f"name {self.name!r} (the model clients call) may only use ASCII letters, digits, '_' "
+                             "and '-'")
 
     def step(self, role: str) -> str:
         return f"{self.name}_{role}"

@@ -72,18 +72,29 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
     if occupied and not _is_generated_repository(out):
         raise FileExistsError(f"{str(out)!r} is not a repository written by `hub-vit repository` (no generated "
                               "config.pbtxt); replacing it would delete everything in it: choose another folder")
+    created = [folder for folder in out.parents if not folder.exists()]  # deepest first: removed again on failure
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     except OSError as err:  # named by the folder asked for, not by the hidden staging folder beside it
+        _remove_empty(created)
         raise OSError(err.errno, err.strerror, str(out)) from None
     try:
         _fill(staging, source, opts)
         replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty(created)  # a refused model leaves no trace, not even the folders made for it
         raise
     return out
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:
+        try:
+            folder.rmdir()  # only if empty: something else put there meanwhile stays
+        except OSError:
+            return
 
 
 def _is_generated_repository(folder: Path) -> bool:
@@ -144,6 +155,12 @@ def _write_warmup_image(folder: Path, meta: ServingMetadata) -> None:
 
 def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     meta = source.metadata
+    scale_h, scale_w = meta.scale_size
+    if opts.max_pixels < scale_h * scale_w:  # every image, the warm-up's first, would be refused as too large
+        raise ValueError(f"max_pixels (--max-pixels) {opts.max_pixels} is less than the model's own resize before "
+                         f"the crop ({scale_h}x{scale_w} = {scale_h * scale_w} pixels), so every image would be "
+                         f"refused; give at least {scale_h * scale_w} (photos need millions; the default is "
+                         f"{ServingOptions.max_pixels})")
     model_file = _model_file(source, opts)
     compute_bound = _compute_bound(source)
     for relative, content in _server_files(meta, opts, model_file, compute_bound).items():

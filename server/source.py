@@ -37,6 +37,9 @@ class ServingMetadata:
             raise ValueError(f"model {self.name!r} has no classes; only classifiers (num_classes > 0) can be served")
         if self.crop_mode not in CROP_MODES:
             raise ValueError(f"model {self.name!r}: unsupported crop_mode {self.crop_mode!r}; valid: {CROP_MODES}")
+        if len(self.mean) != 3 or len(self.std) != 3:  # the served transform normalises RGB
+            raise ValueError(f"model {self.name!r}: mean and std must have 3 values (RGB), got mean={self.mean}, "
+                             f"std={self.std}")
         if not 0 < self.crop_pct <= 1:
             raise ValueError(f"model {self.name!r}: crop_pct must be in (0, 1], got {self.crop_pct!r}")
         if self.crop_mode == "center" and self.input_size[0] != self.input_size[1]:
@@ -58,7 +61,10 @@ class ServingMetadata:
         """Read a timm `pretrained_cfg` / data config (`input_size`, `crop_pct`, `interpolation`, `mean`, `std`)."""
         if "input_size" not in cfg:
             raise ValueError(f"model {name!r}: pretrained_cfg has no 'input_size'; keys present: {sorted(cfg)}")
-        _, height, width = cfg["input_size"]
+        channels, height, width = cfg["input_size"]
+        if int(channels) != 3:  # clients send photos; the served transform makes RGB (3, H, W)
+            raise ValueError(f"model {name!r} takes {channels}-channel input {tuple(cfg['input_size'])}; only RGB "
+                             "models (3 channels) can be served")
         count = num_classes if num_classes is not None else cfg.get("num_classes")
         if not labels:
             labels = default_labels(int(count or 0))
@@ -116,14 +122,15 @@ def resolve(source: str | Path | None) -> ModelSource:
     path = Path(source).expanduser()
     if path.is_dir():
         return _from_folder(path)
-    if path.is_file() and path.suffix == ".onnx":
+    suffix = path.suffix.lower()  # model.ONNX is an ONNX file too
+    if path.is_file() and suffix == ".onnx":
         return _from_exported(path, "onnx")
-    if path.is_file() and path.suffix in ENGINE_SUFFIXES:
+    if path.is_file() and suffix in ENGINE_SUFFIXES:
         return _from_exported(path, "engine")
     if path.is_file():
         raise ValueError(f"{str(source)!r} is a file but not a model: give a model folder, an .onnx file or a "
                          f"TensorRT engine ({', '.join(ENGINE_SUFFIXES)})")
-    if path.suffix in (".onnx", *ENGINE_SUFFIXES) or "/" in str(source):
+    if suffix in (".onnx", *ENGINE_SUFFIXES) or "/" in str(source):
         raise ValueError(f"model path {str(source)!r} does not exist (expected a model folder, .onnx or .plan file)")
     return _from_name(str(source))
 
@@ -221,8 +228,11 @@ def load_onnx_graph(path: Path) -> Any:
 
 def _onnx_shapes(path: Path) -> tuple[dict[str, Any], int]:
     graph = load_onnx_graph(path)
+    if len(graph.input) != 1 or len(graph.output) < 1:
+        raise ValueError(f"{str(path)!r}: expected a classifier graph with one input (pixel_values) and a logits "
+                         f"output, got {len(graph.input)} inputs and {len(graph.output)} outputs")
     dims = [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]  # (B, 3, H, W)
     out = [d.dim_value for d in graph.output[0].type.tensor_type.shape.dim]  # (B, C)
-    if len(dims) != 4 or not dims[2] or not dims[3] or len(out) != 2 or not out[1]:
+    if len(dims) != 4 or dims[1] != 3 or not dims[2] or not dims[3] or len(out) != 2 or not out[1]:
         raise ValueError(f"{str(path)!r}: expected a fixed-size (B, 3, H, W) -> (B, C) graph, got {dims} -> {out}")
     return {"input_size": (3, dims[2], dims[3])}, out[1]

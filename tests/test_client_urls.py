@@ -14,6 +14,7 @@ from hub_vit.server.client import Classifier, resolve_protocol, server_address
     ("grpc://localhost:8001", "localhost:8001", False),
     ("https://triton.example.com:443", "triton.example.com:443", True),
     ("[::1]:8001", "[::1]:8001", False),
+    ("HTTPS://triton.example.com:443", "triton.example.com:443", True),  # schemes are case-insensitive
 ])
 def test_accepted_forms(url, address, tls):
     assert server_address(url) == (address, tls)
@@ -26,6 +27,8 @@ def test_accepted_forms(url, address, tls):
     (":8000", "must be host:port"),
     ("127.0.0.1:8000/v2/models/vit/infer", "has a path"),
     ("ftp://127.0.0.1:21", "unsupported scheme 'ftp'"),
+    ("127.0.0.1:8000#top", "has a path"),  # passed, then `loadtest` got 404 from the fragment
+    ("user@127.0.0.1:8000", "holds a user name"),  # passed as a host name
 ])
 def test_refused_forms_name_the_problem(url, message):
     with pytest.raises(ValueError, match=message):
@@ -53,6 +56,7 @@ def test_cli_classify_refuses_a_bad_url(tmp_path):
     ("127.0.0.1:8001", None, "http"),  # a bare address: the protocol asked for, HTTP by default
     ("127.0.0.1:8001", "grpc", "grpc"),
     ("grpc://127.0.0.1:8001", None, "grpc"),  # pasted with its scheme: the scheme decides
+    ("GRPC://127.0.0.1:8001", None, "grpc"),
     ("grpc://127.0.0.1:8001", "grpc", "grpc"),
     ("http://127.0.0.1:8000/", None, "http"),
     ("https://triton.example.com:443", "grpc", "grpc"),  # TLS, either protocol

@@ -10,10 +10,11 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 
-from hub_vit.server.client import AsyncClassifier
-from hub_vit.server.loadtest import request_bodies
+from hub_vit.server.client import AsyncClassifier, Classifier
+from hub_vit.server.loadtest import LoadResult, error_message, percentiles, request_bodies
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -82,12 +83,15 @@ def test_a_queue_timeout_travels_in_microseconds_and_a_bad_one_is_refused_unsent
             await client.classify([b"a"], queue_timeout_s=0.002)
             await client.send(client.prepare([b"a"], queue_timeout_s=0.25))
             await client.classify([b"a"])
-            for bad in (0, -1.0, float("nan"), float("inf"), True, "1"):
-                with pytest.raises(ValueError, match="queue timeout must be a positive number of seconds"):
+            await client.classify([b"a"], queue_timeout_s=np.float32(0.5))  # a number, whatever its type
+            # beyond one day (the repository's own default, the longest Triton applies) Triton cannot parse it
+            for bad in (0, -1.0, float("nan"), float("inf"), True, "1", 86_401, 1e300):
+                with pytest.raises(ValueError, match="queue timeout must be a positive number of seconds, at most "
+                                                     "86400"):
                     await client.classify([b"a"], queue_timeout_s=bad)
 
     asyncio.run(go())
-    assert [p.get("timeout") for p in handler.parameters] == [2000, 250000, None]
+    assert [p.get("timeout") for p in handler.parameters] == [2000, 250000, None, 500000]
 
 
 def test_send_checks_the_answer_has_a_row_per_image(recorder):
@@ -134,3 +138,57 @@ def test_loadtest_says_when_the_load_generator_is_the_limit(cores, monkeypatch):
     assert out.exit_code == 0, output
     assert f"{cores:.2f} cores busy" in output
     assert ("these numbers may be its limit" in output) == (cores >= loadtest.SATURATED_CORES), output
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers (a stalled server)."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_without_an_answer_is_named_by_the_clients_timeout(silent_port, protocol):
+    # was: aiohttp's TimeoutError has no words, so `loadtest` counted "964 x " and `classify` said "error: ...: "
+    async def go() -> Exception:
+        async with AsyncClassifier(f"127.0.0.1:{silent_port}", protocol=protocol, timeout_s=0.5) as client:
+            with pytest.raises(Exception) as info:
+                await asyncio.wait_for(client.send(client.prepare([b"a"])), timeout=30)  # the client's own, not this
+            return info.value
+
+    err = asyncio.run(go())
+    if protocol == "http":
+        assert isinstance(err, TimeoutError) and str(err) == ""
+        assert error_message(err, 0.5) == "no answer within the client's timeout of 0.5 s"
+    else:  # the gRPC call now has a deadline (it had none: a stalled server hung the load generator), named by gRPC
+        assert error_message(err, 0.5) == "[StatusCode.DEADLINE_EXCEEDED] Deadline Exceeded", err
+    assert error_message(ValueError(""), 1) == "ValueError"
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-1, ValueError), (float("inf"), ValueError),
+                                        (float("nan"), ValueError), (True, ValueError), ("5", ValueError)])
+def test_a_clients_timeout_must_be_a_positive_number_of_seconds(bad, error):
+    # tritonclient failed on these with BlockingIOError (0) or "Timeout value out of range" (-1)
+    for client in (Classifier, AsyncClassifier):
+        with pytest.raises(error, match="timeout_s must be a positive number of seconds"):
+            client("127.0.0.1:8000", timeout_s=bad)
+    with pytest.raises(TypeError, match="the server URL must be a string"):
+        Classifier(8000)
+
+
+def test_a_load_result_without_answers_is_standard_json():
+    # `--json` wrote bare NaN (no answered request: no latency), which JSON parsers refuse
+    result = LoadResult(protocol="http", concurrency=1, batch=1, requests=0, errors=3, seconds=1.0,
+                        throughput_rps=0.0, images_per_s=0.0, latency_ms=percentiles([]),
+                        error_messages={"not an image": 3})
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    report = json.loads(result.to_json(), parse_constant=refuse)
+    assert report["latency_ms"]["p50"] is None and report["load_generator_cores"] is None
+    assert report["errors"] == 3 and report["error_messages"] == {"not an image": 3}

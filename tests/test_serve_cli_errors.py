@@ -36,6 +36,14 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--top-k", "0"), "error: --top-k must be a positive integer, got 0"),  # the flag, not the Python field
     (("--queue-timeout-us", "-5"), "--queue-timeout-us must be 0 or a positive number of microseconds"),
     (("--queue-timeout-us", "90000000000"), "--queue-timeout-us must be at most 86400000000 (one day)"),
+    # protobuf said only "Value out of range: 5000000000", naming no option
+    (("--max-queue-size", "5000000000"), "--max-queue-size must be at most 4294967295 (Triton's config holds it as a "
+                                         "uint32), got 5000000000"),
+    (("--max-batch-size", "3000000000"), "--max-batch-size must be at most 2147483647"),
+    # the model name is part of the stub's model path, which it reads as ASCII: a load failure before
+    (("--name", "vït"), "--name 'vït' (the model clients call) may only use ASCII letters, digits, '_' and '-'"),
+    # the user's own value is not rewritten ('has --top-k here' before)
+    (("--name", "has top_k here"), "--name 'has top_k here' (the model clients call) may only use"),
 ])
 def test_serve_refuses_bad_settings_before_starting(args, message):
     code, out = _run("serve", *PORTS, *args)
@@ -120,10 +128,12 @@ def test_loadtest_refuses_runs_that_cannot_end_or_mean_nothing(args, message):
 
 
 @pytest.mark.parametrize("command", ["loadtest", "classify"])
-@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
+# 1e300 got Triton's 500 "Unable to parse 'timeout'" (HTTP) or a protobuf error blamed on the image (gRPC)
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf", "86400001", "1e300"])
 def test_a_request_queue_timeout_must_be_positive(command, value):
     code, out = _run(command, "--url", "127.0.0.1:18409", "--queue-timeout-ms", value, str(Path(__file__)))
-    assert code == 2 and f"--queue-timeout-ms must be a positive number of milliseconds, got {float(value)}" in out, out
+    assert code == 2 and ("--queue-timeout-ms must be a positive number of milliseconds, at most one day (86400000), "
+                          f"got {float(value)}") in out, out
 
 
 @pytest.mark.parametrize("message, why", [

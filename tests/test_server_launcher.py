@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -170,6 +171,22 @@ def test_a_port_taken_while_triton_starts_is_one_line(tmp_path, listening_port, 
     assert "log tail" not in str(info.value)
 
 
+
+def test_a_host_name_is_bound_as_its_address(tmp_path):
+    # Triton 2.51 binds `--http-address=localhost` as 255.255.255.255: `serve --host localhost` was never ready
+    import urllib.request
+
+    from hub_vit.server.launcher import TritonServer, free_port
+
+    (tmp_path / "empty").mkdir()  # Triton is ready with no model
+    with TritonServer(tmp_path / "empty", host="localhost", http_port=free_port(), grpc_port=free_port(),
+                      metrics_port=free_port()).start(timeout_s=60) as server:
+        assert "--http-address=127.0.0.1" in server.command(launcher.find_triton(), Path("backends"))
+        for port, path in ((server.http_port, "/v2/health/ready"), (server.metrics_port, "/metrics")):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                assert answer.status == 200
+
+
 def test_regions_of_servers_whose_process_is_gone_are_removed(tmp_path):
     # a process killed before `stop` (SIGKILL, a crash) left its stubs' /dev/shm regions for good (1 MB or more each)
     import subprocess
@@ -191,3 +208,27 @@ def test_regions_of_servers_whose_process_is_gone_are_removed(tmp_path):
         path.write_bytes(b"\0" * 16)
     remove_orphaned_regions(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(list(regions)[1:])
+
+
+def test_temporary_folders_of_processes_that_are_gone_are_removed(tmp_path):
+    # a SIGKILLed `hub-vit serve` left its repository (a whole model.onnx) and the backend copy in /tmp for good
+    import subprocess
+    import sys
+
+    from hub_vit.server.launcher import remove_orphaned_workspaces, shell_safe_tempdir
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead_pid = int(gone.stdout)
+    folders = [f"hub-vit-serve-{dead_pid}-abc123", f"hub-vit-triton-{dead_pid}-x_9"]  # removed
+    kept = [f"hub-vit-serve-{os.getpid()}-abc123", "hub-vit-serve-1-abc", "hub-vit-serve-xk2j", "hub-vit-notes"]
+    for name in folders + kept:
+        (tmp_path / name / "repository").mkdir(parents=True)
+        (tmp_path / name / "repository" / "model.onnx").write_bytes(b"onnx")
+    remove_orphaned_workspaces((str(tmp_path),))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+    mine = shell_safe_tempdir("hub-vit-serve-")  # named by this process, so a later start can tell
+    try:
+        assert mine.name.startswith(f"hub-vit-serve-{os.getpid()}-")
+    finally:
+        mine.rmdir()

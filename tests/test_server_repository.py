@@ -159,6 +159,50 @@ def test_outdated_files_names_what_an_earlier_hub_vit_wrote(tmp_path, onnx_file,
     (repo / "hub_vit_repository.json").write_text("{not json")
     assert outdated_files(repo) is None and outdated_files(tmp_path) is None  # nothing to compare with
 
+
+def test_a_refused_repository_leaves_no_folder_behind(tmp_path, onnx_file, meta):
+    # the parents made for it (a/b) stayed after a refusal
+    source = ModelSource(metadata=meta, onnx_path=onnx_file)
+    with pytest.raises(ValueError, match="serves a prebuilt engine"):
+        write_repository(source, tmp_path / "a/b/repo", ServingOptions(flavour="gpu", gpu_backend="tensorrt"))
+    assert list(tmp_path.iterdir()) == []
+    # a max_pixels below the model's own resize would refuse every image, the warm-up's first (it did, as "0.0 MP")
+    with pytest.raises(ValueError, match=r"max_pixels \(--max-pixels\) 2000 is less than the model's own resize "
+                                         r"before the crop \(53x53 = 2809 pixels\)"):
+        write_repository(source, tmp_path / "repo", ServingOptions(max_pixels=2000))
+    assert list(tmp_path.iterdir()) == []
+    write_repository(source, tmp_path / "repo", ServingOptions(max_pixels=2809))
+
+
+def test_only_rgb_classifiers_are_served(tmp_path, meta):
+    # a 1-channel model was written, then its warm-up failed in the stub (or tritonserver crashed with SIGSEGV)
+    from hub_vit.export import export_onnx
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    with pytest.raises(ValueError, match=r"model 'grey' takes 1-channel input \(1, 32, 32\); only RGB"):
+        ServingMetadata.from_pretrained_cfg("grey", {"input_size": (1, 32, 32)}, ["a", "b"])
+    with pytest.raises(ValueError, match="mean and std must have 3 values"):
+        ServingMetadata("grey", ("a", "b"), (32, 32), mean=(0.5,), std=(0.5,))
+    spec = ViTSpec(width=32, depth=1, mlp_dim=64, num_heads=2, patch_size=8, img_size=(32, 32), num_classes=2,
+                   posemb="sincos2d", pool_type="gap", in_chans=1)
+    onnx = export_onnx(VisionTransformer(spec).eval(), tmp_path / "grey.ONNX")  # the suffix in any case
+    with pytest.raises(ValueError, match=r"\(B, 3, H, W\) -> \(B, C\) graph, got \[\d+, 1, 32, 32\]"):
+        resolve(onnx)
+
+
+def test_an_onnx_file_without_inputs_is_named(tmp_path):
+    # was a raw IndexError from the graph's first input
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Constant", [], ["logits"], value=helper.make_tensor(
+        "c", TensorProto.FLOAT, [1, 2], [0.0, 1.0]))], "g", [], [helper.make_tensor_value_info(
+            "logits", TensorProto.FLOAT, [1, 2])])
+    onnx.save(helper.make_model(graph), tmp_path / "constant.onnx")
+    with pytest.raises(ValueError, match="expected a classifier graph with one input"):
+        resolve(tmp_path / "constant.onnx")
+
 def test_resolve_rejects_unknown_sources(tmp_path):
     with pytest.raises(ValueError, match="valid names: .*simplevit_s16"):
         resolve("no_such_model")

@@ -55,11 +55,12 @@ def _options(**kwargs: Any) -> ServingOptions:
     try:
         return ServingOptions(**kwargs)
     except ValueError as err:
-        message = str(err)
+        # the user's own values are quoted (`!r`) in the message: only the words between quotes are rewritten
+        parts = re.split(r"""('[^']*'|"[^"]*")""", str(err))
         for field in sorted(kwargs, key=len, reverse=True):  # longest first: max_queue_size before queue_size
             flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
-            message = re.sub(rf"(?<![\w-]){field}\b", flag, message)
-        raise fail(message) from None
+            parts[::2] = [re.sub(rf"(?<![\w-]){field}\b", flag, part) for part in parts[::2]]
+        raise fail("".join(parts)) from None
 
 
 def _source(model: str | None) -> Any:
@@ -440,7 +441,9 @@ def classify(
         with Classifier(url, protocol=protocol, model=model) as client:
             predictions, errors = _classify_files(client, list(images), queue_timeout_s)
     except ValueError as err:
-        raise fail(f"{protocol} {url}: {err}", code=1) from None
+        if not _empty_reply(err):  # a bad URL, ...
+            raise fail(f"{protocol} {url}: {err}", code=1) from None
+        raise fail(_request_failed(protocol, url, err), code=1) from None
     except Exception as err:  # refused, not Triton, the other protocol's port (HTTPParseError), unknown model, ...
         raise fail(_request_failed(protocol, url, err), code=1) from None
     if predictions:
@@ -469,13 +472,14 @@ def classify(
 def _queue_timeout_s(ms: float | None) -> float | None:
     """`--queue-timeout-ms` -> seconds for the client, checked by the client's own rule (`client.queue_timeout`) and
     refused in the flag's words."""
-    from hub_vit.server.client import queue_timeout
+    from hub_vit.server.client import LONGEST_QUEUE_TIMEOUT_S, queue_timeout
 
     seconds = None if ms is None else ms / 1000
     try:
         queue_timeout(seconds)
     except ValueError:
-        raise fail(f"--queue-timeout-ms must be a positive number of milliseconds, got {ms}") from None
+        raise fail(f"--queue-timeout-ms must be a positive number of milliseconds, at most one day "
+                   f"({LONGEST_QUEUE_TIMEOUT_S * 1000}), got {ms}") from None
     return seconds
 
 
@@ -573,8 +577,10 @@ def loadtest(
     try:
         result = load_test(url, payloads, protocol=protocol, model=model, concurrency=concurrency,
                            duration_s=duration, requests=requests, batch=batch, queue_timeout_s=queue_timeout_s)
-    except ValueError as err:
-        raise fail(str(err)) from None
+    except ValueError as err:  # a bad setting (--batch above the model's limit, ...), unless the server's reply
+        if not _empty_reply(err):
+            raise fail(str(err)) from None
+        raise fail(_request_failed(protocol, url, err), code=1) from None
     except Exception as err:  # connection refused, unknown model, ...
         raise fail(_request_failed(protocol, url, err), code=1) from None
     lat = result.latency_ms
@@ -607,7 +613,7 @@ def loadtest(
         err_console.print(f"[red]{count} x[/] {escape(message)}", soft_wrap=True, emoji=False)
     if json_out is not None:
         try:
-            json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+            json_out.write_text(result.to_json() + "\n")
         except OSError as err:
             raise fail(f"cannot write --json {str(json_out)!r}: {err}", code=1) from None
     if result.interrupted:  # reported and saved, but not a completed run: the shell's code for Ctrl-C
@@ -650,6 +656,11 @@ def _endpoint(url: str | None, grpc: bool) -> tuple[str, str]:
                    f"default port 8001) or drop --grpc") from None
 
 
+def _empty_reply(err: Exception) -> bool:
+    """tritonclient's JSON parser failed on an empty reply: what Triton's metrics port (8002) answers to any path."""
+    return "The document is empty" in str(err)
+
+
 def _request_failed(protocol: str, url: str, err: Exception) -> str:
     """One readable line for a request that got no answer from the model: the error, shortened (aiohttp quotes the
     whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look."""
@@ -658,6 +669,8 @@ def _request_failed(protocol: str, url: str, err: Exception) -> str:
     from hub_vit.server.client import shed
 
     text = " ".join(str(err).split()).replace(" ssl:default ", " ")  # aiohttp says "ssl:default" for plain HTTP too
+    if not text:  # aiohttp's timeout has no words of its own
+        text = "no answer in time" if isinstance(err, TimeoutError) else type(err).__name__
     text = text if len(text) <= 240 else text[:240] + " ..."
     if shed(err):  # gRPC says UNAVAILABLE here too, as for no server at all: the hint below would mislead
         why = ("it waited in the server's queue longer than its queue timeout (--queue-timeout-ms, or the server's "
@@ -669,7 +682,8 @@ def _request_failed(protocol: str, url: str, err: Exception) -> str:
     names = {"http": "HTTP", "grpc": "gRPC"}
     this, other = names[protocol], names["http" if protocol == "grpc" else "grpc"]
     return (f"{protocol} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), and "
-            f"is this its {this} port, not its {other} port? Defaults: HTTP 8000, gRPC 8001 (--grpc).")
+            f"is this its {this} port, not its {other} or metrics port? Defaults: HTTP 8000, gRPC 8001 (--grpc), "
+            "metrics 8002.")
 
 
 def _sample_images() -> list[Any]:

@@ -41,6 +41,11 @@ class BadImageError(ValueError):
     """The client sent bytes we refuse to classify (answered as a client error, never a server fault)."""
 
 
+def _pixels(count: int) -> str:
+    """`48.0 MP`, or the exact count below a tenth of a megapixel (a low --max-pixels read `0.0 MP`)."""
+    return f"{count / 1e6:.1f} MP" if count >= 100_000 else f"{count} pixels"
+
+
 def _declared_pixels(err: Exception) -> str:
     """The pixel count in Pillow's decompression-bomb message ("Image size (2500000000 pixels) exceeds ...")."""
     found = re.search(r"\((\d+) pixels\)", str(err))
@@ -101,7 +106,7 @@ class Preprocess:
                 raise BadImageError(f"cannot read image header: {err}") from None
             width, height = image.size
             if width * height > self.max_pixels:
-                raise BadImageError(self._too_large(f"{width}x{height} = {width * height / 1e6:.1f} MP"))
+                raise BadImageError(self._too_large(f"{width}x{height} = {_pixels(width * height)}"))
             # The shorter side is resized before the crop, so a thin image grows: a 2 kB PNG of 2x200000 pixels
             # would become 248x24800000 (18 GB). EXIF rotation swaps the sides, which leaves this product unchanged.
             new_w, new_h = self.resized_size(width, height)
@@ -130,7 +135,7 @@ class Preprocess:
         hard = f"; Pillow's own limit of {2 * Image.MAX_IMAGE_PIXELS / 1e6:.1f} MP always applies" \
             if self.max_pixels > 2 * Image.MAX_IMAGE_PIXELS else ""
         return (f"image too large: it declares {declared}, more than this server's limit of "
-                f"{min(self.max_pixels, 2 * Image.MAX_IMAGE_PIXELS) / 1e6:.1f} MP (hub-vit serve --max-pixels{hard}); "
+                f"{_pixels(min(self.max_pixels, 2 * Image.MAX_IMAGE_PIXELS))} (hub-vit serve --max-pixels{hard}); "
                 "refused before decoding, as a decompression bomb guard")
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
