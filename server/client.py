@@ -199,11 +199,14 @@ def _renumbered(err: Exception, offset: int) -> Exception:
 LONGEST_QUEUE_TIMEOUT_S = LONGEST_QUEUE_TIMEOUT_US // 1_000_000
 
 
-def check_timeout(timeout_s: float) -> None:
-    """A client's `timeout_s` (longest wait for an answer) must be a positive, finite number of seconds: tritonclient
-    fails on others with unrelated errors (0: BlockingIOError; -1: "Timeout value out of range")."""
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < float("inf"):
-        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+def check_timeout(timeout_s: float, *, name: str = "timeout_s", most: float = float("inf")) -> None:
+    """A wait for an answer (`timeout_s`, named `name` in the message) must be a positive, finite number of seconds,
+    at most `most`: tritonclient and sockets fail on others with unrelated errors (0: BlockingIOError; -1: "Timeout
+    value out of range"; nan refused; inf and 1e300 overflow)."""
+    if (isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real)
+            or not (0 < timeout_s < float("inf") and timeout_s <= most)):
+        bound = f" (at most {most:g})" if most < float("inf") else ""
+        raise ValueError(f"{name} must be a positive number of seconds{bound}, got {timeout_s!r}")
 
 
 def queue_timeout(seconds: float | None) -> dict[str, int]:
@@ -289,12 +292,15 @@ class Classifier:
         else:
             self.client = self.module.InferenceServerClient(address, ssl=tls)
         self.timeout_s = timeout_s
+        # gRPC calls take their deadline per call (HTTP's was set on the connection): a server that accepts and then
+        # stalls must not hang the caller
+        self._deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
         self._limit: int | None = None  # the model's max_batch_size, read from the server once
 
     def max_batch_size(self) -> int:
         """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
         if self._limit is None:
-            self._limit = batch_limit(self.client.get_model_config(self.model, **self._deadline()))
+            self._limit = batch_limit(self.client.get_model_config(self.model, **self._deadline))
         return self._limit
 
     def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
@@ -305,10 +311,8 @@ class Classifier:
         that waits longer than this in a step's queue, instead of computing an answer nobody waits for any more;
         None: the repository's own limit (none by default)."""
         batch = as_batch(images)
-        kwargs = queue_timeout(queue_timeout_s)
+        kwargs = queue_timeout(queue_timeout_s) | self._deadline
         limit = self.max_batch_size() if len(batch) > 1 else 0  # one image fits any model: no config round trip
-        if self.protocol == "grpc":
-            kwargs["client_timeout"] = self.timeout_s
         predictions: list[Prediction] = []
         for offset, chunk in split(batch, limit):
             inputs, outputs = build_request(self.module, chunk, with_logits)
@@ -320,17 +324,12 @@ class Classifier:
         return predictions
 
     def ready(self) -> bool:
-        deadline = self._deadline()
-        return bool(self.client.is_server_ready(**deadline)) and bool(self.client.is_model_ready(self.model,
-                                                                                                  **deadline))
+        return (bool(self.client.is_server_ready(**self._deadline))
+                and bool(self.client.is_model_ready(self.model, **self._deadline)))
 
     def statistics(self) -> dict[str, dict[str, int]]:
-        return model_counts(self.client.get_inference_statistics(**self._deadline()), self.protocol)
+        return model_counts(self.client.get_inference_statistics(**self._deadline), self.protocol)
 
-    def _deadline(self) -> dict[str, float]:
-        """gRPC calls take their deadline per call (HTTP's was set on the connection): a server that accepts and
-        then stalls must not hang the caller."""
-        return {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
 
     def close(self) -> None:
         self.client.close()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import os
 import time
 import urllib.error
@@ -29,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hub_vit.server.client import resolve_protocol, server_address
+from hub_vit.server import client
 from hub_vit.server.launcher import STUB_MODEL_FILE_ARG, live_processes, stub_args, stub_instance
 
 
@@ -160,9 +159,9 @@ def live_servers(repository: str | Path) -> list[int]:
 def http_base(url: str) -> str:
     """`127.0.0.1:8000` or `http://127.0.0.1:8000` -> `http://127.0.0.1:8000` (`https://` kept); a gRPC address, or
     anything but host:port, is refused as the clients refuse it (`client.server_address`)."""
-    if resolve_protocol(url) == "grpc":
+    if client.resolve_protocol(url) == "grpc":
         raise ValueError(f"{url!r} is a gRPC address; the health check asks Triton's HTTP endpoint (default port 8000)")
-    address, tls = server_address(url)
+    address, tls = client.server_address(url)
     return f"{'https' if tls else 'http'}://{address}"
 
 
@@ -171,10 +170,8 @@ NOT_HTTP_HINT = "is this Triton's HTTP port? gRPC is usually 8001, metrics 8002"
 
 
 def check_timeout(timeout_s: float, name: str = "timeout_s") -> None:
-    """Refuse a timeout sockets cannot take (nan, inf, 1e300) or no probe means (<= 0, over an hour), naming it as
-    the caller knows it (`--timeout` on the command line)."""
-    if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
-        raise ValueError(f"{name} must be a positive number of seconds (at most {MAX_TIMEOUT_S:g}), got {timeout_s}")
+    """A probe's timeout: the clients' rule (`client.check_timeout`), and at most an hour."""
+    client.check_timeout(timeout_s, name=name, most=MAX_TIMEOUT_S)
 
 
 class NoAnswer(Exception):
