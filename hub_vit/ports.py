@@ -16,10 +16,7 @@ def check_host(host: str, setting: str = "--host") -> None:
     if ":" in host:
         raise PortError(f"{setting} {host!r}: IPv6 addresses are not supported by the local tritonserver; use an IPv4 "
                         "address such as 127.0.0.1 (loopback) or 0.0.0.0 (every interface)")
-    try:
-        socket.getaddrinfo(host, None, socket.AF_INET)
-    except OSError:
-        raise PortError(f"{setting} {host!r}: cannot resolve this name to an IPv4 address") from None
+    ipv4_address(host, setting)
     with socket.socket(socket.AF_INET) as sock:
         try:
             sock.bind((host, 0))
@@ -28,13 +25,13 @@ def check_host(host: str, setting: str = "--host") -> None:
                             "0.0.0.0 or one of this machine's own addresses") from None
 
 
-def ipv4_address(host: str) -> str:
+def ipv4_address(host: str, setting: str = "--host") -> str:
     """The IPv4 address `host` names (itself when it is one). Triton 2.51 takes its HTTP and metrics addresses
     literally: given a name such as `localhost` it binds 255.255.255.255, so nothing reaches it."""
     try:
         return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
     except OSError:
-        raise PortError(f"--host {host!r}: cannot resolve this name to an IPv4 address") from None
+        raise PortError(f"{setting} {host!r}: cannot resolve this name to an IPv4 address") from None
 
 
 def port_in_use(host: str, port: int) -> bool:

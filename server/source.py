@@ -228,10 +228,13 @@ def load_onnx_graph(path: Path) -> Any:
 
 def _onnx_shapes(path: Path) -> tuple[dict[str, Any], int]:
     graph = load_onnx_graph(path)
-    if len(graph.input) != 1 or len(graph.output) < 1:
+    # An exporter may list the weights among the inputs too (keep_initializers_as_inputs): those are not fed
+    initializers = {tensor.name for tensor in graph.initializer}
+    fed = [tensor for tensor in graph.input if tensor.name not in initializers]
+    if len(fed) != 1 or len(graph.output) < 1:
         raise ValueError(f"{str(path)!r}: expected a classifier graph with one input (pixel_values) and a logits "
-                         f"output, got {len(graph.input)} inputs and {len(graph.output)} outputs")
-    dims = [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]  # (B, 3, H, W)
+                         f"output, got {len(fed)} inputs and {len(graph.output)} outputs")
+    dims = [d.dim_value for d in fed[0].type.tensor_type.shape.dim]  # (B, 3, H, W)
     out = [d.dim_value for d in graph.output[0].type.tensor_type.shape.dim]  # (B, C)
     if len(dims) != 4 or dims[1] != 3 or not dims[2] or not dims[3] or len(out) != 2 or not out[1]:
         raise ValueError(f"{str(path)!r}: expected a fixed-size (B, 3, H, W) -> (B, C) graph, got {dims} -> {out}")

@@ -191,7 +191,7 @@ def test_only_rgb_classifiers_are_served(tmp_path, meta):
         resolve(onnx)
 
 
-def test_an_onnx_file_without_inputs_is_named(tmp_path):
+def test_an_onnx_file_without_inputs_is_named(tmp_path, onnx_file):
     # was a raw IndexError from the graph's first input
     import onnx
     from onnx import TensorProto, helper
@@ -202,6 +202,14 @@ def test_an_onnx_file_without_inputs_is_named(tmp_path):
     onnx.save(helper.make_model(graph), tmp_path / "constant.onnx")
     with pytest.raises(ValueError, match="expected a classifier graph with one input"):
         resolve(tmp_path / "constant.onnx")
+    # weights listed among the inputs as well (keep_initializers_as_inputs): still one input to feed
+    model = onnx.load(onnx_file)
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in model.graph.initializer)
+    onnx.save(model, tmp_path / "weights_as_inputs.onnx")
+    source = resolve(tmp_path / "weights_as_inputs.onnx")
+    assert source.metadata.input_size == (48, 48) and source.metadata.num_classes == 7
+
 
 def test_resolve_rejects_unknown_sources(tmp_path):
     with pytest.raises(ValueError, match="valid names: .*simplevit_s16"):
