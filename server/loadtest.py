@@ -53,7 +53,9 @@ class LoadResult:
 
     @property
     def load_generator_saturated(self) -> bool:
-        return self.load_generator_cores >= SATURATED_CORES
+        """About a whole core busy over a run that sent requests (one that sent none, e.g. a --duration too short
+        for its first request, has no cost per request, and its few microseconds of CPU say nothing)."""
+        return math.isfinite(self.load_generator_cpu_ms_per_request) and self.load_generator_cores >= SATURATED_CORES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

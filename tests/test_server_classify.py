@@ -250,3 +250,18 @@ def test_a_grpc_url_speaks_grpc_without_being_told(server, digits, tmp_path):
 
     result = CliRunner().invoke(app, ["loadtest", "--url", url, "--requests", "4", str(image)])
     assert result.exit_code == 0 and "grpc" in result.output, result.output
+
+
+def test_loadtest_whose_duration_ends_before_its_first_request_fails_saying_so(server, digits, tmp_path):
+    """It used to report '0 requests ... 0.0 req/s', exit 0, and warn that the load generator was the limit."""
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()  # the commands register lazily: this test must not depend on an earlier one
+    image = tmp_path / "digit.png"
+    image.write_bytes(digits[0])
+    result = CliRunner().invoke(app, ["loadtest", "--url", _url(server, "http"), "--duration", "1e-9", str(image)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1, output
+    assert "no request was sent: the --duration of 1e-09 s ended before the first one; give a longer --duration" \
+        in output
+    assert "may be its limit" not in output
