@@ -11,11 +11,17 @@ the CPU milliseconds per image spent by the in-process baseline, by the server (
 generator, so the run itself shows where a gap comes from. The results file is rewritten after each finished model
 ("complete": false until the last one), so an interrupted or failed run keeps the models it finished.
 
+Every row is measured with each load generator in turn (`--load-generators`): hub-vit's own (`hub-vit loadtest`'s
+code, Python) and Triton's `perf_analyzer` (C++; bench/perf_analyzer.py finds it or assembles it from the package
+registries on first use). On a host where the client shares the server's cores, the two show how much of a gap is
+the client's own CPU. perf_analyzer rows carry the suffix `_perf_analyzer`.
+
     .venv/bin/python bench/bench_serve.py                 # default model (+ a ViT-Ti/16 224 px random-weight model)
     .venv/bin/python bench/bench_serve.py --models digits --seconds 5
     .venv/bin/python bench/bench_serve.py --models ti16 --no-spinning   # Ti/16 without spinning ORT threads
     # many-core host: load generator off the server's cores (the in-process baseline gets the server's cores too)
     .venv/bin/python bench/bench_serve.py --server-cpus 0,1 --client-cpus 2-5
+    .venv/bin/python bench/bench_serve.py --load-generators hub-vit   # without perf_analyzer
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from perf_analyzer import PerfAnalyzer, PerfAnalyzerUnavailable, locate, measure, write_input_data
 from PIL import Image
 from run_info import add_note_option, check_writable, run_info, write_json
 
+from hub_vit.server.client import Classifier
 from hub_vit.server.launcher import TritonServer, free_port
-from hub_vit.server.loadtest import load_test, percentiles
+from hub_vit.server.loadtest import batching_delta, load_test, percentiles
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import template_dir, write_repository
 from hub_vit.server.source import ModelSource, resolve
@@ -47,6 +55,8 @@ CONCURRENCY = (1, 4, 16)
 MAX_BATCH = 16
 MULTI_IMAGE = 8  # images per request in the extra c16 row
 SLICES = 3  # each comparison alternates in-process and served measurements this many times; medians are reported
+LOAD_GENERATORS = ("hub-vit", "perf_analyzer")
+WARMUP = 4  # requests hub-vit's load generator sends before it measures
 
 
 def _imageprep():
@@ -209,13 +219,12 @@ def summarize(slices: list[dict]) -> dict:
         "served_p50_ms": med([r["latency_ms"]["p50"] for r in served]),
         "in_process_p50_ms": med([s["in_process"]["latency_ms_batch1"]["p50"] for s in slices]),
         "served_p99_ms": med([r["latency_ms"]["p99"] for r in served]),
-        "served_max_ms": max(r["latency_ms"]["max"] for r in served),
+        "served_max_ms": max((r["latency_ms"]["max"] for r in served if "max" in r["latency_ms"]), default=None),
         "errors": sum(r["errors"] for r in served),
         "classifier_images_per_execution": med([
             r["batching"].get("vit_classifier", {}).get("images_per_execution", float("nan")) for r in served]),
-        # Where the cores went, per image: the baseline's process; Triton + its stubs (and each apart); the Python
-        # load generator, which shares the server's cores unless --client-cpus moves it (perf_analyzer, in C++, would
-        # cost less).
+        # Where the cores went, per image: the baseline's process; Triton + its stubs (and each apart); the load
+        # generator, which shares the server's cores unless --client-cpus moves it.
         "cpu_ms_per_image": {
             "in_process": med([s["in_process"]["cpu_ms_per_image"] for s in slices]),
             **{part: med([s["cpu_ms_per_image"][part] for s in slices])
@@ -239,12 +248,46 @@ def triton_version(server: TritonServer) -> str | None:
         return None
 
 
+def served_by_hub_vit(url: str, protocol: str, payloads: list[bytes], concurrency: int, batch: int,
+                      seconds: float, context: dict) -> tuple[dict, int, float]:
+    """hub-vit's load generator, in this process: (its result, images answered in the call, its CPU seconds)."""
+    cpu = time.process_time()
+    result = load_test(url, payloads, protocol=protocol, concurrency=concurrency, duration_s=seconds, batch=batch,
+                       warmup=WARMUP).to_dict()
+    return result, (result["requests"] + WARMUP) * batch, time.process_time() - cpu
+
+
+def served_by_perf_analyzer(url: str, protocol: str, payloads: list[bytes], concurrency: int, batch: int,
+                            seconds: float, context: dict) -> tuple[dict, int, float]:
+    """Triton's perf_analyzer, a child process: (its result in hub-vit's shape, images the server answered while it
+    ran, read from Triton's statistics, and its CPU seconds). A failed request fails its run, so errors are 0."""
+    with Classifier(url, protocol=protocol) as stats:
+        before = stats.statistics()
+        result = measure(context["perf_analyzer"], url=url, protocol=protocol, model="vit",
+                         data=context["perf_analyzer_data"], concurrency=concurrency, batch=batch, seconds=seconds)
+        after = stats.statistics()
+    images = after["vit"]["inference_count"] - before.get("vit", {}).get("inference_count", 0)
+    served = {"images_per_s": result["images_per_s"], "latency_ms": result["latency_ms"], "errors": 0,
+              "batching": batching_delta(before, after), "server_queue_ms": result["server_queue_ms"]}
+    return served, images, result["cpu_s"]
+
+
+SERVED = {"hub-vit": served_by_hub_vit, "perf_analyzer": served_by_perf_analyzer}
+
+
+def row_key(protocol: str, concurrency: int, batch: int, generator: str) -> str:
+    """'http_c16', 'grpc_c16_b8', 'http_c1_perf_analyzer': hub-vit's rows keep the names of earlier results files."""
+    return (f"{protocol}_c{concurrency}" + (f"_b{batch}" if batch > 1 else "")
+            + ("" if generator == "hub-vit" else f"_{generator}"))
+
+
 def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
-             client_cpus: set[int] | None = None, spinning: bool | None = None) -> dict:
+             client_cpus: set[int] | None = None, spinning: bool | None = None,
+             generators: tuple[str, ...] = ("hub-vit",), analyzer: PerfAnalyzer | None = None) -> dict:
     """The machine is shared, so load drifts: every served measurement is paired with an in-process one taken
     right before it, SLICES pairs per row, and each target is judged on the median of its pairs. With
     `server_cpus`, Triton (and its stubs) and the in-process baseline run on those cores, the load generator on
-    `client_cpus`."""
+    `client_cpus`. Each row is measured with each of `generators` (perf_analyzer needs `analyzer`)."""
     source, payloads = CASES[case]()
     rows = {}
     pin(server_cpus)  # Triton's processes and the baseline's ORT threads inherit this
@@ -252,58 +295,66 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
         repo = write_repository(source, Path(tmp) / "repo", ServingOptions(max_batch_size=MAX_BATCH,
                                                                             ort_spinning=spinning))
         local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
+        context = {"perf_analyzer": analyzer,
+                   "perf_analyzer_data": write_input_data(payloads, Path(tmp) / "perf_analyzer_input.json")}
         with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           exit_timeout_s=10) as server:
             version = triton_version(server)
             for protocol in ("http", "grpc"):
                 url = server.http_url if protocol == "http" else server.grpc_url
                 for conc, batch in [(c, 1) for c in CONCURRENCY] + [(CONCURRENCY[-1], MULTI_IMAGE)]:
-                    key = f"{protocol}_c{conc}" + (f"_b{batch}" if batch > 1 else "")
-                    slices = []
-                    for _ in range(SLICES):  # in-process, served, in-process, served, ...: drift hits both sides
-                        pin(server_cpus)
-                        rate, cpu_ms = local.throughput(seconds / (2 * SLICES))
-                        base = {"images_per_s_batch16": rate, "cpu_ms_per_image": cpu_ms,
-                                "latency_ms_batch1": local.latency(seconds / (2 * SLICES))}
-                        pin(client_cpus)
-                        server_cpu, client_cpu = process_group_cpu_by_pid(server.process.pid), time.process_time()
-                        result = load_test(url, payloads, protocol=protocol, concurrency=conc,
-                                           duration_s=seconds / SLICES, batch=batch, warmup=4).to_dict()
-                        # CPU over the whole call (warm-up and drained tail too), per image answered in it
-                        images = (result["requests"] + 4) * batch
-                        slices.append({
-                            "in_process": base, "served": result,
-                            "cpu_ms_per_image": {
-                                **server_cpu_ms_per_image(server_cpu, process_group_cpu_by_pid(server.process.pid),
-                                                          server.process.pid, images),
-                                "load_generator": (time.process_time() - client_cpu) * 1000 / images,
-                            },
-                            "throughput_vs_in_process": result["images_per_s"] / base["images_per_s_batch16"],
-                            "p50_minus_in_process_ms": result["latency_ms"]["p50"] - base["latency_ms_batch1"]["p50"],
-                        })
-                    rows[key] = row = summarize(slices)
-                    cpu = row["cpu_ms_per_image"]
-                    print(f"[{case}] {key}: served {row['served_images_per_s']:.1f} img/s "
-                          f"(in-process {row['in_process_images_per_s']:.1f}, {row['throughput_vs_in_process']:.0%}"
-                          f" {_spread(slices, 'throughput_vs_in_process', '.0%')}), p50 {row['served_p50_ms']:.2f} ms "
-                          f"(in-process {row['in_process_p50_ms']:.2f}; gap {row['p50_minus_in_process_ms']:+.2f} ms "
-                          f"{_spread(slices, 'p50_minus_in_process_ms', '+.1f')}), p99 {row['served_p99_ms']:.1f} ms, "
-                          f"max {row['served_max_ms']:.1f} ms, errors {row['errors']}, "
-                          f"batching {row['classifier_images_per_execution']:.2f}; CPU ms/img: in-process "
-                          f"{cpu['in_process']:.2f}, server {cpu['server']:.2f} (tritonserver "
-                          f"{cpu['tritonserver']:.2f} + stubs {cpu['stubs']:.2f}), load generator "
-                          f"{cpu['load_generator']:.2f}", flush=True)
-    targets = {}
-    for protocol in ("http", "grpc"):
-        c16, c1 = rows[f"{protocol}_c16"], rows[f"{protocol}_c1"]
-        targets[protocol] = {
-            "c16_throughput_vs_in_process": c16["throughput_vs_in_process"],
-            "c16_target_met": c16["throughput_vs_in_process"] >= 0.85,
-            "c1_p50_minus_in_process_ms": c1["p50_minus_in_process_ms"],
-            "c1_target_met": c1["p50_minus_in_process_ms"] <= 5.0,
-        }
+                    for generator in generators:
+                        key = row_key(protocol, conc, batch, generator)
+                        slices = []
+                        for _ in range(SLICES):  # in-process, served, in-process, served, ...: drift hits both
+                            pin(server_cpus)
+                            rate, cpu_ms = local.throughput(seconds / (2 * SLICES))
+                            base = {"images_per_s_batch16": rate, "cpu_ms_per_image": cpu_ms,
+                                    "latency_ms_batch1": local.latency(seconds / (2 * SLICES))}
+                            pin(client_cpus)
+                            server_cpu = process_group_cpu_by_pid(server.process.pid)
+                            result, images, client_cpu_s = SERVED[generator](url, protocol, payloads, conc, batch,
+                                                                              seconds / SLICES, context)
+                            # CPU over the whole call (warm-up and drained tail too), per image answered in it
+                            slices.append({
+                                "in_process": base, "served": result,
+                                "cpu_ms_per_image": {
+                                    **server_cpu_ms_per_image(server_cpu, process_group_cpu_by_pid(server.process.pid),
+                                                              server.process.pid, images),
+                                    "load_generator": client_cpu_s * 1000 / images,
+                                },
+                                "throughput_vs_in_process": result["images_per_s"] / base["images_per_s_batch16"],
+                                "p50_minus_in_process_ms": (result["latency_ms"]["p50"]
+                                                            - base["latency_ms_batch1"]["p50"]),
+                            })
+                        rows[key] = row = summarize(slices)
+                        print(f"[{case}] {key}: {describe(row, slices)}", flush=True)
+    targets: dict[str, dict] = {}
+    for generator in generators:
+        for protocol in ("http", "grpc"):
+            c16, c1 = rows[row_key(protocol, 16, 1, generator)], rows[row_key(protocol, 1, 1, generator)]
+            targets.setdefault(generator, {})[protocol] = {
+                "c16_throughput_vs_in_process": c16["throughput_vs_in_process"],
+                "c16_target_met": c16["throughput_vs_in_process"] >= 0.85,
+                "c1_p50_minus_in_process_ms": c1["p50_minus_in_process_ms"],
+                "c1_target_met": c1["p50_minus_in_process_ms"] <= 5.0,
+            }
     return {"model": source.metadata.name, "input_size": source.metadata.input_size, "tritonserver": version,
             "rows": rows, "targets": targets}
+
+
+def describe(row: dict, slices: list[dict]) -> str:
+    """One console line for a finished row."""
+    cpu = row["cpu_ms_per_image"]
+    most = "n/a" if row["served_max_ms"] is None else f"{row['served_max_ms']:.1f} ms"
+    return (f"served {row['served_images_per_s']:.1f} img/s (in-process {row['in_process_images_per_s']:.1f}, "
+            f"{row['throughput_vs_in_process']:.0%} {_spread(slices, 'throughput_vs_in_process', '.0%')}), "
+            f"p50 {row['served_p50_ms']:.2f} ms (in-process {row['in_process_p50_ms']:.2f}; gap "
+            f"{row['p50_minus_in_process_ms']:+.2f} ms {_spread(slices, 'p50_minus_in_process_ms', '+.1f')}), "
+            f"p99 {row['served_p99_ms']:.1f} ms, max {most}, errors {row['errors']}, "
+            f"batching {row['classifier_images_per_execution']:.2f}; CPU ms/img: in-process {cpu['in_process']:.2f}, "
+            f"server {cpu['server']:.2f} (tritonserver {cpu['tritonserver']:.2f} + stubs {cpu['stubs']:.2f}), "
+            f"load generator {cpu['load_generator']:.2f}")
 
 
 def main() -> None:
@@ -316,23 +367,38 @@ def main() -> None:
     parser.add_argument("--spinning", action=argparse.BooleanOptionalAction, default=None,
                         help="force the served ORT threads to spin (the classifier instances then take turns) or "
                              "not; default: the repository decides from the model")
+    parser.add_argument("--load-generators", nargs="+", default=list(LOAD_GENERATORS), choices=LOAD_GENERATORS,
+                        help="measure every row with each of these, in turn (default: both)")
     add_note_option(parser)
     args = parser.parse_args()
+    generators = tuple(dict.fromkeys(args.load_generators))  # in the order given, once each
     server_cpus, client_cpus = parse_cpus(args.server_cpus), parse_cpus(args.client_cpus)
     if server_cpus and client_cpus and server_cpus & client_cpus:
         raise SystemExit(f"--server-cpus and --client-cpus overlap on {sorted(server_cpus & client_cpus)}")
     check_writable(args.out.parent)  # before the run, not after minutes of measuring
+    analyzer, analyzer_version = None, None
+    if "perf_analyzer" in generators:  # found (or assembled) before the run, not after minutes of measuring
+        try:
+            analyzer = locate()
+            analyzer_version = analyzer.version()
+        except PerfAnalyzerUnavailable as err:
+            raise SystemExit(f"perf_analyzer is not available: {err}\n"
+                             "Put one on PATH, or measure without it: --load-generators hub-vit") from None
+        print(f"perf_analyzer: {analyzer.binary} ({analyzer_version})", flush=True)
     report: dict[str, Any] = {
         "run": run_info(args, packages=("nvidia-pytriton", "tritonclient")),
         "complete": False,  # until every requested model has finished
         "host": {"server_cpus": sorted(server_cpus or []), "client_cpus": sorted(client_cpus or [])},
         "slices": SLICES, "concurrency": list(CONCURRENCY), "max_batch": MAX_BATCH, "multi_image": MULTI_IMAGE,
         "ort_spinning": args.spinning,
+        "load_generators": {"hub-vit": "hub_vit.server.loadtest (Python, tritonclient asyncio), in this process",
+                            **({"perf_analyzer": f"{analyzer_version}: {analyzer.binary}"} if analyzer else {})},
         "cases": {},
     }
     for case in args.models:
         try:
-            report["cases"][case] = run_case(case, args.seconds, server_cpus, client_cpus, args.spinning)
+            report["cases"][case] = run_case(case, args.seconds, server_cpus, client_cpus, args.spinning,
+                                             generators, analyzer)
         except KeyboardInterrupt:
             finished = ", ".join(report["cases"])
             kept = f"finished models kept in {args.out}: {finished}" if finished else f"{args.out} not written"
@@ -343,8 +409,8 @@ def main() -> None:
     report["complete"] = True
     write_json(args.out, report)
     for case, result in report["cases"].items():
-        for protocol, r in result["targets"].items():
-            print(f"{case} {protocol}: c16 = {r['c16_throughput_vs_in_process']:.0%} of in-process "
+        for generator, protocol, r in [(g, p, r) for g, by in result["targets"].items() for p, r in by.items()]:
+            print(f"{case} {protocol} ({generator}): c16 = {r['c16_throughput_vs_in_process']:.0%} of in-process "
                   f"(target >= 85%: {'met' if r['c16_target_met'] else 'MISSED'}); c1 p50 = in-process "
                   f"{r['c1_p50_minus_in_process_ms']:+.2f} ms (target <= +5 ms: "
                   f"{'met' if r['c1_target_met'] else 'MISSED'})")
