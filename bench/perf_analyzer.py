@@ -135,9 +135,10 @@ def assemble(home: Path) -> None:
         PerfAnalyzer(work / "bin" / "perf_analyzer", {"LD_LIBRARY_PATH": str(work / "lib")}).version()
         try:
             os.rename(work, home)
-        except OSError:  # another run assembled it meanwhile: keep theirs
+        except OSError as err:  # another run assembled it meanwhile: keep theirs
             if not (home / "bin" / "perf_analyzer").is_file():
-                raise
+                raise PerfAnalyzerUnavailable(f"{home} is in the way ({err.strerror}) and holds no bin/perf_analyzer: "
+                                              "remove it, and the next run assembles it again") from None
         else:
             os.mkdir(work)  # TemporaryDirectory removes its (now empty) folder on exit
 
@@ -203,8 +204,12 @@ def measure(pa: PerfAnalyzer, *, url: str, protocol: str, model: str, data: Path
         cmd = command(pa, url=url, protocol=protocol, model=model, data=data, concurrency=concurrency, batch=batch,
                       seconds=seconds, report=report)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        done = subprocess.run(cmd, env={**os.environ, **pa.env}, capture_output=True, text=True,
-                              timeout=seconds * 3 + 120)
+        limit_s = seconds * 3 + 120  # its windows, up to MAX_WINDOWS of them, plus start-up
+        try:
+            done = subprocess.run(cmd, env={**os.environ, **pa.env}, capture_output=True, text=True, timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"perf_analyzer did not finish within {limit_s:.0f} s (stopped): is the server "
+                               f"answering at {url}?") from None
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode != 0 or not report.is_file():
             words = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]

@@ -131,3 +131,51 @@ def test_assembly_is_refused_off_linux_x86_64(pa, tmp_path: Path, monkeypatch: p
     with pytest.raises(pa.PerfAnalyzerUnavailable, match="Linux x86_64 only.*put a perf_analyzer on PATH"):
         pa.assemble(tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def _offline_parts(pa):
+    """A stand-in for `_step` that makes what each download and unpacking step would (the wheels hold a shell script
+    in the binary's place), so the assembly runs without a network."""
+    import zipfile
+
+    def step(command: list[str], what: str, cwd: Path) -> None:
+        if command[:2] == ["apt-get", "download"]:
+            (cwd / "libb64-0d_1.2-5+b1_amd64.deb").write_bytes(b"deb")
+        elif command[0] == "dpkg-deb":
+            (cwd / "deb" / "usr" / "lib").mkdir(parents=True)
+            (cwd / "deb" / "usr" / "lib" / pa.LIBB64).write_bytes(b"so")
+        else:  # pip download ... -d FOLDER SPEC
+            target = cwd / command[command.index("-d") + 1]
+            target.mkdir()
+            member = pa.WHEEL_MEMBER if command[-1] == pa.WHEEL else pa.CUDART_MEMBER
+            with zipfile.ZipFile(target / "x.whl", "w") as wheel:
+                wheel.writestr(member, "#!/bin/sh\necho 'Perf Analyzer Version 2.51.0 (commit unknown)'\n")
+
+    return step
+
+
+def test_assembly_puts_the_binary_and_its_two_libraries_in_place(pa, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pa.shutil, "which", lambda name: None)
+    monkeypatch.setattr(pa, "_step", _offline_parts(pa))
+    home = tmp_path / "cache" / "perf_analyzer-x"
+    found = pa.locate(cache=home)
+    assert found.binary == home / "bin" / "perf_analyzer"
+    assert found.env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(home / "lib")
+    assert sorted(p.name for p in (home / "lib").iterdir()) == ["libb64.so.0d", "libcudart.so.12"]
+    assert sorted(p.name for p in home.iterdir()) == ["bin", "lib"]  # the downloads are not kept
+    assert found.version() == "Perf Analyzer Version 2.51.0 (commit unknown)"
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["perf_analyzer-x"]  # no temp folder left
+
+
+def test_a_cache_folder_without_the_binary_is_named_not_a_bare_oserror(pa, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder left where the copy goes (emptied by hand, say) cannot be renamed over: say so and what to do."""
+    home = tmp_path / "cache" / "perf_analyzer-x"
+    (home / "leftover").mkdir(parents=True)
+    monkeypatch.setattr(pa, "_step", _offline_parts(pa))
+    with pytest.raises(pa.PerfAnalyzerUnavailable, match=r"perf_analyzer-x is in the way .* holds no "
+                                                          r"bin/perf_analyzer: remove it"):
+        pa.assemble(home)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["perf_analyzer-x"]  # no temp folder left
+    assert [p.name for p in home.iterdir()] == ["leftover"]  # and the folder in the way untouched
