@@ -52,6 +52,12 @@ class PerfAnalyzer:
     binary: Path
     env: dict[str, str] = field(default_factory=dict)  # extra environment: the library path of a cached copy
 
+    @classmethod
+    def copy_in(cls, folder: Path) -> PerfAnalyzer:
+        """The copy assembled in `folder`: its bin/perf_analyzer, with its lib/ first on the library path."""
+        library_path = os.pathsep.join(p for p in (str(folder / "lib"), os.environ.get("LD_LIBRARY_PATH", "")) if p)
+        return cls(folder / "bin" / "perf_analyzer", {"LD_LIBRARY_PATH": library_path})
+
     def version(self) -> str:
         """'Perf Analyzer Version 2.51.0 (commit unknown)'; also proves that the binary and its libraries load."""
         try:
@@ -75,10 +81,9 @@ def locate(cache: Path | None = None) -> PerfAnalyzer:
     if on_path:
         return PerfAnalyzer(Path(on_path))
     home = cache or cache_root()
-    if not (home / "bin" / "perf_analyzer").is_file():
+    if not PerfAnalyzer.copy_in(home).binary.is_file():
         assemble(home)
-    library_path = os.pathsep.join(p for p in (str(home / "lib"), os.environ.get("LD_LIBRARY_PATH", "")) if p)
-    return PerfAnalyzer(home / "bin" / "perf_analyzer", {"LD_LIBRARY_PATH": library_path})
+    return PerfAnalyzer.copy_in(home)
 
 
 def _step(command: list[str], what: str, cwd: Path) -> None:
@@ -113,12 +118,13 @@ def assemble(home: Path) -> None:
     home.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{home.name}-", dir=home.parent) as tmp:
         work = Path(tmp)
-        (work / "bin").mkdir()
+        copy = PerfAnalyzer.copy_in(work)
+        copy.binary.parent.mkdir()
         (work / "lib").mkdir()
         pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet"]
         _step([*pip, "--platform", "manylinux1_x86_64", "-d", "wheel", WHEEL], f"pip download {WHEEL}", work)
-        _unzip_one(work / "wheel", WHEEL_MEMBER, work / "bin" / "perf_analyzer")
-        (work / "bin" / "perf_analyzer").chmod(0o755)
+        _unzip_one(work / "wheel", WHEEL_MEMBER, copy.binary)
+        copy.binary.chmod(0o755)
         _step([*pip, "--platform", "manylinux2014_x86_64", "-d", "cudart", CUDART], f"pip download {CUDART}", work)
         _unzip_one(work / "cudart", CUDART_MEMBER, work / "lib" / "libcudart.so.12")
         _step(["apt-get", "download", LIBB64_DEB], f"apt-get download {LIBB64_DEB} (Debian's libb64)", work)
@@ -132,11 +138,11 @@ def assemble(home: Path) -> None:
         shutil.copyfile(found[0], work / "lib" / LIBB64)
         for scratch in ("wheel", "cudart", "deb", *[d.name for d in debs]):
             shutil.rmtree(work / scratch) if (work / scratch).is_dir() else (work / scratch).unlink()
-        PerfAnalyzer(work / "bin" / "perf_analyzer", {"LD_LIBRARY_PATH": str(work / "lib")}).version()
+        copy.version()  # it loads with the libraries beside it, as locate() will run it
         try:
             os.rename(work, home)
         except OSError as err:  # another run assembled it meanwhile: keep theirs
-            if not (home / "bin" / "perf_analyzer").is_file():
+            if not PerfAnalyzer.copy_in(home).binary.is_file():
                 raise PerfAnalyzerUnavailable(f"{home} is in the way ({err.strerror}) and holds no bin/perf_analyzer: "
                                               "remove it, and the next run assembles it again") from None
         else:
