@@ -179,3 +179,24 @@ def test_a_cache_folder_without_the_binary_is_named_not_a_bare_oserror(pa, tmp_p
         pa.assemble(home)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["perf_analyzer-x"]  # no temp folder left
     assert [p.name for p in home.iterdir()] == ["leftover"]  # and the folder in the way untouched
+
+
+def test_a_failed_run_is_raised_with_perf_analyzer_s_last_words(pa, tmp_path: Path) -> None:
+    """A failed request makes perf_analyzer exit non-zero without a report: its own last lines say why."""
+    binary = _fake_binary(tmp_path / "bin", 'echo "*** Measurement Settings ***"; echo "Thread [0] had error: in '
+                                            "ensemble 'vit', incomplete string data\" >&2; exit 99")
+    with pytest.raises(RuntimeError, match=r"perf_analyzer failed \(exit 99\): \*\*\* Measurement Settings \*\*\* \| "
+                                           r"Thread \[0\] had error: in ensemble 'vit', incomplete string data"):
+        pa.measure(pa.PerfAnalyzer(binary), url="127.0.0.1:1", protocol="http", model="vit", data=tmp_path / "d.json",
+                   concurrency=1, batch=1, seconds=1)
+
+
+def test_a_run_past_its_time_limit_says_so(pa, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def too_slow(cmd, **kwargs):
+        raise pa.subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+
+    monkeypatch.setattr(pa.subprocess, "run", too_slow)
+    with pytest.raises(RuntimeError, match=r"did not finish within 123 s \(stopped\): is the server answering at "
+                                           r"127.0.0.1:8001\?"):
+        pa.measure(pa.PerfAnalyzer(tmp_path / "perf_analyzer"), url="127.0.0.1:8001", protocol="grpc", model="vit",
+                   data=tmp_path / "d.json", concurrency=1, batch=1, seconds=1)
