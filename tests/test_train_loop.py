@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train.data import DataFolderError
-from hub_vit.train.loop import RunFolderError, TrainingWarning, train
+from hub_vit.train.loop import TrainingWarning, train
 from hub_vit.train.recipe import Recipe
+from hub_vit.train.run_folder import RunFolderError
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 60, 230)}
 
@@ -471,7 +472,7 @@ def test_a_sigterm_while_workers_start_does_not_kill_them() -> None:
 import signal, sys, time
 import torch.utils.data._utils.worker as worker
 from torch.utils.data import DataLoader
-from hub_vit.train import loop
+from hub_vit.train import workers
 
 real = worker._generate_state
 def slow_start(*args):  # in the worker, after torch's signal handlers and before worker_init_fn
@@ -479,10 +480,10 @@ def slow_start(*args):  # in the worker, after torch's signal handlers and befor
     time.sleep(1.0)
     return real(*args)
 worker._generate_state = slow_start
-signal.signal(signal.SIGTERM, lambda *_: print("stop requested", flush=True))  # as _StopOnSignal does
-loader = DataLoader(list(range(8)), batch_size=4, num_workers=1, worker_init_fn=loop._ignore_stop_signals)
-batches = loop._start_workers(loader)
-with loop._shut_down_workers(batches):
+signal.signal(signal.SIGTERM, lambda *_: print("stop requested", flush=True))  # as StopOnSignal does
+loader = DataLoader(list(range(8)), batch_size=4, num_workers=1, worker_init_fn=workers.ignore_stop_signals)
+batches = workers.start_workers(loader)
+with workers.shut_down_workers(batches):
     print("sum", sum(int(batch.sum()) for batch in batches), flush=True)
 """
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -526,19 +527,19 @@ def test_stop_signal_handlers_are_restored_even_when_unknown(tmp_path: Path) -> 
     # signal.getsignal/signal.signal return None for a handler installed outside Python; signal.signal(s, None)
     # raises TypeError. A signal ignored on purpose (SIG_IGN) stays ignored.
 
-    from hub_vit.train.loop import _StopOnSignal
+    from hub_vit.train.workers import StopOnSignal
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        with _StopOnSignal(enabled=True) as stop:
+        with StopOnSignal(enabled=True) as stop:
             assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # not taken over
             assert signal.getsignal(signal.SIGINT) == stop._handle
             stop._previous[signal.SIGINT] = None  # as if the previous handler had been installed from C
         assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL
         for s, handler in before.items():
             signal.signal(s, handler)
-        with _StopOnSignal(enabled=True) as stop:
+        with StopOnSignal(enabled=True) as stop:
             signal.raise_signal(signal.SIGTERM)
             assert stop.signum == signal.SIGTERM and stop.requested
             assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]  # a second one acts at once

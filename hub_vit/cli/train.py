@@ -62,9 +62,10 @@ def train_command(
     from hub_vit.conversion.download import DownloadError
     from hub_vit.train import digits
     from hub_vit.train.data import DataFolderError
-    from hub_vit.train.loop import RunFolderError, TrainingWarning, check_run_folder_path, train
+    from hub_vit.train.loop import TrainingWarning, train
     from hub_vit.train.models import ModelChoiceError
     from hub_vit.train.recipe import VIT_S16_I1K
+    from hub_vit.train.run_folder import RunFolderError, check_run_folder_path
 
     if threads is not None:
         import torch
