@@ -20,8 +20,8 @@ from .macs import count_macs
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
-LABELS = "labels.txt"
 PREPROCESSOR = "preprocessor_config.json"
+LABELS = "labels.txt"
 CONVERSION = "conversion.json"
 TRAINING = "training.json"
 CARD = "README.md"
@@ -173,14 +173,14 @@ def read_spec(config: dict[str, Any], path: Path) -> ViTSpec:
         raise ModelFolderError(f"{path}: 'model_args' is not a valid ViTSpec: {exc}") from exc
 
 
-def read_labels(folder: Path, config: dict[str, Any], num_classes: int) -> list[str]:
-    path = folder / LABELS
-    if path.is_file():
-        labels = path.read_text(encoding="utf-8").splitlines()
-    else:
-        labels = list(config.get("label_names") or [])
+def card_labels(folder: Path, config: dict[str, Any], num_classes: int) -> list[str]:
+    """The folder's labels (labels.txt, else config.json's `label_names`), checked against the head's size."""
+    from hub_vit.folder import read_labels  # the one reader of labels.txt (it imports torch: not at module level)
+
+    labels = read_labels(folder) if (folder / LABELS).is_file() else list(config.get("label_names") or [])
     if labels and len(labels) != num_classes:
-        raise ModelFolderError(f"{path} lists {len(labels)} labels but the model has {num_classes} classes")
+        raise ModelFolderError(f"{folder / LABELS} lists {len(labels)} labels but the model has {num_classes} "
+                               "classes")
     return labels
 
 
@@ -330,7 +330,7 @@ def read_folder(folder: str | Path) -> FolderFacts:
         spec=spec,
         architecture=str(config.get("architecture") or "hub_vit"),
         pretrained_cfg=pretrained_cfg,
-        labels=read_labels(folder, config, spec.num_classes),
+        labels=card_labels(folder, config, spec.num_classes),
         conversion=conversion,
         training=training,
         preprocessor=_optional_json(folder, PREPROCESSOR),
