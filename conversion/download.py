@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hub_vit.atomic import missing_folders, remove_empty_folders
+from hub_vit.file_hash import sha256_file
 
 GCS_HTTPS = "https://storage.googleapis.com"
 DEFAULT_TIMEOUT_S = 15.0
@@ -93,14 +94,6 @@ def offline_mode() -> bool:
 def gs_to_https(url: str) -> str:
     """`gs://bucket/path` -> `https://storage.googleapis.com/bucket/path` (public GCS objects)."""
     return f"{GCS_HTTPS}/{url.removeprefix('gs://')}" if url.startswith("gs://") else url
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _catalog_lookup(name: str) -> tuple[str, str | None] | None:

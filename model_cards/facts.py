@@ -278,7 +278,7 @@ def match_catalog(spec: ViTSpec, sources: set[str], catalog_name: str | None = N
 
 def _same_file(a: Path, b: Path) -> bool:
     """Byte-identical files (sizes first, so a file of another size is never hashed)."""
-    from hub_vit.conversion.download import sha256_file
+    from hub_vit.file_hash import sha256_file
 
     return a.is_file() and b.is_file() and a.stat().st_size == b.stat().st_size and sha256_file(a) == sha256_file(b)
 

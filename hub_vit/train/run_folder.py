@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hub_vit.atomic import atomic_path, file_in_the_way
-from hub_vit.conversion.download import sha256_file
+from hub_vit.file_hash import sha256_file
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train.models import init_folder_architecture
 from hub_vit.train.recipe import Recipe
