@@ -18,7 +18,12 @@ class DeviceChoice:
 
 
 def cuda_device_name() -> str | None:
-    """`NVIDIA H100 80GB HBM3` for the first CUDA device torch sees, None without one (or without a CUDA torch)."""
+    """`NVIDIA H100 80GB HBM3` for the first CUDA device torch sees, None without one (or without a CUDA torch).
+    Without an NVIDIA driver's device nodes torch is not even imported (a second saved at every start)."""
+    from hub_vit.server.launcher import has_gpu
+
+    if not has_gpu():
+        return None
     import torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

@@ -241,12 +241,22 @@ def serve(
     example = "IMAGE..."
     where = _serve_device(ctx, repository_dir, device, flavour)
     if repository_dir is None:
-        opts = _options(name=name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
-                        max_queue_size=max_queue_size, queue_timeout_us=queue_timeout_us, top_k=top_k,
-                        max_pixels=max_pixels, flavour=where.flavour, device=where.device,
-                        **_torch_fields(where.flavour, cuda_graphs, torch_compile, decode_threads),
-                        **_device_fields(ctx, where.device, max_batch_size))
+        def options_for(where: Any) -> ServingOptions:
+            return _options(name=name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
+                            max_queue_size=max_queue_size, queue_timeout_us=queue_timeout_us, top_k=top_k,
+                            max_pixels=max_pixels, flavour=where.flavour, device=where.device,
+                            **_torch_fields(where.flavour, cuda_graphs, torch_compile, decode_threads),
+                            **_device_fields(ctx, where.device, max_batch_size))
+
+        opts = options_for(where)  # checked before the model is loaded
         source = _source(model)
+        if device is None and where.device == "cuda" and source.module is None:  # an exported file: ONNX Runtime
+            from hub_vit.server.device import choose_device
+
+            where = choose_device("cpu", flavour)
+            opts = options_for(where)
+            err_console.print(f"note: {escape(source.origin)} is an exported file, which the torch flavour cannot run; "
+                              "serving it with ONNX Runtime on the CPU", soft_wrap=True)
         example = _example_image(source.origin)
         try:  # in $TMPDIR unless its path has spaces or shell characters the Python-backend stub cannot take
             workdir = shell_safe_tempdir("hub-vit-serve-")
