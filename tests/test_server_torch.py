@@ -117,6 +117,22 @@ def test_torch_flavour_refuses_an_exported_file(model_folder, tmp_path):
     assert not (tmp_path / "repo").exists()
 
 
+def test_runner_on_cpu_is_the_model_in_float32(model_folder):
+    import torch
+
+    from hub_vit.folder import load_model_folder
+    from hub_vit.server.torch_runner import Runner
+
+    model, _ = load_model_folder(model_folder)
+    runner = Runner(model, torch.device("cpu"), (32, 32), (1, 2, 4, 8))
+    batch = np.random.default_rng(0).uniform(-1, 1, (5, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(batch)).numpy()
+    np.testing.assert_allclose(runner(batch), expected, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match=r"buckets must be increasing positive batch sizes, got \(4, 2\)"):
+        Runner(model, torch.device("cpu"), (32, 32), (4, 2))
+
+
 @pytest.mark.parametrize("options, message", [
     ({"device": "gpu"}, "unknown device 'gpu'; valid: cpu, cuda"),
     ({"device": "cuda"}, "device 'cuda' is served by flavour 'torch'"),
