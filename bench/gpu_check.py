@@ -316,9 +316,9 @@ def decode_rate(meta_params: dict[str, str], payload: bytes, seconds: float) -> 
     return {"threads": threads, "images_per_s": count / elapsed, "payload_bytes": len(payload)}
 
 
-def timed(fn: Callable[[], Any], iterations: int, sync: Callable[[], None]) -> float:
-    """Seconds per call, after 3 warm-up calls."""
-    for _ in range(3):
+def timed(fn: Callable[[], Any], iterations: int, sync: Callable[[], None], warmup: int = 3) -> float:
+    """Seconds per call, after `warmup` calls."""
+    for _ in range(warmup):
         fn()
     sync()
     start = time.perf_counter()
@@ -328,7 +328,8 @@ def timed(fn: Callable[[], Any], iterations: int, sync: Callable[[], None]) -> f
     return (time.perf_counter() - start) / iterations
 
 
-def in_process(device_name: str, batches: tuple[int, ...], img: int, compile_model: bool) -> dict[str, Any]:
+def in_process(device_name: str, batches: tuple[int, ...], img: int, compile_model: bool,
+               quick: bool = False) -> dict[str, Any]:
     import timm
     import torch
 
@@ -340,6 +341,11 @@ def in_process(device_name: str, batches: tuple[int, ...], img: int, compile_mod
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     out: dict[str, Any] = {"note": "random weights; images/s; latency_ms = seconds per batch", "rows": []}
 
+    def count(batch: int) -> dict[str, int]:  # a CPU dry run (quick) only checks that every row runs
+        if quick:
+            return {"iterations": 1, "warmup": 1}
+        return {"iterations": 50 if batch == 1 else 10, "warmup": 3}
+
     def row(name: str, batch: int, seconds: float) -> None:
         out["rows"].append({"path": name, "batch": batch, "latency_ms": seconds * 1e3, "images_per_s": batch / seconds})
         log(f"in-process {name} b{batch}: {batch / seconds:.0f} img/s, {seconds * 1e3:.2f} ms")
@@ -347,14 +353,13 @@ def in_process(device_name: str, batches: tuple[int, ...], img: int, compile_mod
     timm_model = timm.create_model(TIMM_S16, pretrained=False).eval().to(device)
     for batch in batches:
         x = torch.randn(batch, 3, img, img, device=device)
-        iterations = 50 if batch == 1 else 10
         with torch.inference_mode():
-            row("timm eager fp32", batch, timed(lambda x=x: timm_model(x), iterations, sync))
+            row("timm eager fp32", batch, timed(lambda x=x: timm_model(x), sync=sync, **count(batch)))
             if device.type == "cuda":
                 def amp(x: torch.Tensor = x) -> Any:
                     with torch.autocast("cuda", dtype=torch.bfloat16):
                         return timm_model(x)
-                row("timm eager bf16 autocast", batch, timed(amp, iterations, sync))
+                row("timm eager bf16 autocast", batch, timed(amp, sync=sync, **count(batch)))
     timm_model = None  # free its memory before the next model
     model = timm.create_model(S16, pretrained=False).eval()
     torch.nn.init.normal_(model.head.weight, std=0.5)
@@ -368,7 +373,7 @@ def in_process(device_name: str, batches: tuple[int, ...], img: int, compile_mod
         for batch in batches:
             x = np.random.default_rng(0).uniform(-1, 1, (batch, 3, img, img)).astype(np.float32)
             row(name + ", host copies included", batch,
-                timed(lambda x=x, runner=runner: runner(x), 50 if batch == 1 else 10, sync))
+                timed(lambda x=x, runner=runner: runner(x), sync=sync, **count(batch)))
     return out
 
 
@@ -477,7 +482,7 @@ def main() -> int:
     result["decode"] = decode_rate(params, images["chelsea"], seconds)
     log(f"decode: {result['decode']['images_per_s']:.0f} img/s on {result['decode']['threads']} threads")
     save()
-    result["in_process"] = in_process(args.device, (1, big), 224, args.compile)
+    result["in_process"] = in_process(args.device, (1, big), 224, args.compile, quick)
     result["agreement"] = agreement(args.device, images)
     result["targets"] = targets(result, big)
     save()
