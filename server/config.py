@@ -142,6 +142,36 @@ def cpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_fil
     return config
 
 
+def cuda_graph_buckets(max_batch_size: int) -> tuple[int, ...]:
+    """Batch sizes the torch flavour captures a CUDA graph for: powers of two below max_batch_size, and it. A batch
+    runs in the smallest bucket that holds it (padded with zeros), so at most half of a batch is padding."""
+    sizes = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size]
+    return (*sizes, max_batch_size)
+
+
+def torch_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_dir: str) -> mc.ModelConfig:
+    """Torch flavour's one step. Python backend: decode + transform (a thread pool), the hub-vit model in PyTorch
+    (`model_dir`: a hub-vit model folder beside model.py, the same weights file as every other path) and top-k, as
+    the CPU flavour's step answers (`image` -> `labels`, `scores`, `class_ids`, `logits`).
+
+    device "cuda": KIND_GPU instances, bf16 autocast, pinned host->device copies, and one CUDA graph per batch bucket
+    (cuda_graph_buckets), every bucket captured and run while the model loads, so the server reports ready only
+    once every shape has run. device "cpu": KIND_CPU, float32, eager (the same code path the tests run)."""
+    config = mc.ModelConfig(name=opts.step("classifier"), backend="python", max_batch_size=opts.max_batch_size)
+    _image_input(config, meta, opts, warmup_batches=(1, opts.max_batch_size))
+    _outputs(config.output, meta, opts, logits=True)
+    kind = mc.ModelInstanceGroup.KIND_GPU if opts.device == "cuda" else mc.ModelInstanceGroup.KIND_CPU
+    config.instance_group.add(kind=kind, count=opts.classifier_instances)
+    _batching(config, opts)
+    _params(config, {"model_dir": model_dir, "labels_file": "labels.txt",
+                     "top_k": str(min(opts.top_k, meta.num_classes)), "device": opts.device,
+                     "buckets": list(cuda_graph_buckets(opts.max_batch_size)),
+                     "cuda_graphs": "1" if opts.cuda_graphs else "0",
+                     "torch_compile": "1" if opts.torch_compile else "0",
+                     "decode_threads": str(opts.decode_threads)})
+    return config
+
+
 def gpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_file: str) -> mc.ModelConfig:
     """GPU flavour: onnxruntime (TensorRT accelerator) or tensorrt_plan, KIND_GPU: `pixel_values` -> `logits`."""
     config = mc.ModelConfig(name=opts.step("classifier"), max_batch_size=opts.max_batch_size)
@@ -184,15 +214,16 @@ def postprocess_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelC
 def ensemble_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelConfig:
     """The model clients call: `image` -> `labels`, `scores`, `class_ids`, `logits` (each step batches itself).
 
-    CPU: one step, the Python classifier that also decodes. The ensemble costs no stub hop (Triton schedules it in
-    C++), and it is what counts overload: Triton 2.51 leaves a directly called model's failure metrics at 0 when its
-    queue policy rejects a request (reason REJECTED included), while an ensemble counts its step's rejections.
+    CPU and torch: one step, the Python classifier that also decodes. The ensemble costs no stub hop (Triton
+    schedules it in C++), and it is what counts overload: Triton 2.51 leaves a directly called model's failure metrics
+    at 0 when its queue policy rejects a request (reason REJECTED included), while an ensemble counts its step's
+    rejections.
     GPU: Python preprocessing (CPU) -> ORT / TensorRT classifier (GPU) -> Python top-k (CPU)."""
     config = mc.ModelConfig(name=opts.name, platform="ensemble", max_batch_size=opts.max_batch_size)
     _tensor(config.input, "image", mc.TYPE_STRING, [1])
     _outputs(config.output, meta, opts, logits=True)
     steps = config.ensemble_scheduling.step
-    if opts.flavour == "cpu":
+    if opts.flavour in ("cpu", "torch"):  # one step that decodes, classifies and ranks
         only = steps.add(model_name=opts.step("classifier"), model_version=-1)
         only.input_map["image"] = "image"
         for output in config.output:  # the step answers with every output the ensemble has

@@ -140,7 +140,22 @@ def find_triton() -> TritonInstall:
                       "nvidia-pytriton) or run inside an nvcr.io/nvidia/tritonserver container")
 
 
+# Folders put first on the Python path of the server's stubs only: where hub-vit's own environment must keep numpy 2
+# (a GPU host's torch), a numpy<2 for the stubs goes into a folder of its own, named here (scripts/gpu_check.sh).
+STUB_PYTHONPATH = "HUB_VIT_STUB_PYTHONPATH"
+
+
+def stub_path() -> list[Path]:
+    return [Path(p) for p in os.environ.get(STUB_PYTHONPATH, "").split(os.pathsep) if p]
+
+
 def installed_numpy() -> str | None:
+    """The numpy the stubs import: the first one in $HUB_VIT_STUB_PYTHONPATH's folders, else this environment's."""
+    for folder in stub_path():
+        found = importlib.metadata.distributions(name="numpy", path=[str(folder)])
+        version = next((dist.version for dist in found), None)
+        if version is not None:
+            return version
     try:
         return importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:
@@ -156,7 +171,8 @@ def check_stub_numpy() -> None:
     if version is not None and int(version.split(".")[0]) >= 2:
         raise ServerError(f"numpy {version} is installed, but the Triton Python-backend stub shipped in "
                           f"nvidia-pytriton (Triton 2.51) misreads encoded-image (TYPE_STRING) inputs under numpy 2 "
-                          f"and crashes; nvidia-pytriton requires numpy<2: pip install 'numpy<2'")
+                          f"and crashes; nvidia-pytriton requires numpy<2: pip install 'numpy<2' (or, to keep numpy 2 "
+                          f"here, install numpy<2 into a folder of its own and name it in ${STUB_PYTHONPATH})")
 
 
 def has_gpu() -> bool:
@@ -390,6 +406,9 @@ class TritonServer:
             [*(str(p) for p in install.libs), libdir, env.get("LD_LIBRARY_PATH", "")]
         ).strip(os.pathsep)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        if stub_path():  # the stubs inherit the server's environment
+            env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in stub_path()), env.get("PYTHONPATH", "")]).strip(
+                os.pathsep)
         self.process = subprocess.Popen(
             self.command(install, backends), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             cwd=self._workspace, preexec_fn=_die_with_parent,

@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-FLAVOURS = ("cpu", "gpu")
+FLAVOURS = ("cpu", "gpu", "torch")
+# Where the torch flavour runs its model (the cpu flavour runs on the CPU, the gpu flavour on the GPU, by definition).
+DEVICES = ("cpu", "cuda")
 GPU_BACKENDS = ("onnxruntime", "tensorrt")
 PRECISIONS = ("FP16", "FP32")
 # One day: the longest queue timeout a repository sets, and the one it sets when none is asked for (a client's shorter
@@ -21,6 +23,17 @@ _INT32, _UINT32, _UINT64 = 2**31 - 1, 2**32 - 1, 2**64 - 1
 _CONFIG_LIMITS = {"max_batch_size": (_INT32, "an int32"), "preprocess_instances": (_INT32, "an int32"),
                   "classifier_instances": (_INT32, "an int32"), "max_queue_size": (_UINT32, "a uint32"),
                   "max_queue_delay_us": (_UINT64, "a uint64")}
+
+# The torch flavour on a GPU: a ViT-S/16 runs hundreds of images per execution in about the time the CPU decodes a
+# few, so batches are GPU-sized (CUDA graph buckets are the powers of two up to max_batch_size), the queue holds
+# several full batches, and the batcher waits a little longer to fill one (still well under a millisecond).
+CUDA_DEFAULTS: dict[str, object] = {
+    "flavour": "torch",
+    "max_batch_size": 256,
+    "preferred_batch_sizes": (16, 32, 64, 128, 256),
+    "max_queue_delay_us": 500,
+    "max_queue_size": 2048,
+}
 
 
 @dataclass(frozen=True)
@@ -59,8 +72,28 @@ class ServingOptions:
     gpu_backend: str = "onnxruntime"  # onnxruntime (+ TensorRT accelerator) or tensorrt (a .plan engine)
     precision: str = "FP16"
     trt_cache_dir: str = "/tmp/hub-vit-trt-cache"
+    # Torch flavour (one Python step: decode, then the hub-vit model in PyTorch, then top-k): `device` "cuda" runs
+    # the model on the instance's GPU (KIND_GPU, bf16 autocast, pinned host->device copies), "cpu" in float32.
+    device: str = "cpu"
+    cuda_graphs: bool = True  # cuda: one CUDA graph per batch bucket, captured while the model loads
+    torch_compile: bool = False  # cuda: torch.compile before the capture (minutes of warm-up per bucket)
+    decode_threads: int = 0  # torch flavour: images decoded in parallel per instance; 0 = the cores / instances
 
     def __post_init__(self) -> None:
+        self._check_numbers()
+        self._check_choices()
+
+    def _check_choices(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}; valid: {', '.join(DEVICES)}")
+        if self.device == "cuda" and self.flavour != "torch":
+            raise ValueError(f"device 'cuda' is served by flavour 'torch' (flavour {self.flavour!r} has no device "
+                             "choice: 'cpu' runs on the CPU, 'gpu' on the GPU); valid flavours for cuda: torch")
+        if not isinstance(self.decode_threads, int) or self.decode_threads < 0:
+            raise ValueError(f"decode_threads must be 0 (the cores shared among the instances) or a positive "
+                             f"integer, got {self.decode_threads!r}")
+
+    def _check_numbers(self) -> None:
         if self.flavour not in FLAVOURS:
             raise ValueError(f"unknown flavour {self.flavour!r}; valid: {', '.join(FLAVOURS)}")
         if self.gpu_backend not in GPU_BACKENDS:
@@ -93,6 +126,13 @@ class ServingOptions:
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", self.name):
             raise ValueError(f"name {self.name!r} (the model clients call) may only use ASCII letters, digits, '_' "
                              "and '-'")
+
+    @classmethod
+    def for_device(cls, device: str, **given: object) -> ServingOptions:
+        """Options for `device`: the torch flavour's GPU-sized batching on "cuda" (CUDA_DEFAULTS) for every field
+        not `given`; "cpu" keeps the class defaults."""
+        defaults = CUDA_DEFAULTS if device == "cuda" else {}
+        return cls(**{**defaults, "device": device, **given})
 
     def step(self, role: str) -> str:
         return f"{self.name}_{role}"

@@ -11,6 +11,10 @@ Layout (`<name>` defaults to `vit`; clients call the ensemble `<name>`: image ->
     <out>/<name>_classifier/{config.pbtxt, 1/model.onnx | 1/model.plan}
     <out>/<name>_postprocess/{config.pbtxt, 1/model.py, 1/topk.py, 1/labels.txt}: logits -> top-k
 
+    torch flavour: one Python-backend step decodes, runs the hub-vit model in PyTorch (cuda or cpu) and ranks
+    <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/topk.py, 1/triton_errors.py,
+                             1/model/{config.json, model.safetensors}, 1/labels.txt, warmup/image}
+
     <out>/hub_vit_repository.json                  what was generated from what (Triton ignores plain files)
 
 The repository is written to a temporary sibling folder and renamed into place at the end, so a failed export never
@@ -41,11 +45,13 @@ from hub_vit.server.config import (
     postprocess_config,
     preprocess_config,
     render,
+    torch_classifier_config,
 )
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.source import ModelSource, ServingMetadata
 
 MANIFEST = "hub_vit_repository.json"
+TORCH_MODEL_DIR = "model"  # the torch flavour's hub-vit model folder, in the classifier's version folder
 
 
 def template_dir(name: str) -> Path:
@@ -131,6 +137,9 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
         files[f"{cls}/config.pbtxt"] = render(cpu_classifier_config(meta, opts, model_file,
                                                                     compute_bound=compute_bound))
         return files | _templates(cls, {"model.py": "classifier_ort", "topk.py": "common", **decoding})
+    if opts.flavour == "torch":
+        files[f"{cls}/config.pbtxt"] = render(torch_classifier_config(meta, opts, model_file))
+        return files | _templates(cls, {"model.py": "classifier_torch", "topk.py": "common", **decoding})
     pre, post = opts.step("preprocess"), opts.step("postprocess")
     files[f"{pre}/config.pbtxt"] = render(preprocess_config(meta, opts))
     files |= _templates(pre, {"model.py": "preprocess", **decoding})
@@ -173,8 +182,11 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     (root / opts.name / "1").mkdir()  # Triton wants the ensemble's version folder, though it holds nothing
     cls = root / opts.step("classifier")
     (cls / "1").mkdir(exist_ok=True)  # the GPU classifier has no template: its folder holds only the weights
-    _place_weights(source, cls / "1" / model_file, opts)
-    if opts.flavour == "cpu":
+    if opts.flavour == "torch":
+        _place_model_folder(source, cls / "1" / model_file)
+    else:
+        _place_weights(source, cls / "1" / model_file, opts)
+    if opts.flavour in ("cpu", "torch"):
         _write_warmup_image(cls, meta)
         _write_labels(cls, meta)
     else:
@@ -205,7 +217,7 @@ def outdated_files(root: str | Path) -> list[str] | None:
         meta, opts = _manifest_settings(manifest)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, not JSON, or not a manifest we know
         return None
-    model_file = "model.plan" if opts.flavour == "gpu" and opts.gpu_backend == "tensorrt" else "model.onnx"
+    model_file = _model_file_name(opts)
     outdated = []
     for relative, content in _server_files(meta, opts, model_file, bool(manifest.get("compute_bound", True))).items():
         expected = content.read_bytes() if isinstance(content, Path) else content.encode("utf-8")
@@ -233,7 +245,22 @@ def _manifest_settings(manifest: dict[str, Any]) -> tuple[ServingMetadata, Servi
         ServingOptions(**known(ServingOptions, manifest["options"]))
 
 
+def _model_file_name(opts: ServingOptions) -> str:
+    """What the classifier step loads, beside its model.py: a TensorRT plan, an ONNX graph, or (torch) a model
+    folder."""
+    if opts.flavour == "torch":
+        return TORCH_MODEL_DIR
+    return "model.plan" if opts.flavour == "gpu" and opts.gpu_backend == "tensorrt" else "model.onnx"
+
+
 def _model_file(source: ModelSource, opts: ServingOptions) -> str:
+    if opts.flavour == "torch":
+        if source.module is None:
+            what = "a TensorRT engine" if source.engine_path is not None else "an exported ONNX file"
+            raise ValueError(f"flavour 'torch' runs the hub-vit model itself in PyTorch, but {source.origin!r} is "
+                             f"{what}; give a registered model name or a hub-vit model folder, or serve the file "
+                             "with flavour 'cpu' (ONNX) or 'gpu'")
+        return TORCH_MODEL_DIR
     if opts.flavour == "gpu" and opts.gpu_backend == "tensorrt":
         if source.engine_path is None:
             raise ValueError("gpu_backend 'tensorrt' serves a prebuilt engine: pass a .plan/.engine file "
@@ -265,6 +292,24 @@ def _check_engine(source: ModelSource, opts: ServingOptions) -> None:
     if size != source.metadata.input_size:
         raise ValueError(f"TensorRT engine {source.engine_path} takes {size[0]}x{size[1]} images, but the model's "
                          f"metadata says {source.metadata.input_size[0]}x{source.metadata.input_size[1]}")
+
+
+def _place_model_folder(source: ModelSource, target: Path) -> None:
+    """The torch flavour's model: a hub-vit model folder (config.json + model.safetensors). A source that is a model
+    folder gives its own two files, byte for byte (the weights every other path loads); an in-memory or registered
+    model is saved as one (hub_vit.folder, the one writer of model folders)."""
+    origin = Path(source.origin) if source.origin else None
+    if origin is not None and (origin / "config.json").is_file() and (origin / "model.safetensors").is_file():
+        target.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            shutil.copyfile(origin / name, target / name)
+        return
+    from hub_vit.folder import save_model_folder
+
+    try:
+        save_model_folder(source.module, target, labels=list(source.metadata.labels))
+    except TypeError as err:  # a module that is not hub-vit's VisionTransformer
+        raise ValueError(f"flavour 'torch' serves hub-vit models: {err}") from None
 
 
 def _place_weights(source: ModelSource, target: Path, opts: ServingOptions) -> None:

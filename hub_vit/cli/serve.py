@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.cli.app import app, as_flags, console, err_console, fail
-from hub_vit.server.options import ServingOptions
+from hub_vit.server.options import CUDA_DEFAULTS, DEVICES, ServingOptions
 
 MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
 DEFAULTS = ServingOptions()  # every repository default below comes from here (a test compares the configs)
@@ -45,6 +45,37 @@ MaxPixels = Annotated[int, typer.Option(help="Most pixels an image may declare (
 _SERVE_DEFAULTS = {key: getattr(DEFAULTS, key)
                    for key in ("max_batch_size", "max_queue_delay_us", "max_queue_size", "queue_timeout_us", "top_k",
                                "max_pixels")}
+
+
+# The torch flavour's options, shared by `repository` and `serve`.
+CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs",
+                                          help="Torch flavour on cuda: one CUDA graph per batch bucket, captured "
+                                               "before the server reports ready.")]
+TorchCompile = Annotated[bool, typer.Option("--torch-compile/--no-torch-compile",
+                                            help="Torch flavour on cuda: torch.compile the model before capturing "
+                                                 "(compiles every bucket while loading: minutes).")]
+DecodeThreads = Annotated[int, typer.Option(help="Torch flavour: images decoded in parallel per instance (0: the "
+                                                 "cores shared among the instances).")]
+_CUDA_SIZED = ("max_batch_size", "max_queue_delay_us", "max_queue_size")
+
+
+def _device_fields(ctx: typer.Context, device: str, max_batch_size: int) -> dict[str, Any]:
+    """The ServingOptions fields that depend on the device: on cuda, the GPU-sized CUDA_DEFAULTS for each of
+    max_batch_size / max_queue_delay_us / max_queue_size left at its default on the command line, and preferred
+    batch sizes to match; on cpu, the preferred sizes of today."""
+    if device != "cuda":
+        return {"preferred_batch_sizes": _preferred(max_batch_size)}
+    fields = {key: CUDA_DEFAULTS[key] for key in _CUDA_SIZED if not _given(ctx, key)}
+    largest = int(fields.get("max_batch_size", max_batch_size))
+    sizes = tuple(s for s in CUDA_DEFAULTS["preferred_batch_sizes"] if s <= largest)  # type: ignore[union-attr]
+    return fields | {"preferred_batch_sizes": sizes or (largest,)}
+
+
+def _given(ctx: typer.Context, key: str) -> bool:
+    """Option `key` was set on the command line (or by an environment variable), not left at its default. By name:
+    typer vendors its own click, whose ParameterSource is not click's."""
+    source = ctx.get_parameter_source(key)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 # ServingOptions fields as the CLI spells them, so a validation error names the flag the user typed.
@@ -76,10 +107,17 @@ def _source(model: str | None) -> Any:
 
 @app.command()
 def repository(
+    ctx: typer.Context,
     out: Path = typer.Argument(..., help="Folder to write the Triton model repository to."),
     model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     flavour: str = typer.Option(DEFAULTS.flavour,
-                                help="'cpu' (Python backend + ONNX Runtime) or 'gpu' (ORT+TensorRT / plan)."),
+                                help="'cpu' (Python backend + ONNX Runtime), 'gpu' (ORT+TensorRT / plan, official "
+                                     "container) or 'torch' (the hub-vit model in PyTorch, on --device)."),
+    device: str = typer.Option(DEFAULTS.device, help=f"Torch flavour: where the model runs ({', '.join(DEVICES)}; "
+                                                     "cuda: GPU-sized batching unless given)."),
+    cuda_graphs: CudaGraphs = DEFAULTS.cuda_graphs,
+    torch_compile: TorchCompile = DEFAULTS.torch_compile,
+    decode_threads: DecodeThreads = DEFAULTS.decode_threads,
     gpu_backend: str = typer.Option(DEFAULTS.gpu_backend,
                                     help="GPU flavour: 'onnxruntime' (TensorRT EP) or 'tensorrt'."),
     precision: str = typer.Option(None, show_default=False,
@@ -120,19 +158,27 @@ def repository(
     if precision is not None and gpu_backend == "tensorrt":
         raise fail("--precision sets the TensorRT accelerator of --gpu-backend onnxruntime; a TensorRT engine's "
                    "precision is fixed when it is built (hub-vit export tensorrt --fp16/--fp32)")
-    opts = _options(name=name, flavour=flavour, gpu_backend=gpu_backend, precision=precision or DEFAULTS.precision,
-                    max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
-                    max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
-                    queue_timeout_us=queue_timeout_us, top_k=top_k, classifier_instances=instances,
-                    preprocess_instances=(DEFAULTS.preprocess_instances if preprocess_instances is None
-                                          else preprocess_instances),
-                    ort_spinning=spinning, max_pixels=max_pixels)
+    torch_given = [flag for flag, key in (("--cuda-graphs", "cuda_graphs"), ("--torch-compile", "torch_compile"),
+                                          ("--decode-threads", "decode_threads")) if _given(ctx, key)]
+    if torch_given and flavour != "torch":
+        raise fail(f"{', '.join(torch_given)} set{'s' if len(torch_given) == 1 else ''} the torch flavour; pass "
+                   "--flavour torch (the cpu and gpu flavours run ONNX Runtime / TensorRT)")
+    opts = _options(**{"name": name, "flavour": flavour, "gpu_backend": gpu_backend,
+                       "precision": precision or DEFAULTS.precision, "max_batch_size": max_batch_size,
+                       "max_queue_delay_us": max_queue_delay_us, "max_queue_size": max_queue_size,
+                       "queue_timeout_us": queue_timeout_us, "top_k": top_k, "classifier_instances": instances,
+                       "preprocess_instances": (DEFAULTS.preprocess_instances if preprocess_instances is None
+                                                else preprocess_instances),
+                       "ort_spinning": spinning, "max_pixels": max_pixels, "device": device,
+                       "cuda_graphs": cuda_graphs, "torch_compile": torch_compile, "decode_threads": decode_threads,
+                       **_device_fields(ctx, device if device in DEVICES else "cpu", max_batch_size)})
     try:
         path = write_repository(_source(model), out, opts, overwrite=overwrite)
     except (ValueError, FileExistsError, NotADirectoryError) as err:
         raise fail(as_flags(str(err))) from None
-    console.print(f"wrote Triton repository [bold]{escape(str(path))}[/] (model [bold]{name}[/], flavour {flavour})",
-                  soft_wrap=True)
+    where = f", device {opts.device}" if opts.flavour == "torch" else ""
+    console.print(f"wrote Triton repository [bold]{escape(str(path))}[/] (model [bold]{name}[/], flavour {flavour}"
+                  f"{where})", soft_wrap=True)
     unservable = unservable_path_message(path)
     if unservable:  # a GPU host mounts it elsewhere (docker -v ...:/models); `hub-vit serve --repository` here cannot
         err_console.print(f"[yellow]note:[/] {escape(unservable)} (`hub-vit serve --repository` refuses it; a "
@@ -145,6 +191,7 @@ def _preferred(max_batch_size: int) -> tuple[int, ...]:
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     model: str = typer.Argument(None, help=MODEL_HELP),
     repository_dir: Path = typer.Option(None, "--repository", help="Serve this existing repository instead."),
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
@@ -165,6 +212,15 @@ def serve(
                                                     "this server)."),
     demo_port: int = typer.Option(7860, help="Port of the demo (with --demo)."),
     max_pixels: MaxPixels = DEFAULTS.max_pixels,
+    device: str = typer.Option(None, show_default=False,
+                               help=f"Where the model runs ({', '.join(DEVICES)}). Default: cuda (the torch flavour, "
+                                    "GPU-sized batching) when torch sees a CUDA device, else cpu."),
+    flavour: str = typer.Option(None, show_default=False,
+                                help="'cpu' (ONNX Runtime; the default on cpu) or 'torch' (the hub-vit model in "
+                                     "PyTorch; the only one on cuda)."),
+    cuda_graphs: CudaGraphs = DEFAULTS.cuda_graphs,
+    torch_compile: TorchCompile = DEFAULTS.torch_compile,
+    decode_threads: DecodeThreads = DEFAULTS.decode_threads,
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.ports import PortError, check_host, check_ports
@@ -183,11 +239,24 @@ def serve(
         raise fail(f"--max-restarts must be >= 0, got {max_restarts}")
     workdir = None
     example = "IMAGE..."
+    where = _serve_device(ctx, repository_dir, device, flavour)
     if repository_dir is None:
-        opts = _options(name=name, max_batch_size=max_batch_size, preferred_batch_sizes=_preferred(max_batch_size),
-                        max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
-                        queue_timeout_us=queue_timeout_us, top_k=top_k, max_pixels=max_pixels)
+        def options_for(where: Any) -> ServingOptions:
+            return _options(name=name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
+                            max_queue_size=max_queue_size, queue_timeout_us=queue_timeout_us, top_k=top_k,
+                            max_pixels=max_pixels, flavour=where.flavour, device=where.device,
+                            **_torch_fields(where.flavour, cuda_graphs, torch_compile, decode_threads),
+                            **_device_fields(ctx, where.device, max_batch_size))
+
+        opts = options_for(where)  # checked before the model is loaded
         source = _source(model)
+        if device is None and where.device == "cuda" and source.module is None:  # an exported file: ONNX Runtime
+            from hub_vit.server.device import choose_device
+
+            where = choose_device("cpu", flavour)
+            opts = options_for(where)
+            err_console.print(f"note: {escape(source.origin)} is an exported file, which the torch flavour cannot run; "
+                              "serving it with ONNX Runtime on the CPU", soft_wrap=True)
         example = _example_image(source.origin)
         try:  # in $TMPDIR unless its path has spaces or shell characters the Python-backend stub cannot take
             workdir = shell_safe_tempdir("hub-vit-serve-")
@@ -249,6 +318,7 @@ def serve(
         if missing:
             raise fail(missing, code=1)
         console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
+                      f"  device   {escape(where.description)} ({where.flavour} flavour)\n"
                       f"  HTTP     http://{server.http_url}/v2/models/{name}/infer\n"
                       f"  gRPC     {server.grpc_url}\n"
                       f"  metrics  {server.metrics_url}")
@@ -300,6 +370,60 @@ def serve(
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str | None,
+                  flavour: str | None) -> Any:
+    """`serve`'s device and flavour (server.device.choose_device), refused in the flags' words; with --repository,
+    what its manifest records (the device flags would not change it)."""
+    from hub_vit.server.device import DeviceChoice, choose_device
+
+    torch_flags = [flag for flag, key in (("--cuda-graphs", "cuda_graphs"), ("--torch-compile", "torch_compile"),
+                                          ("--decode-threads", "decode_threads")) if _given(ctx, key)]
+    if repository_dir is not None:
+        given = [flag for flag, value in (("--device", device), ("--flavour", flavour)) if value is not None]
+        if given + torch_flags:
+            flags = given + torch_flags
+            raise fail(f"{', '.join(flags)} only appl{'ies' if len(flags) == 1 else 'y'} when serve builds the "
+                       f"repository; --repository serves {str(repository_dir)!r} as written (rebuild it with "
+                       "`hub-vit repository`)")
+        return _recorded_device(repository_dir)
+    try:
+        choice = choose_device(device, flavour)
+    except ValueError as err:  # the words outside quotes name the flags: "unknown --device 'tpu'; valid: ..."
+        parts = re.split(r"""('[^']*')""", str(err))
+        parts[::2] = [re.sub(r"(?<![\w-])(device|flavour)\b", r"--\1", part) for part in parts[::2]]
+        raise fail("".join(parts)) from None
+    if torch_flags and choice.flavour != "torch":
+        raise fail(f"{', '.join(torch_flags)} set{'s' if len(torch_flags) == 1 else ''} the torch flavour, but the "
+                   f"{choice.flavour} flavour serves on {choice.device}; add --flavour torch")
+    assert isinstance(choice, DeviceChoice)
+    return choice
+
+
+def _recorded_device(folder: Path) -> Any:
+    """The device and flavour a repository's manifest records; a cuda one refused where torch sees no CUDA device
+    (its KIND_GPU instances would fail to load)."""
+    from hub_vit.server.device import DeviceChoice, cuda_device_name
+    from hub_vit.server.repository import MANIFEST
+
+    try:
+        options = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("options", {})
+    except (OSError, ValueError, AttributeError):
+        options = {}
+    flavour, device = str(options.get("flavour", "cpu")), str(options.get("device", "cpu"))
+    if device != "cuda":
+        return DeviceChoice("cpu", flavour, "the CPU")
+    name = cuda_device_name()
+    if name is None:
+        raise fail(f"{str(folder)!r} is a torch-flavour repository for device cuda, but torch sees no CUDA device "
+                   "here; rebuild it with --device cpu, or serve it on a GPU host")
+    return DeviceChoice("cuda", flavour, f"cuda:0 ({name})")
+
+
+def _torch_fields(flavour: str, cuda_graphs: bool, torch_compile: bool, decode_threads: int) -> dict[str, Any]:
+    return {"cuda_graphs": cuda_graphs, "torch_compile": torch_compile, "decode_threads": decode_threads} \
+        if flavour == "torch" else {}
 
 
 def _example_image(origin: str) -> str:

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The GPU check: one command, at most 8 minutes, on a GPU host without network or pip index (Python 3.12, torch with
+# CUDA, timm, transformers, onnx, onnxruntime, grpcio, aiohttp, numpy 2), from the repository root, with the
+# folder scripts/pack_gpu_check.sh prepared (default .gpucheck) beside the checkout:
+#
+#   scripts/gpu_check.sh                 # installs, unpacks, runs the GPU tests and bench/gpu_check.py
+#   scripts/gpu_check.sh --dry-run       # on a CPU host: every step that needs no GPU (torch flavour on cpu)
+#
+# Steps: 1. unpack the carried server (tar.xz) and client wheels under $WORK (default /tmp/hub-vit-gpu-check);
+# 2. install hub-vit editable without network (pip --no-index --no-deps --no-build-isolation, with the carried
+# setuptools); 3. check what the Python 3.12 stub links (ldd); 4. tests/test_cuda.py and
+# tests/test_server_torch_cuda.py; 5. bench/gpu_check.py (served vs CPU flavour, bad input, load, decode,
+# in-process baselines, targets) -> bench/results/gpu_serving_<gpu>.json, also copied to $OUT when set.
+# Every step's log goes to $OUT (or $WORK) as gpu_check.log. Exit status: 1 when a step failed (the JSON keeps what
+# was measured until then).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PACK=$ROOT/.gpucheck
+DRY_RUN=0
+for arg in "$@"; do
+    case $arg in
+        --dry-run) DRY_RUN=1 ;;
+        --pack=*) PACK=${arg#--pack=} ;;
+        *) echo "usage: scripts/gpu_check.sh [--dry-run] [--pack=FOLDER]" >&2; exit 2 ;;
+    esac
+done
+WORK=${GPU_CHECK_WORK:-/tmp/hub-vit-gpu-check}
+LOGDIR=${OUT:-$WORK}
+PY=${PYTHON:-python3}
+mkdir -p "$WORK" "$LOGDIR"
+LOG=$LOGDIR/gpu_check.log
+exec > >(tee -a "$LOG") 2>&1
+STARTED=$(date +%s)
+FAILED=()
+step() { echo "== $(date -u +%H:%M:%S) (+$(( $(date +%s) - STARTED )) s) $*"; }
+run() {  # run NAME SECONDS COMMAND...: a step with its own time limit; a failure is recorded, the check goes on
+    local name=$1 limit=$2; shift 2
+    step "$name"
+    timeout --kill-after=10 "$limit" "$@"
+    local rc=$?
+    if ((rc)); then FAILED+=("$name (exit $rc)"); echo "!! $name failed with exit $rc"; fi
+    return 0
+}
+
+cd "$ROOT" || exit 1
+if ((DRY_RUN)); then
+    PY=${PYTHON:-$ROOT/.venv/bin/python}
+    step "dry run on $(uname -n): the pack is checked, the GPU steps run with the torch flavour on the CPU"
+fi
+[[ -f $PACK/triton-cp312.tar.xz ]] || { echo "error: $PACK/triton-cp312.tar.xz is missing: run" \
+    "scripts/pack_gpu_check.sh on a host with network, and carry $PACK" >&2; exit 2; }
+"$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || ((DRY_RUN)) || {
+    echo "error: $PY is Python $("$PY" -V 2>&1); the carried stub is for 3.12" >&2; exit 2; }
+
+# 1. unpack: the server files, libpython (a fallback after the interpreter's own LIBDIR), the stubs' numpy<2
+step "unpack $PACK into $WORK"
+rm -rf "$WORK/server" && mkdir -p "$WORK/server" && tar -C "$WORK/server" -xJf "$PACK/triton-cp312.tar.xz" || exit 1
+rm -rf "$WORK/site" && cp -r "$WORK/server/site" "$WORK/site"
+for wheel in "$PACK"/wheels/*.whl; do
+    case $(basename "$wheel") in setuptools-*) target=$WORK/build ;; *) target=$WORK/site ;; esac
+    "$PY" -m zipfile -e "$wheel" "$target" || exit 1
+done
+export HUB_VIT_STUB_PYTHONPATH=$WORK/server/stub-site
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$WORK/server/libpython
+if ((DRY_RUN)); then
+    # this host's interpreter is not 3.12: serve with its own server (the .venv's), check the pack's files only
+    unset HUB_VIT_STUB_PYTHONPATH
+else
+    export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+du -sh "$WORK/server"/* | sed 's/^/   /'
+
+# 2. hub-vit, editable, without network
+if ((DRY_RUN)); then
+    step "install: skipped (.venv has hub-vit); would run: $PY -m pip install --no-index --no-deps" \
+         "--no-build-isolation -e ."
+else
+    step "install hub-vit (editable, no network)"
+    PYTHONPATH=$WORK/build:$PYTHONPATH "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+        || { echo "error: pip could not install hub-vit without network" >&2; exit 1; }
+fi
+"$PY" - <<'EOF' || exit 1
+import importlib.metadata as md, sys
+import numpy, torch
+import hub_vit.server.launcher as launcher
+install = launcher.find_triton()
+print(f"   python {sys.version.split()[0]}, numpy {numpy.__version__} (stubs: {launcher.installed_numpy()}), "
+      f"torch {torch.__version__}, CUDA {torch.cuda.is_available()}, tritonclient {md.version('tritonclient')}")
+print(f"   tritonserver {install.binary}")
+EOF
+
+# 3. what the carried stub and server link here
+step "libraries"
+STUB=$(find "$WORK/site" -name triton_python_backend_stub | head -1)
+LIBDIR=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
+for file in "$STUB" "$WORK/site/pytriton/tritonserver/bin/tritonserver"; do
+    if LD_LIBRARY_PATH=$LIBDIR:$LD_LIBRARY_PATH ldd "$file" | grep "=> not found"; then
+        FAILED+=("ldd $(basename "$file")")
+    fi
+done
+LD_LIBRARY_PATH=$LIBDIR:$LD_LIBRARY_PATH ldd "$STUB" | grep -E "python|cudart" | sed 's/^/   /'
+((DRY_RUN)) || nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv | sed 's/^/   /'
+if ((DRY_RUN)); then  # the packed binary with only the packed libraries: it starts and answers
+    step "the packed tritonserver on an empty repository"
+    mkdir -p "$WORK/empty"
+    PORT=$("$PY" -c 'from hub_vit.server.launcher import free_port; print(free_port())')
+    "$WORK/site/pytriton/tritonserver/bin/tritonserver" --model-repository="$WORK/empty" --http-port="$PORT" \
+        --http-address=127.0.0.1 --allow-grpc=false --allow-metrics=false --allow-gpu-metrics=false \
+        --pinned-memory-pool-byte-size=0 --backend-directory="$WORK/site/pytriton/tritonserver/backends" \
+        > "$WORK/packed_server.log" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 60); do
+        curl -sf "http://127.0.0.1:$PORT/v2/health/live" >/dev/null && break
+        sleep 0.5
+    done
+    if curl -sf "http://127.0.0.1:$PORT/v2" | sed 's/^/   /'; then echo; else
+        FAILED+=("packed tritonserver did not start"); tail -20 "$WORK/packed_server.log"; fi
+    kill "$SERVER"; wait "$SERVER" 2>/dev/null
+fi
+
+# 4. the GPU tests (skipped with a reason on the dry run's CPU)
+export PYTHONUNBUFFERED=1
+run "tests/test_cuda.py tests/test_server_torch_cuda.py" 180 \
+    "$PY" -m pytest tests/test_cuda.py tests/test_server_torch_cuda.py -q -rs -x -p no:cacheprovider
+
+# 5. serving, load, decode and in-process numbers -> bench/results/gpu_serving_<gpu>.json (and $OUT)
+if ((DRY_RUN)); then
+    run "bench/gpu_check.py --device cpu --quick" 1800 "$PY" bench/gpu_check.py --device cpu --quick \
+        --out "$WORK/gpu_serving_cpu_dry_run.json"
+else
+    run "bench/gpu_check.py --device cuda" 260 "$PY" bench/gpu_check.py --device cuda --seconds 5
+fi
+
+step "done in $(( $(date +%s) - STARTED )) s; log: $LOG"
+if ((${#FAILED[@]})); then
+    printf 'failed: %s\n' "${FAILED[@]}"
+    exit 1
+fi

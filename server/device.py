@@ -1,0 +1,53 @@
+"""Which device `hub-vit serve` runs the model on: a CUDA device when the interpreter sees one, else the CPU.
+
+Kept apart from `options` (no torch import there, so the CLI starts fast); torch is imported only when asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hub_vit.server.options import DEVICES, FLAVOURS
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    device: str  # "cpu" or "cuda"
+    flavour: str  # the repository flavour that serves it here: "torch" on cuda, "cpu" (ONNX Runtime) or "torch"
+    description: str  # what it runs on, for the user: "cuda:0 (NVIDIA H100 80GB HBM3)" / "the CPU"
+
+
+def cuda_device_name() -> str | None:
+    """`NVIDIA H100 80GB HBM3` for the first CUDA device torch sees, None without one (or without a CUDA torch).
+    Without an NVIDIA driver's device nodes torch is not even imported (a second saved at every start)."""
+    from hub_vit.server.launcher import has_gpu
+
+    if not has_gpu():
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def choose_device(device: str | None, flavour: str | None = None) -> DeviceChoice:
+    """`device` None: cuda when torch sees a CUDA device, else cpu. `flavour` None: "torch" on cuda, "cpu" (ONNX
+    Runtime, the faster one on a CPU) on cpu. ValueError, naming the valid values, for an unknown device or flavour,
+    cuda without a CUDA device, and a flavour that cannot run on the device."""
+    if device is not None and device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
+    local = ("cpu", "torch")  # the flavours the local tritonserver (Python backend only) can serve
+    if flavour is not None and flavour not in local:
+        why = "runs in the official Triton container (Dockerfile)" if flavour == "gpu" else "is unknown"
+        raise ValueError(f"flavour {flavour!r} {why}; valid flavours to serve here: {', '.join(local)} "
+                         f"(all flavours: {', '.join(FLAVOURS)})")
+    name = cuda_device_name() if device in (None, "cuda") else None
+    if device == "cuda" and name is None:
+        raise ValueError("device 'cuda' asked for, but torch sees no CUDA GPU here (torch.cuda.is_available() is "
+                         "False: no GPU, no driver, or a CPU-only torch); valid here: cpu")
+    if device is None:
+        device = "cuda" if name is not None and flavour != "cpu" else "cpu"
+    if device == "cuda":
+        if flavour == "cpu":
+            raise ValueError("flavour 'cpu' runs ONNX Runtime on the CPU; device 'cuda' is served by flavour 'torch'")
+        return DeviceChoice("cuda", "torch", f"cuda:0 ({name})")
+    return DeviceChoice("cpu", flavour or "cpu", "the CPU")

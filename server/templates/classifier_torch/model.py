@@ -1,0 +1,121 @@
+"""Triton Python-backend model written by `hub-vit repository --flavour torch`: the torch flavour's classifier, the one
+step of the ensemble clients call (the CPU flavour's inputs and outputs, the model run in PyTorch).
+
+Input `image` (TYPE_STRING, one encoded JPEG/PNG/WebP per row), decoded and transformed by imageprep (the CPU
+flavour's code: EXIF, bomb guard, the model's own resize/crop/normalise) on a thread pool -> the hub-vit model from
+the model folder beside this file (`model/`: config.json + model.safetensors, the weights every path loads) ->
+`logits` (B, C) float32, `scores` (B, K) softmax probabilities, `class_ids` (B, K) and `labels` (B, K), best first.
+All requests of one dynamic batch run as one forward pass. A bad image fails only its own request, with a client
+error (INVALID_ARG -> HTTP 400) naming it by its index in the request.
+
+device "cuda": the instance's GPU (KIND_GPU), bf16 autocast (fp16 where the GPU has no bf16), batches copied from
+pinned host memory, and one CUDA graph per batch bucket (every bucket captured and run in `initialize`, so Triton
+reports ready only once every shape has run). device "cpu": float32, eager; the tests serve it on any machine.
+Needs hub_vit and torch in the server's Python environment (where `hub-vit serve` runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+from imageprep import BadImageError, Preprocess  # these three: copied beside this file by hub-vit repository
+from topk import top_k
+from triton_errors import request_error
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _share(setting: str, config: dict) -> int:
+    """'0': this process's cores divided among the model's instances (each decodes while another computes); else a
+    count."""
+    if int(setting) > 0:
+        return int(setting)
+    instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+    return max(1, _cores() // instances)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.preprocess = Preprocess.from_params(params)
+        threads = _share(params.get("decode_threads", "0"), config)
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
+        if params["device"] == "cuda":
+            device = torch.device("cuda", int(args.get("model_instance_device_id") or 0))
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+            torch.set_num_threads(threads)  # the instances share the cores, as the CPU flavour's ORT sessions do
+        from hub_vit.folder import load_model_folder  # the one loader of model folders (imports torch and timm)
+        from hub_vit.server.torch_runner import Runner  # the one GPU path; bench/gpu_check.py times the same
+
+        model, _ = load_model_folder(version_dir / params["model_dir"])
+        self.runner = Runner(model, device, self.preprocess.crop_size, tuple(json.loads(params["buckets"])),
+                             graphs=params.get("cuda_graphs", "1") == "1",
+                             compile_model=params.get("torch_compile", "0") == "1")
+        self.k = int(params["top_k"])
+        labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()
+        self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
+
+    def _decode(self, data: object) -> np.ndarray | Exception:
+        try:
+            return self.preprocess(data if isinstance(data, bytes) else bytes(data))  # (3, H, W)
+        except Exception as err:  # a bad image, or e.g. a MemoryError: its request fails, not the batch
+            return err
+
+    def _decode_all(self, requests: list) -> tuple[list, list[tuple[int, np.ndarray]]]:
+        """Every image of every request decoded on the pool at once -> (responses with the failed requests' errors,
+        [(place, (B, 3, H, W))] for the others). A request's first bad image names it, as Preprocess.batch does."""
+        rows = []  # (place in `requests`, index in the request, encoded bytes)
+        responses: list = [None] * len(requests)
+        for place, request in enumerate(requests):
+            images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
+            if images.size == 0:
+                empty = BadImageError("the request holds no image; send at least one encoded JPEG, PNG or WebP")
+                responses[place] = pb_utils.InferenceResponse(error=request_error(empty))
+            rows.extend((place, index, data) for index, data in enumerate(images))
+        decoded: dict[int, list[np.ndarray]] = {}
+        for (place, index, _), result in zip(rows, self.pool.map(self._decode, [r[2] for r in rows]), strict=True):
+            if responses[place] is not None:
+                continue
+            if isinstance(result, Exception):
+                err = BadImageError(f"image {index}: {result}") if isinstance(result, BadImageError) else result
+                responses[place] = pb_utils.InferenceResponse(error=request_error(err))
+                decoded.pop(place, None)
+                continue
+            decoded.setdefault(place, []).append(result)
+        return responses, [(place, np.stack(arrays)) for place, arrays in decoded.items()]
+
+    def execute(self, requests: list) -> list:
+        responses, ok = self._decode_all(requests)
+        if not ok:
+            return responses
+        batch = np.concatenate([pixels for _, pixels in ok])  # (N, 3, H, W); N <= max_batch_size
+        logits = self.runner(batch).astype(np.float32, copy=False)  # (N, C)
+        scores, ids = top_k(logits, self.k)
+        start = 0
+        for place, pixels in ok:
+            part = slice(start, start + len(pixels))
+            start += len(pixels)
+            responses[place] = pb_utils.InferenceResponse(
+                [
+                    pb_utils.Tensor("logits", logits[part]),
+                    pb_utils.Tensor("scores", scores[part]),
+                    pb_utils.Tensor("class_ids", ids[part]),
+                    pb_utils.Tensor("labels", self.labels[ids[part]]),
+                ]
+            )
+        return responses
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=False)

@@ -1,0 +1,326 @@
+"""The torch flavour (the hub-vit model in PyTorch inside one Triton Python step) on the real tritonserver, with
+device cpu: the code path a GPU host runs with device cuda, less the device. Compared with the ONNX CPU flavour
+serving the same model folder on the same server binary: same batching, same top-k labels, logits within
+LOGITS_ATOL (both float32: ONNX Runtime's kernels and PyTorch's sum in other orders), bad images answered as client
+errors while the server keeps serving. Also the repository it writes, its options and `serve --device` choices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.utils import InferenceServerException
+from typer.testing import CliRunner
+
+from hub_vit.server import device as device_module
+from hub_vit.server import launcher
+from hub_vit.server.client import AsyncClassifier, Classifier
+from hub_vit.server.config import cuda_graph_buckets
+from hub_vit.server.device import choose_device
+from hub_vit.server.loadtest import settled_statistics
+from hub_vit.server.options import CUDA_DEFAULTS, ServingOptions
+from hub_vit.server.repository import MANIFEST, outdated_files, write_repository
+from hub_vit.server.source import ModelSource, resolve
+from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
+
+MAX_BATCH = 8
+# float32 both ways; the shipped digits model's logits differ by ~1e-6 between ORT and PyTorch on this host
+LOGITS_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model_folder() -> Path:
+    """The shipped default model (simplevit_digits)."""
+    from hub_vit.catalog import default_model_folder
+
+    return Path(default_model_folder())
+
+
+@pytest.fixture(scope="module")
+def photo_payloads(photos) -> list[bytes]:
+    return [_encode(photos["astronaut"], "JPEG", quality=90), _encode(photos["chelsea"], "PNG"),
+            _encode(photos["coffee"], "WEBP", lossless=True)]
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[list[bytes], np.ndarray]:
+    from hub_vit.train.digits import load_digits_split
+
+    images, labels = load_digits_split("val")
+    return [_encode(image) for image in images], labels
+
+
+def _config(repo: Path) -> mc.ModelConfig:
+    return text_format.Parse((repo / "vit_classifier" / "config.pbtxt").read_text(), mc.ModelConfig())
+
+
+def _options(flavour: str) -> ServingOptions:
+    return ServingOptions(flavour=flavour, max_batch_size=MAX_BATCH, preferred_batch_sizes=(4, 8),
+                          max_queue_delay_us=2000)
+
+
+@pytest.fixture(scope="module")
+def torch_repo(model_folder, tmp_path_factory) -> Path:
+    return write_repository(resolve(model_folder), tmp_path_factory.mktemp("torch") / "repository",
+                            _options("torch"))
+
+
+# -- the repository -----------------------------------------------------------------------------------------------
+def test_torch_repository_carries_the_model_folders_own_weights(torch_repo, model_folder):
+    step = torch_repo / "vit_classifier" / "1"
+    assert sorted(p.name for p in step.iterdir()) == ["imageprep.py", "labels.txt", "model", "model.py", "topk.py",
+                                                      "triton_errors.py"]
+    # the same weights file every other path loads, byte for byte; no ONNX export
+    assert (step / "model" / "model.safetensors").read_bytes() == (model_folder / "model.safetensors").read_bytes()
+    assert not list(torch_repo.rglob("*.onnx"))
+    config = _config(torch_repo)
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    assert config.parameters["device"].string_value == "cpu"
+    assert json.loads(config.parameters["buckets"].string_value) == [1, 2, 4, 8]
+    manifest = json.loads((torch_repo / MANIFEST).read_text())
+    assert manifest["options"]["flavour"] == "torch" and manifest["options"]["device"] == "cpu"
+    assert outdated_files(torch_repo) == []
+
+
+def test_cuda_repository_is_gpu_sized(model_folder, tmp_path):
+    repo = write_repository(resolve(model_folder), tmp_path / "cuda", ServingOptions.for_device("cuda"))
+    config = _config(repo)
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
+    assert config.max_batch_size == CUDA_DEFAULTS["max_batch_size"] == 256
+    assert list(config.dynamic_batching.preferred_batch_size) == [16, 32, 64, 128, 256]
+    assert json.loads(config.parameters["buckets"].string_value) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert [w.batch_size for w in config.model_warmup] == [1, 256]
+    assert json.loads((repo / MANIFEST).read_text())["options"]["device"] == "cuda"
+
+
+def test_cuda_graph_buckets_hold_every_batch_with_at_most_half_padding():
+    assert cuda_graph_buckets(1) == (1,)
+    assert cuda_graph_buckets(48) == (1, 2, 4, 8, 16, 32, 48)
+    buckets = cuda_graph_buckets(256)
+    for count in range(1, 257):
+        bucket = next(b for b in buckets if b >= count)
+        assert bucket < 2 * count or bucket == 1
+
+
+def test_torch_flavour_refuses_an_exported_file(model_folder, tmp_path):
+    source = resolve(model_folder)
+    onnx = ModelSource(metadata=source.metadata, onnx_path=tmp_path / "model.onnx", origin=str(tmp_path / "m.onnx"))
+    with pytest.raises(ValueError, match=r"flavour 'torch' runs the hub-vit model itself in PyTorch, but .* is an "
+                                         r"exported ONNX file; give a registered model name or a hub-vit model folder"):
+        write_repository(onnx, tmp_path / "repo", ServingOptions(flavour="torch"))
+    assert not (tmp_path / "repo").exists()
+
+
+def test_runner_on_cpu_is_the_model_in_float32(model_folder):
+    import torch
+
+    from hub_vit.folder import load_model_folder
+    from hub_vit.server.torch_runner import Runner
+
+    model, _ = load_model_folder(model_folder)
+    runner = Runner(model, torch.device("cpu"), (32, 32), (1, 2, 4, 8))
+    batch = np.random.default_rng(0).uniform(-1, 1, (5, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(batch)).numpy()
+    np.testing.assert_allclose(runner(batch), expected, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match=r"buckets must be increasing positive batch sizes, got \(4, 2\)"):
+        Runner(model, torch.device("cpu"), (32, 32), (4, 2))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"device": "gpu"}, "unknown device 'gpu'; valid: cpu, cuda"),
+    ({"device": "cuda"}, "device 'cuda' is served by flavour 'torch'"),
+    ({"flavour": "gpu", "device": "cuda"}, "valid flavours for cuda: torch"),
+    ({"flavour": "torch", "decode_threads": -1}, "decode_threads must be 0 (the cores shared among the instances)"),
+    ({"flavour": "tpu"}, "unknown flavour 'tpu'; valid: cpu, gpu, torch"),
+])
+def test_bad_device_options_are_named(options, message):
+    with pytest.raises(ValueError) as info:
+        ServingOptions(**options)
+    assert message in str(info.value)
+
+
+# -- choosing the device ------------------------------------------------------------------------------------------
+def test_serve_picks_cuda_and_the_torch_flavour_when_torch_sees_a_gpu(monkeypatch):
+    monkeypatch.setattr(device_module, "cuda_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    assert choose_device(None) == device_module.DeviceChoice("cuda", "torch", "cuda:0 (NVIDIA H100 80GB HBM3)")
+    assert choose_device("cpu").flavour == "cpu"  # ONNX Runtime stays the CPU's flavour
+    assert choose_device(None, "cpu").device == "cpu"
+    with pytest.raises(ValueError, match="flavour 'cpu' runs ONNX Runtime on the CPU; device 'cuda' is served by"):
+        choose_device("cuda", "cpu")
+
+
+def test_without_a_gpu_the_default_is_unchanged_and_cuda_is_refused(monkeypatch):
+    monkeypatch.setattr(device_module, "cuda_device_name", lambda: None)
+    assert choose_device(None) == device_module.DeviceChoice("cpu", "cpu", "the CPU")
+    assert choose_device("cpu", "torch").flavour == "torch"
+    with pytest.raises(ValueError, match=r"device 'cuda' asked for, but torch sees no CUDA GPU here .* valid here: "
+                                         r"cpu"):
+        choose_device("cuda")
+    with pytest.raises(ValueError, match=r"unknown device 'tpu'; valid: cpu, cuda"):
+        choose_device("tpu")
+    with pytest.raises(ValueError, match=r"flavour 'gpu' runs in the official Triton container .* valid flavours to "
+                                         r"serve here: cpu, torch"):
+        choose_device(None, "gpu")
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, " ".join(result.output.split())
+
+
+PORTS = ("--http-port", "18451", "--grpc-port", "18452", "--metrics-port", "18453")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--device", "tpu"), "error: unknown --device 'tpu'; valid: cpu, cuda"),
+    (("--flavour", "gpu"), "error: --flavour 'gpu' runs in the official Triton container"),
+    (("--no-cuda-graphs",), "error: --cuda-graphs sets the torch flavour, but the cpu flavour serves on cpu; add "
+                            "--flavour torch"),
+    (("--device", "cpu", "--torch-compile"), "error: --torch-compile sets the torch flavour"),
+])
+def test_serve_refuses_bad_device_flags_by_name(args, message):
+    code, output = _cli("serve", *PORTS, *args)
+    assert code == 2 and message in output, output
+
+
+def test_serve_device_cuda_without_a_gpu_names_the_valid_device():
+    if device_module.cuda_device_name() is not None:
+        pytest.skip("this machine has a CUDA device")
+    code, output = _cli("serve", *PORTS, "--device", "cuda")
+    assert code == 2 and "--device 'cuda' asked for, but torch sees no CUDA GPU here" in output, output
+    assert "valid here: cpu" in output
+
+
+def test_repository_refuses_torch_flags_on_other_flavours(tmp_path):
+    code, output = _cli("repository", str(tmp_path / "r"), "--decode-threads", "4")
+    assert code == 2 and "--decode-threads sets the torch flavour; pass --flavour torch" in output, output
+    code, output = _cli("repository", str(tmp_path / "r"), "--device", "cuda")
+    assert code == 2 and "--device 'cuda' is served by --flavour 'torch'" in output, output
+    assert not (tmp_path / "r").exists()
+
+
+def test_repository_device_cuda_takes_gpu_sizes_unless_given(tmp_path):
+    code, output = _cli("repository", str(tmp_path / "r"), "--flavour", "torch", "--device", "cuda",
+                        "--max-batch-size", "64")
+    assert code == 0, output
+    config = _config(tmp_path / "r")
+    assert config.max_batch_size == 64  # given: kept
+    assert list(config.dynamic_batching.preferred_batch_size) == [16, 32, 64]
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == CUDA_DEFAULTS["max_queue_size"]
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
+
+
+def test_stub_numpy_is_read_from_its_own_folder(monkeypatch, tmp_path):
+    """A GPU host keeps numpy 2 for torch; $HUB_VIT_STUB_PYTHONPATH names a folder with numpy<2 for the stubs."""
+    def folder_with(version: str) -> Path:
+        info = tmp_path / version / f"numpy-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: numpy\nVersion: {version}\n")
+        return info.parent
+
+    monkeypatch.setenv(launcher.STUB_PYTHONPATH, str(folder_with("2.1.0")))
+    with pytest.raises(launcher.ServerError, match=r"numpy 2\.1\.0 is installed.*HUB_VIT_STUB_PYTHONPATH"):
+        launcher.check_stub_numpy()
+    monkeypatch.setenv(launcher.STUB_PYTHONPATH, str(folder_with("1.26.4")))
+    monkeypatch.setattr(launcher.importlib.metadata, "version", lambda name: "2.5.2")  # this environment's numpy
+    launcher.check_stub_numpy()  # the stubs' folder decides
+
+
+# -- the real server: torch (cpu) against ONNX Runtime (cpu) ------------------------------------------------------
+@pytest.fixture(scope="module")
+def servers(torch_repo, model_folder, tmp_path_factory):
+    onnx_repo = write_repository(resolve(model_folder), tmp_path_factory.mktemp("onnx") / "repository",
+                                 _options("cpu"))
+    started = []
+    try:
+        for repo in (torch_repo, onnx_repo):
+            started.append(_start(repo))
+        yield {"torch": started[0], "onnx": started[1]}
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_torch_flavour_answers_as_the_onnx_flavour(servers, photo_payloads, digits, protocol):
+    payloads = [*photo_payloads, *digits[0][:29]]  # 32 images: real photos and held-out digits
+    answers = {}
+    for flavour, server in servers.items():
+        with Classifier(_url(server, protocol), protocol=protocol) as client:
+            answers[flavour] = [p for chunk in range(0, len(payloads), MAX_BATCH)
+                                for p in client.classify(payloads[chunk:chunk + MAX_BATCH], with_logits=True)]
+    for torch_answer, onnx_answer in zip(answers["torch"], answers["onnx"], strict=True):
+        assert torch_answer.labels == onnx_answer.labels
+        assert torch_answer.class_ids == onnx_answer.class_ids
+        np.testing.assert_allclose(torch_answer.logits, onnx_answer.logits, atol=LOGITS_ATOL, rtol=0)
+        np.testing.assert_allclose(torch_answer.scores, onnx_answer.scores, atol=LOGITS_ATOL, rtol=0)
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_concurrent_requests_are_batched_into_one_forward_pass(servers, photo_payloads, digits):
+    payloads = [*photo_payloads, *digits[0]][:32]
+    server = servers["torch"]
+
+    async def fire():
+        async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
+            before = await client.statistics()
+            results = await asyncio.gather(*(client.classify(p) for p in payloads))
+            return before, results, await settled_statistics(client, before, len(payloads))
+
+    before, results, after = asyncio.run(fire())
+    with Classifier(servers["onnx"].http_url) as client:
+        expected = [p for i in range(0, 32, MAX_BATCH) for p in client.classify(payloads[i:i + MAX_BATCH])]
+    assert [r[0].labels for r in results] == [e.labels for e in expected]
+    requests = after["vit_classifier"]["inference_count"] - before["vit_classifier"]["inference_count"]
+    executions = after["vit_classifier"]["execution_count"] - before["vit_classifier"]["execution_count"]
+    assert requests == 32 and executions < requests, (requests, executions)
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("case", ["not_an_image", "truncated_jpeg", "decompression_bomb", "empty"])
+def test_bad_images_are_client_errors_and_the_server_keeps_serving(servers, photos, photo_payloads, case, protocol):
+    make, message = BAD_IMAGES[case]
+    server = servers["torch"]
+    with Classifier(_url(server, protocol), protocol=protocol) as client:
+        with pytest.raises(InferenceServerException) as info:
+            client.classify([photo_payloads[1], make(photos)])  # the bad one is image 1 of the request
+        err = info.value
+        assert message in err.message() and "image 1" in err.message(), err.message()
+        assert err.status() in ("400", "StatusCode.INVALID_ARGUMENT"), err.status()
+        assert client.ready() and len(client.classify(photo_payloads[0])[0].labels) == 5
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_bad_and_good_requests_in_one_batch_are_answered_apart(servers, photos, photo_payloads):
+    """Requests of one dynamic batch are decoded together on the pool: the bad one fails alone."""
+    bad = BAD_IMAGES["truncated_jpeg"][0](photos)
+    payloads = [photo_payloads[0], bad, photo_payloads[1], photo_payloads[2], bad, photo_payloads[0]]
+
+    async def fire():
+        async with AsyncClassifier(servers["torch"].http_url) as client:
+            return await asyncio.gather(*(client.classify(p) for p in payloads), return_exceptions=True)
+
+    results = asyncio.run(fire())
+    with Classifier(servers["onnx"].http_url) as client:
+        expected = client.classify(photo_payloads)
+    for payload, result in zip(payloads, results, strict=True):
+        if payload is bad:
+            assert isinstance(result, InferenceServerException) and "cannot decode JPEG" in result.message()
+        else:
+            assert result[0].labels == expected[photo_payloads.index(payload)].labels

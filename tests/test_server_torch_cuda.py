@@ -1,0 +1,165 @@
+"""The torch flavour on a CUDA device: the forward pass (bf16 autocast, CUDA graph buckets) against fp32 eager, and
+the real tritonserver serving it on KIND_GPU instances against the ONNX CPU flavour (same labels, scores within
+BF16_SCORE_ATOL), bad input, batching, and `hub-vit serve` choosing cuda by itself.
+
+Skipped without a CUDA device (the CI machine has none); scripts/gpu_check.sh runs it on a GPU host. The CPU half of
+the same code path runs everywhere in tests/test_server_torch.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tritonclient.utils import InferenceServerException
+
+from hub_vit.server.client import AsyncClassifier, Classifier
+from hub_vit.server.config import cuda_graph_buckets
+from hub_vit.server.launcher import free_port
+from hub_vit.server.loadtest import settled_statistics
+from hub_vit.server.options import ServingOptions
+from hub_vit.server.repository import write_repository
+from hub_vit.server.source import resolve
+from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+# bf16 keeps 8 significant bits: softmax scores of the digits model move by up to ~1e-2 against float32
+BF16_SCORE_ATOL = 2e-2
+BF16_LOGIT_RTOL = 3e-2  # of the largest logit's magnitude
+MAX_BATCH = 64
+
+
+@pytest.fixture(scope="module")
+def model_folder() -> Path:
+    from hub_vit.catalog import default_model_folder
+
+    return Path(default_model_folder())
+
+
+@pytest.fixture(scope="module")
+def payloads(photos) -> list[bytes]:
+    from hub_vit.train.digits import load_digits_split
+
+    images, _ = load_digits_split("val")
+    return [_encode(photos["astronaut"], "JPEG", quality=90), _encode(photos["chelsea"], "PNG"),
+            _encode(photos["coffee"], "WEBP", lossless=True), *[_encode(image) for image in images[:45]]]
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_runner_buckets_match_fp32_eager(graphs):
+    import timm
+
+    import hub_vit  # noqa: F401  (registers the timm names)
+    from hub_vit.server.torch_runner import Runner
+
+    model = timm.create_model("simplevit_s16", pretrained=False).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # a zero-initialised head would give all-zero logits
+    batch = np.random.default_rng(0).uniform(-1, 1, (5, 3, 224, 224)).astype(np.float32)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(batch)).numpy()
+    runner = Runner(model, torch.device("cuda"), (224, 224), cuda_graph_buckets(8), graphs=graphs)
+    assert set(runner.graphs) == (set(cuda_graph_buckets(8)) if graphs else set())
+    for rows in (slice(0, 5), slice(0, 1), slice(2, 5)):  # buckets 8, 1 and 4, each padded past the rows sent
+        got = runner(batch[rows])
+        scale = np.abs(expected).max()
+        assert np.abs(got - expected[rows]).max() <= BF16_LOGIT_RTOL * scale
+        assert (got.argmax(1) == expected[rows].argmax(1)).all()
+
+
+@pytest.fixture(scope="module")
+def servers(model_folder, tmp_path_factory):
+    source = resolve(model_folder)
+    cuda = ServingOptions.for_device("cuda", max_batch_size=MAX_BATCH,
+                                     preferred_batch_sizes=(16, 32, 64), max_queue_delay_us=2000)
+    cpu = ServingOptions(max_batch_size=16, preferred_batch_sizes=(4, 8, 16))
+    started = {}
+    try:
+        for flavour, opts in (("cuda", cuda), ("onnx", cpu)):
+            repo = write_repository(source, tmp_path_factory.mktemp(flavour) / "repository", opts)
+            started[flavour] = _start(repo)
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cuda_flavour_answers_as_the_onnx_cpu_flavour(servers, payloads, protocol):
+    answers = {}
+    for flavour, server in servers.items():
+        with Classifier(_url(server, protocol), protocol=protocol) as client:
+            answers[flavour] = client.classify(payloads)
+    margins_ok = 0
+    for gpu, cpu in zip(answers["cuda"], answers["onnx"], strict=True):
+        np.testing.assert_allclose(gpu.scores, cpu.scores, atol=BF16_SCORE_ATOL, rtol=0)
+        if cpu.scores[0] - cpu.scores[1] > 2 * BF16_SCORE_ATOL:  # not a near-tie: bf16 must not reorder it
+            assert gpu.labels[0] == cpu.labels[0]
+            margins_ok += 1
+    assert margins_ok >= len(payloads) // 2
+
+
+def test_concurrent_requests_share_executions_and_buckets(servers, payloads):
+    server = servers["cuda"]
+
+    async def fire():
+        async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
+            before = await client.statistics()
+            results = await asyncio.gather(*(client.classify(p) for p in payloads))
+            return before, results, await settled_statistics(client, before, len(payloads))
+
+    before, results, after = asyncio.run(fire())
+    with Classifier(server.http_url) as client:
+        alone = [client.classify([p])[0] for p in payloads[:8]]  # bucket 1 each time
+    for together, single in zip(results, alone, strict=False):
+        np.testing.assert_allclose(together[0].scores, single.scores, atol=BF16_SCORE_ATOL, rtol=0)
+    requests = after["vit_classifier"]["inference_count"] - before["vit_classifier"]["inference_count"]
+    executions = after["vit_classifier"]["execution_count"] - before["vit_classifier"]["execution_count"]
+    assert requests == len(payloads) and executions < requests, (requests, executions)
+
+
+@pytest.mark.parametrize("case", ["not_an_image", "truncated_jpeg", "decompression_bomb"])
+def test_bad_images_on_the_gpu_server_are_client_errors(servers, photos, payloads, case):
+    make, message = BAD_IMAGES[case]
+    with Classifier(servers["cuda"].http_url) as client:
+        with pytest.raises(InferenceServerException) as info:
+            client.classify([payloads[0], make(photos)])
+        assert message in info.value.message() and "image 1" in info.value.message()
+        assert info.value.status() == "400"
+        assert client.ready() and len(client.classify(payloads[0])[0].labels) == 5
+
+
+def test_serve_picks_cuda_by_itself_and_says_so(model_folder):
+    ports = [str(free_port()) for _ in range(3)]
+    command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", str(model_folder),
+               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--quiet",
+               "--max-batch-size", "32"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+    lines = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            line = process.stdout.readline()
+            lines.append(line)
+            if "metrics" in line:
+                break
+        text = "".join(lines)
+        assert "device   cuda:0 (" in text and "(torch flavour)" in text, text
+        with Classifier(f"127.0.0.1:{ports[0]}") as client:
+            assert client.max_batch_size() == 32
+            assert len(client.classify(sorted(model_folder.glob("samples/*.png"))[:3])) == 3
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0
