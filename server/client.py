@@ -65,6 +65,8 @@ class Prediction:
     logits: np.ndarray | None = None
     rollout: np.ndarray | None = None
     rollout_box: tuple[float, float, float, float] | None = None
+    model_name: str | None = None  # which model and version answered (Triton's response)
+    model_version: str | None = None
 
 
 def encode(image: ImageLike) -> bytes:
@@ -298,6 +300,9 @@ def parse_result(result: Any, with_logits: bool, explain: bool = False) -> list[
     logits = result.as_numpy("logits") if with_logits else None
     # (B, H', W') maps and (B, 4) boxes
     maps, boxes = (result.as_numpy(name) for name in EXPLAIN_OUTPUTS) if explain else (None, None)
+    answered = result.get_response()  # HTTP: a dict; gRPC: a ModelInferResponse
+    name, version = ((answered.get("model_name"), answered.get("model_version")) if isinstance(answered, dict)
+                     else (answered.model_name, answered.model_version))
     if explain and (maps is None or boxes is None):
         raise ValueError("the server answered without the rollout map it was asked for (its model's step does not "
                          "read the `explain` parameter: a repository from an earlier hub-vit? rebuild it)")
@@ -309,6 +314,8 @@ def parse_result(result: Any, with_logits: bool, explain: bool = False) -> list[
             logits=None if logits is None else logits[i],
             rollout=None if maps is None else maps[i],
             rollout_box=None if boxes is None else tuple(float(v) for v in boxes[i]),
+            model_name=name or None,
+            model_version=version or None,
         )
         for i in range(len(scores))
     ]
@@ -364,6 +371,14 @@ class Classifier:
                 raise _no_rollout(_renumbered(err, offset)) from None
             predictions.extend(parse_result(result, with_logits, explain))
         return predictions
+
+    def served_model(self) -> str | None:
+        """The model the served ensemble was generated from (its config's `hub_vit_model` parameter, written by
+        `hub-vit repository`), or None for a model hub-vit did not generate."""
+        config = self.client.get_model_config(self.model, **self._deadline)
+        parameters = config.get("config", config).get("parameters", {}) if isinstance(config, dict) else \
+            {key: {"string_value": value.string_value} for key, value in config.config.parameters.items()}
+        return (parameters.get("hub_vit_model") or {}).get("string_value") or None
 
     def ready(self) -> bool:
         return (bool(self.client.is_server_ready(**self._deadline))

@@ -8,6 +8,7 @@ once (`ModelCache`) and the rollout itself costs about one forward pass. Hardeni
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -213,19 +214,26 @@ class Demo:
         top = explainer.top_k(result.logits[0], 5)
         status = f"**{explainer.name}** in-process"
         domain = self.domain(model_key)
+        full_map, on = result.maps[0], prepared  # the full rollout and the image + crop box it is drawn on
         if backend != IN_PROCESS:
             if self.triton is None:
                 raise refusal(f"unknown backend {backend!r}; valid choices: {', '.join(self.backends())}")
-            remote, message = self.triton.top_k(image, 5, source=image_path, labels=explainer.labels)
-            status = message
-            top = remote if remote is not None else top
+            answer, status = self.triton.explain(image, 5, source=image_path, labels=explainer.labels,
+                                                 head_fusion=head_fusion, discard_ratio=float(discard_ratio))
+            if answer is not None:
+                top = answer.top
+                if answer.rollout is not None:  # the server's own map, on the crop box the server reports
+                    full_map, on = answer.rollout, dataclasses.replace(prepared, box=answer.box)
+                    status += "; the rollout map from the server too, per-block view and class map in-process"
+                else:
+                    status += "; maps from the in-process model"
             mismatch = self.triton.mismatch(model_key)
-            if mismatch and remote is not None:
+            if mismatch and answer is not None:
                 status += f" · **note**: {mismatch}"
         depth = explainer.depth
         layer_index = int(min(max(int(layer or depth), 1), depth))
         display = dict(max_side=MAX_SIDE, min_side=MIN_SIDE)
-        overlay = explainer.overlay(prepared, result.maps[0], **display)
+        overlay = explainer.overlay(on, full_map, **display)
         layer_view = explainer.overlay(prepared, result.layer_maps[0, layer_index - 1], **display)
         target = target if target in explainer.labels else explainer.labels[int(result.logits[0].argmax())]
         cam = explainer.class_map(prepared, explainer.label_index(target)).maps[0]
@@ -235,8 +243,7 @@ class Demo:
         if unsure is not None:  # not presented as a result: said first, and in the labels' own title
             status = f"**{unsure}.** {status}"
         return (
-            # labels are distinct per model (`distinct_labels`): five entries, five probabilities
-            gr.update(value=dict(top), label="Top-5 (NOT a confident answer)" if unsure else "Top-5"),
+            dict(top),  # labels are distinct per model (`distinct_labels`): five entries, five probabilities
             overlay,
             layer_view,
             gr.update(choices=explainer.labels, value=target),
