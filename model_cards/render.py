@@ -218,6 +218,7 @@ def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, An
         preprocessing=sections.preprocessing_rows(facts),
         published=_published(facts),
         evaluation=None if measured is None else {"note": measured.note, "rows": measured.rows},
+        domain=sections.domain_section(facts.path, facts.labels),
         parity=provenance.parity(facts),
         provenance=provenance.rows(facts, _version()),
         training_recipe=provenance.recipe_rows(facts),

@@ -7,6 +7,7 @@ significant digits (`format(x, ".6g")`), GMACs with two decimals.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from hub_vit.variants import ViTSpec
@@ -140,3 +141,34 @@ def labels_note(labels: list[str], shown: int = 10) -> str:
     head = ", ".join(f"`{label}`" for label in labels[:shown])
     more = f", ... ({fmt_number(len(labels) - shown)} more)" if len(labels) > shown else ""
     return f"{fmt_number(len(labels))} classes, in `labels.txt` (line i = class i): {head}{more}."
+
+
+DOMAIN_ROWS = (  # domain.json `measured` key -> the card's words
+    ("calibration_images", "held-out images that set the threshold"),
+    ("test_images", "other held-out images, measured with it"),
+    ("test_kept", "share of those answered with confidence"),
+    ("test_top1_all", "their top-1 accuracy, all answers"),
+    ("test_top1_kept", "their top-1 accuracy, confident answers only"),
+    ("out_of_domain_images", "out-of-domain images"),
+    ("out_of_domain_flagged", "share of those marked as not confident"),
+    ("out_of_domain_median_top1", "their median top-1 probability"),
+)
+
+
+def domain_section(folder: Path, labels: list[str]) -> dict[str, Any] | None:
+    """What the model knows and its confidence rule (`domain.json`, `hub_vit.domain`), when one was measured for
+    these weights; None otherwise (no record, or the weights changed since)."""
+    from hub_vit.domain import read_domain
+
+    domain = read_domain(folder, labels)
+    if domain.threshold is None:
+        return None
+    measured = domain.measured
+    rows = [("confidence threshold (top-1 probability)", f"{domain.threshold:.4f}")]
+    rows += [(words, fmt_value(measured[key])) for key, words in DOMAIN_ROWS if key in measured]
+    note = (f"This model knows {domain.knows}; it answers every image with one of those classes, whatever the image "
+            f"shows. An answer whose top-1 probability is below the threshold is marked as not confident (the demo "
+            f"says so). Rule: {measured.get('rule', 'see domain.json')}. Out-of-domain images: "
+            f"{measured.get('out_of_domain_source', 'see domain.json')}. From `domain.json` "
+            "(`scripts/calibrate_domain.py`), tied to these weights by their digest.")
+    return {"note": note, "rows": rows}

@@ -3,6 +3,7 @@
     with Classifier("127.0.0.1:8000") as clf:               # or protocol="grpc", url "127.0.0.1:8001"
         for p in clf.classify(["cat.jpg", b"...png bytes...", pil_image]):
             print(p.labels[0], p.scores[0])
+        p = clf.classify("cat.jpg", explain=True)[0]      # + p.rollout (H', W') on p.rollout_box of the image
 
 Images travel encoded (paths are read as-is, PIL images are encoded losslessly as PNG); decoding, resizing and
 normalising happen on the server, exactly once, with the model's own transform.
@@ -27,6 +28,7 @@ from hub_vit.server.options import LONGEST_QUEUE_TIMEOUT_US
 PROTOCOLS = ("http", "grpc")
 ImageLike = Any  # str | Path | bytes | PIL.Image.Image
 OUTPUTS = ("labels", "scores", "class_ids")
+EXPLAIN_OUTPUTS = ("rollout", "rollout_box")  # answered to a request whose parameters say `explain` (served_rollout.py)
 # Modes a PNG holds as they are; Pillow refuses to write the others (CMYK, YCbCr, LAB, HSV, RGBX, RGBa, La, PA, F,
 # and the 16-bit "I;16L" / "I;16N", which `_png_ready` rewrites as "I;16") as PNG, and writing "I" is deprecated.
 PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I;16B")
@@ -52,12 +54,19 @@ SHED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
 
 @dataclass(frozen=True)
 class Prediction:
-    """Top-k of one image, best first; `logits` only when asked for (`with_logits=True`)."""
+    """Top-k of one image, best first; `logits` only when asked for (`with_logits=True`). With `explain=True`,
+    `rollout` is the server's attention-rollout map (H', W') on the model's patch grid (relevance mass, as
+    `hub_vit.explain.attention_rollout`'s maps) and `rollout_box` the model's crop (left, top, right, bottom) in the
+    image's own pixels, where the map lies (`hub_vit.explain.blend(image, rollout, rollout_box)` draws it)."""
 
     labels: list[str]
     scores: list[float]
     class_ids: list[int]
     logits: np.ndarray | None = None
+    rollout: np.ndarray | None = None
+    rollout_box: tuple[float, float, float, float] | None = None
+    model_name: str | None = None  # which model and version answered (Triton's response)
+    model_version: str | None = None
 
 
 def encode(image: ImageLike) -> bytes:
@@ -243,6 +252,29 @@ def failed_image(err: Exception) -> tuple[int, str] | None:
     return None if match is None else (int(match[2]), message[match.end():])
 
 
+def explain_parameters(explain: bool, head_fusion: str | None, discard_ratio: float | None) -> dict[str, Any]:
+    """The request parameters that ask the server for a rollout map ({} without `explain`). The server checks the
+    values (its client error names the valid ones) and applies `hub-vit rollout`'s defaults to those left None."""
+    if not explain:
+        if head_fusion is not None or discard_ratio is not None:
+            raise ValueError("head_fusion and discard_ratio set how the map is made: pass explain=True with them")
+        return {}
+    given = {"head_fusion": head_fusion, "discard_ratio": discard_ratio}
+    return {"explain": True} | {key: value for key, value in given.items() if value is not None}
+
+
+def _no_rollout(err: Exception) -> Exception:
+    """A server whose model has no `rollout` output refuses the request naming it; say what that means."""
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(err, InferenceServerException) and "rollout" in (err.message() or "") \
+            and "output" in (err.message() or ""):
+        return ValueError(f"the served model has no rollout output ({err.message()}): explanations are served by "
+                          "the CPU flavour of a repository built from a hub-vit model (a name or folder, not an "
+                          ".onnx file), with options.explain on")
+    return err
+
+
 @dataclass(frozen=True)
 class PreparedRequest:
     """One request's tensors, built once (`AsyncClassifier.prepare`) and sent as often as wanted (`send`): what a
@@ -254,23 +286,36 @@ class PreparedRequest:
     timeout_us: int | None = None  # the request's queue timeout (None: the repository's own)
 
 
-def build_request(module: Any, images: Sequence[ImageLike], with_logits: bool) -> tuple[list[Any], list[Any]]:
+def build_request(module: Any, images: Sequence[ImageLike], with_logits: bool,
+                  explain: bool = False) -> tuple[list[Any], list[Any]]:
     data = np.array([[encode(image)] for image in images], dtype=np.object_)  # (B, 1) encoded bytes
     tensor = module.InferInput("image", list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data)
-    names = OUTPUTS + (("logits",) if with_logits else ())
+    names = OUTPUTS + (("logits",) if with_logits else ()) + (EXPLAIN_OUTPUTS if explain else ())
     return [tensor], [module.InferRequestedOutput(name) for name in names]
 
 
-def parse_result(result: Any, with_logits: bool) -> list[Prediction]:
+def parse_result(result: Any, with_logits: bool, explain: bool = False) -> list[Prediction]:
     labels, scores, ids = (result.as_numpy(name) for name in OUTPUTS)  # (B, K) each
     logits = result.as_numpy("logits") if with_logits else None
+    # (B, H', W') maps and (B, 4) boxes
+    maps, boxes = (result.as_numpy(name) for name in EXPLAIN_OUTPUTS) if explain else (None, None)
+    answered = result.get_response()  # HTTP: a dict; gRPC: a ModelInferResponse
+    name, version = ((answered.get("model_name"), answered.get("model_version")) if isinstance(answered, dict)
+                     else (answered.model_name, answered.model_version))
+    if explain and (maps is None or boxes is None):
+        raise ValueError("the server answered without the rollout map it was asked for (its model's step does not "
+                         "read the `explain` parameter: a repository from an earlier hub-vit? rebuild it)")
     return [
         Prediction(
             labels=[label.decode("utf-8") if isinstance(label, bytes) else str(label) for label in labels[i]],
             scores=scores[i].astype(float).tolist(),
             class_ids=ids[i].astype(int).tolist(),
             logits=None if logits is None else logits[i],
+            rollout=None if maps is None else maps[i],
+            rollout_box=None if boxes is None else tuple(float(v) for v in boxes[i]),
+            model_name=name or None,
+            model_version=version or None,
         )
         for i in range(len(scores))
     ]
@@ -304,24 +349,36 @@ class Classifier:
         return self._limit
 
     def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
-                 queue_timeout_s: float | None = None) -> list[Prediction]:
+                 queue_timeout_s: float | None = None, explain: bool = False, head_fusion: str | None = None,
+                 discard_ratio: float | None = None) -> list[Prediction]:
         """Predictions in the order of `images`; a list longer than the model's `max_batch_size` is sent as several
         requests (the server refuses larger ones). A server error names the image by its index in `images`.
         `queue_timeout_s`: the server rejects a request ("Request timeout expired", HTTP 503 / gRPC UNAVAILABLE)
         that waits longer than this in a step's queue, instead of computing an answer nobody waits for any more;
-        None: the repository's own limit (none by default)."""
+        None: the repository's own limit (none by default).
+        `explain`: each Prediction also holds the server's rollout map and the crop box it covers; `head_fusion`
+        ('mean', 'max', 'min') and `discard_ratio` ([0, 1)) as in `hub-vit rollout`, its defaults when None."""
         batch = as_batch(images)
-        kwargs = queue_timeout(queue_timeout_s) | self._deadline
+        parameters = explain_parameters(explain, head_fusion, discard_ratio)
+        kwargs = queue_timeout(queue_timeout_s) | self._deadline | ({"parameters": parameters} if parameters else {})
         limit = self.max_batch_size() if len(batch) > 1 else 0  # one image fits any model: no config round trip
         predictions: list[Prediction] = []
         for offset, chunk in split(batch, limit):
-            inputs, outputs = build_request(self.module, chunk, with_logits)
+            inputs, outputs = build_request(self.module, chunk, with_logits, explain)
             try:
                 result = self.client.infer(self.model, inputs, outputs=outputs, **kwargs)
             except Exception as err:
-                raise _renumbered(err, offset) from None
-            predictions.extend(parse_result(result, with_logits))
+                raise _no_rollout(_renumbered(err, offset)) from None
+            predictions.extend(parse_result(result, with_logits, explain))
         return predictions
+
+    def served_model(self) -> str | None:
+        """The model the served ensemble was generated from (its config's `hub_vit_model` parameter, written by
+        `hub-vit repository`), or None for a model hub-vit did not generate."""
+        config = self.client.get_model_config(self.model, **self._deadline)
+        parameters = config.get("config", config).get("parameters", {}) if isinstance(config, dict) else \
+            {key: {"string_value": value.string_value} for key, value in config.config.parameters.items()}
+        return (parameters.get("hub_vit_model") or {}).get("string_value") or None
 
     def ready(self) -> bool:
         return (bool(self.client.is_server_ready(**self._deadline))
@@ -368,22 +425,24 @@ class AsyncClassifier:
         return self._limit
 
     async def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
-                       queue_timeout_s: float | None = None) -> list[Prediction]:
+                       queue_timeout_s: float | None = None, explain: bool = False, head_fusion: str | None = None,
+                       discard_ratio: float | None = None) -> list[Prediction]:
         """As `Classifier.classify`; the requests of a long list run concurrently (at most MAX_IN_FLIGHT at once)."""
         batch = as_batch(images)
-        timeout = queue_timeout(queue_timeout_s)
+        parameters = explain_parameters(explain, head_fusion, discard_ratio)
+        timeout = queue_timeout(queue_timeout_s) | ({"parameters": parameters} if parameters else {})
         limit = await self.max_batch_size() if len(batch) > 1 else 0
         gate = asyncio.Semaphore(MAX_IN_FLIGHT)
 
         async def one(offset: int, chunk: list[ImageLike]) -> list[Prediction]:
             async with gate:
-                inputs, outputs = build_request(self.module, chunk, with_logits)  # encoded only when sent
+                inputs, outputs = build_request(self.module, chunk, with_logits, explain)  # encoded when sent
                 try:
                     result = await self.client.infer(self.model, inputs, outputs=outputs, headers=self._headers,
                                                      **timeout, **self._deadline)
                 except Exception as err:
-                    raise _renumbered(err, offset) from None
-            return parse_result(result, with_logits)
+                    raise _no_rollout(_renumbered(err, offset)) from None
+            return parse_result(result, with_logits, explain)
 
         tasks = [asyncio.ensure_future(one(offset, chunk)) for offset, chunk in split(batch, limit)]
         try:

@@ -69,6 +69,9 @@ class ServingOptions:
     # from the model; bench/bench_serve.py.
     ort_spinning: bool | None = None
     max_pixels: int = 40_000_000  # most pixels one image may have, decoded or resized before the crop
+    # The CPU flavour also serves attention rollout (outputs `rollout`, `rollout_box`) for a request that asks for it
+    # (parameter `explain`): a second ORT session on the attention graph, used only by those requests.
+    explain: bool = True
     gpu_backend: str = "onnxruntime"  # onnxruntime (+ TensorRT accelerator) or tensorrt (a .plan engine)
     precision: str = "FP16"
     trt_cache_dir: str = "/tmp/hub-vit-trt-cache"

@@ -6,6 +6,7 @@ Layout (`<name>` defaults to `vit`; clients call the ensemble `<name>`: image ->
     CPU flavour: one Python-backend step decodes, runs ONNX Runtime and ranks (one stub hop per request)
     <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/topk.py, 1/triton_errors.py,
                              1/model.onnx, 1/labels.txt, warmup/image}
+        + 1/explained.py, 1/served_rollout.py, 1/model_attentions.onnx when it serves rollout (options.explain)
     GPU flavour: the classifier runs in Triton's own ORT / TensorRT backend on the GPU
     <out>/<name>_preprocess/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/triton_errors.py, warmup/image}
     <out>/<name>_classifier/{config.pbtxt, 1/model.onnx | 1/model.plan}
@@ -36,9 +37,11 @@ from typing import Any
 from hub_vit import __version__
 from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir
 from hub_vit.server.config import (
+    ATTENTIONS_FILE,
     GENERATED_HEADER,
     SPIN_MIN_GMACS,
     WARMUP_IMAGE_FILE,
+    RolloutLayout,
     cpu_classifier_config,
     ensemble_config,
     gpu_classifier_config,
@@ -126,17 +129,18 @@ def _compute_bound(source: ModelSource) -> bool:
 
 
 def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
-                  compute_bound: bool) -> dict[str, str | Path]:
+                  compute_bound: bool, rollout: RolloutLayout | None = None) -> dict[str, str | Path]:
     """Repository-relative path -> what hub-vit's own code puts there: a config's text, or the packaged template file
     copied beside it (the Python-backend `model.py` and the modules it imports). The rest of a repository (weights,
     labels, warm-up image) comes from the model. `outdated_files` compares a repository with this."""
     decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common"}
     cls = opts.step("classifier")
-    files: dict[str, str | Path] = {f"{opts.name}/config.pbtxt": render(ensemble_config(meta, opts))}
+    files: dict[str, str | Path] = {f"{opts.name}/config.pbtxt": render(ensemble_config(meta, opts, rollout))}
     if opts.flavour == "cpu":
         files[f"{cls}/config.pbtxt"] = render(cpu_classifier_config(meta, opts, model_file,
-                                                                    compute_bound=compute_bound))
-        return files | _templates(cls, {"model.py": "classifier_ort", "topk.py": "common", **decoding})
+                                                                    compute_bound=compute_bound, rollout=rollout))
+        explaining = {"explained.py": "classifier_ort", "served_rollout.py": "common"} if rollout is not None else {}
+        return files | _templates(cls, {"model.py": "classifier_ort", "topk.py": "common", **decoding, **explaining})
     if opts.flavour == "torch":
         files[f"{cls}/config.pbtxt"] = render(torch_classifier_config(meta, opts, model_file))
         return files | _templates(cls, {"model.py": "classifier_torch", "topk.py": "common", **decoding})
@@ -172,7 +176,8 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
                          f"{ServingOptions.max_pixels})")
     model_file = _model_file(source, opts)
     compute_bound = _compute_bound(source)
-    for relative, content in _server_files(meta, opts, model_file, compute_bound).items():
+    rollout = rollout_layout(source, opts)
+    for relative, content in _server_files(meta, opts, model_file, compute_bound, rollout).items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, Path):
@@ -185,7 +190,7 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     if opts.flavour == "torch":
         _place_model_folder(source, cls / "1" / model_file)
     else:
-        _place_weights(source, cls / "1" / model_file, opts)
+        _place_weights(source, cls / "1" / model_file, opts, rollout)
     if opts.flavour in ("cpu", "torch"):
         _write_warmup_image(cls, meta)
         _write_labels(cls, meta)
@@ -200,6 +205,7 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
         "metadata": dataclasses.asdict(meta) | {"labels": len(meta.labels)},
         "options": dataclasses.asdict(opts),
         "compute_bound": compute_bound,  # decides the ORT thread settings of the CPU classifier
+        "rollout": None if rollout is None else dataclasses.asdict(rollout),  # served attention rollout, if any
     }
     if source.engine_info:  # a prebuilt engine's precision, TensorRT version and GPU were fixed when it was built
         manifest["engine"] = {k: source.engine_info.get(k) for k in ("precision", "tensorrt", "gpu", "profile")}
@@ -219,7 +225,11 @@ def outdated_files(root: str | Path) -> list[str] | None:
         return None
     model_file = _model_file_name(opts)
     outdated = []
-    for relative, content in _server_files(meta, opts, model_file, bool(manifest.get("compute_bound", True))).items():
+    written = manifest.get("rollout")
+    rollout = None if not written else RolloutLayout(grid=tuple(written["grid"]), readout=written["readout"],
+                                                     num_prefix_tokens=int(written["num_prefix_tokens"]))
+    for relative, content in _server_files(meta, opts, model_file, bool(manifest.get("compute_bound", True)),
+                                           rollout).items():
         expected = content.read_bytes() if isinstance(content, Path) else content.encode("utf-8")
         try:
             same = (root / relative).read_bytes() == expected
@@ -312,7 +322,31 @@ def _place_model_folder(source: ModelSource, target: Path) -> None:
         raise ValueError(f"flavour 'torch' serves hub-vit models: {err}") from None
 
 
-def _place_weights(source: ModelSource, target: Path, opts: ServingOptions) -> None:
+def rollout_layout(source: ModelSource, opts: ServingOptions) -> RolloutLayout | None:
+    """How the served model's attentions read as rollout maps, or None where the repository cannot serve rollout:
+    `opts.explain` off; the GPU flavour (its classifier runs in Triton's ORT / TensorRT backend, which returns only
+    `logits`: an explained request would need the attention graph and the rollout in a Python step); or a source
+    without a hub-vit model (an .onnx file or engine: no attention graph to export, no spec to read it with)."""
+    spec = getattr(source.module, "spec", None)
+    if not opts.explain or opts.flavour != "cpu" or spec is None:
+        return None
+    height, width = source.metadata.input_size
+    return RolloutLayout(grid=(height // spec.patch_size, width // spec.patch_size), readout=spec.pool_type,
+                         num_prefix_tokens=int(spec.num_prefix_tokens))
+
+
+def _place_weights(source: ModelSource, target: Path, opts: ServingOptions,
+                   rollout: RolloutLayout | None = None) -> None:
+    if rollout is not None:
+        from hub_vit.export import export_onnx
+        from hub_vit.export.onnx_export import logits_subgraph
+
+        # One export: the attention graph, and the plain graph cut from it (the same nodes, less the attention
+        # outputs' stacking), so the plain requests run what they ran before at half the export time.
+        attentions = export_onnx(source.module.eval(), target.with_name(ATTENTIONS_FILE), dynamic_batch=True,
+                                 with_attentions=True)
+        logits_subgraph(attentions, target)
+        return
     if source.engine_path is not None:
         shutil.copyfile(source.engine_path, target)
     elif source.onnx_path is not None:

@@ -102,7 +102,7 @@ def measured_values(folder: Path) -> list[float]:
     from hub_vit.folder import load_model_folder
 
     values: list[float] = []
-    for name in ("config.json", "conversion.json", "training.json", "preprocessor_config.json"):
+    for name in ("config.json", "conversion.json", "training.json", "preprocessor_config.json", "domain.json"):
         if (folder / name).is_file():
             values += json_numbers(json.loads((folder / name).read_text()))
     model, info = load_model_folder(folder)

@@ -64,7 +64,8 @@ def classifier(tmp_path_factory, monkeypatch_module):
     step = write_repository(resolve(None), tmp_path_factory.mktemp("repo") / "r", opts) / "vit_classifier"
     monkeypatch_module.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
     monkeypatch_module.syspath_prepend(str(step / "1"))
-    for name in ("model", "imageprep", "topk", "triton_errors"):  # the step's own copies, put back afterwards
+    for name in ("model", "imageprep", "topk", "triton_errors", "explained", "served_rollout"):  # the step's own
+        # copies, put back afterwards
         monkeypatch_module.delitem(sys.modules, name, raising=False)
     model = importlib.import_module("model")
     config = json_format.MessageToDict(text_format.Parse((step / "config.pbtxt").read_text(), mc.ModelConfig()),
@@ -80,8 +81,20 @@ def monkeypatch_module():
         yield patch
 
 
-def _request(*images: bytes) -> dict:
-    return {"image": _Tensor("image", np.array([[image] for image in images], dtype=np.object_).reshape(-1, 1))}
+class _Request(dict):
+    """A request's input tensors by name, and its parameters as `request.parameters()` gives them (a JSON string)."""
+
+    def __init__(self, tensors: dict, parameters: dict | None = None) -> None:
+        super().__init__(tensors)
+        self._parameters = json.dumps(parameters or {})
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+def _request(*images: bytes, parameters: dict | None = None) -> _Request:
+    array = np.array([[image] for image in images], dtype=np.object_).reshape(-1, 1)
+    return _Request({"image": _Tensor("image", array)}, parameters)
 
 
 def test_a_bad_request_fails_alone_in_its_batch(classifier):
@@ -128,3 +141,20 @@ def test_an_unexpected_failure_fails_only_its_request(classifier, monkeypatch):
     assert second.error is None and second.outputs["labels"].shape == (1, 5)
     assert first.error is not None and first.error.code is None  # a server error (500), not the client's
     assert "MemoryError: cannot allocate 4 GiB" in first.error.message
+
+
+def test_explained_plain_and_bad_requests_share_a_batch(classifier):
+    """One dynamic batch of an explained request, a plain one and one with a bad explanation parameter: each gets
+    its own answer; only the explained one carries the rollout map and its crop box."""
+    good = [p.read_bytes() for p in SAMPLES[:2]]
+    explained, plain, bad = classifier.execute([
+        _request(good[0], good[1], parameters={"explain": True, "head_fusion": "max"}),
+        _request(good[0]),
+        _request(good[1], parameters={"explain": True, "discard_ratio": 2}),
+    ])
+    assert explained.error is None and plain.error is None
+    assert explained.outputs["rollout"].shape == (2, 8, 8) and explained.outputs["rollout_box"].shape == (2, 4)
+    assert "rollout" not in plain.outputs
+    np.testing.assert_allclose(explained.outputs["logits"][:1], plain.outputs["logits"], atol=1e-6)
+    assert bad.error.code == "INVALID_ARG"
+    assert "discard_ratio must be a number in [0, 1), got 2" in bad.error.message

@@ -552,18 +552,42 @@ def classify(
     model: str = typer.Option("vit", help="Served model name."),
     top: int = typer.Option(3, help="How many of the returned labels to print."),
     queue_timeout_ms: RequestQueueTimeoutMs = None,
+    explain: bool = typer.Option(False, "--explain", help="Also ask the server for each image's attention-rollout "
+                                 "map and write it as hub-vit rollout does: <image>_rollout.png in --out."),
+    out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the --explain overlay PNGs."),
+    head_fusion: str = typer.Option(None, help="--explain: how the server fuses the heads: mean (default), max, "
+                                    "min."),
+    discard_ratio: float = typer.Option(None, help="--explain: share of the lowest attentions the server drops per "
+                                        "row, in [0, 1) (default 0)."),
 ) -> None:
     """Classify images with a running server and print a table."""
+    from hub_vit.atomic import file_in_the_way
     from hub_vit.paths import distinct_names
-    from hub_vit.server.client import Classifier
+    from hub_vit.server.client import Classifier, explain_parameters
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
+    try:
+        explain_parameters(explain, head_fusion, discard_ratio)
+    except ValueError:
+        raise fail("--head-fusion and --discard-ratio set the server's rollout map: add --explain") from None
+    if explain:  # the server's rule, checked before any request (the overlays import torch anyway)
+        from hub_vit.explain.rollout import HEAD_FUSIONS, check_discard_ratio
+
+        if head_fusion is not None and head_fusion not in HEAD_FUSIONS:
+            raise fail(f"unknown --head-fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
+        try:
+            check_discard_ratio(0.0 if discard_ratio is None else discard_ratio)
+        except ValueError as exc:
+            raise fail(f"--discard-ratio: {exc}") from None
+    if explain and file_in_the_way(out) is not None:  # before any request
+        raise fail(f"--out {str(out)!r} cannot be a folder: {str(file_in_the_way(out))!r} is a file")
     queue_timeout_s = _queue_timeout_s(queue_timeout_ms)
     url, protocol = _endpoint(url, grpc)
+    request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}
     try:
         with Classifier(url, protocol=protocol, model=model) as client:
-            predictions, errors = _classify_files(client, list(images), queue_timeout_s)
+            predictions, errors = _classify_files(client, list(images), queue_timeout_s, **request)
     except ValueError as err:
         if not _empty_reply(err):  # a bad URL, ...
             raise fail(f"{protocol} {url}: {err}", code=1) from None
@@ -586,6 +610,8 @@ def classify(
             for rank, (label, score) in enumerate(ranked, 1):
                 table.add_row(escape(shown[index]) if rank == 1 else "", str(rank), escape(label), f"{score:.4f}")
         console.print(table)
+        if explain:
+            _write_explained(list(images), predictions, out)
     for index, message in sorted(errors.items()):
         err_console.print(f"[bold red]error:[/] {escape(str(images[index]))}: {escape(message)}", soft_wrap=True,
                           emoji=False)
@@ -607,14 +633,41 @@ def _queue_timeout_s(ms: float | None) -> float | None:
     return seconds
 
 
-def _classify_files(client: Any, images: list[Path],
-                    queue_timeout_s: float | None = None) -> tuple[dict[int, Any], dict[int, str]]:
+def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path) -> None:
+    """`classify --explain`: the server's map of each classified image drawn on it, as `hub-vit rollout` draws its
+    own (the same names, `<stem>_rollout.png`, colours and crop placement), one line per file written."""
+    from hub_vit.atomic import missing_folders, remove_empty_folders
+    from hub_vit.cli.explain import _save_overlay, output_stems
+    from hub_vit.explain.image import ImageReadError, load_image
+    from hub_vit.explain.overlay import blend
+
+    stems = output_stems(images)
+    created = missing_folders(out)  # removed again if no overlay gets written
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        remove_empty_folders(created)
+        raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
+    for index, prediction in sorted(predictions.items()):
+        try:
+            image = load_image(images[index], large=True)  # the server decoded it; a format only it reads is named
+        except ImageReadError as exc:
+            err_console.print(f"note: no overlay for {images[index]}: {exc}", soft_wrap=True, markup=False)
+            continue
+        target = out / f"{stems[index]}_rollout.png"
+        _save_overlay(blend(image, prediction.rollout, prediction.rollout_box), target, created)
+        console.print(f"{images[index]} -> {target}", markup=False, soft_wrap=True, highlight=False)
+
+
+def _classify_files(client: Any, images: list[Path], queue_timeout_s: float | None = None,
+                    **request: Any) -> tuple[dict[int, Any], dict[int, str]]:
     """`classify`: {position: prediction} for the files the server classified, {position: why not} for the others.
     Requests hold at most the model's max_batch_size files. The server refuses a request at its first bad file and
     names that file's index in the request: the file is set aside with the reason and the rest is sent again, so k
     bad files cost k more requests, the good files are still classified and each bad one is named by its path.
     A refusal that names no file (a file the client could not read) is resolved file by file. Other errors (no
-    server, overload, unknown model) are raised: they are not about one file."""
+    server, overload, unknown model) are raised: they are not about one file. `request`: more keywords for
+    `Classifier.classify` (explain, head_fusion, discard_ratio)."""
     from hub_vit.server.client import split
 
     predictions: dict[int, Any] = {}
@@ -623,7 +676,7 @@ def _classify_files(client: Any, images: list[Path],
         pending = list(enumerate(chunk, offset))  # (position in `images`, path) still to classify
         while pending:
             try:
-                answers = client.classify([path for _, path in pending], queue_timeout_s=queue_timeout_s)
+                answers = client.classify([path for _, path in pending], queue_timeout_s=queue_timeout_s, **request)
                 predictions.update(zip([position for position, _ in pending], answers, strict=True))
                 break
             except Exception as err:
@@ -636,7 +689,7 @@ def _classify_files(client: Any, images: list[Path],
                     raise
             for position, path in pending:  # a refusal that names no file
                 try:
-                    predictions[position] = client.classify([path], queue_timeout_s=queue_timeout_s)[0]
+                    predictions[position] = client.classify([path], queue_timeout_s=queue_timeout_s, **request)[0]
                 except Exception as err:
                     message = _bad_file(err)
                     if message is None:

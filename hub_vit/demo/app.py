@@ -8,6 +8,7 @@ once (`ModelCache`) and the rollout itself costs about one forward pass. Hardeni
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -23,6 +24,7 @@ from PIL import Image
 
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
 from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError
+from hub_vit.domain import EXAMPLE_KINDS, Domain, read_domain
 from hub_vit.explain.image import IMAGE_FORMATS, ImageReadError, load_image
 from hub_vit.explain.rollout import HEAD_FUSIONS
 from hub_vit.resize_bound import MAX_RESIZED_PIXELS
@@ -50,11 +52,30 @@ gradient for the chosen label (Chefer et al. 2021). Only the model's centre crop
 
 def example_images() -> list[Path]:
     """The default model's digit samples (if shipped) followed by the bundled photos."""
-    found: list[Path] = []
-    for folder in (DIGIT_SAMPLES_DIR, EXAMPLES_DIR):
-        if folder.is_dir():
-            found += sorted(p for p in folder.iterdir() if p.suffix.lower() in EXAMPLE_SUFFIXES)
-    return found
+    return [path for kind in EXAMPLE_KINDS for path in examples_of(kind)]
+
+
+def examples_of(kind: str) -> list[Path]:
+    """The bundled examples of one domain (`hub_vit.domain.EXAMPLE_KINDS`): 'digits' or 'photos'."""
+    folder = {"digits": DIGIT_SAMPLES_DIR, "photos": EXAMPLES_DIR}[kind]
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in EXAMPLE_SUFFIXES) if folder.is_dir() else []
+
+
+def domain_note(domain: Domain) -> str:
+    """The line under the model picker: what the model can recognise, and the rule for unsure answers."""
+    text = f"This model knows {domain.knows}."
+    if domain.threshold is not None:
+        text += (f" An answer below {domain.threshold:.0%} top-1 probability is marked as not confident (measured on "
+                 "held-out data; see the model card).")
+    return text
+
+
+def unsure_note(domain: Domain, top1: float) -> str | None:
+    """The mark for an answer the model is not confident in, or None for a confident one."""
+    if not domain.unsure(top1):
+        return None
+    return (f"Not a confident answer: {top1:.0%} is below this model's threshold of {domain.threshold:.0%}; the image "
+            f"is probably not one of {domain.knows}, which is all this model knows")
 
 
 def example_label(path: Path) -> str:
@@ -101,7 +122,7 @@ RESULT_ALT = {"overlay": "attention rollout over the image (all blocks)",
 _A11Y_JS = """() => {
   const examples = EXAMPLES, results = RESULTS;
   const name = () => {
-    for (const img of document.querySelectorAll("#examples img")) {
+    for (const img of document.querySelectorAll("[id^=examples-] img")) {
       const text = examples[decodeURIComponent((img.getAttribute("src") || "").split("/").pop())];
       if (text && img.alt !== text) {
         img.alt = text;
@@ -131,6 +152,24 @@ class Demo:
     triton: TritonLabels | None = None
     examples: list[Path] = field(default_factory=example_images)
     selected: str | None = None  # the model the page opens with (`hub-vit serve X --demo`: X); default: the first
+    _domains: dict[str, Domain] = field(default_factory=dict)
+
+    def domain(self, model_key: str) -> Domain:
+        """What the model knows (its folder's domain.json, else guessed from its labels); loads the model."""
+        if model_key not in self._domains:
+            explainer = self.cache.get(model_key)
+            self._domains[model_key] = read_domain(explainer.info.get("path"), explainer.labels)
+        return self._domains[model_key]
+
+    def domain_view(self, model_key: str) -> tuple[Any, ...]:
+        """The domain line and which example gallery shows, for the picked model (every gallery of another domain
+        is hidden: a digits model is offered no photos)."""
+        try:
+            domain = self.domain(model_key)
+        except (ModelLoadError, ValueError):  # `analyze` says why the model cannot be shown
+            return (gr.update(value=""), *(gr.update(visible=False) for _ in EXAMPLE_KINDS))
+        return (gr.update(value=domain_note(domain)),
+                *(gr.update(visible=kind == domain.examples) for kind in EXAMPLE_KINDS))
 
     def backends(self) -> list[str]:
         return [IN_PROCESS] + ([self.triton.choice] if self.triton else [])
@@ -174,24 +213,35 @@ class Demo:
         result = explainer.rollout(prepared, head_fusion, float(discard_ratio))
         top = explainer.top_k(result.logits[0], 5)
         status = f"**{explainer.name}** in-process"
+        domain = self.domain(model_key)
+        full_map, on = result.maps[0], prepared  # the full rollout and the image + crop box it is drawn on
         if backend != IN_PROCESS:
             if self.triton is None:
                 raise refusal(f"unknown backend {backend!r}; valid choices: {', '.join(self.backends())}")
-            remote, message = self.triton.top_k(image, 5, source=image_path, labels=explainer.labels)
-            status = message
-            top = remote if remote is not None else top
+            answer, status = self.triton.explain(image, 5, source=image_path, labels=explainer.labels,
+                                                 head_fusion=head_fusion, discard_ratio=float(discard_ratio))
+            if answer is not None:
+                top = answer.top
+                if answer.rollout is not None:  # the server's own map, on the crop box the server reports
+                    full_map, on = answer.rollout, dataclasses.replace(prepared, box=answer.box)
+                    status += "; the rollout map from the server too, per-block view and class map in-process"
+                else:
+                    status += "; maps from the in-process model"
             mismatch = self.triton.mismatch(model_key)
-            if mismatch and remote is not None:
+            if mismatch and answer is not None:
                 status += f" · **note**: {mismatch}"
         depth = explainer.depth
         layer_index = int(min(max(int(layer or depth), 1), depth))
         display = dict(max_side=MAX_SIDE, min_side=MIN_SIDE)
-        overlay = explainer.overlay(prepared, result.maps[0], **display)
+        overlay = explainer.overlay(on, full_map, **display)
         layer_view = explainer.overlay(prepared, result.layer_maps[0, layer_index - 1], **display)
         target = target if target in explainer.labels else explainer.labels[int(result.logits[0].argmax())]
         cam = explainer.class_map(prepared, explainer.label_index(target)).maps[0]
         class_map = explainer.overlay(prepared, cam, **display)
         status += f" · rollout + class map {time.perf_counter() - start:.2f} s · crop {explainer.data.img_size}"
+        unsure = unsure_note(domain, top[0][1])
+        if unsure is not None:  # not presented as a result: said first, and in the labels' own title
+            status = f"**{unsure}.** {status}"
         return (
             dict(top),  # labels are distinct per model (`distinct_labels`): five entries, five probabilities
             overlay,
@@ -243,13 +293,21 @@ class Demo:
                                      image_mode=None, height=320)
                     _guard_upload(image)
                     model = gr.Dropdown(keys, value=first, label="Model", elem_id="model")
+                    shown = self.domain(first)
+                    knows = gr.Markdown(domain_note(shown), elem_id="domain")
                     backend = gr.Radio(self.backends(), value=IN_PROCESS, label="Labels from", elem_id="backend")
                     fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion", elem_id="head-fusion")
                     discard = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio (lowest attentions)",
                                         elem_id="discard-ratio")
-                    if self.examples:
-                        gr.Examples([[str(p)] for p in self.examples], inputs=[image], label="Examples",
-                                    examples_per_page=24, elem_id="examples")
+                    galleries = []  # one per domain; only the picked model's is visible
+                    for kind in EXAMPLE_KINDS:
+                        paths = [p for p in self.examples if p in examples_of(kind)]
+                        with gr.Column(visible=kind == shown.examples and bool(paths),
+                                       elem_id=f"examples-{kind}") as gallery:
+                            if paths:
+                                gr.Examples([[str(p)] for p in paths], inputs=[image], label=f"Examples ({kind})",
+                                            examples_per_page=24, elem_id=f"examples-{kind}-gallery")
+                        galleries.append(gallery)
                 with gr.Column(scale=2):
                     status = gr.Markdown("Upload an image or pick an example.", elem_id="status")
                     labels = gr.Label(num_top_classes=5, label="Top-5", elem_id="labels")
@@ -275,6 +333,7 @@ class Demo:
             # `input` for the keyboard (arrow keys, typing in its number box) as well as for the mouse, where
             # `release` missed the keyboard entirely.
             model.select(self.analyze_new_model, **run)
+            model.select(self.domain_view, inputs=[model], outputs=[knows, *galleries])
             target.select(self.analyze, **run)
             for control in (backend, fusion, discard, layer):
                 control.input(self.analyze, **run)

@@ -1,14 +1,20 @@
-"""Where the demo's labels come from: the in-process model, or a running Triton server (`hub-vit serve`).
+"""Where the demo's labels and map come from: the in-process model, or a running Triton server (`hub-vit serve`).
 
-The rollout maps always come from the in-process model (Triton returns labels, not attention). The Triton backend is
+From Triton, the page shows the server's labels and the server's attention-rollout map (the served model's own,
+requested with `explain`), and which model and version answered; the per-block view and the class-specific map stay
+in-process (the server returns the full rollout only). A server whose model serves no map (an .onnx file, the GPU
+flavour) still gives its labels, and the page says the map is the in-process model's. The Triton backend is
 optional: if `tritonclient` is missing or the server does not answer, the page says so and shows the in-process
 labels instead of failing. A server that refuses the image (HTTP 400) says why, in full.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 IN_PROCESS = "in-process"
 
@@ -17,6 +23,17 @@ def served_format(data: bytes) -> bool:
     """Whether the served preprocessing decodes `data` itself: JPEG, PNG or WebP, by the file's signature. Such an
     upload is sent as it is; anything else the demo reads (BMP, GIF) goes as a PNG of the decoded image."""
     return data.startswith((b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
+
+
+@dataclass(frozen=True)
+class ServedAnswer:
+    """One image's answer from the server: top-k `(label, score)`, the map (H', W') and the crop box it lies on
+    (None when the served model has no rollout output), and who answered."""
+
+    top: list[tuple[str, float]]
+    rollout: np.ndarray | None
+    box: tuple[float, float, float, float] | None
+    answered_by: str  # "Triton model 'vit' v1 (simplevit_digits)"
 
 
 class TritonLabels:
@@ -81,6 +98,52 @@ class TritonLabels:
         pairs = list(zip(served_labels([(label, index) for label, index, _ in triples], labels),
                          [score for _, _, score in triples], strict=True))
         return pairs, f"labels from **Triton** model {self.model!r} at {self.url}; maps from the in-process model"
+
+    def explain(self, image: Any, k: int = 5, source: str | Path | None = None, labels: list[str] | None = None, *,
+                head_fusion: str = "mean", discard_ratio: float = 0.0) -> tuple[ServedAnswer | None, str]:
+        """(the server's labels and map, a status line), or (None, why not) as `top_k`. A served model without a
+        rollout output answers with its labels only (`rollout` None)."""
+        payload = self._payload(image, source)
+        try:
+            from hub_vit.server.client import Classifier, failed_image
+
+            with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
+                try:
+                    prediction = client.classify([payload], queue_timeout_s=self.timeout_s, explain=True,
+                                                 head_fusion=head_fusion, discard_ratio=discard_ratio)[0]
+                except ValueError as exc:
+                    if "no rollout output" not in str(exc):
+                        raise
+                    prediction = client.classify([payload], queue_timeout_s=self.timeout_s)[0]
+                served = client.served_model()
+        except ImportError as exc:
+            return None, f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
+        except Exception as exc:
+            refused = failed_image(exc)
+            if refused is not None:
+                return None, (f"Triton server at {self.url} refused the image: {refused[1]}; labels shown from the "
+                              "in-process model.")
+            reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            return None, (f"Triton server at {self.url} not reachable or failed ({reason}); "
+                          "labels shown from the in-process model.")
+        triples = list(zip(prediction.labels, prediction.class_ids, prediction.scores, strict=False))[:k]
+        pairs = list(zip(served_labels([(label, index) for label, index, _ in triples], labels),
+                         [score for _, _, score in triples], strict=True))
+        version = f" v{prediction.model_version}" if prediction.model_version else ""
+        who = f"Triton model {prediction.model_name or self.model!r}{version}" + (f" ({served})" if served else "")
+        answer = ServedAnswer(pairs, prediction.rollout, prediction.rollout_box, who)
+        return answer, f"labels from **Triton** ({who}) at {self.url}"
+
+    @staticmethod
+    def _payload(image: Any, source: str | Path | None) -> Any:
+        """The upload's own bytes when the server decodes its format, else the decoded image (see `top_k`)."""
+        if source is None:
+            return image
+        try:
+            data = Path(source).read_bytes()
+        except OSError:
+            return image
+        return data if served_format(data) else image
 
 
 def served_labels(classes: list[tuple[str, int]], page_labels: list[str] | None = None) -> list[str]:

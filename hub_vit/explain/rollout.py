@@ -31,6 +31,10 @@ HeadFusion = Literal["mean", "max", "min"]
 HEAD_FUSIONS: tuple[str, ...] = get_args(HeadFusion)
 Readout = Literal["tok", "gap", "map"]
 READOUTS: tuple[str, ...] = get_args(Readout)
+# Defaults of the server's `explain` requests and of `hub-vit rollout` (whose options repeat them as literals: the CLI
+# starts without importing torch; tests/test_server_rollout.py checks they agree): the plain rollout of the paper.
+DEFAULT_HEAD_FUSION: HeadFusion = "mean"
+DEFAULT_DISCARD_RATIO = 0.0
 
 
 def check_head_fusion(head_fusion: str) -> str:

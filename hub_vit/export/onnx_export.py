@@ -225,5 +225,23 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, 
     return path
 
 
+def logits_subgraph(attention_graph: str | Path, path: str | Path) -> Path:
+    """Write the `pixel_values` -> `logits` part of an attention graph (`with_attentions=True`) to `path`: the same
+    nodes, less those that only stack the attention outputs, so it computes the logits of the plain export with
+    one export instead of two (the server serves both). Atomic, checked like `export_onnx`."""
+    import onnx
+    from onnx.utils import Extractor
+
+    proto = onnx.load(str(attention_graph))
+    names = [t.name for t in proto.graph.output]
+    if LOGITS not in names:
+        raise ValueError(f"{attention_graph}: the graph writes {names}, not {LOGITS!r}")
+    part = Extractor(proto).extract_model([INPUT_NAME], [LOGITS])
+    with atomic_path(Path(path), suffix=".onnx") as tmp:
+        onnx.save(part, str(tmp))
+        onnx.checker.check_model(str(tmp), full_check=True)
+    return Path(path)
+
+
 __all__ = ["ATTENTIONS", "EXPORTERS", "INPUT_NAME", "LOGITS", "POOL_ATTENTION", "export_onnx",
-           "graph_opset", "output_names", "quiet_loggers"]
+           "graph_opset", "logits_subgraph", "output_names", "quiet_loggers"]

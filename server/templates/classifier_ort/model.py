@@ -7,6 +7,9 @@ probabilities, `class_ids` (B, K) and `labels` (B, K) strings, best first. All r
 one ORT call. A bad image fails only its own request, with a client error (INVALID_ARG -> HTTP 400) naming it.
 A config whose input is `pixel_values` (FP32, (B, 3, H, W)) skips the decoding (the tests serve the GPU flavour's
 ensemble with this as its classifier).
+A config with `attentions_file` also serves attention rollout: a request with parameter `explain` (served_rollout.py)
+runs a second ORT session on the attention graph and gets `rollout` (B, H', W') and `rollout_box` (B, 4) too; the
+others run the plain graph exactly as without it.
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ class TritonPythonModel:
         self.k = int(params["top_k"])
         labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()
         self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
+        self.explainer = None
+        if "attentions_file" in params:
+            from explained import ExplainedRequests  # imports torch: only a repository that serves rollout pays
+
+            self.explainer = ExplainedRequests(version_dir / params["attentions_file"], options, params,
+                                               self.preprocess, self.labels, self.k)
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -86,8 +95,12 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         responses: list = [None] * len(requests)
+        if self.explainer is not None:  # explained requests are answered apart; the rest go on as below
+            requests = self.explainer.take(requests, responses, self._turn)
         arrays, owners = [], []  # the decoded requests and their places in `requests`
         for place, request in enumerate(requests):  # the dynamic batcher hands us several requests at once
+            if request is None:  # answered by the explainer
+                continue
             try:
                 arrays.append(self._pixels(request))
                 owners.append(place)

@@ -1,0 +1,78 @@
+"""The CPU classifier's explained requests (copied beside its model.py when the repository serves rollout): those
+whose parameters ask for `explain` run the attention graph and are answered with the labels and the rollout map.
+
+Requests that do not ask are left to model.py's plain path untouched, so they pay only for reading their parameters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+from served_rollout import ExplainSettings, explain_settings, pixels_and_boxes, rollout_maps
+from topk import top_k
+from triton_errors import client_error, request_error
+
+
+class ExplainedRequests:
+    """A second ORT session on the attention graph (logits, attentions (B, depth, heads, N, N)[, pool_attention]),
+    built once per instance, and the rollout settings the repository recorded in config.pbtxt."""
+
+    def __init__(self, graph: Path, options: ort.SessionOptions, params: dict[str, str], preprocess: Any,
+                 labels: np.ndarray, k: int) -> None:
+        self.session = ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
+        self.outputs = [output.name for output in self.session.get_outputs()]
+        self.grid = tuple(json.loads(params["rollout_grid"]))
+        self.readout, self.prefix = params["rollout_readout"], int(params["rollout_prefix_tokens"])
+        self.preprocess, self.labels, self.k = preprocess, labels, k
+
+    def take(self, requests: list, responses: list, turn: Callable[[], AbstractContextManager]) -> list:
+        """Answer (in `responses`) the requests that ask for an explanation, or whose explanation parameters are
+        bad; returns `requests` with those replaced by None, for the plain path."""
+        asked: list[tuple[int, np.ndarray, np.ndarray, ExplainSettings]] = []
+        rest = list(requests)
+        for place, request in enumerate(requests):
+            try:
+                settings = explain_settings(request.parameters())
+            except ValueError as err:  # names the bad value and the valid ones; the rest of the batch is served
+                responses[place], rest[place] = pb_utils.InferenceResponse(error=client_error(str(err))), None
+                continue
+            if settings is None:
+                continue
+            rest[place] = None
+            try:
+                images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy()
+                asked.append((place, *pixels_and_boxes(self.preprocess, images), settings))
+            except Exception as err:  # a bad image fails its own request only
+                responses[place] = pb_utils.InferenceResponse(error=request_error(err))
+        if asked:
+            self._answer(asked, responses, turn)
+        return rest
+
+    def _answer(self, asked: list, responses: list, turn: Callable[[], AbstractContextManager]) -> None:
+        batch = np.concatenate([pixels for _, pixels, _, _ in asked])  # (N, 3, H, W)
+        with turn():
+            found = dict(zip(self.outputs, self.session.run(None, {"pixel_values": batch}), strict=True))
+        logits = found["logits"].astype(np.float32, copy=False)  # (N, C)
+        scores, ids = top_k(logits, self.k)
+        start = 0
+        for place, pixels, boxes, settings in asked:
+            part = slice(start, start + len(pixels))
+            start += len(pixels)
+            probe = found.get("pool_attention")
+            maps = rollout_maps(found["attentions"][part], self.grid, self.readout, self.prefix, settings,
+                                None if probe is None else probe[part])
+            responses[place] = pb_utils.InferenceResponse([
+                pb_utils.Tensor("logits", logits[part]),
+                pb_utils.Tensor("scores", scores[part]),
+                pb_utils.Tensor("class_ids", ids[part]),
+                pb_utils.Tensor("labels", self.labels[ids[part]]),
+                pb_utils.Tensor("rollout", maps),
+                pb_utils.Tensor("rollout_box", boxes),
+            ])

@@ -1,0 +1,90 @@
+"""The demo on a real server, in a real browser: `python -m hub_vit.demo --triton-url` next to tritonserver serving
+the shipped digits model (CPU flavour, rollout served), driven by Playwright in headless Chromium.
+
+Switching "Labels from" to the server changes where the page's map comes from (the status names it, the overlay is
+redrawn from the server's map) and names the model and version that answered; the digits model is offered digits
+only, says what it knows, and marks its answer on a photo as not confident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from hub_vit.demo.models import default_model_path
+from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.options import ServingOptions
+from hub_vit.server.repository import write_repository
+from hub_vit.server.source import resolve
+from tests.test_demo import CHROMIUM, CHROMIUM_ARGS, open_page, overlay_src, running_demo, upload, wait_for_new_overlay
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.triton,
+    pytest.mark.slow,
+    pytest.mark.skipif(default_model_path() is None, reason="the default (digits) model is not shipped"),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (run `make browser`)"),
+]
+PHOTOS = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[TritonServer]:
+    repo = write_repository(resolve(None), tmp_path_factory.mktemp("repo") / "repository", ServingOptions())
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=20)
+    server.start(timeout_s=180)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def page(server, tmp_path_factory) -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    args = ["--triton-url", server.http_url]
+    with running_demo(args, tmp_path_factory.mktemp("demo-cwd")) as (_, url, _), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = open_page(browser, url)
+        yield page
+        browser.close()
+
+
+def status(page) -> str:
+    return page.locator("#status").inner_text()
+
+
+def test_the_digits_model_is_offered_digits_only_and_says_what_it_knows(page):
+    assert "This model knows the handwritten digits 0-9" in page.locator("#domain").inner_text()
+    shown = page.locator("img:visible").evaluate_all("imgs => imgs.map(i => i.getAttribute('src') || '')")
+    assert any(src.endswith("/3_0.png") for src in shown), shown
+    assert not [src for src in shown if src.endswith(PHOTOS)], shown  # was: astronaut, cat and coffee offered
+
+
+def test_a_photo_is_marked_as_not_a_confident_answer(page, tmp_path, photos):
+    path = tmp_path / "chelsea.png"
+    Image.fromarray(photos["chelsea"]).save(path)
+    before = overlay_src(page)
+    upload(page, path)
+    wait_for_new_overlay(page, before)
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('in-process')")
+    assert "Not a confident answer" in status(page) and "handwritten digits 0-9" in status(page)
+
+
+def test_server_labels_bring_the_servers_map_and_name_the_served_model(page, repo_root):
+    before = overlay_src(page)
+    upload(page, repo_root / "hub_vit" / "assets" / "digits" / "samples" / "7_0.png")
+    before = wait_for_new_overlay(page, before)
+    assert "in-process" in status(page) and "Triton" not in status(page)
+    page.locator("#backend label").filter(has_text="triton").click()
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('Triton')")
+    text = status(page)
+    assert "labels from Triton (Triton model 'vit' v1 (digits))" in text, text
+    assert "the rollout map from the server too" in text, text
+    assert "Not a confident answer" not in text  # a held-out digit is a confident answer
+    wait_for_new_overlay(page, before)  # redrawn from the server's map

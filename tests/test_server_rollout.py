@@ -1,0 +1,293 @@
+"""Attention rollout served by the real tritonserver (CPU flavour), against `hub_vit.explain` in process.
+
+One server holds four generated repositories side by side: the shipped digits model (SimpleViT: GAP readout), tiny
+random class-token and MAP models, and the class-token model again built with `explain=False`. Real images (the
+digits samples, scikit-image's photographs), both protocols, sync and async clients, `hub-vit classify --explain`.
+
+Tolerance: served and in-process maps agree to 1e-5 absolute (maps are relevance mass summing to at most 1; the
+attention probabilities come from ONNX Runtime on the server and from PyTorch in process, equal to float32 rounding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc
+import tritonclient.http
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+from typer.testing import CliRunner
+
+from hub_vit.server.client import AsyncClassifier, Classifier, explain_parameters
+from hub_vit.server.launcher import TritonServer, free_port
+from hub_vit.server.options import ServingOptions
+from hub_vit.server.repository import template_dir, write_repository
+from hub_vit.server.source import ModelSource, resolve
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+PROTOCOLS = ("http", "grpc")
+ATOL = 1e-5
+TINY = dict(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=8, img_size=(48, 48), num_classes=7)
+CFG = {"input_size": (3, 48, 48), "crop_pct": 0.875, "interpolation": "bicubic", "mean": (0.5, 0.5, 0.5),
+       "std": (0.5, 0.5, 0.5)}
+SETTINGS = [(None, None), ("max", 0.5), ("min", 0.9)]  # (head_fusion, discard_ratio); None: the server's defaults
+
+
+def _tiny(pool_type: str):
+    import torch
+
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    torch.manual_seed({"tok": 1, "map": 2}[pool_type])
+    posemb = "learn" if pool_type == "tok" else "sincos2d"
+    spec = ViTSpec(**TINY, posemb=posemb, pool_type=pool_type, class_token=pool_type == "tok",
+                   head_zeroinit=False)
+    return VisionTransformer(spec).eval()
+
+
+@pytest.fixture(scope="module")
+def models() -> dict:
+    """name -> (ModelSource, Explainer over the same module), the explainers as `hub-vit rollout` builds them."""
+    from hub_vit.demo.models import load_explainer, resolve_choice
+    from hub_vit.explain import DataConfig, Explainer
+
+    found = {"digits": (resolve(None), load_explainer(resolve_choice(None)))}
+    for kind in ("tok", "map"):
+        module = _tiny(kind)
+        labels = [f"c{i}" for i in range(TINY["num_classes"])]
+        source = ModelSource.from_module(module, name=kind, labels=labels, pretrained_cfg=CFG)
+        found[kind] = (source, Explainer(module, labels, DataConfig.from_pretrained_cfg(CFG, module.spec)))
+    return found
+
+
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("rollout")
+    combined = root / "repository"
+    combined.mkdir()
+    builds = [(name, source, ServingOptions(name=name)) for name, (source, _) in models.items()]
+    builds.append(("plain", models["tok"][0], ServingOptions(name="plain", explain=False)))
+    for name, source, opts in builds:
+        repo = write_repository(source, root / name, opts)
+        for folder in repo.iterdir():
+            if folder.is_dir():
+                shutil.move(str(folder), combined / folder.name)
+    server = TritonServer(combined, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=20)
+    server.start(timeout_s=240)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _url(server: TritonServer, protocol: str) -> str:
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
+def _png(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def images(repo_root, photos) -> list[bytes]:
+    """Real images: two digits samples (small, square) and two photographs (large, not square: a real crop box)."""
+    samples = repo_root / "hub_vit" / "assets" / "digits" / "samples"
+    return [(samples / "3_0.png").read_bytes(), (samples / "7_0.png").read_bytes(),
+            _png(photos["chelsea"]), _png(photos["coffee"][:, :500])]
+
+
+def _in_process(explainer, data: list[bytes], head_fusion: str | None, discard_ratio: float | None):
+    from hub_vit.explain.image import load_image
+
+    prepared = [explainer.prepare(load_image(item)) for item in data]
+    result = explainer.rollout(prepared, head_fusion or "mean", discard_ratio or 0.0)
+    return prepared, result
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("name", ["digits", "tok", "map"])
+def test_served_map_equals_in_process(server, models, images, name, protocol):
+    _, explainer = models[name]
+    with Classifier(_url(server, protocol), protocol=protocol, model=name) as client:
+        for head_fusion, discard_ratio in SETTINGS:
+            served = client.classify(images, explain=True, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                                     with_logits=True)
+            prepared, result = _in_process(explainer, images, head_fusion, discard_ratio)
+            for i, prediction in enumerate(served):
+                assert prediction.rollout.shape == tuple(result.maps[i].shape)
+                np.testing.assert_allclose(prediction.rollout, result.maps[i].numpy(), atol=ATOL, rtol=0)
+                np.testing.assert_allclose(prediction.rollout_box, prepared[i].box, atol=1e-3)
+                np.testing.assert_allclose(prediction.logits, result.logits[i].numpy(), atol=1e-4)
+                assert prediction.labels[0] == explainer.top_k(result.logits[i], 1)[0][0]
+
+
+def test_defaults_are_the_cli_defaults():
+    """The server's defaults (hub_vit.explain.rollout) are `hub-vit rollout`'s, whose options repeat them."""
+    import inspect
+
+    from hub_vit.cli.explain import rollout
+    from hub_vit.explain.rollout import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION
+
+    defaults = {name: p.default.default for name, p in inspect.signature(rollout).parameters.items()}
+    assert (defaults["head_fusion"], defaults["discard_ratio"]) == (DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_async_client_returns_the_same_maps(server, images, protocol):
+    async def run():
+        async with AsyncClassifier(_url(server, protocol), protocol=protocol, model="tok") as client:
+            return await client.classify(images, explain=True, head_fusion="max")
+
+    with Classifier(_url(server, protocol), protocol=protocol, model="tok") as client:
+        expected = client.classify(images, explain=True, head_fusion="max")
+    for got, want in zip(asyncio.run(run()), expected, strict=True):
+        np.testing.assert_array_equal(got.rollout, want.rollout)
+        assert got.rollout_box == want.rollout_box
+
+
+@pytest.fixture(scope="module")
+def plain_export(models, tmp_path_factory) -> Path:
+    """The class-token model exported as the server's plain graph was before it served rollout."""
+    from hub_vit.export import export_onnx
+
+    return export_onnx(models["tok"][0].module, tmp_path_factory.mktemp("plain") / "model.onnx", dynamic_batch=True)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_request_without_explain_is_unchanged(server, models, images, plain_export, protocol):
+    """No rollout is computed or sent, and the logits are those of the plain export on the same pixels."""
+    import onnxruntime as ort
+    import torch
+
+    mod = tritonclient.http if protocol == "http" else tritonclient.grpc
+    client = mod.InferenceServerClient(_url(server, protocol))
+    data = np.array([[item] for item in images], dtype=np.object_)
+    tensor = mod.InferInput("image", list(data.shape), "BYTES")
+    tensor.set_data_from_numpy(data)
+    names = ["labels", "scores", "class_ids", "logits", "rollout", "rollout_box"]
+    result = client.infer("tok", [tensor], outputs=[mod.InferRequestedOutput(n) for n in names])
+    assert result.as_numpy("rollout") is None and result.as_numpy("rollout_box") is None
+    prepared, _ = _in_process(models["tok"][1], images, None, None)
+    pixels = torch.stack([p.tensor for p in prepared]).numpy()
+    expected = ort.InferenceSession(str(plain_export), providers=["CPUExecutionProvider"]).run(
+        ["logits"], {"pixel_values": pixels})[0]
+    np.testing.assert_allclose(result.as_numpy("logits"), expected, atol=1e-6, rtol=0)
+    with Classifier(_url(server, protocol), protocol=protocol, model="tok") as explaining:
+        explained = explaining.classify(images, explain=True, with_logits=True)
+    np.testing.assert_allclose(result.as_numpy("logits"), np.stack([p.logits for p in explained]), atol=1e-6)
+
+
+BAD = [
+    ({"explain": True, "head_fusion": "avg"}, "unknown head_fusion 'avg'; valid choices: 'mean', 'max', 'min'"),
+    ({"explain": True, "discard_ratio": 1.0}, "discard_ratio must be a number in [0, 1), got 1.0"),
+    ({"explain": True, "discard_ratio": -0.1}, "discard_ratio must be a number in [0, 1), got -0.1"),
+    ({"explain": True, "discard_ratio": "0.5"}, "discard_ratio must be a number in [0, 1), got '0.5'"),
+    ({"explain": "yes"}, "parameter 'explain' must be true or false, got 'yes'"),
+    ({"head_fusion": "avg"}, "unknown head_fusion 'avg'"),  # checked without explain too: a typo is not ignored
+]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(("parameters", "message"), BAD)
+def test_bad_explanation_parameters_are_client_errors(server, images, protocol, parameters, message):
+    mod = tritonclient.http if protocol == "http" else tritonclient.grpc
+    client = mod.InferenceServerClient(_url(server, protocol))
+    data = np.array([[images[0]]], dtype=np.object_)
+    tensor = mod.InferInput("image", list(data.shape), "BYTES")
+    tensor.set_data_from_numpy(data)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("digits", [tensor], outputs=[mod.InferRequestedOutput("labels")], parameters=parameters)
+    assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert message in caught.value.message()
+    # the server keeps serving, explanations included
+    with Classifier(_url(server, protocol), protocol=protocol, model="digits") as good:
+        assert good.classify(images[:1], explain=True)[0].labels[0] == "3"
+
+
+def test_client_refuses_settings_without_explain():
+    with pytest.raises(ValueError, match="pass explain=True"):
+        explain_parameters(False, "max", None)
+    assert explain_parameters(True, None, 0.25) == {"explain": True, "discard_ratio": 0.25}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_model_without_rollout_is_named(server, images, protocol):
+    with Classifier(_url(server, protocol), protocol=protocol, model="plain") as client:
+        assert client.classify(images[:1])[0].rollout is None
+        with pytest.raises(ValueError, match="the served model has no rollout output"):
+            client.classify(images[:1], explain=True)
+
+
+def test_classify_explain_writes_the_rollout_overlays(server, models, repo_root, tmp_path):
+    """`hub-vit classify --explain -o DIR` writes what `hub-vit rollout -o DIR` writes for the same model."""
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+
+    samples = repo_root / "hub_vit" / "assets" / "digits" / "samples"
+    photo = tmp_path / "chelsea.png"
+    from skimage import data as skdata
+
+    Image.fromarray(skdata.chelsea()).save(photo)
+    files = [str(samples / "3_0.png"), str(samples / "8_0.png"), str(photo)]
+    runner = CliRunner()
+    served = runner.invoke(app, ["classify", "--url", server.http_url, "--model", "digits", "--explain",
+                                 "-o", str(tmp_path / "served"), "--head-fusion", "max", *files])
+    assert served.exit_code == 0, served.output
+    local = runner.invoke(app, ["rollout", "-o", str(tmp_path / "local"), "--head-fusion", "max", *files])
+    assert local.exit_code == 0, local.output
+    for name in ("3_0_rollout.png", "8_0_rollout.png", "chelsea_rollout.png"):
+        a = np.asarray(Image.open(tmp_path / "served" / name)).astype(int)
+        b = np.asarray(Image.open(tmp_path / "local" / name)).astype(int)
+        assert a.shape == b.shape
+        assert np.abs(a - b).max() <= 2  # one colour-table step, where a map value sits on a rounding edge
+
+
+def test_classify_explain_bad_settings_fail_before_any_request(tmp_path, repo_root):
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+
+    image = str(repo_root / "hub_vit" / "assets" / "digits" / "samples" / "3_0.png")
+    runner = CliRunner()
+    url = f"127.0.0.1:{free_port()}"  # nothing listens: a request would fail differently
+    result = runner.invoke(app, ["classify", "--url", url, "--explain", "--head-fusion", "avg", image])
+    assert result.exit_code != 0 and "unknown --head-fusion 'avg'; valid choices: mean, max, min" in result.output
+    result = runner.invoke(app, ["classify", "--url", url, "--explain", "--discard-ratio", "1", image])
+    assert result.exit_code != 0 and "discard_ratio must be a number in [0, 1), got 1.0" in result.output
+    result = runner.invoke(app, ["classify", "--url", url, "--head-fusion", "max", image])
+    assert result.exit_code != 0 and "add --explain" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture()
+def served_rollout(imageprep):
+    """The template module, loaded from its file as the Python backend loads it."""
+    spec = importlib.util.spec_from_file_location("served_rollout", template_dir("common") / "served_rollout.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["served_rollout"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_explain_settings_parsing(served_rollout):
+    parse = served_rollout.explain_settings
+    assert parse("{}") is None and parse(json.dumps({"timeout": 5})) is None
+    assert parse({"explain": False, "head_fusion": "max"}) is None
+    assert parse({"explain": True}) == served_rollout.ExplainSettings("mean", 0.0)
+    assert parse(json.dumps({"explain": True, "head_fusion": "min", "discard_ratio": 0})) == \
+        served_rollout.ExplainSettings("min", 0.0)
+    with pytest.raises(ValueError, match=r"discard_ratio must be a number in \[0, 1\), got True"):
+        parse({"explain": True, "discard_ratio": True})
