@@ -187,6 +187,8 @@ def _vit_weights(jax_name: str) -> tuple[Weights, ...]:
 # The default model: trained in this repository with `hub-vit train` (scripts/train_default_model.sh) and shipped in
 # the package, so everything works offline. The held-out split is `hub_vit.train.digits.load_digits_split("val")`.
 DEFAULT_MODEL = "simplevit_digits"
+# The architecture the generic entry points build with no arguments (timm's `hub_vit`, transformers' `HubViTConfig()`)
+GENERIC_DEFAULT = "simplevit_s16"
 
 
 def default_model_folder() -> Path:

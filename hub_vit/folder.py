@@ -296,7 +296,7 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
         raise ValueError(f"{config_path} has model_type {raw.get('model_type')!r}, expected "
                          f"{HubViTConfig.model_type!r} (is this a hub-vit model folder?)")
     config = HubViTConfig.from_dict({k: v for k, v in raw.items() if k not in ("transformers_version",)})
-    spec = config.to_spec()
+    spec = config.weights_spec()  # a backbone saved by transformers keeps its labels but has no head
     model = VisionTransformer(spec)
     model.load_adapted_state_dict(load_weights_file(weights_path))
     model.eval()

@@ -9,6 +9,7 @@ functions are generated from the catalog, so the table stays the only source.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 
-from hub_vit.catalog import DEFAULT_DATA_CFG, MODELS, ModelEntry
+from hub_vit.catalog import DEFAULT_DATA_CFG, GENERIC_DEFAULT, MODELS, ModelEntry
 from hub_vit.variants import ViTSpec
 
 if TYPE_CHECKING:
@@ -115,18 +116,22 @@ default_cfgs[CUSTOM_ARCHITECTURE] = generate_default_cfgs({CUSTOM_ARCHITECTURE: 
 
 @register_model
 def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Any architecture the variant table can describe: pass every `ViTSpec` field (a model folder's `model_args`)
-    or `variant="S/16"` plus switches. This is the timm `architecture` of converted checkpoints that match no
-    registered name."""
+    """Any architecture the variant table can describe: `variant="S/16"` plus switches, or `ViTSpec` fields (a
+    model folder's `model_args`). This is the timm `architecture` of converted checkpoints that match no registered
+    name. With no arguments it builds the generic default, the paper's SimpleViT-S/16 (as `HubViTConfig()`), and
+    some fields without a variant change that default (`depth=6`): every name timm lists builds with its defaults.
+    (timm drops keyword arguments that are None, so `model_args` with every size field are read as a whole spec.)"""
     spec_fields = {k: kwargs.pop(k) for k in list(kwargs) if k in ViTSpec.__dataclass_fields__}
     variant = kwargs.pop("variant", None)
-    size_fields = ("width", "depth", "mlp_dim", "num_heads", "patch_size")
-    if not variant and not all(name in spec_fields for name in size_fields):
-        missing = [name for name in size_fields if name not in spec_fields]
-        raise ValueError(f"timm.create_model('hub_vit') needs variant='S/16' (a size letter / patch size, plus "
-                         f"switches such as posemb='sincos2d', pool_type='gap') or every size field; missing: "
-                         f"{', '.join(missing)}")
-    spec = ViTSpec.from_variant(variant, **spec_fields) if variant else ViTSpec(**spec_fields)
+    if variant:
+        spec = ViTSpec.from_variant(variant, **spec_fields)
+    elif all(name in spec_fields for name in ("width", "depth", "mlp_dim", "num_heads", "patch_size")):
+        spec = ViTSpec(**spec_fields)
+    else:
+        default = MODELS[GENERIC_DEFAULT].spec
+        if default.rep_size == default.width:  # its pre-logits layer is as wide as the model, whatever the width
+            spec_fields.setdefault("rep_size", True)
+        spec = ViTSpec(**{**dataclasses.asdict(default), **spec_fields})
     cfg = _npz_through_converter(resolve_pretrained_cfg(CUSTOM_ARCHITECTURE, kwargs.pop("pretrained_cfg", None),
                                                         kwargs.pop("pretrained_cfg_overlay", None)))
     kwargs.setdefault("img_size", spec.img_size)

@@ -296,8 +296,12 @@ def test_headless_model_folder(tmp_path) -> None:
 def test_backbone_saved_from_a_classifier_folder_is_headless_everywhere(simple_folder, tmp_path) -> None:
     model, folder = simple_folder
     base = AutoModel.from_pretrained(folder)
-    assert base.config.num_classes == 0
+    # transformers' contract (its ViTModel too): the backbone's config keeps the labels, its module has no head
+    assert base.config.num_labels == model.num_classes and base.vit.num_classes == 0
     base.save_pretrained(tmp_path / "backbone")
+    saved = json.loads((tmp_path / "backbone" / "config.json").read_text())
+    assert saved["num_classes"] == saved["model_args"]["num_classes"] == 0  # timm's view: the file has no head
+    assert len(saved["id2label"]) == model.num_classes
     timm_model = timm.create_model(f"local-dir:{tmp_path / 'backbone'}", pretrained=True).eval()
     x = _pixels(SIMPLE)
     with torch.no_grad():

@@ -235,9 +235,15 @@ def test_unsupported_timm_kwargs_are_named(kwargs: dict, needle: str) -> None:
         timm.create_model("simplevit_ti16", img_size=32, **kwargs)
 
 
-def test_generic_architecture_needs_a_variant() -> None:
-    with pytest.raises(ValueError, match=r"needs variant='S/16' .* missing: width, depth, mlp_dim"):
-        timm.create_model("hub_vit")
+def test_generic_architecture_builds_its_default_and_fields_change_it() -> None:
+    # timm lists 'hub_vit', so it must build with its defaults (timm's tests, benchmark and list_models-driven tools
+    # assume so): the generic default is the paper's SimpleViT-S/16, as HubViTConfig(); fields change it
+    with torch.device("meta"):
+        assert timm.create_model("hub_vit").spec == MODELS["simplevit_s16"].spec
+        assert timm.create_model("hub_vit", depth=2, pool_type="map").spec == MODELS["simplevit_s16"].spec.replace(
+            depth=2, pool_type="map")
+    with pytest.raises(ValueError, match="unknown pool_type 'cls'"):
+        timm.create_model("hub_vit", pool_type="cls")
 
 
 def test_pretrained_rgb_weights_for_grey_input() -> None:

@@ -17,10 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
 from hub_vit.hf.configuration_hub_vit import HubViTConfig
 from hub_vit.hf.image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
+from hub_vit.layers import Block
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import to_2tuple
 from hub_vit.weights import adapt_state_dict
@@ -38,6 +40,16 @@ _FORWARD_KWARGS = ("pixel_values", "labels", "output_attentions", "output_hidden
                    "interpolate_pos_encoding")
 
 
+class HubViTLayer(GradientCheckpointingLayer, Block):
+    """The encoder block as transformers checkpoints it: `activation_checkpointing_enable(...)` sets this layer's
+    `gradient_checkpointing` and checkpointing function (its kwargs, `every_n_layers`, `offload`). Same parameters
+    and forward as `hub_vit.layers.Block`."""
+
+
+def _vit(spec: Any) -> VisionTransformer:
+    return VisionTransformer(spec, block_fn=HubViTLayer)
+
+
 class HubViTPreTrainedModel(PreTrainedModel):
     """Shared plumbing: config class, the `vit` prefix, big_vision initialisation, gradient checkpointing."""
 
@@ -47,31 +59,27 @@ class HubViTPreTrainedModel(PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image",)
     supports_gradient_checkpointing = True
-    _no_split_modules = ["Block"]
-    _supports_sdpa = True  # the fused path is F.scaled_dot_product_attention; output_attentions uses the explicit one
+    _no_split_modules = ["HubViTLayer"]
+    # attn_implementation: "sdpa" (default) is F.scaled_dot_product_attention, "eager" the explicit softmax(q k^T)
+    # path; output_attentions=True always takes the explicit one, which returns the probabilities it computed
+    _supports_sdpa = True
     accepts_loss_kwargs = False
 
     vit: VisionTransformer
 
     @torch.no_grad()
-    def initialize_weights(self) -> None:
-        """big_vision's init (`VisionTransformer.init_weights`) for every parameter that was not loaded.
-
-        transformers marks loaded tensors with `_is_hf_initialized`; the model's own init covers all parameters at
-        once (q/k/v are initialised as chunks of one tensor), so loaded values are kept aside and put back.
-        """
-        params = dict(self.vit.named_parameters())
-        loaded = {name for name, p in params.items() if getattr(p, "_is_hf_initialized", False)}
-        if len(loaded) == len(params):
-            return
-        kept = {name: params[name].detach().clone() for name in loaded}
-        self.vit.init_weights()
-        for name, value in kept.items():
-            params[name].copy_(value)
-
     def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, VisionTransformer):
-            module.init_weights()
+        """big_vision's init for one module (`VisionTransformer.init_plan`: each entry writes only that module's own
+        parameters), called by transformers for every module it has not loaded; a parameter it loaded (marked
+        `_is_hf_initialized`) keeps its value."""
+        init = self.vit.init_plan().get(module)
+        if init is None:
+            return
+        kept = [(p, p.detach().clone()) for p in module.parameters(recurse=False)
+                if getattr(p, "_is_hf_initialized", False)]
+        init(module)
+        for p, value in kept:
+            p.copy_(value)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
         """transformers' save (config.json + model.safetensors with plain timm keys), plus the remote-code files and
@@ -129,15 +137,12 @@ class HubViTPreTrainedModel(PreTrainedModel):
             return self
         param = next(self.vit.parameters())
         with torch.device("meta"):
-            vit = VisionTransformer(spec)
+            vit = _vit(spec)
         vit.load_state_dict(adapt_state_dict(self.vit.state_dict(), vit, self.vit.spec.grid_size), assign=True)
         vit.grad_checkpointing = self.vit.grad_checkpointing
         self.vit = vit.to(device=param.device, dtype=param.dtype).train(self.vit.training)
         self.config.img_size = list(spec.img_size)
         return self
-
-    def _set_gradient_checkpointing(self, enable: bool = True, *args: Any, **kwargs: Any) -> None:
-        self.vit.set_grad_checkpointing(enable)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.vit.patch_embed.proj
@@ -162,6 +167,9 @@ class HubViTPreTrainedModel(PreTrainedModel):
             raise ValueError(f"{cls.__name__} holds a model with num_classes={wrapper.vit.spec.num_classes}, this one "
                              f"has {vit.spec.num_classes}; use HubViTForImageClassification for a model with a head "
                              "and HubViTModel for a headless one (vit.reset_classifier(0))")
+        for block in vit.blocks:  # a timm-built module's blocks become checkpointable the transformers way (same
+            if type(block) is Block:  # parameters and forward; only the class changes)
+                block.__class__ = HubViTLayer
         wrapper.vit = vit
         return wrapper.to(device=next(vit.parameters()).device)
 
@@ -183,7 +191,8 @@ class HubViTPreTrainedModel(PreTrainedModel):
         param = next(self.vit.parameters())
         pixel_values = pixel_values.to(device=param.device, dtype=param.dtype)
         return self.vit.forward_all(pixel_values, output_attentions=bool(output_attentions),
-                                    output_hidden_states=bool(output_hidden_states))
+                                    output_hidden_states=bool(output_hidden_states),
+                                    fused_attention=self.config._attn_implementation != "eager")
 
 
 def _saved_learned_grid_size(path: Any, kwargs: dict[str, Any]) -> tuple[int, int] | None:
@@ -206,11 +215,10 @@ class HubViTModel(HubViTPreTrainedModel):
     _keys_to_ignore_on_load_unexpected = [r"head\."]  # loading a classifier checkpoint into the backbone
 
     def __init__(self, config: HubViTConfig) -> None:
-        if config.num_labels:  # the config describes this model's weights: no head, so no labels (timm reads it)
-            config = copy.deepcopy(config)
-            config.num_labels = 0
+        # the config keeps its labels (a classifier can be built from it, as from transformers' ViTModel's); the
+        # module has no head, and a saved folder says so to timm (`HubViTConfig.weights_spec`)
         super().__init__(config)
-        self.vit = VisionTransformer(config.to_spec())
+        self.vit = _vit(config.to_spec().replace(num_classes=0))
         self.post_init()
 
     def forward(
@@ -242,7 +250,7 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
             raise ValueError("HubViTForImageClassification needs num_labels >= 1 (got 0); use HubViTModel for "
                              "features, or pass num_labels=... / id2label=...")
         self.num_labels = config.num_labels
-        self.vit = VisionTransformer(config.to_spec())
+        self.vit = _vit(config.to_spec())
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Module:

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from .hub_vit_catalog import DEFAULT_DATA_CFG, MODELS
+from .hub_vit_catalog import DEFAULT_DATA_CFG, GENERIC_DEFAULT, MODELS
 from .hub_vit_variants import SWITCHES, ViTSpec
 
 # The default config is the paper's SimpleViT-S/16 (what `HubViTConfig()` builds), taken from the catalog.
-_DEFAULT = MODELS["simplevit_s16"].spec
+_DEFAULT = MODELS[GENERIC_DEFAULT].spec
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ViTSpec))
 GENERIC_ARCHITECTURE = "hub_vit"  # timm's generic entry point: any spec, passed as model_args
 
@@ -89,8 +89,17 @@ class HubViTConfig(PreTrainedConfig):
     """
 
     model_type = "hub_vit"
-    # timm's name for the classifier size; transformers keeps it as len(id2label)
-    attribute_map: ClassVar[dict[str, str]] = {"num_classes": "num_labels"}
+    # timm's name for the classifier size (transformers keeps it as len(id2label)), and the names transformers' own
+    # configs use for the spec fields, read by its tooling (ConfigTester, DeepSpeed's "auto" sizes, ...): aliases of
+    # the one field each, never second copies
+    attribute_map: ClassVar[dict[str, str]] = {
+        "num_classes": "num_labels",
+        "hidden_size": "width",
+        "num_hidden_layers": "depth",
+        "num_attention_heads": "num_heads",
+        "intermediate_size": "mlp_dim",
+        "num_channels": "in_chans",
+    }
 
     width: int = _DEFAULT.width
     depth: int = _DEFAULT.depth
@@ -114,13 +123,18 @@ class HubViTConfig(PreTrainedConfig):
     pretrained_cfg: dict | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
-        for key in _DERIVED_TIMM_KEYS:  # written by to_dict() for timm; always re-derived, never read back
+        # A dict that to_dict() wrote (config.json: it always has timm's `model_args`) is data: its extra attributes
+        # are kept as transformers keeps them, and its top-level `num_classes` is timm's view of the weight file (0
+        # for a saved backbone), while the labels are id2label. Keywords a person passes get the typo guard.
+        saved = "model_args" in kwargs
+        for key in _DERIVED_TIMM_KEYS + (("num_classes",) if saved else ()):  # re-derived on save, never read back
             kwargs.pop(key, None)
         if "variant" in kwargs:  # the timm generic entry point's spelling; a config stores the fields themselves
             raise ValueError(f"HubViTConfig has no 'variant' field; build it from the variant table: "
                              f"HubViTConfig.from_spec(ViTSpec.from_variant({kwargs['variant']!r}, ...))")
-        typos = {k: difflib.get_close_matches(k, SWITCHES, n=1, cutoff=0.8) for k in kwargs if k not in SWITCHES}
-        typos = {k: v[0] for k, v in typos.items() if v}
+        known = set(SWITCHES) | set(self.attribute_map)
+        typos = {k: difflib.get_close_matches(k, SWITCHES, n=1, cutoff=0.8) for k in kwargs if k not in known}
+        typos = {k: v[0] for k, v in typos.items() if v and not saved}
         if typos:
             bad, guess = next(iter(typos.items()))
             raise ValueError(f"unknown HubViTConfig field {bad!r} (did you mean {guess!r}?); "
@@ -160,10 +174,17 @@ class HubViTConfig(PreTrainedConfig):
             fields.pop("num_classes")
         return cls(**{**fields, **kwargs})
 
+    def weights_spec(self) -> ViTSpec:
+        """The spec of the weights a model with this config saves: `to_spec()`, headless when the config was saved by
+        the backbone (`architectures == ["HubViTModel"]`), which keeps `num_labels` for a classifier built from it
+        but has no head."""
+        spec = self.to_spec()
+        return spec.replace(num_classes=0) if self.architectures == ["HubViTModel"] else spec
+
     # ------------------------------------------------------------------------------------------------------- timm
     def timm_config(self) -> dict[str, Any]:
-        """timm's view of this model (the keys `timm.create_model('local-dir:...')` reads from config.json)."""
-        spec = self.to_spec()
+        """timm's view of the saved model (the keys `timm.create_model('local-dir:...')` reads from config.json)."""
+        spec = self.weights_spec()
         labels = [label_at(self.id2label, i) for i in range(spec.num_classes)] if self.id2label else []
         generic = all(label == f"LABEL_{i}" for i, label in enumerate(labels))
         out: dict[str, Any] = dict(

@@ -41,14 +41,14 @@ def resample_posemb(posemb: torch.Tensor, old_grid: tuple[int, int], new_grid: t
     Both use `scipy.ndimage.zoom(order=1)`: linear interpolation whose corner samples coincide, i.e.
     `interpolate(mode="bilinear", align_corners=True)` without antialiasing. Computed in float32.
     """
-    if tuple(old_grid) == tuple(new_grid):
-        return posemb
     gh, gw = old_grid
+    if gh == new_grid[0] and gw == new_grid[1]:
+        return posemb
     if posemb.shape[1] != gh * gw:
         raise ValueError(f"position embedding has {posemb.shape[1]} tokens, expected {gh}x{gw}={gh * gw}")
     dtype = posemb.dtype
     grid = posemb.reshape(1, gh, gw, -1).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=True)
+    grid = F.interpolate(grid, size=(new_grid[0], new_grid[1]), mode="bilinear", align_corners=True)
     return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1).to(dtype)
 
 
@@ -61,11 +61,23 @@ def resample_pos_table(pos: torch.Tensor, old_grid: tuple[int, int], new_grid: t
     return torch.cat([pos[:, :prefix], resample_posemb(pos[:, prefix:], old_grid, new_grid)], dim=1)
 
 
+class PatchEmbed(nn.Module):
+    """(B, C, H, W) pixels -> (B, D, H/p, W/p): one p x p convolution with stride p (timm's key `patch_embed.proj`)."""
+
+    def __init__(self, in_chans: int, dim: int, patch_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with fused q/k/v weights (rows `[q; k; v]`, head-major within each).
 
     `forward(x, return_attn=False)` uses `scaled_dot_product_attention`; with `return_attn=True` it computes
-    `softmax(q k^T / sqrt(d))` explicitly and returns the probabilities `(B, heads, N, N)` as well.
+    `softmax(q k^T / sqrt(d))` explicitly and returns the probabilities `(B, heads, N, N)` as well. `fused=False`
+    takes the explicit path without returning them (transformers' "eager" attention).
     """
 
     def __init__(self, dim: int, num_heads: int) -> None:
@@ -76,14 +88,17 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, return_attn: bool = False,
+                fused: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, heads, N, head_dim)
-        attn = None
-        if return_attn:
-            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, N, N)
-            x = attn @ v
+        attn: torch.Tensor | None = None  # (annotated for TorchScript: None or a tensor)
+        if return_attn or not fused:
+            probs = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, N, N)
+            x = probs @ v
+            if return_attn:
+                attn = probs
         else:
             x = F.scaled_dot_product_attention(q, k, v)
         x = x.transpose(1, 2).reshape(B, N, C)
@@ -121,8 +136,9 @@ class Block(nn.Module):
         else:
             self.drop_path = nn.Identity()
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, attn = self.attn(self.norm1(x), return_attn)
+    def forward(self, x: torch.Tensor, return_attn: bool = False,
+                fused: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, attn = self.attn(self.norm1(x), return_attn, fused)
         x = x + self.drop_path(y)
         x = x + self.drop_path(self.mlp(self.norm2(x)))
         return x, attn
@@ -145,14 +161,17 @@ class MAPHead(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=eps)
         self.mlp = Mlp(dim, mlp_dim, gelu)
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, return_attn: bool = False,
+                fused: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, N, C = x.shape
         q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
         k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        attn = None
-        if return_attn:
-            attn = ((q * self.head_dim**-0.5) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, 1, N)
-            y = attn @ v
+        attn: torch.Tensor | None = None
+        if return_attn or not fused:
+            probs = ((q * self.head_dim**-0.5) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, 1, N)
+            y = probs @ v
+            if return_attn:
+                attn = probs
         else:
             y = F.scaled_dot_product_attention(q, k, v)
         y = self.proj(y.transpose(1, 2).reshape(B, 1, C))

@@ -4,19 +4,21 @@
 
 The architecture is whatever the `ViTSpec` says; there is no second class for SimpleViT. The timm entry points
 (`hub_vit.timm_plugin`) and the transformers classes (`hub_vit.hf`) both wrap this module unchanged.
+
+No `from __future__ import annotations` here: torch.fx copies `forward`'s annotations into the traced graph's code,
+which TorchScript can then not read back as strings (scripting a traced model fails on them).
 """
 
-from __future__ import annotations
-
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .hub_vit_layers import Block, MAPHead, lecun_normal_, posemb_sincos_2d, resample_pos_table, resample_posemb
+from .hub_vit_layers import Block, MAPHead, PatchEmbed, lecun_normal_, posemb_sincos_2d, resample_pos_table
 from .hub_vit_variants import ViTSpec, check_image_size, to_2tuple
 
 
@@ -60,6 +62,54 @@ def _tracing() -> bool:
     return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 
+# The two functions below hold every shape-dependent branch of the forward pass. torch.fx keeps them as single calls
+# (`torch.fx.wrap`, what timm's `register_notrace_function` does), so symbolic tracing (timm's features_only on ViTs,
+# torchvision's create_feature_extractor) sees no control flow on traced values, and the traced graph still runs them.
+@torch.jit.ignore
+def check_pixels(x: torch.Tensor, in_chans: int, patch_size: int) -> torch.Tensor:
+    """Clear errors for the classic mistakes (wrong rank, raw uint8 pixels, wrong channel count, a size that is not a
+    patch multiple); returns `x` unchanged."""
+    if _tracing():
+        return x
+    if x.ndim != 4:
+        raise ValueError(f"expected a (batch, channels, height, width) image tensor, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(
+            f"expected normalised float pixels, got a {x.dtype} tensor; prepare images with the model's own "
+            "transform: timm.data.create_transform(**timm.data.resolve_data_config(model=model))"
+        )
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f"expected {in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)}); images must be NCHW"
+        )
+    check_image_size((x.shape[2], x.shape[3]), patch_size)
+    return x
+
+
+def patch_tokens(x: torch.Tensor, cls_token: torch.Tensor | None, pos_embed: torch.Tensor | None, sincos: bool,
+                 posemb_on_cls: bool, pos_grid: tuple[int, int]) -> torch.Tensor:
+    """(B, D, h, w) patch-conv output -> (B, N, D) tokens with position embeddings (and the class token, if any).
+
+    sincos: computed for the actual grid. Learned (`pos_embed` trained on `pos_grid`): resampled to (h, w);
+    big_vision adds it to the patches only, vit_jax (`posemb_on_cls`) has a class-token slot and adds after the concat.
+    """
+    h, w = x.shape[-2], x.shape[-1]
+    x = x.flatten(2).transpose(1, 2)  # (B, h*w, D), row-major patch order as in JAX
+    if sincos:
+        x = x + posemb_sincos_2d(h, w, x.shape[-1], dtype=x.dtype, device=x.device)
+    elif pos_embed is not None and not posemb_on_cls:
+        x = x + resample_pos_table(pos_embed, pos_grid, (h, w), 0)
+    if cls_token is not None:
+        x = torch.cat([cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+    if pos_embed is not None and posemb_on_cls:
+        x = x + resample_pos_table(pos_embed, pos_grid, (h, w), 1)
+    return x
+
+
+torch.fx.wrap("check_pixels")
+torch.fx.wrap("patch_tokens")
+
+
 class VisionTransformer(nn.Module):
     """ViT / SimpleViT. `VisionTransformer(ViTSpec.from_variant("S/16", posemb="sincos2d", pool_type="gap"))`.
 
@@ -67,11 +117,18 @@ class VisionTransformer(nn.Module):
     Training-only regularisation, as timm's models take it (none of it changes the state dict): `drop_rate` is
     dropout on the features the head reads, `drop_path_rate` stochastic depth rising linearly to that rate over the
     blocks. `global_pool` may only name the model's own pooling ('token', 'avg' or 'map'): pooling is architecture.
+    `block_fn` is the encoder-block class (timm's name): a subclass of `hub_vit.layers.Block` with the same
+    parameters (the transformers wrapper passes one that transformers can checkpoint).
+
+    `forward` is scriptable (`torch.jit.script`) and symbolically traceable (`torch.fx`); the spec-derived values it
+    reads are plain attributes, kept in step with `spec` by its setter.
     """
+
+    __jit_unused_properties__ = ["spec"]
 
     def __init__(self, spec: ViTSpec | None = None, *, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
                  global_pool: str | None = None, dynamic_img_size: bool = False, dynamic_img_pad: bool = False,
-                 **overrides: Any) -> None:
+                 block_fn: type[Block] = Block, **overrides: Any) -> None:
         super().__init__()
         if spec is None:
             raise ValueError("VisionTransformer needs a ViTSpec, e.g. ViTSpec.from_variant('S/16')")
@@ -88,6 +145,10 @@ class VisionTransformer(nn.Module):
                              f"global_pool={_POOL_NAMES[spec.pool_type]!r} or leave it out")
         self.spec = spec
         D = spec.width
+        # architecture switches the forward pass reads (fixed for the module's life)
+        self.pool_type = spec.pool_type
+        self.posemb_sincos = spec.posemb == "sincos2d"
+        self.posemb_on_cls = spec.posemb_on_cls
         # timm model attributes that timm's helpers (data config, features, optimizers) read
         self.num_classes = spec.num_classes
         self.num_features = self.head_hidden_size = spec.num_features
@@ -96,8 +157,7 @@ class VisionTransformer(nn.Module):
         self.global_pool = _POOL_NAMES[spec.pool_type]
         self.grad_checkpointing = False
 
-        self.patch_embed = nn.Module()
-        self.patch_embed.proj = nn.Conv2d(spec.in_chans, D, kernel_size=spec.patch_size, stride=spec.patch_size)
+        self.patch_embed = PatchEmbed(spec.in_chans, D, spec.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if spec.class_token else None
         if spec.posemb == "learn":
             n_pos = spec.num_patches + (1 if spec.posemb_on_cls else 0)
@@ -107,7 +167,8 @@ class VisionTransformer(nn.Module):
         # timm's stochastic-depth schedule, linspace(0, rate, depth), in plain Python (models are built on "meta" too)
         rates = [drop_path_rate * i / max(spec.depth - 1, 1) for i in range(spec.depth)]
         self.blocks = nn.ModuleList(
-            Block(D, spec.num_heads, spec.mlp_dim, spec.layer_norm_eps, spec.gelu, rates[i]) for i in range(spec.depth)
+            block_fn(D, spec.num_heads, spec.mlp_dim, spec.layer_norm_eps, spec.gelu, rates[i])
+            for i in range(spec.depth)
         )
         self.norm = nn.LayerNorm(D, eps=spec.layer_norm_eps)
         self.attn_pool = None
@@ -126,108 +187,102 @@ class VisionTransformer(nn.Module):
         ]
         self.init_weights()
 
+    # ---------------------------------------------------------------------------------------------------- spec
+    @property
+    def spec(self) -> ViTSpec:
+        """The architecture (a frozen `ViTSpec`). Setting it (set_input_size, reset_classifier, pruning) also updates
+        the plain attributes the scriptable forward reads: the patch size and the grid a learned posemb is stored at."""
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: ViTSpec) -> None:
+        self._spec = spec
+        self.in_chans = spec.in_chans
+        self.patch_size = spec.patch_size
+        self.pos_grid = spec.grid_size
+
     # ---------------------------------------------------------------------------------------------------- init
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """big_vision's init, so that training from scratch starts where big_vision starts.
+    def init_plan(self) -> dict[nn.Module, Callable[[nn.Module], None]]:
+        """big_vision's initialisation as one entry per module that owns parameters: `fn(module)` writes that
+        module's own (direct) parameters and nothing else, so an initialiser that visits modules one at a time
+        (transformers' `_init_weights`) reproduces `init_weights()` exactly.
 
         lecun-normal patch conv, xavier-uniform q/k/v *each* (not the fused matrix), out and MLP kernels, MLP biases
-        N(0, 1e-6), zero cls token, learned posemb N(0, 1/sqrt(D)) (vit_jax: 0.02), zero head.
+        N(0, 1e-6), zero cls token, learned posemb N(0, 1/sqrt(D)) (vit_jax: 0.02), lecun-normal pre-logits, head
+        zero (`head_zeroinit`) or xavier. The order is the order `init_weights()` draws random numbers in.
         """
-        spec, D = self.spec, self.spec.width
-        conv = self.patch_embed.proj
-        lecun_normal_(conv.weight, fan_in=spec.in_chans * spec.patch_size**2)
-        nn.init.zeros_(conv.bias)
-        if self.cls_token is not None:
-            nn.init.zeros_(self.cls_token)
-        if self.pos_embed is not None:
-            nn.init.normal_(self.pos_embed, std=0.02 if spec.posemb_on_cls else 1 / math.sqrt(D))
-        for module in self.modules():
-            if isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        spec = self.spec
+        plan: dict[nn.Module, Callable[[nn.Module], None]] = {
+            self.patch_embed.proj: _init_patch_conv_,
+            self: _init_tokens_,
+        }
+        plan.update({m: _init_layernorm_ for m in self.modules() if isinstance(m, nn.LayerNorm)})
         for block in self.blocks:
-            _xavier_chunks_(block.attn.qkv, 3)
-            _xavier_chunks_(block.attn.proj, 1)
-            _init_mlp_(block.mlp)
+            plan[block.attn.qkv] = partial(_xavier_chunks_, chunks=3)
+            plan[block.attn.proj] = partial(_xavier_chunks_, chunks=1)
+            plan.update({block.mlp.fc1: _init_mlp_linear_, block.mlp.fc2: _init_mlp_linear_})
         if self.attn_pool is not None:
             pool = self.attn_pool
-            bound = math.sqrt(6.0 / (1 + D))  # flax xavier on a (1, 1, D) probe: fan_in 1, fan_out D
-            nn.init.uniform_(pool.latent, -bound, bound)
-            _xavier_chunks_(pool.q, 1)
-            _xavier_chunks_(pool.kv, 2)
-            _xavier_chunks_(pool.proj, 1)
-            _init_mlp_(pool.mlp)
+            plan[pool] = _init_probe_
+            plan.update({pool.q: partial(_xavier_chunks_, chunks=1), pool.kv: partial(_xavier_chunks_, chunks=2),
+                         pool.proj: partial(_xavier_chunks_, chunks=1)})
+            plan.update({pool.mlp.fc1: _init_mlp_linear_, pool.mlp.fc2: _init_mlp_linear_})
         if spec.rep_size:
-            lecun_normal_(self.pre_logits.fc.weight, fan_in=D)
-            nn.init.zeros_(self.pre_logits.fc.bias)
-        self._init_head()
+            plan[self.pre_logits.fc] = _init_pre_logits_
+        if isinstance(self.head, nn.Linear):
+            plan[self.head] = partial(_init_head_, zero=spec.head_zeroinit)
+        return plan
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """big_vision's init (see `init_plan`), so that training from scratch starts where big_vision starts."""
+        for module, init in self.init_plan().items():
+            init(module)
 
     @torch.no_grad()
     def _init_head(self) -> None:
         if isinstance(self.head, nn.Linear):
-            if self.spec.head_zeroinit:
-                nn.init.zeros_(self.head.weight)
-            else:
-                nn.init.xavier_uniform_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+            _init_head_(self.head, zero=self.spec.head_zeroinit)
 
     # ---------------------------------------------------------------------------------------------------- forward
     def check_input(self, x: torch.Tensor) -> None:
         """Clear errors for the classic mistakes: wrong rank, raw uint8 pixels, wrong channel count, size not a
         patch multiple."""
-        if _tracing():
-            return
-        if x.ndim != 4:
-            raise ValueError(f"expected a (batch, channels, height, width) image tensor, got shape {tuple(x.shape)}")
-        if not x.is_floating_point():
-            raise ValueError(
-                f"expected normalised float pixels, got a {x.dtype} tensor; prepare images with the model's own "
-                "transform: timm.data.create_transform(**timm.data.resolve_data_config(model=model))"
-            )
-        if x.shape[1] != self.spec.in_chans:
-            raise ValueError(
-                f"expected {self.spec.in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)}); "
-                "images must be NCHW"
-            )
-        check_image_size((x.shape[2], x.shape[3]), self.spec.patch_size)
+        check_pixels(x, self.in_chans, self.patch_size)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) pixels -> (B, N, D) tokens with position embeddings (and the class token, if any)."""
-        self.check_input(x)
-        x = self.patch_embed.proj(x)  # (B, D, h, w)
-        h, w = x.shape[-2:]
-        x = x.flatten(2).transpose(1, 2)  # (B, h*w, D), row-major patch order as in JAX
-        spec = self.spec
-        if spec.posemb == "sincos2d":
-            x = x + posemb_sincos_2d(h, w, spec.width, dtype=x.dtype, device=x.device)
-        elif not spec.posemb_on_cls:
-            x = x + resample_posemb(self.pos_embed, spec.grid_size, (h, w))  # big_vision: patches only
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-        if spec.posemb_on_cls:  # vit_jax: the embedding has a class-token slot and is added after the concat
-            x = x + resample_pos_table(self.pos_embed, spec.grid_size, (h, w), prefix=1)
-        return x
+        if not torch.jit.is_scripting():  # a scripted model leaves the checks to the conv
+            x = check_pixels(x, self.in_chans, self.patch_size)
+        x = self.patch_embed(x)  # (B, D, h, w)
+        return patch_tokens(x, self.cls_token, self.pos_embed, self.posemb_sincos, self.posemb_on_cls, self.pos_grid)
 
-    def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return checkpoint(block, x, return_attn, use_reentrant=False)
-        return block(x, return_attn)
+    @torch.jit.unused
+    def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool,
+                   fused: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.grad_checkpointing and self.training:
+            return checkpoint(block, x, return_attn, fused, use_reentrant=False)
+        return block(x, return_attn, fused)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, N, D) normalised tokens, on the fused-attention path."""
         x = self.embed(x)
-        for block in self.blocks:
-            x, _ = self._run_block(block, x, False)
+        if torch.jit.is_scripting():  # TorchScript cannot pass modules around, nor checkpoint
+            for block in self.blocks:
+                x, _ = block(x, False)
+        else:
+            for block in self.blocks:
+                x, _ = self._run_block(block, x, False)
         return self.norm(x)
 
-    def pool(self, tokens: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def pool(self, tokens: torch.Tensor, return_attn: bool = False,
+             fused: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, N, D) normalised tokens -> (B, D): class token, patch-token mean (big_vision: norm, then mean) or MAP."""
-        if self.spec.pool_type == "tok":
+        if self.attn_pool is not None:
+            return self.attn_pool(tokens, return_attn, fused)
+        if self.pool_type == "tok":
             return tokens[:, 0], None
-        if self.spec.pool_type == "gap":
-            return tokens[:, self.num_prefix_tokens:].mean(dim=1), None
-        return self.attn_pool(tokens, return_attn)
+        return tokens[:, self.num_prefix_tokens:].mean(dim=1), None
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """timm API: pooled (+ tanh pre-logits) features if `pre_logits`, else logits."""
@@ -237,23 +292,24 @@ class VisionTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def forward_all(self, x: torch.Tensor, output_attentions: bool = False,
-                    output_hidden_states: bool = False) -> ViTOutput:
+    def forward_all(self, x: torch.Tensor, output_attentions: bool = False, output_hidden_states: bool = False,
+                    fused_attention: bool = True) -> ViTOutput:
         """One pass that can also return every block's attention probabilities and hidden states.
 
         With `output_attentions=True` each block computes softmax(q k^T / sqrt(d)) explicitly (the SDPA kernel does
-        not expose it); the logits equal the fused path's to float32 rounding.
+        not expose it); the logits equal the fused path's to float32 rounding. `fused_attention=False` takes the
+        explicit path in every block without returning the probabilities.
         """
         x = self.embed(x)
         hidden: list[torch.Tensor] = [x]
         attns: list[torch.Tensor] = []
         for block in self.blocks:
-            x, attn = self._run_block(block, x, output_attentions)
+            x, attn = self._run_block(block, x, output_attentions, fused_attention)
             hidden.append(x)
             if attn is not None:
                 attns.append(attn)
         tokens = self.norm(x)
-        pooled, pool_attn = self.pool(tokens, output_attentions)
+        pooled, pool_attn = self.pool(tokens, output_attentions, fused_attention)
         feats = self.pre_logits(pooled)
         return ViTOutput(
             logits=self.head(self.head_drop(feats)),
@@ -348,11 +404,6 @@ class VisionTransformer(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
-    @property
-    def gradient_checkpointing(self) -> bool:
-        """transformers' name for timm's `grad_checkpointing` (its `is_activation_checkpointing` looks for it)."""
-        return self.grad_checkpointing
-
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token", "attn_pool.latent"}
@@ -429,6 +480,7 @@ class VisionTransformer(nn.Module):
         load_strict(self, adapt_state_dict(state_dict, self))
 
 
+# big_vision's initialisers, one per kind of parameter-owning module (VisionTransformer.init_plan)
 @torch.no_grad()
 def _xavier_chunks_(linear: nn.Linear, chunks: int) -> None:
     """xavier-uniform each of `chunks` stacked (out/chunks, in) blocks separately, as flax inits q, k, v apart."""
@@ -438,10 +490,50 @@ def _xavier_chunks_(linear: nn.Linear, chunks: int) -> None:
 
 
 @torch.no_grad()
-def _init_mlp_(mlp: nn.Module) -> None:
-    for fc in (mlp.fc1, mlp.fc2):
-        nn.init.xavier_uniform_(fc.weight)
-        nn.init.normal_(fc.bias, std=1e-6)
+def _init_mlp_linear_(fc: nn.Linear) -> None:
+    nn.init.xavier_uniform_(fc.weight)
+    nn.init.normal_(fc.bias, std=1e-6)
+
+
+@torch.no_grad()
+def _init_patch_conv_(conv: nn.Conv2d) -> None:
+    lecun_normal_(conv.weight, fan_in=conv.weight[0].numel())  # fan_in = C * p * p
+    nn.init.zeros_(conv.bias)
+
+
+@torch.no_grad()
+def _init_tokens_(vit: VisionTransformer) -> None:
+    if vit.cls_token is not None:
+        nn.init.zeros_(vit.cls_token)
+    if vit.pos_embed is not None:
+        nn.init.normal_(vit.pos_embed, std=0.02 if vit.posemb_on_cls else 1 / math.sqrt(vit.embed_dim))
+
+
+@torch.no_grad()
+def _init_layernorm_(norm: nn.LayerNorm) -> None:
+    nn.init.ones_(norm.weight)
+    nn.init.zeros_(norm.bias)
+
+
+@torch.no_grad()
+def _init_probe_(pool: MAPHead) -> None:
+    bound = math.sqrt(6.0 / (1 + pool.latent.shape[-1]))  # flax xavier on a (1, 1, D) probe: fan_in 1, fan_out D
+    nn.init.uniform_(pool.latent, -bound, bound)
+
+
+@torch.no_grad()
+def _init_pre_logits_(fc: nn.Linear) -> None:
+    lecun_normal_(fc.weight, fan_in=fc.in_features)
+    nn.init.zeros_(fc.bias)
+
+
+@torch.no_grad()
+def _init_head_(head: nn.Linear, zero: bool) -> None:
+    if zero:
+        nn.init.zeros_(head.weight)
+    else:
+        nn.init.xavier_uniform_(head.weight)
+    nn.init.zeros_(head.bias)
 
 
 def count_parameters(model: nn.Module) -> int:
