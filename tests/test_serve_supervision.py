@@ -283,3 +283,68 @@ def test_a_signal_sent_twice_at_once_is_one_stop_request() -> None:
         if connection is not None:
             connection.close()
         serve.stop()
+
+
+def _live(http_port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/live", timeout=1) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def test_crash_requests_sent_while_the_new_server_starts_do_not_end_the_service() -> None:
+    # was: Triton answered and served ~2 s before serve saw it ready; a second crash request in that window made serve
+    # exit ("killed ... before it was ready"), and four such requests in 10 s exhausted --max-restarts: one client
+    # ended the service. Now a server that answered is always replaced; only starts that never answer count.
+    serve = Serve("--max-restarts", "1")
+    try:
+        serve.wait_for("metrics")
+        classification_of_labels(serve.ports[0])
+        for _ in range(3):  # the race, three times: each crash lands as soon as the new server answers at all
+            serve.wait_for("restarting tritonserver")
+            assert wait_until(lambda: _live(serve.ports[0]), timeout_s=120), serve.text
+            classification_of_labels(serve.ports[0])
+        text = serve.wait_for("serving again")
+        assert serve.process.poll() is None, text
+        flat = " ".join(text.split())
+        assert flat.count("tritonserver was killed by SIGFPE") >= 4, flat
+        assert serve.classify() == expected_digits()
+        serve.process.send_signal(signal.SIGTERM)
+        assert serve.finish() == 0, serve.text
+    finally:
+        serve.stop()
+
+
+def test_control_apis_are_closed_to_clients_and_statistics_stay_open() -> None:
+    # was: any client could register a stub's /dev/shm region (then crash Triton with SIGSEGV), change log verbosity
+    # or switch error logging off
+    import json
+    import urllib.error
+    import urllib.request
+
+    serve = Serve()
+    base = f"http://127.0.0.1:{serve.ports[0]}"
+    try:
+        serve.wait_for("metrics")
+        attempts = {"/v2/logging": {"log_verbose_level": 1, "log_error": False},
+                    "/v2/systemsharedmemory/region/x/register": {"key": "/x", "offset": 0, "byte_size": 64},
+                    "/v2/repository/index": {}, "/v2/trace/setting": {"trace_level": ["TIMESTAMPS"]}}
+        for path, body in attempts.items():
+            request = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == 403, path
+            assert "This API is restricted" in refused.value.read().decode(), path
+        import tritonclient.grpc as grpcclient
+
+        grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{serve.ports[1]}")
+        with pytest.raises(Exception, match="restricted"):
+            grpc_client.update_log_settings({"log_verbose_level": 1})
+        with urllib.request.urlopen(f"{base}/v2/models/vit/stats", timeout=10) as reply:  # loadtest reads them
+            assert reply.status == 200
+        assert _live(serve.ports[0]) and serve.classify() == expected_digits()
+    finally:
+        serve.stop()
