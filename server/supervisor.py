@@ -14,6 +14,11 @@ at once. The rule here tells the two kinds of death apart by what the server had
   broken install) was not killed by a client: `max_failed_starts` such starts in a row end `serve` with the reason.
 
 Readiness is taken from the new server itself (`TritonServer.wait_ready`: its own id at `GET /v2`, every endpoint up).
+
+With a `Gate` (gate.py: the HTTP front `hub-vit serve` puts before Triton), the gate relays to each server once it is
+ready and answers 503 "restarting" in between; a stop first drains the gate (new HTTP requests refused at once, those
+in flight answered, its pooled connections closed), then sends Triton its SIGTERM, so Triton's own drain is not held
+open by keep-alive connections.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hub_vit.server.gate import Gate
 from hub_vit.server.launcher import ServerError, TritonServer
 
 
@@ -59,15 +65,25 @@ class Supervisor:
 
     def __init__(self, new_server: Callable[[], TritonServer], policy: RestartPolicy, stop: threading.Event, *,
                  serving: Callable[[TritonServer, bool], None] = lambda server, restarted: None,
-                 event: Callable[[str], None] = lambda line: None) -> None:
-        self.new_server, self.policy, self.stop = new_server, policy, stop
+                 event: Callable[[str], None] = lambda line: None, gate: Gate | None = None) -> None:
+        self.new_server, self.policy, self.stop, self.gate = new_server, policy, stop, gate
         self.serving, self.event = serving, event
         self.server = new_server()  # raises ServerError for a bad repository or a taken port, before anything runs
         self.restarts = 0  # servers replaced since `run` began
         self.failure: str | None = None  # the last death, None once a server stopped because `stop` was set
 
     def terminate(self) -> None:
+        """Stop gracefully: returns at once (a signal handler calls it); the drain runs in a thread."""
         self.stop.set()
+        if self.gate is None:
+            self.server.terminate()
+            return
+        self.gate.drain()
+        threading.Thread(target=self._drain_then_terminate, name="hub-vit-drain", daemon=True).start()
+
+    def _drain_then_terminate(self) -> None:
+        assert self.gate is not None
+        self.gate.drained(self.server.exit_timeout_s)
         self.server.terminate()
 
     def kill(self) -> None:
@@ -96,8 +112,12 @@ class Supervisor:
             else:
                 failed_starts = 0
                 served_since = time.monotonic()
+                if self.gate is not None:
+                    self.gate.upstream(self.server.http_host, self.server.http_port)
                 self.serving(self.server, restarted)
                 self.failure = self.server.watch(self.stop)
+                if self.gate is not None:
+                    self.gate.upstream(None)
                 if self.failure is None:
                     return self.server
                 if time.monotonic() - served_since >= self.policy.stable_s:

@@ -167,10 +167,15 @@ def serve(
                                                     "this server)."),
     demo_port: int = typer.Option(7860, help="Port of the demo (with --demo)."),
     max_pixels: MaxPixels = DEFAULTS.max_pixels,
+    max_request_mb: int = typer.Option(64, help="Largest HTTP request body, also once inflated (gzip/deflate); "
+                                                "larger ones get 413 before they reach Triton."),
+    max_connections: int = typer.Option(4096, help="Open HTTP connections beyond which only health requests are "
+                                                   "answered (others get 503)."),
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.ports import PortError, check_host, check_ports
-    from hub_vit.server.launcher import ServerError, TritonServer, exit_description, shell_safe_tempdir
+    from hub_vit.server.gate import Gate, GateLimits
+    from hub_vit.server.launcher import ServerError, TritonServer, exit_description, free_port, shell_safe_tempdir
     from hub_vit.server.launcher import exposure_warning as exposure
     from hub_vit.server.repository import write_repository
     from hub_vit.server.supervisor import GaveUp, RestartPolicy, Supervisor
@@ -188,6 +193,9 @@ def serve(
         raise fail(f"--exit-timeout must be >= 0 seconds, got {exit_timeout}")
     if max_restarts < 0:
         raise fail(f"--max-restarts must be >= 0, got {max_restarts}")
+    for flag, value in (("--max-request-mb", max_request_mb), ("--max-connections", max_connections)):
+        if value < 1:
+            raise fail(f"{flag} must be a positive integer, got {value}")
     workdir = None
     example = "IMAGE..."
     if repository_dir is None:
@@ -216,9 +224,9 @@ def serve(
     # soft_wrap: one log line stays one line in a log file / journal (rich would cut it at 80 columns off a terminal)
     log = None if quiet else (lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True,
                                                              emoji=False))
-    def new_server() -> TritonServer:
-        return TritonServer(repository_dir, host=host, http_port=http_port, grpc_port=grpc_port,
-                            metrics_port=metrics_port, exit_timeout_s=exit_timeout, log=log)
+    def new_server() -> TritonServer:  # Triton's HTTP on a private loopback port; the gate takes --http-port
+        return TritonServer(repository_dir, host=host, http_port=free_port(), grpc_port=grpc_port,
+                            metrics_port=metrics_port, exit_timeout_s=exit_timeout, log=log, http_host="127.0.0.1")
 
     stop, forced = threading.Event(), threading.Event()
     demo_app: list[object] = []  # the demo, once the first server serves
@@ -230,17 +238,22 @@ def serve(
         missing = _not_served(server.http_url, name, server.control_headers)
         if missing:
             raise fail(missing, code=1)
-        _print_endpoints(server, name, example)
+        _print_endpoints(server, f"{host}:{http_port}", name, example)
         if demo:
-            demo_app.append(_start_demo(model, workdir is None, host, demo_port, server.http_url, name))
+            demo_app.append(_start_demo(model, workdir is None, host, demo_port, f"{host}:{http_port}", name))
 
     def event(line: str) -> None:  # a replaced server, not a half-working one: Triton keeps answering ready
         err_console.print(f"[red]error:[/] {escape(line)}", soft_wrap=True)
 
+    gate = None
     try:
+        gate = Gate(host, http_port, GateLimits(max_body_bytes=max_request_mb << 20,
+                                                max_connections=max_connections)).start()
         supervisor = Supervisor(new_server, RestartPolicy(max_failed_starts=max_restarts), stop, serving=serving,
-                                event=event)
-    except ServerError as err:
+                                event=event, gate=gate)
+    except (ServerError, OSError, ValueError) as err:
+        if gate is not None:
+            gate.close()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
         raise fail(str(err)) from None
@@ -285,19 +298,20 @@ def serve(
         for app_ in demo_app:
             app_.close()
         supervisor.server.stop()
+        gate.close()
         for sig, handler in previous.items():  # None: installed from C, not restorable; the default is closest
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _print_endpoints(server: Any, name: str, example: str) -> None:
+def _print_endpoints(server: Any, http_url: str, name: str, example: str) -> None:
     console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
-                  f"  HTTP     http://{server.http_url}/v2/models/{name}/infer\n"
+                  f"  HTTP     http://{http_url}/v2/models/{name}/infer\n"
                   f"  gRPC     {server.grpc_url}\n"
                   f"  metrics  {server.metrics_url}")
     # plain text on one line however narrow the terminal: it is pasted as a command (a path may hold [brackets])
-    console.print(f"  try:     hub-vit classify --url {server.http_url} --model {name} {example}",
+    console.print(f"  try:     hub-vit classify --url {http_url} --model {name} {example}",
                   markup=False, highlight=False, soft_wrap=True)
 
 
