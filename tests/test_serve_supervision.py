@@ -121,15 +121,17 @@ class Serve:
                     pass
 
 
-def classification_of_labels(http_port: int) -> None:
-    """The request that kills Triton 2.51: the classification extension asked of the STRING output."""
-    import tritonclient.http as httpclient
+def classification_of_labels(grpc_port: int) -> None:
+    """The request that kills Triton 2.51: the classification extension asked of the STRING output. Over gRPC, which
+    goes to Triton directly (serve's HTTP gate refuses it: tests/test_serve_limits.py)."""
+    import tritonclient.grpc as grpcclient
 
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
-    image = httpclient.InferInput("image", [1, 1], "BYTES")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    image = grpcclient.InferInput("image", [1, 1], "BYTES")
     image.set_data_from_numpy(np.array([[SAMPLES[0].read_bytes()]], dtype=object))
     with pytest.raises(Exception):  # noqa: B017 (the connection drops: whatever tritonclient makes of that)
-        client.infer("vit", [image], outputs=[httpclient.InferRequestedOutput("labels", class_count=3)])
+        client.infer("vit", [image], outputs=[grpcclient.InferRequestedOutput("labels", class_count=3)],
+                     client_timeout=30)
 
 
 def expected_digits() -> list[str]:
@@ -142,7 +144,7 @@ def test_a_crashed_server_and_a_dead_stub_are_replaced(tmp_path: Path) -> None:
         serve.wait_for("metrics")
         assert serve.classify() == expected_digits()
 
-        classification_of_labels(serve.ports[0])
+        classification_of_labels(serve.ports[1])
         text = serve.wait_for("serving again")
         assert "tritonserver was killed by SIGFPE" in " ".join(text.split()), text
         assert serve.classify() == expected_digits()
@@ -171,7 +173,7 @@ def test_without_restarts_a_crash_is_an_error_naming_it() -> None:
     try:
         serve.wait_for("metrics")
         server_id = f"hub-vit-{serve.process.pid}-"
-        classification_of_labels(serve.ports[0])
+        classification_of_labels(serve.ports[1])
         assert serve.finish() == 1, serve.text
         flat = " ".join(serve.text.split())
         assert "tritonserver was killed by SIGFPE" in flat and "not restarting (--max-restarts 0)" in flat, flat
@@ -245,7 +247,7 @@ def test_loadtest_across_a_restart_reports_no_wrong_batching() -> None:
         serve.wait_for("metrics")
         load = _loadtest(serve.ports[0], "--duration", "30", "--allow-errors")  # a restart takes 5-15 s here
         time.sleep(3)
-        classification_of_labels(serve.ports[0])
+        classification_of_labels(serve.ports[1])
         serve.wait_for("serving again")
         out, err = load.communicate(timeout=120)
         flat = " ".join((out + err).split())
@@ -295,6 +297,15 @@ def _live(http_port: int) -> bool:
         return False
 
 
+def _grpc_live(grpc_port: int) -> bool:
+    import tritonclient.grpc as grpcclient
+
+    try:
+        return grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}").is_server_live(client_timeout=1)
+    except Exception:  # noqa: BLE001 (not up yet: whatever tritonclient raises for that)
+        return False
+
+
 def test_crash_requests_sent_while_the_new_server_starts_do_not_end_the_service() -> None:
     # was: Triton answered and served ~2 s before serve saw it ready; a second crash request in that window made serve
     # exit ("killed ... before it was ready"), and four such requests in 10 s exhausted --max-restarts: one client
@@ -302,11 +313,11 @@ def test_crash_requests_sent_while_the_new_server_starts_do_not_end_the_service(
     serve = Serve("--max-restarts", "1")
     try:
         serve.wait_for("metrics")
-        classification_of_labels(serve.ports[0])
+        classification_of_labels(serve.ports[1])
         for _ in range(3):  # the race, three times: each crash lands as soon as the new server answers at all
             serve.wait_for("restarting tritonserver")
-            assert wait_until(lambda: _live(serve.ports[0]), timeout_s=120), serve.text
-            classification_of_labels(serve.ports[0])
+            assert wait_until(lambda: _grpc_live(serve.ports[1]), timeout_s=120), serve.text  # Triton's own port
+            classification_of_labels(serve.ports[1])
         text = serve.wait_for("serving again")
         assert serve.process.poll() is None, text
         flat = " ".join(text.split())
