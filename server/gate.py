@@ -37,6 +37,10 @@ LARGEST_DIMENSION = 2**31 - 1  # Triton 2.51 keeps the batch dimension in 32 bit
 NUMERIC = {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
            "BF16"}
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade"}
+# The gate's 503s that mean "no server behind me right now" (a client backs off as from a refused connection)
+STARTING = "the server is starting or restarting; retry shortly"
+SHUTTING_DOWN = "the server is shutting down: no new request is taken"
+NO_SERVER_MESSAGES = (STARTING, SHUTTING_DOWN)
 REASONS = {400: "Bad Request", 408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
            415: "Unsupported Media Type", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
            503: "Service Unavailable"}
@@ -240,7 +244,7 @@ class Gate:
             raise Refused(503, f"too many open connections (over {self.limits.max_connections}); only health "
                                "requests are answered until some close", close=True)
         if self._draining:
-            raise Refused(503, "the server is shutting down: no new request is taken", close=True)
+            raise Refused(503, SHUTTING_DOWN, close=True)
         if b"transfer-encoding" in headers:
             raise Refused(411, "Transfer-Encoding is not accepted (chunked bodies crash Triton 2.51: "
                                "CVE-2025-23310); send a Content-Length", close=True)
@@ -308,7 +312,7 @@ class Gate:
                      body: bytes) -> tuple[int, bytes]:
         """Send the request to Triton on a pooled connection; (status, the whole raw answer)."""
         if self._upstream is None:
-            raise Refused(503, "the server is starting or restarting; retry shortly")
+            raise Refused(503, STARTING)
         generation = self._generation
         lines = [method + b" " + target + b" HTTP/1.1"]
         lines += [name + b": " + value for name, value in headers.items()
@@ -320,7 +324,7 @@ class Gate:
             try:
                 reader, writer = self._idle.pop() if pooled else await asyncio.open_connection(*self._upstream)
             except OSError:
-                raise Refused(503, "the server is restarting; retry shortly") from None
+                raise Refused(503, STARTING) from None
             try:
                 writer.write(request)
                 await writer.drain()

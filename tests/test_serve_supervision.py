@@ -246,7 +246,7 @@ def test_loadtest_across_a_restart_reports_no_wrong_batching() -> None:
     try:
         serve.wait_for("metrics")
         load = _loadtest(serve.ports[0], "--duration", "30", "--allow-errors")  # a restart takes 5-15 s here
-        time.sleep(3)
+        time.sleep(8)  # past its start and warm-up: the statistics it reads before the run need a server
         classification_of_labels(serve.ports[1])
         serve.wait_for("serving again")
         out, err = load.communicate(timeout=120)
