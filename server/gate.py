@@ -14,8 +14,8 @@ the gate refuses, and why (docs/serving.md, "Limits and security"):
 * a head not complete within `head_timeout_s` (half-sent connections held Triton's descriptors: 20,400 of them made
   HTTP, gRPC and metrics unreachable) -> 408 and the connection is closed; beyond `max_connections` open connections,
   only health requests are relayed (probes stay reachable), others get 503;
-* once `drain()` is called (SIGTERM), a new request gets 503 "shutting down" at once, while requests already relayed
-  get their answers; `drained()` then waits for them.
+* once `drain()` is called (SIGTERM), new connections are refused and a new request on an open connection gets 503
+  "shutting down" at once, while requests already relayed get their answers; `drained()` then waits for them.
 
 Answers are JSON `{"error": "..."}`, as Triton's own, so tritonclient shows the message. The gate runs its own event
 loop in a thread of the serving process.
@@ -163,9 +163,14 @@ class Gate:
         self._call(switch())
 
     def drain(self) -> None:
-        """From now on refuse new requests with 503 "shutting down"; those already relayed still get their answers."""
+        """Stop taking connections (a new one is refused by the OS: fast and clean) and answer each new request on an
+        open connection 503 "shutting down", `Connection: close`; requests already relayed still get their answers.
+        The listener closes now, not at the end: connections still in its accept queue when it closes are reset, and
+        at the end clients turned away by the 503 reconnect at once (3 of 4,190 requests were reset so)."""
         async def start_draining() -> None:
             self._draining = True
+            if self._server is not None:
+                self._server.close()
         self._call(start_draining())
 
     def drained(self, timeout_s: float) -> bool:
