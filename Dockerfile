@@ -13,6 +13,7 @@
 # shared memory pool size"). The volume keeps the TensorRT engines ONNX Runtime builds on first load, so a new
 # container does not build them again. The 25.08 image needs NVIDIA driver 575+ and a GPU of compute capability 7.5+.
 # Not built in CI (no Docker engine there). 25.07+ carries the fixes for CVE-2025-23310/23311/23319/23320/23334.
+# -e HUB_VIT_CONTROL_KEY=<secret> opens the restricted control APIs to requests carrying it (CMD below).
 ARG TRITON_TAG=25.08
 FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-py3
 
@@ -50,5 +51,12 @@ EXPOSE 8000 8001 8002
 # same command to an exec livenessProbe.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
     CMD hub-vit health --url 127.0.0.1:8000 --repository /models --timeout 3 || exit 1
-CMD ["tritonserver", "--model-repository=/models", "--model-control-mode=none", "--strict-readiness=true", \
-     "--exit-timeout-secs=30"]
+# Limits and restrictions (docs/serving.md, "Limits and security"): the control APIs (shared memory, logging, trace,
+# model repository) answer only requests carrying the header `hub-vit-control-key: $HUB_VIT_CONTROL_KEY` (a random
+# key per container when the variable is not set: nobody can call them then); HTTP bodies are capped at 64 MiB, also
+# once inflated (Triton 25.x's own --http-max-input-size); health, metadata, inference and statistics stay open.
+CMD ["sh", "-c", "KEY=${HUB_VIT_CONTROL_KEY:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')}; \
+exec tritonserver --model-repository=/models --model-control-mode=none --strict-readiness=true \
+--exit-timeout-secs=30 --http-max-input-size=67108864 \
+--http-restricted-api=shared-memory,logging,trace,model-repository:hub-vit-control-key=$KEY \
+--grpc-restricted-protocol=shared-memory,logging,trace,model-repository:hub-vit-control-key=$KEY"]

@@ -240,6 +240,17 @@ def shed(err: Exception) -> bool:
                                                              for words in SHED_MESSAGES)
 
 
+def no_server(err: Exception) -> bool:
+    """Whether `hub-vit serve`'s HTTP gate answered for a server that is not there right now (restarting, shutting
+    down): like a refused connection, not an answer of the model's."""
+    from tritonclient.utils import InferenceServerException
+
+    from hub_vit.server.gate import NO_SERVER_MESSAGES
+
+    return isinstance(err, InferenceServerException) and any(words in (err.message() or "")
+                                                             for words in NO_SERVER_MESSAGES)
+
+
 def failed_image(err: Exception) -> tuple[int, str] | None:
     """The server's refusal of one image -> (the image's index in the request, the reason without the "image i: "
     prefix); None for any other error (no server, overload, a wrong tensor, too large a batch)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import importlib.util
+import ipaddress
 import json
 import os
 import re
@@ -45,6 +46,10 @@ PR_SET_PDEATHSIG = 1
 #   \n\nAt:\n  .../onnxruntime_inference_collection.py(753): _create_inference_session\n ..."
 # Triton's words when a port was taken between our check and its bind (HTTP, gRPC and metrics alike):
 #   E1123 ... grpc_server.cc] "failed to start GRPC service: Unavailable - Socket '127.0.0.1:8001' already in use "
+# Triton's words once a client can reach it (models loaded):
+#   I1127 05:11:33.007673 11532 grpc_server.cc:2558] "Started GRPCInferenceService at 127.0.0.1:34373"
+#   I1127 05:11:33.008040 11532 http_server.cc:4713] "Started HTTPService at 127.0.0.1:49259"
+ENDPOINT_STARTED = re.compile(r"Started (HTTPService|GRPCInferenceService) at ")
 PORT_IN_USE = re.compile(r"Socket '[^']*:(?P<port>\d+)' already in use")
 LOAD_FAILURE = re.compile(r"failed to load '(?P<model>[^']+)' version (?P<version>\d+): (?P<reason>.*)")
 
@@ -56,6 +61,34 @@ def load_failure(line: str) -> str | None:
         return None
     reason = match["reason"].split("\\n")[0].rstrip('"').strip()  # up to the traceback
     return f"model {match['model']!r} (version {match['version']}) failed to load: {reason}"
+
+
+# Control APIs any client could otherwise call. Triton 2.51 crashed (SIGSEGV) when a client registered a stub's own
+# /dev/shm region through the system shared-memory API and asked for an output into it; the logging API lets anyone
+# raise the verbosity (heap addresses in the log) or switch error logging off; trace writes files; the repository API
+# lists (and, outside --model-control-mode=none, loads) models. Health, metadata, model config, inference and
+# statistics stay open: clients, probes, `hub-vit loadtest` and perf_analyzer need them, and none changes the server.
+RESTRICTED_APIS = ("shared-memory", "logging", "trace", "model-repository")
+CONTROL_HEADER = "hub-vit-control-key"
+
+
+def restricted_api_args(header: str, key: str) -> tuple[str, str]:
+    """Triton's flags restricting `RESTRICTED_APIS` to requests carrying `header: key`, on HTTP and gRPC (gRPC
+    metadata keys are lower case, as `header` is). The Dockerfile passes the same two flags."""
+    apis = ",".join(RESTRICTED_APIS)
+    return f"--http-restricted-api={apis}:{header}={key}", f"--grpc-restricted-protocol={apis}:{header}={key}"
+
+
+def exposure_warning(host: str) -> str | None:
+    """Why serving on `host` reaches beyond this machine is unsafe with the local Triton 2.51, or None for loopback."""
+    if ipaddress.ip_address(ipv4_address(host)).is_loopback:
+        return None
+    return (f"--host {host} serves beyond this machine, and the local tritonserver is 2.51 (from nvidia-pytriton): "
+            "it predates the fixes for CVE-2025-23310/23311 (a chunked HTTP request overflows its stack) and "
+            "CVE-2025-23319/23320/23334 (Python-backend shared memory), and it has no request body cap (one gzip "
+            "body can take gigabytes), and some single requests crash it (serve restarts it). Serve other machines "
+            "from the Dockerfile's container (Triton 25.07+, body caps set) behind a proxy; keep this server on "
+            "127.0.0.1")
 
 
 class ServerError(RuntimeError):
@@ -327,7 +360,7 @@ class TritonServer:
     def __init__(self, repository: str | Path, *, host: str = "127.0.0.1", http_port: int = 8000,
                  grpc_port: int = 8001, metrics_port: int = 8002, exit_timeout_s: int = 30,
                  log: Callable[[str], None] | None = None, log_verbose: int = 0,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), http_host: str | None = None) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise ServerError(f"model repository {str(self.repository)!r} is not a folder")
@@ -335,6 +368,7 @@ class TritonServer:
         if unservable:
             raise ServerError(unservable)
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.http_host = http_host or host  # `hub-vit serve` keeps HTTP on loopback, behind its gate (gate.py)
         self._check_ports(in_use=False)
         self.exit_timeout_s = exit_timeout_s
         self.log, self.log_verbose, self.extra_args = log, log_verbose, extra_args
@@ -347,11 +381,14 @@ class TritonServer:
         # `--id`: GET /v2 answers it, so readiness is never taken from another server that got our port first
         self.server_id = f"hub-vit-{os.getpid()}-{secrets.token_hex(4)}"
         self.shm_prefix = f"{self.server_id}_"
+        # The control APIs (RESTRICTED_APIS) answer only requests carrying this header; hub-vit's own calls send it
+        self.control_key = secrets.token_hex(16)
+        self.reachable = False  # it opened its HTTP or gRPC endpoint: clients could reach it (supervisor.py)
 
     # -- endpoints ------------------------------------------------------------------------------------------------
     @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.http_port}"
+        return f"{self.http_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
@@ -360,6 +397,11 @@ class TritonServer:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def control_headers(self) -> dict[str, str]:
+        """The header that opens this server's restricted APIs (repository index, logging, trace, shared memory)."""
+        return {CONTROL_HEADER: self.control_key}
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def command(self, install: TritonInstall, backends: Path) -> list[str]:
@@ -372,11 +414,12 @@ class TritonServer:
             "--model-control-mode=none",  # no repository changes over the API (arbitrary code execution risk)
             "--strict-readiness=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
-            f"--http-address={address}", f"--http-port={self.http_port}",
+            f"--http-address={ipv4_address(self.http_host)}", f"--http-port={self.http_port}",
             f"--grpc-address={address}", f"--grpc-port={self.grpc_port}",
             f"--metrics-address={address}", f"--metrics-port={self.metrics_port}",
             *(("--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0") if not has_gpu() else ()),
             f"--log-verbose={self.log_verbose}",
+            *restricted_api_args(CONTROL_HEADER, self.control_key),
             # the stubs' /dev/shm regions carry this server's id, so `stop` can remove what a SIGKILL leaves behind
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *self.extra_args,
@@ -430,6 +473,8 @@ class TritonServer:
         for raw in self.process.stdout:
             line = raw.decode("utf-8", errors="replace").rstrip()
             self.log_tail.append(line)
+            if ENDPOINT_STARTED.search(line):  # from the log: a crash right after it is too quick for any poll
+                self.reachable = True
             failure = load_failure(line)
             if failure is not None:
                 self.load_failures.append(failure)

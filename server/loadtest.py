@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from hub_vit.server.client import AsyncClassifier, ImageLike, encode, queue_timeout, resolve_protocol, shed
+from hub_vit.server.client import AsyncClassifier, ImageLike, encode, no_server, queue_timeout, resolve_protocol, shed
 
 # Cores of CPU this load generator may use before its numbers are its own limit: it is one Python process whose
 # asyncio loop runs on one thread (gRPC adds a poller thread, which rarely takes much).
@@ -237,7 +237,7 @@ def _answered(err: Exception) -> bool:
     """Whether a failed request reached the server (which refused it: a bad image, a full queue, its queue timeout)
     rather than failing to connect. tritonclient gives server answers a status (HTTP code, gRPC status other than
     UNAVAILABLE, which the server also gives when it sheds load)."""
-    if not isinstance(err, InferenceServerException):
+    if not isinstance(err, InferenceServerException) or no_server(err):  # serve's gate, with no server behind it
         return False
     status = err.status()
     return status is not None and status != "StatusCode.UNAVAILABLE" or shed(err)

@@ -108,10 +108,32 @@ def test_cmd_flags_are_tritonserver_flags():
     usage = subprocess.run([str(install.binary), "--help"], capture_output=True, text=True, env=env, timeout=60)
     known = set(re.findall(r"^\s+(--[a-z0-9-]+)", usage.stdout + usage.stderr, flags=re.MULTILINE))
     assert len(known) > 30, "tritonserver --help listed no flags"
+    for flag in _cmd_flags():
+        name = flag.split("=")[0]
+        assert name in known or name in NEWER_FLAGS, f"{flag} is not a tritonserver flag"
+
+
+# Flags the image's Triton (25.08 = 2.60) has and the wheel's 2.51 lacks, with the release that brought them.
+NEWER_FLAGS = {"--http-max-input-size": "Triton 2.59.0 (server commit af8bb93, 'Update handling of large array sizes')"}
+
+
+def _cmd_flags() -> list[str]:
+    """tritonserver's arguments in the CMD: `sh -c "KEY=...; exec tritonserver ARGS"` (the shell makes the control
+    key), with `$KEY` as written."""
     (cmd,) = [json.loads(text) for kind, text in _instructions() if kind == "CMD"]
-    assert cmd[0] == "tritonserver"
-    for flag in cmd[1:]:
-        assert flag.split("=")[0] in known, f"{flag} is not a tritonserver flag"
+    assert cmd[:2] == ["sh", "-c"], cmd
+    args = shlex.split(cmd[2].split("exec ", 1)[1])
+    assert args[0] == "tritonserver", args
+    return args[1:]
+
+
+def test_cmd_restricts_the_control_apis_the_local_server_restricts():
+    from hub_vit.server.launcher import CONTROL_HEADER, RESTRICTED_APIS, restricted_api_args
+
+    flags = [flag for flag in _cmd_flags() if "restricted" in flag]
+    assert flags == list(restricted_api_args(CONTROL_HEADER, "$KEY")), flags
+    assert set(flags[0].split("=", 1)[1].split(":")[0].split(",")) == set(RESTRICTED_APIS)
+    assert "--http-max-input-size=67108864" in _cmd_flags()
 
 
 def test_healthcheck_probes_the_served_repository_and_port():
@@ -121,7 +143,7 @@ def test_healthcheck_probes_the_served_repository_and_port():
     probe = shlex.split(healthcheck.split(" CMD ", 1)[1])
     assert probe[:2] == ["hub-vit", "health"], probe
     repository = probe[probe.index("--repository") + 1]
-    (cmd,) = [json.loads(text) for kind, text in _instructions() if kind == "CMD"]
+    cmd = _cmd_flags()
     assert f"--model-repository={repository}" in cmd
     assert not any(flag.startswith("--http-port") for flag in cmd)
     step = next(text for kind, text in _instructions() if kind == "RUN" and text.startswith("hub-vit repository"))

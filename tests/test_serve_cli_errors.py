@@ -44,6 +44,8 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--name", "vït"), "--name 'vït' (the model clients call) may only use ASCII letters, digits, '_' and '-'"),
     # the user's own value is not rewritten ('has --top-k here' before)
     (("--name", "has top_k here"), "--name 'has top_k here' (the model clients call) may only use"),
+    (("--max-request-mb", "0"), "--max-request-mb must be a positive integer, got 0"),
+    (("--max-connections", "-3"), "--max-connections must be a positive integer, got -3"),
 ])
 def test_serve_refuses_bad_settings_before_starting(args, message):
     code, out = _run("serve", *PORTS, *args)
@@ -278,3 +280,12 @@ def test_repository_on_a_read_only_file_system_names_the_folder(tmp_path, monkey
         main()
     out = " ".join(capsys.readouterr().err.split())
     assert info.value.code == 1 and f"Read-only file system: '{tmp_path / 'repo'}'" in out, out  # not '.repo.xyz'
+
+
+def test_serve_warns_loudly_on_a_non_loopback_host():
+    # was: `--host 0.0.0.0` gave no warning (gRPC then binds every v4 and v6 address of a 2.51 server)
+    code, out = _run("serve", *PORTS, "--host", "0.0.0.0", "--exit-timeout", "-1")  # stops right after the warning
+    assert code == 2 and "WARNING: --host 0.0.0.0 serves beyond this machine" in out, out
+    assert "CVE-2025-23310" in out and "no request body cap" in out and "Dockerfile's container" in out, out
+    code, out = _run("serve", *PORTS, "--exit-timeout", "-1")
+    assert "WARNING" not in out, out

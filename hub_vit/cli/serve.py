@@ -205,8 +205,10 @@ def serve(
     queue_timeout_us: QueueTimeoutUs = DEFAULTS.queue_timeout_us,
     top_k: TopK = DEFAULTS.top_k,
     exit_timeout: int = typer.Option(30, help="Seconds in-flight requests get to finish on Ctrl-C / SIGTERM."),
-    max_restarts: int = typer.Option(3, help="Restart tritonserver when it or one of its backend stubs dies, at most "
-                                             "this many times within 60 s (0: exit with an error instead)."),
+    max_restarts: int = typer.Option(3, help="A server that died or lost a backend stub after it answered clients is "
+                                             "always restarted, with backoff; serve exits after this many restarts "
+                                             "in a row that failed before answering (0: never restart, exit with "
+                                             "the error)."),
     quiet: bool = typer.Option(False, help="Do not stream the server log."),
     demo: bool = typer.Option(False, "--demo", help="Also run the Gradio rollout demo (it can take labels from "
                                                     "this server)."),
@@ -221,11 +223,18 @@ def serve(
     cuda_graphs: CudaGraphs = DEFAULTS.cuda_graphs,
     torch_compile: TorchCompile = DEFAULTS.torch_compile,
     decode_threads: DecodeThreads = DEFAULTS.decode_threads,
+    max_request_mb: int = typer.Option(64, help="Largest HTTP request body, also once inflated (gzip/deflate); "
+                                                "larger ones get 413 before they reach Triton."),
+    max_connections: int = typer.Option(4096, help="Open HTTP connections beyond which only health requests are "
+                                                   "answered (others get 503)."),
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.ports import PortError, check_host, check_ports
-    from hub_vit.server.launcher import ServerError, TritonServer, exit_description, shell_safe_tempdir
+    from hub_vit.server.gate import Gate, GateLimits
+    from hub_vit.server.launcher import ServerError, TritonServer, exit_description, free_port, shell_safe_tempdir
+    from hub_vit.server.launcher import exposure_warning as exposure
     from hub_vit.server.repository import write_repository
+    from hub_vit.server.supervisor import GaveUp, RestartPolicy, Supervisor
 
     try:  # before building anything: a taken port is the likeliest reason a second `serve` fails
         check_host(host)
@@ -233,10 +242,16 @@ def serve(
                            **({"--demo-port": demo_port} if demo else {})})
     except PortError as err:
         raise fail(str(err)) from None
+    exposed = exposure(host)
+    if exposed:
+        err_console.print(f"[bold red]WARNING:[/] {escape(exposed)}", soft_wrap=True)
     if exit_timeout < 0:
         raise fail(f"--exit-timeout must be >= 0 seconds, got {exit_timeout}")
     if max_restarts < 0:
         raise fail(f"--max-restarts must be >= 0, got {max_restarts}")
+    for flag, value in (("--max-request-mb", max_request_mb), ("--max-connections", max_connections)):
+        if value < 1:
+            raise fail(f"{flag} must be a positive integer, got {value}")
     workdir = None
     example = "IMAGE..."
     where = _serve_device(ctx, repository_dir, device, flavour)
@@ -278,17 +293,39 @@ def serve(
     # soft_wrap: one log line stays one line in a log file / journal (rich would cut it at 80 columns off a terminal)
     log = None if quiet else (lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True,
                                                              emoji=False))
-    def new_server() -> TritonServer:
-        return TritonServer(repository_dir, host=host, http_port=http_port, grpc_port=grpc_port,
-                            metrics_port=metrics_port, exit_timeout_s=exit_timeout, log=log)
+    def new_server() -> TritonServer:  # Triton's HTTP on a private loopback port; the gate takes --http-port
+        return TritonServer(repository_dir, host=host, http_port=free_port(), grpc_port=grpc_port,
+                            metrics_port=metrics_port, exit_timeout_s=exit_timeout, log=log, http_host="127.0.0.1")
 
+    stop, forced = threading.Event(), threading.Event()
+    demo_app: list[object] = []  # the demo, once the first server serves
+
+    def serving(server: TritonServer, restarted: bool) -> None:
+        if restarted:
+            console.print(f"[bold green]serving again[/] model [bold]{name}[/] on the same ports")
+            return
+        missing = _not_served(server.http_url, name, server.control_headers)
+        if missing:
+            raise fail(missing, code=1)
+        _print_endpoints(server, f"{host}:{http_port}", name, example, where)
+        if demo:
+            demo_app.append(_start_demo(model, workdir is None, host, demo_port, f"{host}:{http_port}", name))
+
+    def event(line: str) -> None:  # a replaced server, not a half-working one: Triton keeps answering ready
+        err_console.print(f"[red]error:[/] {escape(line)}", soft_wrap=True)
+
+    gate = None
     try:
-        server = new_server()
-    except ServerError as err:
+        gate = Gate(host, http_port, GateLimits(max_body_bytes=max_request_mb << 20,
+                                                max_connections=max_connections)).start()
+        supervisor = Supervisor(new_server, RestartPolicy(max_failed_starts=max_restarts), stop, serving=serving,
+                                event=event, gate=gate)
+    except (ServerError, OSError, ValueError) as err:
+        if gate is not None:
+            gate.close()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
         raise fail(str(err)) from None
-    stop, forced = threading.Event(), threading.Event()
     first: list[tuple[int, float]] = []  # (signal, monotonic time) of the signal that started the drain
 
     def _on_signal(signum: int, _frame: object) -> None:
@@ -301,55 +338,19 @@ def serve(
             err_console.print(f"[yellow]{signal.Signals(signum).name} again: stopping now, in-flight requests are "
                               "dropped[/]")
             forced.set()
-            server.kill()
+            supervisor.kill()
             return
         err_console.print(f"[yellow]{signal.Signals(signum).name}: draining in-flight requests (up to "
                           f"{exit_timeout} s), then exiting; press Ctrl-C again to stop at once[/]")
         first.append((signum, now))
-        stop.set()
-        server.terminate()
+        supervisor.terminate()
 
     # SIGHUP: the terminal closed or ssh dropped; drain and remove the temp folders as for Ctrl-C
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    demo_app = None
     try:
-        server.start()
-        missing = _not_served(server.http_url, name)
-        if missing:
-            raise fail(missing, code=1)
-        console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
-                      f"  device   {escape(where.description)} ({where.flavour} flavour)\n"
-                      f"  HTTP     http://{server.http_url}/v2/models/{name}/infer\n"
-                      f"  gRPC     {server.grpc_url}\n"
-                      f"  metrics  {server.metrics_url}")
-        # plain text on one line however narrow the terminal: it is pasted as a command (a path may hold [brackets])
-        console.print(f"  try:     hub-vit classify --url {server.http_url} --model {name} {example}",
-                      markup=False, highlight=False, soft_wrap=True)
-        if demo:
-            demo_app = _start_demo(model, workdir is None, host, demo_port, server.http_url, name)
-        restarts: list[float] = []  # monotonic times of the restarts within the last minute
-        while (failure := server.watch(stop)) is not None:
-            now = time.monotonic()
-            restarts = [t for t in restarts if now - t < 60]
-            if len(restarts) >= max_restarts:
-                why = (f"not restarting: {len(restarts)} restarts within 60 s already (--max-restarts {max_restarts})"
-                       if max_restarts else "not restarting (--max-restarts 0)")
-                raise fail(f"{failure}; {why}; log tail:\n{server.tail()}", code=1)
-            restarts.append(now)
-            # A replaced server, not a half-working one: Triton keeps answering ready with a dead stub
-            err_console.print(f"[red]error:[/] {escape(failure)}; restarting tritonserver ({len(restarts)} of at most "
-                              f"{max_restarts} restarts within 60 s); requests in flight are lost", soft_wrap=True)
-            server.kill()
-            server.stop()
-            if stop.is_set():  # Ctrl-C / SIGTERM meanwhile: nothing left to drain, and no new server wanted
-                break
-            server = new_server()  # from here `_on_signal` stops the new one, even before it has a process
-            if stop.is_set():
-                break
-            server.start()
-            console.print(f"[bold green]serving again[/] model [bold]{name}[/] on the same ports")
+        server = supervisor.run()
         code = server.process.returncode if server.process is not None else None
-        if code and not forced.is_set() and failure is None:
+        if code and not forced.is_set() and supervisor.failure is None:
             # Triton's "Exit timeout expired": something held the drain open for --exit-timeout. That may be requests
             # still running (they got no answer) or only idle keep-alive connections (a load balancer's), which a
             # normal stop must not report as a failure: a warning, and the exit status of a requested stop.
@@ -358,14 +359,15 @@ def serve(
                               "answer; idle keep-alive connections also hold it open)", soft_wrap=True)
         console.print("tritonserver stopped")
     except ServerError as err:
-        if stop.is_set():  # interrupted while still loading: a normal exit, not a server fault
+        if stop.is_set() and not isinstance(err, GaveUp):  # interrupted while still loading: a normal exit
             console.print("stopped before the server was ready")
             return
         raise fail(str(err), code=1) from None
     finally:
-        if demo_app is not None:
-            demo_app.close()
-        server.stop()
+        for app_ in demo_app:
+            app_.close()
+        supervisor.server.stop()
+        gate.close()
         for sig, handler in previous.items():  # None: installed from C, not restorable; the default is closest
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         if workdir is not None:
@@ -426,6 +428,17 @@ def _torch_fields(flavour: str, cuda_graphs: bool, torch_compile: bool, decode_t
         if flavour == "torch" else {}
 
 
+def _print_endpoints(server: Any, http_url: str, name: str, example: str, where: Any) -> None:
+    console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
+                  f"  device   {escape(where.description)} ({where.flavour} flavour)\n"
+                  f"  HTTP     http://{http_url}/v2/models/{name}/infer\n"
+                  f"  gRPC     {server.grpc_url}\n"
+                  f"  metrics  {server.metrics_url}")
+    # plain text on one line however narrow the terminal: it is pasted as a command (a path may hold [brackets])
+    console.print(f"  try:     hub-vit classify --url {http_url} --model {name} {example}",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
 def _example_image(origin: str) -> str:
     """A sample image of the served model folder for the `try:` line (the shipped model has some, wherever pip put
     it), else a placeholder."""
@@ -438,7 +451,7 @@ def _samples_of(folder: Path) -> list[Path]:
     return sorted(folder.glob("samples/*.png")) if folder.is_dir() else []
 
 
-def _not_served(http_url: str, name: str) -> str | None:
+def _not_served(http_url: str, name: str, headers: dict[str, str]) -> str | None:
     """Why `name` cannot be called on a server that reports ready (Triton is ready with no model at all: an empty or
     foreign `--repository`), or None when it can."""
     import urllib.error
@@ -450,7 +463,8 @@ def _not_served(http_url: str, name: str) -> str | None:
     except urllib.error.HTTPError:
         pass
     try:
-        request = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST")
+        request = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST",
+                                         headers=headers)  # a restricted API: the server's control key opens it
         with urllib.request.urlopen(request, timeout=10) as reply:
             models = sorted({m["name"] for m in json.loads(reply.read()) if m.get("state") == "READY"})
     except (urllib.error.URLError, ValueError, KeyError, TypeError):

@@ -37,6 +37,55 @@ ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 GREY_MODES = ("1", "L", "LA", "La")
 
 
+# Huffman-coded sequential JPEG frames (baseline, extended): every 8x8 block costs at least 2 bits of entropy-coded data
+# (a DC code and an end-of-block code, each at least 1 bit long). Progressive and arithmetic frames can code far less.
+SEQUENTIAL_HUFFMAN_SOF = (0xC0, 0xC1)
+MIN_BITS_PER_BLOCK = 2
+
+
+def jpeg_shortfall(data: bytes) -> str | None:
+    """Why a sequential Huffman JPEG's compressed data is too short for the size its frame header declares, or None.
+    libjpeg fills the missing rows with grey and only warns ("Premature end of JPEG file", "Corrupt JPEG data:
+    premature end of data segment"), which Pillow does not expose: a header claiming 6000x6000 over 451x300 data
+    decoded without error into a grey image that was then classified. This bound is necessary, not sufficient: data
+    cut a few rows short still passes it."""
+    pos, frame = 2, None
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None  # not a marker where one belongs: Pillow's own parser reports it
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        segment = data[pos + 4:pos + 2 + length]
+        if marker in SEQUENTIAL_HUFFMAN_SOF and len(segment) >= 6:
+            height, width, count = int.from_bytes(segment[1:3], "big"), int.from_bytes(segment[3:5], "big"), segment[5]
+            sampling = [(segment[7 + 3 * i] >> 4, segment[7 + 3 * i] & 15) for i in range(count)
+                        if len(segment) >= 9 + 3 * i]
+            frame = (width, height, sampling)
+        elif 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return None  # progressive, lossless or arithmetic-coded: no such bound
+        if marker == 0xDA:  # start of scan: the entropy-coded data follows this header, up to EOI
+            if frame is None or not frame[2] or not all(h and v for h, v in frame[2]):
+                return None
+            width, height, sampling = frame
+            scan = len(data) - (pos + 2 + length)
+            if len(sampling) == 1:
+                blocks = -(-width // 8) * -(-height // 8)
+            else:
+                h_max, v_max = max(h for h, _ in sampling), max(v for _, v in sampling)
+                mcus = -(-width // (8 * h_max)) * -(-height // (8 * v_max))
+                blocks = mcus * sum(h * v for h, v in sampling)
+            if scan * 8 < blocks * MIN_BITS_PER_BLOCK:
+                return (f"its header declares {width}x{height} pixels ({blocks} blocks of 8x8, at least "
+                        f"{blocks * MIN_BITS_PER_BLOCK // 8} bytes of compressed data), but only {scan} bytes follow: "
+                        "the data ends before the image does (premature end of JPEG data)")
+            return None
+        pos += 2 + length
+    return None
+
+
 class BadImageError(ValueError):
     """The client sent bytes we refuse to classify (answered as a client error, never a server fault)."""
 
@@ -115,6 +164,9 @@ class Preprocess:
                     f"aspect ratio too extreme: a {width}x{height} image would be resized to {new_w}x{new_h} = "
                     f"{new_w * new_h} pixels before the centre crop, more than the limit of {self.max_pixels}"
                 )
+            short = jpeg_shortfall(data) if image.format == "JPEG" else None
+            if short is not None:
+                raise BadImageError(f"truncated JPEG image: {short}")
             try:
                 image.load()
                 image = ImageOps.exif_transpose(image)

@@ -1,0 +1,143 @@
+"""Keep a local tritonserver serving: replace it when it, or one of its Python-backend stubs, dies.
+
+Triton 2.51 has request-triggered crashes that no flag turns off (docs/serving.md, "Limits and security"): one HTTP or
+gRPC request can kill the process. A restart budget counted over all deaths ("at most N restarts a minute") let a
+client end the service by sending N+1 such requests, and a second one sent while the new server was loading ended it
+at once. The rule here tells the two kinds of death apart by what the server had done before it died:
+
+* a server that opened its HTTP or gRPC endpoint (`TritonServer.reachable`, from its log: clients could reach it)
+  and then died, or lost a stub, may have been killed by a request: it is always replaced, after a backoff
+  (`RestartPolicy.backoff_s`, doubling from `first_backoff_s` up to `max_backoff_s`, back to the first after
+  `stable_s` of serving), so no sequence of requests ends the service, and a crash loop costs a bounded share of the
+  host;
+* a server that died, or failed to become ready, before it ever answered (a model that cannot load, a port taken, a
+  broken install) was not killed by a client: `max_failed_starts` such starts in a row end `serve` with the reason.
+
+Readiness is taken from the new server itself (`TritonServer.wait_ready`: its own id at `GET /v2`, every endpoint up).
+
+With a `Gate` (gate.py: the HTTP front `hub-vit serve` puts before Triton), the gate relays to each server once it is
+ready and answers 503 "restarting" in between; a stop first drains the gate (new HTTP requests refused at once, those
+in flight answered, its pooled connections closed), then sends Triton its SIGTERM, so Triton's own drain is not held
+open by keep-alive connections.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hub_vit.server.gate import Gate
+from hub_vit.server.launcher import ServerError, TritonServer
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When to replace a dead server. `max_failed_starts=0`: never restart, the first death is an error."""
+
+    max_failed_starts: int = 3
+    first_backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
+    stable_s: float = 60.0  # serving this long since the last restart resets the backoff
+    start_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_failed_starts, int) or self.max_failed_starts < 0:
+            raise ValueError(f"max_failed_starts must be an integer >= 0, got {self.max_failed_starts!r}")
+        if not 0 < self.first_backoff_s <= self.max_backoff_s:
+            raise ValueError(f"backoff must satisfy 0 < first_backoff_s <= max_backoff_s, got {self.first_backoff_s} "
+                             f"and {self.max_backoff_s}")
+
+    def backoff_s(self, restarts_in_a_row: int) -> float:
+        """The wait before restart number `restarts_in_a_row` (1, 2, ...) since the server last served stably."""
+        return min(self.first_backoff_s * 2 ** max(restarts_in_a_row - 1, 0), self.max_backoff_s)
+
+
+class GaveUp(ServerError):
+    """The server died and the policy allows no further restart (`--max-restarts 0`, or starts that kept failing)."""
+
+
+class Supervisor:
+    """Runs `new_server()`'s servers one after another until `stop` is set. `serving(server, restarted)` is called
+    each time a server becomes ready; `event(line)` reports each death and restart. A signal handler calls `terminate`
+    or `kill`: they reach whichever server is current, also one still starting."""
+
+    def __init__(self, new_server: Callable[[], TritonServer], policy: RestartPolicy, stop: threading.Event, *,
+                 serving: Callable[[TritonServer, bool], None] = lambda server, restarted: None,
+                 event: Callable[[str], None] = lambda line: None, gate: Gate | None = None) -> None:
+        self.new_server, self.policy, self.stop, self.gate = new_server, policy, stop, gate
+        self.serving, self.event = serving, event
+        self.server = new_server()  # raises ServerError for a bad repository or a taken port, before anything runs
+        self.restarts = 0  # servers replaced since `run` began
+        self.failure: str | None = None  # the last death, None once a server stopped because `stop` was set
+
+    def terminate(self) -> None:
+        """Stop gracefully: returns at once (a signal handler calls it); the drain runs in a thread."""
+        self.stop.set()
+        if self.gate is None:
+            self.server.terminate()
+            return
+        self.gate.drain()
+        threading.Thread(target=self._drain_then_terminate, name="hub-vit-drain", daemon=True).start()
+
+    def _drain_then_terminate(self) -> None:
+        assert self.gate is not None
+        self.gate.drained(self.server.exit_timeout_s)
+        self.server.terminate()
+
+    def kill(self) -> None:
+        self.stop.set()
+        self.server.kill()
+
+    def run(self) -> TritonServer:
+        """Serve until `stop` is set; returns the last server, stopped. A first start that fails before the server
+        answered is raised as is (a model that cannot load); a later death the policy does not cover raises `GaveUp`."""
+        restarted = False
+        in_a_row, failed_starts = 0, 0
+        while True:
+            try:
+                self.server.start(self.policy.start_timeout_s)
+            except ServerError as err:
+                if self.stop.is_set():
+                    return self.server
+                if not restarted and not self.server.reachable:
+                    raise
+                self.failure = str(err).split("\n")[0]
+                if not self.server.reachable and self.policy.max_failed_starts:  # never answered: not a client's doing
+                    failed_starts += 1
+                    if failed_starts >= self.policy.max_failed_starts:
+                        raise GaveUp(f"{err}\nnot restarting: {failed_starts} starts in a row failed before the server "
+                                     f"answered (--max-restarts {self.policy.max_failed_starts})") from None
+            else:
+                failed_starts = 0
+                served_since = time.monotonic()
+                if self.gate is not None:
+                    self.gate.upstream(self.server.http_host, self.server.http_port)
+                self.serving(self.server, restarted)
+                self.failure = self.server.watch(self.stop)
+                if self.gate is not None:
+                    self.gate.upstream(None)
+                if self.failure is None:
+                    return self.server
+                if time.monotonic() - served_since >= self.policy.stable_s:
+                    in_a_row = 0
+            if not self.policy.max_failed_starts:
+                raise GaveUp(f"{self.failure}; not restarting (--max-restarts 0); log tail:\n{self.server.tail()}")
+            in_a_row += 1
+            wait_s = self.policy.backoff_s(in_a_row)
+            self.event(f"{self.failure}; restarting tritonserver in {wait_s:.1f} s (restart {self.restarts + 1}); "
+                       "requests in flight are lost")
+            self._replace(wait_s)
+            restarted = True
+            if self.stop.is_set():
+                return self.server
+
+    def _replace(self, wait_s: float) -> None:
+        """Stop the dead server (and what is left of it), wait `wait_s` unless stopped, make the next one current."""
+        self.server.kill()
+        self.server.stop()
+        if self.stop.wait(wait_s):
+            return
+        self.restarts += 1
+        self.server = self.new_server()  # `terminate` reaches it from here on, even before it has a process

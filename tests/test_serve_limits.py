@@ -1,0 +1,221 @@
+"""`hub-vit serve` under hostile clients (loopback, bounded loops): each refusal is checked for its status and message,
+and the server is then checked live, ready and answering a good image correctly. The cases are those an adversarial
+run found against the local Triton 2.51: a request that crashed it, bodies that took gigabytes, a connection flood
+that exhausted its descriptors, a SIGTERM under traffic that dropped requests, shapes and JPEGs answered with garbage.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import io
+import json
+import signal
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_serve_supervision import SAMPLES, Serve, expected_digits
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+MAX_CONNECTIONS = 48
+MAX_REQUEST_MB = 8
+
+
+@pytest.fixture(scope="module")
+def serve() -> Serve:
+    served = Serve("--max-connections", str(MAX_CONNECTIONS), "--max-request-mb", str(MAX_REQUEST_MB))
+    try:
+        served.wait_for("metrics")
+        yield served
+    finally:
+        served.stop()
+
+
+def post(port: int, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request("POST", path, body=body, headers=headers or {})
+        reply = connection.getresponse()
+        return reply.status, reply.read().decode()
+    finally:
+        connection.close()
+
+
+def infer_body(shape: list[int], images: list[bytes], outputs: list[dict] | None = None) -> tuple[bytes, dict]:
+    """A KServe v2 request with the images as binary data (as tritonclient sends BYTES)."""
+    raw = b"".join(struct.pack("<I", len(image)) + image for image in images)
+    header = {"inputs": [{"name": "image", "shape": shape, "datatype": "BYTES",
+                          "parameters": {"binary_data_size": len(raw)}}]}
+    if outputs is not None:
+        header["outputs"] = outputs
+    text = json.dumps(header).encode()
+    return text + raw, {"Inference-Header-Content-Length": str(len(text))}
+
+
+def assert_healthy(serve: Serve) -> None:
+    """Live, ready, and a good image answered correctly, through the gate."""
+    for path in ("/v2/health/live", "/v2/health/ready"):
+        connection = http.client.HTTPConnection("127.0.0.1", serve.ports[0], timeout=10)
+        connection.request("GET", path)
+        assert connection.getresponse().status == 200, path
+        connection.close()
+    assert serve.process.poll() is None, serve.text
+    assert serve.classify() == expected_digits()
+
+
+def rss_kib(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def served_pids(serve: Serve) -> list[int]:
+    from hub_vit.server.launcher import live_processes
+
+    return [serve.process.pid, *live_processes(serve.tritonserver_pid())]
+
+
+def test_the_request_that_crashes_triton_is_refused_before_it(serve: Serve) -> None:
+    # was: tritonserver 2.51 died of SIGFPE (the classification extension on the STRING output `labels`)
+    body, headers = infer_body([1, 1], [SAMPLES[0].read_bytes()],
+                               outputs=[{"name": "labels", "parameters": {"classification": 3}}])
+    status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
+    assert status == 400 and "classification extension is not served for output 'labels'" in text, text
+    assert "restarting" not in serve.text
+    assert_healthy(serve)
+
+
+def test_bodies_over_the_cap_are_refused_without_growing_memory(serve: Serve) -> None:
+    # was: a 1 MB gzip body inflating to 1 GB peaked at 6.6 GB RSS and left 3.7 GB held; no cap, no 413
+    limit = MAX_REQUEST_MB << 20
+    before = rss_kib(served_pids(serve))
+    bomb = gzip.compress(b" " * (256 << 20), compresslevel=9)  # ~250 kB inflating to 256 MB
+    for _ in range(3):
+        status, text = post(serve.ports[0], "/v2/models/vit/infer", bomb, {"Content-Encoding": "gzip"})
+        assert status == 413 and f"inflates (gzip) to more than {limit} bytes" in text, text
+    # a plain body over the cap: refused from its Content-Length, before it is sent
+    with socket.create_connection(("127.0.0.1", serve.ports[0]), timeout=30) as sock:
+        sock.sendall(b"POST /v2/models/vit/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (limit + 1))
+        answer = sock.recv(4096).decode()
+    assert answer.startswith("HTTP/1.1 413") and f"over the limit of {limit}" in answer, answer
+    status, text = post(serve.ports[0], "/v2/models/vit/infer", b"{}", {"Transfer-Encoding": "chunked"})
+    assert status == 411 and "CVE-2025-23310" in text, text
+    grown_mib = (rss_kib(served_pids(serve)) - before) / 1024
+    assert grown_mib < 2 * MAX_REQUEST_MB + 32, f"serve and tritonserver grew by {grown_mib:.0f} MiB"
+    assert_healthy(serve)
+
+
+def test_a_connection_flood_leaves_health_probes_answered(serve: Serve) -> None:
+    # was: 20,400 idle half-sent connections exhausted tritonserver's descriptors: HTTP, gRPC and metrics unreachable
+    flood = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 16):
+            sock = socket.create_connection(("127.0.0.1", serve.ports[0]), timeout=30)
+            sock.sendall(b"POST /v2/models/vit/infer HTTP/1.1\r\nHost: x\r\n")  # a head never finished
+            flood.append(sock)
+        time.sleep(0.5)
+        connection = http.client.HTTPConnection("127.0.0.1", serve.ports[0], timeout=10)
+        connection.request("GET", "/v2/health/ready")
+        assert connection.getresponse().status == 200
+        connection.close()
+        body, headers = infer_body([1, 1], [SAMPLES[0].read_bytes()])
+        status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
+        assert status == 503 and "too many open connections" in text, text
+        answer = flood[-1].recv(4096).decode()  # over the limit: a head gets 1 s, then the connection is closed
+        assert answer.startswith("HTTP/1.1 408") and "no complete request head" in answer, answer
+    finally:
+        for sock in flood:
+            sock.close()
+    time.sleep(0.5)
+    assert_healthy(serve)
+
+
+def test_bad_shapes_and_a_short_jpeg_are_refused(serve: Serve) -> None:
+    # was: shape [0, 1] with one image answered 200 with rank-1 outputs; 2^32+1 truncated to 32 bits upstream; a JPEG
+    # whose header claims 6000x6000 over 451x300 data answered 200 with garbage
+    image = SAMPLES[0].read_bytes()
+    for shape in ([0, 1], [2**32 + 1, 1]):
+        body, headers = infer_body(shape, [image])
+        status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
+        assert status == 400 and f"has shape {shape}: every dimension must be between 1 and" in text, text
+    from PIL import Image
+    from skimage import data
+
+    encoded = io.BytesIO()
+    Image.fromarray(data.astronaut()).resize((451, 300)).save(encoded, "JPEG")
+    short = bytearray(encoded.getvalue())
+    frame = short.find(b"\xff\xc0")
+    short[frame + 5:frame + 9] = struct.pack(">HH", 6000, 6000)
+    body, headers = infer_body([1, 1], [bytes(short)])
+    status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
+    assert status == 400 and "truncated JPEG image: its header declares 6000x6000" in text, text
+    assert "premature end of JPEG data" in text, text
+    assert_healthy(serve)
+
+
+def test_sigterm_under_continuous_traffic_answers_or_cleanly_refuses_every_request() -> None:
+    # was: ~34 requests dropped at the 30 s limit and tritonserver SIGSEGVed at the end
+    serve = Serve()
+    outcomes: dict[str, int] = {}
+    lock = threading.Lock()
+    body, headers = infer_body([1, 1], [SAMPLES[0].read_bytes()])
+    done = threading.Event()
+
+    def client() -> None:
+        connection = None
+        while not done.is_set():
+            try:
+                if connection is None:
+                    connection = http.client.HTTPConnection("127.0.0.1", serve.ports[0], timeout=60)
+                connection.request("POST", "/v2/models/vit/infer", body=body, headers=headers)
+                reply = connection.getresponse()
+                text = reply.read().decode(errors="replace")
+                if reply.status == 200:
+                    kind = "answered"
+                elif reply.status == 503 and "shutting down" in text:
+                    kind = "refused: shutting down"
+                else:
+                    kind = f"lost: HTTP {reply.status} {text[:80]}"
+                if reply.getheader("Connection", "").lower() == "close":
+                    connection.close()
+                    connection = None
+            except ConnectionRefusedError:
+                kind, connection = "refused: no server", None
+                time.sleep(0.05)
+            except (OSError, http.client.HTTPException) as err:
+                kind, connection = f"lost: {type(err).__name__} {err}", None
+            with lock:
+                outcomes[kind] = outcomes.get(kind, 0) + 1
+            if kind == "refused: no server" and serve.process.poll() is not None:
+                return
+
+    workers = [threading.Thread(target=client) for _ in range(4)]
+    try:
+        serve.wait_for("metrics")
+        for worker in workers:
+            worker.start()
+        time.sleep(3)
+        serve.process.send_signal(signal.SIGTERM)
+        assert serve.finish(90) == 0, serve.text
+        done.set()
+        for worker in workers:
+            worker.join(30)
+        lost = {kind: count for kind, count in outcomes.items() if kind.startswith("lost")}
+        assert not lost, outcomes
+        assert outcomes.get("answered", 0) > 10 and outcomes.get("refused: shutting down", 0) >= 1, outcomes
+        assert "SIGSEGV" not in serve.text and "tritonserver stopped" in serve.text, serve.text
+    finally:
+        done.set()
+        serve.stop()
