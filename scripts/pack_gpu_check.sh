@@ -12,7 +12,7 @@
 #                                   setuptools new enough to install hub-vit editable without network
 #   .gpucheck/MANIFEST.txt          every file with its size and sha256, and what the stub links
 #
-# Usage: scripts/pack_gpu_check.sh [OUT_DIR]      (default .gpucheck, git-ignored; name it in the device's `carry`)
+# Usage: scripts/pack_gpu_check.sh [OUT_DIR]    (default .gpucheck, git-ignored: bring it with the checkout)
 # It prints the total size; the working tree plus this folder must stay under 64 MiB per transfer.
 set -euo pipefail
 
@@ -23,7 +23,7 @@ PYTRITON_VERSION=0.7.0
 NUMPY1=numpy==1.26.4
 UBUNTU_SUITE=noble-updates       # Ubuntu 24.04: python3.12 3.12.3, as on the GPU hosts
 LIBPYTHON_DEB=libpython3.12t64
-# tritonclient's HTTP stack and the rest the GPU host's image lacks (its list: /work/.library KINDS.md)
+# tritonclient, its HTTP stack, and a setuptools for the editable install: what the GPU hosts lack
 CLIENT_WHEELS=(tritonclient==2.73.0 geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.3.2 zope.event==6.2
                zope.interface==8.7 python-rapidjson==1.25 brotli==1.2.1 setuptools==80.9.0)
 PLATFORMS=(--platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
