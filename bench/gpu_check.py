@@ -111,7 +111,7 @@ def random_s16_folder(root: Path, img_size: int) -> Path:
 class Served:
     """`hub-vit serve` in a subprocess on free ports, until `stop()`."""
 
-    def __init__(self, model: Path | None, extra: list[str], timeout_s: float = 300) -> None:
+    def __init__(self, model: Path | None, extra: list[str], timeout_s: float) -> None:
         self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
         command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve",
                    *([str(model)] if model else []), "--http-port", str(self.http), "--grpc-port", str(self.grpc),
@@ -127,9 +127,9 @@ class Served:
                 break
         self.banner = "".join(lines)
         if "metrics" not in self.banner:
-            self.stop()
-            raise RuntimeError(f"hub-vit {' '.join(self.command)} did not start:\n{self.banner}\n"
-                               f"{self.process.stderr.read()[-4000:]}")
+            errors = self.stop()
+            raise RuntimeError(f"hub-vit {' '.join(self.command)} did not start within {timeout_s:.0f} s:\n"
+                               f"{self.banner}\n{errors[-4000:]}")
         self.ready_s = time.monotonic() - started
         device = re.search(r"device\s+(.+)", self.banner)
         self.device = device[1].strip() if device else "?"
@@ -137,14 +137,16 @@ class Served:
     def url(self, protocol: str) -> str:
         return f"127.0.0.1:{self.http if protocol == 'http' else self.grpc}"
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.communicate()
+    def stop(self) -> str:
+        """SIGTERM (a drain), SIGKILL after 60 s; returns what the command wrote to stderr."""
+        if self.process.returncode is not None:
+            return ""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.communicate(timeout=60)[1] or ""
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.communicate()[1] or ""
 
 
 def compare(gpu: Served, cpu: Served, images: dict[str, bytes]) -> dict[str, Any]:
@@ -430,6 +432,7 @@ def main() -> int:
     concurrencies = (1, 4) if quick else (1, 16, 64, 256)
     big = 8 if quick else 256
     gpu = gpu_name(args.device)
+    start_s = 900 if quick else 240  # a server's start: a shared 2-core host took 90 to over 300 s for the torch step
     out_path = args.out or REPO / "bench" / "results" / f"gpu_serving_{file_tag(gpu)}.json"
     result: dict[str, Any] = {"run": run_info(args, ("timm", "torchvision", "tritonclient")), "gpu": gpu,
                               "device": args.device, "quick": quick, "score_atol": SCORE_ATOL}
@@ -455,10 +458,10 @@ def main() -> int:
         s16_folder = random_s16_folder(Path(tmp), 224)
         for key, folder, shown in (("digits", None, {**samples, **images}), ("s16_224_random", s16_folder, images)):
             log(f"serving {key} on {args.device} and on the CPU flavour")
-            served = Served(folder, gpu_flags)
+            served = Served(folder, gpu_flags, start_s)
             reference = None
             try:
-                reference = Served(folder, ["--device", "cpu"])
+                reference = Served(folder, ["--device", "cpu"], start_s)
                 result[key] = {"gpu_server": {"command": served.command, "device": served.device,
                                               "ready_s": served.ready_s},
                                "cpu_server": {"command": reference.command, "ready_s": reference.ready_s},

@@ -49,7 +49,7 @@ if ((DRY_RUN)); then
     step "dry run on $(uname -n): the pack is checked, the GPU steps run with the torch flavour on the CPU"
 fi
 [[ -f $PACK/triton-cp312.tar.xz ]] || { echo "error: $PACK/triton-cp312.tar.xz is missing: run" \
-    "scripts/pack_gpu_check.sh on a host with network, and carry $PACK" >&2; exit 2; }
+    "scripts/pack_gpu_check.sh on a host with network, and bring $PACK along" >&2; exit 2; }
 "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || ((DRY_RUN)) || {
     echo "error: $PY is Python $("$PY" -V 2>&1); the carried stub is for 3.12" >&2; exit 2; }
 

@@ -12,7 +12,7 @@
 #                                   setuptools new enough to install hub-vit editable without network
 #   .gpucheck/MANIFEST.txt          every file with its size and sha256, and what the stub links
 #
-# Usage: scripts/pack_gpu_check.sh [OUT_DIR]      (default .gpucheck, git-ignored; name it in the device's `carry`)
+# Usage: scripts/pack_gpu_check.sh [OUT_DIR]    (default .gpucheck, git-ignored: bring it with the checkout)
 # It prints the total size; the working tree plus this folder must stay under 64 MiB per transfer.
 set -euo pipefail
 
@@ -23,12 +23,12 @@ PYTRITON_VERSION=0.7.0
 NUMPY1=numpy==1.26.4
 UBUNTU_SUITE=noble-updates       # Ubuntu 24.04: python3.12 3.12.3, as on the GPU hosts
 LIBPYTHON_DEB=libpython3.12t64
-# tritonclient's HTTP stack and the rest the GPU host's image lacks (its list: /work/.library KINDS.md)
+# tritonclient, its HTTP stack, and a setuptools for the editable install: what the GPU hosts lack
 CLIENT_WHEELS=(tritonclient==2.73.0 geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.3.2 zope.event==6.2
                zope.interface==8.7 python-rapidjson==1.25 brotli==1.2.1 setuptools==80.9.0)
-PLATFORMS=(--platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
-           --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64
-           --platform manylinux1_x86_64)
+PLATFORMS=(--platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+           --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+           --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64)
 
 for tool in readelf dpkg-deb xz sha256sum apt-get; do
     command -v "$tool" >/dev/null || { echo "error: $tool is needed (binutils, dpkg, xz-utils, apt)" >&2; exit 1; }
@@ -126,7 +126,8 @@ tar -C "$STAGE" -cf - site libpython stub-site | xz -6 -T0 > "$WORK/out/triton-c
 rm -rf "$OUT.new" && cp -r "$WORK/out" "$OUT.new" && rm -rf "$OUT" && mv "$OUT.new" "$OUT"
 
 TREE=$(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard |
-       "$PY" -c "import os, sys; print(sum(os.path.getsize(p) for p in sys.stdin.read().split(chr(0)) if os.path.isfile(p)))")
+       "$PY" -c "import os, sys; print(sum(os.path.getsize(p) for p in sys.stdin.read().split(chr(0))
+if os.path.isfile(p)))")
 PACK=$(du -sb "$OUT" | cut -f1)
 echo "packed $OUT: $((PACK / 1024 / 1024)) MiB ($PACK bytes); working tree $((TREE / 1024 / 1024)) MiB;" \
      "together $(((PACK + TREE) / 1024 / 1024)) MiB of the 64 MiB a transfer takes"
