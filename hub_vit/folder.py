@@ -21,13 +21,12 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir
+from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir, staging_dir
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
 
@@ -226,7 +225,7 @@ def save_model_folder(
     check_output_folder(folder, overwrite)
     folder.parent.mkdir(parents=True, exist_ok=True)
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    tmp = staging_dir(folder)  # also removes what a killed writer of `folder` left
     try:
         with _quiet_progress():
             _write_folder(model, tmp, checked_labels, dict(pretrained_cfg) if pretrained_cfg else None, arch, extra,
