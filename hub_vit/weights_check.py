@@ -162,7 +162,8 @@ def check_against_spec(shapes: Mapping[str, tuple[int, ...]], spec: ViTSpec, wei
         shapes = {k: v for k, v in shapes.items() if not k.startswith("head.")}
     missing = sorted(set(expected) - set(shapes))
     unexpected = sorted(set(shapes) - set(expected))
-    mis_shaped = [f"{k}: file {tuple(shapes[k])} vs config {expected[k]}" for k in sorted(set(expected) & set(shapes))
+    mis_shaped = [f"{k}: checkpoint {tuple(shapes[k])} vs model {expected[k]}"
+                  for k in sorted(set(expected) & set(shapes))
                   if tuple(shapes[k]) != expected[k] and not (adaptable and _adaptable(k, shapes[k], expected[k]))]
     if fields or missing or unexpected or mis_shaped:
         header = f"{weights} does not match {config}" + (f": {'; '.join(fields)}" if fields else ":")

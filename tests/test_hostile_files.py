@@ -126,7 +126,7 @@ def test_every_loader_refuses_a_head_that_disagrees_with_the_config(tmp_path: Pa
         _load(loader, folder)
     text = str(info.value)
     assert "config.json declares num_classes: 7, model.safetensors holds 5" in text, text
-    assert "head.weight: file (5, 32) vs config (7, 32)" in text, text
+    assert "head.weight: checkpoint (5, 32) vs model (7, 32)" in text, text
 
 
 def test_a_new_head_asked_for_explicitly_is_still_given(tmp_path: Path) -> None:
