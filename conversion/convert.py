@@ -19,6 +19,7 @@ import torch
 from hub_vit.layers import resample_posemb
 from hub_vit.variants import ViTSpec
 from hub_vit.weights import CheckpointMismatchError, mismatch_message
+from hub_vit.weights_check import check_sizes
 
 from .infer import check_compatible, check_variant, infer_from_view
 from .keymap import planned
@@ -52,6 +53,29 @@ def _file_key(view: CanonicalView, key: str) -> str:
     if ref is None:
         return f"{view.layout.prefix}{key}"
     return ref.key if ref.index is None else f"{ref.key}[{ref.index}]"
+
+
+def _source_name(view: CanonicalView) -> str:
+    path = getattr(view.source, "path", None)
+    return repr(str(path)) if path is not None else "the checkpoint"
+
+
+def _source_dtype(view: CanonicalView, key: str) -> np.dtype:
+    """The stored dtype of canonical `key`, from the npz header when the source is an archive (nothing read)."""
+    ref = view.refs.get(key)
+    stored = ref.key if ref is not None else f"{view.layout.prefix}{key}"
+    dtypes = getattr(view.source, "dtypes", None)
+    return dtypes[stored] if dtypes is not None else view.source[stored].dtype
+
+
+def _check_float(reads: dict[str, tuple[tuple[int, ...], np.dtype]], view: CanonicalView) -> None:
+    """Google's weights are float32 or bfloat16 (stored as 2-byte void); integers would be cast into a wrong model."""
+    wrong = [f"{key} ({dtype})" for key, (_, dtype) in reads.items()
+             if dtype.kind != "f" and not (dtype.kind == "V" and dtype.itemsize == 2)]
+    if wrong:
+        raise CheckpointMismatchError(f"{_source_name(view)}: {len(wrong)} weight array(s) are not floating point: "
+                                      f"{', '.join(wrong[:5])}; a checkpoint holds float32 or bfloat16 weights "
+                                      "(converting would cast them silently into a wrong model)")
 
 
 def _posemb_tensors(view: CanonicalView, src_grid: tuple[int, int] | None, table: ViTSpec,
@@ -141,6 +165,10 @@ def convert_view(view: CanonicalView, spec: ViTSpec | None = None, *, img_size: 
     used = {k for _, _, jk in plan for k in jk} | posemb_keys | dropped
     unexpected = sorted(_file_key(view, k) for k in shapes if k not in used)
     _mismatch(sorted(set(missing)), unexpected, bad, view.layout)
+    # Consistent headers may still declare hostile sizes (a 2 GiB kernel compresses to 2 MB) or integer weights
+    reads = {_file_key(view, k): (tuple(shapes[k]), _source_dtype(view, k)) for k in sorted(used) if k in shapes}
+    _check_float(reads, view)
+    check_sizes({k: shape for k, (shape, _) in reads.items()}, _source_name(view))
 
     state_dict = _posemb_tensors(view, src_grid, table, notes)
 

@@ -18,6 +18,7 @@ from hub_vit.atomic import missing_folders, remove_empty_folders
 from hub_vit.model import VisionTransformer, count_parameters
 from hub_vit.variants import ViTSpec
 from hub_vit.weights import HEAD_KEYS, adapt_state_dict, load_strict
+from hub_vit.weights_check import check_values
 from hub_vit.weights_digest import state_dict_digest
 
 from .convert import Conversion, convert_file
@@ -144,7 +145,7 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
                         variant=variant)
     if src.catalog_name:
         _check_catalog_architecture(src.catalog_name, conv.source_spec, src.path)
-    _check_finite(conv.state_dict, src.path)
+    check_values(conv.state_dict, repr(str(src.path)), "nothing written")  # NaN weights would serve NaN
     spec = conv.spec
     model = VisionTransformer(spec)
     load_strict(model, fit_state_dict(model, conv.state_dict))
@@ -219,17 +220,6 @@ def _write_failure(exc: Exception) -> str | None:
         reason = str(exc).split("I/O error:", 1)[1].strip()  # 'No space left on device (os error 28)'
         return reason.split(" (os error", 1)[0]
     return None
-
-
-def _check_finite(state_dict: dict[str, torch.Tensor], path: Path) -> None:
-    """NaN or inf in a checkpoint means a broken file or a diverged run; a model folder of it would serve garbage."""
-    bad = {key: int((~torch.isfinite(t)).sum()) for key, t in state_dict.items()
-           if t.is_floating_point() and not bool(torch.isfinite(t).all())}
-    if bad:
-        listed = ", ".join(f"{key} ({count} of {state_dict[key].numel()})" for key, count in list(bad.items())[:5])
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise ValueError(f"{str(path)!r} holds NaN or inf values in {len(bad)} tensor(s): {listed}{more}; the "
-                         "checkpoint is corrupt or from a diverged run, nothing written")
 
 
 def _check_catalog_architecture(name: str, found: ViTSpec, path: Path) -> None:

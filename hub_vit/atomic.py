@@ -1,13 +1,73 @@
-"""Atomic file output: readers see the old file or the complete new one, never half of it."""
+"""Atomic file output: readers see the old file or the complete new one, never half of it.
+
+Every temporary file or folder is a hidden sibling of its target named `.<name>.tmp-<host>-<pid>-<random>` (the
+copy `replace_dir` moves aside: `.<name>.old-...`). A process killed before it could clean up (SIGKILL, the OOM
+killer, a power cut) leaves one behind, a whole model's weights for a converted folder; the next write of the same
+target removes those whose process is gone (`sweep_staging`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+# what follows `.<name>.` in a temporary name; mkdtemp / mkstemp add 8 characters of [a-z0-9_]
+_STAGING = re.compile(r"(?P<kind>tmp|old)-(?P<host>[A-Za-z0-9.]+)-(?P<pid>\d+)-[a-z0-9_]{8}")
+
+
+def _owner() -> str:
+    """`<host>-<pid>`: a pid says nothing about another machine's processes (a shared file system)."""
+    return f"{re.sub(r'[^A-Za-z0-9.]', '.', socket.gethostname())[:64] or 'host'}-{os.getpid()}"
+
+
+def process_gone(pid: int) -> bool:
+    """No process `pid` on this host (a live one, also another user's that we may not signal, is not gone)."""
+    if os.name != "posix":  # Windows' os.kill(pid, 0) sends CTRL_C_EVENT instead of probing: assume alive
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return False
+    except (ProcessLookupError, OverflowError):
+        return True
+    return False
+
+
+def sweep_staging(target: str | Path) -> list[Path]:
+    """Remove the temporary siblings of `target` left by processes of this host that are gone; returns them.
+
+    A moved-aside old copy (`.old-`) is removed only while `target` exists: a process killed between `replace_dir`'s
+    two renames leaves it as the only copy of the old folder. Live processes' files, other hosts' and names of other
+    forms are left alone."""
+    target = Path(target)
+    host = _owner().rsplit("-", 1)[0]
+    removed = []
+    for path in target.parent.glob(f".{glob.escape(target.name)}.*-*"):
+        match = _STAGING.fullmatch(path.name[len(target.name) + 2:])
+        if (match is None or match["host"] != host or not process_gone(int(match["pid"])) or path.is_symlink()
+                or (match["kind"] == "old" and not target.exists())):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def staging_dir(target: str | Path) -> Path:
+    """A new, empty hidden folder beside `target` to write into before `replace_dir` moves it into place; leftovers
+    of killed writers of the same target are swept first."""
+    target = Path(target)
+    sweep_staging(target)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{_owner()}-", dir=target.parent))
 
 
 @contextlib.contextmanager
@@ -23,7 +83,8 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
         raise IsADirectoryError(f"output path {str(path)!r} is a directory; give a file name such as model{suffix}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        sweep_staging(path)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-{_owner()}-", dir=path.parent)
     except OSError as exc:
         raise PermissionError(f"cannot write to {str(path)!r}: {exc.strerror or exc}") from exc
     os.close(fd)
@@ -48,7 +109,7 @@ def replace_dir(staging: Path, final: Path) -> None:
     if not final.exists():
         os.replace(staging, final)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-{_owner()}-", dir=final.parent))
     os.replace(final, old / final.name)
     try:
         os.replace(staging, final)

@@ -21,13 +21,12 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir
+from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir, staging_dir
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
 
@@ -226,7 +225,7 @@ def save_model_folder(
     check_output_folder(folder, overwrite)
     folder.parent.mkdir(parents=True, exist_ok=True)
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    tmp = staging_dir(folder)  # also removes what a killed writer of `folder` left
     try:
         with _quiet_progress():
             _write_folder(model, tmp, checked_labels, dict(pretrained_cfg) if pretrained_cfg else None, arch, extra,
@@ -283,6 +282,7 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     """Load a hub-vit model folder into a `VisionTransformer` (eval mode, strict) plus its `ModelFolderInfo`."""
     from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
     from hub_vit.weights import load_weights_file
+    from hub_vit.weights_check import check_weights_file
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -295,10 +295,17 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     if raw.get("model_type") != HubViTConfig.model_type:
         raise ValueError(f"{config_path} has model_type {raw.get('model_type')!r}, expected "
                          f"{HubViTConfig.model_type!r} (is this a hub-vit model folder?)")
-    config = HubViTConfig.from_dict({k: v for k, v in raw.items() if k not in ("transformers_version",)})
+    try:  # ViTSpec bounds every size field: `depth: 1000000000` is refused here, before a block is built
+        config = HubViTConfig.from_dict({k: v for k, v in raw.items() if k not in ("transformers_version",)})
+    except ValueError as exc:
+        raise ValueError(f"{config_path}: {exc}") from None
     spec = config.weights_spec()  # a backbone saved by transformers keeps its labels but has no head
+    check_weights_file(weights_path, spec, config=CONFIG_FILE)  # header vs config, sizes, dtypes: nothing read yet
     model = VisionTransformer(spec)
-    model.load_adapted_state_dict(load_weights_file(weights_path))
+    try:
+        model.load_adapted_state_dict(load_weights_file(weights_path))
+    except ValueError as exc:  # non-finite values (the header had nothing else left to refuse)
+        raise type(exc)(f"{weights_path}: {exc}") from None
     model.eval()
 
     labels = read_labels(folder)

@@ -50,6 +50,8 @@ def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwarg
     from hub_vit.model import VisionTransformer
     from hub_vit.weights import adapt_state_dict
 
+    if pretrained:
+        _check_weights(architecture, spec, cfg, kwargs)
     return build_model_with_cfg(
         VisionTransformer,
         architecture,
@@ -60,6 +62,41 @@ def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwarg
         feature_cfg=dict(out_indices=min(3, spec.depth), feature_cls="getter"),  # timm ViT: the last 3 blocks
         **kwargs,
     )
+
+
+def _check_weights(architecture: str, spec: ViTSpec, cfg: Any, kwargs: dict[str, Any]) -> None:
+    """The weights file's header against what describes it, before timm builds the model (`hub_vit.weights_check`).
+    A `local-dir:` / `hf-hub:` folder's weights must be exactly what its config.json's `model_args` describe (timm
+    passes them as `pretrained_model_args`), head included: a different `num_classes=` asked for here still gets a
+    new head, as in timm. A bare `file=` is compared with the model being built, less what loading adapts."""
+    from hub_vit.weights_check import check_weights_file
+
+    saved = kwargs.get("pretrained_model_args")
+    path = _local_weights(cfg)
+    if path is None:
+        return
+    if saved:
+        fields = {k: v for k, v in saved.items() if k in ViTSpec.__dataclass_fields__}
+        check_weights_file(path, ViTSpec(**fields), config="config.json")
+        return
+    target = spec.replace(**{k: v for k, v in kwargs.items() if k in ViTSpec.__dataclass_fields__})
+    check_weights_file(path, target, config=architecture, adaptable=True)
+
+
+def _local_weights(cfg: Any) -> Path | None:
+    """The local safetensors file timm will load for `cfg` (downloaded first for `hf-hub:`, into timm's cache), or
+    None (a URL: Google's npz goes through the converter, which checks its headers itself)."""
+    if cfg.source == "local-dir" and cfg.file:
+        return Path(cfg.file) / "model.safetensors"
+    if cfg.source == "hf-hub" and cfg.hf_hub_id:
+        from timm.models import _hub
+
+        repo, _, revision = cfg.hf_hub_id.partition("@")
+        try:
+            return Path(_hub.hf_hub_download(repo_id=repo, filename="model.safetensors", revision=revision or None))
+        except Exception:  # noqa: BLE001  (no such file, offline: timm's own loader reports it)
+            return None
+    return Path(cfg.file) if cfg.file else None
 
 
 def create_hub_vit(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:

@@ -50,6 +50,24 @@ POOL_TYPES: tuple[str, ...] = get_args(PoolType)
 GELUS: tuple[str, ...] = get_args(Gelu)
 
 
+# The largest value each size field may take: about 10x the largest published ViT (ViT-22B: width 6144, depth 48,
+# mlp 24576, 48 heads; big_vision's "e": 1792 / 56 / 15360), so no real model is refused. A config or checkpoint
+# header declaring more is corrupt or hostile: refusing it here, before a module is built, keeps `depth: 1000000000`
+# from building blocks for minutes and then failing with a message-less MemoryError.
+BOUNDS: dict[str, int] = {
+    "width": 65536, "depth": 1024, "mlp_dim": 262144, "num_heads": 1024, "patch_size": 1024, "in_chans": 1024,
+    "num_classes": 1048576, "rep_size": 65536, "img_size": 65536,
+}
+
+
+def _bounded(name: str, value: int) -> int:
+    bound = BOUNDS.get(name, BOUNDS["img_size"])  # to_2tuple also checks patch sizes, under their own name
+    if value > bound:
+        raise ValueError(f"{name}: {value} is out of bounds (at most {bound}, far beyond any published ViT); a "
+                         "config or checkpoint that declares it is corrupt or hostile")
+    return value
+
+
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(repr, choices))}")
@@ -66,8 +84,8 @@ def to_2tuple(value: int | tuple[int, int] | list[int], name: str = "img_size") 
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"{name} must be an int or a (height, width) pair, got {value!r}")
-        return (_positive_int(name, value[0]), _positive_int(name, value[1]))
-    size = _positive_int(name, value)
+        return (_bounded(name, _positive_int(name, value[0])), _bounded(name, _positive_int(name, value[1])))
+    size = _bounded(name, _positive_int(name, value))
     return (size, size)
 
 
@@ -113,9 +131,10 @@ class ViTSpec:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise fields in place once, here
         for name in ("width", "depth", "mlp_dim", "num_heads", "patch_size", "in_chans"):
-            _positive_int(name, getattr(self, name))
+            _bounded(name, _positive_int(name, getattr(self, name)))
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
             raise ValueError(f"num_classes must be an integer >= 0 (0 = no classifier head), got {self.num_classes!r}")
+        _bounded("num_classes", self.num_classes)
         set_(self, "img_size", to_2tuple(self.img_size))
         _choice("posemb", self.posemb, POSEMBS)
         _choice("pool_type", self.pool_type, POOL_TYPES)
@@ -133,7 +152,7 @@ class ViTSpec:
         elif self.rep_size is False or self.rep_size == 0:
             set_(self, "rep_size", None)
         elif self.rep_size is not None:
-            _positive_int("rep_size", self.rep_size)
+            _bounded("rep_size", _positive_int("rep_size", self.rep_size))
         if self.width % self.num_heads:
             raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.posemb == "sincos2d" and self.width % 4:

@@ -57,10 +57,14 @@ def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransform
                      source_grid: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """Fit a hub-vit state dict to `model`: strip prefixes, resample a learned position embedding to the model's
     grid, adapt the patch filters to the model's input channels (`in_chans=1` from RGB weights), and drop a head whose
-    class count differs (the model keeps its freshly initialised head, as for fine-tuning). Also used as timm's
+    class count differs (the model keeps its freshly initialised head, as for fine-tuning); refuses non-float and
+    non-finite weights (`hub_vit.weights_check.check_values`). Also used as timm's
     `pretrained_filter_fn`. `source_grid` is the (rows, cols) patch grid the checkpoint's learned position embedding
     was trained on; without it the grid must be square."""
+    from hub_vit.weights_check import check_values
+
     state_dict = dict(strip_prefix(state_dict))
+    check_values(state_dict, "the checkpoint")  # NaN weights would serve NaN; integer ones would be cast silently
     spec = model.spec
     pos = state_dict.get("pos_embed")
     if pos is not None and model.pos_embed is not None and pos.shape != model.pos_embed.shape:

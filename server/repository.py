@@ -29,13 +29,12 @@ import io
 import json
 import shutil
 import struct
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from hub_vit import __version__
-from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir
+from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir, staging_dir
 from hub_vit.server.config import (
     ATTENTIONS_FILE,
     GENERATED_HEADER,
@@ -84,7 +83,7 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
     created = [folder for folder in out.parents if not folder.exists()]  # deepest first: removed again on failure
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        staging = staging_dir(out)  # also removes what a killed writer of `out` left
     except OSError as err:  # named by the folder asked for, not by the hidden staging folder beside it
         _remove_empty(created)
         raise OSError(err.errno, err.strerror, str(out)) from None

@@ -736,7 +736,7 @@ def _card_dir_read_only(monkeypatch: pytest.MonkeyPatch) -> str:
     real = tempfile.mkstemp
 
     def mkstemp(*args, prefix=None, **kwargs):
-        if prefix == ".README.md.":
+        if prefix is not None and prefix.startswith(".README.md."):  # atomic_path's temporary file
             raise OSError(errno.EROFS, "Read-only file system")
         return real(*args, prefix=prefix, **kwargs)
 

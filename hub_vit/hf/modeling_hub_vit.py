@@ -26,6 +26,7 @@ from hub_vit.layers import Block
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import to_2tuple
 from hub_vit.weights import adapt_state_dict
+from hub_vit.weights_check import check_values, check_weights_file
 
 try:  # transformers >= 5 renames checkpoint keys through registered rules (load: add prefix; save: strip it)
     from transformers.conversion_mapping import register_checkpoint_conversion_mapping
@@ -114,11 +115,14 @@ class HubViTPreTrainedModel(PreTrainedModel):
         the Auto classes pass it) also resamples a saved *learned* position embedding to the new grid, as timm does
         on load, instead of failing on `vit.pos_embed` (or, with `ignore_mismatched_sizes=True`, silently
         re-initialising it)."""
+        _check_saved_weights(pretrained_model_name_or_path, kwargs)  # before anything is built or read
         config = kwargs.get("config")
         target = kwargs.get("img_size") if config is None else getattr(config, "img_size", None)
         saved = None if target is None else _saved_learned_grid_size(pretrained_model_name_or_path, kwargs)
         if saved is None or to_2tuple(target) == saved:
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            check_values(model.vit.state_dict(), str(pretrained_model_name_or_path))  # NaN weights serve NaN
+            return model
         if config is not None:  # load at the saved size first
             config = copy.deepcopy(config)
             config.img_size = list(saved)
@@ -126,6 +130,7 @@ class HubViTPreTrainedModel(PreTrainedModel):
         else:
             kwargs = {k: v for k, v in kwargs.items() if k != "img_size"}
         model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        check_values(model.vit.state_dict(), str(pretrained_model_name_or_path))
         return model.resize_image(target)
 
     @torch.no_grad()
@@ -195,12 +200,34 @@ class HubViTPreTrainedModel(PreTrainedModel):
                                     fused_attention=self.config._attn_implementation != "eager")
 
 
+_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+
+
+def _check_saved_weights(path: Any, kwargs: dict[str, Any]) -> None:
+    """The saved model.safetensors' header against the saved config.json that describes it
+    (`hub_vit.weights_check`): a mismatch (head included), a non-float dtype or an oversized tensor is refused
+    before a module is built. What the caller changes on top (`num_labels` with `ignore_mismatched_sizes=True`,
+    `img_size`) is transformers' business, as before. Nothing to compare (no safetensors file, no readable config):
+    transformers reports it itself."""
+    from transformers.utils import cached_file
+
+    hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+    try:
+        saved, _ = HubViTConfig.get_config_dict(path, **hub)
+        weights = cached_file(path, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub)
+    except (OSError, ValueError, TypeError):
+        return
+    if weights is None or saved.get("model_type") != HubViTConfig.model_type:
+        return
+    spec = HubViTConfig.from_dict({k: v for k, v in saved.items() if k != "transformers_version"}).to_spec()
+    check_weights_file(weights, spec, config="config.json")
+
+
 def _saved_learned_grid_size(path: Any, kwargs: dict[str, Any]) -> tuple[int, int] | None:
     """The saved image size of a model folder / Hub repo whose position embedding is learned, else None (nothing
     to resample, or no readable config: transformers then reports the problem itself)."""
-    hub = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
     try:
-        saved, _ = HubViTConfig.get_config_dict(path, **{k: kwargs[k] for k in hub if k in kwargs})
+        saved, _ = HubViTConfig.get_config_dict(path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
     except (OSError, ValueError, TypeError):
         return None
     if saved.get("posemb") != "learn" or not saved.get("img_size"):

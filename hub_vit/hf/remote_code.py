@@ -21,6 +21,7 @@ BUNDLE: dict[str, str] = {
     "hub_vit.layers": "hub_vit_layers.py",
     "hub_vit.model": "hub_vit_model.py",
     "hub_vit.weights": "hub_vit_weights.py",
+    "hub_vit.weights_check": "hub_vit_weights_check.py",
     "hub_vit.image_modes": "hub_vit_image_modes.py",
     "hub_vit.resize_bound": "hub_vit_resize_bound.py",
     "hub_vit.hf.configuration_hub_vit": "configuration_hub_vit.py",
