@@ -48,11 +48,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=360, help="held-out images to score (the split has 360)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random maps")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny batches: 1 is fastest)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="folder for the results JSON")
     add_note_option(parser)
     args = parser.parse_args()
     check_writable(args.out)
+    torch.set_num_threads(args.threads)
     explainer = load_explainer(resolve_choice(None))
     model, patch = explainer.model.eval(), explainer.model.spec.patch_size
     images, _ = load_digits_split("val")
