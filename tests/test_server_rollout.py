@@ -291,3 +291,18 @@ def test_explain_settings_parsing(served_rollout):
         served_rollout.ExplainSettings("min", 0.0)
     with pytest.raises(ValueError, match=r"discard_ratio must be a number in \[0, 1\), got True"):
         parse({"explain": True, "discard_ratio": True})
+
+
+def test_repository_layout_and_manifest(models, tmp_path):
+    """The attention graph beside the plain one; the manifest records the rollout layout, so a repository checks
+    as current (serve --repository); without explain neither graph nor outputs are there."""
+    from hub_vit.server.repository import outdated_files
+
+    repo = write_repository(models["map"][0], tmp_path / "explained", ServingOptions())
+    step = repo / "vit_classifier" / "1"
+    assert {"model.onnx", "model_attentions.onnx", "served_rollout.py", "explained.py"} <= {p.name for p in
+                                                                                         step.iterdir()}
+    manifest = json.loads((repo / "hub_vit_repository.json").read_text())
+    assert manifest["rollout"] == {"grid": [6, 6], "readout": "map", "num_prefix_tokens": 0}
+    assert outdated_files(repo) == []
+    assert 'name: "rollout"' in (repo / "vit" / "config.pbtxt").read_text()

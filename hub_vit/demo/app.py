@@ -333,7 +333,8 @@ class Demo:
             # `input` for the keyboard (arrow keys, typing in its number box) as well as for the mouse, where
             # `release` missed the keyboard entirely.
             model.select(self.analyze_new_model, **run)
-            model.select(self.domain_view, inputs=[model], outputs=[knows, *galleries])
+            # Outside the queue: it only reads the model's domain, and it must not count as a second analysis run
+            model.select(self.domain_view, inputs=[model], outputs=[knows, *galleries], queue=False)
             target.select(self.analyze, **run)
             for control in (backend, fusion, discard, layer):
                 control.input(self.analyze, **run)
