@@ -35,7 +35,9 @@ class SplitQKVAttention(nn.Module):
         self.proj = attn.proj
         self.sqrt_d = math.sqrt(self.head_dim)
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, return_attn: bool = False,
+                fused: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # `fused` is `Attention`'s switch for the SDPA kernel; this layer is always the explicit softmax
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dim
         q = self.q(x).reshape(B, N, h, d).transpose(1, 2)  # (B, h, N, d)
