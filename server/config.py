@@ -178,17 +178,25 @@ def cuda_graph_buckets(max_batch_size: int) -> tuple[int, ...]:
     return (*sizes, max_batch_size)
 
 
-def torch_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_dir: str) -> mc.ModelConfig:
+def torch_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_dir: str, *,
+                            rollout: RolloutLayout | None = None) -> mc.ModelConfig:
     """Torch flavour's one step. Python backend: decode + transform (a thread pool), the hub-vit model in PyTorch
     (`model_dir`: a hub-vit model folder beside model.py, the same weights file as every other path) and top-k, as
     the CPU flavour's step answers (`image` -> `labels`, `scores`, `class_ids`, `logits`).
 
     device "cuda": KIND_GPU instances, bf16 autocast, pinned host->device copies, and one CUDA graph per batch bucket
     (cuda_graph_buckets), every bucket captured and run while the model loads, so the server reports ready only
-    once every shape has run. device "cpu": KIND_CPU, float32, eager (the same code path the tests run)."""
+    once every shape has run. device "cpu": KIND_CPU, float32, eager (the same code path the tests run).
+
+    `rollout`: the step also answers `rollout` / `rollout_box` to requests that ask (`explain`), from an eager pass
+    that returns the attentions; other requests run as before."""
     config = mc.ModelConfig(name=opts.step("classifier"), backend="python", max_batch_size=opts.max_batch_size)
     _image_input(config, meta, opts, warmup_batches=(1, opts.max_batch_size))
     _outputs(config.output, meta, opts, logits=True)
+    if rollout is not None:
+        _rollout_outputs(config.output, rollout)
+        _params(config, {"rollout_grid": list(rollout.grid), "rollout_readout": rollout.readout,
+                         "rollout_prefix_tokens": str(rollout.num_prefix_tokens)})
     kind = mc.ModelInstanceGroup.KIND_GPU if opts.device == "cuda" else mc.ModelInstanceGroup.KIND_CPU
     config.instance_group.add(kind=kind, count=opts.classifier_instances)
     _batching(config, opts)
@@ -249,9 +257,10 @@ def ensemble_config(meta: ServingMetadata, opts: ServingOptions,
     at 0 when its queue policy rejects a request (reason REJECTED included), while an ensemble counts its step's
     rejections.
     GPU: Python preprocessing (CPU) -> ORT / TensorRT classifier (GPU) -> Python top-k (CPU).
-    `rollout` (CPU flavour only): the ensemble also has the classifier's `rollout` / `rollout_box`. Behind an ensemble
-    a step is asked for every output its step maps, whatever the client requested (Triton 2.51), so the step answers
-    them only to a request whose parameters say `explain` (Triton forwards request parameters to the steps)."""
+    `rollout` (the CPU and torch flavours): the ensemble also has the classifier's `rollout` / `rollout_box`. Behind
+    an ensemble a step is asked for every output its step maps, whatever the client requested (Triton 2.51), so the
+    step answers them only to a request whose parameters say `explain` (Triton forwards request parameters to the
+    steps)."""
     config = mc.ModelConfig(name=opts.name, platform="ensemble", max_batch_size=opts.max_batch_size)
     _tensor(config.input, "image", mc.TYPE_STRING, [1])
     _outputs(config.output, meta, opts, logits=True)

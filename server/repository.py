@@ -141,8 +141,9 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
         explaining = {"explained.py": "classifier_ort", "served_rollout.py": "common"} if rollout is not None else {}
         return files | _templates(cls, {"model.py": "classifier_ort", "topk.py": "common", **decoding, **explaining})
     if opts.flavour == "torch":
-        files[f"{cls}/config.pbtxt"] = render(torch_classifier_config(meta, opts, model_file))
-        return files | _templates(cls, {"model.py": "classifier_torch", "topk.py": "common", **decoding})
+        files[f"{cls}/config.pbtxt"] = render(torch_classifier_config(meta, opts, model_file, rollout=rollout))
+        explaining = {"served_rollout.py": "common"} if rollout is not None else {}
+        return files | _templates(cls, {"model.py": "classifier_torch", "topk.py": "common", **decoding, **explaining})
     pre, post = opts.step("preprocess"), opts.step("postprocess")
     files[f"{pre}/config.pbtxt"] = render(preprocess_config(meta, opts))
     files |= _templates(pre, {"model.py": "preprocess", **decoding})
@@ -325,9 +326,10 @@ def rollout_layout(source: ModelSource, opts: ServingOptions) -> RolloutLayout |
     """How the served model's attentions read as rollout maps, or None where the repository cannot serve rollout:
     `opts.explain` off; the GPU flavour (its classifier runs in Triton's ORT / TensorRT backend, which returns only
     `logits`: an explained request would need the attention graph and the rollout in a Python step); or a source
-    without a hub-vit model (an .onnx file or engine: no attention graph to export, no spec to read it with)."""
+    without a hub-vit model (an .onnx file or engine: no attention graph to export, no spec to read it with).
+    The CPU flavour reads the attentions from an ONNX attention graph, the torch flavour from the model itself."""
     spec = getattr(source.module, "spec", None)
-    if not opts.explain or opts.flavour != "cpu" or spec is None:
+    if not opts.explain or opts.flavour not in ("cpu", "torch") or spec is None:
         return None
     height, width = source.metadata.input_size
     return RolloutLayout(grid=(height // spec.patch_size, width // spec.patch_size), readout=spec.pool_type,
@@ -336,7 +338,7 @@ def rollout_layout(source: ModelSource, opts: ServingOptions) -> RolloutLayout |
 
 def _place_weights(source: ModelSource, target: Path, opts: ServingOptions,
                    rollout: RolloutLayout | None = None) -> None:
-    if rollout is not None:
+    if rollout is not None:  # the CPU flavour's attention graph (the torch flavour runs the model folder itself)
         from hub_vit.export import export_onnx
         from hub_vit.export.onnx_export import logits_subgraph
 

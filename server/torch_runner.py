@@ -8,6 +8,8 @@ smallest bucket that holds it. cpu: float32, eager.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -63,6 +65,18 @@ class Runner:
             graph.replay()  # the bucket runs once as a graph before the server reports ready
             self.graphs[size] = (graph, static_in, static_out)
         torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def with_attentions(self, batch: np.ndarray) -> tuple[np.ndarray, torch.Tensor, torch.Tensor | None]:
+        """An eager pass that also returns the attention probabilities, for explained requests (no CUDA graph: the
+        graphs hold the fused path): (N, C) float32 logits, (N, depth, heads, T, T) and the MAP probe's
+        (N, heads, 1, T) or None, both float32 on the CPU."""
+        x = torch.from_numpy(batch).to(self.device)
+        model = getattr(self.model, "_orig_mod", self.model)  # torch.compile's wrapper: the eager module
+        with torch.autocast("cuda", dtype=self.dtype) if self.cuda else contextlib.nullcontext():
+            out = model.forward_all(x, output_attentions=True)
+        probe = None if out.pool_attention is None else out.pool_attention.float().cpu()
+        return out.logits.float().cpu().numpy(), torch.stack(out.attentions, 1).float().cpu(), probe
 
     def bucket(self, count: int) -> int:
         return next(size for size in self.buckets if size >= count)

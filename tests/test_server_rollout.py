@@ -1,8 +1,10 @@
-"""Attention rollout served by the real tritonserver (CPU flavour), against `hub_vit.explain` in process.
+"""Attention rollout served by the real tritonserver (CPU and torch flavours), against `hub_vit.explain` in process.
 
-One server holds four generated repositories side by side: the shipped digits model (SimpleViT: GAP readout), tiny
-random class-token and MAP models, and the class-token model again built with `explain=False`. Real images (the
-digits samples, scikit-image's photographs), both protocols, sync and async clients, `hub-vit classify --explain`.
+One server holds six generated repositories side by side: the shipped digits model (SimpleViT: GAP readout), tiny
+random class-token and MAP models, the class-token model again built with `explain=False`, and the digits and
+class-token models in the torch flavour on the CPU (`*_torch`: the model run in PyTorch, attentions from the model).
+Real images (the digits samples, scikit-image's photographs), both protocols, sync and async clients,
+`hub-vit classify --explain`.
 
 Tolerance: served and in-process maps agree to 1e-5 absolute (maps are relevance mass summing to at most 1; the
 attention probabilities come from ONNX Runtime on the server and from PyTorch in process, equal to float32 rounding).
@@ -76,6 +78,8 @@ def server(models, tmp_path_factory):
     combined.mkdir()
     builds = [(name, source, ServingOptions(name=name)) for name, (source, _) in models.items()]
     builds.append(("plain", models["tok"][0], ServingOptions(name="plain", explain=False)))
+    builds += [(f"{name}_torch", models[name][0], ServingOptions(name=f"{name}_torch", flavour="torch"))
+               for name in ("digits", "tok")]
     for name, source, opts in builds:
         repo = write_repository(source, root / name, opts)
         for folder in repo.iterdir():
@@ -117,9 +121,9 @@ def _in_process(explainer, data: list[bytes], head_fusion: str | None, discard_r
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("name", ["digits", "tok", "map"])
+@pytest.mark.parametrize("name", ["digits", "tok", "map", "digits_torch", "tok_torch"])
 def test_served_map_equals_in_process(server, models, images, name, protocol):
-    _, explainer = models[name]
+    _, explainer = models[name.removesuffix("_torch")]
     with Classifier(_url(server, protocol), protocol=protocol, model=name) as client:
         for head_fusion, discard_ratio in SETTINGS:
             served = client.classify(images, explain=True, head_fusion=head_fusion, discard_ratio=discard_ratio,
@@ -201,18 +205,19 @@ BAD = [
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize(("parameters", "message"), BAD)
-def test_bad_explanation_parameters_are_client_errors(server, images, protocol, parameters, message):
+@pytest.mark.parametrize("model", ["digits", "digits_torch"])
+def test_bad_explanation_parameters_are_client_errors(server, images, protocol, parameters, message, model):
     mod = tritonclient.http if protocol == "http" else tritonclient.grpc
     client = mod.InferenceServerClient(_url(server, protocol))
     data = np.array([[images[0]]], dtype=np.object_)
     tensor = mod.InferInput("image", list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data)
     with pytest.raises(InferenceServerException) as caught:
-        client.infer("digits", [tensor], outputs=[mod.InferRequestedOutput("labels")], parameters=parameters)
+        client.infer(model, [tensor], outputs=[mod.InferRequestedOutput("labels")], parameters=parameters)
     assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
     assert message in caught.value.message()
     # the server keeps serving, explanations included
-    with Classifier(_url(server, protocol), protocol=protocol, model="digits") as good:
+    with Classifier(_url(server, protocol), protocol=protocol, model=model) as good:
         assert good.classify(images[:1], explain=True)[0].labels[0] == "3"
 
 

@@ -11,6 +11,9 @@ error (INVALID_ARG -> HTTP 400) naming it by its index in the request.
 device "cuda": the instance's GPU (KIND_GPU), bf16 autocast (fp16 where the GPU has no bf16), batches copied from
 pinned host memory, and one CUDA graph per batch bucket (every bucket captured and run in `initialize`, so Triton
 reports ready only once every shape has run). device "cpu": float32, eager; the tests serve it on any machine.
+A config with `rollout_grid` also serves attention rollout: a request with parameter `explain` (served_rollout.py)
+runs an eager pass that returns the attentions and gets `rollout` (B, H', W') and `rollout_box` (B, 4) too; the
+others run exactly as without it.
 Needs hub_vit and torch in the server's Python environment (where `hub-vit serve` runs).
 """
 
@@ -26,7 +29,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 from imageprep import BadImageError, Preprocess  # these three: copied beside this file by hub-vit repository
 from topk import top_k
-from triton_errors import request_error
+from triton_errors import client_error, request_error
 
 
 def _cores() -> int:
@@ -66,6 +69,10 @@ class TritonPythonModel:
         self.k = int(params["top_k"])
         labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()
         self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
+        self.rollout = None  # (grid, readout, prefix tokens) when the repository serves rollout
+        if "rollout_grid" in params:
+            self.rollout = (tuple(json.loads(params["rollout_grid"])), params["rollout_readout"],
+                            int(params["rollout_prefix_tokens"]))
 
     def _decode(self, data: object) -> np.ndarray | Exception:
         try:
@@ -79,6 +86,8 @@ class TritonPythonModel:
         rows = []  # (place in `requests`, index in the request, encoded bytes)
         responses: list = [None] * len(requests)
         for place, request in enumerate(requests):
+            if request is None:  # answered by the explained path
+                continue
             images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
             if images.size == 0:
                 empty = BadImageError("the request holds no image; send at least one encoded JPEG, PNG or WebP")
@@ -96,25 +105,58 @@ class TritonPythonModel:
             decoded.setdefault(place, []).append(result)
         return responses, [(place, np.stack(arrays)) for place, arrays in decoded.items()]
 
+    def _take_explained(self, requests: list) -> tuple[list, list]:
+        """Answer the requests that ask for an explanation (or whose explanation parameters are bad); returns their
+        responses and `requests` with those replaced by None, for the plain path."""
+        from served_rollout import explain_settings, pixels_and_boxes, rollout_maps  # imports hub_vit.explain
+
+        responses: list = [None] * len(requests)
+        rest = list(requests)
+        for place, request in enumerate(requests):
+            try:
+                settings = explain_settings(request.parameters())
+            except ValueError as err:  # names the bad value and the valid ones; the rest of the batch is served
+                responses[place], rest[place] = pb_utils.InferenceResponse(error=client_error(str(err))), None
+                continue
+            if settings is None:
+                continue
+            rest[place] = None
+            try:
+                images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy()
+                pixels, boxes = pixels_and_boxes(self.preprocess, images)  # (B, 3, H, W), (B, 4)
+                logits, attentions, probe = self.runner.with_attentions(pixels)
+            except Exception as err:  # a bad image fails its own request only
+                responses[place] = pb_utils.InferenceResponse(error=request_error(err))
+                continue
+            maps = rollout_maps(attentions, *self.rollout, settings, probe)  # (B, H', W')
+            responses[place] = self._answer(logits, [pb_utils.Tensor("rollout", maps),
+                                                     pb_utils.Tensor("rollout_box", boxes)])
+        return responses, rest
+
+    def _answer(self, logits: np.ndarray, extra: list | None = None) -> object:
+        scores, ids = top_k(logits, self.k)
+        return pb_utils.InferenceResponse([
+            pb_utils.Tensor("logits", logits),
+            pb_utils.Tensor("scores", scores),
+            pb_utils.Tensor("class_ids", ids),
+            pb_utils.Tensor("labels", self.labels[ids]),
+            *(extra or []),
+        ])
+
     def execute(self, requests: list) -> list:
+        explained: list = [None] * len(requests)
+        if self.rollout is not None:  # explained requests are answered apart; the rest go on as below
+            explained, requests = self._take_explained(requests)
         responses, ok = self._decode_all(requests)
+        responses = [mine if mine is not None else theirs for mine, theirs in zip(responses, explained, strict=True)]
         if not ok:
             return responses
         batch = np.concatenate([pixels for _, pixels in ok])  # (N, 3, H, W); N <= max_batch_size
         logits = self.runner(batch).astype(np.float32, copy=False)  # (N, C)
-        scores, ids = top_k(logits, self.k)
         start = 0
         for place, pixels in ok:
-            part = slice(start, start + len(pixels))
+            responses[place] = self._answer(logits[start:start + len(pixels)])
             start += len(pixels)
-            responses[place] = pb_utils.InferenceResponse(
-                [
-                    pb_utils.Tensor("logits", logits[part]),
-                    pb_utils.Tensor("scores", scores[part]),
-                    pb_utils.Tensor("class_ids", ids[part]),
-                    pb_utils.Tensor("labels", self.labels[ids[part]]),
-                ]
-            )
         return responses
 
     def finalize(self) -> None:
