@@ -219,7 +219,8 @@ def _check_saved_weights(path: Any, kwargs: dict[str, Any]) -> None:
         return
     if weights is None or saved.get("model_type") != HubViTConfig.model_type:
         return
-    spec = HubViTConfig.from_dict({k: v for k, v in saved.items() if k != "transformers_version"}).to_spec()
+    config = HubViTConfig.from_dict({k: v for k, v in saved.items() if k != "transformers_version"})
+    spec = config.weights_spec()  # a backbone saved by HubViTModel keeps num_labels but saved no head
     check_weights_file(weights, spec, config="config.json")
 
 
