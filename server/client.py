@@ -281,8 +281,8 @@ def _no_rollout(err: Exception) -> Exception:
     if isinstance(err, InferenceServerException) and "rollout" in (err.message() or "") \
             and "output" in (err.message() or ""):
         return ValueError(f"the served model has no rollout output ({err.message()}): explanations are served by "
-                          "the CPU flavour of a repository built from a hub-vit model (a name or folder, not an "
-                          ".onnx file), with options.explain on")
+                          "the CPU and torch flavours of a repository built from a hub-vit model (a name or folder, "
+                          "not an .onnx file), with options.explain on")
     return err
 
 

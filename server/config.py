@@ -146,8 +146,8 @@ def cpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_fil
     """CPU flavour's one step. Python backend: decode + transform, ONNX Runtime and top-k in one stub (`image` ->
     `labels`, `scores`, `class_ids`, `logits`); a dynamic batch runs as one ORT call.
 
-    One stub instead of a preprocessing stub and a classifier stub saves a hop per request (measured side by side in
-    docs/serving.md, bench/ab_layouts.py); two instances still overlap one batch's decoding with the other's ORT run.
+    One stub instead of a preprocessing stub and a classifier stub saves a hop per request (bench/ab_layouts.py measures
+    the two side by side); two instances still overlap one batch's decoding with the other's ORT run.
     Warm-ups at batch 1 and at max_batch_size, so the first full batch does not pay ORT's first run at that shape.
     `compute_bound`: the model needs at least SPIN_MIN_GMACS per image (picks the ORT thread settings).
     `decodes=False`: the same step fed `pixel_values` instead (the template skips decoding), as the tests use it in
