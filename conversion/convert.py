@@ -60,18 +60,20 @@ def _source_name(view: CanonicalView) -> str:
     return repr(str(path)) if path is not None else "the checkpoint"
 
 
-def _source_dtype(view: CanonicalView, key: str) -> np.dtype:
-    """The stored dtype of canonical `key`, from the npz header when the source is an archive (nothing read)."""
-    ref = view.refs.get(key)
-    stored = ref.key if ref is not None else f"{view.layout.prefix}{key}"
+def _source_dtype(view: CanonicalView, key: str) -> np.dtype | None:
+    """The stored dtype of canonical `key` from the npz header when the source is an archive (nothing read); None for
+    an in-memory mapping, whose arrays are checked as they are read (each array is read once)."""
     dtypes = getattr(view.source, "dtypes", None)
-    return dtypes[stored] if dtypes is not None else view.source[stored].dtype
+    if dtypes is None:
+        return None
+    ref = view.refs.get(key)
+    return dtypes[ref.key if ref is not None else f"{view.layout.prefix}{key}"]
 
 
-def _check_float(reads: dict[str, tuple[tuple[int, ...], np.dtype]], view: CanonicalView) -> None:
+def _check_float(reads: dict[str, tuple[tuple[int, ...], np.dtype | None]], view: CanonicalView) -> None:
     """Google's weights are float32 or bfloat16 (stored as 2-byte void); integers would be cast into a wrong model."""
     wrong = [f"{key} ({dtype})" for key, (_, dtype) in reads.items()
-             if dtype.kind != "f" and not (dtype.kind == "V" and dtype.itemsize == 2)]
+             if dtype is not None and dtype.kind != "f" and not (dtype.kind == "V" and dtype.itemsize == 2)]
     if wrong:
         raise CheckpointMismatchError(f"{_source_name(view)}: {len(wrong)} weight array(s) are not floating point: "
                                       f"{', '.join(wrong[:5])}; a checkpoint holds float32 or bfloat16 weights "
@@ -173,7 +175,10 @@ def convert_view(view: CanonicalView, spec: ViTSpec | None = None, *, img_size: 
     state_dict = _posemb_tensors(view, src_grid, table, notes)
 
     def fetch(jax_keys: tuple[str, ...]) -> list[np.ndarray]:
-        return [view[k] for k in jax_keys]
+        arrays = [view[k] for k in jax_keys]
+        if not hasattr(view.source, "dtypes"):  # no header was checked: check what was read
+            _check_float({_file_key(view, k): (a.shape, a.dtype) for k, a in zip(jax_keys, arrays, strict=True)}, view)
+        return arrays
 
     # One tensor at a time, with the next one's arrays read by a worker thread meanwhile (reading and CRC-checking
     # release the GIL, as does torch's copy): at most two rules' source arrays are alive, each released as soon as
