@@ -148,15 +148,12 @@ def check_against_spec(shapes: Mapping[str, tuple[int, ...]], spec: ViTSpec, wei
     """Raise `CheckpointMismatchError` unless the tensors `weights` declares are exactly those of `spec` (what
     `config` declares), naming the differing fields first, then every missing, unexpected and mis-shaped key. With
     `adaptable` (a bare weights file, no config of its own), what `adapt_state_dict` adapts on load may differ."""
-    from hub_vit.model import VisionTransformer
-
     shapes = strip_prefix(dict(shapes))
     found = _header_fields(shapes)
     fields = [f"{config} declares {name}: {getattr(spec, name)}, {weights} holds {value}"
               for name, value in found.items()
               if value != getattr(spec, name) and not (adaptable and name in _ADAPTED_FIELDS)]
-    with torch.device("meta"):  # the expected keys and shapes, without allocating (ViTSpec bounds the field sizes)
-        expected = {k: tuple(v.shape) for k, v in VisionTransformer(spec).state_dict().items()}
+    expected = _expected_shapes(spec)
     if adaptable:
         expected = {k: v for k, v in expected.items() if not k.startswith("head.")}
         shapes = {k: v for k, v in shapes.items() if not k.startswith("head.")}
@@ -170,6 +167,19 @@ def check_against_spec(shapes: Mapping[str, tuple[int, ...]], spec: ViTSpec, wei
         raise CheckpointMismatchError(mismatch_message(header, missing, unexpected, mis_shaped))
 
 
+def _expected_shapes(spec: ViTSpec) -> dict[str, tuple[int, ...]]:
+    """The keys and shapes of `spec`'s state dict, from a model built on the meta device (nothing allocated; ViTSpec
+    bounds the field sizes)."""
+    from hub_vit.model import VisionTransformer
+
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in VisionTransformer(spec).state_dict().items()}
+
+
+def _expected_keys(spec: ViTSpec) -> set[str]:
+    return set(_expected_shapes(spec))
+
+
 def _adaptable(key: str, found: tuple[int, ...], expected: tuple[int, ...]) -> bool:
     """`adapt_state_dict` resamples a position embedding to another token count and adapts patch filters to another
     channel count; every other dimension must match."""
@@ -179,14 +189,18 @@ def _adaptable(key: str, found: tuple[int, ...], expected: tuple[int, ...]) -> b
 
 
 def check_weights_file(path: str | os.PathLike[str], spec: ViTSpec, config: str = "the config",
-                       adaptable: bool = False) -> None:
+                       adaptable: bool = False, unrelated_ok: bool = False) -> None:
     """`check_header` and `check_against_spec` for a `.safetensors` file, from its header alone. Other formats have
     no header to read (`.npz` files are checked by the converter; `.pt` / `.bin` only after loading, by
-    `check_values`)."""
+    `check_values`). `unrelated_ok` (transformers): a file that holds none of the model's tensors is checked for its
+    sizes only, since nothing of it is loaded (transformers reports every weight missing and initialises it)."""
     path = Path(path)
     if path.suffix.lower() != ".safetensors" or not path.is_file():
         return
     headers = read_safetensors_header(path)
+    if unrelated_ok and not set(strip_prefix({k: h.shape for k, h in headers.items()})) & _expected_keys(spec):
+        check_sizes({name: h.shape for name, h in headers.items()}, repr(str(path)))
+        return
     check_header(headers, repr(str(path)))
     check_against_spec({k: h.shape for k, h in headers.items()}, spec, path.name, config, adaptable)
 

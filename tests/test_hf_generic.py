@@ -171,3 +171,27 @@ def test_attn_implementation_is_honoured_and_attentions_are_real(family: str, mo
     for attn in out.attentions:
         torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]))
     torch.testing.assert_close(out.logits, a, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------- loading
+@pytest.mark.parametrize("model_class", [HubViTModel, HubViTForImageClassification])
+def test_output_loading_info_returns_the_model_and_the_report(model_class, tmp_path) -> None:
+    model_class(config("vit")).save_pretrained(tmp_path)
+    model, info = model_class.from_pretrained(tmp_path, output_loading_info=True)
+    assert isinstance(model, model_class)
+    assert info["missing_keys"] == set() or not info["missing_keys"]
+    assert not info["unexpected_keys"]
+
+
+def test_a_weights_file_without_any_of_the_models_tensors_loads_with_every_weight_missing(tmp_path) -> None:
+    # transformers' contract: nothing of such a file is loaded, every weight is reported missing and initialised (a
+    # file that holds the model's tensors with other shapes or dtypes is refused: tests/test_hostile_files.py)
+    from safetensors.torch import save_file
+
+    HubViTForImageClassification(config("simplevit")).save_pretrained(tmp_path)
+    save_file({"tensor": torch.tensor([1, 2])}, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    model, info = HubViTForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
+    params = {name for name, _ in model.named_parameters()}
+    assert params <= set(info["missing_keys"])
+    assert {key.removeprefix("vit.") for key in info["unexpected_keys"]} == {"tensor"}  # under the base prefix
+    assert torch.isfinite(model(pixels()).logits).all()

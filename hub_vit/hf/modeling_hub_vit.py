@@ -120,18 +120,21 @@ class HubViTPreTrainedModel(PreTrainedModel):
         target = kwargs.get("img_size") if config is None else getattr(config, "img_size", None)
         saved = None if target is None else _saved_learned_grid_size(pretrained_model_name_or_path, kwargs)
         if saved is None or to_2tuple(target) == saved:
-            model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with output_loading_info
             check_values(model.vit.state_dict(), str(pretrained_model_name_or_path))  # NaN weights serve NaN
-            return model
+            return loaded
         if config is not None:  # load at the saved size first
             config = copy.deepcopy(config)
             config.img_size = list(saved)
             kwargs = {**kwargs, "config": config}
         else:
             kwargs = {k: v for k, v in kwargs.items() if k != "img_size"}
-        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
         check_values(model.vit.state_dict(), str(pretrained_model_name_or_path))
-        return model.resize_image(target)
+        model.resize_image(target)
+        return loaded
 
     @torch.no_grad()
     def resize_image(self, img_size: int | tuple[int, int]) -> HubViTPreTrainedModel:
@@ -221,7 +224,7 @@ def _check_saved_weights(path: Any, kwargs: dict[str, Any]) -> None:
         return
     config = HubViTConfig.from_dict({k: v for k, v in saved.items() if k != "transformers_version"})
     spec = config.weights_spec()  # a backbone saved by HubViTModel keeps num_labels but saved no head
-    check_weights_file(weights, spec, config="config.json")
+    check_weights_file(weights, spec, config="config.json", unrelated_ok=True)
 
 
 def _saved_learned_grid_size(path: Any, kwargs: dict[str, Any]) -> tuple[int, int] | None:
