@@ -1,7 +1,8 @@
 """ONNX export: graph contract, verified variants per model family, attention graph, bad input.
 
-Tiny models (width 64, depth 2, 32x32 images) keep this file fast; the thresholds are the issue's, not ours:
-fp32 max |logit diff| <= 1e-4, reduced precision top-1 agreement >= 99 %.
+Tiny models (width 64, depth 2, 32x32 images) keep this file fast; the thresholds are the issues' (#4, #33): fp32 max
+|logit diff| <= 1e-4; reduced precision: per-image cosine >= 0.99 and relative error <= 0.15 of the logits and the
+pre-logits features, and top-1 agreement >= 99 % on in-domain images (own images, or photos of a trained model).
 """
 
 from __future__ import annotations
@@ -83,22 +84,28 @@ def test_variants_verified_and_reported(exported) -> None:
     # SkipLayerNorm); at 224 px every block fuses (S/16: 12 of 12, see bench/results).
     assert by_name["optimized"]["fused_ops"]["Attention"] >= model.spec.depth - 1 >= 1
     assert by_name["optimized"]["fused_ops"]["SkipLayerNormalization"] >= model.spec.depth
-    # int8: built, run and verified on every family. Random tiny models have small top-1 margins, so one flip in 32
-    # images is possible: the rule under test is "written if and only if top-1 agreement >= 99 %, else the reason".
+    # int8: built, run and verified on every family. On random weights top-1 is reported, not judged (margins are
+    # hundredths); the rule under test is "written if and only if every image's logits and pre-logits features keep
+    # cosine >= 0.99 and relative error <= 0.15 against fp32, else the reason with the margin".
     # (The trained default model must pass outright: test_int8_passes_on_a_trained_model.)
     for name in ("int8-dynamic", "int8-static"):
         v = by_name[name]
         check = v["verification"]
         assert check is not None, v["error"]
-        assert check["top1_agreement"] >= 0.9 and check["max_abs_diff"] > 0  # really a different, quantised graph
-        assert v["written"] == check["passed"] == (check["top1_agreement"] >= 0.99)
+        assert check["max_abs_diff"] > 0  # really a different, quantised graph
+        worst = check["worst"]
+        assert set(worst) == {"logits_min_cosine", "logits_max_rel_error", "pre_logits_min_cosine",
+                              "pre_logits_max_rel_error"}
+        within = min(worst["logits_min_cosine"], worst["pre_logits_min_cosine"]) >= 0.99 and \
+            max(worst["logits_max_rel_error"], worst["pre_logits_max_rel_error"]) <= 0.15
+        assert v["written"] == check["passed"] == within and check["top1_scope"] == "reported only"
         assert (out / f"model.{name}.onnx").exists() == v["written"]
         if v["written"]:
             ops = {n.op_type for n in onnx.load(str(out / f"model.{name}.onnx"), load_external_data=False).graph.node}
             assert ops & {"MatMulInteger", "DynamicQuantizeLinear", "QAttention", "DynamicQuantizeMatMul",
                           "QuantizeLinear"}
         else:
-            assert "top-1 agreement" in v["error"]
+            assert "below the bound 0.99" in v["error"] or "above the bound 0.15" in v["error"]
     leftovers = [p.name for p in out.iterdir() if p.name.startswith(".")]
     assert leftovers == []  # no temp files or folders left behind
 
@@ -173,7 +180,10 @@ def test_int8_passes_on_a_trained_model(tmp_path: Path) -> None:
     assert by_name["fp32"]["verification"]["extra"]["n_own_images"] == 180
     for name in ("fp32", "int8-dynamic", "int8-static"):
         assert by_name[name]["written"], (name, by_name[name]["error"])
-        assert by_name[name]["verification"]["top1_agreement"] >= 0.99
+    for name in ("int8-dynamic", "int8-static"):  # top-1 judged on the held-out digits, the model's own domain
+        check = by_name[name]["verification"]
+        assert check["top1_scope"] == "own images" and check["top1_judged"] >= 0.99
+        assert check["margins"]["top1_agreement"] == pytest.approx(check["top1_judged"] - 0.99)
     assert result.exit_code == 0, result.output
 
 

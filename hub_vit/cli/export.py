@@ -18,8 +18,8 @@ ALL = "all"
 
 def _variant_table(report: object) -> Table:
     table = Table(title=f"hub-vit export -> {escape(report.out_dir)}")  # type: ignore[attr-defined]
-    for col in ("variant", "written", "MiB", "max |diff|", "top-1", "fused ops", "note"):
-        table.add_column(col, justify="right" if col in ("MiB", "max |diff|", "top-1 agree") else "left")
+    for col in ("variant", "written", "MiB", "max |diff|", "min cos", "top-1", "fused ops", "note"):
+        table.add_column(col, justify="right" if col in ("MiB", "max |diff|", "min cos", "top-1") else "left")
     for o in report.variants:  # type: ignore[attr-defined]
         v = o.verification or {}
         fused = " ".join(f"{k.replace('Normalization', 'Norm')}:{n}" for k, n in o.fused_ops.items() if n) or "-"
@@ -28,11 +28,18 @@ def _variant_table(report: object) -> Table:
             "[green]yes[/]" if o.written else "[red]no[/]",
             f"{o.size_bytes / 2**20:.1f}" if o.size_bytes else "-",
             f"{v['max_abs_diff']:.2e}" if v else "-",
+            _min_cosine(v),
             f"{v['top1_agreement']:.1%}" if v else "-",
             fused,
             "passed" if not o.error else "see below",
         )
     return table
+
+
+def _min_cosine(verification: dict) -> str:
+    """The worst image's cosine similarity with fp32, logits or pre-logits features, whichever is lower."""
+    worst = [value for key, value in (verification.get("worst") or {}).items() if key.endswith("_min_cosine")]
+    return f"{min(worst):.4f}" if worst else "-"
 
 
 def _warn_random_weights(name: str, pretrained: bool | None) -> None:
@@ -125,7 +132,8 @@ def onnx_cmd(
                                  exporter=exporter, n_random=random_inputs, n_photos=photos,
                                  n_calibration=calibration, seed=seed, providers=provider or None,
                                  source=src.describe(), images=own,
-                                 metadata=model_metadata(src.model, src.labels, src.pretrained_cfg))
+                                 metadata=model_metadata(src.model, src.labels, src.pretrained_cfg),
+                                 trained=not src.random_weights)
     except OSError as exc:
         # the disk refused the files after the work began: exit 1, as for a write that fails (not bad input), named
         # by the folder asked for, not by the hidden staging file inside it
@@ -138,7 +146,9 @@ def onnx_cmd(
         raise fail(str(exc)) from None
     console.print(_variant_table(report))
     for o in report.variants:
-        outcome = f"[red]not written[/] - {escape(o.error)}" if o.error else escape(str(o.file))
+        passed = (o.verification or {}).get("extra", {}).get("summary", "")
+        outcome = f"[red]not written[/] - {escape(o.error)}" if o.error else \
+            escape(str(o.file)) + (f" ({escape(passed)})" if passed else "")
         console.print(f"  {o.variant}: {outcome}",
                       soft_wrap=True)
     console.print(f"report: {report.report_file}", markup=False, soft_wrap=True)

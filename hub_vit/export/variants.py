@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -27,10 +26,11 @@ import numpy as np
 
 from hub_vit.atomic import atomic_path
 from hub_vit.export import quantize
+from hub_vit.export.criterion import FP32_MAX_ABS, MAX_REL_ERROR, MIN_COSINE, MIN_TOP1_AGREEMENT, summary
 from hub_vit.export.metadata import REPORT_SUFFIX, engine_info, model_metadata
 from hub_vit.export.onnx_export import ATTENTIONS, Exporter, export_onnx, graph_opset, quiet_loggers
+from hub_vit.export.probe import PRE_LOGITS, drop_pre_logits, expose_pre_logits
 from hub_vit.export.verify import (
-    FP32_MAX_ABS,
     check_informative,
     check_providers,
     judge,
@@ -198,6 +198,7 @@ def export_variants(
     source: dict[str, Any] | None = None,
     images: np.ndarray | None = None,
     metadata: dict[str, Any] | None = None,
+    trained: bool = False,
 ) -> ExportReport:
     """Export, verify and write the requested variants of `model` into `out_dir`; returns the report (also saved).
 
@@ -206,6 +207,8 @@ def export_variants(
     second half the int8-static calibration set (disjoint), so a domain model is checked on its own kind of data.
     `metadata`: labels + eval transform recorded for serving (`hub_vit.export.metadata.model_metadata`; default:
     the model's own `pretrained_cfg`, no labels).
+    `trained`: the weights are trained (not random), so top-1 agreement on the photos is judged too when no own
+    `images` are given (`hub_vit.export.criterion`).
     """
     variants = check_variants(variants)
     check_stem(stem)
@@ -224,14 +227,21 @@ def export_variants(
             half = (len(images) + 1) // 2
             own_verify, own_calib = images[:half], images[half:]
         x, seed = verification_inputs(model, n_random=n_random, n_photos=n_photos, seed=seed, images=own_verify)
-        reference = torch_outputs(model, x)["logits"]
+        reference = torch_outputs(model, x)
+        n_own = 0 if own_verify is None else len(own_verify)
+        # top-1 agreement is judged where the classes mean something: own images, else photos of a trained model
+        top1_from, top1_scope = ((len(x) - n_own, "own images") if n_own else
+                                 (n_random, "photos") if trained else (None, "reported only"))
         provider_name = ",".join(providers) if providers else "default"
         outcomes: list[VariantOutcome] = []
         settings = dict(variants=variants, stem=stem, opset=opset, dynamic_batch=dynamic_batch,
                         dynamic_size=dynamic_size, with_attentions=with_attentions, exporter=exporter,
                         n_random=n_random, n_photos=n_photos, n_calibration=n_calibration,
                         n_own_images=0 if images is None else len(images), seed=seed,
-                        thresholds={"fp32_max_abs_diff": FP32_MAX_ABS, "min_top1_agreement": 0.99})
+                        trained=trained,
+                        thresholds={"fp32_max_abs_diff": FP32_MAX_ABS, "min_cosine": MIN_COSINE,
+                                    "max_rel_error": MAX_REL_ERROR, "min_top1_agreement": MIN_TOP1_AGREEMENT,
+                                    "top1_judged_on": top1_scope})
         with tempfile.TemporaryDirectory(prefix=".export-", dir=out_dir) as tmp:
             work = Path(tmp)
             staged = work / "staged"  # what passed, moved into `out_dir` together once the run is done
@@ -239,6 +249,9 @@ def export_variants(
             t0 = time.perf_counter()
             fp32 = export_onnx(model, work / "fp32.onnx", opset=opset, dynamic_batch=dynamic_batch,
                                dynamic_size=dynamic_size, exporter=exporter)
+            # every variant is built from the graph that also writes the pre-logits features, verified on both, and
+            # written without that output (probe.py)
+            fp32 = expose_pre_logits(fp32, work / "fp32.probe.onnx")
             export_seconds = time.perf_counter() - t0
             settings["graph_opset"] = graph_opset(fp32)
             calibration = calibration_images(model, n_calibration, n_random, n_photos, seed) \
@@ -257,15 +270,18 @@ def export_variants(
                     with quiet_loggers():  # ORT's quantiser logs advice through the root logger
                         path, outcome.fused_ops = _build(variant, fp32, work, model, calibration)
                     session = ort_session(path, providers)
-                    got = ort_outputs(session, x, batch_size=8 if dynamic_batch else 1)["logits"]
-                    result = judge(variant, PRECISION[variant], reference, got, provider=session.get_providers()[0],
-                                   n_random=n_random, seed=seed)
+                    got = ort_outputs(session, x, batch_size=8 if dynamic_batch else 1)
+                    result = judge(variant, PRECISION[variant], reference["logits"], got["logits"],
+                                   provider=session.get_providers()[0], n_random=n_random, seed=seed,
+                                   reference_features=reference[PRE_LOGITS], candidate_features=got[PRE_LOGITS],
+                                   top1_from=top1_from, top1_scope=top1_scope)
                     if own_verify is not None:  # judge counts everything after the noise as photos
                         result.n_photos -= len(own_verify)
                         result.extra["n_own_images"] = len(own_verify)
+                    result.extra["summary"] = summary(result)
                     outcome.verification = result.to_dict()
                 except Exception as exc:  # noqa: BLE001 - a variant that cannot be built/run is reported, not fatal
-                    outcome.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}"
+                    outcome.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:400]}"
                     if "NOT_IMPLEMENTED" in outcome.error:
                         outcome.error = (f"onnxruntime {ort_version()} has no {PRECISION[variant]} kernel for an op of "
                                          f"this graph on the execution provider(s) {providers or 'default'}: "
@@ -279,7 +295,7 @@ def export_variants(
                     fp32_ok = fp32_ok and variant != "fp32"
                     continue
                 name = variant_file_name(stem, variant)
-                shutil.copyfile(path, staged / name)  # fp32 stays in `work` for later variants
+                drop_pre_logits(path, staged / name)  # the verification output off; fp32 stays in `work`
                 outcome.written, outcome.file = True, str(out_dir / name)
                 outcome.size_bytes = (staged / name).stat().st_size
             if with_attentions:

@@ -1,15 +1,14 @@
 """PyTorch vs ONNX Runtime on the same inputs: fresh random images plus real photographs (scikit-image's bundled set).
 
-Every exported variant goes through `verify_variant`; the export commands write a file only if it passes.
-Thresholds (issue #4): fp32 max |logit difference| <= 1e-4; reduced precisions (fp16, bf16, int8) top-1 agreement
->= 99 % over the whole verification set, with the max difference reported.
+Every exported variant is judged by `hub_vit.export.criterion` (fp32: max |logit difference| <= 1e-4; reduced
+precision: per-image cosine similarity and relative error of the logits and pre-logits features, plus top-1 agreement
+where the images are in-domain); the export commands write a file only if it passes.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,39 +16,17 @@ import numpy as np
 import torch
 
 from hub_vit.explain.image import DataConfig
+from hub_vit.export.criterion import FP32_MAX_ABS, MIN_TOP1_AGREEMENT, VerifyResult, judge
 from hub_vit.model import VisionTransformer
 
 # File names of the formats `hub_vit.explain.image.load_image` decodes (PNG, JPEG, WEBP, BMP, GIF).
 IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 
-FP32_MAX_ABS = 1e-4
-MIN_TOP1_AGREEMENT = 0.99
 # Colour and grey photographs that ship inside scikit-image (no download); grey ones are repeated to 3 channels.
 PHOTO_NAMES: tuple[str, ...] = (
     "astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
     "stereo_motorcycle", "camera", "moon", "brick", "grass", "gravel", "coins", "clock", "cell",
 )
-
-
-@dataclass
-class VerifyResult:
-    """One variant's verification: numbers, thresholds and the verdict (with the reason when it fails)."""
-
-    variant: str
-    provider: str
-    n_random: int
-    n_photos: int
-    seed: int
-    max_abs_diff: float
-    mean_abs_diff: float
-    top1_agreement: float
-    thresholds: dict[str, float]
-    passed: bool
-    reason: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def load_photos(names: Sequence[str] = PHOTO_NAMES) -> dict[str, np.ndarray]:
@@ -148,22 +125,21 @@ def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = 
 @torch.no_grad()
 def torch_outputs(model: VisionTransformer, x: np.ndarray, batch_size: int = 8,
                   with_attentions: bool = False) -> dict[str, np.ndarray]:
-    """PyTorch reference in float32: `logits` (N, classes) and, if asked, `attentions` (N, depth, heads, T, T)."""
+    """PyTorch reference in float32: `logits` (N, classes), `pre_logits` (N, features: what the head reads) and, if
+    asked, `attentions` (N, depth, heads, T, T)."""
     was_training = model.training
     model.eval()
-    logits, attns = [], []
+    logits, features, attns = [], [], []
     try:
         for i in range(0, len(x), batch_size):
-            xb = torch.from_numpy(x[i:i + batch_size])
+            out = model.forward_all(torch.from_numpy(x[i:i + batch_size]), output_attentions=with_attentions)
+            logits.append(out.logits.numpy())
+            features.append(out.pre_logits.numpy())
             if with_attentions:
-                out = model.forward_all(xb, output_attentions=True)
-                logits.append(out.logits.numpy())
                 attns.append(torch.stack(out.attentions, dim=1).numpy())
-            else:
-                logits.append(model(xb).numpy())
     finally:
         model.train(was_training)
-    result = {"logits": np.concatenate(logits)}
+    result = {"logits": np.concatenate(logits), "pre_logits": np.concatenate(features)}
     if with_attentions:
         result["attentions"] = np.concatenate(attns)
     return result
@@ -220,25 +196,6 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float,
     diff = np.abs(reference.astype(np.float64) - candidate.astype(np.float64))
     agree = float((reference.argmax(-1) == candidate.argmax(-1)).mean()) if reference.ndim == 2 else float("nan")
     return float(diff.max()), float(diff.mean()), agree
-
-
-def judge(variant: str, precision: str, reference: np.ndarray, candidate: np.ndarray, *, provider: str,
-          n_random: int, seed: int) -> VerifyResult:
-    """Apply the issue's thresholds: fp32 by max |diff|, reduced precision by top-1 agreement."""
-    max_abs, mean_abs, agree = compare(reference, candidate)
-    n_photos = len(reference) - n_random
-    if precision == "fp32":
-        thresholds = {"max_abs_diff": FP32_MAX_ABS}
-        passed = max_abs <= FP32_MAX_ABS
-        reason = "" if passed else f"max |logit diff| {max_abs:.3g} > {FP32_MAX_ABS:g}"
-    else:
-        thresholds = {"top1_agreement": MIN_TOP1_AGREEMENT}
-        passed = agree >= MIN_TOP1_AGREEMENT
-        reason = "" if passed else (f"top-1 agreement {agree:.1%} < {MIN_TOP1_AGREEMENT:.0%} over "
-                                    f"{len(reference)} images (max |logit diff| {max_abs:.3g})")
-    return VerifyResult(variant=variant, provider=provider, n_random=n_random, n_photos=n_photos, seed=seed,
-                        max_abs_diff=max_abs, mean_abs_diff=mean_abs, top1_agreement=agree, thresholds=thresholds,
-                        passed=passed, reason=reason)
 
 
 __all__ = ["FP32_MAX_ABS", "MIN_TOP1_AGREEMENT", "PHOTO_NAMES", "VerifyResult", "check_informative",
