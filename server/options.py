@@ -81,6 +81,10 @@ class ServingOptions:
     cuda_graphs: bool = True  # cuda: one CUDA graph per batch bucket, captured while the model loads
     torch_compile: bool = False  # cuda: torch.compile before the capture (minutes of warm-up per bucket)
     decode_threads: int = 0  # torch flavour: images decoded in parallel per instance; 0 = the cores / instances
+    # CPU flavour: the ONNX graph served (server/cpu_variant.py): "auto" = the fastest variant on this host that passes
+    # the verification criterion, measured when the repository is built; or one variant by name (still verified).
+    # The library default keeps the plain fp32 graph (no build-time measuring); `hub-vit serve / repository` use auto.
+    cpu_variant: str = "fp32"
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -92,6 +96,12 @@ class ServingOptions:
         if self.device == "cuda" and self.flavour != "torch":
             raise ValueError(f"device 'cuda' is served by flavour 'torch' (flavour {self.flavour!r} has no device "
                              "choice: 'cpu' runs on the CPU, 'gpu' on the GPU); valid flavours for cuda: torch")
+        from hub_vit.server.cpu_variant import AUTO, check_cpu_variant
+
+        check_cpu_variant(self.cpu_variant)
+        if self.cpu_variant not in (AUTO, "fp32") and self.flavour != "cpu":
+            raise ValueError(f"cpu_variant {self.cpu_variant!r} chooses the CPU flavour's graph; flavour "
+                             f"{self.flavour!r} has none: use flavour cpu, or cpu_variant auto")
         if not isinstance(self.decode_threads, int) or self.decode_threads < 0:
             raise ValueError(f"decode_threads must be 0 (the cores shared among the instances) or a positive "
                              f"integer, got {self.decode_threads!r}")

@@ -49,6 +49,7 @@ from hub_vit.server.config import (
     render,
     torch_classifier_config,
 )
+from hub_vit.server.cpu_variant import place
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.source import ModelSource, ServingMetadata
 
@@ -187,10 +188,13 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     (root / opts.name / "1").mkdir()  # Triton wants the ensemble's version folder, though it holds nothing
     cls = root / opts.step("classifier")
     (cls / "1").mkdir(exist_ok=True)  # the GPU classifier has no template: its folder holds only the weights
+    selection = None
     if opts.flavour == "torch":
         _place_model_folder(source, cls / "1" / model_file)
     else:
         _place_weights(source, cls / "1" / model_file, opts, rollout)
+    if opts.flavour == "cpu":  # the fastest verified graph on this host, or the one asked for (cpu_variant.py)
+        selection = place(source, cls / "1" / model_file, opts.cpu_variant, batch=min(8, opts.max_batch_size))
     if opts.flavour in ("cpu", "torch"):
         _write_warmup_image(cls, meta)
         _write_labels(cls, meta)
@@ -207,6 +211,8 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
         "compute_bound": compute_bound,  # decides the ORT thread settings of the CPU classifier
         "rollout": None if rollout is None else dataclasses.asdict(rollout),  # served attention rollout, if any
     }
+    if selection is not None:  # the CPU flavour's graph: which variant, why, the candidates' numbers, ISA flags
+        manifest["cpu_variant"] = selection.to_dict()
     if source.engine_info:  # a prebuilt engine's precision, TensorRT version and GPU were fixed when it was built
         manifest["engine"] = {k: source.engine_info.get(k) for k in ("precision", "tensorrt", "gpu", "profile")}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

@@ -39,6 +39,9 @@ RequestQueueTimeoutMs = Annotated[float, typer.Option(
                              "(\"Request timeout expired\") instead of computing it late (default: the server's own "
                              "limit).")]
 TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")]
+CpuVariant = Annotated[str, typer.Option(help="CPU flavour: the ONNX graph served: 'auto' (the fastest variant on "
+                                               "this host that passes verification, measured at build time) or one "
+                                               "of fp32, optimized, int8-dynamic, int8-static, bf16 (still verified).")]
 MaxPixels = Annotated[int, typer.Option(help="Most pixels an image may declare (larger ones are refused before "
                                              "decoding; 48 MP phone photos need more than the default).")]
 # `serve --repository` refuses these when they differ from the defaults: they would not change the repository.
@@ -79,7 +82,7 @@ def _given(ctx: typer.Context, key: str) -> bool:
 
 
 # ServingOptions fields as the CLI spells them, so a validation error names the flag the user typed.
-_FLAGS = {"classifier_instances": "--instances", "ort_spinning": "--spinning"}
+_FLAGS = {"classifier_instances": "--instances", "ort_spinning": "--spinning", "cpu_variant": "--cpu-variant"}
 
 
 def _options(**kwargs: Any) -> ServingOptions:
@@ -143,6 +146,7 @@ def repository(
                                        "then take turns on the cores). Default: on for a compute-bound model, off "
                                        "for a tiny one."),
     max_pixels: MaxPixels = DEFAULTS.max_pixels,
+    cpu_variant: CpuVariant = "auto",
     overwrite: bool = typer.Option(False, help="Replace an existing folder."),
 ) -> None:
     """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""
@@ -171,6 +175,7 @@ def repository(
                                                 else preprocess_instances),
                        "ort_spinning": spinning, "max_pixels": max_pixels, "device": device,
                        "cuda_graphs": cuda_graphs, "torch_compile": torch_compile, "decode_threads": decode_threads,
+                       "cpu_variant": cpu_variant,
                        **_device_fields(ctx, device if device in DEVICES else "cpu", max_batch_size)})
     try:
         path = write_repository(_source(model), out, opts, overwrite=overwrite)
@@ -179,10 +184,20 @@ def repository(
     where = f", device {opts.device}" if opts.flavour == "torch" else ""
     console.print(f"wrote Triton repository [bold]{escape(str(path))}[/] (model [bold]{name}[/], flavour {flavour}"
                   f"{where})", soft_wrap=True)
+    _print_cpu_variant(path)
     unservable = unservable_path_message(path)
     if unservable:  # a GPU host mounts it elsewhere (docker -v ...:/models); `hub-vit serve --repository` here cannot
         err_console.print(f"[yellow]note:[/] {escape(unservable)} (`hub-vit serve --repository` refuses it; a "
                           "container that mounts it at another path is fine)", soft_wrap=True)
+
+
+def _print_cpu_variant(repository_dir: Path) -> None:
+    """One line: which graph the CPU flavour serves and why (from the repository manifest; nothing for others)."""
+    from hub_vit.server.cpu_variant import describe
+
+    line = describe(repository_dir)
+    if line:
+        console.print(escape(line), soft_wrap=True, highlight=False)
 
 
 def _preferred(max_batch_size: int) -> tuple[int, ...]:
@@ -227,6 +242,7 @@ def serve(
                                                 "larger ones get 413 before they reach Triton."),
     max_connections: int = typer.Option(4096, help="Open HTTP connections beyond which only health requests are "
                                                    "answered (others get 503)."),
+    cpu_variant: CpuVariant = "auto",
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.ports import PortError, check_host, check_ports
@@ -260,6 +276,7 @@ def serve(
             return _options(name=name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
                             max_queue_size=max_queue_size, queue_timeout_us=queue_timeout_us, top_k=top_k,
                             max_pixels=max_pixels, flavour=where.flavour, device=where.device,
+                            cpu_variant=cpu_variant if where.flavour == "cpu" or _given(ctx, "cpu_variant") else "auto",
                             **_torch_fields(where.flavour, cuda_graphs, torch_compile, decode_threads),
                             **_device_fields(ctx, where.device, max_batch_size))
 
@@ -286,6 +303,7 @@ def serve(
             if isinstance(err, ValueError):
                 raise fail(str(err)) from None
             raise
+        _print_cpu_variant(repository_dir)
     else:
         name = _existing_repository(repository_dir, model=model, name=name, max_batch_size=max_batch_size,
                                     max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,

@@ -1,0 +1,208 @@
+"""Which ONNX graph the CPU flavour serves: the fastest variant on this host that passes the verification criterion.
+
+At repository build time (`hub-vit repository / serve --cpu-variant auto`) the candidates (fp32, ORT-fused fp32,
+int8 dynamic / static QDQ, and bf16 where the CPU has bf16 units) are built and verified against the fp32 PyTorch
+model by `hub_vit.export.variants` (criterion: `hub_vit.export.criterion`), the ones that pass are timed side by
+side in interleaved rounds at the serving batch, with the threads an instance uses, and the fastest is copied into the
+repository. The choice, every candidate's numbers and verdict, and the host's ISA flags go into the repository
+manifest. A named variant (`--cpu-variant int8-dynamic`) skips the timing but is still verified: a variant that fails
+the criterion is never served.
+
+Int8 runs on the VNNI / AMX-INT8 units through ONNX Runtime's MLAS kernels (U8U8 / 7-bit weights, the same integers
+on every x86 CPU: quantize.py). ONNX Runtime's CPU provider has no bfloat16 MatMul kernel, so `bf16` is a candidate
+only where the CPU has bf16 units, and is reported as not built when the provider cannot run it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+AUTO = "auto"
+CPU_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-static", "bf16")
+CHOICES: tuple[str, ...] = (AUTO, *CPU_VARIANTS)
+BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
+INT8_FLAGS: tuple[str, ...] = ("avx512_vnni", "avx_vnni", "amx_int8")
+_REPORTED_FLAGS = ("avx2", "fma", "avx512", "avx_vnni", "amx")  # prefixes of the flags recorded
+
+
+@dataclasses.dataclass
+class CpuSelection:
+    """What the CPU flavour serves and why; stored in the repository manifest under `cpu_variant`."""
+
+    variant: str
+    requested: str
+    reason: str
+    isa_flags: list[str]
+    batch: int = 0
+    threads: int = 0
+    candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check_cpu_variant(name: str) -> str:
+    """`name` if it is a valid `--cpu-variant`, else ValueError listing the valid ones."""
+    if name not in CHOICES:
+        raise ValueError(f"unknown cpu_variant {name!r}; valid choices: {', '.join(CHOICES)}")
+    return name
+
+
+def isa_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
+    """The CPU's vector / matrix-unit flags (avx2, avx512*, avx_vnni, amx*), sorted; [] where unreadable."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return sorted({f for f in line.split() if f.startswith(_REPORTED_FLAGS)})
+
+
+def candidates(flags: list[str]) -> list[str]:
+    """The variants worth timing on a CPU with `flags`: bf16 only with bf16 units (emulated bf16 is slower)."""
+    found = ["fp32", "optimized", "int8-dynamic", "int8-static"]
+    return found + (["bf16"] if any(f in flags for f in BF16_FLAGS) else [])
+
+
+def _time_graphs(graphs: dict[str, Path], x: np.ndarray, threads: int, rounds: int, iters: int) -> dict[str, float]:
+    """Median seconds per batch of each graph, timed in interleaved rounds so a load change hits every one alike."""
+    import onnxruntime as ort
+
+    sessions = {}
+    for name, path in graphs.items():
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # no spinning into the next one
+        sessions[name] = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        sessions[name].run(None, {"pixel_values": x})  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, session in sessions.items():
+            for _ in range(iters):
+                start = time.perf_counter()
+                session.run(None, {"pixel_values": x})
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def select(module: Any, requested: str, *, batch: int, threads: int | None = None, trained: bool = False,
+           work_dir: str | Path | None = None, rounds: int = 3, iters: int = 2, seed: int = 0
+           ) -> tuple[Path, CpuSelection, tempfile.TemporaryDirectory]:
+    """Build, verify and (for `auto`) time the candidates of `module`; returns the chosen graph, the record, and the
+    temporary folder holding it (the caller copies the graph, then cleans the folder up).
+
+    ValueError when a named variant fails the criterion or cannot be built (the report's reason, with the margin),
+    or when no candidate passes.
+    """
+    from hub_vit.export.variants import export_variants
+
+    check_cpu_variant(requested)
+    flags = isa_flags()
+    names = candidates(flags) if requested == AUTO else [requested]
+    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    tmp = tempfile.TemporaryDirectory(prefix=".cpu-variant-", dir=work_dir)
+    try:
+        report = export_variants(module, Path(tmp.name), variants=names, n_random=8, n_photos=24, n_calibration=32,
+                                 seed=seed, providers=["CPUExecutionProvider"], trained=trained,
+                                 source={"cpu_variant": requested})
+        rows = [{"variant": o.variant, "verified": o.written, "error": o.error,
+                 "verification": _numbers(o.verification)} for o in report.variants]
+        passed = {o.variant: Path(o.file) for o in report.variants if o.written}
+        selection = CpuSelection(variant="", requested=requested, reason="", isa_flags=flags, batch=batch,
+                                 threads=threads, candidates=rows)
+        if requested != AUTO:
+            if requested not in passed:
+                raise ValueError(f"cpu_variant {requested!r} is not served: {report.outcome(requested).error}")
+            selection.variant = requested
+            selection.reason = f"forced (--cpu-variant {requested}); passes the verification criterion"
+            return passed[requested], selection, tmp
+        if not passed:
+            raise ValueError("no CPU variant passes the verification criterion: " +
+                             "; ".join(f"{o.variant}: {o.error}" for o in report.variants))
+        x = np.random.default_rng(seed).uniform(-1, 1, (batch, module.spec.in_chans, *module.spec.img_size))
+        seconds = _time_graphs(passed, x.astype(np.float32), threads, rounds, iters)
+        for row in rows:
+            if row["variant"] in seconds:
+                row["ms_per_batch"] = seconds[row["variant"]] * 1e3
+                row["images_per_s"] = batch / seconds[row["variant"]]
+        best = min(seconds, key=seconds.get)
+        base = seconds.get("fp32")
+        speed = f", {base / seconds[best]:.2f}x fp32" if base and best != "fp32" else ""
+        rejected = [r["variant"] for r in rows if not r["verified"]]
+        selection.variant = best
+        selection.reason = (f"fastest verified of {', '.join(seconds)} at batch {batch}, {threads} threads "
+                            f"({batch / seconds[best]:.1f} img/s{speed})"
+                            + (f"; not eligible: {', '.join(rejected)}" if rejected else ""))
+        return passed[best], selection, tmp
+    except BaseException:
+        tmp.cleanup()
+        raise
+
+
+def place(source: Any, target: Path, requested: str, *, batch: int, threads: int | None = None) -> CpuSelection:
+    """Put the selected graph at `target` (the CPU classifier's `model.onnx`, already holding the fp32 export) and
+    return the record for the manifest. `source`: a `hub_vit.server` model source (`module`, `onnx_path`, `origin`).
+
+    fp32 keeps the graph already written (exact: max |diff| 1e-4 or less, today's path, no build-time cost); an
+    exported ONNX file is served as given (there is no model to verify variants against); a model whose head is
+    constant cannot be verified, so `auto` keeps fp32 for it.
+    """
+    import shutil
+
+    check_cpu_variant(requested)
+    flags = isa_flags()
+    module = getattr(source, "module", None)
+    if module is None:
+        if requested not in (AUTO, "fp32"):
+            raise ValueError(f"cpu_variant {requested!r} is built and verified from the model, but "
+                             f"{source.origin!r} is an exported file: export that variant (hub-vit export onnx -v "
+                             f"{requested}) and serve its file, or use cpu_variant auto / fp32")
+        return CpuSelection("as given", requested, "an exported ONNX file is served as given", flags)
+    if requested == "fp32":
+        return CpuSelection("fp32", requested, "forced (cpu_variant fp32): the fp32 graph, no candidates timed", flags)
+    if requested == AUTO and module.head_is_constant():
+        return CpuSelection("fp32", requested, "the model's head is all zero (untrained), so no reduced-precision "
+                            "variant can be verified against it: fp32", flags)
+    trained = not str(getattr(source, "origin", "")).startswith("in-memory")
+    graph, selection, tmp = select(module, requested, batch=batch, threads=threads, trained=trained,
+                                   work_dir=target.parent)
+    try:
+        shutil.copyfile(graph, target)
+    finally:
+        tmp.cleanup()
+    return selection
+
+
+def describe(repository_dir: str | Path) -> str | None:
+    """'CPU variant: NAME (reason)' from a repository's manifest; None when it records no CPU variant."""
+    import json
+
+    from hub_vit.server.repository import MANIFEST
+
+    try:
+        recorded = json.loads((Path(repository_dir) / MANIFEST).read_text(encoding="utf-8")).get("cpu_variant")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    return f"CPU variant: {recorded.get('variant')} ({recorded.get('reason')})"
+
+
+def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
+    if verification is None:
+        return None
+    keep = ("passed", "reason", "worst", "margins", "top1_agreement", "top1_scope", "top1_judged", "max_abs_diff")
+    return {key: verification.get(key) for key in keep}
+
+
+__all__ = ["AUTO", "CHOICES", "CPU_VARIANTS", "CpuSelection", "candidates", "check_cpu_variant", "describe",
+           "isa_flags", "place", "select"]

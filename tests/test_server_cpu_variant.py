@@ -1,0 +1,174 @@
+"""The CPU flavour's graph: the fastest variant on this host that passes the verification criterion (`auto`), or
+one forced by name, recorded in the repository manifest; a variant that fails the criterion is never served.
+
+The digits model keeps this file fast: `auto` is built once (it times the candidates), the rest force a variant.
+The served answers are checked against the fp32 PyTorch model with the criterion's bounds (issue #33): per image,
+cosine >= 0.99 and relative error <= 0.15 of the logits, and top-1 agreement >= 99 % on held-out digits.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from hub_vit.export import criterion, quantize
+from hub_vit.server import cpu_variant
+from hub_vit.server.options import ServingOptions
+from hub_vit.server.repository import MANIFEST, write_repository
+from hub_vit.server.source import resolve
+
+INT8_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QAttention", "DynamicQuantizeMatMul"}
+
+
+def _manifest(repo: Path) -> dict:
+    return json.loads((repo / MANIFEST).read_text())
+
+
+def _ops(repo: Path) -> set[str]:
+    graph = onnx.load(str(repo / "vit_classifier" / "1" / "model.onnx"), load_external_data=False).graph
+    return {node.op_type for node in graph.node}
+
+
+def _cli(*args: str):
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    return CliRunner().invoke(app, list(args))
+
+
+def _damaged_int8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8-dynamic built from a graph whose patch embedding is off by noise: fails the criterion by a wide margin."""
+    from onnx import numpy_helper
+
+    real = quantize.quantize_int8_dynamic
+
+    def damaged(src: Path, dst: Path, workdir: Path) -> None:
+        proto = onnx.load(str(src))
+        target = next(t for t in proto.graph.initializer if t.name.endswith("patch_embed.proj.weight"))
+        weights = numpy_helper.to_array(target)
+        noise = 0.5 * weights.std() * np.random.default_rng(0).standard_normal(weights.shape)
+        target.CopyFrom(numpy_helper.from_array((weights + noise).astype(weights.dtype), target.name))
+        onnx.save(proto, str(Path(workdir) / "damaged.onnx"))
+        real(Path(workdir) / "damaged.onnx", dst, workdir)
+
+    monkeypatch.setattr(quantize, "quantize_int8_dynamic", damaged)
+
+
+def _fastest(name: str):
+    """Timings in which `name` is ten times faster than every other graph (the real ones are load-dependent)."""
+    return lambda graphs, *args: {n: (0.001 if n == name else 0.01) for n in graphs}
+
+
+def test_auto_selection_is_recorded_in_the_manifest(tmp_path: Path) -> None:
+    repo = write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="auto"))
+    recorded = _manifest(repo)["cpu_variant"]
+    assert recorded["requested"] == "auto" and recorded["isa_flags"] == cpu_variant.isa_flags()
+    rows = {row["variant"]: row for row in recorded["candidates"]}
+    assert list(rows) == cpu_variant.candidates(cpu_variant.isa_flags())
+    timed = {name: row["images_per_s"] for name, row in rows.items() if row["verified"]}
+    assert "fp32" in timed and all(row["verification"] for row in rows.values() if row["verified"])
+    assert recorded["variant"] == max(timed, key=timed.get)
+    assert recorded["reason"].startswith(f"fastest verified of {', '.join(timed)} at batch 8")
+    for row in rows.values():  # the rejected ones say why
+        assert row["verified"] == (row["error"] == "")
+    assert cpu_variant.describe(repo) == f"CPU variant: {recorded['variant']} ({recorded['reason']})"
+    assert not [p for p in (repo / "vit_classifier" / "1").iterdir() if p.name.startswith(".")]  # no leftovers
+    proto = onnx.load(str(repo / "vit_classifier" / "1" / "model.onnx"), load_external_data=False)
+    assert [o.name for o in proto.graph.output] == ["logits"]
+
+
+def test_a_variant_failing_the_criterion_is_never_selected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = resolve(None).module
+    monkeypatch.setattr(cpu_variant, "_time_graphs", _fastest("int8-dynamic"))
+    graph, selection, tmp = cpu_variant.select(module, "auto", batch=4, trained=True, work_dir=tmp_path)
+    tmp.cleanup()
+    assert selection.variant == "int8-dynamic"  # the control: verified and fastest, so chosen
+    _damaged_int8(monkeypatch)
+    graph, selection, tmp = cpu_variant.select(module, "auto", batch=4, trained=True, work_dir=tmp_path)
+    tmp.cleanup()
+    assert selection.variant != "int8-dynamic"
+    row = next(r for r in selection.candidates if r["variant"] == "int8-dynamic")
+    assert not row["verified"] and "images_per_s" not in row
+    assert "below the bound 0.99" in row["error"] and "not eligible: int8-dynamic" in selection.reason
+
+
+def test_a_forced_variant_failing_the_criterion_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _damaged_int8(monkeypatch)
+    with pytest.raises(ValueError, match=r"cpu_variant 'int8-dynamic' is not served: verification failed: .*"
+                                         r"is 0\.\d+ below the bound 0\.99"):
+        write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="int8-dynamic"))
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_bad_variant_names_and_combinations_are_refused(tmp_path: Path) -> None:
+    valid = "auto, fp32, optimized, int8-dynamic, int8-static, bf16"
+    with pytest.raises(ValueError, match=f"unknown cpu_variant 'int4'; valid choices: {valid}"):
+        ServingOptions(cpu_variant="int4")
+    with pytest.raises(ValueError, match="cpu_variant 'int8-static' chooses the CPU flavour's graph; flavour 'torch'"):
+        ServingOptions(flavour="torch", cpu_variant="int8-static")
+    result = _cli("repository", str(tmp_path / "repo"), "--cpu-variant", "int4")
+    assert result.exit_code == 2
+    assert f"unknown --cpu-variant 'int4'; valid choices: {valid}" in " ".join(result.output.split())
+    assert not (tmp_path / "repo").exists()
+
+
+def test_an_exported_file_is_served_as_given_or_refused_for_a_variant(tmp_path: Path) -> None:
+    from hub_vit.export.variants import export_variants
+
+    module = resolve(None).module
+    export_variants(module, tmp_path / "exp", variants=["fp32"], n_random=2, n_photos=4, seed=0)
+    source = resolve(tmp_path / "exp" / "model.onnx")
+    repo = write_repository(source, tmp_path / "repo", ServingOptions(cpu_variant="auto"))
+    assert _manifest(repo)["cpu_variant"]["variant"] == "as given"
+    with pytest.raises(ValueError, match="cpu_variant 'int8-static' is built and verified from the model, but .* "
+                                         "is an exported file"):
+        write_repository(source, tmp_path / "repo2", ServingOptions(cpu_variant="int8-static"))
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_forced_int8_is_served_within_the_criterion_of_fp32(tmp_path: Path) -> None:
+    from timm.data import create_transform, resolve_data_config
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.folder import load_model_folder
+    from hub_vit.server.client import Classifier
+    from hub_vit.server.launcher import TritonServer, free_port
+    from hub_vit.train.digits import load_digits_split
+
+    result = _cli("repository", str(tmp_path / "repo"), "--cpu-variant", "int8-dynamic")
+    assert result.exit_code == 0, result.output
+    assert "CPU variant: int8-dynamic (forced (--cpu-variant int8-dynamic); passes the verification criterion)" \
+        in " ".join(result.output.split())
+    repo = tmp_path / "repo"
+    assert _ops(repo) & INT8_OPS  # really the int8 graph
+    images, _ = load_digits_split("val")
+    payloads = []
+    for image in images[:48]:
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        payloads.append(buffer.getvalue())
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=20).start(timeout_s=180)
+    try:
+        with Classifier(server.http_url) as client:
+            served = np.stack([p.logits for p in client.classify(payloads, with_logits=True)])
+    finally:
+        server.stop()
+    model, info = load_model_folder(default_model_folder())
+    transform = create_transform(**resolve_data_config(pretrained_cfg=dict(info.pretrained_cfg)), is_training=False)
+    batch = torch.stack([transform(Image.open(io.BytesIO(p)).convert("RGB")) for p in payloads])
+    with torch.no_grad():
+        fp32 = model(batch).numpy()
+    cos, rel = criterion.per_image(fp32, served)
+    assert cos.min() >= 0.99 and rel.max() <= 0.15, (cos.min(), rel.max())
+    assert rel.max() > 1e-4  # int8 really answered, not an fp32 graph
+    assert (fp32.argmax(1) == served.argmax(1)).mean() >= 0.99
