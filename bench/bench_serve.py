@@ -47,7 +47,7 @@ from hub_vit.server.client import Classifier
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.loadtest import batching_delta, load_test, percentiles
 from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import template_dir, write_repository
+from hub_vit.server.repository import MANIFEST, template_dir, write_repository
 from hub_vit.server.source import ModelSource, resolve
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -283,7 +283,8 @@ def row_key(protocol: str, concurrency: int, batch: int, generator: str) -> str:
 
 def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
              client_cpus: set[int] | None = None, spinning: bool | None = None,
-             generators: tuple[str, ...] = ("hub-vit",), analyzer: PerfAnalyzer | None = None) -> dict:
+             generators: tuple[str, ...] = ("hub-vit",), analyzer: PerfAnalyzer | None = None,
+             cpu_variant: str = "auto") -> dict:
     """The machine is shared, so load drifts: every served measurement is paired with an in-process one taken
     right before it, SLICES pairs per row, and each target is judged on the median of its pairs. With
     `server_cpus`, Triton (and its stubs) and the in-process baseline run on those cores, the load generator on
@@ -293,7 +294,11 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
     pin(server_cpus)  # Triton's processes and the baseline's ORT threads inherit this
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         repo = write_repository(source, Path(tmp) / "repo", ServingOptions(max_batch_size=MAX_BATCH,
-                                                                            ort_spinning=spinning))
+                                                                            ort_spinning=spinning,
+                                                                            cpu_variant=cpu_variant))
+        selected = json.loads((repo / MANIFEST).read_text()).get("cpu_variant")
+        print(f"[{case}] CPU variant: {selected and selected['variant']} ({selected and selected['reason']})",
+              flush=True)
         local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
         context = {"perf_analyzer": analyzer,
                    "perf_analyzer_data": write_input_data(payloads, Path(tmp) / "perf_analyzer_input.json")}
@@ -340,7 +345,7 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
                 "c1_target_met": c1["p50_minus_in_process_ms"] <= 5.0,
             }
     return {"model": source.metadata.name, "input_size": source.metadata.input_size, "tritonserver": version,
-            "rows": rows, "targets": targets}
+            "cpu_variant": selected, "rows": rows, "targets": targets}
 
 
 def describe(row: dict, slices: list[dict]) -> str:
@@ -367,6 +372,9 @@ def main() -> None:
     parser.add_argument("--spinning", action=argparse.BooleanOptionalAction, default=None,
                         help="force the served ORT threads to spin (the classifier instances then take turns) or "
                              "not; default: the repository decides from the model")
+    parser.add_argument("--cpu-variant", default="auto",
+                        help="the CPU flavour's graph (server/cpu_variant.py); the in-process baseline runs the same "
+                             "file (default: auto, as hub-vit serve)")
     parser.add_argument("--load-generators", nargs="+", default=list(LOAD_GENERATORS), choices=LOAD_GENERATORS,
                         help="measure every row with each of these, in turn (default: both)")
     add_note_option(parser)
@@ -398,7 +406,7 @@ def main() -> None:
     for case in args.models:
         try:
             report["cases"][case] = run_case(case, args.seconds, server_cpus, client_cpus, args.spinning,
-                                             generators, analyzer)
+                                             generators, analyzer, args.cpu_variant)
         except KeyboardInterrupt:
             finished = ", ".join(report["cases"])
             kept = f"finished models kept in {args.out}: {finished}" if finished else f"{args.out} not written"

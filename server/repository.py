@@ -194,7 +194,8 @@ def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
     else:
         _place_weights(source, cls / "1" / model_file, opts, rollout)
     if opts.flavour == "cpu":  # the fastest verified graph on this host, or the one asked for (cpu_variant.py)
-        selection = place(source, cls / "1" / model_file, opts.cpu_variant, batch=min(8, opts.max_batch_size))
+        selection = place(source, cls / "1" / model_file, opts.cpu_variant, batch=min(8, opts.max_batch_size),
+                          compute_bound=compute_bound)
     if opts.flavour in ("cpu", "torch"):
         _write_warmup_image(cls, meta)
         _write_labels(cls, meta)

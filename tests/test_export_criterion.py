@@ -92,9 +92,9 @@ def test_export_refuses_a_variant_that_fails_the_bound(tmp_path: Path, monkeypat
     """The int8-dynamic step made to write a damaged graph: not written, no file, the error gives the margin."""
     real = quantize.quantize_int8_dynamic
 
-    def damaged(src: Path, dst: Path, workdir: Path) -> None:
+    def damaged(src: Path, dst: Path, workdir: Path, **options: bool) -> None:
         _damage(Path(src), Path(workdir) / "damaged.onnx", noise=0.5)
-        real(Path(workdir) / "damaged.onnx", dst, workdir)
+        real(Path(workdir) / "damaged.onnx", dst, workdir, **options)
 
     monkeypatch.setattr(quantize, "quantize_int8_dynamic", damaged)
     report = export_variants(_tiny(), tmp_path, variants=["fp32", "int8-dynamic"], n_random=4, n_photos=12, seed=0)
@@ -112,9 +112,9 @@ def test_int8_of_a_random_vit_ti_passes(tmp_path: Path) -> None:
 
     src = load_source("vit_ti16", pretrained=False)
     assert src.random_weights
-    report = export_variants(src.model, tmp_path, variants=["int8-dynamic", "int8-static"], n_random=4, n_photos=12,
-                             n_calibration=16, seed=0)
-    for name in ("int8-dynamic", "int8-static"):
+    report = export_variants(src.model, tmp_path, variants=["int8-dynamic", "int8-dynamic-s8", "int8-static"],
+                             n_random=4, n_photos=12, n_calibration=16, seed=0)
+    for name in ("int8-dynamic", "int8-dynamic-s8", "int8-static"):
         outcome = report.outcome(name)
         assert outcome.written, outcome.error
         check = outcome.verification

@@ -50,14 +50,14 @@ def _damaged_int8(monkeypatch: pytest.MonkeyPatch) -> None:
 
     real = quantize.quantize_int8_dynamic
 
-    def damaged(src: Path, dst: Path, workdir: Path) -> None:
+    def damaged(src: Path, dst: Path, workdir: Path, **options: bool) -> None:
         proto = onnx.load(str(src))
         target = next(t for t in proto.graph.initializer if t.name.endswith("patch_embed.proj.weight"))
         weights = numpy_helper.to_array(target)
         noise = 0.5 * weights.std() * np.random.default_rng(0).standard_normal(weights.shape)
         target.CopyFrom(numpy_helper.from_array((weights + noise).astype(weights.dtype), target.name))
         onnx.save(proto, str(Path(workdir) / "damaged.onnx"))
-        real(Path(workdir) / "damaged.onnx", dst, workdir)
+        real(Path(workdir) / "damaged.onnx", dst, workdir, **options)
 
     monkeypatch.setattr(quantize, "quantize_int8_dynamic", damaged)
 
@@ -67,7 +67,18 @@ def _fastest(name: str):
     return lambda graphs, *args: {n: (0.001 if n == name else 0.01) for n in graphs}
 
 
-def test_auto_selection_is_recorded_in_the_manifest(tmp_path: Path) -> None:
+def test_auto_keeps_fp32_for_a_tiny_model_without_measuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_variant, "select", lambda *args, **kwargs: pytest.fail("measured a tiny model"))
+    repo = write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="auto"))
+    recorded = _manifest(repo)["cpu_variant"]
+    assert recorded["variant"] == "fp32" and recorded["reason"].startswith("a tiny model (< 0.1 GMACs per image)")
+    assert not _ops(repo) & INT8_OPS
+
+
+def test_auto_selection_is_recorded_in_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hub_vit.server import repository
+
+    monkeypatch.setattr(repository, "_compute_bound", lambda source: True)  # the digits model measured as a big one
     repo = write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="auto"))
     recorded = _manifest(repo)["cpu_variant"]
     assert recorded["requested"] == "auto" and recorded["isa_flags"] == cpu_variant.isa_flags()
@@ -109,7 +120,7 @@ def test_a_forced_variant_failing_the_criterion_is_refused(tmp_path: Path, monke
 
 
 def test_bad_variant_names_and_combinations_are_refused(tmp_path: Path) -> None:
-    valid = "auto, fp32, optimized, int8-dynamic, int8-static, bf16"
+    valid = "auto, fp32, optimized, int8-dynamic, int8-dynamic-s8, int8-static, bf16"
     with pytest.raises(ValueError, match=f"unknown cpu_variant 'int4'; valid choices: {valid}"):
         ServingOptions(cpu_variant="int4")
     with pytest.raises(ValueError, match="cpu_variant 'int8-static' chooses the CPU flavour's graph; flavour 'torch'"):

@@ -69,7 +69,8 @@ def onnx_cmd(
     model_name: str = typer.Option(None, "--model", help="Architecture for a weights file, e.g. vit_s16."),
     variant: list[str] = typer.Option(
         ["fp32", "optimized", "int8-dynamic", "int8-static"], "-v", "--variant",
-        help="Variant(s) to write: fp32, optimized, fp16, int8-dynamic, int8-static, bf16, or 'all'. Repeatable."),
+        help="Variant(s) to write: fp32, optimized, fp16, int8-dynamic, int8-dynamic-s8, int8-static, bf16, or "
+             "'all'. Repeatable."),
     attentions: bool = typer.Option(False, "--attentions", help="Also write <stem>.attentions.onnx (attention maps)."),
     dynamic_size: bool = typer.Option(False, help="Symbolic height/width (sincos2d models only)."),
     dynamic_batch: bool = typer.Option(True, help="Symbolic batch axis (default), or a graph fixed to batch 1."),

@@ -41,7 +41,8 @@ RequestQueueTimeoutMs = Annotated[float, typer.Option(
 TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")]
 CpuVariant = Annotated[str, typer.Option(help="CPU flavour: the ONNX graph served: 'auto' (the fastest variant on "
                                                "this host that passes verification, measured at build time) or one "
-                                               "of fp32, optimized, int8-dynamic, int8-static, bf16 (still verified).")]
+                                               "of fp32, optimized, int8-dynamic, int8-dynamic-s8, int8-static, "
+                                               "bf16 (still verified).")]
 MaxPixels = Annotated[int, typer.Option(help="Most pixels an image may declare (larger ones are refused before "
                                              "decoding; 48 MP phone photos need more than the default).")]
 # `serve --repository` refuses these when they differ from the defaults: they would not change the repository.

@@ -42,11 +42,11 @@ from hub_vit.export.verify import (
 )
 from hub_vit.model import VisionTransformer
 
-VARIANTS: tuple[str, ...] = ("fp32", "optimized", "fp16", "int8-dynamic", "int8-static", "bf16")
+VARIANTS: tuple[str, ...] = ("fp32", "optimized", "fp16", "int8-dynamic", "int8-dynamic-s8", "int8-static", "bf16")
 DEFAULT_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-static")
 ATTENTIONS_VARIANT = "attentions"  # `<stem>.attentions.onnx`, written with --attentions
-PRECISION = {"fp32": "fp32", "optimized": "fp32", "fp16": "fp16", "int8-dynamic": "int8", "int8-static": "int8",
-             "bf16": "bf16"}
+PRECISION = {"fp32": "fp32", "optimized": "fp32", "fp16": "fp16", "int8-dynamic": "int8", "int8-dynamic-s8": "int8",
+             "int8-static": "int8", "bf16": "bf16"}
 
 
 @dataclass
@@ -164,11 +164,11 @@ def _build(variant: str, fp32: Path, work: Path, model: VisionTransformer, calib
         return dst, quantize.optimize_transformer(fp32, dst, spec)
     if variant == "fp16":
         return dst, quantize.optimize_transformer(fp32, dst, spec, float16=True)
-    if variant == "int8-dynamic":  # on the fused graph: ORT quantises its Attention op too (QAttention)
+    if variant in ("int8-dynamic", "int8-dynamic-s8"):  # on the fused graph: ORT quantises Attention too (QAttention)
         optimized = work / "optimized.onnx"
         if not optimized.exists():
             quantize.optimize_transformer(fp32, optimized, spec)
-        quantize.quantize_int8_dynamic(optimized, dst, work)
+        quantize.quantize_int8_dynamic(optimized, dst, work, signed_weights=variant == "int8-dynamic-s8")
         return dst, {}
     if variant == "int8-static":
         quantize.quantize_int8_static(fp32, dst, calibration, work)
