@@ -125,10 +125,20 @@ def test_bad_variant_names_and_combinations_are_refused(tmp_path: Path) -> None:
         ServingOptions(cpu_variant="int4")
     with pytest.raises(ValueError, match="cpu_variant 'int8-static' chooses the CPU flavour's graph; flavour 'torch'"):
         ServingOptions(flavour="torch", cpu_variant="int8-static")
-    result = _cli("repository", str(tmp_path / "repo"), "--cpu-variant", "int4")
-    assert result.exit_code == 2
-    assert f"unknown --cpu-variant 'int4'; valid choices: {valid}" in " ".join(result.output.split())
+    from hub_vit.server.launcher import free_port
+
+    ports = [flag for name in ("--http-port", "--grpc-port", "--metrics-port") for flag in (name, str(free_port()))]
+    for command in ("repository", "serve"):  # serve: refused before the model is loaded
+        result = _cli(command, str(tmp_path / "repo"), "--cpu-variant", "int4") if command == "repository" else \
+            _cli(command, "--cpu-variant", "int4", *ports)
+        assert result.exit_code == 2, result.output
+        assert f"unknown --cpu-variant 'int4'; valid choices: {valid}" in " ".join(result.output.split())
     assert not (tmp_path / "repo").exists()
+    tmp_path.joinpath("existing").mkdir()
+    result = _cli("serve", "--repository", str(tmp_path / "existing"), "--cpu-variant", "int8-static", *ports)
+    assert result.exit_code == 2
+    assert "--cpu-variant chooses the graph of the repository serve builds; --repository serves one as it was " \
+           "written" in " ".join(result.output.split())
 
 
 def test_an_exported_file_is_served_as_given_or_refused_for_a_variant(tmp_path: Path) -> None:

@@ -682,6 +682,7 @@ def test_cli_serve_prints_endpoints_and_stops_on_sigterm(repo, tmp_path, sig):
     process, ports, text = _cli_serve(repo, exit_timeout=10, env={**os.environ, "TMPDIR": str(tmp)})
     try:
         assert f"http://127.0.0.1:{ports[0]}/v2/models/vit/infer" in text and f"127.0.0.1:{ports[1]}" in text, text
+        assert "CPU variant: as given (an exported ONNX file is served as given)" in text  # which graph, and why
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5) as reply:
             assert reply.status == 200
         process.send_signal(sig)

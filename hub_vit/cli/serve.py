@@ -269,6 +269,9 @@ def serve(
     for flag, value in (("--max-request-mb", max_request_mb), ("--max-connections", max_connections)):
         if value < 1:
             raise fail(f"{flag} must be a positive integer, got {value}")
+    if repository_dir is not None and _given(ctx, "cpu_variant"):
+        raise fail("--cpu-variant chooses the graph of the repository serve builds; --repository serves one as it was "
+                   "written: rebuild it with `hub-vit repository --cpu-variant ...`")
     workdir = None
     example = "IMAGE..."
     where = _serve_device(ctx, repository_dir, device, flavour)
@@ -309,6 +312,7 @@ def serve(
         name = _existing_repository(repository_dir, model=model, name=name, max_batch_size=max_batch_size,
                                     max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
                                     queue_timeout_us=queue_timeout_us, top_k=top_k, max_pixels=max_pixels)
+        _print_cpu_variant(repository_dir)
     # soft_wrap: one log line stays one line in a log file / journal (rich would cut it at 80 columns off a terminal)
     log = None if quiet else (lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True,
                                                              emoji=False))
