@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import torch
 import triton_python_backend_utils as pb_utils
 from served_rollout import ExplainSettings, explain_settings, pixels_and_boxes, rollout_maps
 from topk import top_k
@@ -27,6 +28,10 @@ class ExplainedRequests:
     def __init__(self, graph: Path, options: ort.SessionOptions, params: dict[str, str], preprocess: Any,
                  labels: np.ndarray, k: int) -> None:
         self.session = ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
+        # The rollout's torch ops are small (depth x (B, N, N) elementwise and vector-matrix products); with torch's
+        # default pool (one thread per core) they fight ORT's spinning threads for the same cores and ran ~5x slower
+        # under load. One thread keeps them off ORT's cores' backs; ORT does the heavy work.
+        torch.set_num_threads(1)
         self.outputs = [output.name for output in self.session.get_outputs()]
         self.grid = tuple(json.loads(params["rollout_grid"]))
         self.readout, self.prefix = params["rollout_readout"], int(params["rollout_prefix_tokens"])
