@@ -86,12 +86,14 @@ def _load_init(path: Path, recipe: Recipe, num_classes: int, img: tuple[int, int
         loaded, _info = load_model_folder(path)
         spec, state = loaded.spec, loaded.state_dict()
     else:
-        from hub_vit.weights import load_weights_file
+        from hub_vit.conversion import load_checkpoint
 
         spec = MODELS[recipe.model.split(".", 1)[0]].spec
-        state = load_weights_file(path, spec=spec)
+        state = load_checkpoint(path, spec=spec)
+    from hub_vit.weights import load_adapted_state_dict
+
     model = VisionTransformer(spec.replace(num_classes=num_classes, img_size=img))
-    model.load_adapted_state_dict(state)  # resamples pos_embed, swaps a head of another size for a zero-init one
+    load_adapted_state_dict(model, state)  # resamples pos_embed, swaps a head of another size for a zero-init one
     return model
 
 
