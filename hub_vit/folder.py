@@ -236,12 +236,19 @@ def save_model_folder(
     return folder
 
 
+def read_folder_config(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The parsed `config.json` of a hub-vit model folder (`model_type` 'hub_vit'), without loading the model; None
+    when `folder` is not one or its config cannot be read."""
+    try:
+        config = json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) and config.get("model_type") == "hub_vit" else None
+
+
 def is_model_folder(folder: Path) -> bool:
     """A hub-vit model folder: `config.json` with `model_type` 'hub_vit'."""
-    try:
-        return json.loads((folder / CONFIG_FILE).read_text()).get("model_type") == "hub_vit"
-    except (OSError, ValueError, AttributeError):
-        return False
+    return read_folder_config(folder) is not None
 
 
 def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: Sequence[Path] = ()) -> None:
@@ -320,4 +327,4 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     return model, info
 
 
-__all__ = ["ModelFolderInfo", "load_model_folder", "read_labels", "save_model_folder"]
+__all__ = ["ModelFolderInfo", "load_model_folder", "read_folder_config", "read_labels", "save_model_folder"]

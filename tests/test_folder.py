@@ -127,7 +127,7 @@ def test_registered_architecture_name_is_used_and_loads(tmp_path) -> None:
 
 
 _REMOTE_SCRIPT = textwrap.dedent("""
-    import importlib.util, sys
+    import importlib.util, json, sys
     import torch
     assert importlib.util.find_spec("hub_vit") is None, "hub_vit must not be importable here"
     from PIL import Image
@@ -144,7 +144,9 @@ _REMOTE_SCRIPT = textwrap.dedent("""
     torch.save({"logits": logits, "module": type(model).__module__, "processor": type(processor).__name__,
                 "photo_pixels": processor(photo, return_tensors="pt").pixel_values, "top": top,
                 "resaved_pixels": resaved(photo, return_tensors="pt").pixel_values,
-                "hub_vit_loaded": [m for m in sys.modules if m.startswith("hub_vit")]}, out)
+                "hub_vit_loaded": [m for m in sys.modules if m.startswith("hub_vit")],
+                "new_config_architecture": type(model.config)().to_dict()["architecture"],
+                "resaved_architecture": json.loads(open(sys.argv[5] + "/config.json").read())["architecture"]}, out)
 """)
 
 
@@ -166,6 +168,10 @@ def test_trust_remote_code_without_hub_vit(simple_folder, tmp_path, photos) -> N
     out = torch.load(tmp_path / "out.pt", weights_only=False)
     assert out["module"].startswith("transformers_modules.") and out["hub_vit_loaded"] == []
     assert out["processor"] == "HubViTImageProcessor"
+    # the catalog of registered names is not bundled: a config the remote code creates names timm's generic entry
+    # point (it builds any spec); a saved config keeps the name it was saved with
+    assert out["new_config_architecture"] == "hub_vit"
+    assert out["resaved_architecture"] == json.loads((folder / "config.json").read_text())["architecture"]
     with torch.no_grad():
         assert torch.equal(out["logits"], model(x))
         photo_logits = model(out["photo_pixels"]).softmax(-1)[0]

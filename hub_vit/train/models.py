@@ -3,7 +3,6 @@ folder / weights file to fine-tune, with a new classifier head when the class co
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hub_vit.model import VisionTransformer
@@ -19,10 +18,9 @@ def init_folder_architecture(init: str | Path | None) -> str | None:
     """
     if init is None or not Path(init).is_dir():
         return None
-    try:
-        architecture = json.loads((Path(init) / "config.json").read_text(encoding="utf-8")).get("architecture")
-    except (OSError, ValueError, AttributeError):
-        return None
+    from hub_vit.folder import read_folder_config
+
+    architecture = (read_folder_config(init) or {}).get("architecture")
     return architecture if isinstance(architecture, str) else None
 
 
