@@ -361,7 +361,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--seconds", type=float, default=8.0, help="per measurement")
-    parser.add_argument("--out", type=Path, default=RESULTS / "bench_serve.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "serve_cpu.json")
     parser.add_argument("--server-cpus", help="run Triton and the in-process baseline on these CPUs, e.g. 0,1")
     parser.add_argument("--client-cpus", help="run the load generator on these CPUs, e.g. 2-5")
     parser.add_argument("--spinning", action=argparse.BooleanOptionalAction, default=None,

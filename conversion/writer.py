@@ -132,10 +132,10 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     with `verify=True` and no reference, fixed-input self-consistency is measured instead. A failed parity check
     raises `ParityError` and nothing is written.
     """
-    from hub_vit import __version__
     from hub_vit.folder import check_output_folder, save_model_folder
     from hub_vit.hf.native_vit import native_vit_blockers
     from hub_vit.model_cards import write_card_or_remove
+    from hub_vit.version import __version__
 
     out = Path(out)
     check_output_folder(out, overwrite)  # before a download or a conversion: a file in the way, an occupied folder

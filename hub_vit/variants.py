@@ -232,3 +232,22 @@ def check_image_size(img_size: tuple[int, int], patch_size: int) -> None:
             f"use a multiple of {patch_size} (e.g. {max(1, height // patch_size) * patch_size}x"
             f"{max(1, width // patch_size) * patch_size})"
         )
+
+
+# The two families' switches. SimpleViT (big_vision configs/vit_s16_i1k.py): sincos2d + GAP + Dense+tanh pre-logits
+# (rep_size=True); no cls token. Classic ViT (vit_jax): class token, learned position embedding with a class-token
+# slot, linear head.
+SIMPLEVIT: dict[str, Any] = dict(posemb="sincos2d", pool_type="gap", rep_size=True)
+CLASSIC_VIT: dict[str, Any] = dict(posemb="learn", pool_type="tok", posemb_on_cls=True)
+
+# What the generic entry points build with no arguments (timm's `hub_vit`, transformers' `HubViTConfig()`): the
+# paper's SimpleViT-S/16 (the catalog's `simplevit_s16`). `GENERIC_ARCHITECTURE` is timm's name for that entry point,
+# which builds any spec (passed as `model_args`).
+GENERIC_SPEC = ViTSpec.from_variant("S/16", **SIMPLEVIT)
+GENERIC_ARCHITECTURE = "hub_vit"
+
+# timm data config of a Google ViT without published weights: [-1, 1] inputs (mean = std = 0.5), as vit_jax and
+# big_vision feed their models; bilinear resize of the shorter side to size/0.875, then a centre crop.
+DEFAULT_DATA_CFG: dict[str, Any] = dict(
+    crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+)

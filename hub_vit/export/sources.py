@@ -69,11 +69,12 @@ def load_source(source: str | Path, *, model_name: str | None = None, pretrained
             from hub_vit.catalog import MODELS
 
             raise ValueError(f"a weights file needs the architecture: pass --model NAME (one of {', '.join(MODELS)})")
-        from hub_vit.weights import load_weights_file
+        from hub_vit.conversion import load_checkpoint
+        from hub_vit.weights import load_adapted_state_dict
 
         entry = _entry(model_name)
         model = VisionTransformer(entry.spec)
-        model.load_adapted_state_dict(load_weights_file(path, spec=entry.spec))
+        load_adapted_state_dict(model, load_checkpoint(path, spec=entry.spec))
         return ModelSource(model.eval(), "weights", entry.name, str(path))
     name = str(source)
     if model_name is not None and model_name != name:
