@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hub_vit.atomic import process_gone
 from hub_vit.ports import PortError, check_ports, ipv4_address
 
 PR_SET_PDEATHSIG = 1
@@ -298,7 +299,7 @@ def remove_orphaned_regions(shm: Path = Path("/dev/shm")) -> None:
     between PID namespaces would make a live server of another container look gone; Docker gives each its own.)"""
     for region in shm.glob("hub-vit-*"):
         match = _REGION.match(region.name)
-        if match is None or not _gone(int(match["pid"])):
+        if match is None or not process_gone(int(match["pid"])):
             continue
         try:
             region.unlink()
@@ -313,19 +314,8 @@ def remove_orphaned_workspaces(bases: tuple[str, ...] | None = None) -> None:
     for base in bases or _temp_bases():
         for folder in Path(base).glob("hub-vit-*"):
             match = _WORKSPACE.match(folder.name)
-            if match is not None and folder.is_dir() and not folder.is_symlink() and _gone(int(match["pid"])):
+            if match is not None and folder.is_dir() and not folder.is_symlink() and process_gone(int(match["pid"])):
                 shutil.rmtree(folder, ignore_errors=True)
-
-
-def _gone(pid: int) -> bool:
-    """No process `pid` (a live one, also another user's that we may not signal, is not gone)."""
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return False
-    except (ProcessLookupError, OverflowError):
-        return True
-    return False
 
 
 # A Python-backend stub's command line, the same in Triton 2.51 and the GPU image's (python_backend stub_launcher.cc):
