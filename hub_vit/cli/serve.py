@@ -146,8 +146,8 @@ def repository(
     overwrite: bool = typer.Option(False, help="Replace an existing folder."),
 ) -> None:
     """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""
-    from hub_vit.server.launcher import unservable_path_message
     from hub_vit.server.repository import write_repository
+    from hub_vit.server.workspace import unservable_path_message
 
     if preprocess_instances is not None and flavour == "cpu":
         raise fail("--preprocess-instances sets the GPU flavour's decoding and top-k steps; the CPU flavour decodes in "
@@ -230,11 +230,13 @@ def serve(
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.ports import PortError, check_host, check_ports
+    from hub_vit.server.api_access import exposure_warning as exposure
     from hub_vit.server.gate import Gate, GateLimits
-    from hub_vit.server.launcher import ServerError, TritonServer, exit_description, free_port, shell_safe_tempdir
-    from hub_vit.server.launcher import exposure_warning as exposure
+    from hub_vit.server.launcher import ServerError, TritonServer, free_port
+    from hub_vit.server.processes import exit_description
     from hub_vit.server.repository import write_repository
     from hub_vit.server.supervisor import GaveUp, RestartPolicy, Supervisor
+    from hub_vit.server.workspace import shell_safe_tempdir
 
     try:  # before building anything: a taken port is the likeliest reason a second `serve` fails
         check_host(host)
