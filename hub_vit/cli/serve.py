@@ -172,7 +172,7 @@ def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str |
     return choice
 
 
-def _existing_repository(folder: Path, *, model: str | None, **given: Any) -> str:
+def _existing_repository(folder: Path, *, model: str | None, name: str, **sizes: Any) -> str:
     """`serve --repository`: the repository is served as written, so options that would change it are refused
     (they used to be dropped without a word); returns the ensemble's name (from the manifest, else `--name`)."""
     from hub_vit.server.manifest import outdated_warning, served_name
@@ -180,8 +180,7 @@ def _existing_repository(folder: Path, *, model: str | None, **given: Any) -> st
     if not folder.is_dir():
         raise fail(f"--repository {str(folder)!r} is {'a file' if folder.exists() else 'missing'}; give the folder "
                    "`hub-vit repository` wrote")
-    changed = [f"--{key.replace('_', '-')}" for key, value in given.items()
-               if key != "name" and value != SERVE_DEFAULTS[key]]
+    changed = [f"--{key.replace('_', '-')}" for key, value in sizes.items() if value != SERVE_DEFAULTS[key]]
     if model is not None:
         changed.insert(0, "MODEL")
     if changed:
@@ -189,7 +188,7 @@ def _existing_repository(folder: Path, *, model: str | None, **given: Any) -> st
         raise fail(f"{', '.join(changed)} only {verb} when serve builds the repository; --repository serves "
                    f"{str(folder)!r} as written (rebuild it with `hub-vit repository` to change it)")
     try:
-        name, manifest = served_name(folder, given["name"], DEFAULTS.name)
+        name, manifest = served_name(folder, name, DEFAULTS.name)
     except ValueError as err:
         raise fail(str(err)) from None
     warning = None if manifest is None else outdated_warning(folder, manifest)

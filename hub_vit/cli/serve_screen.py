@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
-from rich.status import Status
 
 from hub_vit.cli.app import console, err_console, fail
 from hub_vit.cli.client_options import samples_of
-from hub_vit.server.serving import LogFile
-from hub_vit.server.triton_install import has_gpu
-from hub_vit.server.triton_log import harmless_on_cpu
+
+if TYPE_CHECKING:
+    from rich.status import Status
+
+    from hub_vit.server.serving import LogFile
 
 TRITON_PREFIX_END = "] "  # Triton's lines: `E1127 08:29:02.797449 11916 server.cc:241] "message"`
 
@@ -27,6 +28,8 @@ class Screen:
     """What `serve` shows while it builds, starts and serves. `verbose`: stream Triton's log here too."""
 
     def __init__(self, log_file: LogFile, *, verbose: bool) -> None:
+        from hub_vit.server.triton_install import has_gpu
+
         self.log_file, self.verbose = log_file, verbose
         self.cpu_host = not has_gpu()  # CUDA complaints mean nothing only where there is no GPU
         self._status: Status | None = None
@@ -45,6 +48,8 @@ class Screen:
 
     def log(self, line: str) -> None:
         """One line of Triton's log (from the server's reader thread)."""
+        from hub_vit.server.triton_log import harmless_on_cpu
+
         self.log_file.write(line)
         if not self.verbose:
             return
