@@ -39,8 +39,18 @@ HARMLESS_ON_CPU = re.compile(
     r"|no CUDA-capable device|pinned (?:system )?memory", re.IGNORECASE)
 
 
+# The start of each line Triton logs: severity (I, W, E), date, time, thread id: `E1127 08:29:02.797449 11916 `
+LINE_PREFIX = re.compile(r"^(?P<severity>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
+
+
 def harmless_on_cpu(line: str) -> bool:
-    """Triton's CUDA complaints that mean only "no GPU here" (`HARMLESS_ON_CPU`); never a load failure or a taken
-    port, which stay errors."""
-    return (HARMLESS_ON_CPU.search(line) is not None and LOAD_FAILURE.search(line) is None
-            and PORT_IN_USE.search(line) is None)
+    """An error or warning of Triton's that means only "no GPU here" (`HARMLESS_ON_CPU`); never a load failure or
+    a taken port, which stay errors."""
+    prefix = LINE_PREFIX.match(line)
+    return (prefix is not None and prefix["severity"] in "EW" and HARMLESS_ON_CPU.search(line) is not None
+            and LOAD_FAILURE.search(line) is None and PORT_IN_USE.search(line) is None)
+
+
+def message_of(line: str) -> str:
+    """A log line without its severity, time and thread: `server.cc:241] "CudaDriverHelper ..."`."""
+    return LINE_PREFIX.sub("", line, count=1)

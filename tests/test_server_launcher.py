@@ -50,11 +50,13 @@ def test_cuda_complaints_of_a_cpu_host_are_told_apart_from_real_errors():
                 'E1127 08:29:10.918970 11916 ensemble_scheduler.cc:1468] "unable to create stream for vit: CUDA driver '
                 'version is insufficient for CUDA runtime version"']
     assert all(triton_log.harmless_on_cpu(line) for line in harmless)
+    assert triton_log.message_of(harmless[0]) == 'server.cc:241] "CudaDriverHelper has not been initialized."'
     real = ['E1123 06:09:28.412527 4209 model_lifecycle.cc:642] "failed to load \'vit_classifier\' version 1: '
             'Internal: CUDA driver version is insufficient\\n',
             'E1123 06:09:28.4 1 grpc_server.cc] "failed to start GRPC service: Unavailable - Socket '
             '\'127.0.0.1:8001\' already in use "',
-            'I1127 08:29:10.921286 11916 http_server.cc:4713] "Started HTTPService at 127.0.0.1:48881"']
+            'I1127 08:29:10.921286 11916 http_server.cc:4713] "Started HTTPService at 127.0.0.1:48881"',
+            'I1127 08:29:02.796281 11916 pinned_memory_manager.cc:283] "Pinned memory pool disabled"']  # not an error
     assert not any(triton_log.harmless_on_cpu(line) for line in real)
 
 

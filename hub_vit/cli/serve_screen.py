@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
     from hub_vit.server.serving import LogFile
 
-TRITON_PREFIX_END = "] "  # Triton's lines: `E1127 08:29:02.797449 11916 server.cc:241] "message"`
-
 
 class Screen:
     """What `serve` shows while it builds, starts and serves. `verbose`: stream Triton's log here too."""
@@ -48,13 +46,13 @@ class Screen:
 
     def log(self, line: str) -> None:
         """One line of Triton's log (from the server's reader thread)."""
-        from hub_vit.server.triton_log import harmless_on_cpu
+        from hub_vit.server.triton_log import harmless_on_cpu, message_of
 
         self.log_file.write(line)
         if not self.verbose:
             return
         if self.cpu_host and harmless_on_cpu(line):
-            line = f"note (no GPU here, harmless): {line.split(TRITON_PREFIX_END, 1)[-1]}"
+            line = f"note (no GPU here, harmless): {message_of(line)}"
         # soft_wrap: one log line stays one line in a log file / journal (rich would cut it at 80 columns off a tty)
         err_console.print(line, markup=False, highlight=False, soft_wrap=True, emoji=False)
 
