@@ -147,8 +147,9 @@ def not_served(http_url: str, name: str, headers: dict[str, str]) -> str | None:
 
 class LogFile:
     """Triton's own log, line by line, into a file (`$TMPDIR/hub-vit-serve-<http port>.log`, replaced at each start,
-    so the log of the last run on a port is where the user expects it). A file that cannot be replaced safely (a
-    symbolic link planted in a shared /tmp, another user's file) gives way to a new file of a unique name."""
+    so the log of a run is where the user expects it). A file that cannot be replaced safely (a symbolic link
+    planted in a shared /tmp, another user's file) gives way to a new file of a unique name. `close(remove=True)`
+    after a clean stop: only the log of a failed run is kept (the temporary folder stays clean)."""
 
     def __init__(self, http_port: int) -> None:
         self.path = Path(tempfile.gettempdir()) / f"hub-vit-serve-{http_port}.log"
@@ -171,5 +172,7 @@ class LogFile:
         except ValueError:  # closed: a stub's last words after the run ended are dropped, not an error
             pass
 
-    def close(self) -> None:
+    def close(self, *, remove: bool = False) -> None:
         self._file.close()
+        if remove:
+            self.path.unlink(missing_ok=True)

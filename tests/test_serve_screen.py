@@ -27,14 +27,15 @@ CUDA_ERROR = re.compile(r"^E\d{4} .*(CUDA|Cuda|cuda)", re.MULTILINE)
 LOG_LINE = re.compile(r"^  log +(\S+) \(tritonserver's own", re.MULTILINE)
 
 
-def _serve_until_ready(*flags: str) -> str:
-    """Everything `hub-vit serve` (the shipped model) prints from its start to its stop on Ctrl-C once ready."""
+def _serve_until_ready(*flags: str) -> tuple[str, str]:
+    """(everything `hub-vit serve` (the shipped model) prints from its start to its stop on Ctrl-C once ready, the
+    log file the summary names as it is once the server is ready)."""
     ports = [str(free_port()) for _ in range(3)]
     command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--http-port", ports[0],
                "--grpc-port", ports[1], "--metrics-port", ports[2], "--exit-timeout", "10", *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
-    text, deadline = "", time.monotonic() + 180
+    text, written, deadline = "", "", time.monotonic() + 180
     try:
         while time.monotonic() < deadline:
             line = process.stdout.readline()
@@ -42,6 +43,7 @@ def _serve_until_ready(*flags: str) -> str:
                 break
             text += line
             if LOG_LINE.search(line):  # the summary's last line: the server is ready
+                written = Path(LOG_LINE.search(line)[1]).read_text()
                 break
         process.send_signal(signal.SIGINT)
         rest, _ = process.communicate(timeout=60)
@@ -49,22 +51,21 @@ def _serve_until_ready(*flags: str) -> str:
         if process.poll() is None:
             process.kill()
             process.wait(10)
-    return text + rest
+    return text + rest, written
 
 
 def test_the_default_screen_is_a_summary_and_names_the_log_file():
-    text = _serve_until_ready()
+    text, written = _serve_until_ready()
     assert "serving model vit" in text and "  try:     hub-vit classify --url" in text, text
     assert TRITON_LINE.search(text) is None, text  # not one raw line of Triton's log
     assert CUDA_ERROR.search(text) is None, text
     assert "tritonserver stopped" in text, text
-    log = Path(LOG_LINE.search(text)[1])
-    written = log.read_text()
     assert "Started GRPCInferenceService" in written and TRITON_LINE.search(written), written  # Triton's own log
+    assert not Path(LOG_LINE.search(text)[1]).exists()  # a clean stop leaves nothing in the temporary folder
 
 
 def test_verbose_shows_tritons_log_and_no_cuda_complaint_as_an_error():
-    text = _serve_until_ready("--verbose")
+    text, _ = _serve_until_ready("--verbose")
     assert "Started GRPCInferenceService" in text and TRITON_LINE.search(text), text
     assert CUDA_ERROR.search(text) is None, text
     if not has_gpu():  # Triton 2.51 logs "CudaDriverHelper has not been initialized." on every CPU host
@@ -89,6 +90,9 @@ def test_a_server_that_fails_still_prints_its_own_last_lines(tmp_path):
     assert result.exit_code == 1, result.output
     assert "model 'vit_classifier' (version 1) failed to load" in result.output, result.output
     assert "log tail:" in result.output and TRITON_LINE.search(result.output), result.output
+    kept = Path(re.search(r"tritonserver's whole log: (\S+)", result.output)[1])  # a failed run's log is kept
+    assert "failed to load" in kept.read_text()
+    kept.unlink()
     shutil.rmtree(repo)
 
 

@@ -65,18 +65,21 @@ class ServeRun:
                            event=self._event, say=lambda line: err_console.print(f"[yellow]{escape(line)}[/]"),
                            log=screen.log)
         screen.progress("starting tritonserver: loading the models and warming them up")
+        clean = False  # the log file is kept only after a failure
         try:
             report = serve_repository(repository, self.endpoints, hooks, exit_timeout_s=self.exit_timeout,
                                       max_restarts=self.max_restarts, limits=self.limits)
+            clean = True
         except CannotStart as err:
+            clean = True  # nothing ran: no log worth keeping
             raise fail(str(err)) from None
         except ServerError as err:
-            raise fail(str(err), code=1) from None
+            raise fail(f"{err}\ntritonserver's whole log: {log_file.path}", code=1) from None
         finally:
             screen.done()
             for app_ in demo_apps:
                 app_.close()
-            log_file.close()
+            log_file.close(remove=clean)
         if not report.ready:  # interrupted while still loading: a normal exit
             console.print("stopped before the server was ready")
             return

@@ -67,8 +67,8 @@ class Screen:
         console.print(f"  try:     hub-vit classify --url {http_url} --model {name} {example}",
                       markup=False, highlight=False, soft_wrap=True)
         shown = "also shown above" if self.verbose else "--verbose shows it here"
-        console.print(f"  log      {self.log_file.path} (tritonserver's own; {shown})", markup=False, highlight=False,
-                      soft_wrap=True)
+        console.print(f"  log      {self.log_file.path} (tritonserver's own, kept if serve fails; {shown})",
+                      markup=False, highlight=False, soft_wrap=True)
 
     def stopped(self, message: str) -> None:
         self.done()
