@@ -79,8 +79,8 @@ def serve(
     demo: Demo = False,
     demo_port: int = typer.Option(7860, help="Port of the demo (with --demo)."),
     max_pixels: MaxPixels = DEFAULTS.max_pixels,
-    device: Device = None,  # type: ignore[assignment]
-    flavour: Flavour = None,  # type: ignore[assignment]
+    device: Device = None,
+    flavour: Flavour = None,
     cuda_graphs: CudaGraphs = DEFAULTS.cuda_graphs,
     torch_compile: TorchCompile = DEFAULTS.torch_compile,
     decode_threads: DecodeThreads = DEFAULTS.decode_threads,

@@ -62,8 +62,7 @@ class ServeRun:
         demo_apps: list[Any] = []  # the demo, once the first server serves
         hooks = ServeHooks(serving=lambda server, restarted: self._serving(screen, server, restarted, built,
                                                                             demo_apps),
-                           event=self._event, say=lambda line: err_console.print(f"[yellow]{escape(line)}[/]"),
-                           log=screen.log)
+                           event=self._event, say=self._say, log=screen.log)
         screen.progress("starting tritonserver: loading the models and warming them up")
         clean = False  # the log file is kept only after a failure
         try:
@@ -105,6 +104,10 @@ class ServeRun:
         if self.demo_port is not None:
             demo_apps.append(start_demo(self.model, not built, self.endpoints.host, self.demo_port, http_url,
                                         self.name))
+
+    @staticmethod
+    def _say(line: str) -> None:  # a stop signal arrived; one line in a log file or journal
+        err_console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
 
     @staticmethod
     def _event(line: str) -> None:  # a replaced server, not a half-working one: Triton keeps answering ready
