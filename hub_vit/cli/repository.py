@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -28,6 +29,19 @@ from hub_vit.cli.serving_options import (
 )
 from hub_vit.server.options import DEVICES
 
+Precision = Annotated[str, typer.Option(show_default=False,
+                                        help=f"GPU flavour, TensorRT accelerator precision: FP16 or FP32 (default "
+                                             f"{DEFAULTS.precision}). Not for --gpu-backend tensorrt: an engine's "
+                                             "precision is fixed when it is built.")]
+PreprocessInstances = Annotated[int, typer.Option(show_default=False,
+                                                  help=f"GPU flavour: image-decoding and top-k instances (CPU "
+                                                       f"processes; raise it so decoding keeps up with the GPU; "
+                                                       f"default {DEFAULTS.preprocess_instances}). The CPU flavour "
+                                                       "decodes in its --instances.")]
+Spinning = Annotated[bool, typer.Option("--spinning/--no-spinning", show_default=False,
+                                        help="CPU flavour: ORT threads spin between ops (lower latency; several "
+                                             "instances then take turns on the cores). Default: on for a "
+                                             "compute-bound model, off for a tiny one.")]
 
 @app.command()
 def repository(
@@ -44,10 +58,7 @@ def repository(
     decode_threads: DecodeThreads = DEFAULTS.decode_threads,
     gpu_backend: str = typer.Option(DEFAULTS.gpu_backend,
                                     help="GPU flavour: 'onnxruntime' (TensorRT EP) or 'tensorrt'."),
-    precision: str = typer.Option(None, show_default=False,
-                                  help=f"GPU flavour, TensorRT accelerator precision: FP16 or FP32 (default "
-                                       f"{DEFAULTS.precision}). Not for --gpu-backend tensorrt: an engine's precision "
-                                       "is fixed when it is built."),
+    precision: Precision = None,
     name: Name = DEFAULTS.name,
     max_batch_size: MaxBatchSize = DEFAULTS.max_batch_size,
     max_queue_delay_us: MaxQueueDelayUs = DEFAULTS.max_queue_delay_us,
@@ -57,15 +68,8 @@ def repository(
     instances: int = typer.Option(DEFAULTS.classifier_instances,
                                   help="Classifier instances (CPU: each decodes and runs ORT; two keep Triton's "
                                        "batcher from stalling)."),
-    preprocess_instances: int = typer.Option(None, show_default=False,
-                                             help=f"GPU flavour: image-decoding and top-k instances (CPU processes; "
-                                                  f"raise it so decoding keeps up with the GPU; default "
-                                                  f"{DEFAULTS.preprocess_instances}). The CPU flavour decodes in its "
-                                                  f"--instances."),
-    spinning: bool = typer.Option(DEFAULTS.ort_spinning, "--spinning/--no-spinning", show_default=False,
-                                  help="CPU flavour: ORT threads spin between ops (lower latency; several instances "
-                                       "then take turns on the cores). Default: on for a compute-bound model, off "
-                                       "for a tiny one."),
+    preprocess_instances: PreprocessInstances = None,
+    spinning: Spinning = DEFAULTS.ort_spinning,
     max_pixels: MaxPixels = DEFAULTS.max_pixels,
     overwrite: bool = typer.Option(False, help="Replace an existing folder."),
 ) -> None:

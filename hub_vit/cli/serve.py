@@ -53,8 +53,9 @@ MaxRequestMb = Annotated[int, typer.Option(help="Largest HTTP request body, also
                                                 "ones get 413 before they reach Triton.")]
 MaxConnections = Annotated[int, typer.Option(help="Open HTTP connections beyond which only health requests are "
                                                   "answered (others get 503).")]
-Verbose = Annotated[bool, typer.Option("--verbose", help="Also show tritonserver's own log here (it always goes to "
-                                                         "the file the start-up summary names).")]
+Verbose = Annotated[bool, typer.Option("--verbose", help="Also show tritonserver's own log here (it goes to the file "
+                                                         "the start-up summary names either way, kept if serve "
+                                                         "fails).")]
 
 
 @app.command()
