@@ -20,8 +20,9 @@ import pytest
 
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.health import Health, http_base, python_instances, served_repositories
-from hub_vit.server.launcher import TritonServer, free_port, is_stub, stub_instance
+from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.options import ServingOptions
+from hub_vit.server.processes import is_stub, stub_instance
 from hub_vit.server.repository import write_repository
 from hub_vit.server.source import resolve
 from tests.polling import wait_until

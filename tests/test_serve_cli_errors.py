@@ -146,13 +146,13 @@ def test_a_shed_grpc_request_is_not_reported_as_no_server(message, why):
     """gRPC answers UNAVAILABLE both when no server listens and when the server sheds load: the words decide."""
     from tritonclient.utils import InferenceServerException
 
-    from hub_vit.cli.serve import _request_failed
+    from hub_vit.server.errors import request_failed
 
-    text = _request_failed("grpc", "127.0.0.1:8001", InferenceServerException(message, "StatusCode.UNAVAILABLE"))
+    text = request_failed("grpc", "127.0.0.1:8001", InferenceServerException(message, "StatusCode.UNAVAILABLE"))
     assert "the server is overloaded and shed this request: " + why in text, text
     assert "is a server running there" not in text, text
     no_server = InferenceServerException("failed to connect to all addresses", "StatusCode.UNAVAILABLE")
-    assert "is a server running there" in _request_failed("grpc", "127.0.0.1:8001", no_server)
+    assert "is a server running there" in request_failed("grpc", "127.0.0.1:8001", no_server)
 
 
 def test_loadtest_json_folder_is_refused_before_the_run(tmp_path):
@@ -226,15 +226,15 @@ def test_serve_repository_that_is_a_file_or_serves_another_name(tmp_path):
 def test_try_line_names_a_real_sample_of_the_served_model(tmp_path):
     # a pip-installed user has no checkout path to type: the banner shows the shipped sample wherever pip put it
     from hub_vit.catalog import default_model_folder
-    from hub_vit.cli.serve import _example_image
+    from hub_vit.cli.serve_screen import example_image
 
-    example = Path(_example_image(str(default_model_folder())))
+    example = Path(example_image(str(default_model_folder())))
     assert example.is_file() and example.parent == default_model_folder() / "samples"
     spaced = tmp_path / "my models" / "samples"
     spaced.mkdir(parents=True)
     Image.new("RGB", (8, 8)).save(spaced / "a b.png")
-    assert _example_image(str(spaced.parent)) == f"'{spaced / 'a b.png'}'"  # quoted: pastes as one argument
-    assert _example_image(str(tmp_path / "model.onnx")) == "IMAGE..."
+    assert example_image(str(spaced.parent)) == f"'{spaced / 'a b.png'}'"  # quoted: pastes as one argument
+    assert example_image(str(tmp_path / "model.onnx")) == "IMAGE..."
 
 
 def test_repository_at_a_path_the_python_backend_cannot_serve_from_says_so(tmp_path):

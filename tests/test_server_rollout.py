@@ -298,6 +298,30 @@ def test_explain_settings_parsing(served_rollout):
         parse({"explain": True, "discard_ratio": True})
 
 
+class _Request:
+    """What `split_explained` reads of a Python-backend request: its parameters' JSON."""
+
+    def __init__(self, parameters: dict) -> None:
+        self._parameters = json.dumps(parameters)
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+def test_split_explained(served_rollout):
+    """One batch split the way both classifier steps (ORT and torch) split it: explained requests out with their
+    settings, a bad parameter answered by its own refusal, the plain ones left in place for the plain path."""
+    requests = [_Request({}), _Request({"explain": True, "head_fusion": "max"}),
+                _Request({"explain": True, "head_fusion": "avg"}), _Request({"explain": False})]
+    responses: list = [None] * len(requests)
+    asked, rest = served_rollout.split_explained(requests, responses, lambda message: ("refused", message))
+    assert [(place, settings) for place, _, settings in asked] == [(1, served_rollout.ExplainSettings("max", 0.0))]
+    assert asked[0][1] is requests[1]
+    assert rest == [requests[0], None, None, requests[3]]
+    assert responses[:2] == [None, None] and responses[3] is None
+    assert responses[2][0] == "refused" and "'avg'" in responses[2][1] and "mean" in responses[2][1]
+
+
 def test_repository_layout_and_manifest(models, tmp_path):
     """The attention graph beside the plain one; the manifest records the rollout layout, so a repository checks
     as current (serve --repository); without explain neither graph nor outputs are there."""

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from typer.testing import CliRunner
 
 from hub_vit.server import device as device_module
-from hub_vit.server import launcher
+from hub_vit.server import triton_install
 from hub_vit.server.client import AsyncClassifier, Classifier
 from hub_vit.server.config import cuda_graph_buckets
 from hub_vit.server.device import choose_device
@@ -228,12 +228,12 @@ def test_stub_numpy_is_read_from_its_own_folder(monkeypatch, tmp_path):
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: numpy\nVersion: {version}\n")
         return info.parent
 
-    monkeypatch.setenv(launcher.STUB_PYTHONPATH, str(folder_with("2.1.0")))
-    with pytest.raises(launcher.ServerError, match=r"numpy 2\.1\.0 is installed.*HUB_VIT_STUB_PYTHONPATH"):
-        launcher.check_stub_numpy()
-    monkeypatch.setenv(launcher.STUB_PYTHONPATH, str(folder_with("1.26.4")))
-    monkeypatch.setattr(launcher.importlib.metadata, "version", lambda name: "2.5.2")  # this environment's numpy
-    launcher.check_stub_numpy()  # the stubs' folder decides
+    monkeypatch.setenv(triton_install.STUB_PYTHONPATH, str(folder_with("2.1.0")))
+    with pytest.raises(triton_install.ServerError, match=r"numpy 2\.1\.0 is installed.*HUB_VIT_STUB_PYTHONPATH"):
+        triton_install.check_stub_numpy()
+    monkeypatch.setenv(triton_install.STUB_PYTHONPATH, str(folder_with("1.26.4")))
+    monkeypatch.setattr(triton_install.importlib.metadata, "version", lambda name: "2.5.2")  # this environment's numpy
+    triton_install.check_stub_numpy()  # the stubs' folder decides
 
 
 # -- the real server: torch (cpu) against ONNX Runtime (cpu) ------------------------------------------------------
