@@ -244,12 +244,12 @@ SERVED_MAX_PIXELS = 200_000  # low, so a small photo is over it
 @pytest.fixture(scope="module")
 def served(folder: Path, tmp_path_factory: pytest.TempPathFactory):
     """`folder` served by the real tritonserver with a low --max-pixels."""
+    from hub_vit.resolve import resolve_model
     from hub_vit.server.launcher import TritonServer, free_port
     from hub_vit.server.options import ServingOptions
     from hub_vit.server.repository import write_repository
-    from hub_vit.server.source import resolve
 
-    repo = write_repository(resolve(folder), tmp_path_factory.mktemp("repo") / "repository",
+    repo = write_repository(resolve_model(folder), tmp_path_factory.mktemp("repo") / "repository",
                             ServingOptions(max_pixels=SERVED_MAX_PIXELS))
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start(timeout_s=180)

@@ -95,10 +95,10 @@ def _options(**kwargs: Any) -> ServingOptions:
 
 
 def _source(model: str | None) -> Any:
-    from hub_vit.server.source import resolve
+    from hub_vit.resolve import resolve_model
 
     try:
-        return resolve(model)
+        return resolve_model(model)
     except (ValueError, KeyError, ImportError) as err:
         raise fail(str(err)) from None
     except (OSError, RuntimeError) as err:  # e.g. a registered name whose checkpoint cannot be downloaded
@@ -277,7 +277,7 @@ def serve(
             workdir = shell_safe_tempdir("hub-vit-serve-")
         except ServerError as err:
             raise fail(str(err)) from None
-        console.print(f"building the Triton repository for [bold]{escape(source.metadata.name)}[/] "
+        console.print(f"building the Triton repository for [bold]{escape(source.name)}[/] "
                       f"({escape(source.origin)})", soft_wrap=True)
         try:
             repository_dir = write_repository(source, workdir / "repository", opts)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .hub_vit_data_config import GOOGLE_EVAL, DataConfig
 from .hub_vit_variants import ViTSpec
 
 GCS = "https://storage.googleapis.com"
@@ -21,11 +22,8 @@ PAPER_SIMPLEVIT = "arXiv:2205.01580"
 PAPER_VIT = "arXiv:2010.11929"
 PAPER_AUGREG = "arXiv:2106.10270"
 
-# timm data config of a Google ViT without published weights: [-1, 1] inputs (mean = std = 0.5), as vit_jax and
-# big_vision feed their models; bilinear resize of the shorter side to size/0.875, then a centre crop.
-DEFAULT_DATA_CFG: dict[str, Any] = dict(
-    crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-)
+# timm data config of a Google ViT without published weights: Google's evaluation transform (hub_vit.data_config)
+DEFAULT_DATA_CFG: dict[str, Any] = {k: v for k, v in GOOGLE_EVAL.pretrained_cfg().items() if k != "input_size"}
 
 
 @dataclass(frozen=True)
@@ -40,8 +38,8 @@ class Weights:
     gs_url: str
     num_classes: int
     img_size: int = 224
-    crop_pct: float = 0.875
-    interpolation: str = "bilinear"
+    crop_pct: float = GOOGLE_EVAL.crop_pct
+    interpolation: str = GOOGLE_EVAL.interpolation
     dataset: str = "imagenet-1k"
     license: str = BIG_VISION_LICENSE
     paper: str = PAPER_VIT
@@ -64,14 +62,10 @@ class Weights:
             hf_hub_id=None,
             custom_load=True,  # npz -> hub_vit.conversion, see VisionTransformer.load_pretrained
             num_classes=self.num_classes,
-            input_size=(3, self.img_size, self.img_size),
             pool_size=None,
-            crop_pct=self.crop_pct,
-            crop_mode="center",
-            interpolation=self.interpolation,
             fixed_input_size=False,
-            mean=DEFAULT_DATA_CFG["mean"],
-            std=DEFAULT_DATA_CFG["std"],
+            **DataConfig(img_size=(self.img_size, self.img_size), crop_pct=self.crop_pct,
+                         interpolation=self.interpolation).pretrained_cfg(),
             first_conv="patch_embed.proj",
             classifier="head",
             license=self.license,
