@@ -66,7 +66,7 @@ class FolderResult:
 def class_names(num_classes: int) -> list[str] | None:
     """`hub_vit.class_names.default_labels` (ImageNet names where the class count says so, else `class_i`); None for
     a head-less model."""
-    return default_labels(num_classes) if num_classes else None
+    return default_labels(num_classes, unique=True) if num_classes else None
 
 
 def pretrained_cfg_for(source: Source, spec: ViTSpec) -> dict[str, Any]:

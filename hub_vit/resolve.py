@@ -163,7 +163,7 @@ def _folder_ref(path: Path, text: str) -> ModelRef:
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         graphs = sorted((p for p in path.iterdir() if p.suffix.lower() in (".onnx", *ENGINE_SUFFIXES)),
                         key=lambda p: (p.suffix.lower() != ".onnx", p.name))  # ONNX first
-        hint = f"; to use an exported file, name it: {str(graphs[0])!r}" if graphs else ""
+        hint = f"; to serve an exported file, name it: {str(graphs[0])!r}" if graphs else ""
         raise ValueError(f"{text!r} is not a hub-vit model folder (expected config.json and model.safetensors in "
                          f"it; make one with `hub-vit convert` or `hub-vit train`){hint}")
     return ModelRef("folder", str(path.resolve()), folder=path.resolve())
@@ -333,7 +333,8 @@ def _load_weights(ref: ModelRef) -> ResolvedModel:
         model = VisionTransformer(conversion.spec)
         model.load_adapted_state_dict(conversion.state_dict)
         architecture = match_architecture(conversion.spec)
-    return _from_module(model, name=architecture, kind=ref.kind, labels=None, cfg={}, origin=str(path),
+    name = architecture if ref.model_name is not None else path.stem  # a Google checkpoint is known by its file
+    return _from_module(model, name=name, kind=ref.kind, labels=None, cfg={}, origin=str(path),
                         weights=str(path), architecture=architecture)
 
 
