@@ -274,7 +274,9 @@ def _load_registered(ref: ModelRef, pretrained: bool | None, download: bool) -> 
     if pretrained is None:  # export's default: a tag's weights, or those shipped in the package, else random
         pretrained = tag is not None or ref.folder is not None
     if pretrained and not entry.weights:
-        with_weights = [n.name for n in _registered_entries() if n.weights]
+        from hub_vit.catalog import MODELS
+
+        with_weights = [name for name, other in MODELS.items() if other.weights]
         raise ValueError(f"{base!r} has no published weights to serve (architecture only): give a trained model "
                          f"folder or a registered name with weights ({', '.join(with_weights)}); to export it with "
                          "random weights, drop --pretrained")
@@ -287,9 +289,7 @@ def _load_registered(ref: ModelRef, pretrained: bool | None, download: bool) -> 
     tag = tag or entry.weights[0].tag
     target = f"{base}.{tag}"
     if ref.folder is not None:  # shipped in the package as a model folder: the same weights, with the labels
-        loaded = _load_folder(ref.folder, kind="registered", name=target, weights=f"pretrained {tag}")
-        loaded.origin = f"registered model {target!r} ({loaded.origin})"
-        return loaded
+        return _load_folder(ref.folder, kind="registered", name=target, weights=f"pretrained {tag}")
     import timm
 
     import hub_vit.timm_plugin  # noqa: F401  (registers the hub-vit names with timm)
@@ -304,12 +304,6 @@ def _load_registered(ref: ModelRef, pretrained: bool | None, download: bool) -> 
     model = timm.create_model(target, pretrained=True, **overlay)  # downloads and converts Google's checkpoint
     return _from_module(model, name=target, kind="registered", labels=None, cfg=dict(model.pretrained_cfg),
                         origin=f"registered model {target!r}", weights=f"pretrained {tag}", architecture=base)
-
-
-def _registered_entries() -> list[Any]:
-    from hub_vit.catalog import MODELS
-
-    return list(MODELS.values())
 
 
 def _load_weights(ref: ModelRef) -> ResolvedModel:
