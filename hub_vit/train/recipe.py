@@ -127,13 +127,13 @@ class Recipe:
         _choice("interpolation", self.interpolation, INTERPOLATIONS)
 
     # ------------------------------------------------------------------------------------------------ derived
-    @property
     def eval_data(self) -> DataConfig:
         """The eval transform of the trained model (what its folder records, what validation runs): RGB,
         Google's mean = std = 0.5 (big_vision's value_range(-1, 1))."""
         return DataConfig(img_size=(self.img_size, self.img_size), crop_pct=self.eval_crop_pct,
                           interpolation=self.interpolation)
 
+    @property
     def torch_weight_decay(self) -> float:
         """AdamW `weight_decay` equivalent to big_vision's decoupled `wd` (AdamW multiplies it by the lr)."""
         return self.wd / self.lr
