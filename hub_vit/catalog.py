@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hub_vit.variants import CLASSIC_VIT, DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, SIMPLEVIT, ViTSpec
+from hub_vit.data_config import GOOGLE_EVAL, DataConfig
+from hub_vit.variants import CLASSIC_VIT, GENERIC_ARCHITECTURE, GENERIC_SPEC, SIMPLEVIT, ViTSpec
 
 GCS = "https://storage.googleapis.com"
 BIG_VISION_LICENSE = "apache-2.0"
@@ -31,8 +32,8 @@ class Weights:
     gs_url: str
     num_classes: int
     img_size: int = 224
-    crop_pct: float = 0.875
-    interpolation: str = "bilinear"
+    crop_pct: float = GOOGLE_EVAL.crop_pct
+    interpolation: str = GOOGLE_EVAL.interpolation
     dataset: str = "imagenet-1k"
     license: str = BIG_VISION_LICENSE
     paper: str = PAPER_VIT
@@ -55,14 +56,10 @@ class Weights:
             hf_hub_id=None,
             custom_load=True,  # npz -> hub_vit.conversion, see hub_vit.timm_plugin._load_pretrained
             num_classes=self.num_classes,
-            input_size=(3, self.img_size, self.img_size),
             pool_size=None,
-            crop_pct=self.crop_pct,
-            crop_mode="center",
-            interpolation=self.interpolation,
             fixed_input_size=False,
-            mean=DEFAULT_DATA_CFG["mean"],
-            std=DEFAULT_DATA_CFG["std"],
+            **DataConfig(img_size=(self.img_size, self.img_size), crop_pct=self.crop_pct,
+                         interpolation=self.interpolation).pretrained_cfg(),
             first_conv="patch_embed.proj",
             classifier="head",
             license=self.license,

@@ -15,6 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, get_args
 
+from hub_vit.data_config import GOOGLE_EVAL
+
 
 class Size(NamedTuple):
     """One row of big_vision's `decode_variant` table."""
@@ -246,8 +248,6 @@ CLASSIC_VIT: dict[str, Any] = dict(posemb="learn", pool_type="tok", posemb_on_cl
 GENERIC_SPEC = ViTSpec.from_variant("S/16", **SIMPLEVIT)
 GENERIC_ARCHITECTURE = "hub_vit"
 
-# timm data config of a Google ViT without published weights: [-1, 1] inputs (mean = std = 0.5), as vit_jax and
-# big_vision feed their models; bilinear resize of the shorter side to size/0.875, then a centre crop.
-DEFAULT_DATA_CFG: dict[str, Any] = dict(
-    crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-)
+# timm data config of a Google ViT without published weights: Google's evaluation transform (hub_vit.data_config),
+# without an input size (the spec's img_size gives it)
+DEFAULT_DATA_CFG: dict[str, Any] = {k: v for k, v in GOOGLE_EVAL.pretrained_cfg().items() if k != "input_size"}

@@ -22,13 +22,13 @@ from hub_vit.demo.models import (
     DEFAULT_KEY,
     ModelCache,
     ModelLoadError,
-    checkpoint_path,
     discover_choices,
     folder_choice,
     load_explainer,
     resolve_choice,
     served_choice,
 )
+from hub_vit.resolve import checkpoint_path
 from tests.test_card_evidence import write_namesake
 
 REGISTERED = "simplevit_s16.i1k_300ep"

@@ -17,6 +17,15 @@ from hub_vit.cli import _load_commands, app
 pytest.importorskip("tritonclient.grpc")
 
 
+def served_eval(**changes: object) -> dict[str, object]:
+    """The served preprocessing's transform settings: Google's evaluation transform (the one data config's
+    defaults) with `changes`, as `Preprocess.from_params` receives them from a generated config."""
+    from hub_vit.data_config import GOOGLE_EVAL
+
+    return {"interpolation": GOOGLE_EVAL.interpolation, "crop_mode": GOOGLE_EVAL.crop_mode, "mean": GOOGLE_EVAL.mean,
+            "std": GOOGLE_EVAL.std, **changes}
+
+
 def _run(*args: str) -> tuple[int, str]:
     _load_commands()
     result = CliRunner().invoke(app, list(args))
@@ -194,11 +203,11 @@ def _png_header(width: int, height: int) -> bytes:
 
 def test_max_pixels_is_the_limit_and_the_message_names_the_option(imageprep):
     photo_48mp = _png_header(8000, 6000)
-    default = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32))
+    default = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32), **served_eval())
     with pytest.raises(imageprep.BadImageError, match=r"48\.0 MP, more than this server's limit of 40\.0 MP "
                                                        r"\(hub-vit serve --max-pixels\)"):
         default.decode(photo_48mp)
-    raised = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32), max_pixels=120_000_000)
+    raised = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32), max_pixels=120_000_000, **served_eval())
     with pytest.raises(imageprep.BadImageError) as err:  # past the size check: only the missing pixels fail
         raised.decode(photo_48mp)
     assert "too large" not in str(err.value)

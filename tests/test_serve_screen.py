@@ -76,11 +76,11 @@ def test_verbose_shows_tritons_log_and_no_cuda_complaint_as_an_error():
 def test_a_server_that_fails_still_prints_its_own_last_lines(tmp_path):
     """A model that cannot load: the error names it and shows the log's tail, without --verbose."""
     from hub_vit.cli import _load_commands, app
+    from hub_vit.resolve import resolve_model
     from hub_vit.server.options import ServingOptions
     from hub_vit.server.repository import write_repository
-    from hub_vit.server.source import resolve
 
-    repo = write_repository(resolve(str(default_model_folder())), tmp_path / "repository", ServingOptions())
+    repo = write_repository(resolve_model(str(default_model_folder())), tmp_path / "repository", ServingOptions())
     onnx = repo / "vit_classifier" / "1" / "model.onnx"
     onnx.write_bytes(onnx.read_bytes()[:2000])  # a truncated copy
     _load_commands()

@@ -28,11 +28,11 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 from typer.testing import CliRunner
 
+from hub_vit.resolve import ResolvedModel, resolve_model
 from hub_vit.server.client import AsyncClassifier, Classifier, explain_parameters
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import template_dir, write_repository
-from hub_vit.server.source import ModelSource, resolve
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -58,15 +58,15 @@ def _tiny(pool_type: str):
 
 @pytest.fixture(scope="module")
 def models() -> dict:
-    """name -> (ModelSource, Explainer over the same module), the explainers as `hub-vit rollout` builds them."""
+    """name -> (ResolvedModel, Explainer over the same module), the explainers as `hub-vit rollout` builds them."""
     from hub_vit.demo.models import load_explainer, resolve_choice
     from hub_vit.explain import DataConfig, Explainer
 
-    found = {"digits": (resolve(None), load_explainer(resolve_choice(None)))}
+    found = {"digits": (resolve_model(None), load_explainer(resolve_choice(None)))}
     for kind in ("tok", "map"):
         module = _tiny(kind)
         labels = [f"c{i}" for i in range(TINY["num_classes"])]
-        source = ModelSource.from_module(module, name=kind, labels=labels, pretrained_cfg=CFG)
+        source = ResolvedModel.from_module(module, name=kind, labels=labels, pretrained_cfg=CFG)
         found[kind] = (source, Explainer(module, labels, DataConfig.from_pretrained_cfg(CFG, module.spec)))
     return found
 

@@ -39,7 +39,7 @@ class ServeRun:
             err_console.print(f"note: {escape(source.origin)} is an exported file, which the torch flavour cannot run; "
                               "serving it with ONNX Runtime on the CPU", soft_wrap=True)
         self.example = example_image(source.origin)
-        console.print(f"building the Triton repository for [bold]{escape(source.metadata.name)}[/] "
+        console.print(f"building the Triton repository for [bold]{escape(source.name)}[/] "
                       f"({escape(source.origin)})", soft_wrap=True)
         try:
             with console.status("exporting the model and writing the repository"):

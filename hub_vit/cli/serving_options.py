@@ -84,10 +84,10 @@ def in_flag_words(message: str, fields: Iterable[str]) -> str:
 
 
 def model_source(model: str | None) -> Any:
-    from hub_vit.server.source import resolve
+    from hub_vit.resolve import resolve_model
 
     try:
-        return resolve(model)
+        return resolve_model(model)
     except (ValueError, KeyError, ImportError) as err:
         raise fail(str(err)) from None
     except (OSError, RuntimeError) as err:  # e.g. a registered name whose checkpoint cannot be downloaded

@@ -17,6 +17,7 @@ from pathlib import Path
 # module -> file name in the folder. The transformers entry files keep transformers' naming convention.
 BUNDLE: dict[str, str] = {
     "hub_vit.variants": "hub_vit_variants.py",
+    "hub_vit.data_config": "hub_vit_data_config.py",
     "hub_vit.layers": "hub_vit_layers.py",
     "hub_vit.model": "hub_vit_model.py",
     "hub_vit.weights": "hub_vit_weights.py",
