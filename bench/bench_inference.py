@@ -202,13 +202,13 @@ class Rows:
 def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str]) -> dict[str, Any]:
     import timm
 
-    from hub_vit.export.sources import load_source
+    from hub_vit.export import load_source
     from hub_vit.export.variants import export_variants
 
     info: dict[str, Any] = {}
     torch.manual_seed(0)
     timm_model = timm.create_model(TIMM_NAME, pretrained=False).eval()
-    hub = load_source(HUB_NAME, pretrained=False).model.eval()
+    hub = load_source(HUB_NAME, pretrained=False).module.eval()
     hub.load_state_dict(timm_model.state_dict())  # the same weights in both: one fp32 reference for every row
     threads, bf16_units = args.threads, has_bf16(flags)
     bf16_note = "native bf16 units" if bf16_units else "emulated: this CPU has no avx512_bf16 / AMX"

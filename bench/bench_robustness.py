@@ -323,7 +323,7 @@ def main() -> None:
     parser.add_argument("--max-connections", type=int, default=256, help="serve's --max-connections for the run")
     parser.add_argument("--drain-clients", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=REPO / "bench/results/bench_robustness.json")
+    parser.add_argument("--out", type=Path, default=REPO / "bench/results/serve_robustness_cpu.json")
     add_note_option(parser)
     args = parser.parse_args()
     check_writable(args.out.parent)

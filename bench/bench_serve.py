@@ -44,12 +44,13 @@ from perf_analyzer import PerfAnalyzer, PerfAnalyzerUnavailable, locate, measure
 from PIL import Image
 from run_info import add_note_option, check_writable, run_info, write_json
 
+from hub_vit.resolve import ResolvedModel, resolve_model
 from hub_vit.server.client import Classifier
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.loadtest import batching_delta, load_test, percentiles
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import MANIFEST, template_dir, write_repository
-from hub_vit.server.source import ModelSource, resolve
+from hub_vit.server.source import serving_metadata
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONCURRENCY = (1, 4, 16)
@@ -74,7 +75,7 @@ def _encode(array: np.ndarray, fmt: str = "JPEG") -> bytes:
     return buffer.getvalue()
 
 
-def digits_case() -> tuple[ModelSource, list[bytes]]:
+def digits_case() -> tuple[ResolvedModel, list[bytes]]:
     """The shipped default model on held-out digits (PNG), or a same-shape random stand-in if not trained yet."""
     from hub_vit.catalog import default_model_folder
     from hub_vit.train.digits import load_digits_split
@@ -82,17 +83,17 @@ def digits_case() -> tuple[ModelSource, list[bytes]]:
     images, _ = load_digits_split("val")
     payloads = [_encode(image, "PNG") for image in images[:64]]
     if (Path(default_model_folder()) / "model.safetensors").is_file():
-        return resolve(None), payloads
+        return resolve_model(None), payloads
     from hub_vit.catalog import DIGITS_SPEC
     from hub_vit.model import VisionTransformer
 
     model = VisionTransformer(DIGITS_SPEC).eval()
-    source = ModelSource.from_module(model, name="digits_standin", labels=[str(d) for d in range(10)],
+    source = ResolvedModel.from_module(model, name="digits_standin", labels=[str(d) for d in range(10)],
                                      pretrained_cfg={"input_size": (3, 32, 32), "crop_pct": 1.0})
     return source, payloads
 
 
-def ti16_case() -> tuple[ModelSource, list[bytes]]:
+def ti16_case() -> tuple[ResolvedModel, list[bytes]]:
     """SimpleViT-Ti/16 at 224 px (random weights: speed only) on real photos (JPEG)."""
     import torch
     from skimage import data
@@ -104,7 +105,7 @@ def ti16_case() -> tuple[ModelSource, list[bytes]]:
     # candidates cannot be verified (cpu_variant auto would keep fp32)
     torch.manual_seed(0)
     model = VisionTransformer(dataclasses.replace(MODELS["simplevit_ti16"].spec, head_zeroinit=False)).eval()
-    source = ModelSource.from_module(model, name="simplevit_ti16", pretrained_cfg={
+    source = ResolvedModel.from_module(model, name="simplevit_ti16", pretrained_cfg={
         "input_size": (3, 224, 224), "crop_pct": 0.875, "interpolation": "bilinear", "num_classes": 1000})
     photos = [data.astronaut(), data.chelsea(), data.coffee()]
     return source, [_encode(p) for p in photos]
@@ -304,7 +305,7 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
         selected = json.loads((repo / MANIFEST).read_text()).get("cpu_variant")
         print(f"[{case}] CPU variant: {selected and selected['variant']} ({selected and selected['reason']})",
               flush=True)
-        local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
+        local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", serving_metadata(source), payloads)
         context = {"perf_analyzer": analyzer,
                    "perf_analyzer_data": write_input_data(payloads, Path(tmp) / "perf_analyzer_input.json")}
         with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
@@ -350,7 +351,7 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
             if c1:
                 judged["c1_p50_minus_in_process_ms"] = c1["p50_minus_in_process_ms"]
                 judged["c1_target_met"] = c1["p50_minus_in_process_ms"] <= 5.0
-    return {"model": source.metadata.name, "input_size": source.metadata.input_size, "tritonserver": version,
+    return {"model": source.name, "input_size": source.data.img_size, "tritonserver": version,
             "cpu_variant": selected, "rows": rows, "targets": targets}
 
 
@@ -372,7 +373,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--seconds", type=float, default=8.0, help="per measurement")
-    parser.add_argument("--out", type=Path, default=RESULTS / "bench_serve.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "serve_cpu.json")
     parser.add_argument("--server-cpus", help="run Triton and the in-process baseline on these CPUs, e.g. 0,1")
     parser.add_argument("--client-cpus", help="run the load generator on these CPUs, e.g. 2-5")
     parser.add_argument("--spinning", action=argparse.BooleanOptionalAction, default=None,

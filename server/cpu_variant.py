@@ -180,7 +180,10 @@ def place(source: Any, target: Path, requested: str, *, batch: int, threads: int
     if requested == AUTO and module.head_is_constant():
         return CpuSelection("fp32", requested, "the model's head is all zero (untrained), so no reduced-precision "
                             "variant can be verified against it: fp32", flags)
-    trained = not str(getattr(source, "origin", "")).startswith("in-memory")
+    # an in-memory module (tests, benchmarks) or random init: top-1 on photos means nothing, the criterion's
+    # cosine / relative-error bounds judge alone
+    in_memory = str(getattr(source, "origin", "")).startswith("in-memory")
+    trained = not (in_memory or getattr(source, "random_weights", False))
     graph, selection, tmp = select(module, requested, batch=batch, threads=threads, trained=trained,
                                    work_dir=target.parent)
     try:

@@ -82,7 +82,7 @@ def rss_kib(pids: list[int]) -> int:
 
 
 def served_pids(serve: Serve) -> list[int]:
-    from hub_vit.server.launcher import live_processes
+    from hub_vit.server.processes import live_processes
 
     return [serve.process.pid, *live_processes(serve.tritonserver_pid())]
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hub_vit.explain.image import DataConfig
+from hub_vit.data_config import DataConfig
 from hub_vit.export.criterion import FP32_MAX_ABS, MIN_TOP1_AGREEMENT, VerifyResult, judge
 from hub_vit.model import VisionTransformer
 
