@@ -193,21 +193,6 @@ def place(source: Any, target: Path, requested: str, *, batch: int, threads: int
     return selection
 
 
-def describe(repository_dir: str | Path) -> str | None:
-    """'CPU variant: NAME (reason)' from a repository's manifest; None when it records no CPU variant."""
-    import json
-
-    from hub_vit.server.repository import MANIFEST
-
-    try:
-        recorded = json.loads((Path(repository_dir) / MANIFEST).read_text(encoding="utf-8")).get("cpu_variant")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(recorded, dict):
-        return None
-    return f"CPU variant: {recorded.get('variant')} ({recorded.get('reason')})"
-
-
 def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
     if verification is None:
         return None
@@ -215,5 +200,5 @@ def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
     return {key: verification.get(key) for key in keep}
 
 
-__all__ = ["AUTO", "CHOICES", "CPU_VARIANTS", "CpuSelection", "candidates", "check_cpu_variant", "describe",
+__all__ = ["AUTO", "CHOICES", "CPU_VARIANTS", "CpuSelection", "candidates", "check_cpu_variant",
            "isa_flags", "place", "select"]

@@ -70,3 +70,15 @@ def outdated_warning(folder: Path, manifest: dict[str, Any]) -> str | None:
             f"{writer}, or edited since): {shown} {'differs' if len(outdated) == 1 else 'differ'}. It is served as it "
             f"is; rebuild it with `hub-vit repository` (its {MANIFEST} records the model and options) to serve this "
             "version's configs and server code")
+
+
+def cpu_variant_line(folder: Path) -> str | None:
+    """'CPU variant: NAME (reason)' from a repository's manifest (`server/cpu_variant.py` records it); None when it
+    records none (another flavour, or a repository without a manifest)."""
+    try:
+        recorded = (read_manifest(folder) or {}).get("cpu_variant")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    return f"CPU variant: {recorded.get('variant')} ({recorded.get('reason')})"

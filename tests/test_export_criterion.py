@@ -108,11 +108,11 @@ def test_export_refuses_a_variant_that_fails_the_bound(tmp_path: Path, monkeypat
 def test_int8_of_a_random_vit_ti_passes(tmp_path: Path) -> None:
     """ViT-Ti/16 at 224 px with random weights (top-1 margins of hundredths): the int8 graphs pass on the features,
     and the written files still read `pixel_values` and write only `logits`."""
-    from hub_vit.export.sources import load_source
+    from hub_vit.export import load_source
 
     src = load_source("vit_ti16", pretrained=False)
     assert src.random_weights
-    report = export_variants(src.model, tmp_path, variants=["int8-dynamic", "int8-dynamic-s8", "int8-static"],
+    report = export_variants(src.module, tmp_path, variants=["int8-dynamic", "int8-dynamic-s8", "int8-static"],
                              n_random=4, n_photos=12, n_calibration=16, seed=0)
     for name in ("int8-dynamic", "int8-dynamic-s8", "int8-static"):
         outcome = report.outcome(name)

@@ -20,10 +20,11 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from hub_vit.export import criterion, quantize
+from hub_vit.resolve import resolve_model as resolve
 from hub_vit.server import cpu_variant
+from hub_vit.server.manifest import cpu_variant_line
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import MANIFEST, write_repository
-from hub_vit.server.source import resolve
 
 INT8_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QAttention", "DynamicQuantizeMatMul"}
 
@@ -90,7 +91,7 @@ def test_auto_selection_is_recorded_in_the_manifest(tmp_path: Path, monkeypatch:
     assert recorded["reason"].startswith(f"fastest verified of {', '.join(timed)} at batch 8")
     for row in rows.values():  # the rejected ones say why
         assert row["verified"] == (row["error"] == "")
-    assert cpu_variant.describe(repo) == f"CPU variant: {recorded['variant']} ({recorded['reason']})"
+    assert cpu_variant_line(repo) == f"CPU variant: {recorded['variant']} ({recorded['reason']})"
     assert not [p for p in (repo / "vit_classifier" / "1").iterdir() if p.name.startswith(".")]  # no leftovers
     proto = onnx.load(str(repo / "vit_classifier" / "1" / "model.onnx"), load_external_data=False)
     assert [o.name for o in proto.graph.output] == ["logits"]

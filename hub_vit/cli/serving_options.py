@@ -112,8 +112,8 @@ def torch_fields(flavour: str, cuda_graphs: bool, torch_compile: bool, decode_th
 
 def print_cpu_variant(repository_dir: Path) -> None:
     """One line: which graph the CPU flavour serves and why (from the repository manifest; nothing for others)."""
-    from hub_vit.server.cpu_variant import describe
+    from hub_vit.server.manifest import cpu_variant_line
 
-    line = describe(repository_dir)
+    line = cpu_variant_line(repository_dir)
     if line:
         console.print(escape(line), soft_wrap=True, highlight=False)
