@@ -162,6 +162,10 @@ def test_bad_shapes_and_a_short_jpeg_are_refused(serve: Serve) -> None:
     status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
     assert status == 400 and "truncated JPEG image: its header declares 6000x6000" in text, text
     assert "premature end of JPEG data" in text, text
+    # was: the same photo cut 300 bytes short (a few rows) and closed with its end marker again answered 200
+    body, headers = infer_body([1, 1], [encoded.getvalue()[:-300] + b"\xff\xd9"])
+    status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
+    assert status == 400 and "image 0: truncated JPEG image: its data ends before its last rows" in text, text
     assert_healthy(serve)
 
 
