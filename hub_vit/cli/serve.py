@@ -223,14 +223,16 @@ def serve(
     cuda_graphs: CudaGraphs = DEFAULTS.cuda_graphs,
     torch_compile: TorchCompile = DEFAULTS.torch_compile,
     decode_threads: DecodeThreads = DEFAULTS.decode_threads,
-    max_request_mb: int = typer.Option(64, help="Largest HTTP request body, also once inflated (gzip/deflate); "
-                                                "larger ones get 413 before they reach Triton."),
+    max_request_mb: int = typer.Option(64, help="Largest HTTP request body or gRPC message, also once inflated "
+                                                "(gzip/deflate); larger ones are refused (HTTP 413, gRPC "
+                                                "RESOURCE_EXHAUSTED) before they reach Triton."),
     max_connections: int = typer.Option(4096, help="Open HTTP connections beyond which only health requests are "
                                                    "answered (others get 503)."),
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.ports import PortError, check_host, check_ports
     from hub_vit.server.gate import Gate, GateLimits
+    from hub_vit.server.grpc_gate import GrpcGate
     from hub_vit.server.launcher import ServerError, TritonServer, exit_description, free_port, shell_safe_tempdir
     from hub_vit.server.launcher import exposure_warning as exposure
     from hub_vit.server.repository import write_repository
@@ -293,9 +295,12 @@ def serve(
     # soft_wrap: one log line stays one line in a log file / journal (rich would cut it at 80 columns off a terminal)
     log = None if quiet else (lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True,
                                                              emoji=False))
-    def new_server() -> TritonServer:  # Triton's HTTP on a private loopback port; the gate takes --http-port
-        return TritonServer(repository_dir, host=host, http_port=free_port(), grpc_port=grpc_port,
-                            metrics_port=metrics_port, exit_timeout_s=exit_timeout, log=log, http_host="127.0.0.1")
+    def new_server() -> TritonServer:  # Triton's HTTP and gRPC on private loopback ports; the gates take the public
+        private_http = free_port()
+        private_grpc = next(port for port in iter(free_port, None) if port != private_http)
+        return TritonServer(repository_dir, host=host, http_port=private_http, grpc_port=private_grpc,
+                            metrics_port=metrics_port, exit_timeout_s=exit_timeout, log=log, http_host="127.0.0.1",
+                            grpc_host="127.0.0.1")
 
     stop, forced = threading.Event(), threading.Event()
     demo_app: list[object] = []  # the demo, once the first server serves
@@ -307,21 +312,22 @@ def serve(
         missing = _not_served(server.http_url, name, server.control_headers)
         if missing:
             raise fail(missing, code=1)
-        _print_endpoints(server, f"{host}:{http_port}", name, example, where)
+        _print_endpoints(server, f"{host}:{http_port}", f"{host}:{grpc_port}", name, example, where)
         if demo:
             demo_app.append(_start_demo(model, workdir is None, host, demo_port, f"{host}:{http_port}", name))
 
     def event(line: str) -> None:  # a replaced server, not a half-working one: Triton keeps answering ready
         err_console.print(f"[red]error:[/] {escape(line)}", soft_wrap=True)
 
-    gate = None
+    gates: list[Gate | GrpcGate] = []  # the public HTTP and gRPC ports, each checking requests before Triton
     try:
-        gate = Gate(host, http_port, GateLimits(max_body_bytes=max_request_mb << 20,
-                                                max_connections=max_connections)).start()
+        limits = GateLimits(max_body_bytes=max_request_mb << 20, max_connections=max_connections)
+        gates.append(Gate(host, http_port, limits).start())
+        gates.append(GrpcGate(host, grpc_port, limits).start())
         supervisor = Supervisor(new_server, RestartPolicy(max_failed_starts=max_restarts), stop, serving=serving,
-                                event=event, gate=gate)
+                                event=event, gates=tuple(gates))
     except (ServerError, OSError, ValueError) as err:
-        if gate is not None:
+        for gate in gates:
             gate.close()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -367,7 +373,8 @@ def serve(
         for app_ in demo_app:
             app_.close()
         supervisor.server.stop()
-        gate.close()
+        for gate in gates:
+            gate.close()
         for sig, handler in previous.items():  # None: installed from C, not restorable; the default is closest
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         if workdir is not None:
@@ -428,11 +435,11 @@ def _torch_fields(flavour: str, cuda_graphs: bool, torch_compile: bool, decode_t
         if flavour == "torch" else {}
 
 
-def _print_endpoints(server: Any, http_url: str, name: str, example: str, where: Any) -> None:
+def _print_endpoints(server: Any, http_url: str, grpc_url: str, name: str, example: str, where: Any) -> None:
     console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
                   f"  device   {escape(where.description)} ({where.flavour} flavour)\n"
                   f"  HTTP     http://{http_url}/v2/models/{name}/infer\n"
-                  f"  gRPC     {server.grpc_url}\n"
+                  f"  gRPC     {grpc_url}\n"
                   f"  metrics  {server.metrics_url}")
     # plain text on one line however narrow the terminal: it is pasted as a command (a path may hold [brackets])
     console.print(f"  try:     hub-vit classify --url {http_url} --model {name} {example}",
