@@ -107,6 +107,7 @@ class GrpcGate:
         self.host, self.port, self.limits = host, port, limits
         self._channel: aio.Channel | None = None  # to Triton; None: no server ready -> UNAVAILABLE "starting"
         self._outputs: dict[str, set[str] | None] = {}  # model -> its numeric outputs, per upstream
+        self._calls: dict[str, Any] = {}  # method -> the channel's multicallable for it, per upstream
         self._in_flight = 0
         self._draining = False
         self._loop = asyncio.new_event_loop()
@@ -128,6 +129,7 @@ class GrpcGate:
         async def switch() -> None:
             old, self._channel = self._channel, None
             self._outputs.clear()
+            self._calls.clear()
             if host is not None:
                 # Triton's answers are trusted: no receive cap on them (grpc's default is 4 MiB)
                 self._channel = aio.insecure_channel(f"{host}:{int(port or 0)}", options=[
@@ -226,12 +228,13 @@ class GrpcGate:
             why = await self._check(message)
             if why is not None:
                 await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, why)
-        channel = self._channel
-        assert channel is not None
+        call = self._calls.get(method)
+        if call is None:
+            assert self._channel is not None
+            call = self._calls[method] = self._channel.unary_unary(method)
         self._in_flight += 1
         try:
-            return await channel.unary_unary(method)(message, metadata=_passed_on(context),
-                                                     timeout=context.time_remaining())
+            return await call(message, metadata=_passed_on(context), timeout=context.time_remaining())
         except aio.AioRpcError as err:
             failure = (err.code(), err.details() or "")
         finally:
