@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.test_serve_supervision import SAMPLES, Serve, expected_digits
@@ -290,7 +291,30 @@ def test_sigterm_under_continuous_traffic_answers_or_cleanly_refuses_every_reque
             if kind == "refused: no server" and serve.process.poll() is not None:
                 return
 
-    workers = [threading.Thread(target=client) for _ in range(4)]
+    def grpc_client() -> None:  # the gRPC gate drains too
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        image = grpcclient.InferInput("image", [1, 1], "BYTES")
+        image.set_data_from_numpy(np.array([[SAMPLES[0].read_bytes()]], dtype=object))
+        connection = grpcclient.InferenceServerClient(f"127.0.0.1:{serve.ports[1]}")
+        while not done.is_set():
+            try:
+                connection.infer("vit", [image], client_timeout=60)
+                kind = "answered"
+            except InferenceServerException as err:
+                message = err.message() or ""
+                kind = ("refused: shutting down" if "the server is shutting down" in message else
+                        "refused: no server" if "Connection refused" in message else
+                        f"lost: gRPC {err.status()} {message[:80]}")
+            with lock:
+                outcomes[f"grpc {kind}"] = outcomes.get(f"grpc {kind}", 0) + 1
+            if kind.startswith("refused"):
+                if serve.process.poll() is not None:
+                    return
+                time.sleep(0.05)
+
+    workers = [threading.Thread(target=client) for _ in range(4)] + [threading.Thread(target=grpc_client)]
     try:
         serve.wait_for("metrics")
         for worker in workers:
@@ -312,8 +336,10 @@ def test_sigterm_under_continuous_traffic_answers_or_cleanly_refuses_every_reque
         done.set()
         for worker in workers:
             worker.join(30)
-        lost = {kind: count for kind, count in outcomes.items() if kind.startswith("lost")}
+        lost = {kind: count for kind, count in outcomes.items() if "lost" in kind}
         assert not lost, outcomes
+        assert outcomes.get("grpc answered", 0) > 5 and outcomes.get("grpc refused: shutting down", 0) + \
+            outcomes.get("grpc refused: no server", 0) >= 1, outcomes
         # in-flight requests are answered with `Connection: close`; the next one is refused: by the OS once the gate
         # stopped listening, or 503 "shutting down" when it came on a connection still open
         refused = outcomes.get("refused: shutting down", 0) + outcomes.get("refused: no server", 0)
