@@ -228,6 +228,9 @@ class GrpcGate:
             why = await self._check(message)
             if why is not None:
                 await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, why)
+            refusal = self._refuse_call()  # again: the server may have gone while the check awaited its metadata
+            if refusal is not None:
+                await self._abort(context, *refusal)
         call = self._calls.get(method)
         if call is None:
             assert self._channel is not None
