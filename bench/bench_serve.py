@@ -27,7 +27,8 @@ the client's own CPU. perf_analyzer rows carry the suffix `_perf_analyzer`.
 `hub-vit serve --repository` process, and hub-vit's load generator at concurrency 16 (one image per request) sent in
 turn through the gates (the public ports) and straight to that same tritonserver (its private ports, read from its
 command line), SLICES pairs per protocol in alternating order, medians of the paired ratios; also the serve process's
-CPU (the gates) per request. Written to bench/results/bench_gate.json unless `--out` says otherwise.
+CPU (the gates) per request, less its CPU without requests (its supervision). Written to bench/results/bench_gate.json
+unless `--out` says otherwise.
 
     nice -n 10 .venv/bin/python bench/bench_serve.py --gate-cost
 """
@@ -67,6 +68,7 @@ MULTI_IMAGE = 8  # images per request in the extra c16 row
 SLICES = 3  # each comparison alternates in-process and served measurements this many times; medians are reported
 LOAD_GENERATORS = ("hub-vit", "perf_analyzer")
 WARMUP = 4  # requests hub-vit's load generator sends before it measures
+IDLE_S = 3.0  # --gate-cost: serve's own CPU measured over this long without requests
 
 
 def _imageprep():
@@ -392,6 +394,9 @@ def run_gate_case(case: str, seconds: float) -> dict:
                     raise SystemExit(f"hub-vit serve exited with {serve.returncode} before it was ready")
                 time.sleep(0.5)
                 private = _private_ports(serve.pid)
+            idle_start, idle_cpu = time.monotonic(), _cpu_s(serve.pid)
+            time.sleep(IDLE_S)  # serve's own CPU with no request (its supervision polls): subtracted from the gates'
+            idle_cpu_per_s = (_cpu_s(serve.pid) - idle_cpu) / (time.monotonic() - idle_start)
             rows = {}
             for protocol in ("http", "grpc"):
                 slices = []
@@ -400,13 +405,13 @@ def run_gate_case(case: str, seconds: float) -> dict:
                     measured = {}
                     for side in order:
                         port = public[protocol] if side == "gated" else private[protocol]
-                        cpu = _cpu_s(serve.pid)
+                        cpu, started = _cpu_s(serve.pid), time.monotonic()
                         result = load_test(f"127.0.0.1:{port}", payloads, protocol=protocol, concurrency=16,
                                            duration_s=seconds / (2 * SLICES), warmup=WARMUP)
+                        busy = _cpu_s(serve.pid) - cpu - idle_cpu_per_s * (time.monotonic() - started)
                         measured[side] = {"images_per_s": result.images_per_s, "p50_ms": result.latency_ms["p50"],
                                           "p99_ms": result.latency_ms["p99"], "errors": result.errors,
-                                          "serve_cpu_ms_per_request": (_cpu_s(serve.pid) - cpu) * 1000
-                                          / max(result.requests + WARMUP, 1)}
+                                          "serve_cpu_ms_per_request": busy * 1000 / max(result.requests + WARMUP, 1)}
                     measured["gated_vs_direct"] = measured["gated"]["images_per_s"] / measured["direct"]["images_per_s"]
                     slices.append(measured)
                 ratios = [s_["gated_vs_direct"] for s_ in slices]
@@ -433,7 +438,7 @@ def run_gate_case(case: str, seconds: float) -> dict:
             except subprocess.TimeoutExpired:
                 serve.kill()
     return {"model": source.metadata.name, "input_size": source.metadata.input_size, "concurrency": 16,
-            "rows": rows}
+            "serve_idle_cpu_ms_per_s": idle_cpu_per_s * 1000, "rows": rows}
 
 
 def _ready(port: int) -> bool:

@@ -228,6 +228,34 @@ def test_a_connection_flood_leaves_health_probes_answered(serve: Serve) -> None:
     assert_healthy(serve)
 
 
+def test_a_grpc_connection_flood_is_capped_in_serve_and_probes_stay_answered(serve: Serve) -> None:
+    # was: connections went to tritonserver itself, whose descriptors a flood exhausted (HTTP, gRPC, metrics down)
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    own = [("grpc.use_local_subchannel_pool", 1)]  # each channel its own connection
+    channels = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            channel = grpc.insecure_channel(f"127.0.0.1:{serve.ports[1]}", options=own)
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(service_pb2.ServerLiveRequest(), timeout=30)
+            channels.append(channel)
+        one_more = grpc.insecure_channel(f"127.0.0.1:{serve.ports[1]}", options=own)
+        code, text = grpc_refusal(service_pb2_grpc.GRPCInferenceServiceStub(one_more).ServerLive,
+                                  service_pb2.ServerLiveRequest())
+        assert code == "UNAVAILABLE" and "failed to connect" in text, text
+        one_more.close()
+        connection = http.client.HTTPConnection("127.0.0.1", serve.ports[0], timeout=10)
+        connection.request("GET", "/v2/health/ready")
+        assert connection.getresponse().status == 200
+        connection.close()
+    finally:
+        for channel in channels:
+            channel.close()
+    time.sleep(0.5)
+    assert_healthy(serve)
+
+
 def test_bad_shapes_and_a_short_jpeg_are_refused(serve: Serve) -> None:
     # was: shape [0, 1] with one image answered 200 with rank-1 outputs; 2^32+1 truncated to 32 bits upstream; a JPEG
     # whose header claims 6000x6000 over 451x300 data answered 200 with garbage

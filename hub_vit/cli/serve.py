@@ -227,7 +227,8 @@ def serve(
                                                 "(gzip/deflate); larger ones are refused (HTTP 413, gRPC "
                                                 "RESOURCE_EXHAUSTED) before they reach Triton."),
     max_connections: int = typer.Option(4096, help="Open HTTP connections beyond which only health requests are "
-                                                   "answered (others get 503)."),
+                                                   "answered (others get 503); also the most open gRPC "
+                                                   "connections (more are refused)."),
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
     from hub_vit.ports import PortError, check_host, check_ports
