@@ -30,7 +30,7 @@ command line), SLICES pairs per protocol in alternating order, medians of the pa
 CPU (the gates) per request, less its CPU without requests (its supervision). Written to bench/results/bench_gate.json
 unless `--out` says otherwise.
 
-    nice -n 10 .venv/bin/python bench/bench_serve.py --gate-cost
+    nice -n 10 .venv/bin/python bench/bench_serve.py --gate-cost --slices 8 --seconds 64
 """
 
 from __future__ import annotations
@@ -376,7 +376,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_gate_case(case: str, seconds: float) -> dict:
+def run_gate_case(case: str, seconds: float, slices_count: int = SLICES) -> dict:
     """Through the gates vs straight to the same tritonserver, at concurrency 16 (see the module docstring)."""
     source, payloads = CASES[case]()
     with tempfile.TemporaryDirectory(prefix="bench-gate-") as tmp:
@@ -400,14 +400,14 @@ def run_gate_case(case: str, seconds: float) -> dict:
             rows = {}
             for protocol in ("http", "grpc"):
                 slices = []
-                for index in range(SLICES):  # gated, direct, direct, gated, ...: drift hits both sides alike
+                for index in range(slices_count):  # gated, direct, direct, gated, ...: drift hits both sides alike
                     order = ("gated", "direct") if index % 2 == 0 else ("direct", "gated")
                     measured = {}
                     for side in order:
                         port = public[protocol] if side == "gated" else private[protocol]
                         cpu, started = _cpu_s(serve.pid), time.monotonic()
                         result = load_test(f"127.0.0.1:{port}", payloads, protocol=protocol, concurrency=16,
-                                           duration_s=seconds / (2 * SLICES), warmup=WARMUP)
+                                           duration_s=seconds / (2 * slices_count), warmup=WARMUP)
                         busy = _cpu_s(serve.pid) - cpu - idle_cpu_per_s * (time.monotonic() - started)
                         measured[side] = {"images_per_s": result.images_per_s, "p50_ms": result.latency_ms["p50"],
                                           "p99_ms": result.latency_ms["p99"], "errors": result.errors,
@@ -477,8 +477,12 @@ def main() -> None:
                         help="measure every row with each of these, in turn (default: both)")
     parser.add_argument("--gate-cost", action="store_true",
                         help="measure the gates of hub-vit serve instead: through them vs straight to Triton, c16")
+    parser.add_argument("--slices", type=int, default=SLICES,
+                        help="--gate-cost: pairs of measurements per protocol (more on a busy host)")
     add_note_option(parser)
     args = parser.parse_args()
+    if args.slices < 1:
+        raise SystemExit(f"--slices must be at least 1, got {args.slices}")
     if args.gate_cost:
         gate_cost(args)
         return
@@ -533,12 +537,12 @@ def gate_cost(args: argparse.Namespace) -> None:
     out = args.out if args.out != RESULTS / "bench_serve.json" else RESULTS / "bench_gate.json"
     check_writable(out.parent)
     report: dict[str, Any] = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient", "grpcio")),
-                              "complete": False, "slices": SLICES, "load_average_start": os.getloadavg(),
+                              "complete": False, "slices": args.slices, "load_average_start": os.getloadavg(),
                               "load_generator": "hub_vit.server.loadtest (Python, tritonclient asyncio), in this "
                                                 "process; hub-vit serve (the gates) and tritonserver in others",
                               "cases": {}}
     for case in args.models:
-        report["cases"][case] = run_gate_case(case, args.seconds)
+        report["cases"][case] = run_gate_case(case, args.seconds, args.slices)
         report["load_average_end"] = os.getloadavg()
         write_json(out, report)
     report["complete"] = True
