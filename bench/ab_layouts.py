@@ -31,7 +31,7 @@ from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.loadtest import load_test
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import MANIFEST, write_repository
-from hub_vit.server.source import ServingMetadata
+from hub_vit.server.source import ServingMetadata, serving_metadata
 
 PREVIOUS = "5b17ea8"  # the last commit with the two-step CPU layout
 MAX_BATCH = 16
@@ -79,8 +79,8 @@ def run_case(case: str, seconds: float, rounds: int, reverse: bool) -> dict[str,
         opts = ServingOptions(max_batch_size=MAX_BATCH)
         one = write_repository(source, Path(tmp) / "one_step", opts)
         gpu = write_repository(source, Path(tmp) / "gpu", ServingOptions(max_batch_size=MAX_BATCH, flavour="gpu"))
-        two = two_step_repository(source.metadata, opts, one, gpu, Path(tmp) / "two_steps")
-        local = InProcess(one / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
+        two = two_step_repository(serving_metadata(source), opts, one, gpu, Path(tmp) / "two_steps")
+        local = InProcess(one / "vit_classifier" / "1" / "model.onnx", serving_metadata(source), payloads)
         ports = {name: {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
                  for name in ("one_step", "two_steps")}
         rows: dict[str, dict[str, list[float]]] = {}

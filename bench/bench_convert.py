@@ -12,11 +12,11 @@ Each is run `--repeats` times (best time, largest peak RSS kept). Peak RSS is th
 transient import peak nor the benchmark process's own peak (which Linux hands down through fork/exec in
 `ru_maxrss`) is counted. It includes what the imports keep resident; that RSS after imports (numpy; torch and
 hub_vit for convert) is reported too, since torch alone costs a few hundred MB. Targets: convert <= 3x read time,
-and peak RSS <= 2.5x the file size. Results go to bench/results/bench_convert.json (or --out), rewritten after each
+and peak RSS <= 2.5x the file size. Results go to bench/results/convert_cpu.json (or --out), rewritten after each
 size with "complete": false until the last one is done.
 
     .venv/bin/python bench/bench_convert.py [--sizes B_16 L_16] [--repeats 2] [--workdir /tmp/hub_vit_bench]
-                                            [--out bench/results/bench_convert.json] [--note TEXT]
+                                            [--out bench/results/convert_cpu.json] [--note TEXT]
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "hub_vit_bench")
     parser.add_argument("--keep", action="store_true", help="keep the synthetic checkpoints")
-    parser.add_argument("--out", type=Path, default=RESULTS / "bench_convert.json", help="results JSON")
+    parser.add_argument("--out", type=Path, default=RESULTS / "convert_cpu.json", help="results JSON")
     add_note_option(parser)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)

@@ -186,12 +186,12 @@ def bench_variant(bench: Bench, variant: str, batches: list[int], work: Path, th
     import timm
     from transformers import ViTConfig, ViTForImageClassification
 
-    from hub_vit.export.sources import load_source
+    from hub_vit.export import load_source
     from hub_vit.export.variants import export_variants
 
     info: dict[str, Any] = {}
     torch.manual_seed(0)
-    hub = load_source(HUB_NAMES[variant]).model.eval()
+    hub = load_source(HUB_NAMES[variant]).module.eval()
     timm_model = timm.create_model(TIMM_NAMES[variant], pretrained=False).eval()
     hf = ViTForImageClassification(ViTConfig(**HF_SIZES[variant], num_labels=1000, image_size=224)).eval()
     hf_run = lambda x: hf(pixel_values=torch.from_numpy(x)).logits.numpy()  # noqa: E731

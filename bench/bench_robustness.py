@@ -352,7 +352,7 @@ def main() -> None:
     parser.add_argument("--drain-clients", type=int, default=4, help="HTTP clients during the drain")
     parser.add_argument("--drain-grpc-clients", type=int, default=2, help="gRPC clients during the drain")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=REPO / "bench/results/bench_robustness.json")
+    parser.add_argument("--out", type=Path, default=REPO / "bench/results/serve_robustness_cpu.json")
     add_note_option(parser)
     args = parser.parse_args()
     check_writable(args.out.parent)

@@ -27,8 +27,8 @@ the client's own CPU. perf_analyzer rows carry the suffix `_perf_analyzer`.
 `hub-vit serve --repository` process, and hub-vit's load generator at concurrency 16 (one image per request) sent in
 turn through the gates (the public ports) and straight to that same tritonserver (its private ports, read from its
 command line), SLICES pairs per protocol in alternating order, medians of the paired ratios; also the serve process's
-CPU (the gates) per request, less its CPU without requests (its supervision). Written to bench/results/bench_gate.json
-unless `--out` says otherwise.
+CPU (the gates) per request, less its CPU without requests (its supervision). Written to
+bench/results/serve_gate_cpu.json unless `--out` says otherwise.
 
     nice -n 10 .venv/bin/python bench/bench_serve.py --gate-cost --slices 8 --seconds 64
 """
@@ -54,12 +54,13 @@ from perf_analyzer import PerfAnalyzer, PerfAnalyzerUnavailable, locate, measure
 from PIL import Image
 from run_info import add_note_option, check_writable, run_info, write_json
 
+from hub_vit.resolve import ResolvedModel, resolve_model
 from hub_vit.server.client import Classifier
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.loadtest import batching_delta, load_test, percentiles
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import template_dir, write_repository
-from hub_vit.server.source import ModelSource, resolve
+from hub_vit.server.source import serving_metadata
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONCURRENCY = (1, 4, 16)
@@ -85,7 +86,7 @@ def _encode(array: np.ndarray, fmt: str = "JPEG") -> bytes:
     return buffer.getvalue()
 
 
-def digits_case() -> tuple[ModelSource, list[bytes]]:
+def digits_case() -> tuple[ResolvedModel, list[bytes]]:
     """The shipped default model on held-out digits (PNG), or a same-shape random stand-in if not trained yet."""
     from hub_vit.catalog import default_model_folder
     from hub_vit.train.digits import load_digits_split
@@ -93,17 +94,17 @@ def digits_case() -> tuple[ModelSource, list[bytes]]:
     images, _ = load_digits_split("val")
     payloads = [_encode(image, "PNG") for image in images[:64]]
     if (Path(default_model_folder()) / "model.safetensors").is_file():
-        return resolve(None), payloads
+        return resolve_model(None), payloads
     from hub_vit.catalog import DIGITS_SPEC
     from hub_vit.model import VisionTransformer
 
     model = VisionTransformer(DIGITS_SPEC).eval()
-    source = ModelSource.from_module(model, name="digits_standin", labels=[str(d) for d in range(10)],
+    source = ResolvedModel.from_module(model, name="digits_standin", labels=[str(d) for d in range(10)],
                                      pretrained_cfg={"input_size": (3, 32, 32), "crop_pct": 1.0})
     return source, payloads
 
 
-def ti16_case() -> tuple[ModelSource, list[bytes]]:
+def ti16_case() -> tuple[ResolvedModel, list[bytes]]:
     """SimpleViT-Ti/16 at 224 px (random weights: speed only) on real photos (JPEG)."""
     from skimage import data
 
@@ -111,7 +112,7 @@ def ti16_case() -> tuple[ModelSource, list[bytes]]:
     from hub_vit.model import VisionTransformer
 
     model = VisionTransformer(MODELS["simplevit_ti16"].spec).eval()
-    source = ModelSource.from_module(model, name="simplevit_ti16", pretrained_cfg={
+    source = ResolvedModel.from_module(model, name="simplevit_ti16", pretrained_cfg={
         "input_size": (3, 224, 224), "crop_pct": 0.875, "interpolation": "bilinear", "num_classes": 1000})
     photos = [data.astronaut(), data.chelsea(), data.coffee()]
     return source, [_encode(p) for p in photos]
@@ -306,7 +307,7 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         repo = write_repository(source, Path(tmp) / "repo", ServingOptions(max_batch_size=MAX_BATCH,
                                                                             ort_spinning=spinning))
-        local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", source.metadata, payloads)
+        local = InProcess(repo / "vit_classifier" / "1" / "model.onnx", serving_metadata(source), payloads)
         context = {"perf_analyzer": analyzer,
                    "perf_analyzer_data": write_input_data(payloads, Path(tmp) / "perf_analyzer_input.json")}
         with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
@@ -351,7 +352,7 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
                 "c1_p50_minus_in_process_ms": c1["p50_minus_in_process_ms"],
                 "c1_target_met": c1["p50_minus_in_process_ms"] <= 5.0,
             }
-    return {"model": source.metadata.name, "input_size": source.metadata.input_size, "tritonserver": version,
+    return {"model": source.name, "input_size": source.data.img_size, "tritonserver": version,
             "rows": rows, "targets": targets}
 
 
@@ -467,7 +468,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--seconds", type=float, default=8.0, help="per measurement")
-    parser.add_argument("--out", type=Path, default=RESULTS / "bench_serve.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "serve_cpu.json")
     parser.add_argument("--server-cpus", help="run Triton and the in-process baseline on these CPUs, e.g. 0,1")
     parser.add_argument("--client-cpus", help="run the load generator on these CPUs, e.g. 2-5")
     parser.add_argument("--spinning", action=argparse.BooleanOptionalAction, default=None,
@@ -534,7 +535,7 @@ def main() -> None:
 
 def gate_cost(args: argparse.Namespace) -> None:
     """`--gate-cost`: one result file, rewritten after each model."""
-    out = args.out if args.out != RESULTS / "bench_serve.json" else RESULTS / "bench_gate.json"
+    out = args.out if args.out != RESULTS / "serve_cpu.json" else RESULTS / "serve_gate_cpu.json"
     check_writable(out.parent)
     report: dict[str, Any] = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient", "grpcio")),
                               "complete": False, "slices": args.slices, "load_average_start": os.getloadavg(),

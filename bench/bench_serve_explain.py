@@ -22,11 +22,11 @@ from pathlib import Path
 
 from run_info import add_note_option, check_writable, run_info, write_json
 
+from hub_vit.resolve import ResolvedModel
 from hub_vit.server.client import AsyncClassifier
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
-from hub_vit.server.source import ModelSource
 
 TARGET = 0.85
 
@@ -73,7 +73,7 @@ def main() -> int:
     from hub_vit.model import VisionTransformer
 
     spec = get_entry(args.model).spec.replace(img_size=args.img_size)
-    source = ModelSource.from_module(VisionTransformer(spec).eval(), name=args.model)
+    source = ResolvedModel.from_module(VisionTransformer(spec).eval(), name=args.model)
     image = photo()
     with tempfile.TemporaryDirectory(prefix="bench-explain-") as tmp:
         repo = write_repository(source, Path(tmp) / "repository", ServingOptions())

@@ -451,7 +451,10 @@ def main() -> int:
         gpu_flags += ["--max-batch-size", "8"]
     images = photos()
     from hub_vit.catalog import default_model_folder
-    from hub_vit.server.source import resolve
+    from hub_vit.resolve import resolve_model
+    from hub_vit.server.config import preprocess_params
+    from hub_vit.server.options import ServingOptions
+    from hub_vit.server.source import serving_metadata
 
     samples = {p.name: p.read_bytes() for p in sorted(Path(default_model_folder()).glob("samples/*.png"))}
     with tempfile.TemporaryDirectory(prefix="hub-vit-gpu-check-") as tmp:
@@ -478,10 +481,8 @@ def main() -> int:
                 served.stop()
                 if reference is not None:
                     reference.stop()
-        meta = resolve(s16_folder).metadata  # the served transform's parameters, as config.pbtxt carries them
-    params = {"crop_size": json.dumps(list(meta.input_size)), "scale_size": json.dumps(list(meta.scale_size)),
-              "interpolation": meta.interpolation, "crop_mode": meta.crop_mode, "mean": json.dumps(list(meta.mean)),
-              "std": json.dumps(list(meta.std)), "max_pixels": "40000000"}
+        # the served transform's parameters, as config.pbtxt carries them
+        params = preprocess_params(serving_metadata(resolve_model(s16_folder)), ServingOptions())
     result["decode"] = decode_rate(params, images["chelsea"], seconds)
     log(f"decode: {result['decode']['images_per_s']:.0f} img/s on {result['decode']['threads']} threads")
     save()

@@ -66,13 +66,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def repo_path(path: Path) -> str:
+    """`path` relative to the repository when it lies inside it (a result records where in the tree it was written,
+    not the checkout's location on the machine that ran it), else as given."""
+    try:
+        return path.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The parsed options, JSON-safe (paths and other objects as strings; lists, numbers and flags kept)."""
+    """The parsed options, JSON-safe (paths inside the repository relative to it, other objects as strings; lists,
+    numbers and flags kept)."""
     def plain(value: Any) -> Any:
         if value is None or isinstance(value, bool | int | float | str):
             return value
         if isinstance(value, list | tuple):
             return [plain(v) for v in value]
+        if isinstance(value, Path):
+            return repo_path(value)
         return str(value)
     return {key: plain(value) for key, value in vars(args).items()}
 

@@ -6,7 +6,7 @@ writer behind `hub-vit convert` (`hub_vit.conversion.writer.convert_to_folder`).
 
 from __future__ import annotations
 
-from .convert import Conversion, convert_arrays, convert_file, convert_npz_file, convert_view
+from .convert import Conversion, convert_arrays, convert_file, convert_npz_file, convert_view, load_checkpoint
 from .infer import ArchitectureMismatchError, check_compatible, check_variant, infer_spec, match_architecture
 from .layouts import Layout, LayoutError, canonicalize, detect_layout
 from .npz_reader import CheckpointFormatError, NpzArchive, read_npz
@@ -27,6 +27,7 @@ __all__ = [
     "convert_view",
     "detect_layout",
     "infer_spec",
+    "load_checkpoint",
     "match_architecture",
     "read_npz",
 ]

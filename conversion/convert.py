@@ -18,8 +18,8 @@ import torch
 
 from hub_vit.layers import resample_posemb
 from hub_vit.variants import ViTSpec
-from hub_vit.weights import CheckpointMismatchError, mismatch_message
-from hub_vit.weights_check import check_sizes
+from hub_vit.weights import load_weights_file
+from hub_vit.weights_check import CheckpointMismatchError, check_sizes, mismatch_message
 
 from .infer import check_compatible, check_variant, infer_from_view
 from .keymap import planned
@@ -215,4 +215,15 @@ def convert_file(path: str | Path, spec: ViTSpec | None = None, **options: Any) 
         return convert_view(canonicalize(archive), spec, **options)
 
 
-__all__ = ["Conversion", "convert_arrays", "convert_file", "convert_npz_file", "convert_view"]
+def load_checkpoint(path: str | Path, spec: ViTSpec | None = None) -> dict[str, torch.Tensor]:
+    """Any weights file as a hub-vit state dict: a Google `.npz` converted to fit `spec` (see `convert_npz_file`),
+    `.safetensors` / `.pt` / `.pth` / `.bin` read by `hub_vit.weights.load_weights_file`. timm's `custom_load` and
+    `--init` / export of a weights file read through this."""
+    if Path(path).suffix.lower() == ".npz":
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
+        return convert_npz_file(path, spec=spec)
+    return load_weights_file(path)
+
+
+__all__ = ["Conversion", "convert_arrays", "convert_file", "convert_npz_file", "convert_view", "load_checkpoint"]

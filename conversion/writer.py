@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from hub_vit.atomic import missing_folders, remove_empty_folders
+from hub_vit.class_names import default_labels
+from hub_vit.data_config import GOOGLE_EVAL
 from hub_vit.model import VisionTransformer, count_parameters
 from hub_vit.variants import ViTSpec
 from hub_vit.weights import HEAD_KEYS, adapt_state_dict, load_strict
@@ -25,8 +27,6 @@ from .convert import Conversion, convert_file
 from .download import DEFAULT_TIMEOUT_S, Source, resolve_source
 from .infer import ArchitectureMismatchError, check_compatible, match_architecture
 from .verify import ParityReport, compare_to_reference, find_reference, self_consistency
-
-IMAGENET_SUBSETS = {1000: "imagenet-1k", 21843: "imagenet-21k-goog"}
 
 
 class ParityError(RuntimeError):
@@ -64,34 +64,21 @@ class FolderResult:
 
 
 def class_names(num_classes: int) -> list[str] | None:
-    """ImageNet-1k / ImageNet-21k names (from timm's bundled class lists) where the class count says so, else
-    `class_i`. Names are unique: a repeated description (ImageNet-1k has two "crane"s) gets its WordNet id."""
-    if num_classes == 0:
-        return None
-    subset = IMAGENET_SUBSETS.get(num_classes)
-    if subset is None:
-        return [f"class_{i}" for i in range(num_classes)]
-    from timm.data import ImageNetInfo
-
-    info = ImageNetInfo(subset)
-    names = [info.index_to_description(i) for i in range(num_classes)]
-    seen: dict[str, int] = {}
-    for name in names:
-        seen[name] = seen.get(name, 0) + 1
-    return [f"{n} ({info.index_to_label_name(i)})" if seen[n] > 1 else n for i, n in enumerate(names)]
+    """`hub_vit.class_names.default_labels` (ImageNet names where the class count says so, else `class_i`); None for
+    a head-less model."""
+    return default_labels(num_classes, unique=True) if num_classes else None
 
 
 def pretrained_cfg_for(source: Source, spec: ViTSpec) -> dict[str, Any]:
     """timm data config: the catalog's when the source is a known published file, else big_vision's evaluation
-    defaults (resize_small(size/0.875) | central_crop | value_range(-1, 1), i.e. mean = std = 0.5)."""
+    evaluation defaults (`hub_vit.data_config.GOOGLE_EVAL`); input size and classes are the model's."""
     from hub_vit.catalog import weights_at_url
 
     found = weights_at_url(source.url)
     if found is not None:
         cfg = dict(found[1].pretrained_cfg())
     else:
-        cfg = dict(crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5),
-                   std=(0.5, 0.5, 0.5), license="apache-2.0")
+        cfg = dict(GOOGLE_EVAL.pretrained_cfg(), license="apache-2.0")
         if source.url:
             cfg["origin_url"] = source.url
     cfg.update(input_size=(spec.in_chans, *spec.img_size), num_classes=spec.num_classes)
@@ -132,10 +119,10 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     with `verify=True` and no reference, fixed-input self-consistency is measured instead. A failed parity check
     raises `ParityError` and nothing is written.
     """
-    from hub_vit import __version__
     from hub_vit.folder import check_output_folder, save_model_folder
     from hub_vit.hf.native_vit import native_vit_blockers
     from hub_vit.model_cards import write_card_or_remove
+    from hub_vit.version import __version__
 
     out = Path(out)
     check_output_folder(out, overwrite)  # before a download or a conversion: a file in the way, an occupied folder

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 from hub_vit import registration
 from hub_vit.catalog import DEFAULT_MODEL, MODELS, ModelEntry, Weights, default_model_folder, get_entry
 from hub_vit.variants import SIZES, ViTSpec, parse_variant
+from hub_vit.version import __version__
 
 if TYPE_CHECKING:
     from hub_vit.folder import ModelFolderInfo, load_model_folder, save_model_folder
     from hub_vit.model import VisionTransformer, ViTOutput, count_parameters
-
-__version__ = "0.1.0"
 
 # name -> module that defines it (imported on first access: these pull in torch)
 _LAZY = {

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hub_vit.variants import ViTSpec
+from hub_vit.data_config import GOOGLE_EVAL, DataConfig
+from hub_vit.variants import CLASSIC_VIT, GENERIC_ARCHITECTURE, GENERIC_SPEC, SIMPLEVIT, ViTSpec
 
 GCS = "https://storage.googleapis.com"
 BIG_VISION_LICENSE = "apache-2.0"
@@ -18,13 +19,6 @@ VIT_JAX_LICENSE = "apache-2.0"
 PAPER_SIMPLEVIT = "arXiv:2205.01580"
 PAPER_VIT = "arXiv:2010.11929"
 PAPER_AUGREG = "arXiv:2106.10270"
-
-# timm data config of a Google ViT without published weights: [-1, 1] inputs (mean = std = 0.5), as vit_jax and
-# big_vision feed their models; bilinear resize of the shorter side to size/0.875, then a centre crop.
-DEFAULT_DATA_CFG: dict[str, Any] = dict(
-    crop_pct=0.875, crop_mode="center", interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-)
-
 
 @dataclass(frozen=True)
 class Weights:
@@ -38,8 +32,8 @@ class Weights:
     gs_url: str
     num_classes: int
     img_size: int = 224
-    crop_pct: float = 0.875
-    interpolation: str = "bilinear"
+    crop_pct: float = GOOGLE_EVAL.crop_pct
+    interpolation: str = GOOGLE_EVAL.interpolation
     dataset: str = "imagenet-1k"
     license: str = BIG_VISION_LICENSE
     paper: str = PAPER_VIT
@@ -60,16 +54,12 @@ class Weights:
             url=self.url,
             file=self.file or None,
             hf_hub_id=None,
-            custom_load=True,  # npz -> hub_vit.conversion, see VisionTransformer.load_pretrained
+            custom_load=True,  # npz -> hub_vit.conversion, see hub_vit.timm_plugin._load_pretrained
             num_classes=self.num_classes,
-            input_size=(3, self.img_size, self.img_size),
             pool_size=None,
-            crop_pct=self.crop_pct,
-            crop_mode="center",
-            interpolation=self.interpolation,
             fixed_input_size=False,
-            mean=DEFAULT_DATA_CFG["mean"],
-            std=DEFAULT_DATA_CFG["std"],
+            **DataConfig(img_size=(self.img_size, self.img_size), crop_pct=self.crop_pct,
+                         interpolation=self.interpolation).pretrained_cfg(),
             first_conv="patch_embed.proj",
             classifier="head",
             license=self.license,
@@ -95,11 +85,6 @@ class ModelEntry:
         valid = ", ".join(w.tag for w in self.weights) or "none"
         raise ValueError(f"model {self.name!r} has no pretrained tag {tag!r}; valid tags: {valid}")
 
-
-# SimpleViT (big_vision configs/vit_s16_i1k.py): sincos2d + GAP + Dense+tanh pre-logits (rep_size=True); no cls token.
-SIMPLEVIT = dict(posemb="sincos2d", pool_type="gap", rep_size=True)
-# Classic ViT (vit_jax): class token, learned position embedding with a class-token slot, linear head.
-CLASSIC_VIT = dict(posemb="learn", pool_type="tok", posemb_on_cls=True)
 
 _SIMPLEVIT_S16_RESULTS = {  # "Better plain ViT baselines" Table 2: ImageNet val / ReaL / v2 top-1 (%)
     "90ep": {"top1": 76.5, "real_top1": 83.1, "v2_top1": 64.2},
@@ -216,7 +201,7 @@ def _entries() -> dict[str, ModelEntry]:
                            ("b32", "B/32"), ("l16", "L/16"), ("so400m14", "So400m/14"), ("h14", "H/14")]:
         entries.append(ModelEntry(
             name=f"simplevit_{short}",
-            spec=ViTSpec.from_variant(variant, **SIMPLEVIT),
+            spec=GENERIC_SPEC if variant == "S/16" else ViTSpec.from_variant(variant, **SIMPLEVIT),
             family="simplevit",
             description=f"SimpleViT-{variant}: sincos2d posemb, global average pooling, tanh pre-logits, no cls token",
             weights=_simplevit_s16_weights() if short == "s16" else (),
@@ -244,6 +229,18 @@ def get_entry(name: str) -> ModelEntry:
     if base not in MODELS:
         raise KeyError(f"unknown hub-vit model {name!r}; valid names: {', '.join(MODELS)}")
     return MODELS[base]
+
+
+def timm_architecture(spec: ViTSpec) -> str:
+    """The registered timm name whose architecture equals `spec` (ignoring classes, image size and head init),
+    else the generic 'hub_vit' entry point."""
+    key = architecture_key(spec)
+    return next((name for name, entry in MODELS.items() if architecture_key(entry.spec) == key), GENERIC_ARCHITECTURE)
+
+
+def architecture_key(spec: ViTSpec) -> dict[str, Any]:
+    """The fields that make two specs the same registered architecture (classes, image size and head init aside)."""
+    return {k: v for k, v in spec.to_dict().items() if k not in ("num_classes", "img_size", "head_zeroinit")}
 
 
 def weights_at_url(url: str | None) -> tuple[ModelEntry, Weights] | None:

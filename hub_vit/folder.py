@@ -87,8 +87,7 @@ def _check_labels(labels: Sequence[str] | None, spec: ViTSpec) -> list[str] | No
 
 
 def _check_architecture(architecture: str | None, spec: ViTSpec) -> str:
-    from hub_vit.catalog import MODELS
-    from hub_vit.hf.configuration_hub_vit import GENERIC_ARCHITECTURE, _architecture_key, timm_architecture
+    from hub_vit.catalog import GENERIC_ARCHITECTURE, MODELS, architecture_key, timm_architecture
 
     if architecture is None:
         return timm_architecture(spec)
@@ -97,7 +96,7 @@ def _check_architecture(architecture: str | None, spec: ViTSpec) -> str:
     if architecture not in MODELS:
         raise ValueError(f"unknown architecture {architecture!r}; valid: {GENERIC_ARCHITECTURE!r} or a registered "
                          f"name ({', '.join(MODELS)})")
-    if _architecture_key(MODELS[architecture].spec) != _architecture_key(spec):
+    if architecture_key(MODELS[architecture].spec) != architecture_key(spec):
         raise ValueError(f"architecture {architecture!r} does not describe this model (its spec differs beyond "
                          f"num_classes / img_size); use {timm_architecture(spec)!r}")
     return architecture
@@ -237,12 +236,19 @@ def save_model_folder(
     return folder
 
 
+def read_folder_config(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The parsed `config.json` of a hub-vit model folder (`model_type` 'hub_vit'), without loading the model; None
+    when `folder` is not one or its config cannot be read."""
+    try:
+        config = json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) and config.get("model_type") == "hub_vit" else None
+
+
 def is_model_folder(folder: Path) -> bool:
     """A hub-vit model folder: `config.json` with `model_type` 'hub_vit'."""
-    try:
-        return json.loads((folder / CONFIG_FILE).read_text()).get("model_type") == "hub_vit"
-    except (OSError, ValueError, AttributeError):
-        return False
+    return read_folder_config(folder) is not None
 
 
 def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: Sequence[Path] = ()) -> None:
@@ -281,7 +287,7 @@ def read_labels(folder: str | os.PathLike[str]) -> list[str]:
 def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer, ModelFolderInfo]:
     """Load a hub-vit model folder into a `VisionTransformer` (eval mode, strict) plus its `ModelFolderInfo`."""
     from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
-    from hub_vit.weights import load_weights_file
+    from hub_vit.weights import load_adapted_state_dict, load_weights_file
     from hub_vit.weights_check import check_weights_file
 
     folder = Path(folder)
@@ -303,7 +309,7 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     check_weights_file(weights_path, spec, config=CONFIG_FILE)  # header vs config, sizes, dtypes: nothing read yet
     model = VisionTransformer(spec)
     try:
-        model.load_adapted_state_dict(load_weights_file(weights_path))
+        load_adapted_state_dict(model, load_weights_file(weights_path))
     except ValueError as exc:  # non-finite values (the header had nothing else left to refuse)
         raise type(exc)(f"{weights_path}: {exc}") from None
     model.eval()
@@ -321,4 +327,4 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     return model, info
 
 
-__all__ = ["ModelFolderInfo", "load_model_folder", "read_labels", "save_model_folder"]
+__all__ = ["ModelFolderInfo", "load_model_folder", "read_folder_config", "read_labels", "save_model_folder"]

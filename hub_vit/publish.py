@@ -220,7 +220,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, toke
         for name in plan.files if name != CARD
     ]
     operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=plan.card_text.encode("utf-8")))
-    from hub_vit import __version__
+    from hub_vit.version import __version__
 
     api.create_commit(repo_id, operations, repo_type="model",
                       commit_message=commit_message or f"Upload hub-vit model folder (hub-vit {__version__})")

@@ -10,6 +10,7 @@ functions are generated from the catalog, so the table stays the only source.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -17,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 
-from hub_vit.catalog import DEFAULT_DATA_CFG, GENERIC_DEFAULT, MODELS, ModelEntry
-from hub_vit.variants import ViTSpec
+from hub_vit.catalog import MODELS, ModelEntry
+from hub_vit.variants import DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, ViTSpec
 
 if TYPE_CHECKING:
     from hub_vit.model import VisionTransformer
@@ -47,13 +48,12 @@ default_cfgs = generate_default_cfgs({k: v for e in MODELS.values() for k, v in 
 def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwargs: Any) -> VisionTransformer:
     """timm's builder (pretrained cfg, weight loading, features_only) for one spec; the one place that imports the
     model, so registration itself stays free of it (see the note at the top)."""
-    from hub_vit.model import VisionTransformer
     from hub_vit.weights import adapt_state_dict
 
     if pretrained:
         _check_weights(architecture, spec, cfg, kwargs)
-    return build_model_with_cfg(
-        VisionTransformer,
+    model = build_model_with_cfg(
+        _timm_model,
         architecture,
         pretrained,
         pretrained_cfg=cfg,
@@ -62,6 +62,28 @@ def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwarg
         feature_cfg=dict(out_indices=min(3, spec.depth), feature_cls="getter"),  # timm ViT: the last 3 blocks
         **kwargs,
     )
+    for module in model.modules():  # the hook has served (or was not needed): the model leaves as the plain class
+        vars(module).pop("load_pretrained", None)
+    return model
+
+
+def _timm_model(**kwargs: Any) -> VisionTransformer:
+    """timm's `model_cls`: a `VisionTransformer` carrying, for this build only, timm's `custom_load` hook
+    (`model.load_pretrained(path)`, through which timm hands over a Google `.npz`). Reading weight files belongs
+    above the model core, so the hook is bound here rather than defined on the class; `_build` removes it again."""
+    from hub_vit.model import VisionTransformer
+
+    model = VisionTransformer(**kwargs)
+    model.load_pretrained = functools.partial(_load_pretrained, model)
+    return model
+
+
+def _load_pretrained(model: VisionTransformer, checkpoint_path: str, prefix: str = "") -> None:
+    """timm `custom_load`: a Google `.npz` (converted to fit the model's spec) or a safetensors / torch state dict."""
+    from hub_vit.conversion import load_checkpoint
+    from hub_vit.weights import load_adapted_state_dict
+
+    load_adapted_state_dict(model, load_checkpoint(checkpoint_path, spec=model.spec))
 
 
 def _check_weights(architecture: str, spec: ViTSpec, cfg: Any, kwargs: dict[str, Any]) -> None:
@@ -113,8 +135,8 @@ def create_hub_vit(name: str, pretrained: bool = False, **kwargs: Any) -> Vision
 
 
 def _npz_through_converter(cfg: Any) -> Any:
-    """A `file=` ending in `.npz` is a Google checkpoint: load it through `VisionTransformer.load_pretrained`
-    (hub-vit's npz conversion). timm resets `custom_load` whenever a `file` is given, and its own loader would hand
+    """A `file=` ending in `.npz` is a Google checkpoint: load it through timm's `custom_load` hook (`_load_pretrained`:
+    hub-vit's npz conversion). timm resets `custom_load` whenever a `file` is given, and its own loader would hand
     the npz to `torch.load`, which fails with a bare `hasRecord("version")` error."""
     if cfg.file and str(cfg.file).lower().endswith(".npz") and not cfg.custom_load:
         return replace(cfg, custom_load=True)
@@ -145,7 +167,7 @@ for _entry in MODELS.values():
     globals()[_entry.name] = register_model(_make_entrypoint(_entry))
 
 
-CUSTOM_ARCHITECTURE = "hub_vit"
+CUSTOM_ARCHITECTURE = GENERIC_ARCHITECTURE
 default_cfgs[CUSTOM_ARCHITECTURE] = generate_default_cfgs({CUSTOM_ARCHITECTURE: dict(_UNTRAINED_CFG)})[
     CUSTOM_ARCHITECTURE
 ]
@@ -165,7 +187,7 @@ def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     elif all(name in spec_fields for name in ("width", "depth", "mlp_dim", "num_heads", "patch_size")):
         spec = ViTSpec(**spec_fields)
     else:
-        default = MODELS[GENERIC_DEFAULT].spec
+        default = GENERIC_SPEC
         if default.rep_size == default.width:  # its pre-logits layer is as wide as the model, whatever the width
             spec_fields.setdefault("rep_size", True)
         spec = ViTSpec(**{**dataclasses.asdict(default), **spec_fields})

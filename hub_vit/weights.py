@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hub_vit.layers import resample_pos_table
-from hub_vit.variants import ViTSpec
+from hub_vit.weights_check import CheckpointMismatchError, check_values, mismatch_message, strip_prefix
 
 if TYPE_CHECKING:
     from hub_vit.model import VisionTransformer
@@ -20,12 +20,9 @@ if TYPE_CHECKING:
 HEAD_KEYS = ("head.weight", "head.bias")
 
 
-class CheckpointMismatchError(ValueError):
-    """A state dict does not fit the model; the message lists every missing, unexpected and mis-shaped key."""
-
-
-def load_weights_file(path: str | Path, spec: ViTSpec | None = None) -> dict[str, torch.Tensor]:
-    """Read `.safetensors`, `.pt/.pth/.bin` (weights only, never arbitrary pickles) or a Google `.npz` checkpoint."""
+def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read `.safetensors` or `.pt/.pth/.bin` (weights only, never arbitrary pickles). A Google `.npz` checkpoint is
+    another format with its own reader: `hub_vit.conversion.load_checkpoint` reads all of them."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
@@ -38,19 +35,9 @@ def load_weights_file(path: str | Path, spec: ViTSpec | None = None) -> dict[str
         state = torch.load(str(path), map_location="cpu", weights_only=True)
         return state.get("state_dict", state) if isinstance(state, dict) else state
     if suffix == ".npz":
-        from hub_vit.conversion import convert_npz_file
-
-        return convert_npz_file(path, spec=spec)
+        raise ValueError(f"{path.name!r} is a Google JAX checkpoint: read it with hub_vit.conversion.load_checkpoint "
+                         "(or convert it once with `hub-vit convert`)")
     raise ValueError(f"unsupported weights file {path.name!r}; expected .safetensors, .npz, .pt, .pth or .bin")
-
-
-def strip_prefix(state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...] = ("vit.", "model.", "module.")
-                 ) -> dict[str, torch.Tensor]:
-    """Remove a wrapper prefix (transformers `vit.`, DDP `module.`) when every key carries it."""
-    for prefix in prefixes:
-        if state_dict and all(k.startswith(prefix) for k in state_dict):
-            return {k[len(prefix):]: v for k, v in state_dict.items()}
-    return state_dict
 
 
 def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransformer,
@@ -61,8 +48,6 @@ def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransform
     non-finite weights (`hub_vit.weights_check.check_values`). Also used as timm's
     `pretrained_filter_fn`. `source_grid` is the (rows, cols) patch grid the checkpoint's learned position embedding
     was trained on; without it the grid must be square."""
-    from hub_vit.weights_check import check_values
-
     state_dict = dict(strip_prefix(state_dict))
     check_values(state_dict, "the checkpoint")  # NaN weights would serve NaN; integer ones would be cast silently
     spec = model.spec
@@ -112,20 +97,16 @@ def check_state_dict(state_dict: dict[str, torch.Tensor], model: torch.nn.Module
                                                        mis_shaped))
 
 
-def mismatch_message(header: str, missing: list[str], unexpected: list[str], mis_shaped: list[str],
-                     missing_note: str = "") -> str:
-    """One message naming every missing, unexpected and mis-shaped key, each group with its count."""
-    lines = [header]
-    if missing:
-        lines.append(f"  missing keys ({len(missing)}){missing_note}: {', '.join(missing)}")
-    if unexpected:
-        lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
-    if mis_shaped:
-        lines.append(f"  shape mismatches ({len(mis_shaped)}): {'; '.join(mis_shaped)}")
-    return "\n".join(lines)
-
-
 def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
     """`load_state_dict(strict=True)`, preceded by a full diff so the error names every problem at once."""
     check_state_dict(state_dict, model)
     model.load_state_dict(state_dict, strict=True)
+
+
+def load_adapted_state_dict(model: VisionTransformer, state_dict: dict[str, torch.Tensor]) -> None:
+    """Strictly load a checkpoint into `model` after adapting it (prefix, position-embedding size, head size)."""
+    load_strict(model, adapt_state_dict(state_dict, model))
+
+
+__all__ = ["CheckpointMismatchError", "adapt_state_dict", "check_state_dict", "load_adapted_state_dict",
+           "load_strict", "load_weights_file", "mismatch_message", "strip_prefix"]

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from hub_vit.variants import ViTSpec
-from hub_vit.weights import CheckpointMismatchError, mismatch_message, strip_prefix
 
 # safetensors dtype names -> bytes per value. Only floating-point weights make a model.
 FLOAT_ITEMSIZE: dict[str, int] = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
@@ -29,6 +28,32 @@ FLOAT_ITEMSIZE: dict[str, int] = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 MAX_TENSOR_VALUES = 1 << 28
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header
 GIB = float(1 << 30)
+
+
+class CheckpointMismatchError(ValueError):
+    """A state dict does not fit the model; the message lists every missing, unexpected and mis-shaped key."""
+
+
+def strip_prefix(state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...] = ("vit.", "model.", "module.")
+                 ) -> dict[str, torch.Tensor]:
+    """Remove a wrapper prefix (transformers `vit.`, DDP `module.`) when every key carries it."""
+    for prefix in prefixes:
+        if state_dict and all(k.startswith(prefix) for k in state_dict):
+            return {k[len(prefix):]: v for k, v in state_dict.items()}
+    return state_dict
+
+
+def mismatch_message(header: str, missing: list[str], unexpected: list[str], mis_shaped: list[str],
+                     missing_note: str = "") -> str:
+    """One message naming every missing, unexpected and mis-shaped key, each group with its count."""
+    lines = [header]
+    if missing:
+        lines.append(f"  missing keys ({len(missing)}){missing_note}: {', '.join(missing)}")
+    if unexpected:
+        lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+    if mis_shaped:
+        lines.append(f"  shape mismatches ({len(mis_shaped)}): {'; '.join(mis_shaped)}")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -220,5 +245,6 @@ def check_values(state_dict: Mapping[str, torch.Tensor], source: str, consequenc
                          f"corrupt or from a diverged run, {consequence}")
 
 
-__all__ = ["MAX_TENSOR_VALUES", "TensorHeader", "available_memory", "check_against_spec", "check_header",
-           "check_sizes", "check_values", "check_weights_file", "read_safetensors_header"]
+__all__ = ["MAX_TENSOR_VALUES", "CheckpointMismatchError", "TensorHeader", "available_memory", "check_against_spec",
+           "check_header", "check_sizes", "check_values", "check_weights_file", "mismatch_message",
+           "read_safetensors_header", "strip_prefix"]

@@ -43,7 +43,7 @@ FAMILY_TITLES = {"simplevit": "SimpleViT", "vit": "ViT"}
 
 
 def _version() -> str:
-    from hub_vit import __version__
+    from hub_vit.version import __version__
 
     return __version__
 

@@ -6,10 +6,10 @@ significant digits (`format(x, ".6g")`), GMACs with two decimals.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
+from hub_vit.data_config import DataConfig
 from hub_vit.variants import ViTSpec
 
 from .facts import FolderFacts
@@ -98,23 +98,14 @@ def value_range(mean: list[float], std: list[float]) -> str:
 
 
 def preprocessing_rows(facts: FolderFacts) -> Rows:
-    cfg = facts.pretrained_cfg
-    rows: Rows = []
-    input_size = cfg.get("input_size") or [facts.spec.in_chans, *facts.spec.img_size]
-    _, height, width = input_size
-    crop_pct = cfg.get("crop_pct")
-    interpolation = cfg.get("interpolation", "bilinear")
-    if crop_pct:
-        # timm's eval transform: resize so the crop is crop_pct of the resized image, then centre-crop
-        scale = (math.floor(height / crop_pct), math.floor(width / crop_pct))
-        rows.append(("resize", f"{scale[0]} x {scale[1]} ({interpolation}; `floor(size / crop_pct)`)"
-                     if scale[0] != scale[1] else f"shorter side to {scale[0]} px ({interpolation})"))
-        rows.append(("crop", f"{cfg.get('crop_mode', 'center')} crop to {height} x {width} "
-                             f"(`crop_pct` {fmt_number(float(crop_pct))})"))
-    else:
-        rows.append(("resize", f"{height} x {width} ({interpolation})"))
-    rows.append(("input tensor", f"NCHW float32, {input_size[0]} x {height} x {width}"))
-    mean, std = list(cfg.get("mean", (0.5,) * 3)), list(cfg.get("std", (0.5,) * 3))
+    data = DataConfig.from_pretrained_cfg(facts.pretrained_cfg, facts.spec)  # the one reading of the eval transform
+    (height, width), (scale_h, scale_w) = data.img_size, data.scale_size
+    # timm's eval transform: resize so the crop is crop_pct of the resized image, then centre-crop
+    rows: Rows = [("resize", f"{scale_h} x {scale_w} ({data.interpolation}; `floor(size / crop_pct)`)"
+                   if scale_h != scale_w else f"shorter side to {scale_h} px ({data.interpolation})"),
+                  ("crop", f"{data.crop_mode} crop to {height} x {width} (`crop_pct` {fmt_number(data.crop_pct)})"),
+                  ("input tensor", f"NCHW float32, {data.in_chans} x {height} x {width}")]
+    mean, std = list(data.mean), list(data.std)
     rows.append(("normalise", f"`(x - mean) / std` with mean {fmt_value(mean)} and std {fmt_value(std)} "
                               "on pixels scaled to [0, 1]"))
     rows.append(("value range", value_range(mean, std)))

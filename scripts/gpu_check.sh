@@ -83,9 +83,9 @@ fi
 "$PY" - <<'EOF' || exit 1
 import importlib.metadata as md, sys
 import numpy, torch
-import hub_vit.server.launcher as launcher
-install = launcher.find_triton()
-print(f"   python {sys.version.split()[0]}, numpy {numpy.__version__} (stubs: {launcher.installed_numpy()}), "
+import hub_vit.server.triton_install as triton_install
+install = triton_install.find_triton()
+print(f"   python {sys.version.split()[0]}, numpy {numpy.__version__} (stubs: {triton_install.installed_numpy()}), "
       f"torch {torch.__version__}, CUDA {torch.cuda.is_available()}, tritonclient {md.version('tritonclient')}")
 print(f"   tritonserver {install.binary}")
 EOF

@@ -75,13 +75,11 @@ def _outputs(group: Any, meta: ServingMetadata, opts: ServingOptions, *, logits:
     _tensor(group, "labels", mc.TYPE_STRING, [k])
 
 
-def _image_input(config: mc.ModelConfig, meta: ServingMetadata, opts: ServingOptions,
-                 warmup_batches: tuple[int, ...] = (1,)) -> None:
-    """`image` (one encoded image per row) in, with the transform's parameters and warm-ups on a real encoded image
-    (random bytes would not decode; Triton repeats it for each row of a warm-up batch): the front of every model that
-    decodes."""
-    _tensor(config.input, "image", mc.TYPE_STRING, [1])
-    _params(config, {
+def preprocess_params(meta: ServingMetadata, opts: ServingOptions) -> dict[str, str]:
+    """The served transform as the decoding step's config parameters (string values, lists as JSON): the template's
+    `Preprocess.from_params` reads exactly these, so the numbers come from the model's data config, never from the
+    template."""
+    values: dict[str, Any] = {
         "crop_size": list(meta.input_size),
         "scale_size": list(meta.scale_size),
         "interpolation": meta.interpolation,
@@ -89,7 +87,17 @@ def _image_input(config: mc.ModelConfig, meta: ServingMetadata, opts: ServingOpt
         "mean": list(meta.mean),
         "std": list(meta.std),
         "max_pixels": str(opts.max_pixels),
-    })
+    }
+    return {key: value if isinstance(value, str) else json.dumps(value) for key, value in values.items()}
+
+
+def _image_input(config: mc.ModelConfig, meta: ServingMetadata, opts: ServingOptions,
+                 warmup_batches: tuple[int, ...] = (1,)) -> None:
+    """`image` (one encoded image per row) in, with the transform's parameters and warm-ups on a real encoded image
+    (random bytes would not decode; Triton repeats it for each row of a warm-up batch): the front of every model that
+    decodes."""
+    _tensor(config.input, "image", mc.TYPE_STRING, [1])
+    _params(config, preprocess_params(meta, opts))
     for size in sorted(set(warmup_batches)):
         name = "one_encoded_image" if size == 1 else f"encoded_image_batch_{size}"
         warmup = config.model_warmup.add(name=name, batch_size=size)

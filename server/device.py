@@ -20,7 +20,7 @@ class DeviceChoice:
 def cuda_device_name() -> str | None:
     """`NVIDIA H100 80GB HBM3` for the first CUDA device torch sees, None without one (or without a CUDA torch).
     Without an NVIDIA driver's device nodes torch is not even imported (a second saved at every start)."""
-    from hub_vit.server.launcher import has_gpu
+    from hub_vit.server.triton_install import has_gpu
 
     if not has_gpu():
         return None

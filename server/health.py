@@ -6,7 +6,7 @@ instance fails (HTTP 500 "Stub process ... is not healthy"). `hub-vit serve` wat
 a server; a server started otherwise (the Dockerfile's CMD, a Kubernetes pod) needs its probe to see it.
 
 The stubs are found in /proc, so the check runs where the server runs (inside its container): each stub's command line
-names the model file under the repository and the model instance (`launcher.STUB`). The expected instances come from
+names the model file under the repository and the model instance (`processes.STUB`). The expected instances come from
 the repository's `config.pbtxt` files. When no stub of the repository is alive, a `tritonserver` process started with
 `--model-repository=<that repository>` tells "all stubs died" from "not the server's host".
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hub_vit.server import client
-from hub_vit.server.launcher import STUB_MODEL_FILE_ARG, live_processes, stub_args, stub_instance
+from hub_vit.server.processes import STUB_MODEL_FILE_ARG, live_processes, stub_args, stub_instance
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ REPOSITORY_FLAGS = ("--model-repository", "--model-store")
 
 
 def served_repositories(cmdline: str, cwd: str = "/") -> list[str]:
-    """The model repositories a tritonserver command line (as `launcher.live_processes` reads it) serves, as real
+    """The model repositories a tritonserver command line (as `processes.live_processes` reads it) serves, as real
     paths (a relative one taken from `cwd`, the process's working folder); [] when the program is not tritonserver:
     a shell or an editor merely naming it does not serve anything. Both `--model-repository=X` (hub-vit's launcher,
     the Dockerfile's CMD) and `--model-repository X` are read; Triton takes the flag more than once."""

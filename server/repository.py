@@ -4,17 +4,18 @@ Layout (`<name>` defaults to `vit`; clients call the ensemble `<name>`: image ->
 
     <out>/<name>/config.pbtxt                      the ensemble: CPU one step, GPU three
     CPU flavour: one Python-backend step decodes, runs ONNX Runtime and ranks (one stub hop per request)
-    <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/topk.py, 1/triton_errors.py,
-                             1/model.onnx, 1/labels.txt, warmup/image}
+    <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/image_modes.py, 1/topk.py,
+                             1/triton_errors.py, 1/model.onnx, 1/labels.txt, warmup/image}
         + 1/explained.py, 1/served_rollout.py, 1/model_attentions.onnx when it serves rollout (options.explain)
     GPU flavour: the classifier runs in Triton's own ORT / TensorRT backend on the GPU
-    <out>/<name>_preprocess/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/triton_errors.py, warmup/image}
+    <out>/<name>_preprocess/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/image_modes.py, 1/triton_errors.py,
+                             warmup/image}
     <out>/<name>_classifier/{config.pbtxt, 1/model.onnx | 1/model.plan}
     <out>/<name>_postprocess/{config.pbtxt, 1/model.py, 1/topk.py, 1/labels.txt}: logits -> top-k
 
     torch flavour: one Python-backend step decodes, runs the hub-vit model in PyTorch (cuda or cpu) and ranks
-    <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/topk.py, 1/triton_errors.py,
-                             1/model/{config.json, model.safetensors}, 1/labels.txt, warmup/image}
+    <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/image_modes.py, 1/topk.py,
+                             1/triton_errors.py, 1/model/{config.json, model.safetensors}, 1/labels.txt, warmup/image}
 
     <out>/hub_vit_repository.json                  what was generated from what (Triton ignores plain files)
 
@@ -34,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from hub_vit import __version__
-from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir, staging_dir
+from hub_vit.atomic import file_in_the_way, holds_cwd, remove_empty_folders, replace_dir, staging_dir
+from hub_vit.resolve import ResolvedModel
 from hub_vit.server.config import (
     ATTENTIONS_FILE,
     GENERATED_HEADER,
@@ -50,9 +52,10 @@ from hub_vit.server.config import (
     torch_classifier_config,
 )
 from hub_vit.server.options import ServingOptions
-from hub_vit.server.source import ModelSource, ServingMetadata
+from hub_vit.server.source import ServingMetadata, serving_metadata
 
 MANIFEST = "hub_vit_repository.json"
+PACKAGE = "hub_vit"  # a `_templates` source: a module of the hub_vit package, copied as is
 TORCH_MODEL_DIR = "model"  # the torch flavour's hub-vit model folder, in the classifier's version folder
 
 
@@ -61,7 +64,7 @@ def template_dir(name: str) -> Path:
     return Path(str(resources.files("hub_vit.server") / "templates" / name))
 
 
-def write_repository(source: ModelSource, out_dir: str | Path, options: ServingOptions | None = None, *,
+def write_repository(source: ResolvedModel, out_dir: str | Path, options: ServingOptions | None = None, *,
                      overwrite: bool = False) -> Path:
     """Generate the repository for `source` under `out_dir`; returns `out_dir`."""
     opts = options or ServingOptions()
@@ -85,24 +88,16 @@ def write_repository(source: ModelSource, out_dir: str | Path, options: ServingO
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = staging_dir(out)  # also removes what a killed writer of `out` left
     except OSError as err:  # named by the folder asked for, not by the hidden staging folder beside it
-        _remove_empty(created)
+        remove_empty_folders(created)
         raise OSError(err.errno, err.strerror, str(out)) from None
     try:
         _fill(staging, source, opts)
         replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        _remove_empty(created)  # a refused model leaves no trace, not even the folders made for it
+        remove_empty_folders(created)  # a refused model leaves no trace, not even the folders made for it
         raise
     return out
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    for folder in folders:
-        try:
-            folder.rmdir()  # only if empty: something else put there meanwhile stays
-        except OSError:
-            return
 
 
 def _is_generated_repository(folder: Path) -> bool:
@@ -117,7 +112,7 @@ def _is_generated_repository(folder: Path) -> bool:
     return False
 
 
-def _compute_bound(source: ModelSource) -> bool:
+def _compute_bound(source: ResolvedModel) -> bool:
     """Whether the classifier needs at least SPIN_MIN_GMACS per image (unknown, e.g. a bare ONNX file: assume yes)."""
     spec = getattr(source.module, "spec", None)
     if spec is None:
@@ -132,7 +127,7 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
     """Repository-relative path -> what hub-vit's own code puts there: a config's text, or the packaged template file
     copied beside it (the Python-backend `model.py` and the modules it imports). The rest of a repository (weights,
     labels, warm-up image) comes from the model. `outdated_files` compares a repository with this."""
-    decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common"}
+    decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common", "image_modes.py": PACKAGE}
     cls = opts.step("classifier")
     files: dict[str, str | Path] = {f"{opts.name}/config.pbtxt": render(ensemble_config(meta, opts, rollout))}
     if opts.flavour == "cpu":
@@ -153,8 +148,14 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
 
 
 def _templates(step: str, files: dict[str, str]) -> dict[str, Path]:
-    """{file: template} -> {`<step>/1/<file>`: the packaged template file}, where the Python backend imports it."""
-    return {f"{step}/1/{file}": template_dir(template) / file for file, template in files.items()}
+    """{file: template} -> {`<step>/1/<file>`: the packaged template file}, where the Python backend imports it;
+    template PACKAGE is hub_vit's own module of that name (`image_modes.py`: one copy of the image-mode rules)."""
+    return {f"{step}/1/{file}": (_package_dir() if template == PACKAGE else template_dir(template)) / file
+            for file, template in files.items()}
+
+
+def _package_dir() -> Path:
+    return Path(str(resources.files("hub_vit")))
 
 
 def _write_labels(folder: Path, meta: ServingMetadata) -> None:
@@ -166,8 +167,8 @@ def _write_warmup_image(folder: Path, meta: ServingMetadata) -> None:
     (folder / "warmup" / WARMUP_IMAGE_FILE).write_bytes(_warmup_element(meta))
 
 
-def _fill(root: Path, source: ModelSource, opts: ServingOptions) -> None:
-    meta = source.metadata
+def _fill(root: Path, source: ResolvedModel, opts: ServingOptions) -> None:
+    meta = serving_metadata(source)
     scale_h, scale_w = meta.scale_size
     if opts.max_pixels < scale_h * scale_w:  # every image, the warm-up's first, would be refused as too large
         raise ValueError(f"max_pixels (--max-pixels) {opts.max_pixels} is less than the model's own resize before "
@@ -263,7 +264,7 @@ def _model_file_name(opts: ServingOptions) -> str:
     return "model.plan" if opts.flavour == "gpu" and opts.gpu_backend == "tensorrt" else "model.onnx"
 
 
-def _model_file(source: ModelSource, opts: ServingOptions) -> str:
+def _model_file(source: ResolvedModel, opts: ServingOptions) -> str:
     if opts.flavour == "torch":
         if source.module is None:
             what = "a TensorRT engine" if source.engine_path is not None else "an exported ONNX file"
@@ -283,7 +284,7 @@ def _model_file(source: ModelSource, opts: ServingOptions) -> str:
     return "model.onnx"
 
 
-def _check_engine(source: ModelSource, opts: ServingOptions) -> None:
+def _check_engine(source: ResolvedModel, opts: ServingOptions) -> None:
     """An engine's optimization profile must take every batch Triton sends it (1 .. max_batch_size, warmup included)
     and the served image size; Triton's TensorRT backend would otherwise refuse to load it, or fail its warmup."""
     profile = (source.engine_info or {}).get("profile")
@@ -299,30 +300,29 @@ def _check_engine(source: ModelSource, opts: ServingOptions) -> None:
                          f"max_batch_size {opts.max_batch_size}: pass --max-batch-size {hi}, or {rebuild} "
                          f"(N >= {opts.max_batch_size})")
     size = tuple(int(v) for v in profile["max"][-2:])
-    if size != source.metadata.input_size:
+    if size != source.data.img_size:
         raise ValueError(f"TensorRT engine {source.engine_path} takes {size[0]}x{size[1]} images, but the model's "
-                         f"metadata says {source.metadata.input_size[0]}x{source.metadata.input_size[1]}")
+                         f"metadata says {source.data.img_size[0]}x{source.data.img_size[1]}")
 
 
-def _place_model_folder(source: ModelSource, target: Path) -> None:
+def _place_model_folder(source: ResolvedModel, target: Path) -> None:
     """The torch flavour's model: a hub-vit model folder (config.json + model.safetensors). A source that is a model
     folder gives its own two files, byte for byte (the weights every other path loads); an in-memory or registered
     model is saved as one (hub_vit.folder, the one writer of model folders)."""
-    origin = Path(source.origin) if source.origin else None
-    if origin is not None and (origin / "config.json").is_file() and (origin / "model.safetensors").is_file():
+    if source.folder is not None:
         target.mkdir()
         for name in ("config.json", "model.safetensors"):
-            shutil.copyfile(origin / name, target / name)
+            shutil.copyfile(source.folder / name, target / name)
         return
     from hub_vit.folder import save_model_folder
 
     try:
-        save_model_folder(source.module, target, labels=list(source.metadata.labels))
+        save_model_folder(source.module, target, labels=list(source.labels))
     except TypeError as err:  # a module that is not hub-vit's VisionTransformer
         raise ValueError(f"flavour 'torch' serves hub-vit models: {err}") from None
 
 
-def rollout_layout(source: ModelSource, opts: ServingOptions) -> RolloutLayout | None:
+def rollout_layout(source: ResolvedModel, opts: ServingOptions) -> RolloutLayout | None:
     """How the served model's attentions read as rollout maps, or None where the repository cannot serve rollout:
     `opts.explain` off; the GPU flavour (its classifier runs in Triton's ORT / TensorRT backend, which returns only
     `logits`: an explained request would need the attention graph and the rollout in a Python step); or a source
@@ -331,12 +331,12 @@ def rollout_layout(source: ModelSource, opts: ServingOptions) -> RolloutLayout |
     spec = getattr(source.module, "spec", None)
     if not opts.explain or opts.flavour not in ("cpu", "torch") or spec is None:
         return None
-    height, width = source.metadata.input_size
+    height, width = source.data.img_size
     return RolloutLayout(grid=(height // spec.patch_size, width // spec.patch_size), readout=spec.pool_type,
                          num_prefix_tokens=int(spec.num_prefix_tokens))
 
 
-def _place_weights(source: ModelSource, target: Path, opts: ServingOptions,
+def _place_weights(source: ResolvedModel, target: Path, opts: ServingOptions,
                    rollout: RolloutLayout | None = None) -> None:
     if rollout is not None:  # the CPU flavour's attention graph (the torch flavour runs the model folder itself)
         from hub_vit.export import export_onnx
@@ -351,7 +351,7 @@ def _place_weights(source: ModelSource, target: Path, opts: ServingOptions,
     if source.engine_path is not None:
         shutil.copyfile(source.engine_path, target)
     elif source.onnx_path is not None:
-        check_graph(source.onnx_path, opts.max_batch_size, source.metadata)
+        check_graph(source.onnx_path, opts.max_batch_size, serving_metadata(source))
         shutil.copyfile(source.onnx_path, target)
         external = source.onnx_path.with_name(source.onnx_path.name + ".data")  # external weights, if any
         if external.is_file():
@@ -370,7 +370,7 @@ def check_graph(onnx_path: Path, max_batch_size: int, meta: ServingMetadata | No
     a fixed batch failed the warmup at max_batch_size and took tritonserver down (SIGSEGV), the reason only in a log.
     Its fixed image size and class count must be the metadata's: a graph of another model (one left beside a newer
     export's report) crashed the warmup too, or would have answered with the wrong labels."""
-    from hub_vit.server.source import load_onnx_graph
+    from hub_vit.exported import load_onnx_graph
 
     graph = load_onnx_graph(onnx_path)
     inputs, outputs = [t.name for t in graph.input], [t.name for t in graph.output]

@@ -18,14 +18,17 @@ Readiness is taken from the new server itself (`TritonServer.wait_ready`: its ow
 With gates (gate.py and grpc_gate.py: the HTTP and gRPC fronts `hub-vit serve` puts before Triton), each gate relays
 to each server once it is ready and answers "restarting" in between; a stop first drains the gates (new requests
 refused at once, those in flight answered, pooled connections closed), then sends Triton its SIGTERM, so Triton's own
-drain is not held open by clients' connections.
+drain is not held open by clients' connections. `stop_on_signals` turns Ctrl-C / SIGTERM / SIGHUP into that drain (a
+second one stops at once).
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hub_vit.server.gate import Gate
@@ -152,3 +155,40 @@ class Supervisor:
             return
         self.restarts += 1
         self.server = self.new_server()  # `terminate` reaches it from here on, even before it has a process
+
+
+DUPLICATE_SIGNAL_S = 1.0  # a repeat of the stopping signal within this is the same request (see `stop_on_signals`)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed or ssh dropped
+
+
+@contextmanager
+def stop_on_signals(supervisor: Supervisor, say: Callable[[str], None]) -> Iterator[threading.Event]:
+    """While inside: the first Ctrl-C / SIGTERM / SIGHUP drains (`Supervisor.terminate`), a second one kills
+    (`Supervisor.kill`); `say(line)` tells the user which. Yields the event set once a stop was forced. The previous
+    handlers are restored on leaving. Must be entered in the main thread (Python delivers signals there)."""
+    forced = threading.Event()
+    first: list[tuple[int, float]] = []  # (signal, monotonic time) of the signal that started the drain
+
+    def on_signal(signum: int, _frame: object) -> None:
+        now = time.monotonic()
+        if first and first[0][0] == signum and now - first[0][1] < DUPLICATE_SIGNAL_S:
+            # the same signal twice at once is one stop request: `kill -TERM -- -PGID` (systemd's default too) reaches
+            # us, and GNU make (`make serve`) forwards the SIGTERM it got to its child, so serve sees it twice
+            return
+        name = signal.Signals(signum).name
+        if supervisor.stop.is_set():  # a second Ctrl-C / SIGTERM: the user will not wait for the drain
+            say(f"{name} again: stopping now, in-flight requests are dropped")
+            forced.set()
+            supervisor.kill()
+            return
+        say(f"{name}: draining in-flight requests (up to {supervisor.server.exit_timeout_s} s), then exiting; press "
+            "Ctrl-C again to stop at once")
+        first.append((signum, now))
+        supervisor.terminate()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        yield forced
+    finally:
+        for sig, handler in previous.items():  # None: installed from C, not restorable; the default is closest
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -59,3 +59,15 @@ def test_file_at_reads_a_previous_version_and_names_a_missing_commit(tmp_path: P
     assert run_info.file_at(first, "loadtest.py", repo) == "version = 1\n"
     with pytest.raises(SystemExit, match="needs git and the commit 0123abc"):
         run_info.file_at("0123abc", "loadtest.py", repo)
+
+
+def test_settings_record_paths_inside_the_repository_relative_to_it(tmp_path: Path) -> None:
+    """A result says where in the tree it was written (`bench/results/x.json`), not where the checkout lay on the
+    machine that ran it; a path outside the repository is kept as given."""
+    import argparse
+
+    run_info = _load()
+    args = argparse.Namespace(out=run_info.REPO / "bench" / "results" / "x.json", workdir=tmp_path, seconds=3.0,
+                              models=["digits"])
+    recorded = run_info.settings(args)
+    assert recorded == {"out": "bench/results/x.json", "workdir": str(tmp_path), "seconds": 3.0, "models": ["digits"]}

@@ -79,11 +79,11 @@ def test_unreachable_triton_degrades_with_a_message(folder: Path, photo: str) ->
 def test_served_labels_use_the_pages_keys_for_the_same_class() -> None:
     """timm's ImageNet-1k names two classes "crane" (134, the bird; 517, the machine). The in-process Top-5 keys them
     `crane (134)` whether or not the other crane is in it; Triton's did so only when both were (plain `crane` else)."""
+    from hub_vit.class_names import default_labels
     from hub_vit.demo.backends import served_labels
-    from hub_vit.demo.models import _imagenet_labels
     from hub_vit.explain.pipeline import distinct_labels
 
-    page = distinct_labels(_imagenet_labels(1000))  # the in-process model's labels, as the Explainer keeps them
+    page = distinct_labels(default_labels(1000))  # the in-process model's labels, as the Explainer keeps them
     assert page[134] == "crane (134)" and page[517] == "crane (517)"
     assert served_labels([("crane", 134), ("cock", 7)], page) == ["crane (134)", "cock"]
     assert served_labels([("crane", 517), ("crane", 134)], page) == ["crane (517)", "crane (134)"]
@@ -244,12 +244,12 @@ SERVED_MAX_PIXELS = 200_000  # low, so a small photo is over it
 @pytest.fixture(scope="module")
 def served(folder: Path, tmp_path_factory: pytest.TempPathFactory):
     """`folder` served by the real tritonserver with a low --max-pixels."""
+    from hub_vit.resolve import resolve_model
     from hub_vit.server.launcher import TritonServer, free_port
     from hub_vit.server.options import ServingOptions
     from hub_vit.server.repository import write_repository
-    from hub_vit.server.source import resolve
 
-    repo = write_repository(resolve(folder), tmp_path_factory.mktemp("repo") / "repository",
+    repo = write_repository(resolve_model(folder), tmp_path_factory.mktemp("repo") / "repository",
                             ServingOptions(max_pixels=SERVED_MAX_PIXELS))
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start(timeout_s=180)

@@ -22,13 +22,13 @@ from hub_vit.demo.models import (
     DEFAULT_KEY,
     ModelCache,
     ModelLoadError,
-    checkpoint_path,
     discover_choices,
     folder_choice,
     load_explainer,
     resolve_choice,
     served_choice,
 )
+from hub_vit.resolve import checkpoint_path
 from tests.test_card_evidence import write_namesake
 
 REGISTERED = "simplevit_s16.i1k_300ep"
@@ -216,12 +216,12 @@ def _page_config(blocks) -> dict[str, dict]:
 
 def test_serve_demo_opens_on_the_served_model(tmp_path: Path, caches) -> None:
     # `hub-vit serve FOLDER --demo` opened the page on the default model while Triton served FOLDER
-    from hub_vit.cli.serve import _start_demo
+    from hub_vit.cli.serve_screen import start_demo
     from hub_vit.server.launcher import free_port
 
     folder = _folder(tmp_path / "flowers")
     triton = "127.0.0.1:8000"  # never asked: nothing is uploaded here
-    demo = _start_demo(str(folder), False, "127.0.0.1", free_port(), triton, "vit")
+    demo = start_demo(str(folder), False, "127.0.0.1", free_port(), triton, "vit")
     try:
         props = _page_config(demo)
         assert props["model"]["value"] == "folder: flowers"
@@ -231,7 +231,7 @@ def test_serve_demo_opens_on_the_served_model(tmp_path: Path, caches) -> None:
     # an exported file runs on the server only: the page opens on the default model, and Triton's labels say so
     onnx = tmp_path / "model.onnx"
     onnx.write_bytes(b"not really")
-    demo = _start_demo(str(onnx), False, "127.0.0.1", free_port(), triton, "vit")
+    demo = start_demo(str(onnx), False, "127.0.0.1", free_port(), triton, "vit")
     try:
         assert _page_config(demo)["model"]["value"] == DEFAULT_KEY
         assert _page_config(demo)["backend"]["value"] == "in-process"

@@ -15,10 +15,10 @@ import pytest
 from PIL import Image
 
 from hub_vit.demo.models import default_model_path
+from hub_vit.resolve import resolve_model
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
-from hub_vit.server.source import resolve
 from tests.test_demo import CHROMIUM, CHROMIUM_ARGS, open_page, overlay_src, running_demo, upload, wait_for_new_overlay
 
 pytestmark = [
@@ -33,7 +33,7 @@ PHOTOS = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[TritonServer]:
-    repo = write_repository(resolve(None), tmp_path_factory.mktemp("repo") / "repository", ServingOptions())
+    repo = write_repository(resolve_model(None), tmp_path_factory.mktemp("repo") / "repository", ServingOptions())
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           exit_timeout_s=20)
     server.start(timeout_s=180)

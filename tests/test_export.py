@@ -253,7 +253,7 @@ def test_weights_file_source_needs_and_uses_the_architecture(tmp_path: Path) -> 
     from safetensors.torch import save_file
 
     from hub_vit.catalog import get_entry
-    from hub_vit.export.sources import load_source
+    from hub_vit.export import load_source
 
     torch.manual_seed(1)
     model = VisionTransformer(get_entry("vit_ti16").spec)
@@ -263,7 +263,7 @@ def test_weights_file_source_needs_and_uses_the_architecture(tmp_path: Path) -> 
         load_source(weights)
     src = load_source(weights, model_name="vit_ti16")
     assert src.kind == "weights" and src.name == "vit_ti16"
-    assert torch.equal(src.model.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
+    assert torch.equal(src.module.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
     with pytest.raises(ValueError, match="unknown model 'vit_nope'.*vit_ti16"):
         load_source(weights, model_name="vit_nope")
 

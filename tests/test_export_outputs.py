@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from hub_vit.catalog import default_model_folder
 from hub_vit.cli import _load_commands, app
-from hub_vit.export.sources import RANDOM_INIT, load_source
+from hub_vit.export import load_source
 from hub_vit.export.variants import export_variants, previous_export_files
 from hub_vit.model import VisionTransformer
+from hub_vit.resolve import RANDOM_INIT
 from hub_vit.variants import ViTSpec
 
 QUICK = dict(n_random=4, n_photos=4, seed=0, exporter="torchscript")

@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from hub_vit.catalog import default_model_folder
+from hub_vit.resolve import resolve_model
 from hub_vit.server.health import Health, http_base, python_instances, served_repositories
-from hub_vit.server.launcher import TritonServer, free_port, is_stub, stub_instance
+from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.options import ServingOptions
+from hub_vit.server.processes import is_stub, stub_instance
 from hub_vit.server.repository import write_repository
-from hub_vit.server.source import resolve
 from tests.polling import wait_until
 from tests.test_dockerfile import _instructions
 
@@ -68,7 +69,7 @@ def test_the_instance_is_read_from_a_stubs_command_line():
 
 
 def test_the_gpu_flavour_expects_its_decoding_and_top_k_stubs(tmp_path):
-    repo = write_repository(resolve(default_model_folder()), tmp_path / "models",
+    repo = write_repository(resolve_model(default_model_folder()), tmp_path / "models",
                             ServingOptions(flavour="gpu", preprocess_instances=3))
     expected = python_instances(repo)
     assert expected == {f"{model}_0_{n}": model for model in ("vit_preprocess", "vit_postprocess") for n in range(3)}
@@ -141,7 +142,7 @@ def _dockerfile_healthcheck() -> str:
 def served(tmp_path_factory) -> Iterator[tuple[TritonServer, Path]]:
     """One real server, and its repository, for this module's probes. Only the last test kills its stubs; the ports
     the others probe answer the same either way."""
-    repo = write_repository(resolve(default_model_folder()), tmp_path_factory.mktemp("health") / "models")
+    repo = write_repository(resolve_model(default_model_folder()), tmp_path_factory.mktemp("health") / "models")
     with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()) as server:
         yield server, repo
 

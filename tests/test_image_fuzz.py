@@ -20,6 +20,15 @@ from PIL import Image
 CASES = 3000
 
 
+def served_eval(**changes: object) -> dict[str, object]:
+    """The served preprocessing's transform settings: Google's evaluation transform (the one data config's
+    defaults) with `changes`, as `Preprocess.from_params` receives them from a generated config."""
+    from hub_vit.data_config import GOOGLE_EVAL
+
+    return {"interpolation": GOOGLE_EVAL.interpolation, "crop_mode": GOOGLE_EVAL.crop_mode, "mean": GOOGLE_EVAL.mean,
+            "std": GOOGLE_EVAL.std, **changes}
+
+
 @pytest.fixture(scope="module")
 def seed_files(photos) -> list[bytes]:
     files = []
@@ -77,7 +86,7 @@ def _fuzz(seed_files: list[bytes], decode, error: type[Exception]) -> dict[str, 
 
 
 def test_served_preprocessing_raises_only_bad_image_errors(imageprep, seed_files):
-    prep = imageprep.Preprocess(crop_size=(32, 32), scale_size=(36, 36))
+    prep = imageprep.Preprocess(crop_size=(32, 32), scale_size=(36, 36), **served_eval())
     outcomes = _fuzz(seed_files, prep, imageprep.BadImageError)
     assert outcomes["refused"] > CASES // 4 and outcomes["decoded"] > CASES // 10, outcomes  # both paths exercised
 

@@ -18,6 +18,15 @@ from PIL import Image
 from hub_vit.image_modes import WIDE_GREY_MODES, to_8bit
 
 
+def served_eval(**changes: object) -> dict[str, object]:
+    """The served preprocessing's transform settings: Google's evaluation transform (the one data config's
+    defaults) with `changes`, as `Preprocess.from_params` receives them from a generated config."""
+    from hub_vit.data_config import GOOGLE_EVAL
+
+    return {"interpolation": GOOGLE_EVAL.interpolation, "crop_mode": GOOGLE_EVAL.crop_mode, "mean": GOOGLE_EVAL.mean,
+            "std": GOOGLE_EVAL.std, **changes}
+
+
 @pytest.fixture(scope="module")
 def grey16(photos) -> np.ndarray:
     """A real photo as 16-bit grey samples (H, W) uint16 that use the whole range, low byte included."""
@@ -69,7 +78,7 @@ def test_pillow_still_clips_16bit_grey():
 
 def test_served_preprocessing_scales_16bit_grey(imageprep, png_pair):
     wide, narrow = png_pair
-    prep = imageprep.Preprocess(crop_size=(64, 64), scale_size=(73, 73), interpolation="bicubic")
+    prep = imageprep.Preprocess(crop_size=(64, 64), scale_size=(73, 73), **served_eval(interpolation="bicubic"))
     served = prep(wide.read_bytes())
     np.testing.assert_array_equal(served, prep(narrow.read_bytes()))
     assert served.mean() < 0.5  # a clipped image is ~1.0 everywhere after (x - 0.5) / 0.5
@@ -129,7 +138,7 @@ def test_client_sends_pil_images_of_any_mode(imageprep, photos, mode):
         image = rgb.convert(mode)
         expected = (image.convert("LA") if mode == "La" else image).convert("RGB")  # Pillow: La converts only to LA
     assert image.mode == mode
-    prep = imageprep.Preprocess(crop_size=(16, 16), scale_size=(16, 16), crop_mode="squash")
+    prep = imageprep.Preprocess(crop_size=(16, 16), scale_size=(16, 16), **served_eval(crop_mode="squash"))
     np.testing.assert_array_equal(np.asarray(prep.decode(encode(image))), np.asarray(expected))
 
 
@@ -146,7 +155,7 @@ def test_client_sends_transparent_pil_images_as_the_server_would_see_them(imagep
     rgba.putalpha(Image.fromarray(alpha))
     image = rgba.convert("LA").convert(mode) if mode in ("La", "LA") else rgba.convert(mode)
     assert image.mode == mode
-    prep = imageprep.Preprocess(crop_size=(16, 16), scale_size=(16, 16), crop_mode="squash")
+    prep = imageprep.Preprocess(crop_size=(16, 16), scale_size=(16, 16), **served_eval(crop_mode="squash"))
     decoded = np.asarray(prep.decode(encode(image)))
     expected = np.asarray(flatten_alpha(image).convert("RGB"))
     np.testing.assert_array_equal(decoded, expected)
@@ -212,7 +221,7 @@ def test_rollout_and_demo_loader_composite_transparency_onto_white(transparent):
 
 def test_served_preprocessing_composites_transparency_onto_white(imageprep, transparent):
     cutout, flat = transparent
-    prep = imageprep.Preprocess(crop_size=(64, 64), scale_size=(73, 73), interpolation="bicubic")
+    prep = imageprep.Preprocess(crop_size=(64, 64), scale_size=(73, 73), **served_eval(interpolation="bicubic"))
     np.testing.assert_array_equal(np.asarray(prep.decode(cutout.read_bytes())),
                                   np.asarray(prep.decode(flat.read_bytes())))
     np.testing.assert_array_equal(prep(cutout.read_bytes()), prep(flat.read_bytes()))
@@ -245,7 +254,7 @@ def test_partial_alpha_is_blended_with_white_alike_in_process_and_served(imagepr
     rgba = rng.integers(0, 256, size=(24, 32, 4), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(rgba, "RGBA").save(buffer, format="PNG")
-    prep = imageprep.Preprocess(crop_size=(16, 16), scale_size=(16, 16), crop_mode="squash")
+    prep = imageprep.Preprocess(crop_size=(16, 16), scale_size=(16, 16), **served_eval(crop_mode="squash"))
     served = np.asarray(prep.decode(buffer.getvalue()))
     in_process = np.asarray(to_8bit(Image.open(io.BytesIO(buffer.getvalue()))))
     np.testing.assert_array_equal(served, in_process)
@@ -280,5 +289,5 @@ def test_16bit_grey_colour_key_is_composited_onto_white_in_process_and_served(im
 
     np.testing.assert_array_equal(np.asarray(to_8bit(Image.open(path))), golden)
     np.testing.assert_array_equal(np.asarray(load_image(path).convert("RGB")), np.dstack([golden] * 3))
-    prep = imageprep.Preprocess(crop_size=(64, 64), scale_size=(73, 73), interpolation="bicubic")
+    prep = imageprep.Preprocess(crop_size=(64, 64), scale_size=(73, 73), **served_eval(interpolation="bicubic"))
     np.testing.assert_array_equal(np.asarray(prep.decode(path.read_bytes())), np.dstack([golden] * 3))

@@ -17,6 +17,15 @@ from hub_vit.cli import _load_commands, app
 pytest.importorskip("tritonclient.grpc")
 
 
+def served_eval(**changes: object) -> dict[str, object]:
+    """The served preprocessing's transform settings: Google's evaluation transform (the one data config's
+    defaults) with `changes`, as `Preprocess.from_params` receives them from a generated config."""
+    from hub_vit.data_config import GOOGLE_EVAL
+
+    return {"interpolation": GOOGLE_EVAL.interpolation, "crop_mode": GOOGLE_EVAL.crop_mode, "mean": GOOGLE_EVAL.mean,
+            "std": GOOGLE_EVAL.std, **changes}
+
+
 def _run(*args: str) -> tuple[int, str]:
     _load_commands()
     result = CliRunner().invoke(app, list(args))
@@ -146,13 +155,13 @@ def test_a_shed_grpc_request_is_not_reported_as_no_server(message, why):
     """gRPC answers UNAVAILABLE both when no server listens and when the server sheds load: the words decide."""
     from tritonclient.utils import InferenceServerException
 
-    from hub_vit.cli.serve import _request_failed
+    from hub_vit.server.errors import request_failed
 
-    text = _request_failed("grpc", "127.0.0.1:8001", InferenceServerException(message, "StatusCode.UNAVAILABLE"))
+    text = request_failed("grpc", "127.0.0.1:8001", InferenceServerException(message, "StatusCode.UNAVAILABLE"))
     assert "the server is overloaded and shed this request: " + why in text, text
     assert "is a server running there" not in text, text
     no_server = InferenceServerException("failed to connect to all addresses", "StatusCode.UNAVAILABLE")
-    assert "is a server running there" in _request_failed("grpc", "127.0.0.1:8001", no_server)
+    assert "is a server running there" in request_failed("grpc", "127.0.0.1:8001", no_server)
 
 
 def test_loadtest_json_folder_is_refused_before_the_run(tmp_path):
@@ -194,11 +203,11 @@ def _png_header(width: int, height: int) -> bytes:
 
 def test_max_pixels_is_the_limit_and_the_message_names_the_option(imageprep):
     photo_48mp = _png_header(8000, 6000)
-    default = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32))
+    default = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32), **served_eval())
     with pytest.raises(imageprep.BadImageError, match=r"48\.0 MP, more than this server's limit of 40\.0 MP "
                                                        r"\(hub-vit serve --max-pixels\)"):
         default.decode(photo_48mp)
-    raised = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32), max_pixels=120_000_000)
+    raised = imageprep.Preprocess(crop_size=(32, 32), scale_size=(32, 32), max_pixels=120_000_000, **served_eval())
     with pytest.raises(imageprep.BadImageError) as err:  # past the size check: only the missing pixels fail
         raised.decode(photo_48mp)
     assert "too large" not in str(err.value)
@@ -226,15 +235,15 @@ def test_serve_repository_that_is_a_file_or_serves_another_name(tmp_path):
 def test_try_line_names_a_real_sample_of_the_served_model(tmp_path):
     # a pip-installed user has no checkout path to type: the banner shows the shipped sample wherever pip put it
     from hub_vit.catalog import default_model_folder
-    from hub_vit.cli.serve import _example_image
+    from hub_vit.cli.serve_screen import example_image
 
-    example = Path(_example_image(str(default_model_folder())))
+    example = Path(example_image(str(default_model_folder())))
     assert example.is_file() and example.parent == default_model_folder() / "samples"
     spaced = tmp_path / "my models" / "samples"
     spaced.mkdir(parents=True)
     Image.new("RGB", (8, 8)).save(spaced / "a b.png")
-    assert _example_image(str(spaced.parent)) == f"'{spaced / 'a b.png'}'"  # quoted: pastes as one argument
-    assert _example_image(str(tmp_path / "model.onnx")) == "IMAGE..."
+    assert example_image(str(spaced.parent)) == f"'{spaced / 'a b.png'}'"  # quoted: pastes as one argument
+    assert example_image(str(tmp_path / "model.onnx")) == "IMAGE..."
 
 
 def test_repository_at_a_path_the_python_backend_cannot_serve_from_says_so(tmp_path):

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from hub_vit.catalog import default_model_folder
-from hub_vit.server.launcher import free_port, is_stub, live_processes
+from hub_vit.server.launcher import free_port
+from hub_vit.server.processes import is_stub, live_processes
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]

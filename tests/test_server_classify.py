@@ -19,11 +19,11 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 from typer.testing import CliRunner
 
+from hub_vit.resolve import resolve_model
 from hub_vit.server.client import AsyncClassifier, Classifier, Prediction, encode
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
-from hub_vit.server.source import resolve
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -33,7 +33,7 @@ IMAGES = 2 * OPTIONS.max_batch_size + 3  # three requests: 16 + 16 + 3
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    repo = write_repository(resolve(None), tmp_path_factory.mktemp("repo") / "repository", OPTIONS)
+    repo = write_repository(resolve_model(None), tmp_path_factory.mktemp("repo") / "repository", OPTIONS)
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           exit_timeout_s=20)
     server.start(timeout_s=180)

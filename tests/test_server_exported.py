@@ -20,9 +20,10 @@ from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
 from hub_vit.catalog import default_model_folder  # noqa: E402
 from hub_vit.cli import _load_commands, app  # noqa: E402
+from hub_vit.resolve import resolve_model  # noqa: E402
 from hub_vit.server.options import ServingOptions  # noqa: E402
 from hub_vit.server.repository import write_repository  # noqa: E402
-from hub_vit.server.source import resolve  # noqa: E402
+from hub_vit.server.source import serving_metadata  # noqa: E402
 
 DIGITS = [str(d) for d in range(10)]
 
@@ -56,7 +57,7 @@ def _fake_engine(folder: Path, onnx: Path, *, lo: int = 1, hi: int = 32, size: i
 
 @pytest.mark.parametrize("file", ["model.onnx", "model.int8-dynamic.onnx"])
 def test_exported_onnx_is_served_with_the_models_transform_and_labels(exported, file):
-    meta = resolve(exported / file).metadata
+    meta = serving_metadata(resolve_model(exported / file))
     assert meta.labels == tuple(DIGITS)
     assert (meta.crop_pct, meta.input_size, meta.interpolation) == (1.0, (32, 32), "bilinear")
 
@@ -64,15 +65,15 @@ def test_exported_onnx_is_served_with_the_models_transform_and_labels(exported, 
 def test_a_bare_onnx_file_still_falls_back_to_the_graph(exported, tmp_path):
     bare = tmp_path / "model.onnx"
     bare.write_bytes((exported / "model.onnx").read_bytes())
-    meta = resolve(bare).metadata
+    meta = serving_metadata(resolve_model(bare))
     assert meta.labels[0] == "class_0" and meta.input_size == (32, 32)  # no report beside it: generic, as documented
 
 
 @pytest.mark.parametrize("with_model", [False, True], ids=["via-onnx-report", "own-json"])
 def test_exported_engine_serves_with_metadata_and_checked_profile(exported, tmp_path, with_model):
     engine = _fake_engine(tmp_path / ("a" if with_model else "b"), exported / "model.onnx", with_model=with_model)
-    source = resolve(engine)
-    assert source.metadata.labels == tuple(DIGITS) and source.metadata.crop_pct == 1.0
+    source = resolve_model(engine)
+    assert serving_metadata(source).labels == tuple(DIGITS) and source.data.crop_pct == 1.0
     opts = ServingOptions(flavour="gpu", gpu_backend="tensorrt", max_batch_size=32, preferred_batch_sizes=(8, 32))
     repo = write_repository(source, tmp_path / "repo", opts)
     config = text_format.Parse((repo / "vit_classifier/config.pbtxt").read_text(), mc.ModelConfig())
@@ -89,7 +90,7 @@ def test_exported_engine_serves_with_metadata_and_checked_profile(exported, tmp_
 def test_engine_profile_that_triton_would_refuse_is_named(exported, tmp_path, profile, options, match):
     engine = _fake_engine(tmp_path / "e", exported / "model.onnx", **profile)
     with pytest.raises(ValueError, match=match):
-        write_repository(resolve(engine), tmp_path / "repo", ServingOptions(flavour="gpu", gpu_backend="tensorrt",
+        write_repository(resolve_model(engine), tmp_path / "repo", ServingOptions(flavour="gpu", gpu_backend="tensorrt",
                                                                             **options))
     assert not (tmp_path / "repo").exists()
 
@@ -98,7 +99,7 @@ def test_engine_without_metadata_says_what_is_missing(tmp_path):
     engine = tmp_path / "model.plan"
     engine.write_bytes(b"x")
     with pytest.raises(ValueError, match=r"model\.plan\.json.*hub-vit export tensorrt"):
-        resolve(engine)
+        resolve_model(engine)
 
 
 def test_precision_is_refused_for_a_prebuilt_engine(exported, tmp_path):
@@ -122,7 +123,7 @@ def test_export_from_the_registered_name_keeps_the_labels(tmp_path):
     result = CliRunner().invoke(app, ["export", "onnx", "simplevit_digits", "-o", str(tmp_path), "-v", "fp32",
                                       "--random-inputs", "2", "--photos", "4", "--seed", "0"])
     assert result.exit_code == 0, result.output
-    assert resolve(tmp_path / "model.onnx").metadata.labels == tuple(DIGITS)
+    assert serving_metadata(resolve_model(tmp_path / "model.onnx")).labels == tuple(DIGITS)
 
 
 def test_a_graph_with_a_fixed_batch_is_named_before_triton_would_crash_on_it(tmp_path):
@@ -142,9 +143,9 @@ def test_a_graph_with_a_fixed_batch_is_named_before_triton_would_crash_on_it(tmp
     (graph.parent / "labels.txt").write_text("\n".join(DIGITS) + "\n")
     with pytest.raises(ValueError, match=r"takes batches of exactly 1 image\(s\) .* max_batch_size 16: pass "
                                          r"--max-batch-size 1, or export it again without --no-dynamic-batch"):
-        write_repository(resolve(graph), tmp_path / "refused", ServingOptions())
+        write_repository(resolve_model(graph), tmp_path / "refused", ServingOptions())
     assert not (tmp_path / "refused").exists()
-    repo = write_repository(resolve(graph), tmp_path / "repo", ServingOptions(max_batch_size=1,
+    repo = write_repository(resolve_model(graph), tmp_path / "repo", ServingOptions(max_batch_size=1,
                                                                                preferred_batch_sizes=(1,)))
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start(timeout_s=180)

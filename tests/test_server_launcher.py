@@ -7,20 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from hub_vit.server import launcher
-from hub_vit.server.launcher import ServerError, find_triton
+from hub_vit.server import triton_install, triton_log, workspace
+from hub_vit.server.triton_install import ServerError, find_triton
 
 
 def test_numpy_2_is_refused_before_the_server_starts(monkeypatch):
     # Reproduced with Python 3.12: under numpy 2.5 the nvidia-pytriton stub dies on the warmup image
     # ("unpack_from requires a buffer of at least 1701143913 bytes"); the launcher must say why up front.
-    monkeypatch.setattr(launcher, "installed_numpy", lambda: "2.5.2")
+    monkeypatch.setattr(triton_install, "installed_numpy", lambda: "2.5.2")
     with pytest.raises(ServerError, match=r"numpy 2\.5\.2 is installed.*pip install 'numpy<2'"):
         find_triton()
 
 
 def test_numpy_1_finds_the_wheel_binary_and_this_interpreters_stub(monkeypatch):
-    monkeypatch.setattr(launcher, "installed_numpy", lambda: "1.26.4")
+    monkeypatch.setattr(triton_install, "installed_numpy", lambda: "1.26.4")
     install = find_triton()
     assert install.binary.name == "tritonserver" and install.binary.is_file()
     assert install.stub is not None and install.stub.is_file()
@@ -35,13 +35,29 @@ def test_load_failure_summarises_tritons_own_log_line():
         """model.onnx failed:Protobuf parsing failed.\\n\\nAt:\\n  /work/main/.venv/lib/python3.11/site-packages/"""
         """onnxruntime/capi/onnxruntime_inference_collection.py(753): _create_inference_session\\n"""
     )
-    assert launcher.load_failure(line) == (
+    assert triton_log.load_failure(line) == (
         "model 'vit_classifier' (version 1) failed to load: Internal: InvalidProtobuf: [ONNXRuntimeError] : 7 : "
         "INVALID_PROTOBUF : Load model from /tmp/rp/vit_classifier/1/model.onnx failed:Protobuf parsing failed."
     )
     follow_up = 'I1123 06:09:28.412568 4209 model_lifecycle.cc:777] "failed to load \'vit_classifier\'"'
-    assert launcher.load_failure(follow_up) is None  # the line after it, without a reason
-    assert launcher.load_failure('I1123 06:09:10.415730 model_lifecycle.cc:472] "loading: vit_classifier:1"') is None
+    assert triton_log.load_failure(follow_up) is None  # the line after it, without a reason
+    assert triton_log.load_failure('I1123 06:09:10.415730 model_lifecycle.cc:472] "loading: vit_classifier:1"') is None
+
+
+def test_cuda_complaints_of_a_cpu_host_are_told_apart_from_real_errors():
+    # Verbatim from Triton 2.51 (nvidia-pytriton 0.7.0) starting on a host without a GPU: logged as errors, harmless
+    harmless = ['E1127 08:29:02.797449 11916 server.cc:241] "CudaDriverHelper has not been initialized."',
+                'E1127 08:29:10.918970 11916 ensemble_scheduler.cc:1468] "unable to create stream for vit: CUDA driver '
+                'version is insufficient for CUDA runtime version"']
+    assert all(triton_log.harmless_on_cpu(line) for line in harmless)
+    assert triton_log.message_of(harmless[0]) == 'server.cc:241] "CudaDriverHelper has not been initialized."'
+    real = ['E1123 06:09:28.412527 4209 model_lifecycle.cc:642] "failed to load \'vit_classifier\' version 1: '
+            'Internal: CUDA driver version is insufficient\\n',
+            'E1123 06:09:28.4 1 grpc_server.cc] "failed to start GRPC service: Unavailable - Socket '
+            '\'127.0.0.1:8001\' already in use "',
+            'I1127 08:29:10.921286 11916 http_server.cc:4713] "Started HTTPService at 127.0.0.1:48881"',
+            'I1127 08:29:02.796281 11916 pinned_memory_manager.cc:283] "Pinned memory pool disabled"']  # not an error
+    assert not any(triton_log.harmless_on_cpu(line) for line in real)
 
 
 @pytest.fixture()
@@ -102,8 +118,8 @@ def test_a_repository_path_the_python_backend_stub_cannot_take_is_refused(tmp_pa
     with pytest.raises(ServerError, match=r"breaks at space 'ü' '\(' '\)'; use a path without spaces"):
         TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     # served for real: the stub fails on non-ASCII letters (UnicodeEncodeError) but takes these
-    assert launcher.shell_unsafe("/tmp/a+b,c=d@e%f:g~h#i^j!k-1.2_") == ""
-    assert launcher.shell_unsafe(tmp_path / "Zürich") == "'ü'"
+    assert workspace.shell_unsafe("/tmp/a+b,c=d@e%f:g~h#i^j!k-1.2_") == ""
+    assert workspace.shell_unsafe(tmp_path / "Zürich") == "'ü'"
 
 
 def test_workspaces_avoid_a_tmpdir_the_stub_cannot_take(tmp_path, monkeypatch):
@@ -112,16 +128,16 @@ def test_workspaces_avoid_a_tmpdir_the_stub_cannot_take(tmp_path, monkeypatch):
     unsafe = tmp_path / "tmp dir"
     unsafe.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(unsafe))
-    workspace = launcher.shell_safe_tempdir("hub-vit-test-")
+    folder = workspace.shell_safe_tempdir("hub-vit-test-")
     try:
-        assert workspace.is_dir() and unsafe not in workspace.parents and not launcher.shell_unsafe(workspace)
+        assert folder.is_dir() and unsafe not in folder.parents and not workspace.shell_unsafe(folder)
     finally:
-        workspace.rmdir()
+        folder.rmdir()
     safe = tmp_path / "tmp_ok"
     safe.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(safe))
-    workspace = launcher.shell_safe_tempdir("hub-vit-test-")
-    assert workspace.parent == safe  # $TMPDIR is used whenever it can be
+    folder = workspace.shell_safe_tempdir("hub-vit-test-")
+    assert folder.parent == safe  # $TMPDIR is used whenever it can be
 
 
 def test_readiness_is_never_taken_from_another_server_on_our_port(tmp_path):
@@ -181,7 +197,7 @@ def test_a_host_name_is_bound_as_its_address(tmp_path):
     (tmp_path / "empty").mkdir()  # Triton is ready with no model
     with TritonServer(tmp_path / "empty", host="localhost", http_port=free_port(), grpc_port=free_port(),
                       metrics_port=free_port()).start(timeout_s=60) as server:
-        assert "--http-address=127.0.0.1" in server.command(launcher.find_triton(), Path("backends"))
+        assert "--http-address=127.0.0.1" in server.command(find_triton(), Path("backends"))
         for port, path in ((server.http_port, "/v2/health/ready"), (server.metrics_port, "/metrics")):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
                 assert answer.status == 200
@@ -192,7 +208,7 @@ def test_regions_of_servers_whose_process_is_gone_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from hub_vit.server.launcher import remove_orphaned_regions
+    from hub_vit.server.workspace import remove_orphaned_regions
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
@@ -215,7 +231,7 @@ def test_temporary_folders_of_processes_that_are_gone_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from hub_vit.server.launcher import remove_orphaned_workspaces, shell_safe_tempdir
+    from hub_vit.server.workspace import remove_orphaned_workspaces, shell_safe_tempdir
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)

@@ -14,9 +14,20 @@ from PIL import Image
 pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
+from hub_vit.resolve import ResolvedModel, resolve_model  # noqa: E402
+from hub_vit.server.config import preprocess_params  # noqa: E402
 from hub_vit.server.options import ServingOptions  # noqa: E402
 from hub_vit.server.repository import outdated_files, write_repository  # noqa: E402
-from hub_vit.server.source import ModelSource, ServingMetadata, resolve  # noqa: E402
+from hub_vit.server.source import ServingMetadata, graph_model, serving_metadata  # noqa: E402
+
+
+def served_eval(**changes: object) -> dict[str, object]:
+    """The served preprocessing's transform settings: Google's evaluation transform (the one data config's
+    defaults) with `changes`, as `Preprocess.from_params` receives them from a generated config."""
+    from hub_vit.data_config import GOOGLE_EVAL
+
+    return {"interpolation": GOOGLE_EVAL.interpolation, "crop_mode": GOOGLE_EVAL.crop_mode, "mean": GOOGLE_EVAL.mean,
+            "std": GOOGLE_EVAL.std, **changes}
 
 
 def _parse(path: Path) -> mc.ModelConfig:
@@ -42,7 +53,7 @@ def meta() -> ServingMetadata:
 
 def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     opts = ServingOptions(max_batch_size=8, preferred_batch_sizes=(2, 8), max_queue_size=3, top_k=3)
-    repo = write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "repo", opts)
+    repo = write_repository(graph_model(meta, onnx_file), tmp_path / "repo", opts)
     # one Python step decodes, classifies and ranks, behind the ensemble clients call (which counts overload)
     assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == ["vit", "vit_classifier"]
     ensemble, config = _parse(repo / "vit/config.pbtxt"), _parse(repo / "vit_classifier/config.pbtxt")
@@ -70,7 +81,8 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     warmups = [(w.batch_size, w.inputs["image"].input_data_file) for w in config.model_warmup]
     assert warmups == [(1, "image"), (8, "image")]
     files = {p.name for p in (repo / "vit_classifier/1").iterdir()}
-    assert files == {"model.py", "imageprep.py", "topk.py", "triton_errors.py", "model.onnx", "labels.txt"}
+    assert files == {"model.py", "imageprep.py", "image_modes.py", "topk.py", "triton_errors.py", "model.onnx",
+                     "labels.txt"}
     assert (repo / "vit_classifier/1/labels.txt").read_text().splitlines() == list(meta.labels)
     warm = (repo / "vit_classifier/warmup/image").read_bytes()
     assert int.from_bytes(warm[:4], "little") == len(warm) - 4 and warm[5:8] == b"PNG"
@@ -78,7 +90,7 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
 
 def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
     opts = ServingOptions(flavour="gpu", precision="FP16", queue_timeout_us=2500)
-    repo = write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "repo", opts)
+    repo = write_repository(graph_model(meta, onnx_file), tmp_path / "repo", opts)
     for step in ("preprocess", "classifier", "postprocess"):  # every batched step limits its own queue
         policy = _parse(repo / f"vit_{step}/config.pbtxt").dynamic_batching.default_queue_policy
         assert policy.default_timeout_microseconds == 2500 and policy.allow_timeout_override, step
@@ -92,13 +104,14 @@ def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
     pre = _parse(repo / "vit_preprocess/config.pbtxt")
     assert list(pre.output[0].dims) == [3, 48, 48] and pre.input[0].data_type == mc.TYPE_STRING
     assert pre.parameters["scale_size"].string_value == "[53, 53]"
-    assert {p.name for p in (repo / "vit_preprocess/1").iterdir()} == {"model.py", "imageprep.py", "triton_errors.py"}
+    assert {p.name for p in (repo / "vit_preprocess/1").iterdir()} == {"model.py", "imageprep.py", "image_modes.py",
+                                                                      "triton_errors.py"}
     assert {p.name for p in (repo / "vit_classifier/1").iterdir()} == {"model.onnx"}
     post = _parse(repo / "vit_postprocess/config.pbtxt")  # a queue policy and two instances: no batcher stall
     assert post.dynamic_batching.default_queue_policy.max_queue_size == opts.max_queue_size
     assert post.instance_group[0].count == 2 and post.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
     with pytest.raises(ValueError, match="plan"):
-        write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "trt",
+        write_repository(graph_model(meta, onnx_file), tmp_path / "trt",
                          ServingOptions(flavour="gpu", gpu_backend="tensorrt"))
     assert not (tmp_path / "trt").exists()  # nothing half-written
 
@@ -117,7 +130,7 @@ def test_bad_options_name_the_choices(bad, match):
 
 
 def test_existing_repository_is_not_replaced_silently(tmp_path, onnx_file, meta):
-    source = ModelSource(metadata=meta, onnx_path=onnx_file)
+    source = graph_model(meta, onnx_file)
     write_repository(source, tmp_path / "repo")
     with pytest.raises(FileExistsError, match="overwrite"):
         write_repository(source, tmp_path / "repo")
@@ -138,7 +151,7 @@ def test_outdated_files_names_what_an_earlier_hub_vit_wrote(tmp_path, onnx_file,
     import json
 
     opts = ServingOptions(flavour=flavour, max_batch_size=8, preferred_batch_sizes=(8,), top_k=3)
-    repo = write_repository(ModelSource(metadata=meta, onnx_path=onnx_file), tmp_path / "repo", opts)
+    repo = write_repository(graph_model(meta, onnx_file), tmp_path / "repo", opts)
     assert outdated_files(repo) == []  # what this version writes, read back from the manifest's model and options
     # As the hub-vit before per-request queue timeouts wrote it: no override in the queue policy, and a manifest
     # without that option or a version
@@ -162,7 +175,7 @@ def test_outdated_files_names_what_an_earlier_hub_vit_wrote(tmp_path, onnx_file,
 
 def test_a_refused_repository_leaves_no_folder_behind(tmp_path, onnx_file, meta):
     # the parents made for it (a/b) stayed after a refusal
-    source = ModelSource(metadata=meta, onnx_path=onnx_file)
+    source = graph_model(meta, onnx_file)
     with pytest.raises(ValueError, match="serves a prebuilt engine"):
         write_repository(source, tmp_path / "a/b/repo", ServingOptions(flavour="gpu", gpu_backend="tensorrt"))
     assert list(tmp_path.iterdir()) == []
@@ -188,7 +201,7 @@ def test_only_rgb_classifiers_are_served(tmp_path, meta):
                    posemb="sincos2d", pool_type="gap", in_chans=1)
     onnx = export_onnx(VisionTransformer(spec).eval(), tmp_path / "grey.ONNX")  # the suffix in any case
     with pytest.raises(ValueError, match=r"\(B, 3, H, W\) -> \(B, C\) graph, got \[\d+, 1, 32, 32\]"):
-        resolve(onnx)
+        resolve_model(onnx)
 
 
 def test_an_onnx_file_without_inputs_is_named(tmp_path, onnx_file):
@@ -201,28 +214,28 @@ def test_an_onnx_file_without_inputs_is_named(tmp_path, onnx_file):
             "logits", TensorProto.FLOAT, [1, 2])])
     onnx.save(helper.make_model(graph), tmp_path / "constant.onnx")
     with pytest.raises(ValueError, match="expected a classifier graph with one input"):
-        resolve(tmp_path / "constant.onnx")
+        resolve_model(tmp_path / "constant.onnx")
     # weights listed among the inputs as well (keep_initializers_as_inputs): still one input to feed
     model = onnx.load(onnx_file)
     model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                              for t in model.graph.initializer)
     onnx.save(model, tmp_path / "weights_as_inputs.onnx")
-    source = resolve(tmp_path / "weights_as_inputs.onnx")
-    assert source.metadata.input_size == (48, 48) and source.metadata.num_classes == 7
+    source = resolve_model(tmp_path / "weights_as_inputs.onnx")
+    assert serving_metadata(source).input_size == (48, 48) and source.num_classes == 7
 
 
 def test_resolve_rejects_unknown_sources(tmp_path):
     with pytest.raises(ValueError, match="valid names: .*simplevit_s16"):
-        resolve("no_such_model")
+        resolve_model("no_such_model")
     with pytest.raises(ValueError, match="does not exist"):
-        resolve(str(tmp_path / "missing.onnx"))
+        resolve_model(str(tmp_path / "missing.onnx"))
     with pytest.raises(ValueError, match="not a hub-vit model folder"):
-        resolve(tmp_path)
+        resolve_model(tmp_path)
 
 
 def test_exported_onnx_without_metadata_reads_the_graph(onnx_file):
-    source = resolve(onnx_file)
-    assert source.metadata.input_size == (48, 48) and source.metadata.num_classes == 7
+    source = resolve_model(onnx_file)
+    assert serving_metadata(source).input_size == (48, 48) and source.num_classes == 7
 
 
 @pytest.mark.parametrize("crop_pct, interpolation", [(0.875, "bilinear"), (1.0, "bicubic"), (0.9, "bicubic")])
@@ -233,7 +246,7 @@ def test_server_transform_equals_timm_eval_transform(imageprep, photos, crop_pct
     cfg = {"input_size": (3, 64, 64), "crop_pct": crop_pct, "interpolation": interpolation,
            "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
     meta = ServingMetadata.from_pretrained_cfg("t", cfg, None, 3)
-    ours = imageprep.Preprocess(crop_size=meta.input_size, scale_size=meta.scale_size, interpolation=interpolation)
+    ours = imageprep.Preprocess.from_params(preprocess_params(meta, ServingOptions()))  # what the server reads
     timm_tf = create_transform(**resolve_data_config(pretrained_cfg=cfg), is_training=False)
     for array in photos.values():
         buffer = io.BytesIO()
@@ -250,7 +263,7 @@ def test_panorama_equals_timm_and_extreme_aspect_ratios_are_refused(imageprep, p
     cfg = {"input_size": (3, 224, 224), "crop_pct": 0.9, "interpolation": "bicubic", "mean": (0.5,) * 3,
            "std": (0.5,) * 3}
     meta = ServingMetadata.from_pretrained_cfg("t", cfg, None, 3)
-    ours = imageprep.Preprocess(crop_size=meta.input_size, scale_size=meta.scale_size, interpolation="bicubic")
+    ours = imageprep.Preprocess.from_params(preprocess_params(meta, ServingOptions()))
     panorama = Image.fromarray(photos["coffee"]).resize((2000, 200))
     buffer = io.BytesIO()
     panorama.save(buffer, format="PNG")
@@ -267,7 +280,7 @@ def test_panorama_equals_timm_and_extreme_aspect_ratios_are_refused(imageprep, p
 
 
 def test_exif_orientation_is_applied(imageprep, photos):
-    ours = imageprep.Preprocess(crop_size=(64, 64), scale_size=(64, 64), crop_mode="squash")
+    ours = imageprep.Preprocess(crop_size=(64, 64), scale_size=(64, 64), **served_eval(crop_mode="squash"))
     upright = Image.fromarray(photos["chelsea"])
     exif = Image.Exif()
     exif[0x0112] = 3  # Orientation: rotated 180 degrees
@@ -309,7 +322,7 @@ def test_cli_repository_defaults_are_serving_options_defaults(tmp_path, onnx_fil
     _load_commands()
     result = CliRunner().invoke(app, ["repository", str(tmp_path / "cli"), "--model", str(onnx_file)])
     assert result.exit_code == 0, result.output
-    write_repository(resolve(str(onnx_file)), tmp_path / "api", ServingOptions())
+    write_repository(resolve_model(str(onnx_file)), tmp_path / "api", ServingOptions())
     configs = sorted(p.relative_to(tmp_path / "api") for p in (tmp_path / "api").glob("*/config.pbtxt"))
     assert len(configs) == 2
     for config in configs:
@@ -328,7 +341,7 @@ def test_onnx_with_other_tensor_names_is_refused(tmp_path, meta):
     path = tmp_path / "other.onnx"
     onnx.save(helper.make_model(graph), path)
     with pytest.raises(ValueError, match="must read 'pixel_values' and write 'logits'"):
-        write_repository(ModelSource(metadata=meta, onnx_path=path), tmp_path / "repo")
+        write_repository(graph_model(meta, path), tmp_path / "repo")
     assert not (tmp_path / "repo").exists()
 
 
@@ -346,9 +359,9 @@ def test_ort_threads_follow_the_models_compute(tmp_path):
         params = _parse(repo / "vit_classifier" / "config.pbtxt").parameters
         return tuple(params[key].string_value for key in ("intra_op_threads", "allow_spinning", "take_turns"))
 
-    ti16 = ModelSource.from_module(timm.create_model("simplevit_ti16", num_classes=3), name="ti16",
+    ti16 = ResolvedModel.from_module(timm.create_model("simplevit_ti16", num_classes=3), name="ti16",
                                    labels=["a", "b", "c"])
-    digits = resolve(str(default_model_folder()))
+    digits = resolve_model(str(default_model_folder()))
     assert settings(ti16, "ti16") == ("all", "1", "1")
     assert settings(ti16, "ti16_one", classifier_instances=1) == ("all", "1", "0")
     assert settings(ti16, "ti16_still", ort_spinning=False) == ("all", "0", "0")

@@ -28,11 +28,11 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 from typer.testing import CliRunner
 
+from hub_vit.resolve import ResolvedModel, resolve_model
 from hub_vit.server.client import AsyncClassifier, Classifier, explain_parameters
 from hub_vit.server.launcher import TritonServer, free_port
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import template_dir, write_repository
-from hub_vit.server.source import ModelSource, resolve
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -58,15 +58,15 @@ def _tiny(pool_type: str):
 
 @pytest.fixture(scope="module")
 def models() -> dict:
-    """name -> (ModelSource, Explainer over the same module), the explainers as `hub-vit rollout` builds them."""
+    """name -> (ResolvedModel, Explainer over the same module), the explainers as `hub-vit rollout` builds them."""
     from hub_vit.demo.models import load_explainer, resolve_choice
     from hub_vit.explain import DataConfig, Explainer
 
-    found = {"digits": (resolve(None), load_explainer(resolve_choice(None)))}
+    found = {"digits": (resolve_model(None), load_explainer(resolve_choice(None)))}
     for kind in ("tok", "map"):
         module = _tiny(kind)
         labels = [f"c{i}" for i in range(TINY["num_classes"])]
-        source = ModelSource.from_module(module, name=kind, labels=labels, pretrained_cfg=CFG)
+        source = ResolvedModel.from_module(module, name=kind, labels=labels, pretrained_cfg=CFG)
         found[kind] = (source, Explainer(module, labels, DataConfig.from_pretrained_cfg(CFG, module.spec)))
     return found
 
@@ -296,6 +296,30 @@ def test_explain_settings_parsing(served_rollout):
         served_rollout.ExplainSettings("min", 0.0)
     with pytest.raises(ValueError, match=r"discard_ratio must be a number in \[0, 1\), got True"):
         parse({"explain": True, "discard_ratio": True})
+
+
+class _Request:
+    """What `split_explained` reads of a Python-backend request: its parameters' JSON."""
+
+    def __init__(self, parameters: dict) -> None:
+        self._parameters = json.dumps(parameters)
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+def test_split_explained(served_rollout):
+    """One batch split the way both classifier steps (ORT and torch) split it: explained requests out with their
+    settings, a bad parameter answered by its own refusal, the plain ones left in place for the plain path."""
+    requests = [_Request({}), _Request({"explain": True, "head_fusion": "max"}),
+                _Request({"explain": True, "head_fusion": "avg"}), _Request({"explain": False})]
+    responses: list = [None] * len(requests)
+    asked, rest = served_rollout.split_explained(requests, responses, lambda message: ("refused", message))
+    assert [(place, settings) for place, _, settings in asked] == [(1, served_rollout.ExplainSettings("max", 0.0))]
+    assert asked[0][1] is requests[1]
+    assert rest == [requests[0], None, None, requests[3]]
+    assert responses[:2] == [None, None] and responses[3] is None
+    assert responses[2][0] == "refused" and "'avg'" in responses[2][1] and "mean" in responses[2][1]
 
 
 def test_repository_layout_and_manifest(models, tmp_path):

@@ -18,9 +18,9 @@ from google.protobuf import json_format, text_format
 pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
+from hub_vit.resolve import resolve_model  # noqa: E402
 from hub_vit.server.options import ServingOptions  # noqa: E402
 from hub_vit.server.repository import write_repository  # noqa: E402
-from hub_vit.server.source import resolve  # noqa: E402
 
 SAMPLES = sorted((Path(__file__).resolve().parents[1] / "hub_vit/assets/digits/samples").glob("*.png"))
 
@@ -61,7 +61,7 @@ def _fake_pb_utils() -> types.ModuleType:
 def classifier(tmp_path_factory, monkeypatch_module):
     """The generated CPU classifier step of the default model, initialised the way the Python backend does it."""
     opts = ServingOptions(max_batch_size=8, preferred_batch_sizes=(4, 8))
-    step = write_repository(resolve(None), tmp_path_factory.mktemp("repo") / "r", opts) / "vit_classifier"
+    step = write_repository(resolve_model(None), tmp_path_factory.mktemp("repo") / "r", opts) / "vit_classifier"
     monkeypatch_module.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
     monkeypatch_module.syspath_prepend(str(step / "1"))
     for name in ("model", "imageprep", "topk", "triton_errors", "explained", "served_rollout"):  # the step's own

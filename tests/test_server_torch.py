@@ -18,15 +18,16 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 from typer.testing import CliRunner
 
+from hub_vit.resolve import resolve_model
 from hub_vit.server import device as device_module
-from hub_vit.server import launcher
+from hub_vit.server import triton_install
 from hub_vit.server.client import AsyncClassifier, Classifier
 from hub_vit.server.config import cuda_graph_buckets
 from hub_vit.server.device import choose_device
 from hub_vit.server.loadtest import settled_statistics
 from hub_vit.server.options import CUDA_DEFAULTS, ServingOptions
 from hub_vit.server.repository import MANIFEST, outdated_files, write_repository
-from hub_vit.server.source import ModelSource, resolve
+from hub_vit.server.source import graph_model, serving_metadata
 from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
 
 MAX_BATCH = 8
@@ -67,15 +68,15 @@ def _options(flavour: str) -> ServingOptions:
 
 @pytest.fixture(scope="module")
 def torch_repo(model_folder, tmp_path_factory) -> Path:
-    return write_repository(resolve(model_folder), tmp_path_factory.mktemp("torch") / "repository",
+    return write_repository(resolve_model(model_folder), tmp_path_factory.mktemp("torch") / "repository",
                             _options("torch"))
 
 
 # -- the repository -----------------------------------------------------------------------------------------------
 def test_torch_repository_carries_the_model_folders_own_weights(torch_repo, model_folder):
     step = torch_repo / "vit_classifier" / "1"
-    assert sorted(p.name for p in step.iterdir()) == ["imageprep.py", "labels.txt", "model", "model.py",
-                                                      "served_rollout.py", "topk.py", "triton_errors.py"]
+    assert sorted(p.name for p in step.iterdir()) == ["image_modes.py", "imageprep.py", "labels.txt", "model",
+                                                      "model.py", "served_rollout.py", "topk.py", "triton_errors.py"]
     # the same weights file every other path loads, byte for byte; no ONNX export
     assert (step / "model" / "model.safetensors").read_bytes() == (model_folder / "model.safetensors").read_bytes()
     assert not list(torch_repo.rglob("*.onnx"))
@@ -89,7 +90,7 @@ def test_torch_repository_carries_the_model_folders_own_weights(torch_repo, mode
 
 
 def test_cuda_repository_is_gpu_sized(model_folder, tmp_path):
-    repo = write_repository(resolve(model_folder), tmp_path / "cuda", ServingOptions.for_device("cuda"))
+    repo = write_repository(resolve_model(model_folder), tmp_path / "cuda", ServingOptions.for_device("cuda"))
     config = _config(repo)
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
     assert config.max_batch_size == CUDA_DEFAULTS["max_batch_size"] == 256
@@ -109,8 +110,8 @@ def test_cuda_graph_buckets_hold_every_batch_with_at_most_half_padding():
 
 
 def test_torch_flavour_refuses_an_exported_file(model_folder, tmp_path):
-    source = resolve(model_folder)
-    onnx = ModelSource(metadata=source.metadata, onnx_path=tmp_path / "model.onnx", origin=str(tmp_path / "m.onnx"))
+    source = resolve_model(model_folder)
+    onnx = graph_model(serving_metadata(source), tmp_path / "model.onnx")
     with pytest.raises(ValueError, match=r"flavour 'torch' runs the hub-vit model itself in PyTorch, but .* is an "
                                          r"exported ONNX file; give a registered model name or a hub-vit model folder"):
         write_repository(onnx, tmp_path / "repo", ServingOptions(flavour="torch"))
@@ -228,18 +229,18 @@ def test_stub_numpy_is_read_from_its_own_folder(monkeypatch, tmp_path):
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: numpy\nVersion: {version}\n")
         return info.parent
 
-    monkeypatch.setenv(launcher.STUB_PYTHONPATH, str(folder_with("2.1.0")))
-    with pytest.raises(launcher.ServerError, match=r"numpy 2\.1\.0 is installed.*HUB_VIT_STUB_PYTHONPATH"):
-        launcher.check_stub_numpy()
-    monkeypatch.setenv(launcher.STUB_PYTHONPATH, str(folder_with("1.26.4")))
-    monkeypatch.setattr(launcher.importlib.metadata, "version", lambda name: "2.5.2")  # this environment's numpy
-    launcher.check_stub_numpy()  # the stubs' folder decides
+    monkeypatch.setenv(triton_install.STUB_PYTHONPATH, str(folder_with("2.1.0")))
+    with pytest.raises(triton_install.ServerError, match=r"numpy 2\.1\.0 is installed.*HUB_VIT_STUB_PYTHONPATH"):
+        triton_install.check_stub_numpy()
+    monkeypatch.setenv(triton_install.STUB_PYTHONPATH, str(folder_with("1.26.4")))
+    monkeypatch.setattr(triton_install.importlib.metadata, "version", lambda name: "2.5.2")  # this environment's numpy
+    triton_install.check_stub_numpy()  # the stubs' folder decides
 
 
 # -- the real server: torch (cpu) against ONNX Runtime (cpu) ------------------------------------------------------
 @pytest.fixture(scope="module")
 def servers(torch_repo, model_folder, tmp_path_factory):
-    onnx_repo = write_repository(resolve(model_folder), tmp_path_factory.mktemp("onnx") / "repository",
+    onnx_repo = write_repository(resolve_model(model_folder), tmp_path_factory.mktemp("onnx") / "repository",
                                  _options("cpu"))
     started = []
     try:

@@ -21,13 +21,13 @@ import pytest
 import torch
 from tritonclient.utils import InferenceServerException
 
+from hub_vit.resolve import resolve_model
 from hub_vit.server.client import AsyncClassifier, Classifier
 from hub_vit.server.config import cuda_graph_buckets
 from hub_vit.server.launcher import free_port
 from hub_vit.server.loadtest import settled_statistics
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import write_repository
-from hub_vit.server.source import resolve
 from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
@@ -77,7 +77,7 @@ def test_runner_buckets_match_fp32_eager(graphs):
 
 @pytest.fixture(scope="module")
 def servers(model_folder, tmp_path_factory):
-    source = resolve(model_folder)
+    source = resolve_model(model_folder)
     cuda = ServingOptions.for_device("cuda", max_batch_size=MAX_BATCH,
                                      preferred_batch_sizes=(16, 32, 64), max_queue_delay_us=2000)
     cpu = ServingOptions(max_batch_size=16, preferred_batch_sizes=(4, 8, 16))

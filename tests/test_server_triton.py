@@ -30,13 +30,14 @@ from PIL import Image
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
+from hub_vit.resolve import resolve_model
 from hub_vit.server.client import AsyncClassifier, Classifier, encode
 from hub_vit.server.config import cpu_classifier_config, render
 from hub_vit.server.launcher import ServerError, TritonServer, free_port
 from hub_vit.server.loadtest import settled_statistics
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.repository import MANIFEST, write_repository
-from hub_vit.server.source import ModelSource, resolve
+from hub_vit.server.source import graph_model, serving_metadata
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -104,7 +105,7 @@ def _start(repo: Path, exit_timeout_s: int = 20) -> TritonServer:
 @pytest.fixture(scope="module")
 def repo(model_folder, tmp_path_factory) -> Path:
     opts = ServingOptions(max_batch_size=MAX_BATCH, preferred_batch_sizes=(4, 8), max_queue_delay_us=2000)
-    return write_repository(resolve(model_folder), tmp_path_factory.mktemp("repo") / "repository", opts)
+    return write_repository(resolve_model(model_folder), tmp_path_factory.mktemp("repo") / "repository", opts)
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +117,8 @@ def server(repo):
 
 def _variant_repo(repo: Path, model_folder: Path, out: Path, **options) -> Path:
     """Same exported ONNX, other serving options (no second export)."""
-    source = resolve(model_folder)
-    onnx_source = ModelSource(metadata=source.metadata, onnx_path=repo / "vit_classifier" / "1" / "model.onnx")
+    source = resolve_model(model_folder)
+    onnx_source = graph_model(serving_metadata(source), repo / "vit_classifier" / "1" / "model.onnx")
     return write_repository(onnx_source, out, ServingOptions(**options))
 
 
@@ -223,8 +224,9 @@ def test_gpu_flavour_ensemble_and_postprocess_on_the_real_server(repo, model_fol
     shutil.rmtree(gpu / "vit_classifier")
     shutil.copytree(cpu / "vit_classifier", gpu / "vit_classifier")  # model.py, model.onnx, labels, ...
     compute_bound = json.loads((cpu / MANIFEST).read_text())["compute_bound"]
-    swapped = cpu_classifier_config(resolve(model_folder).metadata, ServingOptions(**options), "model.onnx",
-                                    compute_bound=compute_bound, decodes=False)  # fed pixel_values (3, H, W)
+    meta = serving_metadata(resolve_model(model_folder))
+    swapped = cpu_classifier_config(meta, ServingOptions(**options), "model.onnx", compute_bound=compute_bound,
+                                    decodes=False)  # fed pixel_values (3, H, W)
     (gpu / "vit_classifier/config.pbtxt").write_text(render(swapped))
     server = _start(gpu)
     try:
@@ -777,7 +779,7 @@ def test_stop_reaps_backend_stubs_of_a_dead_server(tmp_path):
     from hub_vit.server.loadtest import load_test
 
     folder = default_model_folder()
-    repo = write_repository(resolve(str(folder)), tmp_path / "repo")
+    repo = write_repository(resolve_model(str(folder)), tmp_path / "repo")
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start()
     stubs = server.stubs  # the live ones in its process group (a killed stub stays a zombie until init reaps it)

@@ -26,7 +26,9 @@ def jpeg(array: np.ndarray, **options: object) -> bytes:
 
 @pytest.fixture(scope="module")
 def prep(imageprep):
-    return imageprep.Preprocess(crop_size=(224, 224), scale_size=(248, 248))
+    from tests.test_image_fuzz import served_eval
+
+    return imageprep.Preprocess(crop_size=(224, 224), scale_size=(248, 248), **served_eval())
 
 
 @pytest.fixture(scope="module", params=["astronaut", "chelsea"])

@@ -12,7 +12,8 @@ import signal
 from hub_vit.cli.app import app, console, fail, is_environment_error, os_error_text
 
 # One module per capability; each adds its commands to `app` on import.
-COMMAND_MODULES = ("models", "convert", "export", "train", "serve", "health", "explain", "cards")
+COMMAND_MODULES = ("models", "convert", "export", "train", "repository", "serve", "classify", "loadtest", "health",
+                   "explain", "cards")
 
 
 def _load_commands() -> None:

@@ -84,9 +84,9 @@ def onnx_cmd(
     stem: str = typer.Option("model", help="File name stem: <stem>.onnx, <stem>.<variant>.onnx, ..."),
 ) -> None:
     """Export to ONNX, verify every variant against PyTorch, write only the ones that pass (+ a JSON report)."""
+    from hub_vit.export import load_source
     from hub_vit.export.metadata import model_metadata
     from hub_vit.export.onnx_export import EXPORTERS, MIN_OPSET
-    from hub_vit.export.sources import load_source
     from hub_vit.export.variants import VARIANTS, check_variants, export_variants
 
     try:  # validate everything cheap before building a model
@@ -109,23 +109,23 @@ def onnx_cmd(
         src = load_source(source, model_name=model_name, pretrained=pretrained)
         own = None
         if images is not None:
-            from hub_vit.explain.image import DataConfig
+            from dataclasses import replace
+
             from hub_vit.export.verify import load_image_folder
 
-            spec = src.model.spec  # the exported graph's input size, whatever size the transform was recorded at
-            data = DataConfig.from_pretrained_cfg({**src.pretrained_cfg, "input_size": (spec.in_chans, *spec.img_size)},
-                                                  spec)
+            spec = src.module.spec  # the exported graph's input size, whatever size the transform was recorded at
+            data = replace(src.data, img_size=tuple(spec.img_size))
             own = load_image_folder(images, data, limit=images_limit)
         console.print(f"exporting [bold]{escape(src.name)}[/] ({src.kind}, weights: {escape(src.weights)}) -> "
                       f"{escape(str(out))}", soft_wrap=True)
         if src.random_weights:
             _warn_random_weights(src.name, pretrained)
-        report = export_variants(src.model, out, variants=variants, stem=stem, opset=opset,
+        report = export_variants(src.module, out, variants=variants, stem=stem, opset=opset,
                                  dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, with_attentions=attentions,
                                  exporter=exporter, n_random=random_inputs, n_photos=photos,
                                  n_calibration=calibration, seed=seed, providers=provider or None,
                                  source=src.describe(), images=own,
-                                 metadata=model_metadata(src.model, src.labels, src.pretrained_cfg))
+                                 metadata=model_metadata(src.module, src.labels, src.pretrained_cfg))
     except OSError as exc:
         # the disk refused the files after the work began: exit 1, as for a write that fails (not bad input), named
         # by the folder asked for, not by the hidden staging file inside it

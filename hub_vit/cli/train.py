@@ -59,12 +59,26 @@ def train_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
 ) -> None:
     """Train or fine-tune a ViT with the "Better plain ViT baselines" recipe (resumes if --out has checkpoints)."""
-    from hub_vit.conversion.download import DownloadError
-    from hub_vit.train import digits
-    from hub_vit.train.data import DataFolderError
-    from hub_vit.train.loop import TrainingWarning, train
-    from hub_vit.train.models import ModelChoiceError
-    from hub_vit.train.recipe import VIT_S16_I1K
+    _check_flags(threads, preset, install_to, data, out)
+    fresh_out = not out.exists()
+    flags: dict[str, Any] = dict(model=model, pretrained=pretrained, img_size=img_size, batch_size=batch_size,
+                                 micro_batch=micro_batch, total_epochs=epochs, total_steps=steps, lr=lr, wd=wd,
+                                 warmup_steps=warmup_steps, mixup=mixup, randaug=randaug, seed=seed,
+                                 precision=precision, workers=workers)
+    for item in set_:  # `--lr 1e-3 --set lr=3e-3` used to let --set win without a word
+        key = item.partition("=")[0].strip().replace("-", "_")
+        if flags.get(key) is not None:
+            flag = FLAG_NAMES.get(key, "--" + key.replace("_", "-"))
+            raise fail(f"{flag} and --set {item} both set {key}; pass one of them")
+    result = _run(preset, flags, set_, data, out, fresh_out, dict(init=init, device=device, stop_at=stop_at,
+                                                                  progress=progress))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+        return
+    _report(result, install_to)
+
+
+def _check_flags(threads: int | None, preset: str, install_to: Path | None, data: Path | None, out: Path) -> None:
+    """Refused before anything is written or trained."""
     from hub_vit.train.run_folder import RunFolderError, check_run_folder_path
 
     if threads is not None:
@@ -94,17 +108,21 @@ def train_command(
         check_run_folder_path(out)
     except RunFolderError as exc:
         raise fail(str(exc)) from None
-    fresh_out = not out.exists()
+
+
+def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None, out: Path, fresh_out: bool,
+         options: dict[str, Any]) -> Any:
+    """Train with the preset's recipe changed by the flags; clean errors end the command with one line and no
+    half-made run folder."""
+    from hub_vit.conversion.download import DownloadError
+    from hub_vit.train import digits
+    from hub_vit.train.data import DataFolderError
+    from hub_vit.train.loop import TrainingWarning, train
+    from hub_vit.train.models import ModelChoiceError
+    from hub_vit.train.recipe import VIT_S16_I1K
+    from hub_vit.train.run_folder import RunFolderError
+
     recipe = digits.DIGITS_RECIPE if preset == "digits" else VIT_S16_I1K
-    flags: dict[str, Any] = dict(model=model, pretrained=pretrained, img_size=img_size, batch_size=batch_size,
-                                 micro_batch=micro_batch, total_epochs=epochs, total_steps=steps, lr=lr, wd=wd,
-                                 warmup_steps=warmup_steps, mixup=mixup, randaug=randaug, seed=seed,
-                                 precision=precision, workers=workers)
-    for item in set_:  # `--lr 1e-3 --set lr=3e-3` used to let --set win without a word
-        key = item.partition("=")[0].strip().replace("-", "_")
-        if flags.get(key) is not None:
-            flag = FLAG_NAMES.get(key, "--" + key.replace("_", "-"))
-            raise fail(f"{flag} and --set {item} both set {key}; pass one of them")
     try:
         recipe = recipe.replace(**{k: v for k, v in flags.items() if v is not None}).with_overrides(set_)
         dataset_info: dict[str, Any] = {}
@@ -114,12 +132,11 @@ def train_command(
                 raise fail("give a DATA folder (train/<class>/*, val/<class>/*), or use --preset digits")
             data = digits.write_image_folder(out / "data")
             dataset_info = digits.dataset_info()
-            architecture = recipe.model if init is None else None
+            architecture = recipe.model if options["init"] is None else None
         with warnings.catch_warnings():  # restores showwarning and the filters afterwards
             warnings.simplefilter("always", TrainingWarning)
             warnings.showwarning = _show_warning(warnings.showwarning, TrainingWarning)
-            result = train(recipe, data, out, init=init, device=device, stop_at=stop_at, progress=progress,
-                           architecture=architecture, dataset_info=dataset_info)
+            return train(recipe, data, out, **options, architecture=architecture, dataset_info=dataset_info)
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
         _discard_fresh_run_folder(out, fresh_out)
         raise fail(str(exc)) from None
@@ -140,8 +157,11 @@ def train_command(
             _discard_fresh_run_folder(out, fresh_out)  # no half-made run folder
             console.print("stopped by SIGTERM; checkpoints written before are kept, run the same command to resume")
         raise
-    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
-        return
+
+
+def _report(result: Any, install_to: Path | None) -> None:
+    from hub_vit.train import digits
+
     if result.interrupted:
         name = "Ctrl-C" if result.stop_signal in (None, signal.SIGINT) else signal.Signals(result.stop_signal).name
         console.print(f"stopped by {name} after step {result.step}/{result.total_steps}, checkpoint written; run the "

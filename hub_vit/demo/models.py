@@ -9,7 +9,9 @@ Three kinds of model:
   `hub_vit.conversion.download`, whose cache this is). They are loaded from that file; nothing is ever downloaded
   from the demo.
 
-The list is fixed when the app starts: a browser can pick among these, never name a path of its own.
+The list is fixed when the app starts: a browser can pick among these, never name a path of its own. Each entry is
+checked by `hub_vit.resolve.locate` at start-up and loaded by `hub_vit.resolve.resolve_model` on first use (the one
+model resolver; nothing is downloaded from here: `download=False`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from hub_vit.explain.image import DataConfig
 from hub_vit.explain.pipeline import Explainer
 from hub_vit.paths import distinct_names
+from hub_vit.resolve import ModelRef, cached_checkpoint, checkpoint_path, locate, resolve_model
 
 DEFAULT_KEY = "default"
 
@@ -64,33 +66,22 @@ def no_head_message(what: str) -> str:
 def folder_choice(folder: str | Path, key: str | None = None) -> ModelChoice:
     """A model folder given by the user; refuses anything that is not one, and a folder without a classifier head."""
     path = Path(folder).expanduser()
-    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+    ref = locate(path) if path.is_dir() else None
+    if ref is None or ref.folder is None:
         raise ValueError(f"{str(folder)!r} is not a hub-vit model folder (expected config.json and "
                          "model.safetensors in it; make one with `hub-vit convert` or `hub-vit train`)")
+    return _checked_folder(ref.folder, key or f"folder: {ref.folder.name}", f"model folder {str(folder)!r}")
+
+
+def _checked_folder(path: Path, key: str, what: str) -> ModelChoice:
+    """A folder choice, refused at start-up (not on the first click) when the model has no classifier head."""
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"{str(folder)!r}: config.json is not readable JSON ({exc})") from exc
-    if isinstance(config, dict) and config.get("num_classes") == 0:  # refused at start-up, not on the first click
-        raise ValueError(no_head_message(f"model folder {str(folder)!r}"))
-    return ModelChoice(key=key or f"folder: {path.resolve().name}", kind="folder", target=str(path.resolve()))
-
-
-def checkpoint_path(name: str, tag: str) -> Path | None:
-    """Where hub-vit's downloader keeps `name.tag`'s Google checkpoint (`$HUB_VIT_CACHE/downloads/...`): the file
-    `timm.create_model(name.tag, pretrained=True)` loads (`hub_vit.timm_plugin._fetch`), whether it is there or not.
-    None for weights bundled in the package (the default model, offered as a folder instead)."""
-    from hub_vit.catalog import get_entry
-    from hub_vit.conversion.download import cached_path, gs_to_https
-
-    weights = get_entry(name).weight(tag)
-    return cached_path(gs_to_https(weights.url)) if weights.gs_url else None
-
-
-def cached_checkpoint(name: str, tag: str) -> Path | None:
-    """`checkpoint_path(name, tag)` if the file is there, else None."""
-    path = checkpoint_path(name, tag)
-    return path if path is not None and path.is_file() else None
+        raise ValueError(f"{str(path)!r}: config.json is not readable JSON ({exc})") from exc
+    if isinstance(config, dict) and config.get("num_classes") == 0:
+        raise ValueError(no_head_message(what))
+    return ModelChoice(key=key, kind="folder", target=str(path))
 
 
 def registered_choices() -> list[ModelChoice]:
@@ -114,7 +105,8 @@ def discover_choices(folders: Sequence[str | Path] = ()) -> list[ModelChoice]:
 
 
 def resolve_choice(model: str | None, choices: Sequence[ModelChoice] = ()) -> ModelChoice:
-    """For the CLI: None -> the default model; a folder path; a registered `name.tag`; or a key of `choices`."""
+    """For the CLI: None -> the default model; a key of `choices`; else what `hub_vit.resolve.locate` makes of it (a
+    model folder, or a registered `name[.tag]` whose checkpoint is cached or shipped)."""
     if model is None or model == DEFAULT_KEY:
         default = default_model_path()
         if default is None:
@@ -124,43 +116,24 @@ def resolve_choice(model: str | None, choices: Sequence[ModelChoice] = ()) -> Mo
     for choice in choices:
         if choice.key == model:
             return choice
-    if Path(model).expanduser().is_dir():
-        return folder_choice(model)
-    from hub_vit.catalog import MODELS
-
-    name, _, tag = model.partition(".")
-    if name in MODELS:
-        entry = MODELS[name]
-        tag = tag or (entry.weights[0].tag if entry.weights else "")
-        if not tag:
-            raise ValueError(f"{name!r} has no published weights; pass a model folder instead")
-        weights = entry.weight(tag)  # raises, listing the valid tags
-        if weights.file and Path(weights.file).parent.joinpath("config.json").is_file():
-            # shipped inside the package (the default model): its folder has the labels and the input recipe
-            return folder_choice(Path(weights.file).parent, key=f"{name}.{tag}")
-        if cached_checkpoint(name, tag) is None:
-            from hub_vit.conversion.download import hand_download_commands
-
-            path = checkpoint_path(name, tag)
-            assert path is not None  # bundled weights returned above
-            curl, _ = hand_download_commands(weights.url, path)
-            raise ValueError(f"the checkpoint of {name}.{tag} is not in hub-vit's download cache (expected at "
-                             f"{path}; HUB_VIT_CACHE moves it) and is never downloaded from here. Fetch it once "
-                             f"with network: `hub-vit convert {name}.{tag} -o DIR` and "
-                             f"`timm.create_model('{name}.{tag}', pretrained=True)` both leave it there; or by hand: "
-                             f"`{curl}`")
-        return ModelChoice(key=f"{name}.{tag}", kind="registered", target=f"{name}.{tag}")
-    raise ValueError(f"{model!r} is neither a model folder nor a registered name; valid names: {', '.join(MODELS)}")
+    return _choice(locate(model, download=False), model)
 
 
-def _imagenet_labels(num_classes: int) -> list[str]:
-    from timm.data import ImageNetInfo
+def _choice(ref: ModelRef, model: str) -> ModelChoice:
+    if ref.kind == "folder" and ref.folder is not None:
+        return _checked_folder(ref.folder, f"folder: {ref.folder.name}", f"model folder {model!r}")
+    if ref.kind != "registered":
+        raise ValueError(f"{model!r} is an exported or weights file ({ref.kind}); the demo and `hub-vit rollout` "
+                         "run a model folder or a registered name in PyTorch")
+    from hub_vit.catalog import get_entry
 
-    subset = {1000: "imagenet-1k", 21843: "imagenet-21k-goog"}.get(num_classes)
-    if subset is None:
-        return [f"class {i}" for i in range(num_classes)]
-    info = ImageNetInfo(subset)
-    return [info.index_to_description(i) for i in range(num_classes)]
+    entry = get_entry(ref.target.partition(".")[0])
+    if not entry.weights:
+        raise ValueError(f"{entry.name!r} has no published weights; pass a model folder instead")
+    key = f"{entry.name}.{ref.tag or entry.weights[0].tag}"
+    if ref.folder is not None:  # shipped inside the package (the default model): its folder has labels and recipe
+        return _checked_folder(ref.folder, key, f"model {key!r}")
+    return ModelChoice(key=key, kind="registered", target=key)
 
 
 def load_explainer(choice: ModelChoice) -> Explainer:
@@ -182,34 +155,22 @@ def load_explainer(choice: ModelChoice) -> Explainer:
 
 
 def _load(choice: ModelChoice) -> Explainer:
-    if choice.kind == "folder":
-        from hub_vit.folder import load_model_folder
-
-        model, info = load_model_folder(choice.target)
-        data = DataConfig.from_pretrained_cfg(dict(info.pretrained_cfg), model.spec)
-        return Explainer(model=model, labels=list(info.labels or []), data=data, name=choice.key,
-                         info={"path": str(info.path), "architecture": info.architecture})
-    import timm
-
-    import hub_vit.timm_plugin  # noqa: F401  (registers the names with timm)
-
-    name, _, tag = choice.target.partition(".")
-    path = cached_checkpoint(name, tag)
-    if path is None:  # listed at start-up, deleted since: say so rather than download inside a page request
-        raise ModelLoadError(f"cannot load model {choice.key!r}: its checkpoint is no longer in hub-vit's download "
-                             f"cache ({checkpoint_path(name, tag)})")
-    # The same file and conversion as `pretrained=True` alone, but named: timm never goes to the network from here
-    model = timm.create_model(choice.target, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
-    data = DataConfig.from_pretrained_cfg(dict(model.pretrained_cfg), model.spec)
-    return Explainer(model=model, labels=_imagenet_labels(model.num_classes), data=data, name=choice.key,
-                     info={"architecture": choice.target})
+    if choice.kind == "registered":
+        name, _, tag = choice.target.partition(".")
+        if cached_checkpoint(name, tag) is None:  # listed at start-up, deleted since: say so, never download here
+            raise ModelLoadError(f"cannot load model {choice.key!r}: its checkpoint is no longer in hub-vit's "
+                                 f"download cache ({checkpoint_path(name, tag)})")
+    model = resolve_model(choice.target, download=False)  # the one resolver: module, labels, data config
+    info = ({"path": str(model.folder), "architecture": model.architecture} if model.folder is not None
+            else {"architecture": choice.target})
+    return Explainer(model=model.module, labels=list(model.labels), data=model.data, name=choice.key, info=info)
 
 
 def served_choice(model: str | None) -> ModelChoice | None:
     """What `hub-vit serve MODEL` serves, as a demo choice: the default model (None), a model folder, or a registered
     `name.tag` (serve itself has just put its checkpoint into the download cache). None for an exported .onnx /
     .plan file: the demo runs models in PyTorch and cannot show that one."""
-    if model is not None and Path(model).expanduser().is_file():
+    if model is not None and locate(model, download=False).kind in ("onnx", "engine"):
         return None
     return resolve_choice(model)
 

@@ -7,8 +7,9 @@ picture = blend(pil_image, result.maps[0])                                    # 
 ```
 """
 
+from hub_vit.data_config import DataConfig  # the one data config, re-exported where rollout users look
 from hub_vit.explain.grad_rollout import grad_rollout_from_attentions, gradient_rollout
-from hub_vit.explain.image import DataConfig, ImageReadError, PreparedImage, load_image, prepare_image
+from hub_vit.explain.image import ImageReadError, PreparedImage, load_image, prepare_image
 from hub_vit.explain.overlay import COLORMAPS, blend, colorize, normalize_map, upsample_map
 from hub_vit.explain.pipeline import Explainer
 from hub_vit.explain.rollout import HEAD_FUSIONS, RolloutResult, attention_rollout, rollout_from_attentions

@@ -8,7 +8,6 @@ map back where the model looked instead of stretching it over the whole photo.
 from __future__ import annotations
 
 import io
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,16 +17,15 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from hub_vit.data_config import INTERPOLATIONS as DATA_INTERPOLATIONS
+from hub_vit.data_config import DataConfig
 from hub_vit.image_modes import to_8bit
 from hub_vit.resize_bound import check_resize, eval_resize
 
 # Only these decoders ever run on an upload (Pillow's rarer decoders are where the CVEs are).
 IMAGE_FORMATS: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
-INTERPOLATIONS: dict[str, Image.Resampling] = {
-    "nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS,
-    "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING,
-}
+# The one data config's interpolation names -> Pillow's filters (same names, upper case)
+INTERPOLATIONS: dict[str, Image.Resampling] = {name: Image.Resampling[name.upper()] for name in DATA_INTERPOLATIONS}
 
 
 class ImageReadError(ValueError):
@@ -76,46 +74,6 @@ def load_image(source: str | Path | bytes, name: str | None = None, *, large: bo
 
 
 @dataclass(frozen=True)
-class DataConfig:
-    """How a model's inputs are made: timm `pretrained_cfg` fields plus the channel count."""
-
-    img_size: tuple[int, int] = (224, 224)
-    crop_pct: float = 0.875
-    interpolation: str = "bilinear"
-    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
-    std: tuple[float, ...] = (0.5, 0.5, 0.5)
-    in_chans: int = 3
-
-    def __post_init__(self) -> None:
-        if self.interpolation not in INTERPOLATIONS:
-            raise ValueError(
-                f"unknown interpolation {self.interpolation!r}; valid choices: {', '.join(INTERPOLATIONS)}"
-            )
-        if not 0 < self.crop_pct <= 1:
-            raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct!r}")
-
-    @classmethod
-    def from_pretrained_cfg(cls, cfg: dict[str, Any] | None, spec: Any) -> DataConfig:
-        """Build from a timm pretrained cfg (may be None or partial) and the model's `ViTSpec`."""
-        cfg = cfg or {}
-        size = tuple(cfg.get("input_size", (spec.in_chans, *spec.img_size))[-2:])
-        chans = spec.in_chans
-
-        def per_channel(value: Any) -> tuple[float, ...]:
-            vals = tuple(float(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
-            return vals[:chans] if len(vals) >= chans else vals * chans
-
-        return cls(
-            img_size=(int(size[0]), int(size[1])),
-            crop_pct=float(cfg.get("crop_pct") or 1.0),
-            interpolation=str(cfg.get("interpolation") or "bilinear"),
-            mean=per_channel(cfg.get("mean", 0.5)),
-            std=per_channel(cfg.get("std", 0.5)),
-            in_chans=chans,
-        )
-
-
-@dataclass(frozen=True)
 class PreparedImage:
     """A model input and where it came from."""
 
@@ -125,14 +83,21 @@ class PreparedImage:
 
 
 def prepare_image(image: Image.Image, data: DataConfig) -> PreparedImage:
-    """Resize to `size / crop_pct` keeping the aspect ratio (as timm does), centre-crop `size`, normalise.
+    """Resize to `size / crop_pct` keeping the aspect ratio (as timm does; `crop_mode` "squash": both sides to it),
+    centre-crop `size`, normalise. `data` is the model's one `DataConfig`.
 
-    `ImageReadError` if the resize would create more than `hub_vit.resize_bound.MAX_RESIZED_PIXELS` pixels (an
-    extreme aspect ratio)."""
+    `ValueError` for timm's "border" crop mode (not implemented here); `ImageReadError` if the resize would create
+    more than `hub_vit.resize_bound.MAX_RESIZED_PIXELS` pixels (an extreme aspect ratio)."""
     th, tw = data.img_size
     w, h = image.size
     # Same sizes and rounding as timm's eval transform (Resize(int) or ResizeKeepRatio, then CenterCrop).
-    rw, rh = eval_resize(w, h, math.floor(th / data.crop_pct), math.floor(tw / data.crop_pct))
+    scale_h, scale_w = data.scale_size
+    if data.crop_mode == "squash":
+        rw, rh = scale_w, scale_h
+    elif data.crop_mode == "center":
+        rw, rh = eval_resize(w, h, scale_h, scale_w)
+    else:
+        raise ValueError(f"crop_mode {data.crop_mode!r} is not supported for rollout; valid: 'center', 'squash'")
     check_resize(w, h, rw, rh, error=ImageReadError)
     resized = image.convert("L" if data.in_chans == 1 else "RGB").resize((rw, rh), INTERPOLATIONS[data.interpolation])
     left, top = int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0))

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hub_vit.data_config import DataConfig
 from hub_vit.explain.grad_rollout import gradient_rollout
-from hub_vit.explain.image import DataConfig, PreparedImage, prepare_image
+from hub_vit.explain.image import PreparedImage, prepare_image
 from hub_vit.explain.overlay import blend
 from hub_vit.explain.rollout import RolloutResult, attention_rollout
 

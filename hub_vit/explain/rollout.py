@@ -134,17 +134,22 @@ def rollout_from_attentions(
         probe = fuse_heads(pool_attention.float(), head_fusion)[:, 0]  # (B, N); no residual on the probe
         probe = probe / probe.sum(dim=-1, keepdim=True)
     row = readout_row(readout_type, B, N, probe, attentions[0].device)  # (B, N)
-    layers = [residual_normalise(discard_lowest(fuse_heads(a.float(), head_fusion), discard_ratio, num_prefix_tokens))
-              for a in attentions]  # depth x (B, N, N)
+    fused = [discard_lowest(fuse_heads(a.float(), head_fusion), discard_ratio, num_prefix_tokens)
+             for a in attentions]  # depth x (B, N, N)
+    # The residual-normalised layer is A_l = D^-1 (F + I), D = diag(rowsum(F) + 1) (`residual_normalise`); a row
+    # vector times it is (v / d) F + v / d, so neither F + I nor its division is built: those (B, N, N) temporaries
+    # were most of a map's time.
+    row_sums = [f.sum(dim=-1) + 1.0 for f in fused]  # depth x (B, N)
     # Map l is row^T A_l ... A_1 (= row^T R_l). Rather than N x N matrix products (depth N^3), carry one row vector
     # per map and push all of them down through the layers together: about depth^2 / 2 vector-matrix products
     # (N^2 each), ~N / depth times cheaper, same numbers. `chains[:, l]` is map l's vector; at layer j (top down)
     # map j starts as row^T A_j and every map above it is multiplied by A_j.
-    depth = len(layers)
+    depth = len(fused)
     chains = row.new_zeros(B, depth, N)
     for j in range(depth - 1, -1, -1):
         chains[:, j] = row
-        chains[:, j:] = chains[:, j:] @ layers[j]  # (B, depth - j, N) @ (B, N, N)
+        scaled = chains[:, j:] / row_sums[j][:, None, :]  # (B, depth - j, N): v / d
+        chains[:, j:] = scaled @ fused[j] + scaled  # (B, depth - j, N) @ (B, N, N)
     return chains[:, :, num_prefix_tokens:].reshape(B, depth, gh, gw)
 
 

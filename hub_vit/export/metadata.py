@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-MODEL_KEY = "model"  # key of the metadata in the export report and in `<engine>.json`
-REPORT_SUFFIX = ".export.json"
+# The readers live below the export layer, beside the resolver that uses them (`hub_vit.resolve`)
+from hub_vit.exported import MODEL_KEY, REPORT_SUFFIX, engine_info, find_model_metadata, report_metadata
 
 
 def model_metadata(model: Any, labels: Sequence[str] | None = None,
@@ -26,42 +25,4 @@ def model_metadata(model: Any, labels: Sequence[str] | None = None,
     return {"pretrained_cfg": cfg, "num_classes": int(model.num_classes), "labels": list(labels or [])}
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def report_metadata(exported: Path) -> dict[str, Any] | None:
-    """The metadata of the export report beside an exported file: `<stem>.export.json` of the export that wrote it
-    (`model.onnx`, `model.int8-dynamic.onnx`, `model.plan` all belong to stem `model`)."""
-    for report in sorted(exported.parent.glob(f"*{REPORT_SUFFIX}")):
-        stem = report.name[: -len(REPORT_SUFFIX)]
-        if exported.name.startswith(stem + "."):
-            data = _read_json(report)
-            if data and isinstance(data.get(MODEL_KEY), dict) and data[MODEL_KEY]:
-                return data[MODEL_KEY]
-    return None
-
-
-def engine_info(engine: Path) -> dict[str, Any] | None:
-    """`<engine>.json`, written by `hub-vit export tensorrt` (TensorRT version, GPU, batch profile, precision)."""
-    return _read_json(engine.with_name(engine.name + ".json"))
-
-
-def find_model_metadata(exported: Path) -> dict[str, Any] | None:
-    """Metadata for an exported `.onnx` or TensorRT engine, or None: an engine's own `<engine>.json`, else the
-    export report beside the file (for an engine, also beside the ONNX graph it was built from)."""
-    exported = Path(exported)
-    info = engine_info(exported) if exported.suffix != ".onnx" else None
-    if info and isinstance(info.get(MODEL_KEY), dict) and info[MODEL_KEY]:
-        return info[MODEL_KEY]
-    found = report_metadata(exported)
-    if found is None and info and info.get("onnx"):
-        found = report_metadata(Path(info["onnx"]))
-    return found
-
-
-__all__ = ["MODEL_KEY", "engine_info", "find_model_metadata", "model_metadata", "report_metadata"]
+__all__ = ["MODEL_KEY", "REPORT_SUFFIX", "engine_info", "find_model_metadata", "model_metadata", "report_metadata"]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hub_vit.explain.image import DataConfig
+from hub_vit.data_config import DataConfig
 from hub_vit.model import VisionTransformer
 
 # File names of the formats `hub_vit.explain.image.load_image` decodes (PNG, JPEG, WEBP, BMP, GIF).

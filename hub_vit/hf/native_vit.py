@@ -8,12 +8,12 @@ names the switch that prevents it.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from transformers import ViTConfig, ViTForImageClassification
 
+from hub_vit.data_config import DataConfig
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
 
@@ -69,20 +69,19 @@ def native_image_processor(pretrained_cfg: dict[str, Any]) -> Any:
     """
     from transformers import CLIPImageProcessor
 
-    _, height, width = pretrained_cfg["input_size"]
-    crop_pct = pretrained_cfg.get("crop_pct", 0.875)
-    interpolation = pretrained_cfg.get("interpolation", "bilinear")
-    if interpolation not in _RESAMPLE:
-        raise ValueError(f"interpolation {interpolation!r} has no PIL resample code; valid: {', '.join(_RESAMPLE)}")
+    data = DataConfig.from_pretrained_cfg(pretrained_cfg)  # the model's one eval transform
+    if data.interpolation not in _RESAMPLE:
+        raise ValueError(f"interpolation {data.interpolation!r} has no PIL resample code; valid: "
+                         f"{', '.join(_RESAMPLE)}")
+    (height, width), (scale_h, scale_w) = data.img_size, data.scale_size
     if height == width:
-        size: dict[str, int] = {"shortest_edge": math.floor(height / crop_pct)}
+        size: dict[str, int] = {"shortest_edge": scale_h}
     else:  # timm resizes a non-square input to (H / crop_pct, W / crop_pct) exactly
-        size = {"height": math.floor(height / crop_pct), "width": math.floor(width / crop_pct)}
+        size = {"height": scale_h, "width": scale_w}
     return CLIPImageProcessor(
-        size=size, crop_size={"height": height, "width": width}, resample=_RESAMPLE[interpolation],
+        size=size, crop_size={"height": height, "width": width}, resample=_RESAMPLE[data.interpolation],
         do_center_crop=True, do_rescale=True, do_normalize=True, do_convert_rgb=True,
-        image_mean=list(pretrained_cfg.get("mean", (0.5, 0.5, 0.5))),
-        image_std=list(pretrained_cfg.get("std", (0.5, 0.5, 0.5))),
+        image_mean=list(data.mean), image_std=list(data.std),
     )
 
 

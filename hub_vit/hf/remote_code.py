@@ -17,7 +17,7 @@ from pathlib import Path
 # module -> file name in the folder. The transformers entry files keep transformers' naming convention.
 BUNDLE: dict[str, str] = {
     "hub_vit.variants": "hub_vit_variants.py",
-    "hub_vit.catalog": "hub_vit_catalog.py",
+    "hub_vit.data_config": "hub_vit_data_config.py",
     "hub_vit.layers": "hub_vit_layers.py",
     "hub_vit.model": "hub_vit_model.py",
     "hub_vit.weights": "hub_vit_weights.py",
@@ -76,7 +76,7 @@ def bundle_source(module_name: str) -> str:
 
 def write_remote_code(folder: str | Path) -> list[Path]:
     """Write every bundled module into `folder`; returns the written paths."""
-    from hub_vit import __version__
+    from hub_vit.version import __version__
 
     folder = Path(folder)
     written = []

@@ -28,10 +28,11 @@ from timm.data.readers.img_extensions import get_img_extensions
 from timm.data.readers.reader_image_folder import natural_key
 from torch.utils.data import Dataset, Sampler
 
+from hub_vit.data_config import GOOGLE_EVAL
 from hub_vit.image_modes import to_8bit
 from hub_vit.train.recipe import Recipe
 
-MEAN = STD = (0.5, 0.5, 0.5)  # value_range(-1, 1)
+MEAN, STD = GOOGLE_EVAL.mean, GOOGLE_EVAL.std  # value_range(-1, 1)
 SPLITS = ("train", "val")
 # Beyond timm's default (png, jpg, jpeg): the formats every other hub-vit image path reads too
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"})
@@ -167,8 +168,7 @@ def train_transform(recipe: Recipe):  # -> torchvision Compose
 
 def eval_transform(recipe: Recipe):
     """resize_small(img_size / crop_pct) | central_crop(img_size) | value_range(-1, 1)."""
-    return create_transform(recipe.img_size, is_training=False, interpolation=recipe.interpolation,
-                            crop_pct=recipe.eval_crop_pct, mean=MEAN, std=STD)
+    return create_transform(**recipe.eval_data().timm_transform_args(), is_training=False)
 
 
 def sample_seed(seed: int, *key: int) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from hub_vit import catalog
+from hub_vit.atomic import process_gone
 from hub_vit.train.recipe import Recipe
 from hub_vit.variants import ViTSpec
 
@@ -133,20 +134,8 @@ def _remove_abandoned_tmps(root: Path) -> None:
     another torchrun rank writing right now: its folder is left alone."""
     for tmp in root.parent.glob(f".{root.name}.*.tmp") if root.parent.is_dir() else ():
         pid = tmp.name[len(root.name) + 2: -len(".tmp")]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and process_gone(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    if os.name != "posix":  # Windows' os.kill(pid, 0) sends CTRL_C_EVENT instead of probing: assume alive
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
 
 
 def export_samples(folder: str | Path, per_class: int = 2, size: int = 128, usable: np.ndarray | None = None

@@ -341,10 +341,7 @@ def export_model(model: torch.nn.Module, folder: Path, recipe: Recipe, classes: 
     from hub_vit.folder import save_model_folder
     from hub_vit.model_cards import write_card_or_remove
 
-    pretrained_cfg = dict(
-        input_size=(3, recipe.img_size, recipe.img_size), crop_pct=recipe.eval_crop_pct, crop_mode="center",
-        interpolation=recipe.interpolation, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), num_classes=len(classes),
-    )
+    pretrained_cfg = dict(recipe.eval_data().pretrained_cfg(), num_classes=len(classes))
     model = model.to("cpu").eval()
     folder = save_model_folder(model, folder, labels=list(classes), pretrained_cfg=pretrained_cfg,
                                architecture=architecture,

@@ -3,7 +3,6 @@ folder / weights file to fine-tune, with a new classifier head when the class co
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hub_vit.model import VisionTransformer
@@ -19,10 +18,9 @@ def init_folder_architecture(init: str | Path | None) -> str | None:
     """
     if init is None or not Path(init).is_dir():
         return None
-    try:
-        architecture = json.loads((Path(init) / "config.json").read_text(encoding="utf-8")).get("architecture")
-    except (OSError, ValueError, AttributeError):
-        return None
+    from hub_vit.folder import read_folder_config
+
+    architecture = (read_folder_config(init) or {}).get("architecture")
     return architecture if isinstance(architecture, str) else None
 
 
@@ -86,12 +84,14 @@ def _load_init(path: Path, recipe: Recipe, num_classes: int, img: tuple[int, int
         loaded, _info = load_model_folder(path)
         spec, state = loaded.spec, loaded.state_dict()
     else:
-        from hub_vit.weights import load_weights_file
+        from hub_vit.conversion import load_checkpoint
 
         spec = MODELS[recipe.model.split(".", 1)[0]].spec
-        state = load_weights_file(path, spec=spec)
+        state = load_checkpoint(path, spec=spec)
+    from hub_vit.weights import load_adapted_state_dict
+
     model = VisionTransformer(spec.replace(num_classes=num_classes, img_size=img))
-    model.load_adapted_state_dict(state)  # resamples pos_embed, swaps a head of another size for a zero-init one
+    load_adapted_state_dict(model, state)  # resamples pos_embed, swaps a head of another size for a zero-init one
     return model
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from hub_vit.data_config import GOOGLE_EVAL, DataConfig
+
 Precision = Literal["auto", "fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
@@ -69,7 +71,8 @@ class Recipe:
     randaug: str = "rand-m10-n2-p1.0"  # timm config string; '' turns RandAugment off
     mixup: float = 0.2  # big_vision's `mixup.p`: the Beta(p, p) concentration, one ratio per batch; 0 = off
     interpolation: Interpolation = "bilinear"
-    eval_crop_pct: float = 224 / 256  # eval: resize the shorter side to img_size / crop_pct, centre crop img_size
+    # eval: resize the shorter side to img_size / crop_pct (224 / 256), centre crop img_size
+    eval_crop_pct: float = GOOGLE_EVAL.crop_pct
     # --- run
     seed: int = 0
     precision: Precision = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
@@ -124,6 +127,12 @@ class Recipe:
         _choice("interpolation", self.interpolation, INTERPOLATIONS)
 
     # ------------------------------------------------------------------------------------------------ derived
+    def eval_data(self) -> DataConfig:
+        """The eval transform of the trained model (what its folder records, what validation runs): RGB,
+        Google's mean = std = 0.5 (big_vision's value_range(-1, 1))."""
+        return DataConfig(img_size=(self.img_size, self.img_size), crop_pct=self.eval_crop_pct,
+                          interpolation=self.interpolation)
+
     @property
     def torch_weight_decay(self) -> float:
         """AdamW `weight_decay` equivalent to big_vision's decoupled `wd` (AdamW multiplies it by the lr)."""

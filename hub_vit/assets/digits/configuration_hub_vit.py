@@ -7,7 +7,7 @@ The same `config.json` also serves timm's `local-dir:` / `hf-hub:` loader: `to_d
 spec at save time, and `__post_init__` drops the derived ones again on load, so they can never drift apart.
 
 This file is also bundled into every saved model folder as transformers remote code (see `hub_vit.hf.remote_code`):
-it may import only the bundled hub_vit modules (variants, catalog), transformers and the standard library.
+at module level it may import only the bundled hub_vit modules (variants), transformers and the standard library.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ from typing import Any, ClassVar
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from .hub_vit_catalog import DEFAULT_DATA_CFG, GENERIC_DEFAULT, MODELS
-from .hub_vit_variants import SWITCHES, ViTSpec
+from .hub_vit_variants import DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, SWITCHES, ViTSpec
 
-# The default config is the paper's SimpleViT-S/16 (what `HubViTConfig()` builds), taken from the catalog.
-_DEFAULT = MODELS[GENERIC_DEFAULT].spec
+# The default config is the paper's SimpleViT-S/16 (what `HubViTConfig()` builds).
+_DEFAULT = GENERIC_SPEC
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ViTSpec))
-GENERIC_ARCHITECTURE = "hub_vit"  # timm's generic entry point: any spec, passed as model_args
 
 # Keys of a timm pretrained_cfg that describe where *other* weights live; a saved folder is its own source.
 _SOURCE_KEYS = ("url", "file", "state_dict", "hf_hub_id", "source", "custom_load", "architecture", "tag")
@@ -34,14 +32,14 @@ _DERIVED_TIMM_KEYS = ("num_features", "model_args", "label_names")
 
 
 def timm_architecture(spec: ViTSpec) -> str:
-    """The registered timm name whose architecture equals `spec` (ignoring classes, image size and head init),
-    else the generic 'hub_vit' entry point."""
-    key = _architecture_key(spec)
-    return next((name for name, entry in MODELS.items() if _architecture_key(entry.spec) == key), GENERIC_ARCHITECTURE)
-
-
-def _architecture_key(spec: ViTSpec) -> dict[str, Any]:
-    return {k: v for k, v in spec.to_dict().items() if k not in ("num_classes", "img_size", "head_zeroinit")}
+    """The registered timm name whose architecture equals `spec` (`hub_vit.catalog.timm_architecture`), else the
+    generic 'hub_vit' entry point. As remote code, without the hub_vit package and its catalog of names, always the
+    generic one: it builds any spec."""
+    try:
+        raise ImportError('hub_vit.catalog is not bundled with this model folder; install hub-vit for this feature')
+    except ImportError:
+        return GENERIC_ARCHITECTURE
+    return registered(spec)
 
 
 def data_config(spec: ViTSpec, pretrained_cfg: dict[str, Any] | None = None) -> dict[str, Any]:

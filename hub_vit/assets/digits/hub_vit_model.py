@@ -465,20 +465,6 @@ class VisionTransformer(nn.Module):
             self.reset_classifier(0)
         return take
 
-    # ---------------------------------------------------------------------------------------------------- loading
-    def load_pretrained(self, checkpoint_path: str, prefix: str = "") -> None:
-        """timm `custom_load` hook: a Google `.npz` (converted on the fly) or a safetensors / torch state dict."""
-        from .hub_vit_weights import load_weights_file
-
-        state_dict = load_weights_file(checkpoint_path, spec=self.spec)
-        self.load_adapted_state_dict(state_dict)
-
-    def load_adapted_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Strictly load a checkpoint after adapting it (prefix, position-embedding size, head size) to this model."""
-        from .hub_vit_weights import adapt_state_dict, load_strict
-
-        load_strict(self, adapt_state_dict(state_dict, self))
-
 
 # big_vision's initialisers, one per kind of parameter-owning module (VisionTransformer.init_plan)
 @torch.no_grad()

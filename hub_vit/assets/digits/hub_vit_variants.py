@@ -17,6 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, get_args
 
+from .hub_vit_data_config import GOOGLE_EVAL
+
 
 class Size(NamedTuple):
     """One row of big_vision's `decode_variant` table."""
@@ -234,3 +236,20 @@ def check_image_size(img_size: tuple[int, int], patch_size: int) -> None:
             f"use a multiple of {patch_size} (e.g. {max(1, height // patch_size) * patch_size}x"
             f"{max(1, width // patch_size) * patch_size})"
         )
+
+
+# The two families' switches. SimpleViT (big_vision configs/vit_s16_i1k.py): sincos2d + GAP + Dense+tanh pre-logits
+# (rep_size=True); no cls token. Classic ViT (vit_jax): class token, learned position embedding with a class-token
+# slot, linear head.
+SIMPLEVIT: dict[str, Any] = dict(posemb="sincos2d", pool_type="gap", rep_size=True)
+CLASSIC_VIT: dict[str, Any] = dict(posemb="learn", pool_type="tok", posemb_on_cls=True)
+
+# What the generic entry points build with no arguments (timm's `hub_vit`, transformers' `HubViTConfig()`): the
+# paper's SimpleViT-S/16 (the catalog's `simplevit_s16`). `GENERIC_ARCHITECTURE` is timm's name for that entry point,
+# which builds any spec (passed as `model_args`).
+GENERIC_SPEC = ViTSpec.from_variant("S/16", **SIMPLEVIT)
+GENERIC_ARCHITECTURE = "hub_vit"
+
+# timm data config of a Google ViT without published weights: Google's evaluation transform (hub_vit.data_config),
+# without an input size (the spec's img_size gives it)
+DEFAULT_DATA_CFG: dict[str, Any] = {k: v for k, v in GOOGLE_EVAL.pretrained_cfg().items() if k != "input_size"}

@@ -28,12 +28,11 @@ import torch
 from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
 from transformers.image_transforms import to_pil_image
 
+from .hub_vit_data_config import CROP_MODES, GOOGLE_EVAL, INTERPOLATIONS, DataConfig
 from .hub_vit_image_modes import to_8bit
 from .hub_vit_resize_bound import check_resize, eval_resize
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
-CROP_MODES = ("center", "squash", "border")
 # Steps of the recipe a call (or the constructor) may switch off; transformers' names (ViT / CLIP processors)
 FLAGS = ("do_resize", "do_center_crop", "do_rescale", "do_normalize")
 # Every setting of the processor; each can also be given to one call, and to from_pretrained
@@ -88,11 +87,11 @@ class HubViTImageProcessor(BaseImageProcessor):
     def __init__(
         self,
         size: dict[str, int] | int | None = None,
-        crop_pct: float = 0.875,
+        crop_pct: float = GOOGLE_EVAL.crop_pct,
         interpolation: str | None = None,
-        crop_mode: str = "center",
-        image_mean: list[float] | tuple[float, ...] | float = (0.5, 0.5, 0.5),
-        image_std: list[float] | tuple[float, ...] | float = (0.5, 0.5, 0.5),
+        crop_mode: str = GOOGLE_EVAL.crop_mode,
+        image_mean: list[float] | tuple[float, ...] | float = GOOGLE_EVAL.mean,
+        image_std: list[float] | tuple[float, ...] | float = GOOGLE_EVAL.std,
         do_resize: bool = True,
         do_center_crop: bool = True,
         do_rescale: bool = True,
@@ -148,16 +147,15 @@ class HubViTImageProcessor(BaseImageProcessor):
 
     @classmethod
     def from_pretrained_cfg(cls, pretrained_cfg: dict[str, Any]) -> HubViTImageProcessor:
-        """Build from a timm `pretrained_cfg` / data config (`input_size`, `crop_pct`, `interpolation`, mean, std)."""
-        _, height, width = pretrained_cfg["input_size"]
-        return cls(
-            size={"height": int(height), "width": int(width)},
-            crop_pct=pretrained_cfg.get("crop_pct", 0.875),
-            interpolation=pretrained_cfg.get("interpolation", "bilinear"),
-            crop_mode=pretrained_cfg.get("crop_mode", "center"),
-            image_mean=pretrained_cfg.get("mean", (0.5, 0.5, 0.5)),
-            image_std=pretrained_cfg.get("std", (0.5, 0.5, 0.5)),
-        )
+        """Build from a timm `pretrained_cfg` / data config, read as `hub_vit.data_config.DataConfig` reads it."""
+        return cls.from_data_config(DataConfig.from_pretrained_cfg(pretrained_cfg))
+
+    @classmethod
+    def from_data_config(cls, data: DataConfig) -> HubViTImageProcessor:
+        """The processor doing exactly the model's one eval transform."""
+        return cls(size={"height": data.img_size[0], "width": data.img_size[1]}, crop_pct=data.crop_pct,
+                   interpolation=data.interpolation, crop_mode=data.crop_mode, image_mean=data.mean,
+                   image_std=data.std)
 
     def settings(self, **options: Any) -> dict[str, Any]:
         """This processor's settings, with one call's `options` (validated; None = the processor's own) in place."""
@@ -247,7 +245,7 @@ def _check_settings(size: Any, crop_pct: Any, interpolation: Any, crop_mode: Any
     """
     if isinstance(size, int) and not isinstance(size, bool):
         size = {"height": size, "width": size}
-    size = dict(size or {"height": 224, "width": 224})
+    size = dict(size or {"height": GOOGLE_EVAL.img_size[0], "width": GOOGLE_EVAL.img_size[1]})
     if set(size) != {"height", "width"} or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                                                    for v in size.values()):
         raise ValueError(f"size must be {{'height': H, 'width': W}} with positive integers, got {size!r} (the shorter "
@@ -263,7 +261,7 @@ def _check_settings(size: Any, crop_pct: Any, interpolation: Any, crop_mode: Any
         if interpolation is not None and interpolation != name:
             raise ValueError(f"resample={resample!r} ({name}) and interpolation={interpolation!r} disagree; pass one")
         interpolation = name
-    interpolation = "bilinear" if interpolation is None else interpolation
+    interpolation = GOOGLE_EVAL.interpolation if interpolation is None else interpolation
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"unknown interpolation {interpolation!r}; valid choices: {', '.join(INTERPOLATIONS)}")
     if crop_mode not in CROP_MODES:
@@ -295,15 +293,11 @@ def _check_settings(size: Any, crop_pct: Any, interpolation: Any, crop_mode: Any
 
 
 def _data_config(settings: dict[str, Any]) -> dict[str, Any]:
-    """The kwargs of `timm.data.create_transform` for one set of settings."""
-    return dict(
-        input_size=(len(settings["image_mean"]), settings["size"]["height"], settings["size"]["width"]),
-        interpolation=settings["interpolation"],
-        mean=tuple(settings["image_mean"]),
-        std=tuple(settings["image_std"]),
-        crop_pct=settings["crop_pct"],
-        crop_mode=settings["crop_mode"],
-    )
+    """The kwargs of `timm.data.create_transform` for one set of settings (checked by `_check_settings`)."""
+    return DataConfig(img_size=(settings["size"]["height"], settings["size"]["width"]),
+                      crop_pct=settings["crop_pct"], interpolation=settings["interpolation"],
+                      mean=tuple(settings["image_mean"]), std=tuple(settings["image_std"]),
+                      in_chans=len(settings["image_mean"]), crop_mode=settings["crop_mode"]).timm_transform_args()
 
 
 def _build_transform(settings: dict[str, Any]) -> Any:

@@ -108,19 +108,12 @@ class TritonPythonModel:
     def _take_explained(self, requests: list) -> tuple[list, list]:
         """Answer the requests that ask for an explanation (or whose explanation parameters are bad); returns their
         responses and `requests` with those replaced by None, for the plain path."""
-        from served_rollout import explain_settings, pixels_and_boxes, rollout_maps  # imports hub_vit.explain
+        from served_rollout import pixels_and_boxes, rollout_maps, split_explained  # imports hub_vit.explain
 
         responses: list = [None] * len(requests)
-        rest = list(requests)
-        for place, request in enumerate(requests):
-            try:
-                settings = explain_settings(request.parameters())
-            except ValueError as err:  # names the bad value and the valid ones; the rest of the batch is served
-                responses[place], rest[place] = pb_utils.InferenceResponse(error=client_error(str(err))), None
-                continue
-            if settings is None:
-                continue
-            rest[place] = None
+        asked, rest = split_explained(requests, responses, lambda message: pb_utils.InferenceResponse(
+            error=client_error(message)))
+        for place, request, settings in asked:
             try:
                 images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy()
                 pixels, boxes = pixels_and_boxes(self.preprocess, images)  # (B, 3, H, W), (B, 4)

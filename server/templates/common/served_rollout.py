@@ -10,14 +10,15 @@ A request asks with its parameters (tritonclient: `infer(..., parameters={...})`
 defaults and rules of `hub-vit rollout`. Parameters, not requested outputs, decide: behind an ensemble a step is asked
 for every output the ensemble maps from it, whatever the client requested (Triton 2.51), while parameters reach it.
 
-For another step (a PyTorch flavour, say): `settings = explain_settings(request.parameters())` (ValueError -> the
-request's client error), then `rollout_maps(attentions, layout..., settings)` on its (B, depth, heads, N, N)
-attentions, numpy or torch.
+For another step (a PyTorch flavour, say): `asked, rest = split_explained(requests, responses, refuse)` (a bad
+parameter is answered with `refuse(message)`, the step's client error), then `rollout_maps(attentions, layout...,
+settings)` on its (B, depth, heads, N, N) attentions, numpy or torch.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,26 @@ def explain_settings(parameters: str | dict[str, Any]) -> ExplainSettings | None
     except ValueError as err:
         raise ValueError(f"bad explanation parameter: {err}") from None
     return ExplainSettings(fusion, ratio) if explain else None
+
+
+def split_explained(requests: list, responses: list, refuse: Callable[[str], Any]
+                    ) -> tuple[list[tuple[int, Any, ExplainSettings]], list]:
+    """One batch's requests -> ([(place, request, settings)] of those asking for an explanation, `requests` with those
+    and the refused ones replaced by None, for the plain path). A request whose explanation parameters are bad is
+    answered in `responses[place]` with `refuse(message)` (the message names the bad value and the valid ones); the
+    rest of the batch is served."""
+    asked: list[tuple[int, Any, ExplainSettings]] = []
+    rest = list(requests)
+    for place, request in enumerate(requests):
+        try:
+            settings = explain_settings(request.parameters())
+        except ValueError as err:
+            responses[place], rest[place] = refuse(str(err)), None
+            continue
+        if settings is not None:
+            asked.append((place, request, settings))
+            rest[place] = None
+    return asked, rest
 
 
 def rollout_maps(attentions: Any, grid: tuple[int, int], readout: str, num_prefix_tokens: int,

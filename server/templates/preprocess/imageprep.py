@@ -1,9 +1,11 @@
 """Encoded image bytes -> normalised CHW float32 array, exactly as timm's eval transform does it (PIL path).
 
-Self-contained (numpy + Pillow only): it is copied next to the Python-backend `model.py` in a generated Triton
-repository, where hub_vit may not be importable. The maths follows torchvision on PIL images: shorter side resized to
-`floor(size / crop_pct)` (longer side truncated), centre crop with `round((H - h) / 2)` offsets, `/ 255`, then
-`(x - mean) / std`, all in float32, so served pixels equal in-process pixels bit for bit.
+Runs without hub_vit (numpy + Pillow only): it is copied next to the Python-backend `model.py` in a generated Triton
+repository, with `hub_vit/image_modes.py` beside it (the one copy of the image-mode rules). The numbers of the
+transform come from the model's data config, rendered into the config parameters (`Preprocess.from_params`).
+The maths follows torchvision on PIL images: shorter side resized to `floor(size / crop_pct)` (longer side
+truncated), centre crop with `round((H - h) / 2)` offsets, `/ 255`, then `(x - mean) / std`, all in float32, so
+served pixels equal in-process pixels bit for bit.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+try:  # hub_vit/image_modes.py, copied beside this file by hub-vit repository (Triton runs it without hub_vit)
+    from image_modes import to_8bit
+except ImportError:  # in process (tests, benchmarks): the package's own module
+    from hub_vit.image_modes import to_8bit
+
 FORMATS = ("JPEG", "PNG", "WEBP")  # only these decoders run on untrusted bytes
 INTERPOLATIONS = {
     "nearest": Image.Resampling.NEAREST,
@@ -27,14 +34,6 @@ INTERPOLATIONS = {
     "hamming": Image.Resampling.HAMMING,
 }
 CROP_MODES = ("center", "squash")
-# 16-bit greyscale PNGs open in these modes; Pillow's convert("RGB") clips their samples to 255 (an all-white image),
-# so they are brought to 8 bits first by keeping the high byte, as Pillow does for 16-bit colour PNGs. The same rule
-# lives in hub_vit/image_modes.py for in-process use; this file stays importable without hub_vit.
-WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
-# Transparent images (RGBA, LA, a palette or colour key with transparency) are composited onto white, the background
-# a browser shows them on: convert("RGB") alone keeps the colour of invisible pixels. Same rule as image_modes.py.
-ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
-GREY_MODES = ("1", "L", "LA", "La")
 
 
 # Huffman-coded sequential JPEG frames (baseline, extended): every 8x8 block costs at least 2 bits of entropy-coded data
@@ -157,24 +156,17 @@ def _declared_pixels(err: Exception) -> str:
     return f"{int(found[1]) / 1e6:.1f} MP" if found else "more pixels than Pillow decodes"
 
 
-def _on_white(image: Image.Image) -> Image.Image:
-    """A transparent image composited onto white, as RGB (grey through LA: La and "1" convert to LA only)."""
-    rgba = (image.convert("LA") if image.mode in GREY_MODES else image).convert("RGBA")
-    if rgba.getchannel("A").getextrema()[0] < 255:
-        rgba = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
-    return rgba.convert("RGB")
-
-
 @dataclass(frozen=True)
 class Preprocess:
     """One model's eval transform; built once per Triton model instance."""
 
+    # The model's data config (hub_vit.data_config), rendered into the config parameters: no defaults restated here
     crop_size: tuple[int, int]  # (H, W) the model's input
     scale_size: tuple[int, int]  # (H, W) before cropping; square -> shorter-side resize
-    interpolation: str = "bilinear"
-    crop_mode: str = "center"
-    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    interpolation: str
+    crop_mode: str
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
     max_pixels: int = 40_000_000  # most pixels an image may have, decoded or resized; checked on the header
 
     def __post_init__(self) -> None:
@@ -228,17 +220,8 @@ class Preprocess:
                 if image.format == "JPEG" and ends_early(data, image):
                     raise BadImageError(f"truncated JPEG image: its data ends before its last rows ({width}x{height} "
                                         "declared; premature end of JPEG data)")
-                image = ImageOps.exif_transpose(image)
-                if image.mode in WIDE_GREY_MODES:
-                    samples = np.asarray(image).astype(np.int64)  # (H, W)
-                    grey = (np.clip(samples, 0, 65535) >> 8).astype(np.uint8)
-                    key = image.info.get("transparency")
-                    if isinstance(key, int):  # a tRNS colour key on the 16-bit sample: transparent, so white
-                        grey[samples == key] = 255
-                    image = Image.fromarray(grey)  # 2-D uint8 -> mode "L"
-                elif image.mode in ALPHA_MODES or "transparency" in image.info:
-                    image = _on_white(image)
-                return image.convert("RGB")
+                # 16-bit grey scaled to 8 bits, transparency composited onto white (hub_vit/image_modes.py's rules)
+                return to_8bit(ImageOps.exif_transpose(image)).convert("RGB")
             except BadImageError:
                 raise
             except Exception as err:  # truncated or corrupt data surfaces only while decoding

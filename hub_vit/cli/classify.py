@@ -1,0 +1,130 @@
+"""`hub-vit classify`: classify image files with a running server and print a table (--explain: the server's
+rollout maps drawn on the images, as `hub-vit rollout` draws its own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from hub_vit.cli.app import app, console, err_console, fail
+from hub_vit.cli.client_options import RequestQueueTimeoutMs, endpoint, queue_timeout_s
+
+
+@app.command()
+def classify(
+    images: list[Path] = typer.Argument(..., help="Image files (JPEG, PNG, WebP).", exists=True, dir_okay=False),
+    url: str = typer.Option(None, help="host:port (default 127.0.0.1:8000, or :8001 with --grpc)."),
+    grpc: bool = typer.Option(False, "--grpc", help="Use gRPC instead of HTTP."),
+    model: str = typer.Option("vit", help="Served model name."),
+    top: int = typer.Option(3, help="How many of the returned labels to print."),
+    queue_timeout_ms: RequestQueueTimeoutMs = None,
+    explain: bool = typer.Option(False, "--explain", help="Also ask the server for each image's attention-rollout "
+                                 "map and write it as hub-vit rollout does: <image>_rollout.png in --out."),
+    out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the --explain overlay PNGs."),
+    head_fusion: str = typer.Option(None, help="--explain: how the server fuses the heads: mean (default), max, "
+                                    "min."),
+    discard_ratio: float = typer.Option(None, help="--explain: share of the lowest attentions the server drops per "
+                                        "row, in [0, 1) (default 0)."),
+) -> None:
+    """Classify images with a running server and print a table."""
+    from hub_vit.server.client import Classifier, classify_files
+    from hub_vit.server.errors import empty_reply, request_failed
+
+    if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
+        raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
+    _check_explain_flags(explain, head_fusion, discard_ratio, out)
+    timeout_s = queue_timeout_s(queue_timeout_ms)
+    url, protocol = endpoint(url, grpc)
+    request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}
+    try:
+        with Classifier(url, protocol=protocol, model=model) as client:
+            predictions, errors = classify_files(client, list(images), timeout_s, **request)
+    except ValueError as err:
+        if not empty_reply(err):  # a bad URL, ...
+            raise fail(f"{protocol} {url}: {err}", code=1) from None
+        raise fail(request_failed(protocol, url, err), code=1) from None
+    except Exception as err:  # refused, not Triton, the other protocol's port (HTTPParseError), unknown model, ...
+        raise fail(request_failed(protocol, url, err), code=1) from None
+    if predictions:
+        _print_table(list(images), predictions, top, f"{model} @ {url} ({protocol})")
+        if explain:
+            _write_explained(list(images), predictions, out)
+    for index, message in sorted(errors.items()):
+        err_console.print(f"[bold red]error:[/] {escape(str(images[index]))}: {escape(message)}", soft_wrap=True,
+                          emoji=False)
+    if errors:
+        raise typer.Exit(1)
+
+
+def _check_explain_flags(explain: bool, head_fusion: str | None, discard_ratio: float | None, out: Path) -> None:
+    """--explain's flags, refused before any request by the server's own rules."""
+    from hub_vit.atomic import file_in_the_way
+    from hub_vit.server.client import explain_parameters
+
+    try:
+        explain_parameters(explain, head_fusion, discard_ratio)
+    except ValueError:
+        raise fail("--head-fusion and --discard-ratio set the server's rollout map: add --explain") from None
+    if not explain:
+        return
+    from hub_vit.explain.rollout import HEAD_FUSIONS, check_discard_ratio  # the overlays import torch anyway
+
+    if head_fusion is not None and head_fusion not in HEAD_FUSIONS:
+        raise fail(f"unknown --head-fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
+    try:
+        check_discard_ratio(0.0 if discard_ratio is None else discard_ratio)
+    except ValueError as exc:
+        raise fail(f"--discard-ratio: {exc}") from None
+    if file_in_the_way(out) is not None:  # before any request
+        raise fail(f"--out {str(out)!r} cannot be a folder: {str(file_in_the_way(out))!r} is a file")
+
+
+def _print_table(images: list[Path], predictions: dict[int, Any], top: int, title: str) -> None:
+    from hub_vit.paths import distinct_names
+
+    returned = min(len(prediction.labels) for prediction in predictions.values())
+    if top > returned:  # said once, not per image; the server's top-k is fixed when its repository is built
+        err_console.print(f"note: --top {top}, but the server returns {returned} labels per image (hub-vit serve "
+                          "--top-k)", soft_wrap=True, emoji=False, markup=False, highlight=False)
+    table = Table(title=title)
+    for column in ("image", "rank", "label", "score"):
+        table.add_column(column, justify="right" if column in ("rank", "score") else "left")
+    # a/x.png and b/x.png, not x.png twice; absolute, not resolved: a symlink keeps its own name (an HF snapshot
+    # links three.png to a blob named by its hash)
+    shown = distinct_names([image.absolute() for image in images])
+    for index, prediction in sorted(predictions.items()):
+        ranked = zip(prediction.labels[:top], prediction.scores[:top], strict=True)
+        for rank, (label, score) in enumerate(ranked, 1):
+            table.add_row(escape(shown[index]) if rank == 1 else "", str(rank), escape(label), f"{score:.4f}")
+    console.print(table)
+
+
+def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path) -> None:
+    """`classify --explain`: the server's map of each classified image drawn on it, as `hub-vit rollout` draws its
+    own (the same names, `<stem>_rollout.png`, colours and crop placement), one line per file written."""
+    from hub_vit.atomic import missing_folders, remove_empty_folders
+    from hub_vit.cli.explain import _save_overlay, output_stems
+    from hub_vit.explain.image import ImageReadError, load_image
+    from hub_vit.explain.overlay import blend
+
+    stems = output_stems(images)
+    created = missing_folders(out)  # removed again if no overlay gets written
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        remove_empty_folders(created)
+        raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
+    for index, prediction in sorted(predictions.items()):
+        try:
+            image = load_image(images[index], large=True)  # the server decoded it; a format only it reads is named
+        except ImageReadError as exc:
+            err_console.print(f"note: no overlay for {images[index]}: {exc}", soft_wrap=True, markup=False)
+            continue
+        target = out / f"{stems[index]}_rollout.png"
+        _save_overlay(blend(image, prediction.rollout, prediction.rollout_box), target, created)
+        console.print(f"{images[index]} -> {target}", markup=False, soft_wrap=True, highlight=False)
+

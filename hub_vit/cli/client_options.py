@@ -1,0 +1,64 @@
+"""Flags `hub-vit classify` and `hub-vit loadtest` share: the server's address and protocol, the request's queue
+timeout, and the sample images of a model folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hub_vit.cli.app import fail
+
+# `classify` and `loadtest`: the client's side of the same limit, per request.
+RequestQueueTimeoutMs = Annotated[float, typer.Option(
+    show_default=False, help="Ask the server to reject each request that waits longer than this many ms in its queue "
+                             "(\"Request timeout expired\") instead of computing it late (default: the server's own "
+                             "limit).")]
+
+
+def queue_timeout_s(ms: float | None) -> float | None:
+    """`--queue-timeout-ms` -> seconds for the client, checked by the client's own rule (`client.queue_timeout`) and
+    refused in the flag's words."""
+    from hub_vit.server.client import LONGEST_QUEUE_TIMEOUT_S, queue_timeout
+
+    seconds = None if ms is None else ms / 1000
+    try:
+        queue_timeout(seconds)
+    except ValueError:
+        raise fail(f"--queue-timeout-ms must be a positive number of milliseconds, at most one day "
+                   f"({LONGEST_QUEUE_TIMEOUT_S * 1000}), got {ms}") from None
+    return seconds
+
+
+def endpoint(url: str | None, grpc: bool) -> tuple[str, str]:
+    """`--url` / `--grpc` -> (url, protocol): a `grpc://` URL speaks gRPC without `--grpc`; an `http://` one with
+    `--grpc` is refused (it names two protocols)."""
+    from hub_vit.server.client import resolve_protocol
+
+    if url is None:
+        return ("127.0.0.1:8001", "grpc") if grpc else ("127.0.0.1:8000", "http")
+    try:
+        return url, resolve_protocol(url, "grpc" if grpc else None)
+    except ValueError:  # the one contradiction left: http:// with --grpc
+        raise fail(f"--url {url!r} is an HTTP address, but --grpc is given; give the gRPC address (host:port, "
+                   f"default port 8001) or drop --grpc") from None
+
+
+def samples_of(folder: Path) -> list[Path]:
+    """A model folder's sample images (`samples/*.png`, as the shipped model has), sorted; none for anything else."""
+    return sorted(folder.glob("samples/*.png")) if folder.is_dir() else []
+
+
+def sample_images() -> list[Any]:
+    """The shipped model's held-out samples if present, else a few synthetic PNGs."""
+    from hub_vit.catalog import default_model_folder
+
+    samples = samples_of(default_model_folder())
+    if samples:
+        return samples
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)) for _ in range(4)]

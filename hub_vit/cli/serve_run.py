@@ -1,0 +1,114 @@
+"""One `hub-vit serve` run as the command line sees it: the model's repository built (or the given one taken), the
+server run by `hub_vit.server.serving`, and each phase shown on the first screen (`serve_screen.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from hub_vit.cli.app import console, err_console, fail
+from hub_vit.cli.serve_screen import Screen, example_image, start_demo
+from hub_vit.cli.serving_options import model_source
+
+
+class ServeRun:
+    """What is served where, and how the run is shown. `demo_port` None: no demo."""
+
+    def __init__(self, endpoints: Any, name: str, model: str | None, where: Any, demo_port: int | None,
+                 exit_timeout: int, max_restarts: int, verbose: bool, limits: Any) -> None:
+        self.endpoints, self.name, self.model, self.where = endpoints, name, model, where
+        self.demo_port, self.exit_timeout, self.max_restarts = demo_port, exit_timeout, max_restarts
+        self.verbose, self.limits = verbose, limits
+        self.example = "IMAGE..."
+
+    def build_and_serve(self, options_for: Callable[[Any], Any], device_defaulted: bool, flavour: str | None) -> None:
+        """Build the model's repository in a temporary folder (removed at the end), then serve it."""
+        from hub_vit.server.launcher import ServerError
+        from hub_vit.server.serving import remove_temporary_repository, temporary_repository
+
+        opts = options_for(self.where)  # checked before the model is loaded
+        source = model_source(self.model)
+        if device_defaulted and self.where.device == "cuda" and source.module is None:  # an exported file: ORT
+            from hub_vit.server.device import choose_device
+
+            self.where = choose_device("cpu", flavour)
+            opts = options_for(self.where)
+            err_console.print(f"note: {escape(source.origin)} is an exported file, which the torch flavour cannot run; "
+                              "serving it with ONNX Runtime on the CPU", soft_wrap=True)
+        self.example = example_image(source.origin)
+        console.print(f"building the Triton repository for [bold]{escape(source.name)}[/] "
+                      f"({escape(source.origin)})", soft_wrap=True)
+        try:
+            with console.status("exporting the model and writing the repository"):
+                repository = temporary_repository(source, opts)
+        except (ServerError, ValueError) as err:  # no usable temporary folder, a bad model; nothing is left behind
+            raise fail(str(err)) from None
+        try:
+            self.serve(repository, built=True)
+        finally:
+            remove_temporary_repository(repository)
+
+    def serve(self, repository: Path, *, built: bool) -> None:
+        """Serve `repository` until stopped; `built`: serve built it from MODEL (the demo can show that model)."""
+        from hub_vit.server.launcher import ServerError
+        from hub_vit.server.processes import exit_description
+        from hub_vit.server.serving import CannotStart, LogFile, ServeHooks, serve_repository
+
+        log_file = LogFile(self.endpoints.http_port)
+        screen = Screen(log_file, verbose=self.verbose)
+        demo_apps: list[Any] = []  # the demo, once the first server serves
+        hooks = ServeHooks(serving=lambda server, restarted: self._serving(screen, server, restarted, built,
+                                                                            demo_apps),
+                           event=self._event, say=self._say, log=screen.log)
+        screen.progress("starting tritonserver: loading the models and warming them up")
+        clean = False  # the log file is kept only after a failure
+        try:
+            report = serve_repository(repository, self.endpoints, hooks, exit_timeout_s=self.exit_timeout,
+                                      max_restarts=self.max_restarts, limits=self.limits)
+            clean = True
+        except CannotStart as err:
+            clean = True  # nothing ran: no log worth keeping
+            raise fail(str(err)) from None
+        except ServerError as err:
+            raise fail(f"{err}\ntritonserver's whole log: {log_file.path}", code=1) from None
+        finally:
+            screen.done()
+            for app_ in demo_apps:
+                app_.close()
+            log_file.close(remove=clean)
+        if not report.ready:  # interrupted while still loading: a normal exit
+            console.print("stopped before the server was ready")
+            return
+        if report.drain_code:
+            err_console.print(f"[yellow]warning:[/] tritonserver {exit_description(report.drain_code)} while "
+                              f"stopping: its drain did not finish within --exit-timeout {self.exit_timeout} s "
+                              "(requests still running got no answer; idle keep-alive connections also hold it open)",
+                              soft_wrap=True)
+        console.print("tritonserver stopped")
+
+    def _serving(self, screen: Screen, server: Any, restarted: bool, built: bool, demo_apps: list[Any]) -> None:
+        from hub_vit.server.serving import not_served
+
+        screen.done()
+        if restarted:
+            console.print(f"[bold green]serving again[/] model [bold]{self.name}[/] on the same ports")
+            return
+        missing = not_served(server.http_url, self.name, server.control_headers)
+        if missing:
+            raise fail(missing, code=1)
+        http_url = self.endpoints.http_url
+        screen.summary(server, http_url, self.endpoints.grpc_url, self.name, self.example, self.where)
+        if self.demo_port is not None:
+            demo_apps.append(start_demo(self.model, not built, self.endpoints.host, self.demo_port, http_url,
+                                        self.name))
+
+    @staticmethod
+    def _say(line: str) -> None:  # a stop signal arrived; one line in a log file or journal
+        err_console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
+
+    @staticmethod
+    def _event(line: str) -> None:  # a replaced server, not a half-working one: Triton keeps answering ready
+        err_console.print(f"[red]error:[/] {escape(line)}", soft_wrap=True)

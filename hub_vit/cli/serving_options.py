@@ -1,0 +1,104 @@
+"""Flags `hub-vit repository` and `hub-vit serve` share, declared once, and the checks that turn them into
+`ServingOptions` in the flags' own words."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Annotated, Any
+
+import typer
+
+from hub_vit.cli.app import fail
+from hub_vit.server.options import CUDA_DEFAULTS, ServingOptions
+
+MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
+DEFAULTS = ServingOptions()  # every repository default below comes from here (a test compares the configs)
+
+# Options `repository` and `serve` share, declared once.
+Name = Annotated[str, typer.Option(help="Name clients call (the ensemble).")]
+MaxBatchSize = Annotated[int, typer.Option(help="Largest batch one execution runs.")]
+MaxQueueDelayUs = Annotated[int, typer.Option(help="How long the dynamic batcher waits to fill a batch.")]
+MaxQueueSize = Annotated[int, typer.Option(help="Queued requests per step beyond which new ones are rejected.")]
+QueueTimeoutUs = Annotated[int, typer.Option(help="Longest a request may wait in a step's queue before it is rejected "
+                                                  "(0: no limit; a client may ask for less per request).")]
+TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")]
+MaxPixels = Annotated[int, typer.Option(help="Most pixels an image may declare (larger ones are refused before "
+                                             "decoding; 48 MP phone photos need more than the default).")]
+# `serve --repository` refuses these when they differ from the defaults: they would not change the repository.
+SERVE_DEFAULTS = {key: getattr(DEFAULTS, key)
+                   for key in ("max_batch_size", "max_queue_delay_us", "max_queue_size", "queue_timeout_us", "top_k",
+                               "max_pixels")}
+
+
+# The torch flavour's options, shared by `repository` and `serve`.
+CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs",
+                                          help="Torch flavour on cuda: one CUDA graph per batch bucket, captured "
+                                               "before the server reports ready.")]
+TorchCompile = Annotated[bool, typer.Option("--torch-compile/--no-torch-compile",
+                                            help="Torch flavour on cuda: torch.compile the model before capturing "
+                                                 "(compiles every bucket while loading: minutes).")]
+DecodeThreads = Annotated[int, typer.Option(help="Torch flavour: images decoded in parallel per instance (0: the "
+                                                 "cores shared among the instances).")]
+_CUDA_SIZED = ("max_batch_size", "max_queue_delay_us", "max_queue_size")
+
+
+def device_fields(ctx: typer.Context, device: str, max_batch_size: int) -> dict[str, Any]:
+    """The ServingOptions fields that depend on the device: on cuda, the GPU-sized CUDA_DEFAULTS for each of
+    max_batch_size / max_queue_delay_us / max_queue_size left at its default on the command line, and preferred
+    batch sizes to match; on cpu, the preferred sizes of today."""
+    if device != "cuda":
+        return {"preferred_batch_sizes": preferred(max_batch_size)}
+    fields = {key: CUDA_DEFAULTS[key] for key in _CUDA_SIZED if not given(ctx, key)}
+    largest = int(fields.get("max_batch_size", max_batch_size))
+    sizes = tuple(s for s in CUDA_DEFAULTS["preferred_batch_sizes"] if s <= largest)  # type: ignore[union-attr]
+    return fields | {"preferred_batch_sizes": sizes or (largest,)}
+
+
+def given(ctx: typer.Context, key: str) -> bool:
+    """Option `key` was set on the command line (or by an environment variable), not left at its default. By name:
+    typer vendors its own click, whose ParameterSource is not click's."""
+    source = ctx.get_parameter_source(key)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+# ServingOptions fields as the CLI spells them, so a validation error names the flag the user typed.
+_FLAGS = {"classifier_instances": "--instances", "ort_spinning": "--spinning"}
+
+
+def serving_options(**kwargs: Any) -> ServingOptions:
+    try:
+        return ServingOptions(**kwargs)
+    except ValueError as err:
+        raise fail(in_flag_words(str(err), kwargs)) from None
+
+
+def in_flag_words(message: str, fields: Iterable[str]) -> str:
+    """A library message about `fields` read on the command line: each field name outside the quoted values becomes
+    its flag (`max_queue_size` -> `--max-queue-size`); the user's own values are quoted (`!r`) and kept as typed."""
+    parts = re.split(r"""('[^']*'|"[^"]*")""", message)
+    for field in sorted(fields, key=len, reverse=True):  # longest first: max_queue_size before queue_size
+        flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+        parts[::2] = [re.sub(rf"(?<![\w-]){field}\b", flag, part) for part in parts[::2]]
+    return "".join(parts)
+
+
+def model_source(model: str | None) -> Any:
+    from hub_vit.resolve import resolve_model
+
+    try:
+        return resolve_model(model)
+    except (ValueError, KeyError, ImportError) as err:
+        raise fail(str(err)) from None
+    except (OSError, RuntimeError) as err:  # e.g. a registered name whose checkpoint cannot be downloaded
+        raise fail(f"cannot load model {model!r}: {err}", code=1) from None
+
+
+def preferred(max_batch_size: int) -> tuple[int, ...]:
+    return tuple(s for s in (4, 8, 16, 32, 64) if s <= max_batch_size) or (max_batch_size,)
+
+
+def torch_fields(flavour: str, cuda_graphs: bool, torch_compile: bool, decode_threads: int) -> dict[str, Any]:
+    return {"cuda_graphs": cuda_graphs, "torch_compile": torch_compile, "decode_threads": decode_threads} \
+        if flavour == "torch" else {}
+

@@ -1,0 +1,87 @@
+"""The processes of a tritonserver: its process group (stubs included), reading it from /proc, ending it, and
+telling a Python-backend stub by its command line."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def kill_process_group(pgid: int) -> None:
+    """SIGKILL what is left of the server's session (it was started with `start_new_session`, so its process group
+    id is its pid): Triton's Python-backend stub processes, orphaned when tritonserver exits without reaping them."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left: the normal case after a clean drain
+
+
+def die_with_parent() -> None:  # runs in the child before exec: no orphaned server if the parent is killed
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def exit_description(code: int) -> str:
+    """How a process ended, for a message: `exited with code 1`, `was killed by SIGKILL (the OOM killer?)`."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"was killed by signal {-code}"
+    hint = {"SIGKILL": " (the OOM killer, or kill -9)",
+            "SIGFPE": " (a crash inside Triton; Triton 2.51 crashes so when a request asks its classification "
+                      "extension for the STRING output `labels`)",
+            "SIGSEGV": " (a crash inside Triton or a backend)"}.get(name, "")
+    return f"was killed by {name}{hint}"
+
+
+def live_processes(pgid: int | None = None) -> dict[int, str]:
+    """pid -> command line of the live processes (zombies count as dead) in process group `pgid`, or of every one
+    this user may read when `pgid` is None, from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'
+            state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+            if (pgid is not None and int(pgrp) != pgid) or state in ("Z", "X"):
+                continue
+            found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+# A Python-backend stub's command line, the same in Triton 2.51 and the GPU image's (python_backend stub_launcher.cc):
+#   triton_python_backend_stub <repo>/<model>/<version>/model.py <shm region> <shm size> <shm growth> <server pid>
+#   <backend dir> <ipc handle> <model instance> [DEFAULT | <runtime model dir>]
+STUB = "triton_python_backend_stub"
+STUB_MODEL_FILE_ARG, STUB_INSTANCE_ARG = 1, 8
+
+
+def stub_args(cmdline: str) -> list[str] | None:
+    """A Python-backend stub's arguments (its program first), from a command line as `live_processes` reads it; None
+    when the command line is not a stub's: its program, not some argument (a shell's `-c "... triton_python_backend_stub
+    ..."`), must be the stub."""
+    args = cmdline.split()
+    return args if args and args[0].endswith(STUB) else None
+
+
+def is_stub(cmdline: str) -> bool:
+    return stub_args(cmdline) is not None
+
+
+def stub_instance(cmdline: str) -> str:
+    """The model instance a Python-backend stub serves (`vit_classifier_0_1`), from its command line (above), else
+    the command line's start."""
+    args = stub_args(cmdline)
+    return args[STUB_INSTANCE_ARG] if args is not None and len(args) > STUB_INSTANCE_ARG else cmdline[:80]

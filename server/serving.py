@@ -1,0 +1,187 @@
+"""`hub-vit serve`'s run: a repository built in a temporary folder, the HTTP and gRPC gates before Triton, the
+supervisor that keeps a tritonserver serving (supervisor.py), stop signals drained, Triton's own log kept in a file.
+
+The caller (the CLI) only chooses the options and shows what happens: `ServeHooks` are its callbacks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from hub_vit.server.gate import Gate, GateLimits
+from hub_vit.server.grpc_gate import GrpcGate
+from hub_vit.server.launcher import ServerError, TritonServer, free_port
+from hub_vit.server.options import ServingOptions
+from hub_vit.server.supervisor import GaveUp, RestartPolicy, Supervisor, stop_on_signals
+from hub_vit.server.workspace import shell_safe_tempdir
+
+
+def temporary_repository(source: Any, options: ServingOptions) -> Path:
+    """The Triton repository of `source` written into a new temporary folder whose path the Python-backend stub can
+    take ($TMPDIR unless its path has spaces or shell characters); nothing is left behind after an error or Ctrl-C
+    while exporting. ServerError: no usable temporary folder; ValueError: a bad model. The caller removes it with
+    `remove_temporary_repository`."""
+    from hub_vit.server.repository import write_repository
+
+    workdir = shell_safe_tempdir("hub-vit-serve-")
+    try:
+        return write_repository(source, workdir / "repository", options)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+def remove_temporary_repository(repository: Path) -> None:
+    shutil.rmtree(repository.parent, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where `serve` listens: HTTP and gRPC through the gates on `http_port` / `grpc_port`, metrics from Triton."""
+
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+@dataclass(frozen=True)
+class ServeHooks:
+    """What the caller is told. `serving(server, restarted)`: a server became ready (it may raise to stop);
+    `event(line)`: a server died and is replaced; `say(line)`: a stop signal arrived; `log(line)`: each line of
+    Triton's own log (None: not shown)."""
+
+    serving: Callable[[TritonServer, bool], None]
+    event: Callable[[str], None]
+    say: Callable[[str], None]
+    log: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """How a run ended without failing: `ready` False when stopped while still loading; `drain_code` Triton's exit
+    status when it is not 0 (its drain outlasted the exit timeout), else None."""
+
+    ready: bool
+    drain_code: int | None = None
+
+
+class CannotStart(ValueError):
+    """The gate or the first server could not be set up (a port taken, a repository the server cannot take): nothing
+    ran."""
+
+
+def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, *, exit_timeout_s: int,
+                     max_restarts: int, limits: GateLimits) -> StopReport:
+    """Serve `repository` until Ctrl-C / SIGTERM / SIGHUP (drained) or a failure the restart policy does not cover
+    (ServerError, with the server's own last lines); CannotStart when nothing could start."""
+    def new_server() -> TritonServer:  # Triton's HTTP and gRPC on private loopback ports; the gates take the public
+        private_http = free_port()
+        private_grpc = next(port for port in iter(free_port, None) if port != private_http)
+        return TritonServer(repository, host=endpoints.host, http_port=private_http, grpc_port=private_grpc,
+                            metrics_port=endpoints.metrics_port, exit_timeout_s=exit_timeout_s, log=hooks.log,
+                            http_host="127.0.0.1", grpc_host="127.0.0.1")
+
+    gates: list[Gate | GrpcGate] = []  # the public HTTP and gRPC ports, each checking requests before Triton
+    try:
+        gates.append(Gate(endpoints.host, endpoints.http_port, limits).start())
+        gates.append(GrpcGate(endpoints.host, endpoints.grpc_port, limits).start())
+        supervisor = Supervisor(new_server, RestartPolicy(max_failed_starts=max_restarts), threading.Event(),
+                                serving=hooks.serving, event=hooks.event, gates=tuple(gates))
+    except (ServerError, OSError, ValueError) as err:
+        for gate in gates:
+            gate.close()
+        raise CannotStart(str(err)) from None
+    with stop_on_signals(supervisor, hooks.say) as forced:
+        try:
+            return _outcome(supervisor, forced)
+        finally:
+            supervisor.server.stop()
+            for gate in gates:
+                gate.close()
+
+
+def _outcome(supervisor: Supervisor, forced: threading.Event) -> StopReport:
+    try:
+        server = supervisor.run()
+    except ServerError as err:
+        if supervisor.stop.is_set() and not isinstance(err, GaveUp):  # interrupted while still loading
+            return StopReport(ready=False)
+        raise
+    code = server.process.returncode if server.process is not None else None
+    # Triton's "Exit timeout expired": something held the drain open for the exit timeout. That may be requests
+    # still running (they got no answer) or only idle keep-alive connections (a load balancer's), which a normal stop
+    # must not report as a failure: the caller warns, and exits with the status of a requested stop.
+    failed_drain = bool(code) and not forced.is_set() and supervisor.failure is None
+    return StopReport(ready=True, drain_code=code if failed_drain else None)
+
+
+def not_served(http_url: str, name: str, headers: dict[str, str]) -> str | None:
+    """Why `name` cannot be called on a server that reports ready (Triton is ready with no model at all: an empty or
+    foreign `--repository`), or None when it can."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/models/{name}/ready", timeout=10):
+            return None
+    except urllib.error.HTTPError:
+        pass
+    try:
+        request = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST",
+                                         headers=headers)  # a restricted API: the server's control key opens it
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            models = sorted({m["name"] for m in json.loads(reply.read()) if m.get("state") == "READY"})
+    except (urllib.error.URLError, ValueError, KeyError, TypeError):
+        models = []
+    return (f"the server is up but serves no model {name!r}; models it serves: {', '.join(models) or 'none'} "
+            "(an empty or foreign --repository? pass --name, or build one with hub-vit repository)")
+
+
+class LogFile:
+    """Triton's own log, line by line, into a file (`$TMPDIR/hub-vit-serve-<http port>.log`, replaced at each start,
+    so the log of a run is where the user expects it). A file that cannot be replaced safely (a symbolic link
+    planted in a shared /tmp, another user's file) gives way to a new file of a unique name. `close(remove=True)`
+    after a clean stop: only the log of a failed run is kept (the temporary folder stays clean)."""
+
+    def __init__(self, http_port: int) -> None:
+        self.path = Path(tempfile.gettempdir()) / f"hub-vit-serve-{http_port}.log"
+        self._file: IO[str] = self._open()
+
+    def _open(self) -> IO[str]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except OSError:
+            fd, name = tempfile.mkstemp(prefix=f"{self.path.stem}-", suffix=".log")
+            self.path = Path(name)
+        return os.fdopen(fd, "w", encoding="utf-8", errors="replace")
+
+    def write(self, line: str) -> None:
+        """One line, flushed: the file is read while the server runs (`tail -f`) and after a crash."""
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except ValueError:  # closed: a stub's last words after the run ended are dropped, not an error
+            pass
+
+    def close(self, *, remove: bool = False) -> None:
+        self._file.close()
+        if remove:
+            self.path.unlink(missing_ok=True)

@@ -1,0 +1,85 @@
+"""Temporary folders the Triton Python backend can start models from (`shell_safe_tempdir`), and removing what a
+killed hub-vit process left in them and in /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from hub_vit.atomic import process_gone
+from hub_vit.server.triton_install import ServerError
+
+# Triton's Python backend starts each stub as `bash -c "exec <stub> <repository>/<model>/1/model.py ..."` without
+# quoting, so a space or a shell character in the repository path splits or breaks that command, and its stub fails
+# on any non-ASCII character (UnicodeEncodeError, even under a UTF-8 locale): the model never loads and the server
+# waits out its whole start timeout. Tried with the real server: + , = @ % : ~ # ^ ! serve; glob and brace
+# characters (* ? [ ] { }) serve only while they match no file, so they are refused too.
+SHELL_UNSAFE = re.compile(r"""[\s'"\\$`&;|<>()*?\[\]{}]|[^\x00-\x7f]""")
+
+
+def shell_unsafe(path: str | Path) -> str:
+    """The characters of `path` that Triton's stub command line cannot take ('' when it is safe)."""
+    found = dict.fromkeys(SHELL_UNSAFE.findall(str(path)))
+    return " ".join("space" if c == " " else repr(c) for c in found)
+
+
+def unservable_path_message(path: str | Path) -> str | None:
+    """Why the Python backend could not start from `path`, or None when it can."""
+    bad = shell_unsafe(path)
+    if not bad:
+        return None
+    return (f"Triton's Python backend cannot start models from {str(path)!r}: it launches them through a shell "
+            f"command line (and an ASCII-only stub) that breaks at {bad}; use a path without spaces, shell "
+            "characters or non-ASCII letters")
+
+
+def _temp_bases() -> tuple[str, ...]:  # computed when asked: $TMPDIR may change
+    return (tempfile.gettempdir(), "/tmp", "/var/tmp")
+
+
+# `<prefix><pid>-<random>`: the pid of the process that made it, so a later start can remove what a killed one left
+_WORKSPACE = re.compile(r"hub-vit-[a-z]+-(?P<pid>\d+)-")
+
+
+def shell_safe_tempdir(prefix: str) -> Path:
+    """`tempfile.mkdtemp`, in $TMPDIR when its path is safe for the stub command line, else in /tmp or /var/tmp; its
+    name carries this process's id (`remove_orphaned_workspaces`)."""
+    for base in _temp_bases():
+        if not shell_unsafe(base) and os.access(base, os.W_OK | os.X_OK):
+            return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
+    raise ServerError(f"no writable temporary folder whose path Triton's Python backend can use: $TMPDIR is "
+                      f"{tempfile.gettempdir()!r} ({shell_unsafe(tempfile.gettempdir()) or 'not writable'}); "
+                      "point TMPDIR at a writable folder without spaces, shell characters or non-ASCII letters")
+
+
+# /dev/shm/<server id>_<uuid>: the Python-backend stubs' regions, named after `TritonServer.server_id`
+_REGION = re.compile(r"hub-vit-(?P<pid>\d+)-[0-9a-f]{8}_")
+
+
+def remove_orphaned_regions(shm: Path = Path("/dev/shm")) -> None:
+    """Remove the shared-memory regions of hub-vit servers whose starting process is gone: `stop` removes a server's
+    own, but a process killed before it could (SIGKILL, a crash, a power cut) leaves them, 1 MB or what the stub's pool
+    grew to, until reboot. A region whose process is alive, or not ours to signal, is left alone. (A /dev/shm shared
+    between PID namespaces would make a live server of another container look gone; Docker gives each its own.)"""
+    for region in shm.glob("hub-vit-*"):
+        match = _REGION.match(region.name)
+        if match is None or not process_gone(int(match["pid"])):
+            continue
+        try:
+            region.unlink()
+        except OSError:
+            pass
+
+
+def remove_orphaned_workspaces(bases: tuple[str, ...] | None = None) -> None:
+    """Remove the temporary folders (`shell_safe_tempdir`) of hub-vit processes that are gone: `hub-vit serve`'s
+    repository (a whole model.onnx: hundreds of MB for a ViT-B) and the server's backend copy are removed on every
+    stop, but not after a SIGKILL. Folders of live processes, other users' and older unnamed ones are left alone."""
+    for base in bases or _temp_bases():
+        for folder in Path(base).glob("hub-vit-*"):
+            match = _WORKSPACE.match(folder.name)
+            if match is not None and folder.is_dir() and not folder.is_symlink() and process_gone(int(match["pid"])):
+                shutil.rmtree(folder, ignore_errors=True)

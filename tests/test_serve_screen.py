@@ -1,0 +1,106 @@
+"""`hub-vit serve`'s first screen: a short summary, not tritonserver's log. The log goes to a file the summary names;
+`--verbose` shows it too, with the CUDA complaints every host without a GPU gets shown as harmless, not as errors; a
+server that fails still has its own last lines printed."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hub_vit.catalog import default_model_folder
+from hub_vit.server.launcher import free_port
+from hub_vit.server.triton_install import has_gpu
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+# The start of every line tritonserver logs: `I1127 08:29:10.919255 11916 metrics.cc:770] "Collecting CPU metrics"`
+TRITON_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ", re.MULTILINE)
+CUDA_ERROR = re.compile(r"^E\d{4} .*(CUDA|Cuda|cuda)", re.MULTILINE)
+LOG_LINE = re.compile(r"^  log +(\S+) \(tritonserver's own", re.MULTILINE)
+
+
+def _serve_until_ready(*flags: str) -> tuple[str, str]:
+    """(everything `hub-vit serve` (the shipped model) prints from its start to its stop on Ctrl-C once ready, the
+    log file the summary names as it is once the server is ready)."""
+    ports = [str(free_port()) for _ in range(3)]
+    command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--http-port", ports[0],
+               "--grpc-port", ports[1], "--metrics-port", ports[2], "--exit-timeout", "10", *flags]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    text, written, deadline = "", "", time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line:
+                break
+            text += line
+            if LOG_LINE.search(line):  # the summary's last line: the server is ready
+                written = Path(LOG_LINE.search(line)[1]).read_text()
+                break
+        process.send_signal(signal.SIGINT)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    return text + rest, written
+
+
+def test_the_default_screen_is_a_summary_and_names_the_log_file():
+    text, written = _serve_until_ready()
+    assert "serving model vit" in text and "  try:     hub-vit classify --url" in text, text
+    assert TRITON_LINE.search(text) is None, text  # not one raw line of Triton's log
+    assert CUDA_ERROR.search(text) is None, text
+    assert "tritonserver stopped" in text, text
+    assert "Started GRPCInferenceService" in written and TRITON_LINE.search(written), written  # Triton's own log
+    assert not Path(LOG_LINE.search(text)[1]).exists()  # a clean stop leaves nothing in the temporary folder
+
+
+def test_verbose_shows_tritons_log_and_no_cuda_complaint_as_an_error():
+    text, _ = _serve_until_ready("--verbose")
+    assert "Started GRPCInferenceService" in text and TRITON_LINE.search(text), text
+    assert CUDA_ERROR.search(text) is None, text
+    if not has_gpu():  # Triton 2.51 logs "CudaDriverHelper has not been initialized." on every CPU host
+        assert "note (no GPU here, harmless): server.cc" in text, text
+    assert LOG_LINE.search(text), text
+
+
+def test_a_server_that_fails_still_prints_its_own_last_lines(tmp_path):
+    """A model that cannot load: the error names it and shows the log's tail, without --verbose."""
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.resolve import resolve_model
+    from hub_vit.server.options import ServingOptions
+    from hub_vit.server.repository import write_repository
+
+    repo = write_repository(resolve_model(str(default_model_folder())), tmp_path / "repository", ServingOptions())
+    onnx = repo / "vit_classifier" / "1" / "model.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:2000])  # a truncated copy
+    _load_commands()
+    result = CliRunner().invoke(app, ["serve", "--repository", str(repo), "--max-restarts", "0", "--http-port",
+                                      str(free_port()), "--grpc-port", str(free_port()), "--metrics-port",
+                                      str(free_port())])
+    assert result.exit_code == 1, result.output
+    assert "model 'vit_classifier' (version 1) failed to load" in result.output, result.output
+    assert "log tail:" in result.output and TRITON_LINE.search(result.output), result.output
+    kept = Path(re.search(r"tritonserver's whole log: (\S+)", result.output)[1])  # a failed run's log is kept
+    assert "failed to load" in kept.read_text()
+    kept.unlink()
+    shutil.rmtree(repo)
+
+
+def test_quiet_and_verbose_together_are_refused():
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["serve", "--quiet", "--verbose", "--http-port", str(free_port()), "--grpc-port",
+                                      str(free_port()), "--metrics-port", str(free_port())])
+    assert result.exit_code == 2
+    assert "--quiet and --verbose contradict each other" in " ".join(result.output.split()), result.output
