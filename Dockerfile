@@ -55,6 +55,8 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
 # model repository) answer only requests carrying the header `hub-vit-control-key: $HUB_VIT_CONTROL_KEY` (a random
 # key per container when the variable is not set: nobody can call them then); HTTP bodies are capped at 64 MiB, also
 # once inflated (Triton 25.x's own --http-max-input-size); health, metadata, inference and statistics stay open.
+# Triton has no flag for its gRPC message size (up to 2 GB, gzip inflated): publish 8001 only to trusted clients, or put
+# a gRPC proxy with a message cap in front of it (hub-vit serve's local gRPC gate is one).
 CMD ["sh", "-c", "KEY=${HUB_VIT_CONTROL_KEY:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')}; \
 exec tritonserver --model-repository=/models --model-control-mode=none --strict-readiness=true \
 --exit-timeout-secs=30 --http-max-input-size=67108864 \

@@ -83,7 +83,8 @@ class TritonServer:
     def __init__(self, repository: str | Path, *, host: str = "127.0.0.1", http_port: int = 8000,
                  grpc_port: int = 8001, metrics_port: int = 8002, exit_timeout_s: int = 30,
                  log: Callable[[str], None] | None = None, log_verbose: int = 0,
-                 extra_args: tuple[str, ...] = (), http_host: str | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), http_host: str | None = None,
+                 grpc_host: str | None = None) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise ServerError(f"model repository {str(self.repository)!r} is not a folder")
@@ -92,6 +93,7 @@ class TritonServer:
             raise ServerError(unservable)
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
         self.http_host = http_host or host  # `hub-vit serve` keeps HTTP on loopback, behind its gate (gate.py)
+        self.grpc_host = grpc_host or host  # ... and gRPC, behind its gRPC gate (grpc_gate.py)
         self._check_ports(in_use=False)
         self.exit_timeout_s = exit_timeout_s
         self.log, self.log_verbose, self.extra_args = log, log_verbose, extra_args
@@ -115,7 +117,7 @@ class TritonServer:
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
+        return f"{self.grpc_host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
@@ -138,7 +140,7 @@ class TritonServer:
             "--strict-readiness=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--http-address={ipv4_address(self.http_host)}", f"--http-port={self.http_port}",
-            f"--grpc-address={address}", f"--grpc-port={self.grpc_port}",
+            f"--grpc-address={ipv4_address(self.grpc_host)}", f"--grpc-port={self.grpc_port}",
             f"--metrics-address={address}", f"--metrics-port={self.metrics_port}",
             *(("--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0") if not has_gpu() else ()),
             f"--log-verbose={self.log_verbose}",

@@ -1,5 +1,5 @@
-"""`hub-vit serve`'s run: a repository built in a temporary folder, the HTTP gate before Triton, the supervisor that
-keeps a tritonserver serving (supervisor.py), stop signals drained, Triton's own log kept in a file.
+"""`hub-vit serve`'s run: a repository built in a temporary folder, the HTTP and gRPC gates before Triton, the
+supervisor that keeps a tritonserver serving (supervisor.py), stop signals drained, Triton's own log kept in a file.
 
 The caller (the CLI) only chooses the options and shows what happens: `ServeHooks` are its callbacks.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hub_vit.server.gate import Gate, GateLimits
+from hub_vit.server.grpc_gate import GrpcGate
 from hub_vit.server.launcher import ServerError, TritonServer, free_port
 from hub_vit.server.options import ServingOptions
 from hub_vit.server.supervisor import GaveUp, RestartPolicy, Supervisor, stop_on_signals
@@ -43,7 +44,7 @@ def remove_temporary_repository(repository: Path) -> None:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where `serve` listens: HTTP through the gate on `http_port`, gRPC and metrics from Triton itself."""
+    """Where `serve` listens: HTTP and gRPC through the gates on `http_port` / `grpc_port`, metrics from Triton."""
 
     host: str
     http_port: int
@@ -53,6 +54,10 @@ class Endpoints:
     @property
     def http_url(self) -> str:
         return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
 
 
 @dataclass(frozen=True)
@@ -85,18 +90,21 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
                      max_restarts: int, limits: GateLimits) -> StopReport:
     """Serve `repository` until Ctrl-C / SIGTERM / SIGHUP (drained) or a failure the restart policy does not cover
     (ServerError, with the server's own last lines); CannotStart when nothing could start."""
-    def new_server() -> TritonServer:  # Triton's HTTP on a private loopback port; the gate takes the HTTP port
-        return TritonServer(repository, host=endpoints.host, http_port=free_port(), grpc_port=endpoints.grpc_port,
+    def new_server() -> TritonServer:  # Triton's HTTP and gRPC on private loopback ports; the gates take the public
+        private_http = free_port()
+        private_grpc = next(port for port in iter(free_port, None) if port != private_http)
+        return TritonServer(repository, host=endpoints.host, http_port=private_http, grpc_port=private_grpc,
                             metrics_port=endpoints.metrics_port, exit_timeout_s=exit_timeout_s, log=hooks.log,
-                            http_host="127.0.0.1")
+                            http_host="127.0.0.1", grpc_host="127.0.0.1")
 
-    gate = None
+    gates: list[Gate | GrpcGate] = []  # the public HTTP and gRPC ports, each checking requests before Triton
     try:
-        gate = Gate(endpoints.host, endpoints.http_port, limits).start()
+        gates.append(Gate(endpoints.host, endpoints.http_port, limits).start())
+        gates.append(GrpcGate(endpoints.host, endpoints.grpc_port, limits).start())
         supervisor = Supervisor(new_server, RestartPolicy(max_failed_starts=max_restarts), threading.Event(),
-                                serving=hooks.serving, event=hooks.event, gate=gate)
+                                serving=hooks.serving, event=hooks.event, gates=tuple(gates))
     except (ServerError, OSError, ValueError) as err:
-        if gate is not None:
+        for gate in gates:
             gate.close()
         raise CannotStart(str(err)) from None
     with stop_on_signals(supervisor, hooks.say) as forced:
@@ -104,7 +112,8 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
             return _outcome(supervisor, forced)
         finally:
             supervisor.server.stop()
-            gate.close()
+            for gate in gates:
+                gate.close()
 
 
 def _outcome(supervisor: Supervisor, forced: threading.Event) -> StopReport:

@@ -15,11 +15,11 @@ at once. The rule here tells the two kinds of death apart by what the server had
 
 Readiness is taken from the new server itself (`TritonServer.wait_ready`: its own id at `GET /v2`, every endpoint up).
 
-With a `Gate` (gate.py: the HTTP front `hub-vit serve` puts before Triton), the gate relays to each server once it is
-ready and answers 503 "restarting" in between; a stop first drains the gate (new HTTP requests refused at once, those
-in flight answered, its pooled connections closed), then sends Triton its SIGTERM, so Triton's own drain is not held
-open by keep-alive connections. `stop_on_signals` turns Ctrl-C / SIGTERM / SIGHUP into that drain (a second one
-stops at once).
+With gates (gate.py and grpc_gate.py: the HTTP and gRPC fronts `hub-vit serve` puts before Triton), each gate relays
+to each server once it is ready and answers "restarting" in between; a stop first drains the gates (new requests
+refused at once, those in flight answered, pooled connections closed), then sends Triton its SIGTERM, so Triton's own
+drain is not held open by clients' connections. `stop_on_signals` turns Ctrl-C / SIGTERM / SIGHUP into that drain (a
+second one stops at once).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hub_vit.server.gate import Gate
+from hub_vit.server.grpc_gate import GrpcGate
 from hub_vit.server.launcher import ServerError, TritonServer
 
 
@@ -68,8 +69,8 @@ class Supervisor:
 
     def __init__(self, new_server: Callable[[], TritonServer], policy: RestartPolicy, stop: threading.Event, *,
                  serving: Callable[[TritonServer, bool], None] = lambda server, restarted: None,
-                 event: Callable[[str], None] = lambda line: None, gate: Gate | None = None) -> None:
-        self.new_server, self.policy, self.stop, self.gate = new_server, policy, stop, gate
+                 event: Callable[[str], None] = lambda line: None, gates: tuple[Gate | GrpcGate, ...] = ()) -> None:
+        self.new_server, self.policy, self.stop, self.gates = new_server, policy, stop, gates
         self.serving, self.event = serving, event
         self.server = new_server()  # raises ServerError for a bad repository or a taken port, before anything runs
         self.restarts = 0  # servers replaced since `run` began
@@ -78,15 +79,17 @@ class Supervisor:
     def terminate(self) -> None:
         """Stop gracefully: returns at once (a signal handler calls it); the drain runs in a thread."""
         self.stop.set()
-        if self.gate is None:
+        if not self.gates:
             self.server.terminate()
             return
-        self.gate.drain()
+        for gate in self.gates:
+            gate.drain()
         threading.Thread(target=self._drain_then_terminate, name="hub-vit-drain", daemon=True).start()
 
     def _drain_then_terminate(self) -> None:
-        assert self.gate is not None
-        self.gate.drained(self.server.exit_timeout_s)
+        deadline = time.monotonic() + self.server.exit_timeout_s
+        for gate in self.gates:
+            gate.drained(max(deadline - time.monotonic(), 0.0))
         self.server.terminate()
 
     def kill(self) -> None:
@@ -115,12 +118,10 @@ class Supervisor:
             else:
                 failed_starts = 0
                 served_since = time.monotonic()
-                if self.gate is not None:
-                    self.gate.upstream(self.server.http_host, self.server.http_port)
+                self._point_gates(self.server)
                 self.serving(self.server, restarted)
                 self.failure = self.server.watch(self.stop)
-                if self.gate is not None:
-                    self.gate.upstream(None)
+                self._point_gates(None)
                 if self.failure is None:
                     return self.server
                 if time.monotonic() - served_since >= self.policy.stable_s:
@@ -135,6 +136,16 @@ class Supervisor:
             restarted = True
             if self.stop.is_set():
                 return self.server
+
+    def _point_gates(self, server: TritonServer | None) -> None:
+        """Each gate relays to `server`'s endpoint of its protocol; None: to no server ("restarting")."""
+        for gate in self.gates:
+            if server is None:
+                gate.upstream(None)
+            elif isinstance(gate, GrpcGate):
+                gate.upstream(server.grpc_host, server.grpc_port)
+            else:
+                gate.upstream(server.http_host, server.http_port)
 
     def _replace(self, wait_s: float) -> None:
         """Stop the dead server (and what is left of it), wait `wait_s` unless stopped, make the next one current."""

@@ -1,13 +1,15 @@
-"""The HTTP gate's checks and the restart policy, without a server (tests/test_serve_limits.py runs them for real)."""
+"""The HTTP and gRPC gates' checks and the restart policy, without a server (test_serve_limits.py: for real)."""
 
 from __future__ import annotations
 
 import gzip
+import struct
 import zlib
 
 import pytest
 
 from hub_vit.server.gate import GateLimits, Refused, check_inference, inflate
+from hub_vit.server.grpc_gate import inference_refusal, parse_inference
 from hub_vit.server.supervisor import RestartPolicy
 
 
@@ -56,3 +58,30 @@ def test_limits_and_policy_refuse_bad_settings_by_name():
 def test_backoff_doubles_to_its_ceiling():
     policy = RestartPolicy(first_backoff_s=0.5, max_backoff_s=10)
     assert [policy.backoff_s(n) for n in (1, 2, 3, 4, 5, 6, 50)] == [0.5, 1, 2, 4, 8, 10, 10]
+
+
+def _message(shape: list[int], raw: bytes, outputs: tuple[str, ...] = (), classification: bool = False):
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name="vit")
+    request.inputs.add(name="image", datatype="BYTES", shape=shape)
+    request.raw_input_contents.append(raw)
+    for name in outputs:
+        output = request.outputs.add(name=name)
+        if classification:
+            output.parameters["classification"].int64_param = 3
+    return parse_inference(request.SerializeToString())
+
+
+def test_grpc_checks_are_the_http_gates_plus_contents_against_shape():
+    two = struct.pack("<I", 3) + b"abc" + struct.pack("<I", 1) + b"d"
+    assert inference_refusal(_message([2, 1], two), set()) is None
+    assert inference_refusal(_message([1, 1], two), set()) == \
+        "input 'image' has shape [1, 1] (1 elements) but its contents hold 2"
+    assert "has shape [0, 1]: every dimension must be between 1 and 2147483647" in \
+        inference_refusal(_message([0, 1], b""), set())
+    assert "classification extension is not served for output 'labels'" in \
+        inference_refusal(_message([2, 1], two, ("labels",), classification=True), {"scores", "logits"})
+    assert inference_refusal(_message([2, 1], two, ("logits",), classification=True), {"logits"}) is None
+    assert inference_refusal(_message([5, 1], b"\x09\0\0\0abc"), set()) is None  # broken framing: Triton says so
+    assert parse_inference(b"\xff\xff not a protobuf") is None

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.test_serve_supervision import SAMPLES, Serve, expected_digits
@@ -59,14 +60,54 @@ def infer_body(shape: list[int], images: list[bytes], outputs: list[dict] | None
 
 
 def assert_healthy(serve: Serve) -> None:
-    """Live, ready, and a good image answered correctly, through the gate."""
+    """Live, ready, and a good image answered correctly, through both gates (HTTP and gRPC)."""
+    import tritonclient.grpc as grpcclient
+
+    from hub_vit.server.client import Classifier
+
     for path in ("/v2/health/live", "/v2/health/ready"):
         connection = http.client.HTTPConnection("127.0.0.1", serve.ports[0], timeout=10)
         connection.request("GET", path)
         assert connection.getresponse().status == 200, path
         connection.close()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{serve.ports[1]}")
+    assert client.is_server_live(client_timeout=10) and client.is_server_ready(client_timeout=10)
+    client.close()
     assert serve.process.poll() is None, serve.text
     assert serve.classify() == expected_digits()
+    with Classifier(f"127.0.0.1:{serve.ports[1]}", protocol="grpc", timeout_s=30) as grpc_client:
+        assert [p.labels[0] for p in grpc_client.classify(SAMPLES[:4])] == expected_digits()
+
+
+def infer_message(shape: list[int], images: list[bytes], outputs: list[str] = (), classification: int = 0) -> object:
+    """A `ModelInferRequest` built field by field (tritonclient's InferInput refuses inconsistent shapes itself)."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name="vit")
+    request.inputs.add(name="image", datatype="BYTES", shape=shape)
+    request.raw_input_contents.append(b"".join(struct.pack("<I", len(image)) + image for image in images))
+    for name in outputs:
+        output = request.outputs.add(name=name)
+        if classification:
+            output.parameters["classification"].int64_param = classification
+    return request
+
+
+def grpc_stub(serve: Serve) -> object:
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{serve.ports[1]}", options=[("grpc.max_send_message_length", -1)])
+    return service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def grpc_refusal(call: object, *args: object, **kwargs: object) -> tuple[str, str]:
+    """(status code name, message) of a gRPC call that must fail."""
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as refused:
+        call(*args, timeout=60, **kwargs)
+    return refused.value.code().name, refused.value.details()
 
 
 def rss_kib(pids: list[int]) -> int:
@@ -94,6 +135,51 @@ def test_the_request_that_crashes_triton_is_refused_before_it(serve: Serve) -> N
     status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
     assert status == 400 and "classification extension is not served for output 'labels'" in text, text
     assert "restarting" not in serve.text
+    assert_healthy(serve)
+
+
+def test_grpc_requests_that_crash_or_mislead_triton_are_refused_before_it(serve: Serve) -> None:
+    # was: gRPC went to Triton as is: the classification extension on `labels` killed it (SIGFPE), a `[0, 1]` shape
+    # carrying one image was answered with rank-1 outputs
+    stub, image = grpc_stub(serve), SAMPLES[0].read_bytes()
+    code, text = grpc_refusal(stub.ModelInfer, infer_message([1, 1], [image], ["labels"], classification=3))
+    assert code == "INVALID_ARGUMENT" and "classification extension is not served for output 'labels'" in text, text
+    for shape in ([0, 1], [2**32 + 1, 1]):
+        code, text = grpc_refusal(stub.ModelInfer, infer_message(shape, [image]))
+        assert code == "INVALID_ARGUMENT" and f"has shape {shape}: every dimension must be between 1 and" in text, text
+    code, text = grpc_refusal(stub.ModelInfer, infer_message([2, 1], [image]))
+    assert code == "INVALID_ARGUMENT" and "has shape [2, 1] (2 elements) but its contents hold 1" in text, text
+    # streaming: the good request is answered, the crash request ends the stream before Triton sees it
+    answers = stub.ModelStreamInfer(iter([infer_message([1, 1], [image], ["labels"]),
+                                          infer_message([1, 1], [image], ["labels"], classification=3)]), timeout=60)
+    first = next(answers)
+    assert not first.error_message and first.infer_response.outputs[0].name == "labels"
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as refused:
+        next(answers)
+    code, text = refused.value.code().name, refused.value.details()
+    assert code == "INVALID_ARGUMENT" and "classification extension is not served for output 'labels'" in text, text
+    assert "restarting" not in serve.text and "SIGFPE" not in serve.text
+    assert_healthy(serve)
+
+
+def test_grpc_messages_over_the_cap_are_refused_without_growing_memory(serve: Serve) -> None:
+    # was: Triton 2.51 takes gRPC messages up to 2 GB and inflates compressed ones whole
+    import grpc
+
+    limit, stub, image = MAX_REQUEST_MB << 20, grpc_stub(serve), SAMPLES[0].read_bytes()
+    before = rss_kib(served_pids(serve))
+    bomb = infer_message([1, 1], [b"\0" * (256 << 20)])  # gzip-compressed on the wire: about 250 kB
+    for _ in range(3):
+        code, text = grpc_refusal(stub.ModelInfer, bomb, compression=grpc.Compression.Gzip)
+        assert code == "RESOURCE_EXHAUSTED" and text == "Decompressed message larger than max", text  # grpc's words
+    plain = infer_message([1, 1], [image + b"\0" * limit])
+    code, text = grpc_refusal(stub.ModelInfer, plain)
+    size = len(plain.SerializeToString())
+    assert code == "RESOURCE_EXHAUSTED" and f"Received message larger than max ({size} vs. {limit})" in text, text
+    grown_mib = (rss_kib(served_pids(serve)) - before) / 1024
+    assert grown_mib < 2 * MAX_REQUEST_MB + 32, f"serve and tritonserver grew by {grown_mib:.0f} MiB"
     assert_healthy(serve)
 
 
@@ -142,6 +228,35 @@ def test_a_connection_flood_leaves_health_probes_answered(serve: Serve) -> None:
     assert_healthy(serve)
 
 
+def test_a_grpc_connection_flood_is_capped_in_serve_and_probes_stay_answered(serve: Serve) -> None:
+    # was: connections went to tritonserver itself, whose descriptors a flood exhausted (HTTP, gRPC, metrics down)
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    own = [("grpc.use_local_subchannel_pool", 1)]  # each channel its own connection
+    channels, refused = [], None
+    try:
+        for _ in range(MAX_CONNECTIONS + 1):  # connections still open from earlier tests count too
+            channels.append(grpc.insecure_channel(f"127.0.0.1:{serve.ports[1]}", options=own))
+            try:
+                service_pb2_grpc.GRPCInferenceServiceStub(channels[-1]).ServerLive(service_pb2.ServerLiveRequest(),
+                                                                                   timeout=30)
+            except grpc.RpcError as err:
+                refused = err
+                break
+        assert refused is not None, f"{len(channels)} gRPC connections taken, over --max-connections {MAX_CONNECTIONS}"
+        assert refused.code().name == "UNAVAILABLE" and "failed to connect" in refused.details(), refused.details()
+        connection = http.client.HTTPConnection("127.0.0.1", serve.ports[0], timeout=10)
+        connection.request("GET", "/v2/health/ready")
+        assert connection.getresponse().status == 200
+        connection.close()
+    finally:
+        for channel in channels:
+            channel.close()
+    time.sleep(0.5)
+    assert_healthy(serve)
+
+
 def test_bad_shapes_and_a_short_jpeg_are_refused(serve: Serve) -> None:
     # was: shape [0, 1] with one image answered 200 with rank-1 outputs; 2^32+1 truncated to 32 bits upstream; a JPEG
     # whose header claims 6000x6000 over 451x300 data answered 200 with garbage
@@ -162,6 +277,10 @@ def test_bad_shapes_and_a_short_jpeg_are_refused(serve: Serve) -> None:
     status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
     assert status == 400 and "truncated JPEG image: its header declares 6000x6000" in text, text
     assert "premature end of JPEG data" in text, text
+    # was: the same photo cut 300 bytes short (a few rows) and closed with its end marker again answered 200
+    body, headers = infer_body([1, 1], [encoded.getvalue()[:-300] + b"\xff\xd9"])
+    status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
+    assert status == 400 and "image 0: truncated JPEG image: its data ends before its last rows" in text, text
     assert_healthy(serve)
 
 
@@ -201,7 +320,30 @@ def test_sigterm_under_continuous_traffic_answers_or_cleanly_refuses_every_reque
             if kind == "refused: no server" and serve.process.poll() is not None:
                 return
 
-    workers = [threading.Thread(target=client) for _ in range(4)]
+    def grpc_client() -> None:  # the gRPC gate drains too
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        image = grpcclient.InferInput("image", [1, 1], "BYTES")
+        image.set_data_from_numpy(np.array([[SAMPLES[0].read_bytes()]], dtype=object))
+        connection = grpcclient.InferenceServerClient(f"127.0.0.1:{serve.ports[1]}")
+        while not done.is_set():
+            try:
+                connection.infer("vit", [image], client_timeout=60)
+                kind = "answered"
+            except InferenceServerException as err:
+                message = err.message() or ""
+                kind = ("refused: shutting down" if "the server is shutting down" in message else
+                        "refused: no server" if "Connection refused" in message else
+                        f"lost: gRPC {err.status()} {message[:80]}")
+            with lock:
+                outcomes[f"grpc {kind}"] = outcomes.get(f"grpc {kind}", 0) + 1
+            if kind.startswith("refused"):
+                if serve.process.poll() is not None:
+                    return
+                time.sleep(0.05)
+
+    workers = [threading.Thread(target=client) for _ in range(4)] + [threading.Thread(target=grpc_client)]
     try:
         serve.wait_for("metrics")
         for worker in workers:
@@ -223,8 +365,10 @@ def test_sigterm_under_continuous_traffic_answers_or_cleanly_refuses_every_reque
         done.set()
         for worker in workers:
             worker.join(30)
-        lost = {kind: count for kind, count in outcomes.items() if kind.startswith("lost")}
+        lost = {kind: count for kind, count in outcomes.items() if "lost" in kind}
         assert not lost, outcomes
+        assert outcomes.get("grpc answered", 0) > 5 and outcomes.get("grpc refused: shutting down", 0) + \
+            outcomes.get("grpc refused: no server", 0) >= 1, outcomes
         # in-flight requests are answered with `Connection: close`; the next one is refused: by the OS once the gate
         # stopped listening, or 503 "shutting down" when it came on a connection still open
         refused = outcomes.get("refused: shutting down", 0) + outcomes.get("refused: no server", 0)

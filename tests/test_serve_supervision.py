@@ -99,6 +99,15 @@ class Serve:
     def stubs(self) -> dict[int, str]:
         return live_stubs(self.tritonserver_pid())
 
+    def triton_grpc_port(self) -> int | None:
+        """The gRPC port of the tritonserver serve runs now, from its command line (None between two servers): serve's
+        gRPC gate refuses the requests that crash Triton, so a test that needs the crash sends it there."""
+        try:
+            command = Path(f"/proc/{self.tritonserver_pid()}/cmdline").read_bytes().split(b"\0")
+        except (AssertionError, OSError):
+            return None
+        return next(int(arg.split(b"=")[1]) for arg in command if arg.startswith(b"--grpc-port="))
+
     def classify(self) -> list[str]:
         from hub_vit.server.client import Classifier
 
@@ -123,8 +132,8 @@ class Serve:
 
 
 def classification_of_labels(grpc_port: int) -> None:
-    """The request that kills Triton 2.51: the classification extension asked of the STRING output. Over gRPC, which
-    goes to Triton directly (serve's HTTP gate refuses it: tests/test_serve_limits.py)."""
+    """The request that kills Triton 2.51: the classification extension asked of the STRING output, sent to Triton's
+    own gRPC port (`Serve.triton_grpc_port`: serve's gates refuse it, tests/test_serve_limits.py)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
@@ -145,7 +154,7 @@ def test_a_crashed_server_and_a_dead_stub_are_replaced(tmp_path: Path) -> None:
         serve.wait_for("metrics")
         assert serve.classify() == expected_digits()
 
-        classification_of_labels(serve.ports[1])
+        classification_of_labels(serve.triton_grpc_port())
         text = serve.wait_for("serving again")
         assert "tritonserver was killed by SIGFPE" in " ".join(text.split()), text
         assert serve.classify() == expected_digits()
@@ -174,7 +183,7 @@ def test_without_restarts_a_crash_is_an_error_naming_it() -> None:
     try:
         serve.wait_for("metrics")
         server_id = f"hub-vit-{serve.process.pid}-"
-        classification_of_labels(serve.ports[1])
+        classification_of_labels(serve.triton_grpc_port())
         assert serve.finish() == 1, serve.text
         flat = " ".join(serve.text.split())
         assert "tritonserver was killed by SIGFPE" in flat and "not restarting (--max-restarts 0)" in flat, flat
@@ -248,7 +257,7 @@ def test_loadtest_across_a_restart_reports_no_wrong_batching() -> None:
         serve.wait_for("metrics")
         load = _loadtest(serve.ports[0], "--duration", "30", "--allow-errors")  # a restart takes 5-15 s here
         time.sleep(8)  # past its start and warm-up: the statistics it reads before the run need a server
-        classification_of_labels(serve.ports[1])
+        classification_of_labels(serve.triton_grpc_port())
         serve.wait_for("serving again")
         out, err = load.communicate(timeout=120)
         flat = " ".join((out + err).split())
@@ -298,13 +307,19 @@ def _live(http_port: int) -> bool:
         return False
 
 
-def _grpc_live(grpc_port: int) -> bool:
+def _grpc_live(grpc_port: int | None, live: list[int]) -> bool:
+    """Whether a gRPC endpoint answers live at `grpc_port` (None: no server yet); the port is appended to `live`."""
     import tritonclient.grpc as grpcclient
 
+    if grpc_port is None:
+        return False
     try:
-        return grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}").is_server_live(client_timeout=1)
+        answered = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}").is_server_live(client_timeout=1)
     except Exception:  # noqa: BLE001 (not up yet: whatever tritonclient raises for that)
         return False
+    if answered:
+        live.append(grpc_port)
+    return answered
 
 
 def test_crash_requests_sent_while_the_new_server_starts_do_not_end_the_service() -> None:
@@ -314,11 +329,12 @@ def test_crash_requests_sent_while_the_new_server_starts_do_not_end_the_service(
     serve = Serve("--max-restarts", "1")
     try:
         serve.wait_for("metrics")
-        classification_of_labels(serve.ports[1])
+        classification_of_labels(serve.triton_grpc_port())
+        live: list[int] = []  # each new server's own gRPC port, once it answers (long before serve calls it ready)
         for _ in range(3):  # the race, three times: each crash lands as soon as the new server answers at all
             serve.wait_for("restarting tritonserver")
-            assert wait_until(lambda: _grpc_live(serve.ports[1]), timeout_s=120), serve.text  # Triton's own port
-            classification_of_labels(serve.ports[1])
+            assert wait_until(lambda: _grpc_live(serve.triton_grpc_port(), live), timeout_s=120), serve.text
+            classification_of_labels(live[-1])
         text = serve.wait_for("serving again")
         assert serve.process.poll() is None, text
         flat = " ".join(text.split())

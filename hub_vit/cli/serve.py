@@ -51,10 +51,12 @@ Device = Annotated[str, typer.Option(show_default=False,
 Flavour = Annotated[str, typer.Option(show_default=False,
                                       help="'cpu' (ONNX Runtime; the default on cpu) or 'torch' (the hub-vit model in "
                                            "PyTorch; the only one on cuda).")]
-MaxRequestMb = Annotated[int, typer.Option(help="Largest HTTP request body, also once inflated (gzip/deflate); larger "
-                                                "ones get 413 before they reach Triton.")]
+MaxRequestMb = Annotated[int, typer.Option(help="Largest HTTP request body or gRPC message, also once inflated "
+                                                "(gzip/deflate); larger ones are refused (HTTP 413, gRPC "
+                                                "RESOURCE_EXHAUSTED) before they reach Triton.")]
 MaxConnections = Annotated[int, typer.Option(help="Open HTTP connections beyond which only health requests are "
-                                                  "answered (others get 503).")]
+                                                  "answered (others get 503); also the most open gRPC connections "
+                                                  "(more are refused).")]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Also show tritonserver's own log here (it goes to the file "
                                                          "the start-up summary names either way, kept if serve "
                                                          "fails).")]

@@ -40,6 +40,7 @@ CROP_MODES = ("center", "squash")
 # (a DC code and an end-of-block code, each at least 1 bit long). Progressive and arithmetic frames can code far less.
 SEQUENTIAL_HUFFMAN_SOF = (0xC0, 0xC1)
 MIN_BITS_PER_BLOCK = 2
+PROBE_BYTES = 4096  # inserted before the end marker by `ends_early`
 
 
 def jpeg_shortfall(data: bytes) -> str | None:
@@ -47,7 +48,7 @@ def jpeg_shortfall(data: bytes) -> str | None:
     libjpeg fills the missing rows with grey and only warns ("Premature end of JPEG file", "Corrupt JPEG data:
     premature end of data segment"), which Pillow does not expose: a header claiming 6000x6000 over 451x300 data
     decoded without error into a grey image that was then classified. This bound is necessary, not sufficient: data
-    cut a few rows short still passes it."""
+    cut a few rows short still passes it (`ends_early` checks the decoded image for that)."""
     pos, frame = 2, None
     while pos + 4 <= len(data):
         if data[pos] != 0xFF:
@@ -83,6 +84,61 @@ def jpeg_shortfall(data: bytes) -> str | None:
             return None
         pos += 2 + length
     return None
+
+
+def _sequential_frame(data: bytes) -> tuple[int, int, int, int] | None:
+    """(width, height, MCU width, MCU height) of a sequential Huffman JPEG, from its frame header; None for other
+    JPEGs (progressive, lossless, arithmetic-coded) and for headers it cannot read."""
+    pos = 2
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+            continue
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        segment = data[pos + 4:pos + 2 + length]
+        if marker in SEQUENTIAL_HUFFMAN_SOF and len(segment) >= 6:
+            count = segment[5]
+            if count < 1 or len(segment) < 6 + 3 * count:
+                return None
+            sampling = [(segment[7 + 3 * i] >> 4, segment[7 + 3 * i] & 15) for i in range(count)]
+            if not all(h and v for h, v in sampling):
+                return None
+            mcu = (8, 8) if count == 1 else (8 * max(h for h, _ in sampling), 8 * max(v for _, v in sampling))
+            return int.from_bytes(segment[3:5], "big"), int.from_bytes(segment[1:3], "big"), *mcu
+        if 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) or marker == 0xDA:
+            return None
+        pos += 2 + length
+    return None
+
+
+def ends_early(data: bytes, image: Image.Image) -> bool:
+    """Whether a decoded sequential JPEG (`image`, loaded from `data`) ran out of scan data before its last MCU.
+
+    libjpeg meets the end-of-image marker early (data cut a few rows short and closed again, or a header declaring
+    a few more rows than the data holds), warns ("Corrupt JPEG data: premature end of data segment") and decodes
+    every missing block as all-zero coefficients: flat luma 128. Pillow hides the warning, so this looks at the result:
+    the last MCU (bottom right, the last one decoded) must not be flat luma 128; if it is, the image is decoded
+    again with zero bytes inserted before the final marker. A complete scan ends before them, so the pixels cannot
+    change; a scan that ends early decodes them into its missing blocks, so they do. The second decode runs only for
+    images whose last MCU is flat mid-grey. Plain truncation (no end marker) is refused by Pillow itself."""
+    frame = _sequential_frame(data)
+    end = data.rfind(b"\xff\xd9")
+    if frame is None or end < 0 or image.mode not in ("RGB", "L"):
+        return False
+    width, height, mcu_w, mcu_h = frame
+    if (width, height) != image.size:
+        return False
+    box = ((width - 1) // mcu_w * mcu_w, (height - 1) // mcu_h * mcu_h, width, height)
+    last = np.asarray(image.crop(box), dtype=np.float32)
+    luma = last if image.mode == "L" else last @ np.asarray([0.299, 0.587, 0.114], dtype=np.float32)
+    if np.abs(luma - 128).max() > 1.5:  # rounding of the colour conversion: a missing MCU is within 1 of 128
+        return False
+    # 4 KiB: zero bits decode to at most 27 bits per coefficient, so they reach past the block being decoded when the
+    # data ran out (which libjpeg already completed with zero bits) into the first block it left at zero
+    padded = Image.open(io.BytesIO(data[:end] + bytes(PROBE_BYTES) + data[end:]), formats=("JPEG",))
+    padded.load()
+    return padded.tobytes() != image.tobytes()
 
 
 class BadImageError(ValueError):
@@ -161,8 +217,13 @@ class Preprocess:
                 raise BadImageError(f"truncated JPEG image: {short}")
             try:
                 image.load()
+                if image.format == "JPEG" and ends_early(data, image):
+                    raise BadImageError(f"truncated JPEG image: its data ends before its last rows ({width}x{height} "
+                                        "declared; premature end of JPEG data)")
                 # 16-bit grey scaled to 8 bits, transparency composited onto white (hub_vit/image_modes.py's rules)
                 return to_8bit(ImageOps.exif_transpose(image)).convert("RGB")
+            except BadImageError:
+                raise
             except Exception as err:  # truncated or corrupt data surfaces only while decoding
                 raise BadImageError(f"cannot decode {image.format} image ({width}x{height}): {err}") from None
 
