@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -60,6 +60,37 @@ def _save_overlay(array: np.ndarray, target: Path, created: list[Path]) -> None:
         raise write_failed(target, exc) from None
 
 
+def _prepared(explainer: Any, images: list[Path]) -> list[tuple[Path, Any]]:
+    """(path, PreparedImage) per image, all read and prepared before anything is written, so one bad file does not
+    leave a partial output folder."""
+    from hub_vit.explain.image import ImageReadError, load_image
+
+    ready = []
+    for path in images:
+        try:
+            image = load_image(path, large=True)  # the user's own files; its errors name the file
+        except ImageReadError as exc:
+            raise fail(str(exc)) from exc
+        try:
+            ready.append((path, explainer.prepare(image)))
+        except ImageReadError as exc:  # an aspect ratio too extreme to resize
+            raise fail(f"{str(path)!r}: {exc}") from exc
+    return ready
+
+
+def _print_labels(path: Path, target: Path, top: list[tuple[str, float]]) -> None:
+    from rich.table import Table
+
+    # soft-wrapped: a script reading `-> (.*)` from a pipe (80 columns) must get the whole path on one line
+    console.print(f"[bold]{escape(str(path))}[/] -> {escape(str(target))}", soft_wrap=True)
+    table = Table(show_edge=False)
+    table.add_column("label")
+    table.add_column("probability", justify="right")
+    for label, prob in top:
+        table.add_row(escape(label), f"{prob:.4f}")
+    console.print(table)
+
+
 @app.command()
 def rollout(
     images: list[Path] = typer.Argument(..., help="Image files (PNG, JPEG, WEBP, BMP, GIF)."),
@@ -74,10 +105,7 @@ def rollout(
     colormap: str = typer.Option("jet", help="Colour map: jet, inferno or gray."),
 ) -> None:
     """Write `<image>_rollout.png` (same size as the image) per image and print its top-5 labels."""
-    from rich.table import Table
-
     from hub_vit.demo.models import load_explainer, resolve_choice
-    from hub_vit.explain.image import ImageReadError, load_image
     from hub_vit.explain.overlay import COLORMAPS
     from hub_vit.explain.rollout import HEAD_FUSIONS, check_discard_ratio
 
@@ -92,17 +120,7 @@ def rollout(
         explainer = load_explainer(resolve_choice(model))
     except ValueError as exc:
         raise fail(str(exc)) from exc
-    # Read and prepare every image before writing anything, so one bad file does not leave a partial output folder.
-    ready = []  # (path, PreparedImage)
-    for path in images:
-        try:
-            image = load_image(path, large=True)  # the user's own files; its errors name the file
-        except ImageReadError as exc:
-            raise fail(str(exc)) from exc
-        try:
-            ready.append((path, explainer.prepare(image)))
-        except ImageReadError as exc:  # an aspect ratio too extreme to resize
-            raise fail(f"{str(path)!r}: {exc}") from exc
+    ready = _prepared(explainer, images)
     blocker = file_in_the_way(out)
     if blocker is not None:
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
@@ -121,14 +139,7 @@ def rollout(
             target = out / f"{stem}_rollout.png"
             _save_overlay(explainer.overlay(prep, result.maps[i], alpha, colormap), target, created)
             top = explainer.top_k(result.logits[i], 5)
-            # soft-wrapped: a script reading `-> (.*)` from a pipe (80 columns) must get the whole path on one line
-            console.print(f"[bold]{escape(str(path))}[/] -> {escape(str(target))}", soft_wrap=True)
-            table = Table(show_edge=False)
-            table.add_column("label")
-            table.add_column("probability", justify="right")
-            for label, prob in top:
-                table.add_row(escape(label), f"{prob:.4f}")
-            console.print(table)
+            _print_labels(path, target, top)
             if class_map:
                 label_index = explainer.label_index(top[0][0])
                 cam = explainer.class_map(prep, label_index).maps[0]

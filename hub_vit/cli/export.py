@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -94,36 +95,12 @@ def onnx_cmd(
     """Export to ONNX, verify every variant against PyTorch, write only the ones that pass (+ a JSON report)."""
     from hub_vit.export import load_source
     from hub_vit.export.metadata import model_metadata
-    from hub_vit.export.onnx_export import EXPORTERS, MIN_OPSET
-    from hub_vit.export.variants import VARIANTS, check_variants, export_variants
+    from hub_vit.export.variants import export_variants
 
     try:  # validate everything cheap before building a model
-        try:
-            variants = list(VARIANTS) if ALL in variant else check_variants(variant)
-        except ValueError as exc:  # the CLI also takes "all"
-            raise ValueError(f"{exc}, or {ALL}") from None
-        if exporter not in EXPORTERS:
-            raise ValueError(f"unknown exporter {exporter!r}; valid choices: {', '.join(EXPORTERS)}")
-        if opset < MIN_OPSET:
-            raise ValueError(f"--opset must be >= {MIN_OPSET}, got {opset}")
-        if min(random_inputs, photos, calibration) < 0 or random_inputs + photos == 0:
-            raise ValueError("--random-inputs/--photos/--calibration must be >= 0 and the verification set non-empty")
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {str(out)!r} is a file; give a folder")
-        if provider:
-            from hub_vit.export.verify import check_providers
-
-            check_providers(provider)  # a typo or missing GPU build must not cost a model build and leave a report
+        variants = _checked_flags(variant, exporter, opset, random_inputs, photos, calibration, out, provider)
         src = load_source(source, model_name=model_name, pretrained=pretrained)
-        own = None
-        if images is not None:
-            from dataclasses import replace
-
-            from hub_vit.export.verify import load_image_folder
-
-            spec = src.module.spec  # the exported graph's input size, whatever size the transform was recorded at
-            data = replace(src.data, img_size=tuple(spec.img_size))
-            own = load_image_folder(images, data, limit=images_limit)
+        own = None if images is None else _own_images(src, images, images_limit)
         console.print(f"exporting [bold]{escape(src.name)}[/] ({src.kind}, weights: {escape(src.weights)}) -> "
                       f"{escape(str(out))}", soft_wrap=True)
         if src.random_weights:
@@ -145,19 +122,58 @@ def onnx_cmd(
         raise
     except (ValueError, TypeError, RuntimeError) as exc:
         raise fail(str(exc)) from None
+    _print_outcomes(report)
+    failed = [o.variant for o in report.variants if not o.written]
+    if failed:
+        err_console.print(f"[yellow]not written:[/] {', '.join(failed)} (reasons in the table and the report)")
+        raise typer.Exit(1)
+
+
+def _checked_flags(variant: list[str], exporter: str, opset: int, random_inputs: int, photos: int, calibration: int,
+                   out: Path, provider: list[str] | None) -> list[str]:
+    """The variants to write; ValueError naming the first bad flag (all of them cheap to check)."""
+    from hub_vit.export.onnx_export import EXPORTERS, MIN_OPSET
+    from hub_vit.export.variants import VARIANTS, check_variants
+
+    try:
+        variants = list(VARIANTS) if ALL in variant else check_variants(variant)
+    except ValueError as exc:  # the CLI also takes "all"
+        raise ValueError(f"{exc}, or {ALL}") from None
+    if exporter not in EXPORTERS:
+        raise ValueError(f"unknown exporter {exporter!r}; valid choices: {', '.join(EXPORTERS)}")
+    if opset < MIN_OPSET:
+        raise ValueError(f"--opset must be >= {MIN_OPSET}, got {opset}")
+    if min(random_inputs, photos, calibration) < 0 or random_inputs + photos == 0:
+        raise ValueError("--random-inputs/--photos/--calibration must be >= 0 and the verification set non-empty")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file; give a folder")
+    if provider:
+        from hub_vit.export.verify import check_providers
+
+        check_providers(provider)  # a typo or missing GPU build must not cost a model build and leave a report
+    return variants
+
+
+def _own_images(src: Any, images: Path, limit: int) -> Any:
+    """--images read with the model's own transform at the exported graph's input size (whatever size the transform
+    was recorded at)."""
+    from dataclasses import replace
+
+    from hub_vit.export.verify import load_image_folder
+
+    data = replace(src.data, img_size=tuple(src.module.spec.img_size))
+    return load_image_folder(images, data, limit=limit)
+
+
+def _print_outcomes(report: Any) -> None:
     console.print(_variant_table(report))
     for o in report.variants:
         passed = (o.verification or {}).get("extra", {}).get("summary", "")
         outcome = f"[red]not written[/] - {escape(o.error)}" if o.error else \
             escape(str(o.file)) + (f" ({escape(passed)})" if passed else "")
-        console.print(f"  {o.variant}: {outcome}",
-                      soft_wrap=True)
+        console.print(f"  {o.variant}: {outcome}", soft_wrap=True)
     console.print(f"report: {report.report_file}", markup=False, soft_wrap=True)
     _print_replaced(report)
-    failed = [o.variant for o in report.variants if not o.written]
-    if failed:
-        err_console.print(f"[yellow]not written:[/] {', '.join(failed)} (reasons in the table and the report)")
-        raise typer.Exit(1)
 
 
 @export_app.command("tensorrt")
