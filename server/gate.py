@@ -27,9 +27,11 @@ import asyncio
 import json
 import re
 import resource
-import threading
 import zlib
 from dataclasses import dataclass
+from typing import Any
+
+from hub_vit.server.loop_thread import LoopThread, until_idle
 
 INFER_PATH = re.compile(rb"^/v2/models/(?P<model>[^/?]+)(?:/versions/[^/?]+)?/infer(?:\?.*)?$")
 HEALTH_PATH = re.compile(rb"^/v2/health/(live|ready)(?:\?.*)?$")
@@ -139,15 +141,14 @@ class Gate:
         self._in_flight = 0
         self._buffered = 0
         self._draining = False
-        self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="hub-vit-gate", daemon=True)
+        self._runner = LoopThread("hub-vit-gate")
         self.refused: dict[int, int] = {}  # status -> count, for the log and tests
 
     # -- control, from any thread ----------------------------------------------------------------------------------
     def start(self) -> Gate:
         _raise_descriptor_limit()
-        self._thread.start()
+        self._runner.start()
         self._call(self._listen())
         return self
 
@@ -177,18 +178,15 @@ class Gate:
         """Wait until no request is being relayed (at most `timeout_s`), then close the pooled connections to Triton
         so its own drain is not held open by them; whether everything in flight was answered."""
         async def wait() -> bool:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout_s
-            while self._in_flight and loop.time() < deadline:
-                await asyncio.sleep(0.02)
+            answered = await until_idle(lambda: self._in_flight, timeout_s)
             idle, self._idle = self._idle, []
             for _, writer in idle:
                 writer.close()
-            return not self._in_flight
+            return answered
         return self._call(wait(), timeout_s + 5)
 
     def close(self) -> None:
-        if not self._thread.is_alive():
+        if not self._runner.alive:
             return
         async def stop() -> None:
             if self._server is not None:
@@ -198,11 +196,10 @@ class Gate:
         try:
             self._call(stop())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
+            self._runner.stop()
 
-    def _call(self, coroutine: object, timeout_s: float = 10.0) -> object:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)  # type: ignore[arg-type]
+    def _call(self, coroutine: Any, timeout_s: float = 10.0) -> Any:
+        return self._runner.call(coroutine, timeout_s)
 
     # -- the event loop's side -------------------------------------------------------------------------------------
     async def _listen(self) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
-import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,6 +36,7 @@ import grpc  # noqa: E402
 from grpc import aio  # noqa: E402
 
 from hub_vit.server.gate import NUMERIC, SHUTTING_DOWN, STARTING, GateLimits, Refused, check_inference
+from hub_vit.server.loop_thread import LoopThread, until_idle
 
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
@@ -110,14 +110,13 @@ class GrpcGate:
         self._calls: dict[str, Any] = {}  # method -> the channel's multicallable for it, per upstream
         self._in_flight = 0
         self._draining = False
-        self._loop = asyncio.new_event_loop()
         self._server: aio.Server | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="hub-vit-grpc-gate", daemon=True)
+        self._runner = LoopThread("hub-vit-grpc-gate")
         self.refused: dict[str, int] = {}  # status code name -> count, for the log and tests
 
     # -- control, from any thread ----------------------------------------------------------------------------------
     def start(self) -> GrpcGate:
-        self._thread.start()
+        self._runner.start()
         try:
             self._call(self._listen())
         except BaseException:
@@ -145,15 +144,10 @@ class GrpcGate:
         self._call(start_draining())
 
     def drained(self, timeout_s: float) -> bool:
-        async def wait() -> bool:
-            deadline = self._loop.time() + timeout_s
-            while self._in_flight and self._loop.time() < deadline:
-                await asyncio.sleep(0.02)
-            return not self._in_flight
-        return self._call(wait(), timeout_s + 5)
+        return self._call(until_idle(lambda: self._in_flight, timeout_s), timeout_s + 5)
 
     def close(self) -> None:
-        if not self._thread.is_alive():
+        if not self._runner.alive:
             return
         async def stop() -> None:
             if self._server is not None:
@@ -163,11 +157,10 @@ class GrpcGate:
         try:
             self._call(stop())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
+            self._runner.stop()
 
     def _call(self, coroutine: Any, timeout_s: float = 10.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+        return self._runner.call(coroutine, timeout_s)
 
     # -- the event loop's side -------------------------------------------------------------------------------------
     async def _listen(self) -> None:
