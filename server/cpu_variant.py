@@ -22,9 +22,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hub_vit.resolve import ResolvedModel
 
 AUTO = "auto"
 CPU_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-dynamic-s8", "int8-static", "bf16")
@@ -149,10 +152,10 @@ def select(module: Any, requested: str, *, batch: int, threads: int | None = Non
         raise
 
 
-def place(source: Any, target: Path, requested: str, *, batch: int, threads: int | None = None,
+def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, threads: int | None = None,
           compute_bound: bool = True) -> CpuSelection:
     """Put the selected graph at `target` (the CPU classifier's `model.onnx`, already holding the fp32 export) and
-    return the record for the manifest. `source`: a `hub_vit.server` model source (`module`, `onnx_path`, `origin`).
+    return the record for the manifest. `source`: the resolved model the repository is written for.
 
     fp32 keeps the graph already written (exact: max |diff| 1e-4 or less, today's path, no build-time cost); an
     exported ONNX file is served as given (there is no model to verify variants against); a model whose head is
@@ -165,7 +168,7 @@ def place(source: Any, target: Path, requested: str, *, batch: int, threads: int
 
     check_cpu_variant(requested)
     flags = isa_flags()
-    module = getattr(source, "module", None)
+    module = source.module
     if module is None:
         if requested not in (AUTO, "fp32"):
             raise ValueError(f"cpu_variant {requested!r} is built and verified from the model, but "
@@ -182,8 +185,7 @@ def place(source: Any, target: Path, requested: str, *, batch: int, threads: int
                             "variant can be verified against it: fp32", flags)
     # an in-memory module (tests, benchmarks) or random init: top-1 on photos means nothing, the criterion's
     # cosine / relative-error bounds judge alone
-    in_memory = str(getattr(source, "origin", "")).startswith("in-memory")
-    trained = not (in_memory or getattr(source, "random_weights", False))
+    trained = not (source.kind == "module" or source.random_weights)
     graph, selection, tmp = select(module, requested, batch=batch, threads=threads, trained=trained,
                                    work_dir=target.parent)
     try:
