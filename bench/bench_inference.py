@@ -10,8 +10,10 @@ Every row runs the same weights (timm's `vit_small_patch16_224`, random: no netw
   with its default settings (bf16 on AMX / avx512_bf16 hosts, f32 elsewhere); plain ONNX Runtime of timm's
   `torch.onnx` export;
 * hub-vit: eager fp32; the ONNX variants `hub-vit export` writes (ORT-fused fp32, int8 dynamic with u8 or 7-bit
-  s8 weights, int8 static QDQ, each verified by the export with `hub_vit.export.criterion`); the int8 QDQ graph on
-  OpenVINO's runtime; `torch.compile` bf16 with freezing where the CPU has bf16 units.
+  s8 weights, int8 static QDQ, each verified by the export with `hub_vit.export.criterion`); the OpenVINO variants
+  the CPU flavour can serve (`hub_vit.export.openvino_runtime`: OpenVINO default precision, NNCF static int8,
+  int8 weights with dynamic activations), run by the same `OpenVINOSession` the server runs; `torch.compile` bf16
+  with freezing where the CPU has bf16 units.
 
 Rows are timed in interleaved rounds (each round runs every row once or a few times), so a load change on the shared
 machine hits every row alike; each row reports the median. Every row's logits are judged against timm eager fp32
@@ -100,14 +102,38 @@ def _ort_matmul(op: str, a_type: int, b_type: int, n: int, threads: int) -> Call
     return lambda: session.run(None, {"a": a})
 
 
-def matmul_peaks(threads: int, seconds: float, n: int = 2048) -> dict[str, dict[str, float]]:
-    """GMAC/s of an n^3 matmul per precision and engine (best of repeated runs)."""
+def _openvino_matmul(precision: str, n: int, threads: int) -> Callable[[], Any]:
+    """(n, n) x (n, n) weights on OpenVINO's CPU plugin: f32, bf16 (the precision hint), or int8 (NNCF-quantised,
+    as `openvino-int8` builds it)."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    x = ops.parameter([n, n], np.float32, name="a")
+    model = ov.Model([ops.matmul(x, ops.constant(rng.standard_normal((n, n)).astype(np.float32)), False, False)],
+                     [x], "mm")
+    config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads}
+    if precision == "int8":
+        import nncf
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            model = nncf.quantize(model, nncf.Dataset([a]), subset_size=1)
+    else:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+    return lambda: request.infer([a])
+
+
+def matmul_peaks(threads: int, seconds: float, bf16_units: bool, n: int = 2048) -> dict[str, dict[str, float]]:
+    """GMAC/s of an n^3 matmul per precision and engine (best of repeated runs); OpenVINO's bf16 only with bf16 units
+    (its emulation elsewhere takes seconds per matmul)."""
     from onnx import TensorProto
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     ab, bb = a.bfloat16(), b.bfloat16()
     macs = float(n) ** 3
-    return {
+    peaks = {
         "fp32": {"torch.mm": _best_rate(lambda: torch.mm(a, b), macs, seconds) / 1e9,
                  "ort MatMul": _best_rate(_ort_matmul("MatMul", TensorProto.FLOAT, TensorProto.FLOAT, n, threads),
                                           macs, seconds) / 1e9},
@@ -117,6 +143,11 @@ def matmul_peaks(threads: int, seconds: float, n: int = 2048) -> dict[str, dict[
                                                                   TensorProto.UINT8, n, threads), macs, seconds) / 1e9},
         "bf16": {"torch.mm bf16": _best_rate(lambda: torch.mm(ab, bb), macs, min(seconds, 1.0)) / 1e9},
     }
+    for precision in ("f32", "int8") + ("bf16",) * bf16_units:
+        key = {"f32": "fp32"}.get(precision, precision)
+        peaks[key][f"openvino MatMul {precision}"] = _best_rate(_openvino_matmul(precision, n, threads), macs,
+                                                                seconds) / 1e9
+    return peaks
 
 
 # -- runners ---------------------------------------------------------------------------------------------------------
@@ -144,6 +175,14 @@ def openvino_runner(model: Any, threads: int) -> Callable[[np.ndarray], np.ndarr
     compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads})
     request = compiled.create_infer_request()
     return lambda x: np.asarray(request.infer([x])[compiled.output(0)])
+
+
+def openvino_session_runner(xml: Path, threads: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A hub-vit OpenVINO variant through the session the CPU classifier serves it with."""
+    from hub_vit.export.openvino_runtime import OpenVINOSession
+
+    session = OpenVINOSession(xml, threads)
+    return lambda x: session.run(None, {"pixel_values": x})[0]
 
 
 # -- the run ---------------------------------------------------------------------------------------------------------
@@ -203,7 +242,8 @@ def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str]) ->
     import timm
 
     from hub_vit.export import load_source
-    from hub_vit.export.variants import export_variants
+    from hub_vit.export.openvino_runtime import OPENVINO_VARIANTS
+    from hub_vit.export.variants import PRECISION, export_variants
 
     info: dict[str, Any] = {}
     torch.manual_seed(0)
@@ -239,9 +279,11 @@ def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str]) ->
 
     # hub-vit
     rows.add("hub-vit eager fp32", "hub-vit", "fp32", lambda: torch_runner(hub))
+    # OpenVINO's bf16 where the CPU has bf16 units: elsewhere the plugin emulates it (ViT-S/16: 0.4 img/s)
+    openvino_variants = [v for v in OPENVINO_VARIANTS if bf16_units or v != "openvino-bf16"]
     start = time.perf_counter()
     report = export_variants(hub, work / "hub", variants=["fp32", "optimized", "int8-dynamic", "int8-dynamic-s8",
-                                                          "int8-static"],
+                                                          "int8-static", *openvino_variants],
                              n_random=8, n_photos=24, n_calibration=args.calibration, seed=0)
     info["export_seconds"] = time.perf_counter() - start
     info["export"] = [{"variant": o.variant, "written": o.written, "error": o.error,
@@ -256,10 +298,19 @@ def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str]) ->
         else:
             rows.rows.append({"path": f"hub-vit ONNX Runtime {variant}", "kind": "hub-vit", "precision": precision,
                               "verified": False, "rejected": f"export refused it: {outcome.error}"})
-    static = report.outcome("int8-static")
-    if static.written:
-        rows.add("hub-vit int8-static on OpenVINO runtime", "hub-vit", "int8",
-                 lambda: openvino_runner(str(static.file), threads), note="the verified QDQ graph, OpenVINO CPU")
+    for variant in OPENVINO_VARIANTS:
+        path = f"hub-vit OpenVINO runtime {variant}"
+        if variant not in openvino_variants:
+            rows.rows.append({"path": path, "kind": "hub-vit", "precision": PRECISION[variant],
+                              "error": f"not run: {bf16_note}"})
+            continue
+        outcome = report.outcome(variant)
+        if outcome.written:
+            rows.add(path, "hub-vit", PRECISION[variant], lambda f=outcome.file: openvino_session_runner(Path(f),
+                                                                                                       threads))
+        else:
+            rows.rows.append({"path": path, "kind": "hub-vit", "precision": PRECISION[variant],
+                              "verified": False, "rejected": f"export refused it: {outcome.error}"})
     if bf16_units:
         def compiled_bf16() -> Callable[[np.ndarray], np.ndarray]:
             import torch._inductor.config as inductor
@@ -331,10 +382,10 @@ def main() -> int:
     machine = host()
     out = args.out or REPO / "bench" / "results" / f"inference_cpu_{machine['kind']}.json"
     check_writable(out.parent)  # before the run (minutes), not after it
-    info = run_info(args, packages=("timm", "onnxruntime", "openvino"))
+    info = run_info(args, packages=("timm", "onnxruntime", "openvino", "nncf"))
     torch.set_num_threads(args.threads)
     started, load_start = time.perf_counter(), os.getloadavg()
-    peaks_start = matmul_peaks(args.threads, args.peak_seconds)
+    peaks_start = matmul_peaks(args.threads, args.peak_seconds, has_bf16(machine["isa_flags"]))
     print("matmul peaks (GMAC/s):", json.dumps(peaks_start), flush=True)
     from hub_vit.export.verify import photo_batch
 
@@ -347,7 +398,7 @@ def main() -> int:
         rows = Rows(x, reference)
         exports = build(rows, args, Path(tmp), machine["isa_flags"])
         rows.measure(args.rounds)
-    peaks_end = matmul_peaks(args.threads, args.peak_seconds)
+    peaks_end = matmul_peaks(args.threads, args.peak_seconds, has_bf16(machine["isa_flags"]))
     peaks = {precision: {engine: max(value, peaks_end[precision][engine]) for engine, value in engines.items()}
              for precision, engines in peaks_start.items()}
     best_peak = {precision: max(engines.values()) for precision, engines in peaks.items()}

@@ -181,7 +181,9 @@ def pin(cpus: set[int] | None) -> None:
 
 
 class InProcess:
-    """The served pipeline without a server: served `imageprep` transform + one ORT session (ORT's defaults)."""
+    """The served pipeline without a server: served `imageprep` transform + one ORT session (ORT's defaults), or,
+    where the repository serves an OpenVINO variant (`model.openvino.xml` beside `model.onnx`), the same
+    `OpenVINOSession` the server runs, on every core."""
 
     def __init__(self, onnx_path: Path, meta, payloads: list[bytes]) -> None:
         import onnxruntime as ort
@@ -195,7 +197,14 @@ class InProcess:
         cores = len(os.sched_getaffinity(0))
         if cores < (os.cpu_count() or 1):  # pinned: ORT's default would count every core
             options.intra_op_num_threads = cores
-        self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        from hub_vit.server.cpu_variant import openvino_model
+
+        if openvino_model(onnx_path).exists():
+            from hub_vit.export.openvino_runtime import OpenVINOSession
+
+            self.session = OpenVINOSession(openvino_model(onnx_path), cores)
+        else:
+            self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         self.name = self.session.get_inputs()[0].name
         self.payloads = payloads
         self.classify(payloads[:1])

@@ -109,6 +109,9 @@ def locate(reference: str | Path | None, *, model_name: str | None = None, downl
     registered checkpoint only when it is in hub-vit's download cache already (or ships in the package)."""
     if reference is None:
         return _default_ref()
+    if not isinstance(reference, (str, Path)):  # e.g. a module: its repr would be taken for a path
+        raise TypeError(f"a model reference is a name or a path, not a {type(reference).__name__}; an in-memory "
+                        "model goes through ResolvedModel.from_module")
     text = str(reference)
     path = Path(text).expanduser()
     suffix = path.suffix.lower()  # model.ONNX is an ONNX file too

@@ -1,17 +1,22 @@
-"""Which ONNX graph the CPU flavour serves: the fastest variant on this host that passes the verification criterion.
+"""Which graph the CPU flavour serves: the fastest variant on this host that passes the verification criterion.
 
 At repository build time (`hub-vit repository / serve --cpu-variant auto`) the candidates (fp32, ORT-fused fp32,
-int8 dynamic / static QDQ, and bf16 where the CPU has bf16 units) are built and verified against the fp32 PyTorch
-model by `hub_vit.export.variants` (criterion: `hub_vit.export.criterion`), the ones that pass are timed side by
-side in interleaved rounds at the serving batch, with the threads an instance uses, and the fastest is copied into the
-repository. The choice, every candidate's numbers and verdict, and the host's ISA flags go into the repository
-manifest. A named variant (`--cpu-variant int8-dynamic`) skips the timing but is still verified: a variant that fails
-the criterion is never served.
+int8 dynamic / static QDQ, bf16 where the CPU has bf16 units; where OpenVINO is installed, OpenVINO fp32, static and
+dynamic int8, and bf16 where the CPU has bf16 units) are built and verified against the fp32 PyTorch model by
+`hub_vit.export.variants` (criterion: `hub_vit.export.criterion`), the ones that pass are timed side by side in
+interleaved rounds at the serving batch, with the threads an instance uses, and the fastest is copied into the
+repository: an ONNX graph over the classifier's `model.onnx`, or an OpenVINO variant as `model.openvino.xml` /
+`.bin` / `.json` beside the fp32 `model.onnx` (the served classifier runs the OpenVINO files when they are there).
+The choice, every candidate's numbers and verdict, and the host's ISA flags go into the repository manifest. A named
+variant (`--cpu-variant int8-dynamic`) skips the timing but is still verified: a variant that fails the criterion is
+never served.
 
 Int8 runs on the VNNI / AMX-INT8 units through ONNX Runtime's MLAS u8 x s8 kernels (int8-static, int8-dynamic-s8:
 7-bit signed weights); int8-dynamic's u8 x u8 weights do not use them. All compute the same integers on every x86 CPU
-(quantize.py). ONNX Runtime's CPU provider has no bfloat16 MatMul kernel, so `bf16` is a candidate
-only where the CPU has bf16 units, and is reported as not built when the provider cannot run it.
+(quantize.py). ONNX Runtime's CPU provider has no bfloat16 MatMul kernel, so `bf16` is a candidate only where the
+CPU has bf16 units, and is reported as not built when the provider cannot run it; OpenVINO's CPU plugin runs bf16 on
+those units (`openvino-bf16`) and int8 on VNNI / AMX-INT8 (`openvino-int8`, `openvino-int8-dynamic`;
+`hub_vit.export.openvino_runtime`).
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hub_vit.export.openvino_runtime import OPENVINO_VARIANTS, OpenVINOSession, ir_files, openvino_available
+
 if TYPE_CHECKING:
     from hub_vit.resolve import ResolvedModel
 
 AUTO = "auto"
-CPU_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-dynamic-s8", "int8-static", "bf16")
+CPU_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-dynamic-s8", "int8-static", "bf16",
+                                  *OPENVINO_VARIANTS)
+OPENVINO_SUFFIX = ".openvino.xml"  # `model.onnx` -> `model.openvino.xml`: the served classifier looks for this name
 CHOICES: tuple[str, ...] = (AUTO, *CPU_VARIANTS)
 BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
 INT8_FLAGS: tuple[str, ...] = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -70,18 +79,26 @@ def isa_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
     return sorted({f for f in line.split() if f.startswith(_REPORTED_FLAGS)})
 
 
-def candidates(flags: list[str]) -> list[str]:
-    """The variants worth timing on a CPU with `flags`: bf16 only with bf16 units (emulated bf16 is slower)."""
-    found = ["fp32", "optimized", "int8-dynamic", "int8-dynamic-s8", "int8-static"]
-    return found + (["bf16"] if any(f in flags for f in BF16_FLAGS) else [])
+def candidates(flags: list[str], openvino: bool = True) -> list[str]:
+    """The variants worth timing on a CPU with `flags`: bf16 only with bf16 units (emulated bf16 is slower), the
+    OpenVINO ones where `openvino` (installed)."""
+    bf16 = any(f in flags for f in BF16_FLAGS)
+    found = ["fp32", "optimized", "int8-dynamic", "int8-dynamic-s8", "int8-static"] + ["bf16"] * bf16
+    if openvino:
+        found += [v for v in OPENVINO_VARIANTS if bf16 or v != "openvino-bf16"]
+    return found
 
 
 def _time_graphs(graphs: dict[str, Path], x: np.ndarray, threads: int, rounds: int, iters: int) -> dict[str, float]:
     """Median seconds per batch of each graph, timed in interleaved rounds so a load change hits every one alike."""
     import onnxruntime as ort
 
-    sessions = {}
+    sessions: dict[str, Any] = {}
     for name, path in graphs.items():
+        if path.suffix == ".xml":  # an OpenVINO variant
+            sessions[name] = OpenVINOSession(path, threads)
+            sessions[name].run(None, {"pixel_values": x})  # warm-up
+            continue
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -111,7 +128,7 @@ def select(module: Any, requested: str, *, batch: int, threads: int | None = Non
 
     check_cpu_variant(requested)
     flags = isa_flags()
-    names = candidates(flags) if requested == AUTO else [requested]
+    names = candidates(flags, openvino_available() is None) if requested == AUTO else [requested]
     threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     tmp = tempfile.TemporaryDirectory(prefix=".cpu-variant-", dir=work_dir)
     try:
@@ -189,10 +206,20 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
     graph, selection, tmp = select(module, requested, batch=batch, threads=threads, trained=trained,
                                    work_dir=target.parent)
     try:
-        shutil.copyfile(graph, target)
+        if graph.suffix == ".xml":  # OpenVINO: its three files beside the fp32 graph, which stays
+            for src, dst in zip(ir_files(graph), ir_files(openvino_model(target)), strict=True):
+                shutil.copyfile(src, dst)
+        else:
+            shutil.copyfile(graph, target)
     finally:
         tmp.cleanup()
     return selection
+
+
+def openvino_model(onnx_file: Path) -> Path:
+    """Where the CPU classifier looks for an OpenVINO variant of its `onnx_file`: `model.onnx` -> `model.openvino.xml`
+    (the served model.py states the same name)."""
+    return onnx_file.with_name(onnx_file.name.removesuffix(".onnx") + OPENVINO_SUFFIX)
 
 
 def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -203,4 +230,4 @@ def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 __all__ = ["AUTO", "CHOICES", "CPU_VARIANTS", "CpuSelection", "candidates", "check_cpu_variant",
-           "isa_flags", "place", "select"]
+           "isa_flags", "openvino_model", "place", "select"]

@@ -149,7 +149,11 @@ class Gate:
     def start(self) -> Gate:
         _raise_descriptor_limit()
         self._runner.start()
-        self._call(self._listen())
+        try:
+            self._call(self._listen())
+        except BaseException:  # e.g. the port is taken: no loop thread is left running
+            self.close()
+            raise
         return self
 
     def upstream(self, host: str | None, port: int | None = None) -> None:

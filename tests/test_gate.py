@@ -85,3 +85,19 @@ def test_grpc_checks_are_the_http_gates_plus_contents_against_shape():
     assert inference_refusal(_message([2, 1], two, ("logits",), classification=True), {"logits"}) is None
     assert inference_refusal(_message([5, 1], b"\x09\0\0\0abc"), set()) is None  # broken framing: Triton says so
     assert parse_inference(b"\xff\xff not a protobuf") is None
+
+
+@pytest.mark.parametrize("gate_class, thread_name", [("Gate", "hub-vit-gate"), ("GrpcGate", "hub-vit-grpc-gate")])
+def test_a_gate_that_cannot_listen_leaves_no_loop_thread(gate_class, thread_name):
+    import socket
+    import threading
+
+    from hub_vit.server import gate, grpc_gate
+
+    cls = getattr(gate, gate_class, None) or getattr(grpc_gate, gate_class)
+    with socket.socket() as taken:  # a port someone else listens on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(Exception):  # noqa: B017 - the listen error as the OS words it
+            cls("127.0.0.1", taken.getsockname()[1]).start()
+    assert thread_name not in [t.name for t in threading.enumerate() if t.is_alive()]

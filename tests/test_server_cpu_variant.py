@@ -8,15 +8,12 @@ cosine >= 0.99 and relative error <= 0.15 of the logits, and top-1 agreement >= 
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-import torch
-from PIL import Image
 from typer.testing import CliRunner
 
 from hub_vit.export import criterion, quantize
@@ -121,7 +118,8 @@ def test_a_forced_variant_failing_the_criterion_is_refused(tmp_path: Path, monke
 
 
 def test_bad_variant_names_and_combinations_are_refused(tmp_path: Path) -> None:
-    valid = "auto, fp32, optimized, int8-dynamic, int8-dynamic-s8, int8-static, bf16"
+    valid = ("auto, fp32, optimized, int8-dynamic, int8-dynamic-s8, int8-static, bf16, openvino-fp32, openvino-bf16, "
+             "openvino-int8, openvino-int8-dynamic")
     with pytest.raises(ValueError, match=f"unknown cpu_variant 'int4'; valid choices: {valid}"):
         ServingOptions(cpu_variant="int4")
     with pytest.raises(ValueError, match="cpu_variant 'int8-static' chooses the CPU flavour's graph; flavour 'torch'"):
@@ -158,13 +156,9 @@ def test_an_exported_file_is_served_as_given_or_refused_for_a_variant(tmp_path: 
 @pytest.mark.triton
 @pytest.mark.slow
 def test_forced_int8_is_served_within_the_criterion_of_fp32(tmp_path: Path) -> None:
-    from timm.data import create_transform, resolve_data_config
-
     from hub_vit.catalog import default_model_folder
     from hub_vit.folder import load_model_folder
-    from hub_vit.server.client import Classifier
-    from hub_vit.server.launcher import TritonServer, free_port
-    from hub_vit.train.digits import load_digits_split
+    from tests.served import digit_pngs, fp32_logits, served_logits
 
     result = _cli("repository", str(tmp_path / "repo"), "--cpu-variant", "int8-dynamic")
     assert result.exit_code == 0, result.output
@@ -172,24 +166,10 @@ def test_forced_int8_is_served_within_the_criterion_of_fp32(tmp_path: Path) -> N
         in " ".join(result.output.split())
     repo = tmp_path / "repo"
     assert _ops(repo) & INT8_OPS  # really the int8 graph
-    images, _ = load_digits_split("val")
-    payloads = []
-    for image in images[:48]:
-        buffer = io.BytesIO()
-        Image.fromarray(image).save(buffer, format="PNG")
-        payloads.append(buffer.getvalue())
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=20).start(timeout_s=180)
-    try:
-        with Classifier(server.http_url) as client:
-            served = np.stack([p.logits for p in client.classify(payloads, with_logits=True)])
-    finally:
-        server.stop()
+    payloads = digit_pngs(48)
+    served = served_logits(repo, payloads)
     model, info = load_model_folder(default_model_folder())
-    transform = create_transform(**resolve_data_config(pretrained_cfg=dict(info.pretrained_cfg)), is_training=False)
-    batch = torch.stack([transform(Image.open(io.BytesIO(p)).convert("RGB")) for p in payloads])
-    with torch.no_grad():
-        fp32 = model(batch).numpy()
+    fp32 = fp32_logits(model, info.pretrained_cfg, payloads)
     cos, rel = criterion.per_image(fp32, served)
     assert cos.min() >= 0.99 and rel.max() <= 0.15, (cos.min(), rel.max())
     assert rel.max() > 1e-4  # int8 really answered, not an fp32 graph

@@ -82,7 +82,7 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     assert warmups == [(1, "image"), (8, "image")]
     files = {p.name for p in (repo / "vit_classifier/1").iterdir()}
     assert files == {"model.py", "imageprep.py", "image_modes.py", "topk.py", "triton_errors.py", "model.onnx",
-                     "labels.txt"}
+                     "labels.txt", "openvino_runtime.py"}
     assert (repo / "vit_classifier/1/labels.txt").read_text().splitlines() == list(meta.labels)
     warm = (repo / "vit_classifier/warmup/image").read_bytes()
     assert int.from_bytes(warm[:4], "little") == len(warm) - 4 and warm[5:8] == b"PNG"

@@ -1,4 +1,6 @@
-"""Export one model as several verified ONNX variants: fp32, ORT-optimized, fp16, int8 (dynamic / static), bf16.
+"""Export one model as several verified ONNX variants: fp32, ORT-optimized, fp16, int8 (dynamic / static), bf16;
+and, for the CPU flavour's selection (`server/cpu_variant.py`), OpenVINO variants built from the fp32 graph
+(`hub_vit.export.openvino_runtime`: OpenVINO IR, run and verified by OpenVINO's CPU plugin).
 
 Every variant is built in a temporary folder inside the output folder, run through ONNX Runtime on the verification
 set (`hub_vit.export.verify`) and staged only if it passes; a variant that fails or cannot be built is reported with
@@ -25,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from hub_vit.atomic import atomic_path
-from hub_vit.export import quantize
+from hub_vit.export import openvino_runtime, quantize
 from hub_vit.export.criterion import FP32_MAX_ABS, MAX_REL_ERROR, MIN_COSINE, MIN_TOP1_AGREEMENT, summary
 from hub_vit.export.metadata import REPORT_SUFFIX, engine_info, model_metadata
 from hub_vit.export.onnx_export import ATTENTIONS, Exporter, export_onnx, graph_opset, quiet_loggers
+from hub_vit.export.openvino_runtime import OPENVINO_VARIANTS, OpenVINOSession
 from hub_vit.export.probe import PRE_LOGITS, drop_pre_logits, expose_pre_logits
 from hub_vit.export.verify import (
     check_informative,
@@ -46,7 +49,8 @@ VARIANTS: tuple[str, ...] = ("fp32", "optimized", "fp16", "int8-dynamic", "int8-
 DEFAULT_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-static")
 ATTENTIONS_VARIANT = "attentions"  # `<stem>.attentions.onnx`, written with --attentions
 PRECISION = {"fp32": "fp32", "optimized": "fp32", "fp16": "fp16", "int8-dynamic": "int8", "int8-dynamic-s8": "int8",
-             "int8-static": "int8", "bf16": "bf16"}
+             "int8-static": "int8", "bf16": "bf16", **openvino_runtime.PRECISION}
+CALIBRATED = ("int8-static", "openvino-int8")  # the variants that need the calibration set
 
 
 @dataclass
@@ -88,16 +92,17 @@ class ExportReport:
         return asdict(self)
 
 
-def check_variants(variants: Sequence[str]) -> list[str]:
-    """Validate the requested variant names (before anything is written); keeps order, drops duplicates."""
+def check_variants(variants: Sequence[str], allowed: Sequence[str] = VARIANTS) -> list[str]:
+    """Validate the requested variant names (before anything is written); keeps order, drops duplicates.
+    `allowed`: the ONNX variants (`hub-vit export onnx`), or those plus the OpenVINO ones (the CPU flavour)."""
     if isinstance(variants, str):
         variants = [variants]
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in allowed]
     if unknown:
         raise ValueError(f"unsupported precision/variant {', '.join(map(repr, unknown))}; "
-                         f"valid choices: {', '.join(VARIANTS)}")
+                         f"valid choices: {', '.join(allowed)}")
     if not variants:
-        raise ValueError(f"no variant requested; valid choices: {', '.join(VARIANTS)}")
+        raise ValueError(f"no variant requested; valid choices: {', '.join(allowed)}")
     return list(dict.fromkeys(variants))
 
 
@@ -157,6 +162,11 @@ def _build(variant: str, fp32: Path, work: Path, model: VisionTransformer, calib
     """Create the variant's graph under `work`; returns its path and fused-op counts."""
     spec = model.spec
     dst = work / f"{variant}.onnx"
+    if variant in OPENVINO_VARIANTS:
+        missing = openvino_runtime.openvino_available()
+        if missing:
+            raise RuntimeError(f"not built: {missing}")
+        return openvino_runtime.build(variant, fp32, work / f"{variant}.xml", calibration), {}
     if variant == "fp32":
         counts = quantize.op_counts(fp32)
         return fp32, {op: counts.get(op, 0) for op in quantize.FUSED_OPS}
@@ -176,7 +186,7 @@ def _build(variant: str, fp32: Path, work: Path, model: VisionTransformer, calib
     if variant == "bf16":
         quantize.convert_bf16(fp32, dst)
         return dst, {}
-    raise ValueError(f"unsupported variant {variant!r}; valid choices: {', '.join(VARIANTS)}")
+    raise ValueError(f"unsupported variant {variant!r}; valid choices: {', '.join(VARIANTS + OPENVINO_VARIANTS)}")
 
 
 def export_variants(
@@ -202,7 +212,8 @@ def export_variants(
 ) -> ExportReport:
     """Export, verify and write the requested variants of `model` into `out_dir`; returns the report (also saved).
 
-    Files: `<stem>.onnx` (fp32), `<stem>.<variant>.onnx`, `<stem>.attentions.onnx` (if asked), `<stem>.export.json`.
+    Files: `<stem>.onnx` (fp32), `<stem>.<variant>.onnx`, `<stem>.attentions.onnx` (if asked), `<stem>.export.json`;
+    an OpenVINO variant: `<stem>.<variant>.xml` + `.bin` + `.json` (its compile settings).
     `images`: optional in-domain images (N, C, H, W) in [-1, 1]; the first half joins the verification set, the
     second half the int8-static calibration set (disjoint), so a domain model is checked on its own kind of data.
     `metadata`: labels + eval transform recorded for serving (`hub_vit.export.metadata.model_metadata`; default:
@@ -210,7 +221,7 @@ def export_variants(
     `trained`: the weights are trained (not random), so top-1 agreement on the photos is judged too when no own
     `images` are given (`hub_vit.export.criterion`).
     """
-    variants = check_variants(variants)
+    variants = check_variants(variants, VARIANTS + OPENVINO_VARIANTS)
     check_stem(stem)
     if providers:
         check_providers(providers)  # before the output folder exists: a bad provider would fail every variant
@@ -254,9 +265,9 @@ def export_variants(
             fp32 = expose_pre_logits(fp32, work / "fp32.probe.onnx")
             export_seconds = time.perf_counter() - t0
             settings["graph_opset"] = graph_opset(fp32)
-            calibration = calibration_images(model, n_calibration, n_random, n_photos, seed) \
-                if "int8-static" in variants else x[:0]
-            if own_calib is not None and "int8-static" in variants:
+            calibrated = any(v in CALIBRATED for v in variants)
+            calibration = calibration_images(model, n_calibration, n_random, n_photos, seed) if calibrated else x[:0]
+            if own_calib is not None and calibrated:
                 calibration = np.concatenate([calibration, own_calib.astype(np.float32)])
             fp32_ok = True
             for variant in variants:
@@ -269,7 +280,7 @@ def export_variants(
                 try:
                     with quiet_loggers():  # ORT's quantiser logs advice through the root logger
                         path, outcome.fused_ops = _build(variant, fp32, work, model, calibration)
-                    session = ort_session(path, providers)
+                    session = OpenVINOSession(path) if variant in OPENVINO_VARIANTS else ort_session(path, providers)
                     got = ort_outputs(session, x, batch_size=8 if dynamic_batch else 1)
                     result = judge(variant, PRECISION[variant], reference["logits"], got["logits"],
                                    provider=session.get_providers()[0], n_random=n_random, seed=seed,
@@ -295,9 +306,12 @@ def export_variants(
                     fp32_ok = fp32_ok and variant != "fp32"
                     continue
                 name = variant_file_name(stem, variant)
-                drop_pre_logits(path, staged / name)  # the verification output off; fp32 stays in `work`
+                if variant in OPENVINO_VARIANTS:
+                    openvino_runtime.drop_output(path, staged / name, PRE_LOGITS)
+                else:
+                    drop_pre_logits(path, staged / name)  # the verification output off; fp32 stays in `work`
                 outcome.written, outcome.file = True, str(out_dir / name)
-                outcome.size_bytes = (staged / name).stat().st_size
+                outcome.size_bytes = sum(p.stat().st_size for p in _files_of(staged / name))
             if with_attentions:
                 # a few of each kind: the attention graph is larger (B, depth, heads, N, N) and slower to compare
                 n_noise = min(2, n_random)
@@ -315,8 +329,16 @@ def export_variants(
 
 
 def variant_file_name(stem: str, variant: str) -> str:
-    """`<stem>.onnx` for fp32, else `<stem>.<variant>.onnx` (also `<stem>.attentions.onnx`)."""
+    """`<stem>.onnx` for fp32, `<stem>.<variant>.xml` for an OpenVINO variant, else `<stem>.<variant>.onnx` (also
+    `<stem>.attentions.onnx`)."""
+    if variant in OPENVINO_VARIANTS:
+        return f"{stem}.{variant}.xml"
     return f"{stem}.onnx" if variant == "fp32" else f"{stem}.{variant}.onnx"
+
+
+def _files_of(graph: Path) -> list[Path]:
+    """A written graph's files: the ONNX file, or an OpenVINO variant's IR pair and settings."""
+    return openvino_runtime.ir_files(graph) if graph.suffix == ".xml" else [graph]
 
 
 def check_stem(stem: str) -> None:
@@ -344,6 +366,8 @@ def previous_export_files(out_dir: str | Path, stem: str) -> list[Path]:
         name = Path(str(entry.get("file") or "") if isinstance(entry, dict) else "").name
         if name.startswith(f"{stem}.") and name.endswith(".onnx"):
             names.add(name)
+        elif name.startswith(f"{stem}.") and name.endswith(".xml"):  # an OpenVINO variant: its three files
+            names.update(p.name for p in openvino_runtime.ir_files(Path(name)))
     return sorted(p for p in (out_dir / n for n in names) if p.is_file())
 
 

@@ -7,6 +7,10 @@ probabilities, `class_ids` (B, K) and `labels` (B, K) strings, best first. All r
 one ORT call. A bad image fails only its own request, with a client error (INVALID_ARG -> HTTP 400) naming it.
 A config whose input is `pixel_values` (FP32, (B, 3, H, W)) skips the decoding (the tests serve the GPU flavour's
 ensemble with this as its classifier).
+Where `hub-vit repository` chose an OpenVINO variant for this host (server/cpu_variant.py), its files sit beside the
+ONNX graph as `<onnx stem>.openvino.xml` / `.bin` / `.json` and are run instead, by the `OpenVINOSession` that
+verified and timed them (openvino_runtime.py, copied from hub_vit.export); the ONNX graph stays the lock file of
+`take_turns`.
 A config with `attentions_file` also serves attention rollout: a request with parameter `explain` (served_rollout.py)
 runs a second ORT session on the attention graph and gets `rollout` (B, H', W') and `rollout_box` (B, 4) too; the
 others run the plain graph exactly as without it.
@@ -62,9 +66,14 @@ class TritonPythonModel:
             # instance of this model on the host) around each run, and threads that stop spinning when it ends.
             options.add_session_config_entry("session.force_spinning_stop", "1")
             self.turn_fd = os.open(onnx_path, os.O_RDONLY)
-        self.session = ort.InferenceSession(  # one session per instance, built once
-            str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        openvino_xml = onnx_path.with_name(onnx_path.name.removesuffix(".onnx") + ".openvino.xml")
+        if openvino_xml.exists():  # one session per instance, built once
+            from openvino_runtime import OpenVINOSession  # imports openvino: only a repository that serves it pays
+
+            self.session = OpenVINOSession(openvino_xml, options.intra_op_num_threads)
+        else:
+            self.session = ort.InferenceSession(str(onnx_path), sess_options=options,
+                                                providers=["CPUExecutionProvider"])
         self.input_name = self.session.get_inputs()[0].name
         self.k = int(params["top_k"])
         labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()

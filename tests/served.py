@@ -1,0 +1,50 @@
+"""Serving a repository for a test: held-out digits as PNG requests, the real Triton's logits for them, and the fp32
+PyTorch logits of the same requests to judge them against."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+def digit_pngs(count: int) -> list[bytes]:
+    """The first `count` held-out digits (never trained on), PNG-encoded."""
+    from hub_vit.train.digits import load_digits_split
+
+    images, _ = load_digits_split("val")
+    payloads = []
+    for image in images[:count]:
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        payloads.append(buffer.getvalue())
+    return payloads
+
+
+def served_logits(repo: Path, payloads: list[bytes]) -> np.ndarray:
+    """(N, C) logits the real Triton, serving `repo` over HTTP, answers for `payloads`."""
+    from hub_vit.server.client import Classifier
+    from hub_vit.server.launcher import TritonServer, free_port
+
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=20).start(timeout_s=180)
+    try:
+        with Classifier(server.http_url) as client:
+            return np.stack([p.logits for p in client.classify(payloads, with_logits=True)])
+    finally:
+        server.stop()
+
+
+def fp32_logits(model: torch.nn.Module, pretrained_cfg: Mapping[str, Any], payloads: list[bytes]) -> np.ndarray:
+    """(N, C) logits of `model` in PyTorch for `payloads`, through timm's eval transform for `pretrained_cfg`."""
+    from timm.data import create_transform, resolve_data_config
+
+    transform = create_transform(**resolve_data_config(pretrained_cfg=dict(pretrained_cfg)), is_training=False)
+    batch = torch.stack([transform(Image.open(io.BytesIO(p)).convert("RGB")) for p in payloads])
+    with torch.no_grad():
+        return model(batch).numpy()
