@@ -186,3 +186,10 @@ def test_no_download_accepts_only_cached_checkpoints(tmp_path: Path, monkeypatch
         locate("simplevit_s16.i1k_90ep", download=False)
     assert locate("simplevit_s16.i1k_90ep").kind == "registered"  # downloading allowed: checked on loading only
     assert locate("simplevit_digits", download=False).folder == default_model_folder().resolve()  # shipped
+
+
+def test_a_module_is_not_taken_for_a_path():
+    for call in (locate, resolve_model):
+        with pytest.raises(TypeError, match="a model reference is a name or a path, not a Linear; an in-memory model "
+                                            "goes through ResolvedModel.from_module"):
+            call(torch.nn.Linear(2, 2))
