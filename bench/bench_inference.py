@@ -11,7 +11,7 @@ Every row runs the same weights (timm's `vit_small_patch16_224`, random: no netw
   `torch.onnx` export;
 * hub-vit: eager fp32; the ONNX variants `hub-vit export` writes (ORT-fused fp32, int8 dynamic with u8 or 7-bit
   s8 weights, int8 static QDQ, each verified by the export with `hub_vit.export.criterion`); the OpenVINO variants
-  the CPU flavour can serve (`hub_vit.export.openvino_runtime`: OpenVINO default precision, NNCF static int8,
+  the CPU flavour can serve (`hub_vit.openvino_runtime`: OpenVINO default precision, NNCF static int8,
   int8 weights with dynamic activations), run by the same `OpenVINOSession` the server runs; `torch.compile` bf16
   with freezing where the CPU has bf16 units.
 
@@ -179,7 +179,7 @@ def openvino_runner(model: Any, threads: int) -> Callable[[np.ndarray], np.ndarr
 
 def openvino_session_runner(xml: Path, threads: int) -> Callable[[np.ndarray], np.ndarray]:
     """A hub-vit OpenVINO variant through the session the CPU classifier serves it with."""
-    from hub_vit.export.openvino_runtime import OpenVINOSession
+    from hub_vit.openvino_runtime import OpenVINOSession
 
     session = OpenVINOSession(xml, threads)
     return lambda x: session.run(None, {"pixel_values": x})[0]
@@ -242,8 +242,8 @@ def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str]) ->
     import timm
 
     from hub_vit.export import load_source
-    from hub_vit.export.openvino_runtime import OPENVINO_VARIANTS
     from hub_vit.export.variants import PRECISION, export_variants
+    from hub_vit.openvino_runtime import OPENVINO_VARIANTS
 
     info: dict[str, Any] = {}
     torch.manual_seed(0)

@@ -200,7 +200,7 @@ class InProcess:
         from hub_vit.server.cpu_variant import openvino_model
 
         if openvino_model(onnx_path).exists():
-            from hub_vit.export.openvino_runtime import OpenVINOSession
+            from hub_vit.openvino_runtime import OpenVINOSession
 
             self.session = OpenVINOSession(openvino_model(onnx_path), cores)
         else:

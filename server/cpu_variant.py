@@ -16,7 +16,7 @@ Int8 runs on the VNNI / AMX-INT8 units through ONNX Runtime's MLAS u8 x s8 kerne
 (quantize.py). ONNX Runtime's CPU provider has no bfloat16 MatMul kernel, so `bf16` is a candidate only where the
 CPU has bf16 units, and is reported as not built when the provider cannot run it; OpenVINO's CPU plugin runs bf16 on
 those units (`openvino-bf16`) and int8 on VNNI / AMX-INT8 (`openvino-int8`, `openvino-int8-dynamic`;
-`hub_vit.export.openvino_runtime`).
+`hub_vit.openvino_runtime`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hub_vit.export.openvino_runtime import OPENVINO_VARIANTS, OpenVINOSession, ir_files, openvino_available
+from hub_vit.openvino_runtime import OPENVINO_VARIANTS, OpenVINOSession, ir_files, openvino_available
 
 if TYPE_CHECKING:
     from hub_vit.resolve import ResolvedModel

@@ -57,7 +57,6 @@ from hub_vit.server.source import ServingMetadata, serving_metadata
 
 MANIFEST = "hub_vit_repository.json"
 PACKAGE = "hub_vit"  # a `_templates` source: a module of the hub_vit package, copied as is
-OPENVINO_PACKAGE = "hub_vit.export"  # `openvino_runtime.py`: how the CPU classifier runs a verified OpenVINO variant
 TORCH_MODEL_DIR = "model"  # the torch flavour's hub-vit model folder, in the classifier's version folder
 
 
@@ -137,7 +136,7 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
                                                                     compute_bound=compute_bound, rollout=rollout))
         explaining = {"explained.py": "classifier_ort", "served_rollout.py": "common"} if rollout is not None else {}
         return files | _templates(cls, {"model.py": "classifier_ort", "topk.py": "common",
-                                        "openvino_runtime.py": OPENVINO_PACKAGE, **decoding, **explaining})
+                                        "openvino_runtime.py": PACKAGE, **decoding, **explaining})
     if opts.flavour == "torch":
         files[f"{cls}/config.pbtxt"] = render(torch_classifier_config(meta, opts, model_file, rollout=rollout))
         explaining = {"served_rollout.py": "common"} if rollout is not None else {}
@@ -152,15 +151,14 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
 
 def _templates(step: str, files: dict[str, str]) -> dict[str, Path]:
     """{file: template} -> {`<step>/1/<file>`: the packaged template file}, where the Python backend imports it;
-    a template named as a hub_vit package (PACKAGE, OPENVINO_PACKAGE) is that package's own module of that name
-    (`image_modes.py`: one copy of the image-mode rules; `openvino_runtime.py`: the session that was verified and
-    timed is the one served)."""
-    return {f"{step}/1/{file}": (_package_dir(template) if template.startswith(PACKAGE) else template_dir(template))
-            / file for file, template in files.items()}
+    template PACKAGE is hub_vit's own module of that name (`image_modes.py`: one copy of the image-mode rules;
+    `openvino_runtime.py`: the session that verified and timed an OpenVINO variant is the one that serves it)."""
+    return {f"{step}/1/{file}": (_package_dir() if template == PACKAGE else template_dir(template)) / file
+            for file, template in files.items()}
 
 
-def _package_dir(package: str = PACKAGE) -> Path:
-    return Path(str(resources.files(package)))
+def _package_dir() -> Path:
+    return Path(str(resources.files("hub_vit")))
 
 
 def _write_labels(folder: Path, meta: ServingMetadata) -> None:

@@ -1,6 +1,6 @@
 """Export one model as several verified ONNX variants: fp32, ORT-optimized, fp16, int8 (dynamic / static), bf16;
 and, for the CPU flavour's selection (`server/cpu_variant.py`), OpenVINO variants built from the fp32 graph
-(`hub_vit.export.openvino_runtime`: OpenVINO IR, run and verified by OpenVINO's CPU plugin).
+(`hub_vit.openvino_runtime`: OpenVINO IR, run and verified by OpenVINO's CPU plugin).
 
 Every variant is built in a temporary folder inside the output folder, run through ONNX Runtime on the verification
 set (`hub_vit.export.verify`) and staged only if it passes; a variant that fails or cannot be built is reported with
@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from hub_vit import openvino_runtime
 from hub_vit.atomic import atomic_path
-from hub_vit.export import openvino_runtime, quantize
+from hub_vit.export import quantize
 from hub_vit.export.criterion import FP32_MAX_ABS, MAX_REL_ERROR, MIN_COSINE, MIN_TOP1_AGREEMENT, summary
 from hub_vit.export.metadata import REPORT_SUFFIX, engine_info, model_metadata
 from hub_vit.export.onnx_export import ATTENTIONS, Exporter, export_onnx, graph_opset, quiet_loggers
-from hub_vit.export.openvino_runtime import OPENVINO_VARIANTS, OpenVINOSession
 from hub_vit.export.probe import PRE_LOGITS, drop_pre_logits, expose_pre_logits
 from hub_vit.export.verify import (
     check_informative,
@@ -44,6 +44,7 @@ from hub_vit.export.verify import (
     verification_inputs,
 )
 from hub_vit.model import VisionTransformer
+from hub_vit.openvino_runtime import OPENVINO_VARIANTS, OpenVINOSession
 
 VARIANTS: tuple[str, ...] = ("fp32", "optimized", "fp16", "int8-dynamic", "int8-dynamic-s8", "int8-static", "bf16")
 DEFAULT_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-static")

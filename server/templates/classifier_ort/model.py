@@ -9,7 +9,7 @@ A config whose input is `pixel_values` (FP32, (B, 3, H, W)) skips the decoding (
 ensemble with this as its classifier).
 Where `hub-vit repository` chose an OpenVINO variant for this host (server/cpu_variant.py), its files sit beside the
 ONNX graph as `<onnx stem>.openvino.xml` / `.bin` / `.json` and are run instead, by the `OpenVINOSession` that
-verified and timed them (openvino_runtime.py, copied from hub_vit.export); the ONNX graph stays the lock file of
+verified and timed them (openvino_runtime.py, copied from hub_vit); the ONNX graph stays the lock file of
 `take_turns`.
 A config with `attentions_file` also serves attention rollout: a request with parameter `explain` (served_rollout.py)
 runs a second ORT session on the attention graph and gets `rollout` (B, H', W') and `rollout_box` (B, 4) too; the

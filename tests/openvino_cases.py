@@ -1,0 +1,147 @@
+"""The CPU flavour's OpenVINO variants (hub_vit/openvino_runtime.py): built from the fp32 graph, verified by
+OpenVINO's CPU plugin with the criterion's bounds, selected only when they pass, and served by the real Triton.
+
+Run by tests/test_openvino_variants.py in a Python process of their own (see there why); alone:
+`.venv/bin/python -m pytest tests/openvino_cases.py`.
+
+The digits model, as an in-memory module (so the criterion's cosine / relative-error bounds judge alone: top-1 on
+photos means nothing for a digits model), keeps this file fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hub_vit import openvino_runtime
+from hub_vit.export import criterion
+from hub_vit.export.variants import export_variants
+from hub_vit.resolve import ResolvedModel
+from hub_vit.resolve import resolve_model as resolve
+from hub_vit.server import cpu_variant
+from hub_vit.server.options import ServingOptions
+from hub_vit.server.repository import MANIFEST, write_repository
+
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+
+
+@pytest.fixture(scope="module")
+def digits() -> ResolvedModel:
+    trained = resolve(None)
+    return ResolvedModel.from_module(trained.module, name="digits", labels=list(trained.labels),
+                                     pretrained_cfg=trained.pretrained_cfg)
+
+
+def _damaged_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO variants built from a graph whose patch embedding is off by noise: fail the criterion widely."""
+    import onnx
+    from onnx import numpy_helper
+
+    real = openvino_runtime.build
+
+    def damaged(variant: str, fp32_onnx: Path, out_xml: Path, calibration: np.ndarray) -> Path:
+        proto = onnx.load(str(fp32_onnx))
+        target = next(t for t in proto.graph.initializer if t.name.endswith("patch_embed.proj.weight"))
+        weights = numpy_helper.to_array(target)
+        noise = 0.5 * weights.std() * np.random.default_rng(0).standard_normal(weights.shape)
+        target.CopyFrom(numpy_helper.from_array((weights + noise).astype(weights.dtype), target.name))
+        onnx.save(proto, str(Path(out_xml).parent / "damaged.onnx"))
+        return real(variant, Path(out_xml).parent / "damaged.onnx", out_xml, calibration)
+
+    monkeypatch.setattr(openvino_runtime, "build", damaged)
+
+
+def test_the_attention_output_projections_are_found_one_per_block(digits: ResolvedModel, tmp_path: Path) -> None:
+    import openvino as ov
+
+    export_variants(digits.module, tmp_path, variants=["fp32"], n_random=2, n_photos=2, seed=0)
+    model = ov.Core().read_model(str(tmp_path / "model.onnx"))
+    found = openvino_runtime.attention_output_projections(model)
+    spec = digits.module.spec
+    assert len(found) == spec.depth
+    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    for name in found:  # (dim, dim) weights, like every block's attn.proj
+        assert list(ops[name].get_output_partial_shape(0).get_max_shape())[-1] == spec.width
+
+
+def test_openvino_variants_are_written_verified_and_replaced_as_a_set(digits: ResolvedModel, tmp_path: Path) -> None:
+    written = ["openvino-fp32", "openvino-bf16", "openvino-int8-dynamic"]
+    report = export_variants(digits.module, tmp_path, variants=["fp32", *written], n_random=4, n_photos=8, seed=0)
+    for variant in written:
+        outcome = report.outcome(variant)
+        assert outcome.written, outcome.error
+        assert outcome.file == str(tmp_path / f"model.{variant}.xml")
+        assert outcome.verification["provider"].startswith("OpenVINO CPU (")
+        files = openvino_runtime.ir_files(outcome.file)
+        assert all(f.is_file() for f in files) and outcome.size_bytes == sum(f.stat().st_size for f in files)
+        session = openvino_runtime.OpenVINOSession(outcome.file, threads=1)
+        assert [o.name for o in session.get_outputs()] == ["logits"]  # the verification's pre_logits dropped
+        settings = json.loads(files[2].read_text())
+        assert settings == {"variant": variant, "compile": openvino_runtime.compile_settings(variant)}
+    assert report.outcome("openvino-fp32").verification["worst"]["logits_max_rel_error"] < 1e-4
+    for variant in ("openvino-bf16", "openvino-int8-dynamic"):  # really reduced precision, within the bounds
+        assert 1e-4 < report.outcome(variant).verification["worst"]["logits_max_rel_error"] <= criterion.MAX_REL_ERROR
+    assert report.outcome("openvino-bf16").verification["provider"] == "OpenVINO CPU (bf16)"
+    # a later export with this stem replaces the earlier one's files, the IR pairs and settings included
+    export_variants(digits.module, tmp_path, variants=["fp32"], n_random=2, n_photos=2, seed=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.export.json", "model.onnx"]
+
+
+def test_an_openvino_variant_failing_the_criterion_is_never_selected(digits: ResolvedModel, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fastest = "openvino-int8-dynamic"
+    monkeypatch.setattr(cpu_variant, "_time_graphs", lambda graphs, *args: {n: 0.001 if n == fastest else 0.01
+                                                                            for n in graphs})
+    monkeypatch.setattr(cpu_variant, "candidates", lambda flags, openvino=True: ["fp32", fastest])
+    graph, selection, tmp = cpu_variant.select(digits.module, "auto", batch=4, work_dir=tmp_path)
+    tmp.cleanup()
+    assert selection.variant == fastest and graph.suffix == ".xml"  # the control: verified and fastest, so chosen
+    _damaged_build(monkeypatch)
+    graph, selection, tmp = cpu_variant.select(digits.module, "auto", batch=4, work_dir=tmp_path)
+    tmp.cleanup()
+    assert selection.variant == "fp32"
+    row = next(r for r in selection.candidates if r["variant"] == fastest)
+    assert not row["verified"] and "images_per_s" not in row
+    assert "below the bound 0.99" in row["error"] and f"not eligible: {fastest}" in selection.reason
+    with pytest.raises(ValueError, match=f"cpu_variant '{fastest}' is not served: verification failed: "):
+        write_repository(digits, tmp_path / "repo", ServingOptions(cpu_variant=fastest))
+    assert not (tmp_path / "repo").exists()  # nothing half-written
+
+
+def test_without_openvino_the_variants_are_refused_by_name_or_left_out(digits: ResolvedModel, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = "openvino is not installed (pip install 'hub-vit[serve]')"
+    monkeypatch.setattr(openvino_runtime, "openvino_available", lambda: missing)
+    with pytest.raises(ValueError, match=r"cpu_variant 'openvino-int8' is not served: RuntimeError: not built: "
+                                         r"openvino is not installed \(pip install 'hub-vit\[serve\]'\)"):
+        write_repository(digits, tmp_path / "repo", ServingOptions(cpu_variant="openvino-int8"))
+    assert not (tmp_path / "repo").exists()
+    assert not set(cpu_variant.candidates(["amx_bf16"], openvino=False)) & set(openvino_runtime.OPENVINO_VARIANTS)
+    assert set(cpu_variant.candidates(["amx_bf16"], openvino=True)) >= set(openvino_runtime.OPENVINO_VARIANTS)
+    # bf16 is timed only where the CPU has bf16 units (the plugin emulates it elsewhere, slowly)
+    assert "openvino-bf16" not in cpu_variant.candidates(["avx512_vnni"])
+    assert "openvino-bf16" in cpu_variant.candidates(["avx512_bf16"])
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["openvino-int8-dynamic", "openvino-bf16"])
+def test_a_forced_openvino_variant_is_served_within_the_criterion(digits: ResolvedModel, tmp_path: Path,
+                                                                   variant: str) -> None:
+    from tests.served import digit_pngs, fp32_logits, served_logits
+
+    repo = write_repository(digits, tmp_path / "repo", ServingOptions(cpu_variant=variant))
+    recorded = json.loads((repo / MANIFEST).read_text())["cpu_variant"]
+    assert recorded["variant"] == variant and recorded["reason"].startswith("forced")
+    version = repo / "vit_classifier" / "1"
+    assert all(f.is_file() for f in openvino_runtime.ir_files(cpu_variant.openvino_model(version / "model.onnx")))
+    payloads = digit_pngs(32)
+    served = served_logits(repo, payloads)
+    fp32 = fp32_logits(digits.module, digits.pretrained_cfg, payloads)
+    cos, rel = criterion.per_image(fp32, served)
+    assert cos.min() >= criterion.MIN_COSINE and rel.max() <= criterion.MAX_REL_ERROR, (cos.min(), rel.max())
+    assert rel.max() > 1e-4  # the reduced-precision OpenVINO model answered, not the fp32 ONNX graph beside it
