@@ -197,12 +197,10 @@ class InProcess:
         cores = len(os.sched_getaffinity(0))
         if cores < (os.cpu_count() or 1):  # pinned: ORT's default would count every core
             options.intra_op_num_threads = cores
-        from hub_vit.server.cpu_variant import openvino_model
+        from hub_vit.openvino_runtime import OpenVINOSession, served_model
 
-        if openvino_model(onnx_path).exists():
-            from hub_vit.openvino_runtime import OpenVINOSession
-
-            self.session = OpenVINOSession(openvino_model(onnx_path), cores)
+        if served_model(onnx_path).exists():
+            self.session = OpenVINOSession(served_model(onnx_path), cores)
         else:
             self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         self.name = self.session.get_inputs()[0].name

@@ -73,20 +73,19 @@ def _constant_nodes(model: Any) -> set[str]:
 def attention_output_projections(model: Any) -> list[str]:
     """The weight MatMuls that read an activation x activation MatMul (softmax(QK^T) V) through layout ops only."""
     constant = _constant_nodes(model)
-    is_const = {op.get_friendly_name(): op.get_friendly_name() in constant for op in model.get_ordered_ops()}
     found = []
     for op in model.get_ordered_ops():
         if op.get_type_name() != "MatMul":
             continue
         sources = [op.input_value(i).get_node() for i in range(2)]
-        activations = [n for n in sources if not is_const[n.get_friendly_name()]]
+        activations = [n for n in sources if n.get_friendly_name() not in constant]
         if len(activations) != 1:  # both activations (attention itself) or both constant
             continue
         node = activations[0]
         while node.get_type_name() in _LAYOUT_OPS:
             node = node.input_value(0).get_node()
         if node.get_type_name() == "MatMul" and not any(
-                is_const[node.input_value(i).get_node().get_friendly_name()] for i in range(2)):
+                node.input_value(i).get_node().get_friendly_name() in constant for i in range(2)):
             found.append(op.get_friendly_name())
     return found
 
@@ -151,6 +150,13 @@ def drop_output(src_xml: str | Path, dst_xml: str | Path, name: str) -> Path:
     return dst_xml
 
 
+def served_model(onnx_file: str | Path) -> Path:
+    """Where the CPU classifier of a repository keeps the OpenVINO variant chosen for its `onnx_file`:
+    `model.onnx` -> `model.openvino.xml` (with its `.bin` and `.json`); the classifier runs it when it is there."""
+    onnx_file = Path(onnx_file)
+    return onnx_file.with_name(onnx_file.name.removesuffix(".onnx") + ".openvino.xml")
+
+
 def ir_files(xml: str | Path) -> list[Path]:
     """The three files of one OpenVINO variant: `.xml`, `.bin`, `.json`."""
     xml = Path(xml)
@@ -202,4 +208,4 @@ class _Named:
 
 
 __all__ = ["DYNAMIC_GROUP_SIZE", "OPENVINO_VARIANTS", "OpenVINOSession", "attention_output_projections", "build",
-           "compile_settings", "drop_output", "ir_files", "openvino_available"]
+           "compile_settings", "drop_output", "ir_files", "openvino_available", "served_model"]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hub_vit.openvino_runtime import OPENVINO_VARIANTS, OpenVINOSession, ir_files, openvino_available
+from hub_vit.openvino_runtime import OPENVINO_VARIANTS, OpenVINOSession, ir_files, openvino_available, served_model
 
 if TYPE_CHECKING:
     from hub_vit.resolve import ResolvedModel
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 AUTO = "auto"
 CPU_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-dynamic-s8", "int8-static", "bf16",
                                   *OPENVINO_VARIANTS)
-OPENVINO_SUFFIX = ".openvino.xml"  # `model.onnx` -> `model.openvino.xml`: the served classifier looks for this name
 CHOICES: tuple[str, ...] = (AUTO, *CPU_VARIANTS)
 BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
 INT8_FLAGS: tuple[str, ...] = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -207,19 +206,13 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
                                    work_dir=target.parent)
     try:
         if graph.suffix == ".xml":  # OpenVINO: its three files beside the fp32 graph, which stays
-            for src, dst in zip(ir_files(graph), ir_files(openvino_model(target)), strict=True):
+            for src, dst in zip(ir_files(graph), ir_files(served_model(target)), strict=True):
                 shutil.copyfile(src, dst)
         else:
             shutil.copyfile(graph, target)
     finally:
         tmp.cleanup()
     return selection
-
-
-def openvino_model(onnx_file: Path) -> Path:
-    """Where the CPU classifier looks for an OpenVINO variant of its `onnx_file`: `model.onnx` -> `model.openvino.xml`
-    (the served model.py states the same name)."""
-    return onnx_file.with_name(onnx_file.name.removesuffix(".onnx") + OPENVINO_SUFFIX)
 
 
 def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -230,4 +223,4 @@ def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 __all__ = ["AUTO", "CHOICES", "CPU_VARIANTS", "CpuSelection", "candidates", "check_cpu_variant",
-           "isa_flags", "openvino_model", "place", "select"]
+           "isa_flags", "place", "select"]

@@ -138,7 +138,7 @@ def test_a_forced_openvino_variant_is_served_within_the_criterion(digits: Resolv
     recorded = json.loads((repo / MANIFEST).read_text())["cpu_variant"]
     assert recorded["variant"] == variant and recorded["reason"].startswith("forced")
     version = repo / "vit_classifier" / "1"
-    assert all(f.is_file() for f in openvino_runtime.ir_files(cpu_variant.openvino_model(version / "model.onnx")))
+    assert all(f.is_file() for f in openvino_runtime.ir_files(openvino_runtime.served_model(version / "model.onnx")))
     payloads = digit_pngs(32)
     served = served_logits(repo, payloads)
     fp32 = fp32_logits(digits.module, digits.pretrained_cfg, payloads)

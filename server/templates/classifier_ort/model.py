@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
-from imageprep import Preprocess  # these three: copied beside this file by hub-vit repository
+from imageprep import Preprocess  # these four: copied beside this file by hub-vit repository
+from openvino_runtime import OpenVINOSession, served_model  # imports openvino only when a session is built
 from topk import top_k
 from triton_errors import request_error
 
@@ -66,11 +67,8 @@ class TritonPythonModel:
             # instance of this model on the host) around each run, and threads that stop spinning when it ends.
             options.add_session_config_entry("session.force_spinning_stop", "1")
             self.turn_fd = os.open(onnx_path, os.O_RDONLY)
-        openvino_xml = onnx_path.with_name(onnx_path.name.removesuffix(".onnx") + ".openvino.xml")
-        if openvino_xml.exists():  # one session per instance, built once
-            from openvino_runtime import OpenVINOSession  # imports openvino: only a repository that serves it pays
-
-            self.session = OpenVINOSession(openvino_xml, options.intra_op_num_threads)
+        if served_model(onnx_path).exists():  # one session per instance, built once
+            self.session = OpenVINOSession(served_model(onnx_path), options.intra_op_num_threads)
         else:
             self.session = ort.InferenceSession(str(onnx_path), sess_options=options,
                                                 providers=["CPUExecutionProvider"])
