@@ -145,3 +145,20 @@ def test_a_forced_openvino_variant_is_served_within_the_criterion(digits: Resolv
     cos, rel = criterion.per_image(fp32, served)
     assert cos.min() >= criterion.MIN_COSINE and rel.max() <= criterion.MAX_REL_ERROR, (cos.min(), rel.max())
     assert rel.max() > 1e-4  # the reduced-precision OpenVINO model answered, not the fp32 ONNX graph beside it
+
+
+def test_a_precision_the_cpu_cannot_run_is_refused_not_silently_replaced(tmp_path: Path) -> None:
+    """OpenVINO's CPU plugin falls back to f32 when the precision hint names one the CPU lacks (f16 without
+    avx512_fp16 / AMX-FP16): the session says so instead of running a variant under the wrong label."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    x = ops.parameter([1, 4], np.float32, name="pixel_values")
+    ov.save_model(ov.Model([ops.matmul(x, ops.constant(np.ones((4, 2), np.float32)), False, False)], [x], "mm"),
+                  str(tmp_path / "mm.xml"))
+    (tmp_path / "mm.json").write_text(json.dumps({"variant": "mm", "compile": {"INFERENCE_PRECISION_HINT": "f16"}}))
+    if any(flag in cpu_variant.isa_flags() for flag in ("avx512_fp16", "amx_fp16")):  # f16 runs: no fallback here
+        assert openvino_runtime.OpenVINOSession(tmp_path / "mm.xml", threads=1).precision == "f16"
+        return
+    with pytest.raises(RuntimeError, match=r"OpenVINO \S+ runs this model at f32 on this CPU, not at f16"):
+        openvino_runtime.OpenVINOSession(tmp_path / "mm.xml", threads=1)
