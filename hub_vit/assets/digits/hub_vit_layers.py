@@ -22,17 +22,21 @@ def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
     `omega = 1 / temperature ** (arange(width/4) / (width/4 - 1))`; channels `[sin(x w), cos(x w), sin(y w), cos(y w)]`
     with x the column and y the row index, tokens in row-major order. Computed in float64 then cast, so the table is
     the same for every requested dtype and matches numpy to float32 rounding.
+
+    Built on `device` itself: a table made on the CPU and copied to a CUDA input on every forward breaks CUDA graph
+    capture ("Cannot copy between CPU and CUDA tensors during CUDA graph capture") and costs a host-to-device copy.
     """
     if width % 4:
         raise ValueError(f"sincos2d position embedding needs a width divisible by 4, got {width}")
     quarter = width // 4
-    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij")
-    omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
+    f64 = {"dtype": torch.float64, "device": device}
+    y, x = torch.meshgrid(torch.arange(h, **f64), torch.arange(w, **f64), indexing="ij")
+    omega = torch.arange(quarter, **f64) / max(quarter - 1, 1)
     omega = 1.0 / temperature**omega
     y = y.reshape(-1, 1) * omega  # (h*w, width/4)
     x = x.reshape(-1, 1) * omega
     pe = torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
-    return pe[None].to(dtype=dtype, device=device)
+    return pe[None].to(dtype=dtype)
 
 
 def resample_posemb(posemb: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
