@@ -202,6 +202,45 @@ def test_serve_device_cuda_without_a_gpu_names_the_valid_device():
     assert "valid here: cpu" in output
 
 
+def _serve_options_on_a_gpu_host(monkeypatch, *args: str) -> tuple[int, str, list]:
+    """`hub-vit serve ARGS` on a host where torch sees a GPU (faked: no device is touched), stopped right after it
+    built its options: (exit code, output, [ServingOptions built]). Nothing is exported or started."""
+    from hub_vit.cli import serve_run
+
+    built: list = []
+
+    def build_and_serve(self, options_for, device_defaulted, flavour):
+        built.append(options_for(self.where))
+
+    monkeypatch.setattr(device_module, "cuda_device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(serve_run.ServeRun, "build_and_serve", build_and_serve)
+    code, output = _cli("serve", *PORTS, *args)
+    return code, output, built
+
+
+@pytest.mark.parametrize("args", [("--device", "cuda"), ()], ids=["asked", "chosen_by_itself"])
+def test_serve_builds_gpu_sized_options_for_cuda(monkeypatch, args):
+    """The GPU host's first `serve --device cuda` died building its options ("serving_options() got multiple values
+    for keyword argument 'max_batch_size'"): the device's sizes and the flags' sizes were passed side by side."""
+    code, output, built = _serve_options_on_a_gpu_host(monkeypatch, *args)
+    assert code == 0, output
+    [opts] = built
+    assert (opts.device, opts.flavour) == ("cuda", "torch")
+    assert opts.max_batch_size == CUDA_DEFAULTS["max_batch_size"]
+    assert opts.max_queue_size == CUDA_DEFAULTS["max_queue_size"]
+    assert opts.preferred_batch_sizes == CUDA_DEFAULTS["preferred_batch_sizes"]
+
+
+def test_serve_on_cuda_keeps_the_sizes_given(monkeypatch):
+    code, output, built = _serve_options_on_a_gpu_host(monkeypatch, "--device", "cuda", "--max-batch-size", "48",
+                                                       "--max-queue-delay-us", "50")
+    assert code == 0, output
+    [opts] = built
+    assert (opts.max_batch_size, opts.max_queue_delay_us) == (48, 50)
+    assert opts.preferred_batch_sizes == (16, 32)
+    assert opts.max_queue_size == CUDA_DEFAULTS["max_queue_size"]  # not given: the GPU's
+
+
 def test_repository_refuses_torch_flags_on_other_flavours(tmp_path):
     code, output = _cli("repository", str(tmp_path / "r"), "--decode-threads", "4")
     assert code == 2 and "--decode-threads sets the torch flavour; pass --flavour torch" in output, output

@@ -23,7 +23,6 @@ from hub_vit.cli.serving_options import (
     QueueTimeoutUs,
     TopK,
     TorchCompile,
-    device_fields,
     given,
     model_source,
     print_cpu_variant,
@@ -81,7 +80,7 @@ def repository(
     from hub_vit.server.workspace import unservable_path_message
 
     _check_flavour_flags(ctx, flavour, gpu_backend, preprocess_instances, spinning, precision)
-    opts = serving_options(**{"name": name, "flavour": flavour, "gpu_backend": gpu_backend,
+    opts = serving_options(ctx, **{"name": name, "flavour": flavour, "gpu_backend": gpu_backend,
                        "precision": precision or DEFAULTS.precision, "max_batch_size": max_batch_size,
                        "max_queue_delay_us": max_queue_delay_us, "max_queue_size": max_queue_size,
                        "queue_timeout_us": queue_timeout_us, "top_k": top_k, "classifier_instances": instances,
@@ -89,8 +88,7 @@ def repository(
                                                 else preprocess_instances),
                        "ort_spinning": spinning, "max_pixels": max_pixels, "device": device,
                        "cuda_graphs": cuda_graphs, "torch_compile": torch_compile, "decode_threads": decode_threads,
-                       "cpu_variant": cpu_variant,
-                       **device_fields(ctx, device if device in DEVICES else "cpu", max_batch_size)})
+                       "cpu_variant": cpu_variant})
     try:
         path = write_repository(model_source(model), out, opts, overwrite=overwrite)
     except (ValueError, FileExistsError, NotADirectoryError) as err:

@@ -29,7 +29,6 @@ from hub_vit.cli.serving_options import (
     QueueTimeoutUs,
     TopK,
     TorchCompile,
-    device_fields,
     given,
     in_flag_words,
     print_cpu_variant,
@@ -116,10 +115,9 @@ def serve(
         return
 
     def options_for(where: Any) -> Any:
-        return serving_options(name=name, **sizes, flavour=where.flavour, device=where.device,
+        return serving_options(ctx, name=name, **sizes, flavour=where.flavour, device=where.device,
                                cpu_variant=cpu_variant,
-                               **torch_fields(where.flavour, cuda_graphs, torch_compile, decode_threads),
-                               **device_fields(ctx, where.device, max_batch_size))
+                               **torch_fields(where.flavour, cuda_graphs, torch_compile, decode_threads))
 
     run.build_and_serve(options_for, device is None, flavour)
 

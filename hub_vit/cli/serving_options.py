@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import console, fail
-from hub_vit.server.options import CUDA_DEFAULTS, ServingOptions
+from hub_vit.server.options import CUDA_DEFAULTS, DEVICES, ServingOptions
 
 MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
 DEFAULTS = ServingOptions()  # every repository default below comes from here (a test compares the configs)
@@ -72,11 +72,17 @@ def given(ctx: typer.Context, key: str) -> bool:
 _FLAGS = {"classifier_instances": "--instances", "ort_spinning": "--spinning", "cpu_variant": "--cpu-variant"}
 
 
-def serving_options(**kwargs: Any) -> ServingOptions:
+def serving_options(ctx: typer.Context, **fields: Any) -> ServingOptions:
+    """`ServingOptions` from the flags' values, with the device's fields (`device_fields`: on cuda, GPU-sized batching
+    for every size left at its default) taking the place of the defaults; a bad value is refused in the flags' words.
+    Both `repository` and `serve` build their options here, so a field cannot be passed twice."""
+    device = fields.get("device", DEFAULTS.device)
+    fields |= device_fields(ctx, device if device in DEVICES else "cpu", fields.get("max_batch_size",
+                                                                                   DEFAULTS.max_batch_size))
     try:
-        return ServingOptions(**kwargs)
+        return ServingOptions(**fields)
     except ValueError as err:
-        raise fail(in_flag_words(str(err), kwargs)) from None
+        raise fail(in_flag_words(str(err), fields)) from None
 
 
 def in_flag_words(message: str, fields: Iterable[str]) -> str:
