@@ -14,7 +14,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[all]'
 	touch $@
 
-setup: $(VENV)/.installed
+# numpy 2 in a folder of its own: tests/host_emulation.py builds a GPU host's numpy-2 main environment with it
+$(VENV)/numpy2/.installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/numpy2 'numpy>=2,<3'
+	touch $@
+
+setup: $(VENV)/.installed $(VENV)/numpy2/.installed
 
 # Debian's Chromium for the Playwright browser tests (Playwright cannot download its own browser here).
 browser:

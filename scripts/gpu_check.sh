@@ -83,10 +83,15 @@ fi
 "$PY" - <<'EOF' || exit 1
 import importlib.metadata as md, sys
 import numpy, torch
+import tempfile, pathlib
 import hub_vit.server.triton_install as triton_install
+from hub_vit.server.stub_env import stub_environment
 install = triton_install.find_triton()
-print(f"   python {sys.version.split()[0]}, numpy {numpy.__version__} (stubs: {triton_install.installed_numpy()}), "
-      f"torch {torch.__version__}, CUDA {torch.cuda.is_available()}, tritonclient {md.version('tritonclient')}")
+with tempfile.TemporaryDirectory() as tmp:
+    stubs = stub_environment(pathlib.Path(tmp))
+print(f"   python {sys.version.split()[0]}, numpy {numpy.__version__} (stubs: {stubs.numpy}, "
+      f"left out for them: {', '.join(stubs.left_out) or 'nothing'}), torch {torch.__version__}, "
+      f"CUDA {torch.cuda.is_available()}, tritonclient {md.version('tritonclient')}")
 print(f"   tritonserver {install.binary}")
 EOF
 

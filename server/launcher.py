@@ -21,7 +21,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import sysconfig
 import threading
 import time
@@ -41,7 +40,8 @@ from hub_vit.server.processes import (
     live_processes,
     stub_instance,
 )
-from hub_vit.server.triton_install import ServerError, TritonInstall, find_triton, has_gpu, stub_path
+from hub_vit.server.stub_env import StubEnvironment, stub_environment
+from hub_vit.server.triton_install import ServerError, TritonInstall, find_triton, has_gpu
 from hub_vit.server.triton_log import ENDPOINT_STARTED, PORT_IN_USE, load_failure
 from hub_vit.server.workspace import (
     remove_orphaned_regions,
@@ -109,6 +109,7 @@ class TritonServer:
         # The control APIs (RESTRICTED_APIS) answer only requests carrying this header; hub-vit's own calls send it
         self.control_key = secrets.token_hex(16)
         self.reachable = False  # it opened its HTTP or gRPC endpoint: clients could reach it (supervisor.py)
+        self.stub_environment: StubEnvironment | None = None  # the stubs' Python environment, once started
 
     # -- endpoints ------------------------------------------------------------------------------------------------
     @property
@@ -163,20 +164,12 @@ class TritonServer:
         remove_orphaned_workspaces()
         install = find_triton()
         self._workspace = shell_safe_tempdir("hub-vit-triton-")
-        backends = self._workspace / "backends"
-        python_dir = backends / "python"
-        shutil.copytree(install.python_backend, python_dir, ignore=shutil.ignore_patterns("__pycache__"))
-        if install.stub is not None:
-            shutil.copy2(install.stub, python_dir / "triton_python_backend_stub")
-        env = dict(os.environ)
-        libdir = sysconfig.get_config_var("LIBDIR") or ""
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            [*(str(p) for p in install.libs), libdir, env.get("LD_LIBRARY_PATH", "")]
-        ).strip(os.pathsep)
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        if stub_path():  # the stubs inherit the server's environment
-            env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in stub_path()), env.get("PYTHONPATH", "")]).strip(
-                os.pathsep)
+        try:
+            backends, env = self._prepare(install, self._workspace)
+        except BaseException:  # no stub environment (numpy 2 here, none for the stubs), a full disk: nothing is left
+            shutil.rmtree(self._workspace, ignore_errors=True)
+            self._workspace = None
+            raise
         self.process = subprocess.Popen(
             self.command(install, backends), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             cwd=self._workspace, preexec_fn=die_with_parent,
@@ -192,6 +185,23 @@ class TritonServer:
             self.stop()
             raise
         return self
+
+    def _prepare(self, install: TritonInstall, workspace: Path) -> tuple[Path, dict[str, str]]:
+        """The backend folder (the Python backend with this interpreter's stub) and the server's environment."""
+        backends = workspace / "backends"
+        python_dir = backends / "python"
+        shutil.copytree(install.python_backend, python_dir, ignore=shutil.ignore_patterns("__pycache__"))
+        if install.stub is not None:
+            shutil.copy2(install.stub, python_dir / "triton_python_backend_stub")
+        env = dict(os.environ)
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [*(str(p) for p in install.libs), libdir, env.get("LD_LIBRARY_PATH", "")]
+        ).strip(os.pathsep)
+        # the stubs' Python takes its environment from the `python3` first on PATH, not from PYTHONPATH (stub_env.py)
+        self.stub_environment = stub_environment(workspace)
+        env["PATH"] = os.pathsep.join([str(self.stub_environment.bin_dir), env.get("PATH", "")])
+        return backends, env
 
     def _read_log(self) -> None:
         assert self.process is not None and self.process.stdout is not None

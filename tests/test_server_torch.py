@@ -20,7 +20,6 @@ from typer.testing import CliRunner
 
 from hub_vit.resolve import resolve_model
 from hub_vit.server import device as device_module
-from hub_vit.server import triton_install
 from hub_vit.server.client import AsyncClassifier, Classifier
 from hub_vit.server.config import cuda_graph_buckets
 from hub_vit.server.device import choose_device
@@ -258,22 +257,6 @@ def test_repository_device_cuda_takes_gpu_sizes_unless_given(tmp_path):
     assert list(config.dynamic_batching.preferred_batch_size) == [16, 32, 64]
     assert config.dynamic_batching.default_queue_policy.max_queue_size == CUDA_DEFAULTS["max_queue_size"]
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
-
-
-def test_stub_numpy_is_read_from_its_own_folder(monkeypatch, tmp_path):
-    """A GPU host keeps numpy 2 for torch; $HUB_VIT_STUB_PYTHONPATH names a folder with numpy<2 for the stubs."""
-    def folder_with(version: str) -> Path:
-        info = tmp_path / version / f"numpy-{version}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: numpy\nVersion: {version}\n")
-        return info.parent
-
-    monkeypatch.setenv(triton_install.STUB_PYTHONPATH, str(folder_with("2.1.0")))
-    with pytest.raises(triton_install.ServerError, match=r"numpy 2\.1\.0 is installed.*HUB_VIT_STUB_PYTHONPATH"):
-        triton_install.check_stub_numpy()
-    monkeypatch.setenv(triton_install.STUB_PYTHONPATH, str(folder_with("1.26.4")))
-    monkeypatch.setattr(triton_install.importlib.metadata, "version", lambda name: "2.5.2")  # this environment's numpy
-    triton_install.check_stub_numpy()  # the stubs' folder decides
 
 
 # -- the real server: torch (cpu) against ONNX Runtime (cpu) ------------------------------------------------------

@@ -1,0 +1,59 @@
+"""A GPU host's Python environment, emulated on any CPU host: a main environment whose numpy is 2.x.
+
+The lent GPU hosts run hub-vit from an environment with numpy 2 (their torch, scipy and transformers need it), while
+the Triton stub shipped in nvidia-pytriton needs numpy<2. `emulated_host` builds such a main environment from this
+one without installing anything into it: a virtual environment whose path puts a numpy 2 folder (`numpy2_folder`)
+before this environment's site-packages, and which runs this environment's `.pth` import lines (the editable install
+of hub-vit). `numpy1_folder` is what a GPU host carries for the stubs: a folder holding only a numpy<2 (here, links
+to this environment's own).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import numpy as np
+
+NUMPY2 = "numpy>=2,<3"
+# Built by `make setup` (Makefile: .venv/numpy2); a run without it builds it once from the package index
+NUMPY2_FOLDER = Path(os.environ.get("HUB_VIT_NUMPY2_FOLDER", Path(sys.prefix) / "numpy2"))
+
+
+def site_packages(prefix: Path) -> Path:
+    return prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+
+
+def numpy2_folder() -> Path:
+    """A folder holding numpy 2.x only (`pip install --target`), made once."""
+    if not any(NUMPY2_FOLDER.glob("numpy-2.*.dist-info")):
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                        str(NUMPY2_FOLDER), NUMPY2], check=True)
+    return NUMPY2_FOLDER
+
+
+def numpy1_folder(target: Path) -> Path:
+    """A folder holding only this environment's numpy (1.x): links to its package, libraries and metadata."""
+    assert int(np.__version__.split(".")[0]) < 2, f"this environment's numpy is {np.__version__}, not 1.x"
+    own = Path(np.__file__).parent.parent
+    target.mkdir(parents=True)
+    for entry in own.iterdir():
+        if entry.name == "numpy" or entry.name.startswith(("numpy-", "numpy.libs")):
+            (target / entry.name).symlink_to(entry)
+    return target
+
+
+def emulated_host(target: Path) -> Path:
+    """A virtual environment at `target` whose numpy is 2.x and which otherwise imports this environment's packages;
+    returns its `python`."""
+    venv.EnvBuilder(symlinks=True, with_pip=False, clear=True).create(target)
+    own = site_packages(Path(sys.prefix))
+    (site_packages(target) / "00-host.pth").write_text(f"{numpy2_folder()}\n{own}\n", encoding="utf-8")
+    imports = [line for pth in sorted(own.glob("*.pth"))
+               for line in pth.read_text(encoding="utf-8").splitlines() if line.startswith("import ")]
+    (site_packages(target) / "01-host-imports.pth").write_text("".join(f"{line}\n" for line in imports),
+                                                             encoding="utf-8")
+    return target / "bin" / "python"
