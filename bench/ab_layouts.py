@@ -26,12 +26,12 @@ from google.protobuf import text_format
 from run_info import check_writable, file_at, run_info, side_by_side_parser, write_json
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hub_vit.server.config import cpu_classifier_config, render
-from hub_vit.server.launcher import TritonServer, free_port
-from hub_vit.server.loadtest import load_test
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import MANIFEST, write_repository
-from hub_vit.server.source import ServingMetadata, serving_metadata
+from hub_vit.server.client.loadtest import load_test
+from hub_vit.server.repository.config import cpu_classifier_config, render
+from hub_vit.server.repository.metadata import ServingMetadata, serving_metadata
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import MANIFEST, write_repository
+from hub_vit.server.runtime.launcher import TritonServer, free_port
 
 PREVIOUS = "5b17ea8"  # the last commit with the two-step CPU layout
 MAX_BATCH = 16

@@ -28,10 +28,10 @@ import numpy as np
 from bench_serve import CASES, RESULTS, process_group_cpu_s
 from run_info import check_writable, file_at, run_info, side_by_side_parser, write_json
 
-from hub_vit.server import loadtest
-from hub_vit.server.launcher import TritonServer, free_port
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import write_repository
+from hub_vit.server.client import loadtest
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import write_repository
+from hub_vit.server.runtime.launcher import TritonServer, free_port
 
 PREVIOUS = "c6cae76"  # the last commit whose run_load built and parsed every request
 CONCURRENCY = 16

@@ -50,7 +50,7 @@ TIMM_NAME, HUB_NAME = "vit_small_patch16_224", "vit_s16"
 
 
 def host() -> dict[str, Any]:
-    from hub_vit.server.cpu_variant import isa_flags
+    from hub_vit.server.repository.cpu_variant import isa_flags
 
     flags = isa_flags()
     return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "isa_flags": flags, "kind": host_kind(flags)}

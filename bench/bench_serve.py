@@ -56,12 +56,12 @@ from PIL import Image
 from run_info import add_note_option, check_writable, run_info, write_json
 
 from hub_vit.resolve import ResolvedModel, resolve_model
-from hub_vit.server.client import Classifier
-from hub_vit.server.launcher import TritonServer, free_port
-from hub_vit.server.loadtest import batching_delta, load_test, percentiles
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import MANIFEST, template_dir, write_repository
-from hub_vit.server.source import serving_metadata
+from hub_vit.server.client.classifier import Classifier
+from hub_vit.server.client.loadtest import batching_delta, load_test, percentiles
+from hub_vit.server.repository.metadata import serving_metadata
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import MANIFEST, template_dir, write_repository
+from hub_vit.server.runtime.launcher import TritonServer, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONCURRENCY = (1, 4, 16)
@@ -530,7 +530,7 @@ def main() -> None:
         "host": {"server_cpus": sorted(server_cpus or []), "client_cpus": sorted(client_cpus or [])},
         "slices": SLICES, "concurrency": args.concurrency, "max_batch": MAX_BATCH, "multi_image": MULTI_IMAGE,
         "ort_spinning": args.spinning,
-        "load_generators": {"hub-vit": "hub_vit.server.loadtest (Python, tritonclient asyncio), in this process",
+        "load_generators": {"hub-vit": "hub_vit.server.client.loadtest (Python, tritonclient asyncio), in this process",
                             **({"perf_analyzer": f"{analyzer_version}: {analyzer.binary}"} if analyzer else {})},
         "cases": {},
     }
@@ -566,8 +566,8 @@ def gate_cost(args: argparse.Namespace) -> None:
     check_writable(out.parent)
     report: dict[str, Any] = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient", "grpcio")),
                               "complete": False, "slices": args.slices, "load_average_start": os.getloadavg(),
-                              "load_generator": "hub_vit.server.loadtest (Python, tritonclient asyncio), in this "
-                                                "process; hub-vit serve (the gates) and tritonserver in others",
+                              "load_generator": "hub_vit.server.client.loadtest (Python, tritonclient asyncio), in "
+                                                "this process; hub-vit serve (the gates) and tritonserver in others",
                               "cases": {}}
     for case in args.models:
         report["cases"][case] = run_gate_case(case, args.seconds, args.slices)

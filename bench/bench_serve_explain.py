@@ -23,10 +23,10 @@ from pathlib import Path
 from run_info import add_note_option, check_writable, run_info, write_json
 
 from hub_vit.resolve import ResolvedModel
-from hub_vit.server.client import AsyncClassifier
-from hub_vit.server.launcher import TritonServer, free_port
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import write_repository
+from hub_vit.server.client.classifier import AsyncClassifier
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import write_repository
+from hub_vit.server.runtime.launcher import TritonServer, free_port
 
 TARGET = 0.85
 

@@ -74,7 +74,7 @@ def photos() -> dict[str, bytes]:
 
 
 def free_port() -> int:
-    from hub_vit.server.launcher import free_port as free
+    from hub_vit.server.runtime.launcher import free_port as free
 
     return free()
 
@@ -151,7 +151,7 @@ class Served:
 
 def compare(gpu: Served, cpu: Served, images: dict[str, bytes]) -> dict[str, Any]:
     """Both servers classify `images` over HTTP and gRPC; top-1 and scores compared (module docstring, step 2)."""
-    from hub_vit.server.client import Classifier
+    from hub_vit.server.client.classifier import Classifier
 
     out: dict[str, Any] = {}
     names = list(images)
@@ -185,7 +185,7 @@ def bad_input(server: Served, good: bytes) -> dict[str, Any]:
 
     from tritonclient.utils import InferenceServerException
 
-    from hub_vit.server.client import Classifier
+    from hub_vit.server.client.classifier import Classifier
 
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
@@ -249,7 +249,7 @@ class GpuSampler:
 
 def _generator(args: tuple[str, str, list[bytes], int, int, float]) -> dict[str, Any]:
     url, protocol, payloads, concurrency, batch, seconds = args
-    from hub_vit.server.loadtest import load_test
+    from hub_vit.server.client.loadtest import load_test
 
     return load_test(url, payloads, protocol=protocol, concurrency=concurrency, duration_s=seconds,
                      batch=batch).to_dict()
@@ -258,7 +258,7 @@ def _generator(args: tuple[str, str, list[bytes], int, int, float]) -> dict[str,
 def load_point(server: Served, pool: Any, protocol: str, payloads: list[bytes], concurrency: int, batch: int,
                seconds: float, processes: int) -> dict[str, Any]:
     """One closed-loop load point spread over `processes` generator processes (each its share of `concurrency`)."""
-    from hub_vit.server.client import Classifier
+    from hub_vit.server.client.classifier import Classifier
 
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     shares = [s for s in shares if s]
@@ -299,7 +299,7 @@ def decode_rate(meta_params: dict[str, str], payload: bytes, seconds: float) -> 
     import importlib.util
     from concurrent.futures import ThreadPoolExecutor
 
-    from hub_vit.server.repository import template_dir
+    from hub_vit.server.repository.writer import template_dir
 
     spec = importlib.util.spec_from_file_location("imageprep", template_dir("preprocess") / "imageprep.py")
     module = importlib.util.module_from_spec(spec)
@@ -336,8 +336,8 @@ def in_process(device_name: str, batches: tuple[int, ...], img: int, compile_mod
     import torch
 
     import hub_vit  # noqa: F401
-    from hub_vit.server.config import cuda_graph_buckets
-    from hub_vit.server.torch_runner import Runner
+    from hub_vit.server.repository.config import cuda_graph_buckets
+    from hub_vit.server.repository.torch_runner import Runner
 
     device = torch.device(device_name)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -389,7 +389,7 @@ def agreement(device_name: str, images: dict[str, bytes]) -> dict[str, Any]:
     import hub_vit  # noqa: F401
     from hub_vit.catalog import default_model_folder
     from hub_vit.folder import load_model_folder
-    from hub_vit.server.torch_runner import Runner
+    from hub_vit.server.repository.torch_runner import Runner
     from hub_vit.train.digits import load_digits_split
 
     device = torch.device(device_name)
@@ -452,9 +452,9 @@ def main() -> int:
     images = photos()
     from hub_vit.catalog import default_model_folder
     from hub_vit.resolve import resolve_model
-    from hub_vit.server.config import preprocess_params
-    from hub_vit.server.options import ServingOptions
-    from hub_vit.server.source import serving_metadata
+    from hub_vit.server.repository.config import preprocess_params
+    from hub_vit.server.repository.metadata import serving_metadata
+    from hub_vit.server.repository.options import ServingOptions
 
     samples = {p.name: p.read_bytes() for p in sorted(Path(default_model_folder()).glob("samples/*.png"))}
     with tempfile.TemporaryDirectory(prefix="hub-vit-gpu-check-") as tmp:

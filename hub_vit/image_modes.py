@@ -11,8 +11,8 @@ keeps whatever colour the invisible pixels hold, so the model would see pixels t
 hidden half, or a black-ink digit on a transparent background becoming an all-black square). Such images are
 composited onto white, the background a browser and most viewers show them on.
 
-The served preprocessing (`server/templates/preprocess/imageprep.py`) runs without hub_vit: `hub-vit repository`
-copies this file beside it, so this module must import nothing but numpy and Pillow.
+The served preprocessing (`server/repository/templates/preprocess/imageprep.py`) runs without hub_vit: `hub-vit
+repository` copies this file beside it, so this module must import nothing but numpy and Pillow.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 timm's eval transform (torchvision `Resize(int)`) resizes the *shorter* side, so a thin image grows: a 2 kB PNG of
 2x200000 pixels would become 256x25600000 (20 GB) and end the process. Every in-process path that resizes an image
-from outside checks the target size here first. The served preprocessing (`server/templates/preprocess/imageprep.py`)
-keeps its own copy, because it runs without hub_vit, and bounds it by its `max_pixels` option (same default).
+from outside checks the target size here first. The served preprocessing
+(`server/repository/templates/preprocess/imageprep.py`) keeps its own copy, because it runs without hub_vit, and bounds
+it by its `max_pixels` option (same default).
 
 Bundled into saved model folders as transformers remote code (`hub_vit.hf.remote_code`): standard library only.
 """

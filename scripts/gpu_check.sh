@@ -84,8 +84,8 @@ fi
 import importlib.metadata as md, sys
 import numpy, torch
 import tempfile, pathlib
-import hub_vit.server.triton_install as triton_install
-from hub_vit.server.stub_env import stub_environment
+import hub_vit.server.runtime.triton_install as triton_install
+from hub_vit.server.runtime.stub_env import stub_environment
 install = triton_install.find_triton()
 with tempfile.TemporaryDirectory() as tmp:
     stubs = stub_environment(pathlib.Path(tmp))
@@ -109,7 +109,7 @@ LD_LIBRARY_PATH=$LIBDIR:$LD_LIBRARY_PATH ldd "$STUB" | grep -E "python|cudart" |
 if ((DRY_RUN)); then  # the packed binary with only the packed libraries: it starts and answers
     step "the packed tritonserver on an empty repository"
     mkdir -p "$WORK/empty"
-    PORT=$("$PY" -c 'from hub_vit.server.launcher import free_port; print(free_port())')
+    PORT=$("$PY" -c 'from hub_vit.server.runtime.launcher import free_port; print(free_port())')
     "$WORK/site/pytriton/tritonserver/bin/tritonserver" --model-repository="$WORK/empty" --http-port="$PORT" \
         --http-address=127.0.0.1 --allow-grpc=false --allow-metrics=false --allow-gpu-metrics=false \
         --pinned-memory-pool-byte-size=0 --backend-directory="$WORK/site/pytriton/tritonserver/backends" \

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hub_vit.server.gate import Gate, GateLimits
-from hub_vit.server.grpc_gate import GrpcGate
-from hub_vit.server.launcher import ServerError, TritonServer, free_port
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.supervisor import GaveUp, RestartPolicy, Supervisor, stop_on_signals
-from hub_vit.server.workspace import shell_safe_tempdir
+from hub_vit.server.front.grpc_gate import GrpcGate
+from hub_vit.server.front.http_gate import Gate, GateLimits
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.runtime.launcher import ServerError, TritonServer, free_port
+from hub_vit.server.runtime.supervisor import GaveUp, RestartPolicy, Supervisor, stop_on_signals
+from hub_vit.server.runtime.workspace import shell_safe_tempdir
 
 
 def temporary_repository(source: Any, options: ServingOptions) -> Path:
@@ -28,7 +28,7 @@ def temporary_repository(source: Any, options: ServingOptions) -> Path:
     take ($TMPDIR unless its path has spaces or shell characters); nothing is left behind after an error or Ctrl-C
     while exporting. ServerError: no usable temporary folder; ValueError: a bad model. The caller removes it with
     `remove_temporary_repository`."""
-    from hub_vit.server.repository import write_repository
+    from hub_vit.server.repository.writer import write_repository
 
     workdir = shell_safe_tempdir("hub-vit-serve-")
     try:

@@ -39,9 +39,9 @@ def jax_index() -> dict:
 
 @pytest.fixture(scope="session")
 def imageprep() -> ModuleType:
-    """The served preprocessing module (`server/templates/preprocess/imageprep.py`), loaded from its file the way a
-    generated repository's Python backend loads it, i.e. without hub_vit on the path of its own imports."""
-    from hub_vit.server.repository import template_dir
+    """The served preprocessing module (`server/repository/templates/preprocess/imageprep.py`), loaded from its file
+    the way a generated repository's Python backend loads it, i.e. without hub_vit on the path of its own imports."""
+    from hub_vit.server.repository.writer import template_dir
 
     spec = importlib.util.spec_from_file_location("imageprep", template_dir("preprocess") / "imageprep.py")
     module = importlib.util.module_from_spec(spec)

@@ -21,9 +21,9 @@ from hub_vit.export import criterion
 from hub_vit.export.variants import export_variants
 from hub_vit.resolve import ResolvedModel
 from hub_vit.resolve import resolve_model as resolve
-from hub_vit.server import cpu_variant
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import MANIFEST, write_repository
+from hub_vit.server.repository import cpu_variant
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import MANIFEST, write_repository
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")

@@ -28,8 +28,8 @@ def digit_pngs(count: int) -> list[bytes]:
 
 def served_logits(repo: Path, payloads: list[bytes]) -> np.ndarray:
     """(N, C) logits the real Triton, serving `repo` over HTTP, answers for `payloads`."""
-    from hub_vit.server.client import Classifier
-    from hub_vit.server.launcher import TritonServer, free_port
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
 
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           exit_timeout_s=20).start(timeout_s=180)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hub_vit.server.client import Classifier, resolve_protocol, server_address
+from hub_vit.server.client.addresses import resolve_protocol, server_address
+from hub_vit.server.client.classifier import Classifier
 
 
 @pytest.mark.parametrize(("url", "address", "tls"), [
@@ -98,8 +99,8 @@ def test_load_test_opens_a_connection_per_worker(protocol, concurrency, limit, m
     # first request (connection refused), after the client was built.
     import asyncio
 
-    from hub_vit.server import loadtest
-    from hub_vit.server.launcher import free_port
+    from hub_vit.server.client import loadtest
+    from hub_vit.server.runtime.launcher import free_port
 
     built = []
 

@@ -73,9 +73,9 @@ def test_bad_pretrained_cfg_is_named() -> None:
 
 def _served(model: ResolvedModel, imageprep, png: bytes) -> np.ndarray:
     """What the Triton server computes: the template built from the parameters rendered into its config."""
-    from hub_vit.server.config import preprocess_params
-    from hub_vit.server.options import ServingOptions
-    from hub_vit.server.source import serving_metadata
+    from hub_vit.server.repository.config import preprocess_params
+    from hub_vit.server.repository.metadata import serving_metadata
+    from hub_vit.server.repository.options import ServingOptions
 
     return imageprep.Preprocess.from_params(preprocess_params(serving_metadata(model), ServingOptions()))(png)
 

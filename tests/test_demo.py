@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 from hub_vit.demo.models import default_model_path
-from hub_vit.server.launcher import free_port
+from hub_vit.server.runtime.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"

@@ -196,7 +196,7 @@ def _png_header(width: int, height: int) -> bytes:
 def test_uploads_above_the_servers_pixel_limit_are_refused_on_the_header(folder: Path, tmp_path: Path) -> None:
     # was: an 88 MP PNG of 277 kB (under Pillow's 89 MP warning) was decoded, about 1 GB per request
     from hub_vit.demo.app import MAX_PIXELS
-    from hub_vit.server.options import ServingOptions
+    from hub_vit.server.repository.options import ServingOptions
 
     assert MAX_PIXELS == ServingOptions().max_pixels  # the same bound as `hub-vit serve`'s default --max-pixels
     near = tmp_path / "near_limit.png"
@@ -245,9 +245,9 @@ SERVED_MAX_PIXELS = 200_000  # low, so a small photo is over it
 def served(folder: Path, tmp_path_factory: pytest.TempPathFactory):
     """`folder` served by the real tritonserver with a low --max-pixels."""
     from hub_vit.resolve import resolve_model
-    from hub_vit.server.launcher import TritonServer, free_port
-    from hub_vit.server.options import ServingOptions
-    from hub_vit.server.repository import write_repository
+    from hub_vit.server.repository.options import ServingOptions
+    from hub_vit.server.repository.writer import write_repository
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
 
     repo = write_repository(resolve_model(folder), tmp_path_factory.mktemp("repo") / "repository",
                             ServingOptions(max_pixels=SERVED_MAX_PIXELS))
@@ -264,7 +264,7 @@ def served(folder: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_triton_gets_the_uploaded_files_own_bytes(served, folder: Path, tmp_path: Path, photos: dict,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # was: every upload decoded and re-encoded as lossless PNG (a 1.3 MB JPEG became 7.1 MB, 2.1 s) before sending
-    from hub_vit.server import client
+    from hub_vit.server.client import messages as client  # build_request encodes each image
 
     sent: list[bytes] = []
     encode = client.encode

@@ -217,7 +217,7 @@ def _page_config(blocks) -> dict[str, dict]:
 def test_serve_demo_opens_on_the_served_model(tmp_path: Path, caches) -> None:
     # `hub-vit serve FOLDER --demo` opened the page on the default model while Triton served FOLDER
     from hub_vit.cli.serve_screen import start_demo
-    from hub_vit.server.launcher import free_port
+    from hub_vit.server.runtime.launcher import free_port
 
     folder = _folder(tmp_path / "flowers")
     triton = "127.0.0.1:8000"  # never asked: nothing is uploaded here

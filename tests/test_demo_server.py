@@ -16,9 +16,9 @@ from PIL import Image
 
 from hub_vit.demo.models import default_model_path
 from hub_vit.resolve import resolve_model
-from hub_vit.server.launcher import TritonServer, free_port
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import write_repository
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import write_repository
+from hub_vit.server.runtime.launcher import TritonServer, free_port
 from tests.test_demo import CHROMIUM, CHROMIUM_ARGS, open_page, overlay_src, running_demo, upload, wait_for_new_overlay
 
 pytestmark = [

@@ -19,7 +19,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hub_vit.server.health import python_instances
+from hub_vit.server.runtime.health import python_instances
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_repository_step_writes_the_gpu_flavour(tmp_path, model):
 
 
 def test_cmd_flags_are_tritonserver_flags():
-    from hub_vit.server.triton_install import ServerError, find_triton
+    from hub_vit.server.runtime.triton_install import ServerError, find_triton
 
     try:
         install = find_triton()
@@ -128,7 +128,7 @@ def _cmd_flags() -> list[str]:
 
 
 def test_cmd_restricts_the_control_apis_the_local_server_restricts():
-    from hub_vit.server.api_access import CONTROL_HEADER, RESTRICTED_APIS, restricted_api_args
+    from hub_vit.server.runtime.api_access import CONTROL_HEADER, RESTRICTED_APIS, restricted_api_args
 
     flags = [flag for flag in _cmd_flags() if "restricted" in flag]
     assert flags == list(restricted_api_args(CONTROL_HEADER, "$KEY")), flags

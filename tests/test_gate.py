@@ -8,9 +8,9 @@ import zlib
 
 import pytest
 
-from hub_vit.server.gate import GateLimits, Refused, check_inference, inflate
-from hub_vit.server.grpc_gate import inference_refusal, parse_inference
-from hub_vit.server.supervisor import RestartPolicy
+from hub_vit.server.front.grpc_gate import inference_refusal, parse_inference
+from hub_vit.server.front.http_gate import GateLimits, Refused, check_inference, inflate
+from hub_vit.server.runtime.supervisor import RestartPolicy
 
 
 def test_inflate_stops_at_the_cap_without_inflating_the_rest():
@@ -92,7 +92,8 @@ def test_a_gate_that_cannot_listen_leaves_no_loop_thread(gate_class, thread_name
     import socket
     import threading
 
-    from hub_vit.server import gate, grpc_gate
+    from hub_vit.server.front import grpc_gate
+    from hub_vit.server.front import http_gate as gate
 
     cls = getattr(gate, gate_class, None) or getattr(grpc_gate, gate_class)
     with socket.socket() as taken:  # a port someone else listens on

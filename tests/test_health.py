@@ -20,11 +20,11 @@ import pytest
 
 from hub_vit.catalog import default_model_folder
 from hub_vit.resolve import resolve_model
-from hub_vit.server.health import Health, http_base, python_instances, served_repositories
-from hub_vit.server.launcher import TritonServer, free_port
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.processes import is_stub, stub_instance
-from hub_vit.server.repository import write_repository
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import write_repository
+from hub_vit.server.runtime.health import Health, http_base, python_instances, served_repositories
+from hub_vit.server.runtime.launcher import TritonServer, free_port
+from hub_vit.server.runtime.processes import is_stub, stub_instance
 from tests.polling import wait_until
 from tests.test_dockerfile import _instructions
 

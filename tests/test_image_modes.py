@@ -127,7 +127,7 @@ def test_export_verification_images_scale_16bit_grey(png_pair, tmp_path):
                                   "I", "I;16"])
 def test_client_sends_pil_images_of_any_mode(imageprep, photos, mode):
     """The client encodes a PIL image as PNG; modes PNG cannot hold are converted to what the server would see."""
-    from hub_vit.server.client import encode
+    from hub_vit.server.client.images import encode
 
     rgb = Image.fromarray(photos["astronaut"][::8, ::8])
     if mode in ("I", "I;16"):  # 16-bit grey: the golden is the high byte (see the tests above)
@@ -147,7 +147,7 @@ def test_client_sends_transparent_pil_images_as_the_server_would_see_them(imagep
     """Half-transparent pixels reach the server composited onto white, whichever alpha mode the PIL image has (RGBa /
     La / PA used to drop alpha, showing hidden colours)."""
     from hub_vit.image_modes import flatten_alpha
-    from hub_vit.server.client import encode
+    from hub_vit.server.client.images import encode
 
     rgba = Image.fromarray(photos["astronaut"][::8, ::8]).convert("RGBA")
     alpha = np.zeros(rgba.size[::-1], np.uint8)
@@ -164,7 +164,7 @@ def test_client_sends_transparent_pil_images_as_the_server_would_see_them(imagep
 
 
 def test_client_refuses_float_images_by_name():
-    from hub_vit.server.client import encode
+    from hub_vit.server.client.images import encode
 
     with pytest.raises(ValueError, match="mode 'F'"):
         encode(Image.fromarray(np.zeros((4, 4), dtype=np.float32)))

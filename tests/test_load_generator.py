@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from hub_vit.server.client import AsyncClassifier, Classifier
-from hub_vit.server.loadtest import LoadResult, error_message, percentiles, request_bodies
+from hub_vit.server.client.classifier import AsyncClassifier, Classifier
+from hub_vit.server.client.loadtest import LoadResult, error_message, percentiles, request_bodies
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -125,7 +125,7 @@ def test_loadtest_says_when_the_load_generator_is_the_limit(cores, monkeypatch):
     from typer.testing import CliRunner
 
     from hub_vit.cli import _load_commands, app
-    from hub_vit.server import loadtest
+    from hub_vit.server.client import loadtest
 
     result = loadtest.LoadResult(
         protocol="http", concurrency=16, batch=1, requests=100, errors=0, seconds=1.0, throughput_rps=100.0,

@@ -155,7 +155,7 @@ def test_a_shed_grpc_request_is_not_reported_as_no_server(message, why):
     """gRPC answers UNAVAILABLE both when no server listens and when the server sheds load: the words decide."""
     from tritonclient.utils import InferenceServerException
 
-    from hub_vit.server.errors import request_failed
+    from hub_vit.server.client.errors import request_failed
 
     text = request_failed("grpc", "127.0.0.1:8001", InferenceServerException(message, "StatusCode.UNAVAILABLE"))
     assert "the server is overloaded and shed this request: " + why in text, text

@@ -63,7 +63,7 @@ def assert_healthy(serve: Serve) -> None:
     """Live, ready, and a good image answered correctly, through both gates (HTTP and gRPC)."""
     import tritonclient.grpc as grpcclient
 
-    from hub_vit.server.client import Classifier
+    from hub_vit.server.client.classifier import Classifier
 
     for path in ("/v2/health/live", "/v2/health/ready"):
         connection = http.client.HTTPConnection("127.0.0.1", serve.ports[0], timeout=10)
@@ -123,7 +123,7 @@ def rss_kib(pids: list[int]) -> int:
 
 
 def served_pids(serve: Serve) -> list[int]:
-    from hub_vit.server.processes import live_processes
+    from hub_vit.server.runtime.processes import live_processes
 
     return [serve.process.pid, *live_processes(serve.tritonserver_pid())]
 

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hub_vit.catalog import default_model_folder
-from hub_vit.server.launcher import free_port
-from hub_vit.server.triton_install import has_gpu
+from hub_vit.server.runtime.launcher import free_port
+from hub_vit.server.runtime.triton_install import has_gpu
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -77,8 +77,8 @@ def test_a_server_that_fails_still_prints_its_own_last_lines(tmp_path):
     """A model that cannot load: the error names it and shows the log's tail, without --verbose."""
     from hub_vit.cli import _load_commands, app
     from hub_vit.resolve import resolve_model
-    from hub_vit.server.options import ServingOptions
-    from hub_vit.server.repository import write_repository
+    from hub_vit.server.repository.options import ServingOptions
+    from hub_vit.server.repository.writer import write_repository
 
     repo = write_repository(resolve_model(str(default_model_folder())), tmp_path / "repository", ServingOptions())
     onnx = repo / "vit_classifier" / "1" / "model.onnx"

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from hub_vit.catalog import default_model_folder
-from hub_vit.server.launcher import free_port
-from hub_vit.server.processes import is_stub, live_processes
+from hub_vit.server.runtime.launcher import free_port
+from hub_vit.server.runtime.processes import is_stub, live_processes
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -109,7 +109,7 @@ class Serve:
         return next(int(arg.split(b"=")[1]) for arg in command if arg.startswith(b"--grpc-port="))
 
     def classify(self) -> list[str]:
-        from hub_vit.server.client import Classifier
+        from hub_vit.server.client.classifier import Classifier
 
         with Classifier(f"127.0.0.1:{self.ports[0]}", timeout_s=30) as client:
             return [p.labels[0] for p in client.classify(SAMPLES[:4])]

@@ -20,10 +20,12 @@ from tritonclient.utils import InferenceServerException
 from typer.testing import CliRunner
 
 from hub_vit.resolve import resolve_model
-from hub_vit.server.client import AsyncClassifier, Classifier, Prediction, encode
-from hub_vit.server.launcher import TritonServer, free_port
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import write_repository
+from hub_vit.server.client.classifier import AsyncClassifier, Classifier
+from hub_vit.server.client.images import encode
+from hub_vit.server.client.messages import Prediction
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import write_repository
+from hub_vit.server.runtime.launcher import TritonServer, free_port
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")

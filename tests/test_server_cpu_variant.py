@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from hub_vit.export import criterion, quantize
 from hub_vit.resolve import resolve_model as resolve
-from hub_vit.server import cpu_variant
-from hub_vit.server.manifest import cpu_variant_line
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import MANIFEST, write_repository
+from hub_vit.server.repository import cpu_variant
+from hub_vit.server.repository.manifest import cpu_variant_line
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import MANIFEST, write_repository
 
 INT8_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QAttention", "DynamicQuantizeMatMul"}
 
@@ -81,7 +81,7 @@ def test_auto_keeps_fp32_for_a_tiny_model_without_measuring(tmp_path: Path, monk
 
 
 def test_auto_selection_is_recorded_in_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hub_vit.server import repository
+    from hub_vit.server.repository import writer as repository
 
     monkeypatch.setattr(repository, "_compute_bound", lambda source: True)  # the digits model measured as a big one
     repo = write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="auto"))
@@ -131,7 +131,7 @@ def test_bad_variant_names_and_combinations_are_refused(tmp_path: Path) -> None:
         ServingOptions(cpu_variant="int4")
     with pytest.raises(ValueError, match="cpu_variant 'int8-static' chooses the CPU flavour's graph; flavour 'torch'"):
         ServingOptions(flavour="torch", cpu_variant="int8-static")
-    from hub_vit.server.launcher import free_port
+    from hub_vit.server.runtime.launcher import free_port
 
     ports = [flag for name in ("--http-port", "--grpc-port", "--metrics-port") for flag in (name, str(free_port()))]
     for command in ("repository", "serve"):  # serve: refused before the model is loaded

@@ -21,9 +21,9 @@ from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 from hub_vit.catalog import default_model_folder  # noqa: E402
 from hub_vit.cli import _load_commands, app  # noqa: E402
 from hub_vit.resolve import resolve_model  # noqa: E402
-from hub_vit.server.options import ServingOptions  # noqa: E402
-from hub_vit.server.repository import write_repository  # noqa: E402
-from hub_vit.server.source import serving_metadata  # noqa: E402
+from hub_vit.server.repository.metadata import serving_metadata  # noqa: E402
+from hub_vit.server.repository.options import ServingOptions  # noqa: E402
+from hub_vit.server.repository.writer import write_repository  # noqa: E402
 
 DIGITS = [str(d) for d in range(10)]
 
@@ -134,8 +134,8 @@ def test_a_graph_with_a_fixed_batch_is_named_before_triton_would_crash_on_it(tmp
 
     from hub_vit.export.onnx_export import export_onnx
     from hub_vit.folder import load_model_folder
-    from hub_vit.server.client import Classifier
-    from hub_vit.server.launcher import TritonServer, free_port
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
 
     model, _ = load_model_folder(default_model_folder())
     graph = export_onnx(model, tmp_path / "fixed" / "model.onnx", dynamic_batch=False)
@@ -160,8 +160,8 @@ def test_a_graph_with_a_fixed_batch_is_named_before_triton_would_crash_on_it(tmp
 def test_a_graph_of_another_model_than_its_metadata_is_refused(exported, tmp_path):
     """A graph left beside metadata of another model (an earlier export's file next to a newer report) crashed the
     warmup when the image size differed, and would have answered with the wrong labels when only classes did."""
-    from hub_vit.server.repository import check_graph
-    from hub_vit.server.source import ServingMetadata
+    from hub_vit.server.repository.metadata import ServingMetadata
+    from hub_vit.server.repository.writer import check_graph
 
     graph = exported / "model.onnx"  # 32x32 images, 10 classes
     with pytest.raises(ValueError, match=r"takes 32x32 images, the metadata says 224x224: they describe different"):

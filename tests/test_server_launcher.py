@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hub_vit.server import triton_log, workspace
-from hub_vit.server.triton_install import ServerError, find_triton
+from hub_vit.server.runtime import triton_log, workspace
+from hub_vit.server.runtime.triton_install import ServerError, find_triton
 
 
 def test_finds_the_wheel_binary_and_this_interpreters_stub():
@@ -64,7 +64,7 @@ def listening_port():
 
 
 def test_ports_are_checked_before_anything_starts(tmp_path, listening_port):
-    from hub_vit.server.launcher import TritonServer, free_port
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
 
     with pytest.raises(ServerError, match=r"http_port 70000 is not a TCP port \(1-65535\)"):
         TritonServer(tmp_path, http_port=70000)
@@ -103,7 +103,7 @@ def test_cli_demo_refuses_an_impossible_port():
 def test_a_repository_path_the_python_backend_stub_cannot_take_is_refused(tmp_path):
     # Triton launches each stub as `bash -c "exec <stub> <repository>/<model>/1/model.py ..."`, unquoted: from such a
     # path the model never loaded and the server waited out its whole start timeout (120 s)
-    from hub_vit.server.launcher import TritonServer, free_port
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
 
     repo = tmp_path / "my models" / "repo ü (1)"
     repo.mkdir(parents=True)
@@ -139,7 +139,7 @@ def test_readiness_is_never_taken_from_another_server_on_our_port(tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from hub_vit.server.launcher import TritonServer, free_port
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
 
     class OtherTriton(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
@@ -167,7 +167,7 @@ def test_readiness_is_never_taken_from_another_server_on_our_port(tmp_path):
 
 
 def test_a_port_taken_while_triton_starts_is_one_line(tmp_path, listening_port, monkeypatch):
-    from hub_vit.server.launcher import TritonServer, free_port
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
 
     (tmp_path / "empty").mkdir()
     monkeypatch.setattr(TritonServer, "_check_ports", lambda self, in_use: None)  # taken after our check
@@ -184,7 +184,7 @@ def test_a_host_name_is_bound_as_its_address(tmp_path):
     # Triton 2.51 binds `--http-address=localhost` as 255.255.255.255: `serve --host localhost` was never ready
     import urllib.request
 
-    from hub_vit.server.launcher import TritonServer, free_port
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
 
     (tmp_path / "empty").mkdir()  # Triton is ready with no model
     with TritonServer(tmp_path / "empty", host="localhost", http_port=free_port(), grpc_port=free_port(),
@@ -200,7 +200,7 @@ def test_regions_of_servers_whose_process_is_gone_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from hub_vit.server.workspace import remove_orphaned_regions
+    from hub_vit.server.runtime.workspace import remove_orphaned_regions
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
@@ -223,7 +223,7 @@ def test_temporary_folders_of_processes_that_are_gone_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from hub_vit.server.workspace import remove_orphaned_workspaces, shell_safe_tempdir
+    from hub_vit.server.runtime.workspace import remove_orphaned_workspaces, shell_safe_tempdir
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)

@@ -15,10 +15,10 @@ pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
 from hub_vit.resolve import ResolvedModel, resolve_model  # noqa: E402
-from hub_vit.server.config import preprocess_params  # noqa: E402
-from hub_vit.server.options import ServingOptions  # noqa: E402
-from hub_vit.server.repository import outdated_files, write_repository  # noqa: E402
-from hub_vit.server.source import ServingMetadata, graph_model, serving_metadata  # noqa: E402
+from hub_vit.server.repository.config import preprocess_params  # noqa: E402
+from hub_vit.server.repository.metadata import ServingMetadata, graph_model, serving_metadata  # noqa: E402
+from hub_vit.server.repository.options import ServingOptions  # noqa: E402
+from hub_vit.server.repository.writer import outdated_files, write_repository  # noqa: E402
 
 
 def served_eval(**changes: object) -> dict[str, object]:

@@ -29,10 +29,12 @@ from tritonclient.utils import InferenceServerException
 from typer.testing import CliRunner
 
 from hub_vit.resolve import ResolvedModel, resolve_model
-from hub_vit.server.client import AsyncClassifier, Classifier, explain_parameters
-from hub_vit.server.launcher import TritonServer, free_port
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import template_dir, write_repository
+from hub_vit.server.client.classifier import AsyncClassifier, Classifier
+from hub_vit.server.client.errors import NoExplanation
+from hub_vit.server.client.messages import explain_parameters
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import template_dir, write_repository
+from hub_vit.server.runtime.launcher import TritonServer, free_port
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -231,7 +233,7 @@ def test_client_refuses_settings_without_explain():
 def test_model_without_rollout_is_named(server, images, protocol):
     with Classifier(_url(server, protocol), protocol=protocol, model="plain") as client:
         assert client.classify(images[:1])[0].rollout is None
-        with pytest.raises(ValueError, match="the served model has no rollout output"):
+        with pytest.raises(NoExplanation, match="the served model 'plain' has no explanation"):
             client.classify(images[:1], explain=True)
 
 
@@ -325,7 +327,7 @@ def test_split_explained(served_rollout):
 def test_repository_layout_and_manifest(models, tmp_path):
     """The attention graph beside the plain one; the manifest records the rollout layout, so a repository checks
     as current (serve --repository); without explain neither graph nor outputs are there."""
-    from hub_vit.server.repository import outdated_files
+    from hub_vit.server.repository.writer import outdated_files
 
     repo = write_repository(models["map"][0], tmp_path / "explained", ServingOptions())
     step = repo / "vit_classifier" / "1"

@@ -19,8 +19,8 @@ pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
 from hub_vit.resolve import resolve_model  # noqa: E402
-from hub_vit.server.options import ServingOptions  # noqa: E402
-from hub_vit.server.repository import write_repository  # noqa: E402
+from hub_vit.server.repository.options import ServingOptions  # noqa: E402
+from hub_vit.server.repository.writer import write_repository  # noqa: E402
 
 SAMPLES = sorted((Path(__file__).resolve().parents[1] / "hub_vit/assets/digits/samples").glob("*.png"))
 

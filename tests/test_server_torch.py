@@ -19,14 +19,14 @@ from tritonclient.utils import InferenceServerException
 from typer.testing import CliRunner
 
 from hub_vit.resolve import resolve_model
-from hub_vit.server import device as device_module
-from hub_vit.server.client import AsyncClassifier, Classifier
-from hub_vit.server.config import cuda_graph_buckets
-from hub_vit.server.device import choose_device
-from hub_vit.server.loadtest import settled_statistics
-from hub_vit.server.options import CUDA_DEFAULTS, ServingOptions
-from hub_vit.server.repository import MANIFEST, outdated_files, write_repository
-from hub_vit.server.source import graph_model, serving_metadata
+from hub_vit.server.client.classifier import AsyncClassifier, Classifier
+from hub_vit.server.client.loadtest import settled_statistics
+from hub_vit.server.repository.config import cuda_graph_buckets
+from hub_vit.server.repository.metadata import graph_model, serving_metadata
+from hub_vit.server.repository.options import CUDA_DEFAULTS, ServingOptions
+from hub_vit.server.repository.writer import MANIFEST, outdated_files, write_repository
+from hub_vit.server.runtime import device as device_module
+from hub_vit.server.runtime.device import choose_device
 from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
 
 MAX_BATCH = 8
@@ -121,7 +121,7 @@ def test_runner_on_cpu_is_the_model_in_float32(model_folder):
     import torch
 
     from hub_vit.folder import load_model_folder
-    from hub_vit.server.torch_runner import Runner
+    from hub_vit.server.repository.torch_runner import Runner
 
     model, _ = load_model_folder(model_folder)
     runner = Runner(model, torch.device("cpu"), (32, 32), (1, 2, 4, 8))

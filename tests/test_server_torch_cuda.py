@@ -22,12 +22,12 @@ import torch
 from tritonclient.utils import InferenceServerException
 
 from hub_vit.resolve import resolve_model
-from hub_vit.server.client import AsyncClassifier, Classifier
-from hub_vit.server.config import cuda_graph_buckets
-from hub_vit.server.launcher import free_port
-from hub_vit.server.loadtest import settled_statistics
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import write_repository
+from hub_vit.server.client.classifier import AsyncClassifier, Classifier
+from hub_vit.server.client.loadtest import settled_statistics
+from hub_vit.server.repository.config import cuda_graph_buckets
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import write_repository
+from hub_vit.server.runtime.launcher import free_port
 from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
@@ -59,7 +59,7 @@ def test_runner_buckets_match_fp32_eager(graphs):
     import timm
 
     import hub_vit  # noqa: F401  (registers the timm names)
-    from hub_vit.server.torch_runner import Runner
+    from hub_vit.server.repository.torch_runner import Runner
 
     model = timm.create_model("simplevit_s16", pretrained=False).eval()
     torch.nn.init.normal_(model.head.weight, std=0.5)  # a zero-initialised head would give all-zero logits

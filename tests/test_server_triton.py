@@ -31,13 +31,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
 from hub_vit.resolve import resolve_model
-from hub_vit.server.client import AsyncClassifier, Classifier, encode
-from hub_vit.server.config import cpu_classifier_config, render
-from hub_vit.server.launcher import ServerError, TritonServer, free_port
-from hub_vit.server.loadtest import settled_statistics
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.repository import MANIFEST, write_repository
-from hub_vit.server.source import graph_model, serving_metadata
+from hub_vit.server.client.classifier import AsyncClassifier, Classifier
+from hub_vit.server.client.images import encode
+from hub_vit.server.client.loadtest import settled_statistics
+from hub_vit.server.repository.config import cpu_classifier_config, render
+from hub_vit.server.repository.metadata import graph_model, serving_metadata
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import MANIFEST, write_repository
+from hub_vit.server.runtime.launcher import ServerError, TritonServer, free_port
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -646,7 +647,7 @@ def test_cli_classify_and_loadtest(server, tmp_path, photos):
 def test_loadtest_rates_the_duration_window(server, photo_payloads):
     """With a duration, the rate counts answers within the window; requests in flight at the deadline are still
     awaited (no error, their latency recorded) but do not stretch the denominator."""
-    from hub_vit.server.loadtest import load_test
+    from hub_vit.server.client.loadtest import load_test
 
     result = load_test(server.grpc_url, photo_payloads, protocol="grpc", concurrency=4, duration_s=1.0, warmup=1)
     assert result.errors == 0 and result.seconds == 1.0
@@ -777,7 +778,7 @@ def test_stop_reaps_backend_stubs_of_a_dead_server(tmp_path):
     import threading
 
     from hub_vit.catalog import default_model_folder
-    from hub_vit.server.loadtest import load_test
+    from hub_vit.server.client.loadtest import load_test
 
     folder = default_model_folder()
     repo = write_repository(resolve_model(str(folder)), tmp_path / "repo")

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hub_vit.server import stub_env
-from hub_vit.server.stub_env import STUB_PYTHONPATH, build_view, stub_environment
-from hub_vit.server.triton_install import ServerError
+from hub_vit.server.runtime import stub_env
+from hub_vit.server.runtime.stub_env import STUB_PYTHONPATH, build_view, stub_environment
+from hub_vit.server.runtime.triton_install import ServerError
 from tests.host_emulation import emulated_host, numpy1_folder, site_packages
 
 
@@ -104,11 +104,11 @@ def test_the_torch_flavour_is_served_from_a_numpy_2_host(tmp_path):
     gives it: the answer equals the model's, and the stubs imported the numpy<2 (their memory maps say which)."""
     from hub_vit.catalog import default_model_folder
     from hub_vit.resolve import resolve_model
-    from hub_vit.server.client import Classifier
-    from hub_vit.server.launcher import free_port
-    from hub_vit.server.options import ServingOptions
-    from hub_vit.server.processes import is_stub, live_processes
-    from hub_vit.server.repository import write_repository
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.repository.options import ServingOptions
+    from hub_vit.server.repository.writer import write_repository
+    from hub_vit.server.runtime.launcher import free_port
+    from hub_vit.server.runtime.processes import is_stub, live_processes
 
     python = emulated_host(tmp_path / "host")
     found = subprocess.run([str(python), "-c", "import numpy, hub_vit; print(numpy.__version__)"], check=True,

@@ -31,8 +31,9 @@ def classify(
                                         "row, in [0, 1) (default 0)."),
 ) -> None:
     """Classify images with a running server and print a table."""
-    from hub_vit.server.client import Classifier, classify_files
-    from hub_vit.server.errors import empty_reply, request_failed
+    from hub_vit.cli.classify_files import classify_files
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.client.errors import empty_reply, request_failed
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
@@ -63,7 +64,7 @@ def classify(
 def _check_explain_flags(explain: bool, head_fusion: str | None, discard_ratio: float | None, out: Path) -> None:
     """--explain's flags, refused before any request by the server's own rules."""
     from hub_vit.atomic import file_in_the_way
-    from hub_vit.server.client import explain_parameters
+    from hub_vit.server.client.messages import explain_parameters
 
     try:
         explain_parameters(explain, head_fusion, discard_ratio)

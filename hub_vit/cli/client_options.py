@@ -20,7 +20,7 @@ RequestQueueTimeoutMs = Annotated[float, typer.Option(
 def queue_timeout_s(ms: float | None) -> float | None:
     """`--queue-timeout-ms` -> seconds for the client, checked by the client's own rule (`client.queue_timeout`) and
     refused in the flag's words."""
-    from hub_vit.server.client import LONGEST_QUEUE_TIMEOUT_S, queue_timeout
+    from hub_vit.server.client.messages import LONGEST_QUEUE_TIMEOUT_S, queue_timeout
 
     seconds = None if ms is None else ms / 1000
     try:
@@ -34,7 +34,7 @@ def queue_timeout_s(ms: float | None) -> float | None:
 def endpoint(url: str | None, grpc: bool) -> tuple[str, str]:
     """`--url` / `--grpc` -> (url, protocol): a `grpc://` URL speaks gRPC without `--grpc`; an `http://` one with
     `--grpc` is refused (it names two protocols)."""
-    from hub_vit.server.client import resolve_protocol
+    from hub_vit.server.client.addresses import resolve_protocol
 
     if url is None:
         return ("127.0.0.1:8001", "grpc") if grpc else ("127.0.0.1:8000", "http")

@@ -21,7 +21,7 @@ def health(
     """Exit 0 when the server is ready and (with --repository) none of its Python-backend stubs has died; else print
     what is wrong and exit 1. Triton keeps answering ready after a stub died, while failing every request routed to
     that model instance; this sees it. Sends no inference request, so a busy server is not reported unhealthy."""
-    from hub_vit.server.health import check, check_timeout
+    from hub_vit.server.runtime.health import check, check_timeout
 
     try:  # before anything is asked: nan, inf or 1e300 would otherwise end in a socket's error, not naming the flag
         check_timeout(timeout, name="--timeout")

@@ -33,8 +33,8 @@ def loadtest(
 ) -> None:
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
-    from hub_vit.server.errors import empty_reply, request_failed
-    from hub_vit.server.loadtest import load_test
+    from hub_vit.server.client.errors import empty_reply, request_failed
+    from hub_vit.server.client.loadtest import load_test
 
     timeout_s = queue_timeout_s(queue_timeout_ms)
     url, protocol = endpoint(url, grpc)

@@ -28,7 +28,7 @@ from hub_vit.cli.serving_options import (
     print_cpu_variant,
     serving_options,
 )
-from hub_vit.server.options import DEVICES
+from hub_vit.server.repository.options import DEVICES
 
 Precision = Annotated[str, typer.Option(show_default=False,
                                         help=f"GPU flavour, TensorRT accelerator precision: FP16 or FP32 (default "
@@ -76,8 +76,8 @@ def repository(
     overwrite: bool = typer.Option(False, help="Replace an existing folder."),
 ) -> None:
     """Write a Triton model repository (config.pbtxt files generated from the model's metadata)."""
-    from hub_vit.server.repository import write_repository
-    from hub_vit.server.workspace import unservable_path_message
+    from hub_vit.server.repository.writer import write_repository
+    from hub_vit.server.runtime.workspace import unservable_path_message
 
     _check_flavour_flags(ctx, flavour, gpu_backend, preprocess_instances, spinning, precision)
     opts = serving_options(ctx, **{"name": name, "flavour": flavour, "gpu_backend": gpu_backend,

@@ -35,7 +35,7 @@ from hub_vit.cli.serving_options import (
     serving_options,
     torch_fields,
 )
-from hub_vit.server.options import DEVICES
+from hub_vit.server.repository.options import DEVICES
 
 ExitTimeout = Annotated[int, typer.Option(help="Seconds in-flight requests get to finish on Ctrl-C / SIGTERM.")]
 MaxRestarts = Annotated[int, typer.Option(help="A server that died or lost a backend stub after it answered clients "
@@ -93,7 +93,7 @@ def serve(
     cpu_variant: CpuVariant = "auto",
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
-    from hub_vit.server.gate import GateLimits
+    from hub_vit.server.front.http_gate import GateLimits
     from hub_vit.server.serving import Endpoints
 
     endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
@@ -125,7 +125,7 @@ def serve(
 def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
     """Refused before anything is built: a taken port is the likeliest reason a second `serve` fails."""
     from hub_vit.ports import PortError, check_host, check_ports
-    from hub_vit.server.api_access import exposure_warning
+    from hub_vit.server.runtime.api_access import exposure_warning
 
     try:
         check_host(endpoints.host)
@@ -154,8 +154,7 @@ def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str |
                   flavour: str | None) -> Any:
     """`serve`'s device and flavour (server.device.choose_device), refused in the flags' words; with --repository,
     what its manifest records (the device flags would not change it)."""
-    from hub_vit.server.device import DeviceChoice, choose_device
-    from hub_vit.server.manifest import recorded_device
+    from hub_vit.server.runtime.device import DeviceChoice, choose_device, recorded_device
 
     torch_flags = [flag for flag, key in (("--cuda-graphs", "cuda_graphs"), ("--torch-compile", "torch_compile"),
                                           ("--decode-threads", "decode_threads")) if given(ctx, key)]
@@ -184,7 +183,7 @@ def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str |
 def _existing_repository(folder: Path, *, model: str | None, name: str, **sizes: Any) -> str:
     """`serve --repository`: the repository is served as written, so options that would change it are refused
     (they used to be dropped without a word); returns the ensemble's name (from the manifest, else `--name`)."""
-    from hub_vit.server.manifest import outdated_warning, served_name
+    from hub_vit.server.repository.manifest import outdated_warning, served_name
 
     if not folder.is_dir():
         raise fail(f"--repository {str(folder)!r} is {'a file' if folder.exists() else 'missing'}; give the folder "

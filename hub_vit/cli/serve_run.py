@@ -26,13 +26,13 @@ class ServeRun:
 
     def build_and_serve(self, options_for: Callable[[Any], Any], device_defaulted: bool, flavour: str | None) -> None:
         """Build the model's repository in a temporary folder (removed at the end), then serve it."""
-        from hub_vit.server.launcher import ServerError
+        from hub_vit.server.runtime.launcher import ServerError
         from hub_vit.server.serving import remove_temporary_repository, temporary_repository
 
         opts = options_for(self.where)  # checked before the model is loaded
         source = model_source(self.model)
         if device_defaulted and self.where.device == "cuda" and source.module is None:  # an exported file: ORT
-            from hub_vit.server.device import choose_device
+            from hub_vit.server.runtime.device import choose_device
 
             self.where = choose_device("cpu", flavour)
             opts = options_for(self.where)
@@ -54,8 +54,8 @@ class ServeRun:
 
     def serve(self, repository: Path, *, built: bool) -> None:
         """Serve `repository` until stopped; `built`: serve built it from MODEL (the demo can show that model)."""
-        from hub_vit.server.launcher import ServerError
-        from hub_vit.server.processes import exit_description
+        from hub_vit.server.runtime.launcher import ServerError
+        from hub_vit.server.runtime.processes import exit_description
         from hub_vit.server.serving import CannotStart, LogFile, ServeHooks, serve_repository
 
         log_file = LogFile(self.endpoints.http_port)

@@ -26,7 +26,7 @@ class Screen:
     """What `serve` shows while it builds, starts and serves. `verbose`: stream Triton's log here too."""
 
     def __init__(self, log_file: LogFile, *, verbose: bool) -> None:
-        from hub_vit.server.triton_install import has_gpu
+        from hub_vit.server.runtime.triton_install import has_gpu
 
         self.log_file, self.verbose = log_file, verbose
         self.cpu_host = not has_gpu()  # CUDA complaints mean nothing only where there is no GPU
@@ -46,7 +46,7 @@ class Screen:
 
     def log(self, line: str) -> None:
         """One line of Triton's log (from the server's reader thread)."""
-        from hub_vit.server.triton_log import harmless_on_cpu, message_of
+        from hub_vit.server.runtime.triton_log import harmless_on_cpu, message_of
 
         self.log_file.write(line)
         if not self.verbose:

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import console, fail
-from hub_vit.server.options import CUDA_DEFAULTS, DEVICES, ServingOptions
+from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, ServingOptions
 
 MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
 DEFAULTS = ServingOptions()  # every repository default below comes from here (a test compares the configs)
@@ -118,7 +118,7 @@ def torch_fields(flavour: str, cuda_graphs: bool, torch_compile: bool, decode_th
 
 def print_cpu_variant(repository_dir: Path) -> None:
     """One line: which graph the CPU flavour serves and why (from the repository manifest; nothing for others)."""
-    from hub_vit.server.manifest import cpu_variant_line
+    from hub_vit.server.repository.manifest import cpu_variant_line
 
     line = cpu_variant_line(repository_dir)
     if line:

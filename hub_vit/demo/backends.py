@@ -37,7 +37,7 @@ class ServedAnswer:
 
 
 class TritonLabels:
-    """Top-k labels from the served classifier at `url` (`host:port`, HTTP), via `hub_vit.server.client`.
+    """Top-k labels from the served classifier at `url` (`host:port`, HTTP), via `hub_vit.server.client.classifier`.
 
     `served_key`: the demo's key of the model the server serves, when the demo has it in-process (`hub-vit serve
     --demo`); `served_name` says what the server serves when that is known at all. With either, the status line
@@ -45,7 +45,7 @@ class TritonLabels:
 
     def __init__(self, url: str, model: str = "vit", timeout_s: float = 10.0, *, served_key: str | None = None,
                  served_name: str | None = None) -> None:
-        from hub_vit.server.client import server_address  # numpy only; tritonclient loads on first request
+        from hub_vit.server.client.addresses import server_address  # numpy only; tritonclient loads on first request
 
         server_address(url)  # ValueError naming the problem, before the page offers this backend
         self.url, self.model, self.timeout_s = url, model, timeout_s
@@ -79,7 +79,8 @@ class TritonLabels:
             except OSError:  # the upload left Gradio's cache meanwhile (its hourly cleanup): send the decoded image
                 payload = image
         try:
-            from hub_vit.server.client import Classifier, failed_image
+            from hub_vit.server.client.classifier import Classifier
+            from hub_vit.server.client.errors import refused_image
 
             with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
                 # a request still queued when the page stops waiting is dropped by the server, not computed
@@ -87,10 +88,10 @@ class TritonLabels:
         except ImportError as exc:
             return None, f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
         except Exception as exc:  # connection refused, timeout, server-side error: degrade, don't crash the page
-            refused = failed_image(exc)
+            refused = refused_image(exc)
             if refused is not None:  # HTTP 400 about this image: the server is fine and says why, in full
-                return None, (f"Triton server at {self.url} refused the image: {refused[1]}; labels shown from the "
-                              "in-process model.")
+                return None, (f"Triton server at {self.url} refused the image: {refused.reason}; labels shown from "
+                              "the in-process model.")
             reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             return None, (f"Triton server at {self.url} not reachable or failed ({reason}); "
                           "labels shown from the in-process model.")
@@ -105,24 +106,23 @@ class TritonLabels:
         rollout output answers with its labels only (`rollout` None)."""
         payload = self._payload(image, source)
         try:
-            from hub_vit.server.client import Classifier, failed_image
+            from hub_vit.server.client.classifier import Classifier
+            from hub_vit.server.client.errors import NoExplanation, refused_image
 
             with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
                 try:
                     prediction = client.classify([payload], queue_timeout_s=self.timeout_s, explain=True,
                                                  head_fusion=head_fusion, discard_ratio=discard_ratio)[0]
-                except ValueError as exc:
-                    if "no rollout output" not in str(exc):
-                        raise
+                except NoExplanation:  # its repository says so: the labels alone
                     prediction = client.classify([payload], queue_timeout_s=self.timeout_s)[0]
                 served = client.served_model()
         except ImportError as exc:
             return None, f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
         except Exception as exc:
-            refused = failed_image(exc)
+            refused = refused_image(exc)
             if refused is not None:
-                return None, (f"Triton server at {self.url} refused the image: {refused[1]}; labels shown from the "
-                              "in-process model.")
+                return None, (f"Triton server at {self.url} refused the image: {refused.reason}; labels shown from "
+                              "the in-process model.")
             reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             return None, (f"Triton server at {self.url} not reachable or failed ({reason}); "
                           "labels shown from the in-process model.")

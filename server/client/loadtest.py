@@ -23,7 +23,11 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from hub_vit.server.client import AsyncClassifier, ImageLike, encode, no_server, queue_timeout, resolve_protocol, shed
+from hub_vit.server.client.addresses import resolve_protocol
+from hub_vit.server.client.classifier import AsyncClassifier
+from hub_vit.server.client.errors import no_server, shed
+from hub_vit.server.client.images import ImageLike, encode
+from hub_vit.server.client.messages import queue_timeout
 
 # Cores of CPU this load generator may use before its numbers are its own limit: it is one Python process whose
 # asyncio loop runs on one thread (gRPC adds a poller thread, which rarely takes much).

@@ -28,8 +28,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hub_vit.server import client
-from hub_vit.server.processes import STUB_MODEL_FILE_ARG, live_processes, stub_args, stub_instance
+from hub_vit.server.client import addresses as client
+from hub_vit.server.runtime.processes import STUB_MODEL_FILE_ARG, live_processes, stub_args, stub_instance
 
 
 @dataclass(frozen=True)

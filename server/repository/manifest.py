@@ -1,5 +1,6 @@
-"""Reading a written repository's manifest (`repository.MANIFEST`, written beside the configs by `write_repository`):
-what `hub-vit serve --repository` serves, on which device, and whether it is what this hub-vit would write.
+"""Reading a written repository's manifest (`writer.MANIFEST`, written beside the configs by `write_repository`): what
+`hub-vit serve --repository` serves and whether it is what this hub-vit would write (the device it records:
+`runtime.device.recorded_device`).
 
 Messages name the command-line flags (`--name`, `--flavour cpu`, `--device cpu`): `serve --repository` is the only
 caller, and its user fixes the problem with those flags.
@@ -11,8 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hub_vit.server.device import DeviceChoice, cuda_device_name
-from hub_vit.server.repository import MANIFEST, outdated_files
+from hub_vit.server.repository.writer import MANIFEST, outdated_files
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -21,23 +21,6 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     if not manifest.is_file():
         return None
     return json.loads(manifest.read_text(encoding="utf-8"))
-
-
-def recorded_device(folder: Path) -> DeviceChoice:
-    """The device and flavour a repository's manifest records (an unreadable one: the CPU flavour); ValueError for a
-    cuda one where torch sees no CUDA device (its KIND_GPU instances would fail to load)."""
-    try:
-        options = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("options", {})
-    except (OSError, ValueError, AttributeError):
-        options = {}
-    flavour, device = str(options.get("flavour", "cpu")), str(options.get("device", "cpu"))
-    if device != "cuda":
-        return DeviceChoice("cpu", flavour, "the CPU")
-    name = cuda_device_name()
-    if name is None:
-        raise ValueError(f"{str(folder)!r} is a torch-flavour repository for device cuda, but torch sees no CUDA "
-                         "device here; rebuild it with --device cpu, or serve it on a GPU host")
-    return DeviceChoice("cuda", flavour, f"cuda:0 ({name})")
 
 
 def served_name(folder: Path, name: str, default_name: str) -> tuple[str, dict[str, Any] | None]:

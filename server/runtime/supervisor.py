@@ -15,8 +15,8 @@ at once. The rule here tells the two kinds of death apart by what the server had
 
 Readiness is taken from the new server itself (`TritonServer.wait_ready`: its own id at `GET /v2`, every endpoint up).
 
-With gates (gate.py and grpc_gate.py: the HTTP and gRPC fronts `hub-vit serve` puts before Triton), each gate relays
-to each server once it is ready and answers "restarting" in between; a stop first drains the gates (new requests
+With gates (`Front`: the HTTP and gRPC gates `hub-vit serve` puts before Triton, `hub_vit.server.front`), each gate
+relays to each server once it is ready and answers "restarting" in between; a stop first drains the gates (new requests
 refused at once, those in flight answered, pooled connections closed), then sends Triton its SIGTERM, so Triton's own
 drain is not held open by clients' connections. `stop_on_signals` turns Ctrl-C / SIGTERM / SIGHUP into that drain (a
 second one stops at once).
@@ -30,10 +30,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
-from hub_vit.server.gate import Gate
-from hub_vit.server.grpc_gate import GrpcGate
-from hub_vit.server.launcher import ServerError, TritonServer
+from hub_vit.server.runtime.launcher import ServerError, TritonServer
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,19 @@ class RestartPolicy:
         return min(self.first_backoff_s * 2 ** max(restarts_in_a_row - 1, 0), self.max_backoff_s)
 
 
+class Front(Protocol):
+    """A public port before the server (the HTTP and gRPC gates, `hub_vit.server.front`): it relays to the server's
+    endpoint of its `protocol` ("http" or "grpc") once pointed there, and is drained before the server stops."""
+
+    protocol: str
+
+    def upstream(self, host: str | None, port: int | None = None) -> None: ...
+
+    def drain(self) -> None: ...
+
+    def drained(self, timeout_s: float) -> bool: ...
+
+
 class GaveUp(ServerError):
     """The server died and the policy allows no further restart (`--max-restarts 0`, or starts that kept failing)."""
 
@@ -69,7 +81,7 @@ class Supervisor:
 
     def __init__(self, new_server: Callable[[], TritonServer], policy: RestartPolicy, stop: threading.Event, *,
                  serving: Callable[[TritonServer, bool], None] = lambda server, restarted: None,
-                 event: Callable[[str], None] = lambda line: None, gates: tuple[Gate | GrpcGate, ...] = ()) -> None:
+                 event: Callable[[str], None] = lambda line: None, gates: tuple[Front, ...] = ()) -> None:
         self.new_server, self.policy, self.stop, self.gates = new_server, policy, stop, gates
         self.serving, self.event = serving, event
         self.server = new_server()  # raises ServerError for a bad repository or a taken port, before anything runs
@@ -140,12 +152,7 @@ class Supervisor:
     def _point_gates(self, server: TritonServer | None) -> None:
         """Each gate relays to `server`'s endpoint of its protocol; None: to no server ("restarting")."""
         for gate in self.gates:
-            if server is None:
-                gate.upstream(None)
-            elif isinstance(gate, GrpcGate):
-                gate.upstream(server.grpc_host, server.grpc_port)
-            else:
-                gate.upstream(server.http_host, server.http_port)
+            gate.upstream(*(server.endpoint(gate.protocol) if server is not None else (None,)))
 
     def _replace(self, wait_s: float) -> None:
         """Stop the dead server (and what is left of it), wait `wait_s` unless stopped, make the next one current."""

@@ -35,8 +35,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import grpc  # noqa: E402
 from grpc import aio  # noqa: E402
 
-from hub_vit.server.gate import NUMERIC, SHUTTING_DOWN, STARTING, GateLimits, Refused, check_inference
-from hub_vit.server.loop_thread import LoopThread, until_idle
+from hub_vit.server.front.http_gate import NUMERIC, SHUTTING_DOWN, STARTING, GateLimits, Refused, check_inference
+from hub_vit.server.front.loop_thread import LoopThread, until_idle
 
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
@@ -102,6 +102,8 @@ def _bytes_elements(raw: bytes) -> int | None:
 class GrpcGate:
     """One gRPC front, with the HTTP gate's control methods: `start()`, `upstream(host, port)` (again after each
     restart; None: refuse as restarting), `drain()` / `drained(timeout_s)`, `close()`."""
+
+    protocol = "grpc"  # the server endpoint it relays to (runtime.supervisor.Front)
 
     def __init__(self, host: str, port: int, limits: GateLimits = GateLimits()) -> None:
         self.host, self.port, self.limits = host, port, limits

@@ -37,7 +37,7 @@ from typing import Any
 from hub_vit import __version__
 from hub_vit.atomic import file_in_the_way, holds_cwd, remove_empty_folders, replace_dir, staging_dir
 from hub_vit.resolve import ResolvedModel
-from hub_vit.server.config import (
+from hub_vit.server.repository.config import (
     ATTENTIONS_FILE,
     GENERATED_HEADER,
     SPIN_MIN_GMACS,
@@ -51,18 +51,19 @@ from hub_vit.server.config import (
     render,
     torch_classifier_config,
 )
-from hub_vit.server.cpu_variant import place
-from hub_vit.server.options import ServingOptions
-from hub_vit.server.source import ServingMetadata, serving_metadata
+from hub_vit.server.repository.cpu_variant import place
+from hub_vit.server.repository.metadata import ServingMetadata, serving_metadata
+from hub_vit.server.repository.options import ServingOptions
 
 MANIFEST = "hub_vit_repository.json"
-PACKAGE = "hub_vit"  # a `_templates` source: a module of the hub_vit package, copied as is
+# `_templates` sources besides the template folders: modules of the hub_vit package, copied as they are
+PACKAGE, SERVER_PACKAGE = "hub_vit", "hub_vit.server"
 TORCH_MODEL_DIR = "model"  # the torch flavour's hub-vit model folder, in the classifier's version folder
 
 
 def template_dir(name: str) -> Path:
     """Folder of one packaged Python-backend template (`preprocess`, `classifier_ort`, `postprocess`, `common`)."""
-    return Path(str(resources.files("hub_vit.server") / "templates" / name))
+    return Path(str(resources.files("hub_vit.server.repository") / "templates" / name))
 
 
 def write_repository(source: ResolvedModel, out_dir: str | Path, options: ServingOptions | None = None, *,
@@ -128,7 +129,8 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
     """Repository-relative path -> what hub-vit's own code puts there: a config's text, or the packaged template file
     copied beside it (the Python-backend `model.py` and the modules it imports). The rest of a repository (weights,
     labels, warm-up image) comes from the model. `outdated_files` compares a repository with this."""
-    decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common", "image_modes.py": PACKAGE}
+    decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common", "image_modes.py": PACKAGE,
+                "protocol.py": SERVER_PACKAGE}
     cls = opts.step("classifier")
     files: dict[str, str | Path] = {f"{opts.name}/config.pbtxt": render(ensemble_config(meta, opts, rollout))}
     if opts.flavour == "cpu":
@@ -151,14 +153,16 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
 
 def _templates(step: str, files: dict[str, str]) -> dict[str, Path]:
     """{file: template} -> {`<step>/1/<file>`: the packaged template file}, where the Python backend imports it;
-    template PACKAGE is hub_vit's own module of that name (`image_modes.py`: one copy of the image-mode rules;
+    templates PACKAGE and SERVER_PACKAGE are hub_vit's own modules of that name (`protocol.py`: the facts the steps
+    write and clients read; `image_modes.py`: one copy of the image-mode rules;
     `openvino_runtime.py`: the session that verified and timed an OpenVINO variant is the one that serves it)."""
-    return {f"{step}/1/{file}": (_package_dir() if template == PACKAGE else template_dir(template)) / file
+    return {f"{step}/1/{file}": (_package_dir(template) if template in (PACKAGE, SERVER_PACKAGE)
+                                 else template_dir(template)) / file
             for file, template in files.items()}
 
 
-def _package_dir() -> Path:
-    return Path(str(resources.files("hub_vit")))
+def _package_dir(package: str) -> Path:
+    return Path(str(resources.files(package)))
 
 
 def _write_labels(folder: Path, meta: ServingMetadata) -> None:

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from hub_vit.atomic import process_gone
-from hub_vit.server.triton_install import ServerError
+from hub_vit.server.runtime.triton_install import ServerError
 
 # Triton's Python backend starts each stub as `bash -c "exec <stub> <repository>/<model>/1/model.py ..."` without
 # quoting, so a space or a shell character in the repository path splits or breaks that command, and its stub fails

@@ -29,7 +29,7 @@ import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hub_vit.server.triton_install import ServerError
+from hub_vit.server.runtime.triton_install import ServerError
 
 # Folders holding a numpy<2 for the stubs, where this environment keeps numpy 2 (scripts/gpu_check.sh sets it to the
 # carried pack's `stub-site/`).

@@ -9,14 +9,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hub_vit.server.protocol import LONGEST_QUEUE_TIMEOUT_US  # a client may ask for less per request (config._batching)
+
 FLAVOURS = ("cpu", "gpu", "torch")
 # Where the torch flavour runs its model (the cpu flavour runs on the CPU, the gpu flavour on the GPU, by definition).
 DEVICES = ("cpu", "cuda")
 GPU_BACKENDS = ("onnxruntime", "tensorrt")
 PRECISIONS = ("FP16", "FP32")
-# One day: the longest queue timeout a repository sets, and the one it sets when none is asked for (a client's shorter
-# per-request timeout still applies; see config._batching). Triton adds it, in ns, to a uint64 clock.
-LONGEST_QUEUE_TIMEOUT_US = 86_400_000_000
 
 # The largest value of each option that Triton's ModelConfig field (model_config.proto) can hold.
 _INT32, _UINT32, _UINT64 = 2**31 - 1, 2**32 - 1, 2**64 - 1
@@ -96,7 +95,7 @@ class ServingOptions:
         if self.device == "cuda" and self.flavour != "torch":
             raise ValueError(f"device 'cuda' is served by flavour 'torch' (flavour {self.flavour!r} has no device "
                              "choice: 'cpu' runs on the CPU, 'gpu' on the GPU); valid flavours for cuda: torch")
-        from hub_vit.server.cpu_variant import AUTO, check_cpu_variant
+        from hub_vit.server.repository.cpu_variant import AUTO, check_cpu_variant
 
         check_cpu_variant(self.cpu_variant)
         if self.cpu_variant not in (AUTO, "fp32") and self.flavour != "cpu":

@@ -31,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hub_vit.ports import PortError, check_ports, ipv4_address
-from hub_vit.server.api_access import CONTROL_HEADER, restricted_api_args
-from hub_vit.server.processes import (
+from hub_vit.server.runtime.api_access import CONTROL_HEADER, restricted_api_args
+from hub_vit.server.runtime.processes import (
     die_with_parent,
     exit_description,
     is_stub,
@@ -40,10 +40,10 @@ from hub_vit.server.processes import (
     live_processes,
     stub_instance,
 )
-from hub_vit.server.stub_env import StubEnvironment, stub_environment
-from hub_vit.server.triton_install import ServerError, TritonInstall, find_triton, has_gpu
-from hub_vit.server.triton_log import ENDPOINT_STARTED, PORT_IN_USE, load_failure
-from hub_vit.server.workspace import (
+from hub_vit.server.runtime.stub_env import StubEnvironment, stub_environment
+from hub_vit.server.runtime.triton_install import ServerError, TritonInstall, find_triton, has_gpu
+from hub_vit.server.runtime.triton_log import ENDPOINT_STARTED, PORT_IN_USE, load_failure
+from hub_vit.server.runtime.workspace import (
     remove_orphaned_regions,
     remove_orphaned_workspaces,
     shell_safe_tempdir,
@@ -119,6 +119,12 @@ class TritonServer:
     @property
     def grpc_url(self) -> str:
         return f"{self.grpc_host}:{self.grpc_port}"
+
+    def endpoint(self, protocol: str) -> tuple[str, int]:
+        """(host, port) of this server's "http" or "grpc" endpoint."""
+        if protocol not in ("http", "grpc"):
+            raise ValueError(f"unknown protocol {protocol!r}; valid: http, grpc")
+        return (self.http_host, self.http_port) if protocol == "http" else (self.grpc_host, self.grpc_port)
 
     @property
     def metrics_url(self) -> str:

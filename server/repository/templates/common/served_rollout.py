@@ -116,6 +116,6 @@ def pixels_and_boxes(preprocess: Any, images: np.ndarray) -> tuple[np.ndarray, n
             image = preprocess.decode(data if isinstance(data, bytes) else bytes(data))
             pixels.append(preprocess.pixels(image))
         except BadImageError as err:
-            raise BadImageError(f"image {index}: {err}") from None
+            raise err.of_image(index) from None
         boxes.append(crop_box(*image.size, preprocess.resized_size(*image.size), preprocess.crop_size))
     return np.stack(pixels), np.asarray(boxes, dtype=np.float32)

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-try:  # hub_vit/image_modes.py, copied beside this file by hub-vit repository (Triton runs it without hub_vit)
-    from image_modes import to_8bit
-except ImportError:  # in process (tests, benchmarks): the package's own module
+try:  # hub_vit/image_modes.py and server/protocol.py, copied beside this file by hub-vit repository (Triton runs it
+    from image_modes import to_8bit  # without hub_vit)
+    from protocol import image_refused
+except ImportError:  # in process (tests, benchmarks): the package's own modules
     from hub_vit.image_modes import to_8bit
+    from hub_vit.server.protocol import image_refused
 
 FORMATS = ("JPEG", "PNG", "WEBP")  # only these decoders run on untrusted bytes
 INTERPOLATIONS = {
@@ -143,6 +145,11 @@ def ends_early(data: bytes, image: Image.Image) -> bool:
 
 class BadImageError(ValueError):
     """The client sent bytes we refuse to classify (answered as a client error, never a server fault)."""
+
+    def of_image(self, index: int) -> BadImageError:
+        """This refusal as the request's answer: image `index` (0-based in the request), tagged so that clients read
+        which image failed without reading the sentence (protocol.py's `image-refused`)."""
+        return BadImageError(image_refused(index, str(self)))
 
 
 def _pixels(count: int) -> str:
@@ -271,7 +278,7 @@ class Preprocess:
             try:
                 pixels.append(self(data if isinstance(data, bytes) else bytes(data)))
             except BadImageError as err:
-                raise BadImageError(f"image {index}: {err}") from None
+                raise err.of_image(index) from None
         return np.stack(pixels)
 
     @classmethod

@@ -60,7 +60,7 @@ class TritonPythonModel:
             device = torch.device("cpu")
             torch.set_num_threads(threads)  # the instances share the cores, as the CPU flavour's ORT sessions do
         from hub_vit.folder import load_model_folder  # the one loader of model folders (imports torch and timm)
-        from hub_vit.server.torch_runner import Runner  # the one GPU path; bench/gpu_check.py times the same
+        from hub_vit.server.repository.torch_runner import Runner  # the one GPU path; bench/gpu_check.py times the same
 
         model, _ = load_model_folder(version_dir / params["model_dir"])
         self.runner = Runner(model, device, self.preprocess.crop_size, tuple(json.loads(params["buckets"])),
@@ -98,7 +98,7 @@ class TritonPythonModel:
             if responses[place] is not None:
                 continue
             if isinstance(result, Exception):
-                err = BadImageError(f"image {index}: {result}") if isinstance(result, BadImageError) else result
+                err = result.of_image(index) if isinstance(result, BadImageError) else result
                 responses[place] = pb_utils.InferenceResponse(error=request_error(err))
                 decoded.pop(place, None)
                 continue

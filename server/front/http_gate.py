@@ -31,7 +31,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from hub_vit.server.loop_thread import LoopThread, until_idle
+from hub_vit.server import protocol
+from hub_vit.server.front.loop_thread import LoopThread, until_idle
 
 INFER_PATH = re.compile(rb"^/v2/models/(?P<model>[^/?]+)(?:/versions/[^/?]+)?/infer(?:\?.*)?$")
 HEALTH_PATH = re.compile(rb"^/v2/health/(live|ready)(?:\?.*)?$")
@@ -39,10 +40,10 @@ LARGEST_DIMENSION = 2**31 - 1  # Triton 2.51 keeps the batch dimension in 32 bit
 NUMERIC = {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
            "BF16"}
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade"}
-# The gate's 503s that mean "no server behind me right now" (a client backs off as from a refused connection)
-STARTING = "the server is starting or restarting; retry shortly"
-SHUTTING_DOWN = "the server is shutting down: no new request is taken"
-NO_SERVER_MESSAGES = (STARTING, SHUTTING_DOWN)
+# The gate's 503s that mean "no server behind me right now" (a client backs off as from a refused connection), in
+# the protocol's words, so clients read the state, not the sentence
+STARTING = protocol.server_state(protocol.RESTARTING, "the server is starting or restarting; retry shortly")
+SHUTTING_DOWN = protocol.server_state(protocol.SHUTTING_DOWN, "the server is shutting down: no new request is taken")
 REASONS = {400: "Bad Request", 408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
            415: "Unsupported Media Type", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
            503: "Service Unavailable"}
@@ -130,6 +131,8 @@ def check_inference(header: object, numeric_outputs: set[str] | None) -> None:
 class Gate:
     """One HTTP front, started with `start()`, pointed at Triton with `upstream(host, port)` (again after each
     restart), drained with `drain()` / `drained(timeout_s)`, ended with `close()`."""
+
+    protocol = "http"  # the server endpoint it relays to (runtime.supervisor.Front)
 
     def __init__(self, host: str, port: int, limits: GateLimits = GateLimits()) -> None:
         self.host, self.port, self.limits = host, port, limits

@@ -6,8 +6,10 @@ Kept apart from `options` (no torch import there, so the CLI starts fast); torch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from hub_vit.server.options import DEVICES, FLAVOURS
+from hub_vit.server.repository.manifest import read_manifest
+from hub_vit.server.repository.options import DEVICES, FLAVOURS
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,7 @@ class DeviceChoice:
 def cuda_device_name() -> str | None:
     """`NVIDIA H100 80GB HBM3` for the first CUDA device torch sees, None without one (or without a CUDA torch).
     Without an NVIDIA driver's device nodes torch is not even imported (a second saved at every start)."""
-    from hub_vit.server.triton_install import has_gpu
+    from hub_vit.server.runtime.triton_install import has_gpu
 
     if not has_gpu():
         return None
@@ -51,3 +53,20 @@ def choose_device(device: str | None, flavour: str | None = None) -> DeviceChoic
             raise ValueError("flavour 'cpu' runs ONNX Runtime on the CPU; device 'cuda' is served by flavour 'torch'")
         return DeviceChoice("cuda", "torch", f"cuda:0 ({name})")
     return DeviceChoice("cpu", flavour or "cpu", "the CPU")
+
+
+def recorded_device(folder: Path) -> DeviceChoice:
+    """The device and flavour a repository's manifest records (an unreadable one: the CPU flavour); ValueError for a
+    cuda one where torch sees no CUDA device (its KIND_GPU instances would fail to load)."""
+    try:
+        options = (read_manifest(folder) or {}).get("options", {})
+    except (OSError, ValueError, AttributeError):
+        options = {}
+    flavour, device = str(options.get("flavour", "cpu")), str(options.get("device", "cpu"))
+    if device != "cuda":
+        return DeviceChoice("cpu", flavour, "the CPU")
+    name = cuda_device_name()
+    if name is None:
+        raise ValueError(f"{str(folder)!r} is a torch-flavour repository for device cuda, but torch sees no CUDA "
+                         "device here; rebuild it with --device cpu, or serve it on a GPU host")
+    return DeviceChoice("cuda", flavour, f"cuda:0 ({name})")

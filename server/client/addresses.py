@@ -1,0 +1,70 @@
+"""Where a client connects: a server address (`host:port`, or a URL of it) and the protocol spoken there, checked
+before tritonclient sees them (it fails on bad ones with unrelated errors), and the rule for a wait's timeout."""
+
+from __future__ import annotations
+
+import numbers
+import urllib.parse
+
+PROTOCOLS = ("http", "grpc")
+
+
+def server_address(url: str) -> tuple[str, bool]:
+    """`host:port`, optionally written as a URL (`http://`, `grpc://`; `https://` for TLS) -> (host:port, use TLS).
+    `ValueError` naming the problem otherwise: tritonclient itself fails on these with unrelated errors (a bad port
+    ends in an AttributeError from its destructor)."""
+    example = "e.g. 127.0.0.1:8000 for HTTP or 127.0.0.1:8001 for gRPC"
+    if not isinstance(url, str):
+        raise TypeError(f"the server URL must be a string such as '127.0.0.1:8000', got {url!r}")
+    scheme, sep, rest = _split_scheme(url)
+    if not sep:
+        scheme, rest = "", scheme
+    if scheme not in ("", "http", "https", "grpc"):
+        raise ValueError(f"unsupported scheme {scheme!r} in server URL {url!r}; give host:port ({example})")
+    rest = rest.rstrip("/")
+    if "/" in rest or "?" in rest or "#" in rest:
+        raise ValueError(f"server URL {url!r} has a path; give host:port only ({example})")
+    if "@" in rest:  # tritonclient would take `user@host` as the host name
+        raise ValueError(f"server URL {url!r} holds a user name; give host:port only ({example})")
+    try:
+        parts = urllib.parse.urlsplit(f"//{rest}")
+        port = parts.port
+    except ValueError:
+        port, parts = None, None
+    if parts is None or not parts.hostname or port is None or port == 0:
+        raise ValueError(f"server URL must be host:port ({example}), got {url!r}")
+    return rest, scheme == "https"
+
+
+def _split_scheme(url: str) -> tuple[str, str, str]:
+    """(scheme in lower case, "://" or "", the rest): URL schemes are case-insensitive (`HTTP://...`)."""
+    scheme, sep, rest = url.strip().partition("://")
+    return (scheme.lower(), sep, rest) if sep else (scheme, sep, rest)
+
+
+def resolve_protocol(url: str, protocol: str | None = None) -> str:
+    """The protocol to speak to `url`: `grpc://` means gRPC and `http://` HTTP; otherwise (`host:port`, `https://`)
+    `protocol`, HTTP when not given. A URL whose scheme names the other protocol than `protocol` is refused: it would
+    be spoken to in the wrong language and fail with an unrelated parse error."""
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    scheme = _split_scheme(url)[0] if "://" in url else ""
+    named = {"grpc": "grpc", "http": "http"}.get(scheme)
+    if named is not None and protocol is not None and named != protocol:
+        raise ValueError(f"server URL {url!r} is a {scheme}:// address, but the protocol asked for is {protocol}; "
+                         f"drop one of them (a bare host:port takes the protocol asked for)")
+    return named or protocol or "http"
+
+
+
+
+def check_timeout(timeout_s: float, *, name: str = "timeout_s", most: float = float("inf")) -> None:
+    """A wait for an answer (`timeout_s`, named `name` in the message) must be a positive, finite number of seconds,
+    at most `most`: tritonclient and sockets fail on others with unrelated errors (0: BlockingIOError; -1: "Timeout
+    value out of range"; nan refused; inf and 1e300 overflow)."""
+    if (isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real)
+            or not (0 < timeout_s < float("inf") and timeout_s <= most)):
+        bound = f" (at most {most:g})" if most < float("inf") else ""
+        raise ValueError(f"{name} must be a positive number of seconds{bound}, got {timeout_s!r}")
+
+

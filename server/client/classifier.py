@@ -1,0 +1,250 @@
+"""Python clients for the served classifier (sync and async, HTTP and gRPC, over tritonclient).
+
+    with Classifier("127.0.0.1:8000") as clf:               # or protocol="grpc", url "127.0.0.1:8001"
+        for p in clf.classify(["cat.jpg", b"...png bytes...", pil_image]):
+            print(p.labels[0], p.scores[0])
+        p = clf.classify("cat.jpg", explain=True)[0]      # + p.rollout (H', W') on p.rollout_box of the image
+
+Images travel encoded (`images.py`); decoding, resizing and normalising happen on the server, exactly once, with the
+model's own transform. What a request and its answer hold is `messages.py`; what a failure means, `errors.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from hub_vit.server import protocol
+from hub_vit.server.client.addresses import PROTOCOLS, check_timeout, resolve_protocol, server_address
+from hub_vit.server.client.errors import NoExplanation, renumbered
+from hub_vit.server.client.images import ImageLike, as_batch
+from hub_vit.server.client.messages import (
+    Prediction,
+    PreparedRequest,
+    ServedConfig,
+    build_request,
+    explain_parameters,
+    model_counts,
+    parse_result,
+    queue_timeout,
+    split,
+)
+
+# Requests one AsyncClassifier.classify call keeps in flight: enough to keep the dynamic batcher fed, few enough that
+# a long list does not fill the server's queue (max_queue_size) and get its tail rejected as an overload.
+MAX_IN_FLIGHT = 4
+# aiohttp, under tritonclient's asyncio HTTP client, asks for compressed answers by default ("Accept-Encoding: gzip,
+# deflate, br"), and Triton then gzips every answer: CPU on both ends for a few hundred bytes of top-k, or float logits
+# that hardly shrink (seen in a profile: about 1% of a loaded 2-core server, plus the client's inflate). The blocking
+# client asks for nothing, so answers come plain.
+PLAIN_ANSWERS = {"Accept-Encoding": "identity"}
+
+
+def _module(protocol: str, aio: bool = False) -> Any:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    if protocol == "http":
+        import tritonclient.http as http
+        import tritonclient.http.aio as http_aio
+
+        return http_aio if aio else http
+    import tritonclient.grpc as grpc
+    import tritonclient.grpc.aio as grpc_aio
+
+    return grpc_aio if aio else grpc
+
+
+
+
+def no_explanation(model: str, config: ServedConfig) -> NoExplanation | None:
+    """The error for an `explain` request to a model whose repository says it has no explanation (protocol.py), or
+    None (it has one, or its config does not say: Triton then answers for itself)."""
+    if protocol.explains(config.parameters) is not False:
+        return None
+    return NoExplanation(f"the served model {model!r} has no explanation (no rollout output): explanations are "
+                         "served by the CPU and torch flavours of a repository built from a hub-vit model (a name or "
+                         "folder, not an .onnx file), with options.explain on")
+
+
+class Classifier:
+    """Blocking client. `url` is `host:port` (8000 for HTTP, 8001 for gRPC by default); see `server_address`.
+    `protocol` is "http" or "grpc"; None (the default) takes it from a `grpc://` / `http://` URL, else HTTP."""
+
+    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit",
+                 timeout_s: float = 60.0) -> None:
+        address, tls = server_address(url)
+        protocol = resolve_protocol(url, protocol)
+        check_timeout(timeout_s)
+        self.module, self.model, self.protocol = _module(protocol), model, protocol
+        if protocol == "http":
+            self.client = self.module.InferenceServerClient(address, ssl=tls, connection_timeout=timeout_s,
+                                                            network_timeout=timeout_s)
+        else:
+            self.client = self.module.InferenceServerClient(address, ssl=tls)
+        self.timeout_s = timeout_s
+        # gRPC calls take their deadline per call (HTTP's was set on the connection): a server that accepts and then
+        # stalls must not hang the caller
+        self._deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
+        self._config: ServedConfig | None = None  # read from the server once
+
+    def config(self) -> ServedConfig:
+        """The served model's batch limit and what its repository says it serves (read once)."""
+        if self._config is None:
+            self._config = ServedConfig.read(self.client.get_model_config(self.model, **self._deadline))
+        return self._config
+
+    def max_batch_size(self) -> int:
+        """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
+        return self.config().max_batch_size
+
+    def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
+                 queue_timeout_s: float | None = None, explain: bool = False, head_fusion: str | None = None,
+                 discard_ratio: float | None = None) -> list[Prediction]:
+        """Predictions in the order of `images`; a list longer than the model's `max_batch_size` is sent as several
+        requests (the server refuses larger ones). A server error names the image by its index in `images`.
+        `queue_timeout_s`: the server rejects a request ("Request timeout expired", HTTP 503 / gRPC UNAVAILABLE)
+        that waits longer than this in a step's queue, instead of computing an answer nobody waits for any more;
+        None: the repository's own limit (none by default).
+        `explain`: each Prediction also holds the server's rollout map and the crop box it covers; `head_fusion`
+        ('mean', 'max', 'min') and `discard_ratio` ([0, 1)) as in `hub-vit rollout`, its defaults when None."""
+        batch = as_batch(images)
+        parameters = explain_parameters(explain, head_fusion, discard_ratio)
+        kwargs = queue_timeout(queue_timeout_s) | self._deadline | ({"parameters": parameters} if parameters else {})
+        refused = no_explanation(self.model, self.config()) if explain else None
+        if refused is not None:
+            raise refused
+        limit = self.max_batch_size() if len(batch) > 1 else 0  # one image fits any model: no config round trip
+        predictions: list[Prediction] = []
+        for offset, chunk in split(batch, limit):
+            inputs, outputs = build_request(self.module, chunk, with_logits, explain)
+            try:
+                result = self.client.infer(self.model, inputs, outputs=outputs, **kwargs)
+            except Exception as err:
+                raise renumbered(err, offset) from None
+            predictions.extend(parse_result(result, with_logits, explain))
+        return predictions
+
+    def served_model(self) -> str | None:
+        """The model the served ensemble was generated from (written by `hub-vit repository`: protocol.py), or None
+        for a model hub-vit did not generate."""
+        return protocol.served_model(self.config().parameters)
+
+    def ready(self) -> bool:
+        return (bool(self.client.is_server_ready(**self._deadline))
+                and bool(self.client.is_model_ready(self.model, **self._deadline)))
+
+    def statistics(self) -> dict[str, dict[str, int]]:
+        return model_counts(self.client.get_inference_statistics(**self._deadline), self.protocol)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Classifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClassifier:
+    """asyncio client (tritonclient's aio modules); the arguments and results of `Classifier`, plus `connections`."""
+
+    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit",
+                 timeout_s: float = 60.0, connections: int = 100) -> None:
+        """`timeout_s`: longest wait for each answer (HTTP: aiohttp's total timeout per request; gRPC: each call's
+        deadline). `connections`: most HTTP connections open at once (tritonclient's `conn_limit`, 100 by default),
+        so the requests one wants in flight at once; beyond it they queue inside the client, unseen by the server.
+        gRPC multiplexes every request over one channel."""
+        address, tls = server_address(url)
+        protocol = resolve_protocol(url, protocol)
+        check_timeout(timeout_s)
+        self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
+        extra = {"conn_limit": max(1, connections), "conn_timeout": timeout_s} if protocol == "http" else {}
+        self.client = self.module.InferenceServerClient(address, ssl=tls, **extra)
+        self.timeout_s = timeout_s
+        self._headers = PLAIN_ANSWERS if protocol == "http" else None
+        self._deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
+        self._config: ServedConfig | None = None  # read from the server once
+
+    async def config(self) -> ServedConfig:
+        """As `Classifier.config`."""
+        if self._config is None:
+            self._config = ServedConfig.read(await self.client.get_model_config(self.model, **self._deadline))
+        return self._config
+
+    async def max_batch_size(self) -> int:
+        """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
+        return (await self.config()).max_batch_size
+
+    async def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
+                       queue_timeout_s: float | None = None, explain: bool = False, head_fusion: str | None = None,
+                       discard_ratio: float | None = None) -> list[Prediction]:
+        """As `Classifier.classify`; the requests of a long list run concurrently (at most MAX_IN_FLIGHT at once)."""
+        batch = as_batch(images)
+        parameters = explain_parameters(explain, head_fusion, discard_ratio)
+        timeout = queue_timeout(queue_timeout_s) | ({"parameters": parameters} if parameters else {})
+        refused = no_explanation(self.model, await self.config()) if explain else None
+        if refused is not None:
+            raise refused
+        limit = await self.max_batch_size() if len(batch) > 1 else 0
+        gate = asyncio.Semaphore(MAX_IN_FLIGHT)
+
+        async def one(offset: int, chunk: list[ImageLike]) -> list[Prediction]:
+            async with gate:
+                inputs, outputs = build_request(self.module, chunk, with_logits, explain)  # encoded when sent
+                try:
+                    result = await self.client.infer(self.model, inputs, outputs=outputs, headers=self._headers,
+                                                     **timeout, **self._deadline)
+                except Exception as err:
+                    raise renumbered(err, offset) from None
+            return parse_result(result, with_logits, explain)
+
+        tasks = [asyncio.ensure_future(one(offset, chunk)) for offset, chunk in split(batch, limit)]
+        try:
+            chunks = await asyncio.gather(*tasks)
+        except BaseException:  # one chunk failed (or we were cancelled): the rest would only load the server
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return [prediction for chunk in chunks for prediction in chunk]
+
+    def prepare(self, images: Sequence[ImageLike] | ImageLike, *,
+                queue_timeout_s: float | None = None) -> PreparedRequest:
+        """One request holding `images` (at most the model's `max_batch_size`; `classify` splits, this does not),
+        encoded and serialised now, for `send`. `queue_timeout_s`: as in `classify`."""
+        batch = as_batch(images)
+        timeout = queue_timeout(queue_timeout_s)
+        inputs, outputs = build_request(self.module, batch, with_logits=False)
+        return PreparedRequest(inputs, outputs, len(batch), timeout.get("timeout"))
+
+    async def send(self, request: PreparedRequest) -> None:
+        """Send a prepared request and wait for its answer; raises the server's error as `classify` does. The answer
+        is checked (one row of scores per image), not turned into `Prediction`s."""
+        result = await self.client.infer(self.model, request.inputs, outputs=request.outputs, headers=self._headers,
+                                         timeout=request.timeout_us, **self._deadline)
+        scores = result.as_numpy("scores")  # (B, K)
+        if scores is None or len(scores) != request.images:
+            rows = "no scores" if scores is None else f"{len(scores)} rows of scores"
+            raise ValueError(f"the server answered {rows} for a request of {request.images} images")
+
+    async def server_id(self) -> str:
+        """The server's id (`GET /v2` "name"; `hub-vit serve` gives every server it starts its own): a changed id
+        means another server process, whose statistics counters started from zero."""
+        metadata = await self.client.get_server_metadata(**self._deadline)
+        return str(metadata["name"] if isinstance(metadata, dict) else metadata.name)
+
+    async def statistics(self) -> dict[str, dict[str, int]]:
+        return model_counts(await self.client.get_inference_statistics(**self._deadline), self.protocol)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self) -> AsyncClassifier:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+

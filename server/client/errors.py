@@ -1,0 +1,93 @@
+"""What a failed request means to a client: one image refused, the server shedding load, no server behind the port,
+a model without explanations; and one readable line for `hub-vit classify` / `loadtest`.
+
+hub-vit's own facts (which image, which server state) are read with `hub_vit.server.protocol`, never from the
+wording. What Triton and tritonclient say themselves (a shed request, an empty reply) is read from their words,
+which are all they give.
+"""
+
+from __future__ import annotations
+
+from hub_vit.server import protocol
+
+# A request refused for what it holds (a bad image, a wrong tensor): HTTP 400 / gRPC INVALID_ARGUMENT.
+CLIENT_ERROR_STATUSES = ("400", "StatusCode.INVALID_ARGUMENT")
+# Triton's answers when it sheds load: the queue was full (max_queue_size), or the request waited in it longer than its
+# queue timeout. HTTP 503 / gRPC UNAVAILABLE, the status gRPC also gives when no server answers: only these words tell.
+SHED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
+
+
+class NoExplanation(ValueError):
+    """The served model answers no `explain` request: its repository says so (protocol.py's `hub_vit_explains`)."""
+
+
+def _message(err: Exception) -> str | None:
+    """tritonclient's error text, or None for an error that is not the server's answer."""
+    from tritonclient.utils import InferenceServerException
+
+    return (err.message() or "") if isinstance(err, InferenceServerException) else None
+
+
+def shed(err: Exception) -> bool:
+    """Whether the server refused a request to shed load (its queue was full, or the request waited longer than its
+    queue timeout), rather than not answering at all."""
+    message = _message(err)
+    return message is not None and any(words in message for words in SHED_MESSAGES)
+
+
+def no_server(err: Exception) -> bool:
+    """Whether `hub-vit serve`'s gate answered for a server that is not there right now (restarting, shutting down):
+    like a refused connection, not an answer of the model's."""
+    message = _message(err)
+    return message is not None and protocol.read_server_state(message) is not None
+
+
+def refused_image(err: Exception) -> protocol.RefusedImage | None:
+    """The server's refusal of one image (its index in the request, the reason); None for any other error (no
+    server, overload, a wrong tensor, too large a batch)."""
+    from tritonclient.utils import InferenceServerException
+
+    if not isinstance(err, InferenceServerException) or err.status() not in CLIENT_ERROR_STATUSES:
+        return None
+    return protocol.refused_image(" ".join((err.message() or "").split()))
+
+
+def renumbered(err: Exception, offset: int) -> Exception:
+    """A server error about image i of a request that began `offset` images into the caller's list, about image
+    i + offset (the chunks are the client's doing; the caller only sees its list)."""
+    from tritonclient.utils import InferenceServerException
+
+    message = _message(err)
+    if not offset or message is None or protocol.refused_image(message) is None:
+        return err
+    assert isinstance(err, InferenceServerException)
+    return InferenceServerException(protocol.renumbered(message, offset), status=err.status(),
+                                    debug_details=err.debug_details())
+
+
+def empty_reply(err: Exception) -> bool:
+    """tritonclient's JSON parser failed on an empty reply: what Triton's metrics port (8002) answers to any path."""
+    return "The document is empty" in str(err)
+
+
+def request_failed(protocol_name: str, url: str, err: Exception) -> str:
+    """One readable line for a request that got no answer from the model: the error, shortened (aiohttp quotes the
+    whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look."""
+    from tritonclient.utils import InferenceServerException
+
+    text = " ".join(str(err).split()).replace(" ssl:default ", " ")  # aiohttp says "ssl:default" for plain HTTP too
+    if not text:  # aiohttp's timeout has no words of its own
+        text = "no answer in time" if isinstance(err, TimeoutError) else type(err).__name__
+    text = text if len(text) <= 240 else text[:240] + " ..."
+    if shed(err):  # gRPC says UNAVAILABLE here too, as for no server at all: the hint below would mislead
+        why = ("it waited in the server's queue longer than its queue timeout (--queue-timeout-ms, or the server's "
+               "--queue-timeout-us)" if "Request timeout expired" in text
+               else "the server's queue was full (its --max-queue-size)")
+        return f"{protocol_name} {url}: {text}\nthe server is overloaded and shed this request: {why}; retry later"
+    if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
+        return f"{protocol_name} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
+    names = {"http": "HTTP", "grpc": "gRPC"}
+    this, other = names[protocol_name], names["http" if protocol_name == "grpc" else "grpc"]
+    return (f"{protocol_name} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), "
+            f"and is this its {this} port, not its {other} or metrics port? Defaults: HTTP 8000, gRPC 8001 (--grpc), "
+            "metrics 8002.")

@@ -1,0 +1,72 @@
+"""Images as a client sends them: encoded bytes (paths read as they are, PIL images encoded losslessly as PNG);
+decoding, resizing and normalising happen on the server, exactly once, with the model's own transform."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ImageLike = Any  # str | Path | bytes | PIL.Image.Image
+# Modes a PNG holds as they are; Pillow refuses to write the others (CMYK, YCbCr, LAB, HSV, RGBX, RGBa, La, PA, F,
+# and the 16-bit "I;16L" / "I;16N", which `_png_ready` rewrites as "I;16") as PNG, and writing "I" is deprecated.
+PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I;16B")
+# 16-bit greyscale in a byte order Pillow's PNG writer does not take; the samples are kept, only their layout changes.
+_OTHER_16BIT_MODES = ("I;16L", "I;16N")
+
+
+def encode(image: ImageLike) -> bytes:
+    """Path / bytes / PIL image -> encoded bytes as sent to the server."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image)
+    if isinstance(image, (str, Path)):
+        path = Path(image)
+        if path.is_dir():
+            raise ValueError(f"{str(path)!r} is a directory; give image files (JPEG, PNG or WebP)")
+        if not path.exists():
+            raise ValueError(f"image file {str(path)!r} does not exist")
+        if not path.is_file():
+            raise ValueError(f"{str(path)!r} is not a regular file; give image files (JPEG, PNG or WebP)")
+        return path.read_bytes()
+    if hasattr(image, "save") and hasattr(image, "mode"):
+        buffer = io.BytesIO()
+        _png_ready(image).save(buffer, format="PNG")
+        return buffer.getvalue()
+    raise ValueError(f"cannot send {type(image).__name__}; valid image types: path, bytes, PIL.Image")
+
+
+def _png_ready(image: Any) -> Any:
+    """A PIL image in a mode PNG can hold, converted the way the server's decoder would treat it."""
+    if image.mode in PNG_MODES:
+        return image
+    if image.mode in _OTHER_16BIT_MODES:  # same samples, rewritten little-endian as "I;16", which PNG can hold
+        from PIL import Image
+
+        return Image.frombytes("I;16", image.size, np.asarray(image).astype("<u2").tobytes())
+    if image.mode == "F":
+        raise ValueError("cannot send a mode 'F' (32-bit float) PIL image: its value range is unknown; convert it to "
+                         "'L' or 'RGB' first")
+    if image.mode == "I":
+        from hub_vit.image_modes import to_8bit
+
+        return to_8bit(image)  # 16-bit samples in 32-bit ints -> their high bytes, as the server does for 16-bit PNGs
+    from hub_vit.image_modes import ALPHA_MODES, flatten_alpha
+
+    if image.mode in ALPHA_MODES:  # RGBa, La, PA: composited onto white here, as the server does with RGBA / LA
+        return flatten_alpha(image)
+    return image.convert("RGB")  # CMYK, YCbCr, ...
+
+
+
+
+def as_batch(images: Sequence[ImageLike] | ImageLike) -> list[ImageLike]:
+    """One image or a list/tuple of them -> a non-empty list."""
+    batch = list(images) if isinstance(images, (list, tuple)) else [images]
+    if not batch:
+        raise ValueError("no images given; pass at least one path, bytes object or PIL image")
+    return batch
+
+

@@ -1,0 +1,165 @@
+"""What a request to the served classifier holds and what its answer holds: the tensors sent (encoded images, the
+outputs asked for, request parameters) and the `Prediction`s read back; the model's config as a client needs it; the
+statistics Triton reports."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hub_vit.server import protocol
+from hub_vit.server.client.images import ImageLike, encode
+
+OUTPUTS = ("labels", "scores", "class_ids")
+EXPLAIN_OUTPUTS = ("rollout", "rollout_box")  # answered to a request whose parameters say `explain` (served_rollout.py)
+LONGEST_QUEUE_TIMEOUT_S = protocol.LONGEST_QUEUE_TIMEOUT_US // 1_000_000
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Top-k of one image, best first; `logits` only when asked for (`with_logits=True`). With `explain=True`,
+    `rollout` is the server's attention-rollout map (H', W') on the model's patch grid (relevance mass, as
+    `hub_vit.explain.attention_rollout`'s maps) and `rollout_box` the model's crop (left, top, right, bottom) in the
+    image's own pixels, where the map lies (`hub_vit.explain.blend(image, rollout, rollout_box)` draws it)."""
+
+    labels: list[str]
+    scores: list[float]
+    class_ids: list[int]
+    logits: np.ndarray | None = None
+    rollout: np.ndarray | None = None
+    rollout_box: tuple[float, float, float, float] | None = None
+    model_name: str | None = None  # which model and version answered (Triton's response)
+    model_version: str | None = None
+
+
+
+
+@dataclass(frozen=True)
+class ServedConfig:
+    """The served model's config as a client needs it: `max_batch_size` (the most images one request may hold; 0 = no
+    limit) and the ensemble's parameters (what hub-vit says it serves: protocol.py)."""
+
+    max_batch_size: int
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, config: Any) -> ServedConfig:
+        """From Triton's model config: HTTP's dict (gRPC's `as_json=True` nests it in "config") or gRPC's
+        `ModelConfigResponse`."""
+        if isinstance(config, dict):
+            config = config.get("config", config)
+            parameters = {key: str((value or {}).get("string_value", ""))
+                          for key, value in (config.get("parameters") or {}).items()}
+            return cls(int(config.get("max_batch_size", 0)), parameters)
+        parameters = {key: value.string_value for key, value in config.config.parameters.items()}
+        return cls(int(config.config.max_batch_size), parameters)
+
+
+def split(images: list[ImageLike], limit: int) -> list[tuple[int, list[ImageLike]]]:
+    """(offset, images) chunks of at most `limit` images (all in one when `limit` is 0: no limit), in order."""
+    size = limit if limit > 0 else len(images)
+    return [(start, images[start:start + size]) for start in range(0, len(images), size)]
+
+
+
+
+def queue_timeout(seconds: float | None) -> dict[str, int]:
+    """`queue_timeout_s` -> tritonclient's `infer(timeout=...)` keyword (microseconds; Triton takes it from the
+    request's parameters when the model's queue policy allows an override, as generated repositories do)."""
+    if seconds is None:
+        return {}
+    # numbers.Real takes numpy scalars too; at most the repository's own default (one day), the longest timeout
+    # Triton applies (a longer one is not even parsed: HTTP 500 / a protobuf range error on gRPC)
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 < seconds <= LONGEST_QUEUE_TIMEOUT_S:
+        raise ValueError(f"the queue timeout must be a positive number of seconds, at most {LONGEST_QUEUE_TIMEOUT_S} "
+                         f"(one day), got {seconds!r}")
+    return {"timeout": max(1, round(float(seconds) * 1e6))}
+
+
+
+
+def explain_parameters(explain: bool, head_fusion: str | None, discard_ratio: float | None) -> dict[str, Any]:
+    """The request parameters that ask the server for a rollout map ({} without `explain`). The server checks the
+    values (its client error names the valid ones) and applies `hub-vit rollout`'s defaults to those left None."""
+    if not explain:
+        if head_fusion is not None or discard_ratio is not None:
+            raise ValueError("head_fusion and discard_ratio set how the map is made: pass explain=True with them")
+        return {}
+    given = {"head_fusion": head_fusion, "discard_ratio": discard_ratio}
+    return {"explain": True} | {key: value for key, value in given.items() if value is not None}
+
+
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """One request's tensors, built once (`AsyncClassifier.prepare`) and sent as often as wanted (`send`): what a
+    load generator sends, so that its own CPU per request stays small next to the server's."""
+
+    inputs: list[Any]
+    outputs: list[Any]
+    images: int
+    timeout_us: int | None = None  # the request's queue timeout (None: the repository's own)
+
+
+def build_request(module: Any, images: Sequence[ImageLike], with_logits: bool,
+                  explain: bool = False) -> tuple[list[Any], list[Any]]:
+    data = np.array([[encode(image)] for image in images], dtype=np.object_)  # (B, 1) encoded bytes
+    tensor = module.InferInput("image", list(data.shape), "BYTES")
+    tensor.set_data_from_numpy(data)
+    names = OUTPUTS + (("logits",) if with_logits else ()) + (EXPLAIN_OUTPUTS if explain else ())
+    return [tensor], [module.InferRequestedOutput(name) for name in names]
+
+
+def parse_result(result: Any, with_logits: bool, explain: bool = False) -> list[Prediction]:
+    labels, scores, ids = (result.as_numpy(name) for name in OUTPUTS)  # (B, K) each
+    logits = result.as_numpy("logits") if with_logits else None
+    # (B, H', W') maps and (B, 4) boxes
+    maps, boxes = (result.as_numpy(name) for name in EXPLAIN_OUTPUTS) if explain else (None, None)
+    answered = result.get_response()  # HTTP: a dict; gRPC: a ModelInferResponse
+    name, version = ((answered.get("model_name"), answered.get("model_version")) if isinstance(answered, dict)
+                     else (answered.model_name, answered.model_version))
+    if explain and (maps is None or boxes is None):
+        raise ValueError("the server answered without the rollout map it was asked for (its model's step does not "
+                         "read the `explain` parameter: a repository from an earlier hub-vit? rebuild it)")
+    return [
+        Prediction(
+            labels=[label.decode("utf-8") if isinstance(label, bytes) else str(label) for label in labels[i]],
+            scores=scores[i].astype(float).tolist(),
+            class_ids=ids[i].astype(int).tolist(),
+            logits=None if logits is None else logits[i],
+            rollout=None if maps is None else maps[i],
+            rollout_box=None if boxes is None else tuple(float(v) for v in boxes[i]),
+            model_name=name or None,
+            model_version=version or None,
+        )
+        for i in range(len(scores))
+    ]
+
+
+
+
+def model_counts(stats: Any, protocol: str) -> dict[str, dict[str, int]]:
+    """Triton statistics -> {model: {inference_count, execution_count, success, fail, queue_ns, compute_ns}}."""
+    if protocol == "grpc":
+        from google.protobuf.json_format import MessageToDict
+
+        stats = MessageToDict(stats, preserving_proto_field_name=True)
+    out: dict[str, dict[str, int]] = {}
+    for entry in stats.get("model_stats", []):
+        infer = entry.get("inference_stats", {})
+        out[entry["name"]] = {
+            "inference_count": int(entry.get("inference_count", 0)),
+            "execution_count": int(entry.get("execution_count", 0)),
+            "success": int(infer.get("success", {}).get("count", 0)),
+            "fail": int(infer.get("fail", {}).get("count", 0)),
+            "queue_ns": int(infer.get("queue", {}).get("ns", 0)),
+            "compute_ns": int(infer.get("compute_infer", {}).get("ns", 0)),
+        }
+    return out
+
+

@@ -1,0 +1,134 @@
+"""The structured facts hub-vit's processes tell each other, each written and read here and nowhere else.
+
+Standard library only: `hub-vit repository` copies this file beside the Python-backend models of every repository it
+writes (as it copies topk.py), where they import it as `protocol`; in process it is `hub_vit.server.protocol`.
+
+Facts that ride in an error. Triton carries a refused request's reason as one string (HTTP: the JSON `error`; gRPC:
+the status details) and puts its own words before a step's ("in ensemble 'vit', "). A fact is a tag,
+`[hub-vit <fact> key=value ...]`, followed by the sentence for people; `read` finds the tag wherever it stands and
+returns its fields and the sentence after it, so no reader depends on the wording:
+
+* `image-refused index=N`: image N (0-based, within the request) was refused; the sentence says why. The rest of
+  the request is not answered; other requests of the same batch are.
+* `server state=restarting|shutting-down`: the gate answered for a server that is not there right now (a client
+  backs off as from a refused connection).
+
+Facts in a model's config (parameters of the ensemble clients call, written by `hub-vit repository`):
+
+* `hub_vit_model`: the model the repository was built from (a name, a folder, a file);
+* `hub_vit_explains`: "true" when a request may ask for the attention-rollout map (`explain`), "false" when this
+  model has no explanation. A config without it was not written by hub-vit: nothing is known.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+IMAGE_REFUSED = "image-refused"
+SERVER = "server"
+RESTARTING, SHUTTING_DOWN = "restarting", "shutting-down"
+SERVER_STATES = (RESTARTING, SHUTTING_DOWN)
+
+SERVED_MODEL_PARAMETER = "hub_vit_model"
+EXPLAINS_PARAMETER = "hub_vit_explains"
+# The longest queue timeout a repository sets (one day, in microseconds), and the one it sets when none is asked
+# for; Triton adds it, in ns, to a uint64 clock. A client may ask for less per request, never for more.
+LONGEST_QUEUE_TIMEOUT_US = 86_400_000_000
+
+_TAG = re.compile(r"\[hub-vit (?P<fact>[a-z-]+)(?P<fields>(?: [a-z_]+=[^\s\]]*)*)\] ?")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact read from a message: its name, its fields (strings) and the sentence that follows the tag."""
+
+    name: str
+    fields: dict[str, str] = field(default_factory=dict)
+    sentence: str = ""
+
+
+def tagged(fact: str, sentence: str, **fields: object) -> str:
+    """`[hub-vit <fact> key=value ...] sentence`. Field values must not hold spaces or ']'."""
+    for key, value in fields.items():
+        if not re.fullmatch(r"[^\s\]]*", str(value)):
+            raise ValueError(f"field {key}={value!r} of fact {fact!r} holds a space or ']'")
+    written = "".join(f" {key}={value}" for key, value in fields.items())
+    return f"[hub-vit {fact}{written}] {sentence}"
+
+
+def read(message: str) -> Fact | None:
+    """The fact tagged in `message` (anywhere in it), or None when it carries none."""
+    match = _TAG.search(message or "")
+    if match is None:
+        return None
+    fields = dict(pair.split("=", 1) for pair in match["fields"].split())
+    return Fact(match["fact"], fields, message[match.end():].strip())
+
+
+# -- image-refused ------------------------------------------------------------------------------------------------
+def image_refused(index: int, reason: str) -> str:
+    """The error for a request whose image `index` (0-based within the request) is refused for `reason`."""
+    return tagged(IMAGE_REFUSED, f"image {index}: {reason}", index=int(index))
+
+
+@dataclass(frozen=True)
+class RefusedImage:
+    index: int  # within the request
+    reason: str  # why, for people, without the image's number
+
+
+def refused_image(message: str) -> RefusedImage | None:
+    """Which image of a request was refused and why, from the server's error; None when the error is not about one
+    image."""
+    fact = read(message)
+    if fact is None or fact.name != IMAGE_REFUSED or not fact.fields.get("index", "").isdigit():
+        return None
+    index = int(fact.fields["index"])
+    prefix = f"image {index}: "
+    reason = fact.sentence[len(prefix):] if fact.sentence.startswith(prefix) else fact.sentence
+    return RefusedImage(index, reason)
+
+
+def renumbered(message: str, offset: int) -> str:
+    """An image refusal of a request that was part `offset` images into a longer list, numbered within that list;
+    any other message unchanged."""
+    refused = refused_image(message)
+    if refused is None or not offset:
+        return message
+    match = _TAG.search(message)
+    assert match is not None
+    return message[:match.start()] + image_refused(refused.index + offset, refused.reason)
+
+
+# -- server state -------------------------------------------------------------------------------------------------
+def server_state(state: str, sentence: str) -> str:
+    """The gate's answer while no server stands behind it: `state` is restarting or shutting-down."""
+    if state not in SERVER_STATES:
+        raise ValueError(f"unknown server state {state!r}; valid: {', '.join(SERVER_STATES)}")
+    return tagged(SERVER, sentence, state=state)
+
+
+def read_server_state(message: str) -> str | None:
+    """restarting / shutting-down when the gate answered for an absent server; None for anything else."""
+    fact = read(message)
+    state = None if fact is None or fact.name != SERVER else fact.fields.get("state")
+    return state if state in SERVER_STATES else None
+
+
+# -- model config parameters --------------------------------------------------------------------------------------
+def model_parameters(served_model: str, explains: bool) -> dict[str, str]:
+    """The ensemble's parameters that tell clients what it serves."""
+    return {SERVED_MODEL_PARAMETER: served_model, EXPLAINS_PARAMETER: "true" if explains else "false"}
+
+
+def served_model(parameters: dict[str, str]) -> str | None:
+    """The model a hub-vit repository was built from, from its ensemble's parameters (None: not hub-vit's)."""
+    return parameters.get(SERVED_MODEL_PARAMETER) or None
+
+
+def explains(parameters: dict[str, str]) -> bool | None:
+    """Whether the served model answers `explain` requests with a rollout map; None when the config does not say
+    (a repository hub-vit did not write, or an earlier hub-vit wrote)."""
+    value = parameters.get(EXPLAINS_PARAMETER)
+    return None if value is None else value == "true"

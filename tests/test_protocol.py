@@ -1,0 +1,76 @@
+"""The facts hub-vit's processes tell each other (server/protocol.py): written and read by that module alone, stdlib
+only, copied into every repository step that writes them, and read back wherever Triton puts them."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from hub_vit.server import protocol
+from hub_vit.server.repository.writer import SERVER_PACKAGE, _package_dir
+
+PROTOCOL_FILE = Path(protocol.__file__)
+
+
+def test_the_protocol_imports_the_standard_library_only():
+    """It runs inside Triton's stubs, copied beside their model.py, where hub_vit may not be importable."""
+    tree = ast.parse(PROTOCOL_FILE.read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported - set(sys.stdlib_module_names)
+
+
+def test_the_copied_file_is_the_packages_own():
+    assert _package_dir(SERVER_PACKAGE) / "protocol.py" == PROTOCOL_FILE
+
+
+@pytest.mark.parametrize("before", ["", "in ensemble 'vit', ", "in ensemble 'my-model', step 2: "])
+def test_an_image_refusal_is_read_wherever_triton_puts_it(before):
+    message = before + protocol.image_refused(3, "not an image: 12 bytes starting b'hello wo' are not JPEG")
+    refused = protocol.refused_image(message)
+    assert refused == protocol.RefusedImage(3, "not an image: 12 bytes starting b'hello wo' are not JPEG")
+    assert "image 3: not an image" in message  # and people read which image too
+
+
+def test_a_reason_that_looks_like_a_tag_is_only_a_sentence():
+    message = protocol.image_refused(0, "cannot decode [hub-vit image-refused index=7] oddly named file")
+    assert protocol.refused_image(message).index == 0
+
+
+def test_renumbering_moves_the_index_and_keeps_everything_else():
+    message = "in ensemble 'vit', " + protocol.image_refused(2, "truncated JPEG image")
+    moved = protocol.renumbered(message, 16)
+    assert moved.startswith("in ensemble 'vit', ") and protocol.refused_image(moved) == protocol.RefusedImage(
+        18, "truncated JPEG image")
+    assert protocol.renumbered("some other error", 16) == "some other error"
+
+
+def test_words_alone_are_no_fact():
+    """A message without the tag (Triton's own, or a sentence that merely says "image 3:") carries no fact."""
+    assert protocol.refused_image("in ensemble 'vit', image 3: not an image") is None
+    assert protocol.read_server_state("the server is starting or restarting; retry shortly") is None
+    assert protocol.read("") is None
+
+
+@pytest.mark.parametrize("state", protocol.SERVER_STATES)
+def test_server_states_round_trip(state):
+    assert protocol.read_server_state(protocol.server_state(state, "retry shortly")) == state
+
+
+def test_bad_facts_are_refused_when_written():
+    with pytest.raises(ValueError, match="unknown server state 'asleep'; valid: restarting, shutting-down"):
+        protocol.server_state("asleep", "zzz")
+    with pytest.raises(ValueError, match="holds a space"):
+        protocol.tagged("x", "sentence", key="two words")
+
+
+def test_model_parameters_round_trip():
+    written = protocol.model_parameters("simplevit_digits", explains=False)
+    assert protocol.served_model(written) == "simplevit_digits" and protocol.explains(written) is False
+    assert protocol.explains(protocol.model_parameters("m", explains=True)) is True
+    assert protocol.explains({}) is None and protocol.served_model({}) is None  # not a hub-vit repository
