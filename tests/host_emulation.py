@@ -3,9 +3,9 @@
 The lent GPU hosts run hub-vit from an environment with numpy 2 (their torch, scipy and transformers need it), while
 the Triton stub shipped in nvidia-pytriton needs numpy<2. `emulated_host` builds such a main environment from this
 one without installing anything into it: a virtual environment whose path puts a numpy 2 folder (`numpy2_folder`)
-before this environment's site-packages, and which runs this environment's `.pth` import lines (the editable install
-of hub-vit). `numpy1_folder` is what a GPU host carries for the stubs: a folder holding only a numpy<2 (here, links
-to this environment's own).
+before this interpreter's own import path (its site-packages and whatever else is on it), and which runs those
+folders' `.pth` import lines (the editable install of hub-vit). `numpy1_folder` is what a GPU host carries for the
+stubs: a folder holding only a numpy<2 (here, links to this environment's own).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -50,9 +51,12 @@ def emulated_host(target: Path) -> Path:
     """A virtual environment at `target` whose numpy is 2.x and which otherwise imports this environment's packages;
     returns its `python`."""
     venv.EnvBuilder(symlinks=True, with_pip=False, clear=True).create(target)
-    own = site_packages(Path(sys.prefix))
-    (site_packages(target) / "00-host.pth").write_text(f"{numpy2_folder()}\n{own}\n", encoding="utf-8")
-    imports = [line for pth in sorted(own.glob("*.pth"))
+    stdlib = Path(sysconfig.get_path("stdlib")).resolve()
+    own = [Path(entry).resolve() for entry in sys.path[1:] if entry and Path(entry).is_dir()]
+    own = [path for path in dict.fromkeys(own) if not path.is_relative_to(stdlib)]  # site-packages, PYTHONPATH
+    (site_packages(target) / "00-host.pth").write_text("".join(f"{path}\n" for path in [numpy2_folder(), *own]),
+                                                       encoding="utf-8")
+    imports = [line for folder in own for pth in sorted(folder.glob("*.pth"))
                for line in pth.read_text(encoding="utf-8").splitlines() if line.startswith("import ")]
     (site_packages(target) / "01-host-imports.pth").write_text("".join(f"{line}\n" for line in imports),
                                                              encoding="utf-8")
