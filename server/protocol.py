@@ -12,6 +12,8 @@ returns its fields and the sentence after it, so no reader depends on the wordin
   the request is not answered; other requests of the same batch are.
 * `server state=restarting|shutting-down`: the gate answered for a server that is not there right now (a client
   backs off as from a refused connection).
+* `too-large limit=N`: the front refused a request (HTTP body, gRPC message; also once inflated) over its limit of
+  N bytes (`hub-vit serve --max-request-mb`); a client splits what it sends to fit, and names a file that never can.
 
 Facts in a model's config (parameters of the ensemble clients call, written by `hub-vit repository`):
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 
 IMAGE_REFUSED = "image-refused"
 SERVER = "server"
+TOO_LARGE = "too-large"
 RESTARTING, SHUTTING_DOWN = "restarting", "shutting-down"
 SERVER_STATES = (RESTARTING, SHUTTING_DOWN)
 
@@ -114,6 +117,19 @@ def read_server_state(message: str) -> str | None:
     fact = read(message)
     state = None if fact is None or fact.name != SERVER else fact.fields.get("state")
     return state if state in SERVER_STATES else None
+
+
+# -- too-large ----------------------------------------------------------------------------------------------------
+def too_large(limit: int, sentence: str) -> str:
+    """The front's refusal of a request over its limit of `limit` bytes."""
+    return tagged(TOO_LARGE, sentence, limit=int(limit))
+
+
+def read_too_large(message: str) -> int | None:
+    """The front's limit in bytes when it refused a request as too large; None for anything else."""
+    fact = read(message)
+    limit = None if fact is None or fact.name != TOO_LARGE else fact.fields.get("limit", "")
+    return int(limit) if limit and limit.isdigit() else None
 
 
 # -- model config parameters --------------------------------------------------------------------------------------

@@ -74,3 +74,9 @@ def test_model_parameters_round_trip():
     assert protocol.served_model(written) == "simplevit_digits" and protocol.explains(written) is False
     assert protocol.explains(protocol.model_parameters("m", explains=True)) is True
     assert protocol.explains({}) is None and protocol.served_model({}) is None  # not a hub-vit repository
+
+
+def test_too_large_round_trips_its_limit():
+    message = "in ensemble 'vit', " + protocol.too_large(64 << 20, "the request body is 90000000 bytes, over the limit")
+    assert protocol.read_too_large(message) == 64 << 20
+    assert protocol.read_too_large(protocol.server_state("restarting", "retry")) is None

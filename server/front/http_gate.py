@@ -92,8 +92,8 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
             pending = inflater.unconsumed_tail
             size += len(chunk)
             if size > limit:
-                raise Refused(413, f"the request body inflates ({encoding}) to more than {limit} bytes, the limit "
-                                   "(hub-vit serve --max-request-mb)", close=True)
+                why = f"the request body inflates ({encoding}) to more than {limit} bytes, the limit"
+                raise Refused(413, protocol.too_large(limit, f"{why} (hub-vit serve --max-request-mb)"), close=True)
             out.append(chunk)
             if inflater.eof:
                 break
@@ -259,8 +259,9 @@ class Gate:
                                "CVE-2025-23310); send a Content-Length", close=True)
         length = _content_length(headers)
         if length > self.limits.max_body_bytes:
-            raise Refused(413, f"the request body is {length} bytes, over the limit of {self.limits.max_body_bytes} "
-                               "(hub-vit serve --max-request-mb)", close=True)
+            raise Refused(413, protocol.too_large(self.limits.max_body_bytes, f"the request body is {length} bytes, "
+                                                  f"over the limit of {self.limits.max_body_bytes} (hub-vit serve "
+                                                  "--max-request-mb)"), close=True)
         if headers.pop(b"expect", b"").lower() == b"100-continue" and length:  # curl waits for it before sending
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if self._buffered + length > self.limits.max_buffered_bytes:
