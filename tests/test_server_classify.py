@@ -105,7 +105,7 @@ def test_long_lists_are_sent_in_max_batch_size_requests_in_order(server, digits,
         served = client.classify(digits)  # was: "[400] inference request batch-size must be <= 16 for 'vit'"
         assert _requests_counted(client, before, 3) == 3  # 16 + 16 + 3, not one request per image
         assert client.max_batch_size() == OPTIONS.max_batch_size
-        assert client._limit == OPTIONS.max_batch_size  # read once, then cached
+        assert client._config is not None and client._config.max_batch_size == OPTIONS.max_batch_size  # cached
     _same(served, one_by_one)
     assert len({tuple(p.class_ids) for p in served}) > 1  # distinct images: a shuffled order would show
 
