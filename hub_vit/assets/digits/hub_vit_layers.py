@@ -29,9 +29,10 @@ def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
     if width % 4:
         raise ValueError(f"sincos2d position embedding needs a width divisible by 4, got {width}")
     quarter = width // 4
-    f64 = {"dtype": torch.float64, "device": device}
-    y, x = torch.meshgrid(torch.arange(h, **f64), torch.arange(w, **f64), indexing="ij")
-    omega = torch.arange(quarter, **f64) / max(quarter - 1, 1)
+    f64 = torch.float64
+    y, x = torch.meshgrid(torch.arange(h, dtype=f64, device=device), torch.arange(w, dtype=f64, device=device),
+                          indexing="ij")
+    omega = torch.arange(quarter, dtype=f64, device=device) / max(quarter - 1, 1)
     omega = 1.0 / temperature**omega
     y = y.reshape(-1, 1) * omega  # (h*w, width/4)
     x = x.reshape(-1, 1) * omega
