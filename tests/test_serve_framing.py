@@ -148,3 +148,16 @@ def test_grpc_malformed_messages_and_frames_are_refused(serve: Serve) -> None:
         # the server ends the connection (after an HTTP/2 GOAWAY, or at once) and relays nothing
         assert closed and b"HTTP/1.1 200" not in answer, (case, answer[:200])
     assert_healthy(serve)
+
+
+def test_an_image_posted_as_the_inference_body_is_told_what_the_endpoint_takes(serve: Serve) -> None:
+    # was: HTTP 500 "failed to parse the request JSON buffer" from Triton (`curl --data-binary @3_0.png .../infer`)
+    from tests.test_serve_limits import post
+    from tests.test_serve_supervision import SAMPLES
+
+    status, text = post(serve.ports[0], "/v2/models/vit/infer", SAMPLES[0].read_bytes(),
+                        {"Content-Type": "application/x-www-form-urlencoded"})  # what curl --data-binary sends
+    assert status == 400, text
+    assert "the request body is not JSON" in text and "POST /v2/models/vit/infer takes a KServe v2 inference " \
+        "request" in text and "docs/serving.md#raw-http" in text, text
+    health_answered(serve)
