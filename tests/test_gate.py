@@ -92,7 +92,7 @@ def _message(shape: list[int], raw: bytes, outputs: tuple[str, ...] = (), classi
     return parse_inference(request.SerializeToString())
 
 
-def test_grpc_checks_are_the_http_gates_plus_contents_against_shape():
+def test_grpc_checks_are_the_http_fronts_plus_contents_against_shape():
     two = struct.pack("<I", 3) + b"abc" + struct.pack("<I", 1) + b"d"
     assert inference_refusal(_message([2, 1], two), set()) is None
     assert inference_refusal(_message([1, 1], two), set()) == \
