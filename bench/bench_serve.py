@@ -23,14 +23,15 @@ the client's own CPU. perf_analyzer rows carry the suffix `_perf_analyzer`.
     .venv/bin/python bench/bench_serve.py --server-cpus 0,1 --client-cpus 2-5
     .venv/bin/python bench/bench_serve.py --load-generators hub-vit   # without perf_analyzer
 
-`--gate-cost` measures something else, the cost of `hub-vit serve`'s gates (server/gate.py, server/grpc_gate.py): one
-`hub-vit serve --repository` process, and hub-vit's load generator at concurrency 16 (one image per request) sent in
-turn through the gates (the public ports) and straight to that same tritonserver (its private ports, read from its
-command line), SLICES pairs per protocol in alternating order, medians of the paired ratios; also the serve process's
-CPU (the gates) per request, less its CPU without requests (its supervision). Written to
-bench/results/serve_gate_cpu.json unless `--out` says otherwise.
+`--front-cost` measures something else, the cost of `hub-vit serve`'s front (server/front/), with a trivial model so
+that the front is all there is to see (bench/front_cost.py): h11's and httptools' CPU per request, then batch-1
+requests at concurrency 64 through the public ports vs Triton's own private ports, HTTP and gRPC, interleaved rounds,
+medians, the front processes' CPU per request, for each number of front processes. Written to
+bench/results/serve_front_cpu.json unless `--out` says otherwise.
 
-    nice -n 10 .venv/bin/python bench/bench_serve.py --gate-cost --slices 8 --seconds 64
+    .venv/bin/python bench/bench_serve.py --front-cost                 # 1, 2 and 4 front processes, 5 rounds of 5 s
+    .venv/bin/python bench/bench_serve.py --front-cost --quick         # 1 and 2 processes, 2 rounds of 2 s
+    .venv/bin/python bench/bench_serve.py --front-cost --front-processes 1 2 4 8 --rounds 7 --seconds 10
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ import importlib.util
 import io
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,7 +69,6 @@ MULTI_IMAGE = 8  # images per request in the extra c16 row
 SLICES = 3  # each comparison alternates in-process and served measurements this many times; medians are reported
 LOAD_GENERATORS = ("hub-vit", "perf_analyzer")
 WARMUP = 4  # requests hub-vit's load generator sends before it measures
-IDLE_S = 3.0  # --gate-cost: serve's own CPU measured over this long without requests
 
 
 def _imageprep():
@@ -374,100 +372,6 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
             "cpu_variant": selected, "rows": rows, "targets": targets}
 
 
-def _private_ports(serve_pid: int) -> dict[str, int]:
-    """The HTTP and gRPC ports of the tritonserver a `hub-vit serve` process runs (behind its gates), from its command
-    line; {} while it has none."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rpartition(")")[2].split()[1]) != serve_pid:
-                continue
-            args = (stat.parent / "cmdline").read_bytes().decode().split("\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if args and args[0].endswith("tritonserver"):
-            return {key[2:-5]: int(value) for key, _, value in (a.partition("=") for a in args)
-                    if key in ("--http-port", "--grpc-port")}
-    return {}
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def run_gate_case(case: str, seconds: float, slices_count: int = SLICES) -> dict:
-    """Through the gates vs straight to the same tritonserver, at concurrency 16 (see the module docstring)."""
-    source, payloads = CASES[case]()
-    with tempfile.TemporaryDirectory(prefix="bench-gate-") as tmp:
-        repo = write_repository(source, Path(tmp) / "repo", ServingOptions(max_batch_size=MAX_BATCH))
-        public = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
-        serve = subprocess.Popen([sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet",
-                                  "--repository", str(repo), "--http-port", str(public["http"]), "--grpc-port",
-                                  str(public["grpc"]), "--metrics-port", str(public["metrics"])],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 300
-            private: dict[str, int] = {}
-            while time.monotonic() < deadline and (len(private) < 2 or not _ready(public["http"])):
-                if serve.poll() is not None:
-                    raise SystemExit(f"hub-vit serve exited with {serve.returncode} before it was ready")
-                time.sleep(0.5)
-                private = _private_ports(serve.pid)
-            idle_start, idle_cpu = time.monotonic(), _cpu_s(serve.pid)
-            time.sleep(IDLE_S)  # serve's own CPU with no request (its supervision polls): subtracted from the gates'
-            idle_cpu_per_s = (_cpu_s(serve.pid) - idle_cpu) / (time.monotonic() - idle_start)
-            rows = {}
-            for protocol in ("http", "grpc"):
-                slices = []
-                for index in range(slices_count):  # gated, direct, direct, gated, ...: drift hits both sides alike
-                    order = ("gated", "direct") if index % 2 == 0 else ("direct", "gated")
-                    measured = {}
-                    for side in order:
-                        port = public[protocol] if side == "gated" else private[protocol]
-                        cpu, started = _cpu_s(serve.pid), time.monotonic()
-                        result = load_test(f"127.0.0.1:{port}", payloads, protocol=protocol, concurrency=16,
-                                           duration_s=seconds / (2 * slices_count), warmup=WARMUP)
-                        busy = _cpu_s(serve.pid) - cpu - idle_cpu_per_s * (time.monotonic() - started)
-                        measured[side] = {"images_per_s": result.images_per_s, "p50_ms": result.latency_ms["p50"],
-                                          "p99_ms": result.latency_ms["p99"], "errors": result.errors,
-                                          "serve_cpu_ms_per_request": busy * 1000 / max(result.requests + WARMUP, 1)}
-                    measured["gated_vs_direct"] = measured["gated"]["images_per_s"] / measured["direct"]["images_per_s"]
-                    slices.append(measured)
-                ratios = [s_["gated_vs_direct"] for s_ in slices]
-                rows[protocol] = {
-                    "gated_images_per_s": float(np.median([s_["gated"]["images_per_s"] for s_ in slices])),
-                    "direct_images_per_s": float(np.median([s_["direct"]["images_per_s"] for s_ in slices])),
-                    "gated_vs_direct": float(np.median(ratios)), "gated_vs_direct_range": [min(ratios), max(ratios)],
-                    "gated_p50_ms": float(np.median([s_["gated"]["p50_ms"] for s_ in slices])),
-                    "direct_p50_ms": float(np.median([s_["direct"]["p50_ms"] for s_ in slices])),
-                    "gate_cpu_ms_per_request": float(np.median([s_["gated"]["serve_cpu_ms_per_request"]
-                                                                for s_ in slices])),
-                    "errors": sum(s_[side]["errors"] for s_ in slices for side in ("gated", "direct")),
-                    "slices": slices,
-                }
-                row = rows[protocol]
-                print(f"[{case}] {protocol} c16: gated {row['gated_images_per_s']:.1f} img/s, direct "
-                      f"{row['direct_images_per_s']:.1f} ({row['gated_vs_direct']:.0%} [{min(ratios):.0%}.."
-                      f"{max(ratios):.0%}]); p50 {row['gated_p50_ms']:.2f} vs {row['direct_p50_ms']:.2f} ms; gate CPU "
-                      f"{row['gate_cpu_ms_per_request']:.3f} ms/request; errors {row['errors']}", flush=True)
-        finally:
-            serve.send_signal(signal.SIGTERM)
-            try:
-                serve.wait(60)
-            except subprocess.TimeoutExpired:
-                serve.kill()
-    return {"model": source.metadata.name, "input_size": source.metadata.input_size, "concurrency": 16,
-            "serve_idle_cpu_ms_per_s": idle_cpu_per_s * 1000, "rows": rows}
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as reply:
-            return reply.status == 200
-    except OSError:
-        return False
-
-
 def describe(row: dict, slices: list[dict]) -> str:
     """One console line for a finished row."""
     cpu = row["cpu_ms_per_image"]
@@ -499,16 +403,18 @@ def main() -> None:
                              "file (default: auto, as hub-vit serve)")
     parser.add_argument("--load-generators", nargs="+", default=list(LOAD_GENERATORS), choices=LOAD_GENERATORS,
                         help="measure every row with each of these, in turn (default: both)")
-    parser.add_argument("--gate-cost", action="store_true",
-                        help="measure the gates of hub-vit serve instead: through them vs straight to Triton, c16")
-    parser.add_argument("--slices", type=int, default=SLICES,
-                        help="--gate-cost: pairs of measurements per protocol (more on a busy host)")
+    parser.add_argument("--front-cost", action="store_true",
+                        help="measure hub-vit serve's front instead: a trivial model, c64, public vs private ports")
+    parser.add_argument("--front-processes", nargs="+", type=int, default=None,
+                        help="--front-cost: the numbers of front processes to measure (default: 1 2 4)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="--front-cost: pairs of measurements per protocol and process count (default: 5)")
+    parser.add_argument("--quick", action="store_true",
+                        help="--front-cost: 1 and 2 processes, 2 rounds of 2 s (checks the run, not a result)")
     add_note_option(parser)
     args = parser.parse_args()
-    if args.slices < 1:
-        raise SystemExit(f"--slices must be at least 1, got {args.slices}")
-    if args.gate_cost:
-        gate_cost(args)
+    if args.front_cost:
+        measure_front(args)
         return
     generators = tuple(dict.fromkeys(args.load_generators))  # in the order given, once each
     server_cpus, client_cpus = parse_cpus(args.server_cpus), parse_cpus(args.client_cpus)
@@ -560,21 +466,26 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
-def gate_cost(args: argparse.Namespace) -> None:
-    """`--gate-cost`: one result file, rewritten after each model."""
-    out = args.out if args.out != RESULTS / "serve_cpu.json" else RESULTS / "serve_gate_cpu.json"
+def measure_front(args: argparse.Namespace) -> None:
+    """`--front-cost`: one result file (bench/front_cost.py)."""
+    from front_cost import front_cost
+
+    out = args.out if args.out != RESULTS / "serve_cpu.json" else RESULTS / "serve_front_cpu.json"
+    counts = args.front_processes or ([1, 2] if args.quick else [1, 2, 4])
+    rounds = args.rounds if args.rounds is not None else (2 if args.quick else 5)
+    seconds = (2.0 if args.quick else 5.0) if args.seconds == 8.0 else args.seconds  # 8.0: not given
+    if min(counts) < 1 or rounds < 1 or seconds <= 0:
+        raise SystemExit(f"--front-processes, --rounds and --seconds must be positive, got {counts}, {rounds}, "
+                         f"{seconds}")
     check_writable(out.parent)
-    report: dict[str, Any] = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient", "grpcio")),
-                              "complete": False, "slices": args.slices, "load_average_start": os.getloadavg(),
-                              "load_generator": "hub_vit.server.client.loadtest (Python, tritonclient asyncio), in "
-                                                "this process; hub-vit serve (the gates) and tritonserver in others",
-                              "cases": {}}
-    for case in args.models:
-        report["cases"][case] = run_gate_case(case, args.seconds, args.slices)
-        report["load_average_end"] = os.getloadavg()
-        write_json(out, report)
-    report["complete"] = True
+    report = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient", "grpcio", "httptools", "h11")),
+              "quick": args.quick,
+              **front_cost(counts, rounds, seconds, parser_requests=5000 if args.quick else 20000)}
     write_json(out, report)
+    for key, judged in report["targets"].items():
+        print(f"{key}: public {judged['public_vs_private']:.0%} of private (target >= 80%: "
+              f"{'met' if judged['ratio_met'] else 'MISSED'}); front CPU {judged['front_cpu_ms_per_request']:.3f} "
+              f"ms/request (target <= 0.1: {'met' if judged['cpu_met'] else 'MISSED'})")
     print(f"wrote {out}")
 
 

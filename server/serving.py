@@ -1,4 +1,4 @@
-"""`hub-vit serve`'s run: a repository built in a temporary folder, the HTTP and gRPC gates before Triton, the
+"""`hub-vit serve`'s run: a repository built in a temporary folder, the front's processes before Triton, the
 supervisor that keeps a tritonserver serving (supervisor.py), stop signals drained, Triton's own log kept in a file.
 
 The caller (the CLI) only chooses the options and shows what happens: `ServeHooks` are its callbacks.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hub_vit.server.front.grpc_gate import GrpcGate
-from hub_vit.server.front.http_gate import Gate, GateLimits
+from hub_vit.server.front.limits import FrontLimits
+from hub_vit.server.front.workers import FrontProcesses
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.runtime.launcher import ServerError, TritonServer, free_port
 from hub_vit.server.runtime.supervisor import GaveUp, RestartPolicy, Supervisor, stop_on_signals
@@ -44,7 +44,7 @@ def remove_temporary_repository(repository: Path) -> None:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where `serve` listens: HTTP and gRPC through the gates on `http_port` / `grpc_port`, metrics from Triton."""
+    """Where `serve` listens: HTTP and gRPC through the front on `http_port` / `grpc_port`, metrics from Triton."""
 
     host: str
     http_port: int
@@ -82,38 +82,36 @@ class StopReport:
 
 
 class CannotStart(ValueError):
-    """The gate or the first server could not be set up (a port taken, a repository the server cannot take): nothing
+    """The front or the first server could not be set up (a port taken, a repository the server cannot take): nothing
     ran."""
 
 
 def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, *, exit_timeout_s: int,
-                     max_restarts: int, limits: GateLimits) -> StopReport:
+                     max_restarts: int, limits: FrontLimits) -> StopReport:
     """Serve `repository` until Ctrl-C / SIGTERM / SIGHUP (drained) or a failure the restart policy does not cover
     (ServerError, with the server's own last lines); CannotStart when nothing could start."""
-    def new_server() -> TritonServer:  # Triton's HTTP and gRPC on private loopback ports; the gates take the public
+    def new_server() -> TritonServer:  # Triton's HTTP and gRPC on private loopback ports; the front takes the public
         private_http = free_port()
         private_grpc = next(port for port in iter(free_port, None) if port != private_http)
         return TritonServer(repository, host=endpoints.host, http_port=private_http, grpc_port=private_grpc,
                             metrics_port=endpoints.metrics_port, exit_timeout_s=exit_timeout_s, log=hooks.log,
                             http_host="127.0.0.1", grpc_host="127.0.0.1")
 
-    gates: list[Gate | GrpcGate] = []  # the public HTTP and gRPC ports, each checking requests before Triton
-    try:
-        gates.append(Gate(endpoints.host, endpoints.http_port, limits).start())
-        gates.append(GrpcGate(endpoints.host, endpoints.grpc_port, limits).start())
+    front = FrontProcesses(endpoints.host, endpoints.http_port, endpoints.grpc_port, limits)
+    try:  # the public HTTP and gRPC ports, each checking requests before Triton
+        front.start()
         supervisor = Supervisor(new_server, RestartPolicy(max_failed_starts=max_restarts), threading.Event(),
-                                serving=hooks.serving, event=hooks.event, gates=tuple(gates))
+                                serving=hooks.serving, event=hooks.event,
+                                gates=(front.front("http"), front.front("grpc")))
     except (ServerError, OSError, ValueError) as err:
-        for gate in gates:
-            gate.close()
+        front.close()
         raise CannotStart(str(err)) from None
     with stop_on_signals(supervisor, hooks.say) as forced:
         try:
             return _outcome(supervisor, forced)
         finally:
             supervisor.server.stop()
-            for gate in gates:
-                gate.close()
+            front.close()
 
 
 def _outcome(supervisor: Supervisor, forced: threading.Event) -> StopReport:

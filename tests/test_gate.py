@@ -1,15 +1,30 @@
-"""The HTTP and gRPC gates' checks and the restart policy, without a server (test_serve_limits.py: for real)."""
+"""The front's checks, its processes and the restart policy, without a server (test_serve_limits.py and
+test_serve_framing.py: for real)."""
 
 from __future__ import annotations
 
 import gzip
+import os
+import socket
 import struct
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 
-from hub_vit.server.front.grpc_gate import inference_refusal, parse_inference
-from hub_vit.server.front.http_gate import GateLimits, Refused, check_inference, inflate
+from hub_vit.server import protocol
+from hub_vit.server.front.checks import (
+    RAW_HTTP_EXAMPLE,
+    Refused,
+    check_inference,
+    inference_header,
+    inference_refusal,
+    inflate,
+    parse_inference,
+)
+from hub_vit.server.front.limits import FrontLimits
 from hub_vit.server.runtime.supervisor import RestartPolicy
 
 
@@ -18,6 +33,8 @@ def test_inflate_stops_at_the_cap_without_inflating_the_rest():
     with pytest.raises(Refused) as refused:
         inflate(bomb, "gzip", 1 << 20)
     assert refused.value.status == 413 and "inflates (gzip) to more than 1048576 bytes" in refused.value.message
+    assert protocol.read_too_large(refused.value.message) == 1 << 20
+    assert "(hub-vit serve --max-request-mb)" in refused.value.message
     assert inflate(gzip.compress(b"abc"), "gzip", 3) == b"abc"
     assert inflate(zlib.compress(b"abc"), "deflate", 10) == b"abc"
     with pytest.raises(Refused, match="not valid gzip data"):
@@ -46,9 +63,11 @@ def test_check_inference_lets_the_rest_through():
 
 def test_limits_and_policy_refuse_bad_settings_by_name():
     with pytest.raises(ValueError, match="max_body_bytes must be a positive integer, got 0"):
-        GateLimits(max_body_bytes=0)
+        FrontLimits(max_body_bytes=0)
     with pytest.raises(ValueError, match="head_timeout_s must be a positive number of seconds"):
-        GateLimits(head_timeout_s=0)
+        FrontLimits(head_timeout_s=0)
+    with pytest.raises(ValueError, match="processes must be at most 64, got 65"):
+        FrontLimits(processes=65)
     with pytest.raises(ValueError, match="max_failed_starts must be an integer >= 0, got -1"):
         RestartPolicy(max_failed_starts=-1)
     with pytest.raises(ValueError, match="0 < first_backoff_s <= max_backoff_s"):
@@ -73,7 +92,7 @@ def _message(shape: list[int], raw: bytes, outputs: tuple[str, ...] = (), classi
     return parse_inference(request.SerializeToString())
 
 
-def test_grpc_checks_are_the_http_gates_plus_contents_against_shape():
+def test_grpc_checks_are_the_http_fronts_plus_contents_against_shape():
     two = struct.pack("<I", 3) + b"abc" + struct.pack("<I", 1) + b"d"
     assert inference_refusal(_message([2, 1], two), set()) is None
     assert inference_refusal(_message([1, 1], two), set()) == \
@@ -87,18 +106,96 @@ def test_grpc_checks_are_the_http_gates_plus_contents_against_shape():
     assert parse_inference(b"\xff\xff not a protobuf") is None
 
 
-@pytest.mark.parametrize("gate_class, thread_name", [("Gate", "hub-vit-gate"), ("GrpcGate", "hub-vit-grpc-gate")])
-def test_a_gate_that_cannot_listen_leaves_no_loop_thread(gate_class, thread_name):
-    import socket
-    import threading
+@pytest.mark.parametrize("body, length, message", [
+    # was: HTTP 500 "failed to parse the request JSON buffer" from Triton for an image file posted as is
+    (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", None, "the request body is not JSON (it starts with b'\\x89PNG"),
+    (b"[1, 2]", None, "the request's JSON is a list, not an object"),
+    (b'{"inputs": []}', b"99", "Inference-Header-Content-Length '99' is not a length within the 14-byte body"),
+    (b'{"inputs": []}', b"x", "Inference-Header-Content-Length 'x' is not a length"),
+])
+def test_an_inference_body_that_is_not_the_protocols_names_what_it_takes(body, length, message):
+    with pytest.raises(Refused) as refused:
+        inference_header("vit", body, length)
+    text = refused.value.message
+    assert refused.value.status == 400 and message in text, text
+    assert "POST /v2/models/vit/infer takes a KServe v2 inference request" in text and RAW_HTTP_EXAMPLE in text, text
+    assert RAW_HTTP_EXAMPLE == "docs/serving.md#raw-http"
 
-    from hub_vit.server.front import grpc_gate
-    from hub_vit.server.front import http_gate as gate
 
-    cls = getattr(gate, gate_class, None) or getattr(grpc_gate, gate_class)
+def test_an_inference_body_of_the_protocol_passes():
+    assert inference_header("vit", b'{"inputs": []}', None) == {"inputs": []}
+    assert inference_header("vit", b'{"inputs": []}\x00\x01binary', b"14") == {"inputs": []}
+
+
+def _front_pids(parent: int) -> list[int]:
+    from hub_vit.server.runtime.processes import live_processes
+
+    found = []
+    for pid, command in live_processes().items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if "hub_vit.server.front.worker" in command and int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
+            found.append(pid)
+    return found
+
+
+def test_a_front_that_cannot_bind_leaves_no_process():
+    from hub_vit.server.front.workers import FrontProcesses
+    from hub_vit.server.runtime.launcher import free_port
+
     with socket.socket() as taken:  # a port someone else listens on
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        with pytest.raises(Exception):  # noqa: B017 - the listen error as the OS words it
-            cls("127.0.0.1", taken.getsockname()[1]).start()
-    assert thread_name not in [t.name for t in threading.enumerate() if t.is_alive()]
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"127.0.0.1:{port} is already in use"):
+            FrontProcesses("127.0.0.1", free_port(), port, FrontLimits(processes=2)).start()
+    assert not _front_pids(os.getpid())
+
+
+def test_a_second_front_on_the_same_ports_fails_instead_of_sharing_them():
+    # the front processes share their ports with SO_REUSEPORT, which would let a second serve's processes join them
+    from hub_vit.server.front.workers import FrontProcesses, PortLock
+    from hub_vit.server.runtime.launcher import free_port
+
+    http, grpc_port = free_port(), free_port()
+    first = FrontProcesses("127.0.0.1", http, grpc_port, FrontLimits(processes=2)).start()
+    try:
+        assert len(_front_pids(os.getpid())) == 2
+        with pytest.raises(OSError, match=f"127.0.0.1:{http} is already served by another hub-vit serve "
+                                          f"\\(pid {os.getpid()}\\)"):
+            FrontProcesses("127.0.0.1", http, grpc_port).start()
+    finally:
+        first.close()
+    assert not _front_pids(os.getpid())
+    lock = PortLock("127.0.0.1", grpc_port)  # a serve starting at the same moment: the lock, not the bind, says no
+    try:
+        with pytest.raises(OSError, match=f"127.0.0.1:{grpc_port} is already served by another hub-vit serve"):
+            FrontProcesses("127.0.0.1", free_port(), grpc_port).start()
+    finally:
+        lock.release()
+
+
+def test_front_processes_end_with_a_serve_process_that_was_killed():
+    from tests.polling import wait_until
+
+    script = ("from hub_vit.server.front.workers import FrontProcesses\n"
+              "from hub_vit.server.front.limits import FrontLimits\n"
+              "from hub_vit.server.runtime.launcher import free_port\n"
+              "import time\n"
+              "front = FrontProcesses('127.0.0.1', free_port(), free_port(), FrontLimits(processes=2)).start()\n"
+              "print('started', flush=True)\n"
+              "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "started"
+        workers = _front_pids(parent.pid)
+        assert len(workers) == 2
+        parent.kill()  # SIGKILL: no clean-up runs in it
+        parent.wait(10)
+        assert wait_until(lambda: not any(Path(f"/proc/{pid}").exists() and
+                                          "Z" not in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
+                                          for pid in workers), timeout_s=10)
+    finally:
+        parent.kill()

@@ -55,6 +55,8 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--name", "has top_k here"), "--name 'has top_k here' (the model clients call) may only use"),
     (("--max-request-mb", "0"), "--max-request-mb must be a positive integer, got 0"),
     (("--max-connections", "-3"), "--max-connections must be a positive integer, got -3"),
+    (("--front-processes", "0"), "--front-processes must be between 1 and 64, got 0"),
+    (("--front-processes", "65"), "--front-processes must be between 1 and 64, got 65"),
 ])
 def test_serve_refuses_bad_settings_before_starting(args, message):
     code, out = _run("serve", *PORTS, *args)

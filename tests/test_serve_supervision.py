@@ -96,6 +96,21 @@ class Serve:
                     return int(entry.name)
         raise AssertionError("serve has no tritonserver child")
 
+    def front_pids(self) -> list[int]:
+        """The front's worker processes (serve's children)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                    command = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if int(stat[stat.rindex(")") + 2:].split()[1]) == self.process.pid and \
+                        b"hub_vit.server.front.worker" in command:
+                    found.append(int(entry.name))
+        return found
+
     def stubs(self) -> dict[int, str]:
         return live_stubs(self.tritonserver_pid())
 

@@ -56,6 +56,10 @@ MaxRequestMb = Annotated[int, typer.Option(help="Largest HTTP request body or gR
 MaxConnections = Annotated[int, typer.Option(help="Open HTTP connections beyond which only health requests are "
                                                   "answered (others get 503); also the most open gRPC connections "
                                                   "(more are refused).")]
+FrontProcessCount = Annotated[int, typer.Option(
+    "--front-processes", show_default=False,
+    help="Processes that take the public HTTP and gRPC ports and relay to Triton (they share the ports; each relays "
+         "some thousands of requests a second). Default: one per 4 cores, 1 to 4.")]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Also show tritonserver's own log here (it goes to the file "
                                                          "the start-up summary names either way, kept if serve "
                                                          "fails).")]
@@ -90,18 +94,21 @@ def serve(
     decode_threads: DecodeThreads = DEFAULTS.decode_threads,
     max_request_mb: MaxRequestMb = 64,
     max_connections: MaxConnections = 4096,
+    front_processes: FrontProcessCount = None,
     cpu_variant: CpuVariant = "auto",
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
-    from hub_vit.server.front.http_gate import GateLimits
+    from hub_vit.server.front.limits import FrontLimits, default_processes
     from hub_vit.server.serving import Endpoints
 
     endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
     _check_flags(endpoints, demo_port if demo else None, exit_timeout=exit_timeout, max_restarts=max_restarts,
-                 max_request_mb=max_request_mb, max_connections=max_connections, quiet=quiet, verbose=verbose)
+                 max_request_mb=max_request_mb, max_connections=max_connections, front_processes=front_processes,
+                 quiet=quiet, verbose=verbose)
     where = _serve_device(ctx, repository_dir, device, flavour)
     run = ServeRun(endpoints, name, model, where, demo_port if demo else None, exit_timeout, max_restarts, verbose,
-               GateLimits(max_body_bytes=max_request_mb << 20, max_connections=max_connections))
+               FrontLimits(max_body_bytes=max_request_mb << 20, max_connections=max_connections,
+                           processes=front_processes or default_processes()))
     sizes = {"max_batch_size": max_batch_size, "max_queue_delay_us": max_queue_delay_us,
              "max_queue_size": max_queue_size, "queue_timeout_us": queue_timeout_us, "top_k": top_k,
              "max_pixels": max_pixels}
@@ -125,6 +132,7 @@ def serve(
 def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
     """Refused before anything is built: a taken port is the likeliest reason a second `serve` fails."""
     from hub_vit.ports import PortError, check_host, check_ports
+    from hub_vit.server.front.limits import MAX_PROCESSES
     from hub_vit.server.runtime.api_access import exposure_warning
 
     try:
@@ -145,6 +153,8 @@ def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
         value = values[flag[2:].replace("-", "_")]
         if value < 1:
             raise fail(f"{flag} must be a positive integer, got {value}")
+    if values["front_processes"] is not None and not 1 <= values["front_processes"] <= MAX_PROCESSES:
+        raise fail(f"--front-processes must be between 1 and {MAX_PROCESSES}, got {values['front_processes']}")
     if values["quiet"] and values["verbose"]:
         raise fail("--quiet and --verbose contradict each other: --verbose shows tritonserver's log here, --quiet "
                    "(the default) keeps it in its file only; give one of them")

@@ -93,7 +93,7 @@ class TritonServer:
             raise ServerError(unservable)
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
         self.http_host = http_host or host  # `hub-vit serve` keeps HTTP on loopback, behind its gate (gate.py)
-        self.grpc_host = grpc_host or host  # ... and gRPC, behind its gRPC gate (grpc_gate.py)
+        self.grpc_host = grpc_host or host  # ... and gRPC, behind the front (server/front/grpc_front.py)
         self._check_ports(in_use=False)
         self.exit_timeout_s = exit_timeout_s
         self.log, self.log_verbose, self.extra_args = log, log_verbose, extra_args

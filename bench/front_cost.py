@@ -1,0 +1,364 @@
+"""`bench_serve.py --front-cost`: what `hub-vit serve`'s front costs, with a model that costs almost nothing.
+
+One run, written to one JSON file:
+* **parsers**: CPU per request of the two HTTP/1.1 parsers the front could use, h11 (pure Python) and httptools
+  (llhttp, C), each parsing a tritonclient-shaped inference request and Triton's answer, in this process;
+* **throughput**: a trivial model on Triton (`identity`, Python backend: copies one float per image; written by this
+  benchmark into a temporary repository) served by `hub-vit serve --repository` with 1, 2, 4 ... front processes. For
+  each process count and protocol (HTTP, gRPC), batch-1 requests at concurrency 64 alternate between the public ports
+  (through the front) and Triton's own private ports (read from its command line), `rounds` pairs in alternating order;
+  reported: the medians of requests/s on each side and of the paired ratios, p50 latency, the front processes' CPU per
+  request (their CPU during the public rounds, less their idle CPU, per request answered) and Triton's (tritonserver +
+  its stub) for scale.
+
+The load generator runs in this process (asyncio: raw HTTP/1.1 connections parsed by httptools; grpc.aio with a
+pre-serialized ModelInferRequest), on the same cores unless the host has more. Targets (docs/serving.md, "The front's
+cost"): public >= 80 % of Triton's own ports on both protocols; front CPU <= 0.1 ms per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hub_vit.server.runtime.launcher import free_port
+
+CONCURRENCY = 64
+MODEL = "identity"
+TARGET_RATIO = 0.8
+TARGET_CPU_MS = 0.1
+
+CONFIG = """name: "identity"
+backend: "python"
+max_batch_size: 64
+input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }]
+output [{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+instance_group [{ count: 1, kind: KIND_CPU }]
+"""
+MODEL_PY = '''import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
+            request, "INPUT0").as_numpy())]) for request in requests]
+'''
+
+
+def write_identity_repository(folder: Path) -> Path:
+    (folder / MODEL / "1").mkdir(parents=True)
+    (folder / MODEL / "config.pbtxt").write_text(CONFIG)
+    (folder / MODEL / "1" / "model.py").write_text(MODEL_PY)
+    return folder
+
+
+# -- the parsers ---------------------------------------------------------------------------------------------------
+HTTP_REQUEST = (b"POST /v2/models/vit/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: Python-urllib3\r\n"
+                b"Accept-Encoding: gzip, deflate\r\nAccept: */*\r\nConnection: keep-alive\r\n"
+                b"Inference-Header-Content-Length: 150\r\nContent-Length: 300\r\n"
+                b"Content-Type: application/octet-stream\r\n\r\n" + b"x" * 300)
+HTTP_ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nInference-Header-Content-Length: 200\r\n"
+               b"Content-Length: 260\r\n\r\n" + b"y" * 260)
+
+
+def parser_cost(requests: int) -> dict[str, dict[str, float]]:
+    """CPU microseconds per request for each parser: the request read as a server, the answer read as a client."""
+    import h11
+    import httptools
+
+    def h11_request() -> None:
+        connection = h11.Connection(h11.SERVER)
+        for _ in range(requests):
+            connection.receive_data(HTTP_REQUEST)
+            while not isinstance(connection.next_event(), h11.EndOfMessage):
+                pass
+            connection.send(h11.Response(status_code=200, headers=[("content-length", "0")]))
+            connection.send(h11.EndOfMessage())
+            connection.start_next_cycle()
+
+    def h11_answer() -> None:
+        connection = h11.Connection(h11.CLIENT)
+        for _ in range(requests):
+            connection.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+            connection.send(h11.EndOfMessage())
+            connection.receive_data(HTTP_ANSWER)
+            while not isinstance(connection.next_event(), h11.EndOfMessage):
+                pass
+            connection.start_next_cycle()
+
+    class Sink:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            pass
+
+        def on_body(self, body: bytes) -> None:
+            pass
+
+    def httptools_request() -> None:
+        parser = httptools.HttpRequestParser(Sink())
+        for _ in range(requests):
+            parser.feed_data(HTTP_REQUEST)
+
+    def httptools_answer() -> None:
+        parser = httptools.HttpResponseParser(Sink())
+        for _ in range(requests):
+            parser.feed_data(HTTP_ANSWER)
+
+    def us(run: Any) -> float:
+        start = time.process_time()
+        run()
+        return (time.process_time() - start) * 1e6 / requests
+
+    found = {}
+    for name, (read_request, read_answer) in {"h11": (h11_request, h11_answer),
+                                              "httptools": (httptools_request, httptools_answer)}.items():
+        request_us, answer_us = us(read_request), us(read_answer)
+        found[name] = {"request_us": request_us, "answer_us": answer_us, "per_request_us": request_us + answer_us}
+        print(f"parser {name}: {request_us:.1f} us per request read + {answer_us:.1f} us per answer read", flush=True)
+    return found
+
+
+# -- the load generator --------------------------------------------------------------------------------------------
+def _infer_header() -> bytes:
+    return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 4}}],
+                       "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+
+
+class _HttpLoad(asyncio.Protocol):
+    """One keep-alive connection sending the same inference request again as soon as its answer is whole."""
+
+    def __init__(self, request: bytes, until: float, latencies: list[float], errors: list[int]) -> None:
+        import httptools
+
+        self.request, self.until, self.latencies, self.errors = request, until, latencies, errors
+        self.parser = httptools.HttpResponseParser(self)
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.sent = 0.0
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self._send()
+
+    def _send(self) -> None:
+        self.sent = time.perf_counter()
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        now = time.perf_counter()
+        if self.parser.get_status_code() == 200:
+            self.latencies.append(now - self.sent)
+        else:
+            self.errors.append(1)
+        if now < self.until:
+            self._send()
+        elif not self.done.done():
+            self.done.set_result(None)
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def _http_load(port: int, seconds: float) -> tuple[list[float], int]:
+    header = _infer_header()
+    body = header + struct.pack("<f", 1.0)
+    request = (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nInference-Header-Content-Length: %d\r\n"
+               b"Content-Length: %d\r\n\r\n" % (MODEL.encode(), len(header), len(body))) + body
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    errors: list[int] = []
+    until = time.perf_counter() + seconds
+    connections = [(await loop.create_connection(lambda: _HttpLoad(request, until, latencies, errors),
+                                                 "127.0.0.1", port))[1] for _ in range(CONCURRENCY)]
+    await asyncio.gather(*(c.done for c in connections))
+    return latencies, len(errors)
+
+
+async def _grpc_load(port: int, seconds: float) -> tuple[list[float], int]:
+    from grpc import aio
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1])
+    request.raw_input_contents.append(struct.pack("<f", 1.0))
+    message = request.SerializeToString()
+    latencies: list[float] = []
+    errors = 0
+    async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")  # raw bytes both ways
+        until = time.perf_counter() + seconds
+
+        async def one_client() -> None:
+            nonlocal errors
+            while (start := time.perf_counter()) < until:
+                try:
+                    await call(message, timeout=30)
+                    latencies.append(time.perf_counter() - start)
+                except aio.AioRpcError:
+                    errors += 1
+
+        await asyncio.gather(*(one_client() for _ in range(CONCURRENCY)))
+    return latencies, errors
+
+
+def load(protocol: str, port: int, seconds: float) -> dict[str, float]:
+    """Batch-1 requests at concurrency 64 for `seconds`: requests/s, p50 ms, errors."""
+    start = time.perf_counter()
+    latencies, errors = asyncio.run((_http_load if protocol == "http" else _grpc_load)(port, seconds))
+    elapsed = time.perf_counter() - start
+    return {"requests": len(latencies), "requests_per_s": len(latencies) / elapsed,
+            "p50_ms": float(np.median(latencies)) * 1000 if latencies else float("nan"), "errors": errors}
+
+
+# -- the processes' CPU --------------------------------------------------------------------------------------------
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()  # state, ppid, pgrp, ...
+
+
+def _cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = _stat(pid)
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _children(parent: int) -> dict[int, list[str]]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int(_stat(int(entry.name))[1]) == parent:
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _served(serve_pid: int) -> tuple[list[int], list[int], dict[str, int]]:
+    """(the front's worker pids, tritonserver's process group, Triton's private ports) of a `hub-vit serve`."""
+    fronts, triton, ports = [], [], {}
+    for pid, args in _children(serve_pid).items():
+        if "hub_vit.server.front.worker" in args:
+            fronts.append(pid)
+        elif args and args[0].endswith("tritonserver"):
+            ports = {key[2:-5]: int(value) for key, _, value in (a.partition("=") for a in args)
+                     if key in ("--http-port", "--grpc-port")}
+            triton = [pid, *_children(pid)]
+    return fronts, triton, ports
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{MODEL}/ready", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def measure_processes(repository: Path, processes: int, rounds: int, seconds: float) -> dict[str, Any]:
+    """One `hub-vit serve` with `processes` front processes: both protocols, public vs private, `rounds` pairs."""
+    public = {"http": free_port(), "grpc": free_port()}
+    serve = subprocess.Popen([sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet",
+                              "--repository", str(repository), "--name", MODEL, "--front-processes", str(processes),
+                              "--http-port", str(public["http"]), "--grpc-port", str(public["grpc"]),
+                              "--metrics-port", str(free_port())],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        fronts, triton, private = [], [], {}
+        while time.monotonic() < deadline and (len(private) < 2 or not _ready(public["http"])):
+            if serve.poll() is not None:
+                raise SystemExit(f"hub-vit serve exited with {serve.returncode}: {serve.stderr.read()[-2000:]}")
+            time.sleep(0.5)
+            fronts, triton, private = _served(serve.pid)
+        idle_start, idle_cpu = time.monotonic(), _cpu_s(fronts)
+        time.sleep(2.0)
+        idle_per_s = (_cpu_s(fronts) - idle_cpu) / (time.monotonic() - idle_start)
+        rows = {}
+        for protocol in ("http", "grpc"):
+            load(protocol, public[protocol], min(seconds, 1.0))  # warm-up: connections, Triton's batcher
+            pairs = []
+            for index in range(rounds):  # public, private, private, public, ...: drift hits both sides alike
+                measured = {}
+                for side in ("public", "private") if index % 2 == 0 else ("private", "public"):
+                    front_cpu, triton_cpu, started = _cpu_s(fronts), _cpu_s(triton), time.monotonic()
+                    result = load(protocol, public[protocol] if side == "public" else private[protocol], seconds)
+                    elapsed = time.monotonic() - started
+                    answered = max(result["requests"], 1)
+                    result["triton_cpu_ms_per_request"] = (_cpu_s(triton) - triton_cpu) * 1000 / answered
+                    if side == "public":
+                        result["front_cpu_ms_per_request"] = ((_cpu_s(fronts) - front_cpu - idle_per_s * elapsed)
+                                                              * 1000 / answered)
+                    measured[side] = result
+                measured["public_vs_private"] = (measured["public"]["requests_per_s"]
+                                                 / measured["private"]["requests_per_s"])
+                pairs.append(measured)
+            rows[protocol] = row = summarize(pairs)
+            print(f"{processes} front process(es), {protocol}: public {row['public_requests_per_s']:.0f} req/s, "
+                  f"private {row['private_requests_per_s']:.0f} ({row['public_vs_private']:.0%} "
+                  f"[{row['public_vs_private_range'][0]:.0%}..{row['public_vs_private_range'][1]:.0%}]); p50 "
+                  f"{row['public_p50_ms']:.2f} vs {row['private_p50_ms']:.2f} ms; front CPU "
+                  f"{row['front_cpu_ms_per_request']:.3f} ms/request, Triton's {row['triton_cpu_ms_per_request']:.3f}; "
+                  f"errors {row['errors']}", flush=True)
+        return {"front_idle_cpu_ms_per_s": idle_per_s * 1000, "rows": rows}
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+
+
+def summarize(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    def median(side: str, key: str) -> float:
+        return float(np.median([pair[side][key] for pair in pairs]))
+
+    ratios = [pair["public_vs_private"] for pair in pairs]
+    return {"public_requests_per_s": median("public", "requests_per_s"),
+            "private_requests_per_s": median("private", "requests_per_s"),
+            "public_vs_private": float(np.median(ratios)), "public_vs_private_range": [min(ratios), max(ratios)],
+            "public_p50_ms": median("public", "p50_ms"), "private_p50_ms": median("private", "p50_ms"),
+            "front_cpu_ms_per_request": median("public", "front_cpu_ms_per_request"),
+            "triton_cpu_ms_per_request": median("private", "triton_cpu_ms_per_request"),
+            "errors": sum(pair[side]["errors"] for pair in pairs for side in ("public", "private")),
+            "pairs": pairs}
+
+
+def front_cost(process_counts: list[int], rounds: int, seconds: float, parser_requests: int) -> dict[str, Any]:
+    """The whole run (see the module docstring)."""
+    report: dict[str, Any] = {"concurrency": CONCURRENCY, "batch": 1, "rounds": rounds, "seconds": seconds,
+                              "cores": len(os.sched_getaffinity(0)), "load_average_start": os.getloadavg(),
+                              "parsers": parser_cost(parser_requests), "processes": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-front-") as tmp:
+        repository = write_identity_repository(Path(tmp) / "repository")
+        for count in process_counts:
+            report["processes"][str(count)] = measure_processes(repository, count, rounds, seconds)
+    report["load_average_end"] = os.getloadavg()
+    report["targets"] = {
+        f"{count}_{protocol}": {"public_vs_private": row["public_vs_private"],
+                                "ratio_met": row["public_vs_private"] >= TARGET_RATIO,
+                                "front_cpu_ms_per_request": row["front_cpu_ms_per_request"],
+                                "cpu_met": row["front_cpu_ms_per_request"] <= TARGET_CPU_MS}
+        for count, result in report["processes"].items() for protocol, row in result["rows"].items()}
+    return report

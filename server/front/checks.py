@@ -1,0 +1,181 @@
+"""The checks both fronts (HTTP and gRPC) make before a request reaches Triton 2.51, and the words they answer with.
+
+Refused here (docs/serving.md, "Limits and security"):
+* a body or message over the limit, also once inflated (`inflate`: gzip / deflate in bounded steps; a 1 MB gzip body
+  inflating to 1 GB peaked at 6.6 GB RSS in Triton 2.51) -> 413 / RESOURCE_EXHAUSTED, tagged `protocol.too_large`;
+* an inference request asking the classification extension of a non-numeric output (Triton 2.51 dies of SIGFPE on
+  the STRING `labels`), or with a dimension of 0 or past int32 (a `[0, 1]` request was answered with rank-1 outputs;
+  2^32+k was truncated to 32 bits) -> 400 / INVALID_ARGUMENT (`check_inference`);
+* over gRPC, BYTES contents whose element count differs from the shape (`inference_refusal`);
+* an HTTP inference body that is neither the protocol's JSON nor its binary form (`inference_header`: Triton 2.51
+  answers an image file posted as is with HTTP 500 "failed to parse the request JSON buffer").
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from typing import Any
+
+from hub_vit.server import protocol
+
+LARGEST_DIMENSION = 2**31 - 1  # Triton 2.51 keeps the batch dimension in 32 bits
+NUMERIC = {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
+           "BF16"}
+# The front's answers while no server stands behind it (a client backs off as from a refused connection), in the
+# protocol's words, so clients read the state, not the sentence
+STARTING = protocol.server_state(protocol.RESTARTING, "the server is starting or restarting; retry shortly")
+SHUTTING_DOWN = protocol.server_state(protocol.SHUTTING_DOWN, "the server is shutting down: no new request is taken")
+RAW_HTTP_EXAMPLE = "docs/serving.md#raw-http"
+
+
+class Refused(Exception):
+    """A request the front answers itself: HTTP `status` and the message; `close`: the connection ends after it."""
+
+    def __init__(self, status: int, message: str, close: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.message, self.close = status, message, close
+
+
+def too_large(limit: int, why: str) -> Refused:
+    """413 for a request over the front's limit of `limit` bytes: tagged with the limit, naming the flag."""
+    return Refused(413, protocol.too_large(limit, f"{why} (hub-vit serve --max-request-mb)"), close=True)
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """`body` inflated (gzip or deflate, as Triton 2.51 reads them), refused once it passes `limit` bytes: at most
+    `limit` + 64 KiB is ever held."""
+    inflater = zlib.decompressobj(wbits=47 if encoding == "gzip" else 15)  # 47: gzip or zlib header
+    out, pending = [], body
+    size = 0
+    try:
+        while pending:
+            chunk = inflater.decompress(pending, 1 << 16)
+            pending = inflater.unconsumed_tail
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit, f"the request body inflates ({encoding}) to more than {limit} bytes, the limit")
+            out.append(chunk)
+            if inflater.eof:
+                break
+        out.append(inflater.flush())
+    except zlib.error as err:
+        raise Refused(400, f"the request body is not valid {encoding} data: {err}") from None
+    return b"".join(out)
+
+
+def inference_header(model: str, body: bytes, header_length: bytes | None) -> dict[str, Any]:
+    """The JSON header of an HTTP inference request's body (KServe v2: a JSON object, or with the
+    Inference-Header-Content-Length header that many bytes of JSON followed by the tensors' binary data); 400 naming
+    what the endpoint expects when the body is neither."""
+    def refused(what: str) -> Refused:
+        return Refused(400, f"{what}: POST /v2/models/{model}/infer takes a KServe v2 inference request, a JSON object "
+                            '{"inputs": [...]} or, with an Inference-Header-Content-Length header, that JSON followed '
+                            f"by the inputs' binary data; an image file is sent as a BYTES input (an example with "
+                            f"curl: {RAW_HTTP_EXAMPLE})")
+    json_part = body
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise refused(f"Inference-Header-Content-Length {header_length[:40].decode('latin-1')!r} is not a length "
+                          f"within the {len(body)}-byte body")
+        json_part = body[:int(header_length)]
+    try:
+        header = json.loads(json_part)
+    except ValueError:  # UnicodeDecodeError included
+        raise refused(f"the request body is not JSON (it starts with {body[:16]!r})") from None
+    if not isinstance(header, dict):
+        raise refused(f"the request's JSON is a {type(header).__name__}, not an object")
+    return header
+
+
+def wants_classification(header: dict[str, Any]) -> bool:
+    """Whether an inference request's JSON header asks the classification extension of any output."""
+    return any(isinstance(output, dict) and isinstance(output.get("parameters"), dict)
+               and "classification" in output["parameters"] for output in header.get("outputs") or ())
+
+
+def check_inference(header: object, numeric_outputs: set[str] | None) -> None:
+    """Refuse (400) what crashes or misleads Triton 2.51 in an inference request's JSON header: the classification
+    extension on a non-numeric output, a dimension of 0 or beyond int32. `numeric_outputs`: the model's numeric
+    outputs (None: unknown, so any classification request is refused). Anything else is left to Triton."""
+    if not isinstance(header, dict):
+        return
+    for output in header.get("outputs") or ():
+        if not isinstance(output, dict):
+            continue
+        parameters = output.get("parameters")
+        if isinstance(parameters, dict) and "classification" in parameters:
+            name = output.get("name")
+            if numeric_outputs is None or name not in numeric_outputs:
+                raise Refused(400, f"the classification extension is not served for output {name!r}: it needs a "
+                                   "numeric output, and Triton 2.51 crashes on a STRING one; request 'labels' and "
+                                   "'scores' (already the top-k, best first) without 'classification'")
+    for tensor in header.get("inputs") or ():
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("shape"), list):
+            continue
+        for dim in tensor["shape"]:
+            if isinstance(dim, int) and not 1 <= dim <= LARGEST_DIMENSION:
+                raise Refused(400, f"input {tensor.get('name')!r} has shape {tensor['shape']}: every dimension must "
+                                   f"be between 1 and {LARGEST_DIMENSION}")
+
+
+def numeric_outputs(metadata: Any) -> set[str]:
+    """The numeric outputs of a model, from its metadata (HTTP: the JSON dict; gRPC: a ModelMetadataResponse)."""
+    if isinstance(metadata, dict):
+        return {o["name"] for o in metadata.get("outputs", ()) if isinstance(o, dict) and o.get("datatype") in NUMERIC}
+    return {output.name for output in metadata.outputs if output.datatype in NUMERIC}
+
+
+# -- gRPC ------------------------------------------------------------------------------------------------------------
+def parse_inference(message: bytes) -> Any:
+    """A serialized `ModelInferRequest`, parsed; None when it does not parse."""
+    from google.protobuf.message import DecodeError
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest()
+    try:
+        request.ParseFromString(message)
+    except DecodeError:
+        return None
+    return request
+
+
+def inference_refusal(request: Any, numeric: set[str] | None) -> str | None:
+    """Why a `ModelInferRequest` must not reach Triton 2.51 (`check_inference`'s reasons, plus BYTES contents that
+    do not match their shape), or None."""
+    header = {"inputs": [{"name": tensor.name, "shape": list(tensor.shape)} for tensor in request.inputs],
+              "outputs": [{"name": output.name, "parameters": dict.fromkeys(output.parameters)}
+                          for output in request.outputs]}
+    try:
+        check_inference(header, numeric)
+    except Refused as refusal:
+        return refusal.message
+    raw = request.raw_input_contents
+    for index, tensor in enumerate(request.inputs):
+        if tensor.datatype != "BYTES" or index >= len(raw):
+            continue
+        declared, found = _product(tensor.shape), _bytes_elements(raw[index])
+        if found is not None and found != declared:
+            return (f"input {tensor.name!r} has shape {list(tensor.shape)} ({declared} elements) but its contents hold "
+                    f"{found}")
+    return None
+
+
+def _product(shape: Any) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
+
+
+def _bytes_elements(raw: bytes) -> int | None:
+    """The number of length-prefixed elements in a BYTES tensor's raw contents; None when the framing is broken
+    (Triton answers that itself)."""
+    count, pos = 0, 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            return None
+        pos += 4 + struct.unpack_from("<I", raw, pos)[0]
+        count += 1
+    return count if pos == len(raw) else None

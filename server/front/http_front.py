@@ -1,0 +1,574 @@
+"""The HTTP front of one front process: HTTP/1.1 parsed by llhttp (httptools), checked (checks.py), relayed to Triton's
+private HTTP port over a pool of keep-alive connections whose answers llhttp parses too.
+
+llhttp (Node.js's parser) is strict by default: a request it finds ambiguous is refused with 400 and the connection
+closed, never relayed: Content-Length twice, Content-Length with Transfer-Encoding, obsolete line folding, bare LF line
+ends, NUL / CR / other control characters in a header value, a bad chunk size, Upgrade / CONNECT. The front writes
+every request it relays itself (its own Content-Length, `Connection: keep-alive`), so Triton never parses the client's
+framing. On top of llhttp, what the front refuses (docs/serving.md, "Limits and security"):
+
+* a body over the limit, before reading it when Content-Length says so, and a gzip / deflate body whose inflated size
+  passes it (checks.inflate) -> 413 tagged `protocol.too_large`; the inflated body is what is relayed;
+* `Transfer-Encoding` (chunked bodies: CVE-2025-23310/23311, a stack overflow in Triton < 2.59.1) -> 411;
+* methods other than GET and POST -> 405 (Triton serves none);
+* the inference checks of checks.py -> 400;
+* a head over `max_head_bytes` -> 431; a head not complete within `head_timeout_s` (half-sent connections held
+  Triton's descriptors: 20,400 of them made HTTP, gRPC and metrics unreachable) -> 408 and the connection is closed;
+  beyond this process's share of `max_connections`, only health requests are relayed (probes stay reachable; their
+  head gets 1 s), others get 503;
+* once `drain()` is called (SIGTERM), the listener is closed and a new request on an open connection gets 503
+  "shutting down" with `Connection: close`, while requests already taken get their answers; `drained()` then waits for
+  them and closes the pooled connections to Triton, so Triton's own drain is not held open by them.
+
+Everything is callbacks on the process's event loop (no task per request): a coroutine runs only for the rare request
+that needs one (the model's metadata, a large JSON header, a compressed body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import httptools
+
+from hub_vit.server.front.checks import (
+    SHUTTING_DOWN,
+    STARTING,
+    Refused,
+    check_inference,
+    inference_header,
+    inflate,
+    numeric_outputs,
+    too_large,
+    wants_classification,
+)
+from hub_vit.server.front.limits import FrontLimits
+
+INFER_PATH = re.compile(rb"^/v2/models/(?P<model>[^/?]+)(?:/versions/[^/?]+)?/infer(?:\?.*)?$")
+HEALTH_PATH = re.compile(rb"^/v2/health/(live|ready)(?:\?.*)?$")
+# Headers the front sets itself on what it relays: hop-by-hop ones (RFC 9110 section 7.6.1) and the framing
+NOT_RELAYED = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade", b"transfer-encoding",
+               b"content-length", b"expect"}
+REASONS = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
+           413: "Payload Too Large", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large",
+           502: "Bad Gateway", 503: "Service Unavailable"}
+LARGE_JSON = 1 << 20  # a JSON header this long is parsed off the event loop
+SWEEP_S = 0.5  # how often connection deadlines are checked
+
+
+class Request:
+    """One request as llhttp parsed it."""
+
+    __slots__ = ("method", "url", "headers", "body", "keep_alive", "length", "taken")
+
+    def __init__(self) -> None:
+        self.method, self.url, self.headers, self.body = b"", b"", [], []
+        self.keep_alive, self.length, self.taken = True, 0, False
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+
+class HttpFront:
+    """The HTTP front of one process. Coroutines and callbacks of the process's event loop only."""
+
+    def __init__(self, limits: FrontLimits) -> None:
+        self.limits = limits
+        self.max_connections = limits.share(limits.max_connections)
+        self.max_buffered = limits.share(limits.max_buffered_bytes)
+        self.upstream_address: tuple[str, int] | None = None  # None: no server ready (starting, restarting) -> 503
+        self.generation = 0  # bumped at each `upstream`: pooled connections of an older server are dropped
+        self.outputs: dict[bytes, set[str] | None] = {}  # model -> its numeric outputs, per upstream
+        self.idle: list[Upstream] = []
+        self.upstreams = 0  # open connections to Triton
+        self.waiting: deque[tuple[bytes, Callable[[Upstream | None], None]]] = deque()  # for a free upstream
+        self.connections: set[Client] = set()
+        self.in_flight = 0
+        self.buffered = 0
+        self.draining = False
+        self.server: asyncio.base_events.Server | None = None
+        self._sweeper: asyncio.Task | None = None
+
+    async def listen(self, host: str, port: int) -> None:
+        """Bind the public port, shared with the other front processes (SO_REUSEPORT: the kernel spreads new
+        connections across them)."""
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: Client(self), host, port, backlog=1024, reuse_address=True,
+                                               reuse_port=True)
+        self._sweeper = asyncio.ensure_future(self._sweep())
+
+    async def upstream(self, host: str | None, port: int | None) -> None:
+        self.generation += 1
+        self.outputs.clear()
+        self._close_idle()
+        self.upstream_address = None if host is None else (host, int(port or 0))
+
+    def drain(self) -> None:
+        self.draining = True
+        if self.server is not None:
+            self.server.close()  # new connections are refused by the OS: fast and clean
+
+    async def drained(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self._close_idle()
+        return not self.in_flight
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._close_idle()
+
+    def _close_idle(self) -> None:
+        idle, self.idle = self.idle, []
+        for connection in idle:
+            connection.transport.close()
+
+    async def _sweep(self) -> None:
+        """Close connections past their deadline (a head or body that did not come in time)."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.monotonic()
+            for client in [c for c in self.connections if c.deadline and c.deadline < now]:
+                client.timed_out()
+
+    # -- relaying ----------------------------------------------------------------------------------------------------
+    def relay(self, request: bytes, answered: Callable[[int, bytes, list, bytes], None],
+              failed: Callable[[Refused], None]) -> None:
+        """Send `request` (whole, framed by the front) to Triton on a pooled connection; `answered(status, reason,
+        headers, body)` or `failed(refusal)` is called with the outcome."""
+        if self.upstream_address is None:
+            failed(Refused(503, STARTING))
+            return
+        exchange = Exchange(self, request, answered, failed)
+        if self.idle:
+            exchange.send(self.idle.pop(), pooled=True)
+        elif self.upstreams < self.limits.upstream_connections:
+            self._connect(exchange)
+        else:
+            self.waiting.append((request, exchange.send_on))
+
+    def _connect(self, exchange: Exchange) -> None:
+        self.upstreams += 1
+        generation = self.generation
+
+        def connected(task: asyncio.Future) -> None:
+            if task.cancelled() or task.exception() is not None or generation != self.generation:
+                self.upstreams -= 1
+                if not task.cancelled() and task.exception() is None:
+                    task.result()[0].close()
+                exchange.failed(Refused(503, STARTING))
+                self._next_waiting()
+                return
+            exchange.send(task.result()[1], pooled=False)
+
+        assert self.upstream_address is not None
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(loop.create_connection(lambda: Upstream(self, generation),
+                                                            *self.upstream_address))
+        task.add_done_callback(connected)
+
+    def release(self, connection: Upstream, reusable: bool) -> None:
+        """A connection whose exchange ended: to the next waiting request, or the pool, or closed."""
+        if not reusable or connection.generation != self.generation:
+            connection.transport.close()  # `lost` counts it, and starts a waiting request
+            return
+        if self.waiting:
+            self.waiting.popleft()[1](connection)
+        else:
+            self.idle.append(connection)
+
+    def lost(self, connection: Upstream) -> None:
+        self.upstreams -= 1
+        if connection in self.idle:
+            self.idle.remove(connection)
+        self._next_waiting()
+
+    def _next_waiting(self) -> None:
+        if self.waiting and self.upstreams < self.limits.upstream_connections:
+            request, send_on = self.waiting.popleft()
+            send_on(None)
+
+    async def model_outputs(self, model: bytes) -> set[str] | None:
+        """The numeric outputs of `model` (its metadata, once per server), or None when unknown."""
+        if model not in self.outputs:
+            future: asyncio.Future = asyncio.get_running_loop().create_future()
+
+            def answered(status: int, reason: bytes, headers: list, body: bytes) -> None:
+                future.set_result((status, body))
+
+            def failed(refusal: Refused) -> None:
+                future.set_result((refusal.status, b""))
+            self.relay(b"GET /v2/models/" + model + b" HTTP/1.1\r\nHost: triton\r\nContent-Length: 0\r\n"
+                       b"Connection: keep-alive\r\n\r\n", answered, failed)
+            status, body = await future
+            try:
+                self.outputs[model] = numeric_outputs(json.loads(body)) if status == 200 else None
+            except (ValueError, KeyError, TypeError):
+                self.outputs[model] = None
+        return self.outputs[model]
+
+
+class Exchange:
+    """One request relayed to Triton: sent on a connection, its answer parsed by llhttp; a pooled connection Triton
+    closed meanwhile is retried once on a fresh one."""
+
+    __slots__ = ("front", "request", "answered", "failed", "connection", "pooled", "status", "reason", "headers",
+                 "body", "done")
+
+    def __init__(self, front: HttpFront, request: bytes, answered: Callable[[int, bytes, list, bytes], None],
+                 failed: Callable[[Refused], None]) -> None:
+        self.front, self.request, self.answered, self.failed = front, request, answered, failed
+        self.connection: Upstream | None = None
+        self.pooled, self.done = False, False
+
+    def send_on(self, connection: Upstream | None) -> None:
+        if connection is None:
+            self.front._connect(self)
+        else:
+            self.send(connection, pooled=True)
+
+    def send(self, connection: Upstream, pooled: bool) -> None:
+        self.connection, self.pooled = connection, pooled
+        self.status, self.reason, self.headers, self.body = 0, b"", [], []
+        connection.exchange = self
+        connection.transport.write(self.request)
+
+    def complete(self) -> None:
+        self.done = True
+        connection = self.connection
+        assert connection is not None
+        connection.exchange = None
+        reusable = connection.parser.should_keep_alive()
+        self.front.release(connection, reusable)
+        self.answered(self.status, self.reason, self.headers, b"".join(self.body))
+
+    def broken(self) -> None:
+        """The connection ended (or sent garbage) before the whole answer."""
+        if self.done:
+            return
+        if self.pooled and not self.status and self.front.upstream_address is not None:
+            self.front._connect(self)  # retried once, on a fresh connection (pooled=False there)
+            return
+        self.done = True
+        self.failed(Refused(502, "tritonserver closed the connection without an answer (it died? hub-vit serve "
+                                 "restarts it)", close=True))
+
+
+class Upstream(asyncio.Protocol):
+    """A keep-alive connection to Triton's HTTP port; answers parsed by llhttp."""
+
+    def __init__(self, front: HttpFront, generation: int) -> None:
+        self.front, self.generation = front, generation
+        self.exchange: Exchange | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.front.lost(self)
+        exchange, self.exchange = self.exchange, None
+        if exchange is not None:
+            exchange.broken()
+
+    # llhttp's callbacks
+    def on_status(self, reason: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.exchange is not None:
+            self.exchange.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.exchange is not None:
+            self.exchange.complete()
+        else:  # an answer nobody asked for: the connection is not to be trusted
+            self.transport.close()
+
+
+class Client(asyncio.Protocol):
+    """One client connection: requests parsed by llhttp, answered one after another (pipelined ones wait)."""
+
+    def __init__(self, front: HttpFront) -> None:
+        self.front = front
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: Any = None
+        self.parsing: Request | None = None
+        self.queue: deque[Request] = deque()
+        self.current: Request | None = None
+        self.head_bytes = 0  # of the head being read
+        self.heads = 0  # heads completed on this connection
+        self.in_head = True
+        self.over = False  # beyond the connection cap when it came
+        self.deadline = 0.0  # 0: none (a request is being relayed)
+        self.closing = False
+
+    # -- the connection --------------------------------------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        front = self.front
+        front.connections.add(self)
+        self.over = len(front.connections) > front.max_connections
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.front.connections.discard(self)
+        self.closing = True
+        for request in (*self.queue, self.parsing):  # the current one is released when its answer comes
+            self._release(request)
+        self.queue.clear()
+
+    def _await_head(self) -> None:
+        self.deadline = time.monotonic() + (1.0 if self.over else self.front.limits.head_timeout_s)
+
+    def timed_out(self) -> None:
+        if self.in_head:
+            self.refuse(Refused(408, f"no complete request head within {self.front.limits.head_timeout_s:g} s",
+                                close=True))
+        else:
+            self.refuse(Refused(408, f"the request body did not arrive within {self.front.limits.body_timeout_s:g} s",
+                                close=True))
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        heads = self.heads
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as err:
+            refusal = err.__context__
+            self.refuse(refusal if isinstance(refusal, Refused) else Refused(400, f"bad request: {refusal}", True))
+            return
+        except httptools.HttpParserUpgrade:
+            self.refuse(Refused(400, "protocol upgrades and CONNECT are not served", close=True))
+            return
+        except httptools.HttpParserError as err:
+            self.refuse(Refused(400, f"malformed HTTP/1.1 request: {err}", close=True))
+            return
+        if self.heads != heads:
+            self.head_bytes = 0
+        elif self.in_head and self.parsing is not None:  # all of it was head: no head completed in it
+            self.head_bytes += len(data)
+            if self.head_bytes > self.front.limits.max_head_bytes:
+                self.refuse(Refused(431, f"the request head is over {self.front.limits.max_head_bytes} bytes",
+                                    close=True))
+
+    # -- llhttp's callbacks ----------------------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.parsing = Request()
+        self.in_head = True
+
+    def on_url(self, url: bytes) -> None:
+        assert self.parsing is not None
+        self.parsing.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.parsing is not None
+        self.parsing.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        request, front, limits = self.parsing, self.front, self.front.limits
+        assert request is not None
+        self.in_head = False
+        self.heads += 1
+        size = len(request.url) + sum(len(name) + len(value) + 4 for name, value in request.headers)
+        if size > limits.max_head_bytes:
+            raise Refused(431, f"the request head is over {limits.max_head_bytes} bytes", close=True)
+        self.head_bytes = 0
+        request.method = self.parser.get_method()
+        request.keep_alive = self.parser.should_keep_alive()
+        if self.over and not HEALTH_PATH.match(request.url):
+            raise Refused(503, f"too many open connections (over {front.limits.max_connections}); only health "
+                               "requests are answered until some close", close=True)
+        if front.draining:
+            raise Refused(503, SHUTTING_DOWN, close=True)
+        if request.method not in (b"GET", b"POST"):
+            raise Refused(405, f"method {request.method.decode('latin-1')} is not served; GET and POST are",
+                          close=True)
+        if request.header(b"transfer-encoding") is not None:
+            raise Refused(411, "Transfer-Encoding is not accepted (chunked bodies crash Triton 2.51: CVE-2025-23310); "
+                               "send a Content-Length", close=True)
+        length = int(request.header(b"content-length") or b"0")  # llhttp checked it is a number
+        if length > limits.max_body_bytes:
+            raise too_large(limits.max_body_bytes, f"the request body is {length} bytes, over the limit of "
+                                                   f"{limits.max_body_bytes}")
+        if front.buffered + length > self.front.max_buffered:
+            raise Refused(503, "the server holds too many large requests at once; retry shortly", close=True)
+        request.length, request.taken = length, True  # from here the request is answered, whatever happens
+        front.buffered += length
+        front.in_flight += 1
+        if length:
+            if (request.header(b"expect") or b"").lower() == b"100-continue":  # curl waits for it before sending
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.deadline = time.monotonic() + limits.body_timeout_s
+        else:
+            self.deadline = 0.0
+
+    def on_body(self, body: bytes) -> None:
+        assert self.parsing is not None
+        self.parsing.body.append(body)
+
+    def on_message_complete(self) -> None:
+        request, self.parsing = self.parsing, None
+        assert request is not None
+        self.in_head = True
+        self.queue.append(request)
+        if self.current is None:
+            self._next()
+        else:
+            self.transport.pause_reading()  # pipelined: one at a time
+
+    # -- answering ---------------------------------------------------------------------------------------------------
+    def _next(self) -> None:
+        self.current = request = self.queue.popleft()
+        self.deadline = 0.0
+        try:
+            body = self._checked(request)
+        except Refused as refusal:
+            self._finish(refusal=refusal)
+            return
+        if body is None:  # needs a coroutine (a compressed body, a large JSON header, the model's outputs)
+            asyncio.ensure_future(self._check_then_relay(request))
+            return
+        self._relay(request, body)
+
+    def _checked(self, request: Request) -> bytes | None:
+        """The body to relay after the checks that need no waiting; None when the rest needs a coroutine."""
+        body = b"".join(request.body) if len(request.body) != 1 else request.body[0]
+        request.body = [body]
+        encoding = request.header(b"content-encoding")
+        if encoding is not None:
+            encoding = encoding.strip().lower()
+            if encoding == b"identity":
+                pass
+            elif encoding in (b"gzip", b"deflate"):
+                return None
+            else:
+                raise Refused(415, f"Content-Encoding {encoding.decode('latin-1')!r} is not accepted; valid: gzip, "
+                                   "deflate, identity")
+        infer = INFER_PATH.match(request.url) if request.method == b"POST" else None
+        if infer is None:
+            return body
+        length = request.header(b"inference-header-content-length")
+        if (int(length) if length is not None and length.isdigit() else len(body)) >= LARGE_JSON:
+            return None
+        header = inference_header(infer["model"].decode("latin-1"), body, length)
+        if wants_classification(header):
+            return None
+        check_inference(header, set())
+        return body
+
+    async def _check_then_relay(self, request: Request) -> None:
+        try:
+            body = request.body[0]
+            encoding = (request.header(b"content-encoding") or b"identity").strip().lower()
+            if encoding in (b"gzip", b"deflate"):
+                body = inflate(body, encoding.decode(), self.front.limits.max_body_bytes)
+                request.headers = [(k, v) for k, v in request.headers if k.lower() != b"content-encoding"]
+            infer = INFER_PATH.match(request.url) if request.method == b"POST" else None
+            if infer is not None:
+                model, length = infer["model"], request.header(b"inference-header-content-length")
+                if len(body) >= LARGE_JSON:
+                    header = await asyncio.to_thread(inference_header, model.decode("latin-1"), body, length)
+                else:
+                    header = inference_header(model.decode("latin-1"), body, length)
+                check_inference(header, await self.front.model_outputs(model) if wants_classification(header)
+                                else set())
+        except Refused as refusal:
+            self._finish(refusal=refusal)
+            return
+        self._relay(request, body)
+
+    def _relay(self, request: Request, body: bytes) -> None:
+        head = [request.method, b" ", request.url, b" HTTP/1.1\r\n"]
+        for name, value in request.headers:
+            if name.lower() not in NOT_RELAYED:
+                head += [name, b": ", value, b"\r\n"]
+        head += [b"Content-Length: ", str(len(body)).encode(), b"\r\nConnection: keep-alive\r\n\r\n", body]
+        self.front.relay(b"".join(head), self._answered, lambda refusal: self._finish(refusal=refusal))
+
+    def _answered(self, status: int, reason: bytes, headers: list, body: bytes) -> None:
+        close = self._closes(self.current)
+        head = [b"HTTP/1.1 ", str(status).encode(), b" ", reason, b"\r\n"]
+        for name, value in headers:
+            if name.lower() not in NOT_RELAYED:
+                head += [name, b": ", value, b"\r\n"]
+        head += [b"Content-Length: ", str(len(body)).encode(), b"\r\nConnection: ",
+                 b"close" if close else b"keep-alive", b"\r\n\r\n", body]
+        self._finish(answer=b"".join(head), close=close)
+
+    def _closes(self, request: Request | None) -> bool:
+        return self.front.draining or request is None or not request.keep_alive
+
+    def _finish(self, answer: bytes = b"", close: bool = False, refusal: Refused | None = None) -> None:
+        """The current request's answer (or refusal) written; then the next one, or the connection waits for one."""
+        request, self.current = self.current, None
+        self._release(request)
+        if refusal is not None:
+            answer, close = self._refusal(refusal), refusal.close or self._closes(request)
+        if self.closing:
+            return
+        self.transport.write(answer)
+        if close:
+            self.closing = True
+            self.transport.close()
+        elif self.queue:
+            self._next()
+        else:
+            self.transport.resume_reading()
+            self._await_head()
+
+    def refuse(self, refusal: Refused) -> None:
+        """Answer a refusal outside of a request's answer (a parse error, a timeout): the connection closes after it
+        (answers already due are dropped: the client broke the framing)."""
+        if self.closing:
+            return
+        for request in (*self.queue, self.current, self.parsing):
+            self._release(request)
+        self.queue.clear()
+        self.current = self.parsing = None
+        self.transport.write(self._refusal(refusal))
+        self.closing = True
+        self.transport.close()
+
+    def _release(self, request: Request | None) -> None:
+        if request is not None and request.taken:
+            request.taken = False
+            self.front.in_flight -= 1
+            self.front.buffered -= request.length
+
+    def _refusal(self, refusal: Refused) -> bytes:
+        body = json.dumps({"error": refusal.message}).encode()
+        close = refusal.close or self.front.draining
+        head = (f"HTTP/1.1 {refusal.status} {REASONS.get(refusal.status, 'Error')}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n")
+        return head.encode() + body

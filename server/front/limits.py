@@ -1,0 +1,57 @@
+"""The front's bounds (`hub-vit serve --max-request-mb`, `--max-connections`, `--front-processes`), and how they are
+shared among its processes."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+MAX_PROCESSES = 64
+CORES_PER_PROCESS = 4  # the default: one front process per 4 cores (the rest serve Triton and its stubs), 1 to 4
+
+
+def default_processes() -> int:
+    """One front process per `CORES_PER_PROCESS` cores this process may use, at least 1 and at most 4: at about
+    0.1 ms of CPU per request, one process relays some 10,000 requests/s, and Triton needs the other cores to answer
+    them (docs/serving.md, "The front's cost")."""
+    return min(4, max(1, len(os.sched_getaffinity(0)) // CORES_PER_PROCESS))
+
+
+@dataclass(frozen=True)
+class FrontLimits:
+    """The front's bounds; every one has a default fit for the shipped model on a small host. `max_connections` and
+    `max_buffered_bytes` are the whole front's, shared evenly among its `processes` (the kernel spreads new connections
+    evenly across them)."""
+
+    max_body_bytes: int = 64 << 20  # Triton 25.x's own --http-max-input-size default; also the inflated size
+    max_buffered_bytes: int = 256 << 20  # bodies held at once across connections (beyond: 503, retry)
+    max_head_bytes: int = 64 << 10
+    head_timeout_s: float = 10.0  # a request's head, and an idle keep-alive connection's next one
+    body_timeout_s: float = 60.0
+    max_connections: int = 4096
+    upstream_connections: int = 64  # per process: requests relayed to Triton at once (its descriptors stay few)
+    processes: int = 1
+
+    def __post_init__(self) -> None:
+        for key in ("max_body_bytes", "max_buffered_bytes", "max_head_bytes", "max_connections",
+                    "upstream_connections", "processes"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        if self.processes > MAX_PROCESSES:
+            raise ValueError(f"processes must be at most {MAX_PROCESSES}, got {self.processes}")
+        for key in ("head_timeout_s", "body_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be a positive number of seconds, got {getattr(self, key)!r}")
+
+    def share(self, total: int) -> int:
+        """One process's share of a bound of the whole front."""
+        return math.ceil(total / self.processes)
+
+    @property
+    def grpc_receive_bytes(self) -> int:
+        """What grpc itself lets through, on the wire and inflated: twice the limit, so that a message up to that
+        size reaches the front's own check, which answers it with the limit and the flag (grpc's own refusal says
+        neither, and no grpcio hook rewrites it); a larger one is refused by grpc from its length prefix, unread."""
+        return 2 * self.max_body_bytes

@@ -1,0 +1,71 @@
+"""One front process (`python -m hub_vit.server.front.worker FD`): the HTTP and the gRPC front on one event loop,
+bound to the public ports that all front processes share, steered by the serve process over the socket FD.
+
+The serve process sends JSON lines; the worker answers those marked with a reply:
+* first the settings `{"host", "http_port", "grpc_port", "limits"}` -> `{"ready": true}` or `{"error": "..."}`;
+* `{"op": "upstream", "protocol": "http"|"grpc", "host", "port"}` (host null: no server) -> `{"ok": true}`;
+* `{"op": "drain", "protocol"}`, no reply (a signal handler sends it: it must not wait);
+* `{"op": "drained", "protocol", "timeout_s"}` -> `{"answered": bool}`;
+* `{"op": "close"}`, no reply: the worker stops.
+
+The end of the socket (the serve process is gone, even killed with SIGKILL) ends the worker: no front outlives serve.
+Ctrl-C, SIGTERM and SIGHUP, which reach a whole process group, are ignored here: serve drains its front itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import sys
+from typing import Any
+
+from hub_vit.server.front.grpc_front import GrpcFront
+from hub_vit.server.front.http_front import HttpFront
+from hub_vit.server.front.limits import FrontLimits
+
+
+async def serve(control: socket.socket) -> None:
+    reader, writer = await asyncio.open_connection(sock=control)
+
+    def reply(message: dict[str, Any]) -> None:
+        writer.write(json.dumps(message).encode() + b"\n")
+
+    settings = json.loads(await reader.readline() or b"{}")
+    limits = FrontLimits(**settings["limits"])
+    fronts = {"http": HttpFront(limits), "grpc": GrpcFront(limits)}
+    try:
+        await fronts["http"].listen(settings["host"], settings["http_port"])
+        await fronts["grpc"].listen(settings["host"], settings["grpc_port"])
+    except OSError as err:
+        reply({"error": str(err)})
+        await writer.drain()
+        return
+    reply({"ready": True})
+    try:
+        while line := await reader.readline():
+            command = json.loads(line)
+            op, front = command["op"], fronts.get(command.get("protocol", ""))
+            if op == "upstream":
+                await front.upstream(command["host"], command["port"])
+                reply({"ok": True})
+            elif op == "drain":
+                front.drain()
+            elif op == "drained":
+                reply({"answered": await front.drained(command["timeout_s"])})
+            elif op == "close":
+                break
+    finally:
+        for front in fronts.values():
+            await front.close()
+
+
+def main() -> None:
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.SIG_IGN)
+    asyncio.run(serve(socket.socket(fileno=int(sys.argv[1]))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The front's processes, from the serve process: started, steered, ended.
+
+`FrontProcesses.start()` binds nothing itself: it checks that both public ports are free (a bind without
+SO_REUSEPORT, which fails while anything listens there) and takes a lock per port (`$TMPDIR/hub-vit-front-<port>.lock`,
+held while serve runs), so a second `hub-vit serve` on the same port fails instead of silently sharing it; then it
+starts `limits.processes` worker processes (worker.py), each binding both ports with SO_REUSEPORT. `front("http")` and
+`front("grpc")` are the two `runtime.supervisor.Front`s the supervisor points at each new tritonserver and drains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from hub_vit.server.front.limits import FrontLimits
+
+START_TIMEOUT_S = 60.0
+REPLY_TIMEOUT_S = 30.0
+
+
+class PortLock:
+    """An exclusive lock on a public port among hub-vit serve processes (flock: released when the holder exits, even
+    killed). OSError naming the holder's pid when another serve holds it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.path = Path(tempfile.gettempdir()) / f"hub-vit-front-{port}.lock"
+        try:
+            self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError:  # another user's file, or a link planted in a shared /tmp: the bind check still holds
+            self.fd = None
+            return
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self.fd)
+            raise OSError(f"{host}:{port} is already served by another hub-vit serve (pid {holder}); choose another "
+                          "port") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def check_free(host: str, port: int) -> None:
+    """OSError when anything listens on host:port (a bind without SO_REUSEPORT fails then, whoever listens)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError:
+            raise OSError(f"{host}:{port} is already in use (another server?); choose another port") from None
+
+
+class Worker:
+    """One worker process and its control socket."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.control, theirs = socket.socketpair()
+        try:
+            self.process = subprocess.Popen([sys.executable, "-m", "hub_vit.server.front.worker", str(theirs.fileno())],
+                                            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self.buffer = b""
+        self.send(settings)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """One line, in one write (a signal handler may send while another thread waits for a reply)."""
+        try:
+            self.control.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass  # the worker is gone: `reply` says so to whoever waits
+
+    def reply(self, deadline: float) -> dict[str, Any]:
+        while b"\n" not in self.buffer:
+            ready, _, _ = select.select([self.control], [], [], max(deadline - time.monotonic(), 0))
+            if not ready:
+                raise TimeoutError(f"front process {self.process.pid} did not answer")
+            chunk = self.control.recv(65536)
+            if not chunk:
+                code = self.process.wait(5)
+                raise OSError(f"front process {self.process.pid} ended (exit status {code})")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def end(self) -> None:
+        self.send({"op": "close"})
+        self.control.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
+
+class FrontProcesses:
+    """The front: `limits.processes` worker processes on the public HTTP and gRPC ports."""
+
+    def __init__(self, host: str, http_port: int, grpc_port: int, limits: FrontLimits = FrontLimits()) -> None:
+        self.host, self.http_port, self.grpc_port, self.limits = host, http_port, grpc_port, limits
+        self.workers: list[Worker] = []
+        self._locks: list[PortLock] = []
+        self._lock = threading.Lock()  # one question at a time to the workers (replies come in order)
+
+    def start(self) -> FrontProcesses:
+        """OSError naming the port when one is taken, or a worker could not start; nothing is left running then."""
+        try:
+            for port in (self.http_port, self.grpc_port):
+                self._locks.append(PortLock(self.host, port))
+                check_free(self.host, port)
+            settings = {"host": self.host, "http_port": self.http_port, "grpc_port": self.grpc_port,
+                        "limits": asdict(self.limits)}
+            self.workers = [Worker(settings) for _ in range(self.limits.processes)]
+            deadline = time.monotonic() + START_TIMEOUT_S
+            for worker in self.workers:
+                answer = worker.reply(deadline)
+                if "error" in answer:
+                    raise OSError(answer["error"])
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def front(self, protocol: str) -> ProcessesFront:
+        return ProcessesFront(self, protocol)
+
+    def ask(self, message: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S) -> list[dict[str, Any]]:
+        """`message` to every worker, and their replies."""
+        with self._lock:
+            for worker in self.workers:
+                worker.send(message)
+            deadline = time.monotonic() + timeout_s
+            return [worker.reply(deadline) for worker in self.workers]
+
+    def tell(self, message: dict[str, Any]) -> None:
+        """`message` to every worker, without waiting (no reply comes)."""
+        for worker in self.workers:
+            worker.send(message)
+
+    def close(self) -> None:
+        workers, self.workers = self.workers, []
+        for worker in workers:
+            with contextlib.suppress(OSError):
+                worker.end()
+        for lock in self._locks:
+            lock.release()
+        self._locks = []
+
+
+class ProcessesFront:
+    """One protocol of the front (a `runtime.supervisor.Front`)."""
+
+    def __init__(self, processes: FrontProcesses, protocol: str) -> None:
+        self.processes, self.protocol = processes, protocol
+
+    def upstream(self, host: str | None, port: int | None = None) -> None:
+        """Relay to Triton's endpoint of this protocol at (host, port); None: refuse as restarting until set again."""
+        self.processes.ask({"op": "upstream", "protocol": self.protocol, "host": host, "port": port})
+
+    def drain(self) -> None:
+        """New requests refused ("shutting down"), those taken still answered; returns at once (signal handlers)."""
+        self.processes.tell({"op": "drain", "protocol": self.protocol})
+
+    def drained(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until every request taken is answered; whether all were."""
+        answers = self.processes.ask({"op": "drained", "protocol": self.protocol, "timeout_s": timeout_s},
+                                     timeout_s + REPLY_TIMEOUT_S)
+        return all(answer.get("answered") for answer in answers)
