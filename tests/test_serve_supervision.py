@@ -193,6 +193,26 @@ def test_a_crashed_server_and_a_dead_stub_are_replaced(tmp_path: Path) -> None:
         serve.stop()
 
 
+def test_a_dead_front_process_is_replaced_and_the_ports_keep_serving() -> None:
+    """A front process killed (the OOM killer's way) is replaced with the current upstream; meanwhile and after, new
+    connections are served by the processes listening."""
+    serve = Serve("--front-processes", "2")
+    try:
+        serve.wait_for("metrics")
+        before = serve.front_pids()
+        assert len(before) == 2, before
+        os.kill(before[0], signal.SIGKILL)
+        assert serve.classify() == expected_digits()  # the other process took the port's new connections
+        assert wait_until(lambda: len(serve.front_pids()) == 2 and before[0] not in serve.front_pids(), 30), \
+            f"no replacement front process: {serve.front_pids()}"
+        for _ in range(6):  # new connections each time: the kernel spreads them over both processes
+            assert serve.classify() == expected_digits()
+        serve.process.send_signal(signal.SIGTERM)
+        assert serve.finish() == 0, serve.text
+    finally:
+        serve.stop()
+
+
 def test_without_restarts_a_crash_is_an_error_naming_it() -> None:
     serve = Serve("--max-restarts", "0")
     try:

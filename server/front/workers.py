@@ -5,6 +5,10 @@ SO_REUSEPORT, which fails while anything listens there) and takes a lock per por
 held while serve runs), so a second `hub-vit serve` on the same port fails instead of silently sharing it; then it
 starts `limits.processes` worker processes (worker.py), each binding both ports with SO_REUSEPORT. `front("http")` and
 `front("grpc")` are the two `runtime.supervisor.Front`s the supervisor points at each new tritonserver and drains.
+
+A worker that dies (the OOM killer, a crash in a parser) is replaced within `WATCH_INTERVAL_S`: the new one is told
+the current upstream of each protocol, and drains at once if the front is draining; meanwhile the kernel hands the
+port's new connections to the workers still listening. Only a replacement that cannot start ends the front.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from hub_vit.server.front.limits import FrontLimits
 
 START_TIMEOUT_S = 60.0
 REPLY_TIMEOUT_S = 30.0
+WATCH_INTERVAL_S = 0.5
 
 
 class PortLock:
@@ -117,8 +122,14 @@ class FrontProcesses:
     def __init__(self, host: str, http_port: int, grpc_port: int, limits: FrontLimits = FrontLimits()) -> None:
         self.host, self.http_port, self.grpc_port, self.limits = host, http_port, grpc_port, limits
         self.workers: list[Worker] = []
+        self.replaced = 0  # workers that died and were replaced
         self._locks: list[PortLock] = []
         self._lock = threading.Lock()  # one question at a time to the workers (replies come in order)
+        # what a replacement worker is told: each protocol's last upstream command, and whether it drains
+        self._upstreams: dict[str, dict[str, Any]] = {}
+        self._draining: set[str] = set()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def start(self) -> FrontProcesses:
         """OSError naming the port when one is taken, or a worker could not start; nothing is left running then."""
@@ -126,36 +137,83 @@ class FrontProcesses:
             for port in (self.http_port, self.grpc_port):
                 self._locks.append(PortLock(self.host, port))
                 check_free(self.host, port)
-            settings = {"host": self.host, "http_port": self.http_port, "grpc_port": self.grpc_port,
-                        "limits": asdict(self.limits)}
-            self.workers = [Worker(settings) for _ in range(self.limits.processes)]
+            self.workers = [Worker(self._settings()) for _ in range(self.limits.processes)]
             deadline = time.monotonic() + START_TIMEOUT_S
             for worker in self.workers:
-                answer = worker.reply(deadline)
-                if "error" in answer:
-                    raise OSError(answer["error"])
+                _ready(worker, deadline)
         except BaseException:
             self.close()
             raise
+        self._watcher = threading.Thread(target=self._watch, name="hub-vit-front-watch", daemon=True)
+        self._watcher.start()
         return self
+
+    def _settings(self) -> dict[str, Any]:
+        return {"host": self.host, "http_port": self.http_port, "grpc_port": self.grpc_port,
+                "limits": asdict(self.limits)}
+
+    def _watch(self) -> None:
+        """Replace each worker that died, until `close`."""
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            with self._lock:
+                for index, worker in enumerate(self.workers):
+                    if worker.process.poll() is None or self._stop.is_set():
+                        continue
+                    worker.control.close()
+                    try:
+                        self.workers[index] = self._replacement()
+                    except (OSError, TimeoutError):
+                        continue  # tried again at the next look; the other workers keep serving
+                    self.replaced += 1
+
+    def _replacement(self) -> Worker:
+        """A new worker, ready, told what the others were told."""
+        worker = Worker(self._settings())
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            _ready(worker, deadline)
+            for command in self._upstreams.values():
+                worker.send(command)
+                worker.reply(deadline)
+            for protocol in self._draining:
+                worker.send({"op": "drain", "protocol": protocol})
+        except BaseException:
+            worker.process.kill()
+            worker.control.close()
+            raise
+        return worker
 
     def front(self, protocol: str) -> ProcessesFront:
         return ProcessesFront(self, protocol)
 
     def ask(self, message: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S) -> list[dict[str, Any]]:
-        """`message` to every worker, and their replies."""
+        """`message` to every worker, and the replies of those that are alive (one that died meanwhile is replaced
+        by the watcher, which tells the new one the current upstream)."""
         with self._lock:
+            if message.get("op") == "upstream":
+                self._upstreams[message["protocol"]] = message
             for worker in self.workers:
                 worker.send(message)
             deadline = time.monotonic() + timeout_s
-            return [worker.reply(deadline) for worker in self.workers]
+            replies = []
+            for worker in self.workers:
+                try:
+                    replies.append(worker.reply(deadline))
+                except OSError:  # it ended: not an answer, and not an error of the front's
+                    continue
+            return replies
 
     def tell(self, message: dict[str, Any]) -> None:
-        """`message` to every worker, without waiting (no reply comes)."""
-        for worker in self.workers:
+        """`message` to every worker, without waiting (no reply comes; a signal handler sends it, so no lock)."""
+        if message.get("op") == "drain":
+            self._draining.add(message["protocol"])
+        for worker in list(self.workers):
             worker.send(message)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(START_TIMEOUT_S)
         workers, self.workers = self.workers, []
         for worker in workers:
             with contextlib.suppress(OSError):
@@ -163,6 +221,12 @@ class FrontProcesses:
         for lock in self._locks:
             lock.release()
         self._locks = []
+
+
+def _ready(worker: Worker, deadline: float) -> None:
+    answer = worker.reply(deadline)
+    if "error" in answer:
+        raise OSError(answer["error"])
 
 
 class ProcessesFront:
