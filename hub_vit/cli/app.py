@@ -65,6 +65,17 @@ def write_failed(path: str | os.PathLike[str], exc: OSError) -> typer.Exit:
     return fail(f"cannot write to {os.fspath(path)!r}: {exc.strerror or exc}", code=1)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from hub_vit.version import __version__
+
+        console.print(f"hub-vit {__version__}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print hub-vit's version and exit."),
+) -> None:
     """Google's Vision Transformers for timm, transformers, ONNX and Triton."""

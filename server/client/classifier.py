@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from hub_vit.ports import HTTP_PORT, LOOPBACK
 from hub_vit.server import protocol
 from hub_vit.server.client.addresses import PROTOCOLS, check_timeout, resolve_protocol, server_address
 from hub_vit.server.client.errors import NoExplanation, renumbered
@@ -71,7 +72,7 @@ class Classifier:
     """Blocking client. `url` is `host:port` (8000 for HTTP, 8001 for gRPC by default); see `server_address`.
     `protocol` is "http" or "grpc"; None (the default) takes it from a `grpc://` / `http://` URL, else HTTP."""
 
-    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit",
+    def __init__(self, url: str = f"{LOOPBACK}:{HTTP_PORT}", *, protocol: str | None = None, model: str = "vit",
                  timeout_s: float = 60.0) -> None:
         address, tls = server_address(url)
         protocol = resolve_protocol(url, protocol)
@@ -150,7 +151,7 @@ class Classifier:
 class AsyncClassifier:
     """asyncio client (tritonclient's aio modules); the arguments and results of `Classifier`, plus `connections`."""
 
-    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit",
+    def __init__(self, url: str = f"{LOOPBACK}:{HTTP_PORT}", *, protocol: str | None = None, model: str = "vit",
                  timeout_s: float = 60.0, connections: int = 100) -> None:
         """`timeout_s`: longest wait for each answer (HTTP: aiohttp's total timeout per request; gRPC: each call's
         deadline). `connections`: most HTTP connections open at once (tritonclient's `conn_limit`, 100 by default),

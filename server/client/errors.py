@@ -8,6 +8,7 @@ which are all they give.
 
 from __future__ import annotations
 
+from hub_vit.ports import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from hub_vit.server import protocol
 
 # A request refused for what it holds (a bad image, a wrong tensor): HTTP 400 / gRPC INVALID_ARGUMENT.
@@ -89,5 +90,5 @@ def request_failed(protocol_name: str, url: str, err: Exception) -> str:
     names = {"http": "HTTP", "grpc": "gRPC"}
     this, other = names[protocol_name], names["http" if protocol_name == "grpc" else "grpc"]
     return (f"{protocol_name} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), "
-            f"and is this its {this} port, not its {other} or metrics port? Defaults: HTTP 8000, gRPC 8001 (--grpc), "
-            "metrics 8002.")
+            f"and is this its {this} port, not its {other} or metrics port? Defaults: HTTP {HTTP_PORT}, gRPC "
+            f"{GRPC_PORT} (--grpc), metrics {METRICS_PORT}.")
