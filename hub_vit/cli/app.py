@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 
 import typer
 from rich.console import Console
@@ -16,8 +17,20 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     add_completion=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Off a terminal (a pipe, a file, CI's log) rich would lay everything out for 80 columns and cut table cells to fit
+# (`int8-dy…` twice in a column of variant names). There, lines are as long as their content instead; an explicit
+# COLUMNS still sets the width, as rich reads it on a terminal.
+OFF_TERMINAL_WIDTH = 10_000
+
+
+def _console(*, stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    on_terminal = stream is not None and stream.isatty()
+    return Console(stderr=stderr, width=None if on_terminal or "COLUMNS" in os.environ else OFF_TERMINAL_WIDTH)
+
+
+console = _console(stderr=False)
+err_console = _console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
