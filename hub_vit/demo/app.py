@@ -350,7 +350,8 @@ def launch(demo: Demo, *, host: str = "127.0.0.1", port: int | None = None, max_
     blocks = demo.build().queue(default_concurrency_limit=concurrency, max_size=max_size)
     allowed = sorted({str(p.parent) for p in demo.examples})
     blocks.launch(server_name=host, server_port=port, max_file_size=MAX_FILE_SIZE, allowed_paths=allowed,
-                  share=share, show_error=False, ssr_mode=False, prevent_thread_lock=True, js=a11y_js(demo.examples))
+                  share=share, show_error=False, ssr_mode=False, prevent_thread_lock=True, js=a11y_js(demo.examples),
+                  quiet=True)  # its "set `share=True`" tip, and a URL line both callers print in their own words
     if block:
         on_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
