@@ -83,32 +83,53 @@ def test_the_default_ports_are_the_ones_the_readme_names() -> None:
 
 
 def _serve_defaults() -> dict[str, object]:
+    return _defaults("serve")
+
+
+def _defaults(name: str) -> dict[str, object]:
+    """--option -> its default, from the command's own declaration."""
     _load_commands()
-    command = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
     return {opt: param.default for param in command.params for opt in param.opts if opt.startswith("--")}
 
 
-def _documented_defaults(title: str) -> dict[str, str]:
-    """--option -> the default docs/serving.md gives in the option table after `title` (`a / b` split per option)."""
+# docs/serving.md's option tables: the text before each, the command it documents
+TABLES = {"| `classify` option |": "classify", "## `hub-vit serve`": "serve",
+          "## The generated repository": "repository", "## Load test": "loadtest"}
+
+
+def _documented(title: str) -> dict[str, object]:
+    """--option -> the default the option table after `title` gives, where it is a value ('16', '`vit`', 'off'):
+    `a / b` (or `a, b`) split over the options the row names; words ('the shipped model') are left out."""
     text = (REPO / "docs" / "serving.md").read_text(encoding="utf-8")
-    table = text[text.index(title):].split("\n\n")[0]
-    documented = {}
-    for row in table.splitlines()[2:]:
+    start = text.index(title)
+    table = re.search(r"^\|.*\| default \|.*\n\|[- |]+\n((?:\|.*\n)+)", text[start:], re.MULTILINE)
+    assert table is not None, title
+    documented: dict[str, object] = {}
+    for row in table[1].splitlines():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         names = re.findall(r"`(--[\w-]+)", cells[0])
-        values = cells[1].split(" / ") if len(names) > 1 else [cells[1]]
-        if len(values) == len(names):
-            documented |= dict(zip(names, values, strict=True))
+        for separator in (" / ", ", "):
+            values = cells[1].split(separator)
+            if len(values) == len(names):
+                break
+        else:
+            continue
+        for name, value in zip(names, values, strict=True):
+            literal = re.fullmatch(r"`([^`]+)`|(\d+)(?: \(.*\))?|(on|off)", value)
+            if literal:
+                documented[name] = (literal[1] if literal[1] is not None else int(literal[2]) if literal[2]
+                                    else literal[3] == "on")
     return documented
 
 
-def test_the_serving_docs_give_serves_own_defaults() -> None:
-    defaults = _serve_defaults()
-    documented = _documented_defaults("| option | default | meaning |")
-    checked = {name: value for name, value in documented.items() if re.fullmatch(r"`?\d+`?", value)}
-    assert len(checked) >= 10, documented  # the table was read
-    assert {name: int(value.strip("`")) for name, value in checked.items()} == {name: defaults[name]
-                                                                                for name in checked}
+@pytest.mark.parametrize(("title", "command"), TABLES.items(), ids=TABLES.values())
+def test_the_serving_docs_give_each_commands_own_defaults(title: str, command: str) -> None:
+    defaults = {name: str(value) if isinstance(value, Path) else value for name, value in _defaults(command).items()}
+    # a flag left None takes its default elsewhere (the server's, the flavour's): the docs give that one
+    documented = {name: value for name, value in _documented(title).items() if defaults[name] is not None}
+    assert len(documented) >= 2, documented  # the table was read
+    assert documented == {name: defaults[name] for name in documented}
 
 
 def test_one_set_of_image_formats_is_named_everywhere(imageprep) -> None:
