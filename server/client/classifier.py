@@ -78,9 +78,9 @@ def smaller_requests(err: Exception, offset: int, chunk: list[bytes],
     too large, the server's error, renumbered to the caller's list, for any other refusal."""
     if not too_large(err):
         raise renumbered(err, offset) from None
+    limit.refused(too_large_limit(err), chunk)  # also from an image refused alone: the next requests are told
     if len(chunk) == 1:
         raise ImageTooLarge(offset, len(chunk[0]), too_large_limit(err), " ".join(str(err).split())) from None
-    limit.refused(too_large_limit(err), chunk)
     return requests(chunk, offset, limit)
 
 
