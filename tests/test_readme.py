@@ -136,12 +136,14 @@ class Checkout:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Checkout:
     """The checkout's tracked files in a new folder, `.venv` linked, and an offline environment."""
+    if not (REPO / ".git").exists():
+        pytest.fail(f"{REPO} is not a git checkout: this test copies its tracked files (git archive)")
     state = subprocess.run(["git", "stash", "create"], cwd=REPO, capture_output=True, text=True, check=True)
     tree = state.stdout.strip() or "HEAD"  # nothing changed: the commit itself
     archive = subprocess.run(["git", "archive", "--format=tar", tree], cwd=REPO, capture_output=True, check=True)
     path = tmp_path_factory.mktemp("checkout") / "hub-vit"
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(path, filter="data")
+        tar.extractall(path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))  # 3.10.12+
     (path / ".venv").symlink_to(Path(sys.prefix))
     closed = f"http://127.0.0.1:{free_port()}"  # bound and closed again: nothing listens there
     env = {key: value for key, value in os.environ.items()
