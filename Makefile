@@ -33,9 +33,12 @@ test: setup browser
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5)"; exit 0; fi; exit $$rc
 
-# The main job: serve the default model (Triton + demo once available).
+# The main job: serve the default model (Triton + the demo). The ports move with HTTP_PORT, GRPC_PORT, METRICS_PORT and
+# DEMO_PORT (`make serve HTTP_PORT=9000`); one left unset keeps hub-vit serve's own default.
+SERVE_PORTS = $(strip $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
+              $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT)) $(if $(DEMO_PORT),--demo-port $(DEMO_PORT)))
 serve: setup
-	$(VENV)/bin/hub-vit serve --demo
+	$(VENV)/bin/hub-vit serve --demo $(SERVE_PORTS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

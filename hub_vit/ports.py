@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import socket
 
+# `hub-vit serve`'s default ports, stated once: serve's options, the clients' default addresses, `make serve`, and every
+# help text and hint that names a port take them from here.
+HTTP_PORT = 8000
+GRPC_PORT = 8001
+METRICS_PORT = 8002
+DEMO_PORT = 7860
+LOOPBACK = "127.0.0.1"
+
 
 class PortError(ValueError):
     """A port setting that cannot work; the message names the setting as the caller knows it."""

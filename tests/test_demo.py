@@ -214,6 +214,14 @@ def test_non_image_upload_shows_error_and_app_recovers(page, photo_path: Path, t
     assert "Traceback" not in log, log[-3000:]
 
 
+def test_the_start_is_calm(demo_process: tuple[str, Path]) -> None:
+    # was: Gradio's "* To create a public link, set `share=True` in `launch()`." under hub-vit's own URL line: the demo
+    # listens on 127.0.0.1 on purpose (docs/explain.md, "Hardening")
+    log = demo_process[1].read_text()
+    assert "demo on http://127.0.0.1:" in log, log
+    assert "share=True" not in log and "Running on" not in log, log
+
+
 def test_only_the_apps_own_files_are_served(demo_url: str, model_folder: Path) -> None:
     # Gradio serves uploads, its cache and `allowed_paths` (our example folders) at /gradio_api/file=...; nothing
     # else on disk, not the model's weights and not system files.

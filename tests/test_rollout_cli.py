@@ -71,8 +71,18 @@ def _thin_png(path: Path) -> None:  # 2x200000 px would become 256x25600000 befo
     Image.new("RGB", (2, 200_000), (200, 10, 10)).save(path)
 
 
-@pytest.mark.parametrize(("make", "message"), [(_text_posing_as_png, "PNG, JPEG"),
-                                               (_thin_png, "aspect ratio too extreme")])
+def _bmp(path: Path) -> None:  # a real image, in a format the server does not decode (was: read here, not served)
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(path, format="BMP")
+
+
+def _gif(path: Path) -> None:
+    Image.new("P", (64, 64)).save(path, format="GIF")
+
+
+@pytest.mark.parametrize(("make", "message"), [(_text_posing_as_png, "supported formats: JPEG, PNG or WebP"),
+                                               (_thin_png, "aspect ratio too extreme"),
+                                               (_bmp, "supported formats: JPEG, PNG or WebP"),
+                                               (_gif, "supported formats: JPEG, PNG or WebP")])
 def test_cli_bad_image_writes_nothing(model_folder: Path, photo_files: list[Path], tmp_path: Path, make,
                                       message: str) -> None:
     bad = tmp_path / "bad.png"
@@ -223,7 +233,7 @@ def test_load_image_rejects_non_images_and_bombs(tmp_path: Path, monkeypatch: py
                                                  photos: dict) -> None:
     text = tmp_path / "report.png"
     text.write_text("hello")
-    with pytest.raises(ImageReadError, match=r"report\.png.*PNG, JPEG, WEBP"):
+    with pytest.raises(ImageReadError, match=r"report\.png.*JPEG, PNG or WebP"):
         load_image(text)
     with pytest.raises(ImageReadError, match="does not exist"):
         load_image(tmp_path / "missing.png")

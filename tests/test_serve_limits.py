@@ -292,6 +292,35 @@ def test_bad_shapes_and_a_short_jpeg_are_refused(serve: Serve) -> None:
     assert_healthy(serve)
 
 
+def test_classify_sends_files_too_large_together_apart_and_names_one_too_large_alone(serve: Serve, tmp_path: Path):
+    # was: two files that each pass alone were refused together with one 413 naming neither (the client split by
+    # count only), and over gRPC grpc's "Received message larger than max" named no way out
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    limit, rng = MAX_REQUEST_MB << 20, np.random.default_rng(0)
+    files = {}
+    for name, side in (("first", 1300), ("second", 1300), ("huge", 1750)):  # noise PNGs: 3 bytes per pixel
+        files[name] = tmp_path / f"{name}.png"
+        Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(files[name])
+    sizes = {name: path.stat().st_size for name, path in files.items()}
+    assert sizes["first"] < limit / 2 + (1 << 20) and sizes["first"] + sizes["second"] > limit < sizes["huge"]
+    _load_commands()
+    for protocol_args in ((f"127.0.0.1:{serve.ports[0]}",), (f"127.0.0.1:{serve.ports[1]}", "--grpc")):
+        result = CliRunner().invoke(app, ["classify", "--url", *protocol_args, "--top", "1",
+                                          str(files["first"]), str(files["huge"]), str(files["second"])])
+        output = " ".join(result.output.split())
+        assert result.exit_code == 1 and "first.png" in output and "second.png" in output, output  # both answered
+        assert f"{files['huge']}: too large to send: {sizes['huge']} bytes" in output, output
+        assert "(hub-vit serve --max-request-mb)" in output or "MiB; hub-vit serve --max-request-mb)" in output, output
+        if "--grpc" not in protocol_args:  # the HTTP gate's 413 carries the limit as a fact
+            assert f"over the server's request limit of {limit} bytes (8 MiB; hub-vit serve --max-request-mb)" in \
+                output, output
+    assert_healthy(serve)
+
+
 def test_sigterm_under_continuous_traffic_answers_or_cleanly_refuses_every_request() -> None:
     # was: ~34 requests dropped at the 30 s limit and tritonserver SIGSEGVed at the end
     serve = Serve()

@@ -104,3 +104,42 @@ def test_quiet_and_verbose_together_are_refused():
                                       str(free_port()), "--metrics-port", str(free_port())])
     assert result.exit_code == 2
     assert "--quiet and --verbose contradict each other" in " ".join(result.output.split()), result.output
+
+
+class _Server:
+    exit_timeout_s = 30
+
+
+class _Supervisor:
+    """What `stop_on_signals` drives: a stop event, the current server, the drain and the hard stop."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.stop, self.server, self.calls = threading.Event(), _Server(), []
+
+    def terminate(self) -> None:
+        self.stop.set()
+        self.calls.append("terminate")
+
+    def kill(self) -> None:
+        self.calls.append("kill")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_only_ctrl_c_is_told_to_press_ctrl_c_again(signum: int) -> None:
+    # was: "SIGTERM: draining in-flight requests (up to 30 s), then exiting; press Ctrl-C again to stop at once" in
+    # the log of a `hub-vit serve` that systemd or `kill` stopped, where nobody can press anything
+    import os
+
+    from hub_vit.server.runtime.supervisor import stop_on_signals
+
+    said: list[str] = []
+    supervisor = _Supervisor()
+    with stop_on_signals(supervisor, said.append):
+        os.kill(os.getpid(), signum)
+        time.sleep(0.05)  # Python runs the handler between bytecodes of this, the main thread
+    name = signal.Signals(signum).name
+    assert supervisor.calls == ["terminate"]
+    assert said[0].startswith(f"{name}: draining in-flight requests (up to 30 s), then exiting"), said
+    assert ("press Ctrl-C again to stop at once" in said[0]) == (signum == signal.SIGINT), said

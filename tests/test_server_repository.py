@@ -81,8 +81,8 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     warmups = [(w.batch_size, w.inputs["image"].input_data_file) for w in config.model_warmup]
     assert warmups == [(1, "image"), (8, "image")]
     files = {p.name for p in (repo / "vit_classifier/1").iterdir()}
-    assert files == {"model.py", "imageprep.py", "image_modes.py", "topk.py", "triton_errors.py", "model.onnx",
-                     "labels.txt", "openvino_runtime.py", "protocol.py"}
+    assert files == {"model.py", "imageprep.py", "image_modes.py", "image_formats.py", "protocol.py", "topk.py",
+                     "triton_errors.py", "model.onnx", "labels.txt", "openvino_runtime.py"}
     assert (repo / "vit_classifier/1/labels.txt").read_text().splitlines() == list(meta.labels)
     warm = (repo / "vit_classifier/warmup/image").read_bytes()
     assert int.from_bytes(warm[:4], "little") == len(warm) - 4 and warm[5:8] == b"PNG"
@@ -105,7 +105,8 @@ def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
     assert list(pre.output[0].dims) == [3, 48, 48] and pre.input[0].data_type == mc.TYPE_STRING
     assert pre.parameters["scale_size"].string_value == "[53, 53]"
     assert {p.name for p in (repo / "vit_preprocess/1").iterdir()} == {"model.py", "imageprep.py", "image_modes.py",
-                                                                      "triton_errors.py", "protocol.py"}
+                                                                      "image_formats.py", "protocol.py",
+                                                                      "triton_errors.py"}
     assert {p.name for p in (repo / "vit_classifier/1").iterdir()} == {"model.onnx"}
     post = _parse(repo / "vit_postprocess/config.pbtxt")  # a queue policy and two instances: no batcher stall
     assert post.dynamic_batching.default_queue_policy.max_queue_size == opts.max_queue_size

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 
 import typer
 from rich.console import Console
@@ -16,8 +17,20 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     add_completion=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Off a terminal (a pipe, a file, CI's log) rich would lay everything out for 80 columns and cut table cells to fit
+# (`int8-dy…` twice in a column of variant names). There, lines are as long as their content instead; an explicit
+# COLUMNS still sets the width, as rich reads it on a terminal.
+OFF_TERMINAL_WIDTH = 10_000
+
+
+def _console(*, stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    on_terminal = stream is not None and stream.isatty()
+    return Console(stderr=stderr, width=None if on_terminal or "COLUMNS" in os.environ else OFF_TERMINAL_WIDTH)
+
+
+console = _console(stderr=False)
+err_console = _console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -65,6 +78,17 @@ def write_failed(path: str | os.PathLike[str], exc: OSError) -> typer.Exit:
     return fail(f"cannot write to {os.fspath(path)!r}: {exc.strerror or exc}", code=1)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from hub_vit.version import __version__
+
+        console.print(f"hub-vit {__version__}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print hub-vit's version and exit."),
+) -> None:
     """Google's Vision Transformers for timm, transformers, ONNX and Triton."""

@@ -11,14 +11,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
-from hub_vit.cli.client_options import RequestQueueTimeoutMs, endpoint, queue_timeout_s
+from hub_vit.cli.client_options import Grpc, RequestQueueTimeoutMs, Url, endpoint, queue_timeout_s
+from hub_vit.image_formats import NAMES
 
 
 @app.command()
 def classify(
-    images: list[Path] = typer.Argument(..., help="Image files (JPEG, PNG, WebP).", exists=True, dir_okay=False),
-    url: str = typer.Option(None, help="host:port (default 127.0.0.1:8000, or :8001 with --grpc)."),
-    grpc: bool = typer.Option(False, "--grpc", help="Use gRPC instead of HTTP."),
+    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}).", exists=True, dir_okay=False),
+    url: Url = None,
+    grpc: Grpc = False,
     model: str = typer.Option("vit", help="Served model name."),
     top: int = typer.Option(3, help="How many of the returned labels to print."),
     queue_timeout_ms: RequestQueueTimeoutMs = None,

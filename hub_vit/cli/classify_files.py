@@ -7,16 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from hub_vit.server.client.classifier import Classifier
-from hub_vit.server.client.errors import CLIENT_ERROR_STATUSES, refused_image
+from hub_vit.server.client.errors import CLIENT_ERROR_STATUSES, ImageTooLarge, refused_image
 from hub_vit.server.client.messages import Prediction, split
 
 
 def classify_files(client: Classifier, images: list[Path], queue_timeout_s: float | None = None,
                    **request: Any) -> tuple[dict[int, Prediction], dict[int, str]]:
     """{position: prediction} for the files the server classified, {position: why not} for the others (`hub-vit
-    classify`). Requests hold at most the model's max_batch_size files. The server refuses a request at its first bad
-    file and names that file's index in the request: the file is set aside with the reason and the rest is sent again,
-    so k bad files cost k more requests, the good files are still classified and each bad one is named by its path.
+    classify`). Requests hold at most the model's max_batch_size files, and no more bytes than the server takes (the
+    client splits them). The server refuses a request at its first bad file and names that file's index in the
+    request, and the client names a file too large to send alone: the file is set aside with the reason and the rest
+    is sent again, so k bad files cost k more requests, the good files are still classified and each bad one is named
+    by its path.
     A refusal that names no file (a file the client could not read) is resolved file by file. Other errors (no
     server, overload, unknown model) are raised: they are not about one file. `request`: more keywords for
     `Classifier.classify` (explain, head_fusion, discard_ratio)."""
@@ -56,7 +58,10 @@ def _one_by_one(client: Classifier, pending: list[tuple[int, Path]], predictions
 
 
 def failed_file(err: Exception, count: int) -> tuple[int, str] | None:
-    """(index in the request, reason) when the server refused one of the `count` files sent by naming it."""
+    """(index in the request, reason) when the server refused one of the `count` files sent by naming it, or the
+    client found one too large to send."""
+    if isinstance(err, ImageTooLarge):
+        return (err.index, err.reason) if err.index < count else None
     failed = refused_image(err)
     return (failed.index, failed.reason) if failed is not None and failed.index < count else None
 
@@ -66,6 +71,8 @@ def file_error(err: Exception) -> str | None:
     it is not about a file (no server, overload, ...)."""
     from tritonclient.utils import InferenceServerException
 
+    if isinstance(err, ImageTooLarge):
+        return err.reason
     if isinstance(err, InferenceServerException):
         if err.status() not in CLIENT_ERROR_STATUSES:
             return None

@@ -9,7 +9,15 @@ from typing import Annotated, Any
 import typer
 
 from hub_vit.cli.app import fail
+from hub_vit.ports import GRPC_PORT, HTTP_PORT, LOOPBACK
 
+# The server's address and protocol, for `classify` and `loadtest`. gRPC has a port of its own: `--grpc` alone takes
+# its default address, `--grpc` with a `--url` needs that URL to name the gRPC port.
+Url = Annotated[str, typer.Option(show_default=False,
+                                  help=f"The server's address, host:port (default {LOOPBACK}:{HTTP_PORT}, HTTP; with "
+                                       f"--grpc {LOOPBACK}:{GRPC_PORT}, the gRPC port).")]
+Grpc = Annotated[bool, typer.Option("--grpc", help=f"Speak gRPC instead of HTTP, to the server's gRPC port: "
+                                                   f"{GRPC_PORT} by default, so a --url must name that port too.")]
 # `classify` and `loadtest`: the client's side of the same limit, per request.
 RequestQueueTimeoutMs = Annotated[float, typer.Option(
     show_default=False, help="Ask the server to reject each request that waits longer than this many ms in its queue "
@@ -37,12 +45,12 @@ def endpoint(url: str | None, grpc: bool) -> tuple[str, str]:
     from hub_vit.server.client.addresses import resolve_protocol
 
     if url is None:
-        return ("127.0.0.1:8001", "grpc") if grpc else ("127.0.0.1:8000", "http")
+        return (f"{LOOPBACK}:{GRPC_PORT}", "grpc") if grpc else (f"{LOOPBACK}:{HTTP_PORT}", "http")
     try:
         return url, resolve_protocol(url, "grpc" if grpc else None)
     except ValueError:  # the one contradiction left: http:// with --grpc
         raise fail(f"--url {url!r} is an HTTP address, but --grpc is given; give the gRPC address (host:port, "
-                   f"default port 8001) or drop --grpc") from None
+                   f"default port {GRPC_PORT}) or drop --grpc") from None
 
 
 def samples_of(folder: Path) -> list[Path]:

@@ -10,6 +10,8 @@ from rich.markup import escape
 
 from hub_vit.atomic import file_in_the_way, missing_folders, remove_empty_folders
 from hub_vit.cli.app import app, console, fail, write_failed
+from hub_vit.image_formats import NAMES
+from hub_vit.ports import DEMO_PORT
 
 if TYPE_CHECKING:
     import numpy as np
@@ -93,7 +95,7 @@ def _print_labels(path: Path, target: Path, top: list[tuple[str, float]]) -> Non
 
 @app.command()
 def rollout(
-    images: list[Path] = typer.Argument(..., help="Image files (PNG, JPEG, WEBP, BMP, GIF)."),
+    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES})."),
     out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the overlay PNGs (created if needed)."),
     model: str = typer.Option(None, "--model", "-m",
                               help="Model folder, or a registered name.tag with a cached checkpoint. "
@@ -151,7 +153,7 @@ def rollout(
 @app.command()
 def demo(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 exposes the demo to the network)."),
-    port: int = typer.Option(7860, help="Port to listen on."),
+    port: int = typer.Option(DEMO_PORT, help="Port to listen on."),
     model_folder: list[Path] = typer.Option([], "--model-folder", help="Extra model folder(s) to offer; repeatable."),
     triton_url: str = typer.Option(None, help="host:port of a running `hub-vit serve` (HTTP) to take labels from."),
     triton_model: str = typer.Option("vit", help="Model name on the Triton server."),

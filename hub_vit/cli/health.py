@@ -8,11 +8,12 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import app, console, err_console, fail
+from hub_vit.ports import HTTP_PORT, LOOPBACK
 
 
 @app.command()
 def health(
-    url: str = typer.Option("127.0.0.1:8000", help="The server's HTTP address (host:port)."),
+    url: str = typer.Option(f"{LOOPBACK}:{HTTP_PORT}", help="The server's HTTP address (host:port)."),
     repository: Path = typer.Option(None, help="The model repository the server was started with: also check that "
                                                "every Python-backend model instance has a live stub (run this on "
                                                "the server's host, inside its container)."),

@@ -11,15 +11,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
-from hub_vit.cli.client_options import RequestQueueTimeoutMs, endpoint, queue_timeout_s, sample_images
+from hub_vit.cli.client_options import Grpc, RequestQueueTimeoutMs, Url, endpoint, queue_timeout_s, sample_images
 
 
 @app.command()
 def loadtest(
     images: list[Path] = typer.Argument(None, help="Images to cycle through (default: the shipped samples).",
                                         exists=True, dir_okay=False),
-    url: str = typer.Option(None, help="host:port (default 127.0.0.1:8000, or :8001 with --grpc)."),
-    grpc: bool = typer.Option(False, "--grpc", help="Use gRPC instead of HTTP."),
+    url: Url = None,
+    grpc: Grpc = False,
     model: str = typer.Option("vit", help="Served model name."),
     concurrency: int = typer.Option(4, help="Requests in flight at once."),
     duration: float = typer.Option(10.0, help="Seconds to run (ignored with --requests)."),

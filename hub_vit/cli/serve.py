@@ -35,6 +35,7 @@ from hub_vit.cli.serving_options import (
     serving_options,
     torch_fields,
 )
+from hub_vit.ports import DEMO_PORT, GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT
 from hub_vit.server.repository.options import DEVICES
 
 ExitTimeout = Annotated[int, typer.Option(help="Seconds in-flight requests get to finish on Ctrl-C / SIGTERM.")]
@@ -60,9 +61,12 @@ FrontProcessCount = Annotated[int, typer.Option(
     "--front-processes", show_default=False,
     help="Processes that take the public HTTP and gRPC ports and relay to Triton (they share the ports; each relays "
          "some thousands of requests a second). Default: one per 4 cores, 1 to 4.")]
-Verbose = Annotated[bool, typer.Option("--verbose", help="Also show tritonserver's own log here (it goes to the file "
-                                                         "the start-up summary names either way, kept if serve "
-                                                         "fails).")]
+# Where tritonserver's log goes, said once for --verbose, --quiet and the error naming both (a --quiet flag, not a
+# --quiet/--no-quiet pair whose help showed "[default: no-quiet]" while the error called --quiet the default)
+LOG_SHOWN = ("tritonserver's log always goes to the file the start-up summary names (kept if serve fails) and shows "
+             "here only with --verbose: quiet is the default")
+Verbose = Annotated[bool, typer.Option("--verbose", help=f"Also show tritonserver's log here ({LOG_SHOWN}).")]
+Quiet = Annotated[bool, typer.Option("--quiet", help=f"Do not show tritonserver's log here ({LOG_SHOWN}).")]
 
 
 @app.command()
@@ -70,10 +74,10 @@ def serve(
     ctx: typer.Context,
     model: str = typer.Argument(None, help=MODEL_HELP),
     repository_dir: Path = typer.Option(None, "--repository", help="Serve this existing repository instead."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
-    http_port: int = typer.Option(8000, help="HTTP/REST port."),
-    grpc_port: int = typer.Option(8001, help="gRPC port."),
-    metrics_port: int = typer.Option(8002, help="Prometheus metrics port."),
+    host: str = typer.Option(LOOPBACK, help="Address to bind (loopback by default)."),
+    http_port: int = typer.Option(HTTP_PORT, help="HTTP/REST port."),
+    grpc_port: int = typer.Option(GRPC_PORT, help="gRPC port."),
+    metrics_port: int = typer.Option(METRICS_PORT, help="Prometheus metrics port."),
     name: Name = DEFAULTS.name,
     max_batch_size: MaxBatchSize = DEFAULTS.max_batch_size,
     max_queue_delay_us: MaxQueueDelayUs = DEFAULTS.max_queue_delay_us,
@@ -82,10 +86,10 @@ def serve(
     top_k: TopK = DEFAULTS.top_k,
     exit_timeout: ExitTimeout = 30,
     max_restarts: MaxRestarts = 3,
-    quiet: bool = typer.Option(False, help="Do not stream the server log."),
+    quiet: Quiet = False,
     verbose: Verbose = False,
     demo: Demo = False,
-    demo_port: int = typer.Option(7860, help="Port of the demo (with --demo)."),
+    demo_port: int = typer.Option(DEMO_PORT, help="Port of the demo (with --demo)."),
     max_pixels: MaxPixels = DEFAULTS.max_pixels,
     device: Device = None,
     flavour: Flavour = None,
@@ -156,8 +160,7 @@ def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
     if values["front_processes"] is not None and not 1 <= values["front_processes"] <= MAX_PROCESSES:
         raise fail(f"--front-processes must be between 1 and {MAX_PROCESSES}, got {values['front_processes']}")
     if values["quiet"] and values["verbose"]:
-        raise fail("--quiet and --verbose contradict each other: --verbose shows tritonserver's log here, --quiet "
-                   "(the default) keeps it in its file only; give one of them")
+        raise fail(f"--quiet and --verbose contradict each other ({LOG_SHOWN}); give one of them")
 
 
 def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str | None,

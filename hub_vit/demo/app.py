@@ -25,15 +25,16 @@ from PIL import Image
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
 from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError
 from hub_vit.domain import EXAMPLE_KINDS, Domain, read_domain
-from hub_vit.explain.image import IMAGE_FORMATS, ImageReadError, load_image
+from hub_vit.explain.image import ImageReadError, load_image
 from hub_vit.explain.rollout import HEAD_FUSIONS
+from hub_vit.image_formats import NAMES, SUFFIXES
 from hub_vit.resize_bound import MAX_RESIZED_PIXELS
 
 log = logging.getLogger(__name__)
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 DIGIT_SAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "digits" / "samples"
-EXAMPLE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+EXAMPLE_SUFFIXES = SUFFIXES
 MAX_FILE_SIZE = "10mb"
 MAX_SIDE = 1024  # pictures shown in the page have a long side of at most MAX_SIDE ...
 MIN_SIDE = 384  # ... and at least MIN_SIDE pixels (a 128 px digit sample is shown 3x, pixels kept sharp)
@@ -108,7 +109,7 @@ def _guard_upload(component: gr.Image) -> None:
             if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):  # it is an image
                 raise refusal(f"{name!r} is too large to decode safely ({exc})") from exc
             raise refusal(f"{name!r} is not an image this demo can read ({type(exc).__name__}); "
-                          f"upload one of: {', '.join(IMAGE_FORMATS)}") from exc
+                          f"upload {NAMES}") from exc
 
     component.preprocess = checked  # type: ignore[method-assign]
 
@@ -349,7 +350,8 @@ def launch(demo: Demo, *, host: str = "127.0.0.1", port: int | None = None, max_
     blocks = demo.build().queue(default_concurrency_limit=concurrency, max_size=max_size)
     allowed = sorted({str(p.parent) for p in demo.examples})
     blocks.launch(server_name=host, server_port=port, max_file_size=MAX_FILE_SIZE, allowed_paths=allowed,
-                  share=share, show_error=False, ssr_mode=False, prevent_thread_lock=True, js=a11y_js(demo.examples))
+                  share=share, show_error=False, ssr_mode=False, prevent_thread_lock=True, js=a11y_js(demo.examples),
+                  quiet=True)  # its "set `share=True`" tip, and a URL line both callers print in their own words
     if block:
         on_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None

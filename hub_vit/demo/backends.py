@@ -21,7 +21,8 @@ IN_PROCESS = "in-process"
 
 def served_format(data: bytes) -> bool:
     """Whether the served preprocessing decodes `data` itself: JPEG, PNG or WebP, by the file's signature. Such an
-    upload is sent as it is; anything else the demo reads (BMP, GIF) goes as a PNG of the decoded image."""
+    upload is sent as it is; anything else goes as a PNG of the decoded image (the demo reads the served formats
+    only, `hub_vit.image_formats`, so that is an upload that changed since it was read)."""
     return data.startswith((b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
 
 

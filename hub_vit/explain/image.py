@@ -19,11 +19,12 @@ from PIL import Image, ImageOps
 
 from hub_vit.data_config import INTERPOLATIONS as DATA_INTERPOLATIONS
 from hub_vit.data_config import DataConfig
+from hub_vit.image_formats import FORMATS, NAMES
 from hub_vit.image_modes import to_8bit
 from hub_vit.resize_bound import check_resize, eval_resize
 
-# Only these decoders ever run on an upload (Pillow's rarer decoders are where the CVEs are).
-IMAGE_FORMATS: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
+# Only these decoders ever run on a user's file or upload: the server's (hub_vit.image_formats)
+IMAGE_FORMATS: tuple[str, ...] = FORMATS
 # The one data config's interpolation names -> Pillow's filters (same names, upper case)
 INTERPOLATIONS: dict[str, Image.Resampling] = {name: Image.Resampling[name.upper()] for name in DATA_INTERPOLATIONS}
 
@@ -34,7 +35,8 @@ class ImageReadError(ValueError):
 
 def load_image(source: str | Path | bytes, name: str | None = None, *, large: bool = False,
                max_pixels: int | None = None) -> Image.Image:
-    """Decode PNG/JPEG/WEBP/BMP/GIF from a path or bytes, apply EXIF orientation, refuse decompression bombs.
+    """Decode JPEG / PNG / WebP (`hub_vit.image_formats`) from a path or bytes, apply EXIF orientation, refuse
+    decompression bombs.
 
     Returns an RGB (or L, for grey images) PIL image, fully loaded; a transparent image is composited onto white
     (`hub_vit.image_modes`). Any failure is an `ImageReadError`: a file that is no image in these formats, a damaged
@@ -55,7 +57,7 @@ def load_image(source: str | Path | bytes, name: str | None = None, *, large: bo
             raise ImageReadError(f"image file {label!r} does not exist") from exc
         except Exception as exc:  # Pillow raises many exception types on malformed input (ValueError, OSError, ...)
             raise ImageReadError(f"cannot read {label!r} as an image ({type(exc).__name__}); supported formats: "
-                                 f"{', '.join(IMAGE_FORMATS)}") from exc
+                                 f"{NAMES}") from exc
         with im:
             (width, height), kind = im.size, im.format
             if max_pixels is not None and width * height > max_pixels:
@@ -66,7 +68,7 @@ def load_image(source: str | Path | bytes, name: str | None = None, *, large: bo
                 im.load()  # the pixels: a truncated or corrupt file fails only here
                 upright = to_8bit(ImageOps.exif_transpose(im))  # 16-bit grey scaled, transparency onto white
                 return upright.convert("L" if upright.mode in ("1", "L", "F") else "RGB")
-            except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:  # a GIF frame, say
+            except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:  # found only while decoding
                 raise ImageReadError(f"{label!r} is too large to decode safely ({exc})") from exc
             except Exception as exc:  # the header was fine: a damaged file, not an unsupported format
                 reason = str(exc).strip() or type(exc).__name__

@@ -34,7 +34,8 @@ from hub_vit.train.recipe import Recipe
 
 MEAN, STD = GOOGLE_EVAL.mean, GOOGLE_EVAL.std  # value_range(-1, 1)
 SPLITS = ("train", "val")
-# Beyond timm's default (png, jpg, jpeg): the formats every other hub-vit image path reads too
+# Beyond timm's default (png, jpg, jpeg): WebP, BMP and GIF. Training reads the user's own files, not uploads, so it
+# takes more than the formats served and shown (hub_vit.image_formats); a model trained on BMPs serves JPEG, PNG, WebP
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"})
 
 

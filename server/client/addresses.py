@@ -6,6 +6,8 @@ from __future__ import annotations
 import numbers
 import urllib.parse
 
+from hub_vit.ports import GRPC_PORT, HTTP_PORT, LOOPBACK
+
 PROTOCOLS = ("http", "grpc")
 
 
@@ -13,9 +15,9 @@ def server_address(url: str) -> tuple[str, bool]:
     """`host:port`, optionally written as a URL (`http://`, `grpc://`; `https://` for TLS) -> (host:port, use TLS).
     `ValueError` naming the problem otherwise: tritonclient itself fails on these with unrelated errors (a bad port
     ends in an AttributeError from its destructor)."""
-    example = "e.g. 127.0.0.1:8000 for HTTP or 127.0.0.1:8001 for gRPC"
+    example = f"e.g. {LOOPBACK}:{HTTP_PORT} for HTTP or {LOOPBACK}:{GRPC_PORT} for gRPC"
     if not isinstance(url, str):
-        raise TypeError(f"the server URL must be a string such as '127.0.0.1:8000', got {url!r}")
+        raise TypeError(f"the server URL must be a string such as '{LOOPBACK}:{HTTP_PORT}', got {url!r}")
     scheme, sep, rest = _split_scheme(url)
     if not sep:
         scheme, rest = "", scheme

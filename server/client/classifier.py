@@ -12,16 +12,19 @@ model's own transform. What a request and its answer hold is `messages.py`; what
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from hub_vit.ports import HTTP_PORT, LOOPBACK
 from hub_vit.server import protocol
 from hub_vit.server.client.addresses import PROTOCOLS, check_timeout, resolve_protocol, server_address
-from hub_vit.server.client.errors import NoExplanation, renumbered
-from hub_vit.server.client.images import ImageLike, as_batch
+from hub_vit.server.client.errors import ImageTooLarge, NoExplanation, renumbered, too_large, too_large_limit
+from hub_vit.server.client.images import ImageLike, as_batch, encode
 from hub_vit.server.client.messages import (
     Prediction,
     PreparedRequest,
+    RequestLimit,
     ServedConfig,
     build_request,
     explain_parameters,
@@ -57,6 +60,30 @@ def _module(protocol: str, aio: bool = False) -> Any:
 
 
 
+def requests(encoded: list[bytes], offset: int, limit: RequestLimit) -> deque[tuple[int, list[bytes]]]:
+    """Encoded images (`offset`, ... in the caller's list; at most the model's max_batch_size) in requests no larger
+    than the server takes as far as `limit` knows; `ImageTooLarge` for one over a known limit, before anything is
+    sent."""
+    for index, image in enumerate(encoded):
+        if limit.never_fits(image):
+            raise ImageTooLarge(offset + index, len(image), limit.max_bytes)
+    return deque((offset + start, chunk) for start, chunk in split(encoded, 0, limit.max_bytes))
+
+
+def smaller_requests(err: Exception, offset: int, chunk: list[bytes],
+                     limit: RequestLimit) -> deque[tuple[int, list[bytes]]]:
+    """What to send instead of `chunk` (images `offset`, ... of the caller's list) after the server refused it with
+    `err`: after a refusal for its size, the same images in smaller requests (learning the limit from the front's
+    fact, or halving). Raises the error the caller gets otherwise: `ImageTooLarge` for an image refused alone as
+    too large, the server's error, renumbered to the caller's list, for any other refusal."""
+    if not too_large(err):
+        raise renumbered(err, offset) from None
+    limit.refused(too_large_limit(err), chunk)  # also from an image refused alone: the next requests are told
+    if len(chunk) == 1:
+        raise ImageTooLarge(offset, len(chunk[0]), too_large_limit(err), " ".join(str(err).split())) from None
+    return requests(chunk, offset, limit)
+
+
 def no_explanation(model: str, config: ServedConfig) -> NoExplanation | None:
     """The error for an `explain` request to a model whose repository says it has no explanation (protocol.py), or
     None (it has one, or its config does not say: Triton then answers for itself)."""
@@ -71,7 +98,7 @@ class Classifier:
     """Blocking client. `url` is `host:port` (8000 for HTTP, 8001 for gRPC by default); see `server_address`.
     `protocol` is "http" or "grpc"; None (the default) takes it from a `grpc://` / `http://` URL, else HTTP."""
 
-    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit",
+    def __init__(self, url: str = f"{LOOPBACK}:{HTTP_PORT}", *, protocol: str | None = None, model: str = "vit",
                  timeout_s: float = 60.0) -> None:
         address, tls = server_address(url)
         protocol = resolve_protocol(url, protocol)
@@ -87,6 +114,7 @@ class Classifier:
         # stalls must not hang the caller
         self._deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
         self._config: ServedConfig | None = None  # read from the server once
+        self.request_limit = RequestLimit()  # learned from the server's refusals of requests too large
 
     def config(self) -> ServedConfig:
         """The served model's batch limit and what its repository says it serves (read once)."""
@@ -102,7 +130,9 @@ class Classifier:
                  queue_timeout_s: float | None = None, explain: bool = False, head_fusion: str | None = None,
                  discard_ratio: float | None = None) -> list[Prediction]:
         """Predictions in the order of `images`; a list longer than the model's `max_batch_size` is sent as several
-        requests (the server refuses larger ones). A server error names the image by its index in `images`.
+        requests (the server refuses larger ones), and so are images together larger than the server takes in one
+        request (`hub-vit serve --max-request-mb`: learned from its first refusal). A server error names the image by
+        its index in `images`; `ImageTooLarge` names one that no request can carry.
         `queue_timeout_s`: the server rejects a request ("Request timeout expired", HTTP 503 / gRPC UNAVAILABLE)
         that waits longer than this in a step's queue, instead of computing an answer nobody waits for any more;
         None: the repository's own limit (none by default).
@@ -116,13 +146,17 @@ class Classifier:
             raise refused
         limit = self.max_batch_size() if len(batch) > 1 else 0  # one image fits any model: no config round trip
         predictions: list[Prediction] = []
-        for offset, chunk in split(batch, limit):
-            inputs, outputs = build_request(self.module, chunk, with_logits, explain)
-            try:
-                result = self.client.infer(self.model, inputs, outputs=outputs, **kwargs)
-            except Exception as err:
-                raise renumbered(err, offset) from None
-            predictions.extend(parse_result(result, with_logits, explain))
+        for start, images in split(batch, limit):  # encoded one max_batch_size at a time
+            pending = requests([encode(image) for image in images], start, self.request_limit)
+            while pending:
+                offset, chunk = pending.popleft()
+                inputs, outputs = build_request(self.module, chunk, with_logits, explain)
+                try:
+                    result = self.client.infer(self.model, inputs, outputs=outputs, **kwargs)
+                except Exception as err:
+                    pending.extendleft(reversed(smaller_requests(err, offset, chunk, self.request_limit)))
+                    continue
+                predictions.extend(parse_result(result, with_logits, explain))
         return predictions
 
     def served_model(self) -> str | None:
@@ -150,7 +184,7 @@ class Classifier:
 class AsyncClassifier:
     """asyncio client (tritonclient's aio modules); the arguments and results of `Classifier`, plus `connections`."""
 
-    def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, model: str = "vit",
+    def __init__(self, url: str = f"{LOOPBACK}:{HTTP_PORT}", *, protocol: str | None = None, model: str = "vit",
                  timeout_s: float = 60.0, connections: int = 100) -> None:
         """`timeout_s`: longest wait for each answer (HTTP: aiohttp's total timeout per request; gRPC: each call's
         deadline). `connections`: most HTTP connections open at once (tritonclient's `conn_limit`, 100 by default),
@@ -166,6 +200,7 @@ class AsyncClassifier:
         self._headers = PLAIN_ANSWERS if protocol == "http" else None
         self._deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
         self._config: ServedConfig | None = None  # read from the server once
+        self.request_limit = RequestLimit()  # as Classifier's
 
     async def config(self) -> ServedConfig:
         """As `Classifier.config`."""
@@ -190,15 +225,21 @@ class AsyncClassifier:
         limit = await self.max_batch_size() if len(batch) > 1 else 0
         gate = asyncio.Semaphore(MAX_IN_FLIGHT)
 
-        async def one(offset: int, chunk: list[ImageLike]) -> list[Prediction]:
+        async def one(start: int, images: list[ImageLike]) -> list[Prediction]:
+            predictions: list[Prediction] = []
             async with gate:
-                inputs, outputs = build_request(self.module, chunk, with_logits, explain)  # encoded when sent
-                try:
-                    result = await self.client.infer(self.model, inputs, outputs=outputs, headers=self._headers,
-                                                     **timeout, **self._deadline)
-                except Exception as err:
-                    raise renumbered(err, offset) from None
-            return parse_result(result, with_logits, explain)
+                pending = requests([encode(image) for image in images], start, self.request_limit)  # when sent
+                while pending:
+                    offset, chunk = pending.popleft()
+                    inputs, outputs = build_request(self.module, chunk, with_logits, explain)
+                    try:
+                        result = await self.client.infer(self.model, inputs, outputs=outputs, headers=self._headers,
+                                                         **timeout, **self._deadline)
+                    except Exception as err:
+                        pending.extendleft(reversed(smaller_requests(err, offset, chunk, self.request_limit)))
+                        continue
+                    predictions.extend(parse_result(result, with_logits, explain))
+            return predictions
 
         tasks = [asyncio.ensure_future(one(offset, chunk)) for offset, chunk in split(batch, limit)]
         try:

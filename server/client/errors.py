@@ -8,10 +8,15 @@ which are all they give.
 
 from __future__ import annotations
 
+from hub_vit.ports import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from hub_vit.server import protocol
 
 # A request refused for what it holds (a bad image, a wrong tensor): HTTP 400 / gRPC INVALID_ARGUMENT.
 CLIENT_ERROR_STATUSES = ("400", "StatusCode.INVALID_ARGUMENT")
+# The front's refusal of a request over its size limit (`hub-vit serve --max-request-mb`): HTTP 413 / gRPC
+# RESOURCE_EXHAUSTED, the latter also grpc's own "Received message larger than max" without hub-vit's fact.
+TOO_LARGE_STATUSES = ("413", "StatusCode.RESOURCE_EXHAUSTED")
+MAX_REQUEST_FLAG = "hub-vit serve --max-request-mb"
 # Triton's answers when it sheds load: the queue was full (max_queue_size), or the request waited in it longer than its
 # queue timeout. HTTP 503 / gRPC UNAVAILABLE, the status gRPC also gives when no server answers: only these words tell.
 SHED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
@@ -19,6 +24,39 @@ SHED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
 
 class NoExplanation(ValueError):
     """The served model answers no `explain` request: its repository says so (protocol.py's `hub_vit_explains`)."""
+
+
+class ImageTooLarge(ValueError):
+    """Image `index` (in the caller's list) cannot be sent: a request holding it alone is over the server's size
+    limit. `reason` says so for people, with the limit when the server told it, and the flag that raises it."""
+
+    def __init__(self, index: int, size: int, limit: int | None, answer: str = "") -> None:
+        self.index, self.size, self.limit = index, size, limit
+        if limit is not None:
+            self.reason = (f"too large to send: {size} bytes, over the server's request limit of {limit} bytes "
+                           f"({_mib(limit)}; {MAX_REQUEST_FLAG})")
+        else:  # the server's answer carried no hub-vit fact (grpc's own words): its limit is not known here
+            said = f"; the server said: {answer}" if answer else ""
+            self.reason = (f"too large to send: {size} bytes, refused alone as over the server's request limit "
+                           f"({MAX_REQUEST_FLAG}){said}")
+        super().__init__(f"image {index}: {self.reason}")
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):g} MiB"
+
+
+def too_large(err: Exception) -> bool:
+    """Whether the server refused a request for its size (before reading what it holds)."""
+    from tritonclient.utils import InferenceServerException
+
+    return isinstance(err, InferenceServerException) and err.status() in TOO_LARGE_STATUSES
+
+
+def too_large_limit(err: Exception) -> int | None:
+    """The limit in bytes of a front that refused a request as too large (its `too-large` fact), else None."""
+    message = _message(err)
+    return None if message is None else protocol.read_too_large(message)
 
 
 def _message(err: Exception) -> str | None:
@@ -66,7 +104,7 @@ def renumbered(err: Exception, offset: int) -> Exception:
 
 
 def empty_reply(err: Exception) -> bool:
-    """tritonclient's JSON parser failed on an empty reply: what Triton's metrics port (8002) answers to any path."""
+    """tritonclient's JSON parser failed on an empty reply: what Triton's metrics port answers to any path."""
     return "The document is empty" in str(err)
 
 
@@ -89,5 +127,5 @@ def request_failed(protocol_name: str, url: str, err: Exception) -> str:
     names = {"http": "HTTP", "grpc": "gRPC"}
     this, other = names[protocol_name], names["http" if protocol_name == "grpc" else "grpc"]
     return (f"{protocol_name} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), "
-            f"and is this its {this} port, not its {other} or metrics port? Defaults: HTTP 8000, gRPC 8001 (--grpc), "
-            "metrics 8002.")
+            f"and is this its {this} port, not its {other} or metrics port? Defaults: HTTP {HTTP_PORT}, gRPC "
+            f"{GRPC_PORT} (--grpc), metrics {METRICS_PORT}.")

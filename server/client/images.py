@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from hub_vit.image_formats import NAMES
+
 ImageLike = Any  # str | Path | bytes | PIL.Image.Image
 # Modes a PNG holds as they are; Pillow refuses to write the others (CMYK, YCbCr, LAB, HSV, RGBX, RGBa, La, PA, F,
 # and the 16-bit "I;16L" / "I;16N", which `_png_ready` rewrites as "I;16") as PNG, and writing "I" is deprecated.
@@ -25,11 +27,11 @@ def encode(image: ImageLike) -> bytes:
     if isinstance(image, (str, Path)):
         path = Path(image)
         if path.is_dir():
-            raise ValueError(f"{str(path)!r} is a directory; give image files (JPEG, PNG or WebP)")
+            raise ValueError(f"{str(path)!r} is a directory; give image files ({NAMES})")
         if not path.exists():
             raise ValueError(f"image file {str(path)!r} does not exist")
         if not path.is_file():
-            raise ValueError(f"{str(path)!r} is not a regular file; give image files (JPEG, PNG or WebP)")
+            raise ValueError(f"{str(path)!r} is not a regular file; give image files ({NAMES})")
         return path.read_bytes()
     if hasattr(image, "save") and hasattr(image, "mode"):
         buffer = io.BytesIO()

@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from hub_vit.server.client.addresses import resolve_protocol
 from hub_vit.server.client.classifier import AsyncClassifier
-from hub_vit.server.client.errors import no_server, shed
+from hub_vit.server.client.errors import MAX_REQUEST_FLAG, no_server, shed, too_large, too_large_limit
 from hub_vit.server.client.images import ImageLike, encode
 from hub_vit.server.client.messages import queue_timeout
 
@@ -227,6 +227,8 @@ def error_message(err: Exception, timeout_s: float) -> str:
     that got no answer in time names the client's timeout (aiohttp's `TimeoutError` has no words of its own)."""
     if isinstance(err, TimeoutError):  # asyncio's too
         return f"no answer within the client's timeout of {timeout_s:g} s"
+    if too_large(err) and too_large_limit(err) is None:  # grpc's own words, which name no way out: the flag does
+        return f"{str(err)[:160]} (over the server's request size limit: {MAX_REQUEST_FLAG})"
     return str(err)[:160] or type(err).__name__
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -17,6 +17,12 @@ from hub_vit.server.client.images import ImageLike, encode
 OUTPUTS = ("labels", "scores", "class_ids")
 EXPLAIN_OUTPUTS = ("rollout", "rollout_box")  # answered to a request whose parameters say `explain` (served_rollout.py)
 LONGEST_QUEUE_TIMEOUT_S = protocol.LONGEST_QUEUE_TIMEOUT_US // 1_000_000
+# What a request adds to its images' encoded bytes: each BYTES element's 4-byte length, and around them the JSON header
+# (HTTP, tritonclient's binary-data form) or the protobuf fields (gRPC) naming the model, the input, the outputs and
+# the request's parameters: a few hundred bytes, bounded here with room to spare.
+ELEMENT_OVERHEAD_BYTES = 4
+REQUEST_OVERHEAD_BYTES = 4096
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,10 +65,48 @@ class ServedConfig:
         return cls(int(config.config.max_batch_size), parameters)
 
 
-def split(images: list[ImageLike], limit: int) -> list[tuple[int, list[ImageLike]]]:
-    """(offset, images) chunks of at most `limit` images (all in one when `limit` is 0: no limit), in order."""
-    size = limit if limit > 0 else len(images)
-    return [(start, images[start:start + size]) for start in range(0, len(images), size)]
+def split(images: list[T], limit: int, max_bytes: int = 0) -> list[tuple[int, list[T]]]:
+    """(offset, images) chunks in order, each of at most `limit` images (0: no limit) and, with `max_bytes`, of
+    encoded images (bytes) whose request (`request_bytes`) is at most `max_bytes`; an image too large for that
+    goes in a request of its own (whether it fits is the server's to say)."""
+    chunks: list[tuple[int, list[T]]] = []
+    held = 0  # request_bytes of the last chunk
+    for index, image in enumerate(images):
+        size = len(image) + ELEMENT_OVERHEAD_BYTES if max_bytes else 0  # type: ignore[arg-type]
+        if chunks and (limit <= 0 or len(chunks[-1][1]) < limit) and (not max_bytes or held + size <= max_bytes):
+            chunks[-1][1].append(image)
+            held += size
+        else:
+            chunks.append((index, [image]))
+            held = REQUEST_OVERHEAD_BYTES + size
+    return chunks
+
+
+def request_bytes(encoded: Sequence[bytes]) -> int:
+    """An upper bound on the size of one request holding these encoded images (HTTP body or gRPC message)."""
+    return sum(len(image) + ELEMENT_OVERHEAD_BYTES for image in encoded) + REQUEST_OVERHEAD_BYTES
+
+
+@dataclass
+class RequestLimit:
+    """The most bytes one request may hold, as a client learns it from the server's refusals of requests that were
+    too large (HTTP 413 / gRPC RESOURCE_EXHAUSTED): the limit itself from the front's fact (protocol.py's `too-large`,
+    `hub-vit serve --max-request-mb`), `known`; from a refusal without it, a bound halved at each refusal; 0 while
+    nothing was refused (requests are split by count only)."""
+
+    max_bytes: int = 0
+    known: bool = False
+
+    def refused(self, limit: int | None, sent: Sequence[bytes]) -> None:
+        """A request holding `sent` was refused as too large; `limit`: the front's fact, when it carried one."""
+        if limit is not None:
+            self.max_bytes, self.known = limit, True
+        elif not self.known:  # smaller than what was refused, so the images that were sent together now split
+            self.max_bytes = max(request_bytes(sent) // 2, 1)
+
+    def never_fits(self, image: bytes) -> bool:
+        """The image alone is over a known limit: no request can carry it."""
+        return self.known and len(image) + ELEMENT_OVERHEAD_BYTES > self.max_bytes
 
 
 

@@ -130,7 +130,7 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
     copied beside it (the Python-backend `model.py` and the modules it imports). The rest of a repository (weights,
     labels, warm-up image) comes from the model. `outdated_files` compares a repository with this."""
     decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common", "image_modes.py": PACKAGE,
-                "protocol.py": SERVER_PACKAGE}
+                "image_formats.py": PACKAGE, "protocol.py": SERVER_PACKAGE}
     cls = opts.step("classifier")
     files: dict[str, str | Path] = {f"{opts.name}/config.pbtxt": render(ensemble_config(meta, opts, rollout))}
     if opts.flavour == "cpu":
@@ -154,7 +154,8 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
 def _templates(step: str, files: dict[str, str]) -> dict[str, Path]:
     """{file: template} -> {`<step>/1/<file>`: the packaged template file}, where the Python backend imports it;
     templates PACKAGE and SERVER_PACKAGE are hub_vit's own modules of that name (`protocol.py`: the facts the steps
-    write and clients read; `image_modes.py`: one copy of the image-mode rules;
+    write and clients read; `image_modes.py`, `image_formats.py`: one copy of the image-mode rules and of the formats
+    decoded;
     `openvino_runtime.py`: the session that verified and timed an OpenVINO variant is the one that serves it)."""
     return {f"{step}/1/{file}": (_package_dir(template) if template in (PACKAGE, SERVER_PACKAGE)
                                  else template_dir(template)) / file

@@ -28,6 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hub_vit.ports import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from hub_vit.server.client import addresses as client
 from hub_vit.server.runtime.processes import STUB_MODEL_FILE_ARG, live_processes, stub_args, stub_instance
 
@@ -160,13 +161,14 @@ def http_base(url: str) -> str:
     """`127.0.0.1:8000` or `http://127.0.0.1:8000` -> `http://127.0.0.1:8000` (`https://` kept); a gRPC address, or
     anything but host:port, is refused as the clients refuse it (`client.server_address`)."""
     if client.resolve_protocol(url) == "grpc":
-        raise ValueError(f"{url!r} is a gRPC address; the health check asks Triton's HTTP endpoint (default port 8000)")
+        raise ValueError(f"{url!r} is a gRPC address; the health check asks Triton's HTTP endpoint (default port "
+                         f"{HTTP_PORT})")
     address, tls = client.server_address(url)
     return f"{'https' if tls else 'http'}://{address}"
 
 
 MAX_TIMEOUT_S = 3600.0  # a probe waiting longer is a mistake (and sockets refuse nan, and overflow on inf or 1e300)
-NOT_HTTP_HINT = "is this Triton's HTTP port? gRPC is usually 8001, metrics 8002"
+NOT_HTTP_HINT = f"is this Triton's HTTP port? gRPC is usually {GRPC_PORT}, metrics {METRICS_PORT}"
 
 
 def check_timeout(timeout_s: float, name: str = "timeout_s") -> None:
@@ -228,7 +230,8 @@ def readiness(url: str, timeout_s: float = 3.0) -> str | None:
         return str(err)
     if not is_server_metadata(body):
         return (f"{base} answered /v2/health/ready but is not Triton's HTTP endpoint (the metrics port?): its /v2 "
-                "gave no server metadata (JSON with name and version); give the HTTP port, usually 8000")
+                "gave no server metadata (JSON with name and version); give the HTTP port, usually "
+                f"{HTTP_PORT}")
     return None
 
 

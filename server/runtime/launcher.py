@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from hub_vit.ports import PortError, check_ports, ipv4_address
+from hub_vit.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, PortError, check_ports, ipv4_address
 from hub_vit.server.runtime.api_access import CONTROL_HEADER, restricted_api_args
 from hub_vit.server.runtime.processes import (
     die_with_parent,
@@ -80,8 +80,8 @@ def _server_id(url: str) -> str | None:
 class TritonServer:
     """One tritonserver process. `with TritonServer(repo) as server:` starts, waits until ready and stops it."""
 
-    def __init__(self, repository: str | Path, *, host: str = "127.0.0.1", http_port: int = 8000,
-                 grpc_port: int = 8001, metrics_port: int = 8002, exit_timeout_s: int = 30,
+    def __init__(self, repository: str | Path, *, host: str = LOOPBACK, http_port: int = HTTP_PORT,
+                 grpc_port: int = GRPC_PORT, metrics_port: int = METRICS_PORT, exit_timeout_s: int = 30,
                  log: Callable[[str], None] | None = None, log_verbose: int = 0,
                  extra_args: tuple[str, ...] = (), http_host: str | None = None,
                  grpc_host: str | None = None) -> None:

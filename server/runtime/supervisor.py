@@ -188,8 +188,10 @@ def stop_on_signals(supervisor: Supervisor, say: Callable[[str], None]) -> Itera
             forced.set()
             supervisor.kill()
             return
-        say(f"{name}: draining in-flight requests (up to {supervisor.server.exit_timeout_s} s), then exiting; press "
-            "Ctrl-C again to stop at once")
+        # the way to stop at once is told to whoever pressed Ctrl-C; a SIGTERM or SIGHUP comes from a program (make,
+        # systemd, a closed terminal), where "press Ctrl-C" means nothing
+        hint = "; press Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
+        say(f"{name}: draining in-flight requests (up to {supervisor.server.exit_timeout_s} s), then exiting{hint}")
         first.append((signum, now))
         supervisor.terminate()
 

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-try:  # hub_vit/image_modes.py and server/protocol.py, copied beside this file by hub-vit repository (Triton runs it
-    from image_modes import to_8bit  # without hub_vit)
+try:  # hub_vit/image_modes.py, image_formats.py and server/protocol.py, copied beside this file by hub-vit repository
+    from image_formats import FORMATS, NAMES  # (Triton runs it without hub_vit); FORMATS: the only decoders that run
+    from image_modes import to_8bit
     from protocol import image_refused
 except ImportError:  # in process (tests, benchmarks): the package's own modules
+    from hub_vit.image_formats import FORMATS, NAMES
     from hub_vit.image_modes import to_8bit
     from hub_vit.server.protocol import image_refused
 
-FORMATS = ("JPEG", "PNG", "WEBP")  # only these decoders run on untrusted bytes
 INTERPOLATIONS = {
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,
@@ -190,7 +191,7 @@ class Preprocess:
     def decode(self, data: bytes) -> Image.Image:
         """Bytes -> RGB image with EXIF orientation applied; `BadImageError` naming the problem otherwise."""
         if not data:
-            raise BadImageError("empty image (0 bytes); send encoded JPEG, PNG or WebP bytes")
+            raise BadImageError(f"empty image (0 bytes); send encoded {NAMES} bytes")
         with warnings.catch_warnings():
             # Our own header check below enforces max_pixels; Pillow's warning limit (89 MP) only applies when
             # max_pixels is not raised above it (its hard limit, twice that, always applies).
@@ -204,7 +205,7 @@ class Preprocess:
                 raise BadImageError(self._too_large(_declared_pixels(err))) from None
             except UnidentifiedImageError:
                 raise BadImageError(
-                    f"not an image: {len(data)} bytes starting {data[:8]!r} are not JPEG, PNG or WebP"
+                    f"not an image: {len(data)} bytes starting {data[:8]!r} are not {NAMES}"
                 ) from None
             except Exception as err:  # Pillow raises plain ValueError/OSError for some malformed headers
                 raise BadImageError(f"cannot read image header: {err}") from None
@@ -272,7 +273,7 @@ class Preprocess:
         """One request's `image` tensor ((B,) or (B, 1) encoded images) -> (B, 3, H, W); the BadImageError names
         the first bad image by its 0-based index in the request."""
         if images.size == 0:
-            raise BadImageError("the request holds no image; send at least one encoded JPEG, PNG or WebP")
+            raise BadImageError(f"the request holds no image; send at least one encoded {NAMES}")
         pixels = []
         for index, data in enumerate(images.reshape(-1)):
             try:
