@@ -62,11 +62,11 @@ def device_pixels(path: ImagePath, payloads: list[bytes], decoded: list | None =
     decoded = path.decode(payloads) if decoded is None else decoded
     refused = [item for item in decoded if isinstance(item, Exception)]
     assert not refused, refused
-    out = torch.zeros(len(payloads), 3, *path.prep.crop_size)
+    out = torch.zeros(len(payloads), 3, *path.prep.crop_size, device=path.device)
     with torch.inference_mode():
         order, suspects = path.transform_into(decoded, out)
     pixels, flags = np.empty(out.shape, np.float32), np.empty(len(payloads), bool)
-    pixels[order], flags[order] = out.numpy(), suspects.numpy()
+    pixels[order], flags[order] = out.cpu().numpy(), suspects.cpu().numpy()
     return pixels, flags
 
 
