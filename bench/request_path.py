@@ -1,26 +1,31 @@
 """Where a lone request's time goes in `hub-vit serve`'s torch flavour: one image per request at concurrency 1, taken
-apart phase by phase, next to the same data path and forward pass in process at batch 1.
+apart phase by phase (means, which add up to the served mean), next to the same data path and forward pass in process
+at batch 1.
 
     .venv/bin/python bench/request_path.py --device cpu            # any host: the torch flavour on the CPU
     python bench/request_path.py --device cuda                     # a GPU host (bench/gpu_check.py runs the same)
 
 One `hub-vit serve MODEL --device D` (--flavour torch on cpu) with $HUB_VIT_PHASE_LOG set, so its classifier step logs
-each execution's phases. Over HTTP and gRPC, ROUNDS rounds, each sending c1 load in turn to:
+each execution's phases. ROUNDS rounds, each sending c1 load over HTTP and gRPC in turn to:
   public   serve's public port: the gate, then Triton's ensemble `vit`
   private  Triton's own port (read from its command line), the ensemble `vit`
   step     Triton's own port, the classifier step `vit_classifier` called directly (no ensemble)
 and reading, per request, Triton's statistics of the step (queue, compute_input, compute_infer, compute_output) and
-the step's own phases (decode: header checks + decode; transform: resize, crop, normalise on the device; forward:
-forward, top-k and the copy back; answer: the responses built). The in-process baseline runs `torch_images.ImagePath`
-+ `torch_runner.Runner` on the same image at batch 1 in this process. Medians over the rounds; the table:
+the step's own phases (explained: the requests asking for a rollout map answered apart, and the rest found;
+decode: header checks + decode; transform: resize, crop, normalise on the device; forward: forward, top-k and the copy
+back; answer: the responses built). The in-process baseline runs `torch_images.ImagePath`
++ `torch_runner.Runner` on the same image at batch 1 in this process. Medians over the rounds of each round's means;
+the table:
 
-  gate          public p50 - private p50            serve's gate (server/front), one more loopback hop
-  ensemble      private p50 - step p50              Triton's ensemble scheduling
-  front         step p50 - the step's Triton time   Triton's HTTP / gRPC front end, the client, the transfers
+  gate          public - private                    serve's gate (server/front), one more loopback hop
+  ensemble      private - step                      Triton's ensemble scheduling
+  front         step                                Triton's HTTP / gRPC front end, the client, the transfers
+  (each target's time outside the step's Triton time: its latency less the step's queue and compute in the same
+  load segment, so the model's varying speed on a busy host cancels)
   queue         Triton's queue time of the step     the dynamic batcher's wait (max_queue_delay_us)
   stub IPC      compute_input + compute_infer + compute_output - the step's own phases: the Python backend's
                 shared-memory hand-off both ways
-  decode, transform, forward, answer: the step's own phases
+  explained, decode, transform, forward, answer: the step's own phases
 
 Writes bench/results/request_path_<device kind>.json (or --out).
 """
@@ -44,7 +49,7 @@ from serve_process import Served
 
 ROUNDS = 3
 TARGETS = ("public", "private", "step")
-STEP_PHASES = ("decode", "transform", "forward", "answer")
+STEP_PHASES = ("explained", "decode", "transform", "forward", "answer")
 TRITON_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 PHASE_LOG = "HUB_VIT_PHASE_LOG"  # the classifier_torch step's (templates/classifier_torch/model.py)
 
@@ -75,12 +80,10 @@ def measure(served: Served, log: Path, payload: bytes, seconds: float, rounds: i
     from hub_vit.server.client.loadtest import load_test
 
     step = "vit_classifier"
-    out: dict[str, Any] = {}
-    for protocol in ("http", "grpc"):
-        samples: dict[str, list[dict[str, Any]]] = {target: [] for target in TARGETS}
-        for index in range(rounds):
-            order = TARGETS if index % 2 == 0 else TARGETS[::-1]  # drift hits every target alike
-            for target in order:
+    samples: dict[str, dict[str, list[dict[str, Any]]]] = {p: {t: [] for t in TARGETS} for p in ("http", "grpc")}
+    for index in range(rounds):  # every protocol and target in each round, in turn: drift hits them all alike
+        for protocol in ("http", "grpc") if index % 2 == 0 else ("grpc", "http"):
+            for target in TARGETS if index % 2 == 0 else TARGETS[::-1]:
                 url = served.url(protocol, private=target != "public")
                 offset = _phase_lines(log, 0)[1]
                 before = served.statistics()[step]
@@ -90,11 +93,16 @@ def measure(served: Served, log: Path, payload: bytes, seconds: float, rounds: i
                 lines = _phase_lines(log, offset)[0][4:]  # past the warm-up's executions
                 inside = {phase: float(np.mean([line[f"{phase}_ms"] for line in lines])) if lines else None
                           for phase in STEP_PHASES}
-                samples[target].append({"p50_ms": result.latency_ms["p50"], "p99_ms": result.latency_ms["p99"],
-                                        "requests": result.requests, "errors": result.errors,
-                                        "triton_ms": triton, "step_ms": inside})
-        out[protocol] = {target: _summary(rows) for target, rows in samples.items()}
-        out[protocol]["breakdown_ms"] = breakdown(out[protocol])
+                samples[protocol][target].append({
+                    "p50_ms": result.latency_ms["p50"], "mean_ms": result.latency_ms["mean"],
+                    "p99_ms": result.latency_ms["p99"], "requests": result.requests, "errors": result.errors,
+                    # outside the step's Triton time: what this target adds to the step
+                    "outside_ms": result.latency_ms["mean"] - sum(triton.values()),
+                    "triton_ms": triton, "step_ms": inside})
+    out: dict[str, Any] = {}
+    for protocol, by_target in samples.items():
+        out[protocol] = {target: _summary(rows) for target, rows in by_target.items()}
+        out[protocol]["breakdown_ms"] = breakdown(out[protocol], [row for rows in by_target.values() for row in rows])
     return out
 
 
@@ -103,24 +111,32 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         known = [v for v in values if v is not None]
         return float(statistics.median(known)) if known else None
 
-    return {"p50_ms": med([r["p50_ms"] for r in rows]), "p99_ms": med([r["p99_ms"] for r in rows]),
+    return {"p50_ms": med([r["p50_ms"] for r in rows]), "mean_ms": med([r["mean_ms"] for r in rows]),
+            "p99_ms": med([r["p99_ms"] for r in rows]), "outside_ms": med([r["outside_ms"] for r in rows]),
             "requests": sum(r["requests"] for r in rows), "errors": sum(r["errors"] for r in rows),
             "triton_ms": {k: med([r["triton_ms"][k] for r in rows]) for k in TRITON_PHASES},
             "step_ms": {k: med([r["step_ms"][k] for r in rows]) for k in STEP_PHASES}, "rounds": rows}
 
 
-def breakdown(by_target: dict[str, Any]) -> dict[str, float | None]:
-    """The table's rows (module docstring) from one protocol's targets."""
+def breakdown(by_target: dict[str, Any], segments: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The table's rows (module docstring) from one protocol's targets. The model's time varies from one load
+    segment to the next on a busy host, so each target's share is its latency less the step's Triton time measured in
+    the same segment (`outside_ms`); the step's own phases and Triton's are medians over every segment. Means
+    throughout: they add up (the served p50 beside them)."""
     public, private, step = (by_target[t] for t in TARGETS)
-    triton = step["triton_ms"]
-    inside = step["step_ms"]
-    in_triton = sum(triton[k] for k in TRITON_PHASES)
-    own = sum(v for v in inside.values() if v is not None)
-    return {"served_p50": public["p50_ms"], "gate": public["p50_ms"] - private["p50_ms"],
-            "ensemble": private["p50_ms"] - step["p50_ms"], "front": step["p50_ms"] - in_triton,
+
+    def med(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return float(statistics.median(known)) if known else None
+
+    triton = {phase: med([s["triton_ms"][phase] for s in segments]) for phase in TRITON_PHASES}
+    inside = {phase: med([s["step_ms"][phase] for s in segments]) for phase in STEP_PHASES}
+    computed = triton["compute_input"] + triton["compute_infer"] + triton["compute_output"]
+    return {"served_p50": public["p50_ms"], "served_mean": public["mean_ms"],
+            "gate": public["outside_ms"] - private["outside_ms"],
+            "ensemble": private["outside_ms"] - step["outside_ms"], "front": step["outside_ms"],
             "queue": triton["queue"],
-            "stub_ipc": triton["compute_input"] + triton["compute_infer"] + triton["compute_output"] - own,
-            **{phase: inside[phase] for phase in STEP_PHASES}}
+            "stub_ipc": computed - sum(v for v in inside.values() if v is not None), **inside}
 
 
 def in_process(folder: Path | None, payload: bytes, device_name: str, seconds: float) -> dict[str, float]:
@@ -180,6 +196,7 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--model", type=Path, default=None, help="a model folder (default: the shipped digits model)")
     parser.add_argument("--seconds", type=float, default=24.0, help="of served c1 load in all (default 24)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds over the targets (default {ROUNDS})")
     parser.add_argument("--out", type=Path, default=None, help="default bench/results/request_path_<device>.json")
     add_note_option(parser)
     args = parser.parse_args()
@@ -193,7 +210,7 @@ def main() -> int:
         served = Served(args.model, flags, 600, env={PHASE_LOG: str(log)})
         try:
             result["server"] = served.describe()
-            result["served"] = measure(served, log, payload, args.seconds)
+            result["served"] = measure(served, log, payload, args.seconds, args.rounds)
         finally:
             served.stop()
     result["in_process"] = in_process(args.model, payload, args.device, min(args.seconds / 4, 10))

@@ -154,10 +154,9 @@ class TritonPythonModel:
         err = err.of_image(index) if isinstance(err, BadImageError) else err
         responses[place] = pb_utils.InferenceResponse(error=request_error(err))
 
-    def _classify(self, requests: list) -> list:
+    def _classify(self, requests: list, marks: list | None = None) -> list:
         """Every image of every plain request decoded, transformed and classified together -> responses (None where a
-        request was answered elsewhere)."""
-        marks = self.phases.start()
+        request was answered elsewhere). `marks`: this execution's phase marks (Phases), when they are logged."""
         responses: list = [None] * len(requests)
         rows = []  # (place in `requests`, index in the request, encoded bytes), in request order
         for place, request in enumerate(requests):
@@ -207,10 +206,12 @@ class TritonPythonModel:
         return responses
 
     def execute(self, requests: list) -> list:
+        marks = self.phases.start()
         explained: list = [None] * len(requests)
         if self.rollout is not None:  # explained requests are answered apart; the rest go on as below
             explained, requests = self._take_explained(requests)
-        responses = self._classify(requests)
+        self.phases.mark(marks, "explained")
+        responses = self._classify(requests, marks)
         return [mine if mine is not None else theirs for mine, theirs in zip(responses, explained, strict=True)]
 
     def finalize(self) -> None:
