@@ -54,6 +54,7 @@ import numpy as np
 from perf_analyzer import PerfAnalyzer, PerfAnalyzerUnavailable, locate, measure, write_input_data
 from PIL import Image
 from run_info import add_note_option, check_writable, run_info, write_json
+from serve_process import private_ports
 
 from hub_vit.resolve import ResolvedModel, resolve_model
 from hub_vit.server.client.classifier import Classifier
@@ -374,22 +375,6 @@ def run_case(case: str, seconds: float, server_cpus: set[int] | None = None,
             "cpu_variant": selected, "rows": rows, "targets": targets}
 
 
-def _private_ports(serve_pid: int) -> dict[str, int]:
-    """The HTTP and gRPC ports of the tritonserver a `hub-vit serve` process runs (behind its gates), from its command
-    line; {} while it has none."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rpartition(")")[2].split()[1]) != serve_pid:
-                continue
-            args = (stat.parent / "cmdline").read_bytes().decode().split("\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if args and args[0].endswith("tritonserver"):
-            return {key[2:-5]: int(value) for key, _, value in (a.partition("=") for a in args)
-                    if key in ("--http-port", "--grpc-port")}
-    return {}
-
-
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -412,7 +397,7 @@ def run_gate_case(case: str, seconds: float, slices_count: int = SLICES) -> dict
                 if serve.poll() is not None:
                     raise SystemExit(f"hub-vit serve exited with {serve.returncode} before it was ready")
                 time.sleep(0.5)
-                private = _private_ports(serve.pid)
+                private = private_ports(serve.pid)
             idle_start, idle_cpu = time.monotonic(), _cpu_s(serve.pid)
             time.sleep(IDLE_S)  # serve's own CPU with no request (its supervision polls): subtracted from the gates'
             idle_cpu_per_s = (_cpu_s(serve.pid) - idle_cpu) / (time.monotonic() - idle_start)
