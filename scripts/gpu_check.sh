@@ -138,7 +138,7 @@ fi
 
 # 4. the GPU tests (skipped with a reason on the dry run's CPU)
 export PYTHONUNBUFFERED=1
-run "tests/test_cuda.py tests/test_server_torch_cuda.py" 140 \
+run "tests/test_cuda.py tests/test_server_torch_cuda.py" 120 \
     "$PY" -m pytest tests/test_cuda.py tests/test_server_torch_cuda.py -q -rs -x -p no:cacheprovider
 
 # 5. peers, the data path, serving, load and the c1 path -> bench/results/gpu_serving_<gpu>.json (and $OUT)
@@ -146,7 +146,7 @@ if ((DRY_RUN)); then
     run "bench/gpu_check.py --device cpu --quick" 900 "$PY" bench/gpu_check.py --device cpu --quick \
         --out "$WORK/gpu_serving_cpu_dry_run.json"
 else
-    run "bench/gpu_check.py --device cuda" 200 "$PY" bench/gpu_check.py --device cuda --seconds 5
+    run "bench/gpu_check.py --device cuda --compile" 210 "$PY" bench/gpu_check.py --device cuda --seconds 5 --compile
 fi
 
 step "done in $(( $(date +%s) - STARTED )) s; log: $LOG"
