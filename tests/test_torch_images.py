@@ -226,6 +226,23 @@ def test_an_image_the_device_decoder_refuses_is_decoded_by_imageprep(imageprep, 
     assert str(refused) == _words(imageprep, prep, odd[:-600])
 
 
+def test_a_large_group_runs_in_parts_with_the_same_pixels(imageprep, photos, monkeypatch):
+    """Images of one size are transformed together, in parts of at most GROUP_PIXELS source pixels: a batch of phone
+    photos does not ask the device for tens of GiB at once. The parts give the pixels the whole group gives."""
+    prep = prep_for(imageprep, 224)
+    path = ImagePath(imageprep, prep, CPU)
+    data = [encode(photos["chelsea"], quality=90)] * 5 + [encode(photos["coffee"], quality=90)] * 2
+    whole, _ = device_pixels(path, data)
+    calls: list[int] = []
+    real = DeviceTransform.__call__
+    monkeypatch.setattr(DeviceTransform, "__call__",
+                        lambda self, images, *args: calls.append(len(images)) or real(self, images, *args))
+    monkeypatch.setattr(torch_images, "GROUP_PIXELS", 2 * 300 * 451)  # two chelsea photos per part
+    parts, _ = device_pixels(path, data)
+    assert sorted(calls) == [1, 1, 1, 2, 2]  # chelsea in 2 + 2 + 1, coffee (larger) one by one
+    np.testing.assert_array_equal(parts, whole)
+
+
 def test_a_lone_cpu_decode_is_not_handed_to_the_pool(imageprep, payloads):
     class Pool:
         def __init__(self) -> None:
