@@ -36,6 +36,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# Set once, for the process (catch_warnings around each call would race with imageprep's own in the decode threads):
+# the decoders only read the request's bytes and Pillow's arrays, which torch notes as not writable; torchvision 0.29+
+# notes that its image decoders are deprecated, which is no news for this server's log
+for _message in ("The given buffer is not writable", "The given NumPy array is not writable",
+                 "The image decoding and encoding capabilities of TorchVision are deprecated"):
+    warnings.filterwarnings("ignore", message=_message)
+
 # Pillow's filters the device has: antialiased bilinear and bicubic (F.interpolate: Pillow's kernels and support). Not
 # nearest: Pillow picks its pixels by summing the scale in double one column after another, which a parallel device
 # computes otherwise at some columns (a neighbour, tens of levels away)
@@ -130,20 +137,18 @@ def decode_jpegs(encoded: Sequence[bytes], device: torch.device) -> list[torch.T
     each alone, a failure standing in for its image."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    with warnings.catch_warnings():  # read-only bytes are fine (the decoder only reads); torchvision's deprecation
-        warnings.simplefilter("ignore")  # notice (0.29+) is not this server's news
-        data = [torch.frombuffer(item, dtype=torch.uint8) for item in encoded]
+    data = [torch.frombuffer(item, dtype=torch.uint8) for item in encoded]
+    try:
+        return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+    except Exception:  # noqa: BLE001 - one bad image fails the batched call; decoded alone, it names itself
+        pass
+    decoded: list[torch.Tensor | Exception] = []
+    for item in data:
         try:
-            return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
-        except Exception:  # noqa: BLE001 - one bad image fails the batched call; decoded alone, it names itself
-            pass
-        decoded: list[torch.Tensor | Exception] = []
-        for item in data:
-            try:
-                decoded.append(decode_jpeg(item, mode=ImageReadMode.RGB, device=device))
-            except Exception as err:  # noqa: BLE001 - imageprep decodes it on the CPU and decides
-                decoded.append(err)
-        return decoded
+            decoded.append(decode_jpeg(item, mode=ImageReadMode.RGB, device=device))
+        except Exception as err:  # noqa: BLE001 - imageprep decodes it on the CPU and decides
+            decoded.append(err)
+    return decoded
 
 
 # The most source pixels one group's transform holds at once: 2^27 (a float32 copy of them is 1.5 GiB); a batch of 256
@@ -178,7 +183,7 @@ class ImagePath:
             except Exception as err:  # noqa: BLE001 - refused on the header (BadImageError), or e.g. MemoryError
                 results[index] = err
         on_device = [i for i, h in headers.items() if h.plain_jpeg and self.transform.mode is not None]
-        on_cpu = [i for i in headers if i not in set(on_device)]
+        on_cpu = sorted(set(headers) - set(on_device))
         if on_device:
             for index, image in zip(on_device, decode_jpegs([encoded[i] for i in on_device], self.device),
                                     strict=True):
@@ -210,9 +215,7 @@ class ImagePath:
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
         """(h, w, 3) uint8 on the host -> (3, h, w) uint8 on the device."""
-        with warnings.catch_warnings():  # Pillow's array is read-only; it is only read
-            warnings.simplefilter("ignore", UserWarning)
-            host = torch.from_numpy(array)
+        host = torch.from_numpy(array)
         if self.pin:
             host = host.pin_memory()
         return host.to(self.device, non_blocking=self.pin).permute(2, 0, 1)
