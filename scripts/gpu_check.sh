@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# The GPU check: one command, at most 8 minutes, on a GPU host without network or pip index (Python 3.12, torch with
-# CUDA, timm, transformers, onnx, onnxruntime, grpcio, aiohttp, numpy 2), from the repository root, with the
-# folder scripts/pack_gpu_check.sh prepared (default .gpucheck) beside the checkout:
+# The GPU check: one command, at most 6 minutes, on a GPU host without network or pip index (Python 3.12, torch with
+# CUDA, torchvision, timm, transformers, onnx, onnxruntime, grpcio, aiohttp, numpy 2), from the repository root, with
+# the folder scripts/pack_gpu_check.sh prepared (default .gpucheck) beside the checkout. Nothing is installed into the
+# host's own Python environment.
 #
-#   scripts/gpu_check.sh                 # installs, unpacks, runs the GPU tests and bench/gpu_check.py
-#   scripts/gpu_check.sh --dry-run       # on a CPU host: every step that needs no GPU (torch flavour on cpu)
+#   scripts/gpu_check.sh                 # unpacks, installs into its own layer, runs the GPU tests and the bench
+#   scripts/gpu_check.sh --dry-run       # on a CPU host: every step that needs no GPU (torch flavour on cpu); without
+#                                        # a pack, its steps (unpack, libraries, the packed server) are left out
 #
 # Steps: 1. unpack the carried server (tar.xz) and client wheels under $WORK (default /tmp/hub-vit-gpu-check);
-# 2. install hub-vit editable without network (pip --no-index --no-deps --no-build-isolation, with the carried
+# 2. a virtual environment in $WORK layered on $PYTHON's (tests/host_emulation.py: its import path is the host's),
+# hub-vit installed into it editable without network (pip --no-index --no-deps --no-build-isolation, with the carried
 # setuptools); 3. check what the Python 3.12 stub links (ldd); 4. tests/test_cuda.py and
-# tests/test_server_torch_cuda.py; 5. bench/gpu_check.py (served vs CPU flavour, bad input, load, decode,
-# in-process baselines, targets) -> bench/results/gpu_serving_<gpu>.json, also copied to $OUT when set.
+# tests/test_server_torch_cuda.py; 5. bench/gpu_check.py (peers in process, the data path, served vs the CPU flavour,
+# bad input, load on public and private ports, the c1 request path, targets as ratios) ->
+# bench/results/gpu_serving_<gpu>.json, also copied to $OUT when set.
 # Every step's log goes to $OUT (or $WORK) as gpu_check.log. Exit status: 1 when a step failed (the JSON keeps what
-# was measured until then).
+# was measured until then). $HUB_VIT_STUB_PYTHONPATH: the stubs' numpy<2 (default: the pack's stub-site/; a dry run
+# keeps the caller's, since the packed numpy is for Python 3.12).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,69 +49,76 @@ run() {  # run NAME SECONDS COMMAND...: a step with its own time limit; a failur
 }
 
 cd "$ROOT" || exit 1
+PACKED=1
 if ((DRY_RUN)); then
     PY=${PYTHON:-$ROOT/.venv/bin/python}
-    step "dry run on $(uname -n): the pack is checked, the GPU steps run with the torch flavour on the CPU"
+    step "dry run on $(uname -n): the GPU steps run with the torch flavour on the CPU"
+    [[ -f $PACK/triton-cp312.tar.xz ]] || { PACKED=0; echo "   no pack at $PACK: unpacking, the libraries and the" \
+        "packed server are left out; serving uses this environment's tritonserver"; }
+else
+    [[ -f $PACK/triton-cp312.tar.xz ]] || { echo "error: $PACK/triton-cp312.tar.xz is missing: run" \
+        "scripts/pack_gpu_check.sh on a host with network, and bring $PACK along" >&2; exit 2; }
+    "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || {
+        echo "error: $PY is Python $("$PY" -V 2>&1); the carried stub is for 3.12" >&2; exit 2; }
 fi
-[[ -f $PACK/triton-cp312.tar.xz ]] || { echo "error: $PACK/triton-cp312.tar.xz is missing: run" \
-    "scripts/pack_gpu_check.sh on a host with network, and bring $PACK along" >&2; exit 2; }
-"$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || ((DRY_RUN)) || {
-    echo "error: $PY is Python $("$PY" -V 2>&1); the carried stub is for 3.12" >&2; exit 2; }
 
 # 1. unpack: the server files, libpython (a fallback after the interpreter's own LIBDIR), the stubs' numpy<2
-step "unpack $PACK into $WORK"
-rm -rf "$WORK/server" && mkdir -p "$WORK/server" && tar -C "$WORK/server" -xJf "$PACK/triton-cp312.tar.xz" || exit 1
-rm -rf "$WORK/site" && cp -r "$WORK/server/site" "$WORK/site"
-for wheel in "$PACK"/wheels/*.whl; do
-    case $(basename "$wheel") in setuptools-*) target=$WORK/build ;; *) target=$WORK/site ;; esac
-    "$PY" -m zipfile -e "$wheel" "$target" || exit 1
-done
-export HUB_VIT_STUB_PYTHONPATH=$WORK/server/stub-site
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$WORK/server/libpython
-if ((DRY_RUN)); then
-    # this host's interpreter is not 3.12: serve with its own server (the .venv's), check the pack's files only
-    unset HUB_VIT_STUB_PYTHONPATH
-else
-    export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+if ((PACKED)); then
+    step "unpack $PACK into $WORK"
+    rm -rf "$WORK/server" && mkdir -p "$WORK/server" && tar -C "$WORK/server" -xJf "$PACK/triton-cp312.tar.xz" ||
+        exit 1
+    rm -rf "$WORK/site" "$WORK/build" && cp -r "$WORK/server/site" "$WORK/site"
+    for wheel in "$PACK"/wheels/*.whl; do
+        case $(basename "$wheel") in setuptools-*) target=$WORK/build ;; *) target=$WORK/site ;; esac
+        "$PY" -m zipfile -e "$wheel" "$target" || exit 1
+    done
+    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$WORK/server/libpython
+    if ((DRY_RUN)); then
+        # this host's interpreter is not 3.12: serve with its own server (the environment's), check the pack's files
+        echo "   the packed server's files are checked below; serving uses this environment's tritonserver"
+    else
+        export HUB_VIT_STUB_PYTHONPATH=$WORK/server/stub-site
+        export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    du -sh "$WORK/server"/* | sed 's/^/   /'
 fi
-du -sh "$WORK/server"/* | sed 's/^/   /'
 
-# 2. hub-vit, editable, without network
-if ((DRY_RUN)); then
-    step "install: skipped (.venv has hub-vit); would run: $PY -m pip install --no-index --no-deps" \
-         "--no-build-isolation -e ."
-else
-    step "install hub-vit (editable, no network)"
-    PYTHONPATH=$WORK/build:$PYTHONPATH "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . \
-        || { echo "error: pip could not install hub-vit without network" >&2; exit 1; }
-fi
+# 2. hub-vit, editable, without network, in a layer of its own over the host's environment
+step "install hub-vit into $WORK/venv (layered on $PY's environment; editable, no network)"
+"$PY" "$ROOT/tests/host_emulation.py" "$WORK/venv" >/dev/null || { echo "error: could not make $WORK/venv" >&2; exit 1; }
+PY=$WORK/venv/bin/python
+PYTHONPATH=$WORK/build${PYTHONPATH:+:$PYTHONPATH} "$PY" -m pip install -q --no-index --no-deps --no-build-isolation \
+    -e . || { echo "error: pip could not install hub-vit without network" >&2; exit 1; }
 "$PY" - <<'EOF' || exit 1
 import importlib.metadata as md, sys
-import numpy, torch
+import numpy, torch, torchvision
 import tempfile, pathlib
-import hub_vit.server.runtime.triton_install as triton_install
+import hub_vit, hub_vit.server.runtime.triton_install as triton_install
 from hub_vit.server.runtime.stub_env import stub_environment
 install = triton_install.find_triton()
 with tempfile.TemporaryDirectory() as tmp:
     stubs = stub_environment(pathlib.Path(tmp))
 print(f"   python {sys.version.split()[0]}, numpy {numpy.__version__} (stubs: {stubs.numpy}, "
       f"left out for them: {', '.join(stubs.left_out) or 'nothing'}), torch {torch.__version__}, "
-      f"CUDA {torch.cuda.is_available()}, tritonclient {md.version('tritonclient')}")
-print(f"   tritonserver {install.binary}")
+      f"torchvision {torchvision.__version__}, CUDA {torch.cuda.is_available()}, "
+      f"tritonclient {md.version('tritonclient')}")
+print(f"   hub_vit from {pathlib.Path(hub_vit.__file__).parent}; tritonserver {install.binary}")
 EOF
 
 # 3. what the carried stub and server link here
-step "libraries"
-STUB=$(find "$WORK/site" -name triton_python_backend_stub | head -1)
-LIBDIR=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
-for file in "$STUB" "$WORK/site/pytriton/tritonserver/bin/tritonserver"; do
-    if LD_LIBRARY_PATH=$LIBDIR:$LD_LIBRARY_PATH ldd "$file" | grep "=> not found"; then
-        FAILED+=("ldd $(basename "$file")")
-    fi
-done
-LD_LIBRARY_PATH=$LIBDIR:$LD_LIBRARY_PATH ldd "$STUB" | grep -E "python|cudart" | sed 's/^/   /'
+if ((PACKED)); then
+    step "libraries"
+    STUB=$(find "$WORK/site" -name triton_python_backend_stub | head -1)
+    LIBDIR=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
+    for file in "$STUB" "$WORK/site/pytriton/tritonserver/bin/tritonserver"; do
+        if LD_LIBRARY_PATH=$LIBDIR:$LD_LIBRARY_PATH ldd "$file" | grep "=> not found"; then
+            FAILED+=("ldd $(basename "$file")")
+        fi
+    done
+    LD_LIBRARY_PATH=$LIBDIR:$LD_LIBRARY_PATH ldd "$STUB" | grep -E "python|cudart" | sed 's/^/   /'
+fi
 ((DRY_RUN)) || nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv | sed 's/^/   /'
-if ((DRY_RUN)); then  # the packed binary with only the packed libraries: it starts and answers
+if ((DRY_RUN && PACKED)); then  # the packed binary with only the packed libraries: it starts and answers
     step "the packed tritonserver on an empty repository"
     mkdir -p "$WORK/empty"
     PORT=$("$PY" -c 'from hub_vit.server.runtime.launcher import free_port; print(free_port())')
@@ -126,15 +138,15 @@ fi
 
 # 4. the GPU tests (skipped with a reason on the dry run's CPU)
 export PYTHONUNBUFFERED=1
-run "tests/test_cuda.py tests/test_server_torch_cuda.py" 180 \
+run "tests/test_cuda.py tests/test_server_torch_cuda.py" 120 \
     "$PY" -m pytest tests/test_cuda.py tests/test_server_torch_cuda.py -q -rs -x -p no:cacheprovider
 
-# 5. serving, load, decode and in-process numbers -> bench/results/gpu_serving_<gpu>.json (and $OUT)
+# 5. peers, the data path, serving, load and the c1 path -> bench/results/gpu_serving_<gpu>.json (and $OUT)
 if ((DRY_RUN)); then
-    run "bench/gpu_check.py --device cpu --quick" 1800 "$PY" bench/gpu_check.py --device cpu --quick \
+    run "bench/gpu_check.py --device cpu --quick" 900 "$PY" bench/gpu_check.py --device cpu --quick \
         --out "$WORK/gpu_serving_cpu_dry_run.json"
 else
-    run "bench/gpu_check.py --device cuda" 260 "$PY" bench/gpu_check.py --device cuda --seconds 5
+    run "bench/gpu_check.py --device cuda --compile" 210 "$PY" bench/gpu_check.py --device cuda --seconds 5 --compile
 fi
 
 step "done in $(( $(date +%s) - STARTED )) s; log: $LOG"

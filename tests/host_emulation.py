@@ -47,17 +47,29 @@ def numpy1_folder(target: Path) -> Path:
     return target
 
 
-def emulated_host(target: Path) -> Path:
-    """A virtual environment at `target` whose numpy is 2.x and which otherwise imports this environment's packages;
-    returns its `python`."""
+def layered_environment(target: Path, first: list[Path] | tuple[Path, ...] = ()) -> Path:
+    """A virtual environment at `target` whose import path is `first`, then this interpreter's (its site-packages and
+    whatever else is on it), and which runs those folders' `.pth` import lines (an editable install's finder); nothing
+    is installed into this environment, and what is installed into the new one stays there. Returns its `python`.
+    (scripts/gpu_check.sh installs hub-vit into such an environment on top of a GPU host's own.)"""
     venv.EnvBuilder(symlinks=True, with_pip=False, clear=True).create(target)
     stdlib = Path(sysconfig.get_path("stdlib")).resolve()
     own = [Path(entry).resolve() for entry in sys.path[1:] if entry and Path(entry).is_dir()]
     own = [path for path in dict.fromkeys(own) if not path.is_relative_to(stdlib)]  # site-packages, PYTHONPATH
-    (site_packages(target) / "00-host.pth").write_text("".join(f"{path}\n" for path in [numpy2_folder(), *own]),
+    (site_packages(target) / "00-host.pth").write_text("".join(f"{path}\n" for path in [*first, *own]),
                                                        encoding="utf-8")
     imports = [line for folder in own for pth in sorted(folder.glob("*.pth"))
                for line in pth.read_text(encoding="utf-8").splitlines() if line.startswith("import ")]
     (site_packages(target) / "01-host-imports.pth").write_text("".join(f"{line}\n" for line in imports),
                                                              encoding="utf-8")
     return target / "bin" / "python"
+
+
+def emulated_host(target: Path) -> Path:
+    """A virtual environment at `target` whose numpy is 2.x and which otherwise imports this environment's packages;
+    returns its `python`."""
+    return layered_environment(target, [numpy2_folder()])
+
+
+if __name__ == "__main__":  # python tests/host_emulation.py TARGET: a layered environment at TARGET (no numpy 2)
+    print(layered_environment(Path(sys.argv[1])))

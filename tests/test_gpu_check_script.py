@@ -1,5 +1,9 @@
 """scripts/gpu_check.sh refuses what it cannot run, before anything is unpacked; bench/gpu_check.py names its
-result file after the GPU. (The whole check runs on a GPU host; `scripts/gpu_check.sh --dry-run` runs its CPU steps.)"""
+result file after the GPU and judges its targets as ratios. The whole check runs on a GPU host; here its dry run
+runs every step that needs no GPU as a lent GPU host would, from a main environment whose numpy is 2.x
+(tests/host_emulation.py) with the stubs' numpy<2 named by $HUB_VIT_STUB_PYTHONPATH: hub-vit installed into a layer
+of its own, the GPU tests (skipped here), and bench/gpu_check.py serving the torch flavour (on the CPU) against the CPU
+flavour, bad input, load on the public and the private ports, the c1 request path, the targets."""
 
 from __future__ import annotations
 
@@ -14,9 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _script(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _script(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=60, cwd=REPO)
+                          env={**os.environ, **env}, timeout=timeout, cwd=REPO)
 
 
 def test_a_missing_pack_names_the_script_that_makes_it(tmp_path):
@@ -32,12 +36,83 @@ def test_an_unknown_argument_prints_the_usage(tmp_path):
     assert done.returncode == 2 and "usage: scripts/gpu_check.sh [--dry-run] [--pack=FOLDER]" in done.stderr
 
 
-@pytest.mark.parametrize("name, tag", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
-                                       ("NVIDIA A100-SXM4-80GB", "a100"), ("cpu", "cpu")])
-def test_result_files_are_named_after_the_gpu(name, tag, monkeypatch):
+@pytest.fixture
+def gpu_check(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "bench"))  # gpu_check imports run_info as the bench scripts do
     spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "gpu_check", module)
     spec.loader.exec_module(module)
-    assert module.file_tag(name) == tag
+    return module
+
+
+@pytest.mark.parametrize("name, tag", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                       ("NVIDIA A100-SXM4-80GB", "a100"), ("cpu", "cpu")])
+def test_result_files_are_named_after_the_gpu(gpu_check, name, tag):
+    assert gpu_check.file_tag(name) == tag
+
+
+def test_targets_are_ratios_of_the_h200_numbers(gpu_check):
+    """The first H200 run's numbers (../shared results of issue 39), put in today's shape: each target a ratio
+    against what is wanted, >= 1 where met."""
+    rows = [{"path": "timm torch.compile bf16 weights", "batch": 256, "images_per_s": 28317.0, "latency_ms": 9.04},
+            {"path": "hub-vit served forward (bf16 weights, CUDA graphs, top-k on the device)", "batch": 256,
+             "images_per_s": 9681.0, "latency_ms": 26.4},
+            {"path": "hub-vit data path + served forward (JPEG bytes in)", "batch": 256, "images_per_s": 9681.0,
+             "latency_ms": 26.4},
+            {"path": "hub-vit data path + served forward (JPEG bytes in)", "batch": 1, "images_per_s": 543.0,
+             "latency_ms": 1.84}]
+    load = [{"protocol": "http", "ports": "private", "concurrency": 256, "images_per_s": 475.0,
+             "gpu_utilisation_percent": 4.9}]
+    result = {"in_process": {"rows": rows}, "load": load,
+              "request_path": {"http": {"breakdown_ms": {"served_p50": 22.03}}},
+              "decode": {"device_decode_and_transform_images_per_s": 19800.0, "whole_data_path_images_per_s": 419.0},
+              "digits": {"compare": {"passed": True}, "bad_input": {"passed": True}}}
+    targets = gpu_check.targets(result, 256)
+    assert targets["served_forward_vs_timm_compile"]["ratio"] == pytest.approx(9681 / 28317)
+    assert targets["served_c256_private_http_vs_in_process"]["ratio"] == pytest.approx(475 / 9681 / 0.5)
+    assert targets["gpu_busy_at_c256_http"]["ratio"] == pytest.approx(0.049 / 0.5)
+    c1 = targets["c1_p50_over_in_process_b1_ms_http"]
+    assert c1["value"] == pytest.approx(20.19) and c1["ratio"] == pytest.approx(3 / 20.19) and not c1["met"]
+    assert targets["gpu_decode_preprocess_images_per_s"]["met"]
+    assert targets["agrees_with_the_cpu_flavour"]["met"] and not targets["all_met"]
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_the_dry_run_serves_the_torch_flavour_from_a_numpy_2_host(tmp_path):
+    """`scripts/gpu_check.sh --dry-run` without a pack, run by a main environment whose numpy is 2.x, as a lent GPU
+    host's is, with the stubs' numpy<2 in a folder of its own: every step passes, the stubs mapped that numpy<2,
+    and the JSON holds every measurement the GPU run fills."""
+    import json
+
+    from tests.host_emulation import emulated_host, numpy1_folder
+
+    python = emulated_host(tmp_path / "host")
+    stubs_numpy = numpy1_folder(tmp_path / "stub-site")
+    out = tmp_path / "out"
+    env = {"PYTHON": str(python), "HUB_VIT_STUB_PYTHONPATH": str(stubs_numpy), "GPU_CHECK_WORK": str(tmp_path / "w"),
+           "OUT": str(out)}
+    done = _script("--dry-run", f"--pack={tmp_path / 'no-pack'}", timeout=1200, **env)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-6000:]
+    assert "numpy 2." in said and "(stubs: 1." in said, said[:3000]
+    result = json.loads((out / "gpu_serving_cpu_dry_run.json").read_text())
+    assert result["errors"] == {}, result["errors"]
+    digits = result["digits"]
+    assert digits["compare"]["passed"] and digits["bad_input"]["passed"], digits
+    numpy1 = (stubs_numpy / "numpy").resolve()  # where the links of the stubs' numpy<2 lead
+    assert digits["stubs_numpy"] and all(Path(path) == numpy1 for path in digits["stubs_numpy"]), digits
+    assert "torch flavour" in digits["gpu_server"]["device"] and digits["gpu_server"]["private_ports"]
+    assert {(p["protocol"], p["ports"]) for p in result["load"]} == {(protocol, ports) for protocol in ("http", "grpc")
+                                                                     for ports in ("private", "public")}
+    assert all(p["requests"] > 0 and p["errors"] == 0 for p in result["load"])
+    for protocol in ("http", "grpc"):
+        breakdown = result["request_path"][protocol]["breakdown_ms"]
+        assert all(breakdown[key] is not None for key in ("served_p50", "gate", "queue", "stub_ipc", "decode",
+                                                          "transform", "forward", "answer"))
+    paths = {row["path"] for row in result["in_process"]["rows"]}
+    assert {"timm eager fp32", "timm eager bf16 weights", "hub-vit served forward",
+            "hub-vit data path + served forward (JPEG bytes in)"} <= paths
+    assert {"served_c2_private_http_vs_in_process", "c1_p50_over_in_process_b1_ms_grpc",
+            "gpu_decode_preprocess_images_per_s", "agrees_with_the_cpu_flavour"} <= set(result["targets"])

@@ -1,6 +1,7 @@
-"""The torch flavour on a CUDA device: the forward pass (bf16 autocast, CUDA graph buckets) against fp32 eager, and
-the real tritonserver serving it on KIND_GPU instances against the ONNX CPU flavour (same labels, scores within
-BF16_SCORE_ATOL), bad input, batching, and `hub-vit serve` choosing cuda by itself.
+"""The torch flavour on a CUDA device: the forward pass (bf16 weights, CUDA graph buckets, top-k on the device)
+against fp32 eager; the data path with nvJPEG (torch_images) against imageprep: pixels, EXIF orientations, truncated
+JPEGs refused in imageprep's words; and the real tritonserver serving it on KIND_GPU instances against the ONNX CPU
+flavour (same labels, scores within BF16_SCORE_ATOL), bad input, batching, and `hub-vit serve` choosing cuda by itself.
 
 Skipped without a CUDA device (the CI machine has none); scripts/gpu_check.sh runs it on a GPU host. The CPU half of
 the same code path runs everywhere in tests/test_server_torch.py.
@@ -36,6 +37,11 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 BF16_SCORE_ATOL = 2e-2
 BF16_LOGIT_RTOL = 3e-2  # of the largest logit's magnitude
 MAX_BATCH = 64
+# nvJPEG is not libjpeg: its IDCT and chroma upsampling differ (libjpeg's "fancy" upsampling interpolates chroma, a
+# decoder that replicates it differs at colour edges by tens of levels), so pixels are compared on average and at
+# their 99.9th percentile, in uint8 levels; a wrong orientation, crop or resize moves the mean by far more
+NVJPEG_MEAN_LEVELS, NVJPEG_P999_LEVELS = 2.0, 24.0
+CUDA = torch.device("cuda")
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +79,105 @@ def test_runner_buckets_match_fp32_eager(graphs):
         scale = np.abs(expected).max()
         assert np.abs(got - expected[rows]).max() <= BF16_LOGIT_RTOL * scale
         assert (got.argmax(1) == expected[rows].argmax(1)).all()
+
+
+def test_runner_graphs_rank_as_eager_does():
+    """The captured region holds the top-k: a graph replay ranks as the eager pass does on the same input."""
+    import timm
+
+    import hub_vit  # noqa: F401
+    from hub_vit.server.repository.torch_runner import Runner
+
+    model = timm.create_model("simplevit_s16", pretrained=False).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    pixels = torch.rand(3, 3, 224, 224) * 2 - 1
+    ranked = {}
+    for graphs in (True, False):
+        runner = Runner(model, CUDA, (224, 224), (1, 4), graphs=graphs)
+        with torch.inference_mode():
+            runner.batch(3).copy_(pixels)
+        ranked[graphs] = runner.fetch(*runner.run(3))
+    for with_graph, eager in zip(ranked[True], ranked[False], strict=True):
+        np.testing.assert_allclose(with_graph, eager, rtol=0, atol=1e-3)
+
+
+def _levels(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    levels = np.abs(got - want) * 127.5  # std 0.5: back in uint8 levels
+    return float(levels.mean()), float(np.percentile(levels, 99.9))
+
+
+def test_nvjpeg_data_path_matches_imageprep(imageprep, photos):
+    """JPEGs (4:2:0, 4:4:4, progressive, grey) decoded by nvJPEG in one batch with a PNG and the digits samples
+    decoded by imageprep, all transformed on the GPU: imageprep's pixels within the nvJPEG tolerance, and through the
+    digits model the same top-1."""
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.folder import load_model_folder
+    from hub_vit.server.repository.torch_images import ImagePath
+    from tests.test_torch_images import SAMPLES, device_pixels, encode, prep_for
+
+    data = [encode(photos["chelsea"], quality=90), encode(photos["astronaut"], subsampling=0, quality=95),
+            encode(photos["coffee"], progressive=True), encode(photos["astronaut"][..., 0], quality=90),
+            encode(photos["coffee"], "PNG"), *[p.read_bytes() for p in SAMPLES]]
+    for size, interpolation in ((224, "bicubic"), (32, "bilinear")):
+        prep = prep_for(imageprep, size, interpolation, crop_pct=0.875 if size == 224 else 1.0)
+        path = ImagePath(imageprep, prep, CUDA)
+        assert sum(item.last_block is not None for item in path.decode(data)) == 3  # the sequential JPEGs: nvJPEG
+        pixels, suspects = device_pixels(path, data)
+        want = np.stack([prep(item) for item in data])
+        mean, p999 = _levels(pixels, want)
+        assert mean <= NVJPEG_MEAN_LEVELS and p999 <= NVJPEG_P999_LEVELS, (size, mean, p999)
+        assert not suspects.any()
+    model, _ = load_model_folder(default_model_folder())
+    with torch.no_grad():
+        got, expected = model(torch.from_numpy(pixels)).numpy(), model(torch.from_numpy(want)).numpy()
+    assert (got.argmax(1) == expected.argmax(1)).all()
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientations_on_cuda(imageprep, photos, orientation):
+    from hub_vit.server.repository.torch_images import ImagePath
+    from tests.test_torch_images import device_pixels, prep_for, with_orientation
+
+    data = with_orientation(photos["chelsea"][:, :400], orientation)
+    prep = prep_for(imageprep, 224)
+    pixels, _ = device_pixels(ImagePath(imageprep, prep, CUDA), [data])
+    mean, p999 = _levels(pixels, prep(data)[None])
+    assert mean <= NVJPEG_MEAN_LEVELS and p999 <= NVJPEG_P999_LEVELS, (mean, p999)
+
+
+@pytest.mark.parametrize("case", ["cut short, closed again", "a few rows more declared", "cut short",
+                                  "flat mid-grey, complete"])
+def test_truncated_jpegs_are_refused_on_cuda_in_imageprep_words(imageprep, photos, case):
+    """Whatever nvJPEG makes of a JPEG whose data ends early (an error, grey blocks, anything else), the image is
+    refused with imageprep's words, as the step refuses it (decoded by imageprep, or flagged and confirmed); a
+    complete image ending in mid-grey is kept."""
+    import struct
+
+    from PIL import Image
+
+    from hub_vit.server.repository.torch_images import ImagePath
+    from tests.test_torch_images import device_pixels, encode, prep_for
+
+    whole = encode(np.asarray(Image.fromarray(photos["chelsea"]).resize((451, 300))))
+    taller = bytearray(whole)
+    frame = taller.find(b"\xff\xc0")
+    taller[frame + 5:frame + 7] = struct.pack(">H", 316)
+    data = {"cut short, closed again": whole[:-600] + b"\xff\xd9", "a few rows more declared": bytes(taller),
+            "cut short": whole[:-600], "flat mid-grey, complete": encode(np.full((300, 451, 3), 128, np.uint8))}[case]
+    prep = prep_for(imageprep, 224)
+    path = ImagePath(imageprep, prep, CUDA)
+    [item] = path.decode([data])
+    refused = item if isinstance(item, Exception) else None
+    if refused is None:
+        _, [suspect] = device_pixels(path, [data], [item])
+        refused = path.confirm(data) if suspect else None
+    if case.endswith("complete"):
+        assert refused is None
+        return
+    with pytest.raises(imageprep.BadImageError) as words:
+        prep.decode(data)
+    assert refused is not None, f"{case}: accepted on the GPU, refused by imageprep ({words.value})"
+    assert str(refused) == str(words.value)
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,9 @@ CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs",
 TorchCompile = Annotated[bool, typer.Option("--torch-compile/--no-torch-compile",
                                             help="Torch flavour on cuda: torch.compile the model before capturing "
                                                  "(compiles every bucket while loading: minutes).")]
-DecodeThreads = Annotated[int, typer.Option(help="Torch flavour: images decoded in parallel per instance (0: the "
-                                                 "cores shared among the instances).")]
+DecodeThreads = Annotated[int, typer.Option(help="Torch flavour: images decoded on the CPU (PNG, WebP, JPEGs the "
+                                                 "device does not decode) in parallel per instance (0: the cores "
+                                                 "shared among the instances).")]
 _CUDA_SIZED = ("max_batch_size", "max_queue_delay_us", "max_queue_size")
 
 

@@ -192,9 +192,9 @@ def torch_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_d
     (`model_dir`: a hub-vit model folder beside model.py, the same weights file as every other path) and top-k, as
     the CPU flavour's step answers (`image` -> `labels`, `scores`, `class_ids`, `logits`).
 
-    device "cuda": KIND_GPU instances, bf16 autocast, pinned host->device copies, and one CUDA graph per batch bucket
-    (cuda_graph_buckets), every bucket captured and run while the model loads, so the server reports ready only
-    once every shape has run. device "cpu": KIND_CPU, float32, eager (the same code path the tests run).
+    device "cuda": KIND_GPU instances, JPEGs decoded on the GPU (torch_images), weights in bf16, and one CUDA graph
+    per batch bucket (cuda_graph_buckets), every bucket captured and run while the model loads, so the server reports
+    ready only once every shape has run. device "cpu": KIND_CPU, float32, eager (the same code path the tests run).
 
     `rollout`: the step also answers `rollout` / `rollout_box` to requests that ask (`explain`), from an eager pass
     that returns the attentions; other requests run as before."""

@@ -1,99 +1,148 @@
 """The torch flavour's forward pass, shared by its Triton step (templates/classifier_torch) and bench/gpu_check.py,
 so the benchmark's in-process "hub-vit GPU path" is the served one.
 
-cuda: bf16 autocast (fp16 where the GPU has no bf16), batches copied from pinned host memory, and one CUDA graph per
-batch bucket (config.cuda_graph_buckets), every bucket run and captured in the constructor; a batch runs in the
-smallest bucket that holds it. cpu: float32, eager.
+The model's weights are cast to the run's dtype (bf16 on cuda, fp16 where the GPU has no bf16; float32 on cpu): no
+autocast, no per-call weight casts. Each batch bucket (config.cuda_graph_buckets) has one float32 input buffer on the
+device, which the data path (torch_images) fills; a batch runs in the smallest bucket that holds it (rows past the
+batch hold an earlier batch: ViT rows are independent). One pass is `_body`: the input cast to the dtype, the forward,
+float32 logits, softmax and the top k, all on the device, so only (N, K) scores and ids (and the (N, C) logits the
+step serves) come back to the host, in one copy after one wait (`fetch`).
+On cuda every bucket runs once (compiled by torch.compile first when asked) and is then captured as one CUDA graph
+of `_body`, in the constructor: the server reports ready only once every shape has run.
 """
 
 from __future__ import annotations
 
-import contextlib
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+# class ids packed below the score's bits in one int64 key: ids up to 2^21 (hub_vit.variants.BOUNDS: 2^20 classes)
+_ID_BITS = 21
+
+
+class Ranked(NamedTuple):
+    """One pass's results on the device: (N, C) float32 logits, (N, K) softmax scores and int64 class ids."""
+
+    logits: torch.Tensor
+    scores: torch.Tensor
+    ids: torch.Tensor
+
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, C) float32 logits -> (N, K) softmax scores and class ids, best first; equal scores in class order, as the
+    CPU flavour's numpy top_k (a stable sort) gives them (bf16 logits tie often). One `topk` on a key that packs
+    the score's bits (non-negative float32 bits order as the values do) above the class id's complement: no sort, no
+    host sync, capturable in a CUDA graph."""
+    probs = torch.softmax(logits, dim=-1)
+    classes = torch.arange(probs.shape[-1], device=probs.device)
+    key = (probs.view(torch.int32).to(torch.int64) << _ID_BITS) + ((1 << _ID_BITS) - 1 - classes)
+    ids = key.topk(min(k, probs.shape[-1]), dim=-1).indices
+    return probs.gather(-1, ids), ids
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
 
 class Runner:
-    """The model on one device: (N, 3, H, W) float32 numpy -> (N, C) float32 numpy logits."""
+    """The model on one device with its batch buffers: fill `batch(n)`, `run(n)`, then `fetch` what goes back."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, crop: tuple[int, int],
-                 buckets: tuple[int, ...], *, graphs: bool = True, compile_model: bool = False) -> None:
+                 buckets: tuple[int, ...], *, top_k: int = 5, graphs: bool = True, compile_model: bool = False,
+                 dtype: torch.dtype | None = None) -> None:
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise ValueError(f"buckets must be increasing positive batch sizes, got {buckets}")
-        self.device, self.crop, self.buckets = device, crop, buckets
-        self.model = model.eval().to(device)
+        if top_k < 1:
+            raise ValueError(f"top_k must be at least 1, got {top_k}")
+        self.device, self.crop, self.buckets, self.k = device, crop, buckets, top_k
         self.cuda = device.type == "cuda"
-        self.dtype = None
-        if self.cuda:
-            self.dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-            if compile_model:
-                self.model = torch.compile(self.model, dynamic=False)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        # one pinned host buffer per bucket: a pageable tensor would be staged through a pinned one by the driver
-        self.host = {size: torch.zeros((size, 3, *crop), pin_memory=True) for size in buckets} if self.cuda else {}
+        self.dtype = dtype or default_dtype(device)
+        self.model = model.eval().to(device=device, dtype=self.dtype)  # cast, not autocast
+        if compile_model and self.cuda:
+            self.model = torch.compile(self.model, dynamic=False)
+        # the data path writes into these; on cuda each is also its bucket's graph input
+        self.inputs = {size: torch.zeros((size, 3, *crop), device=device) for size in buckets}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Ranked]] = {}
         if self.cuda:
             self._warm_up(graphs)
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.cuda:
-            return self.model(x)
-        # cache_enabled=False: autocast's cast cache does not survive CUDA graph capture (torch.cuda.graph docs)
-        with torch.autocast("cuda", dtype=self.dtype, cache_enabled=False):
-            return self.model(x).float()
+    def _body(self, pixels: torch.Tensor) -> Ranked:
+        """(B, 3, H, W) float32 on the device -> Ranked; the region a CUDA graph captures (no host tensor, no sync,
+        shapes fixed by B)."""
+        logits = self.model(pixels.to(self.dtype)).float()
+        return Ranked(logits, *top_k(logits, self.k))
 
     @torch.inference_mode()
     def _warm_up(self, graphs: bool) -> None:
-        """Run every bucket (compiling it with torch.compile), then capture one CUDA graph per bucket, largest first
-        so the smaller ones reuse its memory pool."""
+        """Run every bucket twice on a side stream (torch.compile compiles it then), then capture one CUDA graph per
+        bucket, largest first so the smaller ones reuse its memory pool."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for size in self.buckets:
                 for _ in range(2):
-                    self._forward(torch.zeros((size, 3, *self.crop), device=self.device))
+                    self._body(self.inputs[size])
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         if not graphs:
             return
         pool = torch.cuda.graph_pool_handle()
         for size in sorted(self.buckets, reverse=True):
-            static_in = torch.zeros((size, 3, *self.crop), device=self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                static_out = self._forward(static_in)
+                ranked = self._body(self.inputs[size])
             graph.replay()  # the bucket runs once as a graph before the server reports ready
-            self.graphs[size] = (graph, static_in, static_out)
+            self.graphs[size] = (graph, ranked)
         torch.cuda.synchronize(self.device)
+
+    def bucket(self, count: int) -> int:
+        """The smallest bucket that holds `count` rows; ValueError past the largest."""
+        for size in self.buckets:
+            if size >= count:
+                return size
+        raise ValueError(f"a batch of {count} images is more than the largest bucket, {self.buckets[-1]} "
+                         "(max_batch_size)")
+
+    def batch(self, count: int) -> torch.Tensor:
+        """The (count, 3, H, W) float32 rows on the device that the next `run(count)` reads: fill them first."""
+        return self.inputs[self.bucket(count)][:count]
+
+    @torch.inference_mode()
+    def run(self, count: int) -> Ranked:
+        """One pass over the first `count` rows of their bucket -> Ranked (views of `count` rows, on the device; a
+        graph's outputs are overwritten by its next replay: fetch them first)."""
+        size = self.bucket(count)
+        if size in self.graphs:
+            graph, ranked = self.graphs[size]
+            graph.replay()
+            return Ranked(*(tensor[:count] for tensor in ranked))
+        return self._body(self.inputs[size][:count])  # eager: the padding rows need not run
+
+    def fetch(self, *tensors: torch.Tensor) -> list[np.ndarray]:
+        """Device tensors -> numpy, after one wait: on cuda each is copied into pinned host memory without blocking
+        (torch pins a non-blocking device-to-host copy's destination), then the stream is waited for once."""
+        host = [tensor.to("cpu", non_blocking=self.cuda) for tensor in tensors]
+        if self.cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+        return [tensor.numpy() for tensor in host]
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        """(N, 3, H, W) float32 normalised pixels on the host -> (N, C) float32 logits on the host."""
+        with torch.inference_mode():
+            self.batch(len(batch)).copy_(torch.from_numpy(batch))
+        return self.fetch(self.run(len(batch)).logits)[0]
 
     @torch.inference_mode()
     def with_attentions(self, batch: np.ndarray) -> tuple[np.ndarray, torch.Tensor, torch.Tensor | None]:
         """An eager pass that also returns the attention probabilities, for explained requests (no CUDA graph: the
         graphs hold the fused path): (N, C) float32 logits, (N, depth, heads, T, T) and the MAP probe's
         (N, heads, 1, T) or None, both float32 on the CPU."""
-        x = torch.from_numpy(batch).to(self.device)
+        x = torch.from_numpy(batch).to(self.device, self.dtype)
         model = getattr(self.model, "_orig_mod", self.model)  # torch.compile's wrapper: the eager module
-        with torch.autocast("cuda", dtype=self.dtype) if self.cuda else contextlib.nullcontext():
-            out = model.forward_all(x, output_attentions=True)
+        out = model.forward_all(x, output_attentions=True)
         probe = None if out.pool_attention is None else out.pool_attention.float().cpu()
         return out.logits.float().cpu().numpy(), torch.stack(out.attentions, 1).float().cpu(), probe
-
-    def bucket(self, count: int) -> int:
-        return next(size for size in self.buckets if size >= count)
-
-    @torch.inference_mode()
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        count = len(batch)
-        if not self.cuda:
-            return self._forward(torch.from_numpy(batch)).float().numpy()
-        size = self.bucket(count)
-        host = self.host[size]
-        host[:count].copy_(torch.from_numpy(batch))  # rows past `count` hold an earlier batch: ignored, rows are
-        if size in self.graphs:  # independent (no batch statistics in a ViT)
-            graph, static_in, static_out = self.graphs[size]
-            static_in.copy_(host, non_blocking=True)
-            graph.replay()
-            out = static_out
-        else:
-            out = self._forward(host.to(self.device, non_blocking=True))
-        return out[:count].cpu().numpy()  # .cpu() waits for the GPU

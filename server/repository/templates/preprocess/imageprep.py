@@ -6,15 +6,23 @@ transform come from the model's data config, rendered into the config parameters
 The maths follows torchvision on PIL images: shorter side resized to `floor(size / crop_pct)` (longer side
 truncated), centre crop with `round((H - h) / 2)` offsets, `/ 255`, then `(x - mean) / std`, all in float32, so
 served pixels equal in-process pixels bit for bit.
+
+Two steps, so every decoder shares the checks: `Preprocess.inspect` reads the header only (no pixels): the format
+whitelist, the declared size and pixel limits, the aspect-ratio bound, `jpeg_shortfall`, the EXIF orientation;
+`Preprocess.load` decodes what `inspect` let through (`ends_early`, EXIF, image modes). `decode` is the two in turn.
+The torch flavour decodes the JPEGs that `Header.plain_jpeg` names on its device instead (its `torch_images.py`),
+and hands the rest, and any image its decoder refuses, to `load`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -115,6 +123,16 @@ def _sequential_frame(data: bytes) -> tuple[int, int, int, int] | None:
     return None
 
 
+def last_block(width: int, height: int, mcu_w: int, mcu_h: int) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of a JPEG's last MCU (bottom right, the last one decoded)."""
+    return (width - 1) // mcu_w * mcu_w, (height - 1) // mcu_h * mcu_h, width, height
+
+
+# A missing block decodes as flat luma 128: the last MCU's luma (these weights) within this of it is "flat mid-grey"
+MID_GREY, FLAT_WITHIN = 128.0, 1.5  # 1.5: rounding of the colour conversion (a missing MCU is within 1 of 128)
+LUMA = (0.299, 0.587, 0.114)
+
+
 def ends_early(data: bytes, image: Image.Image) -> bool:
     """Whether a decoded sequential JPEG (`image`, loaded from `data`) ran out of scan data before its last MCU.
 
@@ -132,16 +150,52 @@ def ends_early(data: bytes, image: Image.Image) -> bool:
     width, height, mcu_w, mcu_h = frame
     if (width, height) != image.size:
         return False
-    box = ((width - 1) // mcu_w * mcu_w, (height - 1) // mcu_h * mcu_h, width, height)
-    last = np.asarray(image.crop(box), dtype=np.float32)
-    luma = last if image.mode == "L" else last @ np.asarray([0.299, 0.587, 0.114], dtype=np.float32)
-    if np.abs(luma - 128).max() > 1.5:  # rounding of the colour conversion: a missing MCU is within 1 of 128
+    last = np.asarray(image.crop(last_block(width, height, mcu_w, mcu_h)), dtype=np.float32)
+    luma = last if image.mode == "L" else last @ np.asarray(LUMA, dtype=np.float32)
+    if np.abs(luma - MID_GREY).max() > FLAT_WITHIN:
         return False
     # 4 KiB: zero bits decode to at most 27 bits per coefficient, so they reach past the block being decoded when the
     # data ran out (which libjpeg already completed with zero bits) into the first block it left at zero
     padded = Image.open(io.BytesIO(data[:end] + bytes(PROBE_BYTES) + data[end:]), formats=("JPEG",))
     padded.load()
     return padded.tobytes() != image.tobytes()
+
+
+def scan_closed(data: bytes) -> bool:
+    """Whether a JPEG's last end-of-image marker comes after its first start-of-scan marker (an embedded thumbnail's
+    end marker, in an APP segment before the scan, does not count). Cut short without one, the data is what Pillow
+    refuses as truncated."""
+    scan = data.find(b"\xff\xda")
+    return 0 <= scan < data.rfind(b"\xff\xd9")
+
+
+# ImageOps.exif_transpose's orientations: 1 is the stored image; 2-8 a flip, a rotation or both
+ORIENTATIONS = range(1, 9)
+EXIF_ORIENTATION = 0x0112
+
+
+@dataclass(frozen=True)
+class Header:
+    """What `Preprocess.inspect` read of an image without decoding it; every check that needs no pixels has passed.
+
+    `orientation`: the EXIF orientation exif_transpose applies (read where it reads it; 1 for PNG and WebP, whose
+    EXIF can follow the pixel data and is applied by `load`). `last_block`: a sequential JPEG's last MCU, which
+    `ends_early` inspects once decoded (None for others). `plain_jpeg`: a JPEG whose pixels any conforming decoder
+    gives as `load` does (8-bit Y or YCbCr, an end marker after its scan), so it may be decoded elsewhere (the torch
+    flavour's device) with `orientation` and the `last_block` check applied there."""
+
+    format: str  # one of FORMATS
+    size: tuple[int, int]  # (width, height) as stored
+    mode: str  # Pillow's mode as stored
+    orientation: int = 1
+    last_block: tuple[int, int, int, int] | None = None
+    plain_jpeg: bool = False
+    image: Image.Image | None = field(default=None, repr=False, compare=False)  # opened lazily: `load` decodes it
+
+    @property
+    def oriented_size(self) -> tuple[int, int]:
+        """(width, height) once the orientation is applied: 5-8 swap the sides."""
+        return self.size[::-1] if self.orientation >= 5 else self.size
 
 
 class BadImageError(ValueError):
@@ -190,13 +244,13 @@ class Preprocess:
     # ------------------------------------------------------------------------------------------------------------
     def decode(self, data: bytes) -> Image.Image:
         """Bytes -> RGB image with EXIF orientation applied; `BadImageError` naming the problem otherwise."""
+        return self.load(data, self.inspect(data))
+
+    def inspect(self, data: bytes) -> Header:
+        """The header's checks, before any pixel is decoded: `BadImageError` naming the problem, else the `Header`."""
         if not data:
             raise BadImageError(f"empty image (0 bytes); send encoded {NAMES} bytes")
-        with warnings.catch_warnings():
-            # Our own header check below enforces max_pixels; Pillow's warning limit (89 MP) only applies when
-            # max_pixels is not raised above it (its hard limit, twice that, always applies).
-            warnings.simplefilter("ignore" if self.max_pixels > Image.MAX_IMAGE_PIXELS else "error",
-                                  Image.DecompressionBombWarning)
+        with self._bomb_warnings():
             try:
                 image = Image.open(io.BytesIO(data), formats=FORMATS)  # lazy: reads the header only
             except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -209,20 +263,38 @@ class Preprocess:
                 ) from None
             except Exception as err:  # Pillow raises plain ValueError/OSError for some malformed headers
                 raise BadImageError(f"cannot read image header: {err}") from None
-            width, height = image.size
-            if width * height > self.max_pixels:
-                raise BadImageError(self._too_large(f"{width}x{height} = {_pixels(width * height)}"))
-            # The shorter side is resized before the crop, so a thin image grows: a 2 kB PNG of 2x200000 pixels
-            # would become 248x24800000 (18 GB). EXIF rotation swaps the sides, which leaves this product unchanged.
-            new_w, new_h = self.resized_size(width, height)
-            if new_w * new_h > self.max_pixels:
-                raise BadImageError(
-                    f"aspect ratio too extreme: a {width}x{height} image would be resized to {new_w}x{new_h} = "
-                    f"{new_w * new_h} pixels before the centre crop, more than the limit of {self.max_pixels}"
-                )
-            short = jpeg_shortfall(data) if image.format == "JPEG" else None
-            if short is not None:
-                raise BadImageError(f"truncated JPEG image: {short}")
+        width, height = image.size
+        if width * height > self.max_pixels:
+            raise BadImageError(self._too_large(f"{width}x{height} = {_pixels(width * height)}"))
+        # The shorter side is resized before the crop, so a thin image grows: a 2 kB PNG of 2x200000 pixels
+        # would become 248x24800000 (18 GB). EXIF rotation swaps the sides, which leaves this product unchanged.
+        new_w, new_h = self.resized_size(width, height)
+        if new_w * new_h > self.max_pixels:
+            raise BadImageError(
+                f"aspect ratio too extreme: a {width}x{height} image would be resized to {new_w}x{new_h} = "
+                f"{new_w * new_h} pixels before the centre crop, more than the limit of {self.max_pixels}"
+            )
+        if image.format != "JPEG":
+            return Header(image.format, (width, height), image.mode, image=image)
+        short = jpeg_shortfall(data)
+        if short is not None:
+            raise BadImageError(f"truncated JPEG image: {short}")
+        try:  # read where exif_transpose reads it (EXIF, else XMP): a JPEG's come before its pixels
+            orientation = image.getexif().get(EXIF_ORIENTATION, 1)
+        except Exception:  # noqa: BLE001 - unreadable EXIF: `load`'s exif_transpose meets it again and decides, on
+            orientation = None  # an image opened afresh (Pillow keeps a half-read EXIF as read)
+            with self._bomb_warnings():
+                image = Image.open(io.BytesIO(data), formats=FORMATS)
+        frame = _sequential_frame(data)
+        return Header(
+            "JPEG", (width, height), image.mode, orientation if orientation in ORIENTATIONS else 1,
+            last_block=None if frame is None or frame[:2] != (width, height) else last_block(*frame),
+            plain_jpeg=orientation is not None and image.mode in ("RGB", "L") and scan_closed(data), image=image)
+
+    def load(self, data: bytes, header: Header) -> Image.Image:
+        """Decode what `inspect(data)` returned: RGB with EXIF orientation applied, or `BadImageError`."""
+        image, (width, height) = header.image, header.size
+        with self._bomb_warnings():
             try:
                 image.load()
                 if image.format == "JPEG" and ends_early(data, image):
@@ -234,6 +306,15 @@ class Preprocess:
                 raise
             except Exception as err:  # truncated or corrupt data surfaces only while decoding
                 raise BadImageError(f"cannot decode {image.format} image ({width}x{height}): {err}") from None
+
+    @contextlib.contextmanager
+    def _bomb_warnings(self) -> Iterator[None]:
+        """Our own header check enforces max_pixels; Pillow's warning limit (89 MP) applies only when max_pixels is
+        not raised above it (its hard limit, twice that, always applies)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore" if self.max_pixels > Image.MAX_IMAGE_PIXELS else "error",
+                                  Image.DecompressionBombWarning)
+            yield
 
     def _too_large(self, declared: str) -> str:
         hard = f"; Pillow's own limit of {2 * Image.MAX_IMAGE_PIXELS / 1e6:.1f} MP always applies" \
@@ -251,16 +332,24 @@ class Preprocess:
         new_short, new_long = size, int(size * long / short)
         return (new_short, new_long) if width <= height else (new_long, new_short)
 
-    def pixels(self, image: Image.Image) -> np.ndarray:
-        """RGB PIL image -> (3, H, W) float32, normalised."""
-        width, height = image.size
-        new_w, new_h = self.resized_size(width, height)
-        if (new_w, new_h) != (width, height):
-            image = image.resize((new_w, new_h), INTERPOLATIONS[self.interpolation])
+    def resized(self, image: Image.Image) -> Image.Image:
+        """The resize before the crop (Pillow's filter of the model's interpolation)."""
+        new_w, new_h = self.resized_size(*image.size)
+        if (new_w, new_h) == image.size:
+            return image
+        return image.resize((new_w, new_h), INTERPOLATIONS[self.interpolation])
+
+    def crop_box(self, new_w: int, new_h: int) -> tuple[int, int, int, int]:
+        """(left, top, right, bottom) of the centre crop in an image resized to `new_w` x `new_h`."""
         crop_h, crop_w = self.crop_size
         top = int(round((new_h - crop_h) / 2.0))
         left = int(round((new_w - crop_w) / 2.0))
-        image = image.crop((left, top, left + crop_w, top + crop_h))
+        return left, top, left + crop_w, top + crop_h
+
+    def pixels(self, image: Image.Image) -> np.ndarray:
+        """RGB PIL image -> (3, H, W) float32, normalised."""
+        image = self.resized(image)
+        image = image.crop(self.crop_box(*image.size))
         array = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1).astype(np.float32) / np.float32(255)  # (3,H,W)
         mean = np.asarray(self.mean, dtype=np.float32).reshape(3, 1, 1)
         std = np.asarray(self.std, dtype=np.float32).reshape(3, 1, 1)

@@ -1,0 +1,277 @@
+"""The torch flavour's data path (server/repository/torch_images.py) on CPU tensors: the code a GPU host runs, with
+torchvision's CPU JPEG decoder (libjpeg-turbo, Pillow's own library) where the GPU runs nvJPEG.
+
+Checked against imageprep, the CPU flavour's transform (Pillow), on real photos (scikit-image's) and the digits
+samples: the same pixels to one uint8 level, the same refusals in the same words, the same EXIF orientations, and
+through the real model (the shipped digits model) the same top-1 with logits within LOGITS_ATOL. The device part
+(orientation, resize, crop, normalise, the ends-early flag) runs on the meta device too, where a recorder reports any
+tensor made on the host.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+from hub_vit.server.repository import torch_images
+from hub_vit.server.repository.torch_images import DEVICE_RESIZE, DeviceTransform, ImagePath, flat_mid_grey, orient
+from tests.test_device_placement import HostTensors
+from tests.test_image_fuzz import served_eval
+
+CPU, META = torch.device("cpu"), torch.device("meta")
+SAMPLES = sorted((Path(__file__).resolve().parents[1] / "hub_vit/assets/digits/samples").glob("*.png"))
+# Pillow's resize filters use 22-bit fixed-point weights, torch's float32 ones: a value within that rounding of x.5
+# rounds the other way, by one uint8 level (two after bicubic's second pass). Measured: photos at 224, at most 0.2 %
+# of one image's pixels (none on most); the 128 px digits samples shrunk to 36 px (flat, hard-edged: many sums land
+# on x.5) up to 2 % bilinear, 3.7 % bicubic. One 2-D pass instead of Pillow's two rounded ones differs on about 15 %
+# of a photo's pixels by up to 6 levels, a wrong filter, crop or normalisation on most by many
+MOST_LEVELS, MOST_DIFFERING = 2, 5e-2
+# the digits model's logits move by at most 2e-3 for such pixels (measured 1.8e-3 bilinear, 3e-4 bicubic); 5e-3
+# leaves room for another host's float32 while a wrong filter, crop or normalisation moves them by 0.1 or more
+LOGITS_ATOL = 5e-3
+ORIENTATIONS = range(1, 9)
+
+
+def encode(array: np.ndarray, fmt: str = "JPEG", **options: object) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def with_orientation(array: np.ndarray, orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encode(array, "JPEG", quality=90, exif=exif.tobytes())
+
+
+def prep_for(imageprep, size: int, interpolation: str = "bilinear", crop_pct: float = 0.875):
+    scale = int(size / crop_pct)
+    return imageprep.Preprocess(crop_size=(size, size), scale_size=(scale, scale),
+                                **served_eval(interpolation=interpolation))
+
+
+def device_pixels(path: ImagePath, payloads: list[bytes], decoded: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The data path end to end on the CPU (`decoded`: the payloads' decode, already done): (N, 3, H, W) pixels in
+    the payloads' order, (N,) suspect flags."""
+    decoded = path.decode(payloads) if decoded is None else decoded
+    refused = [item for item in decoded if isinstance(item, Exception)]
+    assert not refused, refused
+    out = torch.zeros(len(payloads), 3, *path.prep.crop_size, device=path.device)
+    with torch.inference_mode():
+        order, suspects = path.transform_into(decoded, out)
+    pixels, flags = np.empty(out.shape, np.float32), np.empty(len(payloads), bool)
+    pixels[order], flags[order] = out.cpu().numpy(), suspects.cpu().numpy()
+    return pixels, flags
+
+
+def assert_pixels_close(got: np.ndarray, want: np.ndarray, std: float = 0.5) -> None:
+    levels = np.abs(got - want) * std * 255  # back in uint8 levels
+    assert levels.max() <= MOST_LEVELS + 1e-3, levels.max()
+    for image in levels:
+        assert (image > 1e-3).mean() <= MOST_DIFFERING, (image > 1e-3).mean()
+
+
+@pytest.fixture(scope="module")
+def payloads(photos) -> list[bytes]:
+    """Real photos as JPEG (4:2:0 and 4:4:4, progressive), PNG and WebP, a grey JPEG and the digits samples."""
+    found = [encode(photos["chelsea"], quality=90), encode(photos["astronaut"], subsampling=0, quality=95),
+             encode(photos["coffee"], progressive=True), encode(photos["chelsea"], "PNG"),
+             encode(photos["coffee"], "WEBP", lossless=True), encode(photos["astronaut"][..., 0], quality=90)]
+    return found + [p.read_bytes() for p in SAMPLES]
+
+
+# -- the transform against imageprep ------------------------------------------------------------------------------
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "nearest", "lanczos"])
+@pytest.mark.parametrize("size", [224, 32])
+def test_device_pixels_are_imageprep_pixels(imageprep, payloads, interpolation, size):
+    """Every format and kind of JPEG, downscaled (photos) and upscaled (128 px digits to 224); lanczos has no torch
+    filter: imageprep resizes on the CPU, the device crops and normalises."""
+    prep = prep_for(imageprep, size, interpolation)
+    pixels, suspects = device_pixels(ImagePath(imageprep, prep, CPU), payloads)
+    want = np.stack([prep(data) for data in payloads])
+    assert_pixels_close(pixels, want)
+    assert not suspects.any()
+
+
+def test_plain_jpegs_are_decoded_on_the_device_and_the_rest_by_imageprep(imageprep, payloads, monkeypatch):
+    calls: list[int] = []
+    real = torch_images.decode_jpegs
+    monkeypatch.setattr(torch_images, "decode_jpegs",
+                        lambda data, device: calls.append(len(data)) or real(data, device))
+    decoded = ImagePath(imageprep, prep_for(imageprep, 224), CPU).decode(payloads)
+    assert calls == [4]  # the four JPEGs, in one batched call
+    assert [item.last_block is not None for item in decoded[:6]] == [True, True, False, False, False, True]
+
+
+def test_same_top1_and_logits_through_the_real_model(imageprep, payloads, photos):
+    """The shipped digits model (32 px, bilinear) on the digits samples, held-out digits and the photos."""
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.folder import load_model_folder
+    from hub_vit.resolve import resolve_model
+    from hub_vit.server.repository.config import preprocess_params
+    from hub_vit.server.repository.metadata import serving_metadata
+    from hub_vit.server.repository.options import ServingOptions
+    from hub_vit.train.digits import load_digits_split
+
+    model, _ = load_model_folder(default_model_folder())
+    prep = imageprep.Preprocess.from_params(preprocess_params(serving_metadata(resolve_model(None)), ServingOptions()))
+    val, _ = load_digits_split("val")
+    data = payloads + [encode(image, "PNG") for image in val[:100]]
+    pixels, _ = device_pixels(ImagePath(imageprep, prep, CPU), data)
+    want = np.stack([prep(item) for item in data])
+    with torch.no_grad():
+        got, expected = model(torch.from_numpy(pixels)).numpy(), model(torch.from_numpy(want)).numpy()
+    assert (got.argmax(1) == expected.argmax(1)).all()
+    np.testing.assert_allclose(got, expected, atol=LOGITS_ATOL, rtol=0)
+
+
+# -- EXIF orientation ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("orientation", ORIENTATIONS)
+def test_every_exif_orientation_is_applied_as_exif_transpose_applies_it(imageprep, photos, orientation):
+    """A non-square photo in each of the 8 orientations: the header reads it, the device applies it, and the pixels
+    equal Pillow's `ImageOps.exif_transpose` (the CPU flavour's) exactly; the whole transform matches imageprep."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    data = with_orientation(photos["chelsea"][:, :400], orientation)
+    prep = prep_for(imageprep, 224)
+    header = prep.inspect(data)
+    assert header.orientation == orientation and header.plain_jpeg
+    expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    assert header.oriented_size == (expected.shape[1], expected.shape[0])
+    stored = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    np.testing.assert_array_equal(orient(stored, orientation).permute(1, 2, 0).numpy(), expected)
+    # torchvision's own EXIF option (CPU only: its CUDA decoder ignores it, hence `orient` on the device)
+    np.testing.assert_array_equal(decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                                              mode=ImageReadMode.RGB, apply_exif_orientation=True)
+                                  .permute(1, 2, 0).numpy(), expected)
+    pixels, _ = device_pixels(ImagePath(imageprep, prep, CPU), [data])
+    assert_pixels_close(pixels, prep(data)[None])
+
+
+# -- refusals: the same words ---------------------------------------------------------------------------------------
+def _words(imageprep, prep, data: bytes) -> str:
+    with pytest.raises(imageprep.BadImageError) as refused:
+        prep.decode(data)
+    return str(refused.value)
+
+
+def test_refused_images_get_imageprep_words_and_cost_no_device_work(imageprep, photos, monkeypatch):
+    prep = prep_for(imageprep, 224)
+    whole = encode(np.asarray(Image.fromarray(photos["chelsea"]).resize((451, 300))))
+    taller = bytearray(whole)
+    frame = taller.find(b"\xff\xc0")
+    taller[frame + 5:frame + 7] = struct.pack(">H", 316)
+    bad = {"not an image": b"plain text", "empty": b"", "bomb": encode(np.zeros((8, 8, 3), np.uint8), "PNG"),
+           "cut short": whole[:-600], "cut short, closed again": whole[:-600] + b"\xff\xd9",
+           "a few rows more declared": bytes(taller)}
+    small = prep_for(imageprep, 4, crop_pct=1.0)
+    bomb = imageprep.Preprocess(**{**small.__dict__, "max_pixels": 32})
+    device_calls: list[int] = []
+    real = torch_images.decode_jpegs
+    monkeypatch.setattr(torch_images, "decode_jpegs",
+                        lambda data, device: device_calls.append(len(data)) or real(data, device))
+    for name, data in bad.items():
+        this = bomb if name == "bomb" else prep
+        path = ImagePath(imageprep, this, CPU)
+        [item] = path.decode([data])
+        if isinstance(item, Exception):  # refused before the device: the header, or decoded by imageprep
+            assert str(item) == _words(imageprep, this, data), name
+            continue
+        _, [suspect] = device_pixels(path, [data], [item])  # decoded on the device: the ends-early flag catches it
+        assert suspect, name
+        assert str(path.confirm(data)) == _words(imageprep, this, data), name
+        assert "truncated JPEG image: its data ends before its last rows" in str(path.confirm(data))
+    assert device_calls == [1, 1], "only the two JPEGs closed by an end marker reach the device decoder"
+
+
+@pytest.mark.parametrize("make", [lambda: np.full((300, 451, 3), 128, np.uint8),
+                                  lambda: np.full((300, 451), 128, np.uint8)], ids=["colour", "grey"])
+def test_complete_images_ending_in_mid_grey_are_suspected_and_kept(imageprep, make):
+    prep = prep_for(imageprep, 224)
+    path = ImagePath(imageprep, prep, CPU)
+    data = encode(make())
+    pixels, [suspect] = device_pixels(path, [data])
+    assert suspect and path.confirm(data) is None
+    assert_pixels_close(pixels, prep(data)[None])
+
+
+def test_an_image_the_device_decoder_refuses_is_decoded_by_imageprep(imageprep, photos, monkeypatch):
+    """nvJPEG may refuse what libjpeg decodes (or decode what it refuses): the batched call fails as a whole, each
+    image is then decoded alone, and imageprep decodes the one refused, with its pixels or its words."""
+    from torchvision import io as tvio
+
+    good, odd = encode(photos["chelsea"]), encode(photos["coffee"])
+    real = tvio.decode_jpeg
+
+    def picky(data, *args, **kwargs):  # refuses `odd`, as a GPU decoder might
+        items = data if isinstance(data, list) else [data]
+        if any(item.numel() == len(odd) for item in items):
+            raise RuntimeError("nvjpegDecode failed: NVJPEG_STATUS_BAD_JPEG")
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(tvio, "decode_jpeg", picky)
+    prep = prep_for(imageprep, 224)
+    path = ImagePath(imageprep, prep, CPU)
+    decoded = path.decode([good, odd, good])
+    assert [item.last_block is not None for item in decoded] == [True, False, True]  # odd: imageprep's pixels
+    pixels, _ = device_pixels(path, [good, odd, good])
+    assert_pixels_close(pixels, np.stack([prep(good), prep(odd), prep(good)]))
+    [refused] = path.decode([odd[:-600]])  # no end marker: never offered to the device decoder
+    assert str(refused) == _words(imageprep, prep, odd[:-600])
+
+
+def test_a_large_group_runs_in_parts_with_the_same_pixels(imageprep, photos, monkeypatch):
+    """Images of one size are transformed together, in parts of at most GROUP_PIXELS source pixels: a batch of phone
+    photos does not ask the device for tens of GiB at once. The parts give the pixels the whole group gives."""
+    prep = prep_for(imageprep, 224)
+    path = ImagePath(imageprep, prep, CPU)
+    data = [encode(photos["chelsea"], quality=90)] * 5 + [encode(photos["coffee"], quality=90)] * 2
+    whole, _ = device_pixels(path, data)
+    calls: list[int] = []
+    real = DeviceTransform.__call__
+    monkeypatch.setattr(DeviceTransform, "__call__",
+                        lambda self, images, *args: calls.append(len(images)) or real(self, images, *args))
+    monkeypatch.setattr(torch_images, "GROUP_PIXELS", 2 * 300 * 451)  # two chelsea photos per part
+    parts, _ = device_pixels(path, data)
+    assert sorted(calls) == [1, 1, 1, 2, 2]  # chelsea in 2 + 2 + 1, coffee (larger) one by one
+    np.testing.assert_array_equal(parts, whole)
+
+
+def test_a_lone_cpu_decode_is_not_handed_to_the_pool(imageprep, payloads):
+    class Pool:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def map(self, function, items):
+            self.calls += 1
+            return map(function, items)
+
+    pool = Pool()
+    path = ImagePath(imageprep, prep_for(imageprep, 32), CPU, pool)
+    path.decode([payloads[3]])  # one PNG: decoded in the calling thread
+    assert pool.calls == 0
+    path.decode(payloads[3:5])  # PNG and WebP: on the pool
+    assert pool.calls == 1
+
+
+# -- the device part on the meta device: no host tensor -------------------------------------------------------------
+@pytest.mark.parametrize("interpolation", list(DEVICE_RESIZE))
+def test_the_device_part_makes_no_host_tensor(imageprep, interpolation):
+    """Orientation, resize, crop, normalisation and the ends-early flag for groups of several sizes and orientations,
+    on the meta device (shapes only): nothing built on the host and copied over (a CUDA stream would wait for it)."""
+    prep = prep_for(imageprep, 224, interpolation)
+    transform = DeviceTransform(prep, META)
+    out = torch.empty(12, 3, 224, 224, device=META)
+    with torch.inference_mode(), HostTensors(META) as recorder:
+        for start, (height, width, orientation) in zip(range(0, 12, 3), [(300, 451, 1), (451, 300, 6),
+                                                                          (224, 224, 3), (1000, 80, 8)], strict=True):
+            images = torch.empty(3, 3, height, width, dtype=torch.uint8, device=META)
+            flat_mid_grey(images, (width - 16, height - 16, width, height), imageprep)
+            transform(images, orientation, False, out[start:start + 3])
+    assert recorder.found == [], f"ops that made tensors off the device: {recorder.found}"
