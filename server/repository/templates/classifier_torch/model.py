@@ -164,8 +164,7 @@ class TritonPythonModel:
                 continue
             images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
             if images.size == 0:
-                empty = BadImageError("the request holds no image; send at least one encoded JPEG, PNG or WebP")
-                responses[place] = pb_utils.InferenceResponse(error=request_error(empty))
+                responses[place] = pb_utils.InferenceResponse(error=request_error(BadImageError.empty_request()))
             rows.extend((place, index, data if isinstance(data, bytes) else bytes(data))
                         for index, data in enumerate(images))
         decoded = self.images.decode([data for _, _, data in rows])

@@ -201,6 +201,11 @@ class Header:
 class BadImageError(ValueError):
     """The client sent bytes we refuse to classify (answered as a client error, never a server fault)."""
 
+    @classmethod
+    def empty_request(cls) -> BadImageError:
+        """A request whose `image` tensor holds no image at all."""
+        return cls(f"the request holds no image; send at least one encoded {NAMES}")
+
     def of_image(self, index: int) -> BadImageError:
         """This refusal as the request's answer: image `index` (0-based in the request), tagged so that clients read
         which image failed without reading the sentence (protocol.py's `image-refused`)."""
@@ -362,7 +367,7 @@ class Preprocess:
         """One request's `image` tensor ((B,) or (B, 1) encoded images) -> (B, 3, H, W); the BadImageError names
         the first bad image by its 0-based index in the request."""
         if images.size == 0:
-            raise BadImageError(f"the request holds no image; send at least one encoded {NAMES}")
+            raise BadImageError.empty_request()
         pixels = []
         for index, data in enumerate(images.reshape(-1)):
             try:
