@@ -24,12 +24,28 @@ from hub_vit.resize_bound import check_resize, eval_resize
 
 # Only these decoders ever run on an upload (Pillow's rarer decoders are where the CVEs are).
 IMAGE_FORMATS: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
+# File names of those formats
+IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 # The one data config's interpolation names -> Pillow's filters (same names, upper case)
 INTERPOLATIONS: dict[str, Image.Resampling] = {name: Image.Resampling[name.upper()] for name in DATA_INTERPOLATIONS}
 
 
 class ImageReadError(ValueError):
     """A file could not be read as an image; the message names the file and the supported formats."""
+
+
+def image_files(folder: str | Path, flag: str = "--images") -> list[Path]:
+    """The image files (IMAGE_SUFFIXES) of `folder` and its subfolders, sorted. NotADirectoryError naming `flag` for a
+    file, FileNotFoundError for a folder that does not exist, ValueError for one without images."""
+    folder = Path(folder)
+    if folder.is_file():
+        raise NotADirectoryError(f"{flag} {str(folder)!r} is a file; give a folder of images")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(IMAGE_SUFFIXES)} files")
+    return files
 
 
 def load_image(source: str | Path | bytes, name: str | None = None, *, large: bool = False,
