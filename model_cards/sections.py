@@ -165,8 +165,9 @@ def domain_section(folder: Path, labels: list[str]) -> dict[str, Any] | None:
     blocks = ", ".join(str(block + 1) for block in statistics.blocks)
     note += (f"Each answer also carries an out-of-domain score: the squared Mahalanobis distance of the image's "
              f"features (the mean token of blocks {blocks}) to Gaussians fitted on images it knows, per feature, "
-             "averaged over the blocks (Lee et al. 2018). Above the threshold the image is \"not the kind of image "
-             "this model knows\" (served as `domain` and `domain_score`; `hub-vit classify` and the demo say so). "
+             "averaged over the blocks (the feature ensemble of Lee et al.). Above the threshold the image is \"not "
+             "the kind of image this model knows\" (served as `domain` and `domain_score`; `hub-vit classify` and "
+             "the demo say so). "
              f"Fitted on {measured.get('fit_source', 'see domain.json')}; threshold: split conformal on "
              f"{measured.get('held_out_source', 'see domain.json')}"
              + (f"; out-of-domain images: {measured['out_of_domain_source']}" if "out_of_domain_source" in measured

@@ -11,6 +11,9 @@ error (INVALID_ARG -> HTTP 400) naming it by its index in the request.
 device "cuda": the instance's GPU (KIND_GPU), bf16 autocast (fp16 where the GPU has no bf16), batches copied from
 pinned host memory, and one CUDA graph per batch bucket (every bucket captured and run in `initialize`, so Triton
 reports ready only once every shape has run). device "cpu": float32, eager; the tests serve it on any machine.
+Every answer also holds `domain` (B, 1) and `domain_score` (B, 1), the out-of-domain verdict and score
+(domain_outputs.py); where the repository serves a calibrated score, the model carries the token means it reads
+(hub_vit.server.repository.torch_domain).
 A config with `rollout_grid` also serves attention rollout: a request with parameter `explain` (served_rollout.py)
 runs an eager pass that returns the attentions and gets `rollout` (B, H', W') and `rollout_box` (B, 4) too; the
 others run exactly as without it.
@@ -27,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
-from imageprep import BadImageError, Preprocess  # these three: copied beside this file by hub-vit repository
+from domain_outputs import DomainOutputs  # these four: copied beside this file by hub-vit repository
+from imageprep import BadImageError, Preprocess
 from topk import top_k
 from triton_errors import client_error, request_error
 
@@ -63,6 +67,11 @@ class TritonPythonModel:
         from hub_vit.server.repository.torch_runner import Runner  # the one GPU path; bench/gpu_check.py times the same
 
         model, _ = load_model_folder(version_dir / params["model_dir"])
+        self.domain = DomainOutputs(version_dir, params)
+        if self.domain.statistics is not None:  # the out-of-domain score's features ride with the logits
+            from hub_vit.server.repository.torch_domain import LogitsAndTokenMeans
+
+            model = LogitsAndTokenMeans(model)
         self.runner = Runner(model, device, self.preprocess.crop_size, tuple(json.loads(params["buckets"])),
                              graphs=params.get("cuda_graphs", "1") == "1",
                              compile_model=params.get("torch_compile", "0") == "1")
@@ -127,12 +136,14 @@ class TritonPythonModel:
         return responses, rest
 
     def _answer(self, logits: np.ndarray, extra: list | None = None) -> object:
+        logits, domain = self.domain.split(logits, len(self.labels))  # (N, C) and the domain outputs
         scores, ids = top_k(logits, self.k)
         return pb_utils.InferenceResponse([
             pb_utils.Tensor("logits", logits),
             pb_utils.Tensor("scores", scores),
             pb_utils.Tensor("class_ids", ids),
             pb_utils.Tensor("labels", self.labels[ids]),
+            *domain,
             *(extra or []),
         ])
 
