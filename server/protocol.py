@@ -21,7 +21,7 @@ Facts in every answer (outputs of the ensemble clients call, one row per image, 
   (`hub_vit.domain_score`): `in-domain`, `out-of-domain` ("not the kind of image this model knows"), or `unknown`
   where the served model has no score calibrated for its weights (never `in-domain` then);
 * `domain_score`: that score (about 1 for images like those the model was calibrated on; above the threshold,
-  out of domain), NaN where unknown.
+  out of domain), -1 where unknown (a score is never negative; NaN would make Triton's JSON answer invalid JSON).
 
 Facts in a model's config (parameters of the ensemble clients call, written by `hub-vit repository`):
 
@@ -49,6 +49,7 @@ LONGEST_QUEUE_TIMEOUT_US = 86_400_000_000
 
 DOMAIN_OUTPUT, DOMAIN_SCORE_OUTPUT = "domain", "domain_score"
 IN_DOMAIN, OUT_OF_DOMAIN, UNKNOWN_DOMAIN = "in-domain", "out-of-domain", "unknown"
+NO_DOMAIN_SCORE = -1.0
 DOMAIN_VERDICTS = (IN_DOMAIN, OUT_OF_DOMAIN, UNKNOWN_DOMAIN)
 # what each verdict says about an image, for people (the client, `hub-vit classify` and the demo print these)
 DOMAIN_SENTENCES = {IN_DOMAIN: "the kind of image this model knows",
@@ -152,9 +153,16 @@ def read_too_large(message: str) -> int | None:
 # -- the out-of-domain verdict -------------------------------------------------------------------------------------
 def domain_verdict(score: float | None, threshold: float | None) -> str:
     """The verdict for one image's score against the served threshold; unknown without either (or a NaN score)."""
-    if score is None or threshold is None or score != score:
+    if score is None or threshold is None or score != score or score < 0:
         return UNKNOWN_DOMAIN
     return OUT_OF_DOMAIN if score > threshold else IN_DOMAIN
+
+
+def read_domain_score(value: float | None) -> float | None:
+    """A `domain_score` output element -> the score, or None where there is none (NO_DOMAIN_SCORE, NaN, absent)."""
+    if value is None or value != value or value < 0:
+        return None
+    return float(value)
 
 
 def read_domain_verdict(value: bytes | str | None) -> str:

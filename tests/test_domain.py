@@ -278,3 +278,93 @@ def test_the_cli_calibrates_and_prints_what_it_measured(digits_copy, digit_folde
     assert domain.knows == "digits, scanned" and domain.examples == "digits"  # kept from the folder's record
     assert f"threshold {domain.statistics.threshold:.4g}" in result.output
     assert "check_false_alarms:" in result.output and math.isfinite(domain.statistics.threshold)
+
+
+# -- the features the served steps score ----------------------------------------------------------------------------
+def test_the_exported_graphs_write_the_token_means_the_model_computes(shipped, tmp_path):
+    """export_onnx(with_token_means): the plain graph, the attention graph and the logits part cut from it."""
+    import onnxruntime as ort
+    import torch
+
+    from hub_vit.export.onnx_export import export_onnx, logits_subgraph
+    from hub_vit.model import token_means
+
+    model = shipped[0]
+    x = torch.from_numpy(np.random.default_rng(0).uniform(-1, 1, (3, 3, 32, 32)).astype(np.float32))
+    with torch.no_grad():
+        out = model.forward_all(x, output_hidden_states=True)
+    expected = {"logits": out.logits.numpy(), "token_means": token_means(out.hidden_states).numpy()}
+    assert expected["token_means"].shape == (3, 4, 64)
+    plain = export_onnx(model, tmp_path / "plain.onnx", with_token_means=True)
+    attentions = export_onnx(model, tmp_path / "attentions.onnx", with_attentions=True, with_token_means=True)
+    cut = logits_subgraph(attentions, tmp_path / "cut.onnx")
+    for graph, names in ((plain, ["logits", "token_means"]), (attentions, ["logits", "attentions", "token_means"]),
+                         (cut, ["logits", "token_means"])):
+        session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        found = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"pixel_values": x.numpy()}),
+                         strict=True))
+        assert list(found) == names, graph
+        for name in ("logits", "token_means"):
+            np.testing.assert_allclose(found[name], expected[name], atol=1e-4, err_msg=f"{graph.name}: {name}")
+    assert [o.name for o in ort.InferenceSession(str(export_onnx(model, tmp_path / "m.onnx")),
+                                                 providers=["CPUExecutionProvider"]).get_outputs()] == ["logits"]
+
+
+def test_every_exported_variant_carries_the_token_means(shipped, tmp_path):
+    """The CPU flavour's variants are built from the fp32 graph: each keeps `token_means` (and drops the
+    verification's `pre_logits`), so a reduced-precision graph still feeds the score."""
+    import onnx
+
+    from hub_vit.export.variants import export_variants
+
+    report = export_variants(shipped[0], tmp_path / "out", variants=["fp32", "optimized", "int8-dynamic"],
+                             n_random=4, n_photos=4, seed=0, with_token_means=True)
+    written = [o for o in report.variants if o.written]
+    assert len(written) >= 2 and report.settings["with_token_means"]
+    for outcome in written:
+        outputs = [o.name for o in onnx.load(outcome.file, load_external_data=False).graph.output]
+        assert outputs == ["logits", "token_means"], (outcome.variant, outputs)
+
+
+def test_the_torch_runner_carries_the_token_means_with_the_logits(shipped):
+    """The torch step's model (server/repository/torch_domain.py) through the flavour's Runner, on the CPU: the
+    plain and the explained pass both return (N, C + depth * D), which the step splits back."""
+    import torch
+
+    from hub_vit.model import token_means
+    from hub_vit.server.repository.torch_domain import LogitsAndTokenMeans
+    from hub_vit.server.repository.torch_runner import Runner
+
+    model = shipped[0]
+    runner = Runner(LogitsAndTokenMeans(model), torch.device("cpu"), (32, 32), (1, 2, 4))
+    batch = np.random.default_rng(1).uniform(-1, 1, (3, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        out = model.forward_all(torch.from_numpy(batch), output_hidden_states=True)
+    expected = np.concatenate([out.logits.numpy(), token_means(out.hidden_states).flatten(1).numpy()], axis=1)
+    np.testing.assert_allclose(runner(batch), expected, atol=1e-5)
+    logits, attentions, _ = runner.with_attentions(batch)
+    np.testing.assert_allclose(logits, expected, atol=1e-4)
+    assert attentions.shape == (3, 4, 4, 64, 64)
+
+
+# -- the demo, in process -------------------------------------------------------------------------------------------
+def test_the_demo_marks_a_photo_and_not_an_unsure_digit():
+    """The demo's own model: the astronaut (softmax "9, 96 %") is marked as not the kind of image the model knows;
+    the shipped sample 2_1.png (67 %, which the softmax threshold called "probably not a digit") is not."""
+    from hub_vit.demo.app import Demo, domain_note, example_images
+    from hub_vit.demo.backends import IN_PROCESS
+    from hub_vit.demo.models import ModelCache, discover_choices
+
+    demo = Demo(cache=ModelCache(discover_choices()), examples=example_images())
+    key = demo.cache.keys[0]
+    photo = Path(__file__).resolve().parents[1] / "hub_vit" / "demo" / "examples" / "astronaut.jpg"
+    status = demo.analyze(str(photo), key, IN_PROCESS, "mean", 0.0, None, None)[5]
+    assert status.startswith("**Not the kind of image this model knows: its out-of-domain score ") and \
+        "this model knows only the handwritten digits 0-9" in status and "out of domain (score" in status, status
+    answer = demo.analyze(str(DIGITS / "samples" / "2_1.png"), key, IN_PROCESS, "mean", 0.0, None, None)
+    labels, status = answer[0], answer[5]
+    assert max(labels.values()) < 0.7 and "not the kind" not in status and "in domain (score" in status, status
+    assert "out-of-domain score is above 2.52 is marked as not the kind of image" in domain_note(demo.domain(key))
+    uncalibrated = Domain("the handwritten digits 0-9", "digits")
+    assert domain_note(uncalibrated).endswith("No out-of-domain score is calibrated for it: whether an image is of "
+                                              "that kind is unknown.")

@@ -119,7 +119,7 @@ def _domain_notes(names: list[str], predictions: list[Any]) -> None:
     outside = [name for name, prediction in zip(names, predictions, strict=True) if prediction.domain == OUT_OF_DOMAIN]
     if outside:
         console.print(f"note: {', '.join(outside)}: {DOMAIN_SENTENCES[OUT_OF_DOMAIN]} (out-of-domain score above its "
-                      "threshold); its labels are guesses", soft_wrap=True, markup=False, highlight=False)
+                      "threshold): the labels above are guesses", soft_wrap=True, markup=False, highlight=False)
     if any(prediction.domain == UNKNOWN_DOMAIN for prediction in predictions):
         console.print(f"note: {DOMAIN_SENTENCES[UNKNOWN_DOMAIN]}: the served model's folder has no out-of-domain "
                       "score for its weights (hub-vit calibrate-domain)", soft_wrap=True, markup=False,

@@ -4,7 +4,7 @@ domain_score.py where the step serves a calibrated score): `domain` (B, 1) verdi
 A step whose version folder holds the statistics file named by its `domain_file` parameter (`hub-vit repository`
 copies the model folder's `domain.safetensors` there when it is calibrated for the served weights) scores the token
 means its graph or model produces (`hub_vit.model.token_means`); any other step, or a batch without token means,
-answers `unknown` and NaN: a model without a calibration never says "in domain".
+answers `unknown` and protocol.NO_DOMAIN_SCORE: a model without a calibration never says "in domain".
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class DomainOutputs:
     def tensors(self, token_means: np.ndarray | None, count: int) -> list:
         """`domain` and `domain_score` for `count` images from their (count, depth, D) token means (None: none)."""
         if self.statistics is None or token_means is None:
-            scores = np.full(count, np.nan, dtype=np.float32)
+            scores = np.full(count, protocol.NO_DOMAIN_SCORE, dtype=np.float32)
             threshold = None
         else:
             scores, threshold = self.statistics.scores(token_means), self.statistics.threshold

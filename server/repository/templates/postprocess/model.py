@@ -2,7 +2,7 @@
 
 Input `logits` (FP32, (B, C)) from the ONNX Runtime / TensorRT classifier -> `scores` (B, K) softmax
 probabilities, `class_ids` (B, K) and `labels` (B, K) strings, best first; `domain` and `domain_score` say
-`unknown` and NaN (domain_outputs.py): the logits alone do not tell whether an image is of the kind the model knows.
+`unknown` and -1 (domain_outputs.py): the logits alone do not tell whether an image is of the kind the model knows.
 """
 
 from __future__ import annotations
