@@ -1,12 +1,16 @@
-"""What a model can recognise, and when its answer is too unsure to present as one (`domain.json` in a model folder).
+"""What a model can recognise, and its out-of-domain score's calibration (`domain.json` and `domain.safetensors` in
+a model folder).
 
-A classifier answers every image with one of its classes: the digits model calls a photo of a cat "8" (43 %). The
-demo therefore says what each model knows, offers it only examples of its own kind, and marks an answer whose top-1
-probability is below the model's threshold as "not a confident answer". The threshold is measured, never typed:
-`scripts/calibrate_domain.py` takes the 5th percentile of the top-1 probability on one half of the held-out split
-(95 % of in-domain images pass) and reports on the other half and on out-of-domain images; the model card shows
-those numbers. Like the other records of a folder, it holds the digest of the weights it was measured on, and is not
-applied to other weights.
+A classifier answers every image with one of its classes: the digits model calls a photo of an astronaut "9" (96 %).
+So a model folder says what the model knows (`knows`, a phrase after "this model knows"), which example images fit it
+(`examples`: 'digits' or 'photos'; the demo offers only those), and, once calibrated, how to tell an image of another
+kind: the statistics of `hub_vit.domain_score` (`domain.safetensors`: per-block Gaussians of in-domain features and
+the threshold) with what was measured when they were fitted (`measured` in `domain.json`). `hub_vit.domain_fit` fits
+them (`hub-vit calibrate-domain`, `hub-vit train`).
+
+Like the other records of a folder, `domain.json` holds the digest of the weights the statistics were fitted on, and
+the sha256 of the statistics file it goes with: statistics fitted on other weights, or a statistics file that is not
+the one recorded, are not applied (the model's answers then say "unknown", never "in domain").
 
 No torch at import: the demo and the card read it cheaply.
 """
@@ -18,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hub_vit.domain_score import DomainStatistics, load_statistics, save_statistics
+
 DOMAIN_FILE = "domain.json"
+STATISTICS_FILE = "domain.safetensors"
 EXAMPLE_KINDS = ("digits", "photos")
 IMAGENET_CLASS_COUNTS = {1000: "ImageNet-1k", 21843: "ImageNet-21k", 11821: "ImageNet-21k (Fall 2011)"}
 
@@ -26,17 +33,13 @@ IMAGENET_CLASS_COUNTS = {1000: "ImageNet-1k", 21843: "ImageNet-21k", 11821: "Ima
 @dataclass(frozen=True)
 class Domain:
     """`knows`: what the model recognises, as a phrase after "this model knows" ("the handwritten digits 0-9");
-    `examples`: which example images fit it ('digits' or 'photos'); `threshold`: the top-1 probability below which an
-    answer is marked as unsure (None: not measured for these weights); `measured`: the numbers behind it."""
+    `examples`: which example images fit it ('digits' or 'photos'); `statistics`: the out-of-domain score fitted for
+    these weights (None: not calibrated for them); `measured`: the numbers measured when it was fitted."""
 
     knows: str
     examples: str
-    threshold: float | None = None
+    statistics: DomainStatistics | None = None
     measured: dict[str, Any] = field(default_factory=dict)
-
-    def unsure(self, top1: float) -> bool:
-        """Whether a top-1 probability is below the measured threshold (never, without one)."""
-        return self.threshold is not None and top1 < self.threshold
 
 
 def guess_domain(labels: list[str]) -> Domain:
@@ -50,24 +53,32 @@ def guess_domain(labels: list[str]) -> Domain:
 
 
 def read_domain(folder: str | Path | None, labels: list[str]) -> Domain:
-    """The folder's `domain.json`, its threshold kept only while `model.safetensors` holds the weights it was measured
-    on; without the file, `guess_domain`. ValueError naming the file when it is not a domain record."""
+    """The folder's `domain.json`, with its statistics only while `model.safetensors` holds the weights they were
+    fitted on and `domain.safetensors` is the file recorded; without the record, `guess_domain`. ValueError naming
+    the file when it is not a domain record."""
     path = None if folder is None else Path(folder) / DOMAIN_FILE
     if path is None or not path.is_file():
         return guess_domain(labels)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        domain = Domain(knows=str(data["knows"]), examples=str(data["examples"]),
-                        threshold=None if data.get("threshold") is None else float(data["threshold"]),
-                        measured=dict(data.get("measured") or {}))
+        domain = Domain(knows=str(data["knows"]), examples=str(data["examples"]))
+        measured = dict(data.get("measured") or {})
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a domain record ({type(exc).__name__}: {exc}); write it with "
-                         "scripts/calibrate_domain.py") from None
+                         "`hub-vit calibrate-domain`") from None
     if domain.examples not in EXAMPLE_KINDS:
         raise ValueError(f"{path}: unknown examples {domain.examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
-    if domain.threshold is not None and not _same_weights(Path(folder), data.get("weights_digest")):
-        return Domain(domain.knows, domain.examples)  # measured on other weights: no threshold for these
-    return domain
+    statistics = Path(folder) / STATISTICS_FILE
+    if not (statistics.is_file() and _same_file(statistics, data.get("statistics_sha256"))
+            and _same_weights(Path(folder), data.get("weights_digest"))):
+        return domain  # not calibrated, or for other weights / another statistics file: nothing to apply
+    return Domain(domain.knows, domain.examples, load_statistics(statistics), measured)
+
+
+def _same_file(path: Path, sha256: Any) -> bool:
+    from hub_vit.file_hash import sha256_file
+
+    return isinstance(sha256, str) and sha256_file(path) == sha256
 
 
 def _same_weights(folder: Path, digest: Any) -> bool:
@@ -77,28 +88,28 @@ def _same_weights(folder: Path, digest: Any) -> bool:
     return isinstance(digest, str) and weights.is_file() and file_digest(weights) == digest
 
 
-def calibrate_threshold(top1: Any, keep: float = 0.95) -> float:
-    """The rule: the largest threshold that keeps a share `keep` of in-domain answers, i.e. the (1 - keep) quantile
-    of their top-1 probabilities (numpy's linear interpolation). Measured on held-out images the model never saw."""
-    import numpy as np
-
-    values = np.asarray(top1, dtype=np.float64)
-    if values.size == 0 or not 0 < keep <= 1:
-        raise ValueError(f"need in-domain top-1 probabilities and keep in (0, 1], got {values.size} values, {keep}")
-    return float(np.quantile(values, 1 - keep))
-
-
 def write_domain(folder: str | Path, domain: Domain) -> Path:
-    """Write `domain.json` (atomically) with the digest of the folder's current weights."""
+    """Write `domain.json` (and `domain.safetensors` when `domain.statistics` is given), each atomically, with the
+    digest of the folder's current weights; returns the record's path. Statistics are written first, and the record
+    names them by sha256, so a run stopped between the two leaves no record that applies other statistics."""
     from hub_vit.atomic import atomic_path
+    from hub_vit.file_hash import sha256_file
     from hub_vit.weights_digest import file_digest
 
-    path = Path(folder) / DOMAIN_FILE
-    record = {"knows": domain.knows, "examples": domain.examples, "threshold": domain.threshold,
-              "measured": domain.measured, "weights_digest": file_digest(Path(folder) / "model.safetensors")}
+    folder = Path(folder)
+    record: dict[str, Any] = {"knows": domain.knows, "examples": domain.examples}
+    if domain.examples not in EXAMPLE_KINDS:
+        raise ValueError(f"unknown examples {domain.examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
+    if domain.statistics is not None:
+        with atomic_path(folder / STATISTICS_FILE, suffix=".safetensors") as tmp:
+            save_statistics(domain.statistics, tmp)
+        record |= {"measured": domain.measured, "statistics_sha256": sha256_file(folder / STATISTICS_FILE),
+                   "weights_digest": file_digest(folder / "model.safetensors")}
+    path = folder / DOMAIN_FILE
     with atomic_path(path, suffix=".json") as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return path
 
 
-__all__ = ["DOMAIN_FILE", "Domain", "calibrate_threshold", "guess_domain", "read_domain", "write_domain"]
+__all__ = ["DOMAIN_FILE", "EXAMPLE_KINDS", "STATISTICS_FILE", "Domain", "guess_domain", "read_domain",
+           "write_domain"]

@@ -524,4 +524,11 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["VisionTransformer", "ViTOutput", "count_parameters"]
+def token_means(hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`ViTOutput.hidden_states` (the embeddings, then each block's (B, N, D) output) -> (B, depth, D): each block's
+    output averaged over its tokens, the embeddings left out. What `hub_vit.domain_score` judges an image's domain
+    on; the exported graph's `token_means` output and the served torch step compute it here."""
+    return torch.stack([hidden.mean(dim=1) for hidden in hidden_states[1:]], dim=1)
+
+
+__all__ = ["VisionTransformer", "ViTOutput", "count_parameters", "token_means"]

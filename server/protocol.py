@@ -15,6 +15,14 @@ returns its fields and the sentence after it, so no reader depends on the wordin
 * `too-large limit=N`: the front refused a request (HTTP body, gRPC message; also once inflated) over its limit of
   N bytes (`hub-vit serve --max-request-mb`); a client splits what it sends to fit, and names a file that never can.
 
+Facts in every answer (outputs of the ensemble clients call, one row per image, written by the classifier steps):
+
+* `domain`: whether the image is the kind of image the model knows, judged by its out-of-domain score
+  (`hub_vit.domain_score`): `in-domain`, `out-of-domain` ("not the kind of image this model knows"), or `unknown`
+  where the served model has no score calibrated for its weights (never `in-domain` then);
+* `domain_score`: that score (about 1 for images like those the model was calibrated on; above the threshold,
+  out of domain), -1 where unknown (a score is never negative; NaN would make Triton's JSON answer invalid JSON).
+
 Facts in a model's config (parameters of the ensemble clients call, written by `hub-vit repository`):
 
 * `hub_vit_model`: the model the repository was built from (a name, a folder, a file);
@@ -38,6 +46,16 @@ EXPLAINS_PARAMETER = "hub_vit_explains"
 # The longest queue timeout a repository sets (one day, in microseconds), and the one it sets when none is asked
 # for; Triton adds it, in ns, to a uint64 clock. A client may ask for less per request, never for more.
 LONGEST_QUEUE_TIMEOUT_US = 86_400_000_000
+
+DOMAIN_OUTPUT, DOMAIN_SCORE_OUTPUT = "domain", "domain_score"
+IN_DOMAIN, OUT_OF_DOMAIN, UNKNOWN_DOMAIN = "in-domain", "out-of-domain", "unknown"
+NO_DOMAIN_SCORE = -1.0
+DOMAIN_VERDICTS = (IN_DOMAIN, OUT_OF_DOMAIN, UNKNOWN_DOMAIN)
+# what each verdict says about an image, for people (the client, `hub-vit classify` and the demo print these)
+DOMAIN_SENTENCES = {IN_DOMAIN: "the kind of image this model knows",
+                    OUT_OF_DOMAIN: "not the kind of image this model knows",
+                    UNKNOWN_DOMAIN: "unknown whether this model knows this kind of image (no out-of-domain score is "
+                                    "calibrated for it)"}
 
 _TAG = re.compile(r"\[hub-vit (?P<fact>[a-z-]+)(?P<fields>(?: [a-z_]+=[^\s\]]*)*)\] ?")
 
@@ -130,6 +148,27 @@ def read_too_large(message: str) -> int | None:
     fact = read(message)
     limit = None if fact is None or fact.name != TOO_LARGE else fact.fields.get("limit", "")
     return int(limit) if limit and limit.isdigit() else None
+
+
+# -- the out-of-domain verdict -------------------------------------------------------------------------------------
+def domain_verdict(score: float | None, threshold: float | None) -> str:
+    """The verdict for one image's score against the served threshold; unknown without either (or a NaN score)."""
+    if score is None or threshold is None or score != score or score < 0:
+        return UNKNOWN_DOMAIN
+    return OUT_OF_DOMAIN if score > threshold else IN_DOMAIN
+
+
+def read_domain_score(value: float | None) -> float | None:
+    """A `domain_score` output element -> the score, or None where there is none (NO_DOMAIN_SCORE, NaN, absent)."""
+    if value is None or value != value or value < 0:
+        return None
+    return float(value)
+
+
+def read_domain_verdict(value: bytes | str | None) -> str:
+    """A `domain` output element -> one of DOMAIN_VERDICTS; anything else (absent, an unknown word) is unknown."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return text if text in DOMAIN_VERDICTS else UNKNOWN_DOMAIN
 
 
 # -- model config parameters --------------------------------------------------------------------------------------

@@ -162,3 +162,30 @@ def test_a_precision_the_cpu_cannot_run_is_refused_not_silently_replaced(tmp_pat
         return
     with pytest.raises(RuntimeError, match=r"OpenVINO \S+ runs this model at f32 on this CPU, not at f16"):
         openvino_runtime.OpenVINOSession(tmp_path / "mm.xml", threads=1)
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_an_openvino_variant_serves_the_out_of_domain_verdict(tmp_path: Path) -> None:
+    """The shipped folder, calibrated: the OpenVINO model carries the graph's `token_means` output, so its answers
+    tell the shipped samples (in domain) from the bundled photos (not) as the ONNX Runtime graph's do."""
+    from hub_vit.server import protocol
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
+    from tests.test_domain import bundled_photos
+    from tests.test_domain_served import SAMPLES, _png
+
+    repo = write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="openvino-fp32",
+                                                                             explain=False))
+    version = repo / "vit_classifier" / "1"
+    assert openvino_runtime.served_model(version / "model.onnx").is_file()
+    assert (version / "domain.safetensors").is_file()
+    photos = [_png(image) for image in bundled_photos().values()]
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=20).start(timeout_s=180)
+    try:
+        with Classifier(server.http_url) as client:
+            verdicts = [p.domain for p in client.classify([*SAMPLES, *photos])]
+    finally:
+        server.stop()
+    assert verdicts == [protocol.IN_DOMAIN] * len(SAMPLES) + [protocol.OUT_OF_DOMAIN] * len(photos)

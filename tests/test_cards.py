@@ -99,6 +99,7 @@ def table(card_text: str, section: str) -> dict[str, str]:
 
 def measured_values(folder: Path) -> list[float]:
     """Everything a card may state about `folder`, from the folder's JSON and from measurements made here."""
+    from hub_vit.domain import read_domain
     from hub_vit.folder import load_model_folder
 
     values: list[float] = []
@@ -118,6 +119,9 @@ def measured_values(folder: Path) -> list[float]:
     training = folder / "training.json"
     if training.is_file():
         values.append(json.loads(training.read_text())["held_out"]["top1"] * 100)
+    statistics = read_domain(folder, info.labels).statistics  # the out-of-domain score's threshold and blocks
+    if statistics is not None:
+        values += [statistics.threshold, *(block + 1 for block in statistics.blocks)]
     return values
 
 

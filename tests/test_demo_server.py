@@ -3,7 +3,8 @@ the shipped digits model (CPU flavour, rollout served), driven by Playwright in 
 
 Switching "Labels from" to the server changes where the page's map comes from (the status names it, the overlay is
 redrawn from the server's map) and names the model and version that answered; the digits model is offered digits
-only, says what it knows, and marks its answer on a photo as not confident.
+only, says what it knows, and marks a photo as not the kind of image it knows (its out-of-domain score), in-process
+and from the server.
 """
 
 from __future__ import annotations
@@ -66,14 +67,21 @@ def test_the_digits_model_is_offered_digits_only_and_says_what_it_knows(page):
     assert not [src for src in shown if src.endswith(PHOTOS)], shown  # was: astronaut, cat and coffee offered
 
 
-def test_a_photo_is_marked_as_not_a_confident_answer(page, tmp_path, photos):
+def test_a_photo_is_marked_as_not_the_kind_of_image_the_model_knows(page, tmp_path, photos):
     path = tmp_path / "chelsea.png"
     Image.fromarray(photos["chelsea"]).save(path)
     before = overlay_src(page)
     upload(page, path)
     wait_for_new_overlay(page, before)
     page.wait_for_function("() => document.querySelector('#status').innerText.includes('in-process')")
-    assert "Not a confident answer" in status(page) and "handwritten digits 0-9" in status(page)
+    text = status(page)
+    assert "Not the kind of image this model knows" in text and "handwritten digits 0-9" in text, text
+    assert "out of domain (score" in text
+    page.locator("#backend label").filter(has_text="triton").click()  # the server's own verdict says the same
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('Triton')")
+    assert "Not the kind of image this model knows" in status(page) and "out of domain (score" in status(page)
+    page.locator("#backend label").filter(has_text="in-process").click()
+    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('Triton')")
 
 
 def test_server_labels_bring_the_servers_map_and_name_the_served_model(page, repo_root):
@@ -86,5 +94,5 @@ def test_server_labels_bring_the_servers_map_and_name_the_served_model(page, rep
     text = status(page)
     assert "labels from Triton (Triton model 'vit' v1 (digits))" in text, text
     assert "the rollout map from the server too" in text, text
-    assert "Not a confident answer" not in text  # a held-out digit is a confident answer
+    assert "Not the kind of image" not in text and "in domain (score" in text  # a held-out digit is one
     wait_for_new_overlay(page, before)  # redrawn from the server's map

@@ -1,36 +1,136 @@
-"""`hub_vit.domain`: what a model knows and its measured confidence rule (domain.json), as the demo and the card
-read it."""
+"""The out-of-domain score, in process: the statistic (`hub_vit.domain_score`), the folder's record of it
+(`hub_vit.domain`), fitting it (`hub_vit.domain_fit`, `hub-vit calibrate-domain`) and the shipped digits model's
+calibration against its targets: every shipped sample in domain, every bundled photo out of it.
+
+The served path (the real tritonserver, CPU and torch flavours) is tests/test_domain_served.py."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
+from scipy.spatial.distance import mahalanobis
+from typer.testing import CliRunner
 
-from hub_vit.domain import DOMAIN_FILE, Domain, calibrate_threshold, guess_domain, read_domain
+from hub_vit.domain import DOMAIN_FILE, STATISTICS_FILE, Domain, guess_domain, read_domain, write_domain
+from hub_vit.domain_score import (
+    DomainStatistics,
+    conformal_threshold,
+    fewest_held_out,
+    fit,
+    load_statistics,
+    save_statistics,
+    score_blocks,
+)
 
 DIGITS = Path(__file__).resolve().parents[1] / "hub_vit" / "assets" / "digits"
+LABELS = [str(i) for i in range(10)]
 
 
-def test_the_shipped_model_knows_digits_with_a_measured_threshold():
-    domain = read_domain(DIGITS, [str(i) for i in range(10)])
+# -- the statistic --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("depth, blocks", [(1, (0,)), (2, (0, 1)), (4, (0, 1, 2, 3)), (12, (2, 5, 8, 11)),
+                                           (32, (7, 15, 23, 31))])
+def test_the_score_reads_the_blocks_at_each_quarter_of_the_depth(depth, blocks):
+    assert score_blocks(depth) == blocks
+
+
+def test_the_score_is_the_mean_squared_mahalanobis_distance_per_feature():
+    """Golden values from scipy's Mahalanobis distance, on the Gaussians `fit` estimates (numpy's covariance)."""
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(500, 3, 4)) * np.array([1.0, 3.0, 0.5, 2.0]) + 5  # (N, depth, D)
+    blocks = (0, 2)
+    mean, precision = fit(features, blocks)
+    statistics = DomainStatistics(blocks, mean, precision, threshold=2.0)
+    probe = rng.normal(size=(3, 3, 4)) * 4
+    expected = []
+    for image in probe:
+        per_block = []
+        for b in blocks:
+            covariance = np.cov(features[:, b], rowvar=False, bias=True)
+            per_block.append(mahalanobis(image[b], features[:, b].mean(axis=0), np.linalg.inv(covariance)) ** 2 / 4)
+        expected.append(np.mean(per_block))
+    np.testing.assert_allclose(statistics.scores(probe), expected, rtol=1e-4)
+    assert statistics.scores(features).mean() == pytest.approx(1.0, abs=1e-3)  # in domain: about 1, by definition
+    np.testing.assert_array_equal(statistics.out_of_domain(np.array([1.9, 2.0, 2.1])), [False, False, True])
+    with pytest.raises(ValueError, match=r"token means of shape \(3, 4\) do not fit statistics fitted on blocks "
+                                         r"\[0, 2\] of width 4"):
+        statistics.scores(probe[:, 0])
+
+
+def test_the_conformal_threshold_is_the_ceil_n_plus_1_quantile():
+    """Split conformal (Angelopoulos & Bates 2021, eq. 1): the ceil((n + 1)(1 - a))-th smallest of n scores."""
+    scores = np.arange(1.0, 201.0)[::-1]  # 1 .. 200, unsorted
+    assert conformal_threshold(scores, 0.01) == 199.0  # ceil(201 * 0.99) = 199
+    assert conformal_threshold(scores, 0.1) == 181.0  # ceil(201 * 0.9) = 181
+    assert fewest_held_out(0.01) == 99 and fewest_held_out(0.05) == 19
+    assert conformal_threshold(np.arange(99.0), 0.01) == 98.0
+    with pytest.raises(ValueError, match=r"a false-alarm rate of 1.00% needs at least 99 held-out in-domain images "
+                                         r"to set its threshold, got 98: give more held-out images, or allow a "
+                                         r"higher false-alarm rate"):
+        conformal_threshold(np.arange(98.0), 0.01)
+    with pytest.raises(ValueError, match=r"the false-alarm rate must be in \(0, 1\), got 1.5"):
+        conformal_threshold(scores, 1.5)
+
+
+def test_statistics_round_trip_and_a_damaged_file_is_named(tmp_path):
+    statistics = load_statistics(DIGITS / STATISTICS_FILE)
+    again = load_statistics(save_statistics(statistics, tmp_path / "copy.safetensors"))
+    assert again.blocks == statistics.blocks and again.threshold == statistics.threshold
+    np.testing.assert_array_equal(again.precision, statistics.precision)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match=r"bad.safetensors is not a domain statistics file"):
+        load_statistics(tmp_path / "bad.safetensors")
+    from safetensors.numpy import save_file
+
+    save_file({"mean": np.zeros((2, 3), np.float32)}, str(tmp_path / "partial.safetensors"))
+    with pytest.raises(ValueError, match=r"is not a domain statistics file: it lacks blocks, precision, threshold"):
+        load_statistics(tmp_path / "partial.safetensors")
+
+
+# -- the folder's record --------------------------------------------------------------------------------------------
+def test_the_shipped_model_knows_digits_and_its_score_is_calibrated_for_its_weights():
+    domain = read_domain(DIGITS, LABELS)
     assert domain.examples == "digits" and "handwritten digits 0-9" in domain.knows
-    assert 0 < domain.threshold < 1
-    # the issue's example: the digits model called a photo of a cat "8" at 43 %; that is marked, a sure digit is not
-    assert domain.unsure(0.43) and not domain.unsure(0.99)
-    assert domain.measured["out_of_domain_flagged"] > 0.5 and domain.measured["test_top1_kept"] >= 0.98
+    assert domain.statistics is not None and domain.statistics.blocks == (0, 1, 2, 3)
+    measured = domain.measured
+    assert measured["fit_images"] == 1437 and measured["held_out_images"] == 360  # train fits, val sets the threshold
+    assert measured["check_false_alarms"] <= 0.01 and measured["out_of_domain_flagged"] == 1.0
 
 
-def test_a_threshold_measured_on_other_weights_is_not_applied(tmp_path):
-    folder = Path(shutil.copytree(DIGITS, tmp_path / "digits"))
-    record = json.loads((folder / DOMAIN_FILE).read_text())
+@pytest.fixture
+def digits_copy(tmp_path) -> Path:
+    return Path(shutil.copytree(DIGITS, tmp_path / "digits"))
+
+
+def test_statistics_fitted_on_other_weights_are_not_applied(digits_copy):
+    record = json.loads((digits_copy / DOMAIN_FILE).read_text())
     record["weights_digest"] = "tensors-sha256:" + "0" * 64  # as after fine-tuning: the digest differs
-    (folder / DOMAIN_FILE).write_text(json.dumps(record))
-    domain = read_domain(folder, [str(i) for i in range(10)])
-    assert domain.threshold is None and domain.examples == "digits"
+    (digits_copy / DOMAIN_FILE).write_text(json.dumps(record))
+    domain = read_domain(digits_copy, LABELS)
+    assert domain.statistics is None and domain.examples == "digits" and domain.measured == {}
+
+
+def test_a_statistics_file_that_is_not_the_recorded_one_is_not_applied(digits_copy):
+    statistics = load_statistics(digits_copy / STATISTICS_FILE)
+    save_statistics(DomainStatistics(statistics.blocks, statistics.mean, statistics.precision, 1e9),
+                    digits_copy / STATISTICS_FILE)  # a threshold nothing would pass: replaced, not recorded
+    assert read_domain(digits_copy, LABELS).statistics is None
+    (digits_copy / STATISTICS_FILE).unlink()
+    assert read_domain(digits_copy, LABELS).statistics is None
+
+
+def test_a_record_from_before_the_score_says_nothing_about_the_domain(tmp_path):
+    """A softmax-threshold record (what domain.json held before): its threshold is no out-of-domain score."""
+    shutil.copyfile(DIGITS / "model.safetensors", tmp_path / "model.safetensors")
+    (tmp_path / DOMAIN_FILE).write_text(json.dumps({"knows": "x", "examples": "digits", "threshold": 0.7,
+                                                    "weights_digest": "tensors-sha256:0"}))
+    assert read_domain(tmp_path, ["a"]) == Domain("x", "digits")
 
 
 def test_bad_records_are_named(tmp_path):
@@ -38,32 +138,253 @@ def test_bad_records_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"unknown examples 'sketches'; valid: digits, photos"):
         read_domain(tmp_path, ["a"])
     (tmp_path / DOMAIN_FILE).write_text("[]")
-    with pytest.raises(ValueError, match="is not a domain record"):
+    with pytest.raises(ValueError, match="is not a domain record .* write it with `hub-vit calibrate-domain`"):
         read_domain(tmp_path, ["a"])
+    with pytest.raises(ValueError, match=r"unknown examples 'sketches'; valid: digits, photos"):
+        write_domain(tmp_path, Domain("x", "sketches"))
 
 
 def test_guessed_domains():
     assert guess_domain([f"c{i}" for i in range(1000)]).examples == "photos"
     assert "ImageNet-1k" in guess_domain([f"c{i}" for i in range(1000)]).knows
     guessed = guess_domain(["apple", "bicycle", "cat"])
-    assert guessed.knows == "its 3 classes (apple, bicycle, cat)" and guessed.threshold is None
-    assert not Domain("x", "photos").unsure(0.01)
+    assert guessed.knows == "its 3 classes (apple, bicycle, cat)" and guessed.statistics is None
 
 
-def test_calibrate_threshold_keeps_the_asked_share():
-    values = np.linspace(0.0, 1.0, 101)
-    assert calibrate_threshold(values, keep=0.95) == pytest.approx(0.05)
-    with pytest.raises(ValueError, match="keep in"):
-        calibrate_threshold(values, keep=0)
+# -- the shipped calibration, in process ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shipped():
+    from hub_vit.data_config import DataConfig
+    from hub_vit.folder import load_model_folder
+
+    model, info = load_model_folder(DIGITS)
+    return model, DataConfig.from_pretrained_cfg(info.pretrained_cfg, info.spec), read_domain(DIGITS, LABELS)
 
 
-def test_the_card_shows_the_rule_only_for_the_weights_it_was_measured_on(tmp_path):
-    from hub_vit.model_cards.sections import domain_section
+def bundled_photos() -> dict[str, Image.Image]:
+    """scikit-image's bundled photos (the export's verification set) and the demo's examples."""
+    from hub_vit.demo.app import examples_of
+    from hub_vit.export.verify import load_photos
 
-    labels = [str(i) for i in range(10)]
-    section = domain_section(DIGITS, labels)
-    assert section is not None and "handwritten digits 0-9" in section["note"]
-    assert ("confidence threshold (top-1 probability)", f"{read_domain(DIGITS, labels).threshold:.4f}") in \
-        section["rows"]
-    assert "## What this model knows" in (DIGITS / "README.md").read_text()
-    assert domain_section(tmp_path, labels) is None  # no domain.json
+    photos = {name: Image.fromarray(pixels) for name, pixels in load_photos().items()}
+    return photos | {path.name: Image.open(path).convert("RGB") for path in examples_of("photos")}
+
+
+def test_no_shipped_sample_is_flagged_and_every_bundled_photo_is(shipped):
+    from hub_vit.domain_fit import image_features
+
+    model, data, domain = shipped
+    samples = sorted((DIGITS / "samples").glob("*.png"))
+    assert len(samples) == 20
+    features = image_features(model, samples, data)
+    scores = domain.statistics.scores(features.token_means)
+    assert not domain.statistics.out_of_domain(scores).any(), dict(zip([p.name for p in samples], scores, strict=True))
+    photos = bundled_photos()
+    assert len(photos) >= 15
+    photo_features = image_features(model, list(photos.values()), data)
+    photo_scores = domain.statistics.scores(photo_features.token_means)
+    assert domain.statistics.out_of_domain(photo_scores).all(), dict(zip(photos, photo_scores, strict=True))
+    # the issue's two cases, where softmax confidence misfired both ways
+    probabilities = np.exp(photo_features.logits) / np.exp(photo_features.logits).sum(axis=1, keepdims=True)
+    astronaut = list(photos).index("astronaut.jpg")
+    assert probabilities[astronaut].argmax() == 9 and probabilities[astronaut].max() > 0.9  # "9, 96 %", a photo
+    two = [p.name for p in samples].index("2_1.png")
+    sample_probabilities = np.exp(features.logits) / np.exp(features.logits).sum(axis=1, keepdims=True)
+    assert sample_probabilities[two].max() < 0.7 and scores[two] < domain.statistics.threshold  # unsure, yet a digit
+
+
+# -- fitting --------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def digit_folders(tmp_path_factory) -> Path:
+    from hub_vit.train.digits import write_image_folder
+
+    return write_image_folder(tmp_path_factory.mktemp("digits") / "data")
+
+
+@pytest.mark.slow
+def test_the_shipped_calibration_is_what_calibrating_the_shipped_model_gives(digit_folders, tmp_path):
+    """The shipped statistics are current: scripts/calibrate_domain.py's fit on the digits' splits, again."""
+    from hub_vit.domain_fit import calibrate_domain
+    from hub_vit.train import digits
+
+    folder = Path(shutil.copytree(DIGITS, tmp_path / "digits"))
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name, image in bundled_photos().items():
+        image.save(photos / f"{name}.png")  # the demo's astronaut.jpg beside scikit-image's astronaut
+    domain = calibrate_domain(folder, digit_folders / "train", held_out=digit_folders / "val", out_of_domain=photos,
+                              knows=digits.DOMAIN_KNOWS, examples="digits", sources=digits.domain_sources())
+    shipped = read_domain(DIGITS, LABELS)
+    assert domain.statistics.threshold == pytest.approx(shipped.statistics.threshold, rel=1e-5)
+    np.testing.assert_allclose(domain.statistics.mean, shipped.statistics.mean, rtol=1e-4, atol=1e-5)
+    for key in ("fit_images", "held_out_images", "check_false_alarms", "out_of_domain_images", "auroc"):
+        assert domain.measured[key] == shipped.measured[key], key
+    assert read_domain(folder, LABELS).statistics is not None  # written, for these weights
+
+
+def test_calibrate_domain_writes_a_score_that_applies(digits_copy, digit_folders):
+    """One folder of images: 3 in 4 fitted, 1 in 4 held out; the record says what was measured on what."""
+    from hub_vit.domain_fit import calibrate_domain
+
+    (digits_copy / DOMAIN_FILE).unlink()
+    (digits_copy / STATISTICS_FILE).unlink()
+    domain = calibrate_domain(digits_copy, digit_folders / "train", false_alarm_rate=0.05, max_images=400)
+    assert domain.measured["fit_images"] == 400 and domain.measured["held_out_images"] == 359  # 1437 // 4
+    assert domain.knows == "its 10 classes (0, 1, 2, 3, 4, ...)" and domain.examples == "photos"  # guessed
+    assert "every 4th image, not fitted" in domain.measured["held_out_source"]
+    assert read_domain(digits_copy, LABELS).statistics.threshold == domain.statistics.threshold
+
+
+@pytest.mark.parametrize("case, message", [
+    ("few-held-out", r"a false-alarm rate of 1.00% needs at least 99 held-out images to set the threshold, got 20; "
+                     r"give more held-out images or a higher false-alarm rate"),
+    ("overlap", r"--held-out '.*' shares 20 images with --images '.*'; held-out images must be ones the score is "
+                r"not fitted on"),
+    ("few-fit", r"4 images to fit the score on \('.*'\); give at least 10"),
+    ("file", r"--images '.*00.png' is a file; give a folder of images"),
+    ("missing", r"image folder '.*nowhere' does not exist"),
+    ("rate", r"the false-alarm rate must be in \(0, 1\), got 0.0"),
+    ("examples", r"unknown examples 'sketches'; valid: digits, photos"),
+])
+def test_bad_calibrations_are_refused_by_name_before_anything_is_written(digits_copy, tmp_path, case, message):
+    from hub_vit.cli import _load_commands
+    from hub_vit.cli.app import app
+
+    images, held = tmp_path / "images", tmp_path / "held"
+    for folder in (images, held):
+        folder.mkdir()
+        for i in range(5 if case == "few-fit" else 20):
+            Image.new("RGB", (8, 8), (i, i, i)).save(folder / f"{i:02d}.png")
+    target = {"file": images / "00.png", "missing": tmp_path / "nowhere"}.get(case, images)
+    extra = {"few-held-out": ["--held-out", str(held)], "overlap": ["--held-out", str(images)],
+             "rate": ["--false-alarm-rate", "0"], "examples": ["--examples", "sketches"]}.get(case, [])
+    before = sorted(p.name for p in digits_copy.iterdir())
+    _load_commands()
+    result = CliRunner().invoke(app, ["calibrate-domain", str(digits_copy), "--images", str(target), *extra])
+    assert result.exit_code == 2, result.output
+    assert re.search(message, " ".join(result.output.split())), result.output
+    assert sorted(p.name for p in digits_copy.iterdir()) == before  # nothing written
+
+
+def test_the_cli_calibrates_and_prints_what_it_measured(digits_copy, digit_folders):
+    from hub_vit.cli import _load_commands
+    from hub_vit.cli.app import app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["calibrate-domain", str(digits_copy), "--images", str(digit_folders / "train"),
+                                      "--held-out", str(digit_folders / "val"), "--knows", "digits, scanned"])
+    assert result.exit_code == 0, result.output
+    domain = read_domain(digits_copy, LABELS)
+    assert domain.knows == "digits, scanned" and domain.examples == "digits"  # kept from the folder's record
+    assert f"threshold {domain.statistics.threshold:.4g}" in result.output
+    assert "check_false_alarms:" in result.output and math.isfinite(domain.statistics.threshold)
+
+
+# -- the features the served steps score ----------------------------------------------------------------------------
+def test_the_exported_graphs_write_the_token_means_the_model_computes(shipped, tmp_path):
+    """export_onnx(with_token_means): the plain graph, the attention graph and the logits part cut from it."""
+    import onnxruntime as ort
+    import torch
+
+    from hub_vit.export.onnx_export import export_onnx, logits_subgraph
+    from hub_vit.model import token_means
+
+    model = shipped[0]
+    x = torch.from_numpy(np.random.default_rng(0).uniform(-1, 1, (3, 3, 32, 32)).astype(np.float32))
+    with torch.no_grad():
+        out = model.forward_all(x, output_hidden_states=True)
+    expected = {"logits": out.logits.numpy(), "token_means": token_means(out.hidden_states).numpy()}
+    assert expected["token_means"].shape == (3, 4, 64)
+    plain = export_onnx(model, tmp_path / "plain.onnx", with_token_means=True)
+    attentions = export_onnx(model, tmp_path / "attentions.onnx", with_attentions=True, with_token_means=True)
+    cut = logits_subgraph(attentions, tmp_path / "cut.onnx")
+    for graph, names in ((plain, ["logits", "token_means"]), (attentions, ["logits", "attentions", "token_means"]),
+                         (cut, ["logits", "token_means"])):
+        session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        found = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"pixel_values": x.numpy()}),
+                         strict=True))
+        assert list(found) == names, graph
+        for name in ("logits", "token_means"):
+            np.testing.assert_allclose(found[name], expected[name], atol=1e-4, err_msg=f"{graph.name}: {name}")
+    assert [o.name for o in ort.InferenceSession(str(export_onnx(model, tmp_path / "m.onnx")),
+                                                 providers=["CPUExecutionProvider"]).get_outputs()] == ["logits"]
+
+
+def test_every_exported_variant_carries_the_token_means(shipped, tmp_path):
+    """The CPU flavour's variants are built from the fp32 graph: each keeps `token_means` (and drops the
+    verification's `pre_logits`), so a reduced-precision graph still feeds the score."""
+    import onnx
+
+    from hub_vit.export.variants import export_variants
+
+    report = export_variants(shipped[0], tmp_path / "out", variants=["fp32", "optimized", "int8-dynamic"],
+                             n_random=4, n_photos=4, seed=0, with_token_means=True)
+    written = [o for o in report.variants if o.written]
+    assert len(written) >= 2 and report.settings["with_token_means"]
+    for outcome in written:
+        outputs = [o.name for o in onnx.load(outcome.file, load_external_data=False).graph.output]
+        assert outputs == ["logits", "token_means"], (outcome.variant, outputs)
+
+
+def test_the_torch_runner_carries_the_token_means_with_the_logits(shipped):
+    """The torch step's model (server/repository/torch_domain.py) through the flavour's Runner, on the CPU: the
+    plain and the explained pass both return (N, C + depth * D), which the step splits back."""
+    import torch
+
+    from hub_vit.model import token_means
+    from hub_vit.server.repository.torch_domain import LogitsAndTokenMeans
+    from hub_vit.server.repository.torch_runner import Runner
+
+    model = shipped[0]
+    runner = Runner(LogitsAndTokenMeans(model), torch.device("cpu"), (32, 32), (1, 2, 4))
+    batch = np.random.default_rng(1).uniform(-1, 1, (3, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        out = model.forward_all(torch.from_numpy(batch), output_hidden_states=True)
+    expected = np.concatenate([out.logits.numpy(), token_means(out.hidden_states).flatten(1).numpy()], axis=1)
+    np.testing.assert_allclose(runner(batch), expected, atol=1e-5)
+    logits, attentions, _ = runner.with_attentions(batch)
+    np.testing.assert_allclose(logits, expected, atol=1e-4)
+    assert attentions.shape == (3, 4, 4, 64, 64)
+
+
+def test_bf16_features_keep_every_verdict(shipped):
+    """The torch flavour on a GPU runs the model (and so the token means) under bf16 autocast; the same autocast on the
+    CPU moves the shipped model's scores by less than 5 % and changes no verdict on the samples and photos."""
+    import torch
+
+    from hub_vit.explain.image import prepare_image
+    from hub_vit.model import token_means
+
+    model, data, domain = shipped
+    images = [Image.open(p) for p in sorted((DIGITS / "samples").glob("*.png"))] + list(bundled_photos().values())
+    x = torch.stack([prepare_image(image, data).tensor for image in images])
+    with torch.no_grad():
+        exact = domain.statistics.scores(token_means(model.forward_all(x, output_hidden_states=True).hidden_states))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = model.forward_all(x, output_hidden_states=True).hidden_states
+        bf16 = domain.statistics.scores(token_means(hidden).float().numpy())
+    np.testing.assert_allclose(bf16, exact, rtol=0.05)
+    np.testing.assert_array_equal(domain.statistics.out_of_domain(bf16), [False] * 20 + [True] * (len(images) - 20))
+
+
+# -- the demo, in process -------------------------------------------------------------------------------------------
+def test_the_demo_marks_a_photo_and_not_an_unsure_digit():
+    """The demo's own model: the astronaut (softmax "9, 96 %") is marked as not the kind of image the model knows;
+    the shipped sample 2_1.png (67 %, which the softmax threshold called "probably not a digit") is not."""
+    from hub_vit.demo.app import Demo, domain_note, example_images
+    from hub_vit.demo.backends import IN_PROCESS
+    from hub_vit.demo.models import ModelCache, discover_choices
+
+    demo = Demo(cache=ModelCache(discover_choices()), examples=example_images())
+    key = demo.cache.keys[0]
+    photo = Path(__file__).resolve().parents[1] / "hub_vit" / "demo" / "examples" / "astronaut.jpg"
+    status = demo.analyze(str(photo), key, IN_PROCESS, "mean", 0.0, None, None)[5]
+    assert status.startswith("**Not the kind of image this model knows: its out-of-domain score ") and \
+        "this model knows only the handwritten digits 0-9" in status and "out of domain (score" in status, status
+    answer = demo.analyze(str(DIGITS / "samples" / "2_1.png"), key, IN_PROCESS, "mean", 0.0, None, None)
+    labels, status = answer[0], answer[5]
+    assert max(labels.values()) < 0.7 and "not the kind" not in status and "in domain (score" in status, status
+    assert "out-of-domain score is above 2.52 is marked as not the kind of image" in domain_note(demo.domain(key))
+    uncalibrated = Domain("the handwritten digits 0-9", "digits")
+    assert domain_note(uncalibrated).endswith("No out-of-domain score is calibrated for it: whether an image is of "
+                                              "that kind is unknown.")

@@ -80,3 +80,49 @@ def test_too_large_round_trips_its_limit():
     message = "in ensemble 'vit', " + protocol.too_large(64 << 20, "the request body is 90000000 bytes, over the limit")
     assert protocol.read_too_large(message) == 64 << 20
     assert protocol.read_too_large(protocol.server_state("restarting", "retry")) is None
+
+
+# -- the out-of-domain verdict ---------------------------------------------------------------------------------------
+def test_a_verdict_needs_a_score_and_a_threshold_and_unknown_is_never_in_domain():
+    assert protocol.domain_verdict(0.9, 2.5) == protocol.IN_DOMAIN
+    assert protocol.domain_verdict(2.5, 2.5) == protocol.IN_DOMAIN  # the threshold is the largest score let in
+    assert protocol.domain_verdict(5.8, 2.5) == protocol.OUT_OF_DOMAIN
+    for score, threshold in ((None, 2.5), (0.9, None), (float("nan"), 2.5), (protocol.NO_DOMAIN_SCORE, 2.5)):
+        assert protocol.domain_verdict(score, threshold) == protocol.UNKNOWN_DOMAIN
+    assert set(protocol.DOMAIN_SENTENCES) == set(protocol.DOMAIN_VERDICTS)
+    assert protocol.DOMAIN_SENTENCES[protocol.OUT_OF_DOMAIN] == "not the kind of image this model knows"
+
+
+@pytest.mark.parametrize("written, verdict", [(b"in-domain", "in-domain"), ("out-of-domain", "out-of-domain"),
+                                              (b"unknown", "unknown"), (b"maybe", "unknown"), (None, "unknown")])
+def test_a_verdict_read_back_is_one_of_the_three(written, verdict):
+    assert protocol.read_domain_verdict(written) == verdict
+
+
+def test_no_score_reads_as_none():
+    assert protocol.read_domain_score(1.25) == 1.25 and protocol.read_domain_score(0.0) == 0.0
+    assert protocol.read_domain_score(protocol.NO_DOMAIN_SCORE) is None
+    assert protocol.read_domain_score(float("nan")) is None and protocol.read_domain_score(None) is None
+
+
+def test_the_client_reads_the_verdict_of_each_image():
+    """`parse_result` on an answer as tritonclient gives it (as_numpy per output, the response for the names)."""
+    import numpy as np
+
+    from hub_vit.server.client.messages import parse_result
+
+    outputs = {"labels": np.array([[b"9"], [b"3"]], dtype=object), "scores": np.array([[0.96], [0.95]], np.float32),
+               "class_ids": np.array([[9], [3]]), "domain": np.array([[b"out-of-domain"], [b"unknown"]], dtype=object),
+               "domain_score": np.array([[5.84], [protocol.NO_DOMAIN_SCORE]], np.float32)}
+
+    class Answer:
+        def as_numpy(self, name):
+            return outputs.get(name)
+
+        def get_response(self):
+            return {"model_name": "vit", "model_version": "1"}
+
+    astronaut, digit = parse_result(Answer(), with_logits=False)
+    assert (astronaut.domain, digit.domain) == ("out-of-domain", "unknown")
+    assert astronaut.domain_score == pytest.approx(5.84) and digit.domain_score is None
+    assert astronaut.domain_sentence == "not the kind of image this model knows"

@@ -98,7 +98,8 @@ def test_auto_selection_is_recorded_in_the_manifest(tmp_path: Path, monkeypatch:
     assert cpu_variant_line(repo) == f"CPU variant: {recorded['variant']} ({recorded['reason']})"
     assert not [p for p in (repo / "vit_classifier" / "1").iterdir() if p.name.startswith(".")]  # no leftovers
     proto = onnx.load(str(repo / "vit_classifier" / "1" / "model.onnx"), load_external_data=False)
-    assert [o.name for o in proto.graph.output] == ["logits"]
+    # the verification's pre_logits dropped; the out-of-domain score's features kept (the shipped model is calibrated)
+    assert [o.name for o in proto.graph.output] == ["logits", "token_means"]
 
 
 def test_a_variant_failing_the_criterion_is_never_selected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,12 +60,12 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     assert ensemble.platform == "ensemble"
     (step,) = ensemble.ensemble_scheduling.step
     assert step.model_name == "vit_classifier" and dict(step.input_map) == {"image": "image"}
-    assert set(step.output_map) == {"logits", "scores", "class_ids", "labels"}
+    assert set(step.output_map) == {"logits", "scores", "class_ids", "labels", "domain", "domain_score"}
     assert config.backend == "python" and not config.platform
     for model in (ensemble, config):
         assert [(i.name, i.data_type, list(i.dims)) for i in model.input] == [("image", mc.TYPE_STRING, [1])]
         assert {o.name: list(o.dims) for o in model.output} == {
-            "logits": [7], "scores": [3], "class_ids": [3], "labels": [3]}
+            "logits": [7], "scores": [3], "class_ids": [3], "labels": [3], "domain": [1], "domain_score": [1]}
         assert model.max_batch_size == 8
     assert config.parameters["scale_size"].string_value == "[53, 53]"  # floor(48 / 0.9), timm's rule
     assert config.parameters["crop_size"].string_value == "[48, 48]"
@@ -81,8 +81,11 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     warmups = [(w.batch_size, w.inputs["image"].input_data_file) for w in config.model_warmup]
     assert warmups == [(1, "image"), (8, "image")]
     files = {p.name for p in (repo / "vit_classifier/1").iterdir()}
-    assert files == {"model.py", "imageprep.py", "image_modes.py", "image_formats.py", "protocol.py", "topk.py",
-                     "triton_errors.py", "model.onnx", "labels.txt", "openvino_runtime.py"}
+    # an .onnx file has no out-of-domain statistics: the step has the code, not domain.safetensors (unknown)
+    assert files == {"model.py", "imageprep.py", "image_modes.py", "image_formats.py", "topk.py", "triton_errors.py",
+                     "model.onnx", "labels.txt", "openvino_runtime.py", "protocol.py", "domain_outputs.py",
+                     "domain_score.py"}
+    assert config.parameters["domain_file"].string_value == "domain.safetensors"
     assert (repo / "vit_classifier/1/labels.txt").read_text().splitlines() == list(meta.labels)
     warm = (repo / "vit_classifier/warmup/image").read_bytes()
     assert int.from_bytes(warm[:4], "little") == len(warm) - 4 and warm[5:8] == b"PNG"
@@ -108,6 +111,11 @@ def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
                                                                       "image_formats.py", "protocol.py",
                                                                       "triton_errors.py"}
     assert {p.name for p in (repo / "vit_classifier/1").iterdir()} == {"model.onnx"}
+    # the logits alone do not judge the domain: the postprocess step answers `unknown`, through the ensemble
+    assert {p.name for p in (repo / "vit_postprocess/1").iterdir()} == {"model.py", "topk.py", "labels.txt",
+                                                                       "protocol.py", "domain_outputs.py"}
+    top = _parse(repo / "vit/config.pbtxt").ensemble_scheduling.step[2]
+    assert {"domain", "domain_score"} <= set(top.output_map)
     post = _parse(repo / "vit_postprocess/config.pbtxt")  # a queue policy and two instances: no batcher stall
     assert post.dynamic_batching.default_queue_policy.max_queue_size == opts.max_queue_size
     assert post.instance_group[0].count == 2 and post.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU

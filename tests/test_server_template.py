@@ -64,7 +64,8 @@ def classifier(tmp_path_factory, monkeypatch_module):
     step = write_repository(resolve_model(None), tmp_path_factory.mktemp("repo") / "r", opts) / "vit_classifier"
     monkeypatch_module.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
     monkeypatch_module.syspath_prepend(str(step / "1"))
-    for name in ("model", "imageprep", "topk", "triton_errors", "explained", "served_rollout"):  # the step's own
+    for name in ("model", "imageprep", "topk", "triton_errors", "explained", "served_rollout", "protocol",
+                 "domain_outputs", "domain_score"):  # the step's own
         # copies, put back afterwards
         monkeypatch_module.delitem(sys.modules, name, raising=False)
     model = importlib.import_module("model")
@@ -158,3 +159,19 @@ def test_explained_plain_and_bad_requests_share_a_batch(classifier):
     np.testing.assert_allclose(explained.outputs["logits"][:1], plain.outputs["logits"], atol=1e-6)
     assert bad.error.code == "INVALID_ARG"
     assert "discard_ratio must be a number in [0, 1), got 2" in bad.error.message
+
+
+def test_every_answer_of_a_batch_carries_its_own_domain_verdict(classifier):
+    """Plain and explained requests of one batch: each image's verdict and score, in its request's order, from the
+    graph's token means and the statistics copied into the step (the shipped model is calibrated)."""
+    from hub_vit.export.verify import load_photos
+    from tests.test_server_triton import _encode
+
+    digit, photo = SAMPLES[0].read_bytes(), _encode(load_photos(["astronaut"])["astronaut"], "JPEG")
+    plain, explained = classifier.execute([_request(digit, photo),
+                                           _request(photo, digit, parameters={"explain": True})])
+    inside, outside = b"in-domain", b"out-of-domain"
+    for response, expected in ((plain, [inside, outside]), (explained, [outside, inside])):
+        assert response.error is None and response.outputs["domain"].tolist() == [[v] for v in expected]
+        assert response.outputs["domain_score"].shape == (2, 1) and response.outputs["domain_score"].dtype == np.float32
+    np.testing.assert_allclose(plain.outputs["domain_score"][::-1], explained.outputs["domain_score"], rtol=1e-4)

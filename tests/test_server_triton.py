@@ -240,6 +240,9 @@ def test_gpu_flavour_ensemble_and_postprocess_on_the_real_server(repo, model_fol
             _assert_same_topk(served, expected)
             assert all(p.labels == [labels[i] for i in p.class_ids] for p in served)
             assert served[0].logits is not None and served[0].logits.shape == (len(labels),)
+            # Triton's ORT / TensorRT classifier returns only the logits: whether an image is of the kind the model
+            # knows is unknown (never `in-domain`), whatever its folder's calibration
+            assert {(p.domain, p.domain_score) for p in served} == {("unknown", None)}
         with Classifier(server.http_url) as client:  # the answers came through the postprocess step (counted just
             deadline = time.perf_counter() + 5  # after it answers, hence the short wait)
             while client.statistics()["vit_postprocess"]["inference_count"] < 2 * len(payloads):

@@ -182,4 +182,6 @@ def test_warmup_longer_than_the_run_is_a_one_line_warning(data: Path, tmp_path: 
     assert "Cosine annealing" not in text and "TrainingWarning" not in text
     code, text = _train(str(data), "--out", str(tmp_path / "run2"), "--model", "simplevit_digits", "--steps", "3",
                         *QUICK, "--warmup-steps", "2")
-    assert code == 0 and "warning" not in text, text
+    # the one warning left: its 6 held-out images are too few to calibrate the out-of-domain score
+    warnings = [line for line in text.splitlines() if line.startswith("warning:")]
+    assert code == 0 and len(warnings) == 1 and "out-of-domain score is not calibrated" in warnings[0], text

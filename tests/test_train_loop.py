@@ -626,3 +626,28 @@ def test_epoch_in_metrics_agrees_with_training_json(data: Path, tmp_path: Path) 
     result = train(recipe, data, tmp_path / "run", progress=False)
     training = json.loads((result.model_dir / "training.json").read_text())
     assert training["epochs"] == 2.0 and result.history[-1]["epoch"] == 2.0
+
+
+def test_a_finished_run_calibrates_its_out_of_domain_score_on_its_own_splits(tmp_path: Path) -> None:
+    """Fitted on the train split, the threshold set on the val split: the model folder's answers can say whether an
+    image is of the kind it was trained on, and its card shows what was measured."""
+    from hub_vit.domain import read_domain
+
+    data = make_folder(tmp_path / "data", per_class=8, val_per_class=34)  # 102 held-out images: enough for 1 %
+    result = train(TINY.replace(total_steps=2, warmup_steps=0), data, tmp_path / "run", progress=False)
+    domain = read_domain(result.model_dir, ["blue", "green", "red"])
+    assert domain.statistics is not None and domain.knows == "its 3 classes (blue, green, red)"
+    assert domain.measured["fit_images"] == 24 and domain.measured["held_out_images"] == 102
+    card = (result.model_dir / "README.md").read_text()
+    assert "## What this model knows" in card and "out-of-domain threshold (score)" in card
+
+
+def test_a_val_split_too_small_for_the_threshold_leaves_the_score_uncalibrated_with_a_warning(data: Path,
+                                                                                             tmp_path: Path) -> None:
+    from hub_vit.domain import read_domain
+
+    with pytest.warns(TrainingWarning, match=r"the model's out-of-domain score is not calibrated \(a false-alarm rate "
+                                             r"of 1.00% needs at least 99 held-out images to set the threshold, got 6;"
+                                             r" .*\); its answers say \"unknown\" .* `hub-vit calibrate-domain "):
+        result = train(TINY.replace(total_steps=1, warmup_steps=0), data, tmp_path / "run", progress=False)
+    assert result.model_dir is not None and read_domain(result.model_dir, ["a"] * 3).statistics is None

@@ -93,7 +93,7 @@ def _print_table(images: list[Path], predictions: dict[int, Any], top: int, titl
         err_console.print(f"note: --top {top}, but the server returns {returned} labels per image (hub-vit serve "
                           "--top-k)", soft_wrap=True, emoji=False, markup=False, highlight=False)
     table = Table(title=title)
-    for column in ("image", "rank", "label", "score"):
+    for column in ("image", "rank", "label", "score", "domain (score)"):
         table.add_column(column, justify="right" if column in ("rank", "score") else "left")
     # a/x.png and b/x.png, not x.png twice; absolute, not resolved: a symlink keeps its own name (an HF snapshot
     # links three.png to a blob named by its hash)
@@ -101,8 +101,30 @@ def _print_table(images: list[Path], predictions: dict[int, Any], top: int, titl
     for index, prediction in sorted(predictions.items()):
         ranked = zip(prediction.labels[:top], prediction.scores[:top], strict=True)
         for rank, (label, score) in enumerate(ranked, 1):
-            table.add_row(escape(shown[index]) if rank == 1 else "", str(rank), escape(label), f"{score:.4f}")
+            table.add_row(escape(shown[index]) if rank == 1 else "", str(rank), escape(label), f"{score:.4f}",
+                          domain_cell(prediction) if rank == 1 else "")
     console.print(table)
+    _domain_notes([shown[index] for index in sorted(predictions)], [predictions[i] for i in sorted(predictions)])
+
+
+def domain_cell(prediction: Any) -> str:
+    """`out-of-domain (14.2)`: the server's verdict on the image and the score it judged by."""
+    score = "" if prediction.domain_score is None else f" ({prediction.domain_score:.3g})"
+    return f"{prediction.domain}{score}"
+
+
+def _domain_notes(names: list[str], predictions: list[Any]) -> None:
+    """Below the table, in words: which images are not the kind the model knows, or that nobody can tell."""
+    from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
+
+    outside = [name for name, prediction in zip(names, predictions, strict=True) if prediction.domain == OUT_OF_DOMAIN]
+    if outside:
+        console.print(f"note: {', '.join(outside)}: {DOMAIN_SENTENCES[OUT_OF_DOMAIN]} (out-of-domain score above its "
+                      "threshold): the labels above are guesses", soft_wrap=True, markup=False, highlight=False)
+    if any(prediction.domain == UNKNOWN_DOMAIN for prediction in predictions):
+        console.print(f"note: {DOMAIN_SENTENCES[UNKNOWN_DOMAIN]}: the served model's folder has no out-of-domain "
+                      "score for its weights (hub-vit calibrate-domain)", soft_wrap=True, markup=False,
+                      highlight=False)
 
 
 def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path) -> None:

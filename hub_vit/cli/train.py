@@ -115,6 +115,7 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     """Train with the preset's recipe changed by the flags; clean errors end the command with one line and no
     half-made run folder."""
     from hub_vit.conversion.download import DownloadError
+    from hub_vit.domain import Domain
     from hub_vit.train import digits
     from hub_vit.train.data import DataFolderError
     from hub_vit.train.loop import TrainingWarning, train
@@ -126,17 +127,19 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     try:
         recipe = recipe.replace(**{k: v for k, v in flags.items() if v is not None}).with_overrides(set_)
         dataset_info: dict[str, Any] = {}
-        architecture = None
+        architecture = domain = None
         if data is None:
             if preset != "digits":
                 raise fail("give a DATA folder (train/<class>/*, val/<class>/*), or use --preset digits")
             data = digits.write_image_folder(out / "data")
             dataset_info = digits.dataset_info()
             architecture = recipe.model if options["init"] is None else None
+            domain = Domain(knows=digits.DOMAIN_KNOWS, examples="digits")
         with warnings.catch_warnings():  # restores showwarning and the filters afterwards
             warnings.simplefilter("always", TrainingWarning)
             warnings.showwarning = _show_warning(warnings.showwarning, TrainingWarning)
-            return train(recipe, data, out, **options, architecture=architecture, dataset_info=dataset_info)
+            return train(recipe, data, out, **options, architecture=architecture, dataset_info=dataset_info,
+                         domain=domain)
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
         _discard_fresh_run_folder(out, fresh_out)
         raise fail(str(exc)) from None

@@ -29,6 +29,7 @@ from hub_vit.explain.image import ImageReadError, load_image
 from hub_vit.explain.rollout import HEAD_FUSIONS
 from hub_vit.image_formats import NAMES, SUFFIXES
 from hub_vit.resize_bound import MAX_RESIZED_PIXELS
+from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN, domain_verdict
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +64,37 @@ def examples_of(kind: str) -> list[Path]:
 
 
 def domain_note(domain: Domain) -> str:
-    """The line under the model picker: what the model can recognise, and the rule for unsure answers."""
+    """The line under the model picker: what the model can recognise, and how an image of another kind is told."""
     text = f"This model knows {domain.knows}."
-    if domain.threshold is not None:
-        text += (f" An answer below {domain.threshold:.0%} top-1 probability is marked as not confident (measured on "
-                 "held-out data; see the model card).")
-    return text
+    if domain.statistics is None:
+        return text + " No out-of-domain score is calibrated for it: whether an image is of that kind is unknown."
+    return text + (f" An image whose out-of-domain score is above {domain.statistics.threshold:.3g} is marked as not "
+                   "the kind of image this model knows (its features measured against those of the images it knows; "
+                   "see the model card).")
 
 
-def unsure_note(domain: Domain, top1: float) -> str | None:
-    """The mark for an answer the model is not confident in, or None for a confident one."""
-    if not domain.unsure(top1):
-        return None
-    return (f"Not a confident answer: {top1:.0%} is below this model's threshold of {domain.threshold:.0%}; the image "
-            f"is probably not one of {domain.knows}, which is all this model knows")
+def domain_mark(domain: Domain, verdict: str, score: float | None) -> tuple[str | None, str]:
+    """(the bold mark said before anything else, or None; the words added to the status line) for a verdict
+    (`hub_vit.server.protocol`: in-domain, out-of-domain, unknown) and its score."""
+    shown = "" if score is None else f" {score:.3g}"
+    if verdict == OUT_OF_DOMAIN:
+        sentence = DOMAIN_SENTENCES[OUT_OF_DOMAIN]
+        return (f"{sentence[:1].upper()}{sentence[1:]}: its out-of-domain score{shown} is above the threshold; this "
+                f"model knows only {domain.knows}, so the labels are guesses"), f"out of domain (score{shown})"
+    if verdict == UNKNOWN_DOMAIN:
+        return None, "domain unknown (no out-of-domain score calibrated)"
+    return None, f"in domain (score{shown})"
+
+
+def in_process_verdict(explainer: Any, image: Image.Image, domain: Domain) -> tuple[str, float | None]:
+    """The in-process model's out-of-domain verdict and score for `image` (unknown without a calibration), from the
+    same features and statistics the served steps use."""
+    if domain.statistics is None:
+        return UNKNOWN_DOMAIN, None
+    from hub_vit.domain_fit import image_features
+
+    score = float(domain.statistics.scores(image_features(explainer.model, [image], explainer.data).token_means)[0])
+    return domain_verdict(score, domain.statistics.threshold), score
 
 
 def example_label(path: Path) -> str:
@@ -215,6 +233,7 @@ class Demo:
         top = explainer.top_k(result.logits[0], 5)
         status = f"**{explainer.name}** in-process"
         domain = self.domain(model_key)
+        verdict, domain_score = in_process_verdict(explainer, image, domain)
         full_map, on = result.maps[0], prepared  # the full rollout and the image + crop box it is drawn on
         if backend != IN_PROCESS:
             if self.triton is None:
@@ -222,7 +241,7 @@ class Demo:
             answer, status = self.triton.explain(image, 5, source=image_path, labels=explainer.labels,
                                                  head_fusion=head_fusion, discard_ratio=float(discard_ratio))
             if answer is not None:
-                top = answer.top
+                top, verdict, domain_score = answer.top, answer.domain, answer.domain_score
                 if answer.rollout is not None:  # the server's own map, on the crop box the server reports
                     full_map, on = answer.rollout, dataclasses.replace(prepared, box=answer.box)
                     status += "; the rollout map from the server too, per-block view and class map in-process"
@@ -240,9 +259,10 @@ class Demo:
         cam = explainer.class_map(prepared, explainer.label_index(target)).maps[0]
         class_map = explainer.overlay(prepared, cam, **display)
         status += f" · rollout + class map {time.perf_counter() - start:.2f} s · crop {explainer.data.img_size}"
-        unsure = unsure_note(domain, top[0][1])
-        if unsure is not None:  # not presented as a result: said first, and in the labels' own title
-            status = f"**{unsure}.** {status}"
+        mark, words = domain_mark(domain, verdict, domain_score)
+        status += f" · {words}"
+        if mark is not None:  # not presented as a result: said first
+            status = f"**{mark}.** {status}"
         return (
             dict(top),  # labels are distinct per model (`distinct_labels`): five entries, five probabilities
             overlay,

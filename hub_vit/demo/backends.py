@@ -29,12 +29,15 @@ def served_format(data: bytes) -> bool:
 @dataclass(frozen=True)
 class ServedAnswer:
     """One image's answer from the server: top-k `(label, score)`, the map (H', W') and the crop box it lies on
-    (None when the served model has no rollout output), and who answered."""
+    (None when the served model has no rollout output), who answered, and the server's out-of-domain verdict and
+    score (`hub_vit.server.protocol`)."""
 
     top: list[tuple[str, float]]
     rollout: np.ndarray | None
     box: tuple[float, float, float, float] | None
     answered_by: str  # "Triton model 'vit' v1 (simplevit_digits)"
+    domain: str = "unknown"
+    domain_score: float | None = None
 
 
 class TritonLabels:
@@ -132,7 +135,8 @@ class TritonLabels:
                          [score for _, _, score in triples], strict=True))
         version = f" v{prediction.model_version}" if prediction.model_version else ""
         who = f"Triton model {prediction.model_name or self.model!r}{version}" + (f" ({served})" if served else "")
-        answer = ServedAnswer(pairs, prediction.rollout, prediction.rollout_box, who)
+        answer = ServedAnswer(pairs, prediction.rollout, prediction.rollout_box, who, prediction.domain,
+                              prediction.domain_score)
         return answer, f"labels from **Triton** ({who}) at {self.url}"
 
     @staticmethod

@@ -19,7 +19,7 @@ from PIL import Image, ImageOps
 
 from hub_vit.data_config import INTERPOLATIONS as DATA_INTERPOLATIONS
 from hub_vit.data_config import DataConfig
-from hub_vit.image_formats import FORMATS, NAMES
+from hub_vit.image_formats import FORMATS, NAMES, SUFFIXES
 from hub_vit.image_modes import to_8bit
 from hub_vit.resize_bound import check_resize, eval_resize
 
@@ -31,6 +31,20 @@ INTERPOLATIONS: dict[str, Image.Resampling] = {name: Image.Resampling[name.upper
 
 class ImageReadError(ValueError):
     """A file could not be read as an image; the message names the file and the supported formats."""
+
+
+def image_files(folder: str | Path, flag: str = "--images") -> list[Path]:
+    """The image files (hub_vit.image_formats.SUFFIXES) of `folder` and its subfolders, sorted. NotADirectoryError
+    naming `flag` for a file, FileNotFoundError for a folder that does not exist, ValueError for one without images."""
+    folder = Path(folder)
+    if folder.is_file():
+        raise NotADirectoryError(f"{flag} {str(folder)!r} is a file; give a folder of images")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+    if not files:
+        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(SUFFIXES)} files")
+    return files
 
 
 def load_image(source: str | Path | bytes, name: str | None = None, *, large: bool = False,

@@ -2,7 +2,9 @@
 
 The graph reads `pixel_values` (float32, NCHW, value range [-1, 1]) and writes `logits`. The attention graph is a
 separate file (`with_attentions=True`) that also writes `attentions` (B, depth, heads, N, N) and, for MAP models,
-`pool_attention` (B, heads, 1, N), so the plain classifier keeps the fused SDPA path and stays lean.
+`pool_attention` (B, heads, 1, N), so the plain classifier keeps the fused SDPA path and stays lean. With
+`with_token_means=True` either graph also writes `token_means` (B, depth, D), each block's output averaged over its
+tokens (`hub_vit.model.token_means`): what the served out-of-domain score reads (`hub_vit.domain_score`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import nn
 
 from hub_vit.atomic import atomic_path
 from hub_vit.export.fusable import fusable_copy
-from hub_vit.model import VisionTransformer
+from hub_vit.model import VisionTransformer, token_means
 
 if TYPE_CHECKING:
     import onnx
@@ -29,6 +31,7 @@ INPUT_NAME = "pixel_values"
 LOGITS = "logits"
 ATTENTIONS = "attentions"
 POOL_ATTENTION = "pool_attention"
+TOKEN_MEANS = "token_means"
 MIN_OPSET = 17
 EXPORTERS: tuple[str, ...] = ("dynamo", "torchscript")
 Exporter = Literal["dynamo", "torchscript"]
@@ -37,35 +40,42 @@ MAX_PROTO_BYTES = 2**31 - 2**24
 
 
 class LogitsGraph(nn.Module):
-    """(B, C, H, W) -> (B, num_classes) on the model's own fused forward."""
+    """(B, C, H, W) -> (B, num_classes) on the model's own fused forward [, token means (B, depth, D)]."""
 
-    def __init__(self, model: VisionTransformer) -> None:
+    def __init__(self, model: VisionTransformer, with_token_means: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.with_token_means = with_token_means
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values)
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if not self.with_token_means:
+            return self.model(pixel_values)
+        out = self.model.forward_all(pixel_values, output_hidden_states=True)  # the fused attention path too
+        return out.logits, token_means(out.hidden_states)
 
 
 class AttentionGraph(nn.Module):
-    """(B, C, H, W) -> logits, every block's attention probabilities stacked (B, depth, heads, N, N)[, MAP probe's]."""
+    """(B, C, H, W) -> logits, every block's attention probabilities stacked (B, depth, heads, N, N)[, MAP probe's]
+    [, token means (B, depth, D)]."""
 
-    def __init__(self, model: VisionTransformer) -> None:
+    def __init__(self, model: VisionTransformer, with_token_means: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.with_token_means = with_token_means
 
     def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model.forward_all(pixel_values, output_attentions=True)
+        out = self.model.forward_all(pixel_values, output_attentions=True,
+                                     output_hidden_states=self.with_token_means)
         attentions = torch.stack(out.attentions, dim=1)  # depth x (B, heads, N, N) -> (B, depth, heads, N, N)
-        if out.pool_attention is None:
-            return out.logits, attentions
-        return out.logits, attentions, out.pool_attention
+        found = (out.logits, attentions) + ((out.pool_attention,) if out.pool_attention is not None else ())
+        return found + ((token_means(out.hidden_states),) if self.with_token_means else ())
 
 
-def output_names(model: VisionTransformer, with_attentions: bool) -> list[str]:
-    if not with_attentions:
-        return [LOGITS]
-    return [LOGITS, ATTENTIONS] + ([POOL_ATTENTION] if model.spec.pool_type == "map" else [])
+def output_names(model: VisionTransformer, with_attentions: bool, with_token_means: bool = False) -> list[str]:
+    names = [LOGITS]
+    if with_attentions:
+        names += [ATTENTIONS] + ([POOL_ATTENTION] if model.spec.pool_type == "map" else [])
+    return names + ([TOKEN_MEANS] if with_token_means else [])
 
 
 def _check_args(model: VisionTransformer, opset: int, dynamic_size: bool, exporter: str) -> None:
@@ -191,8 +201,9 @@ def _drop_noop_with_empty_axes(graph: onnx.GraphProto) -> bool:
 
 def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, dynamic_batch: bool = True,
                 dynamic_size: bool = False, with_attentions: bool = False, exporter: Exporter = "dynamo",
-                fusable_attention: bool = True) -> Path:
-    """Write `model` as an fp32 ONNX graph `pixel_values` -> `logits` (+ `attentions`) and return the path.
+                fusable_attention: bool = True, with_token_means: bool = False) -> Path:
+    """Write `model` as an fp32 ONNX graph `pixel_values` -> `logits` (+ `attentions`, + `token_means`) and return the
+    path.
 
     The file appears only once the graph passes `onnx.checker` (full check, shape inference included); any failure
     leaves nothing at `path`. `dynamic_size` (sincos2d models only) makes height and width symbolic.
@@ -207,8 +218,8 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, 
     model.eval()
     spec = model.spec
     source = fusable_copy(model) if fusable_attention else model
-    graph = AttentionGraph(source) if with_attentions else LogitsGraph(source)
-    names = output_names(model, with_attentions)
+    graph = (AttentionGraph if with_attentions else LogitsGraph)(source, with_token_means)
+    names = output_names(model, with_attentions, with_token_means)
     # batch 2 so the exporter cannot specialise a dynamic batch axis to 1; a static graph takes batch 1
     dummy = torch.zeros(2 if dynamic_batch else 1, spec.in_chans, *spec.img_size, dtype=torch.float32)
     try:
@@ -226,9 +237,10 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, 
 
 
 def logits_subgraph(attention_graph: str | Path, path: str | Path) -> Path:
-    """Write the `pixel_values` -> `logits` part of an attention graph (`with_attentions=True`) to `path`: the same
-    nodes, less those that only stack the attention outputs, so it computes the logits of the plain export with
-    one export instead of two (the server serves both). Atomic, checked like `export_onnx`."""
+    """Write the `pixel_values` -> `logits` (+ `token_means`, where the attention graph has them) part of an attention
+    graph (`with_attentions=True`) to `path`: the same nodes, less those that only stack the attention outputs, so it
+    computes the logits of the plain export with one export instead of two (the server serves both). Atomic, checked
+    like `export_onnx`."""
     import onnx
     from onnx.utils import Extractor
 
@@ -236,12 +248,12 @@ def logits_subgraph(attention_graph: str | Path, path: str | Path) -> Path:
     names = [t.name for t in proto.graph.output]
     if LOGITS not in names:
         raise ValueError(f"{attention_graph}: the graph writes {names}, not {LOGITS!r}")
-    part = Extractor(proto).extract_model([INPUT_NAME], [LOGITS])
+    part = Extractor(proto).extract_model([INPUT_NAME], [LOGITS] + [TOKEN_MEANS] * (TOKEN_MEANS in names))
     with atomic_path(Path(path), suffix=".onnx") as tmp:
         onnx.save(part, str(tmp))
         onnx.checker.check_model(str(tmp), full_check=True)
     return Path(path)
 
 
-__all__ = ["ATTENTIONS", "EXPORTERS", "INPUT_NAME", "LOGITS", "POOL_ATTENTION", "export_onnx",
+__all__ = ["ATTENTIONS", "EXPORTERS", "INPUT_NAME", "LOGITS", "POOL_ATTENTION", "TOKEN_MEANS", "export_onnx",
            "graph_opset", "logits_subgraph", "output_names", "quiet_loggers"]

@@ -210,6 +210,7 @@ def export_variants(
     images: np.ndarray | None = None,
     metadata: dict[str, Any] | None = None,
     trained: bool = False,
+    with_token_means: bool = False,
 ) -> ExportReport:
     """Export, verify and write the requested variants of `model` into `out_dir`; returns the report (also saved).
 
@@ -221,6 +222,7 @@ def export_variants(
     the model's own `pretrained_cfg`, no labels).
     `trained`: the weights are trained (not random), so top-1 agreement on the photos is judged too when no own
     `images` are given (`hub_vit.export.criterion`).
+    `with_token_means`: every graph also writes `token_means` (export_onnx), for a served out-of-domain score.
     """
     variants = check_variants(variants, VARIANTS + OPENVINO_VARIANTS)
     check_stem(stem)
@@ -250,7 +252,7 @@ def export_variants(
                         dynamic_size=dynamic_size, with_attentions=with_attentions, exporter=exporter,
                         n_random=n_random, n_photos=n_photos, n_calibration=n_calibration,
                         n_own_images=0 if images is None else len(images), seed=seed,
-                        trained=trained,
+                        trained=trained, with_token_means=with_token_means,
                         thresholds={"fp32_max_abs_diff": FP32_MAX_ABS, "min_cosine": MIN_COSINE,
                                     "max_rel_error": MAX_REL_ERROR, "min_top1_agreement": MIN_TOP1_AGREEMENT,
                                     "top1_judged_on": top1_scope})
@@ -260,7 +262,7 @@ def export_variants(
             staged.mkdir()
             t0 = time.perf_counter()
             fp32 = export_onnx(model, work / "fp32.onnx", opset=opset, dynamic_batch=dynamic_batch,
-                               dynamic_size=dynamic_size, exporter=exporter)
+                               dynamic_size=dynamic_size, exporter=exporter, with_token_means=with_token_means)
             # every variant is built from the graph that also writes the pre-logits features, verified on both, and
             # written without that output (probe.py)
             fp32 = expose_pre_logits(fp32, work / "fp32.probe.onnx")

@@ -19,9 +19,6 @@ from hub_vit.data_config import DataConfig
 from hub_vit.export.criterion import FP32_MAX_ABS, MIN_TOP1_AGREEMENT, VerifyResult, judge
 from hub_vit.model import VisionTransformer
 
-# File names of the formats `hub_vit.explain.image.load_image` decodes (PNG, JPEG, WEBP, BMP, GIF).
-IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
-
 # Colour and grey photographs that ship inside scikit-image (no download); grey ones are repeated to 3 channels.
 PHOTO_NAMES: tuple[str, ...] = (
     "astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
@@ -102,18 +99,11 @@ def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = 
     """Image files of `folder` (recursively, sorted) -> (N, C, H, W) float32, each prepared exactly as the model's
     own eval transform `data` prepares it (EXIF orientation, resize, centre crop, mean/std), so int8 calibration
     and verification see the activations the served model will see."""
-    from hub_vit.explain.image import load_image, prepare_image
+    from hub_vit.explain.image import image_files, load_image, prepare_image
 
-    folder = Path(folder)
-    if folder.is_file():
-        raise NotADirectoryError(f"--images {str(folder)!r} is a file; give a folder of images")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
     if limit is not None and limit < 0:
         raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(IMAGE_SUFFIXES)} files")
+    files = image_files(folder)
     files = files[:limit] if limit else files
     out = np.empty((len(files), data.in_chans, *data.img_size), dtype=np.float32)
     for i, f in enumerate(files):

@@ -30,6 +30,8 @@ SPLIT_SEED = 0
 HELD_OUT_FRACTION = 0.2
 SPLITS = ("train", "val")
 LABELS: tuple[str, ...] = tuple(str(d) for d in range(10))
+# what the default model knows, as its domain.json says it after "this model knows"
+DOMAIN_KNOWS = "the handwritten digits 0-9 (8x8 scans from scikit-learn's digits data set)"
 
 # The architecture lives in the catalog (the one table of architectures): a small SimpleViT (sincos2d posemb,
 # global average pooling, tanh pre-logits as in the paper's config), patch 4 on 32x32.
@@ -170,6 +172,12 @@ def dataset_info() -> dict:
         preprocessing="8x8 grey 0..16 -> x255/16 uint8 -> PIL bilinear 32x32 -> RGB; bright ink on dark background",
         held_out_loader="hub_vit.train.digits.load_digits_split('val')",
     )
+
+
+def domain_sources() -> dict[str, str]:
+    """How the default model's domain.json names the images its out-of-domain score is fitted and checked on."""
+    return {"images": "the digits training split (hub_vit.train.digits.load_digits_split('train'))",
+            "held_out": "the held-out digits split (load_digits_split('val'))"}
 
 
 def held_out_predictions(model_dir: str | Path) -> np.ndarray:

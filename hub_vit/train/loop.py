@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from timm.loss import SoftTargetCrossEntropy
 from torch.utils.data import DataLoader, Subset
 
+from hub_vit.domain import Domain
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train import distributed
 from hub_vit.train.data import (
@@ -66,7 +67,8 @@ class TrainingWarning(UserWarning):
 
 def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: str | Path | None = None,
           device: str | None = None, stop_at: int | None = None, progress: bool = True,
-          architecture: str | None = None, dataset_info: dict[str, Any] | None = None) -> TrainResult:
+          architecture: str | None = None, dataset_info: dict[str, Any] | None = None,
+          domain: Domain | None = None) -> TrainResult:
     """Train (or resume) the run in `run_dir` on `data_dir/{train,val}/<class>/<image>`.
 
     `stop_at`: stop after this global step (a checkpoint is written) without finishing the run; calling `train`
@@ -79,7 +81,7 @@ def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: st
         plan = _Plan.check(recipe, data_dir, run_dir, d, init, stop_at)
         trainer = Trainer(plan, d, progress)
         trainer.fit()
-        return trainer.finish(architecture, dataset_info or {})
+        return trainer.finish(architecture, dataset_info or {}, domain)
     finally:
         distributed.teardown(d)
 
@@ -289,7 +291,8 @@ class Trainer:
         self.model.train()
 
     # ---- the end
-    def finish(self, architecture: str | None, dataset_info: dict[str, Any]) -> TrainResult:
+    def finish(self, architecture: str | None, dataset_info: dict[str, Any], domain: Domain | None = None
+               ) -> TrainResult:
         """The result; for a complete run also the model folder (main process) with its training record."""
         plan, d = self.plan, self.d
         result = TrainResult(run_dir=plan.run_dir, step=self.step, total_steps=plan.total_steps,
@@ -306,7 +309,8 @@ class Trainer:
         if d.is_main:
             wall = self.wall_before + time.perf_counter() - self.t0
             training = _training_record(plan, self.val, self.source, d, wall, digests, dataset_info)
-            export_model(self.model, plan.run_dir / "model", plan.recipe, plan.classes, training, architecture)
+            export_model(self.model, plan.run_dir / "model", plan.recipe, plan.classes, training, architecture,
+                         data_dir=plan.data_dir, domain=domain)
         distributed.barrier(d)
         result.model_dir = plan.run_dir / "model"
         return result
@@ -336,8 +340,11 @@ def evaluate(net: torch.nn.Module, split: ImageFolderSplit, recipe: Recipe, d: d
 
 
 def export_model(model: torch.nn.Module, folder: Path, recipe: Recipe, classes: tuple[str, ...],
-                 training: dict[str, Any], architecture: str | None) -> Path:
-    """The finished run as a hub-vit model folder (timm + transformers), with `training.json` inside."""
+                 training: dict[str, Any], architecture: str | None, *, data_dir: Path | None = None,
+                 domain: Domain | None = None) -> Path:
+    """The finished run as a hub-vit model folder (timm + transformers), with `training.json` inside and, given the
+    run's `data_dir`, its out-of-domain score fitted on the train split and calibrated on the val split
+    (`calibrate_domain_or_warn`; `domain`: what the record says the model knows, default guessed from the classes)."""
     from hub_vit.folder import save_model_folder
     from hub_vit.model_cards import write_card_or_remove
 
@@ -346,8 +353,27 @@ def export_model(model: torch.nn.Module, folder: Path, recipe: Recipe, classes: 
     folder = save_model_folder(model, folder, labels=list(classes), pretrained_cfg=pretrained_cfg,
                                architecture=architecture,
                                extra_files={"training.json": json.dumps(training, indent=2) + "\n"}, overwrite=True)
+    if data_dir is not None:
+        calibrate_domain_or_warn(folder, data_dir, domain)
     write_card_or_remove(folder)  # the card is rendered from training.json; no card, no folder
     return folder
+
+
+def calibrate_domain_or_warn(folder: Path, data_dir: Path, domain: Domain | None) -> None:
+    """Fit the model folder's out-of-domain score on the run's train split and set its threshold on the val split
+    (`hub_vit.domain_fit`); a val split too small for the threshold (or an unreadable image) leaves the model
+    uncalibrated, with a TrainingWarning that says how to calibrate it later."""
+    from hub_vit.domain_fit import calibrate_domain
+
+    try:
+        calibrate_domain(folder, data_dir / "train", held_out=data_dir / "val",
+                         knows=None if domain is None else domain.knows,
+                         examples=None if domain is None else domain.examples)
+    except ValueError as exc:
+        warnings.warn(TrainingWarning(f"the model's out-of-domain score is not calibrated ({exc}); its answers say "
+                                      "\"unknown\" to whether an image is of the kind it knows. Calibrate it with "
+                                      f"`hub-vit calibrate-domain {folder} --images DIR --held-out DIR`"),
+                      stacklevel=2)
 
 
 def hardware(d: distributed.Dist) -> dict[str, Any]:

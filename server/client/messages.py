@@ -14,7 +14,7 @@ import numpy as np
 from hub_vit.server import protocol
 from hub_vit.server.client.images import ImageLike, encode
 
-OUTPUTS = ("labels", "scores", "class_ids")
+OUTPUTS = ("labels", "scores", "class_ids", protocol.DOMAIN_OUTPUT, protocol.DOMAIN_SCORE_OUTPUT)
 EXPLAIN_OUTPUTS = ("rollout", "rollout_box")  # answered to a request whose parameters say `explain` (served_rollout.py)
 LONGEST_QUEUE_TIMEOUT_S = protocol.LONGEST_QUEUE_TIMEOUT_US // 1_000_000
 # What a request adds to its images' encoded bytes: each BYTES element's 4-byte length, and around them the JSON header
@@ -30,16 +30,25 @@ class Prediction:
     """Top-k of one image, best first; `logits` only when asked for (`with_logits=True`). With `explain=True`,
     `rollout` is the server's attention-rollout map (H', W') on the model's patch grid (relevance mass, as
     `hub_vit.explain.attention_rollout`'s maps) and `rollout_box` the model's crop (left, top, right, bottom) in the
-    image's own pixels, where the map lies (`hub_vit.explain.blend(image, rollout, rollout_box)` draws it)."""
+    image's own pixels, where the map lies (`hub_vit.explain.blend(image, rollout, rollout_box)` draws it).
+    `domain`: whether the image is of the kind the model knows (protocol.py: in-domain, out-of-domain, unknown; in
+    words: `domain_sentence`), `domain_score` the out-of-domain score it was judged by (None where unknown)."""
 
     labels: list[str]
     scores: list[float]
     class_ids: list[int]
+    domain: str = protocol.UNKNOWN_DOMAIN
+    domain_score: float | None = None
     logits: np.ndarray | None = None
     rollout: np.ndarray | None = None
     rollout_box: tuple[float, float, float, float] | None = None
     model_name: str | None = None  # which model and version answered (Triton's response)
     model_version: str | None = None
+
+    @property
+    def domain_sentence(self) -> str:
+        """`not the kind of image this model knows`, ...: the verdict for people."""
+        return protocol.DOMAIN_SENTENCES[self.domain]
 
 
 
@@ -160,7 +169,7 @@ def build_request(module: Any, images: Sequence[ImageLike], with_logits: bool,
 
 
 def parse_result(result: Any, with_logits: bool, explain: bool = False) -> list[Prediction]:
-    labels, scores, ids = (result.as_numpy(name) for name in OUTPUTS)  # (B, K) each
+    labels, scores, ids, domains, domain_scores = (result.as_numpy(name) for name in OUTPUTS)  # (B, K), (B, 1)
     logits = result.as_numpy("logits") if with_logits else None
     # (B, H', W') maps and (B, 4) boxes
     maps, boxes = (result.as_numpy(name) for name in EXPLAIN_OUTPUTS) if explain else (None, None)
@@ -175,6 +184,8 @@ def parse_result(result: Any, with_logits: bool, explain: bool = False) -> list[
             labels=[label.decode("utf-8") if isinstance(label, bytes) else str(label) for label in labels[i]],
             scores=scores[i].astype(float).tolist(),
             class_ids=ids[i].astype(int).tolist(),
+            domain=protocol.read_domain_verdict(None if domains is None else domains[i][0]),
+            domain_score=protocol.read_domain_score(None if domain_scores is None else float(domain_scores[i][0])),
             logits=None if logits is None else logits[i],
             rollout=None if maps is None else maps[i],
             rollout_box=None if boxes is None else tuple(float(v) for v in boxes[i]),

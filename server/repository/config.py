@@ -13,7 +13,8 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hub_vit.server.protocol import LONGEST_QUEUE_TIMEOUT_US, model_parameters
+from hub_vit.domain import STATISTICS_FILE
+from hub_vit.server.protocol import DOMAIN_OUTPUT, DOMAIN_SCORE_OUTPUT, LONGEST_QUEUE_TIMEOUT_US, model_parameters
 from hub_vit.server.repository.metadata import ServingMetadata
 from hub_vit.server.repository.options import ServingOptions
 
@@ -73,6 +74,9 @@ def _outputs(group: Any, meta: ServingMetadata, opts: ServingOptions, *, logits:
     _tensor(group, "scores", mc.TYPE_FP32, [k])
     _tensor(group, "class_ids", mc.TYPE_INT64, [k])
     _tensor(group, "labels", mc.TYPE_STRING, [k])
+    # the out-of-domain verdict and score (protocol.py), in every answer: `unknown` where no score is calibrated
+    _tensor(group, DOMAIN_OUTPUT, mc.TYPE_STRING, [1])
+    _tensor(group, DOMAIN_SCORE_OUTPUT, mc.TYPE_FP32, [1])
 
 
 def preprocess_params(meta: ServingMetadata, opts: ServingOptions) -> dict[str, str]:
@@ -174,7 +178,7 @@ def cpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_fil
                          "rollout_readout": rollout.readout, "rollout_prefix_tokens": str(rollout.num_prefix_tokens)})
     config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=opts.classifier_instances)
     _batching(config, opts)
-    _params(config, {"onnx_file": model_file, "labels_file": "labels.txt",
+    _params(config, {"onnx_file": model_file, "labels_file": "labels.txt", "domain_file": STATISTICS_FILE,
                      "top_k": str(min(opts.top_k, meta.num_classes)), **ort_settings(opts, compute_bound)})
     return config
 
@@ -208,7 +212,7 @@ def torch_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_d
     kind = mc.ModelInstanceGroup.KIND_GPU if opts.device == "cuda" else mc.ModelInstanceGroup.KIND_CPU
     config.instance_group.add(kind=kind, count=opts.classifier_instances)
     _batching(config, opts)
-    _params(config, {"model_dir": model_dir, "labels_file": "labels.txt",
+    _params(config, {"model_dir": model_dir, "labels_file": "labels.txt", "domain_file": STATISTICS_FILE,
                      "top_k": str(min(opts.top_k, meta.num_classes)), "device": opts.device,
                      "buckets": list(cuda_graph_buckets(opts.max_batch_size)),
                      "cuda_graphs": "1" if opts.cuda_graphs else "0",
@@ -240,7 +244,8 @@ def gpu_classifier_config(meta: ServingMetadata, opts: ServingOptions, model_fil
 
 
 def postprocess_config(meta: ServingMetadata, opts: ServingOptions) -> mc.ModelConfig:
-    """GPU flavour only: Python backend, logits -> top-k scores / class ids / labels."""
+    """GPU flavour only: Python backend, logits -> top-k scores / class ids / labels (and the out-of-domain outputs,
+    `unknown`: Triton's ORT / TensorRT classifier returns only the logits)."""
     config = mc.ModelConfig(name=opts.step("postprocess"), backend="python", max_batch_size=opts.max_batch_size)
     _tensor(config.input, "logits", mc.TYPE_FP32, [meta.num_classes])
     _outputs(config.output, meta, opts, logits=False)
@@ -291,6 +296,6 @@ def ensemble_config(meta: ServingMetadata, opts: ServingOptions,
     cls.output_map["logits"] = "logits"
     top = steps.add(model_name=opts.step("postprocess"), model_version=-1)
     top.input_map["logits"] = "logits"
-    for name in ("scores", "class_ids", "labels"):
+    for name in ("scores", "class_ids", "labels", DOMAIN_OUTPUT, DOMAIN_SCORE_OUTPUT):
         top.output_map[name] = name
     return config

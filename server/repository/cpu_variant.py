@@ -115,13 +115,13 @@ def _time_graphs(graphs: dict[str, Path], x: np.ndarray, threads: int, rounds: i
 
 
 def select(module: Any, requested: str, *, batch: int, threads: int | None = None, trained: bool = False,
-           work_dir: str | Path | None = None, rounds: int = 3, iters: int = 2, seed: int = 0
-           ) -> tuple[Path, CpuSelection, tempfile.TemporaryDirectory]:
+           work_dir: str | Path | None = None, rounds: int = 3, iters: int = 2, seed: int = 0,
+           with_token_means: bool = False) -> tuple[Path, CpuSelection, tempfile.TemporaryDirectory]:
     """Build, verify and (for `auto`) time the candidates of `module`; returns the chosen graph, the record, and the
     temporary folder holding it (the caller copies the graph, then cleans the folder up).
 
     ValueError when a named variant fails the criterion or cannot be built (the report's reason, with the margin),
-    or when no candidate passes.
+    or when no candidate passes. `with_token_means`: the graphs also write the out-of-domain score's features.
     """
     from hub_vit.export.variants import export_variants
 
@@ -133,7 +133,7 @@ def select(module: Any, requested: str, *, batch: int, threads: int | None = Non
     try:
         report = export_variants(module, Path(tmp.name), variants=names, n_random=8, n_photos=24, n_calibration=32,
                                  seed=seed, providers=["CPUExecutionProvider"], trained=trained,
-                                 source={"cpu_variant": requested})
+                                 source={"cpu_variant": requested}, with_token_means=with_token_means)
         rows = [{"variant": o.variant, "verified": o.written, "error": o.error,
                  "verification": _numbers(o.verification)} for o in report.variants]
         passed = {o.variant: Path(o.file) for o in report.variants if o.written}
@@ -169,7 +169,7 @@ def select(module: Any, requested: str, *, batch: int, threads: int | None = Non
 
 
 def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, threads: int | None = None,
-          compute_bound: bool = True) -> CpuSelection:
+          compute_bound: bool = True, with_token_means: bool = False) -> CpuSelection:
     """Put the selected graph at `target` (the CPU classifier's `model.onnx`, already holding the fp32 export) and
     return the record for the manifest. `source`: the resolved model the repository is written for.
 
@@ -178,7 +178,8 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
     constant cannot be verified, so `auto` keeps fp32 for it. A model below the compute-bound threshold
     (`compute_bound` False: < 0.1 GMACs per image, e.g. the 2-MMAC digits model) keeps fp32 under `auto` without
     measuring: its time goes to per-op overhead and decoding, not matmuls (digits, batch 8: ORT-fused fp32 397 img/s,
-    int8-dynamic 220), and the build stays as fast as before.
+    int8-dynamic 220), and the build stays as fast as before. `with_token_means`: the graph at `target` writes the
+    out-of-domain score's features, and so must the variant that replaces it.
     """
     import shutil
 
@@ -203,7 +204,7 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
     # cosine / relative-error bounds judge alone
     trained = not (source.kind == "module" or source.random_weights)
     graph, selection, tmp = select(module, requested, batch=batch, threads=threads, trained=trained,
-                                   work_dir=target.parent)
+                                   work_dir=target.parent, with_token_means=with_token_means)
     try:
         if graph.suffix == ".xml":  # OpenVINO: its three files beside the fp32 graph, which stays
             for src, dst in zip(ir_files(graph), ir_files(served_model(target)), strict=True):

@@ -23,11 +23,14 @@ _ID_BITS = 21
 
 
 class Ranked(NamedTuple):
-    """One pass's results on the device: (N, C) float32 logits, (N, K) softmax scores and int64 class ids."""
+    """One pass's results on the device: (N, C) float32 logits, (N, K) softmax scores and int64 class ids, and
+    (N, F) float32 features the model returns after its C logits (F = 0 for a plain classifier; the token means of
+    torch_domain.LogitsAndTokenMeans where the step serves an out-of-domain score)."""
 
     logits: torch.Tensor
     scores: torch.Tensor
     ids: torch.Tensor
+    features: torch.Tensor
 
 
 def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,12 +56,13 @@ class Runner:
 
     def __init__(self, model: torch.nn.Module, device: torch.device, crop: tuple[int, int],
                  buckets: tuple[int, ...], *, top_k: int = 5, graphs: bool = True, compile_model: bool = False,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, classes: int | None = None) -> None:
+        """`classes`: how many of the model's output columns are logits (None: all); the rest are features."""
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise ValueError(f"buckets must be increasing positive batch sizes, got {buckets}")
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {top_k}")
-        self.device, self.crop, self.buckets, self.k = device, crop, buckets, top_k
+        self.device, self.crop, self.buckets, self.k, self.classes = device, crop, buckets, top_k, classes
         self.cuda = device.type == "cuda"
         self.dtype = dtype or default_dtype(device)
         self.model = model.eval().to(device=device, dtype=self.dtype)  # cast, not autocast
@@ -73,8 +77,9 @@ class Runner:
     def _body(self, pixels: torch.Tensor) -> Ranked:
         """(B, 3, H, W) float32 on the device -> Ranked; the region a CUDA graph captures (no host tensor, no sync,
         shapes fixed by B)."""
-        logits = self.model(pixels.to(self.dtype)).float()
-        return Ranked(logits, *top_k(logits, self.k))
+        out = self.model(pixels.to(self.dtype)).float()
+        logits, features = out[:, :self.classes], out[:, out.shape[1] if self.classes is None else self.classes:]
+        return Ranked(logits, *top_k(logits, self.k), features)
 
     @torch.inference_mode()
     def _warm_up(self, graphs: bool) -> None:
@@ -139,8 +144,8 @@ class Runner:
     @torch.inference_mode()
     def with_attentions(self, batch: np.ndarray) -> tuple[np.ndarray, torch.Tensor, torch.Tensor | None]:
         """An eager pass that also returns the attention probabilities, for explained requests (no CUDA graph: the
-        graphs hold the fused path): (N, C) float32 logits, (N, depth, heads, T, T) and the MAP probe's
-        (N, heads, 1, T) or None, both float32 on the CPU."""
+        graphs hold the fused path): (N, C [+ F]) float32 outputs (the logits, then any features: see `Ranked`),
+        (N, depth, heads, T, T) and the MAP probe's (N, heads, 1, T) or None, all float32 on the CPU."""
         x = torch.from_numpy(batch).to(self.device, self.dtype)
         model = getattr(self.model, "_orig_mod", self.model)  # torch.compile's wrapper: the eager module
         out = model.forward_all(x, output_attentions=True)

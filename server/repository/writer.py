@@ -5,17 +5,23 @@ Layout (`<name>` defaults to `vit`; clients call the ensemble `<name>`: image ->
     <out>/<name>/config.pbtxt                      the ensemble: CPU one step, GPU three
     CPU flavour: one Python-backend step decodes, runs ONNX Runtime and ranks (one stub hop per request)
     <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/image_modes.py, 1/topk.py,
-                             1/triton_errors.py, 1/model.onnx, 1/labels.txt, warmup/image}
+                             1/triton_errors.py, 1/protocol.py, 1/domain_outputs.py, 1/domain_score.py,
+                             1/model.onnx, 1/labels.txt, warmup/image}
         + 1/explained.py, 1/served_rollout.py, 1/model_attentions.onnx when it serves rollout (options.explain)
+        + 1/domain.safetensors when the model folder's out-of-domain score is calibrated for its weights (the
+          graphs then also write `token_means`)
     GPU flavour: the classifier runs in Triton's own ORT / TensorRT backend on the GPU
     <out>/<name>_preprocess/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/image_modes.py, 1/triton_errors.py,
                              warmup/image}
     <out>/<name>_classifier/{config.pbtxt, 1/model.onnx | 1/model.plan}
-    <out>/<name>_postprocess/{config.pbtxt, 1/model.py, 1/topk.py, 1/labels.txt}: logits -> top-k
+    <out>/<name>_postprocess/{config.pbtxt, 1/model.py, 1/topk.py, 1/protocol.py, 1/domain_outputs.py,
+                              1/labels.txt}: logits -> top-k (domain: unknown)
 
     torch flavour: one Python-backend step decodes, runs the hub-vit model in PyTorch (cuda or cpu) and ranks
     <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/image_modes.py, 1/topk.py,
-                             1/triton_errors.py, 1/model/{config.json, model.safetensors}, 1/labels.txt, warmup/image}
+                             1/triton_errors.py, 1/protocol.py, 1/domain_outputs.py, 1/domain_score.py,
+                             1/model/{config.json, model.safetensors}, 1/labels.txt, warmup/image}
+        + 1/domain.safetensors, as the CPU flavour
 
     <out>/hub_vit_repository.json                  what was generated from what (Triton ignores plain files)
 
@@ -36,6 +42,7 @@ from typing import Any
 
 from hub_vit import __version__
 from hub_vit.atomic import file_in_the_way, holds_cwd, remove_empty_folders, replace_dir, staging_dir
+from hub_vit.domain import STATISTICS_FILE, read_domain
 from hub_vit.resolve import ResolvedModel
 from hub_vit.server.repository.config import (
     ATTENTIONS_FILE,
@@ -131,6 +138,7 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
     labels, warm-up image) comes from the model. `outdated_files` compares a repository with this."""
     decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common", "image_modes.py": PACKAGE,
                 "image_formats.py": PACKAGE, "protocol.py": SERVER_PACKAGE}
+    domain = {"domain_outputs.py": "common", "domain_score.py": PACKAGE}  # the answers' out-of-domain outputs
     cls = opts.step("classifier")
     files: dict[str, str | Path] = {f"{opts.name}/config.pbtxt": render(ensemble_config(meta, opts, rollout))}
     if opts.flavour == "cpu":
@@ -138,25 +146,27 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
                                                                     compute_bound=compute_bound, rollout=rollout))
         explaining = {"explained.py": "classifier_ort", "served_rollout.py": "common"} if rollout is not None else {}
         return files | _templates(cls, {"model.py": "classifier_ort", "topk.py": "common",
-                                        "openvino_runtime.py": PACKAGE, **decoding, **explaining})
+                                        "openvino_runtime.py": PACKAGE, **decoding, **domain, **explaining})
     if opts.flavour == "torch":
         files[f"{cls}/config.pbtxt"] = render(torch_classifier_config(meta, opts, model_file, rollout=rollout))
         explaining = {"served_rollout.py": "common"} if rollout is not None else {}
-        return files | _templates(cls, {"model.py": "classifier_torch", "topk.py": "common", **decoding, **explaining})
+        return files | _templates(cls, {"model.py": "classifier_torch", "topk.py": "common", **decoding, **domain,
+                                        **explaining})
     pre, post = opts.step("preprocess"), opts.step("postprocess")
     files[f"{pre}/config.pbtxt"] = render(preprocess_config(meta, opts))
     files |= _templates(pre, {"model.py": "preprocess", **decoding})
     files[f"{cls}/config.pbtxt"] = render(gpu_classifier_config(meta, opts, model_file))
     files[f"{post}/config.pbtxt"] = render(postprocess_config(meta, opts))
-    return files | _templates(post, {"model.py": "postprocess", "topk.py": "common"})
+    return files | _templates(post, {"model.py": "postprocess", "topk.py": "common", "protocol.py": SERVER_PACKAGE,
+                                     "domain_outputs.py": "common"})
 
 
 def _templates(step: str, files: dict[str, str]) -> dict[str, Path]:
     """{file: template} -> {`<step>/1/<file>`: the packaged template file}, where the Python backend imports it;
     templates PACKAGE and SERVER_PACKAGE are hub_vit's own modules of that name (`protocol.py`: the facts the steps
     write and clients read; `image_modes.py`, `image_formats.py`: one copy of the image-mode rules and of the formats
-    decoded;
-    `openvino_runtime.py`: the session that verified and timed an OpenVINO variant is the one that serves it)."""
+    decoded; `openvino_runtime.py`: the session that verified and timed an OpenVINO variant is the one that serves
+    it; `domain_score.py`: the out-of-domain score the folder's statistics were fitted for)."""
     return {f"{step}/1/{file}": (_package_dir(template) if template in (PACKAGE, SERVER_PACKAGE)
                                  else template_dir(template)) / file
             for file, template in files.items()}
@@ -186,6 +196,7 @@ def _fill(root: Path, source: ResolvedModel, opts: ServingOptions) -> None:
     model_file = _model_file(source, opts)
     compute_bound = _compute_bound(source)
     rollout = rollout_layout(source, opts)
+    statistics = domain_statistics(source, opts)
     for relative, content in _server_files(meta, opts, model_file, compute_bound, rollout).items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,10 +211,12 @@ def _fill(root: Path, source: ResolvedModel, opts: ServingOptions) -> None:
     if opts.flavour == "torch":
         _place_model_folder(source, cls / "1" / model_file)
     else:
-        _place_weights(source, cls / "1" / model_file, opts, rollout)
+        _place_weights(source, cls / "1" / model_file, opts, rollout, token_means=statistics is not None)
     if opts.flavour == "cpu":  # the fastest verified graph on this host, or the one asked for (cpu_variant.py)
         selection = place(source, cls / "1" / model_file, opts.cpu_variant, batch=min(8, opts.max_batch_size),
-                          compute_bound=compute_bound)
+                          compute_bound=compute_bound, with_token_means=statistics is not None)
+    if statistics is not None:  # the classifier step scores what its graph / model writes (domain_outputs.py)
+        shutil.copyfile(statistics, cls / "1" / STATISTICS_FILE)
     if opts.flavour in ("cpu", "torch"):
         _write_warmup_image(cls, meta)
         _write_labels(cls, meta)
@@ -219,6 +232,8 @@ def _fill(root: Path, source: ResolvedModel, opts: ServingOptions) -> None:
         "options": dataclasses.asdict(opts),
         "compute_bound": compute_bound,  # decides the ORT thread settings of the CPU classifier
         "rollout": None if rollout is None else dataclasses.asdict(rollout),  # served attention rollout, if any
+        # the out-of-domain score the answers carry: the model folder's statistics file, or none (unknown)
+        "domain_statistics": None if statistics is None else str(statistics),
     }
     if selection is not None:  # the CPU flavour's graph: which variant, why, the candidates' numbers, ISA flags
         manifest["cpu_variant"] = selection.to_dict()
@@ -336,6 +351,18 @@ def _place_model_folder(source: ResolvedModel, target: Path) -> None:
         raise ValueError(f"flavour 'torch' serves hub-vit models: {err}") from None
 
 
+def domain_statistics(source: ResolvedModel, opts: ServingOptions) -> Path | None:
+    """The model folder's out-of-domain statistics (`domain.safetensors`) where the CPU or torch flavour serves them:
+    calibrated for the weights the folder holds (`hub_vit.domain.read_domain`). None for the GPU flavour (Triton's
+    ORT / TensorRT classifier returns only the logits), a source that is not a model folder (an .onnx file or
+    engine, a module) and an uncalibrated folder: the answers then say `unknown`."""
+    if opts.flavour not in ("cpu", "torch") or source.folder is None or source.module is None:
+        return None
+    if read_domain(source.folder, list(source.labels)).statistics is None:
+        return None
+    return source.folder / STATISTICS_FILE
+
+
 def rollout_layout(source: ResolvedModel, opts: ServingOptions) -> RolloutLayout | None:
     """How the served model's attentions read as rollout maps, or None where the repository cannot serve rollout:
     `opts.explain` off; the GPU flavour (its classifier runs in Triton's ORT / TensorRT backend, which returns only
@@ -351,7 +378,9 @@ def rollout_layout(source: ResolvedModel, opts: ServingOptions) -> RolloutLayout
 
 
 def _place_weights(source: ResolvedModel, target: Path, opts: ServingOptions,
-                   rollout: RolloutLayout | None = None) -> None:
+                   rollout: RolloutLayout | None = None, token_means: bool = False) -> None:
+    """The classifier's graph at `target` (+ the attention graph beside it with `rollout`); `token_means`: exported
+    graphs also write the out-of-domain score's features."""
     if rollout is not None:  # the CPU flavour's attention graph (the torch flavour runs the model folder itself)
         from hub_vit.export import export_onnx
         from hub_vit.export.onnx_export import logits_subgraph
@@ -359,7 +388,7 @@ def _place_weights(source: ResolvedModel, target: Path, opts: ServingOptions,
         # One export: the attention graph, and the plain graph cut from it (the same nodes, less the attention
         # outputs' stacking), so the plain requests run what they ran before at half the export time.
         attentions = export_onnx(source.module.eval(), target.with_name(ATTENTIONS_FILE), dynamic_batch=True,
-                                 with_attentions=True)
+                                 with_attentions=True, with_token_means=token_means)
         logits_subgraph(attentions, target)
         return
     if source.engine_path is not None:
@@ -373,7 +402,7 @@ def _place_weights(source: ResolvedModel, target: Path, opts: ServingOptions,
     elif source.module is not None:
         from hub_vit.export import export_onnx  # the one ONNX exporter of the project
 
-        export_onnx(source.module.eval(), target, dynamic_batch=True)
+        export_onnx(source.module.eval(), target, dynamic_batch=True, with_token_means=token_means)
     else:
         raise ValueError("model source has no module, ONNX file or engine to serve")
 

@@ -26,7 +26,7 @@ class ExplainedRequests:
     built once per instance, and the rollout settings the repository recorded in config.pbtxt."""
 
     def __init__(self, graph: Path, options: ort.SessionOptions, params: dict[str, str], preprocess: Any,
-                 labels: np.ndarray, k: int) -> None:
+                 labels: np.ndarray, k: int, domain: Any) -> None:
         self.session = ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
         # The rollout's torch ops are small (depth x (B, N, N) elementwise and vector-matrix products); with torch's
         # default pool (one thread per core) they fight ORT's spinning threads for the same cores and ran ~5x slower
@@ -36,6 +36,7 @@ class ExplainedRequests:
         self.grid = tuple(json.loads(params["rollout_grid"]))
         self.readout, self.prefix = params["rollout_readout"], int(params["rollout_prefix_tokens"])
         self.preprocess, self.labels, self.k = preprocess, labels, k
+        self.domain = domain  # domain_outputs.DomainOutputs: the answers' `domain` and `domain_score`
 
     def take(self, requests: list, responses: list, turn: Callable[[], AbstractContextManager]) -> list:
         """Answer (in `responses`) the requests that ask for an explanation, or whose explanation parameters are
@@ -63,7 +64,7 @@ class ExplainedRequests:
         for place, pixels, boxes, settings in asked:
             part = slice(start, start + len(pixels))
             start += len(pixels)
-            probe = found.get("pool_attention")
+            probe, means = found.get("pool_attention"), found.get("token_means")
             maps = rollout_maps(found["attentions"][part], self.grid, self.readout, self.prefix, settings,
                                 None if probe is None else probe[part])
             responses[place] = pb_utils.InferenceResponse([
@@ -73,4 +74,5 @@ class ExplainedRequests:
                 pb_utils.Tensor("labels", self.labels[ids[part]]),
                 pb_utils.Tensor("rollout", maps),
                 pb_utils.Tensor("rollout_box", boxes),
+                *self.domain.tensors(None if means is None else means[part], len(pixels)),
             ])

@@ -11,6 +11,8 @@ Where `hub-vit repository` chose an OpenVINO variant for this host (server/cpu_v
 ONNX graph as `<onnx stem>.openvino.xml` / `.bin` / `.json` and are run instead, by the `OpenVINOSession` that
 verified and timed them (openvino_runtime.py, copied from hub_vit); the ONNX graph stays the lock file of
 `take_turns`.
+Every answer also holds `domain` (B, 1) and `domain_score` (B, 1), the out-of-domain verdict and score
+(domain_outputs.py), from the graph's `token_means` output where the repository serves a calibrated score.
 A config with `attentions_file` also serves attention rollout: a request with parameter `explain` (served_rollout.py)
 runs a second ORT session on the attention graph and gets `rollout` (B, H', W') and `rollout_box` (B, 4) too; the
 others run the plain graph exactly as without it.
@@ -28,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
-from imageprep import Preprocess  # these four: copied beside this file by hub-vit repository
+from domain_outputs import DomainOutputs  # these five: copied beside this file by hub-vit repository
+from imageprep import Preprocess
 from openvino_runtime import OpenVINOSession, served_model  # imports openvino only when a session is built
 from topk import top_k
 from triton_errors import request_error
@@ -73,6 +76,8 @@ class TritonPythonModel:
             self.session = ort.InferenceSession(str(onnx_path), sess_options=options,
                                                 providers=["CPUExecutionProvider"])
         self.input_name = self.session.get_inputs()[0].name
+        self.output_names = [output.name for output in self.session.get_outputs()]  # logits[, token_means]
+        self.domain = DomainOutputs(version_dir, params)
         self.k = int(params["top_k"])
         labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()
         self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
@@ -81,7 +86,7 @@ class TritonPythonModel:
             from explained import ExplainedRequests  # imports torch: only a repository that serves rollout pays
 
             self.explainer = ExplainedRequests(version_dir / params["attentions_file"], options, params,
-                                               self.preprocess, self.labels, self.k)
+                                               self.preprocess, self.labels, self.k, self.domain)
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -117,8 +122,9 @@ class TritonPythonModel:
             return responses
         batch = np.concatenate(arrays)  # (N, 3, H, W); built before taking the turn, so the lock covers ORT only
         with self._turn():
-            logits = self.session.run(None, {self.input_name: batch})[0]
-        logits = logits.astype(np.float32, copy=False)  # (N, C)
+            found = dict(zip(self.output_names, self.session.run(None, {self.input_name: batch}), strict=True))
+        logits = found["logits"].astype(np.float32, copy=False)  # (N, C)
+        means = found.get("token_means")  # (N, depth, D) where the repository serves a calibrated domain score
         scores, ids = top_k(logits, self.k)
         start = 0
         for place, array in zip(owners, arrays, strict=True):
@@ -130,6 +136,7 @@ class TritonPythonModel:
                     pb_utils.Tensor("scores", scores[part]),
                     pb_utils.Tensor("class_ids", ids[part]),
                     pb_utils.Tensor("labels", self.labels[ids[part]]),
+                    *self.domain.tensors(None if means is None else means[part], len(array)),
                 ]
             )
         return responses

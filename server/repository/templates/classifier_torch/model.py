@@ -19,6 +19,9 @@ runs an eager pass on imageprep's CPU pixels (those of `hub-vit rollout`) that r
 `rollout` (B, H', W') and `rollout_box` (B, 4) too; the others run exactly as without it.
 With $HUB_VIT_PHASE_LOG set in the server's environment, each execution appends one JSON line there: its phases'
 durations (bench/bench_serve.py --phases reads them).
+Every answer also holds `domain` (B, 1) and `domain_score` (B, 1), the out-of-domain verdict and score
+(domain_outputs.py); where the repository serves a calibrated score, the model carries the token means it reads
+(hub_vit.server.repository.torch_domain), which the runner returns beside the logits.
 Needs hub_vit, torch and torchvision in the server's Python environment (where `hub-vit serve` runs).
 """
 
@@ -30,10 +33,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import imageprep  # these four: copied beside this file by hub-vit repository
+import imageprep  # these five: copied beside this file by hub-vit repository
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
+from domain_outputs import DomainOutputs
 from imageprep import BadImageError, Preprocess
 from topk import top_k
 from triton_errors import client_error, request_error
@@ -107,11 +111,16 @@ class TritonPythonModel:
         from hub_vit.server.repository.torch_runner import Runner  # the one GPU path; bench/gpu_check.py times it
 
         model, _ = load_model_folder(version_dir / params["model_dir"])
-        self.images = ImagePath(imageprep, self.preprocess, settings["device"], self.pool)
-        self.runner = Runner(model, crop=self.preprocess.crop_size, **settings)
-        self.k = settings["top_k"]
         labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()
         self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
+        self.domain = DomainOutputs(version_dir, params)
+        if self.domain.statistics is not None:  # the out-of-domain score's features ride with the logits
+            from hub_vit.server.repository.torch_domain import LogitsAndTokenMeans
+
+            model = LogitsAndTokenMeans(model)
+        self.images = ImagePath(imageprep, self.preprocess, settings["device"], self.pool)
+        self.runner = Runner(model, crop=self.preprocess.crop_size, classes=len(labels), **settings)
+        self.k = settings["top_k"]
         self.rollout = None  # (grid, readout, prefix tokens) when the repository serves rollout
         if "rollout_grid" in params:
             self.rollout = (tuple(json.loads(params["rollout_grid"])), params["rollout_readout"],
@@ -130,13 +139,14 @@ class TritonPythonModel:
             try:
                 images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy()
                 pixels, boxes = pixels_and_boxes(self.preprocess, images)  # (B, 3, H, W), (B, 4)
-                logits, attentions, probe = self.runner.with_attentions(pixels)
+                outputs, attentions, probe = self.runner.with_attentions(pixels)
             except Exception as err:  # a bad image fails its own request only
                 responses[place] = pb_utils.InferenceResponse(error=request_error(err))
                 continue
             maps = rollout_maps(attentions, *self.rollout, settings, probe)  # (B, H', W')
+            logits, domain = self.domain.split(outputs, len(self.labels))  # (B, C) and the domain outputs
             scores, ids = top_k(logits, self.k)
-            responses[place] = self._answer(logits, scores, ids, [pb_utils.Tensor("rollout", maps),
+            responses[place] = self._answer(logits, scores, ids, [*domain, pb_utils.Tensor("rollout", maps),
                                                                   pb_utils.Tensor("rollout_box", boxes)])
         return responses, rest
 
@@ -184,7 +194,7 @@ class TritonPythonModel:
             order, suspects = self.images.transform_into([decoded[row] for row in kept], self.runner.batch(len(kept)))
             self.phases.mark(marks, "transform")
             ranked = self.runner.run(len(kept))
-            logits, scores, ids, suspect = self.runner.fetch(*ranked, suspects)
+            logits, scores, ids, features, suspect = self.runner.fetch(*ranked, suspects)
         self.phases.mark(marks, "forward")
         placed: dict[int, list[tuple[int, int]]] = {}  # place -> [(index in the request, batch row)]
         for batch_row, row in enumerate(kept[k] for k in order):
@@ -199,7 +209,8 @@ class TritonPythonModel:
             else:
                 if place not in refused_at:
                     at = [batch_row for _, batch_row in members]
-                    responses[place] = self._answer(logits[at], scores[at], ids[at])
+                    responses[place] = self._answer(logits[at], scores[at], ids[at],
+                                                    self.domain.from_features(features[at], len(at)))
         self.phases.mark(marks, "answer")
         self.phases.write(marks, sum(r is not None for r in requests), len(rows))
         return responses

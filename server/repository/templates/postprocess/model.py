@@ -1,7 +1,8 @@
 """Triton Python-backend model written by `hub-vit repository` (GPU flavour): logits -> top-k labels and scores.
 
 Input `logits` (FP32, (B, C)) from the ONNX Runtime / TensorRT classifier -> `scores` (B, K) softmax
-probabilities, `class_ids` (B, K) and `labels` (B, K) strings, best first.
+probabilities, `class_ids` (B, K) and `labels` (B, K) strings, best first; `domain` and `domain_score` say
+`unknown` and -1 (domain_outputs.py): the logits alone do not tell whether an image is of the kind the model knows.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from topk import top_k  # copied beside this file by hub-vit repository
+from domain_outputs import DomainOutputs  # these two: copied beside this file by hub-vit repository
+from topk import top_k
 
 
 class TritonPythonModel:
@@ -22,6 +24,7 @@ class TritonPythonModel:
         self.k = int(params["top_k"])
         labels = (version_dir / params["labels_file"]).read_text(encoding="utf-8").splitlines()
         self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
+        self.domain = DomainOutputs(version_dir, params)  # no statistics here: every answer says unknown
 
     def execute(self, requests: list) -> list:
         responses = []
@@ -34,6 +37,7 @@ class TritonPythonModel:
                         pb_utils.Tensor("scores", scores),
                         pb_utils.Tensor("class_ids", ids),
                         pb_utils.Tensor("labels", self.labels[ids]),
+                        *self.domain.tensors(None, len(logits)),
                     ]
                 )
             )
