@@ -60,5 +60,5 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
         load_image_folder(tmp_path, DataConfig(img_size=(16, 16)))
     (tmp_path / "bad.jpg").unlink()
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"has no \.png/\.jpg"):
+    with pytest.raises(ValueError, match=r"has no \.jpg/\.jpeg/\.png/\.webp files"):
         load_image_folder(tmp_path, DataConfig(img_size=(16, 16)))

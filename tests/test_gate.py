@@ -177,6 +177,30 @@ def test_a_second_front_on_the_same_ports_fails_instead_of_sharing_them():
         lock.release()
 
 
+def test_a_port_lock_leaves_no_file_and_a_waiter_on_the_released_file_locks_the_new_one(tmp_path, monkeypatch):
+    import fcntl
+
+    from hub_vit.server.front.workers import PortLock
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    first = PortLock("127.0.0.1", 1234)
+    assert first.path.read_text() == str(os.getpid())
+    stale = os.open(first.path, os.O_RDWR)  # a second serve opened the file just before the first released it
+    first.release()
+    assert not list(tmp_path.iterdir())  # nothing left in /tmp
+    fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # it wins the lock on the unlinked file ...
+    os.close(stale)
+    second, third = PortLock("127.0.0.1", 1234), None
+    try:  # ... which must not count: a lock on the path's current file is what excludes
+        with pytest.raises(OSError, match="127.0.0.1:1234 is already served by another hub-vit serve"):
+            third = PortLock("127.0.0.1", 1234)
+    finally:
+        second.release()
+        if third is not None:
+            third.release()
+    assert not list(tmp_path.iterdir())
+
+
 def test_front_processes_end_with_a_serve_process_that_was_killed():
     from tests.polling import wait_until
 

@@ -146,8 +146,10 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Checkout:
         tar.extractall(path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))  # 3.10.12+
     (path / ".venv").symlink_to(Path(sys.prefix))
     closed = f"http://127.0.0.1:{free_port()}"  # bound and closed again: nothing listens there
+    # a user's shell: not inside `make test` (whose MAKELEVEL makes a nested make print "Entering directory")
     env = {key: value for key, value in os.environ.items()
-           if key not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HUB_VIT_OFFLINE", "HUB_VIT_CACHE", "HF_HOME")}
+           if key not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HUB_VIT_OFFLINE", "HUB_VIT_CACHE", "HF_HOME",
+                          "MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
     env |= {key: closed for key in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
                                      "ALL_PROXY")}
     env |= {"no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost",

@@ -190,7 +190,7 @@ def test_cli_top_is_validated_and_capped_with_a_note(server, digits, tmp_path):
     assert f" {OPTIONS.top_k} " in output and f" {OPTIONS.top_k + 1} " not in output, output
     result = _cli("--url", server.http_url, "--top", "2", str(image))
     assert result.exit_code == 0 and "labels per image" not in result.output, result.output
-    ranks = [line.split("│")[2].strip() for line in result.output.splitlines() if line.count("│") == 5]
+    ranks = [line.split("│")[2].strip() for line in result.output.splitlines() if line.count("│") == 6]
     assert ranks == ["1", "2"], result.output
 
 
@@ -202,7 +202,7 @@ def test_cli_tells_files_with_the_same_name_apart(server, digits, tmp_path):
     (tmp_path / "three.png").symlink_to(tmp_path / "a" / "x.png")  # e.g. an HF snapshot's link to a hashed blob
     result = _cli("--url", server.http_url, "--top", "1", str(tmp_path / "a" / "x.png"), str(tmp_path / "b" / "x.png"),
                   str(tmp_path / "three.png"))
-    names = [line.split("│")[1].strip() for line in result.output.splitlines() if line.count("│") == 5]
+    names = [line.split("│")[1].strip() for line in result.output.splitlines() if line.count("│") == 6]
     assert result.exit_code == 0 and names == ["a/x.png", "b/x.png", "three.png"], result.output
 
 

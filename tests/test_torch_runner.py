@@ -82,7 +82,8 @@ def test_weights_are_cast_to_bf16_and_agree_with_float32(digits):
         expected = model(torch.from_numpy(pixels)).numpy()
     runner = Runner(_fresh(digits), CPU, (32, 32), (64,), dtype=torch.bfloat16)
     assert {p.dtype for p in runner.model.parameters()} == {torch.bfloat16}  # cast, not autocast
-    logits, scores, ids = fill_and_run(runner, pixels)
+    logits, scores, ids, features = fill_and_run(runner, pixels)
+    assert features.shape == (len(pixels), 0)  # a plain classifier returns no features
     assert logits.dtype == np.float32 and ids.dtype == np.int64
     assert np.abs(logits - expected).max() <= BF16_LOGIT_RTOL * np.abs(expected).max()
     assert (ids[:, 0] == expected.argmax(1)).mean() >= 0.98  # near-ties may flip in bf16
@@ -99,7 +100,7 @@ def test_every_count_runs_in_the_smallest_bucket_and_padding_never_leaks(digits)
     assert [runner.bucket(n) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     fill_and_run(runner, pixels[8:16])  # the buckets now hold other images past any later count
     for count in (8, 3, 5, 1, 2):
-        logits, _, ids = fill_and_run(runner, pixels[:count])
+        logits, _, ids, _ = fill_and_run(runner, pixels[:count])
         np.testing.assert_allclose(logits, expected[:count], atol=1e-5, rtol=0)
         assert (ids[:, 0] == expected[:count].argmax(1)).all()
     with pytest.raises(ValueError, match=r"a batch of 9 images is more than the largest bucket, 8 \(max_batch_size\)"):
@@ -128,7 +129,7 @@ def test_the_graph_branch_reads_its_buckets_outputs(digits, monkeypatch):
 
     runner.graphs = {size: (graph := Graph(size), graph.out) for size in BUCKETS}
     for count in (3, 8, 1, 6):
-        logits, _, _ = fill_and_run(runner, pixels[:count])
+        logits, _, _, _ = fill_and_run(runner, pixels[:count])
         np.testing.assert_allclose(logits, expected[:count], atol=1e-5, rtol=0)
     assert [runner.graphs[size][0].replays for size in BUCKETS] == [1, 0, 1, 2]
 
@@ -162,8 +163,8 @@ def test_the_captured_region_holds_no_host_tensor_no_sync_and_static_shapes(name
             ranked = runner._body(runner.inputs[size])
         assert check.found == [] and check.syncs == [], (check.found, check.syncs)
         assert isinstance(ranked, Ranked)
-        assert [tuple(t.shape) for t in ranked] == [(size, 1000), (size, 5), (size, 5)]
-        assert [t.dtype for t in ranked] == [torch.float32, torch.float32, torch.int64]
+        assert [tuple(t.shape) for t in ranked] == [(size, 1000), (size, 5), (size, 5), (size, 0)]
+        assert [t.dtype for t in ranked] == [torch.float32, torch.float32, torch.int64, torch.float32]
 
 
 def test_the_check_sees_a_host_sync():

@@ -41,25 +41,42 @@ class PortLock:
 
     def __init__(self, host: str, port: int) -> None:
         self.path = Path(tempfile.gettempdir()) / f"hub-vit-front-{port}.lock"
-        try:
-            self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        except OSError:  # another user's file, or a link planted in a shared /tmp: the bind check still holds
-            self.fd = None
-            return
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(self.fd)
-            raise OSError(f"{host}:{port} is already served by another hub-vit serve (pid {holder}); choose another "
-                          "port") from None
+        self.fd: int | None = None
+        while self.fd is None:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            except OSError:  # another user's file, or a link planted in a shared /tmp: the bind check still holds
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise OSError(f"{host}:{port} is already served by another hub-vit serve (pid {holder}); choose "
+                              "another port") from None
+            if _same_file(fd, self.path):
+                self.fd = fd
+            else:  # the holder released (and unlinked) it between our open and our lock: lock the new file
+                os.close(fd)
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
 
     def release(self) -> None:
+        """Unlinked while still locked (no lock files left in /tmp); a waiter holding the old inode sees it is not
+        the path's file any more and retries."""
         if self.fd is not None:
+            if _same_file(self.fd, self.path):
+                self.path.unlink(missing_ok=True)
             os.close(self.fd)
             self.fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def check_free(host: str, port: int) -> None:
