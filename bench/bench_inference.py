@@ -50,7 +50,7 @@ TIMM_NAME, HUB_NAME = "vit_small_patch16_224", "vit_s16"
 
 
 def host() -> dict[str, Any]:
-    from hub_vit.server.repository.cpu_variant import isa_flags
+    from hub_vit.host import isa_flags
 
     flags = isa_flags()
     return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "isa_flags": flags, "kind": host_kind(flags)}
@@ -241,9 +241,9 @@ class Rows:
 def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str]) -> dict[str, Any]:
     import timm
 
-    from hub_vit.export import load_source
-    from hub_vit.export.variants import PRECISION, export_variants
-    from hub_vit.openvino_runtime import OPENVINO_VARIANTS
+    from hub_vit.export import load_source, registry
+    from hub_vit.export.plan import ExportPlan, VerificationSet
+    from hub_vit.export.variants import export_variants
 
     info: dict[str, Any] = {}
     torch.manual_seed(0)
@@ -280,11 +280,12 @@ def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str]) ->
     # hub-vit
     rows.add("hub-vit eager fp32", "hub-vit", "fp32", lambda: torch_runner(hub))
     # OpenVINO's bf16 where the CPU has bf16 units: elsewhere the plugin emulates it (ViT-S/16: 0.4 img/s)
-    openvino_variants = [v for v in OPENVINO_VARIANTS if bf16_units or v != "openvino-bf16"]
+    all_openvino = [name for name in registry.names() if registry.get(name).runtime == "openvino"]
+    openvino_variants = [v for v in all_openvino if bf16_units or v != "openvino-bf16"]
     start = time.perf_counter()
-    report = export_variants(hub, work / "hub", variants=["fp32", "optimized", "int8-dynamic", "int8-dynamic-s8",
-                                                          "int8-static", *openvino_variants],
-                             n_random=8, n_photos=24, n_calibration=args.calibration, seed=0)
+    plan = ExportPlan(("fp32", "optimized", "int8-dynamic", "int8-dynamic-s8", "int8-static", *openvino_variants))
+    report = export_variants(hub, work / "hub", plan,
+                             VerificationSet(n_random=8, n_photos=24, n_calibration=args.calibration, seed=0))
     info["export_seconds"] = time.perf_counter() - start
     info["export"] = [{"variant": o.variant, "written": o.written, "error": o.error,
                        "worst": (o.verification or {}).get("worst"), "margins": (o.verification or {}).get("margins")}
@@ -298,18 +299,18 @@ def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str]) ->
         else:
             rows.rows.append({"path": f"hub-vit ONNX Runtime {variant}", "kind": "hub-vit", "precision": precision,
                               "verified": False, "rejected": f"export refused it: {outcome.error}"})
-    for variant in OPENVINO_VARIANTS:
+    for variant in all_openvino:
         path = f"hub-vit OpenVINO runtime {variant}"
         if variant not in openvino_variants:
-            rows.rows.append({"path": path, "kind": "hub-vit", "precision": PRECISION[variant],
+            rows.rows.append({"path": path, "kind": "hub-vit", "precision": registry.get(variant).precision,
                               "error": f"not run: {bf16_note}"})
             continue
         outcome = report.outcome(variant)
         if outcome.written:
-            rows.add(path, "hub-vit", PRECISION[variant], lambda f=outcome.file: openvino_session_runner(Path(f),
-                                                                                                       threads))
+            rows.add(path, "hub-vit", registry.get(variant).precision,
+                     lambda f=outcome.file: openvino_session_runner(Path(f), threads))
         else:
-            rows.rows.append({"path": path, "kind": "hub-vit", "precision": PRECISION[variant],
+            rows.rows.append({"path": path, "kind": "hub-vit", "precision": registry.get(variant).precision,
                               "verified": False, "rejected": f"export refused it: {outcome.error}"})
     if bf16_units:
         def compiled_bf16() -> Callable[[np.ndarray], np.ndarray]:

@@ -16,8 +16,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from hub_vit.export import export_onnx
-from hub_vit.export.variants import VARIANTS, export_variants
+from hub_vit.export import export_onnx, registry
+from hub_vit.export.plan import ExportPlan, VerificationSet
+from hub_vit.export.variants import export_variants
 from hub_vit.export.verify import photo_batch
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
@@ -45,8 +46,8 @@ def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     family = request.param
     model = _model(family)
     out = tmp_path_factory.mktemp(family)
-    report = export_variants(model, out, variants=["fp32", "optimized", "int8-dynamic", "int8-static"],
-                             with_attentions=True, n_random=8, n_photos=24, n_calibration=16, seed=0)
+    plan = ExportPlan(("fp32", "optimized", "int8-dynamic", "int8-static"), attentions=True)
+    report = export_variants(model, out, plan, VerificationSet(n_random=8, n_photos=24, n_calibration=16, seed=0))
     return family, model, out, report
 
 
@@ -219,8 +220,8 @@ def test_dynamic_size_refused_for_learned_posemb(tmp_path: Path) -> None:
 
 def test_fp16_and_bf16_are_verified_or_refused_with_reason(tmp_path: Path) -> None:
     model = _model("classic_tok")
-    report = export_variants(model, tmp_path, variants=["fp16", "bf16"], n_random=4, n_photos=12, seed=0,
-                             exporter="torchscript")
+    report = export_variants(model, tmp_path, ExportPlan(("fp16", "bf16"), exporter="torchscript"),
+                             VerificationSet(n_random=4, n_photos=12, seed=0))
     for name in ("fp16", "bf16"):
         o = report.outcome(name)
         assert (tmp_path / f"model.{name}.onnx").exists() == o.written
@@ -234,8 +235,8 @@ def test_fp16_and_bf16_are_verified_or_refused_with_reason(tmp_path: Path) -> No
 
 # ---------------------------------------------------------------------------------------------------- bad input
 def test_unsupported_precision_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="fp8.*valid choices: " + ", ".join(VARIANTS)):
-        export_variants(_model("classic_tok"), tmp_path / "out", variants=["fp32", "fp8"])
+    with pytest.raises(ValueError, match="fp8.*valid choices: " + ", ".join(registry.names())):
+        export_variants(_model("classic_tok"), tmp_path / "out", ExportPlan(("fp32", "fp8")))
     assert not (tmp_path / "out").exists()
 
 
@@ -245,7 +246,7 @@ def test_unwritable_output_path_gives_clear_error_and_no_file(tmp_path: Path) ->
     with pytest.raises(PermissionError, match="cannot write"):
         export_onnx(_model("classic_tok"), blocker / "model.onnx")
     with pytest.raises((PermissionError, NotADirectoryError), match="cannot write|is a file"):
-        export_variants(_model("classic_tok"), blocker, variants=["fp32"])
+        export_variants(_model("classic_tok"), blocker, ExportPlan(("fp32",)))
     assert blocker.read_text() == "not a folder"
 
 
