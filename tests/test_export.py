@@ -188,6 +188,40 @@ def test_int8_passes_on_a_trained_model(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow
+def test_the_readme_export_command_writes_every_variant_this_host_can_build(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's `hub-vit export onnx hub_vit/assets/digits ... --variant all --attentions`, as written: exit 0,
+    the variants this host can build written when they pass, top-1 judged on the model's held-out digits (its
+    folder names them), and the ones left out listed with the reason. It exited 1 before, three variants refused."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.cli import _load_commands, app
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("hub-vit export onnx hub_vit/assets/digits"))
+    args = shlex.split(line)[1:]
+    assert args[2:] == ["-o", "exports/digits", "--variant", "all", "--attentions"]
+    args[2] = str(default_model_folder())
+    monkeypatch.chdir(tmp_path)
+    _load_commands()
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "exports" / "digits" / "model.export.json").read_text())
+    assert report["settings"]["top1_scope"] == "held-out images" and report["settings"]["n_own_images"] == 360
+    by_name = {v["variant"]: v for v in report["variants"]}
+    assert set(by_name) == {*registry.names(), "attentions"}
+    for name in ("fp32", "optimized", "int8-dynamic", "int8-static", "attentions"):
+        assert by_name[name]["written"], (name, by_name[name]["error"])
+    for name in ("int8-dynamic", "int8-static"):
+        assert by_name[name]["verification"]["top1_scope"] == "held-out images"
+    for outcome in by_name.values():  # every refusal says why, and none of them was asked for by name
+        assert outcome["written"] or (outcome["error"] and not outcome["required"])
+
+
 def test_map_model_attention_graph_has_pool_attention(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = VisionTransformer(ViTSpec(**TINY, pool_type="map")).eval()

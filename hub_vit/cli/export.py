@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +88,9 @@ def onnx_cmd(
     photos: int = typer.Option(32, help="Real photo crops (scikit-image) in the verification set."),
     calibration: int = typer.Option(32, help="Calibration images (noise + photo crops) for int8-static."),
     images: Path = typer.Option(None, help="Folder of in-domain images, prepared by the model's own transform: half "
-                                           "join the verification set, half the int8-static calibration "
-                                           "(recommended for non-photo models)."),
+                                           "join the verification set (top-1 is judged on them), half the int8 "
+                                           "calibration. Default: the held-out images the model folder names "
+                                           "(training.json), if any."),
     images_limit: int = typer.Option(512, help="Use at most this many files from --images."),
     seed: int = typer.Option(None, help="Seed of the verification set (default: fresh)."),
     provider: list[str] = typer.Option(None, help="onnxruntime execution provider(s) for verification."),
@@ -99,20 +99,23 @@ def onnx_cmd(
     """Export to ONNX, verify every variant against PyTorch, write only the ones that pass (+ a JSON report)."""
     from hub_vit.export import load_source
     from hub_vit.export.metadata import model_metadata
+    from hub_vit.export.own_images import verification_set
     from hub_vit.export.plan import VerificationSet
     from hub_vit.export.variants import export_variants
 
+    counts = dict(n_random=random_inputs, n_photos=photos, n_calibration=calibration, seed=seed)
     try:  # validate everything cheap before building a model
         plan = _checked_flags(variant, stem, opset, exporter, out, provider, dynamic_batch=dynamic_batch,
                               dynamic_size=dynamic_size, attentions=attentions)
-        check = VerificationSet(random_inputs, photos, calibration, seed)
+        VerificationSet(**counts)  # the counts' own check, before the model is built
         src = load_source(source, model_name=model_name, pretrained=pretrained)
-        own = None if images is None else _own_images(src, images, images_limit)
+        check = verification_set(src, images=images, limit=images_limit, **counts)
         console.print(f"exporting [bold]{escape(src.name)}[/] ({src.kind}, weights: {escape(src.weights)}) -> "
                       f"{escape(str(out))}", soft_wrap=True)
         if src.random_weights:
             _warn_random_weights(src.name, pretrained)
-        check = replace(check, own=own, trained=not src.random_weights)
+        if check.note:
+            err_console.print(f"[yellow]note:[/] {escape(check.note)}", soft_wrap=True)
         report = export_variants(src.module, out, plan, check, source=src.describe(),
                                  metadata=model_metadata(src.module, src.labels, src.pretrained_cfg))
     except OSError as exc:
@@ -156,16 +159,6 @@ def _checked_flags(variant: list[str], stem: str, opset: int, exporter: str, out
 
         check_providers(provider)  # a typo or missing GPU build must not cost a model build and leave a report
     return plan
-
-
-def _own_images(src: Any, images: Path, limit: int) -> Any:
-    """--images read with the model's own transform at the exported graph's input size (whatever size the transform
-    was recorded at)."""
-    from hub_vit.export.plan import OwnImages
-    from hub_vit.export.verify import load_image_folder
-
-    data = replace(src.data, img_size=tuple(src.module.spec.img_size))
-    return OwnImages(load_image_folder(images, data, limit=limit), source=f"--images {images}")
 
 
 def _print_outcomes(report: Any) -> None:

@@ -105,6 +105,7 @@ class VerificationSet:
     seed: int | None = None
     own: OwnImages | None = None
     trained: bool = False
+    note: str = ""  # why the own images the model folder names were not used
 
     def __post_init__(self) -> None:
         counts = (self.n_random, self.n_photos, self.n_calibration)
@@ -125,7 +126,7 @@ class VerificationSet:
         return {"n_random": self.n_random, "n_photos": self.n_photos, "n_calibration": self.n_calibration,
                 "n_own_images": 0 if own is None else len(own.images),
                 "own_images": None if own is None else own.source, "trained": self.trained,
-                "top1_scope": self.top1_scope}
+                "top1_scope": self.top1_scope, **({"note": self.note} if self.note else {})}
 
 
 __all__ = ["ALL", "ExportPlan", "OwnImages", "VerificationSet", "check_stem"]

@@ -16,15 +16,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hub_vit.data_config import DataConfig
 from hub_vit.export.criterion import FP32_MAX_ABS, MIN_TOP1_AGREEMENT, VerifyResult, judge
 from hub_vit.model import VisionTransformer
 
 if TYPE_CHECKING:
     from hub_vit.export.plan import VerificationSet
-
-# File names of the formats `hub_vit.explain.image.load_image` decodes (PNG, JPEG, WEBP, BMP, GIF).
-IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 
 # Colour and grey photographs that ship inside scikit-image (no download); grey ones are repeated to 3 channels.
 PHOTO_NAMES: tuple[str, ...] = (
@@ -160,30 +156,6 @@ def gather_evidence(model: VisionTransformer, check: VerificationSet, calibrated
     return Evidence(x, seed, torch_outputs(model, x), n_own, top1_from, calibration, top1_counts)
 
 
-def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = None) -> np.ndarray:
-    """Image files of `folder` (recursively, sorted) -> (N, C, H, W) float32, each prepared exactly as the model's
-    own eval transform `data` prepares it (EXIF orientation, resize, centre crop, mean/std), so int8 calibration
-    and verification see the activations the served model will see."""
-    from hub_vit.explain.image import load_image, prepare_image
-
-    folder = Path(folder)
-    if folder.is_file():
-        raise NotADirectoryError(f"--images {str(folder)!r} is a file; give a folder of images")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
-    if limit is not None and limit < 0:
-        raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(IMAGE_SUFFIXES)} files")
-    files = files[:limit] if limit else files
-    out = np.empty((len(files), data.in_chans, *data.img_size), dtype=np.float32)
-    for i, f in enumerate(files):
-        # The user's own files: above Pillow's 89 MP warning is fine (large=True); ImageReadError names the file.
-        out[i] = prepare_image(load_image(f, large=True), data).tensor.numpy()
-    return out
-
-
 @torch.no_grad()
 def torch_outputs(model: VisionTransformer, x: np.ndarray, batch_size: int = 8,
                   with_attentions: bool = False) -> dict[str, np.ndarray]:
@@ -263,4 +235,4 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float,
 __all__ = ["FP32_MAX_ABS", "MIN_TOP1_AGREEMENT", "PHOTO_NAMES", "Evidence", "VerifyResult", "calibration_images",
            "check_informative", "gather_evidence",
            "check_providers", "compare", "judge", "load_photos",
-           "load_image_folder", "ort_outputs", "ort_session", "photo_batch", "torch_outputs", "verification_inputs"]
+           "ort_outputs", "ort_session", "photo_batch", "torch_outputs", "verification_inputs"]

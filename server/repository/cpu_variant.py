@@ -192,11 +192,11 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
         return CpuSelection("fp32", requested, "the model's head is all zero (untrained), so no reduced-precision "
                             "variant can be verified against it: fp32", flags)
     # an in-memory module (tests, benchmarks) or random init: top-1 on photos means nothing, the criterion's
-    # cosine / relative-error bounds judge alone
-    from hub_vit.export.plan import VerificationSet
+    # cosine / relative-error bounds judge alone (verification_set)
+    from hub_vit.export.own_images import verification_set
 
-    check = VerificationSet(n_random=8, n_photos=24, n_calibration=32, seed=0,
-                            trained=not (source.kind == "module" or source.random_weights))
+    # the model's own held-out images when its folder names some (top-1 judged on them), else photos
+    check = verification_set(source, n_random=8, n_photos=24, n_calibration=32, seed=0)
     graph, selection, tmp = select(module, requested, check, batch=batch, threads=threads, work_dir=target.parent)
     try:
         if graph.suffix == ".xml":  # OpenVINO: its three files beside the fp32 graph, which stays
