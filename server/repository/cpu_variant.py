@@ -34,6 +34,7 @@ import numpy as np
 from hub_vit.export import registry
 from hub_vit.host import Host, this_host
 from hub_vit.openvino_runtime import OpenVINOSession, ir_files, served_model
+from hub_vit.server.repository import variant_cache
 
 if TYPE_CHECKING:
     from hub_vit.export.plan import VerificationSet
@@ -56,6 +57,7 @@ class CpuSelection:
     threads: int = 0
     candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)  # variants not tried on this host, and why
+    cache: dict[str, Any] = dataclasses.field(default_factory=dict)  # the variant cache's entry; hit: reused
     # what the candidates were judged on: noise, photos, the model's own images, and where top-1 was judged
     verification_set: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -119,7 +121,7 @@ def select(module: Any, requested: str, check: VerificationSet, *, batch: int, t
     check_cpu_variant(requested)
     host = host or this_host()
     names, left_out = candidates(host) if requested == AUTO else ([requested], {})
-    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    threads = threads or _cores()
     tmp = tempfile.TemporaryDirectory(prefix=".cpu-variant-", dir=work_dir)
     try:
         plan = ExportPlan(tuple(names), optional=frozenset(names) if requested == AUTO else frozenset(),
@@ -172,8 +174,6 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
     measuring: its time goes to per-op overhead and decoding, not matmuls (digits, batch 8: ORT-fused fp32 397 img/s,
     int8-dynamic 220), and the build stays as fast as before.
     """
-    import shutil
-
     check_cpu_variant(requested)
     flags = this_host().flags
     module = source.module
@@ -197,16 +197,55 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
 
     # the model's own held-out images when its folder names some (top-1 judged on them), else photos
     check = verification_set(source, n_random=8, n_photos=24, n_calibration=32, seed=0)
-    graph, selection, tmp = select(module, requested, check, batch=batch, threads=threads, work_dir=target.parent)
+    host = this_host()
+    threads = threads or _cores()
+    key = variant_cache.cache_key(module, requested, check, batch=batch, threads=threads, flags=host.flags)
+    cached = _from_cache(key, target)
+    if cached is not None:
+        return cached
+    graph, selection, tmp = select(module, requested, check, batch=batch, threads=threads, work_dir=target.parent,
+                                   host=host)
     try:
-        if graph.suffix == ".xml":  # OpenVINO: its three files beside the fp32 graph, which stays
-            for src, dst in zip(ir_files(graph), ir_files(served_model(target)), strict=True):
-                shutil.copyfile(src, dst)
-        else:
-            shutil.copyfile(graph, target)
+        files = ir_files(graph) if graph.suffix == ".xml" else [graph]
+        entry = variant_cache.store(key, selection.to_dict(), files)
+        selection.cache = {"hit": False, "entry": None if entry is None else str(entry)}
+        _place(files, target)
     finally:
         tmp.cleanup()
     return selection
+
+
+def _from_cache(key: variant_cache.CacheKey, target: Path) -> CpuSelection | None:
+    """The selection `key`'s cache entry holds, its graph placed at `target`; None on a miss (or a damaged entry,
+    which `variant_cache.load` removed)."""
+    hit = variant_cache.load(key)
+    if hit is None:
+        return None
+    recorded, files = hit
+    try:
+        selection = CpuSelection(**recorded)
+    except TypeError:  # recorded by another layout of the record: build afresh
+        return None
+    selection.cache = {"hit": True, "entry": str(files[0].parent)}
+    selection.reason += "; reused from the variant cache (built and verified earlier on this host)"
+    _place(files, target)
+    return selection
+
+
+def _place(files: list[Path], target: Path) -> None:
+    """The chosen graph at the classifier's `target`: an ONNX graph over it, or an OpenVINO variant's three files
+    beside the fp32 graph, which stays."""
+    import shutil
+
+    if files[0].suffix == ".xml":
+        for src, dst in zip(files, ir_files(served_model(target)), strict=True):
+            shutil.copyfile(src, dst)
+    else:
+        shutil.copyfile(files[0], target)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
