@@ -34,9 +34,13 @@ def ir_files(xml: str | Path) -> list[Path]:
 class OpenVINOSession:
     """An OpenVINO CPU model with the calls the verification and timing use on an ONNX Runtime session:
     `run(None, {"pixel_values": x})` -> outputs in graph order, `get_inputs()` / `get_outputs()` (`.name`),
-    `get_providers()`. `threads`: OpenVINO's inference threads (None: its default, every core)."""
+    `get_providers()`. `threads`: OpenVINO's inference threads (None: its default, every core).
 
-    def __init__(self, xml: str | Path, threads: int | None = None) -> None:
+    `attentions`: also output every attention block's probabilities, as the attention graph does (`attentions`
+    (B, depth, heads, N, N), and a MAP model's `pool_attention` (B, heads, 1, N)): the softmax outputs of this same
+    IR, so the served CPU classifier explains a request at the precision its plain answers have (one run)."""
+
+    def __init__(self, xml: str | Path, threads: int | None = None, *, attentions: bool = False) -> None:
         import openvino as ov
 
         settings = json.loads(Path(xml).with_suffix(".json").read_text(encoding="utf-8"))
@@ -45,9 +49,16 @@ class OpenVINOSession:
         config: dict[str, Any] = {"ENABLE_CPU_PINNING": False, **settings.get("compile", {})}
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
-        self.compiled = ov.Core().compile_model(str(xml), "CPU", config)
+        core = ov.Core()
+        model = core.read_model(str(xml))
+        self.probabilities = _softmax_outputs(model) if attentions else 0
+        self.compiled = core.compile_model(model, "CPU", config)
         self.input_names = [port.get_any_name() for port in self.compiled.inputs]
-        self.names = [output.get_any_name() for output in self.compiled.outputs]
+        self.names = [_name(output) for output in self.compiled.outputs[:len(self.compiled.outputs)
+                                                                        - self.probabilities]]
+        self.pooled = self._pooled()
+        if attentions:
+            self.names += ["attentions"] + ["pool_attention"] * self.pooled
         hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")  # an ov.Type: f32, bf16, f16
         self.precision = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
         wanted = str(config.get("INFERENCE_PRECISION_HINT", self.precision))
@@ -56,9 +67,20 @@ class OpenVINOSession:
                                f"{wanted}")
         self.request = self.compiled.create_infer_request()
 
+    def _pooled(self) -> bool:
+        """Whether the last softmax is a MAP probe's: one query, (B, heads, 1, N)."""
+        shape = self.compiled.outputs[-1].get_partial_shape()
+        return self.probabilities > 0 and shape.rank.get_length() == 4 and shape[2].is_static and \
+            shape[2].get_length() == 1
+
     def run(self, _outputs: Sequence[str] | None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         results = self.request.infer(list(feeds.values()))
-        return [np.array(results[output]) for output in self.compiled.outputs]  # copies: the request reuses them
+        found = [np.array(results[output]) for output in self.compiled.outputs]  # copies: the request reuses them
+        if not self.probabilities:
+            return found
+        plain, probabilities = found[:-self.probabilities], found[-self.probabilities:]
+        pool = [probabilities.pop()] if self.pooled else []
+        return [*plain, np.stack(probabilities, axis=1), *pool]  # blocks: (B, depth, heads, N, N)
 
     def get_inputs(self) -> list[Any]:
         return [_Named(name) for name in self.input_names]
@@ -68,6 +90,23 @@ class OpenVINOSession:
 
     def get_providers(self) -> list[str]:
         return [f"OpenVINO CPU ({self.precision})"]
+
+
+def _name(port: Any) -> str:
+    """An output's name: the graph's contract name where the tensor has several (OpenVINO folds an Identity into its
+    input, so `pre_logits` and the head's input are one tensor with both names), else any of them."""
+    names = port.get_names()
+    return next((name for name in ("logits", "pre_logits") if name in names), port.get_any_name())
+
+
+def _softmax_outputs(model: Any) -> int:
+    """Add every Softmax of `model` (the attention blocks' in order, then a MAP probe's) to its outputs; returns how
+    many. Each stays a node of its own in this compiled model (an output is not fused away)."""
+    softmaxes = [op for op in model.get_ordered_ops() if op.get_type_name() == "Softmax"]
+    if not softmaxes:
+        raise ValueError("this OpenVINO model has no Softmax: its attention probabilities cannot be read")
+    model.add_outputs([op.output(0) for op in softmaxes])
+    return len(softmaxes)
 
 
 class _Named:

@@ -160,11 +160,64 @@ def test_a_forced_openvino_variant_is_served_within_the_criterion(digits: Resolv
     version = repo / "vit_classifier" / "1"
     assert all(f.is_file() for f in openvino_runtime.ir_files(openvino_runtime.served_model(version / "model.onnx")))
     payloads = digit_pngs(32)
-    served = served_logits(repo, payloads)
+    served, explained = served_logits(repo, payloads), _explained(repo, payloads)
     fp32 = fp32_logits(digits.module, digits.pretrained_cfg, payloads)
     cos, rel = criterion.per_image(fp32, served)
     assert cos.min() >= criterion.MIN_COSINE and rel.max() <= criterion.MAX_REL_ERROR, (cos.min(), rel.max())
     assert rel.max() > 1e-4  # the reduced-precision OpenVINO model answered, not the fp32 ONNX graph beside it
+    # explained requests run the same variant (its own attention probabilities), not the fp32 attention graph
+    logits = np.stack([p.logits for p in explained])
+    np.testing.assert_allclose(logits, served, atol=1e-3 * np.abs(served).max())
+    assert [p.labels for p in explained] == [[str(i) for i in np.argsort(-row)[:5]] for row in served]
+    assert criterion.per_image(fp32, logits)[1].max() > 1e-4
+    from hub_vit.demo.models import load_explainer, resolve_choice
+    from hub_vit.explain.image import load_image
+
+    explainer = load_explainer(resolve_choice(None))
+    result = explainer.rollout([explainer.prepare(load_image(p)) for p in payloads], "mean", 0.0)
+    maps_cos, _ = criterion.per_image(result.maps.reshape(len(payloads), -1).numpy(),
+                                      np.stack([p.rollout.reshape(-1) for p in explained]))
+    assert maps_cos.min() >= 0.99, maps_cos.min()  # the fp32 model's maps, within int8 / bf16 rounding
+
+
+def _explained(repo: Path, payloads: list[bytes]) -> list:
+    """The real Triton's explained answers (labels, logits, rollout maps) for `payloads`."""
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
+
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=20).start(timeout_s=180)
+    try:
+        with Classifier(server.http_url) as client:
+            return client.classify(payloads, explain=True, with_logits=True)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("pool_type", ["gap", "map"])
+def test_an_openvino_variant_reads_the_attention_probabilities_of_its_own_graph(tmp_path: Path,
+                                                                                pool_type: str) -> None:
+    """`OpenVINOSession(attentions=True)` writes what the attention graph writes (`attentions`, a MAP model's
+    `pool_attention`), from the variant's own softmax outputs: equal to the fp32 attention graph for openvino-fp32."""
+    import onnxruntime as ort
+    import torch
+
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    torch.manual_seed(0)
+    spec = ViTSpec(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=8, img_size=32, num_classes=10,
+                   head_zeroinit=False, posemb="learn", pool_type=pool_type)
+    model = VisionTransformer(spec).eval()
+    export_variants(model, tmp_path, ExportPlan(("openvino-fp32",), attentions=True), CHECK)
+    session = openvino_runtime.OpenVINOSession(tmp_path / "model.openvino-fp32.xml", threads=1, attentions=True)
+    graph = ort.InferenceSession(str(tmp_path / "model.attentions.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == [o.name for o in graph.get_outputs()]
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 32, 32)).astype(np.float32)
+    for got, expected in zip(session.run(None, {"pixel_values": x}), graph.run(None, {"pixel_values": x}),
+                             strict=True):
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
 def test_a_precision_the_cpu_cannot_run_is_refused_not_silently_replaced(tmp_path: Path) -> None:
