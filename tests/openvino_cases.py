@@ -66,17 +66,31 @@ def _damaged_build(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(openvino_build, "read_model", damaged)
 
 
-def test_the_attention_output_projections_are_found_one_per_block(digits: ResolvedModel, tmp_path: Path) -> None:
-    import openvino as ov
+def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp_path: Path) -> None:
+    """A random SimpleViT with a pre-logits layer: quantised whole, its pre-logits Linear (after the average pool) puts
+    the features far outside the bounds; the search keeps that layer in float, the variant passes, and the layers it
+    kept are recorded in the IR's settings, the export report and the served manifest."""
+    import torch
 
-    export_variants(digits.module, tmp_path, ExportPlan(("fp32",)), VerificationSet(n_random=2, n_photos=2, seed=0))
-    model = ov.Core().read_model(str(tmp_path / "model.onnx"))
-    found = openvino_build.attention_output_projections(model)
-    spec = digits.module.spec
-    assert len(found) == spec.depth
-    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
-    for name in found:  # (dim, dim) weights, like every block's attn.proj
-        assert list(ops[name].get_output_partial_shape(0).get_max_shape())[-1] == spec.width
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    torch.manual_seed(0)
+    spec = ViTSpec(width=64, depth=2, mlp_dim=256, num_heads=2, patch_size=8, img_size=32, num_classes=10,
+                   head_zeroinit=False, posemb="sincos2d", pool_type="gap", rep_size=True)
+    source = ResolvedModel.from_module(VisionTransformer(spec).eval(), name="tiny")
+    repo = write_repository(source, tmp_path / "repo", ServingOptions(cpu_variant="openvino-int8"))
+    row = json.loads((repo / MANIFEST).read_text())["cpu_variant"]["candidates"][0]
+    assert row["variant"] == "openvino-int8" and row["verified"], row["error"]
+    kept, rounds = row["settings"]["kept_in_float"], row["settings"]["search"]["rounds"]
+    assert rounds[0] == {"kept_in_float": [], "margin": rounds[0]["margin"]} and rounds[0]["margin"] < 0
+    assert rounds[-1]["kept_in_float"] == kept and rounds[-1]["margin"] >= 0 and 1 <= len(kept) <= 3
+    assert any("Gemm" in name for name in kept)  # the pre-logits Linear (exported as a Gemm) among them
+    served = openvino_runtime.served_model(repo / "vit_classifier" / "1" / "model.onnx")
+    assert json.loads(served.with_suffix(".json").read_text())["kept_in_float"] == kept
+    report = export_variants(source.module, tmp_path / "export", ExportPlan(("openvino-int8",)), CHECK)
+    assert report.outcome("openvino-int8").written and report.outcome("openvino-int8").settings["kept_in_float"]
+    assert json.loads(Path(report.report_file).read_text())["variants"][0]["settings"]["kept_in_float"]
 
 
 def test_openvino_variants_are_written_verified_and_replaced_as_a_set(digits: ResolvedModel, tmp_path: Path) -> None:

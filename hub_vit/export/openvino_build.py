@@ -29,7 +29,6 @@ import numpy as np
 # activations quantised in groups of this many channels: one scale per token for rows up to ViT-S/16's 384, a few per
 # token for wider models (ViT-S/16, 2 cores: 384 was the fastest of 32, 64, 128, 384; 0 turns it off, 40% slower)
 DYNAMIC_GROUP_SIZE = 384
-_LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Convert")
 
 
 def read_model(onnx_file: str | Path) -> Any:
@@ -64,50 +63,28 @@ def build_dynamic_int8(fp32: Path, out_xml: Path) -> Path:
 
 def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_counts: np.ndarray | None
                       ) -> tuple[Path, dict[str, Any]]:
-    """Static int8 calibrated on `calibration` (N, C, H, W); returns the IR and what the build decided
-    (`kept_in_float`: the layers left unquantised)."""
+    """Static int8 calibrated on `calibration` (N, C, H, W), the layers the criterion finds sensitive kept in float
+    (`hub_vit.export.sensitivity.search`, judged on the same images: `top1_counts` marks those whose top-1 counts);
+    returns the IR and what the build decided: `kept_in_float` (the layers left unquantised) and the search's
+    rounds."""
     import nncf
+
+    from hub_vit.export.sensitivity import search
 
     if not len(calibration):
         raise ValueError("openvino-int8 needs calibration images; none were given")
     model = read_model(fp32)
     dataset = nncf.Dataset([calibration[i:i + 1] for i in range(len(calibration))])
-    kept = attention_output_projections(model)
-    with quiet():
-        model = nncf.quantize(model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calibration),
-                              ignored_scope=nncf.IgnoredScope(names=kept))
-    decided = {"kept_in_float": kept}
-    return save(model, out_xml, {}, **decided), decided
 
+    def quantize(kept: list[str]) -> Any:
+        with quiet():
+            return nncf.quantize(model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calibration),
+                                 ignored_scope=nncf.IgnoredScope(names=kept))
 
-def _constant_nodes(model: Any) -> set[str]:
-    """Names of the nodes computed from constants alone (weights and their Convert / Transpose)."""
-    constant: set[str] = set()
-    for op in model.get_ordered_ops():  # topological order: inputs come first
-        inputs = [op.input_value(i).get_node() for i in range(op.get_input_size())]
-        if op.get_type_name() == "Constant" or (inputs and all(n.get_friendly_name() in constant for n in inputs)):
-            constant.add(op.get_friendly_name())
-    return constant
-
-
-def attention_output_projections(model: Any) -> list[str]:
-    """The weight MatMuls that read an activation x activation MatMul (softmax(QK^T) V) through layout ops only."""
-    constant = _constant_nodes(model)
-    found = []
-    for op in model.get_ordered_ops():
-        if op.get_type_name() != "MatMul":
-            continue
-        sources = [op.input_value(i).get_node() for i in range(2)]
-        activations = [n for n in sources if n.get_friendly_name() not in constant]
-        if len(activations) != 1:  # both activations (attention itself) or both constant
-            continue
-        node = activations[0]
-        while node.get_type_name() in _LAYOUT_OPS:
-            node = node.input_value(0).get_node()
-        if node.get_type_name() == "MatMul" and not any(
-                node.input_value(i).get_node().get_friendly_name() in constant for i in range(2)):
-            found.append(op.get_friendly_name())
-    return found
+    found = search(model, quantize, calibration, top1_counts, {"ENABLE_CPU_PINNING": False})
+    decided = {"kept_in_float": found.kept_in_float,
+               "search": {"calibration_margin": round(found.margin, 4), "rounds": found.rounds}}
+    return save(found.model, out_xml, {}, **decided), decided
 
 
 @contextlib.contextmanager
@@ -142,5 +119,5 @@ def drop_output(src_xml: str | Path, dst_xml: str | Path, name: str) -> Path:
     return dst_xml
 
 
-__all__ = ["DYNAMIC_GROUP_SIZE", "attention_output_projections", "build_dynamic_int8", "build_plain",
+__all__ = ["DYNAMIC_GROUP_SIZE", "build_dynamic_int8", "build_plain",
            "build_static_int8", "drop_output", "quiet", "read_model", "save"]
