@@ -187,3 +187,20 @@ def test_forced_int8_is_served_within_the_criterion_of_fp32(tmp_path: Path) -> N
     assert cos.min() >= 0.99 and rel.max() <= 0.15, (cos.min(), rel.max())
     assert rel.max() > 1e-4  # int8 really answered, not an fp32 graph
     assert (fp32.argmax(1) == served.argmax(1)).mean() >= 0.99
+
+
+def test_the_command_lines_list_every_registered_variant() -> None:
+    """The choices and help come from the registry (hub_vit/export/registry.py): serve's and repository's
+    --cpu-variant name every variant the CPU flavour serves, export's --variant every variant."""
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.export import registry
+
+    _load_commands()
+    for command, names in ((["serve"], registry.names(cpu=True)), (["repository"], registry.names(cpu=True)),
+                           (["export", "onnx"], registry.names())):
+        result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"})  # no name wrapped at a "-"
+        text = " ".join(result.output.replace("│", " ").split())
+        assert result.exit_code == 0, result.output
+        for name in names:
+            variant = registry.get(name)
+            assert f"{name} ({registry.RUNTIMES[variant.runtime]} {variant.precision})" in text, (command, name)
