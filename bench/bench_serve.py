@@ -22,6 +22,7 @@ the client's own CPU. perf_analyzer rows carry the suffix `_perf_analyzer`.
     # many-core host: load generator off the server's cores (the in-process baseline gets the server's cores too)
     .venv/bin/python bench/bench_serve.py --server-cpus 0,1 --client-cpus 2-5
     .venv/bin/python bench/bench_serve.py --load-generators hub-vit   # without perf_analyzer
+    .venv/bin/python bench/bench_serve.py --quick       # Ti/16 at c16, the CPU variant auto chose: checks the path
 
 `--gate-cost` measures something else, the cost of `hub-vit serve`'s gates (server/gate.py, server/grpc_gate.py): one
 `hub-vit serve --repository` process, and hub-vit's load generator at concurrency 16 (one image per request) sent in
@@ -503,8 +504,14 @@ def main() -> None:
                         help="measure the gates of hub-vit serve instead: through them vs straight to Triton, c16")
     parser.add_argument("--slices", type=int, default=SLICES,
                         help="--gate-cost: pairs of measurements per protocol (more on a busy host)")
+    parser.add_argument("--quick", action="store_true",
+                        help="ViT-Ti/16 at c16 only, 2 s slices, hub-vit's load generator, the result in a temporary "
+                             "file: checks the served-vs-in-process path (target c16 >= 85 %%), not a result")
     add_note_option(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.models, args.concurrency, args.seconds, args.load_generators = ["ti16"], [16], 2.0, ["hub-vit"]
+        args.out = Path(tempfile.mkdtemp(prefix="bench-serve-quick-")) / "serve_cpu_quick.json"
     if args.slices < 1:
         raise SystemExit(f"--slices must be at least 1, got {args.slices}")
     if args.gate_cost:
