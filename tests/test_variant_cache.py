@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hub_vit.export import criterion
+from hub_vit.export import criterion, onnx_export
 from hub_vit.export.plan import VerificationSet
 from hub_vit.host import Host
 from hub_vit.resolve import resolve_model as resolve
@@ -113,12 +113,16 @@ def test_a_second_build_reuses_the_choice_and_a_damaged_entry_is_rebuilt(cache: 
     graph = first / "vit_classifier" / "1" / "model.onnx"
 
     real_select = cpu_variant.select
-    monkeypatch.setattr(cpu_variant, "select", lambda *args, **kwargs: pytest.fail("rebuilt a cached variant"))
-    second = write_repository(source, tmp_path / "second", ServingOptions(cpu_variant="int8-dynamic"))
+    with monkeypatch.context() as patched:  # neither the candidates nor the fp32 graphs are built again
+        patched.setattr(cpu_variant, "select", lambda *args, **kwargs: pytest.fail("rebuilt a cached variant"))
+        patched.setattr(onnx_export, "export_onnx", lambda *args, **kwargs: pytest.fail("exported the graphs again"))
+        second = write_repository(source, tmp_path / "second", ServingOptions(cpu_variant="int8-dynamic"))
     reused = json.loads((second / MANIFEST).read_text())["cpu_variant"]
     assert reused["cache"]["hit"] is True and reused["variant"] == "int8-dynamic"
     assert reused["reason"].endswith("reused from the variant cache (built and verified earlier on this host)")
-    assert (second / "vit_classifier" / "1" / "model.onnx").read_bytes() == graph.read_bytes()
+    for name in ("model.onnx", "model_attentions.onnx"):
+        assert (second / "vit_classifier" / "1" / name).read_bytes() == (first / "vit_classifier" / "1" /
+                                                                          name).read_bytes()
 
     cached = Path(recorded["cache"]["entry"]) / "model.int8-dynamic.onnx"
     cached.write_bytes(cached.read_bytes()[: cached.stat().st_size // 2])  # truncated

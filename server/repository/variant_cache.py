@@ -1,6 +1,7 @@
 """The CPU flavour's chosen variants, kept between repository builds: the second `hub-vit serve` (or `hub-vit
 repository`) of a model on the same host takes the graph it chose the first time instead of building, verifying and
-timing every candidate again.
+timing every candidate again, and its exported fp32 graphs (the attention graph and the logits graph cut from it;
+`exported_graphs`) instead of exporting them again.
 
 Where: `$HUB_VIT_VARIANT_CACHE`, else `<hub-vit's cache>/cpu-variants/` (`hub_vit.conversion.download.cache_dir`:
 `$HUB_VIT_CACHE`, else `$XDG_CACHE_HOME/hub_vit`, else `~/.cache/hub_vit`). One entry per key, a folder named by the
@@ -148,6 +149,27 @@ def store(key: CacheKey, selection: dict[str, Any], graph: list[Path], root: Pat
     return entry
 
 
+def exported_graphs(module: Any, logits: Path, attentions: Path) -> bool:
+    """The fp32 attention graph of `module` at `attentions` and the logits graph cut from it at `logits` (the CPU
+    flavour's two graphs), copied from the cache when the same weights were exported before with the same libraries,
+    else exported and kept; returns whether they came from the cache."""
+    from hub_vit.export.onnx_export import export_onnx, logits_subgraph
+    from hub_vit.weights_digest import state_dict_digest
+
+    key = CacheKey({"format": FORMAT, "graphs": [logits.name, attentions.name], "dynamic_batch": True,
+                    "weights": state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
+                    "libraries": library_versions()})
+    hit = load(key)
+    if hit is not None:
+        for path in hit[1]:
+            shutil.copyfile(path, logits.with_name(path.name))
+        return True
+    export_onnx(module, attentions, dynamic_batch=True, with_attentions=True)
+    logits_subgraph(attentions, logits)
+    store(key, {"graphs": "the fp32 attention graph and the logits graph cut from it"}, [logits, attentions])
+    return False
+
+
 def entries(root: Path | None = None) -> list[dict[str, Any]]:
     """Every entry: its folder, size in bytes, the variant it holds and for which request and weights, and whether it
     reads back whole (`damaged`: why not)."""
@@ -161,7 +183,8 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
         key = record.get("key", {}) if isinstance(record, dict) else {}
         selection = record.get("selection", {}) if isinstance(record, dict) else {}
         found.append({"entry": str(entry), "bytes": sum(p.stat().st_size for p in entry.iterdir() if p.is_file()),
-                      "variant": selection.get("variant"), "requested": key.get("requested"),
+                      "variant": selection.get("variant") or ("fp32 graphs" if "graphs" in key else None),
+                      "requested": key.get("requested"),
                       "weights": key.get("weights"), "damaged": _damaged(entry, record)})
     return found
 
@@ -177,4 +200,5 @@ def clear(root: Path | None = None) -> int:
     return count
 
 
-__all__ = ["CacheKey", "cache_key", "cache_root", "clear", "entries", "library_versions", "load", "store"]
+__all__ = ["CacheKey", "cache_key", "cache_root", "clear", "entries", "exported_graphs", "library_versions", "load",
+           "store"]
