@@ -261,13 +261,4 @@ class _Run:
         return outcome
 
 
-def variant_file_name(stem: str, variant: str) -> str:
-    """`<stem>.onnx` for fp32, `<stem>.<variant>.xml` for an OpenVINO variant, else `<stem>.<variant>.onnx` (also
-    `<stem>.attentions.onnx`)."""
-    if variant == ATTENTIONS_VARIANT:
-        return f"{stem}.{variant}.onnx"
-    return registry.get(variant).file_name(stem)
-
-
-__all__ = ["ATTENTIONS_VARIANT", "ExportReport", "VariantOutcome", "environment", "export_variants",
-           "variant_file_name"]
+__all__ = ["ATTENTIONS_VARIANT", "ExportReport", "VariantOutcome", "environment", "export_variants"]
