@@ -22,6 +22,7 @@ the client's own CPU. perf_analyzer rows carry the suffix `_perf_analyzer`.
     # many-core host: load generator off the server's cores (the in-process baseline gets the server's cores too)
     .venv/bin/python bench/bench_serve.py --server-cpus 0,1 --client-cpus 2-5
     .venv/bin/python bench/bench_serve.py --load-generators hub-vit   # without perf_analyzer
+    .venv/bin/python bench/bench_serve.py --quick       # Ti/16 at c16, the CPU variant auto chose: checks the path
 
 `--front-cost` measures something else, the cost of `hub-vit serve`'s front (server/front/), with a trivial model so
 that the front is all there is to see (bench/front_cost.py): h11's and httptools' CPU per request, then batch-1
@@ -410,12 +411,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None,
                         help="--front-cost: pairs of measurements per protocol and process count (default: 5)")
     parser.add_argument("--quick", action="store_true",
-                        help="--front-cost: 1 and 2 processes, 2 rounds of 2 s (checks the run, not a result)")
+                        help="checks the path, not a result: ViT-Ti/16 at c16 only, 2 s slices, hub-vit's load "
+                             "generator, the result in a temporary file (target c16 >= 85 %%); with --front-cost, 1 "
+                             "and 2 processes, 2 rounds of 2 s")
     add_note_option(parser)
     args = parser.parse_args()
     if args.front_cost:
         measure_front(args)
         return
+    if args.quick:
+        args.models, args.concurrency, args.seconds, args.load_generators = ["ti16"], [16], 2.0, ["hub-vit"]
+        args.out = Path(tempfile.mkdtemp(prefix="bench-serve-quick-")) / "serve_cpu_quick.json"
     generators = tuple(dict.fromkeys(args.load_generators))  # in the order given, once each
     server_cpus, client_cpus = parse_cpus(args.server_cpus), parse_cpus(args.client_cpus)
     if server_cpus and client_cpus and server_cpus & client_cpus:

@@ -1,6 +1,7 @@
 """What asking for rollout maps costs the server: served throughput with and without `explain`, at concurrency 16.
 
     .venv/bin/python bench/bench_serve_explain.py [--model vit_ti16] [--img-size 224] [--seconds 20] [--rounds 3]
+        [--cpu-variant openvino-int8-dynamic]     # explained at the variant's own precision
 
 One tritonserver (CPU flavour, the default serving options) serves the model with random weights (the cost does not
 depend on the values); hub-vit's async load generator sends one real photograph per request from 16 concurrent
@@ -64,6 +65,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each measured slice")
     parser.add_argument("--rounds", type=int, default=3, help="plain + explained slice pairs")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--cpu-variant", default="fp32",
+                        help="the CPU flavour's graph (server/repository/cpu_variant.py): an OpenVINO variant explains "
+                             "from its own attention probabilities, the others from the fp32 attention graph")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="folder for the results JSON")
     add_note_option(parser)
@@ -72,11 +76,12 @@ def main() -> int:
     from hub_vit.catalog import get_entry
     from hub_vit.model import VisionTransformer
 
-    spec = get_entry(args.model).spec.replace(img_size=args.img_size)
+    # a non-zero head: a reduced-precision --cpu-variant is verified against it (the cost does not depend on values)
+    spec = get_entry(args.model).spec.replace(img_size=args.img_size, head_zeroinit=False)
     source = ResolvedModel.from_module(VisionTransformer(spec).eval(), name=args.model)
     image = photo()
     with tempfile.TemporaryDirectory(prefix="bench-explain-") as tmp:
-        repo = write_repository(source, Path(tmp) / "repository", ServingOptions())
+        repo = write_repository(source, Path(tmp) / "repository", ServingOptions(cpu_variant=args.cpu_variant))
         server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
         server.start(timeout_s=300)
         try:
@@ -94,10 +99,12 @@ def main() -> int:
         "run": run_info(args),
         "benchmark": "served throughput with and without rollout maps (HTTP, one photo per request)",
         "model": args.model, "img_size": args.img_size, "concurrency": args.concurrency,
+        "cpu_variant": args.cpu_variant,
         "images_per_s": rates, "explain_over_plain": round(ratio, 4), "target": TARGET,
         "meets_target": ratio >= TARGET, "load_average": os.getloadavg(),
     }
-    path = args.out / f"serve_explain_{args.model}_{args.img_size}.json"
+    variant = "" if args.cpu_variant == "fp32" else f"_{args.cpu_variant}"
+    path = args.out / f"serve_explain_{args.model}_{args.img_size}{variant}.json"
     write_json(path, result)
     print(f"plain   {statistics.median(rates['plain']):8.1f} images/s")
     print(f"explain {statistics.median(rates['explain']):8.1f} images/s  ({ratio:.0%} of plain; target "

@@ -8,7 +8,8 @@
       configuration_hub_vit.py, modeling_hub_vit.py, image_processing_hub_vit.py, hub_vit_*.py
                                  remote code generated from hub_vit's own modules (trust_remote_code=True)
       labels.txt                 one class name per line, line i = class i
-      <extra files>              conversion.json / training.json / README.md (written by their owners)
+      <extra files>              conversion.json / training.json / README.md (written by their owners); training.json
+                                 may name the held-out images (`held_out_images`)
       native/                    classic ViT only: a native transformers ViTForImageClassification folder
 
 `save_model_folder` writes everything into a temporary directory beside the target and renames it into place at the
@@ -278,6 +279,47 @@ def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: S
                               "everything in it: choose another output folder")
 
 
+TRAINING_RECORD = "training.json"  # written by `hub-vit train` (hub_vit.train.loop)
+DIGITS_HELD_OUT = "digits:val"  # scikit-learn's digits, the held-out split (hub_vit.digits_data)
+
+
+@dataclass(frozen=True)
+class HeldOutImages:
+    """Images a trained model never trained on, named by its folder: training.json `dataset.held_out_images`, either
+    a folder of images (class sub-folders, as `hub-vit train` reads its `val` split; relative to the model folder or
+    absolute) or `digits:val` (scikit-learn's digits, the split `hub_vit.digits_data` makes: the shipped model's).
+    The export and the CPU flavour judge a reduced-precision variant's top-1 on them."""
+
+    folder: Path | None = None
+    generated: str | None = None  # DIGITS_HELD_OUT
+
+    def describe(self) -> str:
+        if self.generated == DIGITS_HELD_OUT:
+            return "held-out split of scikit-learn's digits (training.json)"
+        return f"held-out images in {self.folder} (training.json)"
+
+
+def held_out_images(folder: str | os.PathLike[str]) -> HeldOutImages | None:
+    """What the model folder names as its held-out images, or None (no training record, or it names none). A
+    named folder that is missing is returned as named: the caller says so. ValueError for a value that is neither a
+    folder nor a known generated set."""
+    path = Path(folder) / TRAINING_RECORD
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dataset = record.get("dataset") if isinstance(record, dict) else None
+    named = dataset.get("held_out_images") if isinstance(dataset, dict) else None
+    if named is None:
+        return None
+    if not isinstance(named, str) or not named.strip():
+        raise ValueError(f"{path}: dataset.held_out_images must name a folder of images or {DIGITS_HELD_OUT!r}, "
+                         f"got {named!r}")
+    if named == DIGITS_HELD_OUT:
+        return HeldOutImages(generated=named)
+    return HeldOutImages(folder=Path(folder) / Path(named).expanduser())  # an absolute path replaces the base
+
+
 def read_labels(folder: str | os.PathLike[str]) -> list[str]:
     """labels.txt of a model folder (one name per line)."""
     path = Path(folder) / LABELS_FILE
@@ -327,4 +369,5 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     return model, info
 
 
-__all__ = ["ModelFolderInfo", "load_model_folder", "read_folder_config", "read_labels", "save_model_folder"]
+__all__ = ["DIGITS_HELD_OUT", "HeldOutImages", "ModelFolderInfo", "held_out_images", "load_model_folder",
+           "read_folder_config", "read_labels", "save_model_folder"]

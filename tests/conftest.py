@@ -22,6 +22,14 @@ def _deterministic_cpu() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _own_variant_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU flavour's variant cache in a folder of each test's own (the processes a test starts inherit it): no
+    test reuses what another one chose (a damaged build would be served from an earlier test's entry), nor fills
+    the user's cache."""
+    monkeypatch.setenv("HUB_VIT_VARIANT_CACHE", str(tmp_path_factory.mktemp("variant-cache")))
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

@@ -1,4 +1,5 @@
-"""The CPU flavour's OpenVINO variants (hub_vit/openvino_runtime.py): built from the fp32 graph, verified by
+"""The CPU flavour's OpenVINO variants (hub_vit/export/openvino_build.py, run by hub_vit/openvino_runtime.py): built
+from the fp32 graph, verified by
 OpenVINO's CPU plugin with the criterion's bounds, selected only when they pass, and served by the real Triton.
 
 Run by tests/test_openvino_variants.py in a Python process of their own (see there why); alone:
@@ -17,8 +18,10 @@ import numpy as np
 import pytest
 
 from hub_vit import openvino_runtime
-from hub_vit.export import criterion
+from hub_vit.export import criterion, openvino_build, registry
+from hub_vit.export.plan import ExportPlan, VerificationSet
 from hub_vit.export.variants import export_variants
+from hub_vit.host import Host, isa_flags
 from hub_vit.resolve import ResolvedModel
 from hub_vit.resolve import resolve_model as resolve
 from hub_vit.server.repository import cpu_variant
@@ -27,6 +30,12 @@ from hub_vit.server.repository.writer import MANIFEST, write_repository
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
+
+COMPILE = {"openvino-fp32": {"INFERENCE_PRECISION_HINT": "f32"}, "openvino-bf16": {"INFERENCE_PRECISION_HINT": "bf16"},
+           "openvino-int8-dynamic": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": str(openvino_build.DYNAMIC_GROUP_SIZE)}}
+
+
+CHECK = VerificationSet(n_random=8, n_photos=24, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -41,36 +50,53 @@ def _damaged_build(monkeypatch: pytest.MonkeyPatch) -> None:
     import onnx
     from onnx import numpy_helper
 
-    real = openvino_runtime.build
+    real = openvino_build.read_model
 
-    def damaged(variant: str, fp32_onnx: Path, out_xml: Path, calibration: np.ndarray) -> Path:
+    def damaged(fp32_onnx: Path) -> object:
+        if Path(fp32_onnx).suffix != ".onnx":  # the IR of a variant that passed, read to drop an output
+            return real(fp32_onnx)
         proto = onnx.load(str(fp32_onnx))
         target = next(t for t in proto.graph.initializer if t.name.endswith("patch_embed.proj.weight"))
         weights = numpy_helper.to_array(target)
         noise = 0.5 * weights.std() * np.random.default_rng(0).standard_normal(weights.shape)
         target.CopyFrom(numpy_helper.from_array((weights + noise).astype(weights.dtype), target.name))
-        onnx.save(proto, str(Path(out_xml).parent / "damaged.onnx"))
-        return real(variant, Path(out_xml).parent / "damaged.onnx", out_xml, calibration)
+        onnx.save(proto, str(Path(fp32_onnx).parent / "damaged.onnx"))
+        return real(Path(fp32_onnx).parent / "damaged.onnx")
 
-    monkeypatch.setattr(openvino_runtime, "build", damaged)
+    monkeypatch.setattr(openvino_build, "read_model", damaged)
 
 
-def test_the_attention_output_projections_are_found_one_per_block(digits: ResolvedModel, tmp_path: Path) -> None:
-    import openvino as ov
+def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp_path: Path) -> None:
+    """A random SimpleViT with a pre-logits layer: quantised whole, its pre-logits Linear (after the average pool) puts
+    the features far outside the bounds; the search keeps that layer in float, the variant passes, and the layers it
+    kept are recorded in the IR's settings, the export report and the served manifest."""
+    import torch
 
-    export_variants(digits.module, tmp_path, variants=["fp32"], n_random=2, n_photos=2, seed=0)
-    model = ov.Core().read_model(str(tmp_path / "model.onnx"))
-    found = openvino_runtime.attention_output_projections(model)
-    spec = digits.module.spec
-    assert len(found) == spec.depth
-    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
-    for name in found:  # (dim, dim) weights, like every block's attn.proj
-        assert list(ops[name].get_output_partial_shape(0).get_max_shape())[-1] == spec.width
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    torch.manual_seed(0)
+    spec = ViTSpec(width=64, depth=2, mlp_dim=256, num_heads=2, patch_size=8, img_size=32, num_classes=10,
+                   head_zeroinit=False, posemb="sincos2d", pool_type="gap", rep_size=True)
+    source = ResolvedModel.from_module(VisionTransformer(spec).eval(), name="tiny")
+    repo = write_repository(source, tmp_path / "repo", ServingOptions(cpu_variant="openvino-int8"))
+    row = json.loads((repo / MANIFEST).read_text())["cpu_variant"]["candidates"][0]
+    assert row["variant"] == "openvino-int8" and row["verified"], row["error"]
+    kept, rounds = row["settings"]["kept_in_float"], row["settings"]["search"]["rounds"]
+    assert rounds[0] == {"kept_in_float": [], "margin": rounds[0]["margin"]} and rounds[0]["margin"] < 0
+    assert rounds[-1]["kept_in_float"] == kept and rounds[-1]["margin"] >= 0 and 1 <= len(kept) <= 3
+    assert any("Gemm" in name for name in kept)  # the pre-logits Linear (exported as a Gemm) among them
+    served = openvino_runtime.served_model(repo / "vit_classifier" / "1" / "model.onnx")
+    assert json.loads(served.with_suffix(".json").read_text())["kept_in_float"] == kept
+    report = export_variants(source.module, tmp_path / "export", ExportPlan(("openvino-int8",)), CHECK)
+    assert report.outcome("openvino-int8").written and report.outcome("openvino-int8").settings["kept_in_float"]
+    assert json.loads(Path(report.report_file).read_text())["variants"][0]["settings"]["kept_in_float"]
 
 
 def test_openvino_variants_are_written_verified_and_replaced_as_a_set(digits: ResolvedModel, tmp_path: Path) -> None:
     written = ["openvino-fp32", "openvino-bf16", "openvino-int8-dynamic"]
-    report = export_variants(digits.module, tmp_path, variants=["fp32", *written], n_random=4, n_photos=8, seed=0)
+    report = export_variants(digits.module, tmp_path, ExportPlan(("fp32", *written)),
+                             VerificationSet(n_random=4, n_photos=8, seed=0))
     for variant in written:
         outcome = report.outcome(variant)
         assert outcome.written, outcome.error
@@ -81,13 +107,13 @@ def test_openvino_variants_are_written_verified_and_replaced_as_a_set(digits: Re
         session = openvino_runtime.OpenVINOSession(outcome.file, threads=1)
         assert [o.name for o in session.get_outputs()] == ["logits"]  # the verification's pre_logits dropped
         settings = json.loads(files[2].read_text())
-        assert settings == {"variant": variant, "compile": openvino_runtime.compile_settings(variant)}
+        assert settings["variant"] == variant and settings["compile"] == COMPILE[variant]
     assert report.outcome("openvino-fp32").verification["worst"]["logits_max_rel_error"] < 1e-4
     for variant in ("openvino-bf16", "openvino-int8-dynamic"):  # really reduced precision, within the bounds
         assert 1e-4 < report.outcome(variant).verification["worst"]["logits_max_rel_error"] <= criterion.MAX_REL_ERROR
     assert report.outcome("openvino-bf16").verification["provider"] == "OpenVINO CPU (bf16)"
     # a later export with this stem replaces the earlier one's files, the IR pairs and settings included
-    export_variants(digits.module, tmp_path, variants=["fp32"], n_random=2, n_photos=2, seed=0)
+    export_variants(digits.module, tmp_path, ExportPlan(("fp32",)), VerificationSet(n_random=2, n_photos=2, seed=0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.export.json", "model.onnx"]
 
 
@@ -96,12 +122,12 @@ def test_an_openvino_variant_failing_the_criterion_is_never_selected(digits: Res
     fastest = "openvino-int8-dynamic"
     monkeypatch.setattr(cpu_variant, "_time_graphs", lambda graphs, *args: {n: 0.001 if n == fastest else 0.01
                                                                             for n in graphs})
-    monkeypatch.setattr(cpu_variant, "candidates", lambda flags, openvino=True: ["fp32", fastest])
-    graph, selection, tmp = cpu_variant.select(digits.module, "auto", batch=4, work_dir=tmp_path)
+    monkeypatch.setattr(cpu_variant, "candidates", lambda host=None: (["fp32", fastest], {}))
+    graph, selection, tmp = cpu_variant.select(digits.module, "auto", CHECK, batch=4, work_dir=tmp_path)
     tmp.cleanup()
     assert selection.variant == fastest and graph.suffix == ".xml"  # the control: verified and fastest, so chosen
     _damaged_build(monkeypatch)
-    graph, selection, tmp = cpu_variant.select(digits.module, "auto", batch=4, work_dir=tmp_path)
+    graph, selection, tmp = cpu_variant.select(digits.module, "auto", CHECK, batch=4, work_dir=tmp_path)
     tmp.cleanup()
     assert selection.variant == "fp32"
     row = next(r for r in selection.candidates if r["variant"] == fastest)
@@ -115,16 +141,24 @@ def test_an_openvino_variant_failing_the_criterion_is_never_selected(digits: Res
 def test_without_openvino_the_variants_are_refused_by_name_or_left_out(digits: ResolvedModel, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     missing = "openvino is not installed (pip install 'hub-vit[serve]')"
-    monkeypatch.setattr(openvino_runtime, "openvino_available", lambda: missing)
-    with pytest.raises(ValueError, match=r"cpu_variant 'openvino-int8' is not served: RuntimeError: not built: "
+    without = Host()
+    without.openvino_missing = missing
+    monkeypatch.setattr(cpu_variant, "this_host", lambda: without)
+    with pytest.raises(ValueError, match=r"cpu_variant 'openvino-int8' is not served: not built: "
                                          r"openvino is not installed \(pip install 'hub-vit\[serve\]'\)"):
         write_repository(digits, tmp_path / "repo", ServingOptions(cpu_variant="openvino-int8"))
     assert not (tmp_path / "repo").exists()
-    assert not set(cpu_variant.candidates(["amx_bf16"], openvino=False)) & set(openvino_runtime.OPENVINO_VARIANTS)
-    assert set(cpu_variant.candidates(["amx_bf16"], openvino=True)) >= set(openvino_runtime.OPENVINO_VARIANTS)
+    openvino = {name for name in registry.names() if registry.get(name).runtime == "openvino"}
+    amx = Host(["amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"])
+    amx.openvino_missing = None
+    assert not set(cpu_variant.candidates(without)[0]) & openvino
+    assert set(cpu_variant.candidates(amx)[0]) >= openvino
     # bf16 is timed only where the CPU has bf16 units (the plugin emulates it elsewhere, slowly)
-    assert "openvino-bf16" not in cpu_variant.candidates(["avx512_vnni"])
-    assert "openvino-bf16" in cpu_variant.candidates(["avx512_bf16"])
+    vnni = Host(["avx512_vnni"])
+    vnni.openvino_missing = None
+    assert "openvino-bf16" not in cpu_variant.candidates(vnni)[0]
+    assert "bf16 units" in cpu_variant.candidates(vnni)[1]["openvino-bf16"]
+    assert "openvino-bf16" in cpu_variant.candidates(amx)[0]
 
 
 @pytest.mark.triton
@@ -140,11 +174,64 @@ def test_a_forced_openvino_variant_is_served_within_the_criterion(digits: Resolv
     version = repo / "vit_classifier" / "1"
     assert all(f.is_file() for f in openvino_runtime.ir_files(openvino_runtime.served_model(version / "model.onnx")))
     payloads = digit_pngs(32)
-    served = served_logits(repo, payloads)
+    served, explained = served_logits(repo, payloads), _explained(repo, payloads)
     fp32 = fp32_logits(digits.module, digits.pretrained_cfg, payloads)
     cos, rel = criterion.per_image(fp32, served)
     assert cos.min() >= criterion.MIN_COSINE and rel.max() <= criterion.MAX_REL_ERROR, (cos.min(), rel.max())
     assert rel.max() > 1e-4  # the reduced-precision OpenVINO model answered, not the fp32 ONNX graph beside it
+    # explained requests run the same variant (its own attention probabilities), not the fp32 attention graph
+    logits = np.stack([p.logits for p in explained])
+    np.testing.assert_allclose(logits, served, atol=1e-3 * np.abs(served).max())
+    assert [p.labels for p in explained] == [[str(i) for i in np.argsort(-row)[:5]] for row in served]
+    assert criterion.per_image(fp32, logits)[1].max() > 1e-4
+    from hub_vit.demo.models import load_explainer, resolve_choice
+    from hub_vit.explain.image import load_image
+
+    explainer = load_explainer(resolve_choice(None))
+    result = explainer.rollout([explainer.prepare(load_image(p)) for p in payloads], "mean", 0.0)
+    maps_cos, _ = criterion.per_image(result.maps.reshape(len(payloads), -1).numpy(),
+                                      np.stack([p.rollout.reshape(-1) for p in explained]))
+    assert maps_cos.min() >= 0.99, maps_cos.min()  # the fp32 model's maps, within int8 / bf16 rounding
+
+
+def _explained(repo: Path, payloads: list[bytes]) -> list:
+    """The real Triton's explained answers (labels, logits, rollout maps) for `payloads`."""
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
+
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=20).start(timeout_s=180)
+    try:
+        with Classifier(server.http_url) as client:
+            return client.classify(payloads, explain=True, with_logits=True)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("pool_type", ["gap", "map"])
+def test_an_openvino_variant_reads_the_attention_probabilities_of_its_own_graph(tmp_path: Path,
+                                                                                pool_type: str) -> None:
+    """`OpenVINOSession(attentions=True)` writes what the attention graph writes (`attentions`, a MAP model's
+    `pool_attention`), from the variant's own softmax outputs: equal to the fp32 attention graph for openvino-fp32."""
+    import onnxruntime as ort
+    import torch
+
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    torch.manual_seed(0)
+    spec = ViTSpec(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=8, img_size=32, num_classes=10,
+                   head_zeroinit=False, posemb="learn", pool_type=pool_type)
+    model = VisionTransformer(spec).eval()
+    export_variants(model, tmp_path, ExportPlan(("openvino-fp32",), attentions=True), CHECK)
+    session = openvino_runtime.OpenVINOSession(tmp_path / "model.openvino-fp32.xml", threads=1, attentions=True)
+    graph = ort.InferenceSession(str(tmp_path / "model.attentions.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == [o.name for o in graph.get_outputs()]
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 32, 32)).astype(np.float32)
+    for got, expected in zip(session.run(None, {"pixel_values": x}), graph.run(None, {"pixel_values": x}),
+                             strict=True):
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
 def test_a_precision_the_cpu_cannot_run_is_refused_not_silently_replaced(tmp_path: Path) -> None:
@@ -157,7 +244,7 @@ def test_a_precision_the_cpu_cannot_run_is_refused_not_silently_replaced(tmp_pat
     ov.save_model(ov.Model([ops.matmul(x, ops.constant(np.ones((4, 2), np.float32)), False, False)], [x], "mm"),
                   str(tmp_path / "mm.xml"))
     (tmp_path / "mm.json").write_text(json.dumps({"variant": "mm", "compile": {"INFERENCE_PRECISION_HINT": "f16"}}))
-    if any(flag in cpu_variant.isa_flags() for flag in ("avx512_fp16", "amx_fp16")):  # f16 runs: no fallback here
+    if any(flag in isa_flags() for flag in ("avx512_fp16", "amx_fp16")):  # f16 runs: no fallback here
         assert openvino_runtime.OpenVINOSession(tmp_path / "mm.xml", threads=1).precision == "f16"
         return
     with pytest.raises(RuntimeError, match=r"OpenVINO \S+ runs this model at f32 on this CPU, not at f16"):

@@ -315,10 +315,12 @@ def test_every_exported_variant_carries_the_token_means(shipped, tmp_path):
     verification's `pre_logits`), so a reduced-precision graph still feeds the score."""
     import onnx
 
+    from hub_vit.export.plan import ExportPlan, VerificationSet
     from hub_vit.export.variants import export_variants
 
-    report = export_variants(shipped[0], tmp_path / "out", variants=["fp32", "optimized", "int8-dynamic"],
-                             n_random=4, n_photos=4, seed=0, with_token_means=True)
+    report = export_variants(shipped[0], tmp_path / "out", ExportPlan(("fp32", "optimized", "int8-dynamic"),
+                                                                      token_means=True),
+                             VerificationSet(n_random=4, n_photos=4, seed=0))
     written = [o for o in report.variants if o.written]
     assert len(written) >= 2 and report.settings["with_token_means"]
     for outcome in written:

@@ -16,8 +16,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from hub_vit.export import export_onnx
-from hub_vit.export.variants import VARIANTS, export_variants
+from hub_vit.export import export_onnx, registry
+from hub_vit.export.plan import ExportPlan, VerificationSet
+from hub_vit.export.variants import export_variants
 from hub_vit.export.verify import photo_batch
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
@@ -45,8 +46,8 @@ def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     family = request.param
     model = _model(family)
     out = tmp_path_factory.mktemp(family)
-    report = export_variants(model, out, variants=["fp32", "optimized", "int8-dynamic", "int8-static"],
-                             with_attentions=True, n_random=8, n_photos=24, n_calibration=16, seed=0)
+    plan = ExportPlan(("fp32", "optimized", "int8-dynamic", "int8-static"), attentions=True)
+    report = export_variants(model, out, plan, VerificationSet(n_random=8, n_photos=24, n_calibration=16, seed=0))
     return family, model, out, report
 
 
@@ -187,6 +188,41 @@ def test_int8_passes_on_a_trained_model(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow
+def test_the_readme_export_command_writes_every_variant_this_host_can_build(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's `hub-vit export onnx hub_vit/assets/digits ... --variant all --attentions`, as written: exit 0,
+    the variants this host can build written when they pass, top-1 judged on the model's held-out digits (its
+    folder names them), and the ones left out listed with the reason. It exited 1 before, three variants refused."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.cli import _load_commands, app
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("hub-vit export onnx hub_vit/assets/digits"))
+    args = shlex.split(line)[1:]
+    assert args[3:] == ["-o", "exports/digits", "--variant", "all", "--attentions"]
+    args[2] = str(default_model_folder())
+    monkeypatch.chdir(tmp_path)
+    _load_commands()
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "exports" / "digits" / "model.export.json").read_text())
+    assert report["settings"]["top1_scope"] == "held-out images" and report["settings"]["n_own_images"] == 360
+    by_name = {v["variant"]: v for v in report["variants"]}
+    assert set(by_name) == {*registry.names(), "attentions"}
+    for name in ("fp32", "optimized", "attentions"):
+        assert by_name[name]["written"], (name, by_name[name]["error"])
+    for name in ("int8-dynamic", "int8-static"):  # judged on held-out digits: their top-1 always agrees there
+        check = by_name[name]["verification"]
+        assert check["top1_scope"] == "held-out images" and check["top1_judged"] >= 0.99
+    for outcome in by_name.values():  # every refusal says why, and none of them was asked for by name
+        assert outcome["written"] or (outcome["error"] and not outcome["required"])
+
+
 def test_map_model_attention_graph_has_pool_attention(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = VisionTransformer(ViTSpec(**TINY, pool_type="map")).eval()
@@ -219,8 +255,8 @@ def test_dynamic_size_refused_for_learned_posemb(tmp_path: Path) -> None:
 
 def test_fp16_and_bf16_are_verified_or_refused_with_reason(tmp_path: Path) -> None:
     model = _model("classic_tok")
-    report = export_variants(model, tmp_path, variants=["fp16", "bf16"], n_random=4, n_photos=12, seed=0,
-                             exporter="torchscript")
+    report = export_variants(model, tmp_path, ExportPlan(("fp16", "bf16"), exporter="torchscript"),
+                             VerificationSet(n_random=4, n_photos=12, seed=0))
     for name in ("fp16", "bf16"):
         o = report.outcome(name)
         assert (tmp_path / f"model.{name}.onnx").exists() == o.written
@@ -234,8 +270,8 @@ def test_fp16_and_bf16_are_verified_or_refused_with_reason(tmp_path: Path) -> No
 
 # ---------------------------------------------------------------------------------------------------- bad input
 def test_unsupported_precision_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="fp8.*valid choices: " + ", ".join(VARIANTS)):
-        export_variants(_model("classic_tok"), tmp_path / "out", variants=["fp32", "fp8"])
+    with pytest.raises(ValueError, match="fp8.*valid choices: " + ", ".join(registry.names())):
+        export_variants(_model("classic_tok"), tmp_path / "out", ExportPlan(("fp32", "fp8")))
     assert not (tmp_path / "out").exists()
 
 
@@ -245,7 +281,7 @@ def test_unwritable_output_path_gives_clear_error_and_no_file(tmp_path: Path) ->
     with pytest.raises(PermissionError, match="cannot write"):
         export_onnx(_model("classic_tok"), blocker / "model.onnx")
     with pytest.raises((PermissionError, NotADirectoryError), match="cannot write|is a file"):
-        export_variants(_model("classic_tok"), blocker, variants=["fp32"])
+        export_variants(_model("classic_tok"), blocker, ExportPlan(("fp32",)))
     assert blocker.read_text() == "not a folder"
 
 

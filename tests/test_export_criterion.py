@@ -17,6 +17,7 @@ import torch
 from onnx import numpy_helper
 
 from hub_vit.export import criterion, quantize
+from hub_vit.export.plan import ExportPlan, VerificationSet
 from hub_vit.export.probe import PRE_LOGITS, expose_pre_logits, head_input
 from hub_vit.export.variants import export_variants
 from hub_vit.export.verify import ort_outputs, ort_session, torch_outputs, verification_inputs
@@ -97,7 +98,8 @@ def test_export_refuses_a_variant_that_fails_the_bound(tmp_path: Path, monkeypat
         real(Path(workdir) / "damaged.onnx", dst, workdir, **options)
 
     monkeypatch.setattr(quantize, "quantize_int8_dynamic", damaged)
-    report = export_variants(_tiny(), tmp_path, variants=["fp32", "int8-dynamic"], n_random=4, n_photos=12, seed=0)
+    report = export_variants(_tiny(), tmp_path, ExportPlan(("fp32", "int8-dynamic")),
+                             VerificationSet(n_random=4, n_photos=12, seed=0))
     outcome = report.outcome("int8-dynamic")
     assert not outcome.written and not (tmp_path / "model.int8-dynamic.onnx").exists()
     assert outcome.error.startswith("verification failed: ")
@@ -112,8 +114,8 @@ def test_int8_of_a_random_vit_ti_passes(tmp_path: Path) -> None:
 
     src = load_source("vit_ti16", pretrained=False)
     assert src.random_weights
-    report = export_variants(src.module, tmp_path, variants=["int8-dynamic", "int8-dynamic-s8", "int8-static"],
-                             n_random=4, n_photos=12, n_calibration=16, seed=0)
+    report = export_variants(src.module, tmp_path, ExportPlan(("int8-dynamic", "int8-dynamic-s8", "int8-static")),
+                             VerificationSet(n_random=4, n_photos=12, n_calibration=16, seed=0))
     for name in ("int8-dynamic", "int8-dynamic-s8", "int8-static"):
         outcome = report.outcome(name)
         assert outcome.written, outcome.error

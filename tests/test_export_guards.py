@@ -15,6 +15,7 @@ from hub_vit.catalog import default_model_folder
 from hub_vit.cli import _load_commands, app
 from hub_vit.export import export_onnx
 from hub_vit.export.onnx_export import graph_opset
+from hub_vit.export.plan import ExportPlan, VerificationSet
 from hub_vit.export.variants import export_variants
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
@@ -73,21 +74,22 @@ def test_zero_head_is_refused_instead_of_passing_vacuously(tmp_path: Path) -> No
     out = tmp_path / "exports"
     for n_random, n_photos in ((4, 4), (1, 0)):  # one image too: logits equal across images were the old test
         with pytest.raises(ValueError, match="logits do not depend on the input") as err:
-            export_variants(model, out, variants=["fp32"], n_random=n_random, n_photos=n_photos, seed=0)
+            export_variants(model, out, ExportPlan(("fp32",)),
+                            VerificationSet(n_random=n_random, n_photos=n_photos, seed=0))
         assert "head's weight is all zero" in str(err.value)
         assert not out.exists()
     with torch.no_grad():
         model.head.bias.fill_(0.5)  # a bias alone changes nothing: every image still gets the same logits
     with pytest.raises(ValueError, match="logits do not depend on the input"):
-        export_variants(model, out, variants=["fp32"], n_random=1, n_photos=0, seed=0)
+        export_variants(model, out, ExportPlan(("fp32",)), VerificationSet(n_random=1, n_photos=0, seed=0))
 
 
 def test_a_head_with_any_weight_is_verified(tmp_path: Path) -> None:
     model = _model(ViTSpec(**{**TINY, "head_zeroinit": True}, posemb="learn", pool_type="tok"))
     with torch.no_grad():
         model.head.weight[0, 0] = 1e-3  # tiny, but the logits now depend on the image
-    report = export_variants(model, tmp_path / "exports", variants=["fp32"], n_random=4, n_photos=4, seed=0,
-                             exporter="torchscript")
+    report = export_variants(model, tmp_path / "exports", ExportPlan(("fp32",), exporter="torchscript"),
+                             VerificationSet(n_random=4, n_photos=4, seed=0))
     assert report.outcome("fp32").written
 
 

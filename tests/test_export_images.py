@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from hub_vit.explain.image import DataConfig
-from hub_vit.export.verify import load_image_folder
+from hub_vit.export.own_images import load_image_folder
 
 
 def _photo(h: int = 48, w: int = 64) -> Image.Image:

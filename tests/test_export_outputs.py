@@ -15,12 +15,14 @@ from typer.testing import CliRunner
 from hub_vit.catalog import default_model_folder
 from hub_vit.cli import _load_commands, app
 from hub_vit.export import load_source
-from hub_vit.export.variants import export_variants, previous_export_files
+from hub_vit.export.export_folder import previous_export_files
+from hub_vit.export.plan import ExportPlan, VerificationSet
+from hub_vit.export.variants import export_variants
 from hub_vit.model import VisionTransformer
 from hub_vit.resolve import RANDOM_INIT
 from hub_vit.variants import ViTSpec
 
-QUICK = dict(n_random=4, n_photos=4, seed=0, exporter="torchscript")
+QUICK = dict(check=VerificationSet(n_random=4, n_photos=4, seed=0))
 
 
 def _model(img_size: int) -> VisionTransformer:
@@ -41,12 +43,13 @@ def test_reexport_removes_the_earlier_exports_graphs_and_nothing_else(tmp_path: 
     # a 32x32 export with an optimized graph, then a 64x64 model with fp32 only into the same folder: the old
     # model.optimized.onnx used to stay, unlisted, and `hub-vit repository` served it as the new model
     out = tmp_path / "exports"
-    export_variants(_model(32), out, variants=["fp32", "optimized"], **QUICK)
+    export_variants(_model(32), out, ExportPlan(("fp32", "optimized"), exporter="torchscript"), **QUICK)
     mine = {"notes.txt": "keep me", "model.mine.onnx": "not written by an export", "other.onnx": "x"}
     for name, text in mine.items():
         (out / name).write_text(text)
-    other_stem = export_variants(_model(32), out, variants=["fp32"], stem="small", **QUICK)  # another export
-    report = export_variants(_model(64), out, variants=["fp32"], **QUICK)
+    other_stem = export_variants(_model(32), out, ExportPlan(("fp32",), exporter="torchscript", stem="small"),
+                                 **QUICK)  # another export
+    report = export_variants(_model(64), out, ExportPlan(("fp32",), exporter="torchscript"), **QUICK)
     assert not (out / "model.optimized.onnx").exists()
     assert report.removed == ["model.optimized.onnx"]
     assert json.loads((out / "model.export.json").read_text())["removed"] == ["model.optimized.onnx"]
@@ -59,7 +62,7 @@ def test_reexport_removes_the_earlier_exports_graphs_and_nothing_else(tmp_path: 
 
 def test_a_failed_reexport_keeps_the_earlier_export_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "exports"
-    export_variants(_model(32), out, variants=["fp32", "optimized"], **QUICK)
+    export_variants(_model(32), out, ExportPlan(("fp32", "optimized"), exporter="torchscript"), **QUICK)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     from hub_vit.export import variants
 
@@ -68,16 +71,16 @@ def test_a_failed_reexport_keeps_the_earlier_export_whole(tmp_path: Path, monkey
 
     monkeypatch.setattr(variants, "environment", broken)  # after every graph is built, before anything is replaced
     with pytest.raises(KeyboardInterrupt):
-        export_variants(_model(64), out, variants=["fp32"], **QUICK)
+        export_variants(_model(64), out, ExportPlan(("fp32",), exporter="torchscript"), **QUICK)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_engines_built_from_the_earlier_graphs_are_flagged_not_deleted(tmp_path: Path) -> None:
     out = tmp_path / "exports"
-    export_variants(_model(32), out, variants=["fp32"], **QUICK)
+    export_variants(_model(32), out, ExportPlan(("fp32",), exporter="torchscript"), **QUICK)
     (out / "model.plan").write_bytes(b"engine")
     (out / "model.plan.json").write_text(json.dumps({"onnx": str(out / "model.onnx")}))
-    report = export_variants(_model(64), out, variants=["fp32"], **QUICK)
+    report = export_variants(_model(64), out, ExportPlan(("fp32",), exporter="torchscript"), **QUICK)
     assert report.stale_engines == ["model.plan"] and report.removed == []
     assert (out / "model.plan").read_bytes() == b"engine"  # another command built it, at GPU cost
 
@@ -119,7 +122,7 @@ def test_a_full_disk_is_named_by_the_output_folder(tmp_path: Path, monkeypatch: 
 
 def test_cli_names_the_removed_files(tmp_path: Path) -> None:
     out = tmp_path / "exports"
-    export_variants(_model(32), out, variants=["fp32", "optimized"], **QUICK)
+    export_variants(_model(32), out, ExportPlan(("fp32", "optimized"), exporter="torchscript"), **QUICK)
     code, text = _cli(str(default_model_folder()), "-o", str(out), "-v", "fp32", "--random-inputs", "4",
                       "--photos", "4", "--seed", "0", "--exporter", "torchscript")
     assert code == 0, text

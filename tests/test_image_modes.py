@@ -112,7 +112,7 @@ def test_transformers_image_processor_scales_16bit_grey(png_pair):
 
 def test_export_verification_images_scale_16bit_grey(png_pair, tmp_path):
     from hub_vit.explain.image import DataConfig
-    from hub_vit.export.verify import load_image_folder
+    from hub_vit.export.own_images import load_image_folder
 
     wide, narrow = png_pair
     for name, source in (("wide", wide), ("narrow", narrow)):

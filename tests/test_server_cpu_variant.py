@@ -17,12 +17,15 @@ import pytest
 from typer.testing import CliRunner
 
 from hub_vit.export import criterion, quantize
+from hub_vit.export.plan import VerificationSet
+from hub_vit.host import Host
 from hub_vit.resolve import resolve_model as resolve
 from hub_vit.server.repository import cpu_variant
 from hub_vit.server.repository.manifest import cpu_variant_line
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, write_repository
 
+TRAINED = VerificationSet(n_random=8, n_photos=24, seed=0, trained=True)
 INT8_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QAttention", "DynamicQuantizeMatMul"}
 
 
@@ -30,7 +33,9 @@ INT8_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QAttention", "DynamicQuan
 def _onnx_runtime_candidates_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """The OpenVINO candidates are tested in a process of their own (tests/test_openvino_variants.py says why); here
     `auto` chooses among the ONNX Runtime ones, as on a host without OpenVINO."""
-    monkeypatch.setattr(cpu_variant, "openvino_available", lambda: "tested apart (tests/openvino_cases.py)")
+    host = Host()
+    host.openvino_missing = "tested apart (tests/openvino_cases.py)"
+    monkeypatch.setattr(cpu_variant, "this_host", lambda: host)
 
 
 def _manifest(repo: Path) -> dict:
@@ -86,9 +91,9 @@ def test_auto_selection_is_recorded_in_the_manifest(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(repository, "_compute_bound", lambda source: True)  # the digits model measured as a big one
     repo = write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="auto"))
     recorded = _manifest(repo)["cpu_variant"]
-    assert recorded["requested"] == "auto" and recorded["isa_flags"] == cpu_variant.isa_flags()
+    assert recorded["requested"] == "auto" and recorded["isa_flags"] == cpu_variant.this_host().flags
     rows = {row["variant"]: row for row in recorded["candidates"]}
-    assert list(rows) == cpu_variant.candidates(cpu_variant.isa_flags(), openvino=False)
+    assert list(rows) == cpu_variant.candidates()[0] and not any(name.startswith("openvino") for name in rows)
     timed = {name: row["images_per_s"] for name, row in rows.items() if row["verified"]}
     assert "fp32" in timed and all(row["verification"] for row in rows.values() if row["verified"])
     assert recorded["variant"] == max(timed, key=timed.get)
@@ -105,11 +110,11 @@ def test_auto_selection_is_recorded_in_the_manifest(tmp_path: Path, monkeypatch:
 def test_a_variant_failing_the_criterion_is_never_selected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = resolve(None).module
     monkeypatch.setattr(cpu_variant, "_time_graphs", _fastest("int8-dynamic"))
-    graph, selection, tmp = cpu_variant.select(module, "auto", batch=4, trained=True, work_dir=tmp_path)
+    graph, selection, tmp = cpu_variant.select(module, "auto", TRAINED, batch=4, work_dir=tmp_path)
     tmp.cleanup()
     assert selection.variant == "int8-dynamic"  # the control: verified and fastest, so chosen
     _damaged_int8(monkeypatch)
-    graph, selection, tmp = cpu_variant.select(module, "auto", batch=4, trained=True, work_dir=tmp_path)
+    graph, selection, tmp = cpu_variant.select(module, "auto", TRAINED, batch=4, work_dir=tmp_path)
     tmp.cleanup()
     assert selection.variant != "int8-dynamic"
     row = next(r for r in selection.candidates if r["variant"] == "int8-dynamic")
@@ -149,10 +154,11 @@ def test_bad_variant_names_and_combinations_are_refused(tmp_path: Path) -> None:
 
 
 def test_an_exported_file_is_served_as_given_or_refused_for_a_variant(tmp_path: Path) -> None:
+    from hub_vit.export.plan import ExportPlan, VerificationSet
     from hub_vit.export.variants import export_variants
 
     module = resolve(None).module
-    export_variants(module, tmp_path / "exp", variants=["fp32"], n_random=2, n_photos=4, seed=0)
+    export_variants(module, tmp_path / "exp", ExportPlan(("fp32",)), VerificationSet(n_random=2, n_photos=4, seed=0))
     source = resolve(tmp_path / "exp" / "model.onnx")
     repo = write_repository(source, tmp_path / "repo", ServingOptions(cpu_variant="auto"))
     assert _manifest(repo)["cpu_variant"]["variant"] == "as given"
@@ -182,3 +188,20 @@ def test_forced_int8_is_served_within_the_criterion_of_fp32(tmp_path: Path) -> N
     assert cos.min() >= 0.99 and rel.max() <= 0.15, (cos.min(), rel.max())
     assert rel.max() > 1e-4  # int8 really answered, not an fp32 graph
     assert (fp32.argmax(1) == served.argmax(1)).mean() >= 0.99
+
+
+def test_the_command_lines_list_every_registered_variant() -> None:
+    """The choices and help come from the registry (hub_vit/export/registry.py): serve's and repository's
+    --cpu-variant name every variant the CPU flavour serves, export's --variant every variant."""
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.export import registry
+
+    _load_commands()
+    for command, names in ((["serve"], registry.names(cpu=True)), (["repository"], registry.names(cpu=True)),
+                           (["export", "onnx"], registry.names())):
+        result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"})  # no name wrapped at a "-"
+        text = " ".join(result.output.replace("│", " ").split())
+        assert result.exit_code == 0, result.output
+        for name in names:
+            variant = registry.get(name)
+            assert f"{name} ({registry.RUNTIMES[variant.runtime]} {variant.precision})" in text, (command, name)

@@ -72,6 +72,8 @@ def test_loss_falls_and_model_folder_is_written(data: Path, tmp_path: Path) -> N
     training = json.loads((run / "model" / "training.json").read_text())
     assert training["steps"] == 16 and training["accumulation_steps"] == 2 and training["micro_batch"] == 4
     assert training["held_out"]["images"] == 6 and training["torch_weight_decay"] == pytest.approx(1e-4 / 3e-3)
+    # the held-out split the export and the CPU flavour judge the model's variants on (hub_vit.folder.held_out_images)
+    assert training["dataset"]["held_out_images"] == str((data / "val").resolve())
     assert (run / "model" / "labels.txt").read_text().split() == ["blue", "green", "red"]
 
 

@@ -13,7 +13,7 @@ from hub_vit.cli.app import app, console, fail, is_environment_error, os_error_t
 
 # One module per capability; each adds its commands to `app` on import.
 COMMAND_MODULES = ("models", "convert", "export", "train", "repository", "serve", "classify", "loadtest", "health",
-                   "explain", "cards", "domain")
+                   "explain", "cards", "domain", "cache")
 
 
 def _load_commands() -> None:

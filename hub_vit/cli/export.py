@@ -10,17 +10,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.cli.app import DISK_REFUSED_ERRNOS, app, console, err_console, fail
+from hub_vit.export import registry
+from hub_vit.export.plan import ALL
 
 export_app = typer.Typer(help="Export a model to ONNX (verified variants) or TensorRT.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
-ALL = "all"
-
 
 def _variant_table(report: object) -> Table:
+    from hub_vit.export.criterion import top1_text
+
     table = Table(title=f"hub-vit export -> {escape(report.out_dir)}")  # type: ignore[attr-defined]
     for col in ("variant", "written", "MiB", "max |diff|", "min cos", "top-1", "fused ops", "note"):
-        table.add_column(col, justify="right" if col in ("MiB", "max |diff|", "min cos", "top-1") else "left")
+        table.add_column(col, justify="right" if col in ("MiB", "max |diff|", "min cos") else "left")
     for o in report.variants:  # type: ignore[attr-defined]
         v = o.verification or {}
         fused = " ".join(f"{k.replace('Normalization', 'Norm')}:{n}" for k, n in o.fused_ops.items() if n) or "-"
@@ -30,9 +32,9 @@ def _variant_table(report: object) -> Table:
             f"{o.size_bytes / 2**20:.1f}" if o.size_bytes else "-",
             f"{v['max_abs_diff']:.2e}" if v else "-",
             _min_cosine(v),
-            f"{v['top1_agreement']:.1%}" if v else "-",
+            escape(top1_text(v)) if v else "-",
             fused,
-            "passed" if not o.error else "see below",
+            "passed" if o.written else "not built" if o.error.startswith("not built") else "refused",
         )
     return table
 
@@ -69,9 +71,10 @@ def onnx_cmd(
     out: Path = typer.Option(Path("exports"), "-o", "--out", help="Output folder."),
     model_name: str = typer.Option(None, "--model", help="Architecture for a weights file, e.g. vit_s16."),
     variant: list[str] = typer.Option(
-        ["fp32", "optimized", "int8-dynamic", "int8-static"], "-v", "--variant",
-        help="Variant(s) to write: fp32, optimized, fp16, int8-dynamic, int8-dynamic-s8, int8-static, bf16, or "
-             "'all'. Repeatable."),
+        list(registry.names(default=True)), "-v", "--variant",
+        help=f"Variant(s) to write: {registry.help_text()}; or '{ALL}': every variant this host can build and gains "
+             "from (the others are listed as not built; a refusal of one of them is reported, and fails the command "
+             "only for a variant also named). Repeatable."),
     attentions: bool = typer.Option(False, "--attentions", help="Also write <stem>.attentions.onnx (attention maps)."),
     dynamic_size: bool = typer.Option(False, help="Symbolic height/width (sincos2d models only)."),
     dynamic_batch: bool = typer.Option(True, help="Symbolic batch axis (default), or a graph fixed to batch 1."),
@@ -85,8 +88,9 @@ def onnx_cmd(
     photos: int = typer.Option(32, help="Real photo crops (scikit-image) in the verification set."),
     calibration: int = typer.Option(32, help="Calibration images (noise + photo crops) for int8-static."),
     images: Path = typer.Option(None, help="Folder of in-domain images, prepared by the model's own transform: half "
-                                           "join the verification set, half the int8-static calibration "
-                                           "(recommended for non-photo models)."),
+                                           "join the verification set (top-1 is judged on them), half the int8 "
+                                           "calibration. Default: the held-out images the model folder names "
+                                           "(training.json), if any."),
     images_limit: int = typer.Option(512, help="Use at most this many files from --images."),
     seed: int = typer.Option(None, help="Seed of the verification set (default: fresh)."),
     provider: list[str] = typer.Option(None, help="onnxruntime execution provider(s) for verification."),
@@ -95,23 +99,25 @@ def onnx_cmd(
     """Export to ONNX, verify every variant against PyTorch, write only the ones that pass (+ a JSON report)."""
     from hub_vit.export import load_source
     from hub_vit.export.metadata import model_metadata
+    from hub_vit.export.own_images import verification_set
+    from hub_vit.export.plan import VerificationSet
     from hub_vit.export.variants import export_variants
 
+    counts = dict(n_random=random_inputs, n_photos=photos, n_calibration=calibration, seed=seed)
     try:  # validate everything cheap before building a model
-        variants = _checked_flags(variant, exporter, opset, random_inputs, photos, calibration, out, provider)
+        plan = _checked_flags(variant, stem, opset, exporter, out, provider, dynamic_batch=dynamic_batch,
+                              dynamic_size=dynamic_size, attentions=attentions)
+        VerificationSet(**counts)  # the counts' own check, before the model is built
         src = load_source(source, model_name=model_name, pretrained=pretrained)
-        own = None if images is None else _own_images(src, images, images_limit)
+        check = verification_set(src, images=images, limit=images_limit, **counts)
         console.print(f"exporting [bold]{escape(src.name)}[/] ({src.kind}, weights: {escape(src.weights)}) -> "
                       f"{escape(str(out))}", soft_wrap=True)
         if src.random_weights:
             _warn_random_weights(src.name, pretrained)
-        report = export_variants(src.module, out, variants=variants, stem=stem, opset=opset,
-                                 dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, with_attentions=attentions,
-                                 exporter=exporter, n_random=random_inputs, n_photos=photos,
-                                 n_calibration=calibration, seed=seed, providers=provider or None,
-                                 source=src.describe(), images=own,
-                                 metadata=model_metadata(src.module, src.labels, src.pretrained_cfg),
-                                 trained=not src.random_weights)
+        if check.note:
+            err_console.print(f"[yellow]note:[/] {escape(check.note)}", soft_wrap=True)
+        report = export_variants(src.module, out, plan, check, source=src.describe(),
+                                 metadata=model_metadata(src.module, src.labels, src.pretrained_cfg))
     except OSError as exc:
         # the disk refused the files after the work began: exit 1, as for a write that fails (not bad input), named
         # by the folder asked for, not by the hidden staging file inside it
@@ -123,46 +129,36 @@ def onnx_cmd(
     except (ValueError, TypeError, RuntimeError) as exc:
         raise fail(str(exc)) from None
     _print_outcomes(report)
-    failed = [o.variant for o in report.variants if not o.written]
-    if failed:
-        err_console.print(f"[yellow]not written:[/] {', '.join(failed)} (reasons in the table and the report)")
+    refused = [o.variant for o in report.refused()]
+    passed_by = [o.variant for o in report.variants if not o.written and not o.required]
+    if passed_by:
+        err_console.print(f"[yellow]not written:[/] {', '.join(passed_by)} (tried or left out by '{ALL}'; reasons "
+                          "in the table and the report)", soft_wrap=True)
+    if refused:
+        err_console.print(f"[red]not written:[/] {', '.join(refused)} (reasons in the table and the report)",
+                          soft_wrap=True)
         raise typer.Exit(1)
 
 
-def _checked_flags(variant: list[str], exporter: str, opset: int, random_inputs: int, photos: int, calibration: int,
-                   out: Path, provider: list[str] | None) -> list[str]:
-    """The variants to write; ValueError naming the first bad flag (all of them cheap to check)."""
-    from hub_vit.export.onnx_export import EXPORTERS, MIN_OPSET
-    from hub_vit.export.variants import VARIANTS, check_variants
+def _checked_flags(variant: list[str], stem: str, opset: int, exporter: str, out: Path, provider: list[str] | None,
+                   **how: bool) -> Any:
+    """The export plan; ValueError naming the first bad flag (all of them cheap to check)."""
+    from hub_vit.export.onnx_export import MIN_OPSET
+    from hub_vit.export.plan import ExportPlan
 
     try:
-        variants = list(VARIANTS) if ALL in variant else check_variants(variant)
+        plan = ExportPlan.of(variant, stem=stem, opset=opset, exporter=exporter, providers=provider or None, **how)
     except ValueError as exc:  # the CLI also takes "all"
-        raise ValueError(f"{exc}, or {ALL}") from None
-    if exporter not in EXPORTERS:
-        raise ValueError(f"unknown exporter {exporter!r}; valid choices: {', '.join(EXPORTERS)}")
+        raise ValueError(f"{exc}, or {ALL}" if "valid choices" in str(exc) else str(exc)) from None
     if opset < MIN_OPSET:
         raise ValueError(f"--opset must be >= {MIN_OPSET}, got {opset}")
-    if min(random_inputs, photos, calibration) < 0 or random_inputs + photos == 0:
-        raise ValueError("--random-inputs/--photos/--calibration must be >= 0 and the verification set non-empty")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a folder")
     if provider:
         from hub_vit.export.verify import check_providers
 
         check_providers(provider)  # a typo or missing GPU build must not cost a model build and leave a report
-    return variants
-
-
-def _own_images(src: Any, images: Path, limit: int) -> Any:
-    """--images read with the model's own transform at the exported graph's input size (whatever size the transform
-    was recorded at)."""
-    from dataclasses import replace
-
-    from hub_vit.export.verify import load_image_folder
-
-    data = replace(src.data, img_size=tuple(src.module.spec.img_size))
-    return load_image_folder(images, data, limit=limit)
+    return plan
 
 
 def _print_outcomes(report: Any) -> None:

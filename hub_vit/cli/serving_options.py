@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import console, fail
+from hub_vit.export import registry
 from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, ServingOptions
 
 MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
@@ -25,10 +26,9 @@ MaxQueueSize = Annotated[int, typer.Option(help="Queued requests per step beyond
 QueueTimeoutUs = Annotated[int, typer.Option(help="Longest a request may wait in a step's queue before it is rejected "
                                                   "(0: no limit; a client may ask for less per request).")]
 TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")]
-CpuVariant = Annotated[str, typer.Option(help="CPU flavour: the ONNX graph served: 'auto' (the fastest variant on "
-                                               "this host that passes verification, measured at build time) or one "
-                                               "of fp32, optimized, int8-dynamic, int8-dynamic-s8, int8-static, "
-                                               "bf16 (still verified).")]
+CpuVariant = Annotated[str, typer.Option(help="CPU flavour: the graph served: 'auto' (the fastest variant on this "
+                                               "host that passes verification, measured at build time) or one of "
+                                               f"{registry.help_text(cpu=True)} (still verified).")]
 MaxPixels = Annotated[int, typer.Option(help="Most pixels an image may declare (larger ones are refused before "
                                              "decoding; 48 MP phone photos need more than the default).")]
 # `serve --repository` refuses these when they differ from the defaults: they would not change the repository.

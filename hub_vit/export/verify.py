@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from hub_vit.data_config import DataConfig
 from hub_vit.export.criterion import FP32_MAX_ABS, MIN_TOP1_AGREEMENT, VerifyResult, judge
 from hub_vit.model import VisionTransformer
+
+if TYPE_CHECKING:
+    from hub_vit.export.plan import VerificationSet
 
 # Colour and grey photographs that ship inside scikit-image (no download); grey ones are repeated to 3 channels.
 PHOTO_NAMES: tuple[str, ...] = (
@@ -95,21 +98,62 @@ def verification_inputs(model: VisionTransformer, n_random: int = 16, n_photos: 
     return np.concatenate([noise, photos, own]).astype(np.float32), seed
 
 
-def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = None) -> np.ndarray:
-    """Image files of `folder` (recursively, sorted) -> (N, C, H, W) float32, each prepared exactly as the model's
-    own eval transform `data` prepares it (EXIF orientation, resize, centre crop, mean/std), so int8 calibration
-    and verification see the activations the served model will see."""
-    from hub_vit.explain.image import image_files, load_image, prepare_image
+def calibration_images(model: VisionTransformer, count: int, n_random: int, n_photos: int, seed: int
+                       ) -> tuple[np.ndarray, int]:
+    """int8 calibration set: the verification set's mix of photo crops and noise, drawn with another seed; returns
+    the images (photos first) and how many are photos.
 
-    if limit is not None and limit < 0:
-        raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
-    files = image_files(folder)
-    files = files[:limit] if limit else files
-    out = np.empty((len(files), data.in_chans, *data.img_size), dtype=np.float32)
-    for i, f in enumerate(files):
-        # The user's own files: above Pillow's 89 MP warning is fine (large=True); ImageReadError names the file.
-        out[i] = prepare_image(load_image(f, large=True), data).tensor.numpy()
-    return out
+    Calibrating on photos alone left the activation ranges too narrow for the noise images the verification also
+    uses (digits model, one experiment: 95 % top-1 agreement with photo-only calibration, 100 % with the mix), so the
+    ranges cover what the graph will be checked on.
+    """
+    spec = model.spec
+    n_noise = round(count * n_random / max(1, n_random + n_photos))
+    rng = np.random.default_rng(seed + 1)
+    noise = rng.uniform(-1, 1, (n_noise, spec.in_chans, *spec.img_size)).astype(np.float32)
+    photos = photo_batch(spec.img_size, count - n_noise, seed=seed + 1, in_chans=spec.in_chans)
+    return np.concatenate([photos, noise]), len(photos)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A `VerificationSet` made concrete for one model: the images (N, C, H, W) every variant runs on, the fp32
+    PyTorch outputs they are compared with (`logits`, `pre_logits`), where top-1 agreement is judged, and the
+    calibration images with the mask of those whose top-1 class counts (for the builds that search for the layers
+    to keep in float)."""
+
+    x: np.ndarray
+    seed: int
+    reference: dict[str, np.ndarray]
+    n_own: int  # own images at the end of `x`
+    top1_from: int | None  # the first image of `x` whose top-1 agreement is judged; None: reported only
+    calibration: np.ndarray
+    top1_counts: np.ndarray | None
+
+
+def gather_evidence(model: VisionTransformer, check: VerificationSet, calibrated: bool) -> Evidence:
+    """The verification images and their fp32 reference for `model`; the calibration images when `calibrated`.
+    The own images are shared out alternately (verification, calibration, ...), so both halves see every class of a
+    class-sorted list. ValueError for a model whose logits do not depend on its input (`check_informative`)."""
+    check_informative(model)
+    own = None if check.own is None or not len(check.own.images) else check.own.images.astype(np.float32)
+    x, seed = verification_inputs(model, n_random=check.n_random, n_photos=check.n_photos, seed=check.seed,
+                                  images=None if own is None else own[0::2])
+    n_own = 0 if own is None else len(own[0::2])
+    # top-1 agreement is judged where the classes mean something: own images, else photos of a trained model
+    top1_from = len(x) - n_own if n_own else check.n_random if check.trained else None
+    calibration, top1_counts = x[:0], None
+    if calibrated:
+        mixed, n_photos = calibration_images(model, check.n_calibration, check.n_random, check.n_photos, seed)
+        own_calibration = mixed[:0] if own is None else own[1::2]
+        calibration = np.concatenate([mixed, own_calibration])
+        counts = np.zeros(len(calibration), bool)
+        if len(own_calibration):
+            counts[len(mixed):] = True
+        elif check.trained:
+            counts[:n_photos] = True
+        top1_counts = counts if counts.any() else None
+    return Evidence(x, seed, torch_outputs(model, x), n_own, top1_from, calibration, top1_counts)
 
 
 @torch.no_grad()
@@ -188,6 +232,7 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float,
     return float(diff.max()), float(diff.mean()), agree
 
 
-__all__ = ["FP32_MAX_ABS", "MIN_TOP1_AGREEMENT", "PHOTO_NAMES", "VerifyResult", "check_informative",
+__all__ = ["FP32_MAX_ABS", "MIN_TOP1_AGREEMENT", "PHOTO_NAMES", "Evidence", "VerifyResult", "calibration_images",
+           "check_informative", "gather_evidence",
            "check_providers", "compare", "judge", "load_photos",
-           "load_image_folder", "ort_outputs", "ort_session", "photo_batch", "torch_outputs", "verification_inputs"]
+           "ort_outputs", "ort_session", "photo_batch", "torch_outputs", "verification_inputs"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +21,13 @@ from PIL import Image
 
 from hub_vit import catalog
 from hub_vit.atomic import process_gone
+
+# the data and its split (below the export, which verifies the shipped model on the held-out split)
+from hub_vit.digits_data import HELD_OUT_FRACTION, IMG_SIZE, SPLIT_SEED, SPLITS, load_digits_split, original_indices
+from hub_vit.folder import DIGITS_HELD_OUT
 from hub_vit.train.recipe import Recipe
 from hub_vit.variants import ViTSpec
 
-IMG_SIZE = 32
-SPLIT_SEED = 0
-HELD_OUT_FRACTION = 0.2
-SPLITS = ("train", "val")
 LABELS: tuple[str, ...] = tuple(str(d) for d in range(10))
 # what the default model knows, as its domain.json says it after "this model knows"
 DOMAIN_KNOWS = "the handwritten digits 0-9 (8x8 scans from scikit-learn's digits data set)"
@@ -56,43 +55,6 @@ DIGITS_RECIPE = Recipe(
     checkpoint_every_steps=500,
     log_every_steps=20,
 )
-
-
-@cache
-def _split_indices() -> dict[str, np.ndarray]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    labels = load_digits().target
-    train, val = train_test_split(np.arange(len(labels)), test_size=HELD_OUT_FRACTION, stratify=labels,
-                                  random_state=SPLIT_SEED)
-    return {"train": np.sort(train), "val": np.sort(val)}
-
-
-def to_rgb32(image_8x8: np.ndarray) -> np.ndarray:
-    """(8, 8) floats in 0..16 -> (32, 32, 3) uint8."""
-    grey = Image.fromarray(np.round(image_8x8 * (255.0 / 16.0)).astype(np.uint8), mode="L")
-    big = np.asarray(grey.resize((IMG_SIZE, IMG_SIZE), Image.Resampling.BILINEAR))
-    return np.repeat(big[:, :, None], 3, axis=2)
-
-
-def load_digits_split(split: str) -> tuple[np.ndarray, np.ndarray]:
-    """(images uint8 (N, 32, 32, 3), labels int64 (N,)) for `"train"` (1437) or the held-out `"val"` (360)."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown digits split {split!r}; valid splits: {', '.join(map(repr, SPLITS))}")
-    from sklearn.datasets import load_digits
-
-    raw = load_digits()
-    idx = _split_indices()[split]
-    images = np.stack([to_rgb32(raw.images[i]) for i in idx])
-    return images, raw.target[idx].astype(np.int64)
-
-
-def original_indices(split: str) -> np.ndarray:
-    """Positions in `load_digits()` of the split's images (file names of the image folder use them)."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown digits split {split!r}; valid splits: {', '.join(map(repr, SPLITS))}")
-    return _split_indices()[split]
 
 
 def write_image_folder(root: str | Path) -> Path:
@@ -171,6 +133,7 @@ def dataset_info() -> dict:
         split=f"train_test_split(test_size={HELD_OUT_FRACTION}, stratify=labels, random_state={SPLIT_SEED})",
         preprocessing="8x8 grey 0..16 -> x255/16 uint8 -> PIL bilinear 32x32 -> RGB; bright ink on dark background",
         held_out_loader="hub_vit.train.digits.load_digits_split('val')",
+        held_out_images=DIGITS_HELD_OUT,  # the export verifies the model on it (hub_vit.folder.held_out_images)
     )
 
 

@@ -396,8 +396,11 @@ def _training_record(plan: _Plan, val: dict[str, float], source: str, d: distrib
         recipe=recipe.to_dict(),
         torch_weight_decay=recipe.torch_weight_decay,
         init=source,
-        dataset=dict(path=str(plan.data_dir), num_train=len(train_split), num_val=len(plan.val_split),
-                     classes=list(train_split.classes), **dataset_info),
+        # held_out_images: where the export and the CPU flavour judge this model's reduced-precision variants
+        # (hub_vit.folder.held_out_images); a recipe's own data set may name its split instead
+        dataset={**dict(path=str(plan.data_dir), num_train=len(train_split), num_val=len(plan.val_split),
+                        classes=list(train_split.classes), held_out_images=str((plan.data_dir / "val").resolve())),
+                 **dataset_info},
         steps=plan.total_steps,
         epochs=round(plan.total_steps * recipe.batch_size / len(train_split), 2),
         micro_batch=plan.micro,

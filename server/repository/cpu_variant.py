@@ -1,15 +1,15 @@
 """Which graph the CPU flavour serves: the fastest variant on this host that passes the verification criterion.
 
-At repository build time (`hub-vit repository / serve --cpu-variant auto`) the candidates (fp32, ORT-fused fp32,
-int8 dynamic / static QDQ, bf16 where the CPU has bf16 units; where OpenVINO is installed, OpenVINO fp32, static and
-dynamic int8, and bf16 where the CPU has bf16 units) are built and verified against the fp32 PyTorch model by
-`hub_vit.export.variants` (criterion: `hub_vit.export.criterion`), the ones that pass are timed side by side in
-interleaved rounds at the serving batch, with the threads an instance uses, and the fastest is copied into the
-repository: an ONNX graph over the classifier's `model.onnx`, or an OpenVINO variant as `model.openvino.xml` /
+At repository build time (`hub-vit repository / serve --cpu-variant auto`) the candidates (the variants of
+`hub_vit.export.registry` that the CPU flavour serves and that this host can build and gains from: bf16 only where
+the CPU has bf16 units, the OpenVINO ones where OpenVINO is installed) are built and verified against the fp32
+PyTorch model by `hub_vit.export.variants` (criterion: `hub_vit.export.criterion`), the ones that pass are timed side
+by side in interleaved rounds at the serving batch, with the threads an instance uses, and the fastest is copied into
+the repository: an ONNX graph over the classifier's `model.onnx`, or an OpenVINO variant as `model.openvino.xml` /
 `.bin` / `.json` beside the fp32 `model.onnx` (the served classifier runs the OpenVINO files when they are there).
-The choice, every candidate's numbers and verdict, and the host's ISA flags go into the repository manifest. A named
-variant (`--cpu-variant int8-dynamic`) skips the timing but is still verified: a variant that fails the criterion is
-never served.
+The choice, every candidate's numbers and verdict, the ones left out on this host and why, the verification set and
+the host's ISA flags go into the repository manifest. A named variant (`--cpu-variant int8-dynamic`) skips the
+timing but is still verified: a variant that fails the criterion is never served.
 
 Int8 runs on the VNNI / AMX-INT8 units through ONNX Runtime's MLAS u8 x s8 kernels (int8-static, int8-dynamic-s8:
 7-bit signed weights); int8-dynamic's u8 x u8 weights do not use them. All compute the same integers on every x86 CPU
@@ -31,18 +31,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hub_vit.openvino_runtime import OPENVINO_VARIANTS, OpenVINOSession, ir_files, openvino_available, served_model
+from hub_vit.export import registry
+from hub_vit.host import Host, this_host
+from hub_vit.openvino_runtime import OpenVINOSession, ir_files, served_model
+from hub_vit.server.repository import variant_cache
 
 if TYPE_CHECKING:
+    from hub_vit.export.plan import VerificationSet
     from hub_vit.resolve import ResolvedModel
 
 AUTO = "auto"
-CPU_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8-dynamic", "int8-dynamic-s8", "int8-static", "bf16",
-                                  *OPENVINO_VARIANTS)
+CPU_VARIANTS: tuple[str, ...] = registry.names(cpu=True)  # the variants the CPU flavour can serve
 CHOICES: tuple[str, ...] = (AUTO, *CPU_VARIANTS)
-BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
-INT8_FLAGS: tuple[str, ...] = ("avx512_vnni", "avx_vnni", "amx_int8")
-_REPORTED_FLAGS = ("avx2", "fma", "avx512", "avx_vnni", "amx")  # prefixes of the flags recorded
 
 
 @dataclasses.dataclass
@@ -56,6 +56,10 @@ class CpuSelection:
     batch: int = 0
     threads: int = 0
     candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)  # variants not tried on this host, and why
+    cache: dict[str, Any] = dataclasses.field(default_factory=dict)  # the variant cache's entry; hit: reused
+    # what the candidates were judged on: noise, photos, the model's own images, and where top-1 was judged
+    verification_set: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -68,24 +72,11 @@ def check_cpu_variant(name: str) -> str:
     return name
 
 
-def isa_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
-    """The CPU's vector / matrix-unit flags (avx2, avx512*, avx_vnni, amx*), sorted; [] where unreadable."""
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return sorted({f for f in line.split() if f.startswith(_REPORTED_FLAGS)})
-
-
-def candidates(flags: list[str], openvino: bool = True) -> list[str]:
-    """The variants worth timing on a CPU with `flags`: bf16 only with bf16 units (emulated bf16 is slower), the
-    OpenVINO ones where `openvino` (installed)."""
-    bf16 = any(f in flags for f in BF16_FLAGS)
-    found = ["fp32", "optimized", "int8-dynamic", "int8-dynamic-s8", "int8-static"] + ["bf16"] * bf16
-    if openvino:
-        found += [v for v in OPENVINO_VARIANTS if bf16 or v != "openvino-bf16"]
-    return found
+def candidates(host: Host | None = None) -> tuple[list[str], dict[str, str]]:
+    """(the variants worth timing on `host`, {the others: why not}): the registry's CPU variants that this host can
+    build and that pay off on it (bf16 only with bf16 units: emulated bf16 is slower; the OpenVINO ones where
+    OpenVINO is installed)."""
+    return registry.worth_building(host or this_host(), cpu=True)
 
 
 def _time_graphs(graphs: dict[str, Path], x: np.ndarray, threads: int, rounds: int, iters: int) -> dict[str, float]:
@@ -114,31 +105,34 @@ def _time_graphs(graphs: dict[str, Path], x: np.ndarray, threads: int, rounds: i
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def select(module: Any, requested: str, *, batch: int, threads: int | None = None, trained: bool = False,
-           work_dir: str | Path | None = None, rounds: int = 3, iters: int = 2, seed: int = 0,
+def select(module: Any, requested: str, check: VerificationSet, *, batch: int, threads: int | None = None,
+           work_dir: str | Path | None = None, rounds: int = 3, iters: int = 2, host: Host | None = None,
            with_token_means: bool = False) -> tuple[Path, CpuSelection, tempfile.TemporaryDirectory]:
-    """Build, verify and (for `auto`) time the candidates of `module`; returns the chosen graph, the record, and the
-    temporary folder holding it (the caller copies the graph, then cleans the folder up).
+    """Build, verify on `check` and (for `auto`) time the candidates of `module` on `host` (default: this one);
+    returns the chosen graph, the record, and the temporary folder holding it (the caller copies the graph, then
+    cleans the folder up).
 
     ValueError when a named variant fails the criterion or cannot be built (the report's reason, with the margin),
     or when no candidate passes. `with_token_means`: the graphs also write the out-of-domain score's features.
     """
+    from hub_vit.export.plan import ExportPlan
     from hub_vit.export.variants import export_variants
 
     check_cpu_variant(requested)
-    flags = isa_flags()
-    names = candidates(flags, openvino_available() is None) if requested == AUTO else [requested]
-    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    host = host or this_host()
+    names, left_out = candidates(host) if requested == AUTO else ([requested], {})
+    threads = threads or _cores()
     tmp = tempfile.TemporaryDirectory(prefix=".cpu-variant-", dir=work_dir)
     try:
-        report = export_variants(module, Path(tmp.name), variants=names, n_random=8, n_photos=24, n_calibration=32,
-                                 seed=seed, providers=["CPUExecutionProvider"], trained=trained,
-                                 source={"cpu_variant": requested}, with_token_means=with_token_means)
-        rows = [{"variant": o.variant, "verified": o.written, "error": o.error,
+        plan = ExportPlan(tuple(names), optional=frozenset(names) if requested == AUTO else frozenset(),
+                          providers=("CPUExecutionProvider",), host=host, token_means=with_token_means)
+        report = export_variants(module, Path(tmp.name), plan, check, source={"cpu_variant": requested})
+        rows = [{"variant": o.variant, "verified": o.written, "error": o.error, "settings": o.settings,
                  "verification": _numbers(o.verification)} for o in report.variants]
         passed = {o.variant: Path(o.file) for o in report.variants if o.written}
-        selection = CpuSelection(variant="", requested=requested, reason="", isa_flags=flags, batch=batch,
-                                 threads=threads, candidates=rows)
+        selection = CpuSelection(variant="", requested=requested, reason="", isa_flags=host.flags, batch=batch,
+                                 threads=threads, candidates=rows, left_out=left_out,
+                                 verification_set=check.describe() | {"seed": report.settings["seed"]})
         if requested != AUTO:
             if requested not in passed:
                 raise ValueError(f"cpu_variant {requested!r} is not served: {report.outcome(requested).error}")
@@ -148,7 +142,7 @@ def select(module: Any, requested: str, *, batch: int, threads: int | None = Non
         if not passed:
             raise ValueError("no CPU variant passes the verification criterion: " +
                              "; ".join(f"{o.variant}: {o.error}" for o in report.variants))
-        x = np.random.default_rng(seed).uniform(-1, 1, (batch, module.spec.in_chans, *module.spec.img_size))
+        x = np.random.default_rng(0).uniform(-1, 1, (batch, module.spec.in_chans, *module.spec.img_size))
         seconds = _time_graphs(passed, x.astype(np.float32), threads, rounds, iters)
         for row in rows:
             if row["variant"] in seconds:
@@ -181,10 +175,8 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
     int8-dynamic 220), and the build stays as fast as before. `with_token_means`: the graph at `target` writes the
     out-of-domain score's features, and so must the variant that replaces it.
     """
-    import shutil
-
     check_cpu_variant(requested)
-    flags = isa_flags()
+    flags = this_host().flags
     module = source.module
     if module is None:
         if requested not in (AUTO, "fp32"):
@@ -201,19 +193,61 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
         return CpuSelection("fp32", requested, "the model's head is all zero (untrained), so no reduced-precision "
                             "variant can be verified against it: fp32", flags)
     # an in-memory module (tests, benchmarks) or random init: top-1 on photos means nothing, the criterion's
-    # cosine / relative-error bounds judge alone
-    trained = not (source.kind == "module" or source.random_weights)
-    graph, selection, tmp = select(module, requested, batch=batch, threads=threads, trained=trained,
-                                   work_dir=target.parent, with_token_means=with_token_means)
+    # cosine / relative-error bounds judge alone (verification_set)
+    from hub_vit.export.own_images import verification_set
+
+    # the model's own held-out images when its folder names some (top-1 judged on them), else photos
+    check = verification_set(source, n_random=8, n_photos=24, n_calibration=32, seed=0)
+    host = this_host()
+    threads = threads or _cores()
+    key = variant_cache.cache_key(module, requested, check, batch=batch, threads=threads, flags=host.flags,
+                                  token_means=with_token_means)
+    cached = _from_cache(key, target)
+    if cached is not None:
+        return cached
+    graph, selection, tmp = select(module, requested, check, batch=batch, threads=threads, work_dir=target.parent,
+                                   host=host, with_token_means=with_token_means)
     try:
-        if graph.suffix == ".xml":  # OpenVINO: its three files beside the fp32 graph, which stays
-            for src, dst in zip(ir_files(graph), ir_files(served_model(target)), strict=True):
-                shutil.copyfile(src, dst)
-        else:
-            shutil.copyfile(graph, target)
+        files = ir_files(graph) if graph.suffix == ".xml" else [graph]
+        entry = variant_cache.store(key, selection.to_dict(), files)
+        selection.cache = {"hit": False, "entry": None if entry is None else str(entry)}
+        _place(files, target)
     finally:
         tmp.cleanup()
     return selection
+
+
+def _from_cache(key: variant_cache.CacheKey, target: Path) -> CpuSelection | None:
+    """The selection `key`'s cache entry holds, its graph placed at `target`; None on a miss (or a damaged entry,
+    which `variant_cache.load` removed)."""
+    hit = variant_cache.load(key)
+    if hit is None:
+        return None
+    recorded, files = hit
+    try:
+        selection = CpuSelection(**recorded)
+    except TypeError:  # recorded by another layout of the record: build afresh
+        return None
+    selection.cache = {"hit": True, "entry": str(files[0].parent)}
+    selection.reason += "; reused from the variant cache (built and verified earlier on this host)"
+    _place(files, target)
+    return selection
+
+
+def _place(files: list[Path], target: Path) -> None:
+    """The chosen graph at the classifier's `target`: an ONNX graph over it, or an OpenVINO variant's three files
+    beside the fp32 graph, which stays."""
+    import shutil
+
+    if files[0].suffix == ".xml":
+        for src, dst in zip(files, ir_files(served_model(target)), strict=True):
+            shutil.copyfile(src, dst)
+    else:
+        shutil.copyfile(files[0], target)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -223,5 +257,4 @@ def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
     return {key: verification.get(key) for key in keep}
 
 
-__all__ = ["AUTO", "CHOICES", "CPU_VARIANTS", "CpuSelection", "candidates", "check_cpu_variant",
-           "isa_flags", "place", "select"]
+__all__ = ["AUTO", "CHOICES", "CPU_VARIANTS", "CpuSelection", "candidates", "check_cpu_variant", "place", "select"]

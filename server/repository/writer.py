@@ -382,14 +382,12 @@ def _place_weights(source: ResolvedModel, target: Path, opts: ServingOptions,
     """The classifier's graph at `target` (+ the attention graph beside it with `rollout`); `token_means`: exported
     graphs also write the out-of-domain score's features."""
     if rollout is not None:  # the CPU flavour's attention graph (the torch flavour runs the model folder itself)
-        from hub_vit.export import export_onnx
-        from hub_vit.export.onnx_export import logits_subgraph
+        from hub_vit.server.repository.variant_cache import exported_graphs
 
         # One export: the attention graph, and the plain graph cut from it (the same nodes, less the attention
-        # outputs' stacking), so the plain requests run what they ran before at half the export time.
-        attentions = export_onnx(source.module.eval(), target.with_name(ATTENTIONS_FILE), dynamic_batch=True,
-                                 with_attentions=True, with_token_means=token_means)
-        logits_subgraph(attentions, target)
+        # outputs' stacking), so the plain requests run what they ran before at half the export time; the variant
+        # cache keeps both for the next build of the same weights
+        exported_graphs(source.module.eval(), target, target.with_name(ATTENTIONS_FILE), token_means)
         return
     if source.engine_path is not None:
         shutil.copyfile(source.engine_path, target)

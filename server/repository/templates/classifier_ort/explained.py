@@ -22,12 +22,14 @@ from triton_errors import client_error, request_error
 
 
 class ExplainedRequests:
-    """A second ORT session on the attention graph (logits, attentions (B, depth, heads, N, N)[, pool_attention]),
-    built once per instance, and the rollout settings the repository recorded in config.pbtxt."""
+    """A second session that writes logits and attentions (B, depth, heads, N, N)[, pool_attention], built once per
+    instance: `session` when given (the served OpenVINO variant with its softmax outputs), else ORT on the fp32
+    attention graph; and the rollout settings the repository recorded in config.pbtxt."""
 
     def __init__(self, graph: Path, options: ort.SessionOptions, params: dict[str, str], preprocess: Any,
-                 labels: np.ndarray, k: int, domain: Any) -> None:
-        self.session = ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
+                 labels: np.ndarray, k: int, domain: Any, session: Any = None) -> None:
+        self.session = session or ort.InferenceSession(str(graph), sess_options=options,
+                                                       providers=["CPUExecutionProvider"])
         # The rollout's torch ops are small (depth x (B, N, N) elementwise and vector-matrix products); with torch's
         # default pool (one thread per core) they fight ORT's spinning threads for the same cores and ran ~5x slower
         # under load. One thread keeps them off ORT's cores' backs; ORT does the heavy work.

@@ -14,8 +14,9 @@ verified and timed them (openvino_runtime.py, copied from hub_vit); the ONNX gra
 Every answer also holds `domain` (B, 1) and `domain_score` (B, 1), the out-of-domain verdict and score
 (domain_outputs.py), from the graph's `token_means` output where the repository serves a calibrated score.
 A config with `attentions_file` also serves attention rollout: a request with parameter `explain` (served_rollout.py)
-runs a second ORT session on the attention graph and gets `rollout` (B, H', W') and `rollout_box` (B, 4) too; the
-others run the plain graph exactly as without it.
+gets `rollout` (B, H', W') and `rollout_box` (B, 4) too, from a second session: the served OpenVINO variant's own
+attention probabilities where one is served (its precision), else ORT on the fp32 attention graph; the others run
+the plain graph exactly as without it.
 """
 
 from __future__ import annotations
@@ -85,8 +86,12 @@ class TritonPythonModel:
         if "attentions_file" in params:
             from explained import ExplainedRequests  # imports torch: only a repository that serves rollout pays
 
+            # an OpenVINO variant explains at its own precision, from its own softmax outputs (one run); an ONNX
+            # Runtime graph from the fp32 attention graph (docs/serving.md, "Explanations from the server")
+            own = OpenVINOSession(served_model(onnx_path), options.intra_op_num_threads, attentions=True) \
+                if served_model(onnx_path).exists() else None
             self.explainer = ExplainedRequests(version_dir / params["attentions_file"], options, params,
-                                               self.preprocess, self.labels, self.k, self.domain)
+                                               self.preprocess, self.labels, self.k, self.domain, session=own)
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:

@@ -1,0 +1,123 @@
+"""The OpenVINO variants' builds (`hub_vit.export.registry`): OpenVINO IR from the fp32 ONNX graph, written with the
+compile settings the variant is verified and served with.
+
+* `openvino-fp32` / `openvino-bf16`: the fp32 graph, compiled with `INFERENCE_PRECISION_HINT` f32 / bf16 (OpenVINO's
+  default on CPUs with bf16 units, AMX / avx512_bf16; elsewhere the plugin emulates bf16, slowly).
+* `openvino-int8-dynamic`: int8 weights (NNCF weight compression, symmetric, per output channel) and activations
+  quantised per token at run time by the CPU plugin (`DYNAMIC_QUANTIZATION_GROUP_SIZE`): no calibration.
+* `openvino-int8`: static int8 by NNCF post-training quantisation (transformer preset: SmoothQuant, per-channel
+  weights), calibrated on the export's calibration images, with the layers the criterion finds sensitive kept in
+  float (`hub_vit.export.sensitivity`).
+
+What stays in float runs at OpenVINO's default precision (bf16 on CPUs with bf16 units); the verification on the
+host judges the whole. Each variant is three files: `<name>.xml` + `<name>.bin` (the IR) and `<name>.json` (its
+compile settings), which `hub_vit.openvino_runtime.OpenVINOSession` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# activations quantised in groups of this many channels: one scale per token for rows up to ViT-S/16's 384, a few per
+# token for wider models (ViT-S/16, 2 cores: 384 was the fastest of 32, 64, 128, 384; 0 turns it off, 40% slower)
+DYNAMIC_GROUP_SIZE = 384
+
+
+def read_model(onnx_file: str | Path) -> Any:
+    import openvino as ov
+
+    return ov.Core().read_model(str(onnx_file))
+
+
+def save(model: Any, out_xml: Path, compile_settings: dict[str, str], **decided: Any) -> Path:
+    """Write `model` as IR at `out_xml` with its settings file (`compile`: the plugin settings it runs with, besides
+    the thread count; plus what its build `decided`, e.g. the layers kept in float); returns `out_xml`."""
+    import openvino as ov
+
+    ov.save_model(model, str(out_xml), compress_to_fp16=False)  # keeps fp32 weights where nothing was quantised
+    settings = {"variant": out_xml.stem, "compile": compile_settings, **decided}
+    out_xml.with_suffix(".json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    return out_xml
+
+
+def build_plain(fp32: Path, out_xml: Path, precision: str) -> Path:
+    """The fp32 graph run at `precision` (f32 or bf16)."""
+    return save(read_model(fp32), out_xml, {"INFERENCE_PRECISION_HINT": precision})
+
+
+def build_dynamic_int8(fp32: Path, out_xml: Path) -> Path:
+    import nncf
+
+    with quiet():
+        model = nncf.compress_weights(read_model(fp32), mode=nncf.CompressWeightsMode.INT8_SYM)
+    return save(model, out_xml, {"DYNAMIC_QUANTIZATION_GROUP_SIZE": str(DYNAMIC_GROUP_SIZE)})
+
+
+def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_counts: np.ndarray | None
+                      ) -> tuple[Path, dict[str, Any]]:
+    """Static int8 calibrated on `calibration` (N, C, H, W), the layers the criterion finds sensitive kept in float
+    (`hub_vit.export.sensitivity.search`, judged on the same images: `top1_counts` marks those whose top-1 counts);
+    returns the IR and what the build decided: `kept_in_float` (the layers left unquantised) and the search's
+    rounds."""
+    import nncf
+
+    from hub_vit.export.sensitivity import search
+
+    if not len(calibration):
+        raise ValueError("openvino-int8 needs calibration images; none were given")
+    model = read_model(fp32)
+    dataset = nncf.Dataset([calibration[i:i + 1] for i in range(len(calibration))])
+
+    def quantize(kept: list[str]) -> Any:
+        with quiet():
+            return nncf.quantize(model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calibration),
+                                 ignored_scope=nncf.IgnoredScope(names=kept))
+
+    found = search(model, quantize, calibration, top1_counts, {"ENABLE_CPU_PINNING": False})
+    decided = {"kept_in_float": found.kept_in_float,
+               "search": {"calibration_margin": round(found.margin, 4), "rounds": found.rounds}}
+    return save(found.model, out_xml, {}, **decided), decided
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """NNCF's progress bars (rich, on stdout) and its info tables off: they would run through `hub-vit serve`'s
+    first screen. Its warnings and errors still reach the log. Also off: torch's "No CUDA runtime is found" warning,
+    which NNCF's backend probing triggers on a GPU-less host."""
+    loggers = {name: logging.getLogger(name) for name in ("nncf", "torch.utils.cpp_extension")}
+    levels = {name: logger.level for name, logger in loggers.items()}
+    loggers["nncf"].setLevel(logging.WARNING)
+    loggers["torch.utils.cpp_extension"].setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        for name, logger in loggers.items():
+            logger.setLevel(levels[name])
+
+
+def drop_output(src_xml: str | Path, dst_xml: str | Path, name: str) -> Path:
+    """Copy of the IR at `src_xml` (with its settings file) without output `name`; returns `dst_xml`."""
+    import openvino as ov
+
+    model = read_model(src_xml)
+    for result in list(model.get_results()):
+        if name in result.input_value(0).get_names() or result.get_friendly_name() == name:
+            model.remove_result(result)
+    dst_xml = Path(dst_xml)
+    ov.save_model(model, str(dst_xml), compress_to_fp16=False)
+    dst_xml.with_suffix(".json").write_text(Path(src_xml).with_suffix(".json").read_text(encoding="utf-8"),
+                                            encoding="utf-8")
+    return dst_xml
+
+
+__all__ = ["DYNAMIC_GROUP_SIZE", "build_dynamic_int8", "build_plain",
+           "build_static_int8", "drop_output", "quiet", "read_model", "save"]

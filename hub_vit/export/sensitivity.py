@@ -1,0 +1,207 @@
+"""Which layers static int8 keeps in float: a per-layer sensitivity search judged by the verification criterion.
+
+NNCF quantises every MatMul / Convolution of the graph (transformer preset: SmoothQuant, per-channel weights). Where
+the result misses the criterion's bounds on the calibration images (`margin`: the worst image's distance to a bound,
+as a fraction of the bound's slack), the search measures what each quantised layer adds to the error (`profile`:
+the relative error of its output against fp32, less that of its inputs, on the same images), keeps the worst few in
+float, quantises again and measures again, until the margin reaches `target` or `max_rounds` are spent. It returns
+the model and the layers it kept in float, which the variant's settings, the export report and the served manifest
+record.
+
+Why not NNCF's `quantize_with_accuracy_control`: it ranks every quantised operation by compiling and running the
+model once per operation (87 operations for SimpleViT-Ti/16: more than 15 minutes on 2 busy cores, still ranking),
+where one profile costs two runs; the result is the same kind (the few sensitive layers in float).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hub_vit.export.criterion import MAX_REL_ERROR, MIN_COSINE, MIN_TOP1_AGREEMENT, per_image
+
+QUANTIZED = ("MatMul", "Convolution")
+_PASS_THROUGH = ("FakeQuantize", "Convert", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Multiply")
+TARGET = 0.3  # the calibration images' worst margin must keep 30 % of the slack: the verification images are others
+MAX_ROUNDS = 6
+PROFILE_IMAGES = 8  # the images nearest a bound, profiled in one batch
+CANDIDATES = 6  # layers tried per round, in the profile's order
+_PROBE = "sensitivity:"  # the name given to a profiled node's output
+
+
+def per_image_margins(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> np.ndarray:
+    """(N,) each image's distance to the nearest of the criterion's bounds (logits' and pre-logits' cosine and
+    relative error), as a fraction of that bound's slack: 1 = equal to fp32, 0 = on the bound, < 0 = outside."""
+    worst = np.full(len(reference["logits"]), np.inf)
+    for name in ("logits", "pre_logits"):
+        cos, rel = per_image(reference[name], got[name])
+        worst = np.minimum(worst, (cos - MIN_COSINE) / (1 - MIN_COSINE))
+        worst = np.minimum(worst, (MAX_REL_ERROR - rel) / MAX_REL_ERROR)
+    return worst
+
+
+def margin(reference: dict[str, np.ndarray], got: dict[str, np.ndarray], top1_counts: np.ndarray | None) -> float:
+    """The worst image's `per_image_margins`, and the top-1 agreement's over the images whose top-1 counts, as a
+    fraction of its slack."""
+    worst = float(per_image_margins(reference, got).min())
+    if top1_counts is not None and top1_counts.any():
+        agree = float((reference["logits"][top1_counts].argmax(-1) == got["logits"][top1_counts].argmax(-1)).mean())
+        worst = min(worst, (agree - MIN_TOP1_AGREEMENT) / (1 - MIN_TOP1_AGREEMENT))
+    return worst
+
+
+def quantized_layers(model: Any) -> list[str]:
+    """The MatMul / Convolution nodes of a quantised model that read a FakeQuantize (what NNCF quantised)."""
+    return [op.get_friendly_name() for op in model.get_ordered_ops()
+            if op.get_type_name() in QUANTIZED and any(_producer(op, i).get_type_name() == "FakeQuantize"
+                                                       for i in range(op.get_input_size()))]
+
+
+def _producer(op: Any, port: int) -> Any:
+    return op.input_value(port).get_node()
+
+
+def _source(op: Any, port: int) -> Any:
+    """The node whose output reaches `op`'s input `port` through quantisers and layout ops (what it reads in fp32)."""
+    node = _producer(op, port)
+    while node.get_type_name() in _PASS_THROUGH and node.get_input_size():
+        node = node.input_value(0).get_node()
+    return node
+
+
+def _compiled(model: Any, nodes: list[str], config: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """`model` compiled with the outputs of `nodes` added; returns it and the ports of those outputs, in the order of
+    `nodes` (found by a name given to each: the order of a compiled model's outputs is not promised)."""
+    import openvino as ov
+
+    model = model.clone()
+    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    for name in nodes:
+        ops[name].output(0).get_tensor().add_names({f"{_PROBE}{name}"})
+    if nodes:
+        model.add_outputs([f"{_PROBE}{name}" for name in nodes])
+    compiled = ov.Core().compile_model(model, "CPU", config)
+    return compiled, [compiled.output(f"{_PROBE}{name}") for name in nodes]
+
+
+def run(model: Any, images: np.ndarray, config: dict[str, Any], batch: int = 8) -> dict[str, np.ndarray]:
+    """{output name: (N, ...)} of `model` on `images`, in batches."""
+    compiled, _ = _compiled(model, [], config)
+    request = compiled.create_infer_request()
+    found: dict[str, list[np.ndarray]] = {port.get_any_name(): [] for port in compiled.outputs}
+    for start in range(0, len(images), batch):
+        results = request.infer([images[start:start + batch]])
+        for port in compiled.outputs:
+            found[port.get_any_name()].append(np.array(results[port]))
+    return {name: np.concatenate(parts) for name, parts in found.items()}
+
+
+def profile(fp32: Any, quantized: Any, images: np.ndarray, config: dict[str, Any]) -> dict[str, float]:
+    """What each quantised layer adds to the error on `images` (one batch): the worst relative error of its output
+    against the fp32 model's, less the worst of the layers it reads (the error it was handed)."""
+    layers = quantized_layers(quantized)
+    ops = {op.get_friendly_name(): op for op in quantized.get_ordered_ops()}
+    fp32_names = {op.get_friendly_name() for op in fp32.get_ordered_ops()}
+    reads = {name: [_source(ops[name], i).get_friendly_name() for i in range(ops[name].get_input_size())]
+             for name in layers}
+    inputs = {src for srcs in reads.values() for src in srcs
+              if src in ops and ops[src].get_type_name() not in ("Constant", "Parameter")}
+    watched = [name for name in dict.fromkeys([*layers, *sorted(inputs)]) if name in fp32_names]
+    results = []
+    for model, settings in ((fp32, {**config, "INFERENCE_PRECISION_HINT": "f32"}), (quantized, config)):
+        compiled, ports = _compiled(model, watched, settings)
+        found = compiled.create_infer_request().infer([images])
+        results.append([np.array(found[port]).reshape(len(images), -1) for port in ports])
+    error = {name: float(per_image(ref, got)[1].max()) for name, ref, got in zip(watched, *results, strict=True)}
+    return {name: error.get(name, 0.0) - max((error.get(src, 0.0) for src in reads[name]), default=0.0)
+            for name in layers if name in error}
+
+
+def without_activation_quantizers(model: Any, layers: list[str]) -> Any:
+    """A copy of the quantised `model` whose `layers` read their activations unquantised (each input that a
+    FakeQuantize feeds is fed by that quantiser's own input instead; the other readers of a shared quantiser keep it).
+    Their int8 weights stay: per-channel weights cost little, per-tensor activations most, so this tells, without
+    quantising again, what keeping a layer in float would give."""
+    model = model.clone()
+    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    for name in layers:
+        op = ops[name]
+        for port in range(op.get_input_size()):
+            node = _producer(op, port)
+            if node.get_type_name() == "FakeQuantize":
+                op.input(port).replace_source_output(node.input_value(0))
+    model.validate_nodes_and_infer_types()
+    return model
+
+
+@dataclass
+class SearchResult:
+    model: Any
+    kept_in_float: list[str]
+    margin: float
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # per round: layers kept in float, margin
+
+
+def search(fp32: Any, quantize: Callable[[list[str]], Any], calibration: np.ndarray, top1_counts: np.ndarray | None,
+           config: dict[str, Any], *, target: float = TARGET, max_rounds: int = MAX_ROUNDS) -> SearchResult:
+    """Quantise `fp32` (an OpenVINO model; `quantize(kept)` quantises it with `kept` left in float), judge the result
+    on `calibration` against the fp32 model (`margin`), and keep the most sensitive layers in float until the margin
+    reaches `target`. Each round profiles the images nearest a bound, tries the `CANDIDATES` layers that add the most
+    error (and the last layers, which no normalisation follows) with their activations unquantised
+    (`without_activation_quantizers`: no new quantisation), keeps the ones that help most, greedily, until the margin
+    would reach the target, and quantises once with them in float. `config`: the compile settings the variant runs
+    with. Returns the best model found."""
+    reference = run(fp32, calibration, {**config, "INFERENCE_PRECISION_HINT": "f32"})
+
+    def judged(model: Any) -> tuple[float, dict[str, np.ndarray]]:
+        got = run(model, calibration, config)
+        return margin(reference, got, top1_counts), got
+
+    kept: list[str] = []
+    best: SearchResult | None = None
+    rounds: list[dict[str, Any]] = []
+    for round_ in range(max_rounds):
+        model = quantize(kept)
+        found, got = judged(model)
+        rounds.append({"kept_in_float": list(kept), "margin": round(found, 4)})
+        if best is None or found > best.margin:
+            best = SearchResult(model, list(kept), found, rounds)
+        if found >= target or round_ == max_rounds - 1:
+            break
+        chosen = _more_in_float(fp32, model, calibration, reference, got, kept, found, target, config, judged)
+        if not chosen:
+            break
+        kept += chosen
+    assert best is not None
+    return best
+
+
+def _more_in_float(fp32: Any, model: Any, calibration: np.ndarray, reference: dict[str, np.ndarray],
+                   got: dict[str, np.ndarray], kept: list[str], found: float, target: float, config: dict[str, Any],
+                   judged: Callable[[Any], tuple[float, dict[str, np.ndarray]]]) -> list[str]:
+    """The layers to keep in float next: greedily, the candidate whose unquantised activations raise the margin most,
+    until it would reach `target` or none helps (then the profile's first, so a round always adds one)."""
+    worst = np.sort(np.argsort(per_image_margins(reference, got))[:PROFILE_IMAGES])
+    added = profile(fp32, model, calibration[worst], config)
+    layers = quantized_layers(model)
+    ranked = [name for name, _ in sorted(added.items(), key=lambda item: -item[1]) if name not in kept]
+    candidates = list(dict.fromkeys([*ranked[:CANDIDATES], *[name for name in layers[-2:] if name not in kept]]))
+    chosen: list[str] = []
+    while candidates:
+        tried = {name: judged(without_activation_quantizers(model, [*chosen, name]))[0] for name in candidates}
+        name = max(tried, key=tried.get)
+        if tried[name] <= found:
+            break
+        chosen.append(name)
+        candidates.remove(name)
+        found = tried[name]
+        if found >= target:
+            break
+    return chosen or ranked[:1]
+
+
+__all__ = ["CANDIDATES", "MAX_ROUNDS", "TARGET", "SearchResult", "margin", "per_image_margins", "profile",
+           "quantized_layers", "run", "search", "without_activation_quantizers"]

@@ -1,0 +1,209 @@
+"""The CPU flavour's chosen variants, kept between repository builds: the second `hub-vit serve` (or `hub-vit
+repository`) of a model on the same host takes the graph it chose the first time instead of building, verifying and
+timing every candidate again, and its exported fp32 graphs (the attention graph and the logits graph cut from it;
+`exported_graphs`) instead of exporting them again.
+
+Where: `$HUB_VIT_VARIANT_CACHE`, else `<hub-vit's cache>/cpu-variants/` (`hub_vit.conversion.download.cache_dir`:
+`$HUB_VIT_CACHE`, else `$XDG_CACHE_HOME/hub_vit`, else `~/.cache/hub_vit`). One entry per key, a folder named by the
+key's sha256: the chosen graph's files (`model.onnx`, or an OpenVINO variant's `.xml` / `.bin` / `.json`) and
+`entry.json`: the key's parts, the selection as the manifest records it, every file's sha256, and the digest of all
+of that. `hub-vit cache list` shows the entries, `hub-vit cache clear` removes them (or delete the folder).
+
+The key holds everything the choice depends on: the model's weights (their content digest,
+`hub_vit.weights_digest`) and spec; what was asked (`auto` or a variant), the batch and threads it was timed at; the
+CPU's ISA flags; the versions of hub-vit, onnxruntime, openvino, nncf, torch and onnx; the criterion's thresholds;
+and the verification set (its counts, seed and the digest of the model's own images). A change to any of them is
+another key: the old entry stays until cleared.
+
+An entry is written atomically (built in a staging folder beside it, then renamed into place: `hub_vit.atomic`). One
+that does not read back whole (`entry.json` unparsable or its digest wrong, a file missing, truncated or with other
+bytes) is removed and rebuilt: a damaged entry is never served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from hub_vit.atomic import replace_dir, staging_dir
+from hub_vit.file_hash import sha256_file
+
+FORMAT = 1  # the entry layout; a new one is another key
+ENTRY = "entry.json"
+FOLDER = "cpu-variants"
+ENV = "HUB_VIT_VARIANT_CACHE"  # moves this cache alone (HUB_VIT_CACHE moves all of hub-vit's)
+_LIBRARIES = ("hub-vit", "onnxruntime", "openvino", "nncf", "torch", "onnx")
+
+
+def cache_root() -> Path:
+    """The folder of the entries: `$HUB_VIT_VARIANT_CACHE`, else `<hub-vit's cache>/cpu-variants`."""
+    from hub_vit.conversion.download import cache_dir
+
+    explicit = os.environ.get(ENV)
+    return Path(explicit).expanduser() if explicit else cache_dir() / FOLDER
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed versions of the libraries a variant's build, verification and speed depend on."""
+    versions: dict[str, str | None] = {}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """The parts a cached choice depends on (`parts`), and their digest (`name`: the entry's folder)."""
+
+    parts: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return _digest(self.parts)
+
+
+def cache_key(module: Any, requested: str, check: Any, *, batch: int, threads: int, flags: list[str],
+              token_means: bool = False) -> CacheKey:
+    """The key of `module`'s choice for `requested` on a host with `flags` (check: the `VerificationSet`;
+    `token_means`: the graphs also write the out-of-domain score's features)."""
+    from hub_vit.export import criterion
+    from hub_vit.weights_digest import state_dict_digest
+
+    own = None if check.own is None else hashlib.sha256(check.own.images.tobytes()).hexdigest()
+    verification = check.describe() | {"seed": check.seed, "own_images_sha256": own}
+    return CacheKey({
+        "format": FORMAT, "weights": state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
+        "requested": requested, "batch": batch, "threads": threads, "isa_flags": sorted(flags),
+        "token_means": token_means,
+        "libraries": library_versions(), "verification_set": verification,
+        "criterion": {"fp32_max_abs": criterion.FP32_MAX_ABS, "min_cosine": criterion.MIN_COSINE,
+                      "max_rel_error": criterion.MAX_REL_ERROR, "min_top1_agreement": criterion.MIN_TOP1_AGREEMENT},
+    })
+
+
+def _damaged(entry: Path, record: Any) -> str | None:
+    """Why the entry at `entry` cannot be served (None: it reads back whole)."""
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        return f"{ENTRY} is not an entry"
+    body = {key: value for key, value in record.items() if key != "digest"}
+    if record.get("digest") != _digest(body):
+        return f"{ENTRY} was changed after it was written"
+    for name, sha256 in record["files"].items():
+        path = entry / name
+        if Path(name).name != name or not path.is_file():
+            return f"{name} is missing"
+        if sha256_file(path) != sha256:
+            return f"{name} has other bytes than were written"
+    return None
+
+
+def load(key: CacheKey, root: Path | None = None) -> tuple[dict[str, Any], list[Path]] | None:
+    """(the recorded selection, the graph's files) of `key`'s entry, or None when there is none. A damaged entry is
+    removed (and None returned): the caller builds afresh."""
+    entry = (root or cache_root()) / key.name
+    if not entry.is_dir():
+        return None
+    try:
+        record = json.loads((entry / ENTRY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = None
+    why = _damaged(entry, record)
+    if why is not None:
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    if record.get("key") != key.parts:  # a digest collision, or a hand-made entry: not this key's
+        return None
+    return record["selection"], [entry / name for name in record["graph"]]
+
+
+def store(key: CacheKey, selection: dict[str, Any], graph: list[Path], root: Path | None = None) -> Path | None:
+    """Keep the chosen `graph` (its files) and the `selection` under `key`; returns the entry, or None when the cache
+    cannot be written (a read-only or full disk costs the next start its time, not this one its repository)."""
+    entry = (root or cache_root()) / key.name
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        staging = staging_dir(entry)
+    except OSError:
+        return None
+    try:
+        for path in graph:
+            shutil.copyfile(path, staging / path.name)
+        body = {"key": key.parts, "selection": selection, "graph": [path.name for path in graph],
+                "files": {path.name: sha256_file(staging / path.name) for path in graph}}
+        (staging / ENTRY).write_text(json.dumps(body | {"digest": _digest(body)}, indent=2) + "\n", encoding="utf-8")
+        replace_dir(staging, entry)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
+    return entry
+
+
+def exported_graphs(module: Any, logits: Path, attentions: Path, token_means: bool = False) -> bool:
+    """The fp32 attention graph of `module` at `attentions` and the logits graph cut from it at `logits` (the CPU
+    flavour's two graphs; `token_means`: both also write the out-of-domain score's features), copied from the cache
+    when the same weights were exported before with the same libraries, else exported and kept; returns whether they
+    came from the cache."""
+    from hub_vit.export.onnx_export import export_onnx, logits_subgraph
+    from hub_vit.weights_digest import state_dict_digest
+
+    key = CacheKey({"format": FORMAT, "graphs": [logits.name, attentions.name], "dynamic_batch": True,
+                    "token_means": token_means,
+                    "weights": state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
+                    "libraries": library_versions()})
+    hit = load(key)
+    if hit is not None:
+        for path in hit[1]:
+            shutil.copyfile(path, logits.with_name(path.name))
+        return True
+    export_onnx(module, attentions, dynamic_batch=True, with_attentions=True, with_token_means=token_means)
+    logits_subgraph(attentions, logits)
+    store(key, {"graphs": "the fp32 attention graph and the logits graph cut from it"}, [logits, attentions])
+    return False
+
+
+def entries(root: Path | None = None) -> list[dict[str, Any]]:
+    """Every entry: its folder, size in bytes, the variant it holds and for which request and weights, and whether it
+    reads back whole (`damaged`: why not)."""
+    root = root or cache_root()
+    found = []
+    for entry in sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith(".")):
+        try:
+            record = json.loads((entry / ENTRY).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = None
+        key = record.get("key", {}) if isinstance(record, dict) else {}
+        selection = record.get("selection", {}) if isinstance(record, dict) else {}
+        found.append({"entry": str(entry), "bytes": sum(p.stat().st_size for p in entry.iterdir() if p.is_file()),
+                      "variant": selection.get("variant") or ("fp32 graphs" if "graphs" in key else None),
+                      "requested": key.get("requested"),
+                      "weights": key.get("weights"), "damaged": _damaged(entry, record)})
+    return found
+
+
+def clear(root: Path | None = None) -> int:
+    """Remove every entry (and what killed writers left); returns how many entries there were."""
+    root = root or cache_root()
+    if not root.is_dir():
+        return 0
+    count = sum(1 for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    with contextlib.suppress(OSError):
+        shutil.rmtree(root)
+    return count
+
+
+__all__ = ["CacheKey", "cache_key", "cache_root", "clear", "entries", "exported_graphs", "library_versions", "load",
+           "store"]

@@ -1,0 +1,145 @@
+"""The CPU flavour's variant cache (server/repository/variant_cache.py): a second repository build of the same model
+on the same host reuses the graph the first one chose; a damaged entry (truncated, edited, missing file) is detected
+by its content digests, removed and rebuilt, never served; the key changes with what the choice depends on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hub_vit.export import criterion, onnx_export
+from hub_vit.export.plan import VerificationSet
+from hub_vit.host import Host
+from hub_vit.resolve import resolve_model as resolve
+from hub_vit.server.repository import cpu_variant, variant_cache
+from hub_vit.server.repository.options import ServingOptions
+from hub_vit.server.repository.writer import MANIFEST, write_repository
+
+CHECK = VerificationSet(n_random=8, n_photos=24, seed=0)
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv(variant_cache.ENV, str(root))
+    return root
+
+
+def _key(**parts: object) -> variant_cache.CacheKey:
+    return variant_cache.CacheKey({"weights": "tensors-sha256:00", "requested": "auto", **parts})
+
+
+def _graph(tmp_path: Path) -> list[Path]:
+    graph = tmp_path / "graph.onnx"
+    graph.write_bytes(b"a graph's bytes" * 1000)
+    return [graph]
+
+
+def test_an_entry_reads_back_what_was_stored(cache: Path, tmp_path: Path) -> None:
+    entry = variant_cache.store(_key(), {"variant": "int8-dynamic", "reason": "fastest"}, _graph(tmp_path))
+    assert entry is not None and entry.parent == cache
+    selection, files = variant_cache.load(_key())
+    assert selection == {"variant": "int8-dynamic", "reason": "fastest"}
+    assert [f.read_bytes() for f in files] == [(tmp_path / "graph.onnx").read_bytes()]
+    assert variant_cache.load(_key(requested="int8-static")) is None  # another key: no entry
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+@pytest.mark.parametrize("damage", ["truncated", "edited bytes", "missing file", "edited record"])
+def test_a_damaged_entry_is_removed_not_served(cache: Path, tmp_path: Path, damage: str) -> None:
+    entry = variant_cache.store(_key(), {"variant": "int8-dynamic"}, _graph(tmp_path))
+    graph = entry / "graph.onnx"
+    if damage == "truncated":
+        graph.write_bytes(graph.read_bytes()[:100])
+    elif damage == "edited bytes":
+        data = bytearray(graph.read_bytes())
+        data[500] ^= 0xFF
+        graph.write_bytes(bytes(data))
+    elif damage == "missing file":
+        graph.unlink()
+    else:  # another variant written into the record by hand
+        record = json.loads((entry / "entry.json").read_text())
+        record["selection"]["variant"] = "fp32"
+        (entry / "entry.json").write_text(json.dumps(record))
+    listed = variant_cache.entries()
+    assert len(listed) == 1 and listed[0]["damaged"]
+    assert variant_cache.load(_key()) is None
+    assert not entry.exists()
+
+
+def test_a_cache_that_cannot_be_written_costs_only_the_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(variant_cache.ENV, str(blocker / "cache"))
+    assert variant_cache.store(_key(), {"variant": "fp32"}, _graph(tmp_path)) is None
+    assert variant_cache.load(_key()) is None
+
+
+def test_the_key_follows_weights_host_libraries_criterion_and_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = resolve(None).module
+    key = variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["avx512_vnni"])
+    same = variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["avx512_vnni"])
+    assert key.name == same.name
+    others = [variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["amx_int8"]),
+              variant_cache.cache_key(module, "int8-static", CHECK, batch=8, threads=2, flags=["avx512_vnni"]),
+              variant_cache.cache_key(module, "auto", CHECK, batch=4, threads=2, flags=["avx512_vnni"]),
+              variant_cache.cache_key(module, "auto", VerificationSet(n_random=8, n_photos=24, seed=1), batch=8,
+                                      threads=2, flags=["avx512_vnni"])]
+    monkeypatch.setattr(criterion, "MIN_COSINE", 0.995)
+    others.append(variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["avx512_vnni"]))
+    monkeypatch.setattr(criterion, "MIN_COSINE", 0.99)
+    monkeypatch.setattr(variant_cache, "library_versions", lambda: {"onnxruntime": "0.0"})
+    others.append(variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["avx512_vnni"]))
+    module.head.bias.data[0] += 1  # other weights
+    try:
+        others.append(variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["avx512_vnni"]))
+    finally:
+        module.head.bias.data[0] -= 1
+    assert len({key.name, *(k.name for k in others)}) == len(others) + 1
+
+
+def test_a_second_build_reuses_the_choice_and_a_damaged_entry_is_rebuilt(cache: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    host = Host()
+    host.openvino_missing = "tested apart (tests/openvino_cases.py)"
+    monkeypatch.setattr(cpu_variant, "this_host", lambda: host)
+    source = resolve(None)
+    first = write_repository(source, tmp_path / "first", ServingOptions(cpu_variant="int8-dynamic"))
+    recorded = json.loads((first / MANIFEST).read_text())["cpu_variant"]
+    assert recorded["cache"]["hit"] is False and Path(recorded["cache"]["entry"]).parent == cache
+    graph = first / "vit_classifier" / "1" / "model.onnx"
+
+    real_select = cpu_variant.select
+    with monkeypatch.context() as patched:  # neither the candidates nor the fp32 graphs are built again
+        patched.setattr(cpu_variant, "select", lambda *args, **kwargs: pytest.fail("rebuilt a cached variant"))
+        patched.setattr(onnx_export, "export_onnx", lambda *args, **kwargs: pytest.fail("exported the graphs again"))
+        second = write_repository(source, tmp_path / "second", ServingOptions(cpu_variant="int8-dynamic"))
+    reused = json.loads((second / MANIFEST).read_text())["cpu_variant"]
+    assert reused["cache"]["hit"] is True and reused["variant"] == "int8-dynamic"
+    assert reused["reason"].endswith("reused from the variant cache (built and verified earlier on this host)")
+    for name in ("model.onnx", "model_attentions.onnx"):
+        assert (second / "vit_classifier" / "1" / name).read_bytes() == (first / "vit_classifier" / "1" /
+                                                                          name).read_bytes()
+
+    cached = Path(recorded["cache"]["entry"]) / "model.int8-dynamic.onnx"
+    cached.write_bytes(cached.read_bytes()[: cached.stat().st_size // 2])  # truncated
+    calls = []
+    monkeypatch.setattr(cpu_variant, "select", lambda *args, **kwargs: calls.append(1) or real_select(*args, **kwargs))
+    third = write_repository(source, tmp_path / "third", ServingOptions(cpu_variant="int8-dynamic"))
+    assert calls == [1] and json.loads((third / MANIFEST).read_text())["cpu_variant"]["cache"]["hit"] is False
+    assert (third / "vit_classifier" / "1" / "model.onnx").read_bytes() == graph.read_bytes()  # rebuilt, whole
+
+
+def test_the_cache_command_lists_and_clears(cache: Path, tmp_path: Path) -> None:
+    from hub_vit.cli import _load_commands, app
+
+    variant_cache.store(_key(), {"variant": "int8-dynamic"}, _graph(tmp_path))
+    _load_commands()
+    listed = CliRunner().invoke(app, ["cache", "list"])
+    assert listed.exit_code == 0 and "int8-dynamic" in listed.output and "whole" in listed.output
+    cleared = CliRunner().invoke(app, ["cache", "clear"])
+    assert cleared.exit_code == 0 and "removed 1 cached variant from" in " ".join(cleared.output.split())
+    assert variant_cache.entries() == []
