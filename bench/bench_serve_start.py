@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from bench_inference import host
-from bench_serve import _ready
 from run_info import REPO, add_note_option, check_writable, cpu_model, run_info, write_json
+from serve_process import ready
 
 TARGET = 5.0
 
@@ -56,7 +56,7 @@ def start_once(folder: Path, env: dict[str, str], timeout_s: float) -> dict:
     start = time.perf_counter()
     serve = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        while not _ready(ports[0]):
+        while not ready(ports[0]):
             if serve.poll() is not None or time.perf_counter() - start > timeout_s:
                 log.seek(0)
                 raise SystemExit(f"hub-vit serve did not become ready:\n{log.read().decode()[-3000:]}")

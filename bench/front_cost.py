@@ -27,11 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from serve_process import ready
 
 from hub_vit.server.runtime.launcher import free_port
 
@@ -268,14 +268,6 @@ def _served(serve_pid: int) -> tuple[list[int], list[int], dict[str, int]]:
     return fronts, triton, ports
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{MODEL}/ready", timeout=2) as reply:
-            return reply.status == 200
-    except OSError:
-        return False
-
-
 def measure_processes(repository: Path, processes: int, rounds: int, seconds: float) -> dict[str, Any]:
     """One `hub-vit serve` with `processes` front processes: both protocols, public vs private, `rounds` pairs."""
     public = {"http": free_port(), "grpc": free_port()}
@@ -287,7 +279,8 @@ def measure_processes(repository: Path, processes: int, rounds: int, seconds: fl
     try:
         deadline = time.monotonic() + 300
         fronts, triton, private = [], [], {}
-        while time.monotonic() < deadline and (len(private) < 2 or not _ready(public["http"])):
+        model_ready = f"/v2/models/{MODEL}/ready"
+        while time.monotonic() < deadline and (len(private) < 2 or not ready(public["http"], model_ready)):
             if serve.poll() is not None:
                 raise SystemExit(f"hub-vit serve exited with {serve.returncode}: {serve.stderr.read()[-2000:]}")
             time.sleep(0.5)

@@ -24,6 +24,15 @@ def free_port() -> int:
     return free()
 
 
+def ready(port: int, path: str = "/v2/health/ready") -> bool:
+    """Whether the HTTP server on 127.0.0.1:`port` answers `path` (a readiness URL) with 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
 def private_ports(serve_pid: int) -> dict[str, int]:
     """The HTTP and gRPC ports of the tritonserver a `hub-vit serve` process runs (behind its gates), from its command
     line; {} while it has none."""
