@@ -14,6 +14,7 @@ Layer: above the model folder and the weight formats, below conversion / export 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,16 @@ class ResolvedModel:
     @property
     def random_weights(self) -> bool:
         return self.weights == RANDOM_INIT
+
+    @functools.cached_property
+    def weights_digest(self) -> str:
+        """The module's `hub_vit.weights_digest.state_dict_digest`, computed once for this resolved model (it hashes
+        every weight: seconds for a ViT-B). ValueError for a graph, which has no module."""
+        if self.module is None:
+            raise ValueError(f"{self.origin} is an exported graph ({self.kind}): it has no module weights to digest")
+        from hub_vit.weights_digest import state_dict_digest
+
+        return state_dict_digest(self.module.state_dict())
 
     def describe(self) -> dict[str, Any]:
         """Provenance for reports: kind, name, weights and (for a module) the spec."""

@@ -120,6 +120,9 @@ def test_bare_onnx_takes_its_shapes_from_the_graph(bare_onnx: Path) -> None:
     assert model.engine_path is None and model.name == "tiny" and model.origin == str(bare_onnx.resolve())
     assert model.labels == ("class_0", "class_1", "class_2")
     assert model.data == DataConfig(img_size=(32, 32))  # Google's transform at the graph's size
+    no_module = r"tiny\.onnx is an exported graph \(onnx\): it has no module weights to digest"
+    with pytest.raises(ValueError, match=no_module):
+        model.weights_digest  # noqa: B018 - the property is what is tested
 
 
 def test_onnx_beside_a_model_folder_takes_its_labels_and_transform(folder: Path, bare_onnx: Path,

@@ -133,6 +133,25 @@ def test_a_second_build_reuses_the_choice_and_a_damaged_entry_is_rebuilt(cache: 
     assert (third / "vit_classifier" / "1" / "model.onnx").read_bytes() == graph.read_bytes()  # rebuilt, whole
 
 
+def test_a_build_hashes_the_weights_once_for_both_cache_keys(cache: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU flavour's fp32 graphs and its variant are cached under keys that both name the weights' digest: it is
+    computed once per build (it hashes every weight: seconds for a ViT-B), not once per key."""
+    from hub_vit import weights_digest
+
+    host = Host()
+    host.openvino_missing = "tested apart (tests/openvino_cases.py)"
+    monkeypatch.setattr(cpu_variant, "this_host", lambda: host)
+    real, calls = weights_digest.state_dict_digest, []
+    monkeypatch.setattr(weights_digest, "state_dict_digest", lambda state: calls.append(1) or real(state))
+    source = resolve(None)
+    repo = write_repository(source, tmp_path / "repo", ServingOptions(cpu_variant="int8-dynamic"))
+    assert calls == [1]
+    assert {entry["variant"] for entry in variant_cache.entries()} == {"fp32 graphs", "int8-dynamic"}
+    assert source.weights_digest == real(source.module.state_dict())
+    assert json.loads((repo / MANIFEST).read_text())["cpu_variant"]["cache"]["hit"] is False
+
+
 def test_the_cache_command_lists_and_clears(cache: Path, tmp_path: Path) -> None:
     from hub_vit.cli import _load_commands, app
 

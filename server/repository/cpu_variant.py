@@ -201,7 +201,7 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
     host = this_host()
     threads = threads or _cores()
     key = variant_cache.cache_key(module, requested, check, batch=batch, threads=threads, flags=host.flags,
-                                  token_means=with_token_means)
+                                  token_means=with_token_means, weights=source.weights_digest)
     cached = _from_cache(key, target)
     if cached is not None:
         return cached

@@ -77,16 +77,17 @@ class CacheKey:
 
 
 def cache_key(module: Any, requested: str, check: Any, *, batch: int, threads: int, flags: list[str],
-              token_means: bool = False) -> CacheKey:
+              token_means: bool = False, weights: str | None = None) -> CacheKey:
     """The key of `module`'s choice for `requested` on a host with `flags` (check: the `VerificationSet`;
-    `token_means`: the graphs also write the out-of-domain score's features)."""
+    `token_means`: the graphs also write the out-of-domain score's features; `weights`: the module's weights digest
+    where the caller has it, else computed here)."""
     from hub_vit.export import criterion
     from hub_vit.weights_digest import state_dict_digest
 
     own = None if check.own is None else hashlib.sha256(check.own.images.tobytes()).hexdigest()
     verification = check.describe() | {"seed": check.seed, "own_images_sha256": own}
     return CacheKey({
-        "format": FORMAT, "weights": state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
+        "format": FORMAT, "weights": weights or state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
         "requested": requested, "batch": batch, "threads": threads, "isa_flags": sorted(flags),
         "token_means": token_means,
         "libraries": library_versions(), "verification_set": verification,
@@ -152,17 +153,18 @@ def store(key: CacheKey, selection: dict[str, Any], graph: list[Path], root: Pat
     return entry
 
 
-def exported_graphs(module: Any, logits: Path, attentions: Path, token_means: bool = False) -> bool:
+def exported_graphs(module: Any, logits: Path, attentions: Path, token_means: bool = False,
+                    weights: str | None = None) -> bool:
     """The fp32 attention graph of `module` at `attentions` and the logits graph cut from it at `logits` (the CPU
     flavour's two graphs; `token_means`: both also write the out-of-domain score's features), copied from the cache
     when the same weights were exported before with the same libraries, else exported and kept; returns whether they
-    came from the cache."""
+    came from the cache. `weights`: the module's weights digest where the caller has it (else computed here)."""
     from hub_vit.export.onnx_export import export_onnx, logits_subgraph
     from hub_vit.weights_digest import state_dict_digest
 
     key = CacheKey({"format": FORMAT, "graphs": [logits.name, attentions.name], "dynamic_batch": True,
                     "token_means": token_means,
-                    "weights": state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
+                    "weights": weights or state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
                     "libraries": library_versions()})
     hit = load(key)
     if hit is not None:

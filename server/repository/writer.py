@@ -387,7 +387,8 @@ def _place_weights(source: ResolvedModel, target: Path, opts: ServingOptions,
         # One export: the attention graph, and the plain graph cut from it (the same nodes, less the attention
         # outputs' stacking), so the plain requests run what they ran before at half the export time; the variant
         # cache keeps both for the next build of the same weights
-        exported_graphs(source.module.eval(), target, target.with_name(ATTENTIONS_FILE), token_means)
+        exported_graphs(source.module.eval(), target, target.with_name(ATTENTIONS_FILE), token_means,
+                        weights=source.weights_digest)  # the CPU variant's cache key reads the same digest
         return
     if source.engine_path is not None:
         shutil.copyfile(source.engine_path, target)
