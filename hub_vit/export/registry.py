@@ -96,11 +96,16 @@ class Variant:
         host = host or this_host()
         return [need.lack(host) for need in self.pays_with if not need.met(host)]
 
+    @property
+    def suffix(self) -> str:
+        """The graph file's suffix: `xml` for OpenVINO IR (its `.bin` beside it), else `onnx`."""
+        return "xml" if self.runtime == "openvino" else "onnx"
+
     def file_name(self, stem: str) -> str:
         """`<stem>.onnx` for fp32, `<stem>.<name>.xml` for OpenVINO IR, else `<stem>.<name>.onnx`."""
         if self.name == "fp32":
             return f"{stem}.onnx"
-        return f"{stem}.{self.name}.{'xml' if self.runtime == 'openvino' else 'onnx'}"
+        return f"{stem}.{self.name}.{self.suffix}"
 
 
 _REGISTRY: dict[str, Variant] = {}

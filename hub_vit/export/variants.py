@@ -187,10 +187,9 @@ class _Run:
         if missing:
             outcome.error = f"not built: {'; '.join(missing)}"
             return
-        suffix = "xml" if spec.runtime == "openvino" else "onnx"
         evidence = self.evidence
-        job = registry.BuildJob(self.fp32, self.work / f"{spec.name}.{suffix}", self.model.spec, evidence.calibration,
-                                evidence.top1_counts)
+        job = registry.BuildJob(self.fp32, self.work / f"{spec.name}.{spec.suffix}", self.model.spec,
+                                evidence.calibration, evidence.top1_counts)
         try:
             with quiet_loggers():  # ORT's quantiser logs advice through the root logger
                 built = spec.build(job)
