@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from serve_process import ready
+from serve_process import children, ready, triton_ports
 
 from hub_vit.server.runtime.launcher import free_port
 
@@ -243,28 +243,15 @@ def _cpu_s(pids: list[int]) -> float:
     return total
 
 
-def _children(parent: int) -> dict[int, list[str]]:
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int(_stat(int(entry.name))[1]) == parent:
-                    found[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            except (OSError, ValueError):
-                continue
-    return found
-
-
 def _served(serve_pid: int) -> tuple[list[int], list[int], dict[str, int]]:
     """(the front's worker pids, tritonserver's process group, Triton's private ports) of a `hub-vit serve`."""
     fronts, triton, ports = [], [], {}
-    for pid, args in _children(serve_pid).items():
+    for pid, args in children(serve_pid).items():
         if "hub_vit.server.front.worker" in args:
             fronts.append(pid)
         elif args and args[0].endswith("tritonserver"):
-            ports = {key[2:-5]: int(value) for key, _, value in (a.partition("=") for a in args)
-                     if key in ("--http-port", "--grpc-port")}
-            triton = [pid, *_children(pid)]
+            ports = triton_ports(args)
+            triton = [pid, *children(pid)]
     return fronts, triton, ports
 
 

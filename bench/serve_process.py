@@ -33,19 +33,31 @@ def ready(port: int, path: str = "/v2/health/ready") -> bool:
         return False
 
 
-def private_ports(serve_pid: int) -> dict[str, int]:
-    """The HTTP and gRPC ports of the tritonserver a `hub-vit serve` process runs (behind its gates), from its command
-    line; {} while it has none."""
+def children(parent: int) -> dict[int, list[str]]:
+    """The processes whose parent is `parent`: pid -> its command line (from /proc)."""
+    found = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rpartition(")")[2].split()[1]) != serve_pid:
+            if int(stat.read_text().rpartition(")")[2].split()[1]) != parent:
                 continue
-            args = (stat.parent / "cmdline").read_bytes().decode().split("\0")
+            found[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except (OSError, ValueError, IndexError):
             continue
+    return found
+
+
+def triton_ports(args: list[str]) -> dict[str, int]:
+    """The HTTP and gRPC ports on a tritonserver command line: {"http": port, "grpc": port}."""
+    return {key[2:-5]: int(value) for key, _, value in (a.partition("=") for a in args)
+            if key in ("--http-port", "--grpc-port")}
+
+
+def private_ports(serve_pid: int) -> dict[str, int]:
+    """The HTTP and gRPC ports of the tritonserver a `hub-vit serve` process runs (behind its front), from its command
+    line; {} while it has none."""
+    for args in children(serve_pid).values():
         if args and args[0].endswith("tritonserver"):
-            return {key[2:-5]: int(value) for key, _, value in (a.partition("=") for a in args)
-                    if key in ("--http-port", "--grpc-port")}
+            return triton_ports(args)
     return {}
 
 
