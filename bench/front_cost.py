@@ -130,6 +130,56 @@ def parser_cost(requests: int) -> dict[str, dict[str, float]]:
     return found
 
 
+# -- grpcio's own floor ---------------------------------------------------------------------------------------------
+EMPTY_GRPC_SERVER = """
+import asyncio, sys
+import grpc
+from grpc import aio
+
+async def answer(message, context):
+    return b"answer"
+
+class Any(grpc.GenericRpcHandler):
+    def service(self, details):
+        return grpc.unary_unary_rpc_method_handler(answer)
+
+async def main():
+    server = aio.server()
+    server.add_generic_rpc_handlers((Any(),))
+    server.add_insecure_port("127.0.0.1:" + sys.argv[1])
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def grpcio_floor(seconds: float) -> dict[str, float]:
+    """What grpcio's Python API costs per unary call, whatever the handler does: an empty grpc.aio server (a generic
+    handler answering every call with 6 bytes) in a process of its own, loaded like the gRPC rounds (batch-1
+    ModelInfer messages at concurrency 64, grpc.aio raw bytes). Its CPU per call is what the gRPC front pays to
+    receive and answer a call; the load generator's is what it pays to relay the call to Triton. A Python relay pays
+    both."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", EMPTY_GRPC_SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        server_start, client_start = _cpu_s([server.pid]), time.process_time()
+        served = load("grpc", port, seconds)
+        server_cpu, client_cpu = _cpu_s([server.pid]) - server_start, time.process_time() - client_start
+    finally:
+        server.terminate()
+        server.wait()
+    calls = max(served["requests"], 1)
+    found = {"calls_per_s": served["requests_per_s"], "server_cpu_ms_per_call": server_cpu * 1000 / calls,
+             "client_cpu_ms_per_call": client_cpu * 1000 / calls}
+    found["relay_cpu_ms_per_call"] = found["server_cpu_ms_per_call"] + found["client_cpu_ms_per_call"]
+    print(f"grpcio floor: {found['calls_per_s']:.0f} calls/s on an empty server; {found['server_cpu_ms_per_call']:.3f} "
+          f"ms server + {found['client_cpu_ms_per_call']:.3f} ms client CPU per call", flush=True)
+    return found
+
+
 # -- the load generator --------------------------------------------------------------------------------------------
 def _infer_header() -> bytes:
     return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32",
@@ -329,7 +379,8 @@ def front_cost(process_counts: list[int], rounds: int, seconds: float, parser_re
     """The whole run (see the module docstring)."""
     report: dict[str, Any] = {"concurrency": CONCURRENCY, "batch": 1, "rounds": rounds, "seconds": seconds,
                               "cores": len(os.sched_getaffinity(0)), "load_average_start": os.getloadavg(),
-                              "parsers": parser_cost(parser_requests), "processes": {}}
+                              "parsers": parser_cost(parser_requests), "grpcio_floor": grpcio_floor(seconds),
+                              "processes": {}}
     with tempfile.TemporaryDirectory(prefix="bench-front-") as tmp:
         repository = write_identity_repository(Path(tmp) / "repository")
         for count in process_counts:
