@@ -51,8 +51,10 @@ def load_photos(names: Sequence[str] = PHOTO_NAMES) -> dict[str, np.ndarray]:
     return photos
 
 
-def photo_batch(size: tuple[int, int], count: int, seed: int = 0, in_chans: int = 3) -> np.ndarray:
-    """`count` (C, H, W) float32 crops in [-1, 1]: each photo centre-cropped first, then seeded random crops/flips."""
+def photo_batch(size: tuple[int, int], count: int, seed: int = 0, in_chans: int = 3, centre_first: bool = True
+                ) -> np.ndarray:
+    """`count` (C, H, W) float32 crops in [-1, 1]: each photo centre-cropped first (`centre_first`; the same for every
+    seed), then seeded random crops/flips."""
     from PIL import Image
 
     photos = list(load_photos().values())
@@ -63,7 +65,7 @@ def photo_batch(size: tuple[int, int], count: int, seed: int = 0, in_chans: int 
     for i in range(count):
         img = photos[i % len(photos)]
         h, w = img.shape[:2]
-        if i < len(photos):  # centre crop of the shorter side
+        if centre_first and i < len(photos):  # centre crop of the shorter side
             side, top, left, flip = min(h, w), (h - min(h, w)) // 2, (w - min(h, w)) // 2, False
         else:  # a random square crop covering 35-100 % of the shorter side
             side = int(min(h, w) * rng.uniform(0.35, 1.0))
@@ -100,8 +102,9 @@ def verification_inputs(model: VisionTransformer, n_random: int = 16, n_photos: 
 
 def calibration_images(model: VisionTransformer, count: int, n_random: int, n_photos: int, seed: int
                        ) -> tuple[np.ndarray, int]:
-    """int8 calibration set: the verification set's mix of photo crops and noise, drawn with another seed; returns
-    the images (photos first) and how many are photos.
+    """int8 calibration set: the verification set's mix of photo crops and noise, drawn with another seed, the crops
+    all random (the centre crops, the same for every seed, are the verification's alone: a variant is never judged on
+    an image it was calibrated on); returns the images (photos first) and how many are photos.
 
     Calibrating on photos alone left the activation ranges too narrow for the noise images the verification also
     uses (digits model, one experiment: 95 % top-1 agreement with photo-only calibration, 100 % with the mix), so the
@@ -111,7 +114,7 @@ def calibration_images(model: VisionTransformer, count: int, n_random: int, n_ph
     n_noise = round(count * n_random / max(1, n_random + n_photos))
     rng = np.random.default_rng(seed + 1)
     noise = rng.uniform(-1, 1, (n_noise, spec.in_chans, *spec.img_size)).astype(np.float32)
-    photos = photo_batch(spec.img_size, count - n_noise, seed=seed + 1, in_chans=spec.in_chans)
+    photos = photo_batch(spec.img_size, count - n_noise, seed=seed + 1, in_chans=spec.in_chans, centre_first=False)
     return np.concatenate([photos, noise]), len(photos)
 
 
