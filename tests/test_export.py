@@ -154,8 +154,10 @@ def test_int8_graphs_compute_the_same_integers_on_every_cpu(exported, tmp_path: 
 
 def test_int8_passes_on_a_trained_model(tmp_path: Path) -> None:
     """The shipped default model (SimpleViT trained on digits), verified on noise + photos + held-out digits via the
-    CLI's --images: int8 must agree with fp32 on >= 99 % (the photos and noise are out of domain for this model and
-    have small margins; the digits are what it is for)."""
+    CLI's --images: int8's top-1 must agree with fp32 on >= 99 % of the digits (the photos and noise are out of domain
+    for this model and have small margins; the digits are what it is for). int8-dynamic passes whole; int8-static
+    (MinMax ranges from images the verification never sees) keeps the digits' answers but may miss the feature bounds
+    on an out-of-domain photo, and is then refused for that, never for top-1."""
     from PIL import Image
     from typer.testing import CliRunner
 
@@ -179,13 +181,18 @@ def test_int8_passes_on_a_trained_model(tmp_path: Path) -> None:
     report = json.loads((out / "model.export.json").read_text())
     by_name = {v["variant"]: v for v in report["variants"]}
     assert by_name["fp32"]["verification"]["extra"]["n_own_images"] == 180
-    for name in ("fp32", "int8-dynamic", "int8-static"):
+    for name in ("fp32", "int8-dynamic"):
         assert by_name[name]["written"], (name, by_name[name]["error"])
     for name in ("int8-dynamic", "int8-static"):  # top-1 judged on the held-out digits, the model's own domain
         check = by_name[name]["verification"]
         assert check["top1_scope"] == "own images" and check["top1_judged"] >= 0.99
         assert check["margins"]["top1_agreement"] == pytest.approx(check["top1_judged"] - 0.99)
-    assert result.exit_code == 0, result.output
+    static = by_name["int8-static"]
+    if not static["written"]:  # refused for a feature bound (cosine / relative error), named in its error
+        assert min(static["verification"]["margins"].values()) < 0 and "bound" in static["error"]
+        assert result.exit_code == 1 and "int8-static" in result.output
+    else:
+        assert result.exit_code == 0, result.output
 
 
 @pytest.mark.slow
