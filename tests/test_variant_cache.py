@@ -93,12 +93,38 @@ def test_the_key_follows_weights_host_libraries_criterion_and_request(monkeypatc
     monkeypatch.setattr(criterion, "MIN_COSINE", 0.99)
     monkeypatch.setattr(variant_cache, "library_versions", lambda: {"onnxruntime": "0.0"})
     others.append(variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["avx512_vnni"]))
+    monkeypatch.setattr(variant_cache, "recipe_digest", lambda: "another build recipe")
+    others.append(variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["avx512_vnni"]))
     module.head.bias.data[0] += 1  # other weights
     try:
         others.append(variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["avx512_vnni"]))
     finally:
         module.head.bias.data[0] -= 1
     assert len({key.name, *(k.name for k in others)}) == len(others) + 1
+
+
+def test_the_recipe_is_the_build_code_not_the_version_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edited build module of the same version (an editable install, a patched wheel) is another recipe: entries it
+    did not build are not served. Shown on a package of the same shape as `hub_vit.export`."""
+    package = tmp_path / "recipe_pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "calibrate.py").write_text("CROPS = 'centre first'\n")
+    (tmp_path / "recipe_mod.py").write_text("SEED = 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ("recipe_pkg", "recipe_mod")
+    before = variant_cache.recipe_digest(names)
+    (package / "sub" / "calibrate.py").write_text("CROPS = 'random'\n")  # a module deep in the package
+    variant_cache.recipe_digest.cache_clear()
+    assert variant_cache.recipe_digest(names) != before
+    with pytest.raises(ModuleNotFoundError, match="recipe names no_such_recipe_module"):
+        variant_cache.recipe_digest(("no_such_recipe_module",))
+    variant_cache.recipe_digest.cache_clear()
+    assert "hub_vit.export" in variant_cache.RECIPE  # where calibration, quantisation and verification live
+    module = resolve(None).module
+    key = variant_cache.cache_key(module, "auto", CHECK, batch=8, threads=2, flags=["avx512_vnni"])
+    assert key.parts["recipe"] == variant_cache.recipe_digest()
 
 
 def test_a_second_build_reuses_the_choice_and_a_damaged_entry_is_rebuilt(cache: Path, tmp_path: Path,

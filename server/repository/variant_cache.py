@@ -11,9 +11,11 @@ of that. `hub-vit cache list` shows the entries, `hub-vit cache clear` removes t
 
 The key holds everything the choice depends on: the model's weights (their content digest,
 `hub_vit.weights_digest`) and spec; what was asked (`auto` or a variant), the batch and threads it was timed at; the
-CPU's ISA flags; the versions of hub-vit, onnxruntime, openvino, nncf, torch and onnx; the criterion's thresholds;
-and the verification set (its counts, seed and the digest of the model's own images). A change to any of them is
-another key: the old entry stays until cleared.
+CPU's ISA flags; the versions of hub-vit, onnxruntime, openvino, nncf, torch, onnx, and of scikit-image and Pillow
+(the verification photos and their crops); the recipe (`recipe_digest`: the source of the modules that build, verify
+and time a variant, so a changed build of the same version, such as an editable install, is another key); the
+criterion's thresholds; and the verification set (its counts, seed and the digest of the model's own images). A
+change to any of them is another key: the old entry stays until cleared.
 
 An entry is written atomically (built in a staging folder beside it, then renamed into place: `hub_vit.atomic`). One
 that does not read back whole (`entry.json` unparsable or its digest wrong, a file missing, truncated or with other
@@ -23,7 +25,9 @@ bytes) is removed and rebuilt: a damaged entry is never served.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -39,7 +43,11 @@ FORMAT = 1  # the entry layout; a new one is another key
 ENTRY = "entry.json"
 FOLDER = "cpu-variants"
 ENV = "HUB_VIT_VARIANT_CACHE"  # moves this cache alone (HUB_VIT_CACHE moves all of hub-vit's)
-_LIBRARIES = ("hub-vit", "onnxruntime", "openvino", "nncf", "torch", "onnx")
+_LIBRARIES = ("hub-vit", "onnxruntime", "openvino", "nncf", "torch", "onnx", "scikit-image", "pillow")
+# The modules whose code shapes a cached graph or the choice among candidates: the model's forward, the variant
+# table, export (build, quantise, verify, time), OpenVINO's session and the selection itself (a package: all of it).
+RECIPE = ("hub_vit.model", "hub_vit.layers", "hub_vit.variants", "hub_vit.export", "hub_vit.openvino_runtime",
+          "hub_vit.server.repository.cpu_variant")
 
 
 def cache_root() -> Path:
@@ -59,6 +67,31 @@ def library_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+@functools.cache
+def recipe_digest(modules: tuple[str, ...] = RECIPE) -> str:
+    """sha256 of the source of `modules` (a package: every `.py` under it), by module-relative name: what the cached
+    graphs were built by, whatever the version number says."""
+    digest = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ModuleNotFoundError(f"the variant cache's recipe names {name}, which is not importable")
+        origin = Path(spec.origin)
+        files = sorted(origin.parent.rglob("*.py")) if spec.submodule_search_locations else [origin]
+        for path in files:
+            digest.update(f"{name}:{path.relative_to(origin.parent).as_posix()}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _model_parts(module: Any, weights: str | None) -> dict[str, Any]:
+    """The parts every key holds about the model and what builds it (`weights`: the caller's digest, else computed)."""
+    from hub_vit.weights_digest import state_dict_digest
+
+    return {"weights": weights or state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
+            "libraries": library_versions(), "recipe": recipe_digest()}
 
 
 def _digest(data: Any) -> str:
@@ -82,15 +115,13 @@ def cache_key(module: Any, requested: str, check: Any, *, batch: int, threads: i
     `token_means`: the graphs also write the out-of-domain score's features; `weights`: the module's weights digest
     where the caller has it, else computed here)."""
     from hub_vit.export import criterion
-    from hub_vit.weights_digest import state_dict_digest
 
     own = None if check.own is None else hashlib.sha256(check.own.images.tobytes()).hexdigest()
     verification = check.describe() | {"seed": check.seed, "own_images_sha256": own}
     return CacheKey({
-        "format": FORMAT, "weights": weights or state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
+        "format": FORMAT, **_model_parts(module, weights),
         "requested": requested, "batch": batch, "threads": threads, "isa_flags": sorted(flags),
-        "token_means": token_means,
-        "libraries": library_versions(), "verification_set": verification,
+        "token_means": token_means, "verification_set": verification,
         "criterion": {"fp32_max_abs": criterion.FP32_MAX_ABS, "min_cosine": criterion.MIN_COSINE,
                       "max_rel_error": criterion.MAX_REL_ERROR, "min_top1_agreement": criterion.MIN_TOP1_AGREEMENT},
     })
@@ -160,12 +191,9 @@ def exported_graphs(module: Any, logits: Path, attentions: Path, token_means: bo
     when the same weights were exported before with the same libraries, else exported and kept; returns whether they
     came from the cache. `weights`: the module's weights digest where the caller has it (else computed here)."""
     from hub_vit.export.onnx_export import export_onnx, logits_subgraph
-    from hub_vit.weights_digest import state_dict_digest
 
     key = CacheKey({"format": FORMAT, "graphs": [logits.name, attentions.name], "dynamic_batch": True,
-                    "token_means": token_means,
-                    "weights": weights or state_dict_digest(module.state_dict()), "spec": module.spec.to_dict(),
-                    "libraries": library_versions()})
+                    "token_means": token_means, **_model_parts(module, weights)})
     hit = load(key)
     if hit is not None:
         for path in hit[1]:
