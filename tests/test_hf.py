@@ -225,6 +225,33 @@ def test_from_pretrained_at_another_size_resamples_learned_posemb(name: str, tmp
     assert tuned.vit.head.out_features == 3
 
 
+def test_from_pretrained_reads_the_saved_config_once_and_none_never(tmp_path, monkeypatch) -> None:
+    """Each read of a Hub repo's config is a request (offline: huggingface_hub's retries, about 23 s); hub-vit's checks
+    read it once per load, and a load with no path (`state_dict` and `config` given) asks for nothing."""
+    reads: list[object] = []
+    original = HubViTConfig.get_config_dict.__func__
+
+    def counted(cls, path, **kwargs):
+        reads.append(path)
+        return original(cls, path, **kwargs)
+
+    monkeypatch.setattr(HubViTConfig, "get_config_dict", classmethod(counted))
+    spec = SPECS["vit"]
+    model = HubViTForImageClassification.from_vit(_randomised(spec))
+    model.save_pretrained(tmp_path)
+    config = HubViTConfig.from_pretrained(tmp_path)
+    reads.clear()
+    HubViTForImageClassification.from_pretrained(tmp_path, config=config)
+    assert reads == [tmp_path]
+    reads.clear()
+    HubViTForImageClassification.from_pretrained(tmp_path, config=HubViTConfig.from_pretrained(tmp_path, img_size=64))
+    assert reads.count(tmp_path) == 2  # the config above, then the load's one read (a resample to 64 px)
+    reads.clear()
+    loaded = HubViTForImageClassification.from_pretrained(None, config=config, state_dict=model.state_dict())
+    assert reads == []
+    assert torch.equal(loaded.vit.pos_embed, model.vit.pos_embed)
+
+
 def test_labels_give_a_loss_and_gradients_flow_with_checkpointing() -> None:
     spec = SPECS["simplevit"]
     model = HubViTForImageClassification.from_vit(_randomised(spec)).train()

@@ -115,10 +115,11 @@ class HubViTPreTrainedModel(PreTrainedModel):
         the Auto classes pass it) also resamples a saved *learned* position embedding to the new grid, as timm does
         on load, instead of failing on `vit.pos_embed` (or, with `ignore_mismatched_sizes=True`, silently
         re-initialising it)."""
-        _check_saved_weights(pretrained_model_name_or_path, kwargs)  # before anything is built or read
+        saved_config = _saved_config(pretrained_model_name_or_path, kwargs)  # read once: each read asks the Hub
+        _check_saved_weights(pretrained_model_name_or_path, saved_config, kwargs)  # before anything is built or read
         config = kwargs.get("config")
         target = kwargs.get("img_size") if config is None else getattr(config, "img_size", None)
-        saved = None if target is None else _saved_learned_grid_size(pretrained_model_name_or_path, kwargs)
+        saved = None if target is None else _saved_learned_grid_size(saved_config)
         if saved is None or to_2tuple(target) == saved:
             loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
             model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with output_loading_info
@@ -206,35 +207,45 @@ class HubViTPreTrainedModel(PreTrainedModel):
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 
 
-def _check_saved_weights(path: Any, kwargs: dict[str, Any]) -> None:
-    """The saved model.safetensors' header against the saved config.json that describes it
-    (`hub_vit.weights_check`): a mismatch (head included), a non-float dtype or an oversized tensor is refused
+def _saved_config(path: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The config.json saved at `path` (a model folder or Hub repo), or None: no path (the weights come as
+    `state_dict`, the config as `config`), or none readable (transformers then reports the problem itself). Read once
+    per load: for a Hub repo each read is a request, and offline each one waits out huggingface_hub's retries."""
+    if path is None:
+        return None
+    try:
+        saved, _ = HubViTConfig.get_config_dict(path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+    except (OSError, ValueError, TypeError):
+        return None
+    return saved
+
+
+def _check_saved_weights(path: Any, saved: dict[str, Any] | None, kwargs: dict[str, Any]) -> None:
+    """The saved model.safetensors' header against the saved config.json that describes it (`saved`;
+    `hub_vit.weights_check`): a mismatch (head included), a non-float dtype or an oversized tensor is refused
     before a module is built. What the caller changes on top (`num_labels` with `ignore_mismatched_sizes=True`,
     `img_size`) is transformers' business, as before. Nothing to compare (no safetensors file, no readable config):
     transformers reports it itself."""
     from transformers.utils import cached_file
 
-    hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+    if saved is None or saved.get("model_type") != HubViTConfig.model_type:
+        return
     try:
-        saved, _ = HubViTConfig.get_config_dict(path, **hub)
-        weights = cached_file(path, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub)
+        weights = cached_file(path, "model.safetensors", _raise_exceptions_for_missing_entries=False,
+                              **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
     except (OSError, ValueError, TypeError):
         return
-    if weights is None or saved.get("model_type") != HubViTConfig.model_type:
+    if weights is None:
         return
     config = HubViTConfig.from_dict({k: v for k, v in saved.items() if k != "transformers_version"})
     spec = config.weights_spec()  # a backbone saved by HubViTModel keeps num_labels but saved no head
     check_weights_file(weights, spec, config="config.json", unrelated_ok=True)
 
 
-def _saved_learned_grid_size(path: Any, kwargs: dict[str, Any]) -> tuple[int, int] | None:
-    """The saved image size of a model folder / Hub repo whose position embedding is learned, else None (nothing
+def _saved_learned_grid_size(saved: dict[str, Any] | None) -> tuple[int, int] | None:
+    """The saved image size (`saved`: the saved config) when the position embedding is learned, else None (nothing
     to resample, or no readable config: transformers then reports the problem itself)."""
-    try:
-        saved, _ = HubViTConfig.get_config_dict(path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
-    except (OSError, ValueError, TypeError):
-        return None
-    if saved.get("posemb") != "learn" or not saved.get("img_size"):
+    if saved is None or saved.get("posemb") != "learn" or not saved.get("img_size"):
         return None
     return to_2tuple(saved["img_size"])
 
