@@ -195,41 +195,6 @@ def test_int8_passes_on_a_trained_model(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
 
 
-@pytest.mark.slow
-def test_the_readme_export_command_writes_every_variant_this_host_can_build(tmp_path: Path) -> None:
-    """The README's `hub-vit export onnx hub_vit/assets/digits ... --variant all --attentions`, as written: exit 0,
-    the variants this host can build written when they pass, top-1 judged on the model's held-out digits (its
-    folder names them), and the ones left out listed with the reason. It exited 1 before, three variants refused.
-    Run as a user runs it, in a process of its own: `all` builds the OpenVINO variants where OpenVINO is installed, and
-    OpenVINO stays out of the suite's process (tests/test_openvino_variants.py says why)."""
-    import shlex
-    import subprocess
-    import sys
-
-    from hub_vit.catalog import default_model_folder
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    line = next(ln for ln in readme.splitlines() if ln.startswith("hub-vit export onnx hub_vit/assets/digits"))
-    args = shlex.split(line)[1:]
-    assert args[3:] == ["-o", "exports/digits", "--variant", "all", "--attentions"]
-    args[2] = str(default_model_folder())
-    cli = "import sys; from hub_vit.cli import main; sys.argv[0] = 'hub-vit'; main()"
-    result = subprocess.run([sys.executable, "-c", cli, *args], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=1200)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads((tmp_path / "exports" / "digits" / "model.export.json").read_text())
-    assert report["settings"]["top1_scope"] == "held-out images" and report["settings"]["n_own_images"] == 360
-    by_name = {v["variant"]: v for v in report["variants"]}
-    assert set(by_name) == {*registry.names(), "attentions"}
-    for name in ("fp32", "optimized", "attentions"):
-        assert by_name[name]["written"], (name, by_name[name]["error"])
-    for name in ("int8-dynamic", "int8-static"):  # judged on held-out digits: their top-1 always agrees there
-        check = by_name[name]["verification"]
-        assert check["top1_scope"] == "held-out images" and check["top1_judged"] >= 0.99
-    for outcome in by_name.values():  # every refusal says why, and none of them was asked for by name
-        assert outcome["written"] or (outcome["error"] and not outcome["required"])
-
-
 def test_map_model_attention_graph_has_pool_attention(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = VisionTransformer(ViTSpec(**TINY, pool_type="map")).eval()
