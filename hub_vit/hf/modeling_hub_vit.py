@@ -207,6 +207,11 @@ class HubViTPreTrainedModel(PreTrainedModel):
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 
 
+def _hub_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The `from_pretrained` keywords that say where and how to fetch files, for hub-vit's own reads of them."""
+    return {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+
+
 def _saved_config(path: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """The config.json saved at `path` (a model folder or Hub repo), or None: no path (the weights come as
     `state_dict`, the config as `config`), or none readable (transformers then reports the problem itself). Read once
@@ -214,7 +219,7 @@ def _saved_config(path: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        saved, _ = HubViTConfig.get_config_dict(path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+        saved, _ = HubViTConfig.get_config_dict(path, **_hub_options(kwargs))
     except (OSError, ValueError, TypeError):
         return None
     return saved
@@ -232,7 +237,7 @@ def _check_saved_weights(path: Any, saved: dict[str, Any] | None, kwargs: dict[s
         return
     try:
         weights = cached_file(path, "model.safetensors", _raise_exceptions_for_missing_entries=False,
-                              **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+                              **_hub_options(kwargs))
     except (OSError, ValueError, TypeError):
         return
     if weights is None:
