@@ -240,3 +240,26 @@ def test_temporary_folders_of_processes_that_are_gone_are_removed(tmp_path):
         assert mine.name.startswith(f"hub-vit-serve-{os.getpid()}-")
     finally:
         mine.rmdir()
+
+
+def test_free_ports_taken_together_are_distinct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel may give a closed port again to the next bind (a test took HTTP and metrics ports of 41543 and
+    serve refused them as one port); free_port never hands a port out twice in a process."""
+    import socket
+
+    from hub_vit.server.runtime import launcher
+
+    given = iter([50001, 50001, 50002, *[50003] * 65])
+
+    class Socket(socket.socket):
+        def bind(self, address: object) -> None:
+            pass
+
+        def getsockname(self) -> tuple[str, int]:
+            return "127.0.0.1", next(given)
+
+    monkeypatch.setattr(launcher, "_HANDED_OUT", set())
+    monkeypatch.setattr(launcher.socket, "socket", Socket)
+    assert [launcher.free_port(), launcher.free_port(), launcher.free_port()] == [50001, 50002, 50003]
+    with pytest.raises(OSError, match="64 ports in a row that this process had already been handed"):
+        launcher.free_port()

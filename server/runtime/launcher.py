@@ -53,10 +53,22 @@ from hub_vit.server.runtime.workspace import (
 __all__ = ["ServerError", "TritonServer", "free_port"]
 
 
+_HANDED_OUT: set[int] = set()  # the ports free_port returned in this process
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free now that this process has not been handed before: the kernel may give the same port to
+    two binds in a row once the first is closed, and callers take several at once (HTTP, gRPC, metrics)."""
+    with _HANDED_OUT_LOCK:
+        for _ in range(64):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    raise OSError("the kernel gave 64 ports in a row that this process had already been handed")
 
 
 def _answers(url: str) -> bool:
