@@ -9,7 +9,10 @@ One run, written to one JSON file:
   (through the front) and Triton's own private ports (read from its command line), `rounds` pairs in alternating order;
   reported: the medians of requests/s on each side and of the paired ratios, p50 latency, the front processes' CPU per
   request (their CPU during the public rounds, less their idle CPU, per request answered) and Triton's (tritonserver +
-  its stub) for scale.
+  its stub) for scale;
+* **the HTTP byte pipe** (with the first process count's Triton): the cheapest relay Python can be, passing bytes on
+  without parsing them, against Triton's own port the same way: what any Python front pays on these cores before its
+  own work, as grpcio's empty server (**grpcio floor**) is for gRPC.
 
 The load generator runs in this process (asyncio: raw HTTP/1.1 connections parsed by httptools; grpc.aio with a
 pre-serialized ModelInferRequest), on the same cores unless the host has more. Targets (docs/serving.md, "The front's
@@ -180,6 +183,84 @@ def grpcio_floor(seconds: float) -> dict[str, float]:
     return found
 
 
+# -- the cheapest HTTP relay Python can be ---------------------------------------------------------------------------
+BYTE_PIPE = """
+import asyncio, sys
+
+class Upstream(asyncio.Protocol):
+    def __init__(self, client):
+        self.client = client
+
+    def data_received(self, data):
+        self.client.write(data)
+
+    def connection_lost(self, exc):
+        self.client.close()
+
+class Client(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.upstream, self.early = transport, None, []
+        asyncio.ensure_future(self.connect())
+
+    async def connect(self):
+        loop = asyncio.get_running_loop()
+        self.upstream, _ = await loop.create_connection(lambda: Upstream(self.transport), "127.0.0.1", UPSTREAM)
+        self.upstream.write(b"".join(self.early))
+
+    def data_received(self, data):
+        if self.upstream is None:
+            self.early.append(data)
+        else:
+            self.upstream.write(data)
+
+    def connection_lost(self, exc):
+        if self.upstream is not None:
+            self.upstream.close()
+
+async def main():
+    server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", int(sys.argv[1]))
+    print("ready", flush=True)
+    await server.serve_forever()
+
+UPSTREAM = int(sys.argv[2])
+asyncio.run(main())
+"""
+
+
+def http_pipe_floor(private_port: int, rounds: int, seconds: float) -> dict[str, Any]:
+    """What any HTTP relay written in Python costs on this host, before parsing or checking anything: a byte pipe (one
+    asyncio connection to Triton's private HTTP port per client connection, bytes passed on as they come, in a process
+    of its own) loaded like the HTTP rounds, `rounds` pairs against Triton's own port in alternating order. Its CPU per
+    request is the event loop's and the loopback hop's (a recv and a send on each side); its ratio is the most a
+    Python front can reach on these cores."""
+    port = free_port()
+    pipe = subprocess.Popen([sys.executable, "-c", BYTE_PIPE, str(port), str(private_port)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert pipe.stdout is not None and pipe.stdout.readline().strip() == "ready"
+        pairs = []
+        for index in range(rounds):
+            measured: dict[str, Any] = {}
+            for side in ("pipe", "private") if index % 2 == 0 else ("private", "pipe"):
+                pipe_cpu = _cpu_s([pipe.pid])
+                measured[side] = load("http", port if side == "pipe" else private_port, seconds)
+                if side == "pipe":
+                    measured[side]["pipe_cpu_ms_per_request"] = ((_cpu_s([pipe.pid]) - pipe_cpu) * 1000
+                                                                 / max(measured[side]["requests"], 1))
+            measured["pipe_vs_private"] = measured["pipe"]["requests_per_s"] / measured["private"]["requests_per_s"]
+            pairs.append(measured)
+    finally:
+        pipe.terminate()
+        pipe.wait()
+    ratios = [pair["pipe_vs_private"] for pair in pairs]
+    found = {"pipe_vs_private": float(np.median(ratios)), "pipe_vs_private_range": [min(ratios), max(ratios)],
+             "pipe_cpu_ms_per_request": float(np.median([pair["pipe"]["pipe_cpu_ms_per_request"] for pair in pairs])),
+             "pairs": pairs}
+    print(f"HTTP byte pipe: {found['pipe_vs_private']:.0%} of Triton's own port, "
+          f"{found['pipe_cpu_ms_per_request']:.3f} ms of its CPU per request", flush=True)
+    return found
+
+
 # -- the load generator --------------------------------------------------------------------------------------------
 def _infer_header() -> bytes:
     return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32",
@@ -305,8 +386,10 @@ def _served(serve_pid: int) -> tuple[list[int], list[int], dict[str, int]]:
     return fronts, triton, ports
 
 
-def measure_processes(repository: Path, processes: int, rounds: int, seconds: float) -> dict[str, Any]:
-    """One `hub-vit serve` with `processes` front processes: both protocols, public vs private, `rounds` pairs."""
+def measure_processes(repository: Path, processes: int, rounds: int, seconds: float,
+                      pipe_floor: bool = False) -> dict[str, Any]:
+    """One `hub-vit serve` with `processes` front processes: both protocols, public vs private, `rounds` pairs; with
+    `pipe_floor`, then the HTTP byte pipe against the same Triton (`http_pipe_floor`)."""
     public = {"http": free_port(), "grpc": free_port()}
     serve = subprocess.Popen([sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet",
                               "--repository", str(repository), "--name", MODEL, "--front-processes", str(processes),
@@ -351,7 +434,10 @@ def measure_processes(repository: Path, processes: int, rounds: int, seconds: fl
                   f"{row['public_p50_ms']:.2f} vs {row['private_p50_ms']:.2f} ms; front CPU "
                   f"{row['front_cpu_ms_per_request']:.3f} ms/request, Triton's {row['triton_cpu_ms_per_request']:.3f}; "
                   f"errors {row['errors']}", flush=True)
-        return {"front_idle_cpu_ms_per_s": idle_per_s * 1000, "rows": rows}
+        measured = {"front_idle_cpu_ms_per_s": idle_per_s * 1000, "rows": rows}
+        if pipe_floor:
+            measured["http_pipe_floor"] = http_pipe_floor(private["http"], rounds, seconds)
+        return measured
     finally:
         serve.send_signal(signal.SIGTERM)
         try:
@@ -384,7 +470,10 @@ def front_cost(process_counts: list[int], rounds: int, seconds: float, parser_re
     with tempfile.TemporaryDirectory(prefix="bench-front-") as tmp:
         repository = write_identity_repository(Path(tmp) / "repository")
         for count in process_counts:
-            report["processes"][str(count)] = measure_processes(repository, count, rounds, seconds)
+            measured = measure_processes(repository, count, rounds, seconds, pipe_floor=count == process_counts[0])
+            if "http_pipe_floor" in measured:
+                report["http_pipe_floor"] = measured.pop("http_pipe_floor")
+            report["processes"][str(count)] = measured
     report["load_average_end"] = os.getloadavg()
     report["targets"] = {
         f"{count}_{protocol}": {"public_vs_private": row["public_vs_private"],
