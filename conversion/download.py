@@ -26,6 +26,7 @@ from pathlib import Path
 
 from hub_vit.atomic import missing_folders, remove_empty_folders
 from hub_vit.file_hash import sha256_file
+from hub_vit.network import offline_switch
 
 GCS_HTTPS = "https://storage.googleapis.com"
 DEFAULT_TIMEOUT_S = 15.0
@@ -80,15 +81,6 @@ def cache_dir() -> Path:
     # a cache filled before hub-vit followed XDG_CACHE_HOME stays in use (offline, its checkpoints are all there is)
     # until the XDG one exists
     return home_cache if not chosen.exists() and home_cache.is_dir() else chosen
-
-
-def offline_mode() -> bool:
-    """HUB_VIT_OFFLINE, or HF_HUB_OFFLINE (else TRANSFORMERS_OFFLINE) as huggingface_hub parses it: 1, true, yes or on,
-    in any case. Read at call time; huggingface_hub's own `constants.HF_HUB_OFFLINE` is frozen when it is imported."""
-    from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
-
-    hf = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return any(value.upper() in ENV_VARS_TRUE_VALUES for value in (os.environ.get("HUB_VIT_OFFLINE", ""), hf))
 
 
 def gs_to_https(url: str) -> str:
@@ -196,8 +188,9 @@ def download(url: str, *, expected_sha256: str | None = None, timeout: float = D
                 raise DownloadError(f"cached {dest} has sha256 {got}, the catalog says {expected_sha256}; delete "
                                     "it and download again")
         return dest
-    if offline_mode():
-        raise DownloadError(_offline_message(url, dest, "offline mode: HUB_VIT_OFFLINE / HF_HUB_OFFLINE is set"))
+    switch = offline_switch()
+    if switch is not None:
+        raise DownloadError(_offline_message(url, dest, f"offline mode: {switch} is set"))
     created = _make_cache_folder(url, dest.parent)  # before the network: an unwritable cache is the error to report
     part = dest.with_name(dest.name + ".part")
     try:
@@ -304,4 +297,4 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
 
 
 __all__ = ["CacheNotWritableError", "DownloadError", "Source", "VANITY_NAMES", "cache_dir", "cached_path", "download",
-           "gs_to_https", "hand_download_commands", "offline_mode", "resolve_source", "sha256_file"]
+           "gs_to_https", "hand_download_commands", "resolve_source", "sha256_file"]

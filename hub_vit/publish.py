@@ -13,13 +13,9 @@ folder is never modified.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import socket
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from hub_vit.model_cards.facts import (
     CARD,
@@ -32,18 +28,13 @@ from hub_vit.model_cards.facts import (
     read_json,
     read_spec,
 )
+from hub_vit.network import CONNECT_TIMEOUT_S, HubUnreachableError, check_reachable, hub_endpoint, offline_switch
 
 REQUIRED_FILES = (WEIGHTS, CONFIG, PREPROCESSOR, LABELS, CARD)
 TIMM_KEYS = ("architecture", "pretrained_cfg", "model_args")  # timm's hf-hub loader reads these from config.json
 # Never uploaded: editor/OS litter, bytecode, half-written temp files of our own atomic writers.
 IGNORED = re.compile(r"(^|/)(\.[^/]*|__pycache__)(/|$)|\.pyc$|\.tmp$")
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$", re.ASCII)  # the shape; the Hub's validator has the finer rules
-DEFAULT_TIMEOUT_S = 3.0
-_TRUE = {"1", "ON", "YES", "TRUE"}
-
-
-class HubUnreachableError(ConnectionError):
-    """The Hub cannot be reached (offline mode, no network, DNS failure, refused or timed-out connect)."""
 
 
 @dataclass(frozen=True)
@@ -121,85 +112,8 @@ def validate_folder(folder: str | Path, repo_id: str | None = None) -> PushPlan:
     return PushPlan(folder=folder, files=tuple(files), card_text=card_text)
 
 
-def offline_mode() -> bool:
-    """HF_HUB_OFFLINE as huggingface_hub reads it, but at call time (its constant is frozen at import)."""
-    from huggingface_hub import constants
-
-    return os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
-
-
-def hub_endpoint(endpoint: str | None = None) -> str:
-    from huggingface_hub import constants
-
-    return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
-
-def _proxy_for(url: str) -> str | None:
-    scheme = urlsplit(url).scheme
-    for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"):
-        if os.environ.get(name):
-            return os.environ[name]
-    return None
-
-
-def _resolve(host: str, port: int, timeout: float) -> list[tuple]:
-    """`socket.getaddrinfo` with a deadline, in a daemon thread (a hung resolver must not delay interpreter exit)."""
-    result: list = []
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            result.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-        except OSError as exc:
-            result.append(exc)
-        done.set()
-
-    threading.Thread(target=work, name="hub-vit-resolve", daemon=True).start()
-    if not done.wait(timeout):
-        raise TimeoutError(f"resolving {host!r} timed out")
-    if isinstance(result[0], OSError):
-        raise result[0]
-    return result[0]
-
-
-def check_reachable(endpoint: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-    """Raise `HubUnreachableError` unless a TCP connection to the endpoint (or its proxy) opens within `timeout`.
-
-    DNS resolution runs in a worker thread with the same deadline: `getaddrinfo` has no timeout of its own and can
-    hang for tens of seconds on a machine without a network.
-    """
-    if offline_mode():
-        raise HubUnreachableError("HF_HUB_OFFLINE is set, so nothing can be pushed; unset HF_HUB_OFFLINE to publish")
-    target = _proxy_for(endpoint) or endpoint
-    parts = urlsplit(target if "://" in target else f"http://{target}")
-    host = parts.hostname
-    if not host:
-        raise HubUnreachableError(f"cannot parse a host from the Hub endpoint {endpoint!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    via = f" via proxy {target}" if target != endpoint else ""
-    try:
-        addresses = _resolve(host, port, timeout)
-    except TimeoutError as exc:
-        raise HubUnreachableError(f"cannot reach the Hugging Face Hub at {endpoint}{via}: resolving {host!r} took "
-                                  f"more than {timeout:g} s (no network?)") from exc
-    except OSError as exc:
-        raise HubUnreachableError(f"cannot reach the Hugging Face Hub at {endpoint}{via}: cannot resolve "
-                                  f"{host!r} ({exc}); check the network connection") from exc
-    errors = []
-    for family, socktype, proto, _, address in addresses:
-        try:
-            with socket.socket(family, socktype, proto) as sock:
-                sock.settimeout(timeout)
-                sock.connect(address)
-                return
-        except OSError as exc:
-            errors.append(f"{address[0]}:{address[1]}: {exc or type(exc).__name__}")
-    raise HubUnreachableError(f"cannot reach the Hugging Face Hub at {endpoint}{via} within {timeout:g} s "
-                              f"({'; '.join(errors)}); check the network connection")
-
-
 def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, token: str | None = None,
-                endpoint: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                endpoint: str | None = None, timeout: float = CONNECT_TIMEOUT_S,
                 commit_message: str | None = None) -> str:
     """Upload `folder` to the model repository `repo_id` (created if needed) in one commit; returns its URL."""
     from huggingface_hub import CommitOperationAdd, HfApi, get_token
@@ -208,6 +122,9 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, toke
     if not (isinstance(timeout, (int, float)) and 0 < timeout <= 600):
         raise ValueError(f"timeout must be a number of seconds in (0, 600], got {timeout!r}")
     plan = validate_folder(folder, repo_id=repo_id)
+    switch = offline_switch()
+    if switch is not None:
+        raise HubUnreachableError(f"{switch} is set, so nothing can be pushed; unset {switch} to publish")
     endpoint = hub_endpoint(endpoint)
     check_reachable(endpoint, timeout)
     token = token or get_token()

@@ -251,7 +251,7 @@ def test_hf_hub_offline_is_read_as_huggingface_hub_reads_it(value: str, tmp_path
 
 @pytest.mark.parametrize("value", ["0", "false", "no", "off", ""])
 def test_offline_switches_that_are_off(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hub_vit.conversion.download import offline_mode
+    from hub_vit.network import offline_mode
 
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     for name in ("HUB_VIT_OFFLINE", "HF_HUB_OFFLINE"):

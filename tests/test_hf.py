@@ -252,6 +252,69 @@ def test_from_pretrained_reads_the_saved_config_once_and_none_never(tmp_path, mo
     assert torch.equal(loaded.vit.pos_embed, model.vit.pos_embed)
 
 
+@pytest.fixture()
+def unreachable_hub(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The Hub at an address that never resolves (RFC 2606 `.invalid`), on any machine; every metadata request
+    huggingface_hub would make (each one retried for about 23 s when it fails) is recorded."""
+    from huggingface_hub import file_download
+
+    asked: list[str] = []
+
+    def metadata(url: str, *args, **kwargs):
+        asked.append(url)
+        raise AssertionError(f"asked the Hub for {url}")
+
+    for switch in ("HUB_VIT_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(switch, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+    monkeypatch.setattr(file_download, "get_hf_file_metadata", metadata)
+    return asked
+
+
+def _hub_cache(root, repo_id: str, model: HubViTForImageClassification):
+    """`model` saved in huggingface_hub's cache layout under `root`, as a download of `repo_id` leaves it."""
+    revision = "0" * 40
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    model.save_pretrained(repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return root
+
+
+def test_a_cached_hub_repo_loads_from_the_cache_at_once_while_the_hub_is_unreachable(tmp_path, unreachable_hub,
+                                                                                      caplog) -> None:
+    model = HubViTForImageClassification.from_vit(_randomised(SPECS["vit"]))
+    cache = _hub_cache(tmp_path, "hub-vit-test/tiny", model)
+    with caplog.at_level("WARNING"):
+        loaded = HubViTForImageClassification.from_pretrained("hub-vit-test/tiny", cache_dir=cache)
+    assert unreachable_hub == []  # no request, so none of huggingface_hub's retries
+    assert torch.equal(loaded.vit.pos_embed, model.vit.pos_embed)
+    assert "cannot resolve 'hub.invalid'" in caplog.text and "from the local cache only" in caplog.text
+
+
+def test_an_uncached_hub_repo_fails_at_once_naming_the_hub_and_the_cache(tmp_path, unreachable_hub) -> None:
+    from hub_vit.network import HubUnreachableError
+
+    with pytest.raises(HubUnreachableError, match=r"cannot load 'hub-vit-test/absent': cannot reach the Hugging "
+                                                  r"Face Hub at http://hub\.invalid.*the local cache does not hold it"):
+        HubViTForImageClassification.from_pretrained("hub-vit-test/absent", cache_dir=tmp_path)
+    assert unreachable_hub == []
+
+
+def test_an_offline_switch_loads_from_the_cache_without_a_connection(tmp_path, unreachable_hub, monkeypatch) -> None:
+    """HUB_VIT_OFFLINE, which huggingface_hub does not read, is honoured by hub-vit's loads too."""
+    import socket
+
+    model = HubViTForImageClassification.from_vit(_randomised(SPECS["simplevit"]))
+    cache = _hub_cache(tmp_path, "hub-vit-test/tiny", model)
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    connects: list[object] = []
+    monkeypatch.setattr(socket.socket, "connect", lambda self, address: connects.append(address))
+    loaded = HubViTForImageClassification.from_pretrained("hub-vit-test/tiny", cache_dir=cache)
+    assert unreachable_hub == [] and connects == []
+    assert torch.equal(loaded.vit.head.weight, model.vit.head.weight)
+
+
 def test_labels_give_a_loss_and_gradients_flow_with_checkpointing() -> None:
     spec = SPECS["simplevit"]
     model = HubViTForImageClassification.from_vit(_randomised(spec)).train()

@@ -24,6 +24,7 @@ BUNDLE: dict[str, str] = {
     "hub_vit.weights_check": "hub_vit_weights_check.py",
     "hub_vit.image_modes": "hub_vit_image_modes.py",
     "hub_vit.resize_bound": "hub_vit_resize_bound.py",
+    "hub_vit.network": "hub_vit_network.py",
     "hub_vit.hf.configuration_hub_vit": "configuration_hub_vit.py",
     "hub_vit.hf.modeling_hub_vit": "modeling_hub_vit.py",
     "hub_vit.hf.image_processing_hub_vit": "image_processing_hub_vit.py",

@@ -17,15 +17,18 @@ import os
 from typing import Any
 
 import torch
+from huggingface_hub.errors import LocalEntryNotFoundError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+from transformers.utils import logging
 
 from .configuration_hub_vit import HubViTConfig
 from .image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from .hub_vit_layers import Block
 from .hub_vit_model import VisionTransformer
+from .hub_vit_network import HubUnreachableError, check_reachable, hub_endpoint, offline_switch
 from .hub_vit_variants import to_2tuple
 from .hub_vit_weights import adapt_state_dict
 from .hub_vit_weights_check import check_values, check_weights_file
@@ -39,6 +42,7 @@ try:  # transformers >= 5 renames checkpoint keys through registered rules (load
 except ImportError:  # older 5.x: loading still works through base_model_prefix; saved files keep the prefix
     _PREFIX_RULE = None
 
+logger = logging.get_logger(__name__)
 _FORWARD_KWARGS = ("pixel_values", "labels", "output_attentions", "output_hidden_states", "return_dict",
                    "interpolate_pos_encoding")
 
@@ -116,7 +120,21 @@ class HubViTPreTrainedModel(PreTrainedModel):
         """transformers' `from_pretrained`; asking for another image size (`img_size=`, or a `config` with one, as
         the Auto classes pass it) also resamples a saved *learned* position embedding to the new grid, as timm does
         on load, instead of failing on `vit.pos_embed` (or, with `ignore_mismatched_sizes=True`, silently
-        re-initialising it)."""
+        re-initialising it).
+
+        A Hub repo id while the Hub cannot be reached (an offline switch on, or no connection within a few seconds)
+        loads from the local cache only, at once, with a warning; not cached, `HubUnreachableError` says both."""
+        kwargs, unreachable = _cache_only_when_unreachable(pretrained_model_name_or_path, kwargs)
+        try:
+            return cls._load(pretrained_model_name_or_path, model_args, kwargs)
+        except OSError as err:
+            if unreachable is None or not isinstance(err.__cause__, LocalEntryNotFoundError):
+                raise
+            raise HubUnreachableError(f"cannot load {pretrained_model_name_or_path!r}: {unreachable}, and the local "
+                                      f"cache does not hold it ({err.__cause__})") from err
+
+    @classmethod
+    def _load(cls, pretrained_model_name_or_path: Any, model_args: tuple, kwargs: dict[str, Any]) -> Any:
         saved_config = _saved_config(pretrained_model_name_or_path, kwargs)  # read once: each read asks the Hub
         _check_saved_weights(pretrained_model_name_or_path, saved_config, kwargs)  # before anything is built or read
         config = kwargs.get("config")
@@ -212,6 +230,24 @@ _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revi
 def _hub_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The `from_pretrained` keywords that say where and how to fetch files, for hub-vit's own reads of them."""
     return {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+
+
+def _cache_only_when_unreachable(path: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Exception | None]:
+    """`kwargs` for a load of `path`, with `local_files_only=True` when `path` names a Hub repo that cannot be reached
+    now (an offline switch is on, or no connection opens within `network.CONNECT_TIMEOUT_S`: a few milliseconds
+    without DNS), and why (None: as given). Otherwise each file read of the load (config, weights, processor) waits
+    out huggingface_hub's retries, about 23 s each, before it takes the cached file or fails."""
+    if (not isinstance(path, (str, os.PathLike)) or os.path.exists(path) or kwargs.get("local_files_only")):
+        return kwargs, None
+    switch = offline_switch()
+    try:
+        if switch is not None:
+            raise HubUnreachableError(f"{switch} is set")
+        check_reachable(hub_endpoint())
+    except HubUnreachableError as unreachable:
+        logger.warning(f"{unreachable}: loading {str(path)!r} from the local cache only")
+        return {**kwargs, "local_files_only": True}, unreachable
+    return kwargs, None
 
 
 def _saved_config(path: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
