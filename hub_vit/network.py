@@ -2,7 +2,7 @@
 
 Downloads ask before their first request: with an offline switch on, or no answer from the host within a few
 seconds, they fail at once (or use what is cached) instead of waiting out a library's retries (huggingface_hub
-retries a failed connection five times over about 23 s, per file).
+retries a failed connection five times over about 23 s for each file it does not have cached).
 """
 
 from __future__ import annotations

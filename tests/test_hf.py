@@ -255,7 +255,7 @@ def test_from_pretrained_reads_the_saved_config_once_and_none_never(tmp_path, mo
 @pytest.fixture()
 def unreachable_hub(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The Hub at an address that never resolves (RFC 2606 `.invalid`), on any machine; every metadata request
-    huggingface_hub would make (each one retried for about 23 s when it fails) is recorded."""
+    huggingface_hub would make (for a file it does not have, retried for about 23 s when it fails) is recorded."""
     from huggingface_hub import file_download
 
     asked: list[str] = []

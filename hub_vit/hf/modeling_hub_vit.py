@@ -233,8 +233,8 @@ def _hub_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _cache_only_when_unreachable(path: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Exception | None]:
     """`kwargs` for a load of `path`, with `local_files_only=True` when `path` names a Hub repo that cannot be reached
     now (an offline switch is on, or no connection opens within `network.CONNECT_TIMEOUT_S`: a few milliseconds
-    without DNS), and why (None: as given). Otherwise each file read of the load (config, weights, processor) waits
-    out huggingface_hub's retries, about 23 s each, before it takes the cached file or fails."""
+    without DNS), and why (None: as given). Otherwise each read of a file that is not cached (hub-vit's config read,
+    then transformers') waits out huggingface_hub's retries, about 23 s, before it fails."""
     if (not isinstance(path, (str, os.PathLike)) or os.path.exists(path) or kwargs.get("local_files_only")):
         return kwargs, None
     switch = offline_switch()
