@@ -301,6 +301,12 @@ def test_an_uncached_hub_repo_fails_at_once_naming_the_hub_and_the_cache(tmp_pat
     assert unreachable_hub == []
 
 
+def test_a_missing_local_folder_is_not_taken_for_a_hub_repo(tmp_path, unreachable_hub, caplog) -> None:
+    with caplog.at_level("WARNING"), pytest.raises(OSError, match="missing"):
+        HubViTForImageClassification.from_pretrained(str(tmp_path / "missing"))
+    assert unreachable_hub == [] and "Hugging Face Hub" not in caplog.text
+
+
 def test_an_offline_switch_loads_from_the_cache_without_a_connection(tmp_path, unreachable_hub, monkeypatch) -> None:
     """HUB_VIT_OFFLINE, which huggingface_hub does not read, is honoured by hub-vit's loads too."""
     import socket

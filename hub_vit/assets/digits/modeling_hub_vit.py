@@ -237,7 +237,13 @@ def _cache_only_when_unreachable(path: Any, kwargs: dict[str, Any]) -> tuple[dic
     now (an offline switch is on, or no connection opens within `network.CONNECT_TIMEOUT_S`: a few milliseconds
     without DNS), and why (None: as given). Otherwise each read of a file that is not cached (hub-vit's config read,
     then transformers') waits out huggingface_hub's retries, about 23 s, before it fails."""
-    if (not isinstance(path, (str, os.PathLike)) or os.path.exists(path) or kwargs.get("local_files_only")):
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(path, (str, os.PathLike)) or os.path.exists(path) or kwargs.get("local_files_only"):
+        return kwargs, None
+    try:
+        validate_repo_id(os.fspath(path))
+    except HFValidationError:  # a local path that does not exist: transformers says so itself
         return kwargs, None
     switch = offline_switch()
     try:
