@@ -28,7 +28,7 @@ from hub_vit.model_cards.facts import (
     read_json,
     read_spec,
 )
-from hub_vit.network import CONNECT_TIMEOUT_S, HubUnreachableError, check_reachable, hub_endpoint, offline_switch
+from hub_vit.network import CONNECT_TIMEOUT_S, HubUnreachableError, check_reachable, hub_endpoint
 
 REQUIRED_FILES = (WEIGHTS, CONFIG, PREPROCESSOR, LABELS, CARD)
 TIMM_KEYS = ("architecture", "pretrained_cfg", "model_args")  # timm's hf-hub loader reads these from config.json
@@ -122,9 +122,6 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, toke
     if not (isinstance(timeout, (int, float)) and 0 < timeout <= 600):
         raise ValueError(f"timeout must be a number of seconds in (0, 600], got {timeout!r}")
     plan = validate_folder(folder, repo_id=repo_id)
-    switch = offline_switch()
-    if switch is not None:
-        raise HubUnreachableError(f"{switch} is set, so nothing can be pushed; unset {switch} to publish")
     endpoint = hub_endpoint(endpoint)
     check_reachable(endpoint, timeout)
     token = token or get_token()

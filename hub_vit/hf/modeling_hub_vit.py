@@ -26,7 +26,7 @@ from hub_vit.hf.configuration_hub_vit import HubViTConfig
 from hub_vit.hf.image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from hub_vit.layers import Block
 from hub_vit.model import VisionTransformer
-from hub_vit.network import HubUnreachableError, check_reachable, hub_endpoint, offline_switch
+from hub_vit.network import HubUnreachableError, check_reachable, hub_endpoint
 from hub_vit.variants import to_2tuple
 from hub_vit.weights import adapt_state_dict
 from hub_vit.weights_check import check_values, check_weights_file
@@ -243,11 +243,8 @@ def _cache_only_when_unreachable(path: Any, kwargs: dict[str, Any]) -> tuple[dic
         validate_repo_id(os.fspath(path))
     except HFValidationError:  # a local path that does not exist: transformers says so itself
         return kwargs, None
-    switch = offline_switch()
     try:
-        if switch is not None:
-            raise HubUnreachableError(f"{switch} is set")
-        check_reachable(hub_endpoint())
+        check_reachable(hub_endpoint())  # an offline switch on counts as unreachable
     except HubUnreachableError as unreachable:
         logger.warning(f"{unreachable}: loading {str(path)!r} from the local cache only")
         return {**kwargs, "local_files_only": True}, unreachable

@@ -52,11 +52,16 @@ def hub_endpoint(endpoint: str | None = None) -> str:
 
 
 def check_reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Raise `HubUnreachableError` unless a TCP connection to the endpoint (or its proxy) opens within `timeout`.
+    """Raise `HubUnreachableError` when an offline switch is on (naming it; nothing is tried), or unless a TCP
+    connection to the endpoint (or its proxy) opens within `timeout`.
 
     DNS resolution runs in a worker thread with the same deadline: `getaddrinfo` has no timeout of its own and can
     hang for tens of seconds on a machine without a network.
     """
+    switch = offline_switch()
+    if switch is not None:
+        raise HubUnreachableError(f"{switch} is set (offline mode), so the Hub at {endpoint} is not asked; unset "
+                                  f"{switch} to reach it")
     target = _proxy_for(endpoint) or endpoint
     parts = urlsplit(target if "://" in target else f"http://{target}")
     host = parts.hostname
