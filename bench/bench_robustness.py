@@ -34,14 +34,10 @@ from typing import Any
 
 from run_info import REPO, add_note_option, check_writable, run_info, write_json
 
+from hub_vit.server.runtime.launcher import free_port
+
 SAMPLES = sorted((REPO / "hub_vit/assets/digits/samples").glob("*.png"))
 GRPC_BOMB_MIB = 100  # a gzip-compressed gRPC message inflating to this (serve's cap: 64 MiB)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Service:
