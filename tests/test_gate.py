@@ -223,3 +223,56 @@ def test_front_processes_end_with_a_serve_process_that_was_killed():
                                           for pid in workers), timeout_s=10)
     finally:
         parent.kill()
+
+
+def test_a_grpc_call_still_relayed_when_the_front_closes_gets_triton_s_answer():
+    # was: closing cancelled it (a client saw UNAVAILABLE "Cancelling all calls" or CANCELLED: neither answered nor
+    # refused); also the calls being refused "shutting down" at that instant
+    import asyncio
+    import time
+
+    import grpc
+    from grpc import aio
+
+    from hub_vit.server.front.grpc_front import SERVICE, GrpcFront
+    from hub_vit.server.runtime.launcher import free_port
+
+    method = SERVICE + "ServerLive"
+
+    class SlowTriton(grpc.GenericRpcHandler):  # answers after the front has been told to close
+        def service(self, details):
+            async def live(message: bytes, context) -> bytes:
+                await asyncio.sleep(0.5)
+                return b"\x08\x01"  # ServerLiveResponse(live=True)
+            return grpc.unary_unary_rpc_method_handler(live)
+
+    def call(port: int) -> tuple[str, bytes | str]:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                return "answered", channel.unary_unary(method)(b"", timeout=10)
+            except grpc.RpcError as err:
+                return f"{err.code().name}", err.details() or ""
+
+    async def scenario() -> tuple[str, bytes | str]:
+        upstream, public = free_port(), free_port()
+        triton = aio.server()
+        triton.add_generic_rpc_handlers((SlowTriton(),))
+        triton.add_insecure_port(f"127.0.0.1:{upstream}")
+        await triton.start()
+        front = GrpcFront(FrontLimits())
+        await front.listen("127.0.0.1", public)
+        await front.upstream("127.0.0.1", upstream)
+        try:
+            relayed = asyncio.get_running_loop().run_in_executor(None, call, public)
+            deadline = time.monotonic() + 10
+            while not front.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert front.in_flight == 1
+            front.drain()
+            assert not await front.drained(0.05)  # still in flight when the drain's time is up
+            await front.close()
+            return await relayed
+        finally:
+            await triton.stop(None)
+
+    assert asyncio.run(scenario()) == ("answered", b"\x08\x01")

@@ -51,6 +51,7 @@ INFER = SERVICE + "ModelInfer"
 STREAM_INFER = SERVICE + "ModelStreamInfer"
 METADATA = SERVICE + "ModelMetadata"
 # Metadata grpc sets itself on each call; the rest (e.g. the control key of the restricted APIs) is passed on
+CLOSE_GRACE_S = 2.0  # at close, how long calls already taken may still run
 OWN_METADATA = ("user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout")
 
 
@@ -101,7 +102,11 @@ class GrpcFront:
 
     async def close(self) -> None:
         if self.server is not None:
-            await self.server.stop(grace=None)
+            # grace: the calls grpc has already taken (being refused "shutting down", or relayed past `drained`'s
+            # timeout) end with their own answer; without it grpc cancels them (CANCELLED / UNAVAILABLE "Cancelling
+            # all calls", to a client: neither answered nor refused). Calls it has not taken are refused unprocessed
+            # (GOAWAY), and their clients' reconnects find the port closed.
+            await self.server.stop(grace=CLOSE_GRACE_S)
         if self.channel is not None:
             await self.channel.close(grace=None)
 
