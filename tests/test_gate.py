@@ -251,7 +251,7 @@ def test_a_grpc_call_still_relayed_when_the_front_closes_gets_triton_s_answer():
             try:
                 return "answered", channel.unary_unary(method)(b"", timeout=10)
             except grpc.RpcError as err:
-                return f"{err.code().name}", err.details() or ""
+                return err.code().name, err.details() or ""
 
     async def scenario() -> tuple[str, bytes | str]:
         upstream, public = free_port(), free_port()

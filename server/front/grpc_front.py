@@ -50,8 +50,8 @@ SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
 STREAM_INFER = SERVICE + "ModelStreamInfer"
 METADATA = SERVICE + "ModelMetadata"
-# Metadata grpc sets itself on each call; the rest (e.g. the control key of the restricted APIs) is passed on
 CLOSE_GRACE_S = 2.0  # at close, how long calls already taken may still run
+# Metadata grpc sets itself on each call; the rest (e.g. the control key of the restricted APIs) is passed on
 OWN_METADATA = ("user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout")
 
 
