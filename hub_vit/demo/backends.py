@@ -75,34 +75,17 @@ class TritonLabels:
         of a large photo), else the decoded `image`. One connection per request, closed at once: an idle keep-alive
         connection from the demo would hold the server's drain open for its whole exit timeout when
         `hub-vit serve --demo` is stopped."""
-        payload: Any = image
-        if source is not None:
-            try:
-                data = Path(source).read_bytes()
-                payload = data if served_format(data) else image
-            except OSError:  # the upload left Gradio's cache meanwhile (its hourly cleanup): send the decoded image
-                payload = image
+        payload = self._payload(image, source)
         try:
             from hub_vit.server.client.classifier import Classifier
-            from hub_vit.server.client.errors import refused_image
 
             with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
                 # a request still queued when the page stops waiting is dropped by the server, not computed
                 prediction = client.classify([payload], queue_timeout_s=self.timeout_s)[0]
-        except ImportError as exc:
-            return None, f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
-        except Exception as exc:  # connection refused, timeout, server-side error: degrade, don't crash the page
-            refused = refused_image(exc)
-            if refused is not None:  # HTTP 400 about this image: the server is fine and says why, in full
-                return None, (f"Triton server at {self.url} refused the image: {refused.reason}; labels shown from "
-                              "the in-process model.")
-            reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-            return None, (f"Triton server at {self.url} not reachable or failed ({reason}); "
-                          "labels shown from the in-process model.")
-        triples = list(zip(prediction.labels, prediction.class_ids, prediction.scores, strict=False))[:k]
-        pairs = list(zip(served_labels([(label, index) for label, index, _ in triples], labels),
-                         [score for _, _, score in triples], strict=True))
-        return pairs, f"labels from **Triton** model {self.model!r} at {self.url}; maps from the in-process model"
+        except Exception as exc:  # no tritonclient, connection refused, timeout, server error: degrade, don't crash
+            return None, self._failure(exc)
+        status = f"labels from **Triton** model {self.model!r} at {self.url}; maps from the in-process model"
+        return _top_pairs(prediction, k, labels), status
 
     def explain(self, image: Any, k: int = 5, source: str | Path | None = None, labels: list[str] | None = None, *,
                 head_fusion: str = "mean", discard_ratio: float = 0.0) -> tuple[ServedAnswer | None, str]:
@@ -111,7 +94,7 @@ class TritonLabels:
         payload = self._payload(image, source)
         try:
             from hub_vit.server.client.classifier import Classifier
-            from hub_vit.server.client.errors import NoExplanation, refused_image
+            from hub_vit.server.client.errors import NoExplanation
 
             with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
                 try:
@@ -120,19 +103,9 @@ class TritonLabels:
                 except NoExplanation:  # its repository says so: the labels alone
                     prediction = client.classify([payload], queue_timeout_s=self.timeout_s)[0]
                 served = client.served_model()
-        except ImportError as exc:
-            return None, f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
         except Exception as exc:
-            refused = refused_image(exc)
-            if refused is not None:
-                return None, (f"Triton server at {self.url} refused the image: {refused.reason}; labels shown from "
-                              "the in-process model.")
-            reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-            return None, (f"Triton server at {self.url} not reachable or failed ({reason}); "
-                          "labels shown from the in-process model.")
-        triples = list(zip(prediction.labels, prediction.class_ids, prediction.scores, strict=False))[:k]
-        pairs = list(zip(served_labels([(label, index) for label, index, _ in triples], labels),
-                         [score for _, _, score in triples], strict=True))
+            return None, self._failure(exc)
+        pairs = _top_pairs(prediction, k, labels)
         version = f" v{prediction.model_version}" if prediction.model_version else ""
         who = f"Triton model {prediction.model_name or self.model!r}{version}" + (f" ({served})" if served else "")
         answer = ServedAnswer(pairs, prediction.rollout, prediction.rollout_box, who, prediction.domain,
@@ -146,9 +119,31 @@ class TritonLabels:
             return image
         try:
             data = Path(source).read_bytes()
-        except OSError:
+        except OSError:  # the upload left Gradio's cache meanwhile (its hourly cleanup): send the decoded image
             return image
         return data if served_format(data) else image
+
+    def _failure(self, exc: Exception) -> str:
+        """The status line for a request that got no answer: tritonclient missing, the image refused (HTTP 400: the
+        server is fine and says why, in full), or the server unreachable or failing (the first line of why)."""
+        if isinstance(exc, ImportError):
+            return f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
+        from hub_vit.server.client.errors import refused_image
+
+        refused = refused_image(exc)
+        if refused is not None:
+            return (f"Triton server at {self.url} refused the image: {refused.reason}; labels shown from the "
+                    "in-process model.")
+        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        return (f"Triton server at {self.url} not reachable or failed ({reason}); labels shown from the in-process "
+                "model.")
+
+
+def _top_pairs(prediction: Any, k: int, labels: list[str] | None) -> list[tuple[str, float]]:
+    """The served top-k as the page's `(label, score)` pairs, keyed as `served_labels` says."""
+    triples = list(zip(prediction.labels, prediction.class_ids, prediction.scores, strict=False))[:k]
+    keys = served_labels([(label, index) for label, index, _ in triples], labels)
+    return list(zip(keys, [score for _, _, score in triples], strict=True))
 
 
 def served_labels(classes: list[tuple[str, int]], page_labels: list[str] | None = None) -> list[str]:
