@@ -48,3 +48,23 @@ def fp32_logits(model: torch.nn.Module, pretrained_cfg: Mapping[str, Any], paylo
     batch = torch.stack([transform(Image.open(io.BytesIO(p)).convert("RGB")) for p in payloads])
     with torch.no_grad():
         return model(batch).numpy()
+
+
+def classify_concurrently(grpc_url: str, payloads: list[bytes]) -> tuple[list[Any], int, int]:
+    """Each payload as a request of its own, all sent at once over one gRPC connection: each request's answer (a list
+    of one prediction) and the requests and executions the classifier counted meanwhile (its statistics, settled)."""
+    import asyncio
+
+    from hub_vit.server.client.classifier import AsyncClassifier
+    from hub_vit.server.client.loadtest import settled_statistics
+
+    async def fire() -> tuple[dict, list[Any], dict]:
+        async with AsyncClassifier(grpc_url, protocol="grpc") as client:
+            before = await client.statistics()
+            results = await asyncio.gather(*(client.classify(p) for p in payloads))
+            return before, results, await settled_statistics(client, before, len(payloads))
+
+    before, results, after = asyncio.run(fire())
+    requests, executions = (after["vit_classifier"][key] - before["vit_classifier"][key]
+                            for key in ("inference_count", "execution_count"))
+    return results, requests, executions

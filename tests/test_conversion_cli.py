@@ -17,6 +17,7 @@ import hub_vit  # noqa: F401
 from hub_vit.cli import _load_commands
 from hub_vit.cli.app import app
 from hub_vit.folder import load_model_folder
+from tests.stalled_convert import start_stalled_convert
 from tests.test_cards import _card_dir_read_only
 
 JAX = Path(__file__).resolve().parent / "fixtures" / "jax"
@@ -207,32 +208,16 @@ def test_reference_that_is_not_reference_outputs_is_named(tmp_path: Path) -> Non
 def test_sigterm_mid_write_leaves_no_staging_folder(tmp_path: Path) -> None:
     # Python's default SIGTERM skipped the cleanup: a killed convert left `.out.tmp-*` with a full copy of the weights
     import signal
-    import subprocess
-    import sys
     import time
 
-    script = (
-        "import sys, time\n"
-        "import hub_vit.folder as folder\n"
-        "write = folder._write_folder\n"
-        "def slow(*args, **kwargs):\n"
-        "    write(*args, **kwargs)\n"
-        "    print('staged', flush=True)\n"
-        "    time.sleep(60)\n"
-        "folder._write_folder = slow\n"
-        f"sys.argv = ['hub-vit', 'convert', {str(JAX / 'vit_jax' / 'tiny_token.published.npz')!r}, '-o', "
-        f"{str(tmp_path / 'out')!r}]\n"
-        "from hub_vit.cli import main\n"
-        "main()\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "staged"  # the staging folder is complete, the rename not done
+    proc = start_stalled_convert(JAX / "vit_jax" / "tiny_token.published.npz", tmp_path / "out")
+    try:  # the staging folder is complete, the rename not done
         assert any(p.name.startswith(".out.tmp-") for p in tmp_path.iterdir())
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     finally:
         proc.kill()
+        proc.stdout.close()
     time.sleep(0.1)
     assert list(tmp_path.iterdir()) == []
 

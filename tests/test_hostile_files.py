@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from hub_vit.conversion import convert_npz_file, read_npz
 from hub_vit.folder import load_model_folder, save_model_folder
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
+from tests.stalled_convert import start_stalled_convert
 
 JAX = Path(__file__).resolve().parent / "fixtures" / "jax"
 GOOD_NPZ = JAX / "vit_jax" / "tiny_token.published.npz"  # Google's vit_jax layout, width 64, depth 2, mlp 128
@@ -250,22 +249,8 @@ def test_staging_of_dead_processes_is_swept_and_live_ones_kept(tmp_path: Path) -
 
 def test_a_killed_convert_leaves_staging_that_the_next_run_sweeps(tmp_path: Path) -> None:
     # SIGKILL runs no cleanup: `.out.tmp-*` with a full copy of the weights stayed for good
-    script = (
-        "import sys, time\n"
-        "import hub_vit.folder as folder\n"
-        "write = folder._write_folder\n"
-        "def slow(*args, **kwargs):\n"
-        "    write(*args, **kwargs)\n"
-        "    print('staged', flush=True)\n"
-        "    time.sleep(60)\n"
-        "folder._write_folder = slow\n"
-        f"sys.argv = ['hub-vit', 'convert', {str(GOOD_NPZ)!r}, '-o', {str(tmp_path / 'out')!r}]\n"
-        "from hub_vit.cli import main\n"
-        "main()\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = start_stalled_convert(GOOD_NPZ, tmp_path / "out")
     try:
-        assert proc.stdout.readline().strip() == "staged"
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:

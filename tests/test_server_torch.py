@@ -21,13 +21,13 @@ from typer.testing import CliRunner
 
 from hub_vit.resolve import resolve_model
 from hub_vit.server.client.classifier import AsyncClassifier, Classifier
-from hub_vit.server.client.loadtest import settled_statistics
 from hub_vit.server.repository.config import cuda_graph_buckets
 from hub_vit.server.repository.metadata import graph_model, serving_metadata
 from hub_vit.server.repository.options import CUDA_DEFAULTS, ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, outdated_files, write_repository
 from hub_vit.server.runtime import device as device_module
 from hub_vit.server.runtime.device import choose_device
+from tests.served import classify_concurrently
 from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
 from tests.test_torch_images import LOGITS_ATOL
 
@@ -295,19 +295,10 @@ def test_torch_flavour_answers_as_the_onnx_flavour(servers, photo_payloads, digi
 def test_concurrent_requests_are_batched_into_one_forward_pass(servers, photo_payloads, digits):
     payloads = [*photo_payloads, *digits[0]][:32]
     server = servers["torch"]
-
-    async def fire():
-        async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
-            before = await client.statistics()
-            results = await asyncio.gather(*(client.classify(p) for p in payloads))
-            return before, results, await settled_statistics(client, before, len(payloads))
-
-    before, results, after = asyncio.run(fire())
+    results, requests, executions = classify_concurrently(server.grpc_url, payloads)
     with Classifier(servers["onnx"].http_url) as client:
         expected = [p for i in range(0, 32, MAX_BATCH) for p in client.classify(payloads[i:i + MAX_BATCH])]
     assert [r[0].labels[0] for r in results] == [e.labels[0] for e in expected]  # top-1: LOGITS_ATOL apart
-    requests = after["vit_classifier"]["inference_count"] - before["vit_classifier"]["inference_count"]
-    executions = after["vit_classifier"]["execution_count"] - before["vit_classifier"]["execution_count"]
     assert requests == 32 and executions < requests, (requests, executions)
 
 

@@ -9,7 +9,6 @@ the same code path runs everywhere in tests/test_server_torch.py.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -23,12 +22,12 @@ import torch
 from tritonclient.utils import InferenceServerException
 
 from hub_vit.resolve import resolve_model
-from hub_vit.server.client.classifier import AsyncClassifier, Classifier
-from hub_vit.server.client.loadtest import settled_statistics
+from hub_vit.server.client.classifier import Classifier
 from hub_vit.server.repository.config import cuda_graph_buckets
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import write_repository
 from hub_vit.server.runtime.launcher import free_port
+from tests.served import classify_concurrently
 from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
@@ -214,20 +213,11 @@ def test_cuda_flavour_answers_as_the_onnx_cpu_flavour(servers, payloads, protoco
 
 def test_concurrent_requests_share_executions_and_buckets(servers, payloads):
     server = servers["cuda"]
-
-    async def fire():
-        async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
-            before = await client.statistics()
-            results = await asyncio.gather(*(client.classify(p) for p in payloads))
-            return before, results, await settled_statistics(client, before, len(payloads))
-
-    before, results, after = asyncio.run(fire())
+    results, requests, executions = classify_concurrently(server.grpc_url, payloads)
     with Classifier(server.http_url) as client:
         alone = [client.classify([p])[0] for p in payloads[:8]]  # bucket 1 each time
     for together, single in zip(results, alone, strict=False):
         np.testing.assert_allclose(together[0].scores, single.scores, atol=BF16_SCORE_ATOL, rtol=0)
-    requests = after["vit_classifier"]["inference_count"] - before["vit_classifier"]["inference_count"]
-    executions = after["vit_classifier"]["execution_count"] - before["vit_classifier"]["execution_count"]
     assert requests == len(payloads) and executions < requests, (requests, executions)
 
 

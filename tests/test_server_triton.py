@@ -40,6 +40,7 @@ from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, write_repository
 from hub_vit.server.runtime.launcher import ServerError, TritonServer, free_port
 from tests.polling import wait_until
+from tests.served import classify_concurrently
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -297,17 +298,8 @@ def test_16bit_grey_png_is_served_like_its_8bit_version(server, reference, photo
 def test_32_concurrent_requests_are_batched(server, reference, photo_payloads, digits):
     payloads = [*photo_payloads, *digits[0]][:32]
     expected = reference(payloads)
-
-    async def fire():
-        async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
-            before = await client.statistics()
-            results = await asyncio.gather(*(client.classify(p) for p in payloads))
-            return before, results, await settled_statistics(client, before, len(payloads))
-
-    before, results, after = asyncio.run(fire())
+    results, requests, executions = classify_concurrently(server.grpc_url, payloads)
     _assert_same_topk([r[0] for r in results], expected)
-    requests = after["vit_classifier"]["inference_count"] - before["vit_classifier"]["inference_count"]
-    executions = after["vit_classifier"]["execution_count"] - before["vit_classifier"]["execution_count"]
     assert requests == 32 and executions < requests, (requests, executions)
 
 
