@@ -27,6 +27,7 @@ from hub_vit.resolve import resolve_model as resolve
 from hub_vit.server.repository import cpu_variant
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, write_repository
+from tests.served import start_server
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
@@ -197,15 +198,9 @@ def test_a_forced_openvino_variant_is_served_within_the_criterion(digits: Resolv
 def _explained(repo: Path, payloads: list[bytes]) -> list:
     """The real Triton's explained answers (labels, logits, rollout maps) for `payloads`."""
     from hub_vit.server.client.classifier import Classifier
-    from hub_vit.server.runtime.launcher import TritonServer, free_port
 
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=20).start(timeout_s=180)
-    try:
-        with Classifier(server.http_url) as client:
-            return client.classify(payloads, explain=True, with_logits=True)
-    finally:
-        server.stop()
+    with start_server(repo) as server, Classifier(server.http_url) as client:
+        return client.classify(payloads, explain=True, with_logits=True)
 
 
 @pytest.mark.parametrize("pool_type", ["gap", "map"])
@@ -258,7 +253,6 @@ def test_an_openvino_variant_serves_the_out_of_domain_verdict(tmp_path: Path) ->
     tell the shipped samples (in domain) from the bundled photos (not) as the ONNX Runtime graph's do."""
     from hub_vit.server import protocol
     from hub_vit.server.client.classifier import Classifier
-    from hub_vit.server.runtime.launcher import TritonServer, free_port
     from tests.test_domain import bundled_photos
     from tests.test_domain_served import SAMPLES, _png
 
@@ -268,11 +262,6 @@ def test_an_openvino_variant_serves_the_out_of_domain_verdict(tmp_path: Path) ->
     assert openvino_runtime.served_model(version / "model.onnx").is_file()
     assert (version / "domain.safetensors").is_file()
     photos = [_png(image) for image in bundled_photos().values()]
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=20).start(timeout_s=180)
-    try:
-        with Classifier(server.http_url) as client:
-            verdicts = [p.domain for p in client.classify([*SAMPLES, *photos])]
-    finally:
-        server.stop()
+    with start_server(repo) as server, Classifier(server.http_url) as client:
+        verdicts = [p.domain for p in client.classify([*SAMPLES, *photos])]
     assert verdicts == [protocol.IN_DOMAIN] * len(SAMPLES) + [protocol.OUT_OF_DOMAIN] * len(photos)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image
+
+if TYPE_CHECKING:
+    from hub_vit.server.runtime.launcher import TritonServer
 
 
 def digit_pngs(count: int) -> list[bytes]:
@@ -26,18 +29,21 @@ def digit_pngs(count: int) -> list[bytes]:
     return payloads
 
 
-def served_logits(repo: Path, payloads: list[bytes]) -> np.ndarray:
-    """(N, C) logits the real Triton, serving `repo` over HTTP, answers for `payloads`."""
-    from hub_vit.server.client.classifier import Classifier
+def start_server(repo: Path, *, exit_timeout_s: int = 20, timeout_s: float = 180) -> TritonServer:
+    """The real Triton serving `repo` on free loopback ports, every model ready; stop it, or use it in a `with`."""
     from hub_vit.server.runtime.launcher import TritonServer, free_port
 
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=20).start(timeout_s=180)
-    try:
-        with Classifier(server.http_url) as client:
-            return np.stack([p.logits for p in client.classify(payloads, with_logits=True)])
-    finally:
-        server.stop()
+                          exit_timeout_s=exit_timeout_s)
+    return server.start(timeout_s=timeout_s)
+
+
+def served_logits(repo: Path, payloads: list[bytes]) -> np.ndarray:
+    """(N, C) logits the real Triton, serving `repo` over HTTP, answers for `payloads`."""
+    from hub_vit.server.client.classifier import Classifier
+
+    with start_server(repo) as server, Classifier(server.http_url) as client:
+        return np.stack([p.logits for p in client.classify(payloads, with_logits=True)])
 
 
 def fp32_logits(model: torch.nn.Module, pretrained_cfg: Mapping[str, Any], payloads: list[bytes]) -> np.ndarray:

@@ -259,16 +259,12 @@ def served(folder: Path, tmp_path_factory: pytest.TempPathFactory):
     from hub_vit.resolve import resolve_model
     from hub_vit.server.repository.options import ServingOptions
     from hub_vit.server.repository.writer import write_repository
-    from hub_vit.server.runtime.launcher import TritonServer, free_port
+    from tests.served import start_server
 
     repo = write_repository(resolve_model(folder), tmp_path_factory.mktemp("repo") / "repository",
                             ServingOptions(max_pixels=SERVED_MAX_PIXELS))
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
-    server.start(timeout_s=180)
-    try:
+    with start_server(repo) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.triton

@@ -19,7 +19,8 @@ from hub_vit.demo.models import default_model_path
 from hub_vit.resolve import resolve_model
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import write_repository
-from hub_vit.server.runtime.launcher import TritonServer, free_port
+from hub_vit.server.runtime.launcher import TritonServer
+from tests.served import start_server
 from tests.test_demo import CHROMIUM, CHROMIUM_ARGS, open_page, overlay_src, running_demo, upload, wait_for_new_overlay
 
 pytestmark = [
@@ -35,13 +36,8 @@ PHOTOS = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[TritonServer]:
     repo = write_repository(resolve_model(None), tmp_path_factory.mktemp("repo") / "repository", ServingOptions())
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=20)
-    server.start(timeout_s=180)
-    try:
+    with start_server(repo) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ from hub_vit.server import protocol
 from hub_vit.server.client.classifier import Classifier
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import write_repository
-from hub_vit.server.runtime.launcher import TritonServer, free_port
+from hub_vit.server.runtime.launcher import TritonServer
+from tests.served import start_server
 from tests.test_domain import DIGITS, LABELS, bundled_photos
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -61,12 +62,8 @@ def in_process(photos) -> dict[str, float]:
 
 def _serve(folder: Path, out: Path, **options) -> Iterator[TritonServer]:
     repo = write_repository(resolve_model(str(folder)), out, ServingOptions(**options))
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=20).start(timeout_s=180)
-    try:
+    with start_server(repo) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ from hub_vit.server.client.images import encode
 from hub_vit.server.client.messages import Prediction
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import write_repository
-from hub_vit.server.runtime.launcher import TritonServer, free_port
+from hub_vit.server.runtime.launcher import TritonServer
+from tests.served import start_server
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -36,13 +37,8 @@ IMAGES = 2 * OPTIONS.max_batch_size + 3  # three requests: 16 + 16 + 3
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = write_repository(resolve_model(None), tmp_path_factory.mktemp("repo") / "repository", OPTIONS)
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=20)
-    server.start(timeout_s=180)
-    try:
+    with start_server(repo) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

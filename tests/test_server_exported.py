@@ -135,7 +135,7 @@ def test_a_graph_with_a_fixed_batch_is_named_before_triton_would_crash_on_it(tmp
     from hub_vit.export.onnx_export import export_onnx
     from hub_vit.folder import load_model_folder
     from hub_vit.server.client.classifier import Classifier
-    from hub_vit.server.runtime.launcher import TritonServer, free_port
+    from tests.served import start_server
 
     model, _ = load_model_folder(default_model_folder())
     graph = export_onnx(model, tmp_path / "fixed" / "model.onnx", dynamic_batch=False)
@@ -147,14 +147,9 @@ def test_a_graph_with_a_fixed_batch_is_named_before_triton_would_crash_on_it(tmp
     assert not (tmp_path / "refused").exists()
     repo = write_repository(resolve_model(graph), tmp_path / "repo", ServingOptions(max_batch_size=1,
                                                                                preferred_batch_sizes=(1,)))
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
-    server.start(timeout_s=180)
-    try:
-        sample = default_model_folder() / "samples" / "7_0.png"
-        with Classifier(server.http_url) as client:
-            assert [p.labels[0] for p in client.classify([sample, sample])] == ["7", "7"]  # split into 2 requests
-    finally:
-        server.stop()
+    sample = default_model_folder() / "samples" / "7_0.png"
+    with start_server(repo) as server, Classifier(server.http_url) as client:
+        assert [p.labels[0] for p in client.classify([sample, sample])] == ["7", "7"]  # split into 2 requests
 
 
 def test_a_graph_of_another_model_than_its_metadata_is_refused(exported, tmp_path):

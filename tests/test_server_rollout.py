@@ -35,6 +35,7 @@ from hub_vit.server.client.messages import explain_parameters
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import template_dir, write_repository
 from hub_vit.server.runtime.launcher import TritonServer, free_port
+from tests.served import start_server
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -87,13 +88,8 @@ def server(models, tmp_path_factory):
         for folder in repo.iterdir():
             if folder.is_dir():
                 shutil.move(str(folder), combined / folder.name)
-    server = TritonServer(combined, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=20)
-    server.start(timeout_s=240)
-    try:
+    with start_server(combined, timeout_s=240) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _url(server: TritonServer, protocol: str) -> str:

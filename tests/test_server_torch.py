@@ -27,8 +27,8 @@ from hub_vit.server.repository.options import CUDA_DEFAULTS, ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, outdated_files, write_repository
 from hub_vit.server.runtime import device as device_module
 from hub_vit.server.runtime.device import choose_device
-from tests.served import classify_concurrently
-from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
+from tests.served import classify_concurrently, start_server
+from tests.test_server_triton import BAD_IMAGES, _encode, _url
 from tests.test_torch_images import LOGITS_ATOL
 
 MAX_BATCH = 8
@@ -267,7 +267,7 @@ def servers(torch_repo, model_folder, tmp_path_factory):
     started = []
     try:
         for repo in (torch_repo, onnx_repo):
-            started.append(_start(repo))
+            started.append(start_server(repo))
         yield {"torch": started[0], "onnx": started[1]}
     finally:
         for server in started:

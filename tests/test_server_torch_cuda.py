@@ -27,8 +27,8 @@ from hub_vit.server.repository.config import cuda_graph_buckets
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import write_repository
 from hub_vit.server.runtime.launcher import free_port
-from tests.served import classify_concurrently
-from tests.test_server_triton import BAD_IMAGES, _encode, _start, _url
+from tests.served import classify_concurrently, start_server
+from tests.test_server_triton import BAD_IMAGES, _encode, _url
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
@@ -189,7 +189,7 @@ def servers(model_folder, tmp_path_factory):
     try:
         for flavour, opts in (("cuda", cuda), ("onnx", cpu)):
             repo = write_repository(source, tmp_path_factory.mktemp(flavour) / "repository", opts)
-            started[flavour] = _start(repo)
+            started[flavour] = start_server(repo)
         yield started
     finally:
         for server in started.values():

@@ -40,7 +40,7 @@ from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, write_repository
 from hub_vit.server.runtime.launcher import ServerError, TritonServer, free_port
 from tests.polling import wait_until
-from tests.served import classify_concurrently
+from tests.served import classify_concurrently, start_server
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -98,12 +98,6 @@ def reference(model_folder):
 
 
 # -- servers ------------------------------------------------------------------------------------------------------
-def _start(repo: Path, exit_timeout_s: int = 20) -> TritonServer:
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=exit_timeout_s)
-    return server.start(timeout_s=180)
-
-
 @pytest.fixture(scope="module")
 def repo(model_folder, tmp_path_factory) -> Path:
     opts = ServingOptions(max_batch_size=MAX_BATCH, preferred_batch_sizes=(4, 8), max_queue_delay_us=2000)
@@ -112,7 +106,7 @@ def repo(model_folder, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo):
-    server = _start(repo)
+    server = start_server(repo)
     yield server
     server.stop()
 
@@ -230,7 +224,7 @@ def test_gpu_flavour_ensemble_and_postprocess_on_the_real_server(repo, model_fol
     swapped = cpu_classifier_config(meta, ServingOptions(**options), "model.onnx", compute_bound=compute_bound,
                                     decodes=False)  # fed pixel_values (3, H, W)
     (gpu / "vit_classifier/config.pbtxt").write_text(render(swapped))
-    server = _start(gpu)
+    server = start_server(gpu)
     try:
         payloads = photo_payloads + digits[0][:5]
         expected = reference(payloads)
@@ -314,7 +308,7 @@ def test_spinning_instances_take_turns(repo, model_folder, tmp_path, reference, 
     assert config.parameters["take_turns"].string_value == "1"
     payloads = [*photo_payloads, *digits[0]][:16]
     expected = reference(payloads)
-    server = _start(turns)
+    server = start_server(turns)
     try:
         async def fire():
             async with AsyncClassifier(server.http_url) as client:
@@ -432,7 +426,7 @@ def test_overload_is_rejected_fast_and_counted(repo, model_folder, tmp_path):
     # A rejection costs only the client's send (~0.06 s with 24 requests in flight); a request of 8 heavy images
     # keeps a classifier instance busy ~0.4 s, a clear margin between the two medians even on a busy machine.
     heavy = _heavy_png()
-    server = _start(tiny_queue)
+    server = start_server(tiny_queue)
     try:
         before = _metrics(server)
 
@@ -467,7 +461,7 @@ def test_requests_past_their_queue_timeout_are_rejected_not_computed(repo, model
     and never executed; without a timeout the same flood is answered in full."""
     from concurrent.futures import ThreadPoolExecutor
 
-    server = _start(_variant_repo(repo, model_folder, tmp_path / "timeouts", max_batch_size=MAX_BATCH,
+    server = start_server(_variant_repo(repo, model_folder, tmp_path / "timeouts", max_batch_size=MAX_BATCH,
                                   preferred_batch_sizes=(MAX_BATCH,)))
     heavy, flood = [_heavy_png()] * MAX_BATCH, 10  # one request keeps an instance busy ~0.4 s; two instances
     timeout_s = 0.15  # so all but the first two requests wait longer than this
@@ -524,7 +518,7 @@ def test_requests_past_their_queue_timeout_are_rejected_not_computed(repo, model
 
 
 def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path):
-    server = _start(_variant_repo(repo, model_folder, tmp_path / "drain", max_batch_size=MAX_BATCH,
+    server = start_server(_variant_repo(repo, model_folder, tmp_path / "drain", max_batch_size=MAX_BATCH,
                                   preferred_batch_sizes=(MAX_BATCH,)), exit_timeout_s=60)
     heavy = _heavy_png()
     # 8 requests of MAX_BATCH heavy images: ~0.4 s each on one of the two classifier instances, so requests stay queued
@@ -702,7 +696,7 @@ def test_a_tmpdir_with_spaces_and_parentheses_still_serves(repo, tmp_path, monke
     unsafe = tmp_path / "tmp dir é (1)"  # non-ASCII: the stub failed with UnicodeEncodeError
     unsafe.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(unsafe))
-    server = _start(repo)
+    server = start_server(repo)
     try:
         assert server.is_ready()
     finally:
@@ -740,7 +734,7 @@ def test_the_demos_triton_labels_do_not_hold_the_drain_open(repo, photos):
     Triton's drain open for the whole --exit-timeout on Ctrl-C (33.6 s of 30 measured, nothing in flight)."""
     from hub_vit.demo.backends import TritonLabels
 
-    server = _start(repo, exit_timeout_s=120)
+    server = start_server(repo, exit_timeout_s=120)
     try:
         labels = TritonLabels(server.http_url)
         pairs, status = labels.top_k(Image.fromarray(photos["chelsea"]))
@@ -759,7 +753,7 @@ def test_a_model_that_fails_to_load_is_named_with_its_reason(repo, tmp_path):
     onnx = broken / "vit_classifier" / "1" / "model.onnx"
     onnx.write_bytes(onnx.read_bytes()[:2000])  # a truncated copy
     with pytest.raises(ServerError) as info:
-        _start(broken)
+        start_server(broken)
     first_lines = str(info.value).split("log tail:")[0]  # the summary comes before the log
     assert "model 'vit_classifier' (version 1) failed to load" in first_lines
     assert "Protobuf parsing failed" in first_lines  # ONNX Runtime's own words
