@@ -18,6 +18,14 @@ class PortError(ValueError):
     """A port setting that cannot work; the message names the setting as the caller knows it."""
 
 
+class PortInUse(PortError):
+    """Something already listens on the port of `setting` (`http_port`, ...)."""
+
+    def __init__(self, message: str, setting: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
 def check_host(host: str, setting: str = "--host") -> None:
     """`PortError` unless `host` is an IPv4 address or name of this machine that a server can bind. IPv6 is refused:
     tritonserver 2.51 takes `host:port` without brackets and fails to bind '::1:8001'."""
@@ -71,5 +79,5 @@ def check_ports(host: str, ports: dict[str, int], *, in_use: bool = True) -> Non
             raise PortError(f"{' and '.join(settings)} are both {port}; each server needs its own port")
     for setting, port in ports.items() if in_use else ():
         if port_in_use(host, port):
-            raise PortError(f"{setting} {port}: {host}:{port} is already in use (another server?); "
-                            f"choose another port")
+            raise PortInUse(f"{setting} {port}: {host}:{port} is already in use (another server?); "
+                            f"choose another port", setting)

@@ -95,7 +95,7 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
         private_grpc = next(port for port in iter(free_port, None) if port != private_http)
         return TritonServer(repository, host=endpoints.host, http_port=private_http, grpc_port=private_grpc,
                             metrics_port=endpoints.metrics_port, exit_timeout_s=exit_timeout_s, log=hooks.log,
-                            http_host="127.0.0.1", grpc_host="127.0.0.1")
+                            http_host="127.0.0.1", grpc_host="127.0.0.1", picked_ports=("http_port", "grpc_port"))
 
     front = FrontProcesses(endpoints.host, endpoints.http_port, endpoints.grpc_port, limits)
     try:  # the public HTTP and gRPC ports, each checking requests before Triton

@@ -180,6 +180,55 @@ def test_a_port_taken_while_triton_starts_is_one_line(tmp_path, listening_port, 
 
 
 
+@pytest.mark.parametrize("taken", ["before the start", "while tritonserver loads"])
+def test_a_port_serve_picked_and_found_taken_is_picked_again(tmp_path, listening_port, monkeypatch, taken):
+    # `serve` picks Triton's private HTTP and gRPC ports itself; another process can take one before Triton binds it
+    # (its endpoints come last, after every model loaded), and serve then failed to start over a port no user chose
+    import threading
+
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
+    from hub_vit.server.runtime.supervisor import RestartPolicy, Supervisor
+
+    (tmp_path / "empty").mkdir()  # Triton is ready with no model
+    if taken == "while tritonserver loads":
+        monkeypatch.setattr(TritonServer, "_check_ports", lambda self, in_use: None)  # so Triton's bind finds it
+    first_picks = iter([listening_port])
+
+    def new_server() -> TritonServer:
+        return TritonServer(tmp_path / "empty", http_port=next(first_picks, None) or free_port(), grpc_port=free_port(),
+                            metrics_port=free_port(), picked_ports=("http_port", "grpc_port"))
+
+    def serving(server: TritonServer, restarted: bool) -> None:
+        served.append(server.http_port)
+        supervisor.terminate()
+
+    served: list[int] = []
+    events: list[str] = []
+    supervisor = Supervisor(new_server, RestartPolicy(max_failed_starts=0), threading.Event(), serving=serving,
+                            event=events.append)
+    supervisor.run().stop()
+    assert len(served) == 1 and served[0] != listening_port
+    assert events == [f"tritonserver's private http_port {listening_port} was taken by another process before "
+                      "tritonserver bound it; starting it on other free ports"]
+
+
+def test_a_taken_port_serve_did_not_pick_stays_an_error(tmp_path, listening_port):
+    # the metrics port is the user's (--metrics-port): taken, it is the user's to change, not serve's to move
+    import threading
+
+    from hub_vit.server.runtime.launcher import PortTaken, TritonServer, free_port
+    from hub_vit.server.runtime.supervisor import RestartPolicy, Supervisor
+
+    def new_server() -> TritonServer:
+        return TritonServer(tmp_path, http_port=free_port(), grpc_port=free_port(), metrics_port=listening_port,
+                            picked_ports=("http_port", "grpc_port"))
+
+    supervisor = Supervisor(new_server, RestartPolicy(), threading.Event())
+    with pytest.raises(PortTaken, match=rf"^metrics_port {listening_port}: 127.0.0.1:{listening_port} is already in"):
+        supervisor.run()
+    assert supervisor.server.process is None
+
+
 def test_a_host_name_is_bound_as_its_address(tmp_path):
     # Triton 2.51 binds `--http-address=localhost` as 255.255.255.255: `serve --host localhost` was never ready
     import urllib.request

@@ -27,10 +27,19 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
-from hub_vit.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, PortError, check_ports, ipv4_address
+from hub_vit.ports import (
+    GRPC_PORT,
+    HTTP_PORT,
+    LOOPBACK,
+    METRICS_PORT,
+    PortError,
+    PortInUse,
+    check_ports,
+    ipv4_address,
+)
 from hub_vit.server.runtime.api_access import CONTROL_HEADER, restricted_api_args
 from hub_vit.server.runtime.processes import (
     die_with_parent,
@@ -50,7 +59,7 @@ from hub_vit.server.runtime.workspace import (
     unservable_path_message,
 )
 
-__all__ = ["ServerError", "TritonServer", "free_port"]
+__all__ = ["PortTaken", "ServerError", "TritonServer", "free_port"]
 
 
 _HANDED_OUT: set[int] = set()  # the ports free_port returned in this process
@@ -89,6 +98,16 @@ def _server_id(url: str) -> str | None:
         return None
 
 
+class PortTaken(ServerError):
+    """A port of the server's was taken: found listening before the start, or taken by another process while
+    tritonserver loaded its models (it binds its endpoints last). `setting` names it (`http_port`, `grpc_port`,
+    `metrics_port`), so a caller that picked that port itself can pick another (`TritonServer.picked_ports`)."""
+
+    def __init__(self, message: str, setting: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
 class TritonServer:
     """One tritonserver process. `with TritonServer(repo) as server:` starts, waits until ready and stops it."""
 
@@ -96,7 +115,7 @@ class TritonServer:
                  grpc_port: int = GRPC_PORT, metrics_port: int = METRICS_PORT, exit_timeout_s: int = 30,
                  log: Callable[[str], None] | None = None, log_verbose: int = 0,
                  extra_args: tuple[str, ...] = (), http_host: str | None = None,
-                 grpc_host: str | None = None) -> None:
+                 grpc_host: str | None = None, picked_ports: Collection[str] = ()) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise ServerError(f"model repository {str(self.repository)!r} is not a folder")
@@ -104,8 +123,11 @@ class TritonServer:
         if unservable:
             raise ServerError(unservable)
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
-        self.http_host = http_host or host  # `hub-vit serve` keeps HTTP on loopback, behind its gate (gate.py)
-        self.grpc_host = grpc_host or host  # ... and gRPC, behind the front (server/front/grpc_front.py)
+        self.http_host = http_host or host  # `hub-vit serve` keeps HTTP on loopback, behind its front (front/)
+        self.grpc_host = grpc_host or host  # ... and gRPC
+        # the settings whose port the caller picked (free_port), not a user: when one is taken before this server
+        # binds it (PortTaken), the caller may start another server on other ports (supervisor.py)
+        self.picked_ports = frozenset(picked_ports)
         self._check_ports(in_use=False)
         self.exit_timeout_s = exit_timeout_s
         self.log, self.log_verbose, self.extra_args = log, log_verbose, extra_args
@@ -173,6 +195,8 @@ class TritonServer:
         ports = {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
         try:
             check_ports(self.host, ports, in_use=in_use)
+        except PortInUse as err:
+            raise PortTaken(str(err), err.setting) from None
         except PortError as err:
             raise ServerError(str(err)) from None
 
@@ -249,8 +273,8 @@ class TritonServer:
                 code = None if self.process is None else self.process.returncode
                 self._reap()  # the process is gone: the reader takes in its last lines
                 taken = self._port_taken()
-                if taken:
-                    raise ServerError(taken)
+                if taken is not None:
+                    raise taken
                 ended = "ended" if code is None else exit_description(code)
                 raise ServerError(f"tritonserver {ended} before it was ready{self._failures()}\n"
                                   f"log tail:\n{self.tail()}")
@@ -259,7 +283,7 @@ class TritonServer:
             time.sleep(0.2)
         raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s{self._failures()}\nlog tail:\n{self.tail()}")
 
-    def _port_taken(self) -> str | None:
+    def _port_taken(self) -> PortTaken | None:
         """A one-line error when Triton died because a port was taken after our check (another server starting at
         the same time), from its log: `failed to start GRPC service: Unavailable - Socket '127.0.0.1:8001' already
         in use` (HTTP and metrics: `failed to start HTTP service` / `... Metrics service ...`)."""
@@ -269,8 +293,10 @@ class TritonServer:
             if match is None:
                 continue
             port = int(match["port"])
-            return (f"{names.get(port, 'port')} {port}: already in use on {self.host} (taken by another process "
-                    "while tritonserver was loading its models, e.g. a second server started at the same time)")
+            setting = names.get(port, "port")
+            return PortTaken(f"{setting} {port}: already in use on {self.host} (taken by another process while "
+                             "tritonserver was loading its models, e.g. a second server started at the same time)",
+                             setting)
         return None
 
     def _failures(self) -> str:

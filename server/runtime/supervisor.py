@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from hub_vit.server.runtime.launcher import ServerError, TritonServer
+from hub_vit.server.runtime.launcher import PortTaken, ServerError, TritonServer
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,9 @@ class GaveUp(ServerError):
     """The server died and the policy allows no further restart (`--max-restarts 0`, or starts that kept failing)."""
 
 
+MAX_PORT_PICKS = 5  # new picks of private ports in one run, each after a picked one was taken (a rare collision)
+
+
 class Supervisor:
     """Runs `new_server()`'s servers one after another until `stop` is set. `serving(server, restarted)` is called
     each time a server becomes ready; `event(line)` reports each death and restart. A signal handler calls `terminate`
@@ -110,15 +113,25 @@ class Supervisor:
 
     def run(self) -> TritonServer:
         """Serve until `stop` is set; returns the last server, stopped. A first start that fails before the server
-        answered is raised as is (a model that cannot load); a later death the policy does not cover raises `GaveUp`."""
+        answered is raised as is (a model that cannot load); a later death the policy does not cover raises `GaveUp`.
+        A start that finds a port taken which the server's caller picked itself (`picked_ports`) is no failure: the
+        next server from `new_server` has other ports."""
         restarted = False
-        in_a_row, failed_starts = 0, 0
+        in_a_row, failed_starts, picks = 0, 0, 0
         while True:
             try:
                 self.server.start(self.policy.start_timeout_s)
             except ServerError as err:
                 if self.stop.is_set():
                     return self.server
+                if isinstance(err, PortTaken) and err.setting in self.server.picked_ports and picks < MAX_PORT_PICKS:
+                    picks += 1  # a port picked free was taken before Triton bound it: not the server's failure
+                    self.event(f"tritonserver's private {err.setting} {getattr(self.server, err.setting)} was taken "
+                               "by another process before tritonserver bound it; starting it on other free ports")
+                    self.server = self.new_server()  # `terminate` reaches it from here on
+                    if self.stop.is_set():
+                        return self.server
+                    continue
                 if not restarted and not self.server.reachable:
                     raise
                 self.failure = str(err).split("\n")[0]
