@@ -401,8 +401,8 @@ def main() -> None:
     parser.add_argument("--concurrency", nargs="+", type=int, default=list(CONCURRENCY),
                         help="concurrencies to measure (the multi-image row uses the last)")
     parser.add_argument("--cpu-variant", default="auto",
-                        help="the CPU flavour's graph (server/cpu_variant.py); the in-process baseline runs the same "
-                             "file (default: auto, as hub-vit serve)")
+                        help="the CPU flavour's graph (server/repository/cpu_variant.py); the in-process baseline runs "
+                             "the same file (default: auto, as hub-vit serve)")
     parser.add_argument("--load-generators", nargs="+", default=list(LOAD_GENERATORS), choices=LOAD_GENERATORS,
                         help="measure every row with each of these, in turn (default: both)")
     parser.add_argument("--front-cost", action="store_true",

@@ -1,5 +1,5 @@
-"""The Triton stubs' Python environment (server/stub_env.py) on a host whose own numpy is 2.x, as every lent GPU host's
-is: the stubs import a numpy<2 and nothing that needs numpy 2, and the torch flavour is served.
+"""The Triton stubs' Python environment (server/runtime/stub_env.py) on a host whose own numpy is 2.x, as every lent GPU
+host's is: the stubs import a numpy<2 and nothing that needs numpy 2, and the torch flavour is served.
 
 On such a host the stub's numpy had been chosen by $HUB_VIT_STUB_PYTHONPATH, which never reached the stub (its
 embedded Python ignores PYTHONPATH and takes its environment from the `python3` on PATH), so the torch flavour died

@@ -56,8 +56,8 @@ def outdated_warning(folder: Path, manifest: dict[str, Any]) -> str | None:
 
 
 def cpu_variant_line(folder: Path) -> str | None:
-    """'CPU variant: NAME (reason)' from a repository's manifest (`server/cpu_variant.py` records it); None when it
-    records none (another flavour, or a repository without a manifest)."""
+    """'CPU variant: NAME (reason)' from a repository's manifest (`server/repository/cpu_variant.py` records it); None
+    when it records none (another flavour, or a repository without a manifest)."""
     try:
         recorded = (read_manifest(folder) or {}).get("cpu_variant")
     except (OSError, ValueError, AttributeError):

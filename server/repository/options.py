@@ -81,9 +81,10 @@ class ServingOptions:
     cuda_graphs: bool = True  # cuda: one CUDA graph per batch bucket, captured while the model loads
     torch_compile: bool = False  # cuda: torch.compile before the capture (minutes of warm-up per bucket)
     decode_threads: int = 0  # torch flavour: images decoded in parallel per instance; 0 = the cores / instances
-    # CPU flavour: the ONNX graph served (server/cpu_variant.py): "auto" = the fastest variant on this host that passes
-    # the verification criterion, measured when the repository is built; or one variant by name (still verified).
-    # The library default keeps the plain fp32 graph (no build-time measuring); `hub-vit serve / repository` use auto.
+    # CPU flavour: the ONNX graph served (server/repository/cpu_variant.py): "auto" = the fastest variant on this host
+    # that passes the verification criterion, measured when the repository is built; or one variant by name (still
+    # verified). The library default keeps the plain fp32 graph (no build-time measuring); `hub-vit serve / repository`
+    # use auto.
     cpu_variant: str = "fp32"
 
     def __post_init__(self) -> None:

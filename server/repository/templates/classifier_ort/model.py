@@ -7,9 +7,9 @@ probabilities, `class_ids` (B, K) and `labels` (B, K) strings, best first. All r
 one ORT call. A bad image fails only its own request, with a client error (INVALID_ARG -> HTTP 400) naming it.
 A config whose input is `pixel_values` (FP32, (B, 3, H, W)) skips the decoding (the tests serve the GPU flavour's
 ensemble with this as its classifier).
-Where `hub-vit repository` chose an OpenVINO variant for this host (server/cpu_variant.py), its files sit beside the
-ONNX graph as `<onnx stem>.openvino.xml` / `.bin` / `.json` and are run instead, by the `OpenVINOSession` that
-verified and timed them (openvino_runtime.py, copied from hub_vit); the ONNX graph stays the lock file of
+Where `hub-vit repository` chose an OpenVINO variant for this host (server/repository/cpu_variant.py), its files sit
+beside the ONNX graph as `<onnx stem>.openvino.xml` / `.bin` / `.json` and are run instead, by the `OpenVINOSession`
+that verified and timed them (openvino_runtime.py, copied from hub_vit); the ONNX graph stays the lock file of
 `take_turns`.
 Every answer also holds `domain` (B, 1) and `domain_score` (B, 1), the out-of-domain verdict and score
 (domain_outputs.py), from the graph's `token_means` output where the repository serves a calibrated score.
