@@ -106,9 +106,8 @@ def repo(model_folder, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo):
-    server = start_server(repo)
-    yield server
-    server.stop()
+    with start_server(repo) as server:
+        yield server
 
 
 def _variant_repo(repo: Path, model_folder: Path, out: Path, **options) -> Path:
@@ -462,7 +461,7 @@ def test_requests_past_their_queue_timeout_are_rejected_not_computed(repo, model
     from concurrent.futures import ThreadPoolExecutor
 
     server = start_server(_variant_repo(repo, model_folder, tmp_path / "timeouts", max_batch_size=MAX_BATCH,
-                                  preferred_batch_sizes=(MAX_BATCH,)))
+                                        preferred_batch_sizes=(MAX_BATCH,)))
     heavy, flood = [_heavy_png()] * MAX_BATCH, 10  # one request keeps an instance busy ~0.4 s; two instances
     timeout_s = 0.15  # so all but the first two requests wait longer than this
 
@@ -519,7 +518,7 @@ def test_requests_past_their_queue_timeout_are_rejected_not_computed(repo, model
 
 def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path):
     server = start_server(_variant_repo(repo, model_folder, tmp_path / "drain", max_batch_size=MAX_BATCH,
-                                  preferred_batch_sizes=(MAX_BATCH,)), exit_timeout_s=60)
+                                        preferred_batch_sizes=(MAX_BATCH,)), exit_timeout_s=60)
     heavy = _heavy_png()
     # 8 requests of MAX_BATCH heavy images: ~0.4 s each on one of the two classifier instances, so requests stay queued
     # long enough to be seen (with the 512 px photo, 4 ms per image, all 8 could finish between two metric reads).
