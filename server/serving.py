@@ -91,8 +91,7 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
     """Serve `repository` until Ctrl-C / SIGTERM / SIGHUP (drained) or a failure the restart policy does not cover
     (ServerError, with the server's own last lines); CannotStart when nothing could start."""
     def new_server() -> TritonServer:  # Triton's HTTP and gRPC on private loopback ports; the front takes the public
-        private_http = free_port()
-        private_grpc = next(port for port in iter(free_port, None) if port != private_http)
+        private_http, private_grpc = free_port(), free_port()  # never one port twice (free_port keeps what it gave)
         return TritonServer(repository, host=endpoints.host, http_port=private_http, grpc_port=private_grpc,
                             metrics_port=endpoints.metrics_port, exit_timeout_s=exit_timeout_s, log=hooks.log,
                             http_host="127.0.0.1", grpc_host="127.0.0.1", picked_ports=("http_port", "grpc_port"))

@@ -103,9 +103,9 @@ class PortTaken(ServerError):
     tritonserver loaded its models (it binds its endpoints last). `setting` names it (`http_port`, `grpc_port`,
     `metrics_port`), so a caller that picked that port itself can pick another (`TritonServer.picked_ports`)."""
 
-    def __init__(self, message: str, setting: str) -> None:
+    def __init__(self, message: str, setting: str, port: int) -> None:
         super().__init__(message)
-        self.setting = setting
+        self.setting, self.port = setting, port
 
 
 class TritonServer:
@@ -196,7 +196,7 @@ class TritonServer:
         try:
             check_ports(self.host, ports, in_use=in_use)
         except PortInUse as err:
-            raise PortTaken(str(err), err.setting) from None
+            raise PortTaken(str(err), err.setting, ports[err.setting]) from None
         except PortError as err:
             raise ServerError(str(err)) from None
 
@@ -296,7 +296,7 @@ class TritonServer:
             setting = names.get(port, "port")
             return PortTaken(f"{setting} {port}: already in use on {self.host} (taken by another process while "
                              "tritonserver was loading its models, e.g. a second server started at the same time)",
-                             setting)
+                             setting, port)
         return None
 
     def _failures(self) -> str:

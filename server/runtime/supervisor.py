@@ -126,8 +126,8 @@ class Supervisor:
                     return self.server
                 if isinstance(err, PortTaken) and err.setting in self.server.picked_ports and picks < MAX_PORT_PICKS:
                     picks += 1  # a port picked free was taken before Triton bound it: not the server's failure
-                    self.event(f"tritonserver's private {err.setting} {getattr(self.server, err.setting)} was taken "
-                               "by another process before tritonserver bound it; starting it on other free ports")
+                    self.event(f"tritonserver's private {err.setting} {err.port} was taken by another process before "
+                               "tritonserver bound it; starting it on other free ports")
                     self.server = self.new_server()  # `terminate` reaches it from here on
                     if self.stop.is_set():
                         return self.server
