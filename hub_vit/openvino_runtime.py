@@ -11,11 +11,33 @@ the top (OpenVINO inside the session).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+_CORE: list[Any] = []  # the one Core, once made
+_CORE_LOCK = threading.Lock()
+
+
+def core() -> Any:
+    """The process's one `openvino.Core`, made on first use and kept for the life of the process: every OpenVINO model
+    hub-vit compiles goes through it.
+
+    One, because each Core loads a CPU plugin of its own, and OpenVINO's CPU plugin (2026.4) gives the thread that
+    loads it an alternate signal stack, putting back the one it found when the Core (with every model compiled by it)
+    is freed. Two Cores freed in the order they were made leave that thread's alternate stack on the first one's
+    freed memory, and the next signal handled in Python on it (CPython's handlers run with SA_ONSTACK) ends the
+    process with SIGSEGV: the served classifier holds two sessions, the export verifies one per variant, the
+    sensitivity search compiles dozens."""
+    with _CORE_LOCK:
+        if not _CORE:
+            import openvino as ov
+
+            _CORE.append(ov.Core())
+        return _CORE[0]
 
 
 def served_model(onnx_file: str | Path) -> Path:
@@ -49,10 +71,9 @@ class OpenVINOSession:
         config: dict[str, Any] = {"ENABLE_CPU_PINNING": False, **settings.get("compile", {})}
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
-        core = ov.Core()
-        model = core.read_model(str(xml))
+        model = core().read_model(str(xml))
         self.probabilities = _softmax_outputs(model) if attentions else 0
-        self.compiled = core.compile_model(model, "CPU", config)
+        self.compiled = core().compile_model(model, "CPU", config)
         self.input_names = [port.get_any_name() for port in self.compiled.inputs]
         self.names = [_name(output) for output in self.compiled.outputs[:len(self.compiled.outputs)
                                                                         - self.probabilities]]
@@ -114,4 +135,4 @@ class _Named:
         self.name = name
 
 
-__all__ = ["OpenVINOSession", "ir_files", "served_model"]
+__all__ = ["OpenVINOSession", "core", "ir_files", "served_model"]

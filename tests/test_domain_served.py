@@ -4,7 +4,7 @@ flavour (ONNX Runtime; the explained path too) and torch flavour, over HTTP and 
 Every shipped sample is in domain and every bundled photo (scikit-image's and the demo's) is not, with the scores the
 in-process model gives (`hub_vit.domain_fit.image_features` + the folder's statistics); a model folder without a
 calibration answers `unknown`, never `in-domain`; the answer's JSON form carries the words and the score; `hub-vit
-classify` shows them. The OpenVINO variant is served in tests/openvino_cases.py, the GPU flavour's `unknown` in
+classify` shows them. The OpenVINO variant is served in tests/test_openvino_variants.py, the GPU flavour's `unknown` in
 tests/test_server_triton.py.
 """
 

@@ -1,7 +1,7 @@
 """The search for the layers static int8 keeps in float (hub_vit/export/sensitivity.py) is judged by the verification
 criterion: its margin is the worst image's distance to a bound as a fraction of the bound's slack (numbers below
 worked out by hand from the criterion's bounds, cosine >= 0.99, relative error <= 0.15, top-1 >= 99 %). The search
-itself runs on OpenVINO: tests/openvino_cases.py."""
+itself runs on OpenVINO: tests/test_openvino_variants.py."""
 
 from __future__ import annotations
 

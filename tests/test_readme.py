@@ -69,7 +69,7 @@ def _every_variant_this_host_can_build(checkout: Path) -> None:
     """`hub-vit export onnx hub_vit/assets/digits ... --variant all --attentions` (it exited 1 before, three variants
     refused): the variants this host can build written when they pass, top-1 judged on the model's held-out digits
     (its folder names them), and the ones left out listed with the reason. `all` builds the OpenVINO variants where
-    OpenVINO is installed: the command runs in a process of its own (tests/test_openvino_variants.py says why)."""
+    OpenVINO is installed."""
     report = json.loads((checkout / "exports" / "digits" / "model.export.json").read_text())
     assert report["settings"]["top1_scope"] == "held-out images" and report["settings"]["n_own_images"] == 360
     by_name = {v["variant"]: v for v in report["variants"]}

@@ -31,10 +31,10 @@ INT8_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QAttention", "DynamicQuan
 
 @pytest.fixture(autouse=True)
 def _onnx_runtime_candidates_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The OpenVINO candidates are tested in a process of their own (tests/test_openvino_variants.py says why); here
-    `auto` chooses among the ONNX Runtime ones, as on a host without OpenVINO."""
+    """The OpenVINO candidates are tested in tests/test_openvino_variants.py; here `auto` chooses among the ONNX Runtime
+    ones, as on a host without OpenVINO (and builds them in seconds)."""
     host = Host()
-    host.openvino_missing = "tested apart (tests/openvino_cases.py)"
+    host.openvino_missing = "tested in tests/test_openvino_variants.py"
     monkeypatch.setattr(cpu_variant, "this_host", lambda: host)
 
 

@@ -130,7 +130,7 @@ def test_the_recipe_is_the_build_code_not_the_version_number(tmp_path: Path, mon
 def test_a_second_build_reuses_the_choice_and_a_damaged_entry_is_rebuilt(cache: Path, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     host = Host()
-    host.openvino_missing = "tested apart (tests/openvino_cases.py)"
+    host.openvino_missing = "tested in tests/test_openvino_variants.py"
     monkeypatch.setattr(cpu_variant, "this_host", lambda: host)
     source = resolve(None)
     first = write_repository(source, tmp_path / "first", ServingOptions(cpu_variant="int8-dynamic"))
@@ -166,7 +166,7 @@ def test_a_build_hashes_the_weights_once_for_both_cache_keys(cache: Path, tmp_pa
     from hub_vit import weights_digest
 
     host = Host()
-    host.openvino_missing = "tested apart (tests/openvino_cases.py)"
+    host.openvino_missing = "tested in tests/test_openvino_variants.py"
     monkeypatch.setattr(cpu_variant, "this_host", lambda: host)
     real, calls = weights_digest.state_dict_digest, []
     monkeypatch.setattr(weights_digest, "state_dict_digest", lambda state: calls.append(1) or real(state))

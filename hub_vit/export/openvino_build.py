@@ -26,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
+from hub_vit.openvino_runtime import core
+
 # activations quantised in groups of this many channels: one scale per token for rows up to ViT-S/16's 384, a few per
 # token for wider models (ViT-S/16, 2 cores: 384 was the fastest of 32, 64, 128, 384; 0 turns it off, 40% slower)
 DYNAMIC_GROUP_SIZE = 384
 
 
 def read_model(onnx_file: str | Path) -> Any:
-    import openvino as ov
-
-    return ov.Core().read_model(str(onnx_file))
+    return core().read_model(str(onnx_file))
 
 
 def save(model: Any, out_xml: Path, compile_settings: dict[str, str], **decided: Any) -> Path:

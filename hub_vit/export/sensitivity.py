@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from hub_vit.export.criterion import MAX_REL_ERROR, MIN_COSINE, MIN_TOP1_AGREEMENT, per_image
+from hub_vit.openvino_runtime import core
 
 QUANTIZED = ("MatMul", "Convolution")
 _PASS_THROUGH = ("FakeQuantize", "Convert", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Multiply")
@@ -75,15 +76,13 @@ def _source(op: Any, port: int) -> Any:
 def _compiled(model: Any, nodes: list[str], config: dict[str, Any]) -> tuple[Any, list[Any]]:
     """`model` compiled with the outputs of `nodes` added; returns it and the ports of those outputs, in the order of
     `nodes` (found by a name given to each: the order of a compiled model's outputs is not promised)."""
-    import openvino as ov
-
     model = model.clone()
     ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
     for name in nodes:
         ops[name].output(0).get_tensor().add_names({f"{_PROBE}{name}"})
     if nodes:
         model.add_outputs([f"{_PROBE}{name}" for name in nodes])
-    compiled = ov.Core().compile_model(model, "CPU", config)
+    compiled = core().compile_model(model, "CPU", config)
     return compiled, [compiled.output(f"{_PROBE}{name}") for name in nodes]
 
 
