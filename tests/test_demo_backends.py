@@ -67,6 +67,19 @@ def test_analyze_in_process_for_map_model(folder: Path, photo: str) -> None:
     assert "in-process" in status
 
 
+@pytest.mark.parametrize(("switch", "sends"), [(None, False), ("False", False), ("true", False), ("True", True)])
+def test_the_page_sends_gradio_usage_statistics_only_when_opted_in(folder: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     switch: str | None, sends: bool) -> None:
+    # Gradio's default is on; its own switch, exactly "True", is the only way in ("true" is off for Gradio too)
+    if switch is None:
+        monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)
+    else:
+        monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", switch)
+    monkeypatch.setattr("gradio.analytics.version_check", lambda: None)  # no thread reaching for gradio.app
+    blocks = Demo(cache=ModelCache([folder_choice(folder)]), examples=[]).build()
+    assert blocks.analytics_enabled is sends
+
+
 def test_unreachable_triton_degrades_with_a_message(folder: Path, photo: str) -> None:
     triton = TritonLabels(f"127.0.0.1:{closed_port()}", timeout_s=2.0)
     demo = Demo(cache=ModelCache([folder_choice(folder)]), triton=triton, examples=[])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -306,7 +307,8 @@ class Demo:
             raise ValueError("no model to show: ship the default model, pass --model-folder, or cache a checkpoint")
         first = self.selected if self.selected in keys else keys[0]
         depth = self.cache.get(first).depth  # the first model loads now (it would on the first request anyway)
-        with gr.Blocks(title="hub-vit attention rollout", delete_cache=DELETE_CACHE) as blocks:
+        with gr.Blocks(title="hub-vit attention rollout", delete_cache=DELETE_CACHE,
+                       analytics_enabled=gradio_analytics_opted_in()) as blocks:
             gr.Markdown(INTRO)
             with gr.Row():
                 with gr.Column(scale=1):
@@ -360,6 +362,13 @@ class Demo:
             for control in (backend, fusion, discard, layer):
                 control.input(self.analyze, **run)
         return blocks
+
+
+def gradio_analytics_opted_in() -> bool:
+    """Whether the page may send Gradio's usage statistics and version check to gradio.app: only when the user sets
+    Gradio's own switch, GRADIO_ANALYTICS_ENABLED=True. Gradio's default is on; a demo that analyses the user's
+    pictures, often on machines without a network, contacts nobody unless asked to."""
+    return os.environ.get("GRADIO_ANALYTICS_ENABLED") == "True"  # Gradio's own test of the switch: exactly "True"
 
 
 def launch(demo: Demo, *, host: str = "127.0.0.1", port: int | None = None, max_size: int = 16,
