@@ -25,6 +25,11 @@ from hub_vit.train.loop import TrainingWarning, train
 from hub_vit.train.recipe import Recipe
 from hub_vit.train.run_folder import RunFolderError
 
+# The folders here hold 6 val images, too few to set an out-of-domain threshold: every finished run warns so.
+# The warning's own test (`test_a_val_split_too_small_for_the_threshold_...`) still sees it: pytest.warns records
+# warnings whatever the filters say.
+pytestmark = pytest.mark.filterwarnings("ignore:the model's out-of-domain score is not calibrated")
+
 COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 60, 230)}
 
 
@@ -43,7 +48,7 @@ def make_folder(root: Path, per_class: int = 8, val_per_class: int = 2) -> Path:
     return root
 
 
-TINY = Recipe(model="simplevit_digits", img_size=32, batch_size=8, micro_batch=4, lr=3e-3, warmup_steps=2,
+TINY = Recipe(model="simplevit_digits", img_size=32, batch_size=8, micro_batch=4, lr=3e-3, warmup_steps=1,
               workers=0, log_every_steps=1, checkpoint_every_steps=2, eval_every_epochs=100.0)
 
 
