@@ -28,8 +28,8 @@ the client's own CPU. perf_analyzer rows carry the suffix `_perf_analyzer`.
 that the front is all there is to see (bench/front_cost.py): h11's and httptools' CPU per request, then batch-1
 requests at concurrency 64 through the public ports vs Triton's own private ports, HTTP and gRPC, interleaved rounds,
 medians, the front processes' CPU per request, for each number of front processes; grpcio's empty server and an HTTP
-byte pipe (the cheapest relay Python can be) the same way, as floors. Written to
-bench/results/serve_front_cpu.json unless `--out` says otherwise.
+byte pipe (the cheapest relay Python can be) the same way, as floors, and nginx relaying both protocols where it is
+installed (the native floor). Written to bench/results/serve_front_cpu.json unless `--out` says otherwise.
 
     .venv/bin/python bench/bench_serve.py --front-cost                 # 1, 2 and 4 front processes, 5 rounds of 5 s
     .venv/bin/python bench/bench_serve.py --front-cost --quick         # 1 and 2 processes, 2 rounds of 2 s

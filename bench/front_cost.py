@@ -12,7 +12,10 @@ One run, written to one JSON file:
   its stub) for scale;
 * **the HTTP byte pipe** (with the first process count's Triton): the cheapest relay Python can be, passing bytes on
   without parsing them, against Triton's own port the same way: what any Python front pays on these cores before its
-  own work, as grpcio's empty server (**grpcio floor**) is for gRPC.
+  own work, as grpcio's empty server (**grpcio floor**) is for gRPC;
+* **the native floor**, where nginx is installed (with the same Triton): nginx relaying both protocols (proxy_pass,
+  grpc_pass; one process, nothing checked) against Triton's own ports the same way: what a relay outside Python's
+  per-request cost reaches on these cores.
 
 The load generator runs in this process (asyncio: raw HTTP/1.1 connections parsed by httptools; grpc.aio with a
 pre-serialized ModelInferRequest), on the same cores unless the host has more. Targets (docs/serving.md, "The front's
@@ -24,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -238,27 +243,115 @@ def http_pipe_floor(private_port: int, rounds: int, seconds: float) -> dict[str,
                             text=True)
     try:
         assert pipe.stdout is not None and pipe.stdout.readline().strip() == "ready"
-        pairs = []
-        for index in range(rounds):
-            measured: dict[str, Any] = {}
-            for side in ("pipe", "private") if index % 2 == 0 else ("private", "pipe"):
-                pipe_cpu = _cpu_s([pipe.pid])
-                measured[side] = load("http", port if side == "pipe" else private_port, seconds)
-                if side == "pipe":
-                    measured[side]["pipe_cpu_ms_per_request"] = ((_cpu_s([pipe.pid]) - pipe_cpu) * 1000
-                                                                 / max(measured[side]["requests"], 1))
-            measured["pipe_vs_private"] = measured["pipe"]["requests_per_s"] / measured["private"]["requests_per_s"]
-            pairs.append(measured)
+        found = _relay_vs_private("pipe", "http", port, private_port, pipe.pid, rounds, seconds)
     finally:
         pipe.terminate()
         pipe.wait()
-    ratios = [pair["pipe_vs_private"] for pair in pairs]
-    found = {"pipe_vs_private": float(np.median(ratios)), "pipe_vs_private_range": [min(ratios), max(ratios)],
-             "pipe_cpu_ms_per_request": float(np.median([pair["pipe"]["pipe_cpu_ms_per_request"] for pair in pairs])),
-             "pairs": pairs}
     print(f"HTTP byte pipe: {found['pipe_vs_private']:.0%} of Triton's own port, "
           f"{found['pipe_cpu_ms_per_request']:.3f} ms of its CPU per request", flush=True)
     return found
+
+
+# -- a native relay: nginx, where it is installed --------------------------------------------------------------------
+# One process (no master), keep-alive connections to Triton's private ports; nothing checked, nothing logged
+NGINX_CONF = """daemon off; master_process off; worker_processes 1; pid {tmp}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy; fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
+    upstream triton_http {{ server 127.0.0.1:{private_http}; keepalive 64; }}
+    upstream triton_grpc {{ server 127.0.0.1:{private_grpc}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{http};
+        location / {{ proxy_pass http://triton_http; proxy_http_version 1.1; proxy_set_header Connection ""; }}
+    }}
+    server {{
+        listen 127.0.0.1:{grpc} http2;
+        http2_max_concurrent_streams 1024;
+        location / {{ grpc_pass grpc://triton_grpc; }}
+    }}
+}}
+"""
+
+
+def find_nginx() -> str | None:
+    """nginx's executable: on PATH, else Debian's /usr/sbin (not on a non-root PATH)."""
+    found = shutil.which("nginx")
+    return found if found else "/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None
+
+
+def native_floor(private: dict[str, int], rounds: int, seconds: float) -> dict[str, Any]:
+    """What a relay outside Python's per-request cost reaches on this host: nginx (one process; proxy_pass for HTTP,
+    grpc_pass for gRPC; it parses both protocols and checks nothing) against Triton's own ports, `rounds` pairs per
+    protocol in alternating order, as for the byte pipe. Skipped (and said so) where nginx is not installed: Debian's
+    `nginx-core` package has both modules."""
+    nginx = find_nginx()
+    if nginx is None:
+        why = "nginx is not installed (Debian: apt-get install nginx-core)"
+        print(f"native relay floor: skipped, {why}", flush=True)
+        return {"skipped": why}
+    version = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip().rpartition("/")[2]
+    ports = {"http": free_port(), "grpc": free_port()}
+    found: dict[str, Any] = {"relay": f"nginx {version}, one process", "protocols": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-nginx-") as tmp:
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(tmp=tmp, private_http=private["http"], private_grpc=private["grpc"],
+                                          **ports))
+        # -e: its error log from the first line on (the built-in path is root's /var/log/nginx)
+        relay = subprocess.Popen([nginx, "-c", str(conf), "-p", tmp, "-e", f"{tmp}/error.log"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for_port(relay, ports["http"], ports["grpc"])
+            for protocol in ("http", "grpc"):
+                load(protocol, ports[protocol], min(seconds, 1.0))  # warm-up: its connections to Triton
+                row = _relay_vs_private("nginx", protocol, ports[protocol], private[protocol], relay.pid, rounds,
+                                        seconds)
+                found["protocols"][protocol] = row
+                print(f"native relay ({found['relay']}), {protocol}: {row['nginx_vs_private']:.0%} of Triton's own "
+                      f"port, {row['nginx_cpu_ms_per_request']:.3f} ms of its CPU per request", flush=True)
+        finally:
+            relay.terminate()
+            relay.wait()
+    return found
+
+
+def _wait_for_port(process: subprocess.Popen, *ports: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for port in ports:
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"the relay exited with {process.returncode}: {process.stderr.read()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the relay did not open port {port} within {timeout_s:g} s") from None
+                time.sleep(0.05)
+
+
+def _relay_vs_private(name: str, protocol: str, relay_port: int, private_port: int, relay_pid: int, rounds: int,
+                      seconds: float) -> dict[str, Any]:
+    """`rounds` pairs of `load` through a relay and straight to Triton's own port, in alternating order (drift hits
+    both sides alike): the medians of the paired ratios (range) and of the relay's CPU per request, and the pairs.
+    Keys are named after the relay (`{name}_vs_private`, `{name}_cpu_ms_per_request`)."""
+    pairs = []
+    for index in range(rounds):
+        measured: dict[str, Any] = {}
+        for side in (name, "private") if index % 2 == 0 else ("private", name):
+            relay_cpu = _cpu_s([relay_pid])
+            measured[side] = load(protocol, relay_port if side == name else private_port, seconds)
+            if side == name:
+                measured[side][f"{name}_cpu_ms_per_request"] = ((_cpu_s([relay_pid]) - relay_cpu) * 1000
+                                                                / max(measured[side]["requests"], 1))
+        measured[f"{name}_vs_private"] = measured[name]["requests_per_s"] / measured["private"]["requests_per_s"]
+        pairs.append(measured)
+    ratios = [pair[f"{name}_vs_private"] for pair in pairs]
+    return {f"{name}_vs_private": float(np.median(ratios)), f"{name}_vs_private_range": [min(ratios), max(ratios)],
+            f"{name}_cpu_ms_per_request": float(np.median([pair[name][f"{name}_cpu_ms_per_request"]
+                                                           for pair in pairs])),
+            "pairs": pairs}
 
 
 # -- the load generator --------------------------------------------------------------------------------------------
@@ -387,9 +480,9 @@ def _served(serve_pid: int) -> tuple[list[int], list[int], dict[str, int]]:
 
 
 def measure_processes(repository: Path, processes: int, rounds: int, seconds: float,
-                      pipe_floor: bool = False) -> dict[str, Any]:
+                      floors: bool = False) -> dict[str, Any]:
     """One `hub-vit serve` with `processes` front processes: both protocols, public vs private, `rounds` pairs; with
-    `pipe_floor`, then the HTTP byte pipe against the same Triton (`http_pipe_floor`)."""
+    `floors`, then the HTTP byte pipe (`http_pipe_floor`) and nginx (`native_floor`) against the same Triton."""
     public = {"http": free_port(), "grpc": free_port()}
     serve = subprocess.Popen([sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet",
                               "--repository", str(repository), "--name", MODEL, "--front-processes", str(processes),
@@ -435,8 +528,9 @@ def measure_processes(repository: Path, processes: int, rounds: int, seconds: fl
                   f"{row['front_cpu_ms_per_request']:.3f} ms/request, Triton's {row['triton_cpu_ms_per_request']:.3f}; "
                   f"errors {row['errors']}", flush=True)
         measured = {"front_idle_cpu_ms_per_s": idle_per_s * 1000, "rows": rows}
-        if pipe_floor:
+        if floors:
             measured["http_pipe_floor"] = http_pipe_floor(private["http"], rounds, seconds)
+            measured["native_floor"] = native_floor(private, rounds, seconds)
         return measured
     finally:
         serve.send_signal(signal.SIGTERM)
@@ -470,9 +564,10 @@ def front_cost(process_counts: list[int], rounds: int, seconds: float, parser_re
     with tempfile.TemporaryDirectory(prefix="bench-front-") as tmp:
         repository = write_identity_repository(Path(tmp) / "repository")
         for count in process_counts:
-            measured = measure_processes(repository, count, rounds, seconds, pipe_floor=count == process_counts[0])
-            if "http_pipe_floor" in measured:
-                report["http_pipe_floor"] = measured.pop("http_pipe_floor")
+            measured = measure_processes(repository, count, rounds, seconds, floors=count == process_counts[0])
+            for floor in ("http_pipe_floor", "native_floor"):
+                if floor in measured:
+                    report[floor] = measured.pop(floor)
             report["processes"][str(count)] = measured
     report["load_average_end"] = os.getloadavg()
     report["targets"] = {
