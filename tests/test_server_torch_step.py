@@ -1,7 +1,8 @@
 """The torch flavour's Python-backend `model.py` run without a server, on the CPU: a stand-in for Triton's
 `triton_python_backend_utils` (tests/test_server_template.py's) hands it one dynamic batch of requests, composed
 exactly. Each bad image fails its own request with imageprep's words; the other requests of the batch get the answers
-they get alone. Also its settings for cuda, read without a device. The real server runs the same file in
+they get alone. Also its settings for cuda, read without a device, and `initialize` of a cuda repository written by
+the CLI, with torch.cuda and the device-side classes standing in. The real server runs the same file in
 tests/test_server_torch.py.
 """
 
@@ -163,3 +164,48 @@ def test_cuda_settings_are_read_without_a_device(step):
     assert no_graphs["device"] == torch.device("cuda", 0) and not no_graphs["graphs"]
     cpu = module.runner_settings({**params, "torch_compile": "1"}, {"model_instance_device_id": "0"})
     assert cpu["device"] == torch.device("cpu") and not cpu["graphs"] and not cpu["compile_model"]
+
+
+def test_a_cuda_step_starts_on_its_instances_gpu_with_the_flags_it_was_written_with(step, tmp_path, monkeypatch):
+    """`hub-vit repository --flavour torch --device cuda --no-cuda-graphs --torch-compile`, then `initialize` as Triton
+    calls it for an instance on GPU 1, with torch.cuda's `set_device` and the device-side classes (the Runner, the
+    image path) standing in: the flags reach the Runner through config.pbtxt, the instance's GPU is made current, and
+    the process's CPU thread count (the CPU instances' share) is left alone."""
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.server.repository import torch_images, torch_runner
+    from hub_vit.server.repository.config import cuda_graph_buckets
+
+    _, module, _ = step
+    _load_commands()
+    written = CliRunner().invoke(app, ["repository", str(tmp_path / "r"), "--flavour", "torch", "--device", "cuda",
+                                       "--no-cuda-graphs", "--torch-compile"])
+    assert written.exit_code == 0, written.output
+    folder = tmp_path / "r" / "vit_classifier"
+    config = json_format.MessageToDict(text_format.Parse((folder / "config.pbtxt").read_text(), mc.ModelConfig()),
+                                       preserving_proto_field_name=True)
+    calls: dict[str, list] = {}
+
+    def recorder(name: str):
+        class Recorded:
+            def __init__(self, *args: object, **kwargs: object) -> None:
+                calls.setdefault(name, []).append((args, kwargs))
+        return Recorded
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.setdefault("set_device", []).append(device))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.setdefault("set_num_threads", []).append(n))
+    monkeypatch.setattr(torch_runner, "Runner", recorder("Runner"))
+    monkeypatch.setattr(torch_images, "ImagePath", recorder("ImagePath"))
+    instance = module.TritonPythonModel()
+    instance.initialize({"model_config": json.dumps(config), "model_repository": str(folder), "model_version": "1",
+                         "model_instance_device_id": "1"})
+    gpu = torch.device("cuda", 1)
+    assert calls.pop("set_device") == [gpu] and "set_num_threads" not in calls
+    [(_, runner)] = calls.pop("Runner")
+    assert runner["device"] == gpu and runner["graphs"] is False and runner["compile_model"] is True
+    assert runner["buckets"] == tuple(cuda_graph_buckets(config["max_batch_size"])) and runner["classes"] == 10
+    [(image_path, _)] = calls.pop("ImagePath")
+    assert image_path[2] == gpu
+    assert config["instance_group"][0]["kind"] == "KIND_GPU"
+    instance.pool.shutdown()

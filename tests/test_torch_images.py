@@ -5,7 +5,8 @@ Checked against imageprep, the CPU flavour's transform (Pillow), on real photos 
 samples: the same pixels to one uint8 level, the same refusals in the same words, the same EXIF orientations, and
 through the real model (the shipped digits model) the same top-1 with logits within LOGITS_ATOL. The device part
 (orientation, resize, crop, normalise, the ends-early flag) runs on the meta device too, where a recorder reports any
-tensor made on the host.
+tensor made on the host; so does the whole path with the decoder standing in for nvJPEG (asked for the device) and
+the CPU decodes' uploads pinned, as on cuda.
 """
 
 from __future__ import annotations
@@ -275,3 +276,34 @@ def test_the_device_part_makes_no_host_tensor(imageprep, interpolation):
             flat_mid_grey(images, (width - 16, height - 16, width, height), imageprep)
             transform(images, orientation, False, out[start:start + 3])
     assert recorder.found == [], f"ops that made tensors off the device: {recorder.found}"
+
+
+def test_on_a_gpu_the_jpegs_go_to_the_decoder_on_the_device_and_cpu_decodes_are_pinned(imageprep, payloads,
+                                                                                         monkeypatch):
+    """The whole data path with the images on another device than the host (meta standing in for cuda): the batched
+    JPEG decode is asked for that device (nvJPEG on a GPU), the images imageprep decodes on the CPU are pinned before
+    their non-blocking copy (as `ImagePath` does on cuda), and nothing after the decode makes a host tensor."""
+    from torchvision import io as tvio
+
+    real = tvio.decode_jpeg
+    asked: list[torch.device] = []
+
+    def on_the_device(data, *args, device="cpu", **kwargs):  # decodes on the CPU, hands back tensors on `device`
+        asked.append(torch.device(device))
+        decoded = real(data, *args, **kwargs)
+        return [image.to(device) for image in decoded] if isinstance(decoded, list) else decoded.to(device)
+
+    pinned: list[tuple[int, ...]] = []
+    monkeypatch.setattr(tvio, "decode_jpeg", on_the_device)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(tuple(self.shape)) or self)
+    path = ImagePath(imageprep, prep_for(imageprep, 224), META)
+    path.pin = True  # what ImagePath sets on a cuda device
+    decoded = path.decode(payloads)
+    assert asked == [META]  # one batched call for the four JPEGs, on the device
+    assert all(item.pixels.device == META for item in decoded)
+    assert len(pinned) == len(payloads) - 4 and all(shape[-1] == 3 for shape in pinned)  # (h, w, 3) host uint8
+    out = torch.empty(len(payloads), 3, 224, 224, device=META)
+    with torch.inference_mode(), HostTensors(META) as recorder:
+        order, suspects = path.transform_into(decoded, out)
+    assert recorder.found == [], f"ops that made tensors off the device: {recorder.found}"
+    assert sorted(order) == list(range(len(payloads))) and suspects.device == META

@@ -2,6 +2,8 @@
 CUDA calls. The bf16 weights (cast, not autocast), the buckets and their padding, top-k on the device, the CUDA graph
 branch's bookkeeping (with stand-in graphs), and what CUDA graph capture needs of the captured region (`_body`): no
 host tensor, no host sync, shapes fixed by the bucket; that last one on the meta device, at the served model's size.
+The cuda-only lines (`_warm_up`, `fetch`'s wait, the cuda dtype) run against a stand-in `torch.cuda` (FakeCuda) that
+logs streams, captures, replays and waits in order.
 """
 
 from __future__ import annotations
@@ -189,3 +191,133 @@ def test_explained_requests_still_get_attentions_from_a_bf16_model(digits):
     assert logits.shape == (2, 10) and logits.dtype == np.float32
     assert attentions.dtype == torch.float32 and attentions.shape[:2] == (2, model.spec.depth)
     assert probe is None  # a GAP model has no MAP probe
+
+
+# -- the cuda-only lines, with torch.cuda standing in -----------------------------------------------------------------
+class FakeCuda:
+    """torch.cuda's stream, graph and sync calls as `_warm_up` and `fetch` make them, on the CPU: a log of what ran
+    where, and graphs whose `replay` recomputes `_body` on the input it captured into the outputs it captured (what a
+    real replay does: a graph captured on a copy of a bucket's input would replay stale pixels)."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.log: list[tuple] = []
+        self.side_stream = False
+        self.capturing: FakeCuda.Graph | None = None
+        self.pools: list[object] = []
+        body, fake = runner._body, self
+
+        def recording_body(pixels: torch.Tensor) -> Ranked:
+            ranked = body(pixels)
+            if fake.capturing is not None:
+                fake.capturing.captured = (pixels, ranked, body)
+                fake.log.append(("capture", len(pixels)))
+            else:
+                fake.log.append(("side stream" if fake.side_stream else "current stream", len(pixels)))
+            return ranked
+
+        runner._body = recording_body
+
+    class Graph:
+        def __init__(self, fake: FakeCuda) -> None:
+            self.fake, self.captured = fake, None
+
+        def replay(self) -> None:
+            pixels, ranked, body = self.captured
+            self.fake.log.append(("replay", len(pixels)))
+            for static, new in zip(ranked, body(pixels), strict=True):
+                static.copy_(new)
+
+    class Stream:
+        def __init__(self, fake: FakeCuda, name: str) -> None:
+            self.fake, self.name = fake, name
+
+        def wait_stream(self, other: FakeCuda.Stream) -> None:
+            self.fake.log.append(("wait", self.name, other.name))
+
+        def synchronize(self) -> None:
+            self.fake.log.append(("synchronize", self.name))
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from contextlib import contextmanager
+
+        fake = self
+
+        @contextmanager
+        def stream(side: FakeCuda.Stream):
+            assert side.name == "side"
+            fake.side_stream = True
+            yield
+            fake.side_stream = False
+
+        @contextmanager
+        def graph(graph: FakeCuda.Graph, pool: object = None):
+            assert not fake.side_stream and fake.capturing is None
+            fake.pools.append(pool)
+            fake.capturing = graph
+            yield
+            fake.capturing = None
+
+        def pool_handle() -> object:
+            fake.log.append(("pool",))
+            return object()
+
+        for name, value in {"Stream": lambda device: FakeCuda.Stream(fake, "side"),
+                            "current_stream": lambda device: FakeCuda.Stream(fake, "current"),
+                            "stream": stream, "graph": graph, "CUDAGraph": lambda: FakeCuda.Graph(fake),
+                            "graph_pool_handle": pool_handle,
+                            "synchronize": lambda device: fake.log.append(("synchronize", "device"))}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def _as_on_cuda(digits, monkeypatch) -> tuple[Runner, FakeCuda]:
+    runner = Runner(_fresh(digits), CPU, (32, 32), BUCKETS)  # on cuda the constructor runs _warm_up: called below
+    fake = FakeCuda(runner)
+    fake.install(monkeypatch)
+    runner.cuda = True
+    return runner, fake
+
+
+def test_warm_up_runs_each_bucket_on_a_side_stream_then_captures_largest_first_and_runs_replay_them(digits,
+                                                                                                 monkeypatch):
+    model, pixels = digits
+    with torch.no_grad():
+        expected = model(torch.from_numpy(pixels[:8])).numpy()
+    runner, fake = _as_on_cuda(digits, monkeypatch)
+    runner._warm_up(True)
+    side = [("side stream", size) for size in BUCKETS for _ in range(2)]  # torch.compile compiles on these runs
+    captured = [event for size in sorted(BUCKETS, reverse=True) for event in (("capture", size), ("replay", size))]
+    assert fake.log == [("wait", "side", "current"), *side, ("wait", "current", "side"), ("synchronize", "device"),
+                        ("pool",), *captured, ("synchronize", "device")]
+    assert len(fake.pools) == len(BUCKETS) and len(set(map(id, fake.pools))) == 1  # one memory pool for all
+    assert sorted(runner.graphs) == list(BUCKETS)
+
+    fake.log.clear()
+    for count in (3, 8, 1, 6):  # each run replays its bucket's graph; fetch waits once, after the copies
+        logits, _, ids, _ = fill_and_run(runner, pixels[:count])
+        np.testing.assert_allclose(logits, expected[:count], atol=1e-5, rtol=0)
+        assert (ids[:, 0] == expected[:count].argmax(1)).all()
+    assert fake.log == [event for size in (4, 8, 1, 8) for event in (("replay", size), ("synchronize", "current"))]
+
+
+def test_without_graphs_the_buckets_are_warmed_up_and_run_eagerly(digits, monkeypatch):
+    model, pixels = digits
+    runner, fake = _as_on_cuda(digits, monkeypatch)
+    runner._warm_up(False)
+    assert [event for event in fake.log if event[0] in ("capture", "replay", "pool")] == []
+    assert [event for event in fake.log if event[0] == "side stream"] == [("side stream", s) for s in BUCKETS
+                                                                          for _ in range(2)]
+    assert runner.graphs == {}
+    fake.log.clear()
+    with torch.no_grad():
+        expected = model(torch.from_numpy(pixels[:3])).numpy()
+    np.testing.assert_allclose(fill_and_run(runner, pixels[:3])[0], expected, atol=1e-5, rtol=0)
+    assert fake.log == [("current stream", 3), ("synchronize", "current")]  # eager: only the 3 rows run
+
+
+@pytest.mark.parametrize(("bf16", "dtype"), [(True, torch.bfloat16), (False, torch.float16)])
+def test_on_cuda_the_weights_are_bf16_or_fp16_where_the_gpu_has_no_bf16(monkeypatch, bf16, dtype):
+    from hub_vit.server.repository.torch_runner import default_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
+    assert default_dtype(torch.device("cuda", 1)) == dtype
+    assert default_dtype(CPU) == torch.float32
