@@ -240,6 +240,51 @@ def test_serve_on_cuda_keeps_the_sizes_given(monkeypatch):
     assert opts.max_queue_size == CUDA_DEFAULTS["max_queue_size"]  # not given: the GPU's
 
 
+def test_on_a_gpu_host_an_exported_file_is_served_by_onnx_runtime_on_the_cpu(monkeypatch, tmp_path):
+    """`hub-vit serve model.onnx` where torch sees a GPU and --device is left to serve: the torch flavour cannot run an
+    exported file, so serve says so and builds the CPU flavour's options (nothing exported or started here)."""
+    from types import SimpleNamespace
+
+    from hub_vit.cli import serve_run
+    from hub_vit.server import serving
+
+    built: list = []
+
+    def temporary_repository(source, opts):
+        built.append(opts)
+        raise ValueError("stopped by the test before anything is written")
+
+    monkeypatch.setattr(device_module, "cuda_device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(serve_run, "model_source", lambda model: SimpleNamespace(
+        module=None, origin=str(tmp_path / "model.onnx"), name="model"))
+    monkeypatch.setattr(serving, "temporary_repository", temporary_repository)
+    code, output = _cli("serve", *PORTS, str(tmp_path / "model.onnx"))
+    assert code != 0 and "stopped by the test" in output, output
+    [opts] = built
+    assert (opts.device, opts.flavour) == ("cpu", "cpu")
+    assert "is an exported file, which the torch flavour cannot run; serving it with ONNX Runtime on the CPU" in output
+    built.clear()  # asked for cuda by name, it is the torch flavour's refusal instead (no silent move to the CPU)
+    code, output = _cli("serve", *PORTS, "--device", "cuda", str(tmp_path / "model.onnx"))
+    assert [(opts.device, opts.flavour) for opts in built] == [("cuda", "torch")], output
+
+
+def test_a_cuda_repository_is_served_on_a_gpu_and_refused_by_name_without_one(model_folder, tmp_path, monkeypatch):
+    """`hub-vit serve --repository DIR` takes the device from DIR's manifest: a cuda repository on a GPU host runs on
+    cuda:0; without a GPU it is refused with what to do, before Triton fails to load its KIND_GPU instances."""
+    from hub_vit.server.runtime.device import DeviceChoice, recorded_device
+
+    cuda = write_repository(resolve_model(model_folder), tmp_path / "cuda", ServingOptions.for_device("cuda"))
+    cpu = write_repository(resolve_model(model_folder), tmp_path / "cpu", ServingOptions(flavour="torch"))
+    monkeypatch.setattr(device_module, "cuda_device_name", lambda: "NVIDIA H200")
+    assert recorded_device(cuda) == DeviceChoice("cuda", "torch", "cuda:0 (NVIDIA H200)")
+    assert recorded_device(cpu) == DeviceChoice("cpu", "torch", "the CPU")
+    monkeypatch.setattr(device_module, "cuda_device_name", lambda: None)
+    with pytest.raises(ValueError, match=r"is a torch-flavour repository for device cuda, but torch sees no CUDA "
+                                         r"device here; rebuild it with --device cpu, or serve it on a GPU host"):
+        recorded_device(cuda)
+    assert recorded_device(cpu).device == "cpu"
+
+
 def test_repository_refuses_torch_flags_on_other_flavours(tmp_path):
     code, output = _cli("repository", str(tmp_path / "r"), "--decode-threads", "4")
     assert code == 2 and "--decode-threads sets the torch flavour; pass --flavour torch" in output, output
