@@ -168,7 +168,7 @@ class Trainer:
         if d.enabled:
             self.net = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
-        use_bf16 = recipe.precision == "bf16" or (recipe.precision == "auto" and d.device.type == "cuda")
+        use_bf16 = recipe.bf16_autocast(d.device.type)
         self.autocast: Callable[[], Any] = (
             (lambda: torch.autocast(d.device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext)
         self.mixup = SeededMixup(recipe.mixup, len(plan.classes)) if recipe.mixup > 0 else None

@@ -148,6 +148,11 @@ class Recipe:
                              f"{self.batch_size} images on {num_train} images; use fewer --epochs, or --steps")
         return max(1, round(steps))
 
+    def bf16_autocast(self, device_type: str) -> bool:
+        """Whether the steps run under bf16 autocast on a device of `device_type` ("cuda", "cpu"): "bf16" always,
+        "auto" on CUDA only, "fp32" never."""
+        return self.precision == "bf16" or (self.precision == "auto" and device_type == "cuda")
+
     def steps_per_epoch(self, num_train: int) -> float:
         """Optimizer steps per pass over the data (not rounded: `epoch` in metrics.jsonl and the eval cadence must
         agree with training.json's `epochs`, which is steps * batch / images)."""
