@@ -1,4 +1,5 @@
-"""TensorRT export: a real engine on a GPU host with `tensorrt`; elsewhere the command must stop at once, clearly."""
+"""TensorRT export: a real engine on a GPU host with `tensorrt`; elsewhere the command must stop at once, clearly; and
+the build and the verification on the CPU with TensorRT 10 and the GPU standing in (FakeTensorRT)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,178 @@ def test_another_tensorrt_major_is_refused_before_anything_runs(monkeypatch, tmp
     result = CliRunner().invoke(app, ["export", "tensorrt", str(tmp_path / "model.onnx")])
     assert result.exit_code == 3 and "is written for TensorRT 10" in " ".join(result.output.split()), result.output
     assert list(tmp_path.iterdir()) == []
+
+
+# -- the build and the verification on the CPU, with TensorRT 10 and the GPU standing in ------------------------------
+class FakeTensorRT:
+    """The part of the `tensorrt` 10 API `build_engine` calls, recording it: a network of a MatMul, a LayerNorm and
+    a Softmax layer; `parsed` / `built`: whether the parse and the build succeed."""
+
+    __version__ = "10.13.0.35"
+
+    class Logger:
+        WARNING = "warning"
+
+        def __init__(self, level: str) -> None:
+            self.level = level
+
+    class MemoryPoolType:
+        WORKSPACE = "workspace"
+
+    class BuilderFlag:
+        FP16, OBEY_PRECISION_CONSTRAINTS, TF32 = "FP16", "OBEY_PRECISION_CONSTRAINTS", "TF32"
+
+    class LayerType:
+        MATRIX_MULTIPLY, NORMALIZATION, SOFTMAX = "MATRIX_MULTIPLY", "NORMALIZATION", "SOFTMAX"
+
+    float32 = "float32"
+
+    class Layer:
+        def __init__(self, kind: str) -> None:
+            self.type, self.precision, self.num_outputs, self.output_types = kind, None, 1, {}
+
+        def set_output_type(self, index: int, dtype: str) -> None:
+            self.output_types[index] = dtype
+
+    def __init__(self, parsed: bool = True, built: bool = True) -> None:
+        fake = self
+        self.parsed, self.built = parsed, built
+        self.layers = [self.Layer(kind) for kind in ("MATRIX_MULTIPLY", "NORMALIZATION", "SOFTMAX")]
+        self.flags: list[str] = []
+        self.cleared: list[str] = []
+        self.pools: dict[str, int] = {}
+        self.shapes: list[tuple] = []
+
+        class Network:
+            num_layers = len(self.layers)
+
+            def get_layer(self, index: int) -> FakeTensorRT.Layer:
+                return fake.layers[index]
+
+        class Config:
+            def set_memory_pool_limit(self, pool: str, size: int) -> None:
+                fake.pools[pool] = size
+
+            def set_flag(self, flag: str) -> None:
+                fake.flags.append(flag)
+
+            def clear_flag(self, flag: str) -> None:
+                fake.cleared.append(flag)
+
+            def add_optimization_profile(self, profile: object) -> None:
+                pass
+
+        class Profile:
+            def set_shape(self, name: str, low: tuple, opt: tuple, high: tuple) -> None:
+                fake.shapes.append((name, low, opt, high))
+
+        class Builder:
+            def __init__(self, logger: object) -> None:
+                pass
+
+            def create_network(self, flags: int) -> Network:
+                return Network()
+
+            def create_builder_config(self) -> Config:
+                return Config()
+
+            def create_optimization_profile(self) -> Profile:
+                return Profile()
+
+            def build_serialized_network(self, network: Network, config: Config) -> bytes | None:
+                return b"serialized engine" if fake.built else None
+
+        class OnnxParser:
+            num_errors = 0 if parsed else 1
+
+            def __init__(self, network: Network, logger: object) -> None:
+                pass
+
+            def parse_from_file(self, path: str) -> bool:
+                return fake.parsed
+
+            def get_error(self, index: int) -> str:
+                return "In node 7 (Attention): unsupported operator"
+
+        self.Builder, self.OnnxParser = Builder, OnnxParser
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """`install(fake)`: from then on a GPU as torch reports it, and `fake` as `tensorrt` (after the ONNX export, which
+    looks for a real tensorrt module)."""
+    import sys
+
+    def install(fake: FakeTensorRT) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
+        monkeypatch.setitem(sys.modules, "tensorrt", fake)
+
+    return install
+
+
+@pytest.mark.parametrize("fp16", [True, False])
+def test_the_build_pins_layernorm_and_softmax_in_fp16_and_clears_tf32_in_fp32(stand_in_gpu, tmp_path, fp16):
+    from hub_vit.export.tensorrt import build_engine
+
+    trt = FakeTensorRT()
+    onnx_path = _tiny_onnx(tmp_path)
+    stand_in_gpu(trt)
+    info = build_engine(onnx_path, tmp_path / "tiny.plan", fp16=fp16, profile=BatchProfile(1, 4, 16),
+                        workspace_gib=2.0)
+    assert (tmp_path / "tiny.plan").read_bytes() == b"serialized engine"
+    assert trt.pools == {"workspace": 2 * 2**30}
+    assert trt.shapes == [("pixel_values", (1, 3, 32, 32), (4, 3, 32, 32), (16, 3, 32, 32))]
+    matmul, norm, softmax = trt.layers
+    if fp16:
+        assert trt.flags == ["FP16", "OBEY_PRECISION_CONSTRAINTS"] and trt.cleared == []
+        assert [(layer.precision, layer.output_types) for layer in (norm, softmax)] == [("float32", {0: "float32"})] * 2
+        assert (matmul.precision, matmul.output_types) == (None, {})  # everything else left to TensorRT
+    else:
+        assert trt.flags == [] and trt.cleared == ["TF32"]  # TF32 would miss the fp32 threshold
+        assert all(layer.precision is None for layer in trt.layers)
+    assert info["gpu"] == "NVIDIA H200" and info["compute_capability"] == "9.0" and info["tensorrt"] == "10.13.0.35"
+    assert info["precision"] == ("fp16" if fp16 else "fp32")
+    assert info["profile"] == {"input": "pixel_values", "min": [1, 3, 32, 32], "opt": [4, 3, 32, 32],
+                               "max": [16, 3, 32, 32]}
+
+
+@pytest.mark.parametrize(("parsed", "built", "message"), [
+    (False, True, r"TensorRT could not parse .*tiny.onnx: In node 7 \(Attention\): unsupported operator"),
+    (True, False, r"TensorRT failed to build an engine from .*tiny.onnx")])
+def test_a_failed_parse_or_build_names_why_and_leaves_no_engine(stand_in_gpu, tmp_path, parsed, built, message):
+    from hub_vit.export.tensorrt import build_engine
+
+    onnx_path = _tiny_onnx(tmp_path)
+    stand_in_gpu(FakeTensorRT(parsed=parsed, built=built))
+    with pytest.raises(RuntimeError, match=message):
+        build_engine(onnx_path, tmp_path / "tiny.plan")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.onnx"]
+
+
+@pytest.mark.parametrize("agrees", [True, False])
+def test_an_engine_is_kept_with_its_record_only_when_it_verifies(stand_in_gpu, tmp_path, monkeypatch, agrees):
+    """The verification of `export_tensorrt` against ONNX Runtime, the engine's answers standing in: agreeing logits
+    keep the engine and write its JSON record; others delete the engine and write nothing."""
+    from hub_vit.export import tensorrt
+    from hub_vit.export.verify import ort_outputs, ort_session
+
+    onnx_path = _tiny_onnx(tmp_path)
+    stand_in_gpu(FakeTensorRT())
+
+    def run_engine(engine_path, x, batch_size):
+        logits = ort_outputs(ort_session(onnx_path, ["CPUExecutionProvider"]), x)["logits"]
+        return logits if agrees else logits[:, ::-1].copy()  # the classes reversed: top-1 wrong
+
+    monkeypatch.setattr(tensorrt, "run_engine", run_engine)
+    engine = tmp_path / "tiny.plan"
+    if agrees:
+        info = tensorrt.export_tensorrt(onnx_path, engine, n_random=4, n_photos=8, seed=0)
+        record = json.loads((tmp_path / "tiny.plan.json").read_text())
+        assert record["verification"]["passed"] and record["verification"]["reference"].startswith("onnxruntime")
+        assert record == json.loads(json.dumps(info)) and engine.is_file()
+    else:
+        with pytest.raises(RuntimeError, match="TensorRT engine failed verification against ONNX Runtime"):
+            tensorrt.export_tensorrt(onnx_path, engine, n_random=4, n_photos=8, seed=0)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.onnx"]
