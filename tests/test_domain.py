@@ -6,6 +6,7 @@ The served path (the real tritonserver, CPU and torch flavours) is tests/test_do
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -365,6 +366,35 @@ def test_bf16_features_keep_every_verdict(shipped):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             hidden = model.forward_all(x, output_hidden_states=True).hidden_states
         bf16 = domain.statistics.scores(token_means(hidden).float().numpy())
+    np.testing.assert_allclose(bf16, exact, rtol=0.05)
+    np.testing.assert_array_equal(domain.statistics.out_of_domain(bf16), [False] * 20 + [True] * (len(images) - 20))
+
+
+def test_the_gpu_paths_bf16_weights_keep_every_verdict(shipped):
+    """What the torch flavour runs on a GPU: not autocast but the weights (and so the residual stream, the LayerNorms
+    and the token means) cast to bf16 in its Runner. On the CPU in the same dtype the shipped model's scores move by
+    less than 5 % and no verdict changes on the samples and photos."""
+    import torch
+
+    from hub_vit.explain.image import prepare_image
+    from hub_vit.model import token_means
+    from hub_vit.server.repository.torch_domain import LogitsAndTokenMeans
+    from hub_vit.server.repository.torch_runner import Runner
+
+    model, data, domain = shipped
+    images = [Image.open(p) for p in sorted((DIGITS / "samples").glob("*.png"))] + list(bundled_photos().values())
+    x = torch.stack([prepare_image(image, data).tensor for image in images])
+    with torch.no_grad():
+        exact = domain.statistics.scores(token_means(model.forward_all(x, output_hidden_states=True).hidden_states))
+    classes = model.spec.num_classes
+    runner = Runner(LogitsAndTokenMeans(copy.deepcopy(model)), torch.device("cpu"), tuple(x.shape[-2:]),
+                    (len(images),), dtype=torch.bfloat16, classes=classes)
+    assert {p.dtype for p in runner.model.parameters()} == {torch.bfloat16}
+    with torch.inference_mode():
+        runner.batch(len(images)).copy_(x)
+        ranked = runner.run(len(images))
+    [features] = runner.fetch(ranked.features)  # (N, depth * D) float32, from bf16 hidden states
+    bf16 = domain.statistics.scores(features.reshape(len(images), model.spec.depth, -1))
     np.testing.assert_allclose(bf16, exact, rtol=0.05)
     np.testing.assert_array_equal(domain.statistics.out_of_domain(bf16), [False] * 20 + [True] * (len(images) - 20))
 
