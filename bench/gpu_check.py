@@ -60,6 +60,10 @@ from serve_process import Served
 SCORE_ATOL = 2e-2  # bf16 against float32, softmax scores
 S16 = "simplevit_s16"
 TIMM_S16 = "vit_small_patch16_224"
+# In-process row names: the rows' `path` begins with these, and `targets` finds its rows by them
+TIMM_COMPILE_ROW = "timm torch.compile bf16 weights"
+SERVED_FORWARD_ROW = "hub-vit served forward"  # also "... + torch.compile", and the cuda rows' "(bf16 weights, ...)"
+DATA_PATH_ROW = "hub-vit data path + served forward (JPEG bytes in)"
 TARGETS = {"served_forward_vs_timm_compile": 1.0, "served_c256_vs_in_process": 0.5, "gpu_busy_at_c256": 0.5,
            "c1_p50_over_in_process_b1_ms": 3.0, "gpu_decode_preprocess_images_per_s": 15_000}
 
@@ -226,12 +230,12 @@ def in_process(device_name: str, batches: tuple[int, ...], compile_hub_vit: bool
             compiled(x)
             sync()
             compile_s = time.perf_counter() - started
-            row("timm torch.compile bf16 weights", batches[-1], timed(lambda: compiled(x), sync=sync,
+            row(TIMM_COMPILE_ROW, batches[-1], timed(lambda: compiled(x), sync=sync,
                                                                        **count(batches[-1])), compile_s=compile_s)
         model = compiled = None  # free their memory before the next model
 
     imageprep = imageprep_module()
-    variants = [("hub-vit served forward", False)] + ([("hub-vit served forward + torch.compile", True)]
+    variants = [(SERVED_FORWARD_ROW, False)] + ([(f"{SERVED_FORWARD_ROW} + torch.compile", True)]
                                                      if compile_hub_vit and cuda else [])
     for name, compiled_model in variants:
         s16 = random_s16()
@@ -246,7 +250,7 @@ def in_process(device_name: str, batches: tuple[int, ...], compile_hub_vit: bool
             row(f"{name} (bf16 weights, CUDA graphs, top-k on the device)" if cuda else name, batch,
                 timed(forward, sync=sync, **count(batch)))
             if whole is not None:
-                row("hub-vit data path + served forward (JPEG bytes in)", batch, timed(whole, sync=sync,
+                row(DATA_PATH_ROW, batch, timed(whole, sync=sync,
                                                                                      **count(batch)))
     return out
 
@@ -570,12 +574,12 @@ def targets(result: dict[str, Any], big: int) -> dict[str, Any]:
         return max(found, key=lambda r: r["images_per_s"]) if found else None
 
     out: dict[str, Any] = {}
-    served, peer = rate("hub-vit served forward", big), rate("timm torch.compile", big)
+    served, peer = rate(SERVED_FORWARD_ROW, big), rate(TIMM_COMPILE_ROW, big)
     if served and peer:
         out["served_forward_vs_timm_compile"] = _ratio(served["images_per_s"] / peer["images_per_s"],
                                                        TARGETS["served_forward_vs_timm_compile"], batch=big,
                                                        path=served["path"])  # the faster, with or without compile
-    whole_big, whole_one = rate("hub-vit data path", big), rate("hub-vit data path", 1)
+    whole_big, whole_one = rate(DATA_PATH_ROW, big), rate(DATA_PATH_ROW, 1)
     load = result.get("load", [])
     for protocol in ("http", "grpc"):
         for ports in ("private", "public"):
