@@ -7,6 +7,7 @@
 #   scripts/gpu_check.sh                 # unpacks, installs into its own layer, runs the GPU tests and the bench
 #   scripts/gpu_check.sh --dry-run       # on a CPU host: every step that needs no GPU (torch flavour on cpu); without
 #                                        # a pack, its steps (unpack, libraries, the packed server) are left out
+#   scripts/gpu_check.sh --unpack-only   # step 1 alone, on any host: unpack the pack under $WORK and stop
 #
 # Steps: 1. unpack the carried server (tar.xz) and client wheels under $WORK (default /tmp/hub-vit-gpu-check);
 # 2. a virtual environment in $WORK layered on $PYTHON's (tests/host_emulation.py: its import path is the host's),
@@ -23,13 +24,16 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PACK=$ROOT/.gpucheck
 DRY_RUN=0
+UNPACK_ONLY=0
 for arg in "$@"; do
     case $arg in
         --dry-run) DRY_RUN=1 ;;
+        --unpack-only) UNPACK_ONLY=1 ;;
         --pack=*) PACK=${arg#--pack=} ;;
-        *) echo "usage: scripts/gpu_check.sh [--dry-run] [--pack=FOLDER]" >&2; exit 2 ;;
+        *) echo "usage: scripts/gpu_check.sh [--dry-run | --unpack-only] [--pack=FOLDER]" >&2; exit 2 ;;
     esac
 done
+((DRY_RUN && UNPACK_ONLY)) && { echo "error: --dry-run and --unpack-only exclude each other" >&2; exit 2; }
 WORK=${GPU_CHECK_WORK:-/tmp/hub-vit-gpu-check}
 LOGDIR=${OUT:-$WORK}
 PY=${PYTHON:-python3}
@@ -58,8 +62,8 @@ if ((DRY_RUN)); then
 else
     [[ -f $PACK/triton-cp312.tar.xz ]] || { echo "error: $PACK/triton-cp312.tar.xz is missing: run" \
         "scripts/pack_gpu_check.sh on a host with network, and bring $PACK along" >&2; exit 2; }
-    "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || {
-        echo "error: $PY is Python $("$PY" -V 2>&1); the carried stub is for 3.12" >&2; exit 2; }
+    ((UNPACK_ONLY)) || "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || {
+        echo "error: $PY is $("$PY" -V 2>&1); the carried stub is for Python 3.12" >&2; exit 2; }
 fi
 
 # 1. unpack: the server files, libpython (a fallback after the interpreter's own LIBDIR), the stubs' numpy<2
@@ -79,8 +83,14 @@ if ((PACKED)); then
     else
         export HUB_VIT_STUB_PYTHONPATH=$WORK/server/stub-site
         export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+        echo "   the stubs' numpy<2: HUB_VIT_STUB_PYTHONPATH=$HUB_VIT_STUB_PYTHONPATH; PYTHONPATH=$PYTHONPATH"
     fi
     du -sh "$WORK/server"/* | sed 's/^/   /'
+fi
+if ((UNPACK_ONLY)); then
+    step "unpacked into $WORK: server/ (the carried server), site/ (its Python files and the client wheels)," \
+        "build/ (setuptools, for the editable install)"
+    exit 0
 fi
 
 # 2. hub-vit, editable, without network, in a layer of its own over the host's environment

@@ -34,7 +34,60 @@ def test_a_missing_pack_names_the_script_that_makes_it(tmp_path):
 
 def test_an_unknown_argument_prints_the_usage(tmp_path):
     done = _script("--gpu", GPU_CHECK_WORK=str(tmp_path / "work"))
-    assert done.returncode == 2 and "usage: scripts/gpu_check.sh [--dry-run] [--pack=FOLDER]" in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert "usage: scripts/gpu_check.sh [--dry-run | --unpack-only] [--pack=FOLDER]" in done.stderr
+
+
+def _tiny_pack(folder: Path) -> Path:
+    """A pack shaped as scripts/pack_gpu_check.sh makes it, with stand-in files: the server's tar.xz (site/,
+    libpython/, stub-site/), the setuptools wheel and one client wheel."""
+    import tarfile
+    import zipfile
+
+    staged = folder / "stage"
+    for name in ("site/pytriton/tritonserver/bin/tritonserver", "site/nvidia_pytriton.libs/libtritonserver.so",
+                 "libpython/libpython3.12.so.1.0", "stub-site/numpy/__init__.py"):
+        (staged / name).parent.mkdir(parents=True, exist_ok=True)
+        (staged / name).write_text(name)
+    pack = folder / "pack"
+    (pack / "wheels").mkdir(parents=True)
+    with tarfile.open(pack / "triton-cp312.tar.xz", "w:xz") as tar:
+        for part in ("site", "libpython", "stub-site"):
+            tar.add(staged / part, arcname=part)
+    for wheel, package in (("setuptools-80.9.0-py3-none-any.whl", "setuptools"),
+                           ("tritonclient-2.73.0-py3-none-any.whl", "tritonclient")):
+        with zipfile.ZipFile(pack / "wheels" / wheel, "w") as zipped:
+            zipped.writestr(f"{package}/__init__.py", f"# {package}")
+    return pack
+
+
+def test_the_pack_unpacks_where_the_later_steps_look(tmp_path):
+    """Step 1 on its own (`--unpack-only`): the server under server/, its Python files and the client wheels in site/
+    (put on PYTHONPATH), setuptools in build/ only (the editable install's, kept off the host's import path), the
+    stubs' numpy<2 named."""
+    work = tmp_path / "work"
+    done = _script("--unpack-only", f"--pack={_tiny_pack(tmp_path)}", GPU_CHECK_WORK=str(work), OUT=str(tmp_path))
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert (work / "server" / "site" / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file()
+    assert (work / "server" / "libpython" / "libpython3.12.so.1.0").is_file()
+    assert (work / "site" / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file()
+    assert (work / "site" / "tritonclient" / "__init__.py").is_file()
+    assert (work / "build" / "setuptools" / "__init__.py").is_file() and not (work / "site" / "setuptools").exists()
+    assert f"HUB_VIT_STUB_PYTHONPATH={work}/server/stub-site; PYTHONPATH={work}/site" in said, said
+    assert not (work / "venv").exists()  # stopped after step 1
+
+
+def test_a_python_other_than_3_12_is_refused_before_anything_is_unpacked(tmp_path):
+    if sys.version_info[:2] == (3, 12):
+        pytest.skip("this interpreter is 3.12, the one the check runs")
+    work = tmp_path / "work"
+    done = _script(f"--pack={_tiny_pack(tmp_path)}", PYTHON=sys.executable, GPU_CHECK_WORK=str(work),
+                   OUT=str(tmp_path))
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert f"is Python {sys.version.split()[0]}; the carried stub is for Python 3.12" in said, said
+    assert not (work / "server").exists()
 
 
 @pytest.fixture
