@@ -300,3 +300,23 @@ def test_serve_warns_loudly_on_a_non_loopback_host():
     assert "CVE-2025-23310" in out and "no request body cap" in out and "Dockerfile's container" in out, out
     code, out = _run("serve", *PORTS, "--exit-timeout", "-1")
     assert "WARNING" not in out, out
+
+
+def test_serve_refuses_a_tensorrt_engine_and_names_the_container_command(tmp_path: Path) -> None:
+    """The tritonserver serve runs has the Python backend only: an engine (with its metadata, so it resolves) is
+    refused before anything is built, with the repository command for the GPU container."""
+    import json
+
+    from tests.test_resolve import CFG, LABELS
+
+    engine = tmp_path / "model.plan"
+    engine.write_bytes(b"not parsed here")
+    (tmp_path / "model.plan.json").write_text(json.dumps({
+        "precision": "fp16", "profile": {"min": [1, 3, 32, 32], "max": [8, 3, 32, 32]},
+        "model": {"pretrained_cfg": CFG, "num_classes": 3, "labels": LABELS}}))
+    code, out = _run("serve", *PORTS, str(engine))
+    assert code == 2, out
+    assert "model.plan is a TensorRT engine, which the tritonserver `hub-vit serve` runs (Python backend only) " \
+           "cannot load" in out, out
+    assert f"hub-vit repository OUT --model {engine} --flavour gpu --gpu-backend tensorrt" in out, out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.plan", "model.plan.json"]

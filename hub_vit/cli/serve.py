@@ -16,8 +16,8 @@ from hub_vit.cli.app import app, err_console, fail
 from hub_vit.cli.serve_run import ServeRun
 from hub_vit.cli.serving_options import (
     DEFAULTS,
-    MODEL_HELP,
     SERVE_DEFAULTS,
+    SERVE_MODEL_HELP,
     CpuVariant,
     CudaGraphs,
     DecodeThreads,
@@ -72,7 +72,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", help=f"Do not show tritonserver'
 @app.command()
 def serve(
     ctx: typer.Context,
-    model: str = typer.Argument(None, help=MODEL_HELP),
+    model: str = typer.Argument(None, help=SERVE_MODEL_HELP),
     repository_dir: Path = typer.Option(None, "--repository", help="Serve this existing repository instead."),
     host: str = typer.Option(LOOPBACK, help="Address to bind (loopback by default)."),
     http_port: int = typer.Option(HTTP_PORT, help="HTTP/REST port."),

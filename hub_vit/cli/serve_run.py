@@ -31,6 +31,11 @@ class ServeRun:
 
         opts = options_for(self.where)  # checked before the model is loaded
         source = model_source(self.model)
+        if source.engine_path is not None:  # the local tritonserver has the Python backend only
+            raise fail(f"{escape(source.origin)} is a TensorRT engine, which the tritonserver `hub-vit serve` runs "
+                       "(Python backend only) cannot load; serve it from the GPU container: hub-vit repository OUT "
+                       f"--model {escape(source.origin)} --flavour gpu --gpu-backend tensorrt, then the Dockerfile's "
+                       "image (docs/serving.md, 'Dockerfile')")
         if device_defaulted and self.where.device == "cuda" and source.module is None:  # an exported file: ORT
             from hub_vit.server.runtime.device import choose_device
 

@@ -16,6 +16,8 @@ from hub_vit.export import registry
 from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, ServingOptions
 
 MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
+SERVE_MODEL_HELP = ("Registered name, hub-vit model folder, or exported .onnx file (default: the shipped model). A "
+                    "TensorRT engine is served by the GPU container: hub-vit repository --flavour gpu.")
 DEFAULTS = ServingOptions()  # every repository default below comes from here (a test compares the configs)
 
 # Options `repository` and `serve` share, declared once.
