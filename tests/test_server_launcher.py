@@ -312,3 +312,17 @@ def test_free_ports_taken_together_are_distinct(monkeypatch: pytest.MonkeyPatch)
     assert [launcher.free_port(), launcher.free_port(), launcher.free_port()] == [50001, 50002, 50003]
     with pytest.raises(OSError, match="64 ports in a row that this process had already been handed"):
         launcher.free_port()
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_the_pinned_memory_pool_and_gpu_metrics_stay_on_only_where_there_is_a_gpu(tmp_path, monkeypatch, gpu):
+    """Without an NVIDIA driver Triton's pinned-memory pool and GPU metrics only fail (CUDA errors at start); with
+    one they are Triton's defaults, kept: the command, built without starting anything, on a host with and without
+    /dev/nvidiactl (stood in)."""
+    from hub_vit.server.runtime import launcher
+
+    monkeypatch.setattr(launcher, "has_gpu", lambda: gpu)
+    command = launcher.TritonServer(tmp_path, http_port=18501, grpc_port=18502, metrics_port=18503).command(
+        find_triton(), Path("backends"))
+    off = {"--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"}
+    assert off.isdisjoint(command) if gpu else off <= set(command), command
