@@ -85,3 +85,21 @@ def test_registered_models_at_full_size_build_nothing_on_the_host(name):
     with torch.inference_mode(), HostTensors(META) as recorder:
         model(x)
     assert recorder.found == [], f"ops that made tensors off the input's device: {recorder.found}"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_rollout_and_gradient_rollout_build_nothing_on_the_host(family):
+    """The maps the demo and the served explanation compute on the model's device: every readout row, the head
+    fusion, the discarding and the chains stay on the input's device (on a GPU a host-made tensor is a copy and a
+    wait, or an error)."""
+    from hub_vit.explain.grad_rollout import gradient_rollout
+    from hub_vit.explain.rollout import attention_rollout
+
+    model = _meta_model(family)
+    x = torch.empty(2, 3, 64, 64, device=META)
+    with HostTensors(META) as recorder:
+        rolled = attention_rollout(model, x, head_fusion="max", discard_ratio=0.5)
+        chefer = gradient_rollout(model, x)
+    assert rolled.layer_maps.shape == (2, TINY["depth"], 4, 4) and rolled.maps.device == META
+    assert chefer.maps.shape == (2, 4, 4) and chefer.maps.device == META
+    assert recorder.found == [], f"ops that made tensors off the input's device: {recorder.found}"
