@@ -256,7 +256,7 @@ def test_on_a_gpu_host_an_exported_file_is_served_by_onnx_runtime_on_the_cpu(mon
 
     monkeypatch.setattr(device_module, "cuda_device_name", lambda: "NVIDIA H200")
     monkeypatch.setattr(serve_run, "model_source", lambda model: SimpleNamespace(
-        module=None, origin=str(tmp_path / "model.onnx"), name="model"))
+        module=None, engine_path=None, origin=str(tmp_path / "model.onnx"), name="model"))
     monkeypatch.setattr(serving, "temporary_repository", temporary_repository)
     code, output = _cli("serve", *PORTS, str(tmp_path / "model.onnx"))
     assert code != 0 and "stopped by the test" in output, output
