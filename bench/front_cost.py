@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 import numpy as np
 from serve_process import children, ready, triton_ports
 
+from hub_vit.ports import port_in_use
 from hub_vit.server.runtime.launcher import free_port
 
 CONCURRENCY = 64
@@ -322,13 +322,11 @@ def _wait_for_port(process: subprocess.Popen, *ports: int, timeout_s: float = 10
         while True:
             if process.poll() is not None:
                 raise SystemExit(f"the relay exited with {process.returncode}: {process.stderr.read()[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            if port_in_use("127.0.0.1", port):
                 break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"the relay did not open port {port} within {timeout_s:g} s") from None
-                time.sleep(0.05)
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the relay did not open port {port} within {timeout_s:g} s")
+            time.sleep(0.05)
 
 
 def _relay_vs_private(name: str, protocol: str, relay_port: int, private_port: int, relay_pid: int, rounds: int,

@@ -230,13 +230,13 @@ def in_process(device_name: str, batches: tuple[int, ...], compile_hub_vit: bool
             compiled(x)
             sync()
             compile_s = time.perf_counter() - started
-            row(TIMM_COMPILE_ROW, batches[-1], timed(lambda: compiled(x), sync=sync,
-                                                                       **count(batches[-1])), compile_s=compile_s)
+            row(TIMM_COMPILE_ROW, batches[-1], timed(lambda: compiled(x), sync=sync, **count(batches[-1])),
+                compile_s=compile_s)
         model = compiled = None  # free their memory before the next model
 
     imageprep = imageprep_module()
     variants = [(SERVED_FORWARD_ROW, False)] + ([(f"{SERVED_FORWARD_ROW} + torch.compile", True)]
-                                                     if compile_hub_vit and cuda else [])
+                                                if compile_hub_vit and cuda else [])
     for name, compiled_model in variants:
         s16 = random_s16()
         started = time.perf_counter()
@@ -250,8 +250,7 @@ def in_process(device_name: str, batches: tuple[int, ...], compile_hub_vit: bool
             row(f"{name} (bf16 weights, CUDA graphs, top-k on the device)" if cuda else name, batch,
                 timed(forward, sync=sync, **count(batch)))
             if whole is not None:
-                row(DATA_PATH_ROW, batch, timed(whole, sync=sync,
-                                                                                     **count(batch)))
+                row(DATA_PATH_ROW, batch, timed(whole, sync=sync, **count(batch)))
     return out
 
 

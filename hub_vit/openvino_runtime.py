@@ -71,9 +71,10 @@ class OpenVINOSession:
         config: dict[str, Any] = {"ENABLE_CPU_PINNING": False, **settings.get("compile", {})}
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
-        model = core().read_model(str(xml))
+        shared = core()
+        model = shared.read_model(str(xml))
         self.probabilities = _softmax_outputs(model) if attentions else 0
-        self.compiled = core().compile_model(model, "CPU", config)
+        self.compiled = shared.compile_model(model, "CPU", config)
         self.input_names = [port.get_any_name() for port in self.compiled.inputs]
         self.names = [_name(output) for output in self.compiled.outputs[:len(self.compiled.outputs)
                                                                         - self.probabilities]]

@@ -3,26 +3,18 @@ it is installed (its run needs Triton and minutes: `bench/bench_serve.py --front
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_modules import load_bench_script
 
 
 @pytest.fixture
 def front_cost(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """bench/front_cost.py as `python bench/...` imports it (bench/ first on sys.path), a fresh module per test."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("front_cost", BENCH / "front_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "front_cost", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("front_cost", monkeypatch)
 
 
 def test_without_nginx_the_native_floor_is_skipped_and_says_how_to_get_it(front_cost: ModuleType,

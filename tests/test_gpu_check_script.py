@@ -7,7 +7,6 @@ flavour, bad input, load on the public and the private ports, the c1 request pat
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.bench_modules import load_bench_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,12 +93,7 @@ def test_a_python_other_than_3_12_is_refused_before_anything_is_unpacked(tmp_pat
 
 @pytest.fixture
 def gpu_check(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "bench"))  # gpu_check imports run_info as the bench scripts do
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "gpu_check", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("gpu_check", monkeypatch)  # it imports run_info as the bench scripts do
 
 
 @pytest.mark.parametrize("name, tag", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
