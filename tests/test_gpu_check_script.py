@@ -39,6 +39,12 @@ def test_an_unknown_argument_prints_the_usage(tmp_path):
     assert "usage: scripts/gpu_check.sh [--dry-run | --unpack-only] [--pack=FOLDER]" in done.stderr
 
 
+def test_dry_run_and_unpack_only_together_are_refused_by_name(tmp_path):
+    done = _script("--dry-run", "--unpack-only", GPU_CHECK_WORK=str(tmp_path / "work"))
+    assert done.returncode == 2 and "error: --dry-run and --unpack-only exclude each other" in done.stderr, done.stderr
+    assert not (tmp_path / "work").exists()
+
+
 def _tiny_pack(folder: Path) -> Path:
     """A pack shaped as scripts/pack_gpu_check.sh makes it, with stand-in files: the server's tar.xz (site/,
     libpython/, stub-site/), the setuptools wheel and one client wheel."""
