@@ -17,6 +17,15 @@ FIXTURES = REPO / "tests" / "fixtures"
 JAX_FIXTURES = FIXTURES / "jax"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The warning filters torch_images sets once for the step's process, set for every test (pytest puts the filters
+    back after each test, so one set at import would hold only in the test that imported the module)."""
+    from hub_vit.server.repository.torch_images import QUIET_WARNINGS
+
+    for message in QUIET_WARNINGS:
+        config.addinivalue_line("filterwarnings", f"ignore:{message}")
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_cpu() -> None:
     torch.manual_seed(0)

@@ -5,27 +5,21 @@ is what it is fed, how its report is read, and that a failed or impossible assem
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tritonclient.utils import serialize_byte_tensor
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from tests.bench_modules import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def pa():
-    spec = importlib.util.spec_from_file_location("bench_perf_analyzer", BENCH / "perf_analyzer.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield load_bench_script("perf_analyzer", monkeypatch)
 
 
 # A report written by perf_analyzer 2.51.0 (`-f`) against `hub-vit serve`'s digits model, HTTP, concurrency 16,

@@ -3,24 +3,20 @@ HEAD", not "a bench ran before": the benches rewrite their tracked results under
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 
-RUN_INFO = Path(__file__).resolve().parent.parent / "bench" / "run_info.py"
+from tests.bench_modules import load_bench_script
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_run_info", RUN_INFO)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def run_info(monkeypatch: pytest.MonkeyPatch):
+    return load_bench_script("run_info", monkeypatch)
 
 
-def test_bench_results_do_not_make_the_checkout_dirty(tmp_path: Path) -> None:
-    run_info = _load()
+def test_bench_results_do_not_make_the_checkout_dirty(run_info, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "bench" / "results").mkdir(parents=True)
     (repo / "bench" / "results" / "x.json").write_text("{}")
@@ -40,9 +36,8 @@ def test_bench_results_do_not_make_the_checkout_dirty(tmp_path: Path) -> None:
     assert run_info.git_state(repo)["dirty"] is True
 
 
-def test_file_at_reads_a_previous_version_and_names_a_missing_commit(tmp_path: Path) -> None:
+def test_file_at_reads_a_previous_version_and_names_a_missing_commit(run_info, tmp_path: Path) -> None:
     # the A/B scripts (ab_layouts, ab_load_generator) run a file as it was at an older commit next to today's
-    run_info = _load()
     repo = tmp_path / "repo"
     repo.mkdir()
 
@@ -61,12 +56,11 @@ def test_file_at_reads_a_previous_version_and_names_a_missing_commit(tmp_path: P
         run_info.file_at("0123abc", "loadtest.py", repo)
 
 
-def test_settings_record_paths_inside_the_repository_relative_to_it(tmp_path: Path) -> None:
+def test_settings_record_paths_inside_the_repository_relative_to_it(run_info, tmp_path: Path) -> None:
     """A result says where in the tree it was written (`bench/results/x.json`), not where the checkout lay on the
     machine that ran it; a path outside the repository is kept as given."""
     import argparse
 
-    run_info = _load()
     args = argparse.Namespace(out=run_info.REPO / "bench" / "results" / "x.json", workdir=tmp_path, seconds=3.0,
                               models=["digits"])
     recorded = run_info.settings(args)

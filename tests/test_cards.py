@@ -555,7 +555,7 @@ def test_trained_card_withholds_the_accuracy_once_the_weights_change(tmp_path: P
     from hub_vit.train.loop import train
 
     data = digits.write_image_folder(tmp_path / "data")
-    recipe = digits.DIGITS_RECIPE.replace(total_steps=1, warmup_steps=1, eval_every_epochs=100.0)
+    recipe = digits.DIGITS_RECIPE.replace(total_steps=1, warmup_steps=0, eval_every_epochs=100.0)
     folder = train(recipe, data, tmp_path / "run", progress=False).model_dir
     assert ModelCard.load(folder / "README.md").data.eval_results  # as written by the run: claimed
     model, info = load_model_folder(folder)
@@ -629,7 +629,7 @@ def test_local_data_folder_name_is_not_published_as_a_hub_dataset(tmp_path: Path
     from hub_vit.train.loop import train
 
     data = digits.write_image_folder(tmp_path / "flowers")
-    recipe = digits.DIGITS_RECIPE.replace(total_steps=1, warmup_steps=1, eval_every_epochs=100.0)
+    recipe = digits.DIGITS_RECIPE.replace(total_steps=1, warmup_steps=0, eval_every_epochs=100.0)
     result = train(recipe, data, tmp_path / "run", progress=False)
     text = write_model_card(result.model_dir).read_text()
     meta = ModelCard(text).data.to_dict()

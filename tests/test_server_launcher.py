@@ -52,6 +52,30 @@ def test_cuda_complaints_of_a_cpu_host_are_told_apart_from_real_errors():
     assert not any(triton_log.harmless_on_cpu(line) for line in real)
 
 
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu host", "gpu host"])
+def test_serve_verbose_shows_a_cuda_complaint_as_harmless_only_where_there_is_no_gpu(gpu, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """`serve --verbose` streams Triton's log; the same CUDA line is noise on a CPU host and a real error on a GPU
+    host (shown verbatim there). The log file keeps the line as Triton wrote it either way."""
+    from hub_vit.cli import serve_screen
+    from hub_vit.server.runtime import triton_install
+    from hub_vit.server.serving import LogFile
+
+    monkeypatch.setattr(triton_install, "has_gpu", lambda: gpu)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    log_file = LogFile(http_port=1)
+    screen = serve_screen.Screen(log_file, verbose=True)
+    line = 'E1127 08:29:02.797449 11916 server.cc:241] "CudaDriverHelper has not been initialized."'
+    screen.log(line)
+    log_file.close(remove=False)
+    shown = capsys.readouterr().err.strip()
+    if gpu:
+        assert shown == line
+    else:
+        assert shown == 'note (no GPU here, harmless): server.cc:241] "CudaDriverHelper has not been initialized."'
+    assert log_file.path.read_text() == line + "\n"
+
 @pytest.fixture()
 def listening_port():
     """A port something already listens on (another server, as far as Triton could tell)."""

@@ -38,9 +38,11 @@ import torch.nn.functional as F
 
 # Set once, for the process (catch_warnings around each call would race with imageprep's own in the decode threads):
 # the decoders only read the request's bytes and Pillow's arrays, which torch notes as not writable; torchvision 0.29+
-# notes that its image decoders are deprecated, which is no news for this server's log
-for _message in ("The given buffer is not writable", "The given NumPy array is not writable",
-                 "The image decoding and encoding capabilities of TorchVision are deprecated"):
+# notes that its image decoders are deprecated, which is no news for this server's log. (tests/conftest.py sets them
+# for every test too: pytest puts the filters back after each one.)
+QUIET_WARNINGS = ("The given buffer is not writable", "The given NumPy array is not writable",
+                  "The image decoding and encoding capabilities of TorchVision are deprecated")
+for _message in QUIET_WARNINGS:
     warnings.filterwarnings("ignore", message=_message)
 
 # Pillow's filters the device has: antialiased bilinear and bicubic (F.interpolate: Pillow's kernels and support). Not
