@@ -101,9 +101,10 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
     record, else guessed from its labels). `sources`: how the record describes the `images`, `held_out` and
     `out_of_domain` sets (default: the folders as given). Checked before any image is read: bad arguments raise
     ValueError naming them."""
-    from hub_vit.folder import load_model_folder
+    from hub_vit.folder import load_model_folder, model_folder_files
 
     folder = Path(folder)
+    model_folder_files(folder)  # the folder named first is reported first, before any image folder is listed
     if examples is not None and examples not in EXAMPLE_KINDS:
         raise ValueError(f"unknown examples {examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
     if not 0 < false_alarm_rate < 1:

@@ -326,12 +326,9 @@ def read_labels(folder: str | os.PathLike[str]) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
 
 
-def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer, ModelFolderInfo]:
-    """Load a hub-vit model folder into a `VisionTransformer` (eval mode, strict) plus its `ModelFolderInfo`."""
-    from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
-    from hub_vit.weights import load_adapted_state_dict, load_weights_file
-    from hub_vit.weights_check import check_weights_file
-
+def model_folder_files(folder: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """(config.json, model.safetensors) of the model folder `folder`; FileNotFoundError naming what is missing.
+    Cheap: callers that read other inputs first check the folder with it before they do."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {str(folder)!r} does not exist")
@@ -339,6 +336,17 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     for path in (config_path, weights_path):
         if not path.is_file():
             raise FileNotFoundError(f"{folder} is not a hub-vit model folder: {path.name} is missing")
+    return config_path, weights_path
+
+
+def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer, ModelFolderInfo]:
+    """Load a hub-vit model folder into a `VisionTransformer` (eval mode, strict) plus its `ModelFolderInfo`."""
+    from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
+    from hub_vit.weights import load_adapted_state_dict, load_weights_file
+    from hub_vit.weights_check import check_weights_file
+
+    folder = Path(folder)
+    config_path, weights_path = model_folder_files(folder)
     raw = json.loads(config_path.read_text(encoding="utf-8"))
     if raw.get("model_type") != HubViTConfig.model_type:
         raise ValueError(f"{config_path} has model_type {raw.get('model_type')!r}, expected "

@@ -244,6 +244,7 @@ def test_calibrate_domain_writes_a_score_that_applies(digits_copy, digit_folders
     ("few-fit", r"4 images to fit the score on \('.*'\); give at least 10"),
     ("file", r"--images '.*00.png' is a file; give a folder of images"),
     ("missing", r"image folder '.*nowhere' does not exist"),
+    ("missing-model", r"model folder '.*no-model' does not exist"),  # named first: its images are missing too
     ("rate", r"the false-alarm rate must be in \(0, 1\), got 0.0"),
     ("examples", r"unknown examples 'sketches'; valid: digits, photos"),
 ])
@@ -256,12 +257,14 @@ def test_bad_calibrations_are_refused_by_name_before_anything_is_written(digits_
         folder.mkdir()
         for i in range(5 if case == "few-fit" else 20):
             Image.new("RGB", (8, 8), (i, i, i)).save(folder / f"{i:02d}.png")
-    target = {"file": images / "00.png", "missing": tmp_path / "nowhere"}.get(case, images)
+    target = {"file": images / "00.png", "missing": tmp_path / "nowhere",
+              "missing-model": tmp_path / "nowhere"}.get(case, images)
+    model = tmp_path / "no-model" if case == "missing-model" else digits_copy
     extra = {"few-held-out": ["--held-out", str(held)], "overlap": ["--held-out", str(images)],
              "rate": ["--false-alarm-rate", "0"], "examples": ["--examples", "sketches"]}.get(case, [])
     before = sorted(p.name for p in digits_copy.iterdir())
     _load_commands()
-    result = CliRunner().invoke(app, ["calibrate-domain", str(digits_copy), "--images", str(target), *extra])
+    result = CliRunner().invoke(app, ["calibrate-domain", str(model), "--images", str(target), *extra])
     assert result.exit_code == 2, result.output
     assert re.search(message, " ".join(result.output.split())), result.output
     assert sorted(p.name for p in digits_copy.iterdir()) == before  # nothing written
