@@ -144,8 +144,13 @@ def overlay_src(page) -> str | None:
 
 
 def fetch_image(page, src: str) -> np.ndarray:
-    body = page.request.get(src).body()
-    return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"))
+    response = page.request.get(src)
+    body = response.body()
+    try:
+        return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"))
+    except OSError as err:
+        raise AssertionError(f"{src} answered HTTP {response.status} {response.headers.get('content-type')!r}, "
+                             f"not an image: {body[:300]!r}") from err
 
 
 def upload(page, path: Path) -> None:
@@ -153,11 +158,7 @@ def upload(page, path: Path) -> None:
 
 
 def wait_for_new_overlay(page, previous: str | None) -> str:
-    page.wait_for_function(
-        "prev => { const img = document.querySelector('#overlay img'); return img && img.src && img.src !== prev; }",
-        arg=previous,
-    )
-    return overlay_src(page)
+    return wait_for_new_src(page, "overlay", previous)
 
 
 def test_upload_shows_labels_and_overlay_and_fusion_changes_it(page, photo_path: Path) -> None:
@@ -248,9 +249,12 @@ def test_picking_an_example_digit_shows_its_label(page, model_folder: Path) -> N
 
 # -- controls -----------------------------------------------------------------------------------------------------
 def wait_for_new_src(page, elem_id: str, previous: str | None) -> str:
+    """The `src` attribute of the image in `#elem_id` once it differs from `previous` and the browser has decoded it.
+    An empty `src` attribute reads back as the page's own URL (`img.src`), so "changed" alone can name the page."""
     page.wait_for_function(
         "([id, prev]) => { const img = document.querySelector(`#${id} img`); "
-        "return img && img.src && img.src !== prev; }",
+        "return img && img.getAttribute('src') && img.getAttribute('src') !== prev && img.complete "
+        "&& img.naturalWidth > 0; }",
         arg=[elem_id, previous],
     )
     return page.locator(f"#{elem_id} img").get_attribute("src")
@@ -304,6 +308,31 @@ def test_the_class_map_follows_each_new_images_top1(page, photo_path: Path, tmp_
     upload(page, coffee)
     wait_for_new_overlay(page, None)
     assert page.locator("#target input").input_value() == top1(page)
+
+
+def test_each_new_image_is_analysed_once(page, photo_path: Path, tmp_path: Path) -> None:
+    # was: twice for an upload that replaced an image and for a picked example (Gradio's `change` fired twice), a
+    # doubled cost that also raced the browser's reads of the first run's result files (the second run rewrote them)
+    def once(action: str) -> None:
+        page.wait_for_timeout(1000)  # the doubled run was asked for at once; a second one would be in by now
+        assert len(runs) == 1, f"{action} ran the analysis {len(runs)} times"
+        runs.clear()
+
+    before = overlay_src(page)
+    upload(page, photo_path)
+    before = wait_for_new_overlay(page, before)
+    photo = tmp_path / "astronaut.jpg"
+    shutil.copy(REPO / "hub_vit" / "demo" / "examples" / "astronaut.jpg", photo)
+    runs = count_runs(page)
+    upload(page, photo)  # in place of the image shown
+    before = wait_for_new_overlay(page, before)
+    once("one upload")
+    page.locator("[id^='examples-'] img").locator("visible=true").last.click()
+    wait_for_new_overlay(page, before)
+    once("one picked example")
+    page.locator("#input-image button[aria-label='Remove Image']").click()
+    page.wait_for_function("() => !document.querySelector('#overlay img')")
+    once("removing the image")
 
 
 def test_sliders_recompute_on_keyboard_changes(page) -> None:

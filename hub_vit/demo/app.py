@@ -322,14 +322,15 @@ class Demo:
                     fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion", elem_id="head-fusion")
                     discard = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio (lowest attentions)",
                                         elem_id="discard-ratio")
-                    galleries = []  # one per domain; only the picked model's is visible
+                    galleries, example_sets = [], []  # one gallery per domain; only the picked model's is visible
                     for kind in EXAMPLE_KINDS:
                         paths = [p for p in self.examples if p in examples_of(kind)]
                         with gr.Column(visible=kind == shown.examples and bool(paths),
                                        elem_id=f"examples-{kind}") as gallery:
                             if paths:
-                                gr.Examples([[str(p)] for p in paths], inputs=[image], label=f"Examples ({kind})",
-                                            examples_per_page=24, elem_id=f"examples-{kind}-gallery")
+                                example_sets.append(gr.Examples(
+                                    [[str(p)] for p in paths], inputs=[image], label=f"Examples ({kind})",
+                                    examples_per_page=24, elem_id=f"examples-{kind}-gallery"))
                         galleries.append(gallery)
                 with gr.Column(scale=2):
                     status = gr.Markdown("Upload an image or pick an example.", elem_id="status")
@@ -350,7 +351,14 @@ class Demo:
             # One queue slot pool for every trigger (`concurrency_id`): `concurrency` computations at once in all,
             # not that many per control.
             run = dict(inputs=inputs, outputs=outputs, trigger_mode="always_last", concurrency_id="analyze")
-            image.change(self.analyze_new_image, **run)
+            # A new image is an upload, a removal or a picked example, each analysed once. Not `image.change`: in
+            # Gradio 6.31 it fires twice for an upload in place of a shown image and for a picked example; the second
+            # run doubled the cost and rewrote the first run's result files (Gradio names them by their content)
+            # while the browser was reading them.
+            image.upload(self.analyze_new_image, **run)
+            image.clear(self.analyze_new_image, **run)
+            for examples in example_sets:
+                examples.load_input_event.then(self.analyze_new_image, **run)
             # User actions only (`select` / `input`), so the app's own updates of `target` and `layer` never trigger
             # a run. A dropdown fires `input` twice per pick in Gradio 6.31 and `select` once. A slider fires
             # `input` for the keyboard (arrow keys, typing in its number box) as well as for the mouse, where
