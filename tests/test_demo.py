@@ -23,6 +23,7 @@ import pytest
 from PIL import Image
 
 from hub_vit.demo.models import default_model_path
+from hub_vit.explain.rollout import HEAD_FUSIONS
 from hub_vit.server.runtime.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -330,6 +331,10 @@ def test_each_new_image_is_analysed_once(page, photo_path: Path, tmp_path: Path)
     page.locator("[id^='examples-'] img").locator("visible=true").last.click()
     wait_for_new_overlay(page, before)
     once("one picked example")
+    fusion = next(f for f in HEAD_FUSIONS if not page.locator(f"#head-fusion input[value='{f}']").is_checked())
+    page.locator("#head-fusion label", has_text=fusion).click()
+    before = wait_for_new_overlay(page, before)
+    once("one head-fusion pick")
     page.locator("#input-image button[aria-label='Remove Image']").click()
     page.wait_for_function("() => !document.querySelector('#overlay img')")
     once("removing the image")
