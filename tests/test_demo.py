@@ -346,6 +346,7 @@ def test_sliders_recompute_on_keyboard_changes(page) -> None:
         upload(page, REPO / "hub_vit" / "demo" / "examples" / "chelsea.jpg")
         wait_for_new_overlay(page, None)
     before = overlay_src(page)
+    runs = count_runs(page)
     page.locator("#discard-ratio input[type=range]").focus()
     page.keyboard.press("ArrowRight")
     wait_for_new_overlay(page, before)
@@ -356,6 +357,8 @@ def test_sliders_recompute_on_keyboard_changes(page) -> None:
     box.press("Enter")
     wait_for_new_src(page, "layer-view", layer_view)
     assert box.input_value() == "1"
+    page.wait_for_timeout(1000)
+    assert len(runs) == 2, f"two slider changes ran the analysis {len(runs)} times"
 
 
 def test_examples_and_results_have_accessible_names(page) -> None:
