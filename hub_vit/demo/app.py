@@ -25,6 +25,7 @@ from PIL import Image
 
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
 from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError
+from hub_vit.demo.newest import SessionRuns, newest_only
 from hub_vit.domain import EXAMPLE_KINDS, Domain, read_domain
 from hub_vit.explain.image import ImageReadError, load_image
 from hub_vit.explain.rollout import HEAD_FUSIONS
@@ -173,6 +174,7 @@ class Demo:
     examples: list[Path] = field(default_factory=example_images)
     selected: str | None = None  # the model the page opens with (`hub-vit serve X --demo`: X); default: the first
     _domains: dict[str, Domain] = field(default_factory=dict)
+    _runs: SessionRuns = field(default_factory=SessionRuns)  # each page's newest analysis (`newest.py`)
 
     def domain(self, model_key: str) -> Domain:
         """What the model knows (its folder's domain.json, else guessed from its labels); loads the model."""
@@ -351,24 +353,27 @@ class Demo:
             # One queue slot pool for every trigger (`concurrency_id`): `concurrency` computations at once in all,
             # not that many per control.
             run = dict(inputs=inputs, outputs=outputs, trigger_mode="always_last", concurrency_id="analyze")
+            new_image, new_model, analyze = (newest_only(self._runs, handler) for handler in
+                                             (self.analyze_new_image, self.analyze_new_model, self.analyze))
             # A new image is an upload, a removal or a picked example, each analysed once. Not `image.change`: in
             # Gradio 6.31 it fires twice for an upload in place of a shown image and for a picked example; the second
             # run doubled the cost and rewrote the first run's result files (Gradio names them by their content)
             # while the browser was reading them.
-            image.upload(self.analyze_new_image, **run)
-            image.clear(self.analyze_new_image, **run)
+            image.upload(new_image, **run)
+            image.clear(new_image, **run)
             for examples in example_sets:
-                examples.load_input_event.then(self.analyze_new_image, **run)
+                examples.load_input_event.then(new_image, **run)
             # User actions only (`select` / `input`), so the app's own updates of `target` and `layer` never trigger
             # a run. A dropdown fires `input` twice per pick in Gradio 6.31 and `select` once. A slider fires
             # `input` for the keyboard (arrow keys, typing in its number box) as well as for the mouse, where
             # `release` missed the keyboard entirely.
-            model.select(self.analyze_new_model, **run)
+            model.select(new_model, **run)
             # Outside the queue: it only reads the model's domain, and it must not count as a second analysis run
             model.select(self.domain_view, inputs=[model], outputs=[knows, *galleries], queue=False)
-            target.select(self.analyze, **run)
+            target.select(analyze, **run)
             for control in (backend, fusion, discard, layer):
-                control.input(self.analyze, **run)
+                control.input(analyze, **run)
+            blocks.unload(self._runs.forget)
         return blocks
 
 
