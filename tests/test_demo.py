@@ -278,6 +278,14 @@ def count_runs(page) -> list[int]:
     return runs
 
 
+def assert_runs(page, runs: list[int], expected: int, action: str) -> None:
+    """`action` asked for `expected` analysis runs (`count_runs`); counts afresh from here. A doubled run is asked for
+    at once, so a second one would be in after a second."""
+    page.wait_for_timeout(1000)
+    assert len(runs) == expected, f"{action} ran the analysis {len(runs)} times"
+    runs.clear()
+
+
 def pick(page, elem_id: str, option: str) -> None:
     page.locator(f"#{elem_id} input").click()
     page.locator(f"li[role=option][aria-label='{option}']").first.click()
@@ -299,8 +307,7 @@ def test_the_class_map_follows_each_new_images_top1(page, photo_path: Path, tmp_
     page.locator(f"li[role=option][aria-label='{other}']").first.click()
     wait_for_new_src(page, "class-map", class_map)
     assert page.locator("#target input").input_value() == other  # the user's pick, for this image
-    page.wait_for_timeout(1000)
-    assert len(runs) == 1, f"one pick in the label list ran the analysis {len(runs)} times"  # was twice
+    assert_runs(page, runs, 1, "one pick in the label list")  # was twice
     page.locator("#input-image button[aria-label='Remove Image']").click()
     page.wait_for_function("() => !document.querySelector('#labels').innerText.includes('%')")
     assert page.locator("#target input").input_value() == ""
@@ -314,11 +321,6 @@ def test_the_class_map_follows_each_new_images_top1(page, photo_path: Path, tmp_
 def test_each_new_image_is_analysed_once(page, photo_path: Path, tmp_path: Path) -> None:
     # was: twice for an upload that replaced an image and for a picked example (Gradio's `change` fired twice), a
     # doubled cost that also raced the browser's reads of the first run's result files (the second run rewrote them)
-    def once(action: str) -> None:
-        page.wait_for_timeout(1000)  # the doubled run was asked for at once; a second one would be in by now
-        assert len(runs) == 1, f"{action} ran the analysis {len(runs)} times"
-        runs.clear()
-
     before = overlay_src(page)
     upload(page, photo_path)
     before = wait_for_new_overlay(page, before)
@@ -327,17 +329,17 @@ def test_each_new_image_is_analysed_once(page, photo_path: Path, tmp_path: Path)
     runs = count_runs(page)
     upload(page, photo)  # in place of the image shown
     before = wait_for_new_overlay(page, before)
-    once("one upload")
+    assert_runs(page, runs, 1, "one upload")
     page.locator("[id^='examples-'] img").locator("visible=true").last.click()
     wait_for_new_overlay(page, before)
-    once("one picked example")
+    assert_runs(page, runs, 1, "one picked example")
     fusion = next(f for f in HEAD_FUSIONS if not page.locator(f"#head-fusion input[value='{f}']").is_checked())
     page.locator("#head-fusion label", has_text=fusion).click()
     before = wait_for_new_overlay(page, before)
-    once("one head-fusion pick")
+    assert_runs(page, runs, 1, "one head-fusion pick")
     page.locator("#input-image button[aria-label='Remove Image']").click()
     page.wait_for_function("() => !document.querySelector('#overlay img')")
-    once("removing the image")
+    assert_runs(page, runs, 1, "removing the image")
 
 
 def test_an_earlier_slower_run_does_not_overwrite_the_newer_one(page, tmp_path: Path) -> None:
@@ -384,8 +386,7 @@ def test_sliders_recompute_on_keyboard_changes(page) -> None:
     box.press("Enter")
     wait_for_new_src(page, "layer-view", layer_view)
     assert box.input_value() == "1"
-    page.wait_for_timeout(1000)
-    assert len(runs) == 2, f"two slider changes ran the analysis {len(runs)} times"
+    assert_runs(page, runs, 2, "two slider changes")
 
 
 def test_examples_and_results_have_accessible_names(page) -> None:
@@ -445,8 +446,7 @@ def test_switching_models_resets_the_block_and_a_failed_load_says_why(models_pag
     pick(page, "model", "folder: one_block")
     wait_for_new_overlay(page, before)
     assert page.locator("#layer input[type=number]").input_value() == "1"
-    page.wait_for_timeout(1000)
-    assert len(runs) == 1, f"one pick in the model list ran the analysis {len(runs)} times"  # was twice
+    assert_runs(page, runs, 1, "one pick in the model list")  # was twice
     before = overlay_src(page)
     pick(page, "model", first)
     wait_for_new_overlay(page, before)

@@ -52,7 +52,6 @@ def test_cuda_complaints_of_a_cpu_host_are_told_apart_from_real_errors():
     assert not any(triton_log.harmless_on_cpu(line) for line in real)
 
 
-
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu host", "gpu host"])
 def test_serve_verbose_shows_a_cuda_complaint_as_harmless_only_where_there_is_no_gpu(gpu, tmp_path, monkeypatch,
                                                                                        capsys):
@@ -75,6 +74,7 @@ def test_serve_verbose_shows_a_cuda_complaint_as_harmless_only_where_there_is_no
     else:
         assert shown == 'note (no GPU here, harmless): server.cc:241] "CudaDriverHelper has not been initialized."'
     assert log_file.path.read_text() == line + "\n"
+
 
 @pytest.fixture()
 def listening_port():
