@@ -344,11 +344,6 @@ def test_each_new_image_is_analysed_once(page, photo_path: Path, tmp_path: Path)
 
 def test_an_earlier_slower_run_does_not_overwrite_the_newer_one(page, tmp_path: Path) -> None:
     # was: an upload that finished after the example picked next put its labels and maps beside the example's picture
-    def aspect(elem_id: str) -> float:
-        size = page.evaluate(f"() => {{ const i = document.querySelector('#{elem_id} img'); "
-                             "return [i.naturalWidth, i.naturalHeight]; }")
-        return size[0] / size[1]
-
     y, x = np.mgrid[0:2500, 0:6000]  # 15 MP: slower than an example to decode and resize, and 2.4:1 as no example is
     pattern = np.stack([x % 256, y % 256, (x + y) % 256], axis=-1).astype(np.uint8)
     timed, raced = tmp_path / "wide.jpg", tmp_path / "wide_flipped.jpg"
@@ -356,17 +351,22 @@ def test_an_earlier_slower_run_does_not_overwrite_the_newer_one(page, tmp_path: 
     Image.fromarray(pattern[::-1]).save(raced)
     start = time.monotonic()
     upload(page, timed)
-    before = wait_for_new_overlay(page, overlay_src(page))
+    wait_for_new_overlay(page, overlay_src(page))
     alone = time.monotonic() - start  # how long such an upload takes on this host
     runs = count_runs(page)
     upload(page, raced)
     while not runs:  # its analysis is asked for: now an example, picked while it computes
         page.wait_for_timeout(10)
     page.locator("[id^='examples-'] img").locator("visible=true").last.click()
-    wait_for_new_overlay(page, before)
+    # the input shows the example (not 2.4:1) and the overlay has the input's shape
+    example_shown = (
+        "() => { const [o, i] = ['overlay', 'input-image'].map(id => document.querySelector(`#${id} img`)); "
+        "if (!(o && i && o.complete && i.complete && o.naturalWidth && i.naturalWidth)) return false; "
+        "const [a, b] = [o.naturalWidth / o.naturalHeight, i.naturalWidth / i.naturalHeight]; "
+        "return Math.abs(b - 2.4) > 0.1 && Math.abs(a - b) < 0.05; }")
+    page.wait_for_function(example_shown)
     page.wait_for_timeout(int(2000 * alone) + 1000)  # the upload's run has ended too
-    assert abs(aspect("overlay") - aspect("input-image")) < 0.05, "the overlay is not the picked example's"
-    assert abs(aspect("input-image") - 2.4) > 0.1
+    assert page.evaluate(example_shown), "the overlay is not the picked example's"
 
 
 def test_sliders_recompute_on_keyboard_changes(page) -> None:

@@ -206,6 +206,27 @@ def test_a_new_image_or_model_resets_the_class_map_target_and_block(folder: Path
     assert cleared[3] == gr.update(choices=[], value=None)
 
 
+def test_the_pages_one_analysis_resets_what_changed_since_its_last(folder: Path, photo: str, tmp_path: Path,
+                                                                    photos: dict) -> None:
+    # Every control asks the one listener (`analyze_latest`), so what a run resets follows from what changed since the
+    # page's last analysis (`shown`), not from which control was used
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    labels, *_, shown = demo.analyze_latest(photo, "folder: probe", IN_PROCESS, "mean", 0.0, 1, None, None)
+    assert shown == (photo, "folder: probe")
+    other = next(name for name in ("red", "green", "blue") if name != max(labels, key=labels.get))
+    *_, target, _, _, layer, shown = demo.analyze_latest(photo, "folder: probe", IN_PROCESS, "max", 0.0, 1, other,
+                                                         shown)
+    assert target["value"] == other and layer["value"] == 1  # same image and model: the user's choices stand
+    coffee = tmp_path / "coffee.png"
+    Image.fromarray(photos["coffee"]).save(coffee)
+    labels, *_, target, _, _, layer, shown = demo.analyze_latest(str(coffee), "folder: probe", IN_PROCESS, "max",
+                                                                 0.0, 1, other, shown)
+    assert target["value"] == max(labels, key=labels.get) and layer["value"] == 1  # another image: its own top-1
+    *_, target, _, _, layer, _ = demo.analyze_latest(str(coffee), "folder: probe", IN_PROCESS, "max", 0.0, 1, other,
+                                                     (str(coffee), "folder: another"))
+    assert layer["value"] == 2 and target["value"] == max(labels, key=labels.get)  # another model: its depth, top-1
+
+
 def _png_header(width: int, height: int) -> bytes:
     """A small PNG whose header declares width x height pixels (its data is one empty zlib stream)."""
     import struct

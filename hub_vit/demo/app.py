@@ -25,7 +25,6 @@ from PIL import Image
 
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
 from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError
-from hub_vit.demo.newest import SessionRuns, newest_only
 from hub_vit.domain import EXAMPLE_KINDS, Domain, read_domain
 from hub_vit.explain.image import ImageReadError, load_image
 from hub_vit.explain.rollout import HEAD_FUSIONS
@@ -174,7 +173,6 @@ class Demo:
     examples: list[Path] = field(default_factory=example_images)
     selected: str | None = None  # the model the page opens with (`hub-vit serve X --demo`: X); default: the first
     _domains: dict[str, Domain] = field(default_factory=dict)
-    _runs: SessionRuns = field(default_factory=SessionRuns)  # each page's newest analysis (`newest.py`)
 
     def domain(self, model_key: str) -> Domain:
         """What the model knows (its folder's domain.json, else guessed from its labels); loads the model."""
@@ -287,6 +285,21 @@ class Demo:
         """Another model: its top-1 label and its full rollout (its own depth), not the previous model's choices."""
         return self.analyze(image_path, model_key, backend, head_fusion, discard_ratio, None, None)
 
+    def analyze_latest(self, image_path: str | None, model_key: str, backend: str, head_fusion: str,
+                       discard_ratio: float, layer: float | None, target: str | None,
+                       shown: tuple[str | None, str] | None) -> tuple[Any, ...]:
+        """The page's one analysis listener: what changed since the page's last analysis (`shown`: its image and
+        model, a `gr.State`) says how: another model as `analyze_new_model`, another image as `analyze_new_image`,
+        else the controls as they are. Returns the outputs and the new `shown`."""
+        if shown is None or model_key != shown[1]:
+            handler = self.analyze_new_model
+        elif image_path != shown[0]:
+            handler = self.analyze_new_image
+        else:
+            handler = self.analyze
+        return (*handler(image_path, model_key, backend, head_fusion, discard_ratio, layer, target),
+                (image_path, model_key))
+
     @staticmethod
     def _slider(depth: int, value: int | None = None) -> Any:
         # Gradio needs minimum < maximum; a 1-block model gets a 1..2 slider clamped to block 1 in `analyze`.
@@ -348,33 +361,40 @@ class Demo:
                         layer = gr.Slider(1, max(depth, 2), value=depth, step=1, elem_id="layer",
                                           label=f"Block (per-layer view, 1..{depth})")
                         target = gr.Dropdown([], label="Class-specific map for label", elem_id="target")
-            inputs = [image, model, backend, fusion, discard, layer, target]
-            outputs = [labels, overlay, layer_view, target, class_map, status, layer]
-            # One queue slot pool for every trigger (`concurrency_id`): `concurrency` computations at once in all,
-            # not that many per control.
-            run = dict(inputs=inputs, outputs=outputs, trigger_mode="always_last", concurrency_id="analyze")
-            new_image, new_model, analyze = (newest_only(self._runs, handler) for handler in
-                                             (self.analyze_new_image, self.analyze_new_model, self.analyze))
-            # A new image is an upload, a removal or a picked example, each analysed once. Not `image.change`: in
-            # Gradio 6.31 it fires twice for an upload in place of a shown image and for a picked example; the second
-            # run doubled the cost and rewrote the first run's result files (Gradio names them by their content)
-            # while the browser was reading them.
-            image.upload(new_image, **run)
-            image.clear(new_image, **run)
+            # Every action that asks for an analysis numbers it in the browser (`action`); one listener on that number
+            # runs the analysis. Gradio runs one listener's events of a page one after another, and `always_last`
+            # folds the actions taken meanwhile into one run with the controls as they are then. So the page shows
+            # its newest analysis: separate listeners computed at once, and an upload that finished after the example
+            # picked next put the upload's labels and maps beside the example's picture.
+            action = gr.Number(visible=False, precision=0)
+            shown = gr.State(None)  # (image, model) of the page's last analysis: what the next one resets
+            ask = dict(fn=None, inputs=None, outputs=[action], js=NEXT_ACTION_JS, queue=False)
+            # A new image is an upload, a removal or a picked example. Not `image.change`: in Gradio 6.31 it fires
+            # twice for an upload in place of a shown image and for a picked example; the second run doubled the cost
+            # and rewrote the first run's result files (Gradio names them by their content) while the browser was
+            # reading them.
+            image.upload(**ask)
+            image.clear(**ask)
             for examples in example_sets:
-                examples.load_input_event.then(new_image, **run)
-            # User actions only (`select` / `input`), so the app's own updates of `target` and `layer` never trigger
+                examples.load_input_event.then(**ask)
+            # User actions only (`select` / `input`), so the app's own updates of `target` and `layer` never ask for
             # a run. A dropdown fires `input` twice per pick in Gradio 6.31 and `select` once. A slider fires
             # `input` for the keyboard (arrow keys, typing in its number box) as well as for the mouse, where
             # `release` missed the keyboard entirely.
-            model.select(new_model, **run)
+            model.select(**ask)
             # Outside the queue: it only reads the model's domain, and it must not count as a second analysis run
             model.select(self.domain_view, inputs=[model], outputs=[knows, *galleries], queue=False)
-            target.select(analyze, **run)
+            target.select(**ask)
             for control in (backend, fusion, discard, layer):
-                control.input(analyze, **run)
-            blocks.unload(self._runs.forget)
+                control.input(**ask)
+            action.change(self.analyze_latest, inputs=[image, model, backend, fusion, discard, layer, target, shown],
+                          outputs=[labels, overlay, layer_view, target, class_map, status, layer, shown],
+                          trigger_mode="always_last")
         return blocks
+
+
+# The page's next action number (`Demo.build`): an event that runs only this, in the browser, sets `action` to it.
+NEXT_ACTION_JS = "() => { window.hubVitActions = (window.hubVitActions || 0) + 1; return window.hubVitActions; }"
 
 
 def gradio_analytics_opted_in() -> bool:
