@@ -21,7 +21,7 @@ import pytest
 
 from hub_vit.server.runtime import stub_env
 from hub_vit.server.runtime.stub_env import STUB_PYTHONPATH, build_view, stub_environment
-from hub_vit.server.runtime.triton_install import ServerError
+from hub_vit.server.runtime.triton_install import NEWEST_SERVING_PYTHON, ServerError, unservable_python
 from tests.host_emulation import emulated_host, numpy1_folder, site_packages
 
 
@@ -89,6 +89,18 @@ def test_a_numpy_2_host_without_a_numpy_for_the_stubs_is_refused_with_the_way_ou
     monkeypatch.setenv(STUB_PYTHONPATH, f"{tmp_path / 'missing'}{os.pathsep}{gpu_host_paths['stubs']}")
     environment = stub_environment(tmp_path / "workspace")
     assert environment.numpy == "1.26.4" and environment.bin_dir == tmp_path / "workspace" / "stub-env" / "bin"
+
+
+def test_on_a_python_too_new_for_any_numpy_1_the_refusal_says_so(gpu_host_paths, tmp_path, monkeypatch):
+    # numpy<2 has no release for Python 3.13+: the way out is another Python, not `pip install 'numpy<2'`
+    newest = NEWEST_SERVING_PYTHON
+    too_new = (newest[0], newest[1] + 1)
+    monkeypatch.delenv(STUB_PYTHONPATH, raising=False)
+    with pytest.raises(ServerError) as refused:
+        stub_environment(tmp_path / "workspace", python=too_new)
+    assert str(refused.value) == unservable_python(too_new)
+    monkeypatch.setenv(STUB_PYTHONPATH, str(gpu_host_paths["stubs"]))  # had one been found, it would be used
+    assert stub_environment(tmp_path / "workspace", python=too_new).numpy == "1.26.4"
 
 
 def test_a_numpy_1_host_serves_the_stubs_from_its_own_environment(tmp_path):

@@ -109,6 +109,7 @@ def serve(
     _check_flags(endpoints, demo_port if demo else None, exit_timeout=exit_timeout, max_restarts=max_restarts,
                  max_request_mb=max_request_mb, max_connections=max_connections, front_processes=front_processes,
                  quiet=quiet, verbose=verbose)
+    _check_triton()
     where = _serve_device(ctx, repository_dir, device, flavour)
     run = ServeRun(endpoints, name, model, where, demo_port if demo else None, exit_timeout, max_restarts, verbose,
                FrontLimits(max_body_bytes=max_request_mb << 20, max_connections=max_connections,
@@ -161,6 +162,16 @@ def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
         raise fail(f"--front-processes must be between 1 and {MAX_PROCESSES}, got {values['front_processes']}")
     if values["quiet"] and values["verbose"]:
         raise fail(f"--quiet and --verbose contradict each other ({LOG_SHOWN}); give one of them")
+
+
+def _check_triton() -> None:
+    """A tritonserver this interpreter can run, found before anything is built (an export can take minutes)."""
+    from hub_vit.server.runtime.triton_install import ServerError, find_triton
+
+    try:
+        find_triton()
+    except ServerError as err:  # none installed, no stub for this Python, or a Python too new for the stubs
+        raise fail(str(err)) from None
 
 
 def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str | None,

@@ -29,7 +29,7 @@ import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hub_vit.server.runtime.triton_install import ServerError
+from hub_vit.server.runtime.triton_install import ServerError, unservable_python
 
 # Folders holding a numpy<2 for the stubs, where this environment keeps numpy 2 (scripts/gpu_check.sh sets it to the
 # carried pack's `stub-site/`).
@@ -74,10 +74,10 @@ def import_path() -> list[Path]:
     return found
 
 
-def stub_environment(workspace: Path) -> StubEnvironment:
+def stub_environment(workspace: Path, python: tuple[int, int] = sys.version_info[:2]) -> StubEnvironment:
     """The stubs' environment for a server whose workspace is `workspace` (built there when this one's numpy is 2.x).
     ServerError, saying how to provide one, when numpy is 2.x here and no folder of $HUB_VIT_STUB_PYTHONPATH holds a
-    numpy<2."""
+    numpy<2, or why there is none when Python `python` (this interpreter's) is too new for any numpy<2."""
     own = _numpy_in([str(p) for p in import_path()])
     if own is None or _major_minor(own.version) < FIRST_NUMPY_2:
         return StubEnvironment(Path(sys.executable).parent, None if own is None else own.version)
@@ -85,6 +85,8 @@ def stub_environment(workspace: Path) -> StubEnvironment:
         numpy = _numpy_in([str(folder)])
         if numpy is not None and _major_minor(numpy.version) < FIRST_NUMPY_2:
             return build_view(workspace / "stub-env", folder, numpy.version)
+    if (too_new := unservable_python(python)) is not None:  # no numpy<2 exists for this Python: say so instead
+        raise ServerError(too_new)
     given = ", ".join(str(p) for p in stub_folders()) or "not set"
     raise ServerError(
         f"numpy {own.version} is installed here, but the Triton Python-backend stub shipped in nvidia-pytriton (Triton "
