@@ -1,10 +1,10 @@
 # The two commands a fresh clone needs:  `make serve` (the main job) and `make test` (the test suite).
 SHELL := /bin/bash
 # The tritonserver that serve and the tests run (nvidia-pytriton's) has Python-backend stubs that need numpy<2, which
-# has no release for Python 3.13+: Python 3.10 to 3.12 (server/runtime/triton_install.py, NEWEST_SERVING_PYTHON).
-# PYTHON, unless given: python3 when it is one of those, else the first of python3.12, python3.11, python3.10 on PATH.
-SERVING_PYTHON := import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 12))
-PYTHON ?= $(or $(shell for p in python3 python3.12 python3.11 python3.10; do \
+# has no release for Python 3.13+: Python 3.11 (pyproject's requires-python) to 3.12 (server/runtime/triton_install.py,
+# NEWEST_SERVING_PYTHON). PYTHON, unless given: python3 when it is one of those, else python3.12 or python3.11 on PATH.
+SERVING_PYTHON := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 12))
+PYTHON ?= $(or $(shell for p in python3 python3.12 python3.11; do \
             $$p -c '$(SERVING_PYTHON)' 2>/dev/null && { echo $$p; break; }; done),python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 # Virtualenv with hub-vit and every extra, editable. Re-run when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
-	@$(PYTHON) -c '$(SERVING_PYTHON)' || { echo "make setup, serve and test need Python 3.10 to 3.12, and $(PYTHON) is" \
+	@$(PYTHON) -c '$(SERVING_PYTHON)' || { echo "make setup, serve and test need Python 3.11 to 3.12, and $(PYTHON) is" \
 	  "$$($(PYTHON) --version 2>&1): the tritonserver they run (nvidia-pytriton, Triton 2.51) has Python-backend" \
 	  "stubs that need numpy<2, which has no release for Python 3.13 or later. Install one (uv python install 3.12," \
 	  "or pyenv) and name it: make PYTHON=python3.12 serve" >&2; exit 1; }

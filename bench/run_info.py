@@ -15,7 +15,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ def run_info(args: argparse.Namespace, packages: tuple[str, ...] = ()) -> dict[s
     """When, which hub-vit (version, commit, dirty), which library versions (`PACKAGES` + `packages`), which CPU,
     and the script's argv and parsed settings, with the user's `--note` if one was given."""
     return {
-        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "hub_vit": {"version": package_version("hub-vit"), **git_state()},
         "versions": {"python": platform.python_version(), **{p: package_version(p) for p in PACKAGES + packages}},
         "cpu": {"model": cpu_model(), "count": os.cpu_count(), "usable": len(os.sched_getaffinity(0))},

@@ -175,7 +175,7 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
         "notes": conv.notes,
         "parity": parity.to_dict(),
         "converter": {"hub_vit": __version__, "torch": torch.__version__,
-                      "converted_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
+                      "converted_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")},
     }
     created = missing_folders(out.parent)  # save_model_folder creates them; a failed write must not leave them
     try:

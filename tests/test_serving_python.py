@@ -47,7 +47,7 @@ def test_the_serve_extra_installs_nvidia_pytriton_only_where_it_can_serve():
 
 
 def test_a_too_new_python_is_named_with_the_way_out():
-    assert unservable_python(NEWEST) is None and unservable_python((3, 10)) is None
+    assert unservable_python(NEWEST) is None and unservable_python((3, 11)) is None
     said = unservable_python(TOO_NEW)
     assert said is not None
     for part in (f"from Python {dotted(TOO_NEW)}", "numpy<2", f"only up to Python {dotted(NEWEST)}",
@@ -123,6 +123,6 @@ def test_make_setup_without_a_python_that_can_serve_says_which_it_needs(tmp_path
     done = _make(_interpreters(tmp_path / "bin", python3=TOO_NEW), "setup", f"VENV={venv}")
     said = " ".join(done.stderr.split())
     assert done.returncode != 0 and not venv.exists(), done.stdout + done.stderr
-    for part in (f"need Python 3.10 to {dotted(NEWEST)}", f"python3 is Python {dotted(TOO_NEW)}.0", "numpy<2",
+    for part in (f"need Python 3.11 to {dotted(NEWEST)}", f"python3 is Python {dotted(TOO_NEW)}.0", "numpy<2",
                  "make PYTHON=python3.12 serve"):
         assert part in said, said

@@ -412,7 +412,7 @@ def _training_record(plan: _Plan, val: dict[str, float], source: str, d: distrib
         # what held_out was measured on (every rank holds the same weights, checked above); the card withholds the
         # accuracy once the folder's model.safetensors holds other weights (`hub_vit.weights_digest`)
         weights_digest=digests[0],
-        finished_utc=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        finished_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
 
 
