@@ -85,6 +85,28 @@ def test_serve_refuses_a_python_it_cannot_serve_from_before_building(monkeypatch
     assert "building the Triton repository" not in flat, flat
 
 
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--top-k", "0"], "--top-k"),
+    (["--cpu-variant", "int3"], "--cpu-variant"),
+    (["--device", "tpu"], "--device"),
+    (["--repository", "no-such-folder"], "--repository"),
+])
+def test_serve_names_a_mistyped_option_before_a_missing_triton(monkeypatch, flags, named):
+    """was: the Triton check came first, so a user without tritonserver fixed that only to learn of a typo."""
+    from hub_vit.cli import _load_commands, app
+
+    def missing(python: tuple[int, int] = NEWEST) -> triton_install.TritonInstall:
+        raise ServerError("tritonserver not found: install the serve extra")
+
+    monkeypatch.setattr(triton_install, "find_triton", missing)
+    _load_commands()
+    ports = [str(launcher.free_port()) for _ in range(3)]
+    result = CliRunner().invoke(app, ["serve", "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port",
+                                      ports[2], *flags])
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2 and named in flat and "tritonserver not found" not in flat, flat
+
 # -- the Makefile's interpreter ------------------------------------------------------------------------------------
 def _interpreters(folder: Path, **versions: tuple[int, int]) -> Path:
     """Stand-ins for `python3`, `python3.12`, ... on an otherwise empty PATH: each runs this interpreter with its

@@ -109,7 +109,6 @@ def serve(
     _check_flags(endpoints, demo_port if demo else None, exit_timeout=exit_timeout, max_restarts=max_restarts,
                  max_request_mb=max_request_mb, max_connections=max_connections, front_processes=front_processes,
                  quiet=quiet, verbose=verbose)
-    _check_triton()
     where = _serve_device(ctx, repository_dir, device, flavour)
     run = ServeRun(endpoints, name, model, where, demo_port if demo else None, exit_timeout, max_restarts, verbose,
                FrontLimits(max_body_bytes=max_request_mb << 20, max_connections=max_connections,
@@ -122,6 +121,7 @@ def serve(
             raise fail("--cpu-variant chooses the graph of the repository serve builds; --repository serves one as it "
                        "was written: rebuild it with `hub-vit repository --cpu-variant ...`")
         run.name = _existing_repository(repository_dir, model=model, name=name, **sizes)
+        _check_triton()
         print_cpu_variant(repository_dir)
         run.serve(repository_dir, built=False)
         return
@@ -131,6 +131,8 @@ def serve(
                                cpu_variant=cpu_variant,
                                **torch_fields(where.flavour, cuda_graphs, torch_compile, decode_threads))
 
+    options_for(where)  # every option is refused in the flags' words before the environment is looked at
+    _check_triton()
     run.build_and_serve(options_for, device is None, flavour)
 
 
@@ -165,7 +167,8 @@ def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
 
 
 def _check_triton() -> None:
-    """A tritonserver this interpreter can run, found before anything is built (an export can take minutes)."""
+    """A tritonserver this interpreter can run, found before anything is built (an export can take minutes), and
+    after every flag was checked: a mistyped option is named first, whatever the environment lacks."""
     from hub_vit.server.runtime.triton_install import ServerError, find_triton
 
     try:
