@@ -27,11 +27,21 @@ def _unavailable_reason() -> str | None:
 REASON = _unavailable_reason()
 
 
-def _tiny_onnx(tmp_path: Path) -> Path:
+def _tiny_onnx(tmp_path: Path, *, dynamic_size: bool = False) -> Path:
     torch.manual_seed(0)
     spec = ViTSpec(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=8, img_size=32, num_classes=10,
                    head_zeroinit=False, posemb="sincos2d", pool_type="gap", rep_size=True)
-    return export_onnx(VisionTransformer(spec).eval(), tmp_path / "tiny.onnx")
+    return export_onnx(VisionTransformer(spec).eval(), tmp_path / "tiny.onnx", dynamic_size=dynamic_size)
+
+
+def _export_tensorrt(*args: str) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["export", "tensorrt", *args])
+    return result.exit_code, " ".join(result.output.split())
 
 
 @pytest.mark.skipif(REASON is not None, reason=f"TensorRT unavailable: {REASON}")
@@ -60,16 +70,32 @@ def test_engine_builds_verifies_and_records_metadata(tmp_path: Path, fp16: bool)
 
 @pytest.mark.skipif(REASON is None, reason="TensorRT is available here; the refusal path cannot be exercised")
 def test_cli_stops_at_once_without_gpu_or_tensorrt(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
+    onnx_path = _tiny_onnx(tmp_path)
+    code, said = _export_tensorrt(str(onnx_path))
+    assert code == 3 and "TensorRT export needs" in said, said
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny.onnx"]
 
-    from hub_vit.cli import _load_commands, app
 
-    _load_commands()
-    missing = tmp_path / "never-exported.onnx"  # the check comes first: no file is even looked at
-    result = CliRunner().invoke(app, ["export", "tensorrt", str(missing)])
-    assert result.exit_code == 3
-    assert "TensorRT export needs" in result.output
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize(("case", "named"), [
+    ("missing file", "never-exported.onnx' does not exist; create it with `hub-vit export onnx`"),
+    ("dynamic image size", "needs a fixed image size (export the ONNX without --dynamic-size)"),
+    ("workspace 0", "--workspace-gib must be a positive number of GiB, got 0.0"),
+    ("workspace nan", "--workspace-gib must be a positive number of GiB, got nan"),
+    ("batches out of order", "batch profile must satisfy 1 <= min <= opt <= max, got min=9, opt=8, max=32"),
+    ("engine path a folder", "is a directory; give a file name such as model.plan"),
+])
+def test_the_users_mistakes_are_named_before_tensorrt_is_looked_for(tmp_path: Path, case: str, named: str) -> None:
+    """was: on a machine without TensorRT every mistake read "TensorRT export needs ...", and on one with it a
+    negative workspace reached the builder and an engine path naming a folder failed after the build, uncaught."""
+    onnx_path = _tiny_onnx(tmp_path, dynamic_size=case == "dynamic image size")
+    args = {"missing file": [str(tmp_path / "never-exported.onnx")],
+            "workspace 0": [str(onnx_path), "--workspace-gib", "0"],
+            "workspace nan": [str(onnx_path), "--workspace-gib", "nan"],
+            "batches out of order": [str(onnx_path), "--min-batch", "9"],
+            "engine path a folder": [str(onnx_path), "-o", str(tmp_path)]}.get(case, [str(onnx_path)])
+    code, said = _export_tensorrt(*args)
+    assert code == 2 and named in said and "NVIDIA GPU" not in said, said  # not require_tensorrt's refusal
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny.onnx"]
 
 
 def test_batch_profile_is_validated() -> None:
@@ -85,17 +111,12 @@ def test_another_tensorrt_major_is_refused_before_anything_runs(monkeypatch, tmp
     import sys
     import types
 
-    from typer.testing import CliRunner
-
-    from hub_vit.cli import _load_commands, app
-
     monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__=version))
     with pytest.raises(TensorRTUnavailable, match=rf"TensorRT {version} is installed.*'tensorrt>=10,<11'"):
         require_tensorrt()
-    _load_commands()
-    result = CliRunner().invoke(app, ["export", "tensorrt", str(tmp_path / "model.onnx")])
-    assert result.exit_code == 3 and "is written for TensorRT 10" in " ".join(result.output.split()), result.output
-    assert list(tmp_path.iterdir()) == []
+    code, said = _export_tensorrt(str(_tiny_onnx(tmp_path)))
+    assert code == 3 and "is written for TensorRT 10" in said, said
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny.onnx"]
 
 
 # -- the build and the verification on the CPU, with TensorRT 10 and the GPU standing in ------------------------------

@@ -184,17 +184,19 @@ def tensorrt_cmd(
     seed: int = typer.Option(None, help="Seed of the verification set (default: fresh)."),
 ) -> None:
     """Build a TensorRT engine, verify it against ONNX Runtime and record GPU / version / profile beside it."""
-    from hub_vit.export.tensorrt import BatchProfile, TensorRTUnavailable, export_tensorrt, require_tensorrt
+    from hub_vit.cli.serving_options import in_flag_words
+    from hub_vit.export.tensorrt import BatchProfile, TensorRTUnavailable, export_tensorrt
 
+    # export_tensorrt checks the file, the paths and the numbers before it looks for TensorRT and a GPU: a mistake
+    # is named on any machine, and a machine that cannot build engines is told so at once, before any work
     try:
-        require_tensorrt()  # first: stop at once on a machine that cannot build engines
         profile = BatchProfile(min_batch, opt_batch, max_batch)
         engine = out or onnx_file.with_suffix(".plan")
         info = export_tensorrt(onnx_file, engine, fp16=fp16, profile=profile, workspace_gib=workspace_gib, seed=seed)
     except TensorRTUnavailable as exc:
         raise fail(str(exc), code=3) from None
-    except (ValueError, FileNotFoundError, PermissionError, RuntimeError) as exc:
-        raise fail(str(exc)) from None
+    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError, RuntimeError) as exc:
+        raise fail(in_flag_words(str(exc), ("workspace_gib",))) from None
     v = info["verification"]
     console.print(f"engine {engine} ({info['precision']}, TensorRT {info['tensorrt']}, {info['gpu']}): "
                   f"max |diff| vs ORT {v['max_abs_diff']:.2e}, top-1 agreement {v['top1_agreement']:.1%}",

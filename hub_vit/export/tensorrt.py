@@ -10,6 +10,7 @@ pins this build relies on), and the Triton image the Dockerfile serves engines w
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,16 +79,30 @@ def _onnx_image_shape(onnx_path: Path) -> tuple[int, int, int]:
     return dims[0], dims[1], dims[2]
 
 
+def check_request(onnx_path: str | Path, engine_path: str | Path, workspace_gib: float) -> tuple[int, int, int]:
+    """What the caller asked for, checked before TensorRT is looked for, so a mistake is named on any machine (and
+    before a build of minutes): the ONNX file exists and has a fixed image size, the engine path is not a folder, the
+    workspace is a positive number of GiB. Returns the graph's (C, H, W)."""
+    onnx_path = Path(onnx_path)
+    if not onnx_path.is_file():
+        what = "is a folder" if onnx_path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"ONNX file {str(onnx_path)!r} {what}; create it with `hub-vit export onnx`")
+    if Path(engine_path).is_dir():
+        raise IsADirectoryError(f"engine path {str(engine_path)!r} is a directory; give a file name such as "
+                                "model.plan")
+    if not (isinstance(workspace_gib, (int, float)) and math.isfinite(workspace_gib) and workspace_gib > 0):
+        raise ValueError(f"workspace_gib must be a positive number of GiB, got {workspace_gib}")
+    return _onnx_image_shape(onnx_path)
+
+
 def build_engine(onnx_path: str | Path, engine_path: str | Path, *, fp16: bool = True,
                  profile: BatchProfile = BatchProfile(), workspace_gib: float = 4.0) -> dict[str, Any]:
     """Parse the ONNX graph, build and serialize the engine (atomically); returns the build metadata."""
+    c, h, w = check_request(onnx_path, engine_path, workspace_gib)
     trt = require_tensorrt()
     import torch
 
     onnx_path = Path(onnx_path)
-    if not onnx_path.is_file():
-        raise FileNotFoundError(f"ONNX file {str(onnx_path)!r} does not exist; create it with `hub-vit export onnx`")
-    c, h, w = _onnx_image_shape(onnx_path)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
@@ -157,6 +172,7 @@ def export_tensorrt(onnx_path: str | Path, engine_path: str | Path, *, fp16: boo
     from hub_vit.export.metadata import MODEL_KEY, report_metadata
     from hub_vit.export.verify import judge, ort_outputs, ort_session, photo_batch
 
+    check_request(onnx_path, engine_path, workspace_gib)
     require_tensorrt()
     engine_path = Path(engine_path)
     info = build_engine(onnx_path, engine_path, fp16=fp16, profile=profile, workspace_gib=workspace_gib)
@@ -184,5 +200,5 @@ def export_tensorrt(onnx_path: str | Path, engine_path: str | Path, *, fp16: boo
     return info
 
 
-__all__ = ["BatchProfile", "TensorRTUnavailable", "build_engine", "export_tensorrt", "require_tensorrt",
-           "run_engine"]
+__all__ = ["BatchProfile", "TensorRTUnavailable", "build_engine", "check_request", "export_tensorrt",
+           "require_tensorrt", "run_engine"]
