@@ -134,6 +134,8 @@ def test_repository_onto_a_file_or_the_current_directory(tmp_path, monkeypatch):
     (("--duration", "nan"), "must be a finite number of seconds > 0, got nan"),
     (("--duration", "inf"), "must be a finite number of seconds > 0, got inf"),
     (("--requests", "0"), "--requests) must be >= 1, got 0"),
+    (("--concurrency", "0"), "the requests in flight (--concurrency) must be >= 1, got 0"),
+    (("--batch", "-2"), "the images per request (--batch) must be >= 1, got -2"),
 ])
 def test_loadtest_refuses_runs_that_cannot_end_or_mean_nothing(args, message):
     code, out = _run("loadtest", "--url", "127.0.0.1:18409", *args)  # refused before any connection

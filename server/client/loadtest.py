@@ -121,8 +121,10 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
     """Closed-loop load; stops after `requests` answers if given, else after `duration_s` seconds. `protocol`: as
     `AsyncClassifier` (None: from a grpc:// / http:// URL, else HTTP). `queue_timeout_s`: sent with every request
     (`AsyncClassifier.classify`); the requests the server rejects for it are errors of the run, by their message."""
-    if concurrency < 1 or batch < 1:
-        raise ValueError(f"concurrency and batch must be >= 1, got concurrency={concurrency}, batch={batch}")
+    if concurrency < 1:
+        raise ValueError(f"the requests in flight (--concurrency) must be >= 1, got {concurrency}")
+    if batch < 1:
+        raise ValueError(f"the images per request (--batch) must be >= 1, got {batch}")
     if requests is not None and requests < 1:
         raise ValueError(f"the request count (--requests) must be >= 1, got {requests}")
     if requests is None and (duration_s is None or not 0 < duration_s < math.inf):  # NaN fails this too
