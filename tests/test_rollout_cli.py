@@ -97,7 +97,7 @@ def test_cli_bad_image_writes_nothing(model_folder: Path, photo_files: list[Path
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--head-fusion", "median"], "mean, max, min"),
-    (["--discard-ratio", "1.5"], "[0, 1)"),
+    (["--discard-ratio", "1.5"], "--discard-ratio: discard_ratio must be a number in [0, 1), got 1.5"),
     (["--colormap", "rainbow"], "jet, inferno, gray"),
 ])
 def test_cli_rejects_bad_options(model_folder: Path, photo_files: list[Path], tmp_path: Path, args: list[str],

@@ -119,6 +119,9 @@ def rollout(
         raise fail(f"--alpha must be in [0, 1], got {alpha}")
     try:
         check_discard_ratio(discard_ratio)
+    except ValueError as exc:
+        raise fail(f"--discard-ratio: {exc}") from None  # in classify's words
+    try:
         explainer = load_explainer(resolve_choice(model))
     except ValueError as exc:
         raise fail(str(exc)) from exc
