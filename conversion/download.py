@@ -17,6 +17,7 @@ catalog records no hashes yet that it could be compared with).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shlex
 import urllib.error
@@ -175,9 +176,17 @@ def _offline_message(url: str, dest: Path, reason: str) -> str:
             "model card does not claim the published checkpoint's results.")
 
 
+def check_timeout(timeout: float) -> None:
+    """A network timeout is a finite number of seconds > 0: urllib takes 0 as "never wait" and refuses a negative one
+    only once it connects, and NaN or infinity would wait forever."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+
+
 def download(url: str, *, expected_sha256: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
              progress: bool = True) -> Path:
     """Fetch `url` (gs:// or https://) into the cache unless it is there; return the cached path."""
+    check_timeout(timeout)
     url = gs_to_https(url)
     dest = cached_path(url)
     sidecar = dest.with_name(dest.name + ".sha256")
@@ -263,6 +272,7 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
     Accepted, in this order: an existing local path; `gs://...` / `http(s)://...`; a big_vision vanity name
     (`i1k-s16-300ep`, `howto-i21k-B/16`); a hub-vit catalog name (`vit_b16.augreg_in21k_ft_in1k`).
     """
+    check_timeout(timeout)
     text = str(source)
     path = Path(text).expanduser()
     if path.exists():

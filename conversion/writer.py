@@ -18,7 +18,7 @@ from hub_vit.atomic import missing_folders, remove_empty_folders
 from hub_vit.class_names import default_labels
 from hub_vit.data_config import GOOGLE_EVAL
 from hub_vit.model import VisionTransformer, count_parameters
-from hub_vit.variants import ViTSpec
+from hub_vit.variants import ViTSpec, parse_variant
 from hub_vit.weights import HEAD_KEYS, adapt_state_dict, load_strict
 from hub_vit.weights_check import check_values
 from hub_vit.weights_digest import state_dict_digest
@@ -126,6 +126,12 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
 
     out = Path(out)
     check_output_folder(out, overwrite)  # before a download or a conversion: a file in the way, an occupied folder
+    # What the user typed is checked before a download of up to a few GB, too: the variant's size letter and patch,
+    # and a reference file named by hand (resolve_source checks the timeout)
+    if variant is not None:
+        parse_variant(variant)
+    if reference is not None and not Path(reference).is_file():
+        raise FileNotFoundError(f"reference outputs {str(reference)!r} do not exist")
     src = resolve_source(source, timeout=timeout, progress=progress)
     check_output_folder(out, overwrite, keep=[src.path, *([Path(reference)] if reference is not None else [])])
     conv = convert_file(src.path, img_size=img_size, num_classes=num_classes, drop_pre_logits=drop_pre_logits,

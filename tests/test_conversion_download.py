@@ -283,3 +283,47 @@ def test_cache_follows_xdg_cache_home_unless_hub_vit_cache_is_set(tmp_path: Path
     assert cache_dir() == tmp_path / "home" / ".cache" / "hub_vit"
     (tmp_path / "xdg" / "hub_vit").mkdir(parents=True)
     assert cache_dir() == tmp_path / "xdg" / "hub_vit"  # once the XDG one exists, it is the cache
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    ([], None),  # the control: the same command downloads and converts
+    (["--variant", "Q/16"], "unknown model size 'Q' in 'Q/16'; valid sizes: mu, Ti, S"),
+    (["--variant", "S16"], "variant must look like 'S/16'"),
+    (["--reference", "missing.io.npz"], "reference outputs 'missing.io.npz' do not exist"),
+    (["--timeout", "0"], "--timeout must be a finite number of seconds > 0, got 0.0"),
+    (["--timeout", "nan"], "--timeout must be a finite number of seconds > 0, got nan"),
+])
+def test_what_the_user_typed_is_checked_before_the_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            flags: list[str], named: str | None) -> None:
+    """was: a mistyped --variant or --reference was named only after the download (a few GB for the large models),
+    and a --timeout of 0 or nan was taken as is."""
+    from hub_vit.cli import _load_commands
+    from hub_vit.cli.app import app
+
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "served").mkdir()
+    shutil.copy(FIXTURE, tmp_path / "served" / "tiny.npz")
+    asked: list[str] = []
+
+    class Recording(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            super().do_GET()
+
+    monkeypatch.setattr(http.server, "SimpleHTTPRequestHandler", Recording)
+    _load_commands()
+    with serving(tmp_path / "served") as base:
+        result = CliRunner().invoke(app, ["convert", f"{base}/tiny.npz", "-o", str(tmp_path / "out"), *flags])
+    said = " ".join(result.output.split())
+    if named is None:
+        assert result.exit_code == 0 and asked == ["/tiny.npz"] and (tmp_path / "out").is_dir(), said
+        return
+    assert result.exit_code == 2 and named in said, said
+    assert asked == [] and not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), float("inf"), True, "15"])
+def test_the_library_refuses_a_timeout_that_is_not_a_positive_number_of_seconds(timeout: object) -> None:
+    with pytest.raises(ValueError, match=r"timeout must be a finite number of seconds > 0, got "):
+        resolve_source("http://127.0.0.1:9/vit.npz", timeout=timeout, progress=False)  # type: ignore[arg-type]

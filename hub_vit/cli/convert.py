@@ -46,6 +46,8 @@ def convert(
         size = parse_img_size(img_size)
         if num_classes is not None and num_classes < 0:
             raise ValueError(f"--num-classes must be >= 0 (0 = no head), got {num_classes}")
+        if not 0 < timeout < float("inf"):  # NaN fails this too
+            raise ValueError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
         result = convert_to_folder(source, out, variant=variant, img_size=size, num_classes=num_classes,
                                    drop_pre_logits=not pre_logits, reference=reference, verify=verify,
                                    overwrite=overwrite, timeout=timeout)
