@@ -9,6 +9,10 @@ PYTHON ?= $(or $(shell for p in python3 python3.12 python3.11; do \
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# The suite runs in this many processes (pytest-xdist), a test file's tests in one of them, so each file's servers and
+# fixtures are shared as written. Half the suite's serial time is spent waiting on servers and subprocesses, so 2
+# processes on 2 cores take about 40 % less; PYTEST_WORKERS=0 runs it in make's own pytest process (for pdb).
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup test serve lint browser clean
 
@@ -39,7 +43,7 @@ browser:
 # The test suite. pytest exit code 5 ("no tests collected", e.g. a -k filter that matches nothing) is reported, not fatal.
 test: setup browser
 	$(VENV)/bin/ruff check .
-	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5)"; exit 0; fi; exit $$rc
 
 # The main job: serve the default model (Triton + the demo). The ports move with HTTP_PORT, GRPC_PORT, METRICS_PORT and
