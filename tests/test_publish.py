@@ -87,7 +87,9 @@ def test_offline_mode_fails_before_any_connection(folder: Path, hub_calls: list[
     t0 = time.perf_counter()
     with pytest.raises(publish.HubUnreachableError, match="HF_HUB_OFFLINE"):
         publish.push_folder(folder, "hub-vit-test/tiny", token="hf_dummy")
-    assert time.perf_counter() - t0 < 1
+    # nothing was tried (no connect at all); the bound only catches huggingface_hub's retries (about 20 s), with room
+    # for a busy machine
+    assert time.perf_counter() - t0 < 10
     assert hub_calls == [] and connects == []
 
 

@@ -41,6 +41,7 @@ from hub_vit.ports import (
     ipv4_address,
 )
 from hub_vit.server.runtime.api_access import CONTROL_HEADER, restricted_api_args
+from hub_vit.server.runtime.port_claims import recent_claims
 from hub_vit.server.runtime.processes import (
     die_with_parent,
     exit_description,
@@ -67,17 +68,24 @@ _HANDED_OUT_LOCK = threading.Lock()
 
 
 def free_port() -> int:
-    """A loopback port free now that this process has not been handed before: the kernel may give the same port to
-    two binds in a row once the first is closed, and callers take several at once (HTTP, gRPC, metrics)."""
-    with _HANDED_OUT_LOCK:
+    """A loopback port free now that this process has not been handed before, nor another process on this host
+    lately (port_claims.py): the kernel may give the same port to two binds in a row once the first is closed, callers
+    take several at once (HTTP, gRPC, metrics), and their servers bind them only later."""
+    with _HANDED_OUT_LOCK, recent_claims() as claimed:
         for _ in range(64):
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-            if port not in _HANDED_OUT:
+            port = _kernel_port()
+            if port not in _HANDED_OUT and port not in claimed:
                 _HANDED_OUT.add(port)
+                claimed[port] = time.time()
                 return port
-    raise OSError("the kernel gave 64 ports in a row that this process had already been handed")
+    raise OSError("the kernel gave 64 ports in a row that had already been handed out")
+
+
+def _kernel_port() -> int:
+    """A port the kernel says is free now on loopback (bind to port 0)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _answers(url: str) -> bool:
