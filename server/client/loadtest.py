@@ -98,6 +98,9 @@ def batching_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str,
     return out
 
 
+WARMUP_SETTLE_S = 2.0  # how long the warm-up's requests may take to be counted before the run starts anyway
+
+
 async def settled_statistics(client: AsyncClassifier, before: dict[str, dict[str, int]], images: int, *,
                              model: str = "vit", timeout_s: float = 5.0, pause_s: float = 0.02) -> dict:
     """Statistics once `model` and, for an ensemble, each of its steps (the models named `<model>_*`) have counted
@@ -152,16 +155,21 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         # per request is one the server does not get (seen: 0.24-0.25 -> 0.17-0.19 ms of CPU per request, 2 cores)
         prepared = [client.prepare(body, queue_timeout_s=queue_timeout_s) for body in request_bodies(payloads, batch)]
         del payloads  # each prepared request holds its own serialised copy
+        unwarmed, warmed = await client.statistics(), 0
         for request in itertools.islice(itertools.cycle(prepared), warmup):  # connection setup, kept out of the numbers
             try:
                 await client.send(request)
+                warmed += request.images
             except InferenceServerException as err:
                 # The server answered with an error (a bad image among the inputs, a full queue): the run meets it
                 # again and counts it; only a server that does not answer at all stops it here.
                 if not _answered(err):
                     raise
         cycle = itertools.cycle(prepared)  # from the first image again: every image the run reaches is counted
-        before, server_before = await client.statistics(), await client.server_id()
+        # the warm-up counted in `before`: Triton counts a request just after answering it, so a read at once could miss
+        # the last one, and the run's numbers would hold it (seen: 25 inferences for a run of 24 requests)
+        before = await settled_statistics(client, unwarmed, warmed, model=model, timeout_s=WARMUP_SETTLE_S)
+        server_before = await client.server_id()
         start, cpu_start = time.perf_counter(), time.process_time()
         deadline = None if requests is not None else start + float(duration_s or 0)
         interrupted = _on_first_interrupt()
