@@ -40,7 +40,7 @@ from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, write_repository
 from hub_vit.server.runtime.launcher import ServerError, TritonServer, free_port
 from tests.polling import wait_until
-from tests.served import classify_concurrently, start_server
+from tests.served import classify_concurrently, quiet_statistics, start_server
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -371,7 +371,7 @@ def test_bad_and_good_requests_sent_together_are_answered_apart(server, referenc
 
     async def fire():
         async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
-            before = await client.statistics()
+            before = await quiet_statistics(client)
             calls = [client.classify([bad] if i % 3 == 2 else [good.pop(0)]) for i in range(18)]  # 12 good, 6 bad
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
             # the ensemble counts only the answered requests; its step counts all 18
