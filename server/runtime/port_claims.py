@@ -45,9 +45,13 @@ def recent_claims() -> Iterator[dict[int, float]]:
         fcntl.flock(fd, fcntl.LOCK_EX)  # released when the file is closed
         claims = _read(file.read(), now=time.time())
         yield claims
-        file.seek(0)
-        file.truncate()
-        file.write("".join(f"{port} {when:.0f}\n" for port, when in sorted(claims.items())))
+        try:
+            file.seek(0)
+            file.truncate()
+            file.write("".join(f"{port} {when:.0f}\n" for port, when in sorted(claims.items())))
+            file.flush()
+        except OSError:  # a full disk: these claims are lost, the port is still handed out
+            pass
 
 
 def _read(text: str, *, now: float) -> dict[int, float]:
