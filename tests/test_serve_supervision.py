@@ -273,7 +273,7 @@ def test_loadtest_keeps_its_numbers_when_the_server_goes_away() -> None:
         # serve gives up on it (--max-restarts 0) and reaps its stubs, which requests kept busy, before the load ends
         assert serve.finish(30) == 1
         assert "not restarting (--max-restarts 0)" in " ".join(serve.text.split()), serve.text
-        assert wait_until(lambda: not live_stubs(killed), timeout_s=2), live_stubs(killed)
+        assert wait_until(lambda: not live_stubs(killed), timeout_s=10), live_stubs(killed)  # room for a busy host
         out, err = load.communicate(timeout=120)
         flat = " ".join((out + err).split())
         assert load.returncode == 0, flat
