@@ -145,9 +145,7 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     conv.state_dict.clear()  # the model holds the weights now; keep one copy in memory
     model.eval()
 
-    ref = Path(reference) if reference is not None else find_reference(src.path)
-    if ref is not None and not ref.is_file():
-        raise FileNotFoundError(f"reference outputs {str(ref)!r} do not exist")
+    ref = Path(reference) if reference is not None else find_reference(src.path)  # both checked to exist
     resampled = spec.posemb == "learn" and spec.grid_size != conv.source_spec.grid_size
     head_changed = spec.num_classes != conv.source_spec.num_classes or spec.rep_size != conv.source_spec.rep_size
     if ref is not None:

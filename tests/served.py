@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 if TYPE_CHECKING:
+    from hub_vit.server.client.classifier import Classifier
     from hub_vit.server.runtime.launcher import TritonServer
 
 
@@ -56,21 +57,19 @@ def fp32_logits(model: torch.nn.Module, pretrained_cfg: Mapping[str, Any], paylo
         return model(batch).numpy()
 
 
-async def quiet_statistics(client: Any, *, quiet_s: float = 0.2, timeout_s: float = 3.0) -> dict:
-    """The server's statistics once two reads `quiet_s` apart agree (or the last read after `timeout_s`): Triton counts
-    a request just after answering it, so an earlier test's last request on a server its module shares may be counted
-    only after this test's first read, and land in what the test measures (32 + 1 requests)."""
-    import asyncio
+def quiet_statistics(client: Classifier, pause_s: float = 0.3) -> dict:
+    """Statistics once two reads `pause_s` apart agree: nothing sent earlier is still being counted (Triton counts a
+    request just after answering it, so an earlier test's last request on a server its module shares may otherwise
+    land in what the caller measures next: 32 + 1 requests)."""
     import time
 
-    deadline = time.monotonic() + timeout_s
-    latest = await client.statistics()
-    while time.monotonic() < deadline:
-        await asyncio.sleep(quiet_s)
-        previous, latest = latest, await client.statistics()
-        if latest == previous:
-            break
-    return latest
+    latest = client.statistics()
+    while True:
+        time.sleep(pause_s)
+        again = client.statistics()
+        if again == latest:
+            return latest
+        latest = again
 
 
 def classify_concurrently(grpc_url: str, payloads: list[bytes]) -> tuple[list[Any], int, int]:
@@ -78,16 +77,18 @@ def classify_concurrently(grpc_url: str, payloads: list[bytes]) -> tuple[list[An
     of one prediction) and the requests and executions the classifier counted meanwhile (its statistics, settled)."""
     import asyncio
 
-    from hub_vit.server.client.classifier import AsyncClassifier
+    from hub_vit.server.client.classifier import AsyncClassifier, Classifier
     from hub_vit.server.client.loadtest import settled_statistics
 
-    async def fire() -> tuple[dict, list[Any], dict]:
-        async with AsyncClassifier(grpc_url, protocol="grpc") as client:
-            before = await quiet_statistics(client)
-            results = await asyncio.gather(*(client.classify(p) for p in payloads))
-            return before, results, await settled_statistics(client, before, len(payloads))
+    with Classifier(grpc_url, protocol="grpc") as reader:
+        before = quiet_statistics(reader)
 
-    before, results, after = asyncio.run(fire())
+    async def fire() -> tuple[list[Any], dict]:
+        async with AsyncClassifier(grpc_url, protocol="grpc") as client:
+            results = await asyncio.gather(*(client.classify(p) for p in payloads))
+            return results, await settled_statistics(client, before, len(payloads))
+
+    results, after = asyncio.run(fire())
     requests, executions = (after["vit_classifier"][key] - before["vit_classifier"][key]
                             for key in ("inference_count", "execution_count"))
     return results, requests, executions

@@ -195,7 +195,6 @@ def test_a_load_result_without_answers_is_standard_json():
     assert report["errors"] == 3 and report["error_messages"] == {"not an image": 3}
 
 
-
 class LaggingCounts(Recorder):
     """A server that counts each answered image in its statistics only `LAG_S` after answering, as Triton counts an
     execution just after sending its answers; its config, metadata and statistics are Triton's JSON."""

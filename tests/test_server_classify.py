@@ -26,7 +26,7 @@ from hub_vit.server.client.messages import Prediction
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import write_repository
 from hub_vit.server.runtime.launcher import TritonServer
-from tests.served import start_server
+from tests.served import quiet_statistics, start_server
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
@@ -80,24 +80,13 @@ def _requests_counted(client: Classifier, before: int, expected: int, timeout_s:
         time.sleep(0.02)
 
 
-def _quiet(client: Classifier, pause_s: float = 0.3) -> dict:
-    """Statistics once two reads `pause_s` apart agree: nothing sent earlier is still being counted."""
-    latest = client.statistics()
-    while True:
-        time.sleep(pause_s)
-        again = client.statistics()
-        if again == latest:
-            return latest
-        latest = again
-
-
 # -- 1. lists longer than max_batch_size ----------------------------------------------------------------------------
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_long_lists_are_sent_in_max_batch_size_requests_in_order(server, digits, protocol):
     url = _url(server, protocol)
     with Classifier(url, protocol=protocol) as client:
         one_by_one = [client.classify(image)[0] for image in digits]
-        before = _quiet(client)["vit"]["success"]  # the last one-by-one request may still be counting
+        before = quiet_statistics(client)["vit"]["success"]  # the last one-by-one request may still be counting
         served = client.classify(digits)  # was: "[400] inference request batch-size must be <= 16 for 'vit'"
         assert _requests_counted(client, before, 3) == 3  # 16 + 16 + 3, not one request per image
         assert client.max_batch_size() == OPTIONS.max_batch_size
@@ -153,14 +142,14 @@ def test_cli_classifies_every_good_file_and_names_each_bad_one(server, digits, t
     for protocol_args in ((), ("--grpc",)):
         url = server.grpc_url if protocol_args else server.http_url
         with Classifier(server.http_url) as stats:
-            before = _quiet(stats)  # the previous requests' steps may be counted a moment after their answers
+            before = quiet_statistics(stats)  # the previous requests' steps may be counted a moment after their answers
             result = _cli("--url", url, *protocol_args, "--top", "1", *map(str, files))
             # each request refused at its bad file (named by index) is sent again without it: 2 answered...
             assert _requests_counted(stats, before["vit"]["success"], 2) == 2
             # ... of 4 sent in all (the classifier step sees every request, the refused ones too), not one more
             # request per file of each refused request (that was 2 refused + 18 + 2)
             _requests_counted(stats, before["vit_classifier"]["success"], 4, model="vit_classifier")
-            after = _quiet(stats)
+            after = quiet_statistics(stats)
             assert after["vit_classifier"]["success"] - before["vit_classifier"]["success"] == 4
         output = " ".join(result.output.split())
         assert result.exit_code == 1, output

@@ -370,15 +370,17 @@ def test_bad_and_good_requests_sent_together_are_answered_apart(server, referenc
     expected = reference(good)
     bad = b"this is not an image"
 
+    with Classifier(server.grpc_url, protocol="grpc") as reader:
+        before = quiet_statistics(reader)
+
     async def fire():
         async with AsyncClassifier(server.grpc_url, protocol="grpc") as client:
-            before = await quiet_statistics(client)
             calls = [client.classify([bad] if i % 3 == 2 else [good.pop(0)]) for i in range(18)]  # 12 good, 6 bad
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
             # the ensemble counts only the answered requests; its step counts all 18
-            return before, outcomes, await settled_statistics(client, before, len(outcomes), model="vit_classifier")
+            return outcomes, await settled_statistics(client, before, len(outcomes), model="vit_classifier")
 
-    before, outcomes, after = asyncio.run(fire())
+    outcomes, after = asyncio.run(fire())
     answers = [o[0] for i, o in enumerate(outcomes) if i % 3 != 2]
     refused = [o for i, o in enumerate(outcomes) if i % 3 == 2]
     _assert_same_topk(answers, expected)

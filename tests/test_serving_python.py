@@ -85,7 +85,6 @@ def test_serve_refuses_a_python_it_cannot_serve_from_before_building(monkeypatch
     assert "building the Triton repository" not in flat, flat
 
 
-
 @pytest.mark.parametrize(("flags", "named"), [
     (["--top-k", "0"], "--top-k"),
     (["--cpu-variant", "int3"], "--cpu-variant"),
@@ -106,6 +105,7 @@ def test_serve_names_a_mistyped_option_before_a_missing_triton(monkeypatch, flag
                                       ports[2], *flags])
     flat = " ".join(result.output.split())
     assert result.exit_code == 2 and named in flat and "tritonserver not found" not in flat, flat
+
 
 # -- the Makefile's interpreter ------------------------------------------------------------------------------------
 def _interpreters(folder: Path, **versions: tuple[int, int]) -> Path:

@@ -37,7 +37,8 @@ def convert(
     timeout: float = typer.Option(15.0, help="Network timeout in seconds for downloads."),
 ) -> None:
     """Convert a vit_jax / big_vision checkpoint to a folder that timm and transformers both load."""
-    from hub_vit.conversion.download import DownloadError
+    from hub_vit.cli.serving_options import in_flag_words
+    from hub_vit.conversion.download import DownloadError, check_timeout
     from hub_vit.conversion.npz_reader import CheckpointFormatError
     from hub_vit.conversion.verify import format_report
     from hub_vit.conversion.writer import OutputWriteError, ParityError, convert_to_folder
@@ -46,8 +47,10 @@ def convert(
         size = parse_img_size(img_size)
         if num_classes is not None and num_classes < 0:
             raise ValueError(f"--num-classes must be >= 0 (0 = no head), got {num_classes}")
-        if not 0 < timeout < float("inf"):  # NaN fails this too
-            raise ValueError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
+        try:
+            check_timeout(timeout)
+        except ValueError as exc:
+            raise ValueError(in_flag_words(str(exc), ("timeout",))) from None
         result = convert_to_folder(source, out, variant=variant, img_size=size, num_classes=num_classes,
                                    drop_pre_logits=not pre_logits, reference=reference, verify=verify,
                                    overwrite=overwrite, timeout=timeout)

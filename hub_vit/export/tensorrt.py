@@ -172,12 +172,11 @@ def export_tensorrt(onnx_path: str | Path, engine_path: str | Path, *, fp16: boo
     from hub_vit.export.metadata import MODEL_KEY, report_metadata
     from hub_vit.export.verify import judge, ort_outputs, ort_session, photo_batch
 
-    check_request(onnx_path, engine_path, workspace_gib)
+    c, h, w = check_request(onnx_path, engine_path, workspace_gib)
     require_tensorrt()
     engine_path = Path(engine_path)
     info = build_engine(onnx_path, engine_path, fp16=fp16, profile=profile, workspace_gib=workspace_gib)
     try:
-        c, h, w = _onnx_image_shape(Path(onnx_path))
         seed = secrets.randbits(31) if seed is None else seed
         rng = np.random.default_rng(seed)
         x = np.concatenate([rng.uniform(-1, 1, (n_random, c, h, w)).astype(np.float32),
