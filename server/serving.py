@@ -120,11 +120,13 @@ def _outcome(supervisor: Supervisor, forced: threading.Event) -> StopReport:
         if supervisor.stop.is_set() and not isinstance(err, GaveUp):  # interrupted while still loading
             return StopReport(ready=False)
         raise
+    if not supervisor.served:  # stopped while the first server was still loading or warming up
+        return StopReport(ready=False)
     code = server.process.returncode if server.process is not None else None
     # Triton's "Exit timeout expired": something held the drain open for the exit timeout. That may be requests
     # still running (they got no answer) or only idle keep-alive connections (a load balancer's), which a normal stop
     # must not report as a failure: the caller warns, and exits with the status of a requested stop.
-    failed_drain = bool(code) and not forced.is_set() and supervisor.failure is None
+    failed_drain = bool(code) and not forced.is_set() and supervisor.stopped_serving
     return StopReport(ready=True, drain_code=code if failed_drain else None)
 
 

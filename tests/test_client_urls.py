@@ -39,7 +39,11 @@ def test_refused_forms_name_the_problem(url, message):
             Classifier(url, protocol=protocol)
 
 
-def test_cli_classify_refuses_a_bad_url(tmp_path):
+@pytest.mark.parametrize("command", ["classify", "loadtest"])
+@pytest.mark.parametrize(("url", "message"), [("notaurl:xx", "must be host:port"), ("127.0.0.1", "must be host:port"),
+                                              ("127.0.0.1:8000/x", "has a path")])
+def test_cli_refuses_a_bad_url_as_a_usage_mistake(tmp_path, command, url, message):
+    # classify exited 1 (as for a server that does not answer) and repeated the URL: "http 127.0.0.1: server URL ..."
     from PIL import Image
     from typer.testing import CliRunner
 
@@ -48,8 +52,10 @@ def test_cli_classify_refuses_a_bad_url(tmp_path):
     image = tmp_path / "x.png"
     Image.new("RGB", (8, 8)).save(image)
     _load_commands()
-    result = CliRunner().invoke(app, ["classify", "--url", "notaurl:xx", str(image)])
-    assert result.exit_code != 0 and "must be host:port" in result.output
+    result = CliRunner().invoke(app, [command, "--url", url, str(image)])
+    flat = " ".join(result.output.split())
+    expected = f"server URL {url!r} {message}" if message == "has a path" else f"server URL {message}"
+    assert result.exit_code == 2 and f"error: --url: {expected}" in flat, flat
     assert not isinstance(result.exception, AttributeError)
 
 

@@ -42,6 +42,10 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--repository", "/nonexistent/repo"), "--repository '/nonexistent/repo' is missing"),
     (("--exit-timeout", "-1"), "--exit-timeout must be >= 0"),
     (("--max-queue-delay-us", "-1"), "--max-queue-delay-us must be 0 or a positive number of microseconds"),
+    # was taken: a lone request then waited in the queue until the client timed out, told to check the port
+    (("--max-queue-delay-us", "1000000000000"), "--max-queue-delay-us must be at most 10000000 (10 s; a request "
+                                                "alone waits the whole delay), got 1000000000000; it is in "
+                                                "microseconds"),
     (("--top-k", "0"), "error: --top-k must be a positive integer, got 0"),  # the flag, not the Python field
     (("--queue-timeout-us", "-5"), "--queue-timeout-us must be 0 or a positive number of microseconds"),
     (("--queue-timeout-us", "90000000000"), "--queue-timeout-us must be at most 86400000000 (one day)"),
@@ -168,6 +172,34 @@ def test_a_shed_grpc_request_is_not_reported_as_no_server(message, why):
     assert "is a server running there" in request_failed("grpc", "127.0.0.1:8001", no_server)
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_that_times_out_is_not_reported_as_no_server(protocol):
+    # a server that holds a lone request (a long --max-queue-delay-us) was reported as "is a server running there ...
+    # is this its HTTP port?" over HTTP, and with no hint at all over gRPC (DEADLINE_EXCEEDED)
+    import socket
+    import threading
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.client.errors import request_failed
+
+    silent = socket.create_server(("127.0.0.1", 0))  # takes connections, reads nothing, answers nothing
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+    url = f"127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        with pytest.raises(Exception) as raised, Classifier(url, protocol=protocol, timeout_s=1) as client:  # noqa: B017
+            client.classify([default_model_folder() / "samples" / "3_0.png"])
+        text = " ".join(request_failed(protocol, url, raised.value).split())
+    finally:
+        silent.close()
+        for connection in held:
+            connection.close()
+    assert "within the client's timeout: a server there may be overloaded, or hold lone requests to batch them " \
+           "(hub-vit serve --max-queue-delay-us)" in text, text
+    assert "is a server running there" not in text, text
+
+
 def test_loadtest_json_folder_is_refused_before_the_run(tmp_path):
     # nothing listens on the port: an error about the server would mean the run had started
     code, out = _run("loadtest", "--url", "127.0.0.1:18409", "--json", str(tmp_path))
@@ -234,6 +266,28 @@ def test_serve_repository_that_is_a_file_or_serves_another_name(tmp_path):
     assert code == 0, out
     code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "--name", "other")
     assert code == 2 and "--name 'other': the repository serves 'digits'" in out, out
+
+
+def test_repository_out_that_cannot_be_made_is_one_line():
+    # was a FileNotFoundError traceback: /proc holds no folders a process may make
+    code, out = _run("repository", "/proc/hub-vit-no-such/repo")
+    assert code == 2 and "cannot create OUT '/proc/hub-vit-no-such/repo': No such file or directory" in out, out
+
+
+def test_serve_repository_that_holds_no_model_or_a_stray_folder(tmp_path):
+    # was: tritonserver started, loaded the models for seconds, then exited 1 ("failed to load all models"), the reason
+    # ("Could not determine backend" of the stray folder) only in its log file
+    (tmp_path / "empty").mkdir()
+    code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "empty"))
+    assert code == 2 and "holds no model (no <model>/config.pbtxt)" in out, out
+    code, out = _run("repository", str(tmp_path / "repo"), "--name", "digits")
+    assert code == 0, out
+    for stray in ("photos", ".hidden"):  # tritonserver takes a hidden folder for a model too
+        (tmp_path / "repo" / stray).mkdir()
+        code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"))
+        assert code == 2 and f"has a folder without a config.pbtxt ({stray!r}): tritonserver would take it for a " \
+            "model and fail to start" in out, out
+        (tmp_path / "repo" / stray).rmdir()
 
 
 def test_try_line_names_a_real_sample_of_the_served_model(tmp_path):

@@ -332,6 +332,27 @@ def test_a_signal_sent_twice_at_once_is_one_stop_request() -> None:
         serve.stop()
 
 
+def test_a_stop_while_the_server_loads_is_a_normal_stop() -> None:
+    # was: a SIGTERM / Ctrl-C while Triton loaded the models warned "tritonserver was killed by SIGTERM while stopping:
+    # its drain did not finish within --exit-timeout" (no drain had run, and it took 2 s, not the exit timeout)
+    serve = Serve()
+    try:
+        assert wait_until(lambda: _has_tritonserver(serve), 60), serve.text
+        serve.process.send_signal(signal.SIGTERM)  # loading the models takes seconds: well before ready
+        assert serve.finish(60) == 0, serve.text
+        flat = " ".join(serve.text.split())
+        assert "stopped before the server was ready" in flat and "warning" not in flat, flat
+    finally:
+        serve.stop()
+
+
+def _has_tritonserver(serve: Serve) -> bool:
+    try:
+        return bool(serve.tritonserver_pid())
+    except AssertionError:
+        return False
+
+
 def _live(http_port: int) -> bool:
     import urllib.request
 

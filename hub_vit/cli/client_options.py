@@ -42,10 +42,14 @@ def queue_timeout_s(ms: float | None) -> float | None:
 def endpoint(url: str | None, grpc: bool) -> tuple[str, str]:
     """`--url` / `--grpc` -> (url, protocol): a `grpc://` URL speaks gRPC without `--grpc`; an `http://` one with
     `--grpc` is refused (it names two protocols)."""
-    from hub_vit.server.client.addresses import resolve_protocol
+    from hub_vit.server.client.addresses import resolve_protocol, server_address
 
     if url is None:
         return (f"{LOOPBACK}:{GRPC_PORT}", "grpc") if grpc else (f"{LOOPBACK}:{HTTP_PORT}", "http")
+    try:
+        server_address(url)  # a mistyped address is the user's mistake (exit 2), found before any connection
+    except ValueError as err:
+        raise fail(f"--url: {err}") from None
     try:
         return url, resolve_protocol(url, "grpc" if grpc else None)
     except ValueError:  # the one contradiction left: http:// with --grpc

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import app, as_flags, console, err_console, fail
+from hub_vit.cli.app import app, as_flags, console, err_console, fail, is_environment_error
 from hub_vit.cli.serving_options import (
     DEFAULTS,
     MODEL_HELP,
@@ -93,6 +93,11 @@ def repository(
         path = write_repository(model_source(model), out, opts, overwrite=overwrite)
     except (ValueError, FileExistsError, NotADirectoryError) as err:
         raise fail(as_flags(str(err))) from None
+    except OSError as err:
+        if err.filename != str(out) or is_environment_error(err):  # read-only, full, forbidden: main's safety net
+            raise
+        # the folder cannot be made where OUT says (its parent cannot hold one, e.g. under /proc): the path typed
+        raise fail(f"cannot create OUT {str(out)!r}: {err.strerror or err}") from None
     where = f", device {opts.device}" if opts.flavour == "torch" else ""
     console.print(f"wrote Triton repository [bold]{escape(str(path))}[/] (model [bold]{name}[/], flavour {flavour}"
                   f"{where})", soft_wrap=True)

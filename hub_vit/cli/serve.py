@@ -210,7 +210,7 @@ def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str |
 def _existing_repository(folder: Path, *, model: str | None, name: str, **sizes: Any) -> str:
     """`serve --repository`: the repository is served as written, so options that would change it are refused
     (they used to be dropped without a word); returns the ensemble's name (from the manifest, else `--name`)."""
-    from hub_vit.server.repository.manifest import outdated_warning, served_name
+    from hub_vit.server.repository.manifest import model_configs, outdated_warning, served_name
 
     if not folder.is_dir():
         raise fail(f"--repository {str(folder)!r} is {'a file' if folder.exists() else 'missing'}; give the folder "
@@ -222,6 +222,10 @@ def _existing_repository(folder: Path, *, model: str | None, name: str, **sizes:
         verb = "applies" if len(changed) == 1 else "apply"
         raise fail(f"{', '.join(changed)} only {verb} when serve builds the repository; --repository serves "
                    f"{str(folder)!r} as written (rebuild it with `hub-vit repository` to change it)")
+    try:
+        model_configs(folder)
+    except ValueError as err:
+        raise fail(f"--repository: {err}; give the folder `hub-vit repository` wrote") from None
     try:
         name, manifest = served_name(folder, name, DEFAULTS.name)
     except ValueError as err:

@@ -108,6 +108,15 @@ def empty_reply(err: Exception) -> bool:
     return "The document is empty" in str(err)
 
 
+def _timed_out(err: Exception) -> bool:
+    """The client's own timeout ended the wait: HTTP's socket timeout, gRPC's deadline (Triton's queue timeout is
+    UNAVAILABLE "Request timeout expired", `shed`)."""
+    from tritonclient.utils import InferenceServerException
+
+    return isinstance(err, TimeoutError) or (isinstance(err, InferenceServerException)
+                                             and err.status() == "StatusCode.DEADLINE_EXCEEDED")
+
+
 def request_failed(protocol_name: str, url: str, err: Exception) -> str:
     """One readable line for a request that got no answer from the model: the error, shortened (aiohttp quotes the
     whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look."""
@@ -122,10 +131,14 @@ def request_failed(protocol_name: str, url: str, err: Exception) -> str:
                "--queue-timeout-us)" if "Request timeout expired" in text
                else "the server's queue was full (its --max-queue-size)")
         return f"{protocol_name} {url}: {text}\nthe server is overloaded and shed this request: {why}; retry later"
-    if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
-        return f"{protocol_name} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
     names = {"http": "HTTP", "grpc": "gRPC"}
     this, other = names[protocol_name], names["http" if protocol_name == "grpc" else "grpc"]
+    if _timed_out(err):  # something took the connection and stayed silent: often a server that is there
+        return (f"{protocol_name} {url}: {text}\nno {this} answer from {url} within the client's timeout: a server "
+                "there may be overloaded, or hold lone requests to batch them (hub-vit serve --max-queue-delay-us); "
+                f"else check that a server runs there and that this is its {this} port")
+    if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
+        return f"{protocol_name} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
     return (f"{protocol_name} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), "
             f"and is this its {this} port, not its {other} or metrics port? Defaults: HTTP {HTTP_PORT}, gRPC "
             f"{GRPC_PORT} (--grpc), metrics {METRICS_PORT}.")

@@ -15,6 +15,24 @@ from typing import Any
 from hub_vit.server.repository.writer import MANIFEST, outdated_files
 
 
+def model_configs(folder: Path) -> list[Path]:
+    """The `<model>/config.pbtxt` files of the repository in `folder`, sorted. ValueError when `folder` is not a folder,
+    holds no model, or has a folder without a config.pbtxt: tritonserver takes every folder of its repository for a
+    model, fails to load that one ("Could not determine backend") and exits, after seconds of loading the others."""
+    if not folder.is_dir():
+        raise ValueError(f"repository {str(folder)!r} is not a folder")
+    configs = sorted(folder.glob("*/config.pbtxt"))
+    if not configs:
+        raise ValueError(f"repository {str(folder)!r} holds no model (no <model>/config.pbtxt)")
+    strays = sorted(path.name for path in folder.iterdir() if path.is_dir() and not (path / "config.pbtxt").is_file())
+    if strays:
+        listed = ", ".join(repr(name) for name in strays)
+        raise ValueError(f"repository {str(folder)!r} has {'folders' if len(strays) > 1 else 'a folder'} without a "
+                         f"config.pbtxt ({listed}): tritonserver would take {'each' if len(strays) > 1 else 'it'} for "
+                         "a model and fail to start")
+    return configs
+
+
 def read_manifest(folder: Path) -> dict[str, Any] | None:
     """The manifest of the repository in `folder`, None when it has none (a repository written by hand)."""
     manifest = folder / MANIFEST

@@ -81,12 +81,9 @@ def python_instances(repository: str | Path) -> dict[str, str]:
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    root = Path(repository)
-    if not root.is_dir():
-        raise ValueError(f"repository {str(root)!r} is not a folder")
-    configs = sorted(root.glob("*/config.pbtxt"))
-    if not configs:
-        raise ValueError(f"repository {str(root)!r} holds no model (no <model>/config.pbtxt)")
+    from hub_vit.server.repository.manifest import model_configs  # the repository writer's imports: only when asked
+
+    configs = model_configs(Path(repository))
     instances: dict[str, str] = {}
     for path in configs:
         try:

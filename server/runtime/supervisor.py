@@ -90,6 +90,10 @@ class Supervisor:
         self.server = new_server()  # raises ServerError for a bad repository or a taken port, before anything runs
         self.restarts = 0  # servers replaced since `run` began
         self.failure: str | None = None  # the last death, None once a server stopped because `stop` was set
+        self.served = False  # whether a server became ready since `run` began
+        # whether the server `run` returned was serving when `stop` was set: only then is its exit status its drain's
+        # (one stopped while loading or restarting dies of the signal)
+        self.stopped_serving = False
 
     def terminate(self) -> None:
         """Stop gracefully: returns at once (a signal handler calls it); the drain runs in a thread."""
@@ -142,12 +146,14 @@ class Supervisor:
                                      f"answered (--max-restarts {self.policy.max_failed_starts})") from None
             else:
                 failed_starts = 0
+                self.served = True
                 served_since = time.monotonic()
                 self._point_gates(self.server)
                 self.serving(self.server, restarted)
                 self.failure = self.server.watch(self.stop)
                 self._point_gates(None)
                 if self.failure is None:
+                    self.stopped_serving = True
                     return self.server
                 if time.monotonic() - served_since >= self.policy.stable_s:
                     in_a_row = 0
