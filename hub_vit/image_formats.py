@@ -11,3 +11,15 @@ from __future__ import annotations
 FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP")  # Pillow's names, for `Image.open(..., formats=FORMATS)`
 NAMES = "JPEG, PNG or WebP"  # the same, as people write them, for messages and help
 SUFFIXES: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp")  # file names of these formats (bundled examples)
+
+
+def signature_format(data: bytes) -> str | None:
+    """The format whose signature `data` starts with, as people write it (JPEG, PNG, WebP), or None: bytes that claim
+    to be one of these though Pillow cannot read their header are a damaged image, not some other kind of file."""
+    if data.startswith(b"\xff\xd8\xff"):  # SOI, then the first marker
+        return "JPEG"
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WebP"
+    return None

@@ -87,6 +87,12 @@ def read(message: str) -> Fact | None:
     return Fact(match["fact"], fields, message[match.end():].strip())
 
 
+def untagged(message: str) -> str:
+    """`message` for people: its fact's tag removed, Triton's words and the sentence kept."""
+    match = _TAG.search(message or "")
+    return message if match is None else message[:match.start()] + message[match.end():]
+
+
 # -- image-refused ------------------------------------------------------------------------------------------------
 def image_refused(index: int, reason: str) -> str:
     """The error for a request whose image `index` (0-based within the request) is refused for `reason`."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -37,6 +38,17 @@ def _own_variant_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     test reuses what another one chose (a damaged build would be served from an earlier test's entry), nor fills
     the user's cache."""
     monkeypatch.setenv("HUB_VIT_VARIANT_CACHE", str(tmp_path_factory.mktemp("variant-cache")))
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers (a stalled server: the kernel's backlog takes them)."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -118,7 +118,7 @@ def test_load_test_opens_a_connection_per_worker(protocol, concurrency, limit, m
     monkeypatch.setattr(loadtest, "AsyncClassifier", Recording)
     with pytest.raises(Exception):  # noqa: B017 (connection refused, as tritonclient reports it per protocol)
         asyncio.run(loadtest.run_load(f"127.0.0.1:{free_port()}", [b"x"], protocol=protocol,
-                                      concurrency=concurrency, requests=1))
+                                      concurrency=concurrency, requests=concurrency))
     assert len(built) == 1
     if limit is not None:
         assert built[0]._conn.limit == limit  # aiohttp's connector behind tritonclient.http.aio

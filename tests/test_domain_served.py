@@ -135,6 +135,16 @@ def test_a_model_without_a_calibration_answers_unknown(tmp_path, photos):
         assert [(p.domain, p.domain_score) for p in predictions] == [(protocol.UNKNOWN_DOMAIN, None)] * 2
         assert predictions[0].labels[0] == "0"  # answered as before, only its domain is unknown
         assert not (tmp_path / "repository" / "vit_classifier" / "1" / STATISTICS_FILE).exists()
+        from hub_vit.cli import _load_commands
+        from hub_vit.cli.app import app
+
+        _load_commands()
+        result = CliRunner().invoke(app, ["classify", "--url", server.http_url, str(SAMPLES[0])])
+        text = " ".join(result.output.split())
+        # was "the served model's folder has no ...": wrong for an exported file, which has no folder
+        assert result.exit_code == 0 and "note: unknown whether this model knows this kind of image (no out-of-domain " \
+            "score is calibrated for it): the served model carries no out-of-domain score for its weights (a model " \
+            "folder gets one from hub-vit calibrate-domain, then serve it again; an exported file has none)" in text, text
 
 
 def test_hub_vit_classify_shows_the_verdict_and_says_it_in_words(cpu_server, tmp_path, photos):

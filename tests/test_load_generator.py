@@ -141,17 +141,6 @@ def test_loadtest_says_when_the_load_generator_is_the_limit(cores, monkeypatch):
     assert ("these numbers may be its limit" in output) == (cores >= loadtest.SATURATED_CORES), output
 
 
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections and never answers (a stalled server)."""
-    import socket
-
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield listener.getsockname()[1]
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_request_without_an_answer_is_named_by_the_clients_timeout(silent_port, protocol):
     # was: aiohttp's TimeoutError has no words, so `loadtest` counted "964 x " and `classify` said "error: ...: "
@@ -168,6 +157,16 @@ def test_a_request_without_an_answer_is_named_by_the_clients_timeout(silent_port
     else:  # the gRPC call now has a deadline (it had none: a stalled server hung the load generator), named by gRPC
         assert error_message(err, 0.5) == "[StatusCode.DEADLINE_EXCEEDED] Deadline Exceeded", err
     assert error_message(ValueError(""), 1) == "ValueError"
+
+
+def test_an_image_refusal_is_counted_in_words_for_people():
+    # was counted as "[400] in ensemble 'vit', [hub-vit image-refused index=0] image 0: ...": the protocol's tag shown
+    from tritonclient.utils import InferenceServerException
+
+    from hub_vit.server import protocol
+
+    err = InferenceServerException("in ensemble 'vit', " + protocol.image_refused(0, "not an image"), status="400")
+    assert error_message(err, 1) == "[400] in ensemble 'vit', image 0: not an image"
 
 
 @pytest.mark.parametrize("bad, error", [(0, ValueError), (-1, ValueError), (float("inf"), ValueError),
@@ -240,3 +239,19 @@ def test_the_warm_up_is_not_counted_in_the_runs_batching() -> None:
         server.server_close()
     assert len(handler.answered) == 6 + 2  # the run's requests and the two of the warm-up
     assert result.requests == 6 and result.batching["vit"]["inferences"] == 6, result.batching
+
+
+def test_no_more_requests_are_in_flight_than_the_run_sends() -> None:
+    # was: --concurrency 1000000 --requests 5 started a million workers (and connections) for five requests
+    from hub_vit.server.client.loadtest import load_test
+
+    handler = type("CountingForTest", (LaggingCounts,), {"seen": [], "parameters": [], "rows": None, "answered": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = load_test(f"127.0.0.1:{server.server_address[1]}", [b"\x89PNG stand-in bytes"], concurrency=64,
+                           requests=3, duration_s=None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.concurrency == 3 and result.requests == 3 and len(handler.answered) == 3 + 2, result

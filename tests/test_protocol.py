@@ -37,6 +37,14 @@ def test_an_image_refusal_is_read_wherever_triton_puts_it(before):
     assert "image 3: not an image" in message  # and people read which image too
 
 
+def test_untagged_is_the_message_for_people():
+    # loadtest and classify printed the tag: "[400] in ensemble 'vit', [hub-vit image-refused index=0] image 0: ..."
+    message = "[400] in ensemble 'vit', " + protocol.image_refused(0, "not an image")
+    assert protocol.untagged(message) == "[400] in ensemble 'vit', image 0: not an image"
+    assert protocol.untagged(protocol.server_state(protocol.RESTARTING, "retry shortly")) == "retry shortly"
+    assert protocol.untagged("Triton's own words") == "Triton's own words"
+
+
 def test_a_reason_that_looks_like_a_tag_is_only_a_sentence():
     message = protocol.image_refused(0, "cannot decode [hub-vit image-refused index=7] oddly named file")
     assert protocol.refused_image(message).index == 0

@@ -273,6 +273,14 @@ def test_classify_explain_bad_settings_fail_before_any_request(tmp_path, repo_ro
     result = runner.invoke(app, ["classify", "--url", url, "--head-fusion", "max", image])
     assert result.exit_code != 0 and "add --explain" in result.output
     assert not (tmp_path / "out").exists()
+    # was found after every image was classified (the whole table printed, then the error)
+    result = runner.invoke(app, ["classify", "--url", url, "--explain", "-o", "/proc/hub-vit-no-such", image])
+    assert result.exit_code == 2 and "cannot create --out '/proc/hub-vit-no-such': No such file or directory" in \
+        result.output, result.output
+    # made before the request, and taken away again when no overlay was written (here: no server)
+    result = runner.invoke(app, ["classify", "--url", url, "--explain", "-o", str(tmp_path / "new" / "out"), image])
+    assert result.exit_code == 1 and "Connection refused" in result.output, result.output
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.fixture()

@@ -32,7 +32,9 @@ def classify(
                                         "row, in [0, 1) (default 0)."),
 ) -> None:
     """Classify images with a running server and print a table."""
+    from hub_vit.atomic import remove_empty_folders
     from hub_vit.cli.classify_files import classify_files
+    from hub_vit.cli.explain import make_out
     from hub_vit.server.client.classifier import Classifier
     from hub_vit.server.client.errors import empty_reply, request_failed
 
@@ -42,19 +44,23 @@ def classify(
     timeout_s = queue_timeout_s(queue_timeout_ms)
     url, protocol = endpoint(url, grpc)
     request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}
+    created = make_out(out) if explain else []  # before any request: an --out that cannot be made wastes none
     try:
-        with Classifier(url, protocol=protocol, model=model) as client:
-            predictions, errors = classify_files(client, list(images), timeout_s, **request)
-    except ValueError as err:
-        if not empty_reply(err):  # a bad URL, ...
-            raise fail(f"{protocol} {url}: {err}", code=1) from None
-        raise fail(request_failed(protocol, url, err), code=1) from None
-    except Exception as err:  # refused, not Triton, the other protocol's port (HTTPParseError), unknown model, ...
-        raise fail(request_failed(protocol, url, err), code=1) from None
-    if predictions:
-        _print_table(list(images), predictions, top, f"{model} @ {url} ({protocol})")
-        if explain:
-            _write_explained(list(images), predictions, out)
+        try:
+            with Classifier(url, protocol=protocol, model=model) as client:
+                predictions, errors = classify_files(client, list(images), timeout_s, **request)
+        except ValueError as err:
+            if not empty_reply(err):  # a reply that is not Triton's, ...
+                raise fail(f"{protocol} {url}: {err}", code=1) from None
+            raise fail(request_failed(protocol, url, err), code=1) from None
+        except Exception as err:  # refused, not Triton, the other protocol's port (HTTPParseError), unknown model, ...
+            raise fail(request_failed(protocol, url, err), code=1) from None
+        if predictions:
+            _print_table(list(images), predictions, top, f"{model} @ {url} ({protocol})")
+            if explain:
+                _write_explained(list(images), predictions, out, created)
+    finally:
+        remove_empty_folders(created)  # no overlay written (every request failed): no empty folder left behind
     for index, message in sorted(errors.items()):
         err_console.print(f"[bold red]error:[/] {escape(str(images[index]))}: {escape(message)}", soft_wrap=True,
                           emoji=False)
@@ -122,26 +128,20 @@ def _domain_notes(names: list[str], predictions: list[Any]) -> None:
         console.print(f"note: {', '.join(outside)}: {DOMAIN_SENTENCES[OUT_OF_DOMAIN]} (out-of-domain score above its "
                       "threshold): the labels above are guesses", soft_wrap=True, markup=False, highlight=False)
     if any(prediction.domain == UNKNOWN_DOMAIN for prediction in predictions):
-        console.print(f"note: {DOMAIN_SENTENCES[UNKNOWN_DOMAIN]}: the served model's folder has no out-of-domain "
-                      "score for its weights (hub-vit calibrate-domain)", soft_wrap=True, markup=False,
-                      highlight=False)
+        # the server may run a model folder (calibrated by `calibrate-domain`) or an exported file (which has none)
+        console.print(f"note: {DOMAIN_SENTENCES[UNKNOWN_DOMAIN]}: the served model carries no out-of-domain score "
+                      "for its weights (a model folder gets one from hub-vit calibrate-domain, then serve it again; "
+                      "an exported file has none)", soft_wrap=True, markup=False, highlight=False)
 
 
-def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path) -> None:
+def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path, created: list[Path]) -> None:
     """`classify --explain`: the server's map of each classified image drawn on it, as `hub-vit rollout` draws its
     own (the same names, `<stem>_rollout.png`, colours and crop placement), one line per file written."""
-    from hub_vit.atomic import missing_folders, remove_empty_folders
     from hub_vit.cli.explain import _save_overlay, output_stems
     from hub_vit.explain.image import ImageReadError, load_image
     from hub_vit.explain.overlay import blend
 
     stems = output_stems(images)
-    created = missing_folders(out)  # removed again if no overlay gets written
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        remove_empty_folders(created)
-        raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
     for index, prediction in sorted(predictions.items()):
         try:
             image = load_image(images[index], large=True)  # the server decoded it; a format only it reads is named

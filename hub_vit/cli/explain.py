@@ -47,6 +47,18 @@ def output_stems(paths: list[Path]) -> list[str]:
     return stems
 
 
+def make_out(out: Path) -> list[Path]:
+    """Create the --out folder for overlays (exit 2 naming the OS's reason when it cannot be made); returns the folders
+    made, deepest first, to be removed again if no overlay gets written there (`remove_empty_folders`)."""
+    created = missing_folders(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # no permission, read-only file system, a parent that cannot hold folders (/proc)
+        remove_empty_folders(created)
+        raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
+    return created
+
+
 def _save_overlay(array: np.ndarray, target: Path, created: list[Path]) -> None:
     """`save_png`, with a read-only or full disk as one error line (exit 1) naming the file.
 
@@ -129,12 +141,7 @@ def rollout(
     blocker = file_in_the_way(out)
     if blocker is not None:
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
-    created = missing_folders(out)  # removed again if no overlay gets written
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # no permission, read-only file system
-        remove_empty_folders(created)
-        raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
+    created = make_out(out)
     stems = output_stems([path for path, _ in ready])
     for start in range(0, len(images), BATCH):
         chunk = ready[start:start + BATCH]

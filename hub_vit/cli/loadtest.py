@@ -50,7 +50,7 @@ def loadtest(
         raise fail(request_failed(protocol, url, err), code=1) from None
     except Exception as err:  # connection refused, unknown model, ...
         raise fail(request_failed(protocol, url, err), code=1) from None
-    _report(result, concurrency, protocol)
+    _report(result, protocol)
     if json_out is not None:
         try:
             json_out.write_text(result.to_json() + "\n")
@@ -66,13 +66,13 @@ def loadtest(
                    "--allow-errors exits 0 anyway)", code=1)
 
 
-def _report(result: Any, concurrency: int, protocol: str) -> None:
+def _report(result: Any, protocol: str) -> None:
     """The run's numbers: requests, throughput, latency, the load generator's own cost, the server's batching."""
     lat = result.latency_ms
     if result.interrupted:
         err_console.print("[yellow]interrupted (Ctrl-C):[/] the numbers cover the run until then")
     console.print(f"[bold]{result.requests}[/] requests ({result.errors} errors) in {result.seconds:.1f} s, "
-                  f"concurrency {concurrency}, {protocol}: [bold]{result.throughput_rps:.1f} req/s[/], "
+                  f"concurrency {result.concurrency}, {protocol}: [bold]{result.throughput_rps:.1f} req/s[/], "
                   f"{result.images_per_s:.1f} images/s")
     console.print(f"latency ms  p50 {lat['p50']:.2f}  p90 {lat['p90']:.2f}  p99 {lat['p99']:.2f}  "
                   f"max {lat['max']:.2f}")

@@ -106,6 +106,8 @@ def serve(
     from hub_vit.server.serving import Endpoints
 
     endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
+    if given(ctx, "demo_port") and not demo:  # was dropped without a word
+        raise fail("--demo-port only applies with --demo (serve starts no demo without it)")
     _check_flags(endpoints, demo_port if demo else None, exit_timeout=exit_timeout, max_restarts=max_restarts,
                  max_request_mb=max_request_mb, max_connections=max_connections, front_processes=front_processes,
                  quiet=quiet, verbose=verbose)

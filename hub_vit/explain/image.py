@@ -19,7 +19,7 @@ from PIL import Image, ImageOps
 
 from hub_vit.data_config import INTERPOLATIONS as DATA_INTERPOLATIONS
 from hub_vit.data_config import DataConfig
-from hub_vit.image_formats import FORMATS, NAMES, SUFFIXES
+from hub_vit.image_formats import FORMATS, NAMES, SUFFIXES, signature_format
 from hub_vit.image_modes import to_8bit
 from hub_vit.resize_bound import check_resize, eval_resize
 
@@ -70,6 +70,10 @@ def load_image(source: str | Path | bytes, name: str | None = None, *, large: bo
         except FileNotFoundError as exc:
             raise ImageReadError(f"image file {label!r} does not exist") from exc
         except Exception as exc:  # Pillow raises many exception types on malformed input (ValueError, OSError, ...)
+            claimed = signature_format(_first_bytes(source))
+            if claimed is not None:  # a JPEG / PNG / WebP cut short in its header: damaged, not another format
+                reason = str(exc).strip() or type(exc).__name__
+                raise ImageReadError(f"{label!r} is a damaged or incomplete {claimed} image ({reason})") from exc
             raise ImageReadError(f"cannot read {label!r} as an image ({type(exc).__name__}); supported formats: "
                                  f"{NAMES}") from exc
         with im:
@@ -87,6 +91,17 @@ def load_image(source: str | Path | bytes, name: str | None = None, *, large: bo
             except Exception as exc:  # the header was fine: a damaged file, not an unsupported format
                 reason = str(exc).strip() or type(exc).__name__
                 raise ImageReadError(f"{label!r} is a damaged or incomplete {kind} image ({reason})") from exc
+
+
+def _first_bytes(source: str | Path | bytes) -> bytes:
+    """The first bytes of `source`, enough for a format's signature; none when it cannot be read."""
+    if isinstance(source, bytes):
+        return source[:16]
+    try:
+        with open(source, "rb") as file:
+            return file.read(16)
+    except OSError:
+        return b""
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,8 @@ def request_failed(protocol_name: str, url: str, err: Exception) -> str:
     whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look."""
     from tritonclient.utils import InferenceServerException
 
-    text = " ".join(str(err).split()).replace(" ssl:default ", " ")  # aiohttp says "ssl:default" for plain HTTP too
+    # aiohttp says "ssl:default" for plain HTTP too
+    text = " ".join(protocol.untagged(str(err)).split()).replace(" ssl:default ", " ")
     if not text:  # aiohttp's timeout has no words of its own
         text = "no answer in time" if isinstance(err, TimeoutError) else type(err).__name__
     text = text if len(text) <= 240 else text[:240] + " ..."

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from hub_vit.server import protocol
 from hub_vit.server.client.addresses import resolve_protocol
 from hub_vit.server.client.classifier import AsyncClassifier
 from hub_vit.server.client.errors import MAX_REQUEST_FLAG, no_server, shed, too_large, too_large_limit
@@ -34,10 +35,15 @@ from hub_vit.server.client.messages import queue_timeout
 SATURATED_CORES = 0.9
 
 
+# One connection per request in flight: past this, the load generator's own process is the bottleneck (one core drives
+# a few thousand), and connections beyond a server's limit are refused (hub-vit serve's front: --max-connections 4096)
+MAX_CONCURRENCY = 16_384
+
+
 @dataclass
 class LoadResult:
     protocol: str
-    concurrency: int
+    concurrency: int  # requests in flight at once: at most the request count, when one is given
     batch: int  # images per request
     requests: int  # answered, including those drained after a deadline
     errors: int
@@ -124,8 +130,10 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
     """Closed-loop load; stops after `requests` answers if given, else after `duration_s` seconds. `protocol`: as
     `AsyncClassifier` (None: from a grpc:// / http:// URL, else HTTP). `queue_timeout_s`: sent with every request
     (`AsyncClassifier.classify`); the requests the server rejects for it are errors of the run, by their message."""
-    if concurrency < 1:
-        raise ValueError(f"the requests in flight (--concurrency) must be >= 1, got {concurrency}")
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ValueError(f"the requests in flight (--concurrency) must be between 1 and {MAX_CONCURRENCY}, got "
+                         f"{concurrency}" + (" (one connection each; a server takes 4096 by default: hub-vit serve "
+                                             "--max-connections)" if concurrency > MAX_CONCURRENCY else ""))
     if batch < 1:
         raise ValueError(f"the images per request (--batch) must be >= 1, got {batch}")
     if requests is not None and requests < 1:
@@ -134,6 +142,8 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         raise ValueError(f"the duration (--duration) must be a finite number of seconds > 0, got {duration_s}; "
                          "or give a request count (--requests)")
     queue_timeout(queue_timeout_s)  # checked before connecting
+    if requests is not None:  # more would be workers with nothing to send, each holding a connection open
+        concurrency = min(concurrency, requests)
     if resolve_protocol(url, protocol) == "http":
         _allow_open_files(concurrency + 64)  # one socket per worker, plus the interpreter's own files
     payloads = [encode(image) for image in images]
@@ -239,7 +249,7 @@ def error_message(err: Exception, timeout_s: float) -> str:
         return f"no answer within the client's timeout of {timeout_s:g} s"
     if too_large(err) and too_large_limit(err) is None:  # grpc's own words, which name no way out: the flag does
         return f"{str(err)[:160]} (over the server's request size limit: {MAX_REQUEST_FLAG})"
-    return str(err)[:160] or type(err).__name__
+    return protocol.untagged(str(err))[:160] or type(err).__name__
 
 
 def request_bodies(payloads: Sequence[bytes], batch: int) -> list[list[bytes]]:

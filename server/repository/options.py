@@ -19,11 +19,14 @@ PRECISIONS = ("FP16", "FP32")
 
 # The largest value of each option that Triton's ModelConfig field (model_config.proto) can hold.
 _INT32, _UINT32 = 2**31 - 1, 2**32 - 1
-_CONFIG_LIMITS = {"max_batch_size": (_INT32, "an int32"), "preprocess_instances": (_INT32, "an int32"),
+_CONFIG_LIMITS = {"preprocess_instances": (_INT32, "an int32"),
                   "classifier_instances": (_INT32, "an int32"), "max_queue_size": (_UINT32, "a uint32")}
 # A request alone waits the whole delay whenever an instance is free; a delay of seconds is a unit slip (ms or s for
 # us) that makes every lone request wait that long, past clients' timeouts (60 s by default)
 LONGEST_QUEUE_DELAY_US = 10_000_000
+# Each instance runs one batch of max_batch_size at start (warm-up; the torch flavour also captures CUDA graphs up to
+# it): 4096 ViT inputs at 224 px are 2.4 GB of pixels, while 1,000,000 would exhaust any host before serving
+LARGEST_BATCH = 4096
 
 # The torch flavour on a GPU: a ViT-S/16 runs hundreds of images per execution in a few milliseconds, so batches are
 # GPU-sized (CUDA graph buckets are the powers of two up to max_batch_size) and the queue holds several full batches.
@@ -125,6 +128,9 @@ class ServingOptions:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} must be 0 or a positive number of microseconds, got {value!r}")
+        if self.max_batch_size > LARGEST_BATCH:
+            raise ValueError(f"max_batch_size must be at most {LARGEST_BATCH} (each instance warms up with one batch "
+                             f"of this size when the server starts), got {self.max_batch_size}")
         if self.max_queue_delay_us > LONGEST_QUEUE_DELAY_US:
             raise ValueError(f"max_queue_delay_us must be at most {LONGEST_QUEUE_DELAY_US} (10 s; a request alone "
                              f"waits the whole delay), got {self.max_queue_delay_us}; it is in microseconds")

@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-try:  # hub_vit/image_modes.py, image_formats.py and server/protocol.py, copied beside this file by hub-vit repository
-    from image_formats import FORMATS, NAMES  # (Triton runs it without hub_vit); FORMATS: the only decoders that run
+# hub_vit/image_modes.py, image_formats.py and server/protocol.py, copied beside this file by hub-vit repository
+try:  # (Triton runs it without hub_vit)
+    from image_formats import FORMATS, NAMES, signature_format  # FORMATS: the only decoders that run
     from image_modes import to_8bit
     from protocol import image_refused
 except ImportError:  # in process (tests, benchmarks): the package's own modules
-    from hub_vit.image_formats import FORMATS, NAMES
+    from hub_vit.image_formats import FORMATS, NAMES, signature_format
     from hub_vit.image_modes import to_8bit
     from hub_vit.server.protocol import image_refused
 
@@ -262,11 +263,16 @@ class Preprocess:
                 # Pillow checks inside open(), before the header check below can: past its warning limit (89 MP)
                 # when max_pixels is lower, always past its hard limit (twice that). Same message, same way out.
                 raise BadImageError(self._too_large(_declared_pixels(err))) from None
-            except UnidentifiedImageError:
-                raise BadImageError(
-                    f"not an image: {len(data)} bytes starting {data[:8]!r} are not {NAMES}"
-                ) from None
-            except Exception as err:  # Pillow raises plain ValueError/OSError for some malformed headers
+            except Exception as err:  # UnidentifiedImageError; plain ValueError / OSError for some malformed headers
+                claimed = signature_format(data)
+                if claimed is not None:  # a JPEG, PNG or WebP cut short or damaged: not "some other kind of file"
+                    detail = "" if isinstance(err, UnidentifiedImageError) else f" ({err})"
+                    raise BadImageError(f"damaged {claimed} image: its {len(data)} bytes start as {claimed}, but its "
+                                        f"header cannot be read (truncated or corrupt){detail}") from None
+                if isinstance(err, UnidentifiedImageError):
+                    raise BadImageError(
+                        f"not an image: {len(data)} bytes starting {data[:8]!r} are not {NAMES}"
+                    ) from None
                 raise BadImageError(f"cannot read image header: {err}") from None
         width, height = image.size
         if width * height > self.max_pixels:
