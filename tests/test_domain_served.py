@@ -142,9 +142,10 @@ def test_a_model_without_a_calibration_answers_unknown(tmp_path, photos):
         result = CliRunner().invoke(app, ["classify", "--url", server.http_url, str(SAMPLES[0])])
         text = " ".join(result.output.split())
         # was "the served model's folder has no ...": wrong for an exported file, which has no folder
-        assert result.exit_code == 0 and "note: unknown whether this model knows this kind of image (no out-of-domain " \
-            "score is calibrated for it): the served model carries no out-of-domain score for its weights (a model " \
-            "folder gets one from hub-vit calibrate-domain, then serve it again; an exported file has none)" in text, text
+        note = ("note: unknown whether this model knows this kind of image (no out-of-domain score is calibrated "
+                "for it): the served model carries no out-of-domain score for its weights (a model folder gets one "
+                "from hub-vit calibrate-domain, then serve it again; an exported file has none)")
+        assert result.exit_code == 0 and note in text, text
 
 
 def test_hub_vit_classify_shows_the_verdict_and_says_it_in_words(cpu_server, tmp_path, photos):
