@@ -3,6 +3,7 @@ in tritonserver's log or a traceback from uvicorn."""
 
 from __future__ import annotations
 
+import errno
 import socket
 
 # `hub-vit serve`'s default ports, stated once: serve's options, the clients' default addresses, `make serve`, and every
@@ -60,8 +61,13 @@ def port_in_use(host: str, port: int) -> bool:
         except PermissionError:
             raise PortError(f"port {port} on {host} needs root (ports below 1024 are privileged); choose a port "
                             "above 1023") from None
-        except OSError:
-            return True
+        except socket.gaierror:  # was reported as the port in use
+            raise PortError(f"host {host!r}: cannot resolve this name to an address") from None
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise PortError(f"host {host!r} is not an address of this machine to listen on ({exc.strerror}); use "
+                            "127.0.0.1, 0.0.0.0 or one of this machine's own addresses") from None
     return False
 
 

@@ -104,3 +104,25 @@ def test_cli_unavailable_provider_is_refused_before_anything_is_built(tmp_path: 
     assert result.exit_code == 2, text
     assert missing in text and "CPUExecutionProvider" in text  # names the bad one and the valid choices
     assert not out.exists()  # no report left behind
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # was "expected non-negative integer" (numpy) and "Overflow when unpacking long long" (torch), after the build
+    (("--seed", "-1"), "--seed must be between 0 and 18446744073709551615 (2**64 - 1), got -1"),
+    (("--seed", "18446744073709551616"), "--seed must be between 0 and 18446744073709551615 (2**64 - 1), got "
+                                         "18446744073709551616"),
+    # was one message for the three flags, naming none
+    (("--photos", "-5"), "--photos must be >= 0, got -5"),
+    (("--calibration", "-1"), "--calibration must be >= 0, got -1"),
+    (("--random-inputs", "0", "--photos", "0"), "--random-inputs and --photos are both 0: the verification set would "
+                                                 "be empty"),
+])
+def test_cli_verification_flags_are_refused_before_anything_is_built(tmp_path: Path, args: tuple[str, ...],
+                                                                     message: str) -> None:
+    _load_commands()
+    out = tmp_path / "exports"
+    result = CliRunner().invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(out), "-v", "fp32",
+                                      *args])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"error: {message}" in text and "exporting" not in text, text
+    assert not out.exists()

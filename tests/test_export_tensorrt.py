@@ -83,16 +83,21 @@ def test_cli_stops_at_once_without_gpu_or_tensorrt(tmp_path: Path) -> None:
     ("workspace nan", "--workspace-gib must be a positive number of GiB, got nan"),
     ("batches out of order", "batch profile must satisfy 1 <= min <= opt <= max, got min=9, opt=8, max=32"),
     ("engine path a folder", "is a directory; give a file name such as model.plan"),
+    ("not an ONNX file", "tiny.onnx' is not a valid ONNX model (truncated or corrupt?)"),  # was a DecodeError traceback
+    ("seed -1", "--seed must be between 0 and 18446744073709551615 (2**64 - 1), got -1"),  # was not checked at all
 ])
 def test_the_users_mistakes_are_named_before_tensorrt_is_looked_for(tmp_path: Path, case: str, named: str) -> None:
     """was: on a machine without TensorRT every mistake read "TensorRT export needs ...", and on one with it a
     negative workspace reached the builder and an engine path naming a folder failed after the build, uncaught."""
     onnx_path = _tiny_onnx(tmp_path, dynamic_size=case == "dynamic image size")
+    if case == "not an ONNX file":
+        onnx_path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))  # a picture saved under the graph's name
     args = {"missing file": [str(tmp_path / "never-exported.onnx")],
             "workspace 0": [str(onnx_path), "--workspace-gib", "0"],
             "workspace nan": [str(onnx_path), "--workspace-gib", "nan"],
             "batches out of order": [str(onnx_path), "--min-batch", "9"],
-            "engine path a folder": [str(onnx_path), "-o", str(tmp_path)]}.get(case, [str(onnx_path)])
+            "engine path a folder": [str(onnx_path), "-o", str(tmp_path)],
+            "seed -1": [str(onnx_path), "--seed", "-1"]}.get(case, [str(onnx_path)])
     code, said = _export_tensorrt(*args)
     assert code == 2 and named in said and "NVIDIA GPU" not in said, said  # not require_tensorrt's refusal
     assert [p.name for p in tmp_path.iterdir()] == ["tiny.onnx"]

@@ -124,6 +124,22 @@ def test_cli_demo_refuses_an_impossible_port():
     assert result.exit_code == 2 and "--port 99999 is not a TCP port (1-65535)" in result.output
 
 
+@pytest.mark.parametrize(("host", "message"), [
+    # the first two were reported as "--port 7931: ... is already in use (another server?)"
+    ("no-such-host.invalid", "host 'no-such-host.invalid': cannot resolve this name to an address"),
+    ("10.9.8.7", "host '10.9.8.7' is not an address of this machine to listen on (Cannot assign requested address)"),
+    ("::1", "--host '::1': IPv6 addresses are not supported by the demo"),  # was Gradio's "Invalid port: ':1:7931'"
+])
+def test_cli_demo_names_a_host_it_cannot_listen_on(host, message):
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["demo", "--host", host, "--port", "7931"])
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+
+
 def test_a_repository_path_the_python_backend_stub_cannot_take_is_refused(tmp_path):
     # Triton launches each stub as `bash -c "exec <stub> <repository>/<model>/1/model.py ..."`, unquoted: from such a
     # path the model never loaded and the server waited out its whole start timeout (120 s)
@@ -352,3 +368,14 @@ def test_the_pinned_memory_pool_and_gpu_metrics_stay_on_only_where_there_is_a_gp
         find_triton(), Path("backends"))
     off = {"--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"}
     assert off.isdisjoint(command) if gpu else off <= set(command), command
+
+
+def test_cli_demo_refuses_an_empty_triton_url():
+    # was taken as "no server": the labels then came from the model in process without a word
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    result = CliRunner().invoke(app, ["demo", "--triton-url", "", "--port", "7931"])
+    assert result.exit_code == 2 and "server URL must be host:port" in result.output, result.output

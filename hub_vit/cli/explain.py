@@ -181,12 +181,15 @@ def demo(
         raise fail(f"the demo needs gradio ({exc}); install it with: pip install 'hub-vit[demo]'") from exc
     try:
         choices = discover_choices(model_folder)
-        triton = TritonLabels(triton_url, triton_model) if triton_url else None
+        triton = TritonLabels(triton_url, triton_model) if triton_url is not None else None  # '' is a bad address
     except ValueError as exc:
         raise fail(str(exc)) from exc
     if not choices:
         raise fail("no model to show: this build ships no default model; pass --model-folder DIR "
                    "(from `hub-vit convert` or `hub-vit train`)")
+    if ":" in host:  # Gradio writes its own URL as http://HOST:PORT, which an IPv6 address breaks ("Invalid port")
+        raise fail(f"--host {host!r}: IPv6 addresses are not supported by the demo; use an IPv4 address such as "
+                   "127.0.0.1 (loopback) or 0.0.0.0 (every interface)")
     try:
         check_ports(host, {"--port": port})
     except PortError as exc:

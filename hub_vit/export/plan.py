@@ -94,6 +94,16 @@ class OwnImages:
     scope: str = "own images"  # "own images" (--images) | "held-out images" (named by the model folder)
 
 
+LARGEST_SEED = 2**64 - 1  # torch's generators take seeds up to this; numpy's any non-negative integer
+
+
+def check_seed(seed: int | None) -> None:
+    """A verification seed is None (fresh) or an integer in 0..LARGEST_SEED: numpy refused a negative one and torch
+    a larger one in their own words, after the model was built."""
+    if seed is not None and not 0 <= seed <= LARGEST_SEED:
+        raise ValueError(f"--seed must be between 0 and {LARGEST_SEED} (2**64 - 1), got {seed}")
+
+
 @dataclass(frozen=True)
 class VerificationSet:
     """What every variant is judged on: `n_random` uniform noise images (a fresh seed unless `seed`), `n_photos`
@@ -109,10 +119,13 @@ class VerificationSet:
     note: str = ""  # why the own images the model folder names were not used
 
     def __post_init__(self) -> None:
-        counts = (self.n_random, self.n_photos, self.n_calibration)
-        if min(counts) < 0 or self.n_random + self.n_photos == 0:
-            raise ValueError("--random-inputs/--photos/--calibration must be >= 0 and the verification set "
-                             "non-empty")
+        for flag, count in (("--random-inputs", self.n_random), ("--photos", self.n_photos),
+                            ("--calibration", self.n_calibration)):
+            if count < 0:
+                raise ValueError(f"{flag} must be >= 0, got {count}")
+        if self.n_random + self.n_photos == 0:
+            raise ValueError("--random-inputs and --photos are both 0: the verification set would be empty")
+        check_seed(self.seed)
 
     @property
     def top1_scope(self) -> str:

@@ -19,6 +19,8 @@ import numpy as np
 
 from hub_vit.atomic import atomic_path
 from hub_vit.export.onnx_export import INPUT_NAME, LOGITS
+from hub_vit.export.plan import check_seed
+from hub_vit.exported import load_onnx_graph
 
 SUPPORTED_MAJOR = 10  # the API this build uses; see the module docstring
 INSTALL = "pip install 'tensorrt>=10,<11'"
@@ -66,9 +68,7 @@ def require_tensorrt() -> Any:
 
 def _onnx_image_shape(onnx_path: Path) -> tuple[int, int, int]:
     """(C, H, W) of the graph input; TensorRT profiles here fix H and W, so they must be static."""
-    import onnx
-
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    graph = load_onnx_graph(onnx_path)  # a file that is not ONNX (a PNG, a truncated download) is a ValueError
     inp = next((i for i in graph.input if i.name == INPUT_NAME), None)
     if inp is None:
         raise ValueError(f"{onnx_path} has no input named {INPUT_NAME!r}; export it with `hub-vit export onnx`")
@@ -79,10 +79,12 @@ def _onnx_image_shape(onnx_path: Path) -> tuple[int, int, int]:
     return dims[0], dims[1], dims[2]
 
 
-def check_request(onnx_path: str | Path, engine_path: str | Path, workspace_gib: float) -> tuple[int, int, int]:
+def check_request(onnx_path: str | Path, engine_path: str | Path, workspace_gib: float,
+                  seed: int | None = None) -> tuple[int, int, int]:
     """What the caller asked for, checked before TensorRT is looked for, so a mistake is named on any machine (and
     before a build of minutes): the ONNX file exists and has a fixed image size, the engine path is not a folder, the
-    workspace is a positive number of GiB. Returns the graph's (C, H, W)."""
+    workspace is a positive number of GiB, the verification seed fits. Returns the graph's (C, H, W)."""
+    check_seed(seed)
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         what = "is a folder" if onnx_path.is_dir() else "does not exist"
@@ -172,7 +174,7 @@ def export_tensorrt(onnx_path: str | Path, engine_path: str | Path, *, fp16: boo
     from hub_vit.export.metadata import MODEL_KEY, report_metadata
     from hub_vit.export.verify import judge, ort_outputs, ort_session, photo_batch
 
-    c, h, w = check_request(onnx_path, engine_path, workspace_gib)
+    c, h, w = check_request(onnx_path, engine_path, workspace_gib, seed)
     require_tensorrt()
     engine_path = Path(engine_path)
     info = build_engine(onnx_path, engine_path, fp16=fp16, profile=profile, workspace_gib=workspace_gib)
