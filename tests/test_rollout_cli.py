@@ -276,3 +276,23 @@ def test_cli_takes_large_local_photos_the_demo_refuses(model_folder: Path, tmp_p
                                                 str(model_folder)])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "big_rollout.png").is_file()
+
+
+def test_cli_says_whether_each_image_is_what_the_model_knows(photo_files: list[Path], model_folder: Path,
+                                                             tmp_path: Path) -> None:
+    # was: labels alone, "9 0.9608" for the astronaut, while classify and the demo marked it out of domain
+    from hub_vit.catalog import default_model_folder
+
+    app = _runner_app()
+    digit = default_model_folder() / "samples" / "3_0.png"
+    result = CliRunner().invoke(app, ["rollout", str(photo_files[0]), str(digit), "-o", str(tmp_path / "a")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, text
+    photo_part, digit_part = text.split("3_0.png ->")
+    assert "domain: out-of-domain (" in photo_part and "not the kind of image this model knows" in photo_part, text
+    assert "domain: in-domain (" in digit_part and "out-of-domain" not in digit_part, text
+    # a model folder without a calibrated score: nobody can tell, and it says so
+    result = CliRunner().invoke(app, ["rollout", str(digit), "-o", str(tmp_path / "b"), "--model", str(model_folder)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0 and "domain: unknown (no out-of-domain score is calibrated for this model: hub-vit " \
+        "calibrate-domain)" in text, text

@@ -92,8 +92,11 @@ def _prepared(explainer: Any, images: list[Path]) -> list[tuple[Path, Any]]:
     return ready
 
 
-def _print_labels(path: Path, target: Path, top: list[tuple[str, float]]) -> None:
+def _print_labels(path: Path, target: Path, top: list[tuple[str, float]], verdict: str,
+                  score: float | None) -> None:
     from rich.table import Table
+
+    from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
 
     # soft-wrapped: a script reading `-> (.*)` from a pipe (80 columns) must get the whole path on one line
     console.print(f"[bold]{escape(str(path))}[/] -> {escape(str(target))}", soft_wrap=True)
@@ -103,6 +106,14 @@ def _print_labels(path: Path, target: Path, top: list[tuple[str, float]]) -> Non
     for label, prob in top:
         table.add_row(escape(label), f"{prob:.4f}")
     console.print(table)
+    # the verdict `hub-vit classify` and the demo give, in classify's words
+    shown = f"domain: {verdict}" + ("" if score is None else f" ({score:.3g})")
+    if verdict == OUT_OF_DOMAIN:
+        shown += (f": {DOMAIN_SENTENCES[OUT_OF_DOMAIN]} (out-of-domain score above its threshold): the labels are "
+                  "guesses")
+    elif verdict == UNKNOWN_DOMAIN:
+        shown += " (no out-of-domain score is calibrated for this model: hub-vit calibrate-domain)"
+    console.print(shown, soft_wrap=True, markup=False, highlight=False)
 
 
 @app.command()
@@ -119,7 +130,8 @@ def rollout(
     colormap: str = typer.Option("jet", help="Colour map: jet, inferno or gray."),
 ) -> None:
     """Write `<image>_rollout.png` (same size as the image) per image and print its top-5 labels."""
-    from hub_vit.demo.models import load_explainer, resolve_choice
+    from hub_vit.demo.models import in_process_verdicts, load_explainer, resolve_choice
+    from hub_vit.domain import read_domain
     from hub_vit.explain.overlay import COLORMAPS
     from hub_vit.explain.rollout import HEAD_FUSIONS, check_discard_ratio
 
@@ -138,6 +150,7 @@ def rollout(
     except ValueError as exc:
         raise fail(str(exc)) from exc
     ready = _prepared(explainer, images)
+    domain = read_domain(explainer.info.get("path"), explainer.labels)  # what the model knows, its calibration
     blocker = file_in_the_way(out)
     if blocker is not None:
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
@@ -146,12 +159,13 @@ def rollout(
     for start in range(0, len(images), BATCH):
         chunk = ready[start:start + BATCH]
         result = explainer.rollout([prep for _, prep in chunk], head_fusion, discard_ratio)
+        verdicts = in_process_verdicts(explainer, [prep.image for _, prep in chunk], domain)
         for i, (path, prep) in enumerate(chunk):
             stem = stems[start + i]
             target = out / f"{stem}_rollout.png"
             _save_overlay(explainer.overlay(prep, result.maps[i], alpha, colormap), target, created)
             top = explainer.top_k(result.logits[i], 5)
-            _print_labels(path, target, top)
+            _print_labels(path, target, top, *verdicts[i])
             if class_map:
                 label_index = explainer.label_index(top[0][0])
                 cam = explainer.class_map(prep, label_index).maps[0]

@@ -24,13 +24,13 @@ import gradio as gr
 from PIL import Image
 
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
-from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError
+from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError, in_process_verdicts
 from hub_vit.domain import EXAMPLE_KINDS, Domain, read_domain
 from hub_vit.explain.image import ImageReadError, load_image
 from hub_vit.explain.rollout import HEAD_FUSIONS
 from hub_vit.image_formats import NAMES, SUFFIXES
 from hub_vit.resize_bound import MAX_RESIZED_PIXELS
-from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN, domain_verdict
+from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +85,6 @@ def domain_mark(domain: Domain, verdict: str, score: float | None) -> tuple[str 
     if verdict == UNKNOWN_DOMAIN:
         return None, "domain unknown (no out-of-domain score calibrated)"
     return None, f"in domain (score{shown})"
-
-
-def in_process_verdict(explainer: Any, image: Image.Image, domain: Domain) -> tuple[str, float | None]:
-    """The in-process model's out-of-domain verdict and score for `image` (unknown without a calibration), from the
-    same features and statistics the served steps use."""
-    if domain.statistics is None:
-        return UNKNOWN_DOMAIN, None
-    from hub_vit.domain_fit import image_features
-
-    score = float(domain.statistics.scores(image_features(explainer.model, [image], explainer.data).token_means)[0])
-    return domain_verdict(score, domain.statistics.threshold), score
 
 
 def example_label(path: Path) -> str:
@@ -234,7 +223,7 @@ class Demo:
         top = explainer.top_k(result.logits[0], 5)
         status = f"**{explainer.name}** in-process"
         domain = self.domain(model_key)
-        verdict, domain_score = in_process_verdict(explainer, image, domain)
+        verdict, domain_score = in_process_verdicts(explainer, [image], domain)[0]
         full_map, on = result.maps[0], prepared  # the full rollout and the image + crop box it is drawn on
         if backend != IN_PROCESS:
             if self.triton is None:

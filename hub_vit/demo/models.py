@@ -23,9 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from PIL import Image
+
+from hub_vit.domain import Domain
 from hub_vit.explain.pipeline import Explainer
 from hub_vit.paths import distinct_names
 from hub_vit.resolve import ModelRef, cached_checkpoint, checkpoint_path, locate, resolve_model
+from hub_vit.server.protocol import UNKNOWN_DOMAIN, domain_verdict
 
 DEFAULT_KEY = "default"
 
@@ -208,3 +212,15 @@ class ModelCache:
             if key not in self._loaded:  # a failed load (ModelLoadError) is not kept: the next request tries again
                 self._loaded[key] = load_explainer(self.choices[key])
             return self._loaded[key]
+
+
+def in_process_verdicts(explainer: Explainer, images: Sequence[Image.Image],
+                        domain: Domain) -> list[tuple[str, float | None]]:
+    """The in-process model's out-of-domain verdict and score per image (unknown without a calibration), from the
+    same features and statistics the served steps use: what the demo and `hub-vit rollout` show beside the labels."""
+    if domain.statistics is None:
+        return [(UNKNOWN_DOMAIN, None)] * len(images)
+    from hub_vit.domain_fit import image_features
+
+    scores = domain.statistics.scores(image_features(explainer.model, list(images), explainer.data).token_means)
+    return [(domain_verdict(float(score), domain.statistics.threshold), float(score)) for score in scores]
