@@ -237,6 +237,18 @@ def save_model_folder(
     return folder
 
 
+def read_config_json(path: Path) -> dict[str, Any]:
+    """A model's config.json as a dict; ValueError naming the file when it is not a JSON object (was the parser's bare
+    "Expecting property name ...: line 1 column 2", naming no file)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{str(path)!r} is not readable JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{str(path)!r} holds a JSON {type(raw).__name__}, not an object of config fields")
+    return raw
+
+
 def read_folder_config(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The parsed `config.json` of a hub-vit model folder (`model_type` 'hub_vit'), without loading the model; None
     when `folder` is not one or its config cannot be read."""
@@ -347,7 +359,7 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
 
     folder = Path(folder)
     config_path, weights_path = model_folder_files(folder)
-    raw = json.loads(config_path.read_text(encoding="utf-8"))
+    raw = read_config_json(config_path)
     if raw.get("model_type") != HubViTConfig.model_type:
         raise ValueError(f"{config_path} has model_type {raw.get('model_type')!r}, expected "
                          f"{HubViTConfig.model_type!r} (is this a hub-vit model folder?)")

@@ -15,7 +15,6 @@ Layer: above the model folder and the weight formats, below conversion / export 
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -360,7 +359,9 @@ def _load_graph(path: Path, kind: Kind) -> ResolvedModel:
 
         labels = read_labels(path.parent)
     if config_file.is_file():
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        from hub_vit.folder import read_config_json
+
+        config = read_config_json(config_file)
         cfg = dict(config.get("pretrained_cfg") or {})
         labels = labels or config.get("label_names")
         num_classes = config.get("num_classes")

@@ -299,6 +299,9 @@ def test_cli_unknown_model_and_precision(tmp_path: Path) -> None:
     result = runner.invoke(app, ["export", "onnx", "vit_s16", "-v", "int4", "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and "int4" in result.output and "int8-dynamic" in result.output
     assert ", or all" in " ".join(result.output.split())
+    result = runner.invoke(app, ["export", "onnx", "vit_s16", "--exporter", "bogus", "-o", str(tmp_path / "o")])
+    text = " ".join(result.output.split())  # was offered "all" too, then refused it
+    assert result.exit_code == 2 and "valid choices: 'dynamo', 'torchscript'" in text and "all" not in text, text
     assert not (tmp_path / "o").exists()
 
 

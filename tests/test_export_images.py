@@ -62,3 +62,7 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match=r"has no \.jpg/\.jpeg/\.png/\.webp files"):
         load_image_folder(tmp_path, DataConfig(img_size=(16, 16)))
+    (tmp_path / "notes.txt").unlink()
+    Image.new("RGB", (2, 200_000), (200, 10, 10)).save(tmp_path / "thin.png")  # readable, too thin to resize
+    with pytest.raises(ValueError, match=r"thin\.png': aspect ratio too extreme"):  # was the reason alone, no file
+        load_image_folder(tmp_path, DataConfig(img_size=(224, 224)))

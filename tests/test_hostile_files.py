@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import zipfile
 from pathlib import Path
@@ -91,6 +92,20 @@ def test_absurd_config_sizes_are_refused_before_building(tmp_path: Path, loader:
     _edit_config(folder, **{field: value})
     with pytest.raises(ValueError, match=f"{field}: {value} is out of bounds"):
         _load(loader, folder)
+
+
+@pytest.mark.parametrize(("text", "said"), [("{not json", "is not readable JSON (Expecting property name"),
+                                            ("[1, 2]", "holds a JSON list, not an object of config fields")])
+def test_a_config_that_is_not_a_json_object_is_named(tmp_path: Path, text: str, said: str) -> None:
+    # was the parser's words alone ("Expecting property name enclosed in double quotes: line 1 column 2"), or an
+    # AttributeError for a list, naming no file; `export onnx` and the folder loader read it
+    folder = _folder(tmp_path)
+    (folder / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=f"config.json' {re.escape(said)}"):
+        load_model_folder(folder)
+    result = CliRunner().invoke(app, ["export", "onnx", str(folder), "-o", str(tmp_path / "out"), "-v", "fp32"])
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("loader", LOADERS)

@@ -148,8 +148,9 @@ def _checked_flags(variant: list[str], stem: str, opset: int, exporter: str, out
 
     try:
         plan = ExportPlan.of(variant, stem=stem, opset=opset, exporter=exporter, providers=provider or None, **how)
-    except ValueError as exc:  # the CLI also takes "all"
-        raise ValueError(f"{exc}, or {ALL}" if "valid choices" in str(exc) else str(exc)) from None
+    except ValueError as exc:  # the CLI also takes "all" for --variant (only there: --exporter has no "all")
+        about_variants = "variant" in str(exc).split(";")[0]
+        raise ValueError(f"{exc}, or {ALL}" if about_variants and "valid choices" in str(exc) else str(exc)) from None
     if opset < MIN_OPSET:
         raise ValueError(f"--opset must be >= {MIN_OPSET}, got {opset}")
     if out.exists() and not out.is_dir():

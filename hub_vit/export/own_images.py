@@ -30,7 +30,7 @@ def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = 
     own eval transform `data` prepares it (EXIF orientation, resize, centre crop, mean/std), so int8 calibration
     and verification see the activations the served model will see. `limit` (0 or None: all) takes files evenly
     spaced over the sorted list, so a folder of class folders gives every class its share."""
-    from hub_vit.explain.image import image_files, load_image, prepare_image
+    from hub_vit.explain.image import ImageReadError, image_files, load_image, prepare_image
 
     if limit is not None and limit < 0:
         raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
@@ -39,8 +39,13 @@ def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = 
         files = [files[i] for i in np.linspace(0, len(files) - 1, limit).round().astype(int)]
     out = np.empty((len(files), data.in_chans, *data.img_size), dtype=np.float32)
     for i, f in enumerate(files):
-        # The user's own files: above Pillow's 89 MP warning is fine (large=True); ImageReadError names the file.
-        out[i] = prepare_image(load_image(f, large=True), data).tensor.numpy()
+        # The user's own files: above Pillow's 89 MP warning is fine (large=True); load_image's errors name the file,
+        # prepare_image's (an aspect ratio too extreme to resize) do not
+        image = load_image(f, large=True)
+        try:
+            out[i] = prepare_image(image, data).tensor.numpy()
+        except ImageReadError as exc:
+            raise ImageReadError(f"{str(f)!r}: {exc}") from None
     return out
 
 
