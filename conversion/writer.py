@@ -131,7 +131,8 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     if variant is not None:
         parse_variant(variant)
     if reference is not None and not Path(reference).is_file():
-        raise FileNotFoundError(f"reference outputs {str(reference)!r} do not exist")
+        what = "are a folder; give the .npz file of reference outputs" if Path(reference).is_dir() else "do not exist"
+        raise FileNotFoundError(f"reference outputs {str(reference)!r} {what}")
     src = resolve_source(source, timeout=timeout, progress=progress)
     check_output_folder(out, overwrite, keep=[src.path, *([Path(reference)] if reference is not None else [])])
     conv = convert_file(src.path, img_size=img_size, num_classes=num_classes, drop_pre_logits=drop_pre_logits,

@@ -343,6 +343,9 @@ def model_folder_files(folder: str | os.PathLike[str]) -> tuple[Path, Path]:
     Cheap: callers that read other inputs first check the folder with it before they do."""
     folder = Path(folder)
     if not folder.is_dir():
+        if folder.exists():  # a file (an image, a weights file) given where the folder goes
+            raise NotADirectoryError(f"model folder {str(folder)!r} is a file; give the folder that holds config.json "
+                                     "and model.safetensors")
         raise FileNotFoundError(f"model folder {str(folder)!r} does not exist")
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     for path in (config_path, weights_path):

@@ -192,3 +192,12 @@ def test_from_pretrained_stays_quiet_about_loader_and_model_kwargs() -> None:
         processor = AutoImageProcessor.from_pretrained(default_model_folder(), dtype=torch.bfloat16,
                                                        code_revision=None, attn_implementation="eager", size=64)
     assert processor.size == {"height": 64, "width": 64}
+
+
+@pytest.mark.parametrize("image", [Image.new("RGB", (0, 0)), np.zeros((0, 32, 3), np.uint8), torch.zeros(3, 32, 0)],
+                         ids=["pil 0x0", "numpy 0 rows", "torch 0 columns"])
+def test_an_image_without_pixels_is_a_value_error(image: object) -> None:
+    # was a ZeroDivisionError from the resize arithmetic; the docs promise ValueError for bad inputs
+    for processor in (_processor(), AutoImageProcessor.from_pretrained(default_model_folder())):
+        with pytest.raises(ValueError, match="an image without pixels cannot be resized"):
+            processor(image)

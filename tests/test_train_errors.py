@@ -131,6 +131,10 @@ def test_flag_and_set_for_the_same_setting_are_refused(data: Path, tmp_path: Pat
     text = _refused(tmp_path / "run", str(data), "--model", "simplevit_digits", "--steps", "1", "--set",
                     "total_steps=2", *QUICK)
     assert "--steps and --set total_steps=2 both set total_steps" in text
+    # two --set for one setting: the last one used to win without a word
+    text = _refused(tmp_path / "run", str(data), "--model", "simplevit_digits", "--steps", "1", "--set", "lr=1e-3",
+                    "--set", "lr=2e-3", *QUICK)
+    assert "--set lr is given twice; pass it once" in text
 
 
 def test_out_holding_something_else_is_refused(data: Path, tmp_path: Path) -> None:

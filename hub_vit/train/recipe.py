@@ -201,6 +201,8 @@ class Recipe:
             key = key.strip().replace("-", "_")
             if not sep or key not in FIELDS:
                 raise ValueError(f"--set expects KEY=VALUE with KEY one of: {', '.join(FIELDS)}; got {item!r}")
+            if key in changes:  # was the last one, without a word
+                raise ValueError(f"--set {key} is given twice; pass it once")
             try:
                 value = json.loads(raw)
             except json.JSONDecodeError:

@@ -16,8 +16,16 @@ from __future__ import annotations
 MAX_RESIZED_PIXELS = 40_000_000
 
 
+def check_not_empty(width: int, height: int) -> None:
+    """ValueError unless the image has at least one pixel: nothing can be resized from none."""
+    if width < 1 or height < 1:
+        raise ValueError(f"the image is {width}x{height} pixels: an image without pixels cannot be resized")
+
+
 def shorter_side_resize(width: int, height: int, size: int) -> tuple[int, int]:
-    """(W, H) after resizing the shorter side of a `width` x `height` image to `size`, the longer side truncated."""
+    """(W, H) after resizing the shorter side of a `width` x `height` image to `size`, the longer side truncated.
+    ValueError for an image without pixels (a side of 0: was a ZeroDivisionError)."""
+    check_not_empty(width, height)
     short, long = min(width, height), max(width, height)
     new_short, new_long = size, int(size * long / short)
     return (new_short, new_long) if width <= height else (new_long, new_short)
@@ -29,6 +37,7 @@ def eval_resize(width: int, height: int, scale_height: int, scale_width: int) ->
     with the smaller source/target ratio lands on its target, the other keeps the aspect ratio and is rounded)."""
     if scale_height == scale_width:
         return shorter_side_resize(width, height, scale_height)
+    check_not_empty(width, height)
     ratio = min(height / scale_height, width / scale_width)
     return round(width / ratio), round(height / ratio)
 
