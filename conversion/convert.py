@@ -146,6 +146,8 @@ def convert_view(view: CanonicalView, spec: ViTSpec | None = None, *, img_size: 
         notes.append(f"head of {source.num_classes} classes removed: the model outputs its pooled features")
     elif target.num_classes != source.num_classes:
         notes.append(f"head has {source.num_classes} classes, model {target.num_classes}: head re-initialised")
+    elif num_classes is not None:  # asked for, and already so: said, since a new head may have been meant
+        notes.append(f"head kept: --num-classes {num_classes} is the checkpoint's own class count (as timm keeps it)")
 
     # Validate every key and shape from the headers before reading any data.
     plan = planned(table)

@@ -112,6 +112,16 @@ def test_new_class_count_reinitialises_head(tmp_path: Path) -> None:
     assert "logits" in info["parity"]["skipped"] and info["parity"]["max_abs_diff"]["pooled"] <= 1e-5
 
 
+def test_the_checkpoints_own_class_count_keeps_its_head_and_says_so(tmp_path: Path) -> None:
+    # as timm keeps a pretrained head whose count is asked for; was kept without a word, the help saying "dropped"
+    source = JAX / "vit_jax" / "tiny_token.published.npz"
+    classes = int(np.load(source)["head/kernel"].shape[1])
+    output = run(str(source), "-o", str(tmp_path / "same"), "--num-classes", str(classes))
+    assert f"head kept: --num-classes {classes} is the checkpoint's own class count" in " ".join(output.split())
+    kept = load_file(tmp_path / "same" / "model.safetensors")["head.weight"]
+    assert torch.equal(kept, torch.from_numpy(np.load(source)["head/kernel"].T.copy()))
+
+
 def test_drop_pre_logits_only_when_asked(tmp_path: Path) -> None:
     src = str(JAX / "vit_jax" / "tiny_token_rep.published.npz")
     run(src, "-o", str(tmp_path / "keep"))

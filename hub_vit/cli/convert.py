@@ -28,10 +28,14 @@ def convert(
     out: Path = typer.Option(..., "-o", "--out", help="Output model folder (must not exist unless --overwrite)."),
     variant: str = typer.Option(None, help="Expected big_vision variant, e.g. S/16; an error if the file differs."),
     img_size: str = typer.Option(None, help="Image size N or HxW; learned position embeddings are resampled."),
-    num_classes: int = typer.Option(None, help="New class count: the head is dropped and re-initialised."),
+    num_classes: int = typer.Option(None, help="Class count: a count other than the checkpoint's drops its head for "
+                                    "a new zero-initialised one (0: no head); the checkpoint's own count keeps it, as "
+                                    "timm does."),
     pre_logits: bool = typer.Option(True, "--keep-pre-logits/--drop-pre-logits",
                                     help="Keep the checkpoint's tanh pre-logits layer (default) or drop it."),
-    verify: bool = typer.Option(False, help="Print the parity report (reference outputs, else self-consistency)."),
+    verify: bool = typer.Option(False, help="Without reference outputs, run the self-consistency check and print its "
+                                "report. When reference outputs are found, the comparison always runs (also with "
+                                "--no-verify), is printed, and stops a conversion that fails it."),
     reference: Path = typer.Option(None, help="Reference outputs (*.io.npz); default: <name>.io.npz beside SRC."),
     overwrite: bool = typer.Option(False, help="Replace an existing output folder."),
     timeout: float = typer.Option(15.0, help="Network timeout in seconds for downloads."),
