@@ -28,6 +28,7 @@ from hub_vit.data_config import DataConfig
 from hub_vit.domain import EXAMPLE_KINDS, Domain, read_domain, write_domain
 from hub_vit.domain_score import DomainStatistics, conformal_threshold, fewest_held_out, fit, score_blocks
 from hub_vit.explain.image import image_files, load_image, prepare_image
+from hub_vit.image_formats import OWN_FILE_FORMATS, OWN_FILE_SUFFIXES
 from hub_vit.model import VisionTransformer, token_means
 
 DEFAULT_FALSE_ALARM_RATE = 0.01
@@ -53,7 +54,7 @@ def image_features(model: VisionTransformer, images: Sequence[Image.Image | Path
     model.eval()
     logits, pre_logits, means = [], [], []
     for start in range(0, len(images), batch_size):
-        batch = [load_image(image, large=True) if isinstance(image, Path) else image
+        batch = [load_image(image, large=True, formats=OWN_FILE_FORMATS) if isinstance(image, Path) else image
                  for image in images[start:start + batch_size]]
         out = model.forward_all(torch.stack([prepare_image(image, data).tensor for image in batch]),
                                 output_hidden_states=True)
@@ -116,7 +117,7 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
         raise ValueError(f"a false-alarm rate of {false_alarm_rate:.2%} needs at least "
                          f"{fewest_held_out(false_alarm_rate)} held-out images to set the threshold, got "
                          f"{len(held_files)}; give more held-out images or a higher false-alarm rate")
-    ood_files = image_files(out_of_domain, "--out-of-domain") if out_of_domain is not None else []
+    ood_files = image_files(out_of_domain, "--out-of-domain", OWN_FILE_SUFFIXES) if out_of_domain is not None else []
 
     model, info = load_model_folder(folder)
     data = DataConfig.from_pretrained_cfg(info.pretrained_cfg, info.spec)
@@ -151,9 +152,9 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
 def _sets(images: str | Path, held_out: str | Path | None, max_images: int) -> tuple[list[Path], list[Path]]:
     """(fit files, held-out files): the two folders, or one folder of which every HELD_OUT_EVERY-th image is held
     out; each at most `max_images`, spread evenly."""
-    files = image_files(images, "--images")
+    files = image_files(images, "--images", OWN_FILE_SUFFIXES)
     if held_out is not None:
-        fit_files, held_files = files, image_files(held_out, "--held-out")
+        fit_files, held_files = files, image_files(held_out, "--held-out", OWN_FILE_SUFFIXES)
         overlap = set(fit_files) & set(held_files)
         if overlap:
             raise ValueError(f"--held-out {str(held_out)!r} shares {len(overlap)} images with --images "

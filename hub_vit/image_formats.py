@@ -11,6 +11,11 @@ from __future__ import annotations
 FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP")  # Pillow's names, for `Image.open(..., formats=FORMATS)`
 NAMES = "JPEG, PNG or WebP"  # the same, as people write them, for messages and help
 SUFFIXES: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp")  # file names of these formats (bundled examples)
+# The user's own files on disk (a training set, the images an out-of-domain score is fitted on) may also be BMP or GIF,
+# as timm's and torchvision's folder datasets take them; such files are trusted as the user's, unlike an upload. A
+# model trained or calibrated on them still serves JPEG, PNG and WebP.
+OWN_FILE_FORMATS: tuple[str, ...] = (*FORMATS, "BMP", "GIF")
+OWN_FILE_SUFFIXES: tuple[str, ...] = (*SUFFIXES, ".bmp", ".gif")
 
 
 def signature_format(data: bytes) -> str | None:

@@ -236,6 +236,25 @@ def test_calibrate_domain_writes_a_score_that_applies(digits_copy, digit_folders
     assert read_domain(digits_copy, LABELS).statistics.threshold == domain.statistics.threshold
 
 
+def test_a_training_set_of_bmp_and_gif_files_is_calibrated_on(digits_copy, digit_folders, tmp_path):
+    # `hub-vit train` takes BMP and GIF (docs/training.md); its out-of-domain fit read only JPEG/PNG/WebP, so a BMP
+    # set ended uncalibrated, told to run `calibrate-domain`, which refused the same folder
+    from PIL import Image
+
+    from hub_vit.domain_fit import calibrate_domain
+
+    converted = tmp_path / "bmp_gif"
+    for index, png in enumerate(sorted((digit_folders / "train").rglob("*.png"))[:240]):
+        target = converted / png.parent.name / f"{png.stem}.{'bmp' if index % 2 else 'gif'}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with Image.open(png) as image:
+            image.save(target)
+    (digits_copy / STATISTICS_FILE).unlink()
+    domain = calibrate_domain(digits_copy, converted, false_alarm_rate=0.05, max_images=400)
+    assert domain.measured["fit_images"] + domain.measured["held_out_images"] == 240
+    assert read_domain(digits_copy, LABELS).statistics is not None
+
+
 @pytest.mark.parametrize("case, message", [
     ("few-held-out", r"a false-alarm rate of 1.00% needs at least 99 held-out images to set the threshold, got 20; "
                      r"give more held-out images or a higher false-alarm rate"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,24 +34,25 @@ class ImageReadError(ValueError):
     """A file could not be read as an image; the message names the file and the supported formats."""
 
 
-def image_files(folder: str | Path, flag: str = "--images") -> list[Path]:
-    """The image files (hub_vit.image_formats.SUFFIXES) of `folder` and its subfolders, sorted. NotADirectoryError
-    naming `flag` for a file, FileNotFoundError for a folder that does not exist, ValueError for one without images."""
+def image_files(folder: str | Path, flag: str = "--images", suffixes: Sequence[str] = SUFFIXES) -> list[Path]:
+    """The image files (`suffixes`: hub_vit.image_formats.SUFFIXES unless the caller reads the user's own files) of
+    `folder` and its subfolders, sorted. NotADirectoryError naming `flag` for a file, FileNotFoundError for a folder
+    that does not exist, ValueError for one without images."""
     folder = Path(folder)
     if folder.is_file():
         raise NotADirectoryError(f"{flag} {str(folder)!r} is a file; give a folder of images")
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
     if not files:
-        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(SUFFIXES)} files")
+        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(suffixes)} files")
     return files
 
 
 def load_image(source: str | Path | bytes, name: str | None = None, *, large: bool = False,
-               max_pixels: int | None = None) -> Image.Image:
-    """Decode JPEG / PNG / WebP (`hub_vit.image_formats`) from a path or bytes, apply EXIF orientation, refuse
-    decompression bombs.
+               max_pixels: int | None = None, formats: Sequence[str] = IMAGE_FORMATS) -> Image.Image:
+    """Decode JPEG / PNG / WebP (`hub_vit.image_formats`; `formats`: `OWN_FILE_FORMATS` for the user's own files)
+    from a path or bytes, apply EXIF orientation, refuse decompression bombs.
 
     Returns an RGB (or L, for grey images) PIL image, fully loaded; a transparent image is composited onto white
     (`hub_vit.image_modes`). Any failure is an `ImageReadError`: a file that is no image in these formats, a damaged
@@ -64,7 +66,7 @@ def load_image(source: str | Path | bytes, name: str | None = None, *, large: bo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore" if large else "error", Image.DecompressionBombWarning)
         try:
-            im = Image.open(fp, formats=list(IMAGE_FORMATS))  # lazy: reads the header only
+            im = Image.open(fp, formats=list(formats))  # lazy: reads the header only
         except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
             raise ImageReadError(f"{label!r} is too large to decode safely ({exc})") from exc
         except FileNotFoundError as exc:

@@ -29,14 +29,15 @@ from timm.data.readers.reader_image_folder import natural_key
 from torch.utils.data import Dataset, Sampler
 
 from hub_vit.data_config import GOOGLE_EVAL
+from hub_vit.image_formats import OWN_FILE_SUFFIXES
 from hub_vit.image_modes import to_8bit
 from hub_vit.train.recipe import Recipe
 
 MEAN, STD = GOOGLE_EVAL.mean, GOOGLE_EVAL.std  # value_range(-1, 1)
 SPLITS = ("train", "val")
-# Beyond timm's default (png, jpg, jpeg): WebP, BMP and GIF. Training reads the user's own files, not uploads, so it
-# takes more than the formats served and shown (hub_vit.image_formats); a model trained on BMPs serves JPEG, PNG, WebP
-IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"})
+# Beyond timm's default (png, jpg, jpeg): WebP, BMP and GIF, the user's own files (hub_vit.image_formats); the
+# out-of-domain score fitted at the end of a run reads the same files
+IMAGE_EXTENSIONS = frozenset(OWN_FILE_SUFFIXES)
 
 
 class DataFolderError(ValueError):
