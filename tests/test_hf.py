@@ -105,6 +105,18 @@ def test_bad_config_values_raise_clear_errors(kwargs: dict, needle: str) -> None
         HubViTConfig(**kwargs)
 
 
+def test_another_models_config_is_named_by_its_type(tmp_path) -> None:
+    # a transformers ViT folder (convert writes one as `native/`) loaded with hub-vit's class was refused as a typo:
+    # "unknown HubViTConfig field 'image_size' (did you mean 'img_size'?)"
+    from transformers import ViTConfig
+
+    ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+              intermediate_size=64).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="this config is of model_type 'vit', not 'hub_vit': load it with transformers' "
+                                         r"Auto classes \(AutoModelForImageClassification\)"):
+        HubViTConfig.from_pretrained(tmp_path)
+
+
 # ------------------------------------------------------------------------------------------------------------ models
 def test_timm_and_transformers_front_doors_give_identical_logits(spec: ViTSpec) -> None:
     timm_model = timm.create_model("hub_vit", **spec.to_dict()).eval()

@@ -122,6 +122,11 @@ class HubViTConfig(PreTrainedConfig):
         # A dict that to_dict() wrote (config.json: it always has timm's `model_args`) is data: its extra attributes
         # are kept as transformers keeps them, and its top-level `num_classes` is timm's view of the weight file (0
         # for a saved backbone), while the labels are id2label. Keywords a person passes get the typo guard.
+        other = kwargs.get("model_type")
+        if other is not None and other != self.model_type:  # before the typo guard: its fields are another model's
+            raise ValueError(f"this config is of model_type {other!r}, not {self.model_type!r}: load it with "
+                             f"transformers' Auto classes (AutoModelForImageClassification) or the {other!r} model's "
+                             "own class; a hub-vit model folder has model_type 'hub_vit'")
         saved = "model_args" in kwargs
         for key in _DERIVED_TIMM_KEYS + (("num_classes",) if saved else ()):  # re-derived on save, never read back
             kwargs.pop(key, None)
