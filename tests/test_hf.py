@@ -112,8 +112,8 @@ def test_another_models_config_is_named_by_its_type(tmp_path) -> None:
 
     ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
               intermediate_size=64).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="this config is of model_type 'vit', not 'hub_vit': load it with transformers' "
-                                         r"Auto classes \(AutoModelForImageClassification\)"):
+    with pytest.raises(ValueError, match="this config is of model_type 'vit', not 'hub_vit': load it with "
+                                         r"transformers' Auto classes \(AutoModelForImageClassification\)"):
         HubViTConfig.from_pretrained(tmp_path)
 
 
