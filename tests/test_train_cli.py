@@ -56,6 +56,18 @@ def test_fine_tuning_a_folder_records_the_folder_architecture(data: Path, tmp_pa
     assert json.loads((out / "model" / "config.json").read_text())["architecture"] == "simplevit_digits"
     card = (out / "model" / "README.md").read_text()
     assert "simplevit_digits" in card and "simplevit_s16" not in card
+    assert "its position embedding is" not in text  # the folder's own 32 px: nothing to say
+
+
+def test_fine_tuning_a_folder_at_another_size_says_so(data: Path, tmp_path: Path) -> None:
+    # was silent: the preset's img_size, not the folder's, sets the run's resolution
+    quick = [*QUICK[:QUICK.index("--img-size")], *QUICK[QUICK.index("--img-size") + 2:]]
+    code, text = _train(str(data), "--out", str(tmp_path / "ft"), "--init", str(default_model_folder()), "--steps",
+                        "1", "--img-size", "48", *quick)
+    assert code == 0, text
+    assert (f"warning: --init {str(default_model_folder())!r} is a 32x32 model and this run trains at 48x48 (the "
+            "recipe's img_size): its position embedding is computed for the new grid; pass --img-size 32 to keep its "
+            "size") in text  # the digits model's is sincos2d
 
 
 def test_stop_at_hint_says_how_to_resume(data: Path, tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from hub_vit.train.data import (
     fingerprint,
     scan_split,
 )
-from hub_vit.train.models import build_model, init_folder_architecture
+from hub_vit.train.models import build_model, init_folder_architecture, init_resized_note
 from hub_vit.train.recipe import Recipe
 from hub_vit.train.run_folder import check_run_folder, trim_metrics, write_settings
 from hub_vit.train.schedule import current_lr, make_optimizer, make_scheduler
@@ -128,6 +128,9 @@ class _Plan:
             stream = TrainStream(train_split, recipe)
         except (AssertionError, KeyError) as exc:  # timm's RandAugment parser asserts; the recipe's check is stricter
             raise ValueError(f"randaug {recipe.randaug!r}: timm refuses it ({exc or type(exc).__name__})") from None
+        resized = init_resized_note(init, recipe.img_size)
+        if resized:
+            notes.append(resized)
         if recipe.warmup_steps >= total_steps and recipe.warmup_steps > 0:
             # timm's scheduler caps it silently (at total_steps - 1): the run would end at the peak lr, never
             # annealed. A warning, not an error: short trial runs of a preset (`--steps 30`) do this on purpose.

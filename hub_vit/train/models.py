@@ -24,6 +24,26 @@ def init_folder_architecture(init: str | Path | None) -> str | None:
     return architecture if isinstance(architecture, str) else None
 
 
+def init_resized_note(init: str | Path | None, img_size: int) -> str | None:
+    """What a run says when the model folder `init` was made for another image size than the run's `img_size`: its
+    position embedding is resampled (fine-tuning at a new resolution, as big_vision does), which is easy to do
+    unawares since the preset, not the folder, sets the size. None otherwise (also for an unreadable folder: its error
+    comes from `build_model`)."""
+    if init is None or not Path(init).is_dir():
+        return None
+    from hub_vit.folder import read_folder_config
+
+    config = read_folder_config(init) or {}
+    size = config.get("img_size")
+    if not isinstance(size, list) or len(size) != 2 or list(size) == [img_size, img_size]:
+        return None
+    # a learned embedding is interpolated to the new grid; a sincos2d one is a formula of the grid, computed anew
+    how = "computed for the new grid" if config.get("posemb") == "sincos2d" else "resampled"
+    keep = f"; pass --img-size {size[0]} to keep its size" if size[0] == size[1] else ""
+    return (f"--init {str(init)!r} is a {size[0]}x{size[1]} model and this run trains at {img_size}x{img_size} (the "
+            f"recipe's img_size): its position embedding is {how}{keep}")
+
+
 class ModelChoiceError(ValueError):
     """The model or starting weights cannot be used: an unknown pretrained tag, --pretrained for a model without
     published weights, or an --init file that is unreadable or does not fit the model (the message names the file)."""
