@@ -266,6 +266,21 @@ class _progress:
             self.bar.stop()
 
 
+def catalog_weight(source: str) -> tuple[str | None, str | None]:
+    """(catalog name `name.tag`, its sha256) of the catalog weight `source` names (its catalog name, or the URL or
+    big_vision vanity name of its published file), else (None, None). No network: what is known before a download."""
+    if Path(source).expanduser().exists():
+        return None, None
+    if source.startswith(("gs://", "http://", "https://")) or source in VANITY_NAMES:
+        # a URL or vanity name of a published file names a catalog weight just as its catalog name does
+        from hub_vit.catalog import weights_at_url
+
+        found_at = weights_at_url(gs_to_https(VANITY_NAMES.get(source, source)))
+        return (None, None) if found_at is None else (f"{found_at[0].name}.{found_at[1].tag}", found_at[1].sha256)
+    found = _catalog_lookup(source)
+    return (None, None) if found is None else (source, found[1])
+
+
 def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, progress: bool = True) -> Source:
     """Turn what the user typed into a local file (downloading if needed) with its sha256.
 
@@ -279,16 +294,11 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
         if not path.is_file():
             raise ValueError(f"checkpoint source {text!r} is a directory; pass an .npz file")
         return Source(path=path, origin=text, url=None, sha256=sha256_file(path))
-    catalog_name, expected = None, None
+    catalog_name, expected = catalog_weight(text)
     if text.startswith(("gs://", "http://", "https://")) or text in VANITY_NAMES:
         url = gs_to_https(VANITY_NAMES.get(text, text))
-        # a URL or vanity name of a published file names a catalog weight just as its catalog name does
-        from hub_vit.catalog import weights_at_url
-
-        if (found_at := weights_at_url(url)) is not None:
-            catalog_name, expected = f"{found_at[0].name}.{found_at[1].tag}", found_at[1].sha256
     elif (found := _catalog_lookup(text)) is not None:
-        catalog_name, (url, expected) = text, found
+        url = found[0]
     else:
         from hub_vit.catalog import MODELS
 
@@ -306,5 +316,5 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
                   downloaded_sha256=recorded)
 
 
-__all__ = ["CacheNotWritableError", "DownloadError", "Source", "VANITY_NAMES", "cache_dir", "cached_path", "download",
-           "gs_to_https", "hand_download_commands", "resolve_source", "sha256_file"]
+__all__ = ["CacheNotWritableError", "DownloadError", "Source", "VANITY_NAMES", "cache_dir", "cached_path",
+           "catalog_weight", "download", "gs_to_https", "hand_download_commands", "resolve_source", "sha256_file"]

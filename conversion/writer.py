@@ -24,8 +24,8 @@ from hub_vit.weights_check import check_values
 from hub_vit.weights_digest import state_dict_digest
 
 from .convert import Conversion, convert_file
-from .download import DEFAULT_TIMEOUT_S, Source, resolve_source
-from .infer import ArchitectureMismatchError, check_compatible, match_architecture
+from .download import DEFAULT_TIMEOUT_S, Source, catalog_weight, resolve_source
+from .infer import ArchitectureMismatchError, check_compatible, check_variant, match_architecture
 from .verify import ParityReport, compare_to_reference, find_reference, self_consistency
 
 
@@ -130,6 +130,7 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     # and a reference file named by hand (resolve_source checks the timeout)
     if variant is not None:
         parse_variant(variant)
+    _check_against_catalog(str(source), variant, img_size)
     if reference is not None and not Path(reference).is_file():
         what = "are a folder; give the .npz file of reference outputs" if Path(reference).is_dir() else "do not exist"
         raise FileNotFoundError(f"reference outputs {str(reference)!r} {what}")
@@ -212,6 +213,21 @@ def _write_failure(exc: Exception) -> str | None:
         reason = str(exc).split("I/O error:", 1)[1].strip()  # 'No space left on device (os error 28)'
         return reason.split(" (os error", 1)[0]
     return None
+
+
+def _check_against_catalog(source: str, variant: str | None, img_size: Any) -> None:
+    """For a catalog weight (its name, URL or vanity name), the architecture is known before the download: a --variant
+    of another size and an --img-size its patches do not divide are refused then, not after a few GB."""
+    from hub_vit.catalog import MODELS
+
+    name, _ = catalog_weight(source)
+    if name is None:
+        return
+    spec = MODELS[name.partition(".")[0]].spec
+    if variant is not None:
+        check_variant(spec, variant)
+    if img_size is not None:
+        spec.replace(img_size=img_size)  # ValueError naming the patch size it must divide by
 
 
 def _check_catalog_architecture(name: str, found: ViTSpec, path: Path) -> None:

@@ -330,3 +330,19 @@ def test_an_existing_output_names_the_flag_not_the_keyword(tmp_path: Path) -> No
     output = " ".join(result.output.split())
     assert result.exit_code == 2, output
     assert "already exists; choose another or pass --overwrite to replace it" in output, output
+
+
+@pytest.mark.parametrize("source", ["i1k-s16-300ep", "simplevit_s16.i1k_300ep"])  # vanity name, catalog name
+@pytest.mark.parametrize(("args", "said"), [
+    (("--img-size", "17"), "image size 17x17 is not divisible by the patch size 16"),
+    (("--variant", "B/16"), "variant 'B/16' means width 768"),
+])
+def test_a_catalog_weights_options_are_checked_before_its_download(tmp_path: Path, monkeypatch, source, args, said):
+    # the catalog knows the architecture: these went straight to a download of the checkpoint (offline here, so the
+    # download's refusal would be what is printed)
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, ["convert", source, "-o", str(tmp_path / "out"), *args])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and said in text and "cannot download" not in text, text
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
