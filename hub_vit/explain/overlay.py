@@ -51,10 +51,17 @@ def upsample_map(relevance: torch.Tensor | np.ndarray, size: tuple[int, int]) ->
     return F.interpolate(t, size=size, mode="bilinear", align_corners=False)[0, 0].numpy()
 
 
+def color_indices(values: np.ndarray) -> np.ndarray:
+    """(H, W) values in [0, 1] -> (H, W) uint8 rows of a colour table (1 byte a pixel)."""
+    return np.clip(np.round(np.asarray(values) * 255), 0, 255).astype(np.uint8)
+
+
 def colorize(values: np.ndarray, colormap: str = "jet") -> np.ndarray:
     """(H, W) values in [0, 1] -> (H, W, 3) uint8 colours."""
-    idx = np.clip(np.round(np.asarray(values) * 255), 0, 255).astype(np.int64)
-    return colormap_table(colormap)[idx]
+    return colormap_table(colormap)[color_indices(values)]
+
+
+BAND_ROWS = 256  # rows blended at a time: the float temporaries cover a band, not the image (a 108 MP photo)
 
 
 def blend(image: Image.Image | np.ndarray, relevance: torch.Tensor | np.ndarray,
@@ -67,19 +74,31 @@ def blend(image: Image.Image | np.ndarray, relevance: torch.Tensor | np.ndarray,
     """
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    table = colormap_table(colormap)
     rgb = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image)
     if rgb.ndim == 2:
         rgb = np.repeat(rgb[..., None], 3, axis=2)
-    rgb = rgb[..., :3].astype(np.float32)  # (H, W, 3)
+    rgb = rgb[..., :3]  # (H, W, 3), as given (uint8 from a picture)
     H, W = rgb.shape[:2]
     left, top, right, bottom = (0, 0, W, H) if box is None else box
     x0, y0 = max(0, int(round(left))), max(0, int(round(top)))
     x1, y1 = min(W, max(x0 + 1, int(round(right)))), min(H, max(y0 + 1, int(round(bottom))))
-    out = rgb * 0.35  # outside the crop: dimmed, no heat
-    # Normalise on the patch grid, then upsample: bilinear values stay in [0, 1] and the picture is smooth.
-    heat = colorize(upsample_map(normalize_map(relevance), (y1 - y0, x1 - x0)), colormap).astype(np.float32)
-    out[y0:y1, x0:x1] = (1 - alpha) * rgb[y0:y1, x0:x1] + alpha * heat
-    return np.clip(np.round(out), 0, 255).astype(np.uint8)
+    # Normalise on the patch grid, then upsample: bilinear values stay in [0, 1] and the picture is smooth. Kept as
+    # colour-table rows (1 byte a pixel); the float arithmetic below runs one band of rows at a time, so a large photo
+    # costs a few bytes a pixel instead of ~65 (every (H, W, 3) float32 temporary at once)
+    heat_rows = color_indices(upsample_map(normalize_map(relevance), (y1 - y0, x1 - x0)))
+    out = np.empty((H, W, 3), np.uint8)
+    for start in range(0, H, BAND_ROWS):
+        stop = min(H, start + BAND_ROWS)
+        band = rgb[start:stop].astype(np.float32)
+        blended = band * 0.35  # outside the crop: dimmed, no heat
+        top_row, bottom_row = max(start, y0), min(stop, y1)
+        if top_row < bottom_row:
+            heat = table[heat_rows[top_row - y0:bottom_row - y0]].astype(np.float32)
+            rows = slice(top_row - start, bottom_row - start)
+            blended[rows, x0:x1] = (1 - alpha) * band[rows, x0:x1] + alpha * heat
+        out[start:stop] = np.clip(np.round(blended), 0, 255).astype(np.uint8)
+    return out
 
 
 def save_png(array: np.ndarray, path: str) -> None:
