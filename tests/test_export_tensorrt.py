@@ -85,6 +85,7 @@ def test_cli_stops_at_once_without_gpu_or_tensorrt(tmp_path: Path) -> None:
     ("engine path a folder", "is a directory; give a file name such as model.plan"),
     ("not an ONNX file", "tiny.onnx' is not a valid ONNX model (truncated or corrupt?)"),  # was a DecodeError traceback
     ("seed -1", "--seed must be between 0 and 18446744073709551615 (2**64 - 1), got -1"),  # was not checked at all
+    ("engine under a file", "tiny.onnx/model.plan' cannot be written: "),  # was found when writing, after the build
 ])
 def test_the_users_mistakes_are_named_before_tensorrt_is_looked_for(tmp_path: Path, case: str, named: str) -> None:
     """was: on a machine without TensorRT every mistake read "TensorRT export needs ...", and on one with it a
@@ -97,7 +98,8 @@ def test_the_users_mistakes_are_named_before_tensorrt_is_looked_for(tmp_path: Pa
             "workspace nan": [str(onnx_path), "--workspace-gib", "nan"],
             "batches out of order": [str(onnx_path), "--min-batch", "9"],
             "engine path a folder": [str(onnx_path), "-o", str(tmp_path)],
-            "seed -1": [str(onnx_path), "--seed", "-1"]}.get(case, [str(onnx_path)])
+            "seed -1": [str(onnx_path), "--seed", "-1"],
+            "engine under a file": [str(onnx_path), "-o", str(onnx_path / "model.plan")]}.get(case, [str(onnx_path)])
     code, said = _export_tensorrt(*args)
     assert code == 2 and named in said and "NVIDIA GPU" not in said, said  # not require_tensorrt's refusal
     assert [p.name for p in tmp_path.iterdir()] == ["tiny.onnx"]

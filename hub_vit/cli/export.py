@@ -196,7 +196,7 @@ def tensorrt_cmd(
         info = export_tensorrt(onnx_file, engine, fp16=fp16, profile=profile, workspace_gib=workspace_gib, seed=seed)
     except TensorRTUnavailable as exc:
         raise fail(str(exc), code=3) from None
-    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError, RuntimeError) as exc:
+    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, RuntimeError) as exc:
         raise fail(in_flag_words(str(exc), ("workspace_gib",))) from None
     v = info["verification"]
     console.print(f"engine {engine} ({info['precision']}, TensorRT {info['tensorrt']}, {info['gpu']}): "

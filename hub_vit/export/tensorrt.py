@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hub_vit.atomic import atomic_path
+from hub_vit.atomic import atomic_path, file_in_the_way
 from hub_vit.export.onnx_export import INPUT_NAME, LOGITS
 from hub_vit.export.plan import check_seed
 from hub_vit.exported import load_onnx_graph
@@ -92,6 +92,9 @@ def check_request(onnx_path: str | Path, engine_path: str | Path, workspace_gib:
     if Path(engine_path).is_dir():
         raise IsADirectoryError(f"engine path {str(engine_path)!r} is a directory; give a file name such as "
                                 "model.plan")
+    blocker = file_in_the_way(Path(engine_path).parent)
+    if blocker is not None:  # found after a build of minutes otherwise, when the engine is written
+        raise NotADirectoryError(f"engine path {str(engine_path)!r} cannot be written: {str(blocker)!r} is a file")
     if not (isinstance(workspace_gib, (int, float)) and math.isfinite(workspace_gib) and workspace_gib > 0):
         raise ValueError(f"workspace_gib must be a positive number of GiB, got {workspace_gib}")
     return _onnx_image_shape(onnx_path)
