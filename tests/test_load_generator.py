@@ -223,35 +223,30 @@ class LaggingCounts(Recorder):
         self.wfile.write(answer)
 
 
-def test_the_warm_up_is_not_counted_in_the_runs_batching() -> None:
-    """was: the statistics before the run were read the moment the warm-up's last answer arrived, before the server
-    had counted it, so the run's batching held it (25 inferences for a run of 24 requests, seen in CI)."""
+def _load_test_on_lagging_counts(concurrency: int, requests: int) -> tuple[LoadResult, type[LaggingCounts]]:
+    """A `load_test` of `requests` requests against a LaggingCounts server of its own; (its result, the handler)."""
     from hub_vit.server.client.loadtest import load_test
 
     handler = type("LaggingForTest", (LaggingCounts,), {"seen": [], "parameters": [], "rows": None, "answered": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        result = load_test(f"127.0.0.1:{server.server_address[1]}", [b"\x89PNG stand-in bytes"], concurrency=2,
-                           requests=6, duration_s=None)
+        return load_test(f"127.0.0.1:{server.server_address[1]}", [b"\x89PNG stand-in bytes"],
+                         concurrency=concurrency, requests=requests, duration_s=None), handler
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_warm_up_is_not_counted_in_the_runs_batching() -> None:
+    """was: the statistics before the run were read the moment the warm-up's last answer arrived, before the server
+    had counted it, so the run's batching held it (25 inferences for a run of 24 requests, seen in CI)."""
+    result, handler = _load_test_on_lagging_counts(concurrency=2, requests=6)
     assert len(handler.answered) == 6 + 2  # the run's requests and the two of the warm-up
     assert result.requests == 6 and result.batching["vit"]["inferences"] == 6, result.batching
 
 
 def test_no_more_requests_are_in_flight_than_the_run_sends() -> None:
     # was: --concurrency 1000000 --requests 5 started a million workers (and connections) for five requests
-    from hub_vit.server.client.loadtest import load_test
-
-    handler = type("CountingForTest", (LaggingCounts,), {"seen": [], "parameters": [], "rows": None, "answered": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        result = load_test(f"127.0.0.1:{server.server_address[1]}", [b"\x89PNG stand-in bytes"], concurrency=64,
-                           requests=3, duration_s=None)
-    finally:
-        server.shutdown()
-        server.server_close()
+    result, handler = _load_test_on_lagging_counts(concurrency=64, requests=3)
     assert result.concurrency == 3 and result.requests == 3 and len(handler.answered) == 3 + 2, result
