@@ -50,6 +50,9 @@ def loadtest(
         raise fail(request_failed(protocol, url, err), code=1) from None
     except Exception as err:  # connection refused, unknown model, ...
         raise fail(request_failed(protocol, url, err), code=1) from None
+    if not result.interrupted and not result.requests and not result.errors:  # nothing was sent: no numbers to show
+        raise fail(f"no request was sent: the --duration of {duration:g} s ended before the first one; give a "
+                   "longer --duration", code=1)
     _report(result, protocol)
     if json_out is not None:
         try:
@@ -58,9 +61,6 @@ def loadtest(
             raise fail(f"cannot write --json {str(json_out)!r}: {err}", code=1) from None
     if result.interrupted:  # reported and saved, but not a completed run: the shell's code for Ctrl-C
         raise typer.Exit(130)
-    if not result.requests and not result.errors:  # nothing was sent: a number of 0 req/s would mean nothing
-        raise fail(f"no request was sent: the --duration of {duration:g} s ended before the first one; give a "
-                   "longer --duration", code=1)
     if result.errors and not allow_errors:  # a CI job must see a broken run (--allow-errors for overload tests)
         raise fail(f"{result.errors} of {result.errors + result.requests} requests failed (reasons above; "
                    "--allow-errors exits 0 anyway)", code=1)
