@@ -289,6 +289,9 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
     """
     check_timeout(timeout)
     text = str(source)
+    if not text.strip():  # Path("") is the current folder: it was called "a directory"
+        raise ValueError("checkpoint source is empty; give an .npz file, a gs:// or https:// URL, a big_vision vanity "
+                         "name or a hub-vit catalog name")
     path = Path(text).expanduser()
     if path.exists():
         if not path.is_file():

@@ -346,3 +346,11 @@ def test_a_catalog_weights_options_are_checked_before_its_download(tmp_path: Pat
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and said in text and "cannot download" not in text, text
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_an_empty_source_is_named_as_empty(tmp_path: Path) -> None:
+    # was "checkpoint source '' is a directory": Path("") is the current folder
+    result = CliRunner().invoke(app, ["convert", "", "-o", str(tmp_path / "out")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "checkpoint source is empty; give an .npz file" in text, text
+    assert not (tmp_path / "out").exists()
