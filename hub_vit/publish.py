@@ -80,7 +80,8 @@ def validate_folder(folder: str | Path, repo_id: str | None = None) -> PushPlan:
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise ModelFolderError(f"model folder {str(folder)!r} does not exist or is not a directory")
+        what = "is a file; give the folder that holds config.json" if folder.exists() else "does not exist"
+        raise ModelFolderError(f"model folder {str(folder)!r} {what}")
     required = required_files(folder)
     missing = [name for name in required if not (folder / name).is_file()]
     if missing:

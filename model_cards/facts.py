@@ -299,7 +299,8 @@ def read_folder(folder: str | Path) -> FolderFacts:
     """Collect a folder's facts; raises `ModelFolderError` naming the missing or inconsistent file."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise ModelFolderError(f"model folder {str(folder)!r} does not exist or is not a directory")
+        what = "is a file; give the folder that holds config.json" if folder.exists() else "does not exist"
+        raise ModelFolderError(f"model folder {str(folder)!r} {what}")
     config_path = folder / CONFIG
     if not config_path.is_file():
         raise ModelFolderError(f"{folder} has no {CONFIG}; a hub-vit model folder needs {CONFIG} and {WEIGHTS}")

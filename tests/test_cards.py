@@ -704,6 +704,8 @@ def test_cli_card_writes_readme_and_reports_bad_folder(converted: dict[str, Path
     assert ModelCard.load(folder / "README.md").data.pipeline_tag == "image-classification"
     result = CliRunner().invoke(app, ["card", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["card", str(folder / "config.json")])  # was "does not exist or is not a ..."
+    assert result.exit_code == 2 and "config.json' is a file; give the folder" in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["card", str(folder), "--repo-id", "not a repo"])
     assert result.exit_code == 2 and "ORG/NAME" in " ".join(result.output.split())
 
