@@ -176,7 +176,9 @@ def _folder_ref(path: Path, text: str) -> ModelRef:
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         graphs = sorted((p for p in path.iterdir() if p.suffix.lower() in (".onnx", *ENGINE_SUFFIXES)),
                         key=lambda p: (p.suffix.lower() != ".onnx", p.name))  # ONNX first
-        hint = f"; to serve an exported file, name it: {str(graphs[0])!r}" if graphs else ""
+        # said of the file, not as advice to every caller: rollout, export and the demo need a model folder
+        hint = (f"; it holds an exported file, which `hub-vit serve` and `hub-vit repository` take: {str(graphs[0])!r}"
+                if graphs else "")
         raise ValueError(f"{text!r} is not a hub-vit model folder (expected config.json and model.safetensors in "
                          f"it; make one with `hub-vit convert` or `hub-vit train`){hint}")
     return ModelRef("folder", str(path.resolve()), folder=path.resolve())

@@ -174,8 +174,8 @@ def test_bad_references_name_the_problem_and_the_choices(tmp_path: Path, bare_on
         locate(tmp_path / "notes.txt")
     (tmp_path / "model.onnx").write_bytes(bare_onnx.read_bytes())
     with pytest.raises(ValueError, match=r"is not a hub-vit model folder \(expected config\.json and "
-                                         r"model\.safetensors in it; .*\); to serve an exported file, name it: "
-                                         r"'.*model\.onnx'"):
+                                         r"model\.safetensors in it; .*\); it holds an exported file, which "
+                                         r"`hub-vit serve` and `hub-vit repository` take: '.*model\.onnx'"):
         locate(tmp_path)
     (tmp_path / "broken.onnx").write_bytes(b"\x08garbage")
     with pytest.raises(ValueError, match=r"broken\.onnx' is not a valid ONNX model \(truncated or corrupt\?\)"):

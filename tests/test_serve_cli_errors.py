@@ -112,7 +112,8 @@ def test_non_model_file_and_export_folder_are_explained(tmp_path):
     exports.mkdir()
     (exports / "model.onnx").write_bytes(b"x")
     code, out = _run("repository", str(tmp_path / "repo"), "--model", str(exports))
-    assert code == 2 and "to serve an exported file, name it" in out and "model.onnx" in out
+    assert code == 2 and "it holds an exported file, which `hub-vit serve` and `hub-vit repository` take" in out \
+        and "model.onnx" in out
 
 
 def test_repository_onto_a_file_or_the_current_directory(tmp_path, monkeypatch):
