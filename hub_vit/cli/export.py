@@ -144,13 +144,12 @@ def _checked_flags(variant: list[str], stem: str, opset: int, exporter: str, out
                    **how: bool) -> Any:
     """The export plan; ValueError naming the first bad flag (all of them cheap to check)."""
     from hub_vit.export.onnx_export import MIN_OPSET
-    from hub_vit.export.plan import ExportPlan
+    from hub_vit.export.plan import ExportPlan, VariantChoiceError
 
     try:
         plan = ExportPlan.of(variant, stem=stem, opset=opset, exporter=exporter, providers=provider or None, **how)
-    except ValueError as exc:  # the CLI also takes "all" for --variant (only there: --exporter has no "all")
-        about_variants = "variant" in str(exc).split(";")[0]
-        raise ValueError(f"{exc}, or {ALL}" if about_variants and "valid choices" in str(exc) else str(exc)) from None
+    except VariantChoiceError as exc:  # the CLI also takes "all" for --variant (only there: --exporter has no "all")
+        raise ValueError(f"{exc}, or {ALL}") from None
     if opset < MIN_OPSET:
         raise ValueError(f"--opset must be >= {MIN_OPSET}, got {opset}")
     if out.exists() and not out.is_dir():

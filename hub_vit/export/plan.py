@@ -25,6 +25,11 @@ def check_stem(stem: str) -> None:
         raise ValueError(f"--stem {stem!r} must be a plain file name (no folder, no '/'); choose the folder with -o")
 
 
+class VariantChoiceError(ValueError):
+    """No variant, or one the registry does not have, was asked for; the message lists the registry's names (a
+    command line that also takes `all` adds it)."""
+
+
 @dataclass(frozen=True)
 class ExportPlan:
     """The variants to write, in order (registry names), and how.
@@ -49,11 +54,11 @@ class ExportPlan:
     def __post_init__(self) -> None:
         names = [self.variants] if isinstance(self.variants, str) else list(self.variants)
         if not names:
-            raise ValueError(f"no variant requested; valid choices: {', '.join(registry.names())}")
+            raise VariantChoiceError(f"no variant requested; valid choices: {', '.join(registry.names())}")
         unknown = [name for name in names if name not in registry.names()]
         if unknown:
-            raise ValueError(f"unsupported precision/variant {', '.join(map(repr, unknown))}; valid choices: "
-                             f"{', '.join(registry.names())}")
+            raise VariantChoiceError(f"unsupported precision/variant {', '.join(map(repr, unknown))}; valid choices: "
+                                     f"{', '.join(registry.names())}")
         object.__setattr__(self, "variants", tuple(dict.fromkeys(names)))
         object.__setattr__(self, "optional", frozenset(self.optional))
         if self.providers is not None:
@@ -143,4 +148,4 @@ class VerificationSet:
                 "top1_scope": self.top1_scope, **({"note": self.note} if self.note else {})}
 
 
-__all__ = ["ALL", "ExportPlan", "OwnImages", "VerificationSet", "check_stem"]
+__all__ = ["ALL", "ExportPlan", "OwnImages", "VariantChoiceError", "VerificationSet", "check_seed", "check_stem"]
