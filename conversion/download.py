@@ -266,19 +266,26 @@ class _progress:
             self.bar.stop()
 
 
-def catalog_weight(source: str) -> tuple[str | None, str | None]:
-    """(catalog name `name.tag`, its sha256) of the catalog weight `source` names (its catalog name, or the URL or
-    big_vision vanity name of its published file), else (None, None). No network: what is known before a download."""
-    if Path(source).expanduser().exists():
-        return None, None
+def _remote(source: str) -> tuple[str, str | None, str | None] | None:
+    """(https URL, catalog name `name.tag`, its sha256) of a URL, big_vision vanity name or catalog name; the name and
+    sha256 are None for a file the catalog does not list. None for anything else. No network."""
     if source.startswith(("gs://", "http://", "https://")) or source in VANITY_NAMES:
+        url = gs_to_https(VANITY_NAMES.get(source, source))
         # a URL or vanity name of a published file names a catalog weight just as its catalog name does
         from hub_vit.catalog import weights_at_url
 
-        found_at = weights_at_url(gs_to_https(VANITY_NAMES.get(source, source)))
-        return (None, None) if found_at is None else (f"{found_at[0].name}.{found_at[1].tag}", found_at[1].sha256)
+        found_at = weights_at_url(url)
+        return (url, None, None) if found_at is None else (url, f"{found_at[0].name}.{found_at[1].tag}",
+                                                           found_at[1].sha256)
     found = _catalog_lookup(source)
-    return (None, None) if found is None else (source, found[1])
+    return None if found is None else (found[0], source, found[1])
+
+
+def catalog_weight(source: str) -> tuple[str | None, str | None]:
+    """(catalog name `name.tag`, its sha256) of the catalog weight `source` names (its catalog name, or the URL or
+    big_vision vanity name of its published file), else (None, None). No network: what is known before a download."""
+    remote = None if Path(source).expanduser().exists() else _remote(source)
+    return (None, None) if remote is None else remote[1:]
 
 
 def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, progress: bool = True) -> Source:
@@ -297,12 +304,8 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
         if not path.is_file():
             raise ValueError(f"checkpoint source {text!r} is a directory; pass an .npz file")
         return Source(path=path, origin=text, url=None, sha256=sha256_file(path))
-    catalog_name, expected = catalog_weight(text)
-    if text.startswith(("gs://", "http://", "https://")) or text in VANITY_NAMES:
-        url = gs_to_https(VANITY_NAMES.get(text, text))
-    elif (found := _catalog_lookup(text)) is not None:
-        url = found[0]
-    else:
+    remote = _remote(text)
+    if remote is None:
         from hub_vit.catalog import MODELS
 
         tags = [f"{name}.{w.tag}" for name, e in MODELS.items() for w in e.weights]
@@ -311,6 +314,7 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
             f"({', '.join(VANITY_NAMES)}) or a hub-vit catalog name (e.g. {', '.join(tags[:4])}, ...; "
             "`hub-vit models` lists them all)"
         )
+    url, catalog_name, expected = remote
     local = download(url, expected_sha256=expected, timeout=timeout, progress=progress)
     sidecar = local.with_name(local.name + ".sha256")
     # The content is hashed even when a sidecar exists: a file swapped in after the download must not inherit it
