@@ -338,15 +338,24 @@ def read_labels(folder: str | os.PathLike[str]) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
 
 
+def not_a_folder(folder: Path) -> OSError | None:
+    """Why `folder`, given as a model folder, is not one at all, or None when it is a folder: NotADirectoryError for a
+    file (an image, a weights file given where the folder goes), FileNotFoundError for nothing there."""
+    if folder.is_dir():
+        return None
+    if folder.exists():
+        return NotADirectoryError(f"model folder {str(folder)!r} is a file; give the folder that holds config.json "
+                                  "and model.safetensors")
+    return FileNotFoundError(f"model folder {str(folder)!r} does not exist")
+
+
 def model_folder_files(folder: str | os.PathLike[str]) -> tuple[Path, Path]:
     """(config.json, model.safetensors) of the model folder `folder`; FileNotFoundError naming what is missing.
     Cheap: callers that read other inputs first check the folder with it before they do."""
     folder = Path(folder)
-    if not folder.is_dir():
-        if folder.exists():  # a file (an image, a weights file) given where the folder goes
-            raise NotADirectoryError(f"model folder {str(folder)!r} is a file; give the folder that holds config.json "
-                                     "and model.safetensors")
-        raise FileNotFoundError(f"model folder {str(folder)!r} does not exist")
+    problem = not_a_folder(folder)
+    if problem is not None:
+        raise problem
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     for path in (config_path, weights_path):
         if not path.is_file():

@@ -76,12 +76,13 @@ def validate_folder(folder: str | Path, repo_id: str | None = None) -> PushPlan:
     """Check `folder` is a complete hub-vit model folder with a parsable card; returns what would be uploaded."""
     from huggingface_hub import ModelCard
 
+    from hub_vit.folder import not_a_folder  # here: the folder module imports torch, checking a push needs none
     from hub_vit.model_cards.render import is_generated_card, render_model_card
 
     folder = Path(folder)
-    if not folder.is_dir():
-        what = "is a file; give the folder that holds config.json" if folder.exists() else "does not exist"
-        raise ModelFolderError(f"model folder {str(folder)!r} {what}")
+    problem = not_a_folder(folder)
+    if problem is not None:
+        raise ModelFolderError(str(problem))
     required = required_files(folder)
     missing = [name for name in required if not (folder / name).is_file()]
     if missing:

@@ -297,10 +297,12 @@ def match_bundled(folder: Path) -> CatalogMatch | None:
 
 def read_folder(folder: str | Path) -> FolderFacts:
     """Collect a folder's facts; raises `ModelFolderError` naming the missing or inconsistent file."""
+    from hub_vit.folder import not_a_folder  # here: the folder module imports torch, reading facts needs none
+
     folder = Path(folder)
-    if not folder.is_dir():
-        what = "is a file; give the folder that holds config.json" if folder.exists() else "does not exist"
-        raise ModelFolderError(f"model folder {str(folder)!r} {what}")
+    problem = not_a_folder(folder)
+    if problem is not None:
+        raise ModelFolderError(str(problem))
     config_path = folder / CONFIG
     if not config_path.is_file():
         raise ModelFolderError(f"{folder} has no {CONFIG}; a hub-vit model folder needs {CONFIG} and {WEIGHTS}")
