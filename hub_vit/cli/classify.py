@@ -12,6 +12,7 @@ from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import Grpc, RequestQueueTimeoutMs, Url, endpoint, queue_timeout_s
+from hub_vit.cli.explain import OUTSIDE_NOTE, make_out, verdict_cell
 from hub_vit.image_formats import NAMES
 
 
@@ -34,7 +35,6 @@ def classify(
     """Classify images with a running server and print a table."""
     from hub_vit.atomic import remove_empty_folders
     from hub_vit.cli.classify_files import classify_files
-    from hub_vit.cli.explain import make_out
     from hub_vit.server.client.classifier import Classifier
     from hub_vit.server.client.errors import empty_reply, request_failed
 
@@ -108,15 +108,9 @@ def _print_table(images: list[Path], predictions: dict[int, Any], top: int, titl
         ranked = zip(prediction.labels[:top], prediction.scores[:top], strict=True)
         for rank, (label, score) in enumerate(ranked, 1):
             table.add_row(escape(shown[index]) if rank == 1 else "", str(rank), escape(label), f"{score:.4f}",
-                          domain_cell(prediction) if rank == 1 else "")
+                          verdict_cell(prediction.domain, prediction.domain_score) if rank == 1 else "")
     console.print(table)
     _domain_notes([shown[index] for index in sorted(predictions)], [predictions[i] for i in sorted(predictions)])
-
-
-def domain_cell(prediction: Any) -> str:
-    """`out-of-domain (14.2)`: the server's verdict on the image and the score it judged by."""
-    score = "" if prediction.domain_score is None else f" ({prediction.domain_score:.3g})"
-    return f"{prediction.domain}{score}"
 
 
 def _domain_notes(names: list[str], predictions: list[Any]) -> None:
@@ -125,8 +119,8 @@ def _domain_notes(names: list[str], predictions: list[Any]) -> None:
 
     outside = [name for name, prediction in zip(names, predictions, strict=True) if prediction.domain == OUT_OF_DOMAIN]
     if outside:
-        console.print(f"note: {', '.join(outside)}: {DOMAIN_SENTENCES[OUT_OF_DOMAIN]} (out-of-domain score above its "
-                      "threshold): the labels above are guesses", soft_wrap=True, markup=False, highlight=False)
+        console.print(f"note: {', '.join(outside)}: {OUTSIDE_NOTE}: the labels above are guesses", soft_wrap=True,
+                      markup=False, highlight=False)
     if any(prediction.domain == UNKNOWN_DOMAIN for prediction in predictions):
         # the server may run a model folder (calibrated by `calibrate-domain`) or an exported file (which has none)
         console.print(f"note: {DOMAIN_SENTENCES[UNKNOWN_DOMAIN]}: the served model carries no out-of-domain score "

@@ -12,6 +12,7 @@ from hub_vit.atomic import file_in_the_way, missing_folders, remove_empty_folder
 from hub_vit.cli.app import app, console, fail, write_failed
 from hub_vit.image_formats import NAMES
 from hub_vit.ports import DEMO_PORT
+from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
 
 if TYPE_CHECKING:
     import numpy as np
@@ -92,11 +93,18 @@ def _prepared(explainer: Any, images: list[Path]) -> list[tuple[Path, Any]]:
     return ready
 
 
+# why an image is marked out of domain, as rollout and classify say it (each adds what it means for its labels)
+OUTSIDE_NOTE = f"{DOMAIN_SENTENCES[OUT_OF_DOMAIN]} (out-of-domain score above its threshold)"
+
+
+def verdict_cell(verdict: str, score: float | None) -> str:
+    """`out-of-domain (14.2)`: an out-of-domain verdict and the score it was judged by (none: unknown)."""
+    return verdict + ("" if score is None else f" ({score:.3g})")
+
+
 def _print_labels(path: Path, target: Path, top: list[tuple[str, float]], verdict: str,
                   score: float | None) -> None:
     from rich.table import Table
-
-    from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
 
     # soft-wrapped: a script reading `-> (.*)` from a pipe (80 columns) must get the whole path on one line
     console.print(f"[bold]{escape(str(path))}[/] -> {escape(str(target))}", soft_wrap=True)
@@ -107,10 +115,9 @@ def _print_labels(path: Path, target: Path, top: list[tuple[str, float]], verdic
         table.add_row(escape(label), f"{prob:.4f}")
     console.print(table)
     # the verdict `hub-vit classify` and the demo give, in classify's words
-    shown = f"domain: {verdict}" + ("" if score is None else f" ({score:.3g})")
+    shown = f"domain: {verdict_cell(verdict, score)}"
     if verdict == OUT_OF_DOMAIN:
-        shown += (f": {DOMAIN_SENTENCES[OUT_OF_DOMAIN]} (out-of-domain score above its threshold): the labels are "
-                  "guesses")
+        shown += f": {OUTSIDE_NOTE}: the labels are guesses"
     elif verdict == UNKNOWN_DOMAIN:
         shown += " (no out-of-domain score is calibrated for this model: hub-vit calibrate-domain)"
     console.print(shown, soft_wrap=True, markup=False, highlight=False)
