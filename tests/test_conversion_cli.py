@@ -208,7 +208,10 @@ def test_non_finite_weights_are_refused(tmp_path: Path) -> None:
 def test_reference_that_is_not_reference_outputs_is_named(tmp_path: Path) -> None:
     ckpt = JAX / "vit_jax" / "tiny_token.published.npz"
     (tmp_path / "notes.txt").write_text("not an npz")
-    for reference, needle in [(ckpt, "have no 'inputs' array"), (tmp_path / "notes.txt", "not a readable .npz")]:
+    (tmp_path / "outputs").mkdir()
+    for reference, needle in [(ckpt, "have no 'inputs' array"), (tmp_path / "notes.txt", "not a readable .npz"),
+                              # was "do not exist"
+                              (tmp_path / "outputs", "outputs' are a folder; give the .npz file of reference outputs")]:
         result = CliRunner().invoke(app, ["convert", str(ckpt), "-o", str(tmp_path / "out"), "--reference",
                                           str(reference)])
         assert result.exit_code == 2 and needle in " ".join(result.output.split()), result.output

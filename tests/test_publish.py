@@ -134,6 +134,13 @@ def no_network_check(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return looked
 
 
+def test_a_file_given_as_the_folder_is_named(folder: Path, hub_calls: list[str], no_network_check: list[str]) -> None:
+    # was "does not exist or is not a directory" for a file that exists
+    with pytest.raises(ModelFolderError, match=r"config\.json' is a file; give the folder that holds config\.json"):
+        publish.push_folder(folder / "config.json", "hub-vit-test/tiny", token="hf_dummy")
+    assert hub_calls == [] and no_network_check == []
+
+
 @pytest.mark.parametrize("missing", ["model.safetensors", "README.md", "labels.txt", "preprocessor_config.json",
                                      "modeling_hub_vit.py"])
 def test_incomplete_folder_is_refused(folder: Path, tmp_path: Path, missing: str, hub_calls: list[str],
