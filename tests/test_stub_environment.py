@@ -42,14 +42,19 @@ def _dist(folder: Path, name: str, version: str, files: list[str], requires: tup
 
 @pytest.fixture
 def gpu_host_paths(tmp_path, monkeypatch) -> dict[str, Path]:
-    """A host import path as a GPU host has it: numpy 2.5.2, scipy needing numpy 2, scikit-learn happy with either,
-    a namespace folder (`nvidia/`) spread over two folders, an editable install's .pth; and the stubs' numpy 1.26.4."""
+    """A host import path as a GPU host has it: numpy 2.5.2, scipy needing numpy 2, scikit-learn happy with either numpy
+    but needing scipy, sentence-transformers needing scikit-learn, scikit-image wanting scipy only for an extra, hub-vit
+    (requiring scikit-learn), a namespace folder (`nvidia/`) spread over two folders, an editable install's .pth; and
+    the stubs' numpy 1.26.4."""
     stubs, host, more = tmp_path / "stub-site", tmp_path / "site-packages", tmp_path / "pythonpath"
     _dist(stubs, "numpy", "1.26.4", ["numpy/__init__.py", "numpy.libs/libopenblas.so"])
     _dist(host, "numpy", "2.5.2", ["numpy/__init__.py", "numpy.libs/libscipy_openblas.so"])
     _dist(host, "scipy", "1.18.1", ["scipy/__init__.py", "scipy.libs/libgfortran.so"],
           ("numpy<2.8,>=2.0.0",))
     _dist(host, "scikit-learn", "1.8.0", ["sklearn/__init__.py"], ("numpy>=1.22.0", "scipy>=1.8.0"))
+    _dist(host, "sentence-transformers", "6.0.1", ["sentence_transformers/__init__.py"], ("scikit-learn",))
+    _dist(host, "scikit-image", "0.26.0", ["skimage/__init__.py"], ("numpy>=1.24", 'scipy>=1.11; extra == "data"'))
+    _dist(more, "hub-vit", "0.1.0", ["hub_vit/__init__.py"], ("numpy>=1.24", "scikit-learn>=1.3"))
     _dist(host, "nvidia-cublas", "13.0", ["nvidia/cublas/lib/libcublas.so"])
     _dist(more, "nvidia-cudnn", "9.0", ["nvidia/cudnn/lib/libcudnn.so"])
     (host / "__editable__.demo.pth").write_text(f"{more}\nimport os; os.environ.setdefault('PTH_RAN', '1')\n")
@@ -60,21 +65,26 @@ def gpu_host_paths(tmp_path, monkeypatch) -> dict[str, Path]:
 def test_the_view_holds_the_stub_numpy_and_leaves_out_what_needs_numpy_2(gpu_host_paths, tmp_path):
     view = build_view(tmp_path / "env", gpu_host_paths["stubs"], "1.26.4")
     site = site_packages(tmp_path / "env")
-    assert view.left_out == ("scipy 1.18.1",)
+    # scipy needs numpy 2; scikit-learn needs scipy (transformers 5.17 imports sklearn when it finds it, and that
+    # import then fails on scipy); sentence-transformers needs scikit-learn; scikit-image needs scipy only for an extra
+    assert view.left_out == ("scikit-learn 1.8.0", "scipy 1.18.1", "sentence-transformers 6.0.1")
     assert (site / "numpy").resolve() == (gpu_host_paths["stubs"] / "numpy").resolve()
     assert (site / "numpy.libs").resolve() == (gpu_host_paths["stubs"] / "numpy.libs").resolve()
     assert not (site / "numpy-2.5.2.dist-info").exists() and (site / "numpy-1.26.4.dist-info").exists()
     assert not any(site.glob("scipy*")), "scipy needs numpy 2: the stubs must not see it"
-    assert (site / "sklearn").exists()
+    assert not (site / "sklearn").exists() and not (site / "sentence_transformers").exists()
+    assert (site / "skimage").exists()
+    assert (site / "hub_vit").exists(), "hub-vit's steps never import scikit-learn: the view keeps it"
     assert sorted(p.name for p in (site / "nvidia").iterdir()) == ["cublas", "cudnn"]  # the namespace, merged
     # the .pth file's import line runs; its folder line is left out (the view holds that folder already)
     assert (site / "__editable__.demo.pth").read_text() == "import os; os.environ.setdefault('PTH_RAN', '1')\n"
 
     script = ("import importlib.metadata as md, importlib.util as u, os, numpy; "
-              "print(numpy.__version__, md.version('numpy'), u.find_spec('scipy'), os.environ.get('PTH_RAN'))")
+              "print(numpy.__version__, md.version('numpy'), u.find_spec('scipy'), u.find_spec('sklearn'), "
+              "os.environ.get('PTH_RAN'))")
     out = subprocess.run([str(view.bin_dir / "python3"), "-c", script], capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, check=True)
-    assert out.stdout.split() == ["1.26.4", "1.26.4", "None", "1"], out.stderr
+    assert out.stdout.split() == ["1.26.4", "1.26.4", "None", "None", "1"], out.stderr
 
 
 def test_a_numpy_2_host_without_a_numpy_for_the_stubs_is_refused_with_the_way_out(gpu_host_paths, tmp_path,

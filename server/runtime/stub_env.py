@@ -12,8 +12,9 @@ environment's `bin/` first on the server's PATH:
   site-packages is a view of this interpreter's import path, made of symbolic links, entry by entry in path order
   (the first of a name wins, as imports resolve; namespace folders such as `nvidia/` are merged), with
   - the numpy<2 found in the folders of `$HUB_VIT_STUB_PYTHONPATH` put first, and
-  - every distribution that requires a numpy the stubs' does not satisfy left out, with its files: scipy 1.18 needs
-    numpy 2, and transformers imports it when it is installed but skips it when it is not.
+  - every distribution that requires a numpy the stubs' does not satisfy left out, with its files, and every one that
+    requires one left out (scipy 1.18 needs numpy 2; scikit-learn needs scipy): transformers imports them when they
+    are installed but skips them when they are not.
 
 Nothing is installed: the view links to the files that are already there, costs milliseconds, and lives in the
 server's temporary workspace.
@@ -35,6 +36,9 @@ from hub_vit.server.runtime.triton_install import ServerError, unservable_python
 # carried pack's `stub-site/`).
 STUB_PYTHONPATH = "HUB_VIT_STUB_PYTHONPATH"
 FIRST_NUMPY_2 = (2,)
+# hub-vit itself stays in the view whatever it requires: its steps import numpy, torch or onnxruntime, Pillow and
+# transformers, never scikit-learn (calibrate-domain's fit) or the export side's onnx
+NEVER_LEFT_OUT = ("hub-vit",)
 
 
 @dataclass(frozen=True)
@@ -110,31 +114,49 @@ def build_view(target: Path, numpy_folder: Path, numpy_version: str) -> StubEnvi
 
 def _left_out(sources: list[Path], numpy_folder: Path, numpy_version: str
               ) -> tuple[list[str], dict[Path, set[str]]]:
-    """Distributions the stubs must not see: any numpy but `numpy_folder`'s, and those whose requirements exclude
-    `numpy_version`. Returns their "name version" and, per source folder, the top-level names of their files."""
+    """Distributions the stubs must not see: any numpy but `numpy_folder`'s, those whose requirements exclude
+    `numpy_version`, and, until none is added, those that require one left out (scikit-learn requires scipy: with
+    scipy gone but sklearn still there, transformers 5.17 finds sklearn, imports it, and that import fails on scipy).
+    Returns their "name version" and, per source folder, the top-level names of their files."""
     from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
 
-    names, skipped = [], {}
+    found = []  # (source, distribution, canonical name, its unconditional requirements)
     for source in sources:
         for dist in importlib.metadata.distributions(path=[str(source)]):
-            name = (dist.metadata["Name"] or "").lower()
-            if name == "numpy":
-                drop = source != numpy_folder
-            else:
-                drop = False
-                for text in dist.requires or ():
-                    try:
-                        requirement = Requirement(text)
-                    except InvalidRequirement:
-                        continue
-                    if (requirement.name.lower() == "numpy" and requirement.marker is None
-                            and not requirement.specifier.contains(numpy_version, prereleases=True)):
-                        drop = True
-            if drop:
-                if name != "numpy":
-                    names.append(f"{dist.metadata['Name']} {dist.version}")
-                skipped.setdefault(source, set()).update(_top_level(dist))
-    return names, skipped
+            requirements = []
+            for text in dist.requires or ():
+                try:
+                    requirement = Requirement(text)
+                except InvalidRequirement:
+                    continue
+                if requirement.marker is None:  # extras' and platform-conditional requirements do not bind here
+                    requirements.append(requirement)
+            found.append((source, dist, canonicalize_name(dist.metadata["Name"] or ""), requirements))
+    dropped: set[int] = set()
+    for index, (source, _, name, requirements) in enumerate(found):
+        if name == "numpy":
+            if source != numpy_folder:
+                dropped.add(index)
+        elif any(canonicalize_name(r.name) == "numpy" and not r.specifier.contains(numpy_version, prereleases=True)
+                 for r in requirements):
+            dropped.add(index)
+    gone = {found[i][2] for i in dropped} - {"numpy"}
+    while True:  # what requires a distribution left out goes too, but hub-vit (what the steps run)
+        more = {i for i, (_, _, name, requirements) in enumerate(found) if i not in dropped
+                and name not in ("numpy", *NEVER_LEFT_OUT) and any(canonicalize_name(r.name) in gone
+                                                                    for r in requirements)}
+        if not more:
+            break
+        dropped |= more
+        gone |= {found[i][2] for i in more}
+    names, skipped = [], {}
+    for index in sorted(dropped):
+        source, dist, name, _ = found[index]
+        if name != "numpy":
+            names.append(f"{dist.metadata['Name']} {dist.version}")
+        skipped.setdefault(source, set()).update(_top_level(dist))
+    return sorted(names, key=str.lower), skipped
 
 
 def _top_level(dist: importlib.metadata.Distribution) -> set[str]:
