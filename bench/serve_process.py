@@ -99,9 +99,10 @@ class Served:
                 break
         self.banner = "".join(lines)
         if "metrics" not in self.banner:
+            exited = self.process.poll()
             errors = self.stop()
-            raise RuntimeError(f"hub-vit {' '.join(self.command)} did not start within {timeout_s:.0f} s:\n"
-                               f"{self.banner}\n{errors[-4000:]}")
+            why = f"exited with code {exited}" if exited is not None else f"did not start within {timeout_s:.0f} s"
+            raise RuntimeError(f"hub-vit {' '.join(self.command)} {why}:\n{self.banner}\n{errors[-4000:]}")
         self.ready_s = time.monotonic() - started
         device = re.search(r"device\s+(.+)", self.banner)
         self.device = device[1].strip() if device else "?"
@@ -119,9 +120,12 @@ class Served:
                 "private_ports": self.private}
 
     def stop(self) -> str:
-        """SIGTERM (a drain), SIGKILL after 60 s; returns what the command wrote to stderr."""
-        if self.process.returncode is not None:
-            return ""
+        """SIGTERM (a drain), SIGKILL after 60 s; returns what the command wrote to stderr (also when it had exited
+        by itself: then what it said is why)."""
+        if self.process.poll() is not None:
+            if self.process.stderr is None or self.process.stderr.closed:
+                return ""  # read by an earlier stop()
+            return self.process.communicate()[1] or ""
         self.process.send_signal(signal.SIGTERM)
         try:
             return self.process.communicate(timeout=60)[1] or ""

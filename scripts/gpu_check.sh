@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: one command, at most 6 minutes, on a GPU host without network or pip index (Python 3.12, torch with
+# The GPU check: one command, at most 8 minutes, on a GPU host without network or pip index (Python 3.12, torch with
 # CUDA, torchvision, timm, transformers, onnx, onnxruntime, grpcio, aiohttp, numpy 2), from the repository root, with
 # the folder scripts/pack_gpu_check.sh prepared (default .gpucheck) beside the checkout. Nothing is installed into the
 # host's own Python environment.
@@ -76,11 +76,23 @@ if ((PACKED)); then
         case $(basename "$wheel") in setuptools-*) target=$WORK/build ;; *) target=$WORK/site ;; esac
         "$PY" -m zipfile -e "$wheel" "$target" || exit 1
     done
-    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$WORK/server/libpython
+    SERVE_PACKED=1  # a GPU host, or a dry run from a Python 3.12 environment shaped as the GPU hosts' (the
+    # rehearsal in docs/serving.md, "The GPU check"): the packed server, its site and the stubs' numpy
     if ((DRY_RUN)); then
-        # this host's interpreter is not 3.12: serve with its own server (the environment's), check the pack's files
-        echo "   the packed server's files are checked below; serving uses this environment's tritonserver"
-    else
+        if "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+            # a rehearsal's interpreter may link its own libpython3.12 (pyenv's does): its LIBDIR goes first, since
+            # the packed Ubuntu copy needs a newer glibc than a CPU host may have
+            LIBDIR=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
+            export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+            echo "   rehearsal: Python 3.12 serves with the packed server as a GPU host does (LIBDIR $LIBDIR first)"
+        else
+            SERVE_PACKED=0
+            # this host's interpreter is not 3.12: serve with its own server (the environment's), check the pack
+            echo "   the packed server's files are checked below; serving uses this environment's tritonserver"
+        fi
+    fi
+    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$WORK/server/libpython
+    if ((SERVE_PACKED)); then
         export HUB_VIT_STUB_PYTHONPATH=$WORK/server/stub-site
         export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
         echo "   the stubs' numpy<2: HUB_VIT_STUB_PYTHONPATH=$HUB_VIT_STUB_PYTHONPATH; PYTHONPATH=$PYTHONPATH"
@@ -148,19 +160,24 @@ fi
 
 # 4. the GPU tests (skipped with a reason on the dry run's CPU)
 export PYTHONUNBUFFERED=1
-run "tests/test_cuda.py tests/test_server_torch_cuda.py" 120 \
-    "$PY" -m pytest tests/test_cuda.py tests/test_server_torch_cuda.py -q -rs -x -p no:cacheprovider
+run "tests/test_cuda.py tests/test_server_torch_cuda.py" 150 \
+    "$PY" -m pytest tests/test_cuda.py tests/test_server_torch_cuda.py -q -rfs --tb=short --maxfail=10 \
+    -p no:cacheprovider
 
 # 5. peers, the data path, serving, load and the c1 path -> bench/results/gpu_serving_<gpu>.json (and $OUT)
 if ((DRY_RUN)); then
     run "bench/gpu_check.py --device cpu --quick" 900 "$PY" bench/gpu_check.py --device cpu --quick \
         --out "$WORK/gpu_serving_cpu_dry_run.json"
 else
-    run "bench/gpu_check.py --device cuda --compile" 210 "$PY" bench/gpu_check.py --device cuda --seconds 5 --compile
+    run "bench/gpu_check.py --device cuda --compile" 330 "$PY" bench/gpu_check.py --device cuda --seconds 5 --compile
 fi
 
 step "done in $(( $(date +%s) - STARTED )) s; log: $LOG"
 if ((${#FAILED[@]})); then
+    # tritonserver's own logs (serve names each one when a model fails to load) travel with the check's log
+    LOGS=$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'hub-vit-serve-*.log' -newer "$WORK/venv" 2>/dev/null)
+    [[ -n $LOGS ]] && tar -czf "$LOGDIR/serve_logs.tar.gz" $LOGS 2>/dev/null &&
+        echo "tritonserver logs: $LOGDIR/serve_logs.tar.gz"
     printf 'failed: %s\n' "${FAILED[@]}"
     exit 1
 fi
