@@ -105,14 +105,14 @@ def _levels(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     return float(levels.mean()), float(np.percentile(levels, 99.9))
 
 
-def test_nvjpeg_data_path_matches_imageprep(imageprep, photos):
+def test_nvjpeg_data_path_matches_imageprep(imageprep, photos, monkeypatch):
     """JPEGs (4:2:0, 4:4:4, progressive, grey) decoded by nvJPEG in one batch with a PNG and the digits samples
     decoded by imageprep, all transformed on the GPU: imageprep's pixels within the nvJPEG tolerance, and through the
     digits model the same top-1."""
     from hub_vit.catalog import default_model_folder
     from hub_vit.folder import load_model_folder
     from hub_vit.server.repository.torch_images import ImagePath
-    from tests.test_torch_images import SAMPLES, device_pixels, encode, prep_for
+    from tests.test_torch_images import SAMPLES, device_pixels, encode, on_the_device, prep_for
 
     data = [encode(photos["chelsea"], quality=90), encode(photos["astronaut"], subsampling=0, quality=95),
             encode(photos["coffee"], progressive=True), encode(photos["astronaut"][..., 0], quality=90),
@@ -120,12 +120,12 @@ def test_nvjpeg_data_path_matches_imageprep(imageprep, photos):
     for size, interpolation in ((224, "bicubic"), (32, "bilinear")):
         prep = prep_for(imageprep, size, interpolation, crop_pct=0.875 if size == 224 else 1.0)
         path = ImagePath(imageprep, prep, CUDA)
-        assert sum(item.last_block is not None for item in path.decode(data)) == 3  # the sequential JPEGs: nvJPEG
-        pixels, suspects = device_pixels(path, data)
+        calls = on_the_device(monkeypatch)
+        pixels = device_pixels(path, data)
+        assert calls == [[data[0], data[1], data[3]]]  # the sequential JPEGs: nvJPEG
         want = np.stack([prep(item) for item in data])
         mean, p999 = _levels(pixels, want)
         assert mean <= NVJPEG_MEAN_LEVELS and p999 <= NVJPEG_P999_LEVELS, (size, mean, p999)
-        assert not suspects.any()
     model, _ = load_model_folder(default_model_folder())
     with torch.no_grad():
         got, expected = model(torch.from_numpy(pixels)).numpy(), model(torch.from_numpy(want)).numpy()
@@ -139,44 +139,34 @@ def test_exif_orientations_on_cuda(imageprep, photos, orientation):
 
     data = with_orientation(photos["chelsea"][:, :400], orientation)
     prep = prep_for(imageprep, 224)
-    pixels, _ = device_pixels(ImagePath(imageprep, prep, CUDA), [data])
+    pixels = device_pixels(ImagePath(imageprep, prep, CUDA), [data])
     mean, p999 = _levels(pixels, prep(data)[None])
     assert mean <= NVJPEG_MEAN_LEVELS and p999 <= NVJPEG_P999_LEVELS, (mean, p999)
 
 
 @pytest.mark.parametrize("case", ["cut short, closed again", "a few rows more declared", "cut short",
                                   "flat mid-grey, complete"])
-def test_truncated_jpegs_are_refused_on_cuda_in_imageprep_words(imageprep, photos, case):
-    """Whatever nvJPEG makes of a JPEG whose data ends early (an error, grey blocks, anything else), the image is
-    refused with imageprep's words, as the step refuses it (decoded by imageprep, or flagged and confirmed); a
-    complete image ending in mid-grey is kept."""
-    import struct
-
-    from PIL import Image
-
+def test_truncated_jpegs_are_refused_on_cuda_in_imageprep_words(imageprep, photos, monkeypatch, case):
+    """nvJPEG decodes a JPEG whose data ends early without a word, its missing blocks left as its memory held them:
+    such an image is refused with imageprep's words before nvJPEG sees it; a complete image ending in mid-grey is
+    decoded by imageprep and kept."""
     from hub_vit.server.repository.torch_images import ImagePath
-    from tests.test_torch_images import device_pixels, encode, prep_for
+    from tests.test_torch_images import device_pixels, encode, on_the_device, prep_for, truncated
 
-    whole = encode(np.asarray(Image.fromarray(photos["chelsea"]).resize((451, 300))))
-    taller = bytearray(whole)
-    frame = taller.find(b"\xff\xc0")
-    taller[frame + 5:frame + 7] = struct.pack(">H", 316)
-    data = {"cut short, closed again": whole[:-600] + b"\xff\xd9", "a few rows more declared": bytes(taller),
-            "cut short": whole[:-600], "flat mid-grey, complete": encode(np.full((300, 451, 3), 128, np.uint8))}[case]
+    data = {**truncated(photos), "flat mid-grey, complete": encode(np.full((300, 451, 3), 128, np.uint8))}[case]
     prep = prep_for(imageprep, 224)
     path = ImagePath(imageprep, prep, CUDA)
+    calls = on_the_device(monkeypatch)
     [item] = path.decode([data])
-    refused = item if isinstance(item, Exception) else None
-    if refused is None:
-        _, [suspect] = device_pixels(path, [data], [item])
-        refused = path.confirm(data) if suspect else None
+    assert calls == []
     if case.endswith("complete"):
-        assert refused is None
+        mean, p999 = _levels(device_pixels(path, [data], [item]), prep(data)[None])
+        assert mean <= NVJPEG_MEAN_LEVELS and p999 <= NVJPEG_P999_LEVELS
         return
     with pytest.raises(imageprep.BadImageError) as words:
         prep.decode(data)
-    assert refused is not None, f"{case}: accepted on the GPU, refused by imageprep ({words.value})"
-    assert str(refused) == str(words.value)
+    assert isinstance(item, imageprep.BadImageError), f"{case}: accepted on the GPU, refused by imageprep"
+    assert str(item) == str(words.value)
 
 
 @pytest.fixture(scope="module")

@@ -5,23 +5,24 @@ Per image, in this order:
 1. The header, on the CPU, without decoding (imageprep's `Preprocess.inspect`): the format whitelist, the declared
    size and pixel limits, the aspect-ratio bound, `jpeg_shortfall`, the EXIF orientation. A refused image costs no
    device work and gets imageprep's own words.
-2. The decode. JPEGs imageprep calls plain (`Header.plain_jpeg`: 8-bit Y or YCbCr, closed by an end marker) are
-   decoded together in one `torchvision.io.decode_jpeg(list, device=...)` call: nvJPEG on cuda; on cpu libjpeg-turbo,
-   the library Pillow decodes with (the same pixels, tested), which is how CI runs this very code. When the batched
-   call fails (it returns nothing for any image then), each image is decoded alone; an image the device decoder
-   refuses, and every PNG, WebP or other JPEG, is decoded by imageprep on the CPU (`Preprocess.load`, on the thread
-   pool): the CPU flavour's pixels, or its refusal in its words. Decoded uint8 goes to the device.
-3. On the device (`DeviceTransform`): the EXIF orientation (flips and transposes), the resize as Pillow does it (two
+2. For JPEGs imageprep calls plain (`Header.plain_jpeg`: 8-bit Y or YCbCr, closed by an end marker), the scan check,
+   on the CPU, on the thread pool: imageprep's `scan_may_end_early` reads the whole scan at 1/8 scale and looks for
+   the flat mid-grey last MCU libjpeg leaves where data ran out. A JPEG cut short and closed again must be caught
+   here, before the device: nvJPEG decodes it without a word and fills its missing blocks with whatever its output
+   memory last held (another request's pixels, as an H200 showed), so nothing after the decode can tell.
+3. The decode. Plain JPEGs that passed are decoded together in one `torchvision.io.decode_jpeg(list, device=...)`
+   call: nvJPEG on cuda; on cpu libjpeg-turbo, the library Pillow decodes with (the same pixels, tested), which is how
+   CI runs this very code. When the batched call fails (it returns nothing for any image then), each image is decoded
+   alone; an image the device decoder refuses, a suspect of step 2, and every PNG, WebP or other JPEG, is decoded by
+   imageprep on the CPU (`Preprocess.load`, on the thread pool): the CPU flavour's pixels, or its refusal in its words
+   (`ends_early` decides a suspect). Decoded uint8 goes to the device.
+4. On the device (`DeviceTransform`): the EXIF orientation (flips and transposes), the resize as Pillow does it (two
    separable passes, horizontal first, each rounded to uint8 half up, as Pillow's fixed-point filters round), the
    centre crop, `/ 255` and `(x - mean) / std` in float32, into rows of the batch. Images of one size, orientation
    and kind run as one group. Other interpolations than bilinear and bicubic (nearest, lanczos, box, hamming) are
    resized by imageprep on the CPU instead, and cropped and normalised here.
-4. The one check that needs pixels, imageprep's `ends_early`: a sequential JPEG whose last MCU came out flat mid-grey
-   (what libjpeg leaves where the scan data ran out) is flagged on the device, the flags read back with the answers;
-   the forward is not held up for them. A flagged image is decoded again by imageprep on the CPU (`confirm`), which
-   refuses it in its words if it really ends early; a complete image that ends in mid-grey keeps its answer.
 
-No host tensor is made in steps 3 and 4 (tests/test_torch_images.py runs them on the meta device under a recorder).
+No host tensor is made in step 4 (tests/test_torch_images.py runs it on the meta device under a recorder).
 """
 
 from __future__ import annotations
@@ -57,11 +58,10 @@ class Decoded:
 
     pixels: torch.Tensor  # (3, h, w) uint8
     orientation: int = 1  # EXIF orientation still to apply (1: none)
-    last_block: tuple[int, int, int, int] | None = None  # (left, top, right, bottom) to check for flat mid-grey
     resized: bool = False  # resized by imageprep already (an interpolation the device has no filter for)
 
     def group(self) -> tuple[Any, ...]:
-        return (*self.pixels.shape, self.orientation, self.last_block, self.resized)
+        return (*self.pixels.shape, self.orientation, self.resized)
 
 
 def orient(images: torch.Tensor, orientation: int) -> torch.Tensor:
@@ -122,18 +122,6 @@ class DeviceTransform:
         out.div_(255).sub_(self.mean).div_(self.std)  # float32 throughout, as imageprep's numpy: the same numbers
 
 
-def flat_mid_grey(images: torch.Tensor, box: tuple[int, int, int, int] | None, imageprep: Any) -> torch.Tensor:
-    """(N,) bool: whose `box` (left, top, right, bottom) of (N, 3, h, w) uint8 is flat mid-grey by imageprep's
-    `ends_early` criterion (its LUMA weights, MID_GREY and FLAT_WITHIN); all False without a box."""
-    if box is None:
-        return torch.zeros(len(images), dtype=torch.bool, device=images.device)
-    left, top, right, bottom = box
-    block = images[:, :, top:bottom, left:right].float()
-    red, green, blue = imageprep.LUMA
-    luma = block[:, 0] * red + block[:, 1] * green + block[:, 2] * blue
-    return (luma - imageprep.MID_GREY).abs().amax(dim=(-2, -1)) <= imageprep.FLAT_WITHIN
-
-
 def decode_jpegs(encoded: Sequence[bytes], device: torch.device) -> list[torch.Tensor | Exception]:
     """JPEG bytes -> (3, h, w) uint8 RGB on `device`, in one batched call (nvJPEG on cuda); where that call fails,
     each alone, a failure standing in for its image."""
@@ -166,8 +154,8 @@ def _chunks(members: list[int], decoded: Sequence[Decoded]) -> list[list[int]]:
 
 
 class ImagePath:
-    """Steps 1, 2 and 4 of the module docstring for one Triton model instance, with its imageprep module (for
-    `BadImageError` and the `ends_early` constants), its `Preprocess` and a thread pool for the CPU decodes."""
+    """The module docstring's steps for one Triton model instance (1 to 3 in `decode`, 4 in `transform_into`), with
+    its imageprep module (the scan check), its `Preprocess` and a thread pool for the scan checks and CPU decodes."""
 
     def __init__(self, imageprep: Any, preprocess: Any, device: torch.device, pool: Executor | None = None) -> None:
         self.imageprep, self.prep, self.device, self.pool = imageprep, preprocess, device, pool
@@ -184,7 +172,9 @@ class ImagePath:
                 headers[index] = self.prep.inspect(data)
             except Exception as err:  # noqa: BLE001 - refused on the header (BadImageError), or e.g. MemoryError
                 results[index] = err
-        on_device = [i for i, h in headers.items() if h.plain_jpeg and self.transform.mode is not None]
+        plain = [i for i, h in headers.items() if h.plain_jpeg and self.transform.mode is not None]
+        may_end_early = self._map(self._scan_check, [(encoded[i], headers[i]) for i in plain])
+        on_device = [i for i, doubtful in zip(plain, may_end_early, strict=True) if not doubtful]
         on_cpu = sorted(set(headers) - set(on_device))
         if on_device:
             for index, image in zip(on_device, decode_jpegs([encoded[i] for i in on_device], self.device),
@@ -192,8 +182,7 @@ class ImagePath:
                 if isinstance(image, Exception):
                     on_cpu.append(index)
                     continue
-                header = headers[index]
-                results[index] = Decoded(image, header.orientation, header.last_block)
+                results[index] = Decoded(image, headers[index].orientation)
         for index, result in zip(on_cpu, self._map(self._cpu_decode, [(encoded[i], headers[i]) for i in on_cpu]),
                                  strict=True):
             results[index] = result
@@ -204,6 +193,10 @@ class ImagePath:
         if self.pool is None or len(items) < 2:
             return [function(item) for item in items]
         return list(self.pool.map(function, items))
+
+    def _scan_check(self, item: tuple[bytes, Any]) -> bool:
+        """Step 2 for one plain JPEG: True when it may end early (imageprep then decodes it and decides)."""
+        return self.imageprep.scan_may_end_early(*item)
 
     def _cpu_decode(self, item: tuple[bytes, Any]) -> Decoded | Exception:
         data, header = item
@@ -222,28 +215,16 @@ class ImagePath:
             host = host.pin_memory()
         return host.to(self.device, non_blocking=self.pin).permute(2, 0, 1)
 
-    def transform_into(self, decoded: Sequence[Decoded], out: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-        """Decoded images -> `out[:N]` (normalised); returns (order, suspects): batch row k holds `decoded[order[k]]`
-        (the images of one group sit side by side), and `suspects` (N,) bool on the device flags row k for
-        `confirm`."""
+    def transform_into(self, decoded: Sequence[Decoded], out: torch.Tensor) -> list[int]:
+        """Decoded images -> `out[:N]` (normalised); returns the order: batch row k holds `decoded[order[k]]` (the
+        images of one group sit side by side)."""
         groups: dict[tuple[Any, ...], list[int]] = {}
         for index, item in enumerate(decoded):
             groups.setdefault(item.group(), []).append(index)
         order: list[int] = []
-        flags = []
         for members in (chunk for group in groups.values() for chunk in _chunks(group, decoded)):
             first = decoded[members[0]]
             images = torch.stack([decoded[i].pixels for i in members]) if len(members) > 1 else first.pixels[None]
-            flags.append(flat_mid_grey(images, first.last_block, self.imageprep))
             self.transform(images, first.orientation, first.resized, out[len(order):len(order) + len(members)])
             order += members
-        suspects = torch.cat(flags) if flags else torch.zeros(0, dtype=torch.bool, device=self.device)
-        return order, suspects
-
-    def confirm(self, data: bytes) -> Exception | None:
-        """A suspect decoded again by imageprep on the CPU: its refusal (the image ends early), or None."""
-        try:
-            self.prep.decode(data)
-        except Exception as err:  # noqa: BLE001 - a BadImageError in imageprep's words
-            return err
-        return None
+        return order

@@ -179,38 +179,24 @@ class TritonPythonModel:
                         for index, data in enumerate(images))
         decoded = self.images.decode([data for _, _, data in rows])
         self.phases.mark(marks, "decode")
-        refused_at: dict[int, int] = {}  # place -> index of its first image refused while decoding
         for (place, index, _), item in zip(rows, decoded, strict=True):
             if isinstance(item, Exception) and responses[place] is None:  # rows run in index order: the first
-                self._refuse(responses, place, index, item)
-                refused_at[place] = index
-        # a refused request's images before the refused one run too: one of them may end early (found only once
-        # decoded) and, being first, name the request, as imageprep's one-by-one decoding would
-        kept = [row for row, (place, index, _) in enumerate(rows)
-                if responses[place] is None or index < refused_at.get(place, -1)]
+                self._refuse(responses, place, index, item)               # refused image names its request
+        kept = [row for row, (place, _, _) in enumerate(rows) if responses[place] is None]
         if not kept:
             return responses
         with torch.inference_mode():
-            order, suspects = self.images.transform_into([decoded[row] for row in kept], self.runner.batch(len(kept)))
+            order = self.images.transform_into([decoded[row] for row in kept], self.runner.batch(len(kept)))
             self.phases.mark(marks, "transform")
-            ranked = self.runner.run(len(kept))
-            logits, scores, ids, features, suspect = self.runner.fetch(*ranked, suspects)
+            logits, scores, ids, features = self.runner.fetch(*self.runner.run(len(kept)))
         self.phases.mark(marks, "forward")
         placed: dict[int, list[tuple[int, int]]] = {}  # place -> [(index in the request, batch row)]
         for batch_row, row in enumerate(kept[k] for k in order):
             placed.setdefault(rows[row][0], []).append((rows[row][1], batch_row))
         for place, members in placed.items():
-            members.sort()
-            for index, batch_row in members:  # in index order: the first refused names the request
-                refused = self.images.confirm(rows[kept[order[batch_row]]][2]) if suspect[batch_row] else None
-                if refused is not None:  # the image ends early: imageprep's decode refused it, in its words
-                    self._refuse(responses, place, index, refused)
-                    break
-            else:
-                if place not in refused_at:
-                    at = [batch_row for _, batch_row in members]
-                    responses[place] = self._answer(logits[at], scores[at], ids[at],
-                                                    self.domain.from_features(features[at], len(at)))
+            at = [batch_row for _, batch_row in sorted(members)]  # the request's images in its order
+            responses[place] = self._answer(logits[at], scores[at], ids[at],
+                                            self.domain.from_features(features[at], len(at)))
         self.phases.mark(marks, "answer")
         self.phases.write(marks, sum(r is not None for r in requests), len(rows))
         return responses

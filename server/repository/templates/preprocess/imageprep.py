@@ -162,6 +162,37 @@ def ends_early(data: bytes, image: Image.Image) -> bool:
     return padded.tobytes() != image.tobytes()
 
 
+# libjpeg's DCT scalings: decoded at 1/8 every Huffman code is still read, but each 8x8 block costs one pixel
+DCT_SCALES = (8, 4, 2, 1)
+
+
+def scan_may_end_early(data: bytes, header: Header) -> bool:
+    """Whether a sequential JPEG (`header`: `inspect`'s, with its `last_block`) may have run out of scan data before
+    its last MCU, judged without decoding its pixels in full: libjpeg decodes it at 1/8 scale (the whole scan read,
+    missing blocks filled as `ends_early` describes) and its last MCU, scaled, is checked for flat mid-grey. A suspect
+    is decoded in full by `load`, whose `ends_early` decides; data libjpeg cannot read at all is suspect too.
+
+    The torch flavour asks this before a JPEG goes to a device decoder: nvJPEG fills the blocks past the data's end
+    with whatever its output memory last held (another image's pixels), so the decoded image cannot tell."""
+    if header.last_block is None:
+        return True
+    width, height = header.size
+    try:
+        image = Image.open(io.BytesIO(data), formats=("JPEG",))
+        image.draft(image.mode, (max(1, width // 8), max(1, height // 8)))
+        image.load()
+    except Exception:  # noqa: BLE001 - corrupt data: imageprep's own decode names it
+        return True
+    scale = next((s for s in DCT_SCALES if image.size == (-(-width // s), -(-height // s))), None)
+    if scale is None or image.mode not in ("RGB", "L"):
+        return True
+    left, top, right, bottom = header.last_block
+    last = np.asarray(image.crop((left // scale, top // scale, -(-right // scale), -(-bottom // scale))),
+                      dtype=np.float32)
+    luma = last if image.mode == "L" else last @ np.asarray(LUMA, dtype=np.float32)
+    return bool(np.abs(luma - MID_GREY).max() <= FLAT_WITHIN)
+
+
 def scan_closed(data: bytes) -> bool:
     """Whether a JPEG's last end-of-image marker comes after its first start-of-scan marker (an embedded thumbnail's
     end marker, in an APP segment before the scan, does not count). Cut short without one, the data is what Pillow
