@@ -240,6 +240,16 @@ def test_serve_on_cuda_keeps_the_sizes_given(monkeypatch):
     assert opts.max_queue_size == CUDA_DEFAULTS["max_queue_size"]  # not given: the GPU's
 
 
+def test_serve_takes_the_classifier_instances_as_repository_does(monkeypatch, tmp_path):
+    code, output, built = _serve_options_on_a_gpu_host(monkeypatch, "--device", "cuda", "--instances", "4")
+    assert code == 0, output
+    assert built[0].classifier_instances == 4
+    code, output, built = _serve_options_on_a_gpu_host(monkeypatch, "--instances", "0")
+    assert code == 2 and "--instances must be a positive integer, got 0" in output and not built, output
+    code, output = _cli("serve", *PORTS, "--instances", "3", "--repository", str(tmp_path))
+    assert code == 2 and "--instances only applies when serve builds the repository" in output, output
+
+
 def test_on_a_gpu_host_an_exported_file_is_served_by_onnx_runtime_on_the_cpu(monkeypatch, tmp_path):
     """`hub-vit serve model.onnx` where torch sees a GPU and --device is left to serve: the torch flavour cannot run an
     exported file, so serve says so and builds the CPU flavour's options (nothing exported or started here)."""

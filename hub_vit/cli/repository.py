@@ -15,6 +15,7 @@ from hub_vit.cli.serving_options import (
     CpuVariant,
     CudaGraphs,
     DecodeThreads,
+    Instances,
     MaxBatchSize,
     MaxPixels,
     MaxQueueDelayUs,
@@ -66,9 +67,7 @@ def repository(
     max_queue_size: MaxQueueSize = DEFAULTS.max_queue_size,
     queue_timeout_us: QueueTimeoutUs = DEFAULTS.queue_timeout_us,
     top_k: TopK = DEFAULTS.top_k,
-    instances: int = typer.Option(DEFAULTS.classifier_instances,
-                                  help="Classifier instances (CPU: each decodes and runs ORT; two keep Triton's "
-                                       "batcher from stalling)."),
+    instances: Instances = DEFAULTS.classifier_instances,
     preprocess_instances: PreprocessInstances = None,
     spinning: Spinning = DEFAULTS.ort_spinning,
     max_pixels: MaxPixels = DEFAULTS.max_pixels,

@@ -21,6 +21,7 @@ from hub_vit.cli.serving_options import (
     CpuVariant,
     CudaGraphs,
     DecodeThreads,
+    Instances,
     MaxBatchSize,
     MaxPixels,
     MaxQueueDelayUs,
@@ -84,6 +85,7 @@ def serve(
     max_queue_size: MaxQueueSize = DEFAULTS.max_queue_size,
     queue_timeout_us: QueueTimeoutUs = DEFAULTS.queue_timeout_us,
     top_k: TopK = DEFAULTS.top_k,
+    instances: Instances = DEFAULTS.classifier_instances,
     exit_timeout: ExitTimeout = 30,
     max_restarts: MaxRestarts = 3,
     quiet: Quiet = False,
@@ -122,6 +124,9 @@ def serve(
         if given(ctx, "cpu_variant"):
             raise fail("--cpu-variant chooses the graph of the repository serve builds; --repository serves one as it "
                        "was written: rebuild it with `hub-vit repository --cpu-variant ...`")
+        if given(ctx, "instances"):
+            raise fail("--instances only applies when serve builds the repository; --repository serves "
+                       f"{str(repository_dir)!r} as written (rebuild it with `hub-vit repository --instances N`)")
         run.name = _existing_repository(repository_dir, model=model, name=name, **sizes)
         _check_triton()
         print_cpu_variant(repository_dir)
@@ -130,7 +135,7 @@ def serve(
 
     def options_for(where: Any) -> Any:
         return serving_options(ctx, name=name, **sizes, flavour=where.flavour, device=where.device,
-                               cpu_variant=cpu_variant,
+                               cpu_variant=cpu_variant, classifier_instances=instances,
                                **torch_fields(where.flavour, cuda_graphs, torch_compile, decode_threads))
 
     options_for(where)  # every option is refused in the flags' words before the environment is looked at

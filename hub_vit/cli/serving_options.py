@@ -46,9 +46,12 @@ CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs",
 TorchCompile = Annotated[bool, typer.Option("--torch-compile/--no-torch-compile",
                                             help="Torch flavour on cuda: torch.compile the model before capturing "
                                                  "(compiles every bucket while loading: minutes).")]
-DecodeThreads = Annotated[int, typer.Option(help="Torch flavour: images decoded on the CPU (PNG, WebP, JPEGs the "
-                                                 "device does not decode) in parallel per instance (0: the cores "
-                                                 "shared among the instances).")]
+DecodeThreads = Annotated[int, typer.Option(help="Torch flavour: threads per instance for the CPU's share of the "
+                                                 "images (the JPEG scan checks; PNG, WebP and JPEGs the device does "
+                                                 "not decode) (0: the cores shared among the instances).")]
+Instances = Annotated[int, typer.Option(help="Classifier instances, each decoding its batch while another computes "
+                                             "(CPU flavour: each runs ONNX Runtime; torch flavour: each holds the "
+                                             "model and its CUDA graphs); two keep Triton's batcher from stalling.")]
 _CUDA_SIZED = ("max_batch_size", "max_queue_delay_us", "max_queue_size")
 
 
