@@ -10,8 +10,10 @@ Steps, each result under its own key of the JSON; a step that fails is recorded 
    (the strongest peer without TensorRT); hub-vit's served forward (server/torch_runner.py: bf16 weights, CUDA graph
    buckets, top-k on the device, (N, K) fetched), and the whole served path in process (torch_images.ImagePath on
    the load test's JPEG + the forward): batch 1 and BIG.
-2. decode: the data path alone on BIG copies of that JPEG: imageprep's header checks (CPU, one thread); decode on
-   the device + resize, crop, normalise (nvJPEG on cuda; headers read before); the two together.
+2. decode: the data path alone on BIG copies of that JPEG: imageprep's header checks (CPU, one thread); its scan
+   checks (CPU, a thread per core: the whole scan read at 1/8 scale, before any device decode); decode on the device
+   + resize, crop, normalise (nvJPEG on cuda; headers read before); the three together (the in-process paths use a
+   thread pool of every core).
 3. servers: the shipped default model (simplevit_digits, trained) and S/16 (random weights; no network on the GPU
    host) served with `--device cuda` (the torch flavour; on cpu `--device cpu --flavour torch`) and, started beside
    it, the CPU flavour (`--device cpu --cpu-variant fp32`); the samples and photos classified over HTTP and gRPC by
@@ -20,7 +22,8 @@ Steps, each result under its own key of the JSON; a step that fails is recorded 
    stubs mapped.
 4. load on S/16 (digits with --quick): batch-1 requests at concurrency BIG over HTTP and gRPC, to serve's public ports
    (the gates) and to Triton's own (private) ports, from 8 load-generator processes; GPU utilisation (nvidia-smi),
-   images per execution.
+   images per execution, the step's phases per image; then on Triton's own ports of a server with 4 classifier
+   instances (`load_instances_4`; serve's default is 2).
 5. request_path: bench/request_path.py's c1 breakdown (gate, ensemble, Triton's front end, queue, stub IPC, the step's
    phases) on the same server.
 6. agreement: top-1 of the served forward against fp32 eager, in process (digits held-out, S/16 on the photos).
@@ -52,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from request_path import PHASE_LOG, photo_jpeg
+from request_path import PHASE_LOG, STEP_PHASES, _per_request, _phase_lines, photo_jpeg
 from request_path import measure as request_path
 from run_info import REPO, add_note_option, run_info, write_json
 from serve_process import Served
@@ -244,7 +247,8 @@ def in_process(device_name: str, batches: tuple[int, ...], compile_hub_vit: bool
         buckets = batches if compiled_model else cuda_graph_buckets(max(batches))
         runner = Runner(s16, device, (224, 224), buckets, compile_model=compiled_model)
         out[f"{name} warm-up s"] = time.perf_counter() - started
-        path = None if compiled_model else ImagePath(imageprep, served_preprocess(imageprep, s16), device)
+        path = None if compiled_model else ImagePath(imageprep, served_preprocess(imageprep, s16), device,
+                                                     decode_pool())
         for batch in batches:
             forward, whole = served_calls(runner, path, batch)
             row(f"{name} (bf16 weights, CUDA graphs, top-k on the device)" if cuda else name, batch,
@@ -287,7 +291,8 @@ def decode_rates(device_name: str, batch: int, seconds: float) -> dict[str, Any]
     imageprep = imageprep_module()
     s16 = random_s16()
     prep = served_preprocess(imageprep, s16)
-    path = ImagePath(imageprep, prep, device)
+    pool = decode_pool()
+    path = ImagePath(imageprep, prep, device, pool)
     jpeg = photo_jpeg()
     data = [jpeg] * batch
     out = torch.empty(batch, 3, *prep.crop_size, device=device)
@@ -296,8 +301,8 @@ def decode_rates(device_name: str, batch: int, seconds: float) -> dict[str, Any]
     def device_part() -> None:  # decode on the device, then the transform: what nvJPEG and the GPU do
         from hub_vit.server.repository.torch_images import Decoded
 
-        decoded = [Decoded(image, h.orientation, h.last_block) for image, h in zip(decode_jpegs(data, device),
-                                                                                     headers, strict=True)]
+        decoded = [Decoded(image, h.orientation) for image, h in zip(decode_jpegs(data, device), headers,
+                                                                      strict=True)]
         with torch.inference_mode():
             path.transform_into(decoded, out)
 
@@ -318,12 +323,23 @@ def decode_rates(device_name: str, batch: int, seconds: float) -> dict[str, Any]
 
     result = {"jpeg_bytes": len(jpeg), "source_size": list(headers[0].size), "batch": batch,
               "header_checks_cpu_one_thread_images_per_s": rate(lambda: [prep.inspect(item) for item in data], batch),
+              f"scan_checks_cpu_{pool._max_workers}_threads_images_per_s": rate(lambda: list(pool.map(
+                  imageprep.scan_may_end_early, data, headers)), batch),
               "device_decode_and_transform_images_per_s": rate(device_part, batch),
               "whole_data_path_images_per_s": rate(whole, batch)}
+    pool.shutdown()
+    threads = pool._max_workers
     log(f"data path: headers {result['header_checks_cpu_one_thread_images_per_s']:.0f} img/s (CPU, one thread); "
-        f"decode + transform on {device_name} {result['device_decode_and_transform_images_per_s']:.0f} img/s; "
-        f"whole {result['whole_data_path_images_per_s']:.0f} img/s")
+        f"scan checks {result[f'scan_checks_cpu_{threads}_threads_images_per_s']:.0f} img/s (CPU, {threads} "
+        f"threads); decode + transform on {device_name} {result['device_decode_and_transform_images_per_s']:.0f} "
+        f"img/s; whole {result['whole_data_path_images_per_s']:.0f} img/s")
     return result
+
+
+def decode_pool() -> ThreadPoolExecutor:
+    """The in-process data path's thread pool (scan checks and CPU decodes): every core, as one served instance with
+    the host to itself would have it."""
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="decode")
 
 
 # -- step 3: served against the CPU flavour -----------------------------------------------------------------------
@@ -479,14 +495,15 @@ def _generator(args: tuple[str, str, list[bytes], int, int, float]) -> dict[str,
 
 
 def load_point(server: Served, pool: Any, protocol: str, private: bool, payloads: list[bytes], concurrency: int,
-               seconds: float, processes: int) -> dict[str, Any]:
+               seconds: float, processes: int, phase_log: Path | None = None) -> dict[str, Any]:
     """One closed-loop load point of batch-1 requests spread over `processes` generator processes, to serve's
-    public port or Triton's own (`private`)."""
+    public port or Triton's own (`private`); with the server's `phase_log`, where each execution's time went."""
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     shares = [s for s in shares if s]
     url = server.url(protocol, private=private)
     step = "vit_classifier"
     before = server.statistics()[step]
+    offset = _phase_lines(phase_log, 0)[1] if phase_log else 0
     with GpuSampler() as gpu:
         results = pool.map(_generator, [(url, protocol, payloads, s, 1, seconds) for s in shares])
     after = server.statistics()[step]
@@ -506,19 +523,44 @@ def load_point(server: Served, pool: Any, protocol: str, private: bool, payloads
         "gpu_utilisation_percent": gpu.mean(),
         "client_cores_busy": sum(r["load_generator_cores"] for r in results),
         "error_messages": {k: v for r in results for k, v in r["error_messages"].items()},
+        "triton_ms_per_request": _per_request(before, after),
     }
+    lines = _phase_lines(phase_log, offset)[0] if phase_log else []
+    if lines:  # the step's executions during this point: mean ms per phase, and per image
+        images = float(np.mean([line["images"] for line in lines]))
+        point["step_phases"] = {"executions": len(lines), "images_per_execution": images,
+                                "ms": {p: float(np.mean([line.get(f"{p}_ms", 0.0) for line in lines]))
+                                       for p in STEP_PHASES}}
+        point["step_phases"]["us_per_image"] = {p: 1e3 * ms / images for p, ms in point["step_phases"]["ms"].items()}
+        log(f"load {protocol} {point['ports']}: the step per image (us): " + ", ".join(f"{p} {us:.0f}" for p, us in
+                                                      point["step_phases"]["us_per_image"].items()))
     log(f"load {protocol} {point['ports']} c{concurrency} b1: {point['images_per_s']:.0f} img/s, p50 "
         f"{point['latency_ms']['p50'] or 0:.2f} ms, {point['images_per_execution'] or 0:.1f} img/exec, "
         f"GPU {point['gpu_utilisation_percent']}%, client {point['client_cores_busy']:.1f} cores")
     return point
 
 
-def run_load(served: Served, payload: bytes, concurrency: int, seconds: float, processes: int) -> list[dict[str, Any]]:
+def run_load(served: Served, payload: bytes, concurrency: int, seconds: float, processes: int,
+             phase_log: Path | None = None, ports: tuple[bool, ...] = (True, False)) -> list[dict[str, Any]]:
+    """Load points over HTTP and gRPC, to each of `ports` (True: Triton's own, False: serve's public ones)."""
     context = multiprocessing.get_context("spawn")  # no forked CUDA or tritonclient state
     with context.Pool(processes) as pool:
         return [load_point(served, pool, protocol, private, [payload], concurrency, seconds,
-                           min(processes, concurrency))
-                for protocol in ("http", "grpc") for private in (True, False)]
+                           min(processes, concurrency), phase_log)
+                for protocol in ("http", "grpc") for private in ports]
+
+
+def load_with_instances(folder: Path | None, flags: list[str], instances: int, payload: bytes, concurrency: int,
+                        seconds: float, processes: int, start_s: float, phase_log: Path) -> dict[str, Any]:
+    """The load on Triton's own ports of a server with `instances` classifier instances (serve's default is 2): each
+    instance runs the CPU's share of its batch (headers, scan checks, Python per request) while another's runs on
+    the device, so more of them keep the device busier where that share is what bounds the rate."""
+    served = Served(folder, [*flags, "--instances", str(instances)], start_s, {PHASE_LOG: str(phase_log)})
+    try:
+        return {"instances": instances, "server": served.describe(),
+                "load": run_load(served, payload, concurrency, seconds, processes, phase_log, ports=(True,))}
+    finally:
+        served.stop()
 
 
 # -- step 6: agreement in process ---------------------------------------------------------------------------------
@@ -672,12 +714,16 @@ def main() -> int:
                 check.step(f"{key}_bad_input", lambda s=served, key=key: check.result[key].update(
                     bad_input=bad_input(s, images["coffee"])))
                 if key == models[-1][0]:  # load and the c1 path on the largest model served
-                    check.step("load", lambda s=served: run_load(s, images["chelsea"], big, seconds, 2 if quick else 8))
+                    check.step("load", lambda s=served, log_=phase_log: run_load(s, images["chelsea"], big, seconds,
+                                                                                 2 if quick else 8, log_))
                     check.step("request_path", lambda s=served, log_=phase_log: request_path(
                         s, log_, photo_jpeg(), 6 * seconds if quick else 12.0))
             finally:
                 served.stop()
                 reference.stop()
+        folder, log_ = models[-1][1], Path(tmp) / "instances_phases.jsonl"
+        check.step("load_instances_4", lambda: load_with_instances(
+            folder, gpu_flags, 4, images["chelsea"], big, seconds, 2 if quick else 8, start_s, log_))
     check.step("agreement", lambda: agreement(args.device, images, quick))
     check.result["targets"] = targets(check.result, big)
     check.save()
