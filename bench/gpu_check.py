@@ -22,8 +22,8 @@ Steps, each result under its own key of the JSON; a step that fails is recorded 
    stubs mapped.
 4. load on S/16 (digits with --quick): batch-1 requests at concurrency BIG over HTTP and gRPC, to serve's public ports
    (the gates) and to Triton's own (private) ports, from 8 load-generator processes; GPU utilisation (nvidia-smi),
-   images per execution, the step's phases per image; then on Triton's own ports of a server with 4 classifier
-   instances (`load_instances_4`; serve's default is 2).
+   images per execution, the step's phases per image; then on Triton's own ports of a server with twice the default
+   classifier instances (`load_more_instances`: 8, where serve's default on cuda is 4; 3 with --quick).
 5. request_path: bench/request_path.py's c1 breakdown (gate, ensemble, Triton's front end, queue, stub IPC, the step's
    phases) on the same server.
 6. agreement: top-1 of the served forward against fp32 eager, in process (digits held-out, S/16 on the photos).
@@ -552,9 +552,9 @@ def run_load(served: Served, payload: bytes, concurrency: int, seconds: float, p
 
 def load_with_instances(folder: Path | None, flags: list[str], instances: int, payload: bytes, concurrency: int,
                         seconds: float, processes: int, start_s: float, phase_log: Path) -> dict[str, Any]:
-    """The load on Triton's own ports of a server with `instances` classifier instances (serve's default is 2): each
-    instance runs the CPU's share of its batch (headers, scan checks, Python per request) while another's runs on
-    the device, so more of them keep the device busier where that share is what bounds the rate."""
+    """The load on Triton's own ports of a server with `instances` classifier instances: each instance runs the CPU's
+    share of its batch (headers, scan checks, Python per request) while another's runs on the device, so more of them
+    keep the device busier where that share is what bounds the rate."""
     served = Served(folder, [*flags, "--instances", str(instances)], start_s, {PHASE_LOG: str(phase_log)})
     try:
         return {"instances": instances, "server": served.describe(),
@@ -691,6 +691,7 @@ def main() -> int:
         gpu_flags += ["--max-batch-size", str(big)]
     from hub_vit.catalog import default_model_folder
     from hub_vit.folder import save_model_folder
+    from hub_vit.server.repository.options import CUDA_DEFAULTS
 
     samples = {p.name: p.read_bytes() for p in sorted(Path(default_model_folder()).glob("samples/*.png"))}
     with tempfile.TemporaryDirectory(prefix="hub-vit-gpu-check-") as tmp:
@@ -722,8 +723,9 @@ def main() -> int:
                 served.stop()
                 reference.stop()
         folder, log_ = models[-1][1], Path(tmp) / "instances_phases.jsonl"
-        check.step("load_instances_4", lambda: load_with_instances(
-            folder, gpu_flags, 4, images["chelsea"], big, seconds, 2 if quick else 8, start_s, log_))
+        more = 3 if quick else 2 * int(CUDA_DEFAULTS["classifier_instances"])  # quick: 2 cores, a step up is enough
+        check.step("load_more_instances", lambda: load_with_instances(
+            folder, gpu_flags, more, images["chelsea"], big, seconds, 2 if quick else 8, start_s, log_))
     check.step("agreement", lambda: agreement(args.device, images, quick))
     check.result["targets"] = targets(check.result, big)
     check.save()

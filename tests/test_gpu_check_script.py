@@ -188,6 +188,11 @@ def test_the_dry_run_serves_the_torch_flavour_from_a_numpy_2_host(tmp_path):
     assert {(p["protocol"], p["ports"]) for p in result["load"]} == {(protocol, ports) for protocol in ("http", "grpc")
                                                                      for ports in ("private", "public")}
     assert all(p["requests"] > 0 and p["errors"] == 0 for p in result["load"])
+    assert all(p["step_phases"]["us_per_image"]["decode"] > 0 for p in result["load"])  # from the phase log
+    more = result["load_more_instances"]  # more classifier instances (3 on a dry run), on the private ports
+    assert more["instances"] == 3 and "--instances" in more["server"]["command"]
+    assert {(p["protocol"], p["ports"]) for p in more["load"]} == {("http", "private"), ("grpc", "private")}
+    assert all(p["requests"] > 0 and p["errors"] == 0 for p in more["load"])
     for protocol in ("http", "grpc"):
         breakdown = result["request_path"][protocol]["breakdown_ms"]
         assert all(breakdown[key] is not None for key in ("served_p50", "gate", "queue", "stub_ipc", "decode",

@@ -228,6 +228,7 @@ def test_serve_builds_gpu_sized_options_for_cuda(monkeypatch, args):
     assert opts.max_batch_size == CUDA_DEFAULTS["max_batch_size"]
     assert opts.max_queue_size == CUDA_DEFAULTS["max_queue_size"]
     assert opts.preferred_batch_sizes == CUDA_DEFAULTS["preferred_batch_sizes"]
+    assert opts.classifier_instances == CUDA_DEFAULTS["classifier_instances"] == 4
 
 
 def test_serve_on_cuda_keeps_the_sizes_given(monkeypatch):
@@ -241,9 +242,12 @@ def test_serve_on_cuda_keeps_the_sizes_given(monkeypatch):
 
 
 def test_serve_takes_the_classifier_instances_as_repository_does(monkeypatch, tmp_path):
-    code, output, built = _serve_options_on_a_gpu_host(monkeypatch, "--device", "cuda", "--instances", "4")
+    code, output, built = _serve_options_on_a_gpu_host(monkeypatch, "--device", "cuda", "--instances", "2")
     assert code == 0, output
-    assert built[0].classifier_instances == 4
+    assert built[0].classifier_instances == 2  # given: not the GPU's default of 4
+    code, output, built = _serve_options_on_a_gpu_host(monkeypatch, "--device", "cpu", "--instances", "3")
+    assert code == 0, output
+    assert built[0].classifier_instances == 3
     code, output, built = _serve_options_on_a_gpu_host(monkeypatch, "--instances", "0")
     assert code == 2 and "--instances must be a positive integer, got 0" in output and not built, output
     code, output = _cli("serve", *PORTS, "--instances", "3", "--repository", str(tmp_path))

@@ -57,11 +57,13 @@ _CUDA_SIZED = ("max_batch_size", "max_queue_delay_us", "max_queue_size")
 
 def device_fields(ctx: typer.Context, device: str, max_batch_size: int) -> dict[str, Any]:
     """The ServingOptions fields that depend on the device: on cuda, the GPU-sized CUDA_DEFAULTS for each of
-    max_batch_size / max_queue_delay_us / max_queue_size left at its default on the command line, and preferred
-    batch sizes to match; on cpu, the preferred sizes of today."""
+    max_batch_size / max_queue_delay_us / max_queue_size / --instances left at its default on the command line, and
+    preferred batch sizes to match; on cpu, the preferred sizes of today."""
     if device != "cuda":
         return {"preferred_batch_sizes": preferred(max_batch_size)}
     fields = {key: CUDA_DEFAULTS[key] for key in _CUDA_SIZED if not given(ctx, key)}
+    if not given(ctx, "instances"):  # the flag's name for classifier_instances
+        fields["classifier_instances"] = CUDA_DEFAULTS["classifier_instances"]
     largest = int(fields.get("max_batch_size", max_batch_size))
     sizes = tuple(s for s in CUDA_DEFAULTS["preferred_batch_sizes"] if s <= largest)  # type: ignore[union-attr]
     return fields | {"preferred_batch_sizes": sizes or (largest,)}

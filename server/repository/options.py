@@ -32,12 +32,16 @@ LARGEST_BATCH = 4096
 # GPU-sized (CUDA graph buckets are the powers of two up to max_batch_size) and the queue holds several full batches.
 # The batcher waits as briefly as on the CPU: a lone request waits the whole delay whenever an instance is free
 # (bench/request_path.py's "queue"), while under load batches fill as the instances compute, whatever the delay.
+# Four classifier instances: each runs its batch's CPU share (headers, scan checks, the Python per request) while
+# another's runs on the GPU. On an H200 (16 cores), S/16 at c256: 2 instances 2,053 / 1,882 images/s (HTTP / gRPC)
+# with the GPU 22 % busy, 4 instances 3,384 / 3,007 with it 36-47 % busy (bench/results/gpu_serving_h200.json).
 CUDA_DEFAULTS: dict[str, object] = {
     "flavour": "torch",
     "max_batch_size": 256,
     "preferred_batch_sizes": (16, 32, 64, 128, 256),
     "max_queue_delay_us": 100,
     "max_queue_size": 2048,
+    "classifier_instances": 4,
 }
 
 
