@@ -238,6 +238,21 @@ def test_complete_images_ending_in_mid_grey_are_decoded_by_imageprep_and_kept(im
     assert_pixels_close(pixels, prep(data)[None])
 
 
+def test_a_scan_check_that_fails_sends_its_image_to_imageprep(imageprep, photos, monkeypatch):
+    """The check raising (a MemoryError, say) fails neither the batch nor the image: imageprep decodes it."""
+    prep = prep_for(imageprep, 224)
+    data = [encode(photos["chelsea"]), encode(photos["coffee"])]
+
+    def fails(item, header):
+        raise MemoryError("stand-in")
+
+    monkeypatch.setattr(imageprep, "scan_may_end_early", fails)
+    calls = on_the_device(monkeypatch)
+    pixels = device_pixels(ImagePath(imageprep, prep, CPU), data)
+    assert calls == []
+    assert_pixels_close(pixels, np.stack([prep(item) for item in data]))
+
+
 def test_the_scan_check_passes_complete_photos_of_every_kind_and_size(imageprep, photos):
     """4:2:0, 4:4:4 and grey, large and a few pixels wide, with restart markers: complete, so not suspected (each
     suspect costs a CPU decode); with its scan cut to a quarter and closed again, each is (but the one-MCU image, whose

@@ -195,8 +195,12 @@ class ImagePath:
         return list(self.pool.map(function, items))
 
     def _scan_check(self, item: tuple[bytes, Any]) -> bool:
-        """Step 2 for one plain JPEG: True when it may end early (imageprep then decodes it and decides)."""
-        return self.imageprep.scan_may_end_early(*item)
+        """Step 2 for one plain JPEG: True when it may end early, or when the check itself fails (e.g. a MemoryError):
+        imageprep then decodes it and decides, and the other images of the batch go on."""
+        try:
+            return self.imageprep.scan_may_end_early(*item)
+        except Exception:  # noqa: BLE001 - decided by imageprep's own decode, in its words
+            return True
 
     def _cpu_decode(self, item: tuple[bytes, Any]) -> Decoded | Exception:
         data, header = item
