@@ -121,38 +121,35 @@ def _left_out(sources: list[Path], numpy_folder: Path, numpy_version: str
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
-    found = []  # (source, distribution, canonical name, its unconditional requirements)
+    found = []  # (source, distribution, canonical name, the names it requires, whether it excludes the stubs' numpy)
     for source in sources:
         for dist in importlib.metadata.distributions(path=[str(source)]):
-            requirements = []
+            needs, excludes_numpy = set(), False
             for text in dist.requires or ():
                 try:
                     requirement = Requirement(text)
                 except InvalidRequirement:
                     continue
-                if requirement.marker is None:  # extras' and platform-conditional requirements do not bind here
-                    requirements.append(requirement)
-            found.append((source, dist, canonicalize_name(dist.metadata["Name"] or ""), requirements))
-    dropped: set[int] = set()
-    for index, (source, _, name, requirements) in enumerate(found):
-        if name == "numpy":
-            if source != numpy_folder:
-                dropped.add(index)
-        elif any(canonicalize_name(r.name) == "numpy" and not r.specifier.contains(numpy_version, prereleases=True)
-                 for r in requirements):
-            dropped.add(index)
+                if requirement.marker is not None:  # extras' and platform-conditional requirements do not bind here
+                    continue
+                needed = canonicalize_name(requirement.name)
+                needs.add(needed)
+                if needed == "numpy":
+                    excludes_numpy |= not requirement.specifier.contains(numpy_version, prereleases=True)
+            found.append((source, dist, canonicalize_name(dist.metadata["Name"] or ""), needs, excludes_numpy))
+    dropped = {index for index, (source, _, name, _, excludes_numpy) in enumerate(found)
+               if (source != numpy_folder if name == "numpy" else excludes_numpy)}
     gone = {found[i][2] for i in dropped} - {"numpy"}
     while True:  # what requires a distribution left out goes too, but hub-vit (what the steps run)
-        more = {i for i, (_, _, name, requirements) in enumerate(found) if i not in dropped
-                and name not in ("numpy", *NEVER_LEFT_OUT) and any(canonicalize_name(r.name) in gone
-                                                                    for r in requirements)}
+        more = {i for i, (_, _, name, needs, _) in enumerate(found)
+                if i not in dropped and name not in ("numpy", *NEVER_LEFT_OUT) and needs & gone}
         if not more:
             break
         dropped |= more
         gone |= {found[i][2] for i in more}
     names, skipped = [], {}
     for index in sorted(dropped):
-        source, dist, name, _ = found[index]
+        source, dist, name, _, _ = found[index]
         if name != "numpy":
             names.append(f"{dist.metadata['Name']} {dist.version}")
         skipped.setdefault(source, set()).update(_top_level(dist))
