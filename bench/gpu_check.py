@@ -323,23 +323,26 @@ def decode_rates(device_name: str, batch: int, seconds: float) -> dict[str, Any]
 
     result = {"jpeg_bytes": len(jpeg), "source_size": list(headers[0].size), "batch": batch,
               "header_checks_cpu_one_thread_images_per_s": rate(lambda: [prep.inspect(item) for item in data], batch),
-              f"scan_checks_cpu_{pool._max_workers}_threads_images_per_s": rate(lambda: list(pool.map(
+              f"scan_checks_cpu_{DECODE_THREADS}_threads_images_per_s": rate(lambda: list(pool.map(
                   imageprep.scan_may_end_early, data, headers)), batch),
               "device_decode_and_transform_images_per_s": rate(device_part, batch),
               "whole_data_path_images_per_s": rate(whole, batch)}
     pool.shutdown()
-    threads = pool._max_workers
     log(f"data path: headers {result['header_checks_cpu_one_thread_images_per_s']:.0f} img/s (CPU, one thread); "
-        f"scan checks {result[f'scan_checks_cpu_{threads}_threads_images_per_s']:.0f} img/s (CPU, {threads} "
-        f"threads); decode + transform on {device_name} {result['device_decode_and_transform_images_per_s']:.0f} "
-        f"img/s; whole {result['whole_data_path_images_per_s']:.0f} img/s")
+        f"scan checks {result[f'scan_checks_cpu_{DECODE_THREADS}_threads_images_per_s']:.0f} img/s (CPU, "
+        f"{DECODE_THREADS} threads); decode + transform on {device_name} "
+        f"{result['device_decode_and_transform_images_per_s']:.0f} img/s; whole "
+        f"{result['whole_data_path_images_per_s']:.0f} img/s")
     return result
 
 
+# the in-process data path's threads (scan checks and CPU decodes): every core, as one served instance with the host
+# to itself would have them
+DECODE_THREADS = os.cpu_count() or 1
+
+
 def decode_pool() -> ThreadPoolExecutor:
-    """The in-process data path's thread pool (scan checks and CPU decodes): every core, as one served instance with
-    the host to itself would have it."""
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="decode")
+    return ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="decode")
 
 
 # -- step 3: served against the CPU flavour -----------------------------------------------------------------------
