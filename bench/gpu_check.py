@@ -13,7 +13,7 @@ Steps, each result under its own key of the JSON; a step that fails is recorded 
 2. decode: the data path alone on BIG copies of that JPEG: imageprep's header checks (CPU, one thread); its scan
    checks (CPU, a thread per core: the whole scan read at 1/8 scale, before any device decode); decode on the device
    + resize, crop, normalise (nvJPEG on cuda; headers read before); the three together (the in-process paths use a
-   thread pool of every core).
+   thread pool of every core). thread_scaling: the scan checks on 1, 2, 4, ... threads, beside lock-free work.
 3. servers: the shipped default model (simplevit_digits, trained) and S/16 (random weights; no network on the GPU
    host) served with `--device cuda` (the torch flavour; on cpu `--device cpu --flavour torch`) and, started beside
    it, the CPU flavour (`--device cpu --cpu-variant fp32`); the samples and photos classified over HTTP and gRPC by
@@ -22,8 +22,9 @@ Steps, each result under its own key of the JSON; a step that fails is recorded 
    stubs mapped.
 4. load on S/16 (digits with --quick): batch-1 requests at concurrency BIG over HTTP and gRPC, to serve's public ports
    (the gates) and to Triton's own (private) ports, from 8 load-generator processes; GPU utilisation (nvidia-smi),
-   images per execution, the step's phases per image; then on Triton's own ports of a server with twice the default
-   classifier instances (`load_more_instances`: 8, where serve's default on cuda is 4; 3 with --quick).
+   images per execution, the step's phases per image and its garbage collections (ms per s, longest); then on
+   Triton's own ports of a server with twice the default classifier instances (`load_more_instances`: 8, where
+   serve's default on cuda is 4; 3 with --quick).
 5. request_path: bench/request_path.py's c1 breakdown (gate, ensemble, Triton's front end, queue, stub IPC, the step's
    phases) on the same server.
 6. agreement: top-1 of the served forward against fp32 eager, in process (digits held-out, S/16 on the photos).
@@ -339,6 +340,43 @@ def decode_rates(device_name: str, batch: int, seconds: float) -> dict[str, Any]
 # the in-process data path's threads (scan checks and CPU decodes): every core, as one served instance with the host
 # to itself would have them
 DECODE_THREADS = os.cpu_count() or 1
+GIL_FREE_BYTES = 1 << 20  # hashlib hashes this without the GIL: work whose rate only the host's cores can limit
+
+
+def thread_scaling(batch: int, seconds: float) -> dict[str, Any]:
+    """Images/s of the scan checks on 1, 2, 4, ... DECODE_THREADS threads (`batch` copies of the load test's JPEG),
+    beside the same sweep of work that holds no lock at all (SHA-256 over 1 MiB buffers, MiB/s). Where the plain work
+    stops scaling too, the host grants fewer cores than it lists (run.cpu.cgroup_quota says whether a quota is why);
+    where only the scan checks stop, the lock they share (the GIL, between Pillow's decodes) is."""
+    import hashlib
+
+    imageprep = imageprep_module()
+    prep = served_preprocess(imageprep, random_s16())
+    data = [photo_jpeg()] * batch
+    headers = [prep.inspect(item) for item in data]
+    buffers = [bytes(GIL_FREE_BYTES)] * batch
+
+    def rate(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: list) -> float:
+        list(pool.map(fn, *args))
+        calls, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds or calls < 2:
+            list(pool.map(fn, *args))
+            calls += 1
+        return batch * calls / (time.perf_counter() - started)
+
+    counts = sorted({*(1 << i for i in range(DECODE_THREADS.bit_length())), DECODE_THREADS})
+    result: dict[str, Any] = {"threads": counts, "scan_checks_images_per_s": [], "sha256_mib_per_s": []}
+    for count in counts:
+        with ThreadPoolExecutor(max_workers=count, thread_name_prefix="scaling") as pool:
+            result["scan_checks_images_per_s"].append(rate(pool, imageprep.scan_may_end_early, data, headers))
+            result["sha256_mib_per_s"].append(rate(pool, lambda b: hashlib.sha256(b).digest(), buffers)
+                                              * GIL_FREE_BYTES / (1 << 20))
+    for key in ("scan_checks_images_per_s", "sha256_mib_per_s"):
+        result[key.replace("_per_s", "_speedup")] = [r / result[key][0] for r in result[key]]
+    log("threads " + " ".join(map(str, counts)) + ": scan checks x" + " x".join(
+        f"{r:.1f}" for r in result["scan_checks_images_speedup"]) + "; SHA-256 x" + " x".join(
+        f"{r:.1f}" for r in result["sha256_mib_speedup"]))
+    return result
 
 
 def decode_pool() -> ThreadPoolExecutor:
@@ -535,6 +573,9 @@ def load_point(server: Served, pool: Any, protocol: str, private: bool, payloads
                                 "ms": {p: float(np.mean([line.get(f"{p}_ms", 0.0) for line in lines]))
                                        for p in STEP_PHASES}}
         point["step_phases"]["us_per_image"] = {p: 1e3 * ms / images for p, ms in point["step_phases"]["ms"].items()}
+        # the step's processes' garbage collections during the point (each stops all of a process's threads)
+        point["step_phases"]["gc_ms_per_s"] = sum(line.get("gc_ms", 0.0) for line in lines) / seconds
+        point["step_phases"]["longest_gc_ms"] = max(line.get("gc_ms", 0.0) for line in lines)
         log(f"load {protocol} {point['ports']}: the step per image (us): " + ", ".join(f"{p} {us:.0f}" for p, us in
                                                       point["step_phases"]["us_per_image"].items()))
     log(f"load {protocol} {point['ports']} c{concurrency} b1: {point['images_per_s']:.0f} img/s, p50 "
@@ -689,6 +730,7 @@ def main() -> int:
         torch.set_num_threads(1)
     check.step("in_process", lambda: in_process(args.device, (1, big), args.compile, quick))
     check.step("decode", lambda: decode_rates(args.device, big, min(seconds, 2.0)))
+    check.step("thread_scaling", lambda: thread_scaling(big, 0.5))
     gpu_flags = ["--device", "cuda"] if args.device == "cuda" else ["--device", "cpu", "--flavour", "torch"]
     if quick:
         gpu_flags += ["--max-batch-size", str(big)]

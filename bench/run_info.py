@@ -66,6 +66,47 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_quota(root: Path = Path("/")) -> float | None:
+    """The CPUs a second that this process's cgroup grants (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` over
+    `cpu.cfs_period_us`; the tightest of its cgroup and the cgroups above it), or None when none is set or none can be
+    read. A container may see 16 usable CPUs (its affinity) and be granted 2: then threads beyond 2 add nothing, and
+    a result that does not say so reads as a scaling defect of the code. `root`: where /proc and /sys are (tests)."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2: "0::/path"
+            mount, files = root / "sys/fs/cgroup", ("cpu.max",)
+        elif "cpu" in controllers.split(","):
+            mount, files = root / "sys/fs/cgroup" / controllers, ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+            if not mount.is_dir():
+                mount = root / "sys/fs/cgroup/cpu"
+        else:
+            continue
+        folder = mount / path.lstrip("/")
+        while True:  # the cgroup, then each one above it up to the mount
+            quotas.append(_quota_in(folder, files))
+            if folder == mount or mount not in folder.parents:
+                break
+            folder = folder.parent
+    granted = [quota for quota in quotas if quota is not None]
+    return min(granted) if granted else None
+
+
+def _quota_in(folder: Path, files: tuple[str, ...]) -> float | None:
+    try:
+        texts = [(folder / name).read_text().split() for name in files]
+    except OSError:
+        return None
+    quota, period = texts[0] if len(texts) == 1 else (texts[0][0], texts[1][0])  # v2: "quota period" in one file
+    if quota in ("max", "-1") or not period.isdigit() or int(period) == 0:
+        return None
+    return int(quota) / int(period)
+
+
 def repo_path(path: Path) -> str:
     """`path` relative to the repository when it lies inside it (a result records where in the tree it was written,
     not the checkout's location on the machine that ran it), else as given."""
@@ -90,13 +131,15 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_info(args: argparse.Namespace, packages: tuple[str, ...] = ()) -> dict[str, Any]:
-    """When, which hub-vit (version, commit, dirty), which library versions (`PACKAGES` + `packages`), which CPU,
-    and the script's argv and parsed settings, with the user's `--note` if one was given."""
+    """When, which hub-vit (version, commit, dirty), which library versions (`PACKAGES` + `packages`), which CPU
+    (model, count, usable by affinity, the cgroup's quota in CPUs or None), and the script's argv and parsed
+    settings, with the user's `--note` if one was given."""
     return {
         "utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "hub_vit": {"version": package_version("hub-vit"), **git_state()},
         "versions": {"python": platform.python_version(), **{p: package_version(p) for p in PACKAGES + packages}},
-        "cpu": {"model": cpu_model(), "count": os.cpu_count(), "usable": len(os.sched_getaffinity(0))},
+        "cpu": {"model": cpu_model(), "count": os.cpu_count(), "usable": len(os.sched_getaffinity(0)),
+                "cgroup_quota": cpu_quota()},
         "platform": platform.platform(),
         "argv": sys.argv[1:],
         "settings": settings(args),

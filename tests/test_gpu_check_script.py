@@ -189,6 +189,7 @@ def test_the_dry_run_serves_the_torch_flavour_from_a_numpy_2_host(tmp_path):
                                                                      for ports in ("private", "public")}
     assert all(p["requests"] > 0 and p["errors"] == 0 for p in result["load"])
     assert all(p["step_phases"]["us_per_image"]["decode"] > 0 for p in result["load"])  # from the phase log
+    assert all(p["step_phases"]["longest_gc_ms"] >= 0 for p in result["load"])
     more = result["load_more_instances"]  # more classifier instances (3 on a dry run), on the private ports
     assert more["instances"] == 3 and "--instances" in more["server"]["command"]
     assert {(p["protocol"], p["ports"]) for p in more["load"]} == {("http", "private"), ("grpc", "private")}
@@ -197,6 +198,11 @@ def test_the_dry_run_serves_the_torch_flavour_from_a_numpy_2_host(tmp_path):
         breakdown = result["request_path"][protocol]["breakdown_ms"]
         assert all(breakdown[key] is not None for key in ("served_p50", "gate", "queue", "stub_ipc", "decode",
                                                           "transform", "forward", "answer"))
+    scaling = result["thread_scaling"]  # every thread count measured, from 1 up to the cores
+    assert scaling["threads"][0] == 1 and scaling["threads"][-1] == os.cpu_count()
+    assert all(len(scaling[key]) == len(scaling["threads"]) and min(scaling[key]) > 0
+               for key in ("scan_checks_images_per_s", "sha256_mib_per_s", "scan_checks_images_speedup"))
+    assert "cgroup_quota" in result["run"]["cpu"]
     paths = {row["path"] for row in result["in_process"]["rows"]}
     assert {"timm eager fp32", "timm eager bf16 weights", "hub-vit served forward",
             "hub-vit data path + served forward (JPEG bytes in)"} <= paths

@@ -84,7 +84,7 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     # an .onnx file has no out-of-domain statistics: the step has the code, not domain.safetensors (unknown)
     assert files == {"model.py", "imageprep.py", "image_modes.py", "image_formats.py", "topk.py", "triton_errors.py",
                      "model.onnx", "labels.txt", "openvino_runtime.py", "protocol.py", "domain_outputs.py",
-                     "domain_score.py"}
+                     "domain_score.py", "stub_gc.py"}
     assert config.parameters["domain_file"].string_value == "domain.safetensors"
     assert (repo / "vit_classifier/1/labels.txt").read_text().splitlines() == list(meta.labels)
     warm = (repo / "vit_classifier/warmup/image").read_bytes()
@@ -109,11 +109,12 @@ def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
     assert pre.parameters["scale_size"].string_value == "[53, 53]"
     assert {p.name for p in (repo / "vit_preprocess/1").iterdir()} == {"model.py", "imageprep.py", "image_modes.py",
                                                                       "image_formats.py", "protocol.py",
-                                                                      "triton_errors.py"}
+                                                                      "triton_errors.py", "stub_gc.py"}
     assert {p.name for p in (repo / "vit_classifier/1").iterdir()} == {"model.onnx"}
     # the logits alone do not judge the domain: the postprocess step answers `unknown`, through the ensemble
     assert {p.name for p in (repo / "vit_postprocess/1").iterdir()} == {"model.py", "topk.py", "labels.txt",
-                                                                       "protocol.py", "domain_outputs.py"}
+                                                                       "protocol.py", "domain_outputs.py",
+                                                                       "stub_gc.py"}
     top = _parse(repo / "vit/config.pbtxt").ensemble_scheduling.step[2]
     assert {"domain", "domain_score"} <= set(top.output_map)
     post = _parse(repo / "vit_postprocess/config.pbtxt")  # a queue policy and two instances: no batcher stall

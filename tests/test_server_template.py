@@ -5,6 +5,7 @@ test_server_triton.py."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import sys
@@ -65,7 +66,7 @@ def classifier(tmp_path_factory, monkeypatch_module):
     monkeypatch_module.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
     monkeypatch_module.syspath_prepend(str(step / "1"))
     for name in ("model", "imageprep", "topk", "triton_errors", "explained", "served_rollout", "protocol",
-                 "domain_outputs", "domain_score"):  # the step's own
+                 "domain_outputs", "domain_score", "stub_gc"):  # the step's own
         # copies, put back afterwards
         monkeypatch_module.delitem(sys.modules, name, raising=False)
     model = importlib.import_module("model")
@@ -73,7 +74,8 @@ def classifier(tmp_path_factory, monkeypatch_module):
                                        preserving_proto_field_name=True)
     instance = model.TritonPythonModel()
     instance.initialize({"model_config": json.dumps(config), "model_repository": str(step), "model_version": "1"})
-    return instance
+    yield instance
+    gc.unfreeze()  # initialize froze this test process's objects too (stub_gc.py)
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +177,11 @@ def test_every_answer_of_a_batch_carries_its_own_domain_verdict(classifier):
         assert response.error is None and response.outputs["domain"].tolist() == [[v] for v in expected]
         assert response.outputs["domain_score"].shape == (2, 1) and response.outputs["domain_score"].dtype == np.float32
     np.testing.assert_allclose(plain.outputs["domain_score"][::-1], explained.outputs["domain_score"], rtol=1e-4)
+
+
+def test_what_initialize_loaded_is_frozen_out_of_full_collections(classifier):
+    """The step's session and preprocessing, loaded by `initialize`, are in the permanent generation (stub_gc.py):
+    no full collection walks them while the step serves."""
+    walked = {id(obj) for obj in gc.get_objects()}  # every generation but the permanent one
+    assert gc.is_tracked(classifier.preprocess) and gc.is_tracked(classifier.domain)
+    assert id(classifier.preprocess) not in walked and id(classifier.domain) not in walked

@@ -77,7 +77,8 @@ def test_torch_repository_carries_the_model_folders_own_weights(torch_repo, mode
     assert sorted(p.name for p in step.iterdir()) == ["domain.safetensors", "domain_outputs.py", "domain_score.py",
                                                       "image_formats.py", "image_modes.py", "imageprep.py",
                                                       "labels.txt", "model", "model.py", "protocol.py",
-                                                      "served_rollout.py", "topk.py", "triton_errors.py"]
+                                                      "served_rollout.py", "stub_gc.py", "topk.py",
+                                                      "triton_errors.py"]
     # the same weights file every other path loads, byte for byte; no ONNX export
     assert (step / "model" / "model.safetensors").read_bytes() == (model_folder / "model.safetensors").read_bytes()
     assert not list(torch_repo.rglob("*.onnx"))

@@ -6,21 +6,21 @@ Layout (`<name>` defaults to `vit`; clients call the ensemble `<name>`: image ->
     CPU flavour: one Python-backend step decodes, runs ONNX Runtime and ranks (one stub hop per request)
     <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/image_modes.py, 1/topk.py,
                              1/triton_errors.py, 1/protocol.py, 1/domain_outputs.py, 1/domain_score.py,
-                             1/model.onnx, 1/labels.txt, warmup/image}
+                             1/stub_gc.py, 1/model.onnx, 1/labels.txt, warmup/image}
         + 1/explained.py, 1/served_rollout.py, 1/model_attentions.onnx when it serves rollout (options.explain)
         + 1/domain.safetensors when the model folder's out-of-domain score is calibrated for its weights (the
           graphs then also write `token_means`)
     GPU flavour: the classifier runs in Triton's own ORT / TensorRT backend on the GPU
     <out>/<name>_preprocess/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/image_modes.py, 1/triton_errors.py,
-                             warmup/image}
+                             1/stub_gc.py, warmup/image}
     <out>/<name>_classifier/{config.pbtxt, 1/model.onnx | 1/model.plan}
     <out>/<name>_postprocess/{config.pbtxt, 1/model.py, 1/topk.py, 1/protocol.py, 1/domain_outputs.py,
-                              1/labels.txt}: logits -> top-k (domain: unknown)
+                              1/stub_gc.py, 1/labels.txt}: logits -> top-k (domain: unknown)
 
     torch flavour: one Python-backend step decodes, runs the hub-vit model in PyTorch (cuda or cpu) and ranks
     <out>/<name>_classifier/{config.pbtxt, 1/model.py, 1/imageprep.py, 1/image_modes.py, 1/topk.py,
                              1/triton_errors.py, 1/protocol.py, 1/domain_outputs.py, 1/domain_score.py,
-                             1/model/{config.json, model.safetensors}, 1/labels.txt, warmup/image}
+                             1/stub_gc.py, 1/model/{config.json, model.safetensors}, 1/labels.txt, warmup/image}
         + 1/domain.safetensors, as the CPU flavour
 
     <out>/hub_vit_repository.json                  what was generated from what (Triton ignores plain files)
@@ -137,7 +137,7 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
     copied beside it (the Python-backend `model.py` and the modules it imports). The rest of a repository (weights,
     labels, warm-up image) comes from the model. `outdated_files` compares a repository with this."""
     decoding = {"imageprep.py": "preprocess", "triton_errors.py": "common", "image_modes.py": PACKAGE,
-                "image_formats.py": PACKAGE, "protocol.py": SERVER_PACKAGE}
+                "image_formats.py": PACKAGE, "protocol.py": SERVER_PACKAGE, "stub_gc.py": "common"}
     domain = {"domain_outputs.py": "common", "domain_score.py": PACKAGE}  # the answers' out-of-domain outputs
     cls = opts.step("classifier")
     files: dict[str, str | Path] = {f"{opts.name}/config.pbtxt": render(ensemble_config(meta, opts, rollout))}
@@ -158,7 +158,7 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
     files[f"{cls}/config.pbtxt"] = render(gpu_classifier_config(meta, opts, model_file))
     files[f"{post}/config.pbtxt"] = render(postprocess_config(meta, opts))
     return files | _templates(post, {"model.py": "postprocess", "topk.py": "common", "protocol.py": SERVER_PACKAGE,
-                                     "domain_outputs.py": "common"})
+                                     "domain_outputs.py": "common", "stub_gc.py": "common"})
 
 
 def _templates(step: str, files: dict[str, str]) -> dict[str, Path]:

@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
-from domain_outputs import DomainOutputs  # these five: copied beside this file by hub-vit repository
+from domain_outputs import DomainOutputs  # these six: copied beside this file by hub-vit repository
 from imageprep import Preprocess
 from openvino_runtime import OpenVINOSession, served_model  # imports openvino only when a session is built
+from stub_gc import freeze_loaded
 from topk import top_k
 from triton_errors import request_error
 
@@ -92,6 +93,7 @@ class TritonPythonModel:
                 if served_model(onnx_path).exists() else None
             self.explainer = ExplainedRequests(version_dir / params["attentions_file"], options, params,
                                                self.preprocess, self.labels, self.k, self.domain, session=own)
+        freeze_loaded()  # last: everything loaded above is out of the collector's full walks (stub_gc.py)
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:

@@ -27,18 +27,20 @@ Needs hub_vit, torch and torchvision in the server's Python environment (where `
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import imageprep  # these five: copied beside this file by hub-vit repository
+import imageprep  # these six: copied beside this file by hub-vit repository
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from domain_outputs import DomainOutputs
 from imageprep import BadImageError, Preprocess
+from stub_gc import freeze_loaded
 from topk import top_k
 from triton_errors import client_error, request_error
 
@@ -70,13 +72,24 @@ def runner_settings(params: dict[str, str], args: dict) -> dict:
 
 class Phases:
     """Monotonic timestamps of one execution's phases, appended as one JSON line to $HUB_VIT_PHASE_LOG (when set):
-    {"pid", "requests", "images", "start_ns", "<phase>_ms": ...} in the order marked."""
+    {"pid", "requests", "images", "start_ns", "<phase>_ms": ... in the order marked, "gc_ms"}; `gc_ms`: the time the
+    process spent in garbage collections during the execution (every thread waits for them)."""
 
     def __init__(self) -> None:
         path = os.environ.get(PHASE_LOG)
         self.file = open(path, "a", buffering=1, encoding="utf-8") if path else None  # noqa: SIM115 - kept open
+        self.gc_ns, self.gc_at_start, self._gc_began = 0, 0, 0
+        if self.file is not None:
+            gc.callbacks.append(self._collection)
+
+    def _collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter_ns()
+        else:
+            self.gc_ns += time.perf_counter_ns() - self._gc_began
 
     def start(self) -> list[tuple[str, int]] | None:
+        self.gc_at_start = self.gc_ns
         return [("start", time.perf_counter_ns())] if self.file else None
 
     @staticmethod
@@ -90,6 +103,7 @@ class Phases:
         line = {"pid": os.getpid(), "requests": requests, "images": images, "start_ns": marks[0][1]}
         line |= {f"{name}_ms": (now - before) / 1e6
                  for (_, before), (name, now) in zip(marks, marks[1:], strict=False)}
+        line["gc_ms"] = (self.gc_ns - self.gc_at_start) / 1e6
         self.file.write(json.dumps(line) + "\n")
 
 
@@ -126,6 +140,7 @@ class TritonPythonModel:
             self.rollout = (tuple(json.loads(params["rollout_grid"])), params["rollout_readout"],
                             int(params["rollout_prefix_tokens"]))
         self.phases = Phases()
+        freeze_loaded()  # last: everything loaded above is out of the collector's full walks (stub_gc.py)
 
     def _take_explained(self, requests: list) -> tuple[list, list]:
         """Answer the requests that ask for an explanation (or whose explanation parameters are bad); returns their
