@@ -535,6 +535,23 @@ def _generator(args: tuple[str, str, list[bytes], int, int, float]) -> dict[str,
                      batch=batch).to_dict()
 
 
+def executing_at_once(lines: list[dict[str, Any]]) -> list[float]:
+    """From the step's phase log: the share of the time between the first execution's start and the last one's end
+    during which 0, 1, 2, ... executions ran at once (an execution: its start_ns plus its phases). Instances that
+    take turns instead of running together show as a share at 1 that more instances do not move."""
+    edges = sorted(edge for line in lines for edge in (
+        (line["start_ns"], 1),
+        (line["start_ns"] + 1e6 * sum(v for k, v in line.items() if k.endswith("_ms") and k != "gc_ms"), -1)))
+    shares: list[float] = []
+    running, since = 0, edges[0][0] if edges else 0
+    for at, change in edges:
+        shares += [0.0] * (running + 1 - len(shares))
+        shares[running] += at - since
+        running, since = running + change, at
+    total = sum(shares)
+    return [share / total for share in shares] if total else []
+
+
 def load_point(server: Served, pool: Any, protocol: str, private: bool, payloads: list[bytes], concurrency: int,
                seconds: float, processes: int, phase_log: Path | None = None) -> dict[str, Any]:
     """One closed-loop load point of batch-1 requests spread over `processes` generator processes, to serve's
@@ -576,6 +593,7 @@ def load_point(server: Served, pool: Any, protocol: str, private: bool, payloads
         # the step's processes' garbage collections during the point (each stops all of a process's threads)
         point["step_phases"]["gc_ms_per_s"] = sum(line.get("gc_ms", 0.0) for line in lines) / seconds
         point["step_phases"]["longest_gc_ms"] = max(line.get("gc_ms", 0.0) for line in lines)
+        point["step_phases"]["executing_at_once"] = executing_at_once(lines)
         log(f"load {protocol} {point['ports']}: the step per image (us): " + ", ".join(f"{p} {us:.0f}" for p, us in
                                                       point["step_phases"]["us_per_image"].items()))
     log(f"load {protocol} {point['ports']} c{concurrency} b1: {point['images_per_s']:.0f} img/s, p50 "

@@ -208,3 +208,15 @@ def test_the_dry_run_serves_the_torch_flavour_from_a_numpy_2_host(tmp_path):
             "hub-vit data path + served forward (JPEG bytes in)"} <= paths
     assert {"served_c2_private_http_vs_in_process", "c1_p50_over_in_process_b1_ms_grpc",
             "gpu_decode_preprocess_images_per_s", "agrees_with_the_cpu_flavour"} <= set(result["targets"])
+
+
+def test_executions_at_once_are_read_from_the_phase_log(gpu_check):
+    """Two instances: 0-10 ms and 5-15 ms overlap for 5 ms, then nothing runs until 20-25 ms (the collection's time,
+    `gc_ms`, happens inside its execution's phases and adds nothing): a fifth of the 25 ms span at each of 0 and 2,
+    the rest at 1. Instances taking turns read as everything at 1."""
+    lines = [{"start_ns": 0, "decode_ms": 4.0, "forward_ms": 6.0, "gc_ms": 3.0},
+             {"start_ns": 5_000_000, "decode_ms": 10.0}, {"start_ns": 20_000_000, "forward_ms": 5.0}]
+    assert gpu_check.executing_at_once(lines) == pytest.approx([0.2, 0.6, 0.2])
+    turns = [{"start_ns": i * 10_000_000, "forward_ms": 10.0} for i in range(4)]
+    assert gpu_check.executing_at_once(turns) == pytest.approx([0.0, 1.0])
+    assert gpu_check.executing_at_once([]) == []
