@@ -39,6 +39,7 @@ Started as `python bench/gpu_check.py` (bench/ on sys.path for run_info, serve_p
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import multiprocessing
@@ -152,6 +153,14 @@ class Check:
     def __init__(self, out_path: Path, result: dict[str, Any]) -> None:
         self.out_path, self.result = out_path, result
         result.setdefault("errors", {})
+        self.gc_ns, self._gc_began = 0, 0
+        gc.callbacks.append(self._collection)  # each step's garbage collections, which stop every thread
+
+    def _collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter_ns()
+        else:
+            self.gc_ns += time.perf_counter_ns() - self._gc_began
 
     def save(self) -> None:
         write_json(self.out_path, self.result)
@@ -160,7 +169,7 @@ class Check:
 
     def step(self, name: str, run: Callable[[], Any], record: bool = True) -> Any:
         """`run()`'s value, also stored under `name` when `record`; None when it failed."""
-        started = time.monotonic()
+        started, collecting = time.monotonic(), self.gc_ns
         try:
             value = run()
         except Exception as err:  # noqa: BLE001 - one step's failure is recorded; the others still measure
@@ -172,6 +181,7 @@ class Check:
             if record and value is not None:
                 self.result[name] = value
         self.result.setdefault("step_seconds", {})[name] = round(time.monotonic() - started, 1)
+        self.result.setdefault("step_gc_seconds", {})[name] = round((self.gc_ns - collecting) / 1e9, 3)
         self.save()
         return value
 
@@ -747,6 +757,10 @@ def main() -> int:
 
         torch.set_num_threads(1)
     check.step("in_process", lambda: in_process(args.device, (1, big), args.compile, quick))
+    # What the in-process step left (torch.compile's graphs: several hundred thousand objects) out of the collector's
+    # full walks, as a served step freezes what it loaded (stub_gc.py): they would stop the data path's threads
+    gc.collect()
+    gc.freeze()
     check.step("decode", lambda: decode_rates(args.device, big, min(seconds, 2.0)))
     check.step("thread_scaling", lambda: thread_scaling(big, 0.5))
     gpu_flags = ["--device", "cuda"] if args.device == "cuda" else ["--device", "cpu", "--flavour", "torch"]

@@ -203,6 +203,7 @@ def test_the_dry_run_serves_the_torch_flavour_from_a_numpy_2_host(tmp_path):
     assert all(len(scaling[key]) == len(scaling["threads"]) and min(scaling[key]) > 0
                for key in ("scan_checks_images_per_s", "sha256_mib_per_s", "scan_checks_images_speedup"))
     assert "cgroup_quota" in result["run"]["cpu"]
+    assert set(result["step_gc_seconds"]) == set(result["step_seconds"])
     paths = {row["path"] for row in result["in_process"]["rows"]}
     assert {"timm eager fp32", "timm eager bf16 weights", "hub-vit served forward",
             "hub-vit data path + served forward (JPEG bytes in)"} <= paths
