@@ -24,7 +24,8 @@ Steps, each result under its own key of the JSON; a step that fails is recorded 
    (the gates) and to Triton's own (private) ports, from 8 load-generator processes; GPU utilisation (nvidia-smi),
    images per execution, the step's phases per image and its garbage collections (ms per s, longest); then on
    Triton's own ports of a server with twice the default classifier instances (`load_more_instances`: 8, where
-   serve's default on cuda is 4; 3 with --quick).
+   serve's default on cuda is 4; 3 with --quick); then HTTP on Triton's own port of a server whose batches hold at
+   most a quarter of BIG (`load_smaller_batches`: whether the instances still take turns).
 5. request_path: bench/request_path.py's c1 breakdown (gate, ensemble, Triton's front end, queue, stub IPC, the step's
    phases) on the same server.
 6. agreement: top-1 of the served forward against fp32 eager, in process (digits held-out, S/16 on the photos).
@@ -613,13 +614,14 @@ def load_point(server: Served, pool: Any, protocol: str, private: bool, payloads
 
 
 def run_load(served: Served, payload: bytes, concurrency: int, seconds: float, processes: int,
-             phase_log: Path | None = None, ports: tuple[bool, ...] = (True, False)) -> list[dict[str, Any]]:
-    """Load points over HTTP and gRPC, to each of `ports` (True: Triton's own, False: serve's public ones)."""
+             phase_log: Path | None = None, ports: tuple[bool, ...] = (True, False),
+             protocols: tuple[str, ...] = ("http", "grpc")) -> list[dict[str, Any]]:
+    """Load points over `protocols`, to each of `ports` (True: Triton's own, False: serve's public ones)."""
     context = multiprocessing.get_context("spawn")  # no forked CUDA or tritonclient state
     with context.Pool(processes) as pool:
         return [load_point(served, pool, protocol, private, [payload], concurrency, seconds,
                            min(processes, concurrency), phase_log)
-                for protocol in ("http", "grpc") for private in ports]
+                for protocol in protocols for private in ports]
 
 
 def load_with_instances(folder: Path | None, flags: list[str], instances: int, payload: bytes, concurrency: int,
@@ -631,6 +633,22 @@ def load_with_instances(folder: Path | None, flags: list[str], instances: int, p
     try:
         return {"instances": instances, "server": served.describe(),
                 "load": run_load(served, payload, concurrency, seconds, processes, phase_log, ports=(True,))}
+    finally:
+        served.stop()
+
+
+def load_with_smaller_batches(folder: Path | None, flags: list[str], max_batch: int, payload: bytes,
+                              concurrency: int, seconds: float, processes: int, start_s: float,
+                              phase_log: Path) -> dict[str, Any]:
+    """The HTTP load on Triton's own port of a server whose batches hold at most `max_batch` images (a quarter of the
+    concurrency): where batches may hold about half the requests in flight, two instances of the torch step were
+    seen to take turns, one running while the other waited, on 2 CPU cores (docs/serving.md, "Instances"); with
+    smaller batches there the instances ran together. `step_phases.executing_at_once` tells which happened here."""
+    served = Served(folder, [*flags, "--max-batch-size", str(max_batch)], start_s, {PHASE_LOG: str(phase_log)})
+    try:
+        return {"max_batch_size": max_batch, "server": served.describe(),
+                "load": run_load(served, payload, concurrency, seconds, processes, phase_log, ports=(True,),
+                                 protocols=("http",))}
     finally:
         served.stop()
 
@@ -763,9 +781,8 @@ def main() -> int:
     gc.freeze()
     check.step("decode", lambda: decode_rates(args.device, big, min(seconds, 2.0)))
     check.step("thread_scaling", lambda: thread_scaling(big, 0.5))
-    gpu_flags = ["--device", "cuda"] if args.device == "cuda" else ["--device", "cpu", "--flavour", "torch"]
-    if quick:
-        gpu_flags += ["--max-batch-size", str(big)]
+    device_flags = ["--device", "cuda"] if args.device == "cuda" else ["--device", "cpu", "--flavour", "torch"]
+    gpu_flags = [*device_flags, "--max-batch-size", str(big)] if quick else device_flags
     from hub_vit.catalog import default_model_folder
     from hub_vit.folder import save_model_folder
     from hub_vit.server.repository.options import CUDA_DEFAULTS
@@ -803,6 +820,10 @@ def main() -> int:
         more = 3 if quick else 2 * int(CUDA_DEFAULTS["classifier_instances"])  # quick: 2 cores, a step up is enough
         check.step("load_more_instances", lambda: load_with_instances(
             folder, gpu_flags, more, images["chelsea"], big, seconds, 2 if quick else 8, start_s, log_))
+        smaller_log = Path(tmp) / "smaller_batches_phases.jsonl"
+        check.step("load_smaller_batches", lambda: load_with_smaller_batches(
+            folder, device_flags, max(1, big // 4), images["chelsea"], big, seconds, 2 if quick else 8, start_s,
+            smaller_log))
     check.step("agreement", lambda: agreement(args.device, images, quick))
     check.result["targets"] = targets(check.result, big)
     check.save()

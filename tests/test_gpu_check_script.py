@@ -194,6 +194,11 @@ def test_the_dry_run_serves_the_torch_flavour_from_a_numpy_2_host(tmp_path):
     assert more["instances"] == 3 and "--instances" in more["server"]["command"]
     assert {(p["protocol"], p["ports"]) for p in more["load"]} == {("http", "private"), ("grpc", "private")}
     assert all(p["requests"] > 0 and p["errors"] == 0 for p in more["load"])
+    smaller = result["load_smaller_batches"]  # batches of a quarter of the concurrency, HTTP on the private port
+    assert smaller["max_batch_size"] == 1 and "--max-batch-size" in smaller["server"]["command"]
+    assert [(p["protocol"], p["ports"]) for p in smaller["load"]] == [("http", "private")]
+    assert all(p["requests"] > 0 and p["errors"] == 0 and sum(p["step_phases"]["executing_at_once"]) == pytest.approx(1)
+               for p in [*smaller["load"], *result["load"]])
     for protocol in ("http", "grpc"):
         breakdown = result["request_path"][protocol]["breakdown_ms"]
         assert all(breakdown[key] is not None for key in ("served_p50", "gate", "queue", "stub_ipc", "decode",
