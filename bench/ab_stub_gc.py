@@ -24,13 +24,13 @@ frozen / as Python has it. Writes `bench/results/stub_gc_<host kind>.json` (not 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench_inference import host
+from request_path import _phase_lines
 from run_info import REPO, add_note_option, check_writable, run_info, write_json
 from serve_process import Served
 
@@ -40,19 +40,13 @@ SIDES = {"frozen": {}, "collector as Python has it": {"HUB_VIT_GC_FREEZE": "0"}}
 PHASE_LOG = "HUB_VIT_PHASE_LOG"
 
 
-def gc_of(log: Path, offset: int) -> tuple[list[float], int]:
-    """The `gc_ms` of each execution logged since `offset` (bytes), and the new offset."""
-    text = log.read_bytes()[offset:] if log.exists() else b""
-    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return [line.get("gc_ms", 0.0) for line in lines], offset + len(text)
-
-
 def one_round(served: Served, log: Path, offset: int, payloads: list[bytes], concurrency: int,
               seconds: float) -> tuple[dict[str, Any], int]:
-    offset = gc_of(log, offset)[1]  # past the executions of earlier rounds
+    offset = _phase_lines(log, offset)[1]  # past the executions of earlier rounds
     result = load_test(served.url("http", private=True), payloads, protocol="http", concurrency=concurrency,
                        duration_s=seconds)
-    pauses, offset = gc_of(log, offset)
+    lines, offset = _phase_lines(log, offset)
+    pauses = [line.get("gc_ms", 0.0) for line in lines]
     return {"requests_per_s": result.throughput_rps, "p50_ms": result.latency_ms["p50"],
             "p99_ms": result.latency_ms["p99"], "max_ms": result.latency_ms["max"], "errors": result.errors,
             "executions": len(pauses), "gc_ms_per_s": sum(pauses) / seconds,

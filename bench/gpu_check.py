@@ -292,6 +292,28 @@ def served_calls(runner: Any, path: Any, batch: int) -> tuple[Callable[[], None]
 
 
 # -- step 2: the data path ------------------------------------------------------------------------------------------
+def per_second(fn: Callable[[], Any], per_call: int, seconds: float, sync: Callable[[], None] = lambda: None) -> float:
+    """`per_call` x the calls of `fn` a second, over at least `seconds` and 2 calls after one warm-up call; `sync`
+    waits for the device's queued work (before the clock starts and before it stops)."""
+    fn()
+    sync()
+    calls, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds or calls < 2:
+        fn()
+        calls += 1
+    sync()
+    return per_call * calls / (time.perf_counter() - started)
+
+
+def jpeg_batch(batch: int) -> tuple[Any, Any, list[bytes], list[Any]]:
+    """The served preprocessing module, its Preprocess for S/16, `batch` copies of the load test's JPEG and their
+    headers (`Preprocess.inspect`): what steps 2 and thread_scaling run the data path on."""
+    imageprep = imageprep_module()
+    prep = served_preprocess(imageprep, random_s16())
+    data = [photo_jpeg()] * batch
+    return imageprep, prep, data, [prep.inspect(item) for item in data]
+
+
 def decode_rates(device_name: str, batch: int, seconds: float) -> dict[str, Any]:
     """Images/s of the data path on `batch` copies of the load test's JPEG (module docstring, step 2)."""
     import torch
@@ -300,15 +322,10 @@ def decode_rates(device_name: str, batch: int, seconds: float) -> dict[str, Any]
 
     device = torch.device(device_name)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    imageprep = imageprep_module()
-    s16 = random_s16()
-    prep = served_preprocess(imageprep, s16)
+    imageprep, prep, data, headers = jpeg_batch(batch)
     pool = decode_pool()
     path = ImagePath(imageprep, prep, device, pool)
-    jpeg = photo_jpeg()
-    data = [jpeg] * batch
     out = torch.empty(batch, 3, *prep.crop_size, device=device)
-    headers = [prep.inspect(item) for item in data]
 
     def device_part() -> None:  # decode on the device, then the transform: what nvJPEG and the GPU do
         from hub_vit.server.repository.torch_images import Decoded
@@ -324,16 +341,9 @@ def decode_rates(device_name: str, batch: int, seconds: float) -> dict[str, Any]
             path.transform_into(decoded, out)
 
     def rate(fn: Callable[[], Any], per_call: int) -> float:
-        fn()
-        sync()
-        calls, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds or calls < 2:
-            fn()
-            calls += 1
-        sync()
-        return per_call * calls / (time.perf_counter() - started)
+        return per_second(fn, per_call, seconds, sync)
 
-    result = {"jpeg_bytes": len(jpeg), "source_size": list(headers[0].size), "batch": batch,
+    result = {"jpeg_bytes": len(data[0]), "source_size": list(headers[0].size), "batch": batch,
               "header_checks_cpu_one_thread_images_per_s": rate(lambda: [prep.inspect(item) for item in data], batch),
               f"scan_checks_cpu_{DECODE_THREADS}_threads_images_per_s": rate(lambda: list(pool.map(
                   imageprep.scan_may_end_early, data, headers)), batch),
@@ -361,19 +371,11 @@ def thread_scaling(batch: int, seconds: float) -> dict[str, Any]:
     where only the scan checks stop, the lock they share (the GIL, between Pillow's decodes) is."""
     import hashlib
 
-    imageprep = imageprep_module()
-    prep = served_preprocess(imageprep, random_s16())
-    data = [photo_jpeg()] * batch
-    headers = [prep.inspect(item) for item in data]
+    imageprep, _, data, headers = jpeg_batch(batch)
     buffers = [bytes(GIL_FREE_BYTES)] * batch
 
     def rate(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: list) -> float:
-        list(pool.map(fn, *args))
-        calls, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds or calls < 2:
-            list(pool.map(fn, *args))
-            calls += 1
-        return batch * calls / (time.perf_counter() - started)
+        return per_second(lambda: list(pool.map(fn, *args)), batch, seconds)
 
     counts = sorted({*(1 << i for i in range(DECODE_THREADS.bit_length())), DECODE_THREADS})
     result: dict[str, Any] = {"threads": counts, "scan_checks_images_per_s": [], "sha256_mib_per_s": []}
@@ -552,7 +554,7 @@ def executing_at_once(lines: list[dict[str, Any]]) -> list[float]:
     take turns instead of running together show as a share at 1 that more instances do not move."""
     edges = sorted(edge for line in lines for edge in (
         (line["start_ns"], 1),
-        (line["start_ns"] + 1e6 * sum(v for k, v in line.items() if k.endswith("_ms") and k != "gc_ms"), -1)))
+        (line["start_ns"] + 1e6 * sum(line.get(f"{phase}_ms", 0.0) for phase in STEP_PHASES), -1)))
     shares: list[float] = []
     running, since = 0, edges[0][0] if edges else 0
     for at, change in edges:
@@ -624,17 +626,27 @@ def run_load(served: Served, payload: bytes, concurrency: int, seconds: float, p
                 for protocol in protocols for private in ports]
 
 
+def load_with_flags(folder: Path | None, flags: list[str], extra: list[str], payload: bytes, concurrency: int,
+                    seconds: float, processes: int, start_s: float, phase_log: Path,
+                    protocols: tuple[str, ...] = ("http", "grpc")) -> dict[str, Any]:
+    """The load over `protocols` on Triton's own ports of a server started with `flags` + `extra`:
+    {"server": its description, "load": the points}."""
+    served = Served(folder, [*flags, *extra], start_s, {PHASE_LOG: str(phase_log)})
+    try:
+        return {"server": served.describe(),
+                "load": run_load(served, payload, concurrency, seconds, processes, phase_log, ports=(True,),
+                                 protocols=protocols)}
+    finally:
+        served.stop()
+
+
 def load_with_instances(folder: Path | None, flags: list[str], instances: int, payload: bytes, concurrency: int,
                         seconds: float, processes: int, start_s: float, phase_log: Path) -> dict[str, Any]:
     """The load on Triton's own ports of a server with `instances` classifier instances: each instance runs the CPU's
     share of its batch (headers, scan checks, Python per request) while another's runs on the device, so more of them
     keep the device busier where that share is what bounds the rate."""
-    served = Served(folder, [*flags, "--instances", str(instances)], start_s, {PHASE_LOG: str(phase_log)})
-    try:
-        return {"instances": instances, "server": served.describe(),
-                "load": run_load(served, payload, concurrency, seconds, processes, phase_log, ports=(True,))}
-    finally:
-        served.stop()
+    return {"instances": instances, **load_with_flags(folder, flags, ["--instances", str(instances)], payload,
+                                                      concurrency, seconds, processes, start_s, phase_log)}
 
 
 def load_with_smaller_batches(folder: Path | None, flags: list[str], max_batch: int, payload: bytes,
@@ -644,13 +656,9 @@ def load_with_smaller_batches(folder: Path | None, flags: list[str], max_batch: 
     concurrency): where batches may hold about half the requests in flight, two instances of the torch step were
     seen to take turns, one running while the other waited, on 2 CPU cores (docs/serving.md, "Instances"); with
     smaller batches there the instances ran together. `step_phases.executing_at_once` tells which happened here."""
-    served = Served(folder, [*flags, "--max-batch-size", str(max_batch)], start_s, {PHASE_LOG: str(phase_log)})
-    try:
-        return {"max_batch_size": max_batch, "server": served.describe(),
-                "load": run_load(served, payload, concurrency, seconds, processes, phase_log, ports=(True,),
-                                 protocols=("http",))}
-    finally:
-        served.stop()
+    return {"max_batch_size": max_batch, **load_with_flags(folder, flags, ["--max-batch-size", str(max_batch)],
+                                                           payload, concurrency, seconds, processes, start_s,
+                                                           phase_log, protocols=("http",))}
 
 
 # -- step 6: agreement in process ---------------------------------------------------------------------------------
