@@ -11,12 +11,13 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
 from hub_vit.server.front.limits import FrontLimits
 from hub_vit.server.front.workers import FrontProcesses
+from hub_vit.server.repository.config import takes_queue_timeouts
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.runtime.launcher import ServerError, TritonServer, free_port
 from hub_vit.server.runtime.supervisor import GaveUp, RestartPolicy, Supervisor, stop_on_signals
@@ -96,6 +97,8 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
                             metrics_port=endpoints.metrics_port, exit_timeout_s=exit_timeout_s, log=hooks.log,
                             http_host="127.0.0.1", grpc_host="127.0.0.1", picked_ports=("http_port", "grpc_port"))
 
+    # the front refuses per-request queue timeouts a repository without a queue policy would silently ignore
+    limits = replace(limits, queue_timeouts=takes_queue_timeouts(repository))
     front = FrontProcesses(endpoints.host, endpoints.http_port, endpoints.grpc_port, limits)
     try:  # the public HTTP and gRPC ports, each checking requests before Triton
         front.start()

@@ -61,6 +61,25 @@ def test_check_inference_lets_the_rest_through():
         check_inference({"outputs": [{"name": "logits", "parameters": {"classification": 3}}]}, None)
 
 
+def test_a_queue_timeout_is_refused_where_the_server_applies_none():
+    """Without a queue policy Triton ignores a request's `timeout` parameter: the front refuses it, naming why, on
+    both protocols; with one (the default), it passes."""
+    header = {"inputs": [{"name": "image", "shape": [1, 1]}], "parameters": {"timeout": 5000}}
+    check_inference(header, set())
+    with pytest.raises(Refused, match="applies no per-request queue timeout") as refused:
+        check_inference(header, set(), queue_timeouts=False)
+    assert refused.value.status == 400 and "--no-queue-policy" in refused.value.message
+    check_inference({**header, "parameters": {"explain": True}}, set(), queue_timeouts=False)
+    one = struct.pack("<I", 3) + b"abc"
+    timed = _message([1, 1], one)
+    timed.parameters["timeout"].int64_param = 5000
+    assert inference_refusal(timed, set()) is None
+    assert "applies no per-request queue timeout" in inference_refusal(timed, set(), queue_timeouts=False)
+    assert inference_refusal(_message([1, 1], one), set(), queue_timeouts=False) is None
+    with pytest.raises(ValueError, match="queue_timeouts must be True or False, got 1"):
+        FrontLimits(queue_timeouts=1)
+
+
 def test_limits_and_policy_refuse_bad_settings_by_name():
     with pytest.raises(ValueError, match="max_body_bytes must be a positive integer, got 0"):
         FrontLimits(max_body_bytes=0)

@@ -64,6 +64,11 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--max-connections", "-3"), "--max-connections must be a positive integer, got -3"),
     (("--front-processes", "0"), "--front-processes must be between 1 and 64, got 0"),
     (("--front-processes", "65"), "--front-processes must be between 1 and 64, got 65"),
+    # Triton applies both through the queue policy: without it they would be dropped without a word
+    (("--no-queue-policy", "--max-queue-size", "8"), "--max-queue-size is applied by Triton's queue policy, which "
+                                                     "--no-queue-policy leaves out: give one or the other"),
+    (("--no-queue-policy", "--max-queue-size", "8", "--queue-timeout-us", "9"),
+     "--max-queue-size and --queue-timeout-us are applied by Triton's queue policy"),
 ])
 def test_serve_refuses_bad_settings_before_starting(args, message):
     code, out = _run("serve", *PORTS, *args)
@@ -75,6 +80,8 @@ def test_serve_repository_refuses_options_it_would_ignore(tmp_path):
     (tmp_path / "repo").mkdir()
     code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "--top-k", "2", "--max-batch-size", "4")
     assert code == 2 and "--max-batch-size, --top-k only apply when serve builds the repository" in out, out
+    code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "--no-queue-policy")
+    assert code == 2 and "--queue-policy only applies when serve builds the repository" in out, out
     code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "simplevit_digits")
     assert code == 2 and "MODEL only applies when" in out
 

@@ -432,3 +432,20 @@ def test_control_apis_are_closed_to_clients_and_statistics_stay_open() -> None:
         assert _live(serve.ports[0]) and serve.classify() == expected_digits()
     finally:
         serve.stop()
+
+
+def test_without_the_queue_policy_a_request_s_queue_timeout_is_refused_and_the_rest_served() -> None:
+    """`serve --no-queue-policy`: Triton's batcher prefetches (no queue policy in any config), so it would ignore a
+    client's per-request queue timeout; the front refuses one, naming why, over HTTP and gRPC, and serves the rest."""
+    from hub_vit.server.client.classifier import Classifier
+
+    serve = Serve("--no-queue-policy")
+    try:
+        serve.wait_for("metrics")
+        for protocol, port in (("http", serve.ports[0]), ("grpc", serve.ports[1])):
+            with Classifier(f"127.0.0.1:{port}", protocol=protocol, timeout_s=30) as client:
+                with pytest.raises(Exception, match=r"applies no per-request queue timeout.*--no-queue-policy"):
+                    client.classify(SAMPLES[:1], queue_timeout_s=0.5)
+                assert [p.labels[0] for p in client.classify(SAMPLES[:4])] == expected_digits(), protocol
+    finally:
+        serve.stop()

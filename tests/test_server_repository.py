@@ -4,6 +4,7 @@ server-side transform equals timm's eval transform pixel for pixel (no server st
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -126,8 +127,30 @@ def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
     assert not (tmp_path / "trt").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("flavour", ["cpu", "gpu"])
+def test_without_the_queue_policy_no_step_has_one_and_the_front_is_told(tmp_path, onnx_file, meta, flavour):
+    """A queue policy turns off the batcher's prefetching in Triton's core (docs/serving.md, "The queue policy"):
+    queue_policy=False writes none on any batched step; `takes_queue_timeouts` tells the front whether a request's
+    own queue timeout would be applied (with the policy) or silently ignored (without)."""
+    from hub_vit.server.repository.config import takes_queue_timeouts
+
+    written = {}
+    for policy in (True, False):
+        repo = write_repository(graph_model(meta, onnx_file), tmp_path / f"{flavour}_{policy}",
+                                ServingOptions(flavour=flavour, queue_policy=policy))
+        batched = [c for c in map(_parse, sorted(repo.glob("*/config.pbtxt"))) if c.HasField("dynamic_batching")]
+        assert batched and all(c.dynamic_batching.HasField("default_queue_policy") == policy for c in batched)
+        assert takes_queue_timeouts(repo) == policy
+        written[policy] = json.loads((repo / "hub_vit_repository.json").read_text())["options"]["queue_policy"]
+    assert written == {True: True, False: False}
+    assert not takes_queue_timeouts(tmp_path / "no such repository")  # no batched step: nothing applies a timeout
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(flavour="tpu"), "valid: cpu, gpu"),
+    # Triton applies a queue timeout through the policy: without one it would be dropped without a word
+    (dict(queue_policy=False, queue_timeout_us=500), "queue_timeout_us=500 is applied by Triton's queue policy, which "
+                                                     "queue_policy=False leaves out"),
     (dict(precision="INT4"), "valid: FP16, FP32"),
     (dict(max_batch_size=4, preferred_batch_sizes=(8,)), "outside 1..max_batch_size=4"),
     (dict(name="../x"), "letters, digits"),

@@ -27,6 +27,7 @@ from hub_vit.cli.serving_options import (
     MaxQueueDelayUs,
     MaxQueueSize,
     Name,
+    QueuePolicy,
     QueueTimeoutUs,
     TopK,
     TorchCompile,
@@ -84,6 +85,7 @@ def serve(
     max_queue_delay_us: MaxQueueDelayUs = DEFAULTS.max_queue_delay_us,
     max_queue_size: MaxQueueSize = DEFAULTS.max_queue_size,
     queue_timeout_us: QueueTimeoutUs = DEFAULTS.queue_timeout_us,
+    queue_policy: QueuePolicy = DEFAULTS.queue_policy,
     top_k: TopK = DEFAULTS.top_k,
     instances: Instances = DEFAULTS.classifier_instances,
     exit_timeout: ExitTimeout = 30,
@@ -118,8 +120,8 @@ def serve(
                FrontLimits(max_body_bytes=max_request_mb << 20, max_connections=max_connections,
                            processes=front_processes or default_processes()))
     sizes = {"max_batch_size": max_batch_size, "max_queue_delay_us": max_queue_delay_us,
-             "max_queue_size": max_queue_size, "queue_timeout_us": queue_timeout_us, "top_k": top_k,
-             "max_pixels": max_pixels}
+             "max_queue_size": max_queue_size, "queue_timeout_us": queue_timeout_us, "queue_policy": queue_policy,
+             "top_k": top_k, "max_pixels": max_pixels}
     if repository_dir is not None:
         if given(ctx, "cpu_variant"):
             raise fail("--cpu-variant chooses the graph of the repository serve builds; --repository serves one as it "

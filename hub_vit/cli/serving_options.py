@@ -27,6 +27,12 @@ MaxQueueDelayUs = Annotated[int, typer.Option(help="How long the dynamic batcher
 MaxQueueSize = Annotated[int, typer.Option(help="Queued requests per step beyond which new ones are rejected.")]
 QueueTimeoutUs = Annotated[int, typer.Option(help="Longest a request may wait in a step's queue before it is rejected "
                                                   "(0: no limit; a client may ask for less per request).")]
+QueuePolicy = Annotated[bool, typer.Option("--queue-policy/--no-queue-policy",
+                                           help="Triton's queue policy: the queue bound (--max-queue-size) and queue "
+                                                "timeouts (--queue-timeout-us, clients' per-request ones). Without "
+                                                "it Triton's batcher prefetches batches, and no free instance waits "
+                                                "up to 500 ms for work; the queue is then bounded by the front's "
+                                                "connections, and requests that carry a queue timeout are refused.")]
 TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")]
 CpuVariant = Annotated[str, typer.Option(help="CPU flavour: the graph served: 'auto' (the fastest variant on this "
                                                "host that passes verification, measured at build time) or one of "
@@ -35,8 +41,8 @@ MaxPixels = Annotated[int, typer.Option(help="Most pixels an image may declare (
                                              "decoding; 48 MP phone photos need more than the default).")]
 # `serve --repository` refuses these when they differ from the defaults: they would not change the repository.
 SERVE_DEFAULTS = {key: getattr(DEFAULTS, key)
-                   for key in ("max_batch_size", "max_queue_delay_us", "max_queue_size", "queue_timeout_us", "top_k",
-                               "max_pixels")}
+                   for key in ("max_batch_size", "max_queue_delay_us", "max_queue_size", "queue_timeout_us",
+                               "queue_policy", "top_k", "max_pixels")}
 
 
 # The torch flavour's options, shared by `repository` and `serve`.
@@ -84,6 +90,11 @@ def serving_options(ctx: typer.Context, **fields: Any) -> ServingOptions:
     """`ServingOptions` from the flags' values, with the device's fields (`device_fields`: on cuda, GPU-sized batching
     for every size left at its default) taking the place of the defaults; a bad value is refused in the flags' words.
     Both `repository` and `serve` build their options here, so a field cannot be passed twice."""
+    if not fields.get("queue_policy", True):
+        applied = [f"--{key.replace('_', '-')}" for key in ("max_queue_size", "queue_timeout_us") if given(ctx, key)]
+        if applied:
+            raise fail(f"{' and '.join(applied)} {'is' if len(applied) == 1 else 'are'} applied by Triton's queue "
+                       "policy, which --no-queue-policy leaves out: give one or the other")
     device = fields.get("device", DEFAULTS.device)
     fields |= device_fields(ctx, device if device in DEVICES else "cpu", fields.get("max_batch_size",
                                                                                    DEFAULTS.max_batch_size))

@@ -6,6 +6,8 @@ Refused here (docs/serving.md, "Limits and security"):
 * an inference request asking the classification extension of a non-numeric output (Triton 2.51 dies of SIGFPE on
   the STRING `labels`), or with a dimension of 0 or past int32 (a `[0, 1]` request was answered with rank-1 outputs;
   2^32+k was truncated to 32 bits) -> 400 / INVALID_ARGUMENT (`check_inference`);
+* a per-request queue timeout where the served repository has no queue policy (Triton would ignore it)
+  -> 400 / INVALID_ARGUMENT (`check_inference`);
 * over gRPC, BYTES contents whose element count differs from the shape (`inference_refusal`);
 * an HTTP inference body that is neither the protocol's JSON nor its binary form (`inference_header`: Triton 2.51
   answers an image file posted as is with HTTP 500 "failed to parse the request JSON buffer").
@@ -28,6 +30,9 @@ NUMERIC = {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT3
 STARTING = protocol.server_state(protocol.RESTARTING, "the server is starting or restarting; retry shortly")
 SHUTTING_DOWN = protocol.server_state(protocol.SHUTTING_DOWN, "the server is shutting down: no new request is taken")
 RAW_HTTP_EXAMPLE = "docs/serving.md#raw-http"
+NO_QUEUE_TIMEOUTS = ("this server applies no per-request queue timeout (the request's 'timeout' parameter): it serves "
+                     "without Triton's queue policy (hub-vit serve --no-queue-policy), which is what applies one; "
+                     "send the request without a queue timeout")
 
 
 class Refused(Exception):
@@ -95,12 +100,17 @@ def wants_classification(header: dict[str, Any]) -> bool:
                and "classification" in output["parameters"] for output in header.get("outputs") or ())
 
 
-def check_inference(header: object, numeric_outputs: set[str] | None) -> None:
+def check_inference(header: object, numeric_outputs: set[str] | None, queue_timeouts: bool = True) -> None:
     """Refuse (400) what crashes or misleads Triton 2.51 in an inference request's JSON header: the classification
-    extension on a non-numeric output, a dimension of 0 or beyond int32. `numeric_outputs`: the model's numeric
-    outputs (None: unknown, so any classification request is refused). Anything else is left to Triton."""
+    extension on a non-numeric output, a dimension of 0 or beyond int32, and a per-request queue timeout (parameter
+    `timeout`) where the server applies none (`queue_timeouts` False: no queue policy, so Triton would ignore it).
+    `numeric_outputs`: the model's numeric outputs (None: unknown, so any classification request is refused).
+    Anything else is left to Triton."""
     if not isinstance(header, dict):
         return
+    parameters = header.get("parameters")
+    if not queue_timeouts and isinstance(parameters, dict) and "timeout" in parameters:
+        raise Refused(400, NO_QUEUE_TIMEOUTS)
     for output in header.get("outputs") or ():
         if not isinstance(output, dict):
             continue
@@ -141,14 +151,15 @@ def parse_inference(message: bytes) -> Any:
     return request
 
 
-def inference_refusal(request: Any, numeric: set[str] | None) -> str | None:
+def inference_refusal(request: Any, numeric: set[str] | None, queue_timeouts: bool = True) -> str | None:
     """Why a `ModelInferRequest` must not reach Triton 2.51 (`check_inference`'s reasons, plus BYTES contents that
     do not match their shape), or None."""
     header = {"inputs": [{"name": tensor.name, "shape": list(tensor.shape)} for tensor in request.inputs],
               "outputs": [{"name": output.name, "parameters": dict.fromkeys(output.parameters)}
-                          for output in request.outputs]}
+                          for output in request.outputs],
+              "parameters": dict.fromkeys(request.parameters)}
     try:
-        check_inference(header, numeric)
+        check_inference(header, numeric, queue_timeouts)
     except Refused as refusal:
         return refusal.message
     raw = request.raw_input_contents

@@ -132,7 +132,7 @@ class GrpcFront:
                 self.outputs[request.model_name] = await self._numeric_outputs(request.model_name,
                                                                                request.model_version)
             numeric = self.outputs[request.model_name]
-        why = inference_refusal(request, numeric)
+        why = inference_refusal(request, numeric, self.limits.queue_timeouts)
         return None if why is None else (grpc.StatusCode.INVALID_ARGUMENT, why)
 
     def _too_large(self, message: bytes) -> tuple[grpc.StatusCode, str] | None:

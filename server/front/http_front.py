@@ -483,7 +483,7 @@ class Client(asyncio.Protocol):
         header = inference_header(infer["model"].decode("latin-1"), body, length)
         if wants_classification(header):
             return None
-        check_inference(header, set())
+        check_inference(header, set(), self.front.limits.queue_timeouts)
         return body
 
     async def _check_then_relay(self, request: Request) -> None:
@@ -501,7 +501,7 @@ class Client(asyncio.Protocol):
                 else:
                     header = inference_header(model.decode("latin-1"), body, length)
                 check_inference(header, await self.front.model_outputs(model) if wants_classification(header)
-                                else set())
+                                else set(), self.front.limits.queue_timeouts)
         except Refused as refusal:
             self._finish(refusal=refusal)
             return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
@@ -48,6 +49,8 @@ def _batching(config: mc.ModelConfig, opts: ServingOptions) -> None:
     batching = config.dynamic_batching
     batching.preferred_batch_size.extend(sorted(set(opts.preferred_batch_sizes)))
     batching.max_queue_delay_microseconds = opts.max_queue_delay_us
+    if not opts.queue_policy:  # Triton prefetches batches only without one (ServingOptions.queue_policy)
+        return
     policy = batching.default_queue_policy
     policy.max_queue_size = opts.max_queue_size
     policy.timeout_action = mc.ModelQueuePolicy.REJECT
@@ -56,6 +59,17 @@ def _batching(config: mc.ModelConfig, opts: ServingOptions) -> None:
     # Enqueue) takes a request's timeout only when it is shorter than a non-zero default: "no limit" is the longest.
     policy.allow_timeout_override = True
     policy.default_timeout_microseconds = opts.queue_timeout_us or LONGEST_QUEUE_TIMEOUT_US
+
+
+def takes_queue_timeouts(repository: Path) -> bool:
+    """Whether Triton applies clients' per-request queue timeouts to `repository`: it has a batched step and every
+    batched step's queue policy allows them (without one, Triton ignores a request's `timeout`)."""
+    batched = []
+    for path in sorted(repository.glob("*/config.pbtxt")):
+        config = text_format.Parse(path.read_text(encoding="utf-8"), mc.ModelConfig())
+        if config.HasField("dynamic_batching"):
+            batched.append(config.dynamic_batching.default_queue_policy.allow_timeout_override)
+    return bool(batched) and all(batched)
 
 
 def _params(config: mc.ModelConfig, values: dict[str, Any]) -> None:

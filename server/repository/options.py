@@ -59,11 +59,17 @@ class ServingOptions:
     # expired"); 0 = no limit. A client may ask for less per request (client.Classifier.classify(queue_timeout_s=...)).
     queue_timeout_us: int = 0
     top_k: int = 5
+    # Triton's queue policy on every batched step: the queue bound (max_queue_size), queue_timeout_us, and clients'
+    # shorter per-request queue timeouts. Any policy turns off the batcher's prefetching in Triton's core, and then a
+    # free instance can wait up to 500 ms for its next batch (docs/serving.md, "The queue policy";
+    # bench/ab_queue_policy.py). False writes none, so Triton prefetches; the queue is then bounded only by the front's
+    # connections, and the front refuses requests that carry a queue timeout (Triton would ignore it).
+    queue_policy: bool = True
     # Two instances of the CPU classifier (which also decodes) and of the GPU flavour's Python steps by default.
-    # Triton 2.51's dynamic batcher (core `WaitForPayloadSlotAvailable`) is not woken when a busy instance becomes
-    # free once a queue policy is set (a policy turns off prefetching); it waits for the next arrival or its 500 ms
-    # timeout. With one instance per step, c16 load showed 500 ms stalls (p99 ~515 ms); with two, an idle instance is
-    # almost always there when the batcher looks. docs/serving.md.
+    # With the queue policy, Triton 2.51's dynamic batcher is woken when an execution ends before that instance is
+    # back waiting for work; finding none waiting, it sleeps until the next arrival or its 500 ms timeout. With one
+    # instance per step, c16 load showed 500 ms stalls (p99 ~311 ms); with two, an idle instance is almost always
+    # there when the batcher looks. docs/serving.md.
     preprocess_instances: int = 2
     classifier_instances: int = 2
     # ORT threads per classifier instance. 0 = decide from the model's compute: all of the host's cores for a
@@ -138,6 +144,9 @@ class ServingOptions:
         if self.max_queue_delay_us > LONGEST_QUEUE_DELAY_US:
             raise ValueError(f"max_queue_delay_us must be at most {LONGEST_QUEUE_DELAY_US} (10 s; a request alone "
                              f"waits the whole delay), got {self.max_queue_delay_us}; it is in microseconds")
+        if self.queue_timeout_us and not self.queue_policy:
+            raise ValueError(f"queue_timeout_us={self.queue_timeout_us} is applied by Triton's queue policy, which "
+                             "queue_policy=False leaves out: keep the policy, or leave queue_timeout_us at 0")
         if self.queue_timeout_us > LONGEST_QUEUE_TIMEOUT_US:
             raise ValueError(f"queue_timeout_us must be at most {LONGEST_QUEUE_TIMEOUT_US} (one day), got "
                              f"{self.queue_timeout_us}; 0 = no limit")
