@@ -37,10 +37,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_inference import host
+from ab_servers import add_round_options, alternating_rounds, output_path, sample_payloads, save, side_by_side
 from gpu_check import executing_at_once
 from request_path import PHASE_LOG, _phase_lines
-from run_info import REPO, add_note_option, check_writable, run_info, write_json
+from run_info import run_info
 from serve_process import Served
 
 from hub_vit.server.client.loadtest import load_test
@@ -73,10 +73,16 @@ CASES = {"one-instance": ("--instances 1", 16), "cpu-default": ("", 16),
 KEYS = ("requests_per_s", "p50_ms", "p99_ms", "max_ms", "images_per_execution", "share_one_or_none_executing")
 
 
+def _shown(row: dict[str, Any]) -> str:
+    at_once = " / ".join(f"{share:.0%}" for share in row["executing_at_once"])
+    return (f"{row['requests_per_s']:.0f} req/s, p99 {row['p99_ms']:.1f} ms, max {row['max_ms']:.0f} ms, "
+            f"{row['images_per_execution'] or 0:.1f} img/exec"
+            + (f", 0 / 1 / 2.. executing {at_once}" if at_once else ""))
+
+
 def run_case(repository_args: str, concurrency: int, rounds: int, seconds: float,
              payloads: list[bytes]) -> dict[str, Any]:
     """One case: both servers of one repository, `rounds` interleaved rounds; medians and the rounds."""
-    rows: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="hub-vit-ab-queue-policy-") as tmp:
         repositories = {side: Path(tmp) / f"repository_{i}" for i, side in enumerate(SIDES)}
         for side, flags in zip(SIDES, ([], ["--no-queue-policy"]), strict=True):
@@ -84,24 +90,11 @@ def run_case(repository_args: str, concurrency: int, rounds: int, seconds: float
                             str(repositories[side]), *repository_args.split(), *flags], check=True,
                            stdout=subprocess.DEVNULL)
         logs = {side: Path(tmp) / f"phases_{i}.jsonl" for i, side in enumerate(SIDES)}
-        servers: dict[str, Served] = {}
-        try:
-            for side in SIDES:
-                servers[side] = Served(None, ["--repository", str(repositories[side])], 600,
-                                       env={PHASE_LOG: str(logs[side])})
-            offsets = dict.fromkeys(SIDES, 0)
-            for number in range(rounds):
-                for side in SIDES if number % 2 == 0 else SIDES[::-1]:
-                    row, offsets[side] = one_round(servers[side], logs[side], offsets[side], payloads, concurrency,
-                                                   seconds)
-                    rows[side].append(row)
-                    at_once = " / ".join(f"{share:.0%}" for share in row["executing_at_once"])
-                    print(f"round {number + 1} {side}: {row['requests_per_s']:.0f} req/s, p99 {row['p99_ms']:.1f} "
-                          f"ms, max {row['max_ms']:.0f} ms, {row['images_per_execution'] or 0:.1f} img/exec"
-                          + (f", 0 / 1 / 2.. executing {at_once}" if at_once else ""), flush=True)
-        finally:
-            for served in servers.values():
-                served.stop()
+        with side_by_side({side: (None, ["--repository", str(repositories[side])], {PHASE_LOG: str(logs[side])})
+                           for side in SIDES}) as servers:
+            rows = alternating_rounds(
+                servers, logs, rounds,
+                lambda served, log, offset: one_round(served, log, offset, payloads, concurrency, seconds), _shown)
     medians = {side: {key: statistics.median(values) if (values := [r[key] for r in rows[side]
                                                                     if r[key] is not None]) else None
                       for key in KEYS} for side in SIDES}
@@ -113,20 +106,10 @@ def run_case(repository_args: str, concurrency: int, rounds: int, seconds: float
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    parser.add_argument("--seconds", type=float, default=8.0, help="per server and round")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s per case: a check of the path")
-    parser.add_argument("--out", type=Path, default=None)
-    add_note_option(parser)
+    add_round_options(parser, seconds=8.0, rounds=6)
     args = parser.parse_args()
-    if args.quick:
-        args.rounds, args.seconds = 2, 3.0
-    out = args.out or (None if args.quick else REPO / "bench" / "results" / f"queue_policy_{host()['kind']}.json")
-    if out is not None:
-        check_writable(out.parent)
-    from hub_vit.catalog import default_model_folder
-
-    payloads = [p.read_bytes() for p in sorted(Path(default_model_folder()).glob("samples/*.png"))]
+    out = output_path(args, "queue_policy")
+    payloads = sample_payloads()
     cases = {}
     for name in args.cases:
         print(f"-- {name}", flush=True)
@@ -137,10 +120,7 @@ def main() -> int:
             m = case["medians"][side]
             print(f"{name:<18} {side:<36} {m['requests_per_s']:7.0f} req/s  p50 {m['p50_ms']:6.1f} ms  p99 "
                   f"{m['p99_ms']:6.1f} ms  max {m['max_ms']:6.1f} ms  {m['images_per_execution'] or 0:5.1f} img/exec")
-    if out is not None:
-        write_json(out, result)
-        print(f"wrote {out}")
-    return 0
+    return save(out, result)
 
 
 if __name__ == "__main__":

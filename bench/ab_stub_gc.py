@@ -29,9 +29,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_inference import host
+from ab_servers import add_round_options, alternating_rounds, output_path, sample_payloads, save, side_by_side
 from request_path import _phase_lines
-from run_info import REPO, add_note_option, check_writable, run_info, write_json
+from run_info import run_info
 from serve_process import Served
 
 from hub_vit.server.client.loadtest import load_test
@@ -59,40 +59,20 @@ def main() -> int:
     parser.add_argument("--serve-args", default="--device cpu --flavour torch --max-batch-size 256 --instances 1",
                         help="hub-vit serve's options for both servers")
     parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--seconds", type=float, default=15.0, help="per server and round")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s: a check of the path")
-    parser.add_argument("--out", type=Path, default=None)
-    add_note_option(parser)
+    add_round_options(parser, seconds=15.0, rounds=4)
     args = parser.parse_args()
-    if args.quick:
-        args.rounds, args.seconds = 2, 3.0
-    out = args.out or (None if args.quick else REPO / "bench" / "results" / f"stub_gc_{host()['kind']}.json")
-    if out is not None:
-        check_writable(out.parent)
-    from hub_vit.catalog import default_model_folder
-
-    payloads = [p.read_bytes() for p in sorted(Path(default_model_folder()).glob("samples/*.png"))]
-    rows: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    out = output_path(args, "stub_gc")
+    payloads = sample_payloads()
     with tempfile.TemporaryDirectory(prefix="hub-vit-ab-stub-gc-") as tmp:
         logs = {side: Path(tmp) / f"phases_{i}.jsonl" for i, side in enumerate(SIDES)}
-        servers: dict[str, Served] = {}
-        try:
-            for side, env in SIDES.items():
-                servers[side] = Served(Path(args.model) if args.model else None, args.serve_args.split(), 600,
-                                       env={**env, PHASE_LOG: str(logs[side])})
-            offsets = dict.fromkeys(SIDES, 0)
-            for number in range(args.rounds):
-                order = list(SIDES) if number % 2 == 0 else list(SIDES)[::-1]
-                for side in order:
-                    row, offsets[side] = one_round(servers[side], logs[side], offsets[side], payloads,
-                                                   args.concurrency, args.seconds)
-                    rows[side].append(row)
-                    print(f"round {number + 1} {side}: {row['requests_per_s']:.0f} req/s, p99 {row['p99_ms']:.1f} "
-                          f"ms, gc {row['gc_ms_per_s']:.1f} ms/s (longest {row['longest_gc_ms']:.1f} ms)", flush=True)
-        finally:
-            for served in servers.values():
-                served.stop()
+        model = Path(args.model) if args.model else None
+        with side_by_side({side: (model, args.serve_args.split(), {**env, PHASE_LOG: str(logs[side])})
+                           for side, env in SIDES.items()}) as servers:
+            rows = alternating_rounds(
+                servers, logs, args.rounds,
+                lambda served, log, offset: one_round(served, log, offset, payloads, args.concurrency, args.seconds),
+                lambda row: f"{row['requests_per_s']:.0f} req/s, p99 {row['p99_ms']:.1f} ms, gc "
+                            f"{row['gc_ms_per_s']:.1f} ms/s (longest {row['longest_gc_ms']:.1f} ms)")
     keys = ("requests_per_s", "p50_ms", "p99_ms", "max_ms", "gc_ms_per_s", "longest_gc_ms")
     medians = {side: {key: statistics.median(row[key] for row in rows[side]) for key in keys} for side in SIDES}
     frozen, unfrozen = (medians[side] for side in SIDES)
@@ -103,10 +83,7 @@ def main() -> int:
         m = medians[side]
         print(f"{side:<28} {m['requests_per_s']:8.0f} req/s  p50 {m['p50_ms']:6.1f} ms  p99 {m['p99_ms']:6.1f} ms  "
               f"max {m['max_ms']:6.1f} ms  gc {m['gc_ms_per_s']:6.1f} ms/s, longest {m['longest_gc_ms']:6.1f} ms")
-    if out is not None:
-        write_json(out, result)
-        print(f"wrote {out}")
-    return 0
+    return save(out, result)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ Steps, each result under its own key of the JSON; a step that fails is recorded 
    Triton's own ports of a server with twice the default classifier instances (`load_more_instances`: 8, where
    serve's default on cuda is 4; 3 with --quick); then HTTP on Triton's own port of a server whose batches hold at
    most a quarter of BIG (`load_smaller_batches`: whether the instances still take turns); then Triton's own ports
-   of a server without a queue policy (`load_without_queue_policy`: whether the batcher's wait for a new request
-   after an execution, which only a queue policy allows, is what idles the GPU).
+   of a server with the other queue policy than the device's default (`load_other_queue_policy`: on cuda with one,
+   where the default has none; whether the batcher's wait for a new request after an execution, which only a queue
+   policy allows, idles the GPU).
 5. request_path: bench/request_path.py's c1 breakdown (gate, ensemble, Triton's front end, queue, stub IPC, the step's
    phases) on the same server.
 6. agreement: top-1 of the served forward against fp32 eager, in process (digits held-out, S/16 on the photos).
@@ -663,14 +664,17 @@ def load_with_smaller_batches(folder: Path | None, flags: list[str], max_batch: 
                                                            phase_log, protocols=("http",))}
 
 
-def load_without_queue_policy(folder: Path | None, flags: list[str], payload: bytes, concurrency: int,
-                              seconds: float, processes: int, start_s: float, phase_log: Path) -> dict[str, Any]:
-    """The load on Triton's own ports of a server started with `--no-queue-policy`: Triton's batcher then prefetches
-    batches, while with a queue policy (the default) an instance that finishes can wait for its next batch until a
-    new request arrives or 500 ms pass (docs/serving.md, "The queue policy"; bench/ab_queue_policy.py). Against
-    `load`'s private points, whether that wait is what keeps the device idle."""
-    return {"queue_policy": False, **load_with_flags(folder, flags, ["--no-queue-policy"], payload, concurrency,
-                                                     seconds, processes, start_s, phase_log)}
+def load_other_queue_policy(folder: Path | None, flags: list[str], device: str, payload: bytes, concurrency: int,
+                            seconds: float, processes: int, start_s: float, phase_log: Path) -> dict[str, Any]:
+    """The load on Triton's own ports of a server whose queue policy is the other one than `device`'s default (on
+    cuda none, so `--queue-policy`; on the CPU `--no-queue-policy`). Without a policy Triton's batcher prefetches;
+    with one, an instance that finishes can wait for its next batch until a new request arrives or 500 ms pass, and
+    instances can fall into taking turns (docs/serving.md, "The queue policy"; bench/ab_queue_policy.py). Against
+    `load`'s private points: what the policy costs on this device."""
+    policy = device != "cuda"  # ServingOptions: off on cuda (CUDA_DEFAULTS), on elsewhere
+    flag = "--no-queue-policy" if policy else "--queue-policy"
+    return {"queue_policy": not policy, **load_with_flags(folder, flags, [flag], payload, concurrency, seconds,
+                                                          processes, start_s, phase_log)}
 
 
 # -- step 6: agreement in process ---------------------------------------------------------------------------------
@@ -844,9 +848,9 @@ def main() -> int:
         check.step("load_smaller_batches", lambda: load_with_smaller_batches(
             folder, device_flags, max(1, big // 4), images["chelsea"], big, seconds, 2 if quick else 8, start_s,
             smaller_log))
-        check.step("load_without_queue_policy", lambda: load_without_queue_policy(
-            folder, gpu_flags, images["chelsea"], big, seconds, 2 if quick else 8, start_s,
-            Path(tmp) / "no_queue_policy_phases.jsonl"))
+        check.step("load_other_queue_policy", lambda: load_other_queue_policy(
+            folder, gpu_flags, args.device, images["chelsea"], big, seconds, 2 if quick else 8, start_s,
+            Path(tmp) / "other_queue_policy_phases.jsonl"))
     check.step("agreement", lambda: agreement(args.device, images, quick))
     check.result["targets"] = targets(check.result, big)
     check.save()

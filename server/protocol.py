@@ -43,6 +43,7 @@ SERVER_STATES = (RESTARTING, SHUTTING_DOWN)
 
 SERVED_MODEL_PARAMETER = "hub_vit_model"
 EXPLAINS_PARAMETER = "hub_vit_explains"
+QUEUE_TIMEOUTS_PARAMETER = "hub_vit_queue_timeouts"
 # The longest queue timeout a repository sets (one day, in microseconds), and the one it sets when none is asked
 # for; Triton adds it, in ns, to a uint64 clock. A client may ask for less per request, never for more.
 LONGEST_QUEUE_TIMEOUT_US = 86_400_000_000
@@ -178,9 +179,11 @@ def read_domain_verdict(value: bytes | str | None) -> str:
 
 
 # -- model config parameters --------------------------------------------------------------------------------------
-def model_parameters(served_model: str, explains: bool) -> dict[str, str]:
-    """The ensemble's parameters that tell clients what it serves."""
-    return {SERVED_MODEL_PARAMETER: served_model, EXPLAINS_PARAMETER: "true" if explains else "false"}
+def model_parameters(served_model: str, explains: bool, queue_timeouts: bool = True) -> dict[str, str]:
+    """The ensemble's parameters that tell clients what it serves, and whether it applies their per-request queue
+    timeouts (only a repository with Triton's queue policy does)."""
+    return {SERVED_MODEL_PARAMETER: served_model, EXPLAINS_PARAMETER: "true" if explains else "false",
+            QUEUE_TIMEOUTS_PARAMETER: "true" if queue_timeouts else "false"}
 
 
 def served_model(parameters: dict[str, str]) -> str | None:
@@ -192,4 +195,11 @@ def explains(parameters: dict[str, str]) -> bool | None:
     """Whether the served model answers `explain` requests with a rollout map; None when the config does not say
     (a repository hub-vit did not write, or an earlier hub-vit wrote)."""
     value = parameters.get(EXPLAINS_PARAMETER)
+    return None if value is None else value == "true"
+
+
+def queue_timeouts(parameters: dict[str, str]) -> bool | None:
+    """Whether the served model applies a request's own queue timeout; None when the config does not say (a
+    repository hub-vit did not write, or an earlier hub-vit wrote: those had the queue policy that applies it)."""
+    value = parameters.get(QUEUE_TIMEOUTS_PARAMETER)
     return None if value is None else value == "true"

@@ -42,6 +42,17 @@ class Recorder(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(answer)
 
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        """The model's config, which a client reads before sending a queue timeout: a repository whose queue policy
+        applies them (protocol.py's ensemble parameters)."""
+        answer = json.dumps({"name": "vit", "max_batch_size": 16, "parameters": {
+            "hub_vit_queue_timeouts": {"string_value": "true"}}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
     def log_message(self, *args: object) -> None:
         pass
 

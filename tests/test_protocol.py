@@ -82,6 +82,9 @@ def test_model_parameters_round_trip():
     assert protocol.served_model(written) == "simplevit_digits" and protocol.explains(written) is False
     assert protocol.explains(protocol.model_parameters("m", explains=True)) is True
     assert protocol.explains({}) is None and protocol.served_model({}) is None  # not a hub-vit repository
+    assert protocol.queue_timeouts(written) is True  # the default: Triton's queue policy applies them
+    assert protocol.queue_timeouts(protocol.model_parameters("m", explains=True, queue_timeouts=False)) is False
+    assert protocol.queue_timeouts({}) is None
 
 
 def test_too_large_round_trips_its_limit():

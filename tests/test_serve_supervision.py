@@ -436,16 +436,38 @@ def test_control_apis_are_closed_to_clients_and_statistics_stay_open() -> None:
 
 def test_without_the_queue_policy_a_request_s_queue_timeout_is_refused_and_the_rest_served() -> None:
     """`serve --no-queue-policy`: Triton's batcher prefetches (no queue policy in any config), so it would ignore a
-    client's per-request queue timeout; the front refuses one, naming why, over HTTP and gRPC, and serves the rest."""
+    client's per-request queue timeout. hub-vit's clients refuse one before sending (the ensemble's parameters say
+    so); the front refuses one sent by any other client, over HTTP and gRPC, naming why; the demo sends none; the
+    rest is served."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from hub_vit.demo.backends import TritonLabels
     from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.client.errors import NoQueueTimeouts
+    from hub_vit.server.client.loadtest import load_test
 
     serve = Serve("--no-queue-policy")
+    why = r"applies no per-request queue timeout.*--no-queue-policy"
     try:
         serve.wait_for("metrics")
-        for protocol, port in (("http", serve.ports[0]), ("grpc", serve.ports[1])):
+        for protocol, port, module in (("http", serve.ports[0], httpclient), ("grpc", serve.ports[1], grpcclient)):
             with Classifier(f"127.0.0.1:{port}", protocol=protocol, timeout_s=30) as client:
-                with pytest.raises(Exception, match=r"applies no per-request queue timeout.*--no-queue-policy"):
+                assert not client.takes_queue_timeouts()
+                with pytest.raises(NoQueueTimeouts, match=why):
                     client.classify(SAMPLES[:1], queue_timeout_s=0.5)
                 assert [p.labels[0] for p in client.classify(SAMPLES[:4])] == expected_digits(), protocol
+            with pytest.raises(NoQueueTimeouts, match=why):
+                load_test(f"127.0.0.1:{port}", [SAMPLES[0].read_bytes()], protocol=protocol, requests=4,
+                          queue_timeout_s=0.5)
+            raw = module.InferenceServerClient(f"127.0.0.1:{port}")
+            image = module.InferInput("image", [1, 1], "BYTES")
+            image.set_data_from_numpy(np.array([[SAMPLES[0].read_bytes()]], dtype=object))
+            with pytest.raises(Exception, match=why):  # noqa: B017 (tritonclient's error for the front's 400)
+                raw.infer("vit", [image], timeout=500_000)
+            assert raw.infer("vit", [image]).as_numpy("labels") is not None
+            raw.close()
+        pairs, status = TritonLabels(f"127.0.0.1:{serve.ports[0]}").top_k(None, source=SAMPLES[0])
+        assert pairs and pairs[0][0] == expected_digits()[0], status
     finally:
         serve.stop()

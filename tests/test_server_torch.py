@@ -230,6 +230,27 @@ def test_serve_builds_gpu_sized_options_for_cuda(monkeypatch, args):
     assert opts.max_queue_size == CUDA_DEFAULTS["max_queue_size"]
     assert opts.preferred_batch_sizes == CUDA_DEFAULTS["preferred_batch_sizes"]
     assert opts.classifier_instances == CUDA_DEFAULTS["classifier_instances"] == 4
+    assert opts.queue_policy is CUDA_DEFAULTS["queue_policy"] is False  # the batcher prefetches
+
+
+@pytest.mark.parametrize("args, policy", [
+    ((), False),
+    (("--queue-policy",), True),
+    (("--max-queue-size", "512"), True),  # only the policy applies a queue bound or timeout: asked for, it is back
+    (("--queue-timeout-us", "5000"), True),
+    (("--no-queue-policy",), False),
+])
+def test_serve_on_cuda_has_no_queue_policy_unless_asked_for(monkeypatch, args, policy):
+    code, output, built = _serve_options_on_a_gpu_host(monkeypatch, "--device", "cuda", *args)
+    assert code == 0, output
+    assert built[0].queue_policy is policy
+
+
+def test_the_library_s_cuda_options_bring_the_queue_policy_back_with_a_queue_bound_or_timeout():
+    assert ServingOptions.for_device("cuda").queue_policy is False
+    assert ServingOptions.for_device("cuda", max_queue_size=512).queue_policy is True
+    assert ServingOptions.for_device("cuda", queue_timeout_us=5000).queue_policy is True
+    assert ServingOptions.for_device("cpu").queue_policy is True
 
 
 def test_serve_on_cuda_keeps_the_sizes_given(monkeypatch):
@@ -315,7 +336,7 @@ def test_repository_device_cuda_takes_gpu_sizes_unless_given(tmp_path):
     config = _config(tmp_path / "r")
     assert config.max_batch_size == 64  # given: kept
     assert list(config.dynamic_batching.preferred_batch_size) == [16, 32, 64]
-    assert config.dynamic_batching.default_queue_policy.max_queue_size == CUDA_DEFAULTS["max_queue_size"]
+    assert not config.dynamic_batching.HasField("default_queue_policy")  # cuda: the batcher prefetches
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
 
 

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from hub_vit.cli.app import console, fail
 from hub_vit.export import registry
-from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, ServingOptions
+from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, QUEUE_POLICY_FIELDS, ServingOptions
 
 MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
 SERVE_MODEL_HELP = ("Registered name, hub-vit model folder, or exported .onnx file (default: the shipped model). A "
@@ -28,11 +28,14 @@ MaxQueueSize = Annotated[int, typer.Option(help="Queued requests per step beyond
 QueueTimeoutUs = Annotated[int, typer.Option(help="Longest a request may wait in a step's queue before it is rejected "
                                                   "(0: no limit; a client may ask for less per request).")]
 QueuePolicy = Annotated[bool, typer.Option("--queue-policy/--no-queue-policy",
+                                           show_default=False,
                                            help="Triton's queue policy: the queue bound (--max-queue-size) and queue "
                                                 "timeouts (--queue-timeout-us, clients' per-request ones). Without "
                                                 "it Triton's batcher prefetches batches, and no free instance waits "
                                                 "up to 500 ms for work; the queue is then bounded by the front's "
-                                                "connections, and requests that carry a queue timeout are refused.")]
+                                                "connections, and requests that carry a queue timeout are refused. "
+                                                "Default: on, except on cuda unless --max-queue-size or "
+                                                "--queue-timeout-us is given.")]
 TopK = Annotated[int, typer.Option(help="Labels and scores returned per image.")]
 CpuVariant = Annotated[str, typer.Option(help="CPU flavour: the graph served: 'auto' (the fastest variant on this "
                                                "host that passes verification, measured at build time) or one of "
@@ -64,10 +67,13 @@ _CUDA_SIZED = ("max_batch_size", "max_queue_delay_us", "max_queue_size")
 def device_fields(ctx: typer.Context, device: str, max_batch_size: int) -> dict[str, Any]:
     """The ServingOptions fields that depend on the device: on cuda, the GPU-sized CUDA_DEFAULTS for each of
     max_batch_size / max_queue_delay_us / max_queue_size / --instances left at its default on the command line, and
-    preferred batch sizes to match; on cpu, the preferred sizes of today."""
+    preferred batch sizes to match, and no queue policy unless --queue-policy or an option only the policy applies
+    (--max-queue-size, --queue-timeout-us) is given; on cpu, the preferred sizes of today."""
     if device != "cuda":
         return {"preferred_batch_sizes": preferred(max_batch_size)}
     fields = {key: CUDA_DEFAULTS[key] for key in _CUDA_SIZED if not given(ctx, key)}
+    if not any(given(ctx, key) for key in ("queue_policy", *QUEUE_POLICY_FIELDS)):
+        fields["queue_policy"] = CUDA_DEFAULTS["queue_policy"]
     if not given(ctx, "instances"):  # the flag's name for classifier_instances
         fields["classifier_instances"] = CUDA_DEFAULTS["classifier_instances"]
     largest = int(fields.get("max_batch_size", max_batch_size))

@@ -80,12 +80,16 @@ class TritonLabels:
             from hub_vit.server.client.classifier import Classifier
 
             with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
-                # a request still queued when the page stops waiting is dropped by the server, not computed
-                prediction = client.classify([payload], queue_timeout_s=self.timeout_s)[0]
+                prediction = client.classify([payload], queue_timeout_s=self._queue_timeout_s(client))[0]
         except Exception as exc:  # no tritonclient, connection refused, timeout, server error: degrade, don't crash
             return None, self._failure(exc)
         status = f"labels from **Triton** model {self.model!r} at {self.url}; maps from the in-process model"
         return _top_pairs(prediction, k, labels), status
+
+    def _queue_timeout_s(self, client: Any) -> float | None:
+        """The page's wait as the request's queue timeout, so that a request still queued when the page stops waiting
+        is dropped by the server, not computed; None where the server applies none (no queue policy)."""
+        return self.timeout_s if client.takes_queue_timeouts() else None
 
     def explain(self, image: Any, k: int = 5, source: str | Path | None = None, labels: list[str] | None = None, *,
                 head_fusion: str = "mean", discard_ratio: float = 0.0) -> tuple[ServedAnswer | None, str]:
@@ -97,11 +101,12 @@ class TritonLabels:
             from hub_vit.server.client.errors import NoExplanation
 
             with Classifier(self.url, model=self.model, timeout_s=self.timeout_s) as client:
+                timeout_s = self._queue_timeout_s(client)
                 try:
-                    prediction = client.classify([payload], queue_timeout_s=self.timeout_s, explain=True,
+                    prediction = client.classify([payload], queue_timeout_s=timeout_s, explain=True,
                                                  head_fusion=head_fusion, discard_ratio=discard_ratio)[0]
                 except NoExplanation:  # its repository says so: the labels alone
-                    prediction = client.classify([payload], queue_timeout_s=self.timeout_s)[0]
+                    prediction = client.classify([payload], queue_timeout_s=timeout_s)[0]
                 served = client.served_model()
         except Exception as exc:
             return None, self._failure(exc)

@@ -19,7 +19,14 @@ from typing import Any
 from hub_vit.ports import HTTP_PORT, LOOPBACK
 from hub_vit.server import protocol
 from hub_vit.server.client.addresses import PROTOCOLS, check_timeout, resolve_protocol, server_address
-from hub_vit.server.client.errors import ImageTooLarge, NoExplanation, renumbered, too_large, too_large_limit
+from hub_vit.server.client.errors import (
+    ImageTooLarge,
+    NoExplanation,
+    NoQueueTimeouts,
+    renumbered,
+    too_large,
+    too_large_limit,
+)
 from hub_vit.server.client.images import ImageLike, as_batch, encode
 from hub_vit.server.client.messages import (
     Prediction,
@@ -84,6 +91,19 @@ def smaller_requests(err: Exception, offset: int, chunk: list[bytes],
     return requests(chunk, offset, limit)
 
 
+def refusal(model: str, config: ServedConfig, explain: bool, queue_timeout_s: float | None) -> ValueError | None:
+    """The error for a request the served model's repository says it would refuse (protocol.py), before it is sent:
+    `explain` without an explanation, a queue timeout without a queue policy; None otherwise."""
+    if explain and (refused := no_explanation(model, config)) is not None:
+        return refused
+    if queue_timeout_s is not None and protocol.queue_timeouts(config.parameters) is False:
+        return NoQueueTimeouts(f"the served model {model!r} applies no per-request queue timeout: its server runs "
+                               "without Triton's queue policy, which is what applies one (hub-vit serve "
+                               "--no-queue-policy, the default on cuda; --queue-policy keeps it); send the request "
+                               "without queue_timeout_s")
+    return None
+
+
 def no_explanation(model: str, config: ServedConfig) -> NoExplanation | None:
     """The error for an `explain` request to a model whose repository says it has no explanation (protocol.py), or
     None (it has one, or its config does not say: Triton then answers for itself)."""
@@ -141,7 +161,7 @@ class Classifier:
         batch = as_batch(images)
         parameters = explain_parameters(explain, head_fusion, discard_ratio)
         kwargs = queue_timeout(queue_timeout_s) | self._deadline | ({"parameters": parameters} if parameters else {})
-        refused = no_explanation(self.model, self.config()) if explain else None
+        refused = refusal(self.model, self.config(), explain, queue_timeout_s) if explain or queue_timeout_s else None
         if refused is not None:
             raise refused
         limit = self.max_batch_size() if len(batch) > 1 else 0  # one image fits any model: no config round trip
@@ -163,6 +183,11 @@ class Classifier:
         """The model the served ensemble was generated from (written by `hub-vit repository`: protocol.py), or None
         for a model hub-vit did not generate."""
         return protocol.served_model(self.config().parameters)
+
+    def takes_queue_timeouts(self) -> bool:
+        """Whether the served model applies `classify(queue_timeout_s=...)` (its repository has Triton's queue
+        policy); True when its config does not say (a repository hub-vit did not write: Triton decides)."""
+        return protocol.queue_timeouts(self.config().parameters) is not False
 
     def ready(self) -> bool:
         return (bool(self.client.is_server_ready(**self._deadline))
@@ -219,7 +244,8 @@ class AsyncClassifier:
         batch = as_batch(images)
         parameters = explain_parameters(explain, head_fusion, discard_ratio)
         timeout = queue_timeout(queue_timeout_s) | ({"parameters": parameters} if parameters else {})
-        refused = no_explanation(self.model, await self.config()) if explain else None
+        refused = refusal(self.model, await self.config(), explain, queue_timeout_s) \
+            if explain or queue_timeout_s else None
         if refused is not None:
             raise refused
         limit = await self.max_batch_size() if len(batch) > 1 else 0

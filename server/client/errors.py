@@ -26,6 +26,11 @@ class NoExplanation(ValueError):
     """The served model answers no `explain` request: its repository says so (protocol.py's `hub_vit_explains`)."""
 
 
+class NoQueueTimeouts(ValueError):
+    """The served model applies no per-request queue timeout: its repository has no queue policy (protocol.py's
+    `hub_vit_queue_timeouts`), so the request would be refused."""
+
+
 class ImageTooLarge(ValueError):
     """Image `index` (in the caller's list) cannot be sent: a request holding it alone is over the server's size
     limit. `reason` says so for people, with the limit when the server told it, and the flag that raises it."""

@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from hub_vit.server import protocol
 from hub_vit.server.client.addresses import resolve_protocol
-from hub_vit.server.client.classifier import AsyncClassifier
+from hub_vit.server.client.classifier import AsyncClassifier, refusal
 from hub_vit.server.client.errors import MAX_REQUEST_FLAG, no_server, shed, too_large, too_large_limit
 from hub_vit.server.client.images import ImageLike, encode
 from hub_vit.server.client.messages import queue_timeout
@@ -157,6 +157,9 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
     # as many HTTP connections as workers: tritonclient's default of 100 would queue the rest in the client, and a
     # "concurrency 2000" run would offer the server 100 requests at a time without saying so
     async with AsyncClassifier(url, protocol=protocol, model=model, connections=max(100, concurrency)) as client:
+        refused = refusal(model, await client.config(), False, queue_timeout_s)
+        if refused is not None:  # every request would be refused for it
+            raise refused
         limit = await client.max_batch_size()
         if limit and batch > limit:  # the client would split it: one "request" would then be several
             raise ValueError(f"--batch {batch} is more than the {limit} images per request model {model!r} takes "

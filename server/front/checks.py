@@ -31,8 +31,8 @@ STARTING = protocol.server_state(protocol.RESTARTING, "the server is starting or
 SHUTTING_DOWN = protocol.server_state(protocol.SHUTTING_DOWN, "the server is shutting down: no new request is taken")
 RAW_HTTP_EXAMPLE = "docs/serving.md#raw-http"
 NO_QUEUE_TIMEOUTS = ("this server applies no per-request queue timeout (the request's 'timeout' parameter): it serves "
-                     "without Triton's queue policy (hub-vit serve --no-queue-policy), which is what applies one; "
-                     "send the request without a queue timeout")
+                     "without Triton's queue policy, which is what applies one (--no-queue-policy, the default on "
+                     "cuda; hub-vit serve --queue-policy keeps it); send the request without a queue timeout")
 
 
 class Refused(Exception):

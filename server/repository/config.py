@@ -292,7 +292,7 @@ def ensemble_config(meta: ServingMetadata, opts: ServingOptions,
     _tensor(config.input, "image", mc.TYPE_STRING, [1])
     _outputs(config.output, meta, opts, logits=True)
     explains = rollout is not None and opts.flavour in ("cpu", "torch")
-    _params(config, model_parameters(meta.name, explains))  # what it serves, for clients (protocol.py)
+    _params(config, model_parameters(meta.name, explains, opts.queue_policy))  # what it serves, for clients
     steps = config.ensemble_scheduling.step
     if opts.flavour in ("cpu", "torch"):  # one step that decodes, classifies and ranks
         if rollout is not None:

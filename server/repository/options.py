@@ -35,6 +35,10 @@ LARGEST_BATCH = 4096
 # Four classifier instances: each runs its batch's CPU share (headers, scan checks, the Python per request) while
 # another's runs on the GPU. On an H200 (16 cores), S/16 at c256: 2 instances 2,053 / 1,882 images/s (HTTP / gRPC)
 # with the GPU 22 % busy, 4 instances 3,384 / 3,007 with it 36-47 % busy (bench/results/gpu_serving_h200.json).
+# No queue policy, so Triton's batcher prefetches: with one, batches that hold half the requests in flight let the
+# instances fall into taking turns (the torch flavour on 2 CPU cores, batches up to 256 at c256: 964 requests/s with
+# it, 1,496 without; bench/results/queue_policy_avx512bf16.json). A queue bound or timeout asks for it back
+# (`for_device`).
 CUDA_DEFAULTS: dict[str, object] = {
     "flavour": "torch",
     "max_batch_size": 256,
@@ -42,7 +46,10 @@ CUDA_DEFAULTS: dict[str, object] = {
     "max_queue_delay_us": 100,
     "max_queue_size": 2048,
     "classifier_instances": 4,
+    "queue_policy": False,
 }
+# The options that only a queue policy applies: given on cuda, they bring the policy back
+QUEUE_POLICY_FIELDS = ("max_queue_size", "queue_timeout_us")
 
 
 @dataclass(frozen=True)
@@ -168,8 +175,10 @@ class ServingOptions:
     @classmethod
     def for_device(cls, device: str, **given: object) -> ServingOptions:
         """Options for `device`: the torch flavour's GPU-sized batching on "cuda" (CUDA_DEFAULTS) for every field
-        not `given`; "cpu" keeps the class defaults."""
-        defaults = CUDA_DEFAULTS if device == "cuda" else {}
+        not `given` (a queue bound or timeout given brings the queue policy back); "cpu" keeps the class defaults."""
+        defaults = dict(CUDA_DEFAULTS) if device == "cuda" else {}
+        if any(key in given for key in QUEUE_POLICY_FIELDS):
+            defaults.pop("queue_policy", None)
         return cls(**{**defaults, "device": device, **given})
 
     def step(self, role: str) -> str:
