@@ -75,7 +75,7 @@ class ServingOptions:
     # Two instances of the CPU classifier (which also decodes) and of the GPU flavour's Python steps by default.
     # With the queue policy, Triton 2.51's dynamic batcher is woken when an execution ends before that instance is
     # back waiting for work; finding none waiting, it sleeps until the next arrival or its 500 ms timeout. With one
-    # instance per step, c16 load showed 500 ms stalls (p99 ~311 ms); with two, an idle instance is almost always
+    # instance per step, c16 load showed 500 ms stalls (p99 515 ms); with two, an idle instance is almost always
     # there when the batcher looks. docs/serving.md.
     preprocess_instances: int = 2
     classifier_instances: int = 2
