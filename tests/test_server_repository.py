@@ -151,6 +151,7 @@ def test_without_the_queue_policy_no_step_has_one_and_the_front_is_told(tmp_path
     # Triton applies a queue timeout through the policy: without one it would be dropped without a word
     (dict(queue_policy=False, queue_timeout_us=500), "queue_timeout_us=500 is applied by Triton's queue policy, which "
                                                      "queue_policy=False leaves out"),
+    (dict(queue_policy="no"), "queue_policy must be True or False, got 'no'"),
     (dict(precision="INT4"), "valid: FP16, FP32"),
     (dict(max_batch_size=4, preferred_batch_sizes=(8,)), "outside 1..max_batch_size=4"),
     (dict(name="../x"), "letters, digits"),

@@ -151,6 +151,8 @@ class ServingOptions:
         if self.max_queue_delay_us > LONGEST_QUEUE_DELAY_US:
             raise ValueError(f"max_queue_delay_us must be at most {LONGEST_QUEUE_DELAY_US} (10 s; a request alone "
                              f"waits the whole delay), got {self.max_queue_delay_us}; it is in microseconds")
+        if not isinstance(self.queue_policy, bool):  # a string such as "no" would read as True
+            raise ValueError(f"queue_policy must be True or False, got {self.queue_policy!r}")
         if self.queue_timeout_us and not self.queue_policy:
             raise ValueError(f"queue_timeout_us={self.queue_timeout_us} is applied by Triton's queue policy, which "
                              "queue_policy=False leaves out: keep the policy, or leave queue_timeout_us at 0")
