@@ -671,7 +671,9 @@ def load_other_queue_policy(folder: Path | None, flags: list[str], device: str, 
     with one, an instance that finishes can wait for its next batch until a new request arrives or 500 ms pass, and
     instances can fall into taking turns (docs/serving.md, "The queue policy"; bench/ab_queue_policy.py). Against
     `load`'s private points: what the policy costs on this device."""
-    policy = device != "cuda"  # ServingOptions: off on cuda (CUDA_DEFAULTS), on elsewhere
+    from hub_vit.server.repository.options import ServingOptions
+
+    policy = ServingOptions.for_device(device).queue_policy  # the device's default (off on cuda: CUDA_DEFAULTS)
     flag = "--no-queue-policy" if policy else "--queue-policy"
     return {"queue_policy": not policy, **load_with_flags(folder, flags, [flag], payload, concurrency, seconds,
                                                           processes, start_s, phase_log)}

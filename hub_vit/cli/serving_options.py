@@ -97,7 +97,7 @@ def serving_options(ctx: typer.Context, **fields: Any) -> ServingOptions:
     for every size left at its default) taking the place of the defaults; a bad value is refused in the flags' words.
     Both `repository` and `serve` build their options here, so a field cannot be passed twice."""
     if not fields.get("queue_policy", True):
-        applied = [f"--{key.replace('_', '-')}" for key in ("max_queue_size", "queue_timeout_us") if given(ctx, key)]
+        applied = [f"--{key.replace('_', '-')}" for key in QUEUE_POLICY_FIELDS if given(ctx, key)]
         if applied:
             raise fail(f"{' and '.join(applied)} {'is' if len(applied) == 1 else 'are'} applied by Triton's queue "
                        "policy, which --no-queue-policy leaves out: give one or the other")
