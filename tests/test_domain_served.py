@@ -4,8 +4,9 @@ flavour (ONNX Runtime; the explained path too) and torch flavour, over HTTP and 
 Every shipped sample is in domain and every bundled photo (scikit-image's and the demo's) is not, with the scores the
 in-process model gives (`hub_vit.domain_fit.image_features` + the folder's statistics); a model folder without a
 calibration answers `unknown`, never `in-domain`; the answer's JSON form carries the words and the score; `hub-vit
-classify` shows them. The OpenVINO variant is served in tests/test_openvino_variants.py, the GPU flavour's `unknown` in
-tests/test_server_triton.py.
+classify` shows them. Static int8 (`openvino-int8`, held to the criterion's bounds on the held-out digits alone) tells
+them apart too. The OpenVINO variants' numbers are checked in tests/test_openvino_variants.py, the GPU flavour's
+`unknown` in tests/test_server_triton.py.
 """
 
 from __future__ import annotations
@@ -72,12 +73,21 @@ def cpu_server(tmp_path_factory) -> Iterator[TritonServer]:
 
 
 @pytest.fixture(scope="module")
+def int8_server(tmp_path_factory) -> Iterator[TritonServer]:
+    """Static int8 (OpenVINO), whose bounds are judged on the held-out digits alone: the photos it is not held to must
+    still be told apart."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    yield from _serve(DIGITS, tmp_path_factory.mktemp("int8") / "repository", cpu_variant="openvino-int8")
+
+
+@pytest.fixture(scope="module")
 def torch_server(tmp_path_factory) -> Iterator[TritonServer]:
     yield from _serve(DIGITS, tmp_path_factory.mktemp("torch") / "repository", flavour="torch", device="cpu")
 
 
 def _check_verdicts(url: str, protocol_name: str, photos: dict[str, bytes], in_process: dict[str, float],
-                    explain: bool = False) -> None:
+                    explain: bool = False, rtol: float = 2e-3) -> None:
     with Classifier(url, protocol=protocol_name) as client:
         predictions = client.classify([*SAMPLES, *photos.values()], explain=explain)
     names = [p.name for p in SAMPLES] + list(photos)
@@ -85,7 +95,7 @@ def _check_verdicts(url: str, protocol_name: str, photos: dict[str, bytes], in_p
     assert [verdicts[p.name] for p in SAMPLES] == [protocol.IN_DOMAIN] * 20, verdicts
     assert [verdicts[name] for name in photos] == [protocol.OUT_OF_DOMAIN] * len(photos), verdicts
     served = np.array([p.domain_score for p in predictions])
-    np.testing.assert_allclose(served, [in_process[name] for name in names], rtol=2e-3, atol=1e-3)
+    np.testing.assert_allclose(served, [in_process[name] for name in names], rtol=rtol, atol=1e-3)
     astronaut = predictions[names.index("astronaut.jpg")]
     assert astronaut.labels[0] == "9" and astronaut.scores[0] > 0.9  # the softmax's "9, 96 %" ...
     assert astronaut.domain_sentence == "not the kind of image this model knows"  # ... is not what it seems
@@ -99,6 +109,13 @@ def test_the_cpu_flavour_tells_the_samples_from_the_photos(cpu_server, protocol_
 
 def test_explained_requests_carry_the_same_verdicts(cpu_server, photos, in_process):
     _check_verdicts(cpu_server.http_url, "http", photos, in_process, explain=True)
+
+
+def test_static_int8_tells_the_samples_from_the_photos(int8_server, photos, in_process):
+    """The score is read from the int8 graph's token means: every verdict the same as fp32's, the scores within int8's
+    rounding of them (8 % at most on an AMX host; the bound leaves room for other hosts' kernels)."""
+    _check_verdicts(int8_server.http_url, "http", photos, in_process, rtol=0.25)
+    _check_verdicts(int8_server.grpc_url, "grpc", photos, in_process, explain=True, rtol=0.25)
 
 
 @pytest.mark.parametrize("protocol_name", ["http", "grpc"])

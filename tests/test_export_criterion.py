@@ -71,6 +71,33 @@ def test_top1_is_judged_only_on_the_given_scope() -> None:
     assert "top-1 agreement 90.0% < 99% over 10 own images (by 9.0%)" in judged.reason
 
 
+def test_the_bounds_judge_from_bounds_from_and_report_the_images_before() -> None:
+    """A calibrated variant of a model with its own images is judged on those (criterion.judge `bounds_from`): an
+    image before them far outside the bounds is reported, not judged; the same error on an own image fails, naming
+    that image by its index among all."""
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((12, 10))
+    got = ref + 0.01 * rng.standard_normal((12, 10))
+    got[2] = -ref[2]  # a noise image: cosine -1, relative error 2
+    judged = criterion.judge("x", "int8", ref, got, provider="p", n_random=4, seed=0, reference_features=ref,
+                             candidate_features=got, bounds_from=8, bounds_scope="held-out images")
+    assert judged.passed, judged.reason
+    assert judged.bounds_scope == "held-out images" and judged.worst["logits_min_cosine"] > 0.99
+    assert judged.extra["reported_only"]["images"] == 8
+    assert judged.extra["reported_only"]["logits_min_cosine"] == pytest.approx(-1.0)
+    assert judged.extra["reported_only"]["pre_logits_max_rel_error"] == pytest.approx(2.0)
+    text = criterion.summary(judged)
+    assert text.startswith("on the held-out images: logits min cosine")
+    assert "the other 8 images' lowest cosine -1" in text
+    everywhere = criterion.judge("x", "int8", ref, got, provider="p", n_random=4, seed=0)
+    assert not everywhere.passed and "on image 2 " in everywhere.reason and "reported_only" not in everywhere.extra
+    got[10] = -ref[10]
+    own_failed = criterion.judge("x", "int8", ref, got, provider="p", n_random=4, seed=0, bounds_from=8)
+    assert not own_failed.passed and "cosine similarity -1.0000 on image 10 " in own_failed.reason
+    with pytest.raises(ValueError, match="bounds_from must index one of the 12 images, got 12"):
+        criterion.judge("x", "int8", ref, got, provider="p", n_random=4, seed=0, bounds_from=12)
+
+
 def test_damaged_graph_is_refused_saying_by_how_much(tmp_path: Path) -> None:
     model = _tiny()
     x, seed = verification_inputs(model, n_random=4, n_photos=12, seed=0)

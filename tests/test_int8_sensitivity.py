@@ -40,3 +40,14 @@ def test_margin_counts_top1_over_the_images_that_count() -> None:
     assert margin(reference, flipped, None) == pytest.approx(per_image_margins(reference, flipped).min())
     counts[:50] = False  # 98 % over the 50 that count: outside by the whole slack
     assert margin(reference, flipped, counts) == pytest.approx(-1.0)
+
+
+def test_margin_judges_the_bounds_on_the_own_images_when_told() -> None:
+    """The search judges a model with its own images as the verification does: the bounds on those alone."""
+    reference = _outputs([1.0, 0.0], [0.0, 1.0], [1.0, 1.0])
+    got = _outputs([1.3, 0.0], [0.0, 1.0], [1.0, 1.1])  # image 0 (noise, say) outside by the whole slack
+    assert margin(reference, got, None) == pytest.approx(-1.0)
+    own = np.array([False, True, True])
+    # image 2: relative error 0.1 / sqrt(2) = 0.0707 (52.9 % of the slack left), cosine 0.99887 (88.7 %)
+    assert margin(reference, got, None, own) == pytest.approx(1 - (0.1 / math.sqrt(2)) / 0.15)
+    assert margin(reference, got, None, np.array([True, True, True])) == pytest.approx(-1.0)

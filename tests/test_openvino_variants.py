@@ -91,6 +91,27 @@ def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp
     assert json.loads(Path(report.report_file).read_text())["variants"][0]["settings"]["kept_in_float"]
 
 
+def test_the_shipped_digits_models_static_int8_is_judged_on_its_held_out_digits(tmp_path: Path) -> None:
+    """The trained digits model from its folder, as `hub-vit serve` builds it: static int8 passes, its bounds judged on
+    the held-out digits its folder names, the noise and photo crops reported beside them; the served manifest says
+    so, and the search's rounds."""
+    repo = write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="openvino-int8"))
+    selection = json.loads((repo / MANIFEST).read_text())["cpu_variant"]
+    assert selection["verification_set"]["calibrated_bounds_scope"] == "held-out images"
+    assert selection["verification_set"]["top1_scope"] == "held-out images"
+    row = selection["candidates"][0]
+    assert row["variant"] == "openvino-int8" and row["verified"], row["error"]
+    numbers = row["verification"]
+    assert numbers["bounds_scope"] == "held-out images" and numbers["top1_scope"] == "held-out images"
+    counts = selection["verification_set"]
+    assert numbers["reported_only"]["images"] == counts["n_random"] + counts["n_photos"]
+    assert numbers["worst"]["logits_min_cosine"] >= criterion.MIN_COSINE
+    assert numbers["top1_judged"] >= criterion.MIN_TOP1_AGREEMENT
+    search = row["settings"]["search"]
+    assert search["rounds"][-1]["kept_in_float"] == row["settings"]["kept_in_float"]
+    assert search["calibration_margin"] > 0
+
+
 def test_openvino_variants_are_written_verified_and_replaced_as_a_set(digits: ResolvedModel, tmp_path: Path) -> None:
     written = ["openvino-fp32", "openvino-bf16", "openvino-int8-dynamic"]
     report = export_variants(digits.module, tmp_path, ExportPlan(("fp32", *written)),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hub_vit.export import registry
 from hub_vit.host import Host
@@ -139,13 +139,27 @@ class VerificationSet:
             return self.own.scope
         return "photos" if self.trained else "reported only"
 
+    @property
+    def calibrated_bounds_scope(self) -> str:
+        """Which images the cosine / relative-error bounds judge for a calibrated (static int8) variant: the own
+        images where there are some (it is promised inside its calibration's domain), else every image."""
+        return self.own.scope if self.own is not None and len(self.own.images) else "every image"
+
+    def bounds_for(self, calibrated: bool, own_from: int) -> dict[str, Any]:
+        """`hub_vit.export.criterion.judge`'s `bounds_from` / `bounds_scope` for a variant (`own_from`: the first own
+        image of the verification images; 0 when there are none)."""
+        if calibrated and own_from:
+            return {"bounds_from": own_from, "bounds_scope": self.calibrated_bounds_scope}
+        return {"bounds_from": 0, "bounds_scope": "every image"}
+
     def describe(self) -> dict[str, object]:
         """For the report and the served manifest: the set's make-up and where its top-1 is judged."""
         own = self.own
         return {"n_random": self.n_random, "n_photos": self.n_photos, "n_calibration": self.n_calibration,
                 "n_own_images": 0 if own is None else len(own.images),
                 "own_images": None if own is None else own.source, "trained": self.trained,
-                "top1_scope": self.top1_scope, **({"note": self.note} if self.note else {})}
+                "top1_scope": self.top1_scope, "calibrated_bounds_scope": self.calibrated_bounds_scope,
+                **({"note": self.note} if self.note else {})}
 
 
 __all__ = ["ALL", "ExportPlan", "OwnImages", "VariantChoiceError", "VerificationSet", "check_seed", "check_stem"]

@@ -54,13 +54,16 @@ class BuildJob:
     """What a variant is built from: the fp32 graph that also writes `pre_logits` (every variant carries it through
     to its verification), the path its graph goes to (`.onnx`, or `.xml` for OpenVINO IR), the model's spec, and the
     calibration images (N, C, H, W) float32, with the mask of those whose top-1 class counts (in-domain images, or
-    photos of a trained model; None: none does), for the variants that read them."""
+    photos of a trained model; None: none does) and the mask of the model's own images among them (None: it has none;
+    then the criterion's bounds judge every image, else those alone: `hub_vit.export.criterion`), for the variants
+    that read them."""
 
     fp32: Path
     out: Path
     spec: ViTSpec
     calibration: np.ndarray
     top1_counts: np.ndarray | None = None
+    own_calibration: np.ndarray | None = None
 
 
 @dataclass
@@ -258,7 +261,8 @@ def _openvino_bf16(job: BuildJob) -> Built:
 def _openvino_int8(job: BuildJob) -> Built:
     from hub_vit.export.openvino_build import build_static_int8
 
-    path, decided = build_static_int8(job.fp32, job.out, job.calibration, job.top1_counts)
+    path, decided = build_static_int8(job.fp32, job.out, job.calibration, job.top1_counts,
+                                      job.own_calibration)
     return Built(path, settings=decided)
 
 

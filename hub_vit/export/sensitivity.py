@@ -44,14 +44,23 @@ def per_image_margins(reference: dict[str, np.ndarray], got: dict[str, np.ndarra
     return worst
 
 
-def margin(reference: dict[str, np.ndarray], got: dict[str, np.ndarray], top1_counts: np.ndarray | None) -> float:
-    """The worst image's `per_image_margins`, and the top-1 agreement's over the images whose top-1 counts, as a
-    fraction of its slack."""
-    worst = float(per_image_margins(reference, got).min())
+def margin(reference: dict[str, np.ndarray], got: dict[str, np.ndarray], top1_counts: np.ndarray | None,
+           judged: np.ndarray | None = None) -> float:
+    """The worst `per_image_margins` over the images the bounds judge (`judged`, a mask; None: every image), and
+    the top-1 agreement's over the images whose top-1 counts, as a fraction of its slack."""
+    worst = float(_judged_margins(reference, got, judged).min())
     if top1_counts is not None and top1_counts.any():
         agree = float((reference["logits"][top1_counts].argmax(-1) == got["logits"][top1_counts].argmax(-1)).mean())
         worst = min(worst, (agree - MIN_TOP1_AGREEMENT) / (1 - MIN_TOP1_AGREEMENT))
     return worst
+
+
+def _judged_margins(reference: dict[str, np.ndarray], got: dict[str, np.ndarray], judged: np.ndarray | None
+                    ) -> np.ndarray:
+    """(N,) `per_image_margins`, +inf for the images the bounds do not judge (reported only, as in the verification).
+    """
+    margins = per_image_margins(reference, got)
+    return margins if judged is None else np.where(judged, margins, np.inf)
 
 
 def quantized_layers(model: Any) -> list[str]:
@@ -145,32 +154,35 @@ class SearchResult:
 
 
 def search(fp32: Any, quantize: Callable[[list[str]], Any], calibration: np.ndarray, top1_counts: np.ndarray | None,
-           config: dict[str, Any], *, target: float = TARGET, max_rounds: int = MAX_ROUNDS) -> SearchResult:
+           config: dict[str, Any], *, target: float = TARGET, max_rounds: int = MAX_ROUNDS,
+           judged: np.ndarray | None = None) -> SearchResult:
     """Quantise `fp32` (an OpenVINO model; `quantize(kept)` quantises it with `kept` left in float), judge the result
     on `calibration` against the fp32 model (`margin`), and keep the most sensitive layers in float until the margin
     reaches `target`. Each round profiles the images nearest a bound, tries the `CANDIDATES` layers that add the most
     error (and the last layers, which no normalisation follows) with their activations unquantised
     (`without_activation_quantizers`: no new quantisation), keeps the ones that help most, greedily, until the margin
     would reach the target, and quantises once with them in float. `config`: the compile settings the variant runs
-    with. Returns the best model found."""
+    with. `judged`: the mask of the calibration images the bounds judge (the model's own, where it has some: the
+    verification judges a static int8 variant there alone); None: every image. Returns the best model found."""
     reference = run(fp32, calibration, {**config, "INFERENCE_PRECISION_HINT": "f32"})
 
-    def judged(model: Any) -> tuple[float, dict[str, np.ndarray]]:
+    def judged_margin(model: Any) -> tuple[float, dict[str, np.ndarray]]:
         got = run(model, calibration, config)
-        return margin(reference, got, top1_counts), got
+        return margin(reference, got, top1_counts, judged), got
 
     kept: list[str] = []
     best: SearchResult | None = None
     rounds: list[dict[str, Any]] = []
     for round_ in range(max_rounds):
         model = quantize(kept)
-        found, got = judged(model)
+        found, got = judged_margin(model)
         rounds.append({"kept_in_float": list(kept), "margin": round(found, 4)})
         if best is None or found > best.margin:
             best = SearchResult(model, list(kept), found, rounds)
         if found >= target or round_ == max_rounds - 1:
             break
-        chosen = _more_in_float(fp32, model, calibration, reference, got, kept, found, target, config, judged)
+        chosen = _more_in_float(fp32, model, calibration, reference, got, kept, found, target, config, judged_margin,
+                                judged)
         if not chosen:
             break
         kept += chosen
@@ -180,17 +192,19 @@ def search(fp32: Any, quantize: Callable[[list[str]], Any], calibration: np.ndar
 
 def _more_in_float(fp32: Any, model: Any, calibration: np.ndarray, reference: dict[str, np.ndarray],
                    got: dict[str, np.ndarray], kept: list[str], found: float, target: float, config: dict[str, Any],
-                   judged: Callable[[Any], tuple[float, dict[str, np.ndarray]]]) -> list[str]:
+                   judged_margin: Callable[[Any], tuple[float, dict[str, np.ndarray]]], judged: np.ndarray | None
+                   ) -> list[str]:
     """The layers to keep in float next: greedily, the candidate whose unquantised activations raise the margin most,
     until it would reach `target` or none helps (then the profile's first, so a round always adds one)."""
-    worst = np.sort(np.argsort(per_image_margins(reference, got))[:PROFILE_IMAGES])
+    worst = np.sort(np.argsort(_judged_margins(reference, got, judged))[:PROFILE_IMAGES])
     added = profile(fp32, model, calibration[worst], config)
     layers = quantized_layers(model)
     ranked = [name for name, _ in sorted(added.items(), key=lambda item: -item[1]) if name not in kept]
     candidates = list(dict.fromkeys([*ranked[:CANDIDATES], *[name for name in layers[-2:] if name not in kept]]))
     chosen: list[str] = []
     while candidates:
-        tried = {name: judged(without_activation_quantizers(model, [*chosen, name]))[0] for name in candidates}
+        tried = {name: judged_margin(without_activation_quantizers(model, [*chosen, name]))[0]
+                 for name in candidates}
         name = max(tried, key=tried.get)
         if tried[name] <= found:
             break

@@ -189,7 +189,7 @@ class _Run:
             return
         evidence = self.evidence
         job = registry.BuildJob(self.fp32, self.work / f"{spec.name}.{spec.suffix}", self.model.spec,
-                                evidence.calibration, evidence.top1_counts)
+                                evidence.calibration, evidence.top1_counts, evidence.own_calibration)
         try:
             with quiet_loggers():  # ORT's quantiser logs advice through the root logger
                 built = spec.build(job)
@@ -209,7 +209,9 @@ class _Run:
         result = judge(spec.name, spec.precision, evidence.reference["logits"], got["logits"],
                        provider=session.get_providers()[0], n_random=self.check.n_random, seed=evidence.seed,
                        reference_features=evidence.reference[PRE_LOGITS], candidate_features=got[PRE_LOGITS],
-                       top1_from=evidence.top1_from, top1_scope=self.check.top1_scope)
+                       top1_from=evidence.top1_from, top1_scope=self.check.top1_scope,
+                       # static int8 is promised inside its calibration's domain: the own images, where there are some
+                       **self.check.bounds_for(spec.calibrated, evidence.own_from))
         if evidence.n_own:  # judge counts everything after the noise as photos
             result.n_photos -= evidence.n_own
             result.extra["n_own_images"] = evidence.n_own

@@ -122,8 +122,8 @@ def calibration_images(model: VisionTransformer, count: int, n_random: int, n_ph
 class Evidence:
     """A `VerificationSet` made concrete for one model: the images (N, C, H, W) every variant runs on, the fp32
     PyTorch outputs they are compared with (`logits`, `pre_logits`), where top-1 agreement is judged, and the
-    calibration images with the mask of those whose top-1 class counts (for the builds that search for the layers
-    to keep in float)."""
+    calibration images with the masks of those whose top-1 class counts and of the model's own among them (for the
+    builds that search for the layers to keep in float)."""
 
     x: np.ndarray
     seed: int
@@ -132,6 +132,12 @@ class Evidence:
     top1_from: int | None  # the first image of `x` whose top-1 agreement is judged; None: reported only
     calibration: np.ndarray
     top1_counts: np.ndarray | None
+    own_calibration: np.ndarray | None = None  # (len(calibration),) bool: the model's own images; None: it has none
+
+    @property
+    def own_from(self) -> int:
+        """The first of the own images at the end of `x` (0 when there are none: every image)."""
+        return len(self.x) - self.n_own if self.n_own else 0
 
 
 def gather_evidence(model: VisionTransformer, check: VerificationSet, calibrated: bool) -> Evidence:
@@ -145,7 +151,7 @@ def gather_evidence(model: VisionTransformer, check: VerificationSet, calibrated
     n_own = 0 if own is None else len(own[0::2])
     # top-1 agreement is judged where the classes mean something: own images, else photos of a trained model
     top1_from = len(x) - n_own if n_own else check.n_random if check.trained else None
-    calibration, top1_counts = x[:0], None
+    calibration, top1_counts, own_mask = x[:0], None, None
     if calibrated:
         mixed, n_photos = calibration_images(model, check.n_calibration, check.n_random, check.n_photos, seed)
         own_calibration = mixed[:0] if own is None else own[1::2]
@@ -153,10 +159,11 @@ def gather_evidence(model: VisionTransformer, check: VerificationSet, calibrated
         counts = np.zeros(len(calibration), bool)
         if len(own_calibration):
             counts[len(mixed):] = True
+            own_mask = counts.copy()
         elif check.trained:
             counts[:n_photos] = True
         top1_counts = counts if counts.any() else None
-    return Evidence(x, seed, torch_outputs(model, x), n_own, top1_from, calibration, top1_counts)
+    return Evidence(x, seed, torch_outputs(model, x), n_own, top1_from, calibration, top1_counts, own_mask)
 
 
 @torch.no_grad()

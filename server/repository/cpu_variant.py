@@ -253,8 +253,10 @@ def _cores() -> int:
 def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:
     if verification is None:
         return None
-    keep = ("passed", "reason", "worst", "margins", "top1_agreement", "top1_scope", "top1_judged", "max_abs_diff")
-    return {key: verification.get(key) for key in keep}
+    keep = ("passed", "reason", "worst", "margins", "top1_agreement", "top1_scope", "top1_judged", "max_abs_diff",
+            "bounds_scope")
+    reported = (verification.get("extra") or {}).get("reported_only")
+    return {key: verification.get(key) for key in keep} | ({"reported_only": reported} if reported else {})
 
 
 __all__ = ["AUTO", "CHOICES", "CPU_VARIANTS", "CpuSelection", "candidates", "check_cpu_variant", "place", "select"]
