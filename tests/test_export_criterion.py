@@ -94,6 +94,7 @@ def test_the_bounds_judge_from_bounds_from_and_report_the_images_before() -> Non
     got[10] = -ref[10]
     own_failed = criterion.judge("x", "int8", ref, got, provider="p", n_random=4, seed=0, bounds_from=8)
     assert not own_failed.passed and "cosine similarity -1.0000 on image 10 " in own_failed.reason
+    assert own_failed.bounds_scope == "images 8-11" and everywhere.bounds_scope == "every image"
     with pytest.raises(ValueError, match="bounds_from must index one of the 12 images, got 12"):
         criterion.judge("x", "int8", ref, got, provider="p", n_random=4, seed=0, bounds_from=12)
 

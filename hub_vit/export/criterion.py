@@ -77,16 +77,18 @@ def per_image(reference: np.ndarray, candidate: np.ndarray) -> tuple[np.ndarray,
 def judge(variant: str, precision: str, reference: np.ndarray, candidate: np.ndarray, *, provider: str,
           n_random: int, seed: int, reference_features: np.ndarray | None = None,
           candidate_features: np.ndarray | None = None, top1_from: int | None = None,
-          top1_scope: str = "reported only", bounds_from: int = 0, bounds_scope: str = "every image") -> VerifyResult:
+          top1_scope: str = "reported only", bounds_from: int = 0, bounds_scope: str | None = None) -> VerifyResult:
     """Apply the criterion to (N, classes) logits (and (N, features) pre-logits when given) of fp32 vs a variant.
 
     `top1_from`: index of the first image whose top-1 agreement is judged (those from it on: the own images, or
     the photos after the `n_random` noise images); None = reported only. `bounds_from`: index of the first image the
-    cosine / relative-error bounds judge (`bounds_scope` names them); the worst numbers of the images before it go to
-    `extra["reported_only"]`. Image indices in the reasons count from the first image of all.
+    cosine / relative-error bounds judge (`bounds_scope` names them; default: "every image", or "images N-..." from a
+    later one); the worst numbers of the images before it go to `extra["reported_only"]`. Image indices in the reasons
+    count from the first image of all.
     """
     if not 0 <= bounds_from < len(reference):
         raise ValueError(f"bounds_from must index one of the {len(reference)} images, got {bounds_from}")
+    bounds_scope = bounds_scope or (f"images {bounds_from}-{len(reference) - 1}" if bounds_from else "every image")
     diff = np.abs(reference.astype(np.float64) - candidate.astype(np.float64))
     max_abs, mean_abs = float(diff.max()), float(diff.mean())
     agree = float((reference.argmax(-1) == candidate.argmax(-1)).mean())
