@@ -13,6 +13,7 @@ from rich.table import Table
 from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import Grpc, RequestQueueTimeoutMs, Url, endpoint, queue_timeout_s
 from hub_vit.cli.explain import OUTSIDE_NOTE, make_out, verdict_cell
+from hub_vit.cli.path_option import given_path
 from hub_vit.image_formats import NAMES
 
 
@@ -26,7 +27,8 @@ def classify(
     queue_timeout_ms: RequestQueueTimeoutMs = None,
     explain: bool = typer.Option(False, "--explain", help="Also ask the server for each image's attention-rollout "
                                  "map and write it as hub-vit rollout does: <image>_rollout.png in --out."),
-    out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the --explain overlay PNGs."),
+    out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the --explain overlay PNGs.",
+                             parser=given_path),
     head_fusion: str = typer.Option(None, help="--explain: how the server fuses the heads: mean (default), max, "
                                     "min."),
     discard_ratio: float = typer.Option(None, help="--explain: share of the lowest attentions the server drops per "

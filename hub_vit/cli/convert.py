@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import app, as_flags, console, fail
+from hub_vit.cli.path_option import given_path
 
 
 def parse_img_size(text: str | None) -> int | tuple[int, int] | None:
@@ -25,7 +26,8 @@ def parse_img_size(text: str | None) -> int | tuple[int, int] | None:
 def convert(
     source: str = typer.Argument(..., help="Local .npz, gs:// or https:// URL, big_vision vanity name "
                                            "(i1k-s16-300ep) or hub-vit catalog name (vit_b16.augreg_in21k_ft_in1k)."),
-    out: Path = typer.Option(..., "-o", "--out", help="Output model folder (must not exist unless --overwrite)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Output model folder (must not exist unless --overwrite).",
+                             parser=given_path),
     variant: str = typer.Option(None, help="Expected big_vision variant, e.g. S/16; an error if the file differs."),
     img_size: str = typer.Option(None, help="Image size N or HxW; learned position embeddings are resampled."),
     num_classes: int = typer.Option(None, help="Class count: a count other than the checkpoint's drops its head for "
@@ -36,7 +38,8 @@ def convert(
     verify: bool = typer.Option(False, help="Without reference outputs, run the self-consistency check and print its "
                                 "report. When reference outputs are found, the comparison always runs (also with "
                                 "--no-verify), is printed, and stops a conversion that fails it."),
-    reference: Path = typer.Option(None, help="Reference outputs (*.io.npz); default: <name>.io.npz beside SRC."),
+    reference: Path = typer.Option(None, help="Reference outputs (*.io.npz); default: <name>.io.npz beside SRC.",
+                                   parser=given_path),
     overwrite: bool = typer.Option(False, help="Replace an existing output folder."),
     timeout: float = typer.Option(15.0, help="Network timeout in seconds for downloads."),
 ) -> None:

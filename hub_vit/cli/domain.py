@@ -13,20 +13,23 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import app, console, fail, is_environment_error, write_failed
+from hub_vit.cli.path_option import given_path
 from hub_vit.domain import EXAMPLE_KINDS
 
 
 @app.command("calibrate-domain")
 def calibrate_domain_command(
-    folder: Path = typer.Argument(..., help="A hub-vit model folder; domain.json and domain.safetensors go there."),
+    folder: Path = typer.Argument(..., help="A hub-vit model folder; domain.json and domain.safetensors go there.",
+                                  parser=given_path),
     images: Path = typer.Option(..., "--images", help="Folder of images of the kind the model knows (subfolders "
-                                                      "too); the score is fitted on them."),
+                                                      "too); the score is fitted on them.", parser=given_path),
     held_out: Path | None = typer.Option(None, "--held-out", help="Other such images, never fitted: half set the "
                                                                   "threshold, half check it. Default: every 4th of "
-                                                                  "--images."),
+                                                                  "--images.", parser=given_path),
     out_of_domain: Path | None = typer.Option(None, "--out-of-domain", help="Images the model should not know: the "
                                                                             "share flagged and the AUROC are "
-                                                                            "measured on them (never fitted)."),
+                                                                            "measured on them (never fitted).",
+                                              parser=given_path),
     false_alarm_rate: float = typer.Option(0.01, "--false-alarm-rate", help="Share of in-domain images that may be "
                                                                             "flagged (sets the threshold)."),
     knows: str | None = typer.Option(None, "--knows", help="What the model knows, as a phrase after \"this model "

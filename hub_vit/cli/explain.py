@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from hub_vit.atomic import file_in_the_way, missing_folders, remove_empty_folders
 from hub_vit.cli.app import app, console, fail, write_failed
+from hub_vit.cli.path_option import given_path
 from hub_vit.image_formats import NAMES
 from hub_vit.ports import DEMO_PORT
 from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
@@ -125,8 +126,9 @@ def _print_labels(path: Path, target: Path, top: list[tuple[str, float]], verdic
 
 @app.command()
 def rollout(
-    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES})."),
-    out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the overlay PNGs (created if needed)."),
+    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}).", parser=given_path),
+    out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the overlay PNGs (created if needed).",
+                             parser=given_path),
     model: str = typer.Option(None, "--model", "-m",
                               help="Model folder, or a registered name.tag with a cached checkpoint. "
                                    "Default: the shipped default model."),
@@ -185,7 +187,8 @@ def rollout(
 def demo(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 exposes the demo to the network)."),
     port: int = typer.Option(DEMO_PORT, help="Port to listen on."),
-    model_folder: list[Path] = typer.Option([], "--model-folder", help="Extra model folder(s) to offer; repeatable."),
+    model_folder: list[Path] = typer.Option([], "--model-folder", help="Extra model folder(s) to offer; repeatable.",
+                                            parser=given_path),
     triton_url: str = typer.Option(None, help="host:port of a running `hub-vit serve` (HTTP) to take labels from."),
     triton_model: str = typer.Option("vit", help="Model name on the Triton server."),
     max_queue: int = typer.Option(16, min=1, help="Requests allowed to wait; more get a 'queue full' message."),

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.cli.app import DISK_REFUSED_ERRNOS, app, console, err_console, fail
+from hub_vit.cli.path_option import given_path
 from hub_vit.export import registry
 from hub_vit.export.plan import ALL
 
@@ -68,7 +69,7 @@ def _print_replaced(report: object) -> None:
 def onnx_cmd(
     source: str = typer.Argument(..., help="Registered name (vit_s16, simplevit_s16.i1k_300ep), a hub-vit model "
                                            "folder, or a weights file (.safetensors/.npz/.pt) with --model."),
-    out: Path = typer.Option(Path("exports"), "-o", "--out", help="Output folder."),
+    out: Path = typer.Option(Path("exports"), "-o", "--out", help="Output folder.", parser=given_path),
     model_name: str = typer.Option(None, "--model", help="Architecture for a weights file, e.g. vit_s16."),
     variant: list[str] = typer.Option(
         list(registry.names(default=True)), "-v", "--variant",
@@ -90,7 +91,7 @@ def onnx_cmd(
     images: Path = typer.Option(None, help="Folder of in-domain images, prepared by the model's own transform: half "
                                            "join the verification set (top-1 is judged on them), half the int8 "
                                            "calibration. Default: the held-out images the model folder names "
-                                           "(training.json), if any."),
+                                           "(training.json), if any.", parser=given_path),
     images_limit: int = typer.Option(512, help="Use at most this many files from --images."),
     seed: int = typer.Option(None, help="Seed of the verification set (default: fresh)."),
     provider: list[str] = typer.Option(None, help="onnxruntime execution provider(s) for verification."),
@@ -174,8 +175,10 @@ def _print_outcomes(report: Any) -> None:
 
 @export_app.command("tensorrt")
 def tensorrt_cmd(
-    onnx_file: Path = typer.Argument(..., help="fp32 ONNX graph from `hub-vit export onnx` (fixed image size)."),
-    out: Path = typer.Option(None, "-o", "--out", help="Engine file (default: <onnx stem>.plan beside the ONNX)."),
+    onnx_file: Path = typer.Argument(..., help="fp32 ONNX graph from `hub-vit export onnx` (fixed image size).",
+                                     parser=given_path),
+    out: Path = typer.Option(None, "-o", "--out", help="Engine file (default: <onnx stem>.plan beside the ONNX).",
+                             parser=given_path),
     fp16: bool = typer.Option(True, "--fp16/--fp32", help="fp16 engine (LayerNorm/Softmax kept fp32) or fp32."),
     min_batch: int = typer.Option(1, help="Optimization profile: smallest batch."),
     opt_batch: int = typer.Option(8, help="Optimization profile: batch TensorRT tunes for."),

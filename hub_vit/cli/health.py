@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import app, console, err_console, fail
+from hub_vit.cli.path_option import given_path
 from hub_vit.ports import HTTP_PORT, LOOPBACK
 
 
@@ -16,7 +17,7 @@ def health(
     url: str = typer.Option(f"{LOOPBACK}:{HTTP_PORT}", help="The server's HTTP address (host:port)."),
     repository: Path = typer.Option(None, help="The model repository the server was started with: also check that "
                                                "every Python-backend model instance has a live stub (run this on "
-                                               "the server's host, inside its container)."),
+                                               "the server's host, inside its container).", parser=given_path),
     timeout: float = typer.Option(3.0, help="Seconds to wait for the server's answers (at most 3600)."),
 ) -> None:
     """Exit 0 when the server is ready and (with --repository) none of its Python-backend stubs has died; else print

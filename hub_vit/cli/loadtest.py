@@ -12,6 +12,7 @@ from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import Grpc, RequestQueueTimeoutMs, Url, endpoint, queue_timeout_s, sample_images
+from hub_vit.cli.path_option import given_path
 
 
 @app.command()
@@ -25,7 +26,7 @@ def loadtest(
     duration: float = typer.Option(10.0, help="Seconds to run (ignored with --requests)."),
     requests: int = typer.Option(None, help="Stop after this many requests."),
     batch: int = typer.Option(1, help="Images per request."),
-    json_out: Path = typer.Option(None, "--json", help="Also write the result as JSON here."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the result as JSON here.", parser=given_path),
     allow_errors: bool = typer.Option(False, "--allow-errors",
                                       help="Exit 0 even when requests failed (e.g. an overload test that expects "
                                            "rejections); by default any failed request makes the exit code 1."),

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import app, as_flags, console, err_console, fail, is_environment_error
+from hub_vit.cli.path_option import given_path
 from hub_vit.cli.serving_options import (
     DEFAULTS,
     MODEL_HELP,
@@ -49,7 +50,7 @@ Spinning = Annotated[bool, typer.Option("--spinning/--no-spinning", show_default
 @app.command()
 def repository(
     ctx: typer.Context,
-    out: Path = typer.Argument(..., help="Folder to write the Triton model repository to."),
+    out: Path = typer.Argument(..., help="Folder to write the Triton model repository to.", parser=given_path),
     model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     flavour: str = typer.Option(DEFAULTS.flavour,
                                 help="'cpu' (Python backend + ONNX Runtime), 'gpu' (ORT+TensorRT / plan, official "

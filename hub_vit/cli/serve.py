@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import app, err_console, fail
+from hub_vit.cli.path_option import given_path
 from hub_vit.cli.serve_run import ServeRun
 from hub_vit.cli.serving_options import (
     DEFAULTS,
@@ -75,7 +76,8 @@ Quiet = Annotated[bool, typer.Option("--quiet", help=f"Do not show tritonserver'
 def serve(
     ctx: typer.Context,
     model: str = typer.Argument(None, help=SERVE_MODEL_HELP),
-    repository_dir: Path = typer.Option(None, "--repository", help="Serve this existing repository instead."),
+    repository_dir: Path = typer.Option(None, "--repository", help="Serve this existing repository instead.",
+                                        parser=given_path),
     host: str = typer.Option(LOOPBACK, help="Address to bind (loopback by default)."),
     http_port: int = typer.Option(HTTP_PORT, help="HTTP/REST port."),
     grpc_port: int = typer.Option(GRPC_PORT, help="gRPC port."),

@@ -21,6 +21,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import app, console, err_console, fail
+from hub_vit.cli.path_option import given_path
 
 PRESETS = ("vit_s16_i1k", "digits")
 # recipe settings that have their own flag (the rest only have --set)
@@ -29,12 +30,15 @@ FLAG_NAMES = {"total_epochs": "--epochs", "total_steps": "--steps"}
 
 @app.command("train")
 def train_command(
-    data: Path | None = typer.Argument(None, help="Data folder with train/<class>/* and val/<class>/* images."),
-    out: Path = typer.Option(..., "--out", "-o", help="Run folder (recipe.json, metrics.jsonl, checkpoints/, model/)."),
+    data: Path | None = typer.Argument(None, help="Data folder with train/<class>/* and val/<class>/* images.",
+                                       parser=given_path),
+    out: Path = typer.Option(..., "--out", "-o", help="Run folder (recipe.json, metrics.jsonl, checkpoints/, model/).",
+                             parser=given_path),
     preset: str = typer.Option("vit_s16_i1k", help=f"Starting recipe: {', '.join(PRESETS)}."),
     model: str | None = typer.Option(None, help="Registered architecture, e.g. simplevit_s16 (`hub-vit models`)."),
     pretrained: bool | None = typer.Option(None, "--pretrained/--scratch", help="Start from published weights."),
-    init: Path | None = typer.Option(None, help="Fine-tune from a hub-vit model folder or weights file."),
+    init: Path | None = typer.Option(None, help="Fine-tune from a hub-vit model folder or weights file.",
+                                     parser=given_path),
     img_size: int | None = typer.Option(None, help="Training/eval image size."),
     batch_size: int | None = typer.Option(None, help="Global batch (all processes, all accumulation steps)."),
     micro_batch: int | None = typer.Option(None, help="Images per process per forward pass (gradient accumulation)."),
@@ -55,7 +59,7 @@ def train_command(
     stop_at: int | None = typer.Option(None, help="Stop (with a checkpoint) after this step; rerun with a larger "
                                                    "--stop-at, or without it, to resume."),
     install_to: Path | None = typer.Option(None, help="digits preset: copy the finished model folder here, with "
-                                                       "sample images and a card stub."),
+                                                       "sample images and a card stub.", parser=given_path),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
 ) -> None:
     """Train or fine-tune a ViT with the "Better plain ViT baselines" recipe (resumes if --out has checkpoints)."""
