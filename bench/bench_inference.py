@@ -294,9 +294,10 @@ def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str], hu
     report = export_variants(hub, work / "hub", plan,
                              VerificationSet(n_random=8, n_photos=24, n_calibration=args.calibration, seed=0))
     info["export_seconds"] = time.perf_counter() - start
+    # settings: what each build decided (openvino-int8: the layers kept in float and the search's rounds)
     info["export"] = [{"variant": o.variant, "written": o.written, "error": o.error,
-                       "worst": (o.verification or {}).get("worst"), "margins": (o.verification or {}).get("margins")}
-                      for o in report.variants]
+                       "worst": (o.verification or {}).get("worst"), "margins": (o.verification or {}).get("margins"),
+                       "settings": o.settings} for o in report.variants]
     for variant, precision in (("optimized", "fp32"), ("int8-dynamic", "int8"), ("int8-dynamic-s8", "int8"),
                                ("int8-static", "int8")):
         outcome = report.outcome(variant)
