@@ -19,11 +19,12 @@ from hub_vit.cli.path_option import given_path
 
 DIGITS = str(Path(__file__).resolve().parents[1] / "hub_vit" / "assets" / "digits")
 SAMPLE = str(Path(DIGITS) / "samples" / "3_0.png")
+CHECKPOINT = str(Path(__file__).resolve().parent / "fixtures" / "jax" / "big_vision" / "tiny_learn_tok.npz")
 
 CASES = {
     "export onnx -o": (["export", "onnx", DIGITS, "-o", "", "--variant", "fp32"], "'-o' / '--out'"),
     "export onnx --images": (["export", "onnx", DIGITS, "--images", " "], "'--images'"),
-    "convert -o": (["convert", "tests/fixtures/jax/big_vision/tiny_learn_tok.npz", "-o", ""], "'-o' / '--out'"),
+    "convert -o": (["convert", CHECKPOINT, "-o", ""], "'-o' / '--out'"),
     "train -o": (["train", "--preset", "digits", "-o", ""], "'--out' / '-o'"),
     "repository OUT": (["repository", "", "--model", DIGITS], "'out'"),
     "rollout -o": (["rollout", SAMPLE, "-o", ""], "'--out' / '-o'"),
@@ -39,8 +40,6 @@ CASES = {
 def test_an_empty_path_is_refused_naming_the_flag_and_nothing_is_written(case: str, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     args, flag = CASES[case]
-    repo = Path(__file__).resolve().parents[1]
-    args = [str(repo / a) if a.startswith("tests/") else a for a in args]
     cli._load_commands()
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, args)

@@ -42,8 +42,8 @@ def test_calibration_and_verification_share_no_image(model: VisionTransformer) -
     assert evidence.top1_counts is not None
     assert _rows(evidence.calibration[evidence.top1_counts]) == _rows(own[1::2])
     # the bounds judge a calibrated variant on the own images alone, in the verification and in the search
-    assert evidence.own_calibration is not None
-    assert _rows(evidence.calibration[evidence.own_calibration]) == _rows(own[1::2])
+    assert evidence.own_mask is not None
+    assert _rows(evidence.calibration[evidence.own_mask]) == _rows(own[1::2])
     assert evidence.own_from == N_RANDOM + N_PHOTOS and _rows(evidence.x[evidence.own_from:]) == _rows(own[0::2])
     assert check.bounds_for(True, evidence.own_from) == {"bounds_from": N_RANDOM + N_PHOTOS,
                                                          "bounds_scope": "own images"}
@@ -58,7 +58,7 @@ def test_a_trained_models_calibration_counts_top1_on_its_photo_crops(model: Visi
     n_photos = N_CALIBRATION - round(N_CALIBRATION * N_RANDOM / (N_RANDOM + N_PHOTOS))
     assert evidence.top1_counts is not None and int(evidence.top1_counts.sum()) == n_photos
     # no own images: the bounds judge every image, the photos and noise included
-    assert evidence.own_calibration is None and evidence.own_from == 0
+    assert evidence.own_mask is None and evidence.own_from == 0
     assert check.bounds_for(True, evidence.own_from)["bounds_scope"] == "every image"
     assert check.describe()["calibrated_bounds_scope"] == "every image"
     noise = evidence.calibration[~evidence.top1_counts]  # what is left is uniform noise in [-1, 1]

@@ -62,11 +62,11 @@ def build_dynamic_int8(fp32: Path, out_xml: Path) -> Path:
 
 
 def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_counts: np.ndarray | None,
-                      own: np.ndarray | None = None) -> tuple[Path, dict[str, Any]]:
+                      own_mask: np.ndarray | None = None) -> tuple[Path, dict[str, Any]]:
     """Static int8 calibrated on `calibration` (N, C, H, W), the layers the criterion finds sensitive kept in float
     (`hub_vit.export.sensitivity.search`, judged on the same images: `top1_counts` marks those whose top-1 counts,
-    `own` the model's own images, which alone the bounds judge when given, as the verification does); returns the IR
-    and what the build decided: `kept_in_float` (the layers left unquantised) and the search's rounds."""
+    `own_mask` the model's own images, which alone the bounds judge when given, as the verification does); returns the
+    IR and what the build decided: `kept_in_float` (the layers left unquantised) and the search's rounds."""
     import nncf
 
     from hub_vit.export.sensitivity import search
@@ -81,7 +81,7 @@ def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_c
             return nncf.quantize(model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calibration),
                                  ignored_scope=nncf.IgnoredScope(names=kept))
 
-    found = search(model, quantize, calibration, top1_counts, {"ENABLE_CPU_PINNING": False}, judged=own)
+    found = search(model, quantize, calibration, top1_counts, {"ENABLE_CPU_PINNING": False}, judged=own_mask)
     decided = {"kept_in_float": found.kept_in_float,
                "search": {"calibration_margin": round(found.margin, 4), "rounds": found.rounds}}
     return save(found.model, out_xml, {}, **decided), decided

@@ -63,7 +63,7 @@ class BuildJob:
     spec: ViTSpec
     calibration: np.ndarray
     top1_counts: np.ndarray | None = None
-    own_calibration: np.ndarray | None = None
+    own_mask: np.ndarray | None = None
 
 
 @dataclass
@@ -262,7 +262,7 @@ def _openvino_int8(job: BuildJob) -> Built:
     from hub_vit.export.openvino_build import build_static_int8
 
     path, decided = build_static_int8(job.fp32, job.out, job.calibration, job.top1_counts,
-                                      job.own_calibration)
+                                      job.own_mask)
     return Built(path, settings=decided)
 
 

@@ -189,7 +189,7 @@ class _Run:
             return
         evidence = self.evidence
         job = registry.BuildJob(self.fp32, self.work / f"{spec.name}.{spec.suffix}", self.model.spec,
-                                evidence.calibration, evidence.top1_counts, evidence.own_calibration)
+                                evidence.calibration, evidence.top1_counts, evidence.own_mask)
         try:
             with quiet_loggers():  # ORT's quantiser logs advice through the root logger
                 built = spec.build(job)

@@ -132,7 +132,7 @@ class Evidence:
     top1_from: int | None  # the first image of `x` whose top-1 agreement is judged; None: reported only
     calibration: np.ndarray
     top1_counts: np.ndarray | None
-    own_calibration: np.ndarray | None = None  # (len(calibration),) bool: the model's own images; None: it has none
+    own_mask: np.ndarray | None = None  # (len(calibration),) bool: the model's own images; None: it has none
 
     @property
     def own_from(self) -> int:
