@@ -85,10 +85,26 @@ def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp
     assert rounds[-1]["kept_in_float"] == kept and rounds[-1]["margin"] >= 0 and 1 <= len(kept) <= 3
     assert any("Gemm" in name for name in kept)  # the pre-logits Linear (exported as a Gemm) among them
     served = openvino_runtime.served_model(repo / "vit_classifier" / "1" / "model.onnx")
-    assert json.loads(served.with_suffix(".json").read_text())["kept_in_float"] == kept
+    settings = json.loads(served.with_suffix(".json").read_text())
+    assert settings["kept_in_float"] == kept and settings["nncf"] == openvino_build.NNCF_SETTINGS
+    assert _asymmetric_activation_quantisers(served) == []
     report = export_variants(source.module, tmp_path / "export", ExportPlan(("openvino-int8",)), CHECK)
     assert report.outcome("openvino-int8").written and report.outcome("openvino-int8").settings["kept_in_float"]
     assert json.loads(Path(report.report_file).read_text())["variants"][0]["settings"]["kept_in_float"]
+
+
+def _asymmetric_activation_quantisers(xml: Path) -> list[str]:
+    """The activation FakeQuantize nodes of the IR at `xml` whose range needs a zero point: neither signed symmetric
+    (256 levels on [-s, s * 127/128]) nor unsigned from 0. Asymmetric activations move a MatMul off OpenVINO's signed
+    AMX / VNNI kernel (`openvino_build.NNCF_SETTINGS`)."""
+    found = []
+    for op in openvino_runtime.core().read_model(str(xml)).get_ordered_ops():
+        if op.get_type_name() != "FakeQuantize" or op.input_value(0).get_node().get_type_name() == "Constant":
+            continue
+        low, high = (op.input_value(port).get_node().get_data() for port in (3, 4))
+        if not (np.all(low == 0) or np.allclose(low, -high * 128 / 127, rtol=1e-5)):
+            found.append(op.get_friendly_name())
+    return found
 
 
 def test_the_shipped_digits_models_static_int8_is_judged_on_its_held_out_digits(tmp_path: Path) -> None:
