@@ -16,16 +16,17 @@ network here, loaded into hub-vit's `vit_s16` / `vit_ti16` too) on the same 8 ph
   int8 weights with dynamic activations), run by the same `OpenVINOSession` the server runs; `torch.compile` bf16
   with freezing where the CPU has bf16 units.
 
-Rows are timed in interleaved rounds (each round runs every row once or a few times), so a load change on the shared
-machine hits every row alike; each row reports the median. Every row's logits are judged against timm eager fp32
-with the criterion's bounds (per image: cosine >= 0.99, relative error <= 0.15); a row that fails, or a hub-vit graph
-the export refused, is listed as rejected and never counts for a target, however fast. The run records the host's ISA
-flags, its load average, and the matmul peak of the best engine for each precision (fp32: torch.mm / ORT MatMul;
-int8: ORT MatMulInteger u8 x s8 and u8 x u8; bf16: torch.mm in bf16), measured at the start and at the end.
-Targets, at batch 8, judged on ViT-S/16: on an AMX host, the fastest verified hub-vit path >= 1.25x OpenVINO default
-and >= 4x timm eager fp32; on a host without AMX, >= 1.0x the best verified peer. ViT-Ti/16 runs too (its own
-rows and targets): every size must pass the criterion, the int8 variants included. `--quick` runs ViT-Ti/16 alone,
-briefly, and writes no result: a check that the path works, not a measurement.
+Rows are timed in interleaved rounds (15; each runs every row once or a few times, in an order drawn for that round),
+so a load change on the shared machine hits every row alike; each row reports its median, and a ratio between two
+rows (the targets) is the median over rounds of their ratio within each round. Every row's logits are judged against
+timm eager fp32 with the criterion's bounds (per image: cosine >= 0.99, relative error <= 0.15); a row that fails, or
+a hub-vit graph the export refused, is listed as rejected and never counts for a target, however fast. The run
+records the host's ISA flags, its load average, and the matmul peak of the best engine for each precision (fp32:
+torch.mm / ORT MatMul; int8: ORT MatMulInteger u8 x s8 and u8 x u8; bf16: torch.mm in bf16), measured at the start
+and at the end. Targets, at batch 8, judged on ViT-S/16: on an AMX host, the fastest verified hub-vit path >= 1.25x
+OpenVINO default and >= 4x timm eager fp32; on a host without AMX, >= 1.0x the best verified peer. ViT-Ti/16 runs too
+(its own rows and targets): every size must pass the criterion, the int8 variants included. `--quick` runs ViT-Ti/16
+alone, briefly, and writes no result: a check that the path works, not a measurement.
 """
 
 from __future__ import annotations
@@ -227,22 +228,34 @@ class Rows:
         self.runners[path] = (run, iters)
 
     def measure(self, rounds: int) -> None:
+        """`rounds` rounds, each running every row (`iters` times in a row) in an order drawn for that round: a row
+        that always ran after another (or first) would always meet what that one leaves behind (warm caches, threads
+        still busy, a load pattern of the shared host). Each row records its median over all runs and its median in
+        each round (`round_ms`, in round order), which `targets` pairs row against row."""
         samples: dict[str, list[float]] = {path: [] for path in self.runners}
+        per_round: dict[str, list[float]] = {path: [] for path in self.runners}
         for run, _ in self.runners.values():  # warm-up (allocations, oneDNN / OpenVINO kernel caches)
             run(self.x)
+        paths = list(self.runners)
         for r in range(rounds):
-            for path, (run, iters) in self.runners.items():
+            for i in np.random.default_rng(r).permutation(len(paths)):
+                path = paths[i]
+                run, iters = self.runners[path]
+                times = []
                 for _ in range(iters):
                     start = time.perf_counter()
                     run(self.x)
-                    samples[path].append(time.perf_counter() - start)
+                    times.append(time.perf_counter() - start)
+                samples[path] += times
+                per_round[path].append(statistics.median(times) * 1e3)
             print(f"  round {r + 1}/{rounds} done (load average {os.getloadavg()[0]:.2f})", flush=True)
         batch = len(self.x)
         for row in self.rows:
             times = samples.get(row["path"])
             if times:
                 median = statistics.median(times)
-                row.update(images_per_s=batch / median, ms_per_batch=median * 1e3, samples=len(times))
+                row.update(images_per_s=batch / median, ms_per_batch=median * 1e3, samples=len(times),
+                           round_ms=[round(ms, 2) for ms in per_round[row["path"]]])
 
 
 def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str], hub_name: str) -> dict[str, Any]:
@@ -336,6 +349,16 @@ def build(rows: Rows, args: argparse.Namespace, work: Path, flags: list[str], hu
     return info
 
 
+def paired_ratio(row: dict[str, Any], other: dict[str, Any]) -> tuple[float, list[float]]:
+    """How many times faster `row` ran than `other`: the median over rounds of the ratio within each round (both ran
+    in the same round, seconds apart, so a load change of the shared host between rounds cancels), and the rounds'
+    ratios. Rows without per-round times (an older result's) give the ratio of their medians."""
+    if not row.get("round_ms") or not other.get("round_ms"):
+        return row["images_per_s"] / other["images_per_s"], []
+    ratios = [theirs / ours for ours, theirs in zip(row["round_ms"], other["round_ms"], strict=True)]
+    return statistics.median(ratios), [round(r, 3) for r in ratios]
+
+
 def targets(rows: list[dict[str, Any]], flags: list[str]) -> dict[str, Any]:
     timed = [r for r in rows if "images_per_s" in r]
     eligible = [r for r in timed if r.get("verified")]
@@ -348,12 +371,10 @@ def targets(rows: list[dict[str, Any]], flags: list[str]) -> dict[str, Any]:
         return out
     timm_eager = by_path.get("timm eager fp32")
     ov = by_path.get("OpenVINO convert_model(timm), default")
-    if timm_eager:
-        out["best_vs_timm_eager"] = hub["images_per_s"] / timm_eager["images_per_s"]
-    if ov:
-        out["best_vs_openvino_default"] = hub["images_per_s"] / ov["images_per_s"]
-    if peer:
-        out["best_vs_best_peer"] = hub["images_per_s"] / peer["images_per_s"]
+    for key, other in (("best_vs_timm_eager", timm_eager), ("best_vs_openvino_default", ov),
+                       ("best_vs_best_peer", peer)):
+        if other:
+            out[key], out[f"{key}_per_round"] = paired_ratio(hub, other)
     if "amx_bf16" in flags or "amx_int8" in flags:
         out["applies"] = (f"AMX host: >= {AMX_TARGETS[0]}x OpenVINO default and >= {AMX_TARGETS[1]}x timm eager "
                           "fp32")
@@ -384,7 +405,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (every row runs in each)")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (every row runs in each, in an "
+                                                                "order drawn per round)")
     parser.add_argument("--peak-seconds", type=float, default=1.5, help="per matmul peak measurement")
     parser.add_argument("--calibration", type=int, default=32, help="int8 calibration images")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS),
