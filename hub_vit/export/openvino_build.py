@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from hub_vit.export.openvino_rewrite import keys_transposed_by_matmul
 from hub_vit.openvino_runtime import core
 
 # activations quantised in groups of this many channels: one scale per token for rows up to ViT-S/16's 384, a few per
@@ -40,7 +41,11 @@ NNCF_SETTINGS = {"model_type": "transformer", "preset": "performance"}
 
 
 def read_model(onnx_file: str | Path) -> Any:
-    return core().read_model(str(onnx_file))
+    """The OpenVINO graph of `onnx_file` (or of an IR), with the attention's keys in the layout the CPU plugin fuses
+    (`hub_vit.export.openvino_rewrite`): what every OpenVINO variant is built from."""
+    model = core().read_model(str(onnx_file))
+    keys_transposed_by_matmul(model)
+    return model
 
 
 def save(model: Any, out_xml: Path, compile_settings: dict[str, str], **decided: Any) -> Path:
