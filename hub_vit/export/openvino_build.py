@@ -41,7 +41,7 @@ NNCF_SETTINGS = {"model_type": "transformer", "preset": "performance"}
 
 
 def read_model(onnx_file: str | Path) -> Any:
-    """The OpenVINO graph of `onnx_file` (or of an IR), with the attention's keys in the layout the CPU plugin fuses
+    """The OpenVINO graph of `onnx_file` (or of an IR), its attention reading the keys through `transpose_b`
     (`hub_vit.export.openvino_rewrite`): what every OpenVINO variant is built from."""
     model = core().read_model(str(onnx_file))
     keys_transposed_by_matmul(model)
