@@ -4,7 +4,9 @@ Verification compares both the logits and the features before the head with fp32
 a reduced-precision graph can keep the top-1 class on a random model yet have lost the features, and the other way
 round. The fp32 graph gets the extra output `pre_logits` before any variant is built from it, so every variant
 (fused, quantised, bf16) carries it through; the files that are written have it dropped again, so they keep the
-contract `pixel_values` -> `logits` and compute exactly what was verified (the head reads the same tensor).
+contract `pixel_values` -> `logits` (the head reads the same tensor). OpenVINO's CPU plugin picks precisions per
+graph, and an extra output can change them, so an OpenVINO variant's logits are judged on the written graph itself
+(`hub_vit.export.variants`).
 """
 
 from __future__ import annotations
