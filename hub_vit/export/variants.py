@@ -198,7 +198,7 @@ class _Run:
                 ort_session(built.path, self.plan.providers)
             batch_size = 8 if self.plan.dynamic_batch else 1
             got = ort_outputs(session, evidence.x, batch_size=batch_size)
-            served = built.path
+            served = None  # an OpenVINO variant's written graph, judged before it is placed
             if spec.runtime == "openvino":
                 # the CPU plugin picks precisions for the graph it is given: with `pre_logits` as an output it kept
                 # ViT-S/16's residual stream in f32 on an AMX host, without it in bf16 (logits up to 4 % apart). So
@@ -231,7 +231,7 @@ class _Run:
             outcome.error = f"verification failed: {result.reason}"
             return
         name = spec.file_name(self.plan.stem)
-        if spec.runtime == "openvino":
+        if served is not None:
             for src, dst in zip(ir_files(served), ir_files(self.staged / name), strict=True):
                 src.replace(dst)  # the very files whose logits were judged
         else:
