@@ -173,6 +173,18 @@ def test_a_front_that_cannot_bind_leaves_no_process():
     assert not _front_pids(os.getpid())
 
 
+def test_front_processes_run_on_uvloop():
+    # the front's CPU per request is mostly its event loop and socket calls: libuv's loop is the cheaper one
+    from hub_vit.server.front.workers import FrontProcesses
+    from hub_vit.server.runtime.launcher import free_port
+
+    front = FrontProcesses("127.0.0.1", free_port(), free_port(), FrontLimits(processes=2)).start()
+    try:
+        assert [worker.event_loop for worker in front.workers] == ["uvloop", "uvloop"]
+    finally:
+        front.close()
+
+
 def test_a_second_front_on_the_same_ports_fails_instead_of_sharing_them():
     # the front processes share their ports with SO_REUSEPORT, which would let a second serve's processes join them
     from hub_vit.server.front.workers import FrontProcesses, PortLock

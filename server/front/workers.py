@@ -101,6 +101,7 @@ class Worker:
         finally:
             theirs.close()
         self.buffer = b""
+        self.event_loop = ""  # the worker's event loop's package, once ready
         self.send(settings)
 
     def send(self, message: dict[str, Any]) -> None:
@@ -244,6 +245,7 @@ def _ready(worker: Worker, deadline: float) -> None:
     answer = worker.reply(deadline)
     if "error" in answer:
         raise OSError(answer["error"])
+    worker.event_loop = answer["event_loop"]
 
 
 class ProcessesFront:
