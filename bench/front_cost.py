@@ -140,8 +140,9 @@ def parser_cost(requests: int) -> dict[str, dict[str, float]]:
 
 # -- grpcio's own floor ---------------------------------------------------------------------------------------------
 EMPTY_GRPC_SERVER = """
-import asyncio, sys
+import sys
 import grpc
+import uvloop
 from grpc import aio
 
 async def answer(message, context):
@@ -159,13 +160,13 @@ async def main():
     print("ready", flush=True)
     await server.wait_for_termination()
 
-asyncio.run(main())
+uvloop.run(main())
 """
 
 
 def grpcio_floor(seconds: float) -> dict[str, float]:
     """What grpcio's Python API costs per unary call, whatever the handler does: an empty grpc.aio server (a generic
-    handler answering every call with 6 bytes) in a process of its own, loaded like the gRPC rounds (batch-1
+    handler answering every call with 6 bytes) in a process of its own, on the front's event loop (uvloop), loaded like the gRPC rounds (batch-1
     ModelInfer messages at concurrency 64, grpc.aio raw bytes). Its CPU per call is what the gRPC front pays to
     receive and answer a call; the load generator's is what it pays to relay the call to Triton. A Python relay pays
     both."""
@@ -191,6 +192,7 @@ def grpcio_floor(seconds: float) -> dict[str, float]:
 # -- the cheapest HTTP relay Python can be ---------------------------------------------------------------------------
 BYTE_PIPE = """
 import asyncio, sys
+import uvloop
 
 class Upstream(asyncio.Protocol):
     def __init__(self, client):
@@ -228,14 +230,14 @@ async def main():
     await server.serve_forever()
 
 UPSTREAM = int(sys.argv[2])
-asyncio.run(main())
+uvloop.run(main())
 """
 
 
 def http_pipe_floor(private_port: int, rounds: int, seconds: float) -> dict[str, Any]:
     """What any HTTP relay written in Python costs on this host, before parsing or checking anything: a byte pipe (one
     asyncio connection to Triton's private HTTP port per client connection, bytes passed on as they come, in a process
-    of its own) loaded like the HTTP rounds, `rounds` pairs against Triton's own port in alternating order. Its CPU per
+    of its own, on the front's event loop, uvloop) loaded like the HTTP rounds, `rounds` pairs against Triton's own port in alternating order. Its CPU per
     request is the event loop's and the loopback hop's (a recv and a send on each side); its ratio is the most a
     Python front can reach on these cores."""
     port = free_port()
