@@ -292,6 +292,20 @@ def test_bad_shapes_and_a_short_jpeg_are_refused(serve: Serve) -> None:
     assert_healthy(serve)
 
 
+def test_a_compressed_request_is_inflated_and_answered_as_the_plain_one(serve: Serve) -> None:
+    # the front relays the inflated body without the client's Content-Encoding: Triton must not inflate it again
+    import zlib
+
+    body, headers = infer_body([1, 1], [SAMPLES[0].read_bytes()])
+    status, plain = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
+    assert status == 200, plain
+    for encoding, compressed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+        status, text = post(serve.ports[0], "/v2/models/vit/infer", compressed,
+                            {**headers, "Content-Encoding": encoding})
+        assert status == 200, (encoding, text)
+        assert json.loads(text)["outputs"] == json.loads(plain)["outputs"], (encoding, text)
+
+
 def test_classify_sends_files_too_large_together_apart_and_names_one_too_large_alone(serve: Serve, tmp_path: Path):
     # was: two files that each pass alone were refused together with one 413 naming neither (the client split by
     # count only), and over gRPC grpc's "Received message larger than max" named no way out

@@ -64,17 +64,18 @@ SWEEP_S = 0.5  # how often connection deadlines are checked
 class Request:
     """One request as llhttp parsed it."""
 
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "length", "taken")
+    __slots__ = ("method", "url", "fields", "relayed", "head_size", "body", "keep_alive", "length", "taken")
 
     def __init__(self) -> None:
-        self.method, self.url, self.headers, self.body = b"", b"", [], []
+        self.method, self.url, self.body = b"", b"", []
+        self.fields: dict[bytes, bytes] = {}  # lower-case name -> its first value (each name lowered once)
+        self.relayed: list[tuple[bytes, bytes]] = []  # the headers relayed to Triton: not hop-by-hop, not framing
+        self.head_size = 0  # the headers' bytes, as the head limit counts them (the URL's come on top)
         self.keep_alive, self.length, self.taken = True, 0, False
 
     def header(self, name: bytes) -> bytes | None:
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value
-        return None
+        """The first value of header `name` (lower case)."""
+        return self.fields.get(name)
 
 
 class HttpFront:
@@ -391,15 +392,20 @@ class Client(asyncio.Protocol):
         self.parsing.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.parsing is not None
-        self.parsing.headers.append((name, value))
+        request = self.parsing
+        assert request is not None
+        lower = name.lower()
+        request.fields.setdefault(lower, value)
+        request.head_size += len(name) + len(value) + 4
+        if lower not in NOT_RELAYED:
+            request.relayed.append((name, value))
 
     def on_headers_complete(self) -> None:
         request, front, limits = self.parsing, self.front, self.front.limits
         assert request is not None
         self.in_head = False
         self.heads += 1
-        size = len(request.url) + sum(len(name) + len(value) + 4 for name, value in request.headers)
+        size = len(request.url) + request.head_size
         if size > limits.max_head_bytes:
             raise Refused(431, f"the request head is over {limits.max_head_bytes} bytes", close=True)
         self.head_bytes = 0
@@ -492,7 +498,7 @@ class Client(asyncio.Protocol):
             encoding = (request.header(b"content-encoding") or b"identity").strip().lower()
             if encoding in (b"gzip", b"deflate"):
                 body = inflate(body, encoding.decode(), self.front.limits.max_body_bytes)
-                request.headers = [(k, v) for k, v in request.headers if k.lower() != b"content-encoding"]
+                request.relayed = [(k, v) for k, v in request.relayed if k.lower() != b"content-encoding"]
             infer = INFER_PATH.match(request.url) if request.method == b"POST" else None
             if infer is not None:
                 model, length = infer["model"], request.header(b"inference-header-content-length")
@@ -509,9 +515,8 @@ class Client(asyncio.Protocol):
 
     def _relay(self, request: Request, body: bytes) -> None:
         head = [request.method, b" ", request.url, b" HTTP/1.1\r\n"]
-        for name, value in request.headers:
-            if name.lower() not in NOT_RELAYED:
-                head += [name, b": ", value, b"\r\n"]
+        for name, value in request.relayed:
+            head += [name, b": ", value, b"\r\n"]
         head += [b"Content-Length: ", str(len(body)).encode(), b"\r\nConnection: keep-alive\r\n\r\n", body]
         self.front.relay(b"".join(head), self._answered, lambda refusal: self._finish(refusal=refusal))
 
