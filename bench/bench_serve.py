@@ -485,7 +485,8 @@ def measure_front(args: argparse.Namespace) -> None:
         raise SystemExit(f"--front-processes, --rounds and --seconds must be positive, got {counts}, {rounds}, "
                          f"{seconds}")
     check_writable(out.parent)
-    report = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient", "grpcio", "httptools", "h11")),
+    report = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient", "grpcio", "httptools", "uvloop",
+                                              "h11")),
               "quick": args.quick,
               **front_cost(counts, rounds, seconds, parser_requests=5000 if args.quick else 20000)}
     write_json(out, report)
