@@ -166,10 +166,10 @@ uvloop.run(main())
 
 def grpcio_floor(seconds: float) -> dict[str, float]:
     """What grpcio's Python API costs per unary call, whatever the handler does: an empty grpc.aio server (a generic
-    handler answering every call with 6 bytes) in a process of its own, on the front's event loop (uvloop), loaded like the gRPC rounds (batch-1
-    ModelInfer messages at concurrency 64, grpc.aio raw bytes). Its CPU per call is what the gRPC front pays to
-    receive and answer a call; the load generator's is what it pays to relay the call to Triton. A Python relay pays
-    both."""
+    handler answering every call with 6 bytes) in a process of its own, on the front's event loop (uvloop), loaded
+    like the gRPC rounds (batch-1 ModelInfer messages at concurrency 64, grpc.aio raw bytes). Its CPU per call is what
+    the gRPC front pays to receive and answer a call; the load generator's is what it pays to relay the call to
+    Triton. A Python relay pays both."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", EMPTY_GRPC_SERVER, str(port)], stdout=subprocess.PIPE, text=True)
     try:
@@ -237,9 +237,9 @@ uvloop.run(main())
 def http_pipe_floor(private_port: int, rounds: int, seconds: float) -> dict[str, Any]:
     """What any HTTP relay written in Python costs on this host, before parsing or checking anything: a byte pipe (one
     asyncio connection to Triton's private HTTP port per client connection, bytes passed on as they come, in a process
-    of its own, on the front's event loop, uvloop) loaded like the HTTP rounds, `rounds` pairs against Triton's own port in alternating order. Its CPU per
-    request is the event loop's and the loopback hop's (a recv and a send on each side); its ratio is the most a
-    Python front can reach on these cores."""
+    of its own, on the front's event loop, uvloop) loaded like the HTTP rounds, `rounds` pairs against Triton's own
+    port in alternating order. Its CPU per request is the event loop's and the loopback hop's (a recv and a send on
+    each side); its ratio is the most a Python front can reach on these cores."""
     port = free_port()
     pipe = subprocess.Popen([sys.executable, "-c", BYTE_PIPE, str(port), str(private_port)], stdout=subprocess.PIPE,
                             text=True)
