@@ -171,6 +171,48 @@ def test_cli_full_disk_after_some_overlays_keeps_them(model_folder: Path, photo_
     assert sorted(p.name for p in out.iterdir()) == [f"{photo_files[0].stem}_rollout.png"]  # complete, and printed
 
 
+@pytest.mark.parametrize("held_pixels", [0, None], ids=["none-held", "default"])
+def test_rollout_holds_at_most_a_batch_of_images_past_its_pixel_budget(model_folder: Path, photo_files: list[Path],
+                                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       held_pixels: int | None) -> None:
+    # was: every image was decoded and kept until the last overlay was written: a folder of phone photos (36 MB each,
+    # decoded) ran out of memory. Past the budget an image is decoded again when its batch comes, and no more than a
+    # batch is alive then; within it (these photos are far below the default) each is decoded once.
+    import weakref
+
+    import hub_vit.cli.explain as explain_cli
+    from hub_vit.explain import pipeline
+
+    files = []
+    for index in range(2 * explain_cli.BATCH + 3):
+        source = photo_files[index % len(photo_files)]
+        files.append(tmp_path / f"photo{index}{source.suffix}")
+        files[-1].write_bytes(source.read_bytes())
+    made: list[weakref.ref] = []  # each PreparedImage made (not hashable: a WeakSet cannot hold them)
+    most_alive = [0]
+    real_prepare = pipeline.Explainer.prepare
+
+    def counted(self: object, image: Image.Image) -> object:
+        result = real_prepare(self, image)
+        made.append(weakref.ref(result))
+        most_alive[0] = max(most_alive[0], sum(ref() is not None for ref in made))
+        return result
+
+    monkeypatch.setattr(pipeline.Explainer, "prepare", counted)
+    if held_pixels is not None:
+        monkeypatch.setattr(explain_cli, "HELD_PIXELS", held_pixels)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(_runner_app(), ["rollout", *map(str, files), "-o", str(out), "--model",
+                                                str(model_folder)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{f.stem}_rollout.png" for f in files)
+    if held_pixels == 0:
+        assert len(made) == 2 * len(files)  # checked first, then read again for writing
+        assert most_alive[0] <= explain_cli.BATCH + 1, most_alive[0]
+    else:
+        assert len(made) == len(files)
+
+
 def test_cli_arrow_line_keeps_the_whole_path_on_one_line(model_folder: Path, photos: dict, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # piped output (80 columns) hard-wrapped "IMAGE -> OUT": a script reading `-> (.*)` got half the path

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 BATCH = 8  # images per forward pass: bounded memory, still batched
+# decoded pixels that rollout's first pass over the images keeps for writing (about 0.75 GB as RGB); the images past
+# it are decoded a second time, a batch at a time
+HELD_PIXELS = 1 << 28
 
 
 def output_stems(paths: list[Path]) -> list[str]:
@@ -76,22 +79,32 @@ def _save_overlay(array: np.ndarray, target: Path, created: list[Path]) -> None:
         raise write_failed(target, exc) from None
 
 
-def _prepared(explainer: Any, images: list[Path]) -> list[tuple[Path, Any]]:
-    """(path, PreparedImage) per image, all read and prepared before anything is written, so one bad file does not
-    leave a partial output folder."""
+def _prepare(explainer: Any, path: Path) -> Any:
+    """`path` read and prepared (a PreparedImage); its errors, naming the file, as the command's error."""
     from hub_vit.explain.image import ImageReadError, load_image
 
-    ready = []
+    try:
+        image = load_image(path, large=True)  # the user's own files; its errors name the file
+    except ImageReadError as exc:
+        raise fail(str(exc)) from exc
+    try:
+        return explainer.prepare(image)
+    except ImageReadError as exc:  # an aspect ratio too extreme to resize
+        raise fail(f"{str(path)!r}: {exc}") from exc
+
+
+def _prepared(explainer: Any, images: list[Path]) -> list[Any]:
+    """Every image read and prepared before anything is written, so one bad file does not leave a partial output
+    folder. A PreparedImage per image while their pixels stay within HELD_PIXELS, None past it (read again when its
+    turn comes): a folder of photos, decoded, does not fit in memory."""
+    kept: list[Any] = []
+    held = 0
     for path in images:
-        try:
-            image = load_image(path, large=True)  # the user's own files; its errors name the file
-        except ImageReadError as exc:
-            raise fail(str(exc)) from exc
-        try:
-            ready.append((path, explainer.prepare(image)))
-        except ImageReadError as exc:  # an aspect ratio too extreme to resize
-            raise fail(f"{str(path)!r}: {exc}") from exc
-    return ready
+        prepared = _prepare(explainer, path)
+        pixels = prepared.image.width * prepared.image.height
+        kept.append(prepared if held + pixels <= HELD_PIXELS else None)
+        held += pixels if kept[-1] is not None else 0
+    return kept
 
 
 # why an image is marked out of domain, as rollout and classify say it (each adds what it means for its labels)
@@ -164,23 +177,33 @@ def rollout(
     if blocker is not None:
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
     created = make_out(out)
-    stems = output_stems([path for path, _ in ready])
-    for start in range(0, len(images), BATCH):
-        chunk = ready[start:start + BATCH]
-        result = explainer.rollout([prep for _, prep in chunk], head_fusion, discard_ratio)
-        verdicts = in_process_verdicts(explainer, [prep.image for _, prep in chunk], domain)
-        for i, (path, prep) in enumerate(chunk):
-            stem = stems[start + i]
+    stems = output_stems(images)
+
+    def write(paths: list[Path], kept: list[Any], names: list[str]) -> None:
+        """One forward pass's images: overlays written, labels printed (`kept`: `_prepared`'s, None where an image is
+        read again). A function of its own so that the batch's images are let go when it returns."""
+        chunk = [prepared if prepared is not None else _prepare(explainer, path)
+                 for path, prepared in zip(paths, kept, strict=True)]
+        result = explainer.rollout(chunk, head_fusion, discard_ratio)
+        verdicts = in_process_verdicts(explainer, [prep.image for prep in chunk], domain)
+        for path, prep, stem, logits, heat, verdict in zip(paths, chunk, names, result.logits, result.maps, verdicts,
+                                                           strict=True):
             target = out / f"{stem}_rollout.png"
-            _save_overlay(explainer.overlay(prep, result.maps[i], alpha, colormap), target, created)
-            top = explainer.top_k(result.logits[i], 5)
-            _print_labels(path, target, top, *verdicts[i])
+            _save_overlay(explainer.overlay(prep, heat, alpha, colormap), target, created)
+            top = explainer.top_k(logits, 5)
+            _print_labels(path, target, top, *verdict)
             if class_map:
                 label_index = explainer.label_index(top[0][0])
                 cam = explainer.class_map(prep, label_index).maps[0]
                 class_target = out / f"{stem}_class_{label_index}.png"
                 _save_overlay(explainer.overlay(prep, cam, alpha, colormap), class_target, created)
-                console.print(f"class-specific map for {top[0][0]!r}: {class_target}", markup=False, soft_wrap=True)
+                console.print(f"class-specific map for {top[0][0]!r}: {class_target}", markup=False,
+                              soft_wrap=True)
+
+    for start in range(0, len(images), BATCH):
+        batch = slice(start, start + BATCH)
+        write(images[batch], ready[batch], stems[batch])
+        ready[batch] = [None] * len(ready[batch])  # written: the pixels kept for them are let go
 
 
 @app.command()
