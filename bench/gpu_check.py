@@ -66,6 +66,8 @@ from request_path import measure as request_path
 from run_info import REPO, add_note_option, run_info, write_json
 from serve_process import Served
 
+from hub_vit.server.repository.templates.common.stub_gc import CollectionClock
+
 SCORE_ATOL = 2e-2  # bf16 against float32, softmax scores
 S16 = "simplevit_s16"
 TIMM_S16 = "vit_small_patch16_224"
@@ -157,14 +159,7 @@ class Check:
     def __init__(self, out_path: Path, result: dict[str, Any]) -> None:
         self.out_path, self.result = out_path, result
         result.setdefault("errors", {})
-        self.gc_ns, self._gc_began = 0, 0
-        gc.callbacks.append(self._collection)  # each step's garbage collections, which stop every thread
-
-    def _collection(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._gc_began = time.perf_counter_ns()
-        else:
-            self.gc_ns += time.perf_counter_ns() - self._gc_began
+        self.collections = CollectionClock().start()  # each step's garbage collections, which stop every thread
 
     def save(self) -> None:
         write_json(self.out_path, self.result)
@@ -173,7 +168,7 @@ class Check:
 
     def step(self, name: str, run: Callable[[], Any], record: bool = True) -> Any:
         """`run()`'s value, also stored under `name` when `record`; None when it failed."""
-        started, collecting = time.monotonic(), self.gc_ns
+        started, collecting = time.monotonic(), self.collections.ns
         try:
             value = run()
         except Exception as err:  # noqa: BLE001 - one step's failure is recorded; the others still measure
@@ -185,7 +180,7 @@ class Check:
             if record and value is not None:
                 self.result[name] = value
         self.result.setdefault("step_seconds", {})[name] = round(time.monotonic() - started, 1)
-        self.result.setdefault("step_gc_seconds", {})[name] = round((self.gc_ns - collecting) / 1e9, 3)
+        self.result.setdefault("step_gc_seconds", {})[name] = round((self.collections.ns - collecting) / 1e9, 3)
         self.save()
         return value
 

@@ -158,7 +158,7 @@ def test_phases_are_logged_when_asked(step, tmp_path, monkeypatch):
         instance.execute([_request(SAMPLES[0].read_bytes()),
                           _request(SAMPLES[1].read_bytes(), SAMPLES[2].read_bytes())])
     finally:
-        gc.callbacks.remove(instance.phases._collection)
+        instance.phases.collections.stop()
     [line] = [json.loads(text) for text in log.read_text().splitlines()]
     assert (line["requests"], line["images"]) == (2, 3)
     assert list(line)[4:] == ["explained_ms", "decode_ms", "transform_ms", "forward_ms", "answer_ms", "gc_ms"]

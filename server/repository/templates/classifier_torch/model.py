@@ -27,7 +27,6 @@ Needs hub_vit, torch and torchvision in the server's Python environment (where `
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import time
@@ -40,7 +39,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 from domain_outputs import DomainOutputs
 from imageprep import BadImageError, Preprocess
-from stub_gc import freeze_loaded
+from stub_gc import CollectionClock, freeze_loaded
 from topk import top_k
 from triton_errors import client_error, request_error
 
@@ -78,18 +77,11 @@ class Phases:
     def __init__(self) -> None:
         path = os.environ.get(PHASE_LOG)
         self.file = open(path, "a", buffering=1, encoding="utf-8") if path else None  # noqa: SIM115 - kept open
-        self.gc_ns, self.gc_at_start, self._gc_began = 0, 0, 0
-        if self.file is not None:
-            gc.callbacks.append(self._collection)
-
-    def _collection(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._gc_began = time.perf_counter_ns()
-        else:
-            self.gc_ns += time.perf_counter_ns() - self._gc_began
+        self.collections = CollectionClock().start() if self.file is not None else CollectionClock()
+        self.gc_at_start = 0
 
     def start(self) -> list[tuple[str, int]] | None:
-        self.gc_at_start = self.gc_ns
+        self.gc_at_start = self.collections.ns
         return [("start", time.perf_counter_ns())] if self.file else None
 
     @staticmethod
@@ -103,7 +95,7 @@ class Phases:
         line = {"pid": os.getpid(), "requests": requests, "images": images, "start_ns": marks[0][1]}
         line |= {f"{name}_ms": (now - before) / 1e6
                  for (_, before), (name, now) in zip(marks, marks[1:], strict=False)}
-        line["gc_ms"] = (self.gc_ns - self.gc_at_start) / 1e6
+        line["gc_ms"] = (self.collections.ns - self.gc_at_start) / 1e6
         self.file.write(json.dumps(line) + "\n")
 
 

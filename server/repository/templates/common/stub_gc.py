@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 
 FREEZE_ENV = "HUB_VIT_GC_FREEZE"  # "0" in the server's environment: leave the collector as Python has it (benchmarks)
 
@@ -24,3 +25,24 @@ def freeze_loaded() -> None:
         return
     gc.collect()
     gc.freeze()
+
+
+class CollectionClock:
+    """The time this process has spent in garbage collections since `start` (`gc.callbacks`): every thread waits for
+    them, so a step's phases and a benchmark's steps count them apart. `stop` takes the callback out again."""
+
+    def __init__(self) -> None:
+        self.ns, self._began = 0, 0
+
+    def start(self) -> CollectionClock:
+        gc.callbacks.append(self._collection)
+        return self
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._collection)
+
+    def _collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter_ns()
+        else:
+            self.ns += time.perf_counter_ns() - self._began
