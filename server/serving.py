@@ -156,6 +156,11 @@ def not_served(http_url: str, name: str, headers: dict[str, str]) -> str | None:
             "(an empty or foreign --repository? pass --name, or build one with hub-vit repository)")
 
 
+def log_path(http_port: int) -> Path:
+    """Where the serve on HTTP port `http_port` writes Triton's log (`LogFile`)."""
+    return Path(tempfile.gettempdir()) / f"hub-vit-serve-{http_port}.log"
+
+
 class LogFile:
     """Triton's own log, line by line, into a file (`$TMPDIR/hub-vit-serve-<http port>.log`, replaced at each start,
     so the log of a run is where the user expects it). A file that cannot be replaced safely (a symbolic link
@@ -163,7 +168,7 @@ class LogFile:
     after a clean stop: only the log of a failed run is kept (the temporary folder stays clean)."""
 
     def __init__(self, http_port: int) -> None:
-        self.path = Path(tempfile.gettempdir()) / f"hub-vit-serve-{http_port}.log"
+        self.path = log_path(http_port)
         self._file: IO[str] = self._open()
 
     def _open(self) -> IO[str]:

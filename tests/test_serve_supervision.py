@@ -24,6 +24,7 @@ import pytest
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.runtime.launcher import free_port
 from hub_vit.server.runtime.processes import is_stub, live_processes
+from hub_vit.server.serving import log_path
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -131,7 +132,8 @@ class Serve:
 
     def stop(self) -> None:
         """Kill serve if it still runs, and its server's whole process group with it: a serve killed midway cannot
-        clean up, and a test must not leave a tritonserver or its stubs running (a stub left so ran for 30 min)."""
+        clean up, and a test must not leave a tritonserver or its stubs running (a stub left so ran for 30 min). The
+        Triton log a killed or failed serve keeps is removed (a test that wants it reads it before)."""
         if self.process.poll() is None:
             try:
                 group = self._child_group()
@@ -144,6 +146,7 @@ class Serve:
                     os.killpg(group, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        log_path(self.ports[0]).unlink(missing_ok=True)
 
 
 def classification_of_labels(grpc_port: int) -> None:
@@ -222,6 +225,8 @@ def test_without_restarts_a_crash_is_an_error_naming_it() -> None:
         assert serve.finish() == 1, serve.text
         flat = " ".join(serve.text.split())
         assert "tritonserver was killed by SIGFPE" in flat and "not restarting (--max-restarts 0)" in flat, flat
+        kept = log_path(serve.ports[0])  # the log of a failed run is kept, and named
+        assert f"tritonserver's whole log: {kept}" in flat and "Started Metrics Service" in kept.read_text(), flat
         assert not list(Path("/dev/shm").glob(f"{server_id}*"))
     finally:
         serve.stop()
