@@ -102,8 +102,11 @@ def _prepared(explainer: Any, images: list[Path]) -> list[Any]:
     for path in images:
         prepared = _prepare(explainer, path)
         pixels = prepared.image.width * prepared.image.height
-        kept.append(prepared if held + pixels <= HELD_PIXELS else None)
-        held += pixels if kept[-1] is not None else 0
+        if held + pixels <= HELD_PIXELS:
+            held += pixels
+            kept.append(prepared)
+        else:
+            kept.append(None)
     return kept
 
 

@@ -77,8 +77,9 @@ class Phases:
     def __init__(self) -> None:
         path = os.environ.get(PHASE_LOG)
         self.file = open(path, "a", buffering=1, encoding="utf-8") if path else None  # noqa: SIM115 - kept open
-        self.collections = CollectionClock().start() if self.file is not None else CollectionClock()
-        self.gc_at_start = 0
+        self.collections, self.gc_at_start = CollectionClock(), 0
+        if self.file is not None:
+            self.collections.start()
 
     def start(self) -> list[tuple[str, int]] | None:
         self.gc_at_start = self.collections.ns
