@@ -208,27 +208,28 @@ def test_a_second_front_on_the_same_ports_fails_instead_of_sharing_them():
         lock.release()
 
 
-def test_a_port_lock_leaves_no_file_and_a_waiter_on_the_released_file_locks_the_new_one(tmp_path, monkeypatch):
-    import fcntl
-
+def test_a_port_claim_leaves_no_file_names_its_holder_and_ends_with_a_killed_holder(tmp_path, monkeypatch):
+    # a serve killed with SIGKILL cannot clean up: its claim must end with it, and nothing may stay in /tmp
     from hub_vit.server.front.workers import PortLock
+    from hub_vit.server.runtime.launcher import free_port
 
+    port = free_port()
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    first = PortLock("127.0.0.1", 1234)
-    assert first.path.read_text() == str(os.getpid())
-    stale = os.open(first.path, os.O_RDWR)  # a second serve opened the file just before the first released it
-    first.release()
-    assert not list(tmp_path.iterdir())  # nothing left in /tmp
-    fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # it wins the lock on the unlinked file ...
-    os.close(stale)
-    second, third = PortLock("127.0.0.1", 1234), None
-    try:  # ... which must not count: a lock on the path's current file is what excludes
-        with pytest.raises(OSError, match="127.0.0.1:1234 is already served by another hub-vit serve"):
-            third = PortLock("127.0.0.1", 1234)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom hub_vit.server.front.workers import PortLock\n"
+                               f"claim = PortLock('127.0.0.1', {port})\nprint('held', flush=True)\nsys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(OSError, match=f"127.0.0.1:{port} is already served by another hub-vit serve "
+                                          f"\\(pid {holder.pid}\\); choose another port"):
+            PortLock("127.0.0.1", port)
     finally:
-        second.release()
-        if third is not None:
-            third.release()
+        holder.kill()
+        holder.wait()
+    claim = PortLock("127.0.0.1", port)  # the killed holder's claim ended with it
+    claim.release()
+    PortLock("127.0.0.1", port).release()  # and a released one is free again
     assert not list(tmp_path.iterdir())
 
 

@@ -40,6 +40,7 @@ from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, write_repository
 from hub_vit.server.runtime.launcher import ServerError, TritonServer, free_port
 from hub_vit.server.runtime.port_claims import claims_file
+from hub_vit.server.serving import log_path
 from tests.polling import wait_until
 from tests.served import classify_concurrently, quiet_statistics, start_server
 
@@ -811,12 +812,14 @@ def test_cli_serve_a_repository_without_the_named_model_is_not_reported_as_servi
     repository = tmp_path / "digits-only"
     assert CliRunner().invoke(app, ["repository", str(repository), "--name", "digits"]).exit_code == 0
     (repository / MANIFEST).unlink()  # written by hand, say: nothing tells serve the ensemble is 'digits'
+    http_port = free_port()
     result = CliRunner().invoke(app, ["serve", "--repository", str(repository), "--quiet", "--http-port",
-                                      str(free_port()), "--grpc-port", str(free_port()), "--metrics-port",
+                                      str(http_port), "--grpc-port", str(free_port()), "--metrics-port",
                                       str(free_port())])
     output = " ".join(result.output.split())
     assert result.exit_code == 1 and "serves no model 'vit'; models it serves: digits" in output, output
     assert "serving model" not in output
+    assert not log_path(http_port).exists()  # Triton ran well: its log is not kept (the error says it all)
 
 
 def test_cli_serve_try_line_pastes_for_a_folder_with_brackets(tmp_path):

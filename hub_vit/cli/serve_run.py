@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import console, err_console, fail
@@ -70,21 +71,24 @@ class ServeRun:
                                                                             demo_apps),
                            event=self._event, say=self._say, log=screen.log)
         screen.progress("starting tritonserver: loading the models and warming them up")
-        clean = False  # the log file is kept only after a failure
+        keep_log = True  # after a failure its log may explain: Triton's, or an unforeseen one
         try:
             report = serve_repository(repository, self.endpoints, hooks, exit_timeout_s=self.exit_timeout,
                                       max_restarts=self.max_restarts, limits=self.limits)
-            clean = True
+            keep_log = False
         except CannotStart as err:
-            clean = True  # nothing ran: no log worth keeping
+            keep_log = False  # nothing ran
             raise fail(str(err)) from None
         except ServerError as err:
             raise fail(f"{err}\ntritonserver's whole log: {log_file.path}", code=1) from None
+        except typer.Exit:  # serve's own refusal once Triton ran (the named model is not served): its message is whole
+            keep_log = False
+            raise
         finally:
             screen.done()
             for app_ in demo_apps:
                 app_.close()
-            log_file.close(remove=clean)
+            log_file.close(remove=not keep_log)
         if not report.ready:  # interrupted while still loading: a normal exit
             console.print("stopped before the server was ready")
             return

@@ -1,9 +1,9 @@
 """The front's processes, from the serve process: started, steered, ended.
 
 `FrontProcesses.start()` binds nothing itself: it checks that both public ports are free (a bind without
-SO_REUSEPORT, which fails while anything listens there) and takes a lock per port (`$TMPDIR/hub-vit-front-<port>.lock`,
-held while serve runs), so a second `hub-vit serve` on the same port fails instead of silently sharing it; then it
-starts `limits.processes` worker processes (worker.py), each binding both ports with SO_REUSEPORT. `front("http")` and
+SO_REUSEPORT, which fails while anything listens there) and claims each port (`PortLock`, held while serve runs), so a
+second `hub-vit serve` on the same port fails instead of silently sharing it; then it starts `limits.processes` worker
+processes (worker.py), each binding both ports with SO_REUSEPORT. `front("http")` and
 `front("grpc")` are the two `runtime.supervisor.Front`s the supervisor points at each new tritonserver and drains.
 
 A worker that dies (the OOM killer, a crash in a parser) is replaced within `WATCH_INTERVAL_S`: the new one is told
@@ -14,18 +14,16 @@ port's new connections to the workers still listening. Only a replacement that c
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
-import os
 import select
 import socket
+import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from hub_vit.server.front.limits import FrontLimits
@@ -36,47 +34,42 @@ WATCH_INTERVAL_S = 0.5
 
 
 class PortLock:
-    """An exclusive lock on a public port among hub-vit serve processes (flock: released when the holder exits, even
-    killed). OSError naming the holder's pid when another serve holds it."""
+    """An exclusive claim on a public port among hub-vit serve processes: a Unix socket bound to the abstract address
+    `hub-vit-front-<port>` (Linux). Nothing on disk, so nothing is left behind; the kernel ends the claim when its
+    holder exits, even killed; and it is per network namespace, as the port itself is. OSError naming the holder's pid
+    when another serve holds it."""
 
     def __init__(self, host: str, port: int) -> None:
-        self.path = Path(tempfile.gettempdir()) / f"hub-vit-front-{port}.lock"
-        self.fd: int | None = None
-        while self.fd is None:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            except OSError:  # another user's file, or a link planted in a shared /tmp: the bind check still holds
-                return
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                raise OSError(f"{host}:{port} is already served by another hub-vit serve (pid {holder}); choose "
-                              "another port") from None
-            if _same_file(fd, self.path):
-                self.fd = fd
-            else:  # the holder released (and unlinked) it between our open and our lock: lock the new file
-                os.close(fd)
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        self.address = f"\0hub-vit-front-{port}"
+        self.socket: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.socket.bind(self.address)
+        except OSError as exc:
+            self.socket.close()
+            self.socket = None
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise OSError(f"{host}:{port} is already served by another hub-vit serve (pid {_holder(self.address)}); "
+                          "choose another port") from None
+        self.socket.listen(1)  # so a second serve can connect and learn who holds the port
 
     def release(self) -> None:
-        """Unlinked while still locked (no lock files left in /tmp); a waiter holding the old inode sees it is not
-        the path's file any more and retries."""
-        if self.fd is not None:
-            if _same_file(self.fd, self.path):
-                self.path.unlink(missing_ok=True)
-            os.close(self.fd)
-            self.fd = None
+        if self.socket is not None:
+            self.socket.close()
+            self.socket = None
 
 
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        here, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+def _holder(address: str) -> str:
+    """The pid of the process listening on the abstract `address` (SO_PEERCRED), or "unknown"."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(address)
+            pid, _uid, _gid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                   struct.calcsize("3i")))
+        except OSError:
+            return "unknown"
+    return str(pid)
 
 
 def check_free(host: str, port: int) -> None:
