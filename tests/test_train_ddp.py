@@ -28,7 +28,9 @@ def test_torchrun_two_ranks_gloo(tmp_path: Path) -> None:
     args = ["-m", "hub_vit.train", str(data), "--out", str(run), "--model", "simplevit_digits", "--img-size", "32",
             "--steps", "2", "--batch-size", "8", "--lr", "3e-3", "--warmup-steps", "1", "--workers", "0",
             "--device", "cpu", "--threads", "1", "--no-progress"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    workspace = tmp_path / "tmp"  # torchrun's own torchelastic_* folder is left in $TMPDIR after each run
+    workspace.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(workspace)}
     proc = subprocess.Popen(torchrun + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)  # own process group: a hang must not leave ranks behind
     try:
