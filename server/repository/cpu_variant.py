@@ -170,7 +170,7 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
     fp32 keeps the graph already written (exact: max |diff| 1e-4 or less, today's path, no build-time cost); an
     exported ONNX file is served as given (there is no model to verify variants against); a model whose head is
     constant cannot be verified, so `auto` keeps fp32 for it. A model below the compute-bound threshold
-    (`compute_bound` False: < 0.1 GMACs per image, e.g. the 2-MMAC digits model) keeps fp32 under `auto` without
+    (`compute_bound` False: < 0.1 GMACs per image, e.g. the 15-MMAC digits model) keeps fp32 under `auto` without
     measuring: its time goes to per-op overhead and decoding, not matmuls (digits, batch 8: ORT-fused fp32 397 img/s,
     int8-dynamic 220), and the build stays as fast as before. `with_token_means`: the graph at `target` writes the
     out-of-domain score's features, and so must the variant that replaces it.
