@@ -188,3 +188,43 @@ def test_the_cache_command_lists_and_clears(cache: Path, tmp_path: Path) -> None
     cleared = CliRunner().invoke(app, ["cache", "clear"])
     assert cleared.exit_code == 0 and "removed 1 cached variant from" in " ".join(cleared.output.split())
     assert variant_cache.entries() == []
+
+
+def test_clear_removes_the_cache_s_entries_and_nothing_else_in_its_folder(cache: Path, tmp_path: Path) -> None:
+    # $HUB_VIT_VARIANT_CACHE may name a folder that holds other things: clear removed the whole folder
+    from hub_vit.cli import _load_commands, app
+
+    entry = variant_cache.store(_key(), {"variant": "int8-dynamic"}, _graph(tmp_path))
+    leftover = cache / f".{'0' * 64}.tmp-host-1-abcdefgh"  # a killed writer's staging folder
+    leftover.mkdir()
+    (cache / "notes.txt").write_text("mine")
+    (cache / "results").mkdir()
+    _load_commands()
+    cleared = CliRunner().invoke(app, ["cache", "clear"])
+    flat = " ".join(cleared.output.split())
+    assert cleared.exit_code == 0 and "removed 1 cached variant from" in flat, flat
+    assert "left 2 other files there (not cache entries)" in flat, flat
+    assert not entry.exists() and not leftover.exists()
+    assert sorted(p.name for p in cache.iterdir()) == ["notes.txt", "results"]
+
+
+def test_clear_says_so_when_an_entry_cannot_be_removed(cache: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: the error was swallowed and "removed 1 cached variant" printed, exit 0
+    import errno
+    import shutil
+
+    from hub_vit.cli import _load_commands, app
+
+    entry = variant_cache.store(_key(), {"variant": "int8-dynamic"}, _graph(tmp_path))
+
+    def read_only(path: Path, *args: object, **kwargs: object) -> None:  # as on a read-only mount (root ignores modes)
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(shutil, "rmtree", read_only)
+    _load_commands()
+    cleared = CliRunner().invoke(app, ["cache", "clear"])
+    flat = " ".join(cleared.output.split())
+    assert cleared.exit_code == 1, flat
+    assert f"cannot clear the variant cache: Read-only file system: {str(entry)!r}" in flat, flat
+    assert "removed" not in flat

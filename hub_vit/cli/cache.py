@@ -7,7 +7,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_vit.cli.app import app, console
+from hub_vit.cli.app import app, console, fail, os_error_text
 
 cache_app = typer.Typer(help="The CPU variant cache: the graphs `serve` / `repository` chose on this host, reused by "
                              "the next start ($HUB_VIT_VARIANT_CACHE moves it).", no_args_is_help=True)
@@ -20,7 +20,8 @@ def list_cmd() -> None:
     from hub_vit.server.repository import variant_cache
 
     found = variant_cache.entries()
-    console.print(f"variant cache: {escape(str(variant_cache.cache_root()))} ({len(found)} entries)", soft_wrap=True)
+    count = f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}"
+    console.print(f"variant cache: {escape(str(variant_cache.cache_root()))} ({count})", soft_wrap=True)
     if not found:
         return
     table = Table()
@@ -28,7 +29,7 @@ def list_cmd() -> None:
         table.add_column(column, justify="right" if column == "MiB" else "left")
     for entry in found:
         weights = str(entry["weights"] or "-").removeprefix("tensors-sha256:")[:12]
-        table.add_row(escape(str(entry["variant"])), escape(str(entry["requested"])), weights,
+        table.add_row(escape(str(entry["variant"])), escape(str(entry["requested"] or "-")), weights,
                       f"{entry['bytes'] / 2**20:.1f}", escape(entry["damaged"] or "whole"),
                       escape(entry["entry"].rsplit("/", 1)[-1][:12]))
     console.print(table)
@@ -36,9 +37,15 @@ def list_cmd() -> None:
 
 @cache_app.command("clear")
 def clear_cmd() -> None:
-    """Remove every cached variant: the next start builds, verifies and times its candidates again."""
+    """Remove every cached variant: the next start builds, verifies and times its candidates again. Only the cache's
+    own entries are removed, never other files in its folder."""
     from hub_vit.server.repository import variant_cache
 
-    removed = variant_cache.clear()
-    console.print(f"removed {removed} cached variant{'s' if removed != 1 else ''} from "
-                  f"{escape(str(variant_cache.cache_root()))}", soft_wrap=True)
+    root = variant_cache.cache_root()
+    try:
+        removed, others = variant_cache.clear()
+    except OSError as exc:
+        raise fail(f"cannot clear the variant cache: {os_error_text(exc)}", code=1) from None
+    left = f"; left {others} other file{'s' if others != 1 else ''} there (not cache entries)" if others else ""
+    console.print(f"removed {removed} cached variant{'s' if removed != 1 else ''} from {escape(str(root))}{left}",
+                  soft_wrap=True)

@@ -24,12 +24,12 @@ bytes) is removed and rebuilt: a damaged entry is never served.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from importlib import metadata
@@ -42,6 +42,8 @@ from hub_vit.file_hash import sha256_file
 FORMAT = 1  # the entry layout; a new one is another key
 ENTRY = "entry.json"
 FOLDER = "cpu-variants"
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}")  # an entry's folder: its key's sha256 (CacheKey.name)
+_LEFTOVER = re.compile(r"\.[0-9a-f]{64}\..+")  # a killed writer's staging or moved-aside folder (hub_vit.atomic)
 ENV = "HUB_VIT_VARIANT_CACHE"  # moves this cache alone (HUB_VIT_CACHE moves all of hub-vit's)
 _LIBRARIES = ("hub-vit", "onnxruntime", "openvino", "nncf", "torch", "onnx", "scikit-image", "pillow")
 # The modules whose code shapes a cached graph or the choice among candidates: the model's forward, the variant
@@ -224,15 +226,22 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
     return found
 
 
-def clear(root: Path | None = None) -> int:
-    """Remove every entry (and what killed writers left); returns how many entries there were."""
+def clear(root: Path | None = None) -> tuple[int, int]:
+    """Remove every entry, and what killed writers of entries left; returns (entries removed, other things left).
+    Only what the cache writes is touched: the folder may be one the user named with `$HUB_VIT_VARIANT_CACHE` and
+    share it with other files. OSError (naming the path) when an entry cannot be removed."""
     root = root or cache_root()
     if not root.is_dir():
-        return 0
-    count = sum(1 for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    with contextlib.suppress(OSError):
-        shutil.rmtree(root)
-    return count
+        return 0, 0
+    removed = others = 0
+    for path in sorted(root.iterdir()):
+        if path.is_dir() and not path.is_symlink() and (_ENTRY_NAME.fullmatch(path.name)
+                                                         or _LEFTOVER.fullmatch(path.name)):
+            shutil.rmtree(path)
+            removed += _ENTRY_NAME.fullmatch(path.name) is not None
+        else:
+            others += 1
+    return removed, others
 
 
 __all__ = ["CacheKey", "cache_key", "cache_root", "clear", "entries", "exported_graphs", "library_versions", "load",
