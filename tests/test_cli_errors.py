@@ -65,3 +65,21 @@ def test_other_errors_are_not_hidden(exc: BaseException, command) -> None:
         return
     with pytest.raises(type(exc)):
         cli.main()
+
+
+def test_an_error_naming_two_files_names_the_destination_first(tmp_path) -> None:
+    # a copy onto a full disk named only the cache file it copied from (filename), not the destination (filename2)
+    import os
+    from pathlib import Path
+
+    from hub_vit.cli.app import os_error_text
+
+    source, destination = tmp_path / "staged.onnx", tmp_path / "out" / "model.onnx"
+    source.write_bytes(b"graph")
+    destination.mkdir(parents=True)  # a folder in the way: the OS names both files
+    (destination / "x").touch()
+    with pytest.raises(OSError) as raised:
+        os.replace(source, destination)
+    assert os_error_text(raised.value) == f"Is a directory: {str(destination)!r} (from {str(source)!r})"
+    assert os_error_text(FileNotFoundError(errno.ENOENT, "No such file or directory", "a")) == \
+        f"No such file or directory: {str(Path('a'))!r}"

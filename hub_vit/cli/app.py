@@ -61,8 +61,12 @@ def is_environment_error(exc: BaseException) -> bool:
 
 
 def os_error_text(exc: OSError) -> str:
-    """`Read-only file system: 'out/x'`: the OS reason, then the path it names (when it names one)."""
+    """`Read-only file system: 'out/x'`: the OS reason, then the path it names (when it names one). A copy's or a
+    rename's error names both files, the source first (`shutil.copyfile`, `os.replace`); the destination is the one
+    a full or read-only disk holds, or a folder stands in the way of, so it comes first: `...: 'dst' (from 'src')`."""
     reason = exc.strerror or str(exc)
+    if isinstance(exc.filename2, (str, bytes, os.PathLike)):
+        return f"{reason}: {os.fsdecode(exc.filename2)!r} (from {os.fsdecode(exc.filename)!r})"
     if isinstance(exc.filename, (str, bytes, os.PathLike)):
         return f"{reason}: {os.fsdecode(exc.filename)!r}"
     return reason
