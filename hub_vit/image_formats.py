@@ -16,6 +16,7 @@ SUFFIXES: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp")  # file names of 
 # model trained or calibrated on them still serves JPEG, PNG and WebP.
 OWN_FILE_FORMATS: tuple[str, ...] = (*FORMATS, "BMP", "GIF")
 OWN_FILE_SUFFIXES: tuple[str, ...] = (*SUFFIXES, ".bmp", ".gif")
+OWN_FILE_NAMES = "JPEG, PNG, WebP, BMP or GIF"
 
 
 def signature_format(data: bytes) -> str | None:
@@ -28,3 +29,16 @@ def signature_format(data: bytes) -> str | None:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "WebP"
     return None
+
+
+# Other images people try, by signature: named in the refusal, so the user knows to convert rather than to repair
+_OTHER_SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
+    (0, b"GIF87a", "GIF"), (0, b"GIF89a", "GIF"), (0, b"BM", "BMP"), (0, b"II*\x00", "TIFF"), (0, b"MM\x00*", "TIFF"),
+    (4, b"ftypheic", "HEIC"), (4, b"ftypheix", "HEIC"), (4, b"ftypmif1", "HEIF"), (4, b"ftypavif", "AVIF"),
+    (0, b"\x00\x00\x00\x0cjXL ", "JPEG XL"), (0, b"\xff\x0a", "JPEG XL"), (0, b"%PDF", "PDF"))
+
+
+def other_format(data: bytes) -> str | None:
+    """The image format other than JPEG, PNG and WebP that `data` starts with (GIF, BMP, TIFF, HEIC, AVIF, ...), by
+    its signature alone (no decoder runs), or None."""
+    return next((name for offset, magic, name in _OTHER_SIGNATURES if data[offset:offset + len(magic)] == magic), None)

@@ -79,10 +79,17 @@ def _gif(path: Path) -> None:
     Image.new("P", (64, 64)).save(path, format="GIF")
 
 
+def _empty(path: Path) -> None:  # was: "cannot read ... as an image (UnidentifiedImageError)"
+    path.write_bytes(b"")
+
+
 @pytest.mark.parametrize(("make", "message"), [(_text_posing_as_png, "supported formats: JPEG, PNG or WebP"),
                                                (_thin_png, "aspect ratio too extreme"),
-                                               (_bmp, "supported formats: JPEG, PNG or WebP"),
-                                               (_gif, "supported formats: JPEG, PNG or WebP")])
+                                               (_bmp, "is a BMP image, not one of the supported formats: JPEG, PNG "
+                                                      "or WebP (convert it to one of them)"),
+                                               (_gif, "is a GIF image, not one of the supported formats: JPEG, PNG "
+                                                      "or WebP (convert it to one of them)"),
+                                               (_empty, "is empty (0 bytes); supported formats: JPEG, PNG or WebP")])
 def test_cli_bad_image_writes_nothing(model_folder: Path, photo_files: list[Path], tmp_path: Path, make,
                                       message: str) -> None:
     bad = tmp_path / "bad.png"
@@ -91,13 +98,22 @@ def test_cli_bad_image_writes_nothing(model_folder: Path, photo_files: list[Path
     result = CliRunner().invoke(_runner_app(), ["rollout", str(photo_files[0]), str(bad), "-o", str(out),
                                                 "--model", str(model_folder)])
     assert result.exit_code == 2
-    assert "bad.png" in result.output and message in result.output
+    assert "bad.png" in result.output and message in " ".join(result.output.split())
     assert not out.exists()
+
+
+def test_cli_a_folder_given_as_an_image_is_named(model_folder: Path, tmp_path: Path) -> None:
+    # was: "cannot read 'imgs' as an image (IsADirectoryError)"
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(folder), "-o", str(tmp_path / "out"), "--model",
+                                                str(model_folder)])
+    assert result.exit_code == 2 and "is a folder, not an image file" in result.output, result.output
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--head-fusion", "median"], "mean, max, min"),
-    (["--discard-ratio", "1.5"], "--discard-ratio: discard_ratio must be a number in [0, 1), got 1.5"),
+    (["--discard-ratio", "1.5"], "--discard-ratio must be a number in [0, 1), got 1.5"),
     (["--colormap", "rainbow"], "jet, inferno, gray"),
 ])
 def test_cli_rejects_bad_options(model_folder: Path, photo_files: list[Path], tmp_path: Path, args: list[str],

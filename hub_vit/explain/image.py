@@ -8,6 +8,7 @@ map back where the model looked instead of stretching it over the whole photo.
 from __future__ import annotations
 
 import io
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from PIL import Image, ImageOps
 
 from hub_vit.data_config import INTERPOLATIONS as DATA_INTERPOLATIONS
 from hub_vit.data_config import DataConfig
-from hub_vit.image_formats import FORMATS, NAMES, SUFFIXES, signature_format
+from hub_vit.image_formats import FORMATS, NAMES, OWN_FILE_NAMES, SUFFIXES, other_format, signature_format
 from hub_vit.image_modes import to_8bit
 from hub_vit.resize_bound import check_resize, eval_resize
 
@@ -71,13 +72,23 @@ def load_image(source: str | Path | bytes, name: str | None = None, *, large: bo
             raise ImageReadError(f"{label!r} is too large to decode safely ({exc})") from exc
         except FileNotFoundError as exc:
             raise ImageReadError(f"image file {label!r} does not exist") from exc
+        except IsADirectoryError as exc:
+            raise ImageReadError(f"{label!r} is a folder, not an image file") from exc
         except Exception as exc:  # Pillow raises many exception types on malformed input (ValueError, OSError, ...)
-            claimed = signature_format(_first_bytes(source))
+            head = _first_bytes(source)
+            claimed = signature_format(head)
             if claimed is not None:  # a JPEG / PNG / WebP cut short in its header: damaged, not another format
                 reason = str(exc).strip() or type(exc).__name__
                 raise ImageReadError(f"{label!r} is a damaged or incomplete {claimed} image ({reason})") from exc
+            names = NAMES if tuple(formats) == FORMATS else OWN_FILE_NAMES
+            if not head and _empty(source):
+                raise ImageReadError(f"{label!r} is empty (0 bytes); supported formats: {names}") from exc
+            other = other_format(head)
+            if other is not None:
+                raise ImageReadError(f"{label!r} is a {other} image, not one of the supported formats: {names} "
+                                     "(convert it to one of them)") from exc
             raise ImageReadError(f"cannot read {label!r} as an image ({type(exc).__name__}); supported formats: "
-                                 f"{NAMES}") from exc
+                                 f"{names}") from exc
         with im:
             (width, height), kind = im.size, im.format
             if max_pixels is not None and width * height > max_pixels:
@@ -93,6 +104,16 @@ def load_image(source: str | Path | bytes, name: str | None = None, *, large: bo
             except Exception as exc:  # the header was fine: a damaged file, not an unsupported format
                 reason = str(exc).strip() or type(exc).__name__
                 raise ImageReadError(f"{label!r} is a damaged or incomplete {kind} image ({reason})") from exc
+
+
+def _empty(source: str | Path | bytes) -> bool:
+    """`source` holds no bytes at all (an upload cut off, a file created and never written)."""
+    if isinstance(source, bytes):
+        return not source
+    try:
+        return os.stat(source).st_size == 0
+    except OSError:
+        return False
 
 
 def _first_bytes(source: str | Path | bytes) -> bytes:
