@@ -87,6 +87,10 @@ def test_a_bad_repository_or_address_is_refused_by_name(tmp_path):
     assert result.returncode == 2 and "gRPC address" in result.stderr and "8000" in result.stderr
     result = _health("--url", "127.0.0.1:8000/v2")
     assert result.returncode == 2 and "has a path; give host:port only" in result.stderr
+    result = _health("--url", "foo")  # was: an example of a gRPC address too, for a check that speaks HTTP only
+    flat = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "--url: server URL must be host:port (e.g. 127.0.0.1:8000 for HTTP), got 'foo'" \
+        in flat, flat
     assert http_base("http://h:1/") == "http://h:1" and http_base("h:1") == "http://h:1"
     assert http_base("https://h:1") == "https://h:1"
 

@@ -51,7 +51,7 @@ class TritonLabels:
                  served_name: str | None = None) -> None:
         from hub_vit.server.client.addresses import server_address  # numpy only; tritonclient loads on first request
 
-        server_address(url)  # ValueError naming the problem, before the page offers this backend
+        server_address(url, ("http",))  # ValueError naming the problem, before the page offers this backend
         self.url, self.model, self.timeout_s = url, model, timeout_s
         self.served_key, self.served_name = served_key, served_name
         self.choice = f"triton ({url})"

@@ -11,11 +11,12 @@ from hub_vit.ports import GRPC_PORT, HTTP_PORT, LOOPBACK
 PROTOCOLS = ("http", "grpc")
 
 
-def server_address(url: str) -> tuple[str, bool]:
+def server_address(url: str, protocols: tuple[str, ...] = PROTOCOLS) -> tuple[str, bool]:
     """`host:port`, optionally written as a URL (`http://`, `grpc://`; `https://` for TLS) -> (host:port, use TLS).
     `ValueError` naming the problem otherwise: tritonclient itself fails on these with unrelated errors (a bad port
-    ends in an AttributeError from its destructor)."""
-    example = f"e.g. {LOOPBACK}:{HTTP_PORT} for HTTP or {LOOPBACK}:{GRPC_PORT} for gRPC"
+    ends in an AttributeError from its destructor). `protocols`: what the caller speaks there, for the example."""
+    examples = {"http": f"{LOOPBACK}:{HTTP_PORT} for HTTP", "grpc": f"{LOOPBACK}:{GRPC_PORT} for gRPC"}
+    example = "e.g. " + " or ".join(examples[protocol] for protocol in protocols)
     if not isinstance(url, str):
         raise TypeError(f"the server URL must be a string such as '{LOOPBACK}:{HTTP_PORT}', got {url!r}")
     scheme, sep, rest = _split_scheme(url)

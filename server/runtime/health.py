@@ -160,7 +160,7 @@ def http_base(url: str) -> str:
     if client.resolve_protocol(url) == "grpc":
         raise ValueError(f"{url!r} is a gRPC address; the health check asks Triton's HTTP endpoint (default port "
                          f"{HTTP_PORT})")
-    address, tls = client.server_address(url)
+    address, tls = client.server_address(url, ("http",))
     return f"{'https' if tls else 'http'}://{address}"
 
 
