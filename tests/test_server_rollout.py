@@ -269,7 +269,7 @@ def test_classify_explain_bad_settings_fail_before_any_request(tmp_path, repo_ro
     result = runner.invoke(app, ["classify", "--url", url, "--explain", "--head-fusion", "avg", image])
     assert result.exit_code != 0 and "unknown --head-fusion 'avg'; valid choices: mean, max, min" in result.output
     result = runner.invoke(app, ["classify", "--url", url, "--explain", "--discard-ratio", "1", image])
-    assert result.exit_code != 0 and "discard_ratio must be a number in [0, 1), got 1.0" in result.output
+    assert result.exit_code != 0 and "--discard-ratio must be a number in [0, 1), got 1.0" in result.output
     result = runner.invoke(app, ["classify", "--url", url, "--head-fusion", "max", image])
     assert result.exit_code != 0 and "add --explain" in result.output
     assert not (tmp_path / "out").exists()

@@ -86,9 +86,9 @@ def _check_explain_flags(explain: bool, head_fusion: str | None, discard_ratio: 
     if head_fusion is not None and head_fusion not in HEAD_FUSIONS:
         raise fail(f"unknown --head-fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
     try:
-        check_discard_ratio(0.0 if discard_ratio is None else discard_ratio)
+        check_discard_ratio(0.0 if discard_ratio is None else discard_ratio, "--discard-ratio")
     except ValueError as exc:
-        raise fail(f"--discard-ratio: {exc}") from None
+        raise fail(str(exc)) from None
     if file_in_the_way(out) is not None:  # before any request
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(file_in_the_way(out))!r} is a file")
 

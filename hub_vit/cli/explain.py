@@ -167,9 +167,9 @@ def rollout(
     if not 0 <= alpha <= 1:
         raise fail(f"--alpha must be in [0, 1], got {alpha}")
     try:
-        check_discard_ratio(discard_ratio)
+        check_discard_ratio(discard_ratio, "--discard-ratio")
     except ValueError as exc:
-        raise fail(f"--discard-ratio: {exc}") from None  # in classify's words
+        raise fail(str(exc)) from None  # in classify's words
     try:
         explainer = load_explainer(resolve_choice(model))
     except ValueError as exc:

@@ -92,7 +92,7 @@ def onnx_cmd(
                                            "join the verification set (top-1 is judged on them), half the int8 "
                                            "calibration. Default: the held-out images the model folder names "
                                            "(training.json), if any.", parser=given_path),
-    images_limit: int = typer.Option(512, help="Use at most this many files from --images."),
+    images_limit: int = typer.Option(512, help="Use at most this many files from --images (0: all of them)."),
     seed: int = typer.Option(None, help="Seed of the verification set (default: fresh)."),
     provider: list[str] = typer.Option(None, help="onnxruntime execution provider(s) for verification."),
     stem: str = typer.Option("model", help="File name stem: <stem>.onnx, <stem>.<variant>.onnx, ..."),
@@ -105,6 +105,8 @@ def onnx_cmd(
     from hub_vit.export.variants import export_variants
 
     counts = dict(n_random=random_inputs, n_photos=photos, n_calibration=calibration, seed=seed)
+    if images_limit < 0:
+        raise fail(f"--images-limit must be >= 0 (0: all of them), got {images_limit}")
     try:  # validate everything cheap before building a model
         plan = _checked_flags(variant, stem, opset, exporter, out, provider, dynamic_batch=dynamic_batch,
                               dynamic_size=dynamic_size, attentions=attentions)

@@ -20,6 +20,7 @@ def models(
     from hub_vit.model import VisionTransformer, count_parameters
 
     families = sorted({e.family for e in MODELS.values()})
+    family = family.lower() if family is not None else None  # `--family ViT`: names are case-insensitive to people
     if family is not None and family not in families:
         raise fail(f"unknown family {family!r}; valid choices: {', '.join(families)}")
     header = ("name", "variant", "posemb", "pool", "pre-logits", "params", "pretrained tags" if tags else "weights")

@@ -43,9 +43,10 @@ def check_head_fusion(head_fusion: str) -> str:
     return head_fusion
 
 
-def check_discard_ratio(discard_ratio: float) -> float:
+def check_discard_ratio(discard_ratio: float, name: str = "discard_ratio") -> float:
+    """`discard_ratio` as a float; ValueError naming it as the caller knows it (`name`: a flag on the command line)."""
     if isinstance(discard_ratio, bool) or not isinstance(discard_ratio, (int, float)) or not 0 <= discard_ratio < 1:
-        raise ValueError(f"discard_ratio must be a number in [0, 1), got {discard_ratio!r}")
+        raise ValueError(f"{name} must be a number in [0, 1), got {discard_ratio!r}")
     return float(discard_ratio)
 
 
