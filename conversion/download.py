@@ -6,7 +6,8 @@ huggingface_hub and torch), under `downloads/<first 32 hex digits of the URL's s
 `<file name>.sha256` sidecar holding the content hash (computed while downloading; checked against the catalog's
 hash when it has one). A download is written to `*.part` and renamed when complete, so the cache never
 holds a half file. With no network (or `HUB_VIT_OFFLINE` / `HF_HUB_OFFLINE` set to 1, true, yes or on) a download
-fails at once and says which URL to fetch by hand and where to put it. A cache that cannot be written (read-only
+fails at once and says which URL to fetch by hand and where to put it; an HTTP error status (404: a wrong URL) is
+named as the server's answer, and only a 5xx, which may pass, keeps that help. A cache that cannot be written (read-only
 home, full disk) is one error naming the folder and HUB_VIT_CACHE; a failed download removes the folders it created.
 
 The sidecar is the evidence that a cached file is what hub-vit fetched from its URL: a file placed in the cache by
@@ -23,6 +24,7 @@ import shlex
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 
 from hub_vit.atomic import missing_folders, remove_empty_folders
@@ -176,6 +178,20 @@ def _offline_message(url: str, dest: Path, reason: str) -> str:
             "model card does not claim the published checkpoint's results.")
 
 
+def _http_error_message(url: str, dest: Path, exc: urllib.error.HTTPError) -> str:
+    """An error status is the server's answer, not a network failure. A 4xx means the URL is wrong (or the file is not
+    public): fetching the same URL by hand gets the same answer, so no hand-download help. A 5xx may pass: it keeps
+    the help, as a network failure does."""
+    try:
+        status = f"HTTP {exc.code} {HTTPStatus(exc.code).phrase}"  # the standard phrase, not the server's wording
+    except ValueError:  # a status code outside the standard list
+        status = f"HTTP {exc.code} {exc.reason or ''}".rstrip()
+    if exc.code >= 500:
+        return _offline_message(url, dest, f"the server answered {status}; this may pass, try again later")
+    hint = "is the URL right, and is the file public?" if exc.code in (401, 403) else "is the URL right?"
+    return f"cannot download {url}: the server answered {status} ({hint})"
+
+
 def check_timeout(timeout: float) -> None:
     """A network timeout is a finite number of seconds > 0: urllib takes 0 as "never wait" and refuses a negative one
     only once it connects, and NaN or infinity would wait forever."""
@@ -210,6 +226,10 @@ def download(url: str, *, expected_sha256: str | None = None, timeout: float = D
     except _LocalWriteError as exc:
         _discard(part, dest, sidecar, created)
         raise _cache_error(url, exc.error) from exc.error
+    except urllib.error.HTTPError as exc:  # before URLError, its base class: the server answered, the network works
+        _discard(part, dest, sidecar, created)
+        exc.close()  # the error response's connection
+        raise DownloadError(_http_error_message(url, dest, exc)) from exc
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         _discard(part, dest, sidecar, created)  # no empty `downloads/<hash>/` left behind by a failed fetch
         reason = getattr(exc, "reason", None) or exc

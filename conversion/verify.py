@@ -9,6 +9,8 @@ is 1e-5 in float32 on CPU, which catches an erf/tanh GELU mix-up (2-4e-4); eps i
 from __future__ import annotations
 
 import re
+import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,50 @@ def _diff(ours: torch.Tensor, theirs: np.ndarray) -> float:
     return float((ours.double() - torch.from_numpy(np.asarray(theirs)).double()).abs().max())
 
 
+class ReferenceFileError(ValueError):
+    """A reference outputs file that is not a readable .npz archive: a truncated download, a text file, a lone .npy."""
+
+
+def _unreadable(reference: str | Path, why: str) -> ReferenceFileError:
+    return ReferenceFileError(f"reference outputs {str(reference)!r} are not a readable .npz archive: {why}; download "
+                              "it again or pass another reference file (--reference)")
+
+
+def check_reference_file(reference: str | Path) -> None:
+    """Raise `ReferenceFileError` unless `reference` is a zip archive, as every .npz is. Cheap (the first bytes and
+    the zip's end record, no array), so a bad file is named before a download or a conversion.
+
+    np.load guesses the format from the first bytes: a half-downloaded .npz starts as a zip but has no end record
+    (a BadZipFile traceback), and any file that is neither zip nor .npy is taken for a pickle ("Cannot load file
+    containing pickled data"), which says nothing about what is wrong."""
+    try:
+        if zipfile.is_zipfile(reference):
+            return
+        with open(reference, "rb") as f:
+            head = f.read(8)
+    except OSError as exc:  # no permission: is_zipfile says False, open says why
+        raise _unreadable(reference, f"cannot be read ({exc.strerror or exc})") from None
+    if not head:
+        why = "the file is empty"
+    elif head.startswith(b"PK\x03\x04"):
+        why = "truncated or damaged (zip header present, end of archive missing)"
+    elif head.startswith(b"\x93NUMPY"):
+        why = "it is a single .npy array, not an .npz archive"
+    else:
+        why = f"not a zip archive, as every .npz is (first bytes {head!r})"
+    raise _unreadable(reference, why)
+
+
+def _read_reference(reference: str | Path) -> dict[str, np.ndarray]:
+    check_reference_file(reference)
+    try:
+        with np.load(reference, allow_pickle=False) as io:
+            return {k: io[k] for k in io.files}
+    # a whole zip with a damaged member: a bad CRC (BadZipFile), broken deflate data (zlib.error), a cut-off array
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise _unreadable(reference, f"damaged ({exc})") from None
+
+
 @torch.no_grad()
 def model_outputs(model: VisionTransformer, inputs_nhwc: np.ndarray) -> dict[str, torch.Tensor]:
     """The same named arrays as a reference file, computed by `model` from NHWC inputs."""
@@ -98,11 +144,7 @@ def compare_to_reference(model: VisionTransformer, reference: str | Path, *, fun
     `function_changed` (e.g. the posemb was resampled) limits the comparison to the patch embeddings, which no
     option changes; `head_changed` (new class count, dropped pre-logits) skips `logits` and `pre_logits`.
     """
-    try:
-        with np.load(reference, allow_pickle=False) as io:
-            ref = {k: io[k] for k in io.files}
-    except (OSError, ValueError, EOFError) as exc:  # not an npz: a text file, a truncated download
-        raise ValueError(f"reference outputs {str(reference)!r} are not a readable .npz file ({exc})") from None
+    ref = _read_reference(reference)
     if "inputs" not in ref:
         raise ValueError(f"reference outputs {str(reference)!r} have no 'inputs' array (found: "
                          f"{', '.join(sorted(ref)[:6]) or 'nothing'}{', ...' if len(ref) > 6 else ''}); a reference is "
@@ -186,5 +228,5 @@ def verdict(report: ParityReport) -> str:
             f"{', '.join(report.skipped)}")
 
 
-__all__ = ["ParityReport", "TOLERANCE", "compare_to_reference", "find_reference", "format_report", "model_outputs",
-           "self_consistency", "verdict"]
+__all__ = ["ParityReport", "ReferenceFileError", "TOLERANCE", "check_reference_file", "compare_to_reference",
+           "find_reference", "format_report", "model_outputs", "self_consistency", "verdict"]

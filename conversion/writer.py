@@ -26,7 +26,14 @@ from hub_vit.weights_digest import state_dict_digest
 from .convert import Conversion, convert_file
 from .download import DEFAULT_TIMEOUT_S, Source, catalog_weight, resolve_source
 from .infer import ArchitectureMismatchError, check_compatible, check_variant, match_architecture
-from .verify import ParityReport, compare_to_reference, find_reference, self_consistency
+from .verify import (
+    ParityReport,
+    ReferenceFileError,
+    check_reference_file,
+    compare_to_reference,
+    find_reference,
+    self_consistency,
+)
 
 
 class ParityError(RuntimeError):
@@ -134,8 +141,17 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     if reference is not None and not Path(reference).is_file():
         what = "are a folder; give the .npz file of reference outputs" if Path(reference).is_dir() else "do not exist"
         raise FileNotFoundError(f"reference outputs {str(reference)!r} {what}")
+    if reference is not None:
+        check_reference_file(reference)  # a truncated download or a text file, too
     src = resolve_source(source, timeout=timeout, progress=progress)
     check_output_folder(out, overwrite, keep=[src.path, *([Path(reference)] if reference is not None else [])])
+    ref = Path(reference) if reference is not None else find_reference(src.path)  # both checked to exist
+    if reference is None and ref is not None:  # before the conversion's work, as a reference named by hand is
+        try:
+            check_reference_file(ref)
+        except ReferenceFileError as exc:  # the user never named it: say why it is read at all
+            raise ReferenceFileError(f"{exc}. It was used because it lies beside the checkpoint; move it away to "
+                                     "convert without reference outputs") from None
     conv = convert_file(src.path, img_size=img_size, num_classes=num_classes, drop_pre_logits=drop_pre_logits,
                         variant=variant)
     if src.catalog_name:
@@ -147,7 +163,6 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     conv.state_dict.clear()  # the model holds the weights now; keep one copy in memory
     model.eval()
 
-    ref = Path(reference) if reference is not None else find_reference(src.path)  # both checked to exist
     resampled = spec.posemb == "learn" and spec.grid_size != conv.source_spec.grid_size
     head_changed = spec.num_classes != conv.source_spec.num_classes or spec.rep_size != conv.source_spec.rep_size
     if ref is not None:

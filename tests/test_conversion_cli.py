@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -217,6 +218,55 @@ def test_reference_that_is_not_reference_outputs_is_named(tmp_path: Path) -> Non
         assert result.exit_code == 2 and needle in " ".join(result.output.split()), result.output
     assert not (tmp_path / "out").exists()
 
+
+
+def _damaged_reference(kind: str, path: Path) -> None:
+    """Write a real damaged copy of a valid reference file to `path`."""
+    data = bytearray((JAX / "big_vision" / "tiny_learn_tok.io.npz").read_bytes())
+    if kind == "truncated":  # a download cut off half way: the zip's end record is missing
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    elif kind == "text":
+        path.write_text("<html>Sign in to continue</html>\n")
+    else:  # a whole zip with one flipped byte inside its first (stored, uncompressed) member
+        with zipfile.ZipFile(JAX / "big_vision" / "tiny_learn_tok.io.npz") as archive:
+            first = archive.infolist()[0]
+        data[first.header_offset + 30 + len(first.filename) + len(first.extra) + 200] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("kind", "why"), [
+    ("truncated", "truncated or damaged (zip header present, end of archive missing)"),  # was: BadZipFile traceback
+    ("text", "not a zip archive"),  # was: "Cannot load file containing pickled data when allow_pickle=False"
+    ("damaged", "damaged (Bad CRC-32 for file 'inputs.npy')"),  # was: BadZipFile traceback
+])
+def test_an_unreadable_reference_is_one_line_and_writes_nothing(kind: str, why: str, tmp_path: Path) -> None:
+    reference = tmp_path / "ref.io.npz"
+    _damaged_reference(kind, reference)
+    result = CliRunner().invoke(app, ["convert", str(JAX / "big_vision" / "tiny_learn_tok.npz"), "-o",
+                                      str(tmp_path / "out"), "--reference", str(reference)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text  # a traceback exits 1
+    assert text.startswith(f"error: reference outputs {str(reference)!r} are not a readable .npz archive: {why}")
+    assert text.endswith("download it again or pass another reference file (--reference)"), text
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_reference_beside_the_checkpoint_is_named_and_the_output_kept(tmp_path: Path) -> None:
+    # the automatically found `<name>.io.npz`, cut off: a BadZipFile traceback, even without --reference
+    src = tmp_path / "tiny_learn_tok.npz"
+    shutil.copy(JAX / "big_vision" / "tiny_learn_tok.npz", src)
+    out = tmp_path / "out"
+    run(str(src), "-o", str(out))  # no reference beside it yet
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    _damaged_reference("truncated", tmp_path / "tiny_learn_tok.io.npz")
+    result = CliRunner().invoke(app, ["convert", str(src), "-o", str(out), "--overwrite"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert text.startswith(f"error: reference outputs {str(tmp_path / 'tiny_learn_tok.io.npz')!r} are not a "
+                           "readable .npz archive: truncated"), text
+    assert "lies beside the checkpoint; move it away to convert without reference outputs" in text
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # the old model, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tiny_learn_tok.io.npz", "tiny_learn_tok.npz"]
 
 def test_sigterm_mid_write_leaves_no_staging_folder(tmp_path: Path) -> None:
     # Python's default SIGTERM skipped the cleanup: a killed convert left `.out.tmp-*` with a full copy of the weights

@@ -190,10 +190,63 @@ def test_failed_download_leaves_no_folder_it_created(tmp_path: Path, monkeypatch
     # HUB_VIT_CACHE=/nonexistent/deep plus a failed download left the empty /nonexistent/deep behind
     monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "new" / "deep"))
     (tmp_path / "served").mkdir()
-    with serving(tmp_path / "served") as base, pytest.raises(DownloadError, match="network error"):
-        resolve_source(f"{base}/missing.npz", progress=False)  # 404
+    with serving(tmp_path / "served") as base, pytest.raises(DownloadError, match="HTTP 404 Not Found"):
+        resolve_source(f"{base}/missing.npz", progress=False)
     assert list(tmp_path.iterdir()) == [tmp_path / "served"]
 
+
+
+class _Answering(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with the status in its `status` attribute, as a server with no such file (404) or one in
+    trouble (503) does."""
+
+    status = 404
+
+    def do_GET(self) -> None:
+        self.send_error(self.status)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def answering(status: int) -> Iterator[str]:
+    """A real HTTP server on a free local port answering `status` to every request; yields its base URL."""
+    handler = type("Handler", (_Answering,), {"status": status})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_http_404_says_the_url_is_wrong_not_that_the_network_failed(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: "(network error: Not Found). Download it by hand, e.g. curl ...": the same URL by hand is the same 404
+    from hub_vit.cli import _load_commands
+    from hub_vit.cli.app import app
+
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    _load_commands()
+    with answering(404) as base:
+        result = CliRunner().invoke(app, ["convert", f"{base}/x.npz", "-o", str(tmp_path / "out")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert text == f"error: cannot download {base}/x.npz: the server answered HTTP 404 Not Found (is the URL right?)"
+    assert list(tmp_path.iterdir()) == []  # neither the cache folders nor the output
+
+
+def test_http_503_may_pass_so_the_hand_download_help_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    with answering(503) as base, pytest.raises(DownloadError) as err:
+        resolve_source(f"{base}/x.npz", progress=False)
+    message = str(err.value)
+    assert message.startswith(f"cannot download {base}/x.npz (the server answered HTTP 503 Service Unavailable; "
+                              "this may pass, try again later). Download it by hand"), message
+    assert "network error" not in message and not (tmp_path / "cache").exists()
 
 def test_existing_cache_folders_are_kept_after_a_failed_download(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
