@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,20 @@ def test_digits_pretrained_offline_leaves_no_run_folder(tmp_path: Path, monkeypa
                         "--pretrained", "--stop-at", "1", *QUICK)
     assert code == 2, text
     assert (kept / "mine.txt").read_text() == "x"
+
+
+def test_unreadable_training_images_at_step_0_leave_no_run_folder(data: Path, tmp_path: Path) -> None:
+    # the train split is read only once the steps start: the run folder it created was left holding recipe.json
+    bad = tmp_path / "bad"
+    shutil.copytree(data, bad)
+    for image in (bad / "train").glob("*/*.png"):
+        image.write_text("not an image")
+    out = tmp_path / "new" / "run"  # its parent too is created by the run
+    code, text = _train(str(bad), "--out", str(out), "--model", "simplevit_digits", "--steps", "2", *QUICK)
+    assert code == 2 and "error: cannot decode image" in text and "Traceback" not in text, text
+    assert not (tmp_path / "new").exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()  # made by the user before: theirs, kept
+    code, text = _train(str(bad), "--out", str(existing), "--model", "simplevit_digits", "--steps", "2", *QUICK)
+    assert code == 2 and "error: cannot decode image" in text, text
+    assert existing.is_dir()

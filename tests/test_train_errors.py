@@ -59,7 +59,36 @@ def test_epochs_too_large_is_one_line(data: Path, tmp_path: Path, epochs: str) -
     # 1e308 epochs used to end in "OverflowError: cannot convert float infinity to integer" (steps_for); 1e307
     # started a run of 1e307 steps
     text = _refused(tmp_path / "run", str(data), "--model", "simplevit_digits", "--epochs", epochs, *QUICK)
-    assert "total_epochs" in text
+    assert "error: --epochs " in text and "total_epochs" not in text
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    # each used to name the recipe's field (`total_steps must be ...`), not the flag the user typed
+    (("--steps", "0"), "error: --steps must be a positive integer, got 0"),
+    (("--epochs", "-1"), "error: --epochs must be a finite number > 0, got -1.0"),
+    (("--batch-size", "0"), "error: --batch-size must be a positive integer, got 0"),
+    (("--micro-batch", "0"), "error: --micro-batch must be a positive integer, got 0"),
+    (("--img-size", "0"), "error: --img-size must be a positive integer, got 0"),
+    (("--stop-at", "-1"), "error: --stop-at must be a step >= 1, got -1"),
+    # integers: "a finite number >= 0" before
+    (("--warmup-steps", "-1"), "error: --warmup-steps must be an integer >= 0, got -1"),
+    (("--workers", "-1"), "error: --workers must be an integer >= 0, got -1"),
+    (("--lr", "0"), "error: --lr must be a finite number > 0, got 0.0"),
+    (("--mixup", "-1"), "error: --mixup must be a finite number >= 0, got -1.0"),
+    (("--seed", "-1"), "error: --seed must be an integer in [0, 2**64), got -1"),
+    (("--precision", "fp8"), "error: unknown --precision 'fp8'; valid choices"),
+    (("--device", "tpu"), "error: unknown --device 'tpu'; valid choices: 'cpu', 'cuda'"),
+    # a setting named inside the message too; the user's quoted value is kept as typed
+    (("--micro-batch", "3"), "error: --micro-batch 3 does not divide the per-process batch 8 (--batch-size 8 / 1 "
+                             "processes)"),
+    (("--randaug", "rand-total_steps"), "error: --randaug 'rand-total_steps': unknown or malformed part"),
+    # a setting given with --set is named as typed there
+    (("--set", "total_steps=0"), "error: total_steps must be a positive integer, got 0"),
+])
+def test_bad_setting_names_the_flag_as_typed(data: Path, tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
+    quick = [a for a in QUICK if a not in ("--randaug", "")] if "--randaug" in args else QUICK
+    text = _refused(tmp_path / "run", str(data), "--model", "simplevit_digits", *quick, *args)
+    assert needle in text
 
 
 def test_eval_every_epochs_beyond_the_run_means_eval_at_the_end(data: Path, tmp_path: Path) -> None:
@@ -165,6 +194,12 @@ def test_diverging_lr_is_one_line(data: Path, tmp_path: Path) -> None:
     code, text = _train(str(data), "--out", str(tmp_path / "run"), "--model", "simplevit_digits", "--steps", "3",
                         "--lr", "1e30", *QUICK)
     assert code == 2 and "error: gradient norm is" in text and "lower --lr" in text and "Traceback" not in text
+    # before its first checkpoint: the run folder it created (recipe.json alone) used to be left behind
+    assert not (tmp_path / "run").exists()
+    code, text = _train(str(data), "--out", str(tmp_path / "kept"), "--model", "simplevit_digits", "--steps", "3",
+                        "--lr", "1e30", "--set", "checkpoint_every_steps=1", *QUICK)
+    assert code == 2 and "error: gradient norm is" in text, text
+    assert (tmp_path / "kept" / "checkpoints").is_dir()  # steps done before it diverged: resumable, kept
 
 
 def test_install_to_with_own_data_is_refused(data: Path, tmp_path: Path) -> None:

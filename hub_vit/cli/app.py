@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
+from collections.abc import Iterable, Mapping
 
 import typer
 from rich.console import Console
@@ -58,6 +60,17 @@ ENVIRONMENT_ERRNOS = DISK_REFUSED_ERRNOS | {errno.EACCES, errno.EPERM, errno.ENA
 
 def is_environment_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS
+
+
+def in_flag_words(message: str, fields: Iterable[str], flags: Mapping[str, str] | None = None) -> str:
+    """A library message about `fields` read on the command line: each field name outside the quoted values becomes
+    its flag (`flags[field]`, else `max_queue_size` -> `--max-queue-size`); the user's own values are quoted (`!r`)
+    and kept as typed."""
+    parts = re.split(r"""('[^']*'|"[^"]*")""", message)
+    for field in sorted(fields, key=len, reverse=True):  # longest first: max_queue_size before queue_size
+        flag = (flags or {}).get(field, "--" + field.replace("_", "-"))
+        parts[::2] = [re.sub(rf"(?<![\w-]){field}\b", flag, part) for part in parts[::2]]
+    return "".join(parts)
 
 
 def os_error_text(exc: OSError) -> str:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import console, fail
+from hub_vit.cli.app import in_flag_words as flag_words
 from hub_vit.export import registry
 from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, QUEUE_POLICY_FIELDS, ServingOptions
 
@@ -113,11 +113,7 @@ def serving_options(ctx: typer.Context, **fields: Any) -> ServingOptions:
 def in_flag_words(message: str, fields: Iterable[str]) -> str:
     """A library message about `fields` read on the command line: each field name outside the quoted values becomes
     its flag (`max_queue_size` -> `--max-queue-size`); the user's own values are quoted (`!r`) and kept as typed."""
-    parts = re.split(r"""('[^']*'|"[^"]*")""", message)
-    for field in sorted(fields, key=len, reverse=True):  # longest first: max_queue_size before queue_size
-        flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
-        parts[::2] = [re.sub(rf"(?<![\w-]){field}\b", flag, part) for part in parts[::2]]
-    return "".join(parts)
+    return flag_words(message, fields, _FLAGS)
 
 
 def model_source(model: str | None) -> Any:

@@ -20,11 +20,11 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import app, console, err_console, fail
+from hub_vit.cli.app import app, console, err_console, fail, in_flag_words
 from hub_vit.cli.path_option import given_path
 
 PRESETS = ("vit_s16_i1k", "digits")
-# recipe settings that have their own flag (the rest only have --set)
+# the flags whose name is not the setting's (`_flag`); recipe settings without a flag of their own only have --set
 FLAG_NAMES = {"total_epochs": "--epochs", "total_steps": "--steps"}
 
 
@@ -64,18 +64,17 @@ def train_command(
 ) -> None:
     """Train or fine-tune a ViT with the "Better plain ViT baselines" recipe (resumes if --out has checkpoints)."""
     _check_flags(threads, preset, install_to, data, out)
-    fresh_out = not out.exists()
+    created = _created_folder(out)
     flags: dict[str, Any] = dict(model=model, pretrained=pretrained, img_size=img_size, batch_size=batch_size,
                                  micro_batch=micro_batch, total_epochs=epochs, total_steps=steps, lr=lr, wd=wd,
                                  warmup_steps=warmup_steps, mixup=mixup, randaug=randaug, seed=seed,
                                  precision=precision, workers=workers)
     for item in set_:  # `--lr 1e-3 --set lr=3e-3` used to let --set win without a word
-        key = item.partition("=")[0].strip().replace("-", "_")
+        key = _set_key(item)
         if flags.get(key) is not None:
-            flag = FLAG_NAMES.get(key, "--" + key.replace("_", "-"))
-            raise fail(f"{flag} and --set {item} both set {key}; pass one of them")
-    result = _run(preset, flags, set_, data, out, fresh_out, dict(init=init, device=device, stop_at=stop_at,
-                                                                  progress=progress))
+            raise fail(f"{_flag(key)} and --set {item} both set {key}; pass one of them")
+    result = _run(preset, flags, set_, data, out, created, dict(init=init, device=device, stop_at=stop_at,
+                                                                progress=progress))
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
         return
     _report(result, install_to)
@@ -114,7 +113,17 @@ def _check_flags(threads: int | None, preset: str, install_to: Path | None, data
         raise fail(str(exc)) from None
 
 
-def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None, out: Path, fresh_out: bool,
+def _flag(setting: str) -> str:
+    """The flag of a recipe setting (or of train()'s `stop_at`, `device`): `total_steps` -> `--steps`."""
+    return FLAG_NAMES.get(setting, "--" + setting.replace("_", "-"))
+
+
+def _set_key(item: str) -> str:
+    """The setting a `--set KEY=VALUE` item changes, as the recipe spells it."""
+    return item.partition("=")[0].strip().replace("-", "_")
+
+
+def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None, out: Path, created: Path | None,
          options: dict[str, Any]) -> Any:
     """Train with the preset's recipe changed by the flags; clean errors end the command with one line and no
     half-made run folder."""
@@ -124,7 +133,7 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     from hub_vit.train.data import DataFolderError
     from hub_vit.train.loop import TrainingWarning, train
     from hub_vit.train.models import ModelChoiceError
-    from hub_vit.train.recipe import VIT_S16_I1K
+    from hub_vit.train.recipe import VIT_S16_I1K, SettingError
     from hub_vit.train.run_folder import RunFolderError
 
     recipe = digits.DIGITS_RECIPE if preset == "digits" else VIT_S16_I1K
@@ -145,23 +154,29 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
             return train(recipe, data, out, **options, architecture=architecture, dataset_info=dataset_info,
                          domain=domain)
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
-        _discard_fresh_run_folder(out, fresh_out)
+        _discard_fresh_run_folder(out, created)
         raise fail(str(exc)) from None
+    except SettingError as exc:  # `--steps 0`: the library names `total_steps`; a setting given by --set keeps its name
+        _discard_fresh_run_folder(out, created)
+        given = {_set_key(item) for item in set_}
+        raise fail(in_flag_words(str(exc), [k for k in (*flags, "stop_at", "device") if k not in given],
+                                  FLAG_NAMES)) from None
     except (ValueError, FileNotFoundError) as exc:
         if isinstance(exc, (DataFolderError, RunFolderError, ModelChoiceError)) or type(exc) in (ValueError,
                                                                                                  FileNotFoundError):
-            _discard_fresh_run_folder(out, fresh_out)
+            _discard_fresh_run_folder(out, created)
             raise fail(str(exc)) from None
         raise
     except FloatingPointError as exc:  # "gradient norm is inf at step 2; lower --lr": a bad value, found by running
+        _discard_fresh_run_folder(out, created)
         raise fail(str(exc)) from None
     except KeyboardInterrupt:  # a second Ctrl-C, or one before the first step (e.g. while the digits data is written)
-        _discard_fresh_run_folder(out, fresh_out)
+        _discard_fresh_run_folder(out, created)
         console.print("interrupted; checkpoints written before are kept, run the same command to resume")
         raise typer.Exit(128 + signal.SIGINT) from None
     except SystemExit as exc:  # SIGTERM outside the training steps, or a second one (hub_vit.cli's handler)
         if exc.code == 128 + signal.SIGTERM:
-            _discard_fresh_run_folder(out, fresh_out)  # no half-made run folder
+            _discard_fresh_run_folder(out, created)  # no half-made run folder
             console.print("stopped by SIGTERM; checkpoints written before are kept, run the same command to resume")
         raise
 
@@ -187,17 +202,40 @@ def _report(result: Any, install_to: Path | None) -> None:
                       soft_wrap=True)
 
 
-def _discard_fresh_run_folder(out: Path, fresh: bool) -> None:
-    """After a clean error, remove the run folder this command created if it holds only the digits data it wrote
-    (`--preset digits` writes it before the recipe's weights are fetched): an error leaves nothing behind. A folder
-    that existed before, or that training already wrote to, is kept. Not under torchrun: another rank may still be
-    writing its copy of the data there."""
-    if not fresh or os.environ.get("WORLD_SIZE", "1") != "1" or not out.is_dir():
-        return
-    if {p.name for p in out.iterdir()} <= {"data"}:
-        import shutil
+def _created_folder(out: Path) -> Path | None:
+    """The outermost folder that the run creates for `out` (`out` itself, or a missing parent); None when `out`
+    exists."""
+    if out.exists():
+        return None
+    top = out
+    while not top.parent.exists():
+        top = top.parent
+    return top
 
-        shutil.rmtree(out, ignore_errors=True)
+
+def _discard_fresh_run_folder(out: Path, created: Path | None) -> None:
+    """After a clean error, remove the run folder this command created (`created`: with the parents it made for it)
+    while there is nothing to resume in it: no checkpoint, no model folder. A failure before the first checkpoint (a
+    bad image or a diverging lr at step 0, `--preset digits` offline after writing its data) then leaves nothing
+    behind, instead of a recipe.json alone. A folder that existed before is kept, and so is a run with a checkpoint
+    (a bad image mid-run writes one and says how to resume). Not under torchrun: another rank may still be writing
+    there."""
+    from hub_vit.train.run_folder import RUN_ENTRIES, nothing_trained
+
+    if created is None or os.environ.get("WORLD_SIZE", "1") != "1" or not out.is_dir() or not nothing_trained(out):
+        return
+    if any(p.name not in RUN_ENTRIES for p in out.iterdir()):  # not all of it written by the run: not ours to remove
+        return
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    folder = out
+    while folder != created:  # the parents created for it, each only while empty
+        folder = folder.parent
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _show_warning(default, category: type[Warning]):

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hub_vit.train.recipe import SettingError
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -43,7 +45,7 @@ def setup(device: str | None = None) -> Dist:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}; valid choices: 'cpu', 'cuda'")
+        raise SettingError(f"unknown device {device!r}; valid choices: 'cpu', 'cuda'")
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("device 'cuda' was asked for but torch sees no CUDA device; use --device cpu")

@@ -41,7 +41,7 @@ from hub_vit.train.data import (
     scan_split,
 )
 from hub_vit.train.models import build_model, init_folder_architecture, init_resized_note
-from hub_vit.train.recipe import Recipe
+from hub_vit.train.recipe import Recipe, SettingError
 from hub_vit.train.run_folder import check_run_folder, trim_metrics, write_settings
 from hub_vit.train.schedule import current_lr, make_optimizer, make_scheduler
 from hub_vit.train.workers import StopOnSignal, ignore_stop_signals, one_line_errors, shut_down_workers, start_workers
@@ -117,7 +117,7 @@ class _Plan:
         val_split = scan_split(data_dir, "val", classes=train_split.classes)
         total_steps = recipe.steps_for(len(train_split))
         if stop_at is not None and stop_at < 1:
-            raise ValueError(f"stop_at must be a step >= 1, got {stop_at}")
+            raise SettingError(f"stop_at must be a step >= 1, got {stop_at}")
         folder_architecture = init_folder_architecture(init)
         if folder_architecture is not None:  # record what is trained, not the preset's default `model`
             recipe = recipe.replace(model=folder_architecture)
@@ -127,7 +127,7 @@ class _Plan:
         try:  # timm builds the augmentation here, before anything is written, not in the first data-loader worker
             stream = TrainStream(train_split, recipe)
         except (AssertionError, KeyError) as exc:  # timm's RandAugment parser asserts; the recipe's check is stricter
-            raise ValueError(f"randaug {recipe.randaug!r}: timm refuses it ({exc or type(exc).__name__})") from None
+            raise SettingError(f"randaug {recipe.randaug!r}: timm refuses it ({exc or type(exc).__name__})") from None
         resized = init_resized_note(init, recipe.img_size)
         if resized:
             notes.append(resized)

@@ -30,6 +30,12 @@ MAX_DEFAULT_WORKERS = 4
 MAX_STEPS = 2**53  # optimizer steps of a run: exact as a float, and far beyond any real run
 
 
+class SettingError(ValueError):
+    """A run setting with a value it cannot take. The message names the setting as `Recipe` (or `train()`) spells it
+    (`total_steps`), outside quotes, so that a front end can put its own name for it in its place (`--steps`): no
+    setting's name may stand in it as a plain word ("a CUDA device", "a model folder")."""
+
+
 def default_workers() -> int:
     """4 data-loading workers, but no more than the CPUs this process may run on: torch warns when a loader has more
     workers than that, and they would only compete with the training threads. The count does not change results."""
@@ -87,13 +93,13 @@ class Recipe:
         for name in ("crop_area", "crop_ratio"):
             raw = getattr(self, name)
             if not (isinstance(raw, (list, tuple)) and len(raw) == 2 and all(_is_number(v) for v in raw)):
-                raise ValueError(f"{name} must be two numbers [min, max], got {raw!r}")
+                raise SettingError(f"{name} must be two numbers [min, max], got {raw!r}")
             value = (float(raw[0]), float(raw[1]))
             if not 0 < value[0] <= value[1]:
-                raise ValueError(f"{name} must be two numbers 0 < min <= max, got {raw!r}")
+                raise SettingError(f"{name} must be two numbers 0 < min <= max, got {raw!r}")
             set_(self, name, value)
         if self.crop_area[1] > 1:
-            raise ValueError(f"crop_area is a fraction of the image area in (0, 1], got {self.crop_area!r}")
+            raise SettingError(f"crop_area is a fraction of the image area in (0, 1], got {self.crop_area!r}")
         for name in ("batch_size", "img_size", "checkpoint_every_steps", "log_every_steps"):
             _positive_int(name, getattr(self, name))
         if self.micro_batch is not None:
@@ -104,23 +110,26 @@ class Recipe:
         for name in ("lr", "total_epochs", "eval_every_epochs", "eval_crop_pct", "eps"):
             value = float(getattr(self, name))
             if not 0 < value < math.inf:
-                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
-        for name in ("wd", "mixup", "grad_clip_norm", "warmup_steps", "workers"):
+                raise SettingError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
+        for name in ("wd", "mixup", "grad_clip_norm"):
             value = float(getattr(self, name))
             if not 0 <= value < math.inf:
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+                raise SettingError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+        for name in ("warmup_steps", "workers"):  # integers (checked above): "a finite number" asked for a float
+            if getattr(self, name) < 0:
+                raise SettingError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
         # checked here, not when the model folder is written after the whole run (87.5 typed as a percentage)
         if self.eval_crop_pct > 1:
-            raise ValueError(f"eval_crop_pct is the fraction of the resized image kept by the centre crop, in (0, 1] "
-                             f"(e.g. 0.875), got {self.eval_crop_pct!r}")
+            raise SettingError(f"eval_crop_pct is the fraction of the resized image kept by the centre crop, in (0, 1] "
+                               f"(e.g. 0.875), got {self.eval_crop_pct!r}")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
-            raise ValueError(f"b1 and b2 are Adam's decay rates in [0, 1), got {self.b1!r}, {self.b2!r}")
+            raise SettingError(f"b1 and b2 are Adam's decay rates in [0, 1), got {self.b1!r}, {self.b2!r}")
         # torch.manual_seed takes at most 2**64 - 1 and numpy's SeedSequence no negative number (the per-image seeds
         # derived from it are 32-bit whatever the seed)
         if not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+            raise SettingError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if not 0 <= self.hflip <= 1:
-            raise ValueError(f"hflip is a probability in [0, 1], got {self.hflip!r}")
+            raise SettingError(f"hflip is a probability in [0, 1], got {self.hflip!r}")
         if self.randaug:
             _check_randaug(self.randaug)
         _choice("precision", self.precision, PRECISIONS)
@@ -144,8 +153,8 @@ class Recipe:
             return self.total_steps
         steps = self.total_epochs * num_train / self.batch_size
         if not steps < MAX_STEPS:  # `--epochs 1e307`: an OverflowError traceback (inf steps) or a run of 1e300 steps
-            raise ValueError(f"total_epochs {self.total_epochs!r} makes more than {MAX_STEPS:.0e} steps of "
-                             f"{self.batch_size} images on {num_train} images; use fewer --epochs, or --steps")
+            raise SettingError(f"total_epochs {self.total_epochs!r} makes more than {MAX_STEPS:.0e} steps of "
+                               f"{self.batch_size} images on {num_train} images; use fewer --epochs, or --steps")
         return max(1, round(steps))
 
     def bf16_autocast(self, device_type: str) -> bool:
@@ -170,7 +179,7 @@ class Recipe:
         Raises a ValueError naming the numbers when the batch does not split evenly across processes and passes.
         """
         if self.batch_size % world_size:
-            raise ValueError(
+            raise SettingError(
                 f"batch_size {self.batch_size} does not divide across {world_size} processes; use a multiple of "
                 f"{world_size} (e.g. {max(1, self.batch_size // world_size) * world_size})"
             )
@@ -178,12 +187,12 @@ class Recipe:
         micro = min(self.micro_batch or per_rank, per_rank)
         if per_rank % micro:
             divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
-            raise ValueError(
+            raise SettingError(
                 f"micro_batch {micro} does not divide the per-process batch {per_rank} "
                 f"(batch_size {self.batch_size} / {world_size} processes); valid micro batches: {divisors}"
             )
         if self.mixup and micro % 2:
-            raise ValueError(f"mixup needs an even micro batch (it pairs images), got {micro}")
+            raise SettingError(f"mixup needs an even micro batch (it pairs images), got {micro}")
         return micro, per_rank // micro
 
     # ------------------------------------------------------------------------------------------------ I/O
@@ -255,7 +264,7 @@ def _check_types(recipe: Recipe) -> None:
             continue
         what, ok = check
         if not ok(value):
-            raise ValueError(f"{f.name} must be {what}{' or null' if optional else ''}, got {value!r}")
+            raise SettingError(f"{f.name} must be {what}{' or null' if optional else ''}, got {value!r}")
 
 
 # RandAugment config sections as timm's `rand_augment_transform` parses them: key -> value type ('t' names a set of
@@ -272,8 +281,8 @@ def _check_randaug(config: str) -> None:
              f"(probability), mstd<float>, mmax<int>, inc<0|1> or t<{'|'.join(_RANDAUG_OP_SETS)}>, e.g. "
              "'rand-m10-n2-p1.0', or '' (off)")
     if sections[0] != "rand":
-        raise ValueError(f"randaug {config!r} must be 'rand' or start with 'rand-' (timm RandAugment), not "
-                         f"{sections[0]!r}{usage}")
+        raise SettingError(f"randaug {config!r} must be 'rand' or start with 'rand-' (timm RandAugment), not "
+                           f"{sections[0]!r}{usage}")
     for part in sections[1:]:
         if part.startswith("t") and part[1:] in _RANDAUG_OP_SETS:
             continue
@@ -285,19 +294,19 @@ def _check_randaug(config: str) -> None:
         except ValueError:  # 'm9.5': timm reads m with int()
             number = None
         if number is None or not number >= 0:
-            raise ValueError(f"randaug {config!r}: unknown or malformed part {part!r}{usage}")
+            raise SettingError(f"randaug {config!r}: unknown or malformed part {part!r}{usage}")
         if key == "p" and number > 1:
-            raise ValueError(f"randaug {config!r}: p is a probability in [0, 1], got {value}")
+            raise SettingError(f"randaug {config!r}: p is a probability in [0, 1], got {value}")
 
 
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise SettingError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(repr, choices))}")
+        raise SettingError(f"unknown {name} {value!r}; valid choices: {', '.join(map(repr, choices))}")
 
 
 VIT_S16_I1K = Recipe()  # the paper's 90-epoch config; `Recipe(total_epochs=300)` for the 80.0 % run

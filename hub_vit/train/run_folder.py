@@ -79,6 +79,12 @@ def check_run_folder_path(run_dir: str | Path) -> None:
                                  "empty folder")
 
 
+def nothing_trained(run_dir: Path) -> bool:
+    """No checkpoint and no model folder: a rerun would start over, whatever else the run folder holds (recipe.json,
+    the metrics of steps it trains again)."""
+    return ckpt.latest(run_dir) is None and not (run_dir / "model").exists()
+
+
 def check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, classes: tuple[str, ...],
                       data: dict[str, Any] | None = None) -> list[str]:
     """RunFolderError when resuming `run_dir` would change the experiment; returns the warnings to print (data edited
@@ -87,7 +93,7 @@ def check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, cla
     saved = run_dir / "recipe.json"
     if not saved.is_file():
         return []
-    if ckpt.latest(run_dir) is None and not (run_dir / "model").exists():
+    if nothing_trained(run_dir):
         # a run that failed before its first checkpoint (`--lr` too high, a bad image): nothing trained to protect,
         # and the corrected command (the error's own advice) must be able to start over in the same folder
         return []
