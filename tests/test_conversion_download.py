@@ -20,6 +20,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -37,6 +38,13 @@ def serving(folder: Path) -> Iterator[str]:
     """A real HTTP server over `folder` on a free local port; yields its base URL."""
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
     handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    with _running(handler) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def _running(handler: Any) -> Iterator[str]:
+    """`handler` served by a real HTTP server on a free local port; yields its base URL."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -212,15 +220,8 @@ class _Answering(http.server.BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def answering(status: int) -> Iterator[str]:
     """A real HTTP server on a free local port answering `status` to every request; yields its base URL."""
-    handler = type("Handler", (_Answering,), {"status": status})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _running(type("Handler", (_Answering,), {"status": status})) as base:
+        yield base
 
 
 def test_http_404_says_the_url_is_wrong_not_that_the_network_failed(tmp_path: Path,

@@ -568,7 +568,7 @@ def test_sigterm_answers_every_accepted_request(repo, model_folder, tmp_path):
 
 
 # -- command line -------------------------------------------------------------------------------------------------
-def test_cli_classify_and_loadtest(server, tmp_path, photos):
+def test_cli_classify_and_loadtest(server, repo, tmp_path, photos):
     from typer.testing import CliRunner
 
     from hub_vit.cli import _load_commands, app
@@ -634,6 +634,14 @@ def test_cli_classify_and_loadtest(server, tmp_path, photos):
         assert "not its gRPC or metrics port? Defaults: HTTP 8000, gRPC 8001 (--grpc), metrics 8002" in output, output
     result = runner.invoke(app, ["classify", "--url", server.http_url, "--model", "nope", str(image)])
     assert result.exit_code == 1 and "unknown model" in result.output and "Defaults" not in result.output
+    # a misspelt --model: the names the server does serve (was Triton's "not found" alone)
+    served = ", ".join(sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file()))
+    for command in (["classify", "--url", server.http_url], ["classify", "--grpc", "--url", server.grpc_url],
+                    ["loadtest", "--requests", "2", "--url", server.http_url]):
+        result = runner.invoke(app, [*command, "--model", "nope", str(image)])
+        output = " ".join(result.output.split())
+        assert result.exit_code == 1 and f"the server serves no model 'nope'; models it serves: {served} (--model " \
+            "names one)" in output, (command, output)
 
 
 def test_loadtest_rates_the_duration_window(server, photo_payloads):

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
-from hub_vit.cli.client_options import Grpc, RequestQueueTimeoutMs, Url, endpoint, queue_timeout_s
+from hub_vit.cli.client_options import Grpc, RequestQueueTimeoutMs, Url, endpoint, queue_timeout_s, request_failure
 from hub_vit.cli.explain import OUTSIDE_NOTE, make_out, verdict_cell
 from hub_vit.cli.path_option import given_path
 from hub_vit.image_formats import NAMES
@@ -38,7 +38,7 @@ def classify(
     from hub_vit.atomic import remove_empty_folders
     from hub_vit.cli.classify_files import classify_files
     from hub_vit.server.client.classifier import Classifier
-    from hub_vit.server.client.errors import empty_reply, request_failed
+    from hub_vit.server.client.errors import empty_reply
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
@@ -54,9 +54,9 @@ def classify(
         except ValueError as err:
             if not empty_reply(err):  # a reply that is not Triton's, ...
                 raise fail(f"{protocol} {url}: {err}", code=1) from None
-            raise fail(request_failed(protocol, url, err), code=1) from None
+            raise fail(request_failure(protocol, url, model, err), code=1) from None
         except Exception as err:  # refused, not Triton, the other protocol's port (HTTPParseError), unknown model, ...
-            raise fail(request_failed(protocol, url, err), code=1) from None
+            raise fail(request_failure(protocol, url, model, err), code=1) from None
         if predictions:
             _print_table(list(images), predictions, top, f"{model} @ {url} ({protocol})")
             if explain:

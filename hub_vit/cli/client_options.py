@@ -74,3 +74,21 @@ def sample_images() -> list[Any]:
 
     rng = np.random.default_rng(0)
     return [Image.fromarray(rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)) for _ in range(4)]
+
+
+def request_failure(protocol: str, url: str, model: str, err: Exception) -> str:
+    """`request_failed`'s line for `err`, and for a model the server does not serve, the models it does (read from
+    its statistics, which the front leaves open; the repository index is a restricted API)."""
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.client.errors import request_failed, unknown_model
+
+    message = request_failed(protocol, url, err)
+    if not unknown_model(err):
+        return message
+    try:
+        with Classifier(url, protocol=protocol, timeout_s=10.0) as client:
+            served = sorted(client.statistics())
+    except Exception:  # the list is a help, not the error: without it the error stands as Triton said it
+        return message
+    return (f"{message}\nthe server serves no model {model!r}; models it serves: {', '.join(served) or 'none'} "
+            "(--model names one)")

@@ -11,7 +11,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
-from hub_vit.cli.client_options import Grpc, RequestQueueTimeoutMs, Url, endpoint, queue_timeout_s, sample_images
+from hub_vit.cli.client_options import (
+    Grpc,
+    RequestQueueTimeoutMs,
+    Url,
+    endpoint,
+    queue_timeout_s,
+    request_failure,
+    sample_images,
+)
 from hub_vit.cli.path_option import given_path
 
 
@@ -34,7 +42,7 @@ def loadtest(
 ) -> None:
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
-    from hub_vit.server.client.errors import empty_reply, request_failed
+    from hub_vit.server.client.errors import empty_reply
     from hub_vit.server.client.loadtest import load_test
 
     timeout_s = queue_timeout_s(queue_timeout_ms)
@@ -48,9 +56,9 @@ def loadtest(
     except ValueError as err:  # a bad setting (--batch above the model's limit, ...), unless the server's reply
         if not empty_reply(err):
             raise fail(str(err)) from None
-        raise fail(request_failed(protocol, url, err), code=1) from None
+        raise fail(request_failure(protocol, url, model, err), code=1) from None
     except Exception as err:  # connection refused, unknown model, ...
-        raise fail(request_failed(protocol, url, err), code=1) from None
+        raise fail(request_failure(protocol, url, model, err), code=1) from None
     if not result.interrupted and not result.requests and not result.errors:  # nothing was sent: no numbers to show
         raise fail(f"no request was sent: the --duration of {duration:g} s ended before the first one; give a "
                    "longer --duration", code=1)

@@ -108,6 +108,14 @@ def renumbered(err: Exception, offset: int) -> Exception:
                                     debug_details=err.debug_details())
 
 
+def unknown_model(err: Exception) -> bool:
+    """Triton answered that it serves no model of the requested name (HTTP 400 / gRPC NOT_FOUND or UNAVAILABLE, with
+    its words "Request for unknown model")."""
+    from tritonclient.utils import InferenceServerException
+
+    return isinstance(err, InferenceServerException) and "Request for unknown model" in (err.message() or "")
+
+
 def empty_reply(err: Exception) -> bool:
     """tritonclient's JSON parser failed on an empty reply: what Triton's metrics port answers to any path."""
     return "The document is empty" in str(err)
