@@ -326,6 +326,17 @@ def test_repository_refuses_torch_flags_on_other_flavours(tmp_path):
     assert code == 2 and "--decode-threads sets the torch flavour; pass --flavour torch" in output, output
     code, output = _cli("repository", str(tmp_path / "r"), "--device", "cuda")
     assert code == 2 and "--device 'cuda' is served by --flavour 'torch'" in output, output
+    # were written into the manifest of a repository whose flavour has no such setting, and nothing else
+    for flags, message in ((("--gpu-backend", "tensorrt"), "--gpu-backend sets the GPU flavour's backend; pass "
+                                                           "--flavour gpu (the cpu flavour has none)"),
+                           (("--flavour", "torch", "--precision", "FP16"), "--precision sets the GPU flavour's "
+                                                                           "backend; pass --flavour gpu (the torch "
+                                                                           "flavour has none)"),
+                           (("--flavour", "torch", "--spinning"), "--spinning/--no-spinning sets the CPU flavour's "
+                                                                  "ONNX Runtime threads; the torch flavour runs "
+                                                                  "PyTorch")):
+        code, output = _cli("repository", str(tmp_path / "r"), *flags)
+        assert code == 2 and message in " ".join(output.split()), (flags, output)
     assert not (tmp_path / "r").exists()
 
 

@@ -117,9 +117,15 @@ def _check_flavour_flags(ctx: typer.Context, flavour: str, gpu_backend: str, pre
     if preprocess_instances is not None and flavour == "cpu":
         raise fail("--preprocess-instances sets the GPU flavour's decoding and top-k steps; the CPU flavour decodes in "
                    "each classifier instance: use --instances")
-    if spinning is not None and flavour == "gpu":
-        raise fail("--spinning/--no-spinning sets the CPU flavour's ONNX Runtime threads; the GPU flavour runs "
-                   "Triton's own ONNX Runtime / TensorRT backends")
+    if spinning is not None and flavour != "cpu":
+        runs = "PyTorch" if flavour == "torch" else "Triton's own ONNX Runtime / TensorRT backends"
+        raise fail(f"--spinning/--no-spinning sets the CPU flavour's ONNX Runtime threads; the {flavour} flavour "
+                   f"runs {runs}")
+    gpu_given = [flag for flag, key in (("--gpu-backend", "gpu_backend"), ("--precision", "precision"))
+                 if given(ctx, key)]
+    if gpu_given and flavour != "gpu":  # was: written into a CPU repository's manifest, and nothing else
+        raise fail(f"{', '.join(gpu_given)} set{'s' if len(gpu_given) == 1 else ''} the GPU flavour's backend; pass "
+                   f"--flavour gpu (the {flavour} flavour has none)")
     if precision is not None and gpu_backend == "tensorrt":
         raise fail("--precision sets the TensorRT accelerator of --gpu-backend onnxruntime; a TensorRT engine's "
                    "precision is fixed when it is built (hub-vit export tensorrt --fp16/--fp32)")
