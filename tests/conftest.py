@@ -51,6 +51,25 @@ def silent_port() -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
+@pytest.fixture()
+def web_page_port(tmp_path: Path) -> Iterator[int]:
+    """A port where a web server that is not Triton answers (Python's http.server over an empty folder: its pages are
+    HTML, its 404s too), as the demo's port or another service would."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

@@ -187,6 +187,23 @@ def test_a_shed_grpc_request_is_not_reported_as_no_server(message, why):
     assert "is a server running there" in request_failed("grpc", "127.0.0.1:8001", no_server)
 
 
+def test_another_web_server_at_the_url_is_named_as_not_triton(web_page_port):
+    # was tritonclient's "[404] an exception occurred in the client while decoding the response: Parse error at offset
+    # 0 ... response: <!DOCTYPE HTML> ...", and health's "not ready ... (starting, stopping, or a model failed to load)"
+    from hub_vit.catalog import default_model_folder
+
+    url = f"127.0.0.1:{web_page_port}"
+    image = str(default_model_folder() / "samples" / "3_0.png")
+    for command in (["classify", "--url", url, image], ["loadtest", "--requests", "2", "--url", url, image]):
+        code, out = _run(*command)
+        assert code == 1 and f"{url} answered, but not as Triton does (no Triton JSON): is this a Triton server's " \
+            "HTTP port? Defaults: HTTP 8000, gRPC 8001 (--grpc); the demo's page (7860) is not one." in out, out
+        assert "DOCTYPE" not in out, out
+    code, out = _run("health", "--url", url)
+    assert code == 1 and f"http://{url}/v2/health/ready answered HTTP 404: not Triton's HTTP endpoint (Triton " \
+        "answers 200 when ready, 400 when not); give the HTTP port of a Triton server, usually 8000" in out, out
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_request_that_times_out_is_not_reported_as_no_server(silent_port, protocol):
     # a server that holds a lone request (a long --max-queue-delay-us) was reported as "is a server running there ...

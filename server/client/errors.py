@@ -8,7 +8,7 @@ which are all they give.
 
 from __future__ import annotations
 
-from hub_vit.ports import GRPC_PORT, HTTP_PORT, METRICS_PORT
+from hub_vit.ports import DEMO_PORT, GRPC_PORT, HTTP_PORT, METRICS_PORT
 from hub_vit.server import protocol
 
 # A request refused for what it holds (a bad image, a wrong tensor): HTTP 400 / gRPC INVALID_ARGUMENT.
@@ -116,6 +116,11 @@ def unknown_model(err: Exception) -> bool:
     return isinstance(err, InferenceServerException) and "Request for unknown model" in (err.message() or "")
 
 
+def not_triton(err: Exception) -> bool:
+    """tritonclient could not read an HTTP answer as Triton's JSON: another web server (a web page) answered."""
+    return "an exception occurred in the client while decoding the response" in str(err)
+
+
 def empty_reply(err: Exception) -> bool:
     """tritonclient's JSON parser failed on an empty reply: what Triton's metrics port answers to any path."""
     return "The document is empty" in str(err)
@@ -151,6 +156,11 @@ def request_failed(protocol_name: str, url: str, err: Exception) -> str:
         return (f"{protocol_name} {url}: {text}\nno {this} answer from {url} within the client's timeout: a server "
                 "there may be overloaded, or hold lone requests to batch them (hub-vit serve --max-queue-delay-us); "
                 f"else check that a server runs there and that this is its {this} port")
+    if not_triton(err):  # another web server there: its page is no answer of Triton's
+        text = text.split(" response: ", 1)[0]  # not the page itself
+        return (f"{protocol_name} {url}: {text}\n{url} answered, but not as Triton does (no Triton JSON): is this a "
+                f"Triton server's {this} port? Defaults: HTTP {HTTP_PORT}, gRPC {GRPC_PORT} (--grpc); the demo's "
+                f"page ({DEMO_PORT}) is not one.")
     if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
         return f"{protocol_name} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
     return (f"{protocol_name} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), "

@@ -165,6 +165,7 @@ def http_base(url: str) -> str:
 
 
 MAX_TIMEOUT_S = 3600.0  # a probe waiting longer is a mistake (and sockets refuse nan, and overflow on inf or 1e300)
+NOT_READY_CODES = (400, 503)  # Triton not ready; hub-vit serve's front while it replaces the server
 NOT_HTTP_HINT = f"is this Triton's HTTP port? gRPC is usually {GRPC_PORT}, metrics {METRICS_PORT}"
 
 
@@ -214,6 +215,9 @@ def readiness(url: str, timeout_s: float = 3.0) -> str | None:
     try:
         _get(ready, timeout_s)
     except urllib.error.HTTPError as err:
+        if err.code not in NOT_READY_CODES:  # 404, 405, ...: no such endpoint there, so no Triton
+            return (f"{ready} answered HTTP {err.code}: not Triton's HTTP endpoint (Triton answers 200 when ready, "
+                    f"400 when not); give the HTTP port of a Triton server, usually {HTTP_PORT}")
         return (f"not ready: {ready} answered HTTP {err.code} (starting, stopping, or a model failed to load; "
                 "the server's log says which)")
     except NoAnswer as err:
