@@ -118,6 +118,12 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
                          f"{fewest_held_out(false_alarm_rate)} held-out images to set the threshold, got "
                          f"{len(held_files)}; give more held-out images or a higher false-alarm rate")
     ood_files = image_files(out_of_domain, "--out-of-domain", OWN_FILE_SUFFIXES) if out_of_domain is not None else []
+    for flag, given, files in (("--images", images, fit_files), ("--held-out", held_out, held_files)):
+        shared = _shared(ood_files, files)
+        if shared:  # was measured as it came: an AUROC of 0.5 for a set scored against itself
+            raise ValueError(f"--out-of-domain {str(out_of_domain)!r} shares {len(shared)} images with {flag} "
+                             f"{str(given if given is not None else images)!r}; out-of-domain images must be ones the "
+                             "model should not know")
 
     model, info = load_model_folder(folder)
     data = DataConfig.from_pretrained_cfg(info.pretrained_cfg, info.spec)
@@ -149,13 +155,18 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
     return domain
 
 
+def _shared(first: list[Path], second: list[Path]) -> set[Path]:
+    """The files in both lists, however each was written (`data/x.png`, `./data/x.png`, a link to it)."""
+    return {p.resolve() for p in first} & {p.resolve() for p in second}
+
+
 def _sets(images: str | Path, held_out: str | Path | None, max_images: int) -> tuple[list[Path], list[Path]]:
     """(fit files, held-out files): the two folders, or one folder of which every HELD_OUT_EVERY-th image is held
     out; each at most `max_images`, spread evenly."""
     files = image_files(images, "--images", OWN_FILE_SUFFIXES)
     if held_out is not None:
         fit_files, held_files = files, image_files(held_out, "--held-out", OWN_FILE_SUFFIXES)
-        overlap = set(fit_files) & set(held_files)
+        overlap = _shared(fit_files, held_files)
         if overlap:
             raise ValueError(f"--held-out {str(held_out)!r} shares {len(overlap)} images with --images "
                              f"{str(images)!r}; held-out images must be ones the score is not fitted on")

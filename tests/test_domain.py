@@ -260,6 +260,10 @@ def test_a_training_set_of_bmp_and_gif_files_is_calibrated_on(digits_copy, digit
                      r"give more held-out images or a higher false-alarm rate"),
     ("overlap", r"--held-out '.*' shares 20 images with --images '.*'; held-out images must be ones the score is "
                 r"not fitted on"),
+    ("ood-images", r"--out-of-domain '.*images' shares 20 images with --images '.*images'; out-of-domain images "
+                   r"must be ones the model should not know"),  # was measured: an AUROC of 0.5, the set against itself
+    ("ood-held", r"--out-of-domain '.*held' shares 20 images with --held-out '.*held'; out-of-domain images must be "
+                 r"ones the model should not know"),
     ("few-fit", r"4 images to fit the score on \('.*'\); give at least 10"),
     ("file", r"--images '.*00.png' is a file; give a folder of images"),
     ("missing", r"image folder '.*nowhere' does not exist"),
@@ -279,7 +283,10 @@ def test_bad_calibrations_are_refused_by_name_before_anything_is_written(digits_
     target = {"file": images / "00.png", "missing": tmp_path / "nowhere",
               "missing-model": tmp_path / "nowhere"}.get(case, images)
     model = tmp_path / "no-model" if case == "missing-model" else digits_copy
+    lenient = ["--held-out", str(held), "--false-alarm-rate", "0.2"]  # few held-out images are enough at 20 %
     extra = {"few-held-out": ["--held-out", str(held)], "overlap": ["--held-out", str(images)],
+             "ood-images": [*lenient, "--out-of-domain", str(images)],
+             "ood-held": [*lenient, "--out-of-domain", f"{tmp_path}/./held"],  # another spelling of the same folder
              "rate": ["--false-alarm-rate", "0"], "examples": ["--examples", "sketches"]}.get(case, [])
     before = sorted(p.name for p in digits_copy.iterdir())
     _load_commands()
