@@ -177,8 +177,9 @@ def card_labels(folder: Path, config: dict[str, Any], num_classes: int) -> list[
     """The folder's labels (labels.txt, else config.json's `label_names`), checked against the head's size."""
     from hub_vit.folder import read_labels  # the one reader of labels.txt (it imports torch: not at module level)
 
-    labels = read_labels(folder) if (folder / LABELS).is_file() else list(config.get("label_names") or [])
-    if labels and len(labels) != num_classes:
+    from_file = (folder / LABELS).is_file()
+    labels = read_labels(folder) if from_file else list(config.get("label_names") or [])
+    if (labels or from_file) and len(labels) != num_classes:  # an empty labels.txt too: it names no class
         raise ModelFolderError(f"{folder / LABELS} lists {len(labels)} labels but the model has {num_classes} "
                                "classes")
     return labels

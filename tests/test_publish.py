@@ -157,6 +157,17 @@ def test_incomplete_folder_is_refused(folder: Path, tmp_path: Path, missing: str
     assert hub_calls == [] and no_network_check == []
 
 
+def test_an_empty_labels_file_is_refused(folder: Path, tmp_path: Path, hub_calls: list[str],
+                                         no_network_check: list[str]) -> None:
+    # was: passed every check (only an unreachable Hub stopped it), publishing a classifier without class names
+    broken = tmp_path / "empty-labels"
+    shutil.copytree(folder, broken)
+    (broken / "labels.txt").write_text("")
+    with pytest.raises(ModelFolderError, match=r"labels\.txt lists 0 labels but the model has \d+ classes"):
+        publish.push_folder(broken, "hub-vit-test/tiny", token="hf_dummy")
+    assert hub_calls == [] and no_network_check == []
+
+
 def test_headless_folder_needs_no_labels(tmp_path: Path, hub_calls: list[str]) -> None:
     """num_classes 0 (a SigLIP image tower, `--num-classes 0`): there are no classes to name, and hub-vit's own
     writers leave labels.txt out, so its absence must not block a push. A classifier without one is still refused
