@@ -204,6 +204,24 @@ def test_another_web_server_at_the_url_is_named_as_not_triton(web_page_port):
         "answers 200 when ready, 400 when not); give the HTTP port of a Triton server, usually 8000" in out, out
 
 
+def test_timeout_bounds_every_wait_of_classify_and_loadtest(silent_port):
+    # a server that takes the connection and stays silent held both for tritonclient's 60 s, whatever --duration said
+    import time
+
+    from hub_vit.catalog import default_model_folder
+
+    url = f"127.0.0.1:{silent_port}"
+    image = str(default_model_folder() / "samples" / "3_0.png")
+    for command in (["classify", "--url", url, "--timeout", "1", image],
+                    ["loadtest", "--url", url, "--duration", "1", "--timeout", "1", image]):
+        start = time.monotonic()
+        code, out = _run(*command)
+        assert time.monotonic() - start < 30, command  # with the default of 60 s it took over a minute
+        assert code == 1 and "within the client's timeout" in out, (command, out)
+    code, out = _run("classify", "--url", url, "--timeout", "0", image)
+    assert code == 2 and "--timeout must be a positive number of seconds, got 0.0" in out, out
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_request_that_times_out_is_not_reported_as_no_server(silent_port, protocol):
     # a server that holds a lone request (a long --max-queue-delay-us) was reported as "is a server running there ...

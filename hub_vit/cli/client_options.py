@@ -18,6 +18,23 @@ Url = Annotated[str, typer.Option(show_default=False,
                                        f"--grpc {LOOPBACK}:{GRPC_PORT}, the gRPC port).")]
 Grpc = Annotated[bool, typer.Option("--grpc", help=f"Speak gRPC instead of HTTP, to the server's gRPC port: "
                                                    f"{GRPC_PORT} by default, so a --url must name that port too.")]
+# `classify` and `loadtest`: how long the client waits for any one answer (a server that took the connection and
+# stays silent held both for tritonclient's 60 s whatever --duration said).
+ClientTimeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the server.")]
+DEFAULT_CLIENT_TIMEOUT_S = 60.0
+
+
+def client_timeout(seconds: float) -> float:
+    """`--timeout` checked by the clients' own rule, in the flag's words."""
+    from hub_vit.server.client.addresses import check_timeout
+
+    try:
+        check_timeout(seconds, name="--timeout")
+    except ValueError as err:
+        raise fail(str(err)) from None
+    return seconds
+
+
 # `classify` and `loadtest`: the client's side of the same limit, per request.
 RequestQueueTimeoutMs = Annotated[float, typer.Option(
     show_default=False, help="Ask the server to reject each request that waits longer than this many ms in its queue "

@@ -12,9 +12,12 @@ from rich.table import Table
 
 from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import (
+    DEFAULT_CLIENT_TIMEOUT_S,
+    ClientTimeout,
     Grpc,
     RequestQueueTimeoutMs,
     Url,
+    client_timeout,
     endpoint,
     queue_timeout_s,
     request_failure,
@@ -39,6 +42,7 @@ def loadtest(
                                       help="Exit 0 even when requests failed (e.g. an overload test that expects "
                                            "rejections); by default any failed request makes the exit code 1."),
     queue_timeout_ms: RequestQueueTimeoutMs = None,
+    timeout: ClientTimeout = DEFAULT_CLIENT_TIMEOUT_S,
 ) -> None:
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
@@ -46,13 +50,15 @@ def loadtest(
     from hub_vit.server.client.loadtest import load_test
 
     timeout_s = queue_timeout_s(queue_timeout_ms)
+    wait_s = client_timeout(timeout)
     url, protocol = endpoint(url, grpc)
     payloads = list(images) if images else sample_images()
     if json_out is not None:  # checked first: the run's numbers must not be lost at the end
         _check_writable(json_out)
     try:
         result = load_test(url, payloads, protocol=protocol, model=model, concurrency=concurrency,
-                           duration_s=duration, requests=requests, batch=batch, queue_timeout_s=timeout_s)
+                           duration_s=duration, requests=requests, batch=batch, queue_timeout_s=timeout_s,
+                           timeout_s=wait_s)
     except ValueError as err:  # a bad setting (--batch above the model's limit, ...), unless the server's reply
         if not empty_reply(err):
             raise fail(str(err)) from None

@@ -126,10 +126,12 @@ async def settled_statistics(client: AsyncClassifier, before: dict[str, dict[str
 
 async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | None = None, model: str = "vit",
                    concurrency: int = 4, duration_s: float | None = 10.0, requests: int | None = None,
-                   batch: int = 1, warmup: int = 2, queue_timeout_s: float | None = None) -> LoadResult:
+                   batch: int = 1, warmup: int = 2, queue_timeout_s: float | None = None,
+                   timeout_s: float = 60.0) -> LoadResult:
     """Closed-loop load; stops after `requests` answers if given, else after `duration_s` seconds. `protocol`: as
     `AsyncClassifier` (None: from a grpc:// / http:// URL, else HTTP). `queue_timeout_s`: sent with every request
-    (`AsyncClassifier.classify`); the requests the server rejects for it are errors of the run, by their message."""
+    (`AsyncClassifier.classify`); the requests the server rejects for it are errors of the run, by their message.
+    `timeout_s`: the longest wait for any one answer (the model's config before the run included)."""
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise ValueError(f"the requests in flight (--concurrency) must be between 1 and {MAX_CONCURRENCY}, got "
                          f"{concurrency}" + (" (one connection each; a server takes 4096 by default: hub-vit serve "
@@ -156,7 +158,8 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
 
     # as many HTTP connections as workers: tritonclient's default of 100 would queue the rest in the client, and a
     # "concurrency 2000" run would offer the server 100 requests at a time without saying so
-    async with AsyncClassifier(url, protocol=protocol, model=model, connections=max(100, concurrency)) as client:
+    async with AsyncClassifier(url, protocol=protocol, model=model, timeout_s=timeout_s,
+                               connections=max(100, concurrency)) as client:
         refused = refusal(model, await client.config(), False, queue_timeout_s)
         if refused is not None:  # every request would be refused for it
             raise refused
