@@ -133,6 +133,21 @@ def file_in_the_way(folder: str | Path) -> Path | None:
     return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
 
 
+def cannot_create(folder: str | Path) -> str | None:
+    """Why `folder` could not be created (the OS's reason, found by making and removing an empty folder in its
+    nearest existing parent: a read-only or pseudo file system, no permission), or None when it exists or could be.
+    Checked before long work whose result would go there."""
+    folder = Path(folder)
+    if folder.is_dir():
+        return None
+    parent = next((p for p in folder.parents if p.exists()), Path("."))
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hub-vit-probe-", dir=parent))
+    except OSError as exc:
+        return f"{exc.strerror or exc} in {str(parent)!r}"
+    return None
+
+
 def missing_folders(folder: str | Path) -> list[Path]:
     """`folder` and those of its parents that do not exist yet, deepest first: what `mkdir(parents=True)` creates,
     recorded before it runs so a failed write can take them away again (`remove_empty_folders`)."""

@@ -126,3 +126,18 @@ def test_cli_verification_flags_are_refused_before_anything_is_built(tmp_path: P
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and f"error: {message}" in text and "exporting" not in text, text
     assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["under-a-file", "pseudo-file-system"])
+def test_an_out_that_cannot_be_made_is_refused_before_the_export(tmp_path: Path, case: str) -> None:
+    # was: refused only after the whole export (minutes on a large model), by the final write
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    out, message = {"under-a-file": (afile / "x", f"cannot be a folder: {str(afile)!r} is a file"),
+                    "pseudo-file-system": (Path("/proc/hub-vit-export"), "cannot be created: ")}[case]
+    _load_commands()
+    result = CliRunner().invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(out)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"--out {str(out)!r} {message}" in text, text
+    assert "exporting" not in text  # nothing built
+    assert not list(Path("/proc").glob(".hub-vit-probe-*"))

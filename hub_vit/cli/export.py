@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from hub_vit.atomic import cannot_create, file_in_the_way
 from hub_vit.cli.app import DISK_REFUSED_ERRNOS, app, console, err_console, fail
 from hub_vit.cli.path_option import given_path
 from hub_vit.export import registry
@@ -157,6 +158,12 @@ def _checked_flags(variant: list[str], stem: str, opset: int, exporter: str, out
         raise ValueError(f"--opset must be >= {MIN_OPSET}, got {opset}")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a folder")
+    blocker = file_in_the_way(out)
+    if blocker is not None:  # found before the export, not after it (minutes on a large model)
+        raise ValueError(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
+    problem = cannot_create(out)
+    if problem is not None:
+        raise ValueError(f"--out {str(out)!r} cannot be created: {problem}")
     if provider:
         from hub_vit.export.verify import check_providers
 
