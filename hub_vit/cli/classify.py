@@ -10,18 +10,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from hub_vit.cli import client_options as flags
 from hub_vit.cli.app import app, console, err_console, fail
-from hub_vit.cli.client_options import (
-    DEFAULT_CLIENT_TIMEOUT_S,
-    ClientTimeout,
-    Grpc,
-    RequestQueueTimeoutMs,
-    Url,
-    client_timeout,
-    endpoint,
-    queue_timeout_s,
-    request_failure,
-)
+from hub_vit.cli.client_options import client_settings, request_failure
 from hub_vit.cli.explain import OUTSIDE_NOTE, make_out, verdict_cell
 from hub_vit.cli.path_option import given_path
 from hub_vit.image_formats import NAMES
@@ -30,12 +21,12 @@ from hub_vit.image_formats import NAMES
 @app.command()
 def classify(
     images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}).", exists=True, dir_okay=False),
-    url: Url = None,
-    grpc: Grpc = False,
+    url: flags.Url = None,
+    grpc: flags.Grpc = False,
     model: str = typer.Option("vit", help="Served model name."),
     top: int = typer.Option(3, help="How many of the returned labels to print."),
-    queue_timeout_ms: RequestQueueTimeoutMs = None,
-    timeout: ClientTimeout = DEFAULT_CLIENT_TIMEOUT_S,
+    queue_timeout_ms: flags.RequestQueueTimeoutMs = None,
+    timeout: flags.ClientTimeout = flags.DEFAULT_CLIENT_TIMEOUT_S,
     explain: bool = typer.Option(False, "--explain", help="Also ask the server for each image's attention-rollout "
                                  "map and write it as hub-vit rollout does: <image>_rollout.png in --out."),
     out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the --explain overlay PNGs.",
@@ -54,9 +45,7 @@ def classify(
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
     _check_explain_flags(explain, head_fusion, discard_ratio, out)
-    timeout_s = queue_timeout_s(queue_timeout_ms)
-    wait_s = client_timeout(timeout)
-    url, protocol = endpoint(url, grpc)
+    url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
     request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}
     created = make_out(out) if explain else []  # before any request: an --out that cannot be made wastes none
     try:

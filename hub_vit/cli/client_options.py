@@ -109,3 +109,11 @@ def request_failure(protocol: str, url: str, model: str, err: Exception) -> str:
         return message
     return (f"{message}\nthe server serves no model {model!r}; models it serves: {', '.join(served) or 'none'} "
             "(--model names one)")
+
+
+def client_settings(url: str | None, grpc: bool, queue_timeout_ms: float | None, timeout: float
+                    ) -> tuple[str, str, float | None, float]:
+    """(url, protocol, each request's queue timeout in s, the wait for each answer in s) from the flags `classify`
+    and `loadtest` share, each checked and refused in its flag's words."""
+    queue_s, wait_s = queue_timeout_s(queue_timeout_ms), client_timeout(timeout)
+    return (*endpoint(url, grpc), queue_s, wait_s)

@@ -10,19 +10,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from hub_vit.cli import client_options as flags
 from hub_vit.cli.app import app, console, err_console, fail
-from hub_vit.cli.client_options import (
-    DEFAULT_CLIENT_TIMEOUT_S,
-    ClientTimeout,
-    Grpc,
-    RequestQueueTimeoutMs,
-    Url,
-    client_timeout,
-    endpoint,
-    queue_timeout_s,
-    request_failure,
-    sample_images,
-)
+from hub_vit.cli.client_options import client_settings, request_failure, sample_images
 from hub_vit.cli.path_option import given_path
 
 
@@ -30,8 +20,8 @@ from hub_vit.cli.path_option import given_path
 def loadtest(
     images: list[Path] = typer.Argument(None, help="Images to cycle through (default: the shipped samples).",
                                         exists=True, dir_okay=False),
-    url: Url = None,
-    grpc: Grpc = False,
+    url: flags.Url = None,
+    grpc: flags.Grpc = False,
     model: str = typer.Option("vit", help="Served model name."),
     concurrency: int = typer.Option(4, help="Requests in flight at once."),
     duration: float = typer.Option(10.0, help="Seconds to run (ignored with --requests)."),
@@ -41,17 +31,15 @@ def loadtest(
     allow_errors: bool = typer.Option(False, "--allow-errors",
                                       help="Exit 0 even when requests failed (e.g. an overload test that expects "
                                            "rejections); by default any failed request makes the exit code 1."),
-    queue_timeout_ms: RequestQueueTimeoutMs = None,
-    timeout: ClientTimeout = DEFAULT_CLIENT_TIMEOUT_S,
+    queue_timeout_ms: flags.RequestQueueTimeoutMs = None,
+    timeout: flags.ClientTimeout = flags.DEFAULT_CLIENT_TIMEOUT_S,
 ) -> None:
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
     from hub_vit.server.client.errors import empty_reply
     from hub_vit.server.client.loadtest import load_test
 
-    timeout_s = queue_timeout_s(queue_timeout_ms)
-    wait_s = client_timeout(timeout)
-    url, protocol = endpoint(url, grpc)
+    url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
     payloads = list(images) if images else sample_images()
     if json_out is not None:  # checked first: the run's numbers must not be lost at the end
         _check_writable(json_out)
