@@ -200,6 +200,7 @@ def test_clear_removes_the_cache_s_entries_and_nothing_else_in_its_folder(cache:
     (cache / "notes.txt").write_text("mine")
     (cache / "results").mkdir()
     _load_commands()
+    assert [Path(e["entry"]) for e in variant_cache.entries()] == [entry]  # the user's folder is no entry either
     cleared = CliRunner().invoke(app, ["cache", "clear"])
     flat = " ".join(cleared.output.split())
     assert cleared.exit_code == 0 and "removed 1 cached variant from" in flat, flat

@@ -212,7 +212,7 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
     reads back whole (`damaged`: why not)."""
     root = root or cache_root()
     found = []
-    for entry in sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith(".")):
+    for entry in sorted(p for p in root.glob("*") if p.is_dir() and _ENTRY_NAME.fullmatch(p.name)):
         try:
             record = json.loads((entry / ENTRY).read_text(encoding="utf-8"))
         except (OSError, ValueError):
