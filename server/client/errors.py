@@ -109,8 +109,8 @@ def renumbered(err: Exception, offset: int) -> Exception:
 
 
 def unknown_model(err: Exception) -> bool:
-    """Triton answered that it serves no model of the requested name (HTTP 400 / gRPC NOT_FOUND or UNAVAILABLE, with
-    its words "Request for unknown model")."""
+    """Triton answered that it serves no model of the requested name (its words "Request for unknown model", over
+    either protocol: its error statuses for it differ between versions)."""
     from tritonclient.utils import InferenceServerException
 
     return isinstance(err, InferenceServerException) and "Request for unknown model" in (err.message() or "")
