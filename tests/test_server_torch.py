@@ -188,6 +188,8 @@ PORTS = ("--http-port", "18451", "--grpc-port", "18452", "--metrics-port", "1845
     (("--no-cuda-graphs",), "error: --cuda-graphs sets the torch flavour, but the cpu flavour serves on cpu; add "
                             "--flavour torch"),
     (("--device", "cpu", "--torch-compile"), "error: --torch-compile sets the torch flavour"),
+    (("--flavour", "torch", "--device", "cpu", "--torch-compile"),  # was accepted, and ignored on the CPU
+     "error: --torch-compile applies on --device cuda; the torch flavour on cpu runs the model eagerly"),
 ])
 def test_serve_refuses_bad_device_flags_by_name(args, message):
     code, output = _cli("serve", *PORTS, *args)
@@ -337,6 +339,9 @@ def test_repository_refuses_torch_flags_on_other_flavours(tmp_path):
                                                                   "PyTorch")):
         code, output = _cli("repository", str(tmp_path / "r"), *flags)
         assert code == 2 and message in " ".join(output.split()), (flags, output)
+    code, output = _cli("repository", str(tmp_path / "r"), "--flavour", "torch", "--cuda-graphs", "--torch-compile")
+    assert code == 2 and "--cuda-graphs and --torch-compile apply on --device cuda; the torch flavour on cpu runs " \
+        "the model eagerly" in " ".join(output.split()), output
     assert not (tmp_path / "r").exists()
 
 

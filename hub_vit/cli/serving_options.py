@@ -102,6 +102,11 @@ def serving_options(ctx: typer.Context, **fields: Any) -> ServingOptions:
             raise fail(f"{' and '.join(applied)} {'is' if len(applied) == 1 else 'are'} applied by Triton's queue "
                        "policy, which --no-queue-policy leaves out: give one or the other")
     device = fields.get("device", DEFAULTS.device)
+    on_cuda_only = [flag for flag, key in (("--cuda-graphs", "cuda_graphs"), ("--torch-compile", "torch_compile"))
+                    if fields.get(key) and given(ctx, key)]
+    if on_cuda_only and device != "cuda":  # the torch flavour on the CPU runs eagerly: they were accepted and ignored
+        raise fail(f"{' and '.join(on_cuda_only)} appl{'ies' if len(on_cuda_only) == 1 else 'y'} on --device cuda; "
+                   f"the torch flavour on {device} runs the model eagerly")
     fields |= device_fields(ctx, device if device in DEVICES else "cpu", fields.get("max_batch_size",
                                                                                    DEFAULTS.max_batch_size))
     try:
