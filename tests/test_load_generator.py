@@ -178,6 +178,9 @@ def test_an_image_refusal_is_counted_in_words_for_people():
 
     err = InferenceServerException("in ensemble 'vit', " + protocol.image_refused(0, "not an image"), status="400")
     assert error_message(err, 1) == "[400] in ensemble 'vit', image 0: not an image"
+    # with the request's images named, the file: "image 0" said nothing about which of the run's files it was
+    second = InferenceServerException("in ensemble 'vit', " + protocol.image_refused(1, "not an image"), status="400")
+    assert error_message(second, 1, ["a.png", "scans/b.png"]) == "scans/b.png: not an image"
 
 
 @pytest.mark.parametrize("bad, error", [(0, ValueError), (-1, ValueError), (float("inf"), ValueError),

@@ -601,7 +601,7 @@ def test_cli_classify_and_loadtest(server, repo, tmp_path, photos):
         output = " ".join(result.output.split())
         assert result.exit_code == code, output
         assert ("4 of 8 requests failed" in output) == (code == 1), output
-        assert "not an image" in output
+        assert f"{bad}: not an image" in output, output  # the file, not "image 0" of a request
     # The run starts from the first image after its warm-up: a bad image sent only in the warm-up went unreported
     result = runner.invoke(app, ["loadtest", "--url", server.http_url, "--requests", "1", str(bad), str(image),
                                  str(image)])

@@ -18,7 +18,8 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from os import PathLike
+from typing import Any, TypeVar
 
 import numpy as np
 from tritonclient.utils import InferenceServerException
@@ -26,9 +27,18 @@ from tritonclient.utils import InferenceServerException
 from hub_vit.server import protocol
 from hub_vit.server.client.addresses import resolve_protocol
 from hub_vit.server.client.classifier import AsyncClassifier, refusal
-from hub_vit.server.client.errors import MAX_REQUEST_FLAG, no_server, shed, too_large, too_large_limit
+from hub_vit.server.client.errors import (
+    MAX_REQUEST_FLAG,
+    no_server,
+    refused_image,
+    shed,
+    too_large,
+    too_large_limit,
+)
 from hub_vit.server.client.images import ImageLike, encode
 from hub_vit.server.client.messages import queue_timeout
+
+T = TypeVar("T")  # what a request holds: encoded images, or their names
 
 # Cores of CPU this load generator may use before its numbers are its own limit: it is one Python process whose
 # asyncio loop runs on one thread (gRPC adds a poller thread, which rarely takes much).
@@ -171,6 +181,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         # per request is one the server does not get (seen: 0.24-0.25 -> 0.17-0.19 ms of CPU per request, 2 cores)
         prepared = [client.prepare(body, queue_timeout_s=queue_timeout_s) for body in request_bodies(payloads, batch)]
         del payloads  # each prepared request holds its own serialised copy
+        named = dict(zip(map(id, prepared), request_bodies(image_names(images), batch), strict=True))  # for refusals
         unwarmed, warmed = await client.statistics(), 0
         for request in itertools.islice(itertools.cycle(prepared), warmup):  # connection setup, kept out of the numbers
             try:
@@ -207,7 +218,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
                     latencies.append(now - sent)
                     answered_at.append(now)
                 except Exception as err:  # any server answer that is not a result is an error of the run
-                    errors[error_message(err, client.timeout_s)] += 1
+                    errors[error_message(err, client.timeout_s, named[id(request)])] += 1
                     if not _answered(err):  # refused connection (a server restarting): no tight retry loop
                         await asyncio.sleep(0.05)
 
@@ -248,17 +259,28 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
     )
 
 
-def error_message(err: Exception, timeout_s: float) -> str:
-    """How a failed request is counted in `error_messages`: the server's words (at most 160 characters); a request
-    that got no answer in time names the client's timeout (aiohttp's `TimeoutError` has no words of its own)."""
+def image_names(images: Sequence[ImageLike]) -> list[str]:
+    """How the run's report names each image: its path as given, else its place in the list."""
+    return [str(image) if isinstance(image, (str, PathLike)) else f"image {index}"
+            for index, image in enumerate(images)]
+
+
+def error_message(err: Exception, timeout_s: float, names: Sequence[str] = ()) -> str:
+    """How a failed request is counted in `error_messages`: the server's words (at most 160 characters), a refused
+    image named by `names` (the request's images as the caller knows them: its file, not its index in the request);
+    a request that got no answer in time names the client's timeout (aiohttp's `TimeoutError` has no words of its
+    own)."""
     if isinstance(err, TimeoutError):  # asyncio's too
         return f"no answer within the client's timeout of {timeout_s:g} s"
+    refused = refused_image(err)
+    if refused is not None and refused.index < len(names):
+        return f"{names[refused.index]}: {refused.reason}"[:160]
     if too_large(err) and too_large_limit(err) is None:  # grpc's own words, which name no way out: the flag does
         return f"{str(err)[:160]} (over the server's request size limit: {MAX_REQUEST_FLAG})"
     return protocol.untagged(str(err))[:160] or type(err).__name__
 
 
-def request_bodies(payloads: Sequence[bytes], batch: int) -> list[list[bytes]]:
+def request_bodies(payloads: Sequence[T], batch: int) -> list[list[T]]:
     """One pass over `payloads` in requests of `batch` images, the last one filled up from the start: every image is
     sent, and the requests can be built once (their bodies hold the images once more, plus at most `batch - 1`)."""
     count = math.ceil(len(payloads) / batch)
