@@ -341,7 +341,7 @@ def test_cli_repository_writes_gpu_flavour(tmp_path, onnx_file):
     assert not (tmp_path / "bad").exists()
     # options of the other flavour would do nothing: refused, not dropped without a word
     for flags, message in ((["--preprocess-instances", "4"], "the CPU flavour decodes in each classifier instance"),
-                           (["--flavour", "gpu", "--no-spinning"], "the GPU flavour runs Triton's own")):
+                           (["--flavour", "gpu", "--no-spinning"], "the gpu flavour runs Triton's own")):
         result = runner.invoke(app, ["repository", str(tmp_path / "bad"), "--model", str(onnx_file), *flags])
         assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
         assert not (tmp_path / "bad").exists()
