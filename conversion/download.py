@@ -178,16 +178,20 @@ def _offline_message(url: str, dest: Path, reason: str) -> str:
             "model card does not claim the published checkpoint's results.")
 
 
-def _http_error_message(url: str, dest: Path, exc: urllib.error.HTTPError) -> str:
+def _http_error_message(url: str, dest: Path, exc: urllib.error.HTTPError, catalog_name: str | None = None) -> str:
     """An error status is the server's answer, not a network failure. A 4xx means the URL is wrong (or the file is not
-    public): fetching the same URL by hand gets the same answer, so no hand-download help. A 5xx may pass: it keeps
-    the help, as a network failure does."""
+    public): fetching the same URL by hand gets the same answer, so no hand-download help; for a catalog name the
+    user gave no URL: the catalog's is out of date. A 5xx may pass: it keeps the help, as a network failure does."""
     try:
         status = f"HTTP {exc.code} {HTTPStatus(exc.code).phrase}"  # the standard phrase, not the server's wording
     except ValueError:  # a status code outside the standard list
         status = f"HTTP {exc.code} {exc.reason or ''}".rstrip()
     if exc.code >= 500:
         return _offline_message(url, dest, f"the server answered {status}; this may pass, try again later")
+    if catalog_name is not None:
+        return (f"cannot download {catalog_name}: its published file {url} answered {status}: the file has moved "
+                "or is no longer public, so hub-vit's catalog is out of date; if you have the .npz, pass its path "
+                "instead")
     hint = "is the URL right, and is the file public?" if exc.code in (401, 403) else "is the URL right?"
     return f"cannot download {url}: the server answered {status} ({hint})"
 
@@ -200,8 +204,9 @@ def check_timeout(timeout: float) -> None:
 
 
 def download(url: str, *, expected_sha256: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-             progress: bool = True) -> Path:
-    """Fetch `url` (gs:// or https://) into the cache unless it is there; return the cached path."""
+             progress: bool = True, catalog_name: str | None = None) -> Path:
+    """Fetch `url` (gs:// or https://) into the cache unless it is there; return the cached path. `catalog_name`: the
+    catalog entry `url` came from (`name.tag`), which an error names instead of asking whether the URL is right."""
     check_timeout(timeout)
     url = gs_to_https(url)
     dest = cached_path(url)
@@ -229,7 +234,7 @@ def download(url: str, *, expected_sha256: str | None = None, timeout: float = D
     except urllib.error.HTTPError as exc:  # before URLError, its base class: the server answered, the network works
         _discard(part, dest, sidecar, created)
         exc.close()  # the error response's connection
-        raise DownloadError(_http_error_message(url, dest, exc)) from exc
+        raise DownloadError(_http_error_message(url, dest, exc, catalog_name)) from exc
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         _discard(part, dest, sidecar, created)  # no empty `downloads/<hash>/` left behind by a failed fetch
         reason = getattr(exc, "reason", None) or exc
@@ -335,7 +340,7 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
             "`hub-vit models` lists them all)"
         )
     url, catalog_name, expected = remote
-    local = download(url, expected_sha256=expected, timeout=timeout, progress=progress)
+    local = download(url, expected_sha256=expected, timeout=timeout, progress=progress, catalog_name=catalog_name)
     sidecar = local.with_name(local.name + ".sha256")
     # The content is hashed even when a sidecar exists: a file swapped in after the download must not inherit it
     recorded = sidecar.read_text().strip() if sidecar.is_file() else None

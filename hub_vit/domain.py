@@ -97,6 +97,9 @@ def write_domain(folder: str | Path, domain: Domain) -> Path:
     from hub_vit.weights_digest import file_digest
 
     folder = Path(folder)
+    for path in (folder / STATISTICS_FILE, folder / DOMAIN_FILE):  # before either is written: never one of the two
+        if path.is_dir():
+            raise IsADirectoryError(f"{str(path)!r} is a folder where the file {path.name} belongs")
     record: dict[str, Any] = {"knows": domain.knows, "examples": domain.examples}
     if domain.examples not in EXAMPLE_KINDS:
         raise ValueError(f"unknown examples {domain.examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")

@@ -33,7 +33,7 @@ def signature_format(data: bytes) -> str | None:
 
 # Other images people try, by signature: named in the refusal, so the user knows to convert rather than to repair
 _OTHER_SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
-    (0, b"GIF87a", "GIF"), (0, b"GIF89a", "GIF"), (0, b"BM", "BMP"), (0, b"II*\x00", "TIFF"), (0, b"MM\x00*", "TIFF"),
+    (0, b"GIF87a", "GIF"), (0, b"GIF89a", "GIF"), (0, b"II*\x00", "TIFF"), (0, b"MM\x00*", "TIFF"),
     (4, b"ftypheic", "HEIC"), (4, b"ftypheix", "HEIC"), (4, b"ftypmif1", "HEIF"), (4, b"ftypavif", "AVIF"),
     (0, b"\x00\x00\x00\x0cjXL ", "JPEG XL"), (0, b"\xff\x0a", "JPEG XL"), (0, b"%PDF", "PDF"))
 
@@ -41,4 +41,17 @@ _OTHER_SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
 def other_format(data: bytes) -> str | None:
     """The image format other than JPEG, PNG and WebP that `data` starts with (GIF, BMP, TIFF, HEIC, AVIF, ...), by
     its signature alone (no decoder runs), or None."""
+    if _bmp(data):
+        return "BMP"
     return next((name for offset, magic, name in _OTHER_SIGNATURES if data[offset:offset + len(magic)] == magic), None)
+
+
+SIGNATURE_BYTES = 32  # read from the start of a file: enough for every signature `other_format` checks
+
+# The sizes a BMP's DIB header (the 4 bytes after its 14-byte file header) may have: OS/2 1.x and 2.x, Windows
+# BITMAPINFOHEADER and its V2-V5 successors. "BM" alone starts many a text file ("BMW ...").
+_DIB_HEADER_SIZES = (12, 16, 40, 52, 56, 64, 108, 124)
+
+
+def _bmp(data: bytes) -> bool:
+    return data[:2] == b"BM" and len(data) >= 18 and int.from_bytes(data[14:18], "little") in _DIB_HEADER_SIZES

@@ -150,7 +150,7 @@ def _fetch(entry: ModelEntry, cfg: Any) -> Path:
     from hub_vit.conversion.download import download
 
     sha256 = next((w.sha256 for w in entry.weights if w.tag == cfg.tag), None)
-    return download(cfg.url, expected_sha256=sha256)
+    return download(cfg.url, expected_sha256=sha256, catalog_name=f"{entry.name}.{cfg.tag}")
 
 
 def _make_entrypoint(entry: ModelEntry) -> Callable[..., VisionTransformer]:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from hub_vit.conversion.download import DownloadError, cached_path, resolve_source
+from hub_vit.conversion.download import DownloadError, cached_path, download, resolve_source
 
 REPO = Path(__file__).resolve().parents[1]
 JAX = REPO / "tests" / "fixtures" / "jax"
@@ -238,6 +238,17 @@ def test_http_404_says_the_url_is_wrong_not_that_the_network_failed(tmp_path: Pa
     assert result.exit_code == 2, text
     assert text == f"error: cannot download {base}/x.npz: the server answered HTTP 404 Not Found (is the URL right?)"
     assert list(tmp_path.iterdir()) == []  # neither the cache folders nor the output
+
+
+def test_http_404_for_a_catalog_name_says_the_catalog_is_out_of_date(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: "(is the URL right?)" to a user who gave a catalog name, no URL
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    with answering(404) as base, pytest.raises(DownloadError) as err:
+        download(f"{base}/x.npz", catalog_name="vit_s16.augreg_in21k_ft_in1k", progress=False)
+    assert str(err.value) == (f"cannot download vit_s16.augreg_in21k_ft_in1k: its published file {base}/x.npz "
+                              "answered HTTP 404 Not Found: the file has moved or is no longer public, so hub-vit's "
+                              "catalog is out of date; if you have the .npz, pass its path instead")
 
 
 def test_http_503_may_pass_so_the_hand_download_help_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

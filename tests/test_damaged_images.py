@@ -61,3 +61,11 @@ def test_bytes_of_another_kind_are_still_not_an_image(imageprep, prep, tmp_path:
     with pytest.raises(ImageReadError, match=r"^'x\.gif' is a GIF image, not one of the supported formats: JPEG, "
                        r"PNG or WebP \(convert it to one of them\)$"):  # named by its signature: no GIF decoder ran
         load_image(gif.getvalue(), name="x.gif")
+    bmp = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(bmp, "BMP")
+    with pytest.raises(ImageReadError, match=r"^'x\.bmp' is a BMP image, not one of the supported"):
+        load_image(bmp.getvalue(), name="x.bmp")
+    # was: "is a BMP image": a text file that starts with "BM" is not one
+    with pytest.raises(ImageReadError) as err:
+        load_image(b"BMW 320i, 1998, 180000 km\n", name="car.txt")
+    assert "BMP" not in str(err.value)

@@ -408,7 +408,8 @@ def test_examples_and_results_have_accessible_names(page) -> None:
 # -- several models -----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model_folders(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """`model_folder`, a one-block model and a folder whose weights file is damaged (accepted at start-up)."""
+    """`model_folder`, a one-block model and a copy of it, whose weights file the test damages once the demo runs (a
+    folder damaged before start-up is refused then: test_demo_models.py)."""
     import torch
 
     from hub_vit import VisionTransformer, ViTSpec
@@ -419,7 +420,6 @@ def model_folders(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) 
     spec = ViTSpec.from_variant("mu/8", img_size=32, num_classes=3, depth=1, pool_type="gap", head_zeroinit=False)
     one_block = save_model_folder(VisionTransformer(spec), root / "one_block", labels=["x", "y", "z"])
     corrupt = shutil.copytree(one_block, root / "corrupt")
-    (corrupt / "model.safetensors").write_bytes((corrupt / "model.safetensors").read_bytes()[:1000])
     return [model_folder, one_block, corrupt]
 
 
@@ -453,6 +453,8 @@ def test_switching_models_resets_the_block_and_a_failed_load_says_why(models_pag
     # was: block 1 of the one-block model stayed selected for every model after it
     assert page.locator("#layer input[type=number]").input_value() == depth != "1"
     assert "folder: corrupt" in [c.key for c in discover_choices(model_folders)]
+    weights = model_folders[2] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # damaged on disk while the demo runs
     pick(page, "model", "folder: corrupt")
     toast = page.locator(".toast-body", has_text="folder: corrupt")
     toast.first.wait_for(state="visible")

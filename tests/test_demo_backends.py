@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.numpy import save_file
 
 from hub_vit.demo.app import Demo
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
@@ -52,6 +53,8 @@ def test_cache_loads_once_and_names_choices(folder: Path) -> None:
 def test_folder_choice_refuses_non_model_folders(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a hub-vit model folder"):
         folder_choice(tmp_path)
+    with pytest.raises(ValueError, match=r"model folder '.*nowhere' does not exist"):  # was: "not a hub-vit ..."
+        folder_choice(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="valid names"):
         resolve_choice("not_a_model")
 
@@ -169,7 +172,7 @@ def test_folders_with_the_same_name_are_told_apart_the_same_way(tmp_path: Path) 
     for folder in folders:
         folder.mkdir(parents=True)
         (folder / "config.json").write_text("{}")
-        (folder / "model.safetensors").write_bytes(b"")
+        save_file({"x": np.zeros(1, np.float32)}, folder / "model.safetensors")  # a header the demo checks
     keys = [c.key for c in discover_choices([*folders, folders[0]]) if c.key != DEFAULT_KEY and c.kind == "folder"]
     assert keys == ["folder: d2/model", "folder: ft/model", "folder: flowers"]  # the repeated folder offered once
     assert distinct_names([Path("/x/model"), Path("/model")]) == ["x/model", "/model"]  # was "//model"

@@ -142,8 +142,16 @@ def test_a_folder_without_a_classifier_head_is_refused_at_start_up(tmp_path: Pat
 def test_a_damaged_model_names_itself_and_the_reason(tmp_path: Path, photos) -> None:
     folder = _folder(tmp_path / "corrupt")
     weights = folder / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])  # truncated on disk; config.json still fine
-    choice = folder_choice(folder)  # accepted at start-up: only loading can tell
+    intact = weights.read_bytes()
+    weights.write_bytes(intact[:1000])  # truncated on disk; config.json still fine
+    # refused at start-up by its header, as rollout refuses it (was: accepted, then failed on the first click)
+    with pytest.raises(ValueError, match=r"model.safetensors' is not a safetensors file .*; truncated or corrupt"):
+        folder_choice(folder)
+    result = CliRunner().invoke(_cli(), ["demo", "--model-folder", str(folder), "--port", "1"])
+    assert result.exit_code == 2 and "is not a safetensors file" in result.output, result.output
+    weights.write_bytes(intact)
+    choice = folder_choice(folder)
+    weights.write_bytes(intact[:1000])  # damaged after start-up: named when it is loaded
     with pytest.raises(ModelLoadError) as info:
         ModelCache([choice]).get(choice.key)
     assert "'folder: corrupt'" in str(info.value) and "is not a safetensors file" in str(info.value)
@@ -161,8 +169,8 @@ def test_a_model_that_fails_to_load_clears_the_page(tmp_path: Path, photos) -> N
 
     good = _folder(tmp_path / "good")
     bad = _folder(tmp_path / "bad")
-    (bad / "model.safetensors").write_bytes(b"\0" * 10)
     demo = Demo(cache=ModelCache([folder_choice(good), folder_choice(bad)]), examples=[])
+    (bad / "model.safetensors").write_bytes(b"\0" * 10)  # damaged after start-up
     photo = tmp_path / "cat.png"
     Image.fromarray(photos["chelsea"]).save(photo)
     labels, *_ = demo.analyze(str(photo), "folder: good", IN_PROCESS, "mean", 0.0, 2, None)

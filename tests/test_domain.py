@@ -270,6 +270,9 @@ def test_a_training_set_of_bmp_and_gif_files_is_calibrated_on(digits_copy, digit
     ("missing-model", r"model folder '.*no-model' does not exist"),  # named first: its images are missing too
     ("rate", r"the false-alarm rate must be in \(0, 1\), got 0.0"),
     ("examples", r"unknown examples 'sketches'; valid: digits, photos"),
+    # was: a traceback after the fit had replaced domain.safetensors
+    ("record-folder", r"'.*domain.json' is a folder; calibrate-domain writes the file domain.json there: move the "
+                      r"folder away"),
 ])
 def test_bad_calibrations_are_refused_by_name_before_anything_is_written(digits_copy, tmp_path, case, message):
     from hub_vit.cli import _load_commands
@@ -288,12 +291,17 @@ def test_bad_calibrations_are_refused_by_name_before_anything_is_written(digits_
              "ood-images": [*lenient, "--out-of-domain", str(images)],
              "ood-held": [*lenient, "--out-of-domain", f"{tmp_path}/./held"],  # another spelling of the same folder
              "rate": ["--false-alarm-rate", "0"], "examples": ["--examples", "sketches"]}.get(case, [])
+    if case == "record-folder":
+        (digits_copy / "domain.json").unlink()
+        (digits_copy / "domain.json").mkdir()
     before = sorted(p.name for p in digits_copy.iterdir())
+    statistics = (digits_copy / "domain.safetensors").read_bytes()
     _load_commands()
     result = CliRunner().invoke(app, ["calibrate-domain", str(model), "--images", str(target), *extra])
     assert result.exit_code == 2, result.output
     assert re.search(message, " ".join(result.output.split())), result.output
     assert sorted(p.name for p in digits_copy.iterdir()) == before  # nothing written
+    assert (digits_copy / "domain.safetensors").read_bytes() == statistics
 
 
 def test_the_cli_calibrates_and_prints_what_it_measured(digits_copy, digit_folders):

@@ -141,3 +141,18 @@ def test_an_out_that_cannot_be_made_is_refused_before_the_export(tmp_path: Path,
     assert result.exit_code == 2 and f"--out {str(out)!r} {message}" in text, text
     assert "exporting" not in text  # nothing built
     assert not list(Path("/proc").glob(".hub-vit-probe-*"))
+
+
+@pytest.mark.parametrize("blocked", ["model.onnx", "model.openvino-fp32.bin", "model.export.json"])
+def test_a_folder_where_an_export_file_goes_is_named_before_anything_is_built(tmp_path: Path, blocked: str) -> None:
+    # was: after the whole build, "[Errno 21] Is a directory" naming the hidden staging file it was moved from
+    out = tmp_path / "exports"
+    (out / blocked / "kept").mkdir(parents=True)
+    _load_commands()
+    result = CliRunner().invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(out), "-v", "fp32",
+                                      "-v", "openvino-fp32"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert (f"error: {str(out / blocked)!r} is a folder where the export writes the file {blocked}: move it away or "
+            "give another --out or --stem") in text, text
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [blocked, f"{blocked}/kept"]

@@ -77,7 +77,11 @@ def test_the_gpu_flavour_expects_its_decoding_and_top_k_stubs(tmp_path):
 
 def test_a_bad_repository_or_address_is_refused_by_name(tmp_path):
     result = _health("--repository", str(tmp_path / "nope"))
-    assert result.returncode == 2 and "is not a folder" in result.stderr
+    assert result.returncode == 2 and "nope' does not exist" in result.stderr  # was: "is not a folder"
+    (tmp_path / "file").write_text("")
+    result = _health("--repository", str(tmp_path / "file"))
+    assert result.returncode == 2 and "file' is not a folder" in result.stderr
+    (tmp_path / "file").unlink()
     result = _health("--repository", str(tmp_path))
     assert result.returncode == 2 and "holds no model" in result.stderr
     _config(tmp_path, "broken", "backend: python\ninstance_group {")

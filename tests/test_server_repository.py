@@ -92,6 +92,16 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     assert int.from_bytes(warm[:4], "little") == len(warm) - 4 and warm[5:8] == b"PNG"
 
 
+def test_a_top_k_past_the_classes_serves_them_all_and_the_manifest_says_so(tmp_path, onnx_file, meta):
+    # was: configs answered 7 while the manifest (what `health` and a rewrite read back) recorded 11
+    repo = write_repository(graph_model(meta, onnx_file), tmp_path / "repo", ServingOptions(top_k=11))
+    config = _parse(repo / "vit_classifier/config.pbtxt")
+    assert config.parameters["top_k"].string_value == "7"
+    assert {o.name: list(o.dims) for o in config.output}["scores"] == [7]
+    assert json.loads((repo / "hub_vit_repository.json").read_text())["options"]["top_k"] == 7
+    assert outdated_files(repo) == []
+
+
 def test_gpu_repository_uses_tensorrt_accelerator(tmp_path, onnx_file, meta):
     opts = ServingOptions(flavour="gpu", precision="FP16", queue_timeout_us=2500)
     repo = write_repository(graph_model(meta, onnx_file), tmp_path / "repo", opts)

@@ -44,7 +44,7 @@ def calibrate_domain_command(
     try:
         domain = calibrate_domain(folder, images, held_out=held_out, out_of_domain=out_of_domain,
                                   false_alarm_rate=false_alarm_rate, knows=knows, examples=examples)
-    except (ValueError, FileNotFoundError, NotADirectoryError, ImageReadError) as exc:
+    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, ImageReadError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         if is_environment_error(exc):

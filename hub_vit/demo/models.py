@@ -71,6 +71,8 @@ def folder_choice(folder: str | Path, key: str | None = None) -> ModelChoice:
     """A model folder given by the user; refuses anything that is not one, and a folder without a classifier head."""
     path = Path(folder).expanduser()
     ref = locate(path) if path.is_dir() else None
+    if not path.exists():
+        raise ValueError(f"model folder {str(folder)!r} does not exist")
     if ref is None or ref.folder is None:
         raise ValueError(f"{str(folder)!r} is not a hub-vit model folder (expected config.json and "
                          "model.safetensors in it; make one with `hub-vit convert` or `hub-vit train`)")
@@ -78,13 +80,18 @@ def folder_choice(folder: str | Path, key: str | None = None) -> ModelChoice:
 
 
 def _checked_folder(path: Path, key: str, what: str) -> ModelChoice:
-    """A folder choice, refused at start-up (not on the first click) when the model has no classifier head."""
+    """A folder choice, refused at start-up (not on the first click) when the model has no classifier head or its
+    weights file is truncated or damaged (its header says so: read without loading a tensor), as `hub-vit rollout`
+    and `export` refuse it. A file damaged after start-up is named when the model is picked."""
+    from hub_vit.weights_check import read_safetensors_header
+
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"{str(path)!r}: config.json is not readable JSON ({exc})") from exc
     if isinstance(config, dict) and config.get("num_classes") == 0:
         raise ValueError(no_head_message(what))
+    read_safetensors_header(path / "model.safetensors")  # ValueError naming the file: "truncated or corrupt"
     return ModelChoice(key=key, kind="folder", target=str(path))
 
 

@@ -21,7 +21,15 @@ from PIL import Image, ImageOps
 
 from hub_vit.data_config import INTERPOLATIONS as DATA_INTERPOLATIONS
 from hub_vit.data_config import DataConfig
-from hub_vit.image_formats import FORMATS, NAMES, OWN_FILE_NAMES, SUFFIXES, other_format, signature_format
+from hub_vit.image_formats import (
+    FORMATS,
+    NAMES,
+    OWN_FILE_NAMES,
+    SIGNATURE_BYTES,
+    SUFFIXES,
+    other_format,
+    signature_format,
+)
 from hub_vit.image_modes import to_8bit
 from hub_vit.resize_bound import check_resize, eval_resize
 
@@ -117,12 +125,13 @@ def _empty(source: str | Path | bytes) -> bool:
 
 
 def _first_bytes(source: str | Path | bytes) -> bytes:
-    """The first bytes of `source`, enough for a format's signature; none when it cannot be read."""
+    """The first bytes of `source`, enough for a format's signature (a BMP's reaches byte 18); none when it cannot be
+    read."""
     if isinstance(source, bytes):
-        return source[:16]
+        return source[:SIGNATURE_BYTES]
     try:
         with open(source, "rb") as file:
-            return file.read(16)
+            return file.read(SIGNATURE_BYTES)
     except OSError:
         return b""
 

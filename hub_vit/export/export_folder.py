@@ -76,6 +76,14 @@ def _engines_built_from(out_dir: Path, graphs: Sequence[str]) -> list[str]:
     return stale
 
 
+def folders_in_the_way(out_dir: Path, names: Sequence[str]) -> None:
+    """IsADirectoryError naming the first of `names` that is a folder in `out_dir`, where the export writes a file."""
+    for name in names:
+        if (out_dir / name).is_dir():
+            raise IsADirectoryError(f"{str(out_dir / name)!r} is a folder where the export writes the file {name}: "
+                                    "move it away or give another --out or --stem")
+
+
 def replace_previous_export(staged: Path, out_dir: Path, stem: str, report: Any) -> None:
     """Move the staged graphs into `out_dir` in place of the earlier export's files, then write the report
     (`report.report_file`; its `removed` and `stale_engines` are filled in here).
@@ -86,6 +94,8 @@ def replace_previous_export(staged: Path, out_dir: Path, stem: str, report: Any)
     never lists the other export's files. Engines are only flagged: another command built them, at GPU cost.
     """
     report_path = Path(report.report_file)
+    # a folder made meanwhile where a file goes: refused before anything of the earlier export is touched
+    folders_in_the_way(out_dir, [*(p.name for p in staged.iterdir()), report_path.name])
     previous = previous_export_files(out_dir, stem)
     new = {p.name for p in staged.iterdir()}
     graphs = [p.name for p in previous if p != report_path]
@@ -101,4 +111,5 @@ def replace_previous_export(staged: Path, out_dir: Path, stem: str, report: Any)
         tmp_json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
 
 
-__all__ = ["files_of", "previous_export_files", "removed_if_left_empty", "replace_previous_export", "writable_dir"]
+__all__ = ["files_of", "folders_in_the_way", "previous_export_files", "removed_if_left_empty",
+           "replace_previous_export", "writable_dir"]

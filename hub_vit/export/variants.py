@@ -23,7 +23,13 @@ import numpy as np
 
 from hub_vit.export import registry
 from hub_vit.export.criterion import FP32_MAX_ABS, MAX_REL_ERROR, MIN_COSINE, MIN_TOP1_AGREEMENT, judge, summary
-from hub_vit.export.export_folder import files_of, removed_if_left_empty, replace_previous_export, writable_dir
+from hub_vit.export.export_folder import (
+    files_of,
+    folders_in_the_way,
+    removed_if_left_empty,
+    replace_previous_export,
+    writable_dir,
+)
 from hub_vit.export.metadata import REPORT_SUFFIX, model_metadata
 from hub_vit.export.onnx_export import ATTENTIONS, export_onnx, graph_opset, logits_subgraph, quiet_loggers
 from hub_vit.export.plan import ExportPlan, VerificationSet
@@ -112,6 +118,7 @@ def export_variants(model: VisionTransformer, out_dir: str | Path, plan: ExportP
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"output folder {str(out_dir)!r} is a file")
+    folders_in_the_way(out_dir, _planned_files(plan))  # before minutes of building, not when the files are moved in
     created = not out_dir.exists()
     writable_dir(out_dir)
     # a failed export (bad opset, Ctrl-C) leaves no empty folder
@@ -129,6 +136,15 @@ def export_variants(model: VisionTransformer, out_dir: str | Path, plan: ExportP
         report.report_file = str(out_dir / f"{plan.stem}{REPORT_SUFFIX}")
         replace_previous_export(run.staged, out_dir, plan.stem, report)
     return report
+
+
+def _planned_files(plan: ExportPlan) -> list[str]:
+    """The names of the files `plan` may write: each variant's graph (an OpenVINO variant's three files), the attention
+    graph when asked, the report."""
+    names = [p.name for name in plan.variants for p in files_of(Path(registry.get(name).file_name(plan.stem)))]
+    if plan.attentions:
+        names.append(f"{plan.stem}.{ATTENTIONS_VARIANT}.onnx")
+    return [*names, f"{plan.stem}{REPORT_SUFFIX}"]
 
 
 class _Run:

@@ -20,7 +20,7 @@ def model_configs(folder: Path) -> list[Path]:
     holds no model, or has a folder without a config.pbtxt: tritonserver takes every folder of its repository for a
     model, fails to load that one ("Could not determine backend") and exits, after seconds of loading the others."""
     if not folder.is_dir():
-        raise ValueError(f"repository {str(folder)!r} is not a folder")
+        raise ValueError(f"repository {str(folder)!r} " + ("is not a folder" if folder.exists() else "does not exist"))
     configs = sorted(folder.glob("*/config.pbtxt"))
     if not configs:
         raise ValueError(f"repository {str(folder)!r} holds no model (no <model>/config.pbtxt)")

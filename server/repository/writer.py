@@ -187,6 +187,8 @@ def _write_warmup_image(folder: Path, meta: ServingMetadata) -> None:
 
 def _fill(root: Path, source: ResolvedModel, opts: ServingOptions) -> None:
     meta = serving_metadata(source)
+    # --top-k past the model's classes answers them all: the manifest records that, as the configs serve it
+    opts = dataclasses.replace(opts, top_k=min(opts.top_k, meta.num_classes))
     scale_h, scale_w = meta.scale_size
     if opts.max_pixels < scale_h * scale_w:  # every image, the warm-up's first, would be refused as too large
         raise ValueError(f"max_pixels (--max-pixels) {opts.max_pixels} is less than the model's own resize before "

@@ -126,7 +126,8 @@ class TritonServer:
                  grpc_host: str | None = None, picked_ports: Collection[str] = ()) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
-            raise ServerError(f"model repository {str(self.repository)!r} is not a folder")
+            raise ServerError(f"model repository {str(self.repository)!r} "
+                              + ("is not a folder" if self.repository.exists() else "does not exist"))
         unservable = unservable_path_message(self.repository)
         if unservable:
             raise ServerError(unservable)
