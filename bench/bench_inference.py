@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from run_info import add_note_option, check_writable, cpu_model, run_info, write_json
+from run_info import add_note_option, check_writable, cpu_identity, cpu_model, run_info, write_json
 
 from hub_vit.openvino_runtime import core
 
@@ -63,7 +63,8 @@ def host() -> dict[str, Any]:
     from hub_vit.host import isa_flags
 
     flags = isa_flags()
-    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "isa_flags": flags, "kind": host_kind(flags)}
+    return {"cpu": cpu_model(), **cpu_identity(), "logical_cpus": os.cpu_count(), "isa_flags": flags,
+            "kind": host_kind(flags)}
 
 
 def host_kind(flags: list[str]) -> str:

@@ -66,6 +66,38 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# Server generations behind a model number (`cpu family` 6 for Intel): virtual machines often show only
+# "Intel(R) Xeon(R) Processor", and the same flags (AMX) on two generations measured ratios apart
+INTEL_FAMILY_6 = {85: "Skylake-SP / Cascade Lake", 106: "Ice Lake-SP", 143: "Sapphire Rapids", 207: "Emerald Rapids",
+                  173: "Granite Rapids"}
+AMD_FAMILIES = {23: "Zen / Zen 2", 25: "Zen 3 / Zen 4", 26: "Zen 5"}
+
+
+def cpu_identity(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The first CPU's vendor, family, model and stepping numbers (from /proc/cpuinfo, or `cpuinfo` text), with the
+    generation they name where it is known; {} where none can be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first CPU's block only
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    try:
+        vendor, family, model = fields["vendor_id"], int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return {}
+    names = INTEL_FAMILY_6 if vendor == "GenuineIntel" and family == 6 else {}
+    generation = names.get(model) or (AMD_FAMILIES.get(family) if vendor == "AuthenticAMD" else None)
+    return {"vendor": vendor, "family": family, "model_number": model,
+            "stepping": int(fields["stepping"]) if fields.get("stepping", "").isdigit() else None,
+            "generation": generation}
+
+
 def cpu_quota(root: Path = Path("/")) -> float | None:
     """The CPUs a second that this process's cgroup grants (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` over
     `cpu.cfs_period_us`; the tightest of its cgroup and the cgroups above it), or None when none is set or none can be
@@ -132,14 +164,15 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_info(args: argparse.Namespace, packages: tuple[str, ...] = ()) -> dict[str, Any]:
     """When, which hub-vit (version, commit, dirty), which library versions (`PACKAGES` + `packages`), which CPU
-    (model, count, usable by affinity, the cgroup's quota in CPUs or None), and the script's argv and parsed
+    (model name, `cpu_identity`, count, usable by affinity, the cgroup's quota in CPUs or None), and the script's argv
+    and parsed
     settings, with the user's `--note` if one was given."""
     return {
         "utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "hub_vit": {"version": package_version("hub-vit"), **git_state()},
         "versions": {"python": platform.python_version(), **{p: package_version(p) for p in PACKAGES + packages}},
-        "cpu": {"model": cpu_model(), "count": os.cpu_count(), "usable": len(os.sched_getaffinity(0)),
-                "cgroup_quota": cpu_quota()},
+        "cpu": {"model": cpu_model(), **cpu_identity(), "count": os.cpu_count(),
+                "usable": len(os.sched_getaffinity(0)), "cgroup_quota": cpu_quota()},
         "platform": platform.platform(),
         "argv": sys.argv[1:],
         "settings": settings(args),

@@ -95,3 +95,16 @@ def test_cpu_quota_reads_cgroup_v1_and_says_none_where_nothing_is_readable(run_i
     (root / "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us").write_text("-1\n")
     assert run_info.cpu_quota(root) is None
     assert run_info.cpu_quota(tmp_path / "no-proc") is None
+
+
+def test_the_cpu_is_named_by_its_generation_where_the_model_name_is_generic(run_info) -> None:
+    # a VM shows "Intel(R) Xeon(R) Processor" for every generation: two AMX hosts measured 1.17x and 1.43x apart
+    block = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"
+             "model name\t: Intel(R) Xeon(R) Processor\nstepping\t: 2\n\nprocessor\t: 1\nmodel\t\t: 143\n")
+    assert run_info.cpu_identity(block) == {"vendor": "GenuineIntel", "family": 6, "model_number": 207,
+                                            "stepping": 2, "generation": "Emerald Rapids"}
+    assert run_info.cpu_identity(block.replace("207", "143"))["generation"] == "Sapphire Rapids"
+    amd = "vendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nstepping\t: 0\n"
+    assert run_info.cpu_identity(amd)["generation"] == "Zen 5"
+    assert run_info.cpu_identity(amd.replace("26", "99"))["generation"] is None  # unknown: numbers only
+    assert run_info.cpu_identity("garbage") == {}
