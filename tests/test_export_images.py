@@ -48,6 +48,21 @@ def test_the_models_own_transform_is_used(tmp_path: Path) -> None:
     np.testing.assert_allclose(x, expected, atol=1e-5)
 
 
+def test_bmp_and_gif_files_are_read_as_train_and_calibrate_domain_read_them(tmp_path: Path) -> None:
+    # was: "has no .jpg/.jpeg/.png/.webp files" for the held-out split of a model trained on BMP files
+    photo = _photo()
+    for folder in ("png", "own"):
+        (tmp_path / folder).mkdir()
+    photo.save(tmp_path / "png" / "x.png")
+    photo.save(tmp_path / "own" / "x.bmp")
+    photo.save(tmp_path / "own" / "y.gif")
+    data = DataConfig(img_size=(32, 32), crop_pct=1.0)
+    (png,) = load_image_folder(tmp_path / "png", data)
+    bmp, gif = load_image_folder(tmp_path / "own", data)
+    np.testing.assert_array_equal(bmp, png)  # BMP is lossless
+    assert gif.shape == png.shape  # GIF's palette changes the pixels
+
+
 def test_one_channel_model(tmp_path: Path) -> None:
     _photo().save(tmp_path / "x.jpg")
     out = load_image_folder(tmp_path, DataConfig(img_size=(16, 16), mean=(0.5,), std=(0.5,), in_chans=1))
@@ -60,7 +75,7 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
         load_image_folder(tmp_path, DataConfig(img_size=(16, 16)))
     (tmp_path / "bad.jpg").unlink()
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"has no \.jpg/\.jpeg/\.png/\.webp files"):
+    with pytest.raises(ValueError, match=r"has no \.jpg/\.jpeg/\.png/\.webp/\.bmp/\.gif files"):
         load_image_folder(tmp_path, DataConfig(img_size=(16, 16)))
     (tmp_path / "notes.txt").unlink()
     Image.new("RGB", (2, 200_000), (200, 10, 10)).save(tmp_path / "thin.png")  # readable, too thin to resize

@@ -31,17 +31,20 @@ def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = 
     and verification see the activations the served model will see. `limit` (0 or None: all) takes files evenly
     spaced over the sorted list, so a folder of class folders gives every class its share."""
     from hub_vit.explain.image import ImageReadError, image_files, load_image, prepare_image
+    from hub_vit.image_formats import OWN_FILE_FORMATS, OWN_FILE_SUFFIXES
 
     if limit is not None and limit < 0:
         raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
-    files = image_files(folder)
+    # the user's own files, read as `hub-vit train` and `calibrate-domain` read them: a model trained on BMP or GIF
+    # files names a held-out split of them
+    files = image_files(folder, suffixes=OWN_FILE_SUFFIXES)
     if limit and len(files) > limit:
         files = [files[i] for i in np.linspace(0, len(files) - 1, limit).round().astype(int)]
     out = np.empty((len(files), data.in_chans, *data.img_size), dtype=np.float32)
     for i, f in enumerate(files):
         # The user's own files: above Pillow's 89 MP warning is fine (large=True); load_image's errors name the file,
         # prepare_image's (an aspect ratio too extreme to resize) do not
-        image = load_image(f, large=True)
+        image = load_image(f, large=True, formats=OWN_FILE_FORMATS)
         try:
             out[i] = prepare_image(image, data).tensor.numpy()
         except ImageReadError as exc:
