@@ -103,6 +103,11 @@ def _catalog_lookup(name: str) -> tuple[str, str | None] | None:
     return weight.url, weight.sha256
 
 
+class NetworkUnavailableError(DownloadError):
+    """The file cannot be fetched now: offline mode, no network, a timeout, or the server's own failure (HTTP 5xx).
+    Nothing is wrong with what was asked: it may pass, or the file can be downloaded by hand (the message says how)."""
+
+
 class CacheNotWritableError(DownloadError):
     """The download cache (or a file in it) cannot be created or written: read-only file system, full disk, no
     permission. Not a network problem, so the hand-download help (which puts the file in that cache) does not apply."""
@@ -220,7 +225,7 @@ def download(url: str, *, expected_sha256: str | None = None, timeout: float = D
         return dest
     switch = offline_switch()
     if switch is not None:
-        raise DownloadError(_offline_message(url, dest, f"offline mode: {switch} is set"))
+        raise NetworkUnavailableError(_offline_message(url, dest, f"offline mode: {switch} is set"))
     created = _make_cache_folder(url, dest.parent)  # before the network: an unwritable cache is the error to report
     part = dest.with_name(dest.name + ".part")
     try:
@@ -234,11 +239,12 @@ def download(url: str, *, expected_sha256: str | None = None, timeout: float = D
     except urllib.error.HTTPError as exc:  # before URLError, its base class: the server answered, the network works
         _discard(part, dest, sidecar, created)
         exc.close()  # the error response's connection
-        raise DownloadError(_http_error_message(url, dest, exc, catalog_name)) from exc
+        error = NetworkUnavailableError if exc.code >= 500 else DownloadError  # a 5xx may pass, a 4xx will not
+        raise error(_http_error_message(url, dest, exc, catalog_name)) from exc
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         _discard(part, dest, sidecar, created)  # no empty `downloads/<hash>/` left behind by a failed fetch
         reason = getattr(exc, "reason", None) or exc
-        raise DownloadError(_offline_message(url, dest, f"network error: {reason}")) from exc
+        raise NetworkUnavailableError(_offline_message(url, dest, f"network error: {reason}")) from exc
     except BaseException:
         _discard(part, dest, sidecar, created)
         raise
@@ -348,5 +354,6 @@ def resolve_source(source: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S, pr
                   downloaded_sha256=recorded)
 
 
-__all__ = ["CacheNotWritableError", "DownloadError", "Source", "VANITY_NAMES", "cache_dir", "cached_path",
-           "catalog_weight", "download", "gs_to_https", "hand_download_commands", "resolve_source", "sha256_file"]
+__all__ = ["CacheNotWritableError", "DownloadError", "NetworkUnavailableError", "Source", "VANITY_NAMES", "cache_dir",
+           "cached_path", "catalog_weight", "download", "gs_to_https", "hand_download_commands", "resolve_source",
+           "sha256_file"]

@@ -190,7 +190,7 @@ def test_unwritable_cache_is_one_error_naming_the_folder_and_hub_vit_cache(
     _load_commands()
     result = CliRunner().invoke(app, ["convert", "simplevit_s16.i1k_90ep", "-o", str(tmp_path / "cv")])
     text = " ".join(result.output.split())
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == 1, result.output  # the disk refused (README, "Exit codes"); was 2, as for bad input
     assert text.startswith("error: cannot download") and "HUB_VIT_CACHE" in text and reason in text
 
 
@@ -259,6 +259,28 @@ def test_http_503_may_pass_so_the_hand_download_help_stays(tmp_path: Path, monke
     assert message.startswith(f"cannot download {base}/x.npz (the server answered HTTP 503 Service Unavailable; "
                               "this may pass, try again later). Download it by hand"), message
     assert "network error" not in message and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(("status", "code"), [(None, 3), (503, 3), (404, 2)])
+def test_convert_exits_3_when_it_cannot_download_now_and_2_for_a_wrong_url(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         status: int | None, code: int) -> None:
+    # README, "Exit codes": offline or a server's 5xx may pass (3: retry, or download by hand); a 404 will not (2).
+    # Was 2 for all three.
+    from hub_vit.cli import _load_commands
+    from hub_vit.cli.app import app
+
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    _load_commands()
+    if status is None:
+        monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+        result = CliRunner().invoke(app, ["convert", "simplevit_s16.i1k_90ep", "-o", str(tmp_path / "out")])
+    else:
+        with answering(status) as base:
+            result = CliRunner().invoke(app, ["convert", f"{base}/x.npz", "-o", str(tmp_path / "out")])
+    assert result.exit_code == code and "error: cannot download" in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
 
 def test_existing_cache_folders_are_kept_after_a_failed_download(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:

@@ -181,7 +181,7 @@ def test_cli_tag_offline_is_a_one_line_error_and_writes_nothing(tmp_path: Path,
     out = tmp_path / "exoff"
     code, text = _cli("simplevit_s16.i1k_90ep", "-o", str(out), "-v", "fp32")
     text = " ".join(text.split())
-    assert code == 2, text
+    assert code == 3, text  # this machine cannot download now (README, "Exit codes")
     assert "cannot download https://storage.googleapis.com/big_vision/vit_s16_i1k_90ep.npz" in text
     assert "Traceback" not in text and "random init" not in text
     assert not out.exists()

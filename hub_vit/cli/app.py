@@ -95,6 +95,22 @@ def write_failed(path: str | os.PathLike[str], exc: OSError) -> typer.Exit:
     return fail(f"cannot write to {os.fspath(path)!r}: {exc.strerror or exc}", code=1)
 
 
+# Exit status of a command this machine cannot carry out now, though nothing asked is wrong: no network for a download
+# or an upload, no TensorRT / GPU for an engine. 1: the work failed (a disk or a server refused); 2: bad input.
+CANNOT_NOW = 3
+
+
+def download_failed(exc: Exception, context: str = "") -> typer.Exit:
+    """`error: <context><the download's message>` with its exit status: CANNOT_NOW without network (offline mode, no
+    route, a timeout, the server's 5xx: retry, or download by hand as the message says), 1 when the download cache
+    cannot be written, 2 for what was asked (a URL the server answers 404, a file that is not the catalog's)."""
+    from hub_vit.conversion.download import CacheNotWritableError, NetworkUnavailableError
+
+    code = CANNOT_NOW if isinstance(exc, NetworkUnavailableError) else 1 if isinstance(exc, CacheNotWritableError) \
+        else 2
+    return fail(f"{context}{exc}", code=code)
+
+
 def _print_version(value: bool) -> None:
     if value:
         from hub_vit.version import __version__

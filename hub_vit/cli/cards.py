@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from hub_vit.cli.app import app, console, fail, write_failed
+from hub_vit.cli.app import CANNOT_NOW, app, console, fail, write_failed
 from hub_vit.cli.path_option import given_path
 
 
@@ -58,7 +58,7 @@ def push(
     try:
         url = push_folder(folder, repo_id, private=private, token=token, timeout=timeout)
     except HubUnreachableError as exc:
-        raise fail(f"{exc}. Nothing was uploaded.", code=3) from None
+        raise fail(f"{exc}. Nothing was uploaded.", code=CANNOT_NOW) from None
     except (ModelFolderError, ValueError, PermissionError) as exc:
         raise fail(f"{exc}. Nothing was uploaded.") from None
     except Exception as exc:  # HTTP errors from the Hub (auth, permissions, quota): report, don't dump a traceback

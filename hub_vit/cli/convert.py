@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import app, as_flags, console, fail
+from hub_vit.cli.app import app, as_flags, console, download_failed, fail
 from hub_vit.cli.path_option import given_path
 
 
@@ -63,8 +63,10 @@ def convert(
                                    overwrite=overwrite, timeout=timeout)
     except OutputWriteError as exc:  # read-only or full disk: the work was done, writing it failed (exit 1, not 2)
         raise fail(str(exc), code=1) from None
+    except DownloadError as exc:
+        raise download_failed(exc) from None
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
-            CheckpointFormatError, DownloadError, ParityError) as exc:
+            CheckpointFormatError, ParityError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise fail(as_flags(message)) from None
     conv = result.conversion

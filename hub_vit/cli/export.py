@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.atomic import cannot_create, file_in_the_way
-from hub_vit.cli.app import DISK_REFUSED_ERRNOS, app, console, err_console, fail
+from hub_vit.cli.app import CANNOT_NOW, DISK_REFUSED_ERRNOS, app, console, download_failed, err_console, fail
 from hub_vit.cli.path_option import given_path
 from hub_vit.export import registry
 from hub_vit.export.plan import ALL
@@ -99,6 +99,7 @@ def onnx_cmd(
     stem: str = typer.Option("model", help="File name stem: <stem>.onnx, <stem>.<variant>.onnx, ..."),
 ) -> None:
     """Export to ONNX, verify every variant against PyTorch, write only the ones that pass (+ a JSON report)."""
+    from hub_vit.conversion.download import DownloadError
     from hub_vit.export import load_source
     from hub_vit.export.metadata import model_metadata
     from hub_vit.export.own_images import verification_set
@@ -130,6 +131,8 @@ def onnx_cmd(
         if isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError)):
             raise fail(str(exc)) from None
         raise
+    except DownloadError as exc:  # a registered name's checkpoint, offline: exit CANNOT_NOW
+        raise download_failed(exc) from None
     except (ValueError, TypeError, RuntimeError) as exc:
         raise fail(str(exc)) from None
     _print_outcomes(report)
@@ -206,7 +209,7 @@ def tensorrt_cmd(
         engine = out or onnx_file.with_suffix(".plan")
         info = export_tensorrt(onnx_file, engine, fp16=fp16, profile=profile, workspace_gib=workspace_gib, seed=seed)
     except TensorRTUnavailable as exc:
-        raise fail(str(exc), code=3) from None
+        raise fail(str(exc), code=CANNOT_NOW) from None
     except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, RuntimeError) as exc:
         raise fail(in_flag_words(str(exc), ("workspace_gib",))) from None
     v = info["verification"]

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import app, err_console, fail
+from hub_vit.cli.app import CANNOT_NOW, app, err_console, fail
 from hub_vit.cli.path_option import given_path
 from hub_vit.cli.serve_run import ServeRun
 from hub_vit.cli.serving_options import (
@@ -192,7 +192,7 @@ def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str |
                   flavour: str | None) -> Any:
     """`serve`'s device and flavour (server.device.choose_device), refused in the flags' words; with --repository,
     what its manifest records (the device flags would not change it)."""
-    from hub_vit.server.runtime.device import DeviceChoice, choose_device, recorded_device
+    from hub_vit.server.runtime.device import DeviceChoice, NoCudaDevice, choose_device, recorded_device
 
     torch_flags = [flag for flag, key in (("--cuda-graphs", "cuda_graphs"), ("--torch-compile", "torch_compile"),
                                           ("--decode-threads", "decode_threads")) if given(ctx, key)]
@@ -205,12 +205,15 @@ def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str |
                        "`hub-vit repository`)")
         try:
             return recorded_device(repository_dir)
+        except NoCudaDevice as err:
+            raise fail(str(err), code=CANNOT_NOW) from None
         except ValueError as err:
             raise fail(str(err)) from None
     try:
         choice = choose_device(device, flavour)
     except ValueError as err:  # the words outside quotes name the flags: "unknown --device 'tpu'; valid: ..."
-        raise fail(in_flag_words(str(err), ("device", "flavour"))) from None
+        code = CANNOT_NOW if isinstance(err, NoCudaDevice) else 2
+        raise fail(in_flag_words(str(err), ("device", "flavour")), code=code) from None
     if torch_flags and choice.flavour != "torch":
         raise fail(f"{', '.join(torch_flags)} set{'s' if len(torch_flags) == 1 else ''} the torch flavour, but the "
                    f"{choice.flavour} flavour serves on {choice.device}; add --flavour torch")

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import console, fail
+from hub_vit.cli.app import console, download_failed, fail
 from hub_vit.cli.app import in_flag_words as flag_words
 from hub_vit.export import registry
 from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, QUEUE_POLICY_FIELDS, ServingOptions
@@ -122,13 +122,16 @@ def in_flag_words(message: str, fields: Iterable[str]) -> str:
 
 
 def model_source(model: str | None) -> Any:
+    from hub_vit.conversion.download import DownloadError
     from hub_vit.resolve import resolve_model
 
     try:
         return resolve_model(model)
+    except DownloadError as err:  # a registered name whose checkpoint cannot be downloaded
+        raise download_failed(err, f"cannot load model {model!r}: ") from None
     except (ValueError, KeyError, ImportError) as err:
         raise fail(str(err)) from None
-    except (OSError, RuntimeError) as err:  # e.g. a registered name whose checkpoint cannot be downloaded
+    except (OSError, RuntimeError) as err:  # e.g. weights that cannot be read
         raise fail(f"cannot load model {model!r}: {err}", code=1) from None
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import app, console, err_console, fail, in_flag_words
+from hub_vit.cli.app import app, console, download_failed, err_console, fail, in_flag_words
 from hub_vit.cli.path_option import given_path
 
 PRESETS = ("vit_s16_i1k", "digits")
@@ -155,7 +155,7 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
                          domain=domain)
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
         _discard_fresh_run_folder(out, created)
-        raise fail(str(exc)) from None
+        raise download_failed(exc) from None
     except SettingError as exc:  # `--steps 0`: the library names `total_steps`; a setting given by --set keeps its name
         _discard_fresh_run_folder(out, created)
         given = {_set_key(item) for item in set_}

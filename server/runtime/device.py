@@ -12,6 +12,11 @@ from hub_vit.server.repository.manifest import read_manifest
 from hub_vit.server.repository.options import DEVICES, FLAVOURS
 
 
+class NoCudaDevice(ValueError):
+    """cuda asked for (by a flag, or by a repository's manifest) where torch sees no CUDA device: nothing asked is
+    wrong, this host cannot run it (`hub-vit serve` exits 3, as for other hardware or network it lacks)."""
+
+
 @dataclass(frozen=True)
 class DeviceChoice:
     device: str  # "cpu" or "cuda"
@@ -34,7 +39,7 @@ def cuda_device_name() -> str | None:
 def choose_device(device: str | None, flavour: str | None = None) -> DeviceChoice:
     """`device` None: cuda when torch sees a CUDA device, else cpu. `flavour` None: "torch" on cuda, "cpu" (ONNX
     Runtime, the faster one on a CPU) on cpu. ValueError, naming the valid values, for an unknown device or flavour,
-    cuda without a CUDA device, and a flavour that cannot run on the device."""
+    cuda without a CUDA device (`NoCudaDevice`), and a flavour that cannot run on the device."""
     if device is not None and device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
     local = ("cpu", "torch")  # the flavours the local tritonserver (Python backend only) can serve
@@ -44,7 +49,7 @@ def choose_device(device: str | None, flavour: str | None = None) -> DeviceChoic
                          f"(all flavours: {', '.join(FLAVOURS)})")
     name = cuda_device_name() if device in (None, "cuda") else None
     if device == "cuda" and name is None:
-        raise ValueError("device 'cuda' asked for, but torch sees no CUDA GPU here (torch.cuda.is_available() is "
+        raise NoCudaDevice("device 'cuda' asked for, but torch sees no CUDA GPU here (torch.cuda.is_available() is "
                          "False: no GPU, no driver, or a CPU-only torch); valid here: cpu")
     if device is None:
         device = "cuda" if name is not None and flavour != "cpu" else "cpu"
@@ -56,8 +61,8 @@ def choose_device(device: str | None, flavour: str | None = None) -> DeviceChoic
 
 
 def recorded_device(folder: Path) -> DeviceChoice:
-    """The device and flavour a repository's manifest records (an unreadable one: the CPU flavour); ValueError for a
-    cuda one where torch sees no CUDA device (its KIND_GPU instances would fail to load)."""
+    """The device and flavour a repository's manifest records (an unreadable one: the CPU flavour); `NoCudaDevice` for
+    a cuda one where torch sees no CUDA device (its KIND_GPU instances would fail to load)."""
     try:
         options = (read_manifest(folder) or {}).get("options", {})
     except (OSError, ValueError, AttributeError):
@@ -67,6 +72,6 @@ def recorded_device(folder: Path) -> DeviceChoice:
         return DeviceChoice("cpu", flavour, "the CPU")
     name = cuda_device_name()
     if name is None:
-        raise ValueError(f"{str(folder)!r} is a torch-flavour repository for device cuda, but torch sees no CUDA "
+        raise NoCudaDevice(f"{str(folder)!r} is a torch-flavour repository for device cuda, but torch sees no CUDA "
                          "device here; rebuild it with --device cpu, or serve it on a GPU host")
     return DeviceChoice("cuda", flavour, f"cuda:0 ({name})")
