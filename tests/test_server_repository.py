@@ -357,6 +357,22 @@ def test_cli_repository_writes_gpu_flavour(tmp_path, onnx_file):
         assert not (tmp_path / "bad").exists()
 
 
+def test_cli_repository_of_a_registered_name_offline_exits_3(tmp_path, monkeypatch):
+    # was 1 ("cannot load model"), as for weights that cannot be read: nothing asked is wrong, the host is offline
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HUB_VIT_OFFLINE", "1")
+    _load_commands()
+    result = CliRunner().invoke(app, ["repository", str(tmp_path / "repo"), "--model", "vit_ti16.augreg_in21k_ft_in1k"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 3, text
+    assert text.startswith("error: cannot load model 'vit_ti16.augreg_in21k_ft_in1k': cannot download https://"), text
+    assert not (tmp_path / "repo").exists()
+
+
 def test_cli_repository_defaults_are_serving_options_defaults(tmp_path, onnx_file):
     """The CLI reads its defaults from ServingOptions: with no options it writes the very configs the API writes."""
     from typer.testing import CliRunner
