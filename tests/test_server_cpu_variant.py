@@ -88,7 +88,7 @@ def test_auto_keeps_fp32_for_a_tiny_model_without_measuring(tmp_path: Path, monk
 def test_auto_selection_is_recorded_in_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hub_vit.server.repository import writer as repository
 
-    monkeypatch.setattr(repository, "_compute_bound", lambda source: True)  # the digits model measured as a big one
+    monkeypatch.setattr(repository, "compute_bound_model", lambda source: True)  # the digits model taken as a big one
     repo = write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="auto"))
     recorded = _manifest(repo)["cpu_variant"]
     assert recorded["requested"] == "auto" and recorded["isa_flags"] == cpu_variant.this_host().flags
@@ -205,3 +205,19 @@ def test_the_command_lines_list_every_registered_variant() -> None:
         for name in names:
             variant = registry.get(name)
             assert f"{name} ({registry.RUNTIMES[variant.runtime]} {variant.precision})" in text, (command, name)
+
+
+def test_serve_says_why_a_first_start_can_take_minutes(tmp_path: Path) -> None:
+    # `auto` on a compute-bound model builds, verifies and times its candidates (100 s for a ViT-S on 2 cores), under a
+    # spinner that said only "exporting the model and writing the repository"
+    from hub_vit import VisionTransformer, ViTSpec
+    from hub_vit.cli.serve_run import BUILD_STATUS, VARIANTS_NOTE, build_status
+    from hub_vit.folder import save_model_folder
+
+    ti16 = resolve(str(save_model_folder(VisionTransformer(ViTSpec.from_variant("Ti/16", num_classes=3)),
+                                         tmp_path / "ti16", labels=["a", "b", "c"])))
+    auto = ServingOptions(cpu_variant="auto")  # serve's default
+    assert build_status(ti16, auto) == BUILD_STATUS + VARIANTS_NOTE  # 1.26 GMACs per image
+    assert build_status(ti16, ServingOptions(cpu_variant="fp32")) == BUILD_STATUS  # nothing to build
+    assert build_status(ti16, ServingOptions(flavour="torch")) == BUILD_STATUS
+    assert build_status(resolve(None), auto) == BUILD_STATUS  # the digits model: fp32 without measuring

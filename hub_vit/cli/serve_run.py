@@ -14,6 +14,19 @@ from hub_vit.cli.app import console, err_console, fail
 from hub_vit.cli.serve_screen import Screen, example_image, start_demo
 from hub_vit.cli.serving_options import model_source, print_cpu_variant
 
+BUILD_STATUS = "exporting the model and writing the repository"
+VARIANTS_NOTE = (" (a compute-heavy model's first start on this host also builds, verifies and times its CPU variants: "
+                 "minutes for a ViT-S; later starts reuse them)")
+
+
+def build_status(source: Any, opts: Any) -> str:
+    """What serve shows while it writes the repository: the one long wait a first start can have says why, so that
+    minutes of it do not look like a hang (the CPU flavour's variants of a compute-bound model, `cpu_variant.place`)."""
+    from hub_vit.server.repository.writer import compute_bound_model
+
+    builds_variants = opts.flavour == "cpu" and opts.cpu_variant != "fp32" and source.module is not None
+    return BUILD_STATUS + (VARIANTS_NOTE if builds_variants and compute_bound_model(source) else "")
+
 
 class ServeRun:
     """What is served where, and how the run is shown. `demo_port` None: no demo."""
@@ -48,7 +61,7 @@ class ServeRun:
         console.print(f"building the Triton repository for [bold]{escape(source.name)}[/] "
                       f"({escape(source.origin)})", soft_wrap=True)
         try:
-            with console.status("exporting the model and writing the repository"):
+            with console.status(build_status(source, opts)):
                 repository = temporary_repository(source, opts)
         except (ServerError, ValueError) as err:  # no usable temporary folder, a bad model; nothing is left behind
             raise fail(str(err)) from None

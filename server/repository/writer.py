@@ -121,7 +121,7 @@ def _is_generated_repository(folder: Path) -> bool:
     return False
 
 
-def _compute_bound(source: ResolvedModel) -> bool:
+def compute_bound_model(source: ResolvedModel) -> bool:
     """Whether the classifier needs at least SPIN_MIN_GMACS per image (unknown, e.g. a bare ONNX file: assume yes)."""
     spec = getattr(source.module, "spec", None)
     if spec is None:
@@ -196,7 +196,7 @@ def _fill(root: Path, source: ResolvedModel, opts: ServingOptions) -> None:
                          f"refused; give at least {scale_h * scale_w} (photos need millions; the default is "
                          f"{ServingOptions.max_pixels})")
     model_file = _model_file(source, opts)
-    compute_bound = _compute_bound(source)
+    compute_bound = compute_bound_model(source)
     rollout = rollout_layout(source, opts)
     statistics = domain_statistics(source, opts)
     for relative, content in _server_files(meta, opts, model_file, compute_bound, rollout).items():
