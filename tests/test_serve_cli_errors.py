@@ -187,6 +187,22 @@ def test_a_shed_grpc_request_is_not_reported_as_no_server(message, why):
     assert "is a server running there" in request_failed("grpc", "127.0.0.1:8001", no_server)
 
 
+def test_grpcs_own_cancel_at_a_servers_stop_says_retry():
+    """The status and words a grpc client got for a call its server received as it stopped (a CI run of the drain test;
+    grpc/grpc#41785): was the bare "[StatusCode.CANCELLED] CANCELLED", which says neither why nor what to do."""
+    from tritonclient.utils import InferenceServerException
+
+    from hub_vit.server.client.errors import request_failed
+
+    text = " ".join(request_failed("grpc", "127.0.0.1:8001",
+                                   InferenceServerException("CANCELLED", "StatusCode.CANCELLED")).split())
+    assert text == ("grpc 127.0.0.1:8001: [StatusCode.CANCELLED] CANCELLED the server cancelled this request before "
+                    "computing it: a gRPC server that stops cancels the calls it has not started yet "
+                    "(grpc/grpc#41785); retry once it serves again"), text
+    triton = InferenceServerException("in ensemble 'vit', request cancelled", "StatusCode.CANCELLED")  # Triton's words
+    assert "grpc/grpc#41785" not in request_failed("grpc", "127.0.0.1:8001", triton)
+
+
 def test_another_web_server_at_the_url_is_named_as_not_triton(web_page_port):
     # was tritonclient's "[404] an exception occurred in the client while decoding the response: Parse error at offset
     # 0 ... response: <!DOCTYPE HTML> ...", and health's "not ready ... (starting, stopping, or a model failed to load)"

@@ -135,6 +135,16 @@ def _timed_out(err: Exception) -> bool:
                                              and err.status() == "StatusCode.DEADLINE_EXCEEDED")
 
 
+def _cancelled_by_grpc(err: Exception) -> bool:
+    """grpc's own cancellation, with no words of Triton's or the front's: what a client gets for a call its server
+    received as it stopped (grpc/grpc#41785). This client never cancels a call it waits for (its timeout is
+    DEADLINE_EXCEEDED)."""
+    from tritonclient.utils import InferenceServerException
+
+    return isinstance(err, InferenceServerException) and err.status() == "StatusCode.CANCELLED" and \
+        (err.message() or "").strip() == "CANCELLED"
+
+
 def request_failed(protocol_name: str, url: str, err: Exception) -> str:
     """One readable line for a request that got no answer from the model: the error, shortened (aiohttp quotes the
     whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look."""
@@ -161,6 +171,9 @@ def request_failed(protocol_name: str, url: str, err: Exception) -> str:
         return (f"{protocol_name} {url}: {text}\n{url} answered, but not as Triton does (no Triton JSON): is this a "
                 f"Triton server's {this} port? Defaults: HTTP {HTTP_PORT}, gRPC {GRPC_PORT} (--grpc); the demo's "
                 f"page ({DEMO_PORT}) is not one.")
+    if _cancelled_by_grpc(err):
+        return (f"{protocol_name} {url}: {text}\nthe server cancelled this request before computing it: a gRPC server "
+                "that stops cancels the calls it has not started yet (grpc/grpc#41785); retry once it serves again")
     if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
         return f"{protocol_name} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
     return (f"{protocol_name} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), "
