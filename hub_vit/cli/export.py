@@ -166,7 +166,7 @@ def _checked_flags(variant: list[str], stem: str, opset: int, exporter: str, out
         raise ValueError(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
     problem = cannot_create(out)
     if problem is not None:
-        raise ValueError(f"--out {str(out)!r} cannot be created: {problem}")
+        raise ValueError(f"cannot create --out {str(out)!r}: {problem}")  # as rollout, classify, repository say it
     if provider:
         from hub_vit.export.verify import check_providers
 
