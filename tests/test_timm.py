@@ -168,9 +168,11 @@ def test_pretrained_download_goes_through_hub_vits_downloader(tmp_path, monkeypa
     path = tmp_path / "weights.safetensors"
     save_file(source.state_dict(), str(path))
     asked = []
-    monkeypatch.setattr(downloads, "download", lambda url, expected_sha256=None: asked.append(url) or path)
+    monkeypatch.setattr(downloads, "download",
+                        lambda url, expected_sha256=None, catalog_name=None: asked.append((url, catalog_name)) or path)
     loaded = timm.create_model("vit_ti16.augreg_in21k_ft_in1k", pretrained=True, img_size=32)
-    assert asked == [MODELS["vit_ti16"].weight("augreg_in21k_ft_in1k").url]
+    # the catalog name, for an error that names it (a 404: the catalog is out of date)
+    assert asked == [(MODELS["vit_ti16"].weight("augreg_in21k_ft_in1k").url, "vit_ti16.augreg_in21k_ft_in1k")]
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(loaded.eval()(x), source.eval()(x), atol=0, rtol=0)
