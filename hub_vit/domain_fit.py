@@ -27,9 +27,10 @@ from PIL import Image
 from hub_vit.data_config import DataConfig
 from hub_vit.domain import DOMAIN_FILE, EXAMPLE_KINDS, STATISTICS_FILE, Domain, read_domain, write_domain
 from hub_vit.domain_score import DomainStatistics, conformal_threshold, fewest_held_out, fit, score_blocks
-from hub_vit.explain.image import image_files, load_image, prepare_image
+from hub_vit.explain.image import load_image, prepare_image
 from hub_vit.image_formats import OWN_FILE_FORMATS, OWN_FILE_SUFFIXES
 from hub_vit.model import VisionTransformer, token_means
+from hub_vit.paths import image_files
 
 DEFAULT_FALSE_ALARM_RATE = 0.01
 MAX_IMAGES = 10_000  # per set: the fit images, the held-out ones (evenly spread over the sorted files beyond it)

@@ -1,9 +1,12 @@
-"""Short names for paths shown side by side (the demo's model picker, `hub-vit classify`'s table)."""
+"""Paths the user gives and shows: the image files of a folder, and short names for paths shown side by side (the
+demo's model picker, `hub-vit classify`'s table). Standard library only: the client commands start without torch."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+
+from hub_vit.image_formats import SUFFIXES
 
 
 def distinct_names(paths: Sequence[Path]) -> list[str]:
@@ -20,3 +23,28 @@ def distinct_names(paths: Sequence[Path]) -> list[str]:
             return [names[path] for path in paths]
         for path in clashing:
             depth[path] += 1
+
+
+def image_files(folder: str | Path, flag: str = "--images", suffixes: Sequence[str] = SUFFIXES) -> list[Path]:
+    """The image files (`suffixes`: hub_vit.image_formats.SUFFIXES unless the caller reads the user's own files) of
+    `folder` and its subfolders, sorted. NotADirectoryError naming `flag` for a file, FileNotFoundError for a folder
+    that does not exist, ValueError for one without images."""
+    folder = Path(folder)
+    if folder.is_file():
+        raise NotADirectoryError(f"{flag} {str(folder)!r} is a file; give a folder of images")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
+    if not files:
+        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(suffixes)} files")
+    return files
+
+
+def with_folders_listed(paths: Sequence[Path]) -> list[Path]:
+    """`paths` in order, each folder replaced by its image files (subfolders too, sorted; `image_files`: ValueError
+    for a folder without any), so a command given `photos/` classifies what is in it. Files are kept as given, also
+    ones of other formats: the image's own error names them."""
+    files: list[Path] = []
+    for path in paths:
+        files += image_files(path, flag="an image argument") if Path(path).is_dir() else [Path(path)]
+    return files

@@ -177,3 +177,23 @@ def test_hub_vit_classify_shows_the_verdict_and_says_it_in_words(cpu_server, tmp
     text = " ".join(result.output.split())
     assert "domain (score)" in result.output and "in-domain (" in text and "out-of-domain (" in text
     assert "note: astronaut.png: not the kind of image this model knows" in text, result.output
+
+
+def test_hub_vit_classify_takes_a_folder_of_images(cpu_server, tmp_path):
+    # was refused by the argument parser: "'samples' is a directory"
+    from hub_vit.cli import _load_commands
+    from hub_vit.cli.app import app
+
+    folder = tmp_path / "mine"
+    (folder / "more").mkdir(parents=True)
+    (folder / "a.png").write_bytes(SAMPLES[0].read_bytes())
+    (folder / "more" / "b.png").write_bytes(SAMPLES[6].read_bytes())
+    (folder / "readme.txt").write_text("not an image")
+    _load_commands()
+    result = CliRunner().invoke(app, ["classify", "--url", cpu_server.http_url, str(folder)])
+    assert result.exit_code == 0, result.output
+    assert "a.png" in result.output and "b.png" in result.output and "readme" not in result.output, result.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = CliRunner().invoke(app, ["classify", "--url", cpu_server.http_url, str(empty)])
+    assert result.exit_code == 2 and "has no .jpg/.jpeg/.png/.webp files" in " ".join(result.output.split())

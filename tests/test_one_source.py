@@ -139,7 +139,7 @@ def test_one_set_of_image_formats_is_named_everywhere(imageprep) -> None:
 
     assert IMAGE_FORMATS == FORMATS
     for command in ("classify", "rollout"):
-        assert f"Image files ({NAMES})." in _help(command)
+        assert f"Image files ({NAMES}), or folders of them" in _help(command)
     for path in DOCS:
         text = " ".join(path.read_text(encoding="utf-8").split())
         for listed in re.findall(r"\b(?:JPEG|PNG|WebP|WEBP|BMP|GIF)(?:(?:,| and| or|,? or|/) (?:JPEG|PNG|WebP|WEBP|BMP|"

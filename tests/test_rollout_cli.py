@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,13 +103,24 @@ def test_cli_bad_image_writes_nothing(model_folder: Path, photo_files: list[Path
     assert not out.exists()
 
 
-def test_cli_a_folder_given_as_an_image_is_named(model_folder: Path, tmp_path: Path) -> None:
-    # was: "cannot read 'imgs' as an image (IsADirectoryError)"
+def test_cli_a_folder_of_images_is_every_image_in_it(model_folder: Path, photo_files: list[Path],
+                                                    tmp_path: Path) -> None:
+    # was: "'imgs' is a folder, not an image file"; a folder without images is still named
     folder = tmp_path / "imgs"
-    folder.mkdir()
+    (folder / "sub").mkdir(parents=True)
     result = CliRunner().invoke(_runner_app(), ["rollout", str(folder), "-o", str(tmp_path / "out"), "--model",
                                                 str(model_folder)])
-    assert result.exit_code == 2 and "is a folder, not an image file" in result.output, result.output
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"image folder {str(folder)!r} has no .jpg/.jpeg/.png/.webp files" in text, text
+    assert not (tmp_path / "out").exists()
+    shutil.copy(photo_files[0], folder / "sub" / "x.png")  # subfolders too; the same name twice stays apart
+    shutil.copy(photo_files[1], folder / "x.png")
+    (folder / "notes.txt").write_text("not an image")  # not an image file by its name: left out
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(folder), str(photo_files[0]), "-o",
+                                                str(tmp_path / "out"), "--model", str(model_folder)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        ["x_rollout.png", "x-2_rollout.png", f"{photo_files[0].stem}_rollout.png"])
 
 
 @pytest.mark.parametrize(("args", "message"), [

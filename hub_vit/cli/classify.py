@@ -20,7 +20,8 @@ from hub_vit.image_formats import NAMES
 
 @app.command()
 def classify(
-    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}).", exists=True, dir_okay=False),
+    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}), or folders of them (subfolders too).",
+                                        exists=True),
     url: flags.Url = None,
     grpc: flags.Grpc = False,
     model: str = typer.Option("vit", help="Served model name."),
@@ -39,11 +40,16 @@ def classify(
     """Classify images with a running server and print a table."""
     from hub_vit.atomic import remove_empty_folders
     from hub_vit.cli.classify_files import classify_files
+    from hub_vit.paths import with_folders_listed
     from hub_vit.server.client.classifier import Classifier
     from hub_vit.server.client.errors import empty_reply
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
+    try:
+        images = with_folders_listed(images)
+    except ValueError as exc:  # a folder without images
+        raise fail(str(exc)) from None
     _check_explain_flags(explain, head_fusion, discard_ratio, out)
     url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
     request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}

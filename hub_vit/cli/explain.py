@@ -142,7 +142,8 @@ def _print_labels(path: Path, target: Path, top: list[tuple[str, float]], verdic
 
 @app.command()
 def rollout(
-    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}).", parser=given_path),
+    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}), or folders of them (subfolders too).",
+                                        parser=given_path),
     out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the overlay PNGs (created if needed).",
                              parser=given_path),
     model: str = typer.Option(None, "--model", "-m",
@@ -159,6 +160,7 @@ def rollout(
     from hub_vit.domain import read_domain
     from hub_vit.explain.overlay import COLORMAPS
     from hub_vit.explain.rollout import HEAD_FUSIONS, check_discard_ratio
+    from hub_vit.paths import with_folders_listed
 
     if head_fusion not in HEAD_FUSIONS:
         raise fail(f"unknown --head-fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
@@ -171,6 +173,7 @@ def rollout(
     except ValueError as exc:
         raise fail(str(exc)) from None  # in classify's words
     try:
+        images = with_folders_listed(images)
         explainer = load_explainer(resolve_choice(model))
     except ValueError as exc:
         raise fail(str(exc)) from exc

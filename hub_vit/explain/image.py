@@ -26,7 +26,6 @@ from hub_vit.image_formats import (
     NAMES,
     OWN_FILE_NAMES,
     SIGNATURE_BYTES,
-    SUFFIXES,
     other_format,
     signature_format,
 )
@@ -41,21 +40,6 @@ INTERPOLATIONS: dict[str, Image.Resampling] = {name: Image.Resampling[name.upper
 
 class ImageReadError(ValueError):
     """A file could not be read as an image; the message names the file and the supported formats."""
-
-
-def image_files(folder: str | Path, flag: str = "--images", suffixes: Sequence[str] = SUFFIXES) -> list[Path]:
-    """The image files (`suffixes`: hub_vit.image_formats.SUFFIXES unless the caller reads the user's own files) of
-    `folder` and its subfolders, sorted. NotADirectoryError naming `flag` for a file, FileNotFoundError for a folder
-    that does not exist, ValueError for one without images."""
-    folder = Path(folder)
-    if folder.is_file():
-        raise NotADirectoryError(f"{flag} {str(folder)!r} is a file; give a folder of images")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
-    if not files:
-        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(suffixes)} files")
-    return files
 
 
 def load_image(source: str | Path | bytes, name: str | None = None, *, large: bool = False,

@@ -30,8 +30,9 @@ def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = 
     own eval transform `data` prepares it (EXIF orientation, resize, centre crop, mean/std), so int8 calibration
     and verification see the activations the served model will see. `limit` (0 or None: all) takes files evenly
     spaced over the sorted list, so a folder of class folders gives every class its share."""
-    from hub_vit.explain.image import ImageReadError, image_files, load_image, prepare_image
+    from hub_vit.explain.image import ImageReadError, load_image, prepare_image
     from hub_vit.image_formats import OWN_FILE_FORMATS, OWN_FILE_SUFFIXES
+    from hub_vit.paths import image_files
 
     if limit is not None and limit < 0:
         raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
