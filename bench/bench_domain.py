@@ -38,8 +38,9 @@ from hub_vit.data_config import DataConfig
 from hub_vit.domain import read_domain
 from hub_vit.domain_fit import DEFAULT_FALSE_ALARM_RATE, Features, auroc, cross_checked_false_alarms, image_features
 from hub_vit.domain_score import DomainStatistics, conformal_threshold, fit, score_blocks
-from hub_vit.explain.image import image_files
 from hub_vit.folder import load_model_folder
+from hub_vit.image_formats import SUFFIXES
+from hub_vit.paths import image_files
 from hub_vit.train import digits
 
 DIGITS = Path(__file__).resolve().parents[1] / "hub_vit" / "assets" / "digits"
@@ -221,11 +222,12 @@ def main() -> int:
     data = DataConfig.from_pretrained_cfg(info.pretrained_cfg, info.spec)
     with tempfile.TemporaryDirectory() as tmp:
         root = digits.write_image_folder(Path(tmp) / "digits")
-        train_files, held_files = image_files(root / "train"), image_files(root / "val")
+        train_files = image_files(root / "train", "train", SUFFIXES)
+        held_files = image_files(root / "val", "val", SUFFIXES)
         train = image_features(model, train_files, data)
         held_out = image_features(model, held_files, data)
     labels = np.array([int(path.parent.name) for path in train_files])
-    samples = image_features(model, image_files(args.folder / "samples"), data)
+    samples = image_features(model, image_files(args.folder / "samples", "samples", SUFFIXES), data)
     photo_images = bundled_photos()
     photos = image_features(model, list(photo_images.values()), data)
     generated_sets = {name: image_features(model, images, data)

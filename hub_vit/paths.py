@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from hub_vit.image_formats import SUFFIXES
-
 
 def distinct_names(paths: Sequence[Path]) -> list[str]:
     """The shortest trailing part of each path that tells it apart from the others: `model` alone; `d2/model` and
@@ -25,10 +23,11 @@ def distinct_names(paths: Sequence[Path]) -> list[str]:
             depth[path] += 1
 
 
-def image_files(folder: str | Path, flag: str = "--images", suffixes: Sequence[str] = SUFFIXES) -> list[Path]:
-    """The image files (`suffixes`: hub_vit.image_formats.SUFFIXES unless the caller reads the user's own files) of
-    `folder` and its subfolders, sorted. NotADirectoryError naming `flag` for a file, FileNotFoundError for a folder
-    that does not exist, ValueError for one without images."""
+def image_files(folder: str | Path, flag: str, suffixes: Sequence[str]) -> list[Path]:
+    """The image files of `folder` and its subfolders, sorted: those whose suffix is one of `suffixes`
+    (`hub_vit.image_formats.SUFFIXES`, or `OWN_FILE_SUFFIXES` where the user's own files are read).
+    NotADirectoryError naming `flag` for a file, FileNotFoundError for a folder that does not exist, ValueError for
+    one without images."""
     folder = Path(folder)
     if folder.is_file():
         raise NotADirectoryError(f"{flag} {str(folder)!r} is a file; give a folder of images")
@@ -40,11 +39,11 @@ def image_files(folder: str | Path, flag: str = "--images", suffixes: Sequence[s
     return files
 
 
-def with_folders_listed(paths: Sequence[Path]) -> list[Path]:
-    """`paths` in order, each folder replaced by its image files (subfolders too, sorted; `image_files`: ValueError
-    for a folder without any), so a command given `photos/` classifies what is in it. Files are kept as given, also
-    ones of other formats: the image's own error names them."""
+def with_folders_listed(paths: Sequence[Path], suffixes: Sequence[str]) -> list[Path]:
+    """`paths` in order, each folder replaced by its image files (`suffixes`; subfolders too, sorted; `image_files`:
+    ValueError for a folder without any), so a command given `photos/` classifies what is in it. Files are kept as
+    given, also ones of other formats: the image's own error names them."""
     files: list[Path] = []
     for path in paths:
-        files += image_files(path, flag="an image argument") if Path(path).is_dir() else [Path(path)]
+        files += image_files(path, "an image argument", suffixes) if Path(path).is_dir() else [Path(path)]
     return files

@@ -15,7 +15,7 @@ from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import client_settings, request_failure
 from hub_vit.cli.explain import OUTSIDE_NOTE, make_out, verdict_cell
 from hub_vit.cli.path_option import given_path
-from hub_vit.image_formats import NAMES
+from hub_vit.image_formats import NAMES, SUFFIXES
 
 
 @app.command()
@@ -47,7 +47,7 @@ def classify(
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
     try:
-        images = with_folders_listed(images)
+        images = with_folders_listed(images, SUFFIXES)
     except ValueError as exc:  # a folder without images
         raise fail(str(exc)) from None
     _check_explain_flags(explain, head_fusion, discard_ratio, out)

@@ -11,7 +11,7 @@ from rich.markup import escape
 from hub_vit.atomic import file_in_the_way, missing_folders, remove_empty_folders
 from hub_vit.cli.app import app, console, fail, write_failed
 from hub_vit.cli.path_option import given_path
-from hub_vit.image_formats import NAMES
+from hub_vit.image_formats import NAMES, SUFFIXES
 from hub_vit.ports import DEMO_PORT
 from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
 
@@ -173,7 +173,7 @@ def rollout(
     except ValueError as exc:
         raise fail(str(exc)) from None  # in classify's words
     try:
-        images = with_folders_listed(images)
+        images = with_folders_listed(images, SUFFIXES)
         explainer = load_explainer(resolve_choice(model))
     except ValueError as exc:
         raise fail(str(exc)) from exc

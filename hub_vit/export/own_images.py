@@ -38,7 +38,7 @@ def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = 
         raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
     # the user's own files, read as `hub-vit train` and `calibrate-domain` read them: a model trained on BMP or GIF
     # files names a held-out split of them
-    files = image_files(folder, suffixes=OWN_FILE_SUFFIXES)
+    files = image_files(folder, "--images", OWN_FILE_SUFFIXES)
     if limit and len(files) > limit:
         files = [files[i] for i in np.linspace(0, len(files) - 1, limit).round().astype(int)]
     out = np.empty((len(files), data.in_chans, *data.img_size), dtype=np.float32)
