@@ -165,8 +165,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 def run_info(args: argparse.Namespace, packages: tuple[str, ...] = ()) -> dict[str, Any]:
     """When, which hub-vit (version, commit, dirty), which library versions (`PACKAGES` + `packages`), which CPU
     (model name, `cpu_identity`, count, usable by affinity, the cgroup's quota in CPUs or None), and the script's argv
-    and parsed
-    settings, with the user's `--note` if one was given."""
+    and parsed settings, with the user's `--note` if one was given."""
     return {
         "utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "hub_vit": {"version": package_version("hub-vit"), **git_state()},

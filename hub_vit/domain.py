@@ -88,6 +88,12 @@ def _same_weights(folder: Path, digest: Any) -> bool:
     return isinstance(digest, str) and weights.is_file() and file_digest(weights) == digest
 
 
+def record_file_in_the_way(folder: Path) -> Path | None:
+    """The first of the record's files (`domain.safetensors`, `domain.json`) that is a folder in `folder`, or None:
+    found before either file is written, so the record is never left half-written."""
+    return next((path for path in (folder / STATISTICS_FILE, folder / DOMAIN_FILE) if path.is_dir()), None)
+
+
 def write_domain(folder: str | Path, domain: Domain) -> Path:
     """Write `domain.json` (and `domain.safetensors` when `domain.statistics` is given), each atomically, with the
     digest of the folder's current weights; returns the record's path. Statistics are written first, and the record
@@ -97,9 +103,9 @@ def write_domain(folder: str | Path, domain: Domain) -> Path:
     from hub_vit.weights_digest import file_digest
 
     folder = Path(folder)
-    for path in (folder / STATISTICS_FILE, folder / DOMAIN_FILE):  # before either is written: never one of the two
-        if path.is_dir():
-            raise IsADirectoryError(f"{str(path)!r} is a folder where the file {path.name} belongs")
+    blocked = record_file_in_the_way(folder)
+    if blocked is not None:
+        raise IsADirectoryError(f"{str(blocked)!r} is a folder where the file {blocked.name} belongs")
     record: dict[str, Any] = {"knows": domain.knows, "examples": domain.examples}
     if domain.examples not in EXAMPLE_KINDS:
         raise ValueError(f"unknown examples {domain.examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
@@ -115,4 +121,4 @@ def write_domain(folder: str | Path, domain: Domain) -> Path:
 
 
 __all__ = ["DOMAIN_FILE", "EXAMPLE_KINDS", "STATISTICS_FILE", "Domain", "guess_domain", "read_domain",
-           "write_domain"]
+           "record_file_in_the_way", "write_domain"]

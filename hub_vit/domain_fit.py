@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 
 from hub_vit.data_config import DataConfig
-from hub_vit.domain import DOMAIN_FILE, EXAMPLE_KINDS, STATISTICS_FILE, Domain, read_domain, write_domain
+from hub_vit.domain import EXAMPLE_KINDS, Domain, read_domain, record_file_in_the_way, write_domain
 from hub_vit.domain_score import DomainStatistics, conformal_threshold, fewest_held_out, fit, score_blocks
 from hub_vit.explain.image import load_image, prepare_image
 from hub_vit.image_formats import OWN_FILE_FORMATS, OWN_FILE_SUFFIXES
@@ -107,10 +107,10 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
 
     folder = Path(folder)
     model_folder_files(folder)  # the folder named first is reported first, before any image folder is listed
-    for name in (STATISTICS_FILE, DOMAIN_FILE):  # found now, not after the fit rewrote the statistics
-        if (folder / name).is_dir():
-            raise IsADirectoryError(f"{str(folder / name)!r} is a folder; calibrate-domain writes the file {name} "
-                                    "there: move the folder away")
+    blocked = record_file_in_the_way(folder)  # found now, not after the fit
+    if blocked is not None:
+        raise IsADirectoryError(f"{str(blocked)!r} is a folder; calibrate-domain writes the file {blocked.name} "
+                                "there: move the folder away")
     if examples is not None and examples not in EXAMPLE_KINDS:
         raise ValueError(f"unknown examples {examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
     if not 0 < false_alarm_rate < 1:

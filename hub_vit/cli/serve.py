@@ -205,15 +205,13 @@ def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str |
                        "`hub-vit repository`)")
         try:
             return recorded_device(repository_dir)
-        except NoCudaDevice as err:
-            raise fail(str(err), code=CANNOT_NOW) from None
         except ValueError as err:
-            raise fail(str(err)) from None
+            raise fail(str(err), code=CANNOT_NOW if isinstance(err, NoCudaDevice) else 2) from None
     try:
         choice = choose_device(device, flavour)
     except ValueError as err:  # the words outside quotes name the flags: "unknown --device 'tpu'; valid: ..."
-        code = CANNOT_NOW if isinstance(err, NoCudaDevice) else 2
-        raise fail(in_flag_words(str(err), ("device", "flavour")), code=code) from None
+        raise fail(in_flag_words(str(err), ("device", "flavour")),
+                   code=CANNOT_NOW if isinstance(err, NoCudaDevice) else 2) from None
     if torch_flags and choice.flavour != "torch":
         raise fail(f"{', '.join(torch_flags)} set{'s' if len(torch_flags) == 1 else ''} the torch flavour, but the "
                    f"{choice.flavour} flavour serves on {choice.device}; add --flavour torch")

@@ -70,9 +70,9 @@ def no_head_message(what: str) -> str:
 def folder_choice(folder: str | Path, key: str | None = None) -> ModelChoice:
     """A model folder given by the user; refuses anything that is not one, and a folder without a classifier head."""
     path = Path(folder).expanduser()
-    ref = locate(path) if path.is_dir() else None
     if not path.exists():
         raise ValueError(f"model folder {str(folder)!r} does not exist")
+    ref = locate(path) if path.is_dir() else None
     if ref is None or ref.folder is None:
         raise ValueError(f"{str(folder)!r} is not a hub-vit model folder (expected config.json and "
                          "model.safetensors in it; make one with `hub-vit convert` or `hub-vit train`)")
