@@ -219,14 +219,11 @@ def _write_failure(exc: Exception) -> str | None:
     """The reason when `exc` is the file system refusing a write (read-only, full, no permission), else None.
 
     hub-vit's own message-only errors (an output folder that appeared meanwhile) keep their own words, and anything
-    else stays a traceback: it is a bug, not the disk. safetensors reports a full disk as
-    `SafetensorError('Error while serializing: I/O error: ...')`, not as an OSError.
+    else stays a traceback: it is a bug, not the disk. (The weights' write reports a full disk as an OSError too:
+    `hub_vit.atomic.disk_errors_as_os_errors`.)
     """
     if isinstance(exc, OSError):
         return os_reason(exc) if exc.errno is not None or isinstance(exc.__cause__, OSError) else None
-    if type(exc).__name__ == "SafetensorError" and "I/O error:" in str(exc):
-        reason = str(exc).split("I/O error:", 1)[1].strip()  # 'No space left on device (os error 28)'
-        return reason.split(" (os error", 1)[0]
     return None
 
 

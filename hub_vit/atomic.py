@@ -97,6 +97,36 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+# safetensors (Rust) reports the disk refusing a write as SafetensorError("Error while serializing: I/O error: No
+# space left on device (os error 28)"), and torch.save into a Python file object as a RuntimeError raised while the
+# file's OSError was being handled: neither is an OSError, so a full or read-only disk ended in a traceback.
+_RUST_OS_ERROR = re.compile(r"I/O error: .*\(os error (\d+)\)")
+
+
+@contextlib.contextmanager
+def disk_errors_as_os_errors(path: str | Path) -> Iterator[None]:
+    """Around one safetensors or torch.save write to `path`: the disk refusing it (full, read-only, over quota, file
+    too large) is raised as the OSError it is (errno, the system's reason, `path`), which callers already handle as a
+    refused write. Any other failure is raised unchanged."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as exc:
+        code = _refused_write_errno(exc)
+        if code is None:
+            raise
+        raise OSError(code, os.strerror(code), os.fspath(path)) from exc
+
+
+def _refused_write_errno(exc: BaseException) -> int | None:
+    if type(exc).__name__ == "SafetensorError":
+        found = _RUST_OS_ERROR.search(str(exc))
+        return int(found[1]) if found else None
+    behind = exc.__context__  # torch.save: the file object's write raised, then torch's writer gave up
+    return behind.errno if isinstance(exc, RuntimeError) and isinstance(behind, OSError) else None
+
+
 def replace_dir(staging: Path, final: Path) -> None:
     """Move a finished `staging` folder (a sibling of `final`) into place with renames only.
 

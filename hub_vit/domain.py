@@ -98,7 +98,7 @@ def write_domain(folder: str | Path, domain: Domain) -> Path:
     """Write `domain.json` (and `domain.safetensors` when `domain.statistics` is given), each atomically, with the
     digest of the folder's current weights; returns the record's path. Statistics are written first, and the record
     names them by sha256, so a run stopped between the two leaves no record that applies other statistics."""
-    from hub_vit.atomic import atomic_path
+    from hub_vit.atomic import atomic_path, disk_errors_as_os_errors
     from hub_vit.file_hash import sha256_file
     from hub_vit.weights_digest import file_digest
 
@@ -110,7 +110,7 @@ def write_domain(folder: str | Path, domain: Domain) -> Path:
     if domain.examples not in EXAMPLE_KINDS:
         raise ValueError(f"unknown examples {domain.examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
     if domain.statistics is not None:
-        with atomic_path(folder / STATISTICS_FILE, suffix=".safetensors") as tmp:
+        with atomic_path(folder / STATISTICS_FILE, suffix=".safetensors") as tmp, disk_errors_as_os_errors(tmp):
             save_statistics(domain.statistics, tmp)
         record |= {"measured": domain.measured, "statistics_sha256": sha256_file(folder / STATISTICS_FILE),
                    "weights_digest": file_digest(folder / "model.safetensors")}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hub_vit.atomic import file_in_the_way, holds_cwd, replace_dir, staging_dir
+from hub_vit.atomic import disk_errors_as_os_errors, file_in_the_way, holds_cwd, replace_dir, staging_dir
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
 
@@ -154,7 +154,8 @@ def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None,
         cfg_kwargs["label2id"] = {name: i for i, name in enumerate(labels)}
     wrapper_cls = HubViTForImageClassification if spec.num_classes else HubViTModel
     wrapper = wrapper_cls.from_vit(model, **cfg_kwargs)
-    wrapper.save_pretrained(out)  # config.json, model.safetensors (plain timm keys), remote code
+    with disk_errors_as_os_errors(out / WEIGHTS_FILE):
+        wrapper.save_pretrained(out)  # config.json, model.safetensors (plain timm keys), remote code
 
     with safe_open(str(out / WEIGHTS_FILE), framework="pt") as f:  # the one weight file must be complete
         written = set(f.keys())
@@ -174,7 +175,8 @@ def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None,
         from hub_vit.hf.native_vit import native_image_processor, to_native_vit
 
         native = to_native_vit(model, id2label=dict(wrapper.config.id2label), label2id=dict(wrapper.config.label2id))
-        native.save_pretrained(out / NATIVE_DIR)
+        with disk_errors_as_os_errors(out / NATIVE_DIR / WEIGHTS_FILE):
+            native.save_pretrained(out / NATIVE_DIR)
         native_image_processor(wrapper.config.pretrained_cfg).save_pretrained(out / NATIVE_DIR)
 
 

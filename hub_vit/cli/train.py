@@ -20,7 +20,15 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import app, console, download_failed, err_console, fail, in_flag_words
+from hub_vit.cli.app import (
+    DISK_REFUSED_ERRNOS,
+    app,
+    console,
+    download_failed,
+    err_console,
+    fail,
+    in_flag_words,
+)
 from hub_vit.cli.path_option import given_path
 
 PRESETS = ("vit_s16_i1k", "digits")
@@ -167,6 +175,11 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
             _discard_fresh_run_folder(out, created)
             raise fail(str(exc)) from None
         raise
+    except OSError as exc:  # the disk refused a write: full, read-only, over quota (a checkpoint, the metrics, data)
+        if exc.errno not in DISK_REFUSED_ERRNOS:
+            raise
+        _discard_fresh_run_folder(out, created)
+        raise _disk_refused(out, exc) from None
     except FloatingPointError as exc:  # "gradient norm is inf at step 2; lower --lr": a bad value, found by running
         _discard_fresh_run_folder(out, created)
         raise fail(str(exc)) from None
@@ -179,6 +192,16 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
             _discard_fresh_run_folder(out, created)  # no half-made run folder
             console.print("stopped by SIGTERM; checkpoints written before are kept, run the same command to resume")
         raise
+
+
+def _disk_refused(out: Path, exc: OSError) -> typer.Exit:
+    """`error: cannot write to 'OUT': No space left on device` (exit 1), and whether the run can be resumed: the
+    checkpoint being written was removed, those written before are kept."""
+    from hub_vit.train.run_folder import nothing_trained
+
+    resume = ("; the checkpoints written before are kept: make room and run the same command to resume"
+              if out.is_dir() and not nothing_trained(out) else "")
+    return fail(f"cannot write to {str(out)!r}: {exc.strerror or exc}{resume}", code=1)
 
 
 def _report(result: Any, install_to: Path | None) -> None:

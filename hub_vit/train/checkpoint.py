@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from hub_vit.atomic import disk_errors_as_os_errors
+
 PREFIX = "step_"
 
 
@@ -47,9 +49,13 @@ def save(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.opti
     tmp.mkdir()
     try:
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "extra": extra or {}}, tmp / "state.pt")
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "step": str(step)})
+        # through a Python file object: a refused write (a full disk) is then an OSError torch's error was raised
+        # from, not a bare "basic_ios::clear: iostream error"
+        with open(tmp / "state.pt", "wb") as file, disk_errors_as_os_errors(tmp / "state.pt"):
+            torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                        "extra": extra or {}}, file)
+        with disk_errors_as_os_errors(tmp / "model.safetensors"):
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "step": str(step)})
         os.chmod(tmp / "model.safetensors", stat.S_IMODE((tmp / "state.pt").stat().st_mode))  # open()'s umask mode
         if final.exists():
             shutil.rmtree(final)
