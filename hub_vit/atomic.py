@@ -9,6 +9,7 @@ target removes those whose process is gone (`sweep_staging`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
 import re
@@ -17,6 +18,12 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+# The disk refused a write once the work was under way: read-only, full, over quota, file too large. Not the work's
+# fault: a command stops there (exit 1), rather than report it as a failure of what it was writing.
+DISK_REFUSED_ERRNOS = frozenset(
+    code for code in (errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG) if code is not None
+)
 
 # what follows `.<name>.` in a temporary name; mkdtemp / mkstemp add 8 characters of [a-z0-9_]
 _STAGING = re.compile(r"(?P<kind>tmp|old)-(?P<host>[A-Za-z0-9.]+)-(?P<pid>\d+)-[a-z0-9_]{8}")
@@ -97,34 +104,53 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-# safetensors (Rust) reports the disk refusing a write as SafetensorError("Error while serializing: I/O error: No
-# space left on device (os error 28)"), and torch.save into a Python file object as a RuntimeError raised while the
-# file's OSError was being handled: neither is an OSError, so a full or read-only disk ended in a traceback.
+# How write libraries report the disk refusing a write, none of them as an OSError: safetensors (Rust) as
+# SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"); torch.save into a
+# Python file object as a RuntimeError raised while the file's OSError was handled; C++ streams (OpenVINO's IR writer)
+# as RuntimeError("basic_ios::clear: iostream error"), with no reason at all. Uncaught, each ended in a traceback.
 _RUST_OS_ERROR = re.compile(r"I/O error: .*\(os error (\d+)\)")
+# a file system with less than this free when a C++ stream failed is taken to be full (the failed write used it up)
+_FULL_BELOW_BYTES = 1 << 20
 
 
 @contextlib.contextmanager
 def disk_errors_as_os_errors(path: str | Path) -> Iterator[None]:
-    """Around one safetensors or torch.save write to `path`: the disk refusing it (full, read-only, over quota, file
-    too large) is raised as the OSError it is (errno, the system's reason, `path`), which callers already handle as a
-    refused write. Any other failure is raised unchanged."""
+    """Around one safetensors, torch.save or OpenVINO write to `path`: the disk refusing it (full, read-only, over
+    quota, file too large) is raised as the OSError it is (errno, the system's reason, `path`), which callers already
+    handle as a refused write. Any other failure is raised unchanged."""
     try:
         yield
     except OSError:
         raise
     except Exception as exc:
-        code = _refused_write_errno(exc)
+        code = _refused_write_errno(exc, Path(path))
         if code is None:
             raise
         raise OSError(code, os.strerror(code), os.fspath(path)) from exc
 
 
-def _refused_write_errno(exc: BaseException) -> int | None:
+def _refused_write_errno(exc: BaseException, path: Path) -> int | None:
     if type(exc).__name__ == "SafetensorError":
         found = _RUST_OS_ERROR.search(str(exc))
         return int(found[1]) if found else None
-    behind = exc.__context__  # torch.save: the file object's write raised, then torch's writer gave up
-    return behind.errno if isinstance(exc, RuntimeError) and isinstance(behind, OSError) else None
+    if not isinstance(exc, RuntimeError):
+        return None
+    if isinstance(exc.__context__, OSError):  # torch.save: the file object's write raised, then torch's writer gave up
+        return exc.__context__.errno
+    return errno.ENOSPC if _free_bytes(path) < _FULL_BELOW_BYTES else None  # a C++ stream: the disk, if it is full
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the file system holding `path` (or its nearest existing
+    folder); a very large number when that cannot be told."""
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        stats = os.statvfs(folder)
+    except (OSError, AttributeError):  # no statvfs on Windows
+        return 1 << 62
+    return stats.f_bavail * stats.f_frsize
 
 
 def replace_dir(staging: Path, final: Path) -> None:

@@ -1,22 +1,28 @@
 """A disk that refuses a write once the work is under way (full, over quota, a file-size limit) ends the command with
 one line naming the folder and the system's reason (exit 1), and leaves nothing half-written.
 
-The refusal is real: the command runs in a process whose file-size limit (RLIMIT_FSIZE) is below the size of the file
-it writes, so the kernel fails that write with EFBIG ("File too large") inside the writing library, as a full disk
-fails it with ENOSPC. safetensors reported it as a SafetensorError and torch.save as "basic_ios::clear: iostream
-error", neither an OSError: both ended in a traceback (`calibrate-domain`, `train`). `convert`'s own handling of the
+The refusals are real. Either the command runs in a process whose file-size limit (RLIMIT_FSIZE) is below the size of
+the file it writes, so the kernel fails that write with EFBIG ("File too large") inside the writing library, as a full
+disk fails it with ENOSPC; or the output is on a small tmpfs that fills up (where this machine may mount one).
+safetensors reported the refusal as a SafetensorError, torch.save and OpenVINO's IR writer as "basic_ios::clear:
+iostream error", none an OSError: `calibrate-domain` and `train` ended in a traceback, and `export onnx` reported the
+OpenVINO variant as failed, wrote its report anyway and replaced the earlier export. `convert`'s own handling of the
 same refusal is in test_conversion_cli.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hub_vit.catalog import default_model_folder
@@ -82,7 +88,6 @@ def test_train_on_a_refusing_disk_is_one_line_and_says_what_is_kept(data: Path, 
 
 
 def test_only_the_systems_refusal_becomes_an_os_error(tmp_path: Path) -> None:
-    import numpy as np
     from safetensors.numpy import save_file
 
     from hub_vit.atomic import disk_errors_as_os_errors
@@ -93,3 +98,87 @@ def test_only_the_systems_refusal_becomes_an_os_error(tmp_path: Path) -> None:
     assert caught.value.filename == str(target) and type(caught.value.__cause__).__name__ == "SafetensorError"
     with pytest.raises(RuntimeError, match="^a bug$"), disk_errors_as_os_errors(target):
         raise RuntimeError("a bug")  # no OSError behind it: a bug keeps its traceback
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs, mounted for the test (skipped where this machine may not mount one)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def _fill(disk: Path) -> None:
+    with open(disk / "filler", "wb") as file:
+        try:
+            while True:
+                file.write(b"\0" * 65_536)
+                file.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def _earlier_export(out: Path) -> dict[str, bytes]:
+    """A small earlier export of an OpenVINO variant in `out`: its report and the three files the report lists."""
+    out.mkdir()
+    files = [out / f"model.openvino-fp32.{suffix}" for suffix in ("xml", "bin", "json")]
+    for path in files:
+        path.write_bytes(f"earlier {path.name}".encode())
+    (out / "model.export.json").write_text(json.dumps({"variants": [{"file": str(files[0])}]}))
+    return {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def test_export_on_a_filling_disk_stops_and_keeps_the_earlier_export(small_disk: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    out = small_disk / "exports"
+    before = _earlier_export(out)
+    _load_commands()
+    # the digits model's fp32 graphs (about 0.85 MB each) fit in the staging folder; its OpenVINO IR does not
+    result = CliRunner().invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(out), "-v",
+                                      "openvino-fp32", "--random-inputs", "4", "--photos", "4"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, text
+    assert f"error: cannot write the export to '{out}': No space left on device" in text, text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging folder left, nothing replaced
+
+
+def test_a_report_the_disk_refuses_leaves_the_earlier_export_whole(small_disk: Path) -> None:
+    from hub_vit.export.export_folder import replace_previous_export
+    from hub_vit.export.variants import ExportReport
+
+    out = small_disk / "exports"
+    before = _earlier_export(out)
+    staged = out / ".export-test" / "staged"
+    staged.mkdir(parents=True)
+    (staged / "model.onnx").write_bytes(b"new graph")
+    report = ExportReport(source={}, out_dir=str(out), settings={}, environment={}, variants=[],
+                          report_file=str(out / "model.export.json"), model={"labels": ["x"] * 100_000})
+    # the report (about 0.6 MB) is more than deleting the earlier export's files frees
+    _fill(small_disk)
+    with pytest.raises(OSError) as refused:
+        replace_previous_export(staged, out, "model", report)
+    assert refused.value.errno == errno.ENOSPC
+    assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".")} == before
+
+
+def test_an_openvino_write_on_a_full_disk_is_an_os_error(small_disk: Path) -> None:
+    import openvino as ov
+
+    from hub_vit.export.openvino_build import save
+
+    parameter = ov.opset13.parameter([1, 64], ov.Type.f32)
+    weights = ov.opset13.constant(np.ones((64, 4096), np.float32))  # 1 MiB of weights
+    model = ov.Model([ov.opset13.matmul(parameter, weights, False, False)], [parameter])
+    _fill(small_disk)
+    with pytest.raises(OSError) as refused:  # was RuntimeError("basic_ios::clear: iostream error")
+        save(model, small_disk / "m.xml", {})
+    assert refused.value.errno == errno.ENOSPC and refused.value.filename == str(small_disk / "m.xml")

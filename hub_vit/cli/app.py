@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from hub_vit.atomic import DISK_REFUSED_ERRNOS
+
 app = typer.Typer(
     name="hub-vit",
     help="Google's Vision Transformers for timm, transformers, ONNX and Triton.",
@@ -48,10 +50,6 @@ def as_flags(message: str) -> str:
     return message.replace("overwrite=True (--overwrite)", "--overwrite")
 
 
-# The disk refused a write once the work was under way: read-only, full, over quota, file too large.
-DISK_REFUSED_ERRNOS = frozenset(
-    code for code in (errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG) if code is not None
-)
 # errno values that describe the machine, not hub-vit: the disk refused a write, no permission, or a path is too long.
 # The user fixes these by choosing another path, so a traceback only hides the one line they need. Any other OSError
 # (ENOENT on a packaged file, EBADF, ...) may be a bug and keeps its traceback.

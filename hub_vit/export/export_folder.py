@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hub_vit.atomic import atomic_path
 from hub_vit.export.metadata import REPORT_SUFFIX, engine_info
 from hub_vit.openvino_runtime import ir_files
 
@@ -92,6 +91,9 @@ def replace_previous_export(staged: Path, out_dir: Path, stem: str, report: Any)
     beside the new report, unlisted, and `hub-vit repository`/`serve` would take it for this model (a wrong graph,
     or Triton crashing on its input shape). The earlier report goes first and the new one comes last, so a report
     never lists the other export's files. Engines are only flagged: another command built them, at GPU cost.
+
+    The new report is written in the staging folder before anything of the earlier export is touched: a disk that
+    refuses it (full) leaves the earlier export whole; what follows are renames and deletions, which need no space.
     """
     report_path = Path(report.report_file)
     # a folder made meanwhile where a file goes: refused before anything of the earlier export is touched
@@ -101,14 +103,14 @@ def replace_previous_export(staged: Path, out_dir: Path, stem: str, report: Any)
     graphs = [p.name for p in previous if p != report_path]
     report.removed = [name for name in graphs if name not in new]
     report.stale_engines = _engines_built_from(out_dir, graphs)
+    staged_report = staged.parent / report_path.name  # beside the staged graphs, not among them
+    staged_report.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
     report_path.unlink(missing_ok=True)
     for name in report.removed:
         (out_dir / name).unlink(missing_ok=True)
-    for path in sorted(staged.iterdir()):
+    for path in [*sorted(staged.iterdir()), staged_report]:  # the report last
         os.chmod(path, 0o644)  # served by other users; the staging folder's files may be 0600
         os.replace(path, out_dir / path.name)
-    with atomic_path(report_path, suffix=".json") as tmp_json:
-        tmp_json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
 
 
 __all__ = ["files_of", "folders_in_the_way", "previous_export_files", "removed_if_left_empty",

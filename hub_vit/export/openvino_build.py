@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from hub_vit.atomic import disk_errors_as_os_errors
 from hub_vit.export.openvino_rewrite import keys_transposed_by_matmul
 from hub_vit.openvino_runtime import core
 
@@ -53,7 +54,8 @@ def save(model: Any, out_xml: Path, compile_settings: dict[str, str], **decided:
     the thread count; plus what its build `decided`, e.g. the layers kept in float); returns `out_xml`."""
     import openvino as ov
 
-    ov.save_model(model, str(out_xml), compress_to_fp16=False)  # keeps fp32 weights where nothing was quantised
+    with disk_errors_as_os_errors(out_xml):
+        ov.save_model(model, str(out_xml), compress_to_fp16=False)  # keeps fp32 weights where nothing was quantised
     settings = {"variant": out_xml.stem, "compile": compile_settings, **decided}
     out_xml.with_suffix(".json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     return out_xml
@@ -126,7 +128,8 @@ def drop_output(src_xml: str | Path, dst_xml: str | Path, name: str) -> Path:
         if name in result.input_value(0).get_names() or result.get_friendly_name() == name:
             model.remove_result(result)
     dst_xml = Path(dst_xml)
-    ov.save_model(model, str(dst_xml), compress_to_fp16=False)
+    with disk_errors_as_os_errors(dst_xml):
+        ov.save_model(model, str(dst_xml), compress_to_fp16=False)
     dst_xml.with_suffix(".json").write_text(Path(src_xml).with_suffix(".json").read_text(encoding="utf-8"),
                                             encoding="utf-8")
     return dst_xml

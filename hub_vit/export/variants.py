@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hub_vit.atomic import DISK_REFUSED_ERRNOS
 from hub_vit.export import registry
 from hub_vit.export.criterion import FP32_MAX_ABS, MAX_REL_ERROR, MIN_COSINE, MIN_TOP1_AGREEMENT, judge, summary
 from hub_vit.export.export_folder import (
@@ -224,6 +225,8 @@ class _Run:
                 served = drop_output(built.path, self.work / f"{spec.name}.served.xml", PRE_LOGITS)
                 got["logits"] = ort_outputs(OpenVINOSession(served), evidence.x, batch_size=batch_size)["logits"]
         except Exception as exc:  # noqa: BLE001 - a variant that cannot be built/run is reported, not fatal
+            if isinstance(exc, OSError) and exc.errno in DISK_REFUSED_ERRNOS:
+                raise  # the disk, not the variant: the export stops, the earlier one left whole
             outcome.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:400]}"
             if "NOT_IMPLEMENTED" in outcome.error:
                 import onnxruntime as ort
