@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from hub_vit.atomic import DISK_REFUSED_ERRNOS
 from hub_vit.server.front.limits import FrontLimits
 from hub_vit.server.front.workers import FrontProcesses
 from hub_vit.server.repository.config import takes_queue_timeouts
@@ -27,13 +28,20 @@ from hub_vit.server.runtime.workspace import shell_safe_tempdir
 def temporary_repository(source: Any, options: ServingOptions) -> Path:
     """The Triton repository of `source` written into a new temporary folder whose path the Python-backend stub can
     take ($TMPDIR unless its path has spaces or shell characters); nothing is left behind after an error or Ctrl-C
-    while exporting. ServerError: no usable temporary folder; ValueError: a bad model. The caller removes it with
-    `remove_temporary_repository`."""
+    while exporting. ServerError: no usable temporary folder; ValueError: a bad model; OSError naming the temporary
+    folder it was written in (`filename`) when its disk refused the files (full, over quota). The caller removes it
+    with `remove_temporary_repository`."""
     from hub_vit.server.repository.writer import write_repository
 
     workdir = shell_safe_tempdir("hub-vit-serve-")
     try:
         return write_repository(source, workdir / "repository", options)
+    except OSError as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if exc.errno not in DISK_REFUSED_ERRNOS:
+            raise
+        # a write() refused for a full disk names no file: name the folder the user can make room in (or move TMPDIR)
+        raise OSError(exc.errno, exc.strerror, str(workdir.parent)) from exc
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import resource
 import shutil
 import signal
@@ -33,13 +34,14 @@ from tests.test_train_loop import make_folder
 HUB_VIT = [sys.executable, "-c", "from hub_vit.cli import main; main()"]
 
 
-def _run_with_file_limit(limit_bytes: int, *args: str) -> tuple[int, str]:
+def _run_with_file_limit(limit_bytes: int, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     """`hub-vit ARGS` in a process that may not write a file past `limit_bytes`: (exit code, output on one line)."""
     def limit() -> None:  # in the child, before exec: ignored SIGXFSZ makes the write fail with EFBIG, not kill
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
-    done = subprocess.run([*HUB_VIT, *args], capture_output=True, text=True, timeout=600, preexec_fn=limit)
+    done = subprocess.run([*HUB_VIT, *args], capture_output=True, text=True, timeout=600, preexec_fn=limit,
+                          env=None if env is None else os.environ | env)
     return done.returncode, " ".join((done.stdout + done.stderr).split())
 
 
@@ -60,6 +62,27 @@ def test_calibrate_domain_on_a_refusing_disk_is_one_line_and_keeps_the_old_recor
     assert f"error: cannot write to '{digits}': File too large" in text and "Traceback" not in text, text
     assert (digits / DOMAIN_FILE).read_bytes() == record and (digits / STATISTICS_FILE).read_bytes() == statistics
     assert _hidden(digits) == []  # no temporary file left beside them
+
+
+def test_serve_names_the_temporary_folder_its_disk_refused(tmp_path: Path) -> None:
+    # was `error: No space left on device`, naming nothing: the repository is written in $TMPDIR, before Triton starts
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    code, text = _run_with_file_limit(100_000, "serve", "--http-port", "18411", "--grpc-port", "18412",
+                                      "--metrics-port", "18413", env={"TMPDIR": str(temporary)})
+    assert code == 1, text
+    assert (f"error: cannot write the Triton repository in the temporary folder '{temporary}': File too large; make "
+            "room there, or set TMPDIR to a folder on a disk with room") in text, text
+    assert not [p for p in temporary.iterdir() if p.name.startswith("hub-vit-serve-")]  # the repository is removed
+
+
+def test_repository_names_its_folder_when_the_disk_refuses_it(tmp_path: Path) -> None:
+    # was `No space left on device: '<OUT's hidden staging folder>/vit_classifier/1/model_attentions.onnx' (from ...)`
+    out = tmp_path / "repo"
+    code, text = _run_with_file_limit(100_000, "repository", str(out))
+    assert code == 1, text
+    assert f"error: cannot write the Triton repository to '{out}': File too large; nothing was written" in text, text
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import console, err_console, fail
+from hub_vit.cli.app import DISK_REFUSED_ERRNOS, console, err_console, fail
 from hub_vit.cli.serve_screen import Screen, example_image, start_demo
 from hub_vit.cli.serving_options import model_source, print_cpu_variant
 
@@ -65,6 +65,11 @@ class ServeRun:
                 repository = temporary_repository(source, opts)
         except (ServerError, ValueError) as err:  # no usable temporary folder, a bad model; nothing is left behind
             raise fail(str(err)) from None
+        except OSError as err:  # the temporary folder's disk refused the repository: named by temporary_repository
+            if err.errno not in DISK_REFUSED_ERRNOS:
+                raise
+            raise fail(f"cannot write the Triton repository in the temporary folder {err.filename!r}: {err.strerror}; "
+                       "make room there, or set TMPDIR to a folder on a disk with room", code=1) from None
         print_cpu_variant(repository)
         try:
             self.serve(repository, built=True)
