@@ -135,17 +135,6 @@ def test_served_map_equals_in_process(server, models, images, name, protocol):
                 assert prediction.labels[0] == explainer.top_k(result.logits[i], 1)[0][0]
 
 
-def test_defaults_are_the_cli_defaults():
-    """The server's defaults (hub_vit.explain.rollout) are `hub-vit rollout`'s, whose options repeat them."""
-    import inspect
-
-    from hub_vit.cli.explain import rollout
-    from hub_vit.explain.rollout import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION
-
-    defaults = {name: p.default.default for name, p in inspect.signature(rollout).parameters.items()}
-    assert (defaults["head_fusion"], defaults["discard_ratio"]) == (DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO)
-
-
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_async_client_returns_the_same_maps(server, images, protocol):
     async def run():
@@ -341,3 +330,30 @@ def test_repository_layout_and_manifest(models, tmp_path):
     assert manifest["rollout"] == {"grid": [6, 6], "readout": "map", "num_prefix_tokens": 0}
     assert outdated_files(repo) == []
     assert 'name: "rollout"' in (repo / "vit" / "config.pbtxt").read_text()
+
+
+def _stubs_with_torch(server: TritonServer) -> dict[int, bool]:
+    """The server's Python-backend stubs (pid -> whether torch's library is mapped into it)."""
+    stubs = {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            command = (status.parent / "cmdline").read_bytes()
+            maps = (status.parent / "maps").read_text()
+        except OSError:  # a process that ended meanwhile
+            continue
+        if int(fields["PPid"]) == server.process.pid and b"triton_python_backend_stub" in command:
+            stubs[int(status.parent.name)] = "libtorch" in maps
+    return stubs
+
+
+def test_a_stub_imports_torch_only_for_its_first_explained_request(tmp_path, images):
+    # torch (about 270 MB of private memory per stub, and seconds at start and stop) was imported when the step
+    # loaded, in every instance, whether or not a request ever asked for an explanation
+    repo = write_repository(resolve_model(None), tmp_path / "repository", ServingOptions(classifier_instances=1))
+    with start_server(repo) as server, Classifier(server.http_url) as client:
+        assert client.classify(images[:2])[0].rollout is None
+        stubs = _stubs_with_torch(server)
+        assert len(stubs) == 1 and not any(stubs.values()), stubs
+        assert client.classify(images[:2], explain=True)[0].rollout is not None
+        assert list(_stubs_with_torch(server).values()) == [True]

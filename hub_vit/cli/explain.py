@@ -13,6 +13,7 @@ from hub_vit.cli.app import app, console, fail, write_failed
 from hub_vit.cli.path_option import given_path
 from hub_vit.image_formats import NAMES, SUFFIXES
 from hub_vit.ports import DEMO_PORT
+from hub_vit.rollout_settings import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION, HEAD_FUSIONS, check_discard_ratio
 from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
 
 if TYPE_CHECKING:
@@ -149,8 +150,9 @@ def rollout(
     model: str = typer.Option(None, "--model", "-m",
                               help="Model folder, or a registered name.tag with a cached checkpoint. "
                                    "Default: the shipped default model."),
-    head_fusion: str = typer.Option("mean", help="How to fuse the heads: mean, max or min."),
-    discard_ratio: float = typer.Option(0.0, help="Share of the lowest attentions to drop per row, in [0, 1)."),
+    head_fusion: str = typer.Option(DEFAULT_HEAD_FUSION, help=f"How to fuse the heads: {', '.join(HEAD_FUSIONS)}."),
+    discard_ratio: float = typer.Option(DEFAULT_DISCARD_RATIO,
+                                        help="Share of the lowest attentions to drop per row, in [0, 1)."),
     class_map: bool = typer.Option(False, "--class-map", help="Also write the top-1 class-specific map."),
     alpha: float = typer.Option(0.5, help="Heat-map opacity in [0, 1]."),
     colormap: str = typer.Option("jet", help="Colour map: jet, inferno or gray."),
@@ -159,7 +161,6 @@ def rollout(
     from hub_vit.demo.models import in_process_verdicts, load_explainer, resolve_choice
     from hub_vit.domain import read_domain
     from hub_vit.explain.overlay import COLORMAPS
-    from hub_vit.explain.rollout import HEAD_FUSIONS, check_discard_ratio
     from hub_vit.paths import with_folders_listed
 
     if head_fusion not in HEAD_FUSIONS:

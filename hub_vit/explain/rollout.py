@@ -23,31 +23,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 
-HeadFusion = Literal["mean", "max", "min"]
-HEAD_FUSIONS: tuple[str, ...] = get_args(HeadFusion)
-Readout = Literal["tok", "gap", "map"]
-READOUTS: tuple[str, ...] = get_args(Readout)
-# Defaults of the server's `explain` requests and of `hub-vit rollout` (whose options repeat them as literals: the CLI
-# starts without importing torch; tests/test_server_rollout.py checks they agree): the plain rollout of the paper.
-DEFAULT_HEAD_FUSION: HeadFusion = "mean"
-DEFAULT_DISCARD_RATIO = 0.0
-
-
-def check_head_fusion(head_fusion: str) -> str:
-    if head_fusion not in HEAD_FUSIONS:
-        raise ValueError(f"unknown head_fusion {head_fusion!r}; valid choices: {', '.join(map(repr, HEAD_FUSIONS))}")
-    return head_fusion
-
-
-def check_discard_ratio(discard_ratio: float, name: str = "discard_ratio") -> float:
-    """`discard_ratio` as a float; ValueError naming it as the caller knows it (`name`: a flag on the command line)."""
-    if isinstance(discard_ratio, bool) or not isinstance(discard_ratio, (int, float)) or not 0 <= discard_ratio < 1:
-        raise ValueError(f"{name} must be a number in [0, 1), got {discard_ratio!r}")
-    return float(discard_ratio)
+# the settings and their checks live without torch (the server's stubs check parameters before any rollout)
+from hub_vit.rollout_settings import (  # noqa: F401 - re-exported: this module is where rollout users look
+    DEFAULT_DISCARD_RATIO,
+    DEFAULT_HEAD_FUSION,
+    HEAD_FUSIONS,
+    READOUTS,
+    HeadFusion,
+    Readout,
+    check_discard_ratio,
+    check_head_fusion,
+)
 
 
 def fuse_heads(attn: torch.Tensor, head_fusion: str = "mean") -> torch.Tensor:

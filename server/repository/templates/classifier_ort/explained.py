@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-import torch
 import triton_python_backend_utils as pb_utils
 from served_rollout import ExplainSettings, pixels_and_boxes, rollout_maps, split_explained
 from topk import top_k
@@ -30,10 +29,7 @@ class ExplainedRequests:
                  labels: np.ndarray, k: int, domain: Any, session: Any = None) -> None:
         self.session = session or ort.InferenceSession(str(graph), sess_options=options,
                                                        providers=["CPUExecutionProvider"])
-        # The rollout's torch ops are small (depth x (B, N, N) elementwise and vector-matrix products); with torch's
-        # default pool (one thread per core) they fight ORT's spinning threads for the same cores and ran ~5x slower
-        # under load. One thread keeps them off ORT's cores' backs; ORT does the heavy work.
-        torch.set_num_threads(1)
+        self.torch_threads_set = False  # torch is imported by the first explained request (served_rollout.py)
         self.outputs = [output.name for output in self.session.get_outputs()]
         self.grid = tuple(json.loads(params["rollout_grid"]))
         self.readout, self.prefix = params["rollout_readout"], int(params["rollout_prefix_tokens"])
@@ -57,6 +53,14 @@ class ExplainedRequests:
         return rest
 
     def _answer(self, asked: list, responses: list, turn: Callable[[], AbstractContextManager]) -> None:
+        if not self.torch_threads_set:
+            import torch
+
+            # The rollout's torch ops are small (depth x (B, N, N) elementwise and vector-matrix products); with
+            # torch's default pool (one thread per core) they fight ORT's spinning threads for the same cores and ran
+            # ~5x slower under load. One thread keeps them off ORT's cores' backs; ORT does the heavy work.
+            torch.set_num_threads(1)
+            self.torch_threads_set = True
         batch = np.concatenate([pixels for _, pixels, _, _ in asked])  # (N, 3, H, W)
         with turn():
             found = dict(zip(self.outputs, self.session.run(None, {"pixel_values": batch}), strict=True))

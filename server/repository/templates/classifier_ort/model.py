@@ -85,7 +85,7 @@ class TritonPythonModel:
         self.labels = np.array([label.encode("utf-8") for label in labels], dtype=np.object_)
         self.explainer = None
         if "attentions_file" in params:
-            from explained import ExplainedRequests  # imports torch: only a repository that serves rollout pays
+            from explained import ExplainedRequests  # torch: imported by the first explained request
 
             # an OpenVINO variant explains at its own precision, from its own softmax outputs (one run); an ONNX
             # Runtime graph from the fp32 attention graph (docs/serving.md, "Explanations from the server")

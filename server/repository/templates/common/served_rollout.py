@@ -4,6 +4,8 @@ with which settings, and the maps from the model's attention probabilities.
 The maths is `hub_vit.explain.rollout.rollout_from_attentions`, the function `hub-vit rollout` and the demo use, so
 served and in-process maps are the same numbers (to float32 rounding of the two attention computations). It needs
 hub_vit and torch in the stub's Python, as the CPU flavour's stub has (it runs the Python that `hub-vit serve` runs).
+torch is imported by the first explained request, not when the step loads: a stub that only answers plain requests
+stays without it (about 270 MB of private memory and a second or two at start and at stop, per instance).
 
 A request asks with its parameters (tritonclient: `infer(..., parameters={...})`): `explain` true, and optionally
 `head_fusion` ('mean', 'max' or 'min'; default 'mean') and `discard_ratio` (a number in [0, 1); default 0), the
@@ -23,15 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from hub_vit.explain.rollout import (
-    DEFAULT_DISCARD_RATIO,
-    DEFAULT_HEAD_FUSION,
-    check_discard_ratio,
-    check_head_fusion,
-    rollout_from_attentions,
-)
+from hub_vit.rollout_settings import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION, check_discard_ratio, check_head_fusion
 
 EXPLAIN, HEAD_FUSION, DISCARD_RATIO = "explain", "head_fusion", "discard_ratio"
 
@@ -85,6 +80,10 @@ def rollout_maps(attentions: Any, grid: tuple[int, int], readout: str, num_prefi
                  settings: ExplainSettings, pool_attention: Any = None) -> np.ndarray:
     """(B, depth, heads, N, N) attention probabilities (+ the MAP probe's (B, heads, 1, N)) -> (B, H', W') float32
     full-rollout maps, read out as the classifier reads its tokens (`readout`: 'tok', 'gap' or 'map')."""
+    import torch  # here, not at the top: see the module's docstring
+
+    from hub_vit.explain.rollout import rollout_from_attentions
+
     with torch.no_grad():
         stacked = torch.as_tensor(attentions)
         probe = None if pool_attention is None else torch.as_tensor(pool_attention)
