@@ -83,3 +83,36 @@ def test_an_error_naming_two_files_names_the_destination_first(tmp_path) -> None
     assert os_error_text(raised.value) == f"Is a directory: {str(destination)!r} (from {str(source)!r})"
     assert os_error_text(FileNotFoundError(errno.ENOENT, "No such file or directory", "a")) == \
         f"No such file or directory: {str(Path('a'))!r}"
+
+
+def test_the_program_exits_without_teardown_yet_does_what_an_exit_must(tmp_path) -> None:
+    # `hub-vit` (`cli.run`) ends with os._exit, skipping the 1-3 s teardown of torch & co.: the exit code, all of the
+    # output, other threads' work and the atexit handlers (logging, multiprocessing, registered cleanup) must survive,
+    # and an idle thread pool must not hold the exit (joining its workers alone waited forever: `export onnx`)
+    import subprocess
+
+    marks = tmp_path / "atexit", tmp_path / "thread"
+    script = f"""
+import atexit, concurrent.futures, sys, threading, time
+from pathlib import Path
+import typer
+from hub_vit.cli import app, run
+
+POOLS = []
+
+@app.command("probe")
+def probe() -> None:
+    atexit.register(Path({str(marks[0])!r}).write_text, "ran")
+    threading.Thread(target=lambda: (time.sleep(0.5), Path({str(marks[1])!r}).write_text("done"))).start()
+    sys.stdout.write("x" * 1_000_000)  # still in the buffer when the command returns
+    POOLS.append(concurrent.futures.ThreadPoolExecutor(1))  # kept, as a library keeps its pool: its idle worker
+    POOLS[0].submit(print, end="")  # (a non-daemon thread) waits for more work until told to stop
+    raise typer.Exit(7)
+
+sys.argv = ["hub-vit", "probe"]
+run()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "x" * 1_000_000
+    assert [mark.read_text() for mark in marks] == ["ran", "done"]

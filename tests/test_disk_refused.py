@@ -31,7 +31,7 @@ from hub_vit.domain import DOMAIN_FILE, STATISTICS_FILE
 from tests.test_train_cli import QUICK
 from tests.test_train_loop import make_folder
 
-HUB_VIT = [sys.executable, "-c", "from hub_vit.cli import main; main()"]
+HUB_VIT = [sys.executable, "-c", "from hub_vit.cli import run; run()"]  # the `hub-vit` program
 
 
 def _run_with_file_limit(limit_bytes: int, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:

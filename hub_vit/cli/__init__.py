@@ -6,8 +6,14 @@ missing is skipped, and its commands say which extra to install.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
+import os
 import signal
+import sys
+import threading
+from typing import NoReturn
 
 from hub_vit.cli.app import app, console, fail, is_environment_error, os_error_text
 
@@ -43,4 +49,36 @@ def main() -> None:
         raise SystemExit(1) from None
 
 
-__all__ = ["app", "console", "main"]
+def run() -> NoReturn:
+    """The `hub-vit` program: `main`, then the process ends without Python's teardown of its modules (below)."""
+    try:
+        main()
+    except SystemExit as done:  # every command ends here, typer's standalone mode included
+        _exit_without_teardown(done.code)
+    _exit_without_teardown(0)
+
+
+def _exit_without_teardown(code: int | str | None) -> NoReturn:
+    """Exit with `code` (SystemExit's meaning) once the command is done, without Python's teardown of its modules.
+
+    Tearing down torch, transformers and timm (their objects freed one by one, their libraries' destructors) took 1 to
+    3 s after a command's last line: `serve` after tritonserver had stopped, `export` after its table. What a normal
+    exit does that matters still happens: other threads are waited for, the atexit handlers run (logging's flush,
+    multiprocessing's children, folders registered for removal) and stdout / stderr are flushed."""
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    # What CPython's exit runs first, and os._exit does not: the hooks that tell thread pools' idle workers to stop
+    # (concurrent.futures'; NNCF and OpenVINO leave such pools behind), then a wait for the non-daemon threads; then
+    # the atexit handlers.
+    threading._shutdown()  # noqa: SLF001
+    atexit._run_exitfuncs()  # noqa: SLF001
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away (`hub-vit models | head`)
+            stream.flush()
+    os._exit(code)
+
+
+__all__ = ["app", "console", "main", "run"]
