@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 from served_rollout import ExplainSettings, pixels_and_boxes, rollout_maps, split_explained
+from stub_gc import freeze_loaded
 from topk import top_k
 from triton_errors import client_error, request_error
 
@@ -29,7 +30,7 @@ class ExplainedRequests:
                  labels: np.ndarray, k: int, domain: Any, session: Any = None) -> None:
         self.session = session or ort.InferenceSession(str(graph), sess_options=options,
                                                        providers=["CPUExecutionProvider"])
-        self.torch_threads_set = False  # torch is imported by the first explained request (served_rollout.py)
+        self.torch_loaded = False  # torch is imported by the first explained request (served_rollout.py)
         self.outputs = [output.name for output in self.session.get_outputs()]
         self.grid = tuple(json.loads(params["rollout_grid"]))
         self.readout, self.prefix = params["rollout_readout"], int(params["rollout_prefix_tokens"])
@@ -53,14 +54,17 @@ class ExplainedRequests:
         return rest
 
     def _answer(self, asked: list, responses: list, turn: Callable[[], AbstractContextManager]) -> None:
-        if not self.torch_threads_set:
+        if not self.torch_loaded:
             import torch
+
+            import hub_vit.explain.rollout  # noqa: F401 - the rollout's modules, loaded before the freeze below
 
             # The rollout's torch ops are small (depth x (B, N, N) elementwise and vector-matrix products); with
             # torch's default pool (one thread per core) they fight ORT's spinning threads for the same cores and ran
             # ~5x slower under load. One thread keeps them off ORT's cores' backs; ORT does the heavy work.
             torch.set_num_threads(1)
-            self.torch_threads_set = True
+            freeze_loaded()  # torch's objects out of the collector's full walks, as what the step loaded (stub_gc.py)
+            self.torch_loaded = True
         batch = np.concatenate([pixels for _, pixels, _, _ in asked])  # (N, 3, H, W)
         with turn():
             found = dict(zip(self.outputs, self.session.run(None, {"pixel_values": batch}), strict=True))
