@@ -36,14 +36,12 @@ def temporary_repository(source: Any, options: ServingOptions) -> Path:
     workdir = shell_safe_tempdir("hub-vit-serve-")
     try:
         return write_repository(source, workdir / "repository", options)
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(workdir, ignore_errors=True)
-        if exc.errno not in DISK_REFUSED_ERRNOS:
-            raise
-        # a write() refused for a full disk names no file: name the folder the user can make room in (or move TMPDIR)
-        raise OSError(exc.errno, exc.strerror, str(workdir.parent)) from exc
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in DISK_REFUSED_ERRNOS:
+            # a write() refused for a full disk names no file: name the folder the user can make room in (or move
+            # TMPDIR)
+            raise OSError(exc.errno, exc.strerror, str(workdir.parent)) from exc
         raise
 
 

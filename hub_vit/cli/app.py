@@ -83,14 +83,15 @@ def os_error_text(exc: OSError) -> str:
     return reason
 
 
-def write_failed(path: str | os.PathLike[str], exc: OSError) -> typer.Exit:
-    """`error: cannot write to 'PATH': <OS reason>` (exit 1): a destination on a read-only or full file system.
+def write_failed(path: str | os.PathLike[str], exc: OSError, then: str = "") -> typer.Exit:
+    """`error: cannot write to 'PATH': <OS reason><then>` (exit 1): a destination on a read-only or full file system;
+    `then`: what the user can do about it, after the reason ("; ...").
 
     An OSError without an errno is hub-vit's own message (`atomic_path`: "cannot write to 'x': Read-only file
     system") and is printed as it is."""
     if exc.errno is None:
         return fail(str(exc), code=1)
-    return fail(f"cannot write to {os.fspath(path)!r}: {exc.strerror or exc}", code=1)
+    return fail(f"cannot write to {os.fspath(path)!r}: {exc.strerror or exc}{then}", code=1)
 
 
 # Exit status of a command this machine cannot carry out now, though nothing asked is wrong: no network for a download

@@ -28,6 +28,7 @@ from hub_vit.cli.app import (
     err_console,
     fail,
     in_flag_words,
+    write_failed,
 )
 from hub_vit.cli.path_option import given_path
 
@@ -201,7 +202,7 @@ def _disk_refused(out: Path, exc: OSError) -> typer.Exit:
 
     resume = ("; the checkpoints written before are kept: make room and run the same command to resume"
               if out.is_dir() and not nothing_trained(out) else "")
-    return fail(f"cannot write to {str(out)!r}: {exc.strerror or exc}{resume}", code=1)
+    return write_failed(out, exc, resume)
 
 
 def _report(result: Any, install_to: Path | None) -> None:
