@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import resource
 import signal
 import subprocess
 import sys
@@ -39,14 +40,17 @@ def live_stubs(group: int) -> dict[int, str]:
 
 
 class Serve:
-    """`hub-vit serve` (the default model) in a subprocess on free ports; its output lines read as they come."""
+    """`hub-vit serve` (the default model) in a subprocess on free ports; its output lines read as they come.
+    `open_files`: its (soft, hard) limit on open files (RLIMIT_NOFILE), else this process's."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, open_files: tuple[int, int] | None = None) -> None:
         self.ports = [free_port() for _ in range(3)]
         command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet", "--http-port",
                    str(self.ports[0]), "--grpc-port", str(self.ports[1]), "--metrics-port", str(self.ports[2]),
                    "--exit-timeout", "10", *args]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        limit = None if open_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        preexec_fn=limit)
         self.lines: queue.Queue[str] = queue.Queue()
         self.text = ""
         threading.Thread(target=self._read, daemon=True).start()

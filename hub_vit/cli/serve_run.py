@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import DISK_REFUSED_ERRNOS, console, err_console, fail
+from hub_vit.cli.app import CANNOT_NOW, DISK_REFUSED_ERRNOS, console, err_console, fail
 from hub_vit.cli.serve_screen import Screen, example_image, start_demo
 from hub_vit.cli.serving_options import model_source, print_cpu_variant
 
@@ -82,6 +82,8 @@ class ServeRun:
         from hub_vit.server.runtime.processes import exit_description
         from hub_vit.server.serving import CannotStart, LogFile, ServeHooks, serve_repository
 
+        self._check_shared_memory(repository)
+        self._check_descriptors()
         log_file = LogFile(self.endpoints.http_port)
         screen = Screen(log_file, verbose=self.verbose)
         demo_apps: list[Any] = []  # the demo, once the first server serves
@@ -132,6 +134,38 @@ class ServeRun:
         if self.demo_port is not None:
             demo_apps.append(start_demo(self.model, not built, self.endpoints.host, self.demo_port, http_url,
                                         self.name))
+
+    def _check_shared_memory(self, repository: Path) -> None:
+        """Refused when /dev/shm cannot hold the stubs' first pools; a warning when it cannot hold what the largest
+        requests make them grow to (server.runtime.shared_memory)."""
+        from hub_vit.server.runtime.shared_memory import shared_memory_room
+        from hub_vit.server.runtime.triton_install import ServerError
+
+        try:
+            room = shared_memory_room(repository, self.limits.max_body_bytes)
+        except ServerError as err:  # no /dev/shm, or too little for the first pools: this machine, not the request
+            raise fail(str(err), code=CANNOT_NOW) from None
+        except ValueError as err:  # an unreadable config (--repository was checked before: not expected)
+            raise fail(str(err), code=1) from None
+        if not room.enough:
+            mb = self.limits.max_body_bytes >> 20
+            err_console.print(f"[yellow]warning:[/] {escape(room.warning(f'--max-request-mb {mb}'))}", soft_wrap=True)
+
+    def _check_descriptors(self) -> None:
+        """A warning when the front's processes may not open the files their connection cap needs: each raises its
+        soft limit (RLIMIT_NOFILE) as far as the hard one, which only the service's manager can raise."""
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        if hard == resource.RLIM_INFINITY or hard >= self.limits.descriptors:
+            return
+        within = self.limits.connections_within(hard)
+        err_console.print(
+            f"[yellow]warning:[/] a process may open {hard} files here (the hard limit, ulimit -Hn), and each front "
+            f"process needs {self.limits.descriptors} to hold --max-connections {self.limits.max_connections}: the "
+            "OS may refuse new connections, health probes included, before that cap is reached. Raise the hard limit "
+            f"(systemd: LimitNOFILE=; docker run --ulimit nofile=65536) or lower --max-connections to {within}",
+            soft_wrap=True)
 
     @staticmethod
     def _say(line: str) -> None:  # a stop signal arrived; one line in a log file or journal

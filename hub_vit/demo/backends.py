@@ -130,15 +130,19 @@ class TritonLabels:
 
     def _failure(self, exc: Exception) -> str:
         """The status line for a request that got no answer: tritonclient missing, the image refused (HTTP 400: the
-        server is fine and says why, in full), or the server unreachable or failing (the first line of why)."""
+        server is fine and says why, in full), no room for it in the server's /dev/shm, or the server unreachable or
+        failing (the first line of why)."""
         if isinstance(exc, ImportError):
             return f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
-        from hub_vit.server.client.errors import refused_image
+        from hub_vit.server.client.errors import out_of_shared_memory, refused_image
 
         refused = refused_image(exc)
         if refused is not None:
             return (f"Triton server at {self.url} refused the image: {refused.reason}; labels shown from the "
                     "in-process model.")
+        if out_of_shared_memory(exc):  # Triton's sentence names a pool key and is cut before its hint
+            return (f"Triton server at {self.url} had no shared memory (/dev/shm) left for this image: restart it "
+                    "with more (in a container: docker run --shm-size=1g); labels shown from the in-process model.")
         reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         return (f"Triton server at {self.url} not reachable or failed ({reason}); labels shown from the in-process "
                 "model.")

@@ -20,6 +20,9 @@ MAX_REQUEST_FLAG = "hub-vit serve --max-request-mb"
 # Triton's answers when it sheds load: the queue was full (max_queue_size), or the request waited in it longer than its
 # queue timeout. HTTP 503 / gRPC UNAVAILABLE, the status gRPC also gives when no server answers: only these words tell.
 SHED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
+# Triton's answer when a Python-backend stub's /dev/shm pool cannot grow to hold a batch (HTTP 500 / gRPC INTERNAL):
+# the batch alone fails and the server serves on (server/runtime/shared_memory.py).
+SHM_FULL_MESSAGE = "Failed to increase the shared memory pool size"
 
 
 class NoExplanation(ValueError):
@@ -76,6 +79,12 @@ def shed(err: Exception) -> bool:
     queue timeout), rather than not answering at all."""
     message = _message(err)
     return message is not None and any(words in message for words in SHED_MESSAGES)
+
+
+def out_of_shared_memory(err: Exception) -> bool:
+    """Whether the server failed a batch because a Python-backend stub's /dev/shm pool could not grow to hold it."""
+    message = _message(err)
+    return message is not None and SHM_FULL_MESSAGE in message
 
 
 def no_server(err: Exception) -> bool:
@@ -174,6 +183,11 @@ def request_failed(protocol_name: str, url: str, err: Exception) -> str:
     if _cancelled_by_grpc(err):
         return (f"{protocol_name} {url}: {text}\nthe server cancelled this request before computing it: a gRPC server "
                 "that stops cancels the calls it has not started yet (grpc/grpc#41785); retry once it serves again")
+    if out_of_shared_memory(err):  # Triton's own hint about Docker is cut off above, and names no size
+        return (f"{protocol_name} {url}: {text}\nthe server's shared memory (/dev/shm) had no room for this batch of "
+                "images: Triton's Python backend passes every batch through it, and this server has too little of it "
+                "for batches this large (hub-vit serve says so at its start); restart the server with more (in a "
+                "container: docker run --shm-size=1g), or send fewer or smaller images per request")
     if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
         return f"{protocol_name} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
     return (f"{protocol_name} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), "

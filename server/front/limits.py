@@ -55,6 +55,18 @@ class FrontLimits:
         return math.ceil(total / self.processes)
 
     @property
+    def descriptors(self) -> int:
+        """The file descriptors one front process may need: its share of the connection cap on each protocol, as many
+        again for HTTP connections over the cap (kept open, for 1 s, in case they carry a health probe), its
+        connections to Triton on each protocol, and a few of its own (listeners, control socket, loop)."""
+        return 3 * self.share(self.max_connections) + 2 * self.upstream_connections + 64
+
+    def connections_within(self, descriptors: int) -> int:
+        """The largest `max_connections` whose `descriptors` per process fit in `descriptors` (0: none)."""
+        per_process = (descriptors - 2 * self.upstream_connections - 64) // 3
+        return max(per_process, 0) * self.processes
+
+    @property
     def grpc_receive_bytes(self) -> int:
         """What grpc itself lets through, on the wire and inflated: twice the limit, so that a message up to that
         size reaches the front's own check, which answers it with the limit and the flag (grpc's own refusal says

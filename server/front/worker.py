@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import signal
 import socket
 import sys
@@ -41,6 +42,7 @@ async def serve(control: socket.socket) -> None:
 
     settings = json.loads(await reader.readline() or b"{}")
     limits = FrontLimits(**settings["limits"])
+    raise_descriptor_limit(limits.descriptors)  # before the first connection
     fronts = {"http": HttpFront(limits), "grpc": GrpcFront(limits)}
     try:
         await fronts["http"].listen(settings["host"], settings["http_port"])
@@ -66,6 +68,19 @@ async def serve(control: socket.socket) -> None:
     finally:
         for front in fronts.values():
             await front.close()
+
+
+def raise_descriptor_limit(wanted: int) -> int:
+    """Raise this process's soft limit on open files (RLIMIT_NOFILE) towards `wanted`, as far as its hard limit
+    allows, and return the soft limit now in force. A shell's soft limit is often 1,024: the OS would refuse the
+    front's connections, health probes included, long before `max_connections`. (serve warns when the hard limit is
+    short: `descriptor_shortfall`.)"""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    return soft
 
 
 def main() -> None:
