@@ -172,6 +172,29 @@ def test_workspaces_avoid_a_tmpdir_the_stub_cannot_take(tmp_path, monkeypatch):
     assert folder.parent == safe  # $TMPDIR is used whenever it can be
 
 
+def test_the_servers_workspace_avoids_a_noexec_tmpdir(tmp_path, monkeypatch):
+    import subprocess
+    import tempfile
+
+    noexec = tmp_path / "noexec"
+    noexec.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,noexec", "tmpfs", str(noexec)],
+                             capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(noexec))
+        backends = workspace.shell_safe_tempdir("hub-vit-test-", runs_programs=True)  # Triton's backends run there
+        repository = workspace.shell_safe_tempdir("hub-vit-test-")  # files read, never run: noexec will do
+        try:
+            assert noexec not in backends.parents and repository.parent == noexec
+        finally:
+            backends.rmdir()
+            repository.rmdir()
+    finally:
+        subprocess.run(["umount", "-l", str(noexec)], check=True)
+
+
 def test_readiness_is_never_taken_from_another_server_on_our_port(tmp_path):
     """Two `hub-vit serve` started at once both passed the port check; the second then took the first server's
     answers for its own readiness, printed 'serving', and died with a raw Triton log."""

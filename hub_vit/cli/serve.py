@@ -178,14 +178,20 @@ def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
 
 
 def _check_triton() -> None:
-    """A tritonserver this interpreter can run, found before anything is built (an export can take minutes), and
-    after every flag was checked: a mistyped option is named first, whatever the environment lacks."""
+    """A tritonserver this interpreter can run, and a temporary folder its backends can run from, found before
+    anything is built (an export can take minutes), and after every flag was checked: a mistyped option is named
+    first, whatever the environment lacks."""
     from hub_vit.server.runtime.triton_install import ServerError, find_triton
+    from hub_vit.server.runtime.workspace import temp_base
 
     try:
         find_triton()
     except ServerError as err:  # none installed, no stub for this Python, or a Python too new for the stubs
         raise fail(str(err)) from None
+    try:
+        temp_base(runs_programs=True)  # where the server's backends will run from
+    except ServerError as err:  # every temporary folder is mounted noexec (or unwritable): this machine, not a flag
+        raise fail(str(err), code=CANNOT_NOW) from None
 
 
 def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str | None,

@@ -214,7 +214,7 @@ class TritonServer:
         remove_orphaned_regions()
         remove_orphaned_workspaces()
         install = find_triton()
-        self._workspace = shell_safe_tempdir("hub-vit-triton-")
+        self._workspace = shell_safe_tempdir("hub-vit-triton-", runs_programs=True)  # the backends run from it
         try:
             backends, env = self._prepare(install, self._workspace)
         except BaseException:  # no stub environment (numpy 2 here, none for the stubs), a full disk: nothing is left

@@ -44,15 +44,38 @@ def _temp_bases() -> tuple[str, ...]:  # computed when asked: $TMPDIR may change
 _WORKSPACE = re.compile(r"hub-vit-[a-z]+-(?P<pid>\d+)-")
 
 
-def shell_safe_tempdir(prefix: str) -> Path:
-    """`tempfile.mkdtemp`, in $TMPDIR when its path is safe for the stub command line, else in /tmp or /var/tmp; its
-    name carries this process's id (`remove_orphaned_workspaces`)."""
-    for base in _temp_bases():
-        if not shell_unsafe(base) and os.access(base, os.W_OK | os.X_OK):
-            return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
-    raise ServerError(f"no writable temporary folder whose path Triton's Python backend can use: $TMPDIR is "
-                      f"{tempfile.gettempdir()!r} ({shell_unsafe(tempfile.gettempdir()) or 'not writable'}); "
-                      "point TMPDIR at a writable folder without spaces, shell characters or non-ASCII letters")
+def shell_safe_tempdir(prefix: str, *, runs_programs: bool = False) -> Path:
+    """`tempfile.mkdtemp` in `temp_base(runs_programs=...)`; its name carries this process's id
+    (`remove_orphaned_workspaces`)."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=temp_base(runs_programs=runs_programs)))
+
+
+def temp_base(*, runs_programs: bool = False) -> str:
+    """$TMPDIR when its path is safe for the stub command line, else /tmp or /var/tmp. `runs_programs`: programs and
+    shared libraries are started from the folder (Triton's backends), so a file system mounted `noexec` (a common
+    hardening of /tmp) is passed over too: tritonserver would fail every model's load ("failed to map segment from
+    shared object"). ServerError naming each folder and why, when none will do."""
+    unusable = {}
+    for base in dict.fromkeys(_temp_bases()):
+        why = _unusable(base, runs_programs)
+        if not why:
+            return base
+        unusable[base] = why
+    listed = "; ".join(f"{base!r}: {why}" for base, why in unusable.items())
+    needs = "writable, allowing programs to run (not mounted noexec)" if runs_programs else "writable"
+    raise ServerError(f"no temporary folder Triton's Python backend can use ({listed}); point TMPDIR at a folder that "
+                      f"is {needs}, on a path without spaces, shell characters or non-ASCII letters")
+
+
+def _unusable(base: str, runs_programs: bool) -> str:
+    """Why temporary folders made in `base` would not serve ('' when they would)."""
+    if shell_unsafe(base):
+        return f"its path holds {shell_unsafe(base)}"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return "not writable" if os.path.isdir(base) else "not a folder"
+    if runs_programs and os.statvfs(base).f_flag & os.ST_NOEXEC:
+        return "mounted noexec: programs cannot run from it"
+    return ""
 
 
 # /dev/shm/<server id>_<uuid>: the Python-backend stubs' regions, named after `TritonServer.server_id`
