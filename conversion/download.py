@@ -4,10 +4,13 @@ hub-vit catalog name (`vit_b16.augreg_in21k_ft_in1k`). Downloads go over HTTPS i
 Cache: `$HUB_VIT_CACHE`, else `$XDG_CACHE_HOME/hub_vit` (`~/.cache/hub_vit` when XDG_CACHE_HOME is unset, as for
 huggingface_hub and torch), under `downloads/<first 32 hex digits of the URL's sha256>/<file name>`, plus a
 `<file name>.sha256` sidecar holding the content hash (computed while downloading; checked against the catalog's
-hash when it has one). A download is written to `*.part` and renamed when complete, so the cache never
-holds a half file. With no network (or `HUB_VIT_OFFLINE` / `HF_HUB_OFFLINE` set to 1, true, yes or on) a download
-fails at once and says which URL to fetch by hand and where to put it; an HTTP error status (404: a wrong URL) is
-named as the server's answer, and only a 5xx, which may pass, keeps that help. A cache that cannot be written (read-only
+hash when it has one). A download is written to a hidden file of its own beside its place (`hub_vit.atomic`:
+`.<file name>.tmp-<host>-<pid>-<random>`, so two processes fetching the same URL never write into one file) and
+renamed when complete, so the cache never holds a half file: a connection that closes before the Content-Length the
+server announced is a failed download, not a shorter file. With no network (or `HUB_VIT_OFFLINE` /
+`HF_HUB_OFFLINE` set to 1, true, yes or on) a download fails at once and says which URL to fetch by hand and where to
+put it; an HTTP error status (404: a wrong URL) is named as the server's answer, and only a 5xx, which may pass, keeps
+that help. A cache that cannot be written (read-only
 home, full disk) is one error naming the folder and HUB_VIT_CACHE; a failed download removes the folders it created.
 
 The sidecar is the evidence that a cached file is what hub-vit fetched from its URL: a file placed in the cache by
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 
-from hub_vit.atomic import missing_folders, remove_empty_folders
+from hub_vit.atomic import missing_folders, remove_empty_folders, staging_file
 from hub_vit.file_hash import sha256_file
 from hub_vit.network import offline_switch
 
@@ -139,9 +142,20 @@ class _LocalWriteError(Exception):
         self.error = error
 
 
+class _CutShort(ConnectionError):
+    """The connection closed before the body's announced length: http.client's `read(n)` returns what came without
+    an error (a short file would have been cached as the whole one)."""
+
+    def __init__(self, received: int, total: int) -> None:
+        super().__init__(f"the connection closed after {received:,} of {total:,} bytes; running the command again "
+                         "downloads the file anew")
+
+
 def _fetch(url: str, part: Path, *, timeout: float, progress: bool, name: str) -> str:
-    """Stream `url` into `part`; return the content's sha256. Local write failures raise `_LocalWriteError`."""
+    """Stream `url` into `part`; return the content's sha256. Local write failures raise `_LocalWriteError`, a body
+    shorter than its Content-Length `_CutShort`."""
     digest = hashlib.sha256()
+    received = 0
     with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310
         total = int(response.headers.get("Content-Length") or 0) or None
         try:
@@ -155,7 +169,10 @@ def _fetch(url: str, part: Path, *, timeout: float, progress: bool, name: str) -
                 except OSError as exc:
                     raise _LocalWriteError(exc) from exc
                 digest.update(chunk)
+                received += len(chunk)
                 advance(len(chunk))
+    if total is not None and received != total:
+        raise _CutShort(received, total)
     return digest.hexdigest()
 
 
@@ -227,7 +244,11 @@ def download(url: str, *, expected_sha256: str | None = None, timeout: float = D
     if switch is not None:
         raise NetworkUnavailableError(_offline_message(url, dest, f"offline mode: {switch} is set"))
     created = _make_cache_folder(url, dest.parent)  # before the network: an unwritable cache is the error to report
-    part = dest.with_name(dest.name + ".part")
+    try:
+        part = staging_file(dest)
+    except OSError as exc:
+        remove_empty_folders(created)
+        raise _cache_error(url, exc) from exc
     try:
         got = _fetch(url, part, timeout=timeout, progress=progress, name=dest.name)
         if expected_sha256 and got != expected_sha256:

@@ -77,6 +77,17 @@ def staging_dir(target: str | Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{_owner()}-", dir=target.parent))
 
 
+def staging_file(target: str | Path) -> Path:
+    """A new, empty hidden file beside `target` to write into before it is renamed onto `target` (`os.replace`); each
+    process gets its own, so two writers of the same target never write into one file. Leftovers of killed writers of
+    the same target are swept first. OSError when the folder refuses it."""
+    target = Path(target)
+    sweep_staging(target)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-{_owner()}-", dir=target.parent)
+    os.close(fd)
+    return Path(name)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary file next to `path`; rename it to `path` only if the block succeeds, else delete it.
@@ -90,12 +101,9 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
         raise IsADirectoryError(f"output path {str(path)!r} is a directory; give a file name such as model{suffix}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        sweep_staging(path)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-{_owner()}-", dir=path.parent)
+        tmp = staging_file(path)
     except OSError as exc:
         raise PermissionError(f"cannot write to {str(path)!r}: {exc.strerror or exc}") from exc
-    os.close(fd)
-    tmp = Path(tmp_name)
     try:
         yield tmp
         os.chmod(tmp, 0o644)

@@ -178,7 +178,7 @@ def test_offline_download_fails_fast_with_instructions(tmp_path: Path, monkeypat
     url = "https://storage.googleapis.com/big_vision/vit_s16_i1k_300ep.npz"
     assert f"cannot download {url}" in output and "Download it by hand" in output
     assert str(tmp_path / "cache") in output  # where to put the file
-    assert not list((tmp_path / "cache").rglob("*.part"))
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no half file, visible or hidden
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_dir() and not any(p.iterdir())]  # no empty folders
 
 
