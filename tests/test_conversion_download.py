@@ -324,20 +324,31 @@ def test_full_disk_while_downloading_is_a_cache_error_not_a_network_error(tmp_pa
     assert not (tmp_path / "cache").exists()  # neither the half file nor the folders made for it
 
 
-class _CutOff(http.server.BaseHTTPRequestHandler):
-    """Announces the fixture's whole length, sends half of it and closes: a connection lost mid-download."""
+class _Streaming(http.server.BaseHTTPRequestHandler):
+    """Announces the fixture's whole length and sends it in 64 KiB pieces, `pause_s` apart (two downloads overlap);
+    with `cut`, only its first half, then closes: a connection lost mid-download."""
+
+    cut, pause_s = False, 0.0
 
     def do_GET(self) -> None:
         data = FIXTURE.read_bytes()
         self.send_response(200)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data[:len(data) // 2])
-        self.wfile.flush()
+        sent = data[:len(data) // 2] if self.cut else data
+        for start in range(0, len(sent), 1 << 16):
+            self.wfile.write(sent[start:start + (1 << 16)])
+            self.wfile.flush()
+            time.sleep(self.pause_s)
         self.connection.shutdown(socket.SHUT_RDWR)
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+def streaming(**behaviour: object) -> contextlib.AbstractContextManager[str]:
+    """A real HTTP server on a free local port sending the fixture as `_Streaming` says; yields its base URL."""
+    return _running(type("Handler", (_Streaming,), behaviour))
 
 
 def test_a_download_cut_short_is_a_failed_download_not_a_cached_half_file(tmp_path: Path,
@@ -350,7 +361,7 @@ def test_a_download_cut_short_is_a_failed_download_not_a_cached_half_file(tmp_pa
     monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
     _load_commands()
     half, whole = FIXTURE.stat().st_size // 2, FIXTURE.stat().st_size
-    with _running(_CutOff) as base:
+    with streaming(cut=True) as base:
         result = CliRunner().invoke(app, ["convert", f"{base}/x.npz", "-o", str(tmp_path / "out")])
     text = " ".join(result.output.split())
     assert result.exit_code == 3, text  # the network failed: it may work on the next try
@@ -359,30 +370,13 @@ def test_a_download_cut_short_is_a_failed_download_not_a_cached_half_file(tmp_pa
     assert list(tmp_path.iterdir()) == []  # nothing cached, no half file, no folders, no output
 
 
-class _Slow(http.server.BaseHTTPRequestHandler):
-    """Sends the fixture in 64 KiB pieces with a pause between them, so that two downloads of it overlap."""
-
-    def do_GET(self) -> None:
-        data = FIXTURE.read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        for start in range(0, len(data), 1 << 16):
-            self.wfile.write(data[start:start + (1 << 16)])
-            self.wfile.flush()
-            time.sleep(0.05)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_two_downloads_of_one_url_at_once_each_write_their_own_file(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # was: both wrote one `<name>.part`: the first to finish renamed it into place while the other still wrote into
     # it, which then failed as "the download cache is not writable"
     monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
     outcomes: list[object] = []
-    with _running(_Slow) as base:
+    with streaming(pause_s=0.05) as base:
         def fetch() -> None:
             try:
                 outcomes.append(download(f"{base}/x.npz", progress=False))
