@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hub_vit.cpu_cores import cpu_quota
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "numpy", "onnxruntime")  # every script's results depend on these
 
@@ -96,47 +98,6 @@ def cpu_identity(cpuinfo: str | None = None) -> dict[str, Any]:
     return {"vendor": vendor, "family": family, "model_number": model,
             "stepping": int(fields["stepping"]) if fields.get("stepping", "").isdigit() else None,
             "generation": generation}
-
-
-def cpu_quota(root: Path = Path("/")) -> float | None:
-    """The CPUs a second that this process's cgroup grants (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` over
-    `cpu.cfs_period_us`; the tightest of its cgroup and the cgroups above it), or None when none is set or none can be
-    read. A container may see 16 usable CPUs (its affinity) and be granted 2: then threads beyond 2 add nothing, and
-    a result that does not say so reads as a scaling defect of the code. `root`: where /proc and /sys are (tests)."""
-    try:
-        lines = (root / "proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    quotas = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # cgroup v2: "0::/path"
-            mount, files = root / "sys/fs/cgroup", ("cpu.max",)
-        elif "cpu" in controllers.split(","):
-            mount, files = root / "sys/fs/cgroup" / controllers, ("cpu.cfs_quota_us", "cpu.cfs_period_us")
-            if not mount.is_dir():
-                mount = root / "sys/fs/cgroup/cpu"
-        else:
-            continue
-        folder = mount / path.lstrip("/")
-        while True:  # the cgroup, then each one above it up to the mount
-            quotas.append(_quota_in(folder, files))
-            if folder == mount or mount not in folder.parents:
-                break
-            folder = folder.parent
-    granted = [quota for quota in quotas if quota is not None]
-    return min(granted) if granted else None
-
-
-def _quota_in(folder: Path, files: tuple[str, ...]) -> float | None:
-    try:
-        texts = [(folder / name).read_text().split() for name in files]
-    except OSError:
-        return None
-    quota, period = texts[0] if len(texts) == 1 else (texts[0][0], texts[1][0])  # v2: "quota period" in one file
-    if quota in ("max", "-1") or not period.isdigit() or int(period) == 0:
-        return None
-    return int(quota) / int(period)
 
 
 def repo_path(path: Path) -> str:

@@ -67,36 +67,6 @@ def test_settings_record_paths_inside_the_repository_relative_to_it(run_info, tm
     assert recorded == {"out": "bench/results/x.json", "workdir": str(tmp_path), "seconds": 3.0, "models": ["digits"]}
 
 
-def _host(root: Path, cgroup: str, files: dict[str, str]) -> Path:
-    (root / "proc/self").mkdir(parents=True)
-    (root / "proc/self/cgroup").write_text(cgroup)
-    for name, text in files.items():
-        (root / "sys/fs/cgroup" / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / "sys/fs/cgroup" / name).write_text(text)
-    return root
-
-
-def test_cpu_quota_reads_cgroup_v2_and_takes_the_tightest_level(run_info, tmp_path: Path) -> None:
-    # a container granted 2 CPUs below a parent granted 4: affinity may still list 16
-    root = _host(tmp_path, "0::/pod/box\n", {"cpu.max": "max 100000\n", "pod/cpu.max": "400000 100000\n",
-                                            "pod/box/cpu.max": "200000 100000\n"})
-    assert run_info.cpu_quota(root) == 2.0
-    (root / "sys/fs/cgroup/pod/box/cpu.max").write_text("max 100000\n")
-    assert run_info.cpu_quota(root) == 4.0
-    (root / "sys/fs/cgroup/pod/cpu.max").write_text("max 100000\n")
-    assert run_info.cpu_quota(root) is None
-
-
-def test_cpu_quota_reads_cgroup_v1_and_says_none_where_nothing_is_readable(run_info, tmp_path: Path) -> None:
-    root = _host(tmp_path / "v1", "4:memory:/x\n2:cpu,cpuacct:/docker/abc\n1:name=systemd:/\n",
-                 {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "150000\n",
-                  "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"})
-    assert run_info.cpu_quota(root) == 1.5
-    (root / "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us").write_text("-1\n")
-    assert run_info.cpu_quota(root) is None
-    assert run_info.cpu_quota(tmp_path / "no-proc") is None
-
-
 def test_the_cpu_is_named_by_its_generation_where_the_model_name_is_generic(run_info) -> None:
     # a VM shows "Intel(R) Xeon(R) Processor" for every generation: two AMX hosts measured 1.17x and 1.43x apart
     block = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"

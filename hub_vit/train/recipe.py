@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from hub_vit.cpu_cores import usable_cores
 from hub_vit.data_config import GOOGLE_EVAL, DataConfig
 
 Precision = Literal["auto", "fp32", "bf16"]
@@ -37,13 +37,10 @@ class SettingError(ValueError):
 
 
 def default_workers() -> int:
-    """4 data-loading workers, but no more than the CPUs this process may run on: torch warns when a loader has more
-    workers than that, and they would only compete with the training threads. The count does not change results."""
-    try:
-        cpus = len(os.sched_getaffinity(0))  # honours taskset / cgroup CPU sets; Linux only
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(MAX_DEFAULT_WORKERS, cpus))
+    """4 data-loading workers, but no more than the cores this process may keep busy (`hub_vit.cpu_cores`: its
+    affinity mask, capped by its CPU quota): torch warns when a loader has more workers than it may run on, and they
+    would only compete with the training threads. The count does not change results."""
+    return max(1, min(MAX_DEFAULT_WORKERS, usable_cores()))
 
 
 @dataclass(frozen=True)

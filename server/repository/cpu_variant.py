@@ -22,7 +22,6 @@ those units (`openvino-bf16`) and int8 on VNNI / AMX-INT8 (`openvino-int8`, `ope
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 import tempfile
 import time
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hub_vit.cpu_cores import usable_cores
 from hub_vit.export import registry
 from hub_vit.host import Host, this_host
 from hub_vit.openvino_runtime import OpenVINOSession, ir_files, served_model
@@ -121,7 +121,7 @@ def select(module: Any, requested: str, check: VerificationSet, *, batch: int, t
     check_cpu_variant(requested)
     host = host or this_host()
     names, left_out = candidates(host) if requested == AUTO else ([requested], {})
-    threads = threads or _cores()
+    threads = threads or usable_cores()
     tmp = tempfile.TemporaryDirectory(prefix=".cpu-variant-", dir=work_dir)
     try:
         plan = ExportPlan(tuple(names), optional=frozenset(names) if requested == AUTO else frozenset(),
@@ -199,7 +199,7 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
     # the model's own held-out images when its folder names some (top-1 judged on them), else photos
     check = verification_set(source, n_random=8, n_photos=24, n_calibration=32, seed=0)
     host = this_host()
-    threads = threads or _cores()
+    threads = threads or usable_cores()
     key = variant_cache.cache_key(module, requested, check, batch=batch, threads=threads, flags=host.flags,
                                   token_means=with_token_means, weights=source.weights_digest)
     cached = _from_cache(key, target)
@@ -244,10 +244,6 @@ def _place(files: list[Path], target: Path) -> None:
             shutil.copyfile(src, dst)
     else:
         shutil.copyfile(files[0], target)
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _numbers(verification: dict[str, Any] | None) -> dict[str, Any] | None:

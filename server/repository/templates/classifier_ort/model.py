@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
-from domain_outputs import DomainOutputs  # these six: copied beside this file by hub-vit repository
+from cpu_cores import usable_cores  # these seven: copied beside this file by hub-vit repository
+from domain_outputs import DomainOutputs
 from imageprep import Preprocess
 from openvino_runtime import OpenVINOSession, served_model  # imports openvino only when a session is built
 from stub_gc import freeze_loaded
@@ -40,10 +41,11 @@ from triton_errors import request_error
 
 
 def _threads(setting: str, config: dict) -> int:
-    """'all': every core this process may run on; 'share': those cores divided among this model's instances; else a
-    count. Cores come from the CPU affinity mask, not `os.cpu_count()`, so a server confined to some cores (a
-    cpuset-limited container, `taskset`) does not start more ORT threads than it has cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """'all': every core this process may keep busy; 'share': those cores divided among this model's instances; else
+    a count. Cores come from the CPU affinity mask capped by the CPU quota (`cpu_cores`), not `os.cpu_count()`, so a
+    server confined to some cores (a cpuset, `taskset`) or to a share of them (`docker run --cpus`, a Kubernetes CPU
+    limit) does not start more ORT threads than it may run."""
+    cores = usable_cores()
     if setting == "all":
         return cores
     if setting == "share":

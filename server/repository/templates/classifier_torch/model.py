@@ -33,10 +33,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import imageprep  # these six: copied beside this file by hub-vit repository
+import imageprep  # these seven: copied beside this file by hub-vit repository
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
+from cpu_cores import usable_cores
 from domain_outputs import DomainOutputs
 from imageprep import BadImageError, Preprocess
 from stub_gc import CollectionClock, freeze_loaded
@@ -46,17 +47,13 @@ from triton_errors import client_error, request_error
 PHASE_LOG = "HUB_VIT_PHASE_LOG"
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def _share(setting: str, config: dict) -> int:
     """'0': this process's cores divided among the model's instances (each decodes while another computes); else a
     count."""
     if int(setting) > 0:
         return int(setting)
     instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
-    return max(1, _cores() // instances)
+    return max(1, usable_cores() // instances)
 
 
 def runner_settings(params: dict[str, str], args: dict) -> dict:
