@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from hub_vit.cpu_cores import cpu_quota
+from hub_vit.cgroup_limits import cpu_quota
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "numpy", "onnxruntime")  # every script's results depend on these

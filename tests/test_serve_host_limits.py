@@ -260,3 +260,55 @@ def test_a_short_hard_limit_is_warned_about_with_a_cap_that_fits_it() -> None:
     finally:
         fits.stop()
     assert int(warned["fits"]) > 0 and "warning" not in started, started
+
+
+def _write(path: Path, value: object) -> None:
+    path.write_text(str(value))
+
+
+def test_the_oom_killer_ends_the_server_not_serve_and_is_named_with_the_containers_limit(tmp_path: Path) -> None:
+    # was: serve, the largest process (the exported model's torch), was the OOM killer's victim, and the whole service
+    # ended; a stub's death read "killed, e.g. by the OOM killer, or crashed": a guess, without the limit reached
+    group = Path("/sys/fs/cgroup/memory") / f"hub-vit-test-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    try:
+        group.mkdir()
+    except OSError as err:
+        pytest.skip(f"cannot make a cgroup v1 memory group here: {err}")
+    huge = tmp_path / "huge.png"  # 0.1 MB on the wire, 105 MB of pixels once decoded (35 MP: under --max-pixels)
+    Image.new("RGB", (7000, 5000), (120, 30, 200)).save(huge)
+    serve = Serve(preexec=lambda: _write(group / "cgroup.procs", os.getpid()))  # serve and its children in `group`
+    try:
+        serve.wait_for("metrics")
+        adjusted = {pid: int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+                    for pid in (serve.tritonserver_pid(), *serve.stubs())}
+        limit = int((group / "memory.usage_in_bytes").read_text()) + (48 << 20)  # room for the request, not the image
+        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):  # memsw: where swap is accounted
+            if (group / name).exists():
+                _write(group / name, limit)
+        refused = _classify_at(serve.ports[0], huge)
+        said = " ".join(serve.wait_for("OOM killer", timeout_s=60).split())
+        for name in ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes"):
+            if (group / name).exists():
+                _write(group / name, -1)  # the replacement server loads with room again
+        serve.wait_for("serving again", timeout_s=120)
+        assert serve.classify() == expected_digits()
+    finally:
+        serve.stop()
+        for _ in range(100):  # its processes leave the group as they are reaped
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    assert set(adjusted.values()) == {1000}, adjusted  # the server and its stubs go before serve
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    gib = f"{limit / (1 << 30):.1f} GiB"
+    assert re.search(rf"(stub of model instance .* died \(|tritonserver was ended: )the kernel's OOM killer ended it: "
+                     rf"this container's memory limit \({re.escape(gib)}: docker run --memory, a Kubernetes memory "
+                     r"limit\) was reached; give the server more memory, or serve with fewer instances "
+                     r"\(--instances\) or smaller batches \(--max-batch-size\)", said), said
+
+
+def _classify_at(http_port: int, image: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "classify", "--url", f"127.0.0.1:{http_port}", str(image)], capture_output=True,
+                          text=True, timeout=120)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,16 +42,23 @@ def live_stubs(group: int) -> dict[int, str]:
 
 class Serve:
     """`hub-vit serve` (the default model) in a subprocess on free ports; its output lines read as they come.
-    `open_files`: its (soft, hard) limit on open files (RLIMIT_NOFILE), else this process's."""
+    `open_files`: its (soft, hard) limit on open files (RLIMIT_NOFILE), else this process's; `preexec`: run in the
+    child before serve starts (it may place it in a cgroup)."""
 
-    def __init__(self, *args: str, open_files: tuple[int, int] | None = None) -> None:
+    def __init__(self, *args: str, open_files: tuple[int, int] | None = None,
+                 preexec: Callable[[], None] | None = None) -> None:
         self.ports = [free_port() for _ in range(3)]
         command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet", "--http-port",
                    str(self.ports[0]), "--grpc-port", str(self.ports[1]), "--metrics-port", str(self.ports[2]),
                    "--exit-timeout", "10", *args]
-        limit = None if open_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
+        def before_exec() -> None:
+            if open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
+            if preexec is not None:
+                preexec()
+
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        preexec_fn=limit)
+                                        preexec_fn=before_exec)
         self.lines: queue.Queue[str] = queue.Queue()
         self.text = ""
         threading.Thread(target=self._read, daemon=True).start()

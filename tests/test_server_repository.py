@@ -85,7 +85,7 @@ def test_cpu_repository_configs_follow_metadata(tmp_path, onnx_file, meta):
     # an .onnx file has no out-of-domain statistics: the step has the code, not domain.safetensors (unknown)
     assert files == {"model.py", "imageprep.py", "image_modes.py", "image_formats.py", "topk.py", "triton_errors.py",
                      "model.onnx", "labels.txt", "openvino_runtime.py", "protocol.py", "domain_outputs.py",
-                     "domain_score.py", "stub_gc.py", "cpu_cores.py"}
+                     "domain_score.py", "stub_gc.py", "cgroup_limits.py"}
     assert config.parameters["domain_file"].string_value == "domain.safetensors"
     assert (repo / "vit_classifier/1/labels.txt").read_text().splitlines() == list(meta.labels)
     warm = (repo / "vit_classifier/warmup/image").read_bytes()

@@ -74,7 +74,7 @@ def torch_repo(model_folder, tmp_path_factory) -> Path:
 # -- the repository -----------------------------------------------------------------------------------------------
 def test_torch_repository_carries_the_model_folders_own_weights(torch_repo, model_folder):
     step = torch_repo / "vit_classifier" / "1"
-    assert sorted(p.name for p in step.iterdir()) == ["cpu_cores.py", "domain.safetensors", "domain_outputs.py",
+    assert sorted(p.name for p in step.iterdir()) == ["cgroup_limits.py", "domain.safetensors", "domain_outputs.py",
                                                       "domain_score.py", "image_formats.py", "image_modes.py",
                                                       "imageprep.py",
                                                       "labels.txt", "model", "model.py", "protocol.py",

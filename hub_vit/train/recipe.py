@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from hub_vit.cpu_cores import usable_cores
+from hub_vit.cgroup_limits import usable_cores
 from hub_vit.data_config import GOOGLE_EVAL, DataConfig
 
 Precision = Literal["auto", "fp32", "bf16"]
@@ -37,7 +37,7 @@ class SettingError(ValueError):
 
 
 def default_workers() -> int:
-    """4 data-loading workers, but no more than the cores this process may keep busy (`hub_vit.cpu_cores`: its
+    """4 data-loading workers, but no more than the cores this process may keep busy (`hub_vit.cgroup_limits`: its
     affinity mask, capped by its CPU quota): torch warns when a loader has more workers than it may run on, and they
     would only compete with the training threads. The count does not change results."""
     return max(1, min(MAX_DEFAULT_WORKERS, usable_cores()))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hub_vit.cpu_cores import usable_cores
+from hub_vit.cgroup_limits import usable_cores
 
 MAX_PROCESSES = 64
 CORES_PER_PROCESS = 4  # the default: one front process per 4 cores (the rest serve Triton and its stubs), 1 to 4
 
 
 def default_processes() -> int:
-    """One front process per `CORES_PER_PROCESS` cores this process may keep busy (`hub_vit.cpu_cores`), at least 1
+    """One front process per `CORES_PER_PROCESS` cores this process may keep busy (`hub_vit.cgroup_limits`), at least 1
     and at most 4: at about 0.1 ms of CPU per request, one process relays some 10,000 requests/s, and Triton needs the
     other cores to answer them (docs/serving.md, "The front's cost")."""
     return min(4, max(1, usable_cores() // CORES_PER_PROCESS))

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hub_vit.cpu_cores import usable_cores
+from hub_vit.cgroup_limits import usable_cores
 from hub_vit.export import registry
 from hub_vit.host import Host, this_host
 from hub_vit.openvino_runtime import OpenVINOSession, ir_files, served_model

@@ -145,13 +145,13 @@ def _server_files(meta: ServingMetadata, opts: ServingOptions, model_file: str,
         files[f"{cls}/config.pbtxt"] = render(cpu_classifier_config(meta, opts, model_file,
                                                                     compute_bound=compute_bound, rollout=rollout))
         explaining = {"explained.py": "classifier_ort", "served_rollout.py": "common"} if rollout is not None else {}
-        return files | _templates(cls, {"model.py": "classifier_ort", "topk.py": "common", "cpu_cores.py": PACKAGE,
+        return files | _templates(cls, {"model.py": "classifier_ort", "topk.py": "common", "cgroup_limits.py": PACKAGE,
                                         "openvino_runtime.py": PACKAGE, **decoding, **domain, **explaining})
     if opts.flavour == "torch":
         files[f"{cls}/config.pbtxt"] = render(torch_classifier_config(meta, opts, model_file, rollout=rollout))
         explaining = {"served_rollout.py": "common"} if rollout is not None else {}
-        return files | _templates(cls, {"model.py": "classifier_torch", "topk.py": "common", "cpu_cores.py": PACKAGE,
-                                        **decoding, **domain, **explaining})
+        return files | _templates(cls, {"model.py": "classifier_torch", "topk.py": "common",
+                                        "cgroup_limits.py": PACKAGE, **decoding, **domain, **explaining})
     pre, post = opts.step("preprocess"), opts.step("postprocess")
     files[f"{pre}/config.pbtxt"] = render(preprocess_config(meta, opts))
     files |= _templates(pre, {"model.py": "preprocess", **decoding})
@@ -165,7 +165,7 @@ def _templates(step: str, files: dict[str, str]) -> dict[str, Path]:
     """{file: template} -> {`<step>/1/<file>`: the packaged template file}, where the Python backend imports it;
     templates PACKAGE and SERVER_PACKAGE are hub_vit's own modules of that name (`protocol.py`: the facts the steps
     write and clients read; `image_modes.py`, `image_formats.py`: one copy of the image-mode rules and of the formats
-    decoded; `cpu_cores.py`: the cores a step's thread pools may keep busy; `openvino_runtime.py`: the session that
+    decoded; `cgroup_limits.py`: the cores a step's thread pools may keep busy; `openvino_runtime.py`: the session that
     verified and timed an OpenVINO variant is the one that serves it; `domain_score.py`: the out-of-domain score the
     folder's statistics were fitted for)."""
     return {f"{step}/1/{file}": (_package_dir(template) if template in (PACKAGE, SERVER_PACKAGE)

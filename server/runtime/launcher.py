@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from hub_vit.cgroup_limits import oom_kills
 from hub_vit.ports import (
     GRPC_PORT,
     HTTP_PORT,
@@ -43,11 +44,12 @@ from hub_vit.ports import (
 from hub_vit.server.runtime.api_access import CONTROL_HEADER, restricted_api_args
 from hub_vit.server.runtime.port_claims import recent_claims
 from hub_vit.server.runtime.processes import (
-    die_with_parent,
     exit_description,
     is_stub,
     kill_process_group,
     live_processes,
+    oom_killed,
+    server_child_setup,
     stub_instance,
 )
 from hub_vit.server.runtime.stub_env import StubEnvironment, stub_environment
@@ -153,6 +155,7 @@ class TritonServer:
         self.control_key = secrets.token_hex(16)
         self.reachable = False  # it opened its HTTP or gRPC endpoint: clients could reach it (supervisor.py)
         self.stub_environment: StubEnvironment | None = None  # the stubs' Python environment, once started
+        self.oom_kills_at_start: int | None = None  # this cgroup's OOM kills when it started (`wait` names a new one)
 
     # -- endpoints ------------------------------------------------------------------------------------------------
     @property
@@ -221,9 +224,10 @@ class TritonServer:
             shutil.rmtree(self._workspace, ignore_errors=True)
             self._workspace = None
             raise
+        self.oom_kills_at_start = oom_kills()
         self.process = subprocess.Popen(
             self.command(install, backends), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-            cwd=self._workspace, preexec_fn=die_with_parent,
+            cwd=self._workspace, preexec_fn=server_child_setup,
             start_new_session=True,  # Ctrl-C reaches only us; we forward one SIGTERM, so the drain starts once
         )
         self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
@@ -390,15 +394,19 @@ class TritonServer:
                 code = None
             if code is not None:
                 self._reap()
-                return None if stopping.is_set() else f"tritonserver {exit_description(code)}"
+                if stopping.is_set():
+                    return None
+                oom = oom_killed(self.oom_kills_at_start) if code == -signal.SIGKILL else None
+                return f"tritonserver was ended: {oom}" if oom else f"tritonserver {exit_description(code)}"
             if stopping.is_set():
                 continue  # draining: stubs end on their own
             alive = self.stubs()
             dead = sorted(set(stubs) - set(alive))
             if dead and not stopping.is_set():
                 names = ", ".join(f"'{stubs[pid]}' (pid {pid})" for pid in dead)
-                return (f"the Python-backend stub of model instance {names} died (killed, e.g. by the OOM killer, or "
-                        "crashed); Triton does not restart it and fails every request sent to that instance")
+                how = oom_killed(self.oom_kills_at_start) or "killed, e.g. by the OOM killer, or crashed"
+                return (f"the Python-backend stub of model instance {names} died ({how}); Triton does not restart "
+                        "it and fails every request sent to that instance")
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.process is None else self

@@ -8,6 +8,8 @@ import os
 import signal
 from pathlib import Path
 
+from hub_vit.cgroup_limits import memory_limit, oom_kills
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -20,10 +22,24 @@ def kill_process_group(pgid: int) -> None:
         pass  # nothing left: the normal case after a clean drain
 
 
-def die_with_parent() -> None:  # runs in the child before exec: no orphaned server if the parent is killed
+# tritonserver's and its stubs' oom_score_adj (inherited by the stubs): under memory pressure the kernel ends them
+# before serve, which replaces them. serve itself is the largest process (the exported model's torch is loaded in
+# it: 800 MB for the shipped model), so without this the OOM killer ended serve, and with it the whole service, for
+# a stub decoding a huge image; 500 was not enough (it weighs half the limit, and serve held more than that).
+SERVER_OOM_SCORE_ADJ = 1000
+
+
+def server_child_setup() -> None:
+    """Runs in tritonserver's process before exec: it dies with its parent (no orphaned server if serve is killed),
+    and it and its stubs are the OOM killer's victims before serve (only ever raised: a process may not lower it)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
+        pass
+    try:
+        adj = Path("/proc/self/oom_score_adj")
+        adj.write_text(str(max(int(adj.read_text()), SERVER_OOM_SCORE_ADJ)))
+    except (OSError, ValueError):
         pass
 
 
@@ -40,6 +56,20 @@ def exit_description(code: int) -> str:
                       "extension for the STRING output `labels`)",
             "SIGSEGV": " (a crash inside Triton or a backend)"}.get(name, "")
     return f"was killed by {name}{hint}"
+
+
+def oom_killed(kills_before: int | None) -> str | None:
+    """How the kernel ended a process of this server, when the OOM killer has ended one of this cgroup's processes
+    since `kills_before` (`cgroup_limits.oom_kills()` when the server started): the cgroup's memory limit reached,
+    or the machine's memory; None otherwise (a SIGKILL from elsewhere, a crash)."""
+    kills = oom_kills()
+    if kills_before is None or kills is None or kills <= kills_before:
+        return None
+    limit = memory_limit()
+    reached = (f"this container's memory limit ({limit / (1 << 30):.1f} GiB: docker run --memory, a Kubernetes memory "
+               "limit) was reached" if limit is not None else "the machine ran out of memory")
+    return (f"the kernel's OOM killer ended it: {reached}; give the server more memory, or serve with fewer "
+            "instances (--instances) or smaller batches (--max-batch-size)")
 
 
 def live_processes(pgid: int | None = None) -> dict[int, str]:

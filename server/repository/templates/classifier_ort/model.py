@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
-from cpu_cores import usable_cores  # these seven: copied beside this file by hub-vit repository
+from cgroup_limits import usable_cores  # these seven: copied beside this file by hub-vit repository
 from domain_outputs import DomainOutputs
 from imageprep import Preprocess
 from openvino_runtime import OpenVINOSession, served_model  # imports openvino only when a session is built
@@ -42,7 +42,7 @@ from triton_errors import request_error
 
 def _threads(setting: str, config: dict) -> int:
     """'all': every core this process may keep busy; 'share': those cores divided among this model's instances; else
-    a count. Cores come from the CPU affinity mask capped by the CPU quota (`cpu_cores`), not `os.cpu_count()`, so a
+    a count. Cores come from the CPU affinity mask capped by the CPU quota (`cgroup_limits`), not `os.cpu_count()`, so a
     server confined to some cores (a cpuset, `taskset`) or to a share of them (`docker run --cpus`, a Kubernetes CPU
     limit) does not start more ORT threads than it may run."""
     cores = usable_cores()

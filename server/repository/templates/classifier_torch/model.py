@@ -37,7 +37,7 @@ import imageprep  # these seven: copied beside this file by hub-vit repository
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
-from cpu_cores import usable_cores
+from cgroup_limits import usable_cores
 from domain_outputs import DomainOutputs
 from imageprep import BadImageError, Preprocess
 from stub_gc import CollectionClock, freeze_loaded

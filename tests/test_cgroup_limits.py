@@ -1,10 +1,12 @@
-"""`hub_vit.cpu_cores`: the cores a process may keep busy, capped by its cgroup's CPU quota.
+"""`hub_vit.cgroup_limits`: the cores a process may keep busy, capped by its cgroup's CPU quota; its memory limit and
+the OOM killer's count of its cgroup's processes.
 
 Emulated hosts lay out /proc/self/cgroup, /proc/self/mountinfo and the cgroup files as the kernel documents them
 (Documentation/admin-guide/cgroup-v2.rst: `cpu.max` is "$MAX $PERIOD", "max" when unlimited; cgroup v1's CFS
-bandwidth: `cpu.cfs_quota_us`, -1 when unlimited, over `cpu.cfs_period_us`), with the values Docker writes for
-`docker run --cpus 1.5` (150000 over 100000). Where this machine lets a test make a cgroup v1 CPU group, a real
-quota is also read by a process placed in it.
+bandwidth: `cpu.cfs_quota_us`, -1 when unlimited, over `cpu.cfs_period_us`; `memory.max` / `memory.events` and v1's
+`memory.limit_in_bytes` / `memory.oom_control`), with the values Docker writes for `docker run --cpus 1.5` (150000
+over 100000). Where this machine lets a test make cgroup v1 groups, a real quota is read by a process placed in one,
+and a real OOM kill is counted in another.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_vit.cpu_cores import cpu_quota, usable_cores
+from hub_vit.cgroup_limits import cpu_quota, memory_limit, oom_kills, usable_cores
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -92,19 +94,59 @@ def test_no_quota_leaves_the_affinity_mask(tmp_path: Path) -> None:
     assert cpu_quota(tmp_path / "nothing") is None  # no /proc either (not Linux)
 
 
-def test_a_real_cgroup_v1_quota_is_read_by_a_process_in_it() -> None:
-    group = Path("/sys/fs/cgroup/cpu") / f"hub-vit-test-{uuid.uuid4().hex[:8]}"
+def _v1_group(controller: str) -> Path:
+    group = Path("/sys/fs/cgroup") / controller / f"hub-vit-test-{uuid.uuid4().hex[:8]}"
     try:
         group.mkdir()
-        (group / "cpu.cfs_quota_us").write_text("50000")  # half a CPU per 100 ms period
     except OSError as err:
-        pytest.skip(f"cannot make a cgroup v1 CPU group here: {err}")
+        pytest.skip(f"cannot make a cgroup v1 {controller} group here: {err}")
+    return group
+
+
+def test_a_real_cgroup_v1_quota_is_read_by_a_process_in_it() -> None:
+    group = _v1_group("cpu")
     try:
+        (group / "cpu.cfs_quota_us").write_text("50000")  # half a CPU per 100 ms period
         script = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid()))\n"  # into the group, then read
-                  "from hub_vit.cpu_cores import cpu_quota, usable_cores; print(cpu_quota(), usable_cores())")
+                  "from hub_vit.cgroup_limits import cpu_quota, usable_cores; print(cpu_quota(), usable_cores())")
         placed = subprocess.run([sys.executable, "-c", script, str(group / "cgroup.procs")], capture_output=True,
                                 text=True, timeout=60)
         assert placed.returncode == 0, placed.stderr
         assert placed.stdout.split() == ["0.5", "1"], placed.stdout
+    finally:
+        group.rmdir()
+
+
+def test_memory_limit_and_oom_kills_on_cgroup_v2_and_v1(tmp_path: Path) -> None:
+    v2 = _host(tmp_path / "v2", "0::/pod/box\n", V2_MOUNT, {
+        "sys/fs/cgroup/pod/memory.max": "2147483648\n",  # the pod: 2 GiB
+        "sys/fs/cgroup/pod/box/memory.max": "max\n",
+        "sys/fs/cgroup/pod/box/memory.events": "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"})
+    assert memory_limit(v2) == 2 << 30 and oom_kills(v2) == 2
+    v1 = _host(tmp_path / "v1", "5:memory:/docker/abc\n",
+               "35 31 0:32 /docker/abc /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n", {
+                   "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",  # v1's "no limit"
+                   "sys/fs/cgroup/memory/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n"})
+    assert memory_limit(v1) is None and oom_kills(v1) == 1
+    assert memory_limit(tmp_path / "nothing") is None and oom_kills(tmp_path / "nothing") is None
+
+
+def test_a_real_oom_kill_in_a_cgroup_v1_group_is_counted_with_its_limit() -> None:
+    group = _v1_group("memory")
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(64 << 20))
+        if (group / "memory.memsw.limit_in_bytes").exists():  # swap accounting on: no swapping out of the limit
+            (group / "memory.memsw.limit_in_bytes").write_text(str(64 << 20))
+        script = ("import subprocess, sys; open(sys.argv[1], 'w').write(str(__import__('os').getpid()))\n"
+                  "from hub_vit.cgroup_limits import memory_limit, oom_kills\n"
+                  "before = oom_kills()\n"
+                  "hog = subprocess.run([sys.executable, '-c', 'b = bytearray(256 << 20); b[::4096] = b\"x\" * "
+                  "len(b[::4096])'])\n"
+                  "print(before, oom_kills(), memory_limit(), hog.returncode)")
+        placed = subprocess.run([sys.executable, "-c", script, str(group / "cgroup.procs")], capture_output=True,
+                                text=True, timeout=120)
+        assert placed.returncode == 0, placed.stderr
+        before, after, limit, hog = placed.stdout.split()
+        assert (int(before), int(after), int(limit), int(hog)) == (0, 1, 64 << 20, -9)  # SIGKILL, and counted
     finally:
         group.rmdir()
