@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 NO_V1_LIMIT = 1 << 62  # cgroup v1 reports "no memory limit" as a page-rounded LONG_MAX
 
 
@@ -35,16 +36,20 @@ def usable_cores(root: str | Path = "/") -> int:
 def cpu_quota(root: str | Path = "/") -> float | None:
     """The CPUs this process's cgroup and its ancestors allow it per period (CFS quota / period: 1.5 for
     `docker run --cpus 1.5`), the smallest along the way; None when none is set or nothing can be read."""
-    limits = [limit for version, folders in cgroup_folders("cpu", root) for folder in folders
-              if (limit := _read(folder, version, _v2_quota, _v1_quota)) is not None]
-    return min(limits) if limits else None
+    return _tightest("cpu", root, _v2_quota, _v1_quota)
 
 
 def memory_limit(root: str | Path = "/") -> int | None:
     """The bytes of memory this process's cgroup and its ancestors allow it (`docker run --memory`, a Kubernetes
     memory limit), the smallest along the way; None when none is set or nothing can be read."""
-    limits = [limit for version, folders in cgroup_folders("memory", root) for folder in folders
-              if (limit := _read(folder, version, _v2_memory, _v1_memory)) is not None]
+    return _tightest("memory", root, _v2_memory, _v1_memory)
+
+
+def _tightest(controller: str, root: str | Path, v2: Callable[[Path], N | None],
+              v1: Callable[[Path], N | None]) -> N | None:
+    """The smallest limit `v2` / `v1` read in this process's cgroup of `controller` and those above it."""
+    limits = [limit for version, folders in cgroup_folders(controller, root) for folder in folders
+              if (limit := _read(folder, version, v2, v1)) is not None]
     return min(limits) if limits else None
 
 

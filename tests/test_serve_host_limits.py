@@ -274,14 +274,19 @@ def test_the_oom_killer_ends_the_server_not_serve_and_is_named_with_the_containe
         group.mkdir()
     except OSError as err:
         pytest.skip(f"cannot make a cgroup v1 memory group here: {err}")
-    huge = tmp_path / "huge.png"  # 0.1 MB on the wire, 105 MB of pixels once decoded (35 MP: under --max-pixels)
-    Image.new("RGB", (7000, 5000), (120, 30, 200)).save(huge)
-    serve = Serve(preexec=lambda: _write(group / "cgroup.procs", os.getpid()))  # serve and its children in `group`
+    huge = tmp_path / "huge.png"  # 0.4 MB on the wire, 450 MB of pixels once decoded (150 MP, under --max-pixels)
+    Image.new("RGB", (15000, 10000), (120, 30, 200)).save(huge)
+    serve = Serve("--max-pixels", "160000000", preexec=lambda: _write(group / "cgroup.procs", os.getpid()))
     try:
         serve.wait_for("metrics")
         adjusted = {pid: int(Path(f"/proc/{pid}/oom_score_adj").read_text())
                     for pid in (serve.tritonserver_pid(), *serve.stubs())}
-        limit = int((group / "memory.usage_in_bytes").read_text()) + (48 << 20)  # room for the request, not the image
+        # Room for the request, not the image. The OOM killer weighs a process by its RSS, plus the limit for
+        # oom_score_adj 1000: the limit must pass serve's RSS, whose shared libraries' pages were charged to whichever
+        # group first read them (in a container, to the container's: here, perhaps not to `group`).
+        serve_rss = int(next(line.split()[1] for line in Path(f"/proc/{serve.process.pid}/status").read_text()
+                             .splitlines() if line.startswith("VmRSS:"))) << 10
+        limit = max(int((group / "memory.usage_in_bytes").read_text()) + (48 << 20), serve_rss + (64 << 20))
         for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):  # memsw: where swap is accounted
             if (group / name).exists():
                 _write(group / name, limit)
@@ -294,6 +299,11 @@ def test_the_oom_killer_ends_the_server_not_serve_and_is_named_with_the_containe
         assert serve.classify() == expected_digits()
     finally:
         serve.stop()
+        for pid in (group / "cgroup.procs").read_text().split():  # what a killed serve could not stop
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for _ in range(100):  # its processes leave the group as they are reaped
             try:
                 group.rmdir()

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from hub_vit.cgroup_limits import usable_cores
 
 MAX_PROCESSES = 64
+# per client connection of a front process's share: one on each protocol, and one more for HTTP over the cap
+DESCRIPTORS_PER_CONNECTION = 3
+OWN_DESCRIPTORS = 64  # listeners, control socket, event loop, log
 CORES_PER_PROCESS = 4  # the default: one front process per 4 cores (the rest serve Triton and its stubs), 1 to 4
 
 
@@ -60,12 +63,16 @@ class FrontLimits:
         """The file descriptors one front process may need: its share of the connection cap on each protocol, as many
         again for HTTP connections over the cap (kept open, for 1 s, in case they carry a health probe), its
         connections to Triton on each protocol, and a few of its own (listeners, control socket, loop)."""
-        return 3 * self.share(self.max_connections) + 2 * self.upstream_connections + 64
+        return DESCRIPTORS_PER_CONNECTION * self.share(self.max_connections) + self._fixed_descriptors
 
     def connections_within(self, descriptors: int) -> int:
         """The largest `max_connections` whose `descriptors` per process fit in `descriptors` (0: none)."""
-        per_process = (descriptors - 2 * self.upstream_connections - 64) // 3
+        per_process = (descriptors - self._fixed_descriptors) // DESCRIPTORS_PER_CONNECTION
         return max(per_process, 0) * self.processes
+
+    @property
+    def _fixed_descriptors(self) -> int:  # one front process's own, whatever its client connections
+        return 2 * self.upstream_connections + OWN_DESCRIPTORS
 
     @property
     def grpc_receive_bytes(self) -> int:

@@ -70,17 +70,14 @@ async def serve(control: socket.socket) -> None:
             await front.close()
 
 
-def raise_descriptor_limit(wanted: int) -> int:
+def raise_descriptor_limit(wanted: int) -> None:
     """Raise this process's soft limit on open files (RLIMIT_NOFILE) towards `wanted`, as far as its hard limit
-    allows, and return the soft limit now in force. A shell's soft limit is often 1,024: the OS would refuse the
-    front's connections, health probes included, long before `max_connections`. (serve warns when the hard limit is
-    short: `descriptor_shortfall`.)"""
+    allows. A shell's soft limit is often 1,024: the OS would refuse the front's connections, health probes included,
+    long before `max_connections`. (serve warns at its start when the hard limit is short.)"""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        return target
-    return soft
 
 
 def main() -> None:

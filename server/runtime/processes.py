@@ -26,20 +26,19 @@ def kill_process_group(pgid: int) -> None:
 # before serve, which replaces them. serve itself is the largest process (the exported model's torch is loaded in
 # it: 800 MB for the shipped model), so without this the OOM killer ended serve, and with it the whole service, for
 # a stub decoding a huge image; 500 was not enough (it weighs half the limit, and serve held more than that).
-SERVER_OOM_SCORE_ADJ = 1000
+SERVER_OOM_SCORE_ADJ = 1000  # the kernel's maximum: always first
 
 
 def server_child_setup() -> None:
     """Runs in tritonserver's process before exec: it dies with its parent (no orphaned server if serve is killed),
-    and it and its stubs are the OOM killer's victims before serve (only ever raised: a process may not lower it)."""
+    and it and its stubs are the OOM killer's victims before serve."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
     try:
-        adj = Path("/proc/self/oom_score_adj")
-        adj.write_text(str(max(int(adj.read_text()), SERVER_OOM_SCORE_ADJ)))
-    except (OSError, ValueError):
+        Path("/proc/self/oom_score_adj").write_text(str(SERVER_OOM_SCORE_ADJ))
+    except OSError:
         pass
 
 
