@@ -8,7 +8,8 @@ processes (worker.py), each binding both ports with SO_REUSEPORT. `front("http")
 
 A worker that dies (the OOM killer, a crash in a parser) is replaced within `WATCH_INTERVAL_S`: the new one is told
 the current upstream of each protocol, and drains at once if the front is draining; meanwhile the kernel hands the
-port's new connections to the workers still listening. Only a replacement that cannot start ends the front.
+port's new connections to the workers still listening (those queued on the dead worker's listener, not yet accepted,
+are reset: SO_REUSEPORT moves none of them). Only a replacement that cannot start ends the front.
 """
 
 from __future__ import annotations
