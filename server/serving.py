@@ -25,19 +25,24 @@ from hub_vit.server.runtime.supervisor import GaveUp, RestartPolicy, Supervisor,
 from hub_vit.server.runtime.workspace import shell_safe_tempdir
 
 
-def temporary_repository(source: Any, options: ServingOptions) -> Path:
-    """The Triton repository of `source` written into a new temporary folder whose path the Python-backend stub can
-    take ($TMPDIR unless its path has spaces or shell characters); nothing is left behind after an error or Ctrl-C
-    while exporting. ServerError: no usable temporary folder; ValueError: a bad model; OSError naming the temporary
-    folder it was written in (`filename`) when its disk refused the files (full, over quota). The caller removes it
-    with `remove_temporary_repository`."""
+def temporary_workdir() -> Path:
+    """A new temporary folder for `write_temporary_repository`, in a place the Python-backend stub can take ($TMPDIR
+    unless its path has spaces or shell characters, or is mounted noexec); ServerError: no usable one. Whoever made it
+    removes it (`remove_workdir`), whatever happened to the writing."""
+    return shell_safe_tempdir("hub-vit-serve-")
+
+
+def write_temporary_repository(source: Any, options: ServingOptions, workdir: Path) -> Path:
+    """The Triton repository of `source` written as `workdir/repository`; after an error, Ctrl-C or SIGTERM while
+    exporting, `workdir` itself is removed (its maker may be gone: `serve_build`'s child outlives a killed serve only
+    to clean up). ValueError: a bad model; OSError naming the temporary folder it was written in (`filename`) when
+    its disk refused the files (full, over quota)."""
     from hub_vit.server.repository.writer import write_repository
 
-    workdir = shell_safe_tempdir("hub-vit-serve-")
     try:
         return write_repository(source, workdir / "repository", options)
     except BaseException as exc:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_workdir(workdir)
         if isinstance(exc, OSError) and exc.errno in DISK_REFUSED_ERRNOS:
             # a write() refused for a full disk names no file: name the folder the user can make room in (or move
             # TMPDIR)
@@ -45,8 +50,8 @@ def temporary_repository(source: Any, options: ServingOptions) -> Path:
         raise
 
 
-def remove_temporary_repository(repository: Path) -> None:
-    shutil.rmtree(repository.parent, ignore_errors=True)
+def remove_workdir(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 @dataclass(frozen=True)

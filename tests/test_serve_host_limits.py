@@ -158,7 +158,7 @@ def test_a_dev_shm_too_small_for_the_first_pools_is_refused_before_triton_starts
     finally:
         serve.stop()
     said = " ".join(serve.output.split())
-    assert re.search(r"error: /dev/shm has [\d,]+ KiB free, less than the 2 MiB the 2 Python-backend model "
+    assert re.search(r"error: /dev/shm has [\d,]+ [KM]iB free, less than the 2 MiB the 2 Python-backend model "
                      r"instances take at their start \(1 MiB each\): the models would not load", said), serve.output
     assert "tritonserver" not in said and "Traceback" not in said
 

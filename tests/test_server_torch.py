@@ -283,21 +283,24 @@ def test_serve_takes_the_classifier_instances_as_repository_does(monkeypatch, tm
 def test_on_a_gpu_host_an_exported_file_is_served_by_onnx_runtime_on_the_cpu(monkeypatch, tmp_path):
     """`hub-vit serve model.onnx` where torch sees a GPU and --device is left to serve: the torch flavour cannot run an
     exported file, so serve says so and builds the CPU flavour's options (nothing exported or started here)."""
-    from types import SimpleNamespace
-
-    from hub_vit.cli import serve_run
-    from hub_vit.server import serving
+    from hub_vit.cli import serve_build
+    from hub_vit.cli.serve_build import Refused
 
     built: list = []
 
-    def temporary_repository(source, opts):
-        built.append(opts)
-        raise ValueError("stopped by the test before anything is written")
+    class Build:  # the child that would load and export: it takes the request and refuses it
+        def __init__(self, request):
+            built.append(request.options)
+
+        def loaded(self):
+            return Refused("stopped by the test before anything is loaded", 2)
+
+        def stop(self):
+            pass
 
     monkeypatch.setattr(device_module, "cuda_device_name", lambda: "NVIDIA H200")
-    monkeypatch.setattr(serve_run, "model_source", lambda model: SimpleNamespace(
-        module=None, engine_path=None, origin=str(tmp_path / "model.onnx"), name="model"))
-    monkeypatch.setattr(serving, "temporary_repository", temporary_repository)
+    monkeypatch.setattr(serve_build, "RepositoryBuild", Build)
+    (tmp_path / "model.onnx").write_bytes(b"not read here")
     code, output = _cli("serve", *PORTS, str(tmp_path / "model.onnx"))
     assert code != 0 and "stopped by the test" in output, output
     [opts] = built

@@ -103,11 +103,15 @@ def download_failed(exc: Exception, context: str = "") -> typer.Exit:
     """`error: <context><the download's message>` with its exit status: CANNOT_NOW without network (offline mode, no
     route, a timeout, the server's 5xx: retry, or download by hand as the message says), 1 when the download cache
     cannot be written, 2 for what was asked (a URL the server answers 404, a file that is not the catalog's)."""
+    return fail(f"{context}{exc}", code=download_status(exc))
+
+
+def download_status(exc: Exception) -> int:
+    """The exit status of a failed download (`download_failed`)."""
     from hub_vit.conversion.download import CacheNotWritableError, NetworkUnavailableError
 
-    code = CANNOT_NOW if isinstance(exc, NetworkUnavailableError) else 1 if isinstance(exc, CacheNotWritableError) \
+    return CANNOT_NOW if isinstance(exc, NetworkUnavailableError) else 1 if isinstance(exc, CacheNotWritableError) \
         else 2
-    return fail(f"{context}{exc}", code=code)
 
 
 def _print_version(value: bool) -> None:

@@ -10,22 +10,19 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import CANNOT_NOW, DISK_REFUSED_ERRNOS, console, err_console, fail
-from hub_vit.cli.serve_screen import Screen, example_image, start_demo
-from hub_vit.cli.serving_options import model_source, print_cpu_variant
+from hub_vit.cli.app import CANNOT_NOW, console, err_console, fail
+from hub_vit.cli.serve_screen import Screen, start_demo
+from hub_vit.cli.serving_options import model_reference, print_cpu_variant
 
 BUILD_STATUS = "exporting the model and writing the repository"
 VARIANTS_NOTE = (" (a compute-heavy model's first start on this host also builds, verifies and times its CPU variants: "
                  "minutes for a ViT-S; later starts reuse them)")
 
 
-def build_status(source: Any, opts: Any) -> str:
+def build_status(builds_variants: bool) -> str:
     """What serve shows while it writes the repository: the one long wait a first start can have says why, so that
     minutes of it do not look like a hang (the CPU flavour's variants of a compute-bound model, `cpu_variant.place`)."""
-    from hub_vit.server.repository.writer import compute_bound_model
-
-    builds_variants = opts.flavour == "cpu" and opts.cpu_variant != "fp32" and source.module is not None
-    return BUILD_STATUS + (VARIANTS_NOTE if builds_variants and compute_bound_model(source) else "")
+    return BUILD_STATUS + (VARIANTS_NOTE if builds_variants else "")
 
 
 class ServeRun:
@@ -39,42 +36,60 @@ class ServeRun:
         self.example = "IMAGE..."
 
     def build_and_serve(self, options_for: Callable[[Any], Any], device_defaulted: bool, flavour: str | None) -> None:
-        """Build the model's repository in a temporary folder (removed at the end), then serve it."""
+        """Build the model's repository in a temporary folder (removed at the end) by a child process, then serve it.
+        This process never loads the model (`serve_build`)."""
         from hub_vit.server.runtime.launcher import ServerError
-        from hub_vit.server.serving import remove_temporary_repository, temporary_repository
+        from hub_vit.server.serving import remove_workdir, temporary_workdir
 
-        opts = options_for(self.where)  # checked before the model is loaded
-        source = model_source(self.model)
-        if source.engine_path is not None:  # the local tritonserver has the Python backend only
-            raise fail(f"{escape(source.origin)} is a TensorRT engine, which the tritonserver `hub-vit serve` runs "
-                       "(Python backend only) cannot load; serve it from the GPU container: hub-vit repository OUT "
-                       f"--model {escape(source.origin)} --flavour gpu --gpu-backend tensorrt, then the Dockerfile's "
-                       "image (docs/serving.md, 'Dockerfile')")
-        if device_defaulted and self.where.device == "cuda" and source.module is None:  # an exported file: ORT
+        opts = options_for(self.where)  # checked before the model is looked at
+        ref = model_reference(self.model)
+        origin = ref.target  # an exported file's resolved path
+        if ref.kind == "engine":  # the local tritonserver has the Python backend only
+            raise fail(f"{escape(origin)} is a TensorRT engine, which the tritonserver `hub-vit serve` runs (Python "
+                       "backend only) cannot load; serve it from the GPU container: hub-vit repository OUT --model "
+                       f"{escape(origin)} --flavour gpu --gpu-backend tensorrt, then the Dockerfile's image "
+                       "(docs/serving.md, 'Dockerfile')")
+        if device_defaulted and self.where.device == "cuda" and ref.kind == "onnx":  # an exported file: ORT
             from hub_vit.server.runtime.device import choose_device
 
             self.where = choose_device("cpu", flavour)
             opts = options_for(self.where)
-            err_console.print(f"note: {escape(source.origin)} is an exported file, which the torch flavour cannot run; "
+            err_console.print(f"note: {escape(origin)} is an exported file, which the torch flavour cannot run; "
                               "serving it with ONNX Runtime on the CPU", soft_wrap=True)
-        self.example = example_image(source.origin)
-        console.print(f"building the Triton repository for [bold]{escape(source.name)}[/] "
-                      f"({escape(source.origin)})", soft_wrap=True)
         try:
-            with console.status(build_status(source, opts)):
-                repository = temporary_repository(source, opts)
-        except (ServerError, ValueError) as err:  # no usable temporary folder, a bad model; nothing is left behind
+            workdir = temporary_workdir()
+        except ServerError as err:  # no usable temporary folder
             raise fail(str(err)) from None
-        except OSError as err:  # the temporary folder's disk refused the repository: named by temporary_repository
-            if err.errno not in DISK_REFUSED_ERRNOS:
-                raise
-            raise fail(f"cannot write the Triton repository in the temporary folder {err.filename!r}: {err.strerror}; "
-                       "make room there, or set TMPDIR to a folder on a disk with room", code=1) from None
-        print_cpu_variant(repository)
         try:
+            repository = self._build(opts, workdir)
+            print_cpu_variant(repository)
             self.serve(repository, built=True)
         finally:
-            remove_temporary_repository(repository)
+            remove_workdir(workdir)
+
+    def _build(self, opts: Any, workdir: Path) -> Path:
+        """The repository written into `workdir` by the child, each phase shown here."""
+        from hub_vit.cli.serve_build import BuildFailed, BuildRequest, Refused, repository_build
+
+        try:
+            with repository_build(BuildRequest(self.model, opts, workdir)) as child:
+                with console.status("loading the model"):
+                    loaded = child.loaded()
+                if isinstance(loaded, Refused):
+                    raise fail(loaded.message, code=loaded.code)
+                self.example = loaded.example
+                console.print(f"building the Triton repository for [bold]{escape(loaded.name)}[/] "
+                              f"({escape(loaded.origin)})", soft_wrap=True)
+                with console.status(build_status(loaded.builds_variants)):
+                    built = child.result()
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM: the child has removed what it wrote
+            console.print("stopped while building the repository")
+            raise
+        except BuildFailed as err:
+            raise fail(f"building the repository failed: the process building it {err}", code=1) from None
+        if isinstance(built, Refused):
+            raise fail(built.message, code=built.code)
+        return built.repository
 
     def serve(self, repository: Path, *, built: bool) -> None:
         """Serve `repository` until stopped; `built`: serve built it from MODEL (the demo can show that model)."""

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import console, download_failed, fail
+from hub_vit.cli.app import console, download_status, fail
 from hub_vit.cli.app import in_flag_words as flag_words
 from hub_vit.export import registry
 from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, QUEUE_POLICY_FIELDS, ServingOptions
@@ -122,17 +122,39 @@ def in_flag_words(message: str, fields: Iterable[str]) -> str:
 
 
 def model_source(model: str | None) -> Any:
-    from hub_vit.conversion.download import DownloadError
     from hub_vit.resolve import resolve_model
 
     try:
         return resolve_model(model)
-    except DownloadError as err:  # a registered name whose checkpoint cannot be downloaded
-        raise download_failed(err, f"cannot load model {model!r}: ") from None
+    except Exception as err:
+        refusal = load_refusal(err, model)
+        if refusal is None:
+            raise
+        raise fail(*refusal) from None
+
+
+def model_reference(model: str | None) -> Any:
+    """What `model` names, checked without loading it (`resolve.locate`: torch is not imported)."""
+    from hub_vit.resolve import locate
+
+    try:
+        return locate(model)
     except (ValueError, KeyError, ImportError) as err:
         raise fail(str(err)) from None
-    except (OSError, RuntimeError) as err:  # e.g. weights that cannot be read
-        raise fail(f"cannot load model {model!r}: {err}", code=1) from None
+
+
+def load_refusal(err: Exception, model: str | None) -> tuple[str, int] | None:
+    """The message and exit status of a model that cannot be loaded (`resolve_model`'s error `err`); None for an
+    error that is not the model's (a bug: its traceback stays)."""
+    from hub_vit.conversion.download import DownloadError
+
+    if isinstance(err, DownloadError):  # a registered name whose checkpoint cannot be downloaded
+        return f"cannot load model {model!r}: {err}", download_status(err)
+    if isinstance(err, (ValueError, KeyError, ImportError)):
+        return str(err), 2
+    if isinstance(err, (OSError, RuntimeError)):  # e.g. weights that cannot be read
+        return f"cannot load model {model!r}: {err}", 1
+    return None
 
 
 def preferred(max_batch_size: int) -> tuple[int, ...]:

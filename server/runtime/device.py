@@ -5,6 +5,8 @@ Kept apart from `options` (no torch import there, so the CLI starts fast); torch
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,16 +26,39 @@ class DeviceChoice:
     description: str  # what it runs on, for the user: "cuda:0 (NVIDIA H100 80GB HBM3)" / "the CPU"
 
 
+# Run by the interpreter serve runs in: torch's own answer, in a process that ends right after it.
+_CUDA_PROBE = ("import torch\n"
+               "print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')")
+CUDA_PROBE_TIMEOUT_S = 300  # importing torch and initialising CUDA; a driver that hangs is named, not waited for
+
+
 def cuda_device_name() -> str | None:
     """`NVIDIA H100 80GB HBM3` for the first CUDA device torch sees, None without one (or without a CUDA torch).
-    Without an NVIDIA driver's device nodes torch is not even imported (a second saved at every start)."""
+
+    Asked in a child process: `hub-vit serve` never imports torch itself (the repository is built in a child too), so
+    the process that supervises for days does not hold torch's libraries and CUDA's state. Without an NVIDIA driver's
+    device nodes nothing is started. NoCudaDevice when the check itself fails (a crash in the driver, a hang)."""
     from hub_vit.server.runtime.triton_install import has_gpu
 
     if not has_gpu():
         return None
-    import torch
+    if "torch" in sys.modules:  # imported already (`hub-vit repository`, the demo): no second import to avoid
+        import torch
 
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    try:
+        probe = subprocess.run([sys.executable, "-c", _CUDA_PROBE], capture_output=True, text=True,
+                               stdin=subprocess.DEVNULL, timeout=CUDA_PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise NoCudaDevice(f"asking torch for a CUDA device did not finish within {CUDA_PROBE_TIMEOUT_S} s (a hung "
+                           "NVIDIA driver?); check `nvidia-smi`, or serve with --device cpu") from None
+    if probe.returncode != 0:
+        from hub_vit.server.runtime.processes import exit_description
+
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        raise NoCudaDevice(f"asking torch for a CUDA device failed: its process {exit_description(probe.returncode)} "
+                           f"({last}); check `nvidia-smi`, or serve with --device cpu")
+    return probe.stdout.strip() or None
 
 
 def choose_device(device: str | None, flavour: str | None = None) -> DeviceChoice:

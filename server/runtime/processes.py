@@ -23,19 +23,25 @@ def kill_process_group(pgid: int) -> None:
 
 
 # tritonserver's and its stubs' oom_score_adj (inherited by the stubs): under memory pressure the kernel ends them
-# before serve, which replaces them. serve itself is the largest process (the exported model's torch is loaded in
-# it: 800 MB for the shipped model), so without this the OOM killer ended serve, and with it the whole service, for
-# a stub decoding a huge image; 500 was not enough (it weighs half the limit, and serve held more than that).
+# before serve, which replaces them. Without it, the OOM killer could end serve, and with it the whole service, for a
+# stub decoding a huge image (a score's adjustment weighs a share of the whole limit: anything less than the maximum
+# can leave serve, with the demo's model loaded in it, ahead of a stub).
 SERVER_OOM_SCORE_ADJ = 1000  # the kernel's maximum: always first
+
+
+def die_with_parent() -> None:
+    """This process gets SIGTERM when its parent (the thread that started it) dies: no orphan is left working for a
+    serve that was killed outright."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
 
 
 def server_child_setup() -> None:
     """Runs in tritonserver's process before exec: it dies with its parent (no orphaned server if serve is killed),
     and it and its stubs are the OOM killer's victims before serve."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+    die_with_parent()
     try:
         Path("/proc/self/oom_score_adj").write_text(str(SERVER_OOM_SCORE_ADJ))
     except OSError:
