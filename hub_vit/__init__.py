@@ -9,12 +9,19 @@ with the transformers Auto classes: at once when timm / transformers is already 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
-from hub_vit import registration
-from hub_vit.catalog import DEFAULT_MODEL, MODELS, ModelEntry, Weights, default_model_folder, get_entry
-from hub_vit.variants import SIZES, ViTSpec, parse_variant
-from hub_vit.version import __version__
+# ONNX Runtime 1.29+ on Linux sends usage telemetry to Microsoft (mobile.events.data.microsoft.com) and keeps a device
+# id and an event cache in ~/.cache/Microsoft from the moment it is imported, unless this is set before; hub-vit's
+# exports, CPU variants, demo and served steps (templates/classifier_ort/model.py sets it too) do not phone home. A
+# value the user set is kept (0 keeps ONNX Runtime's default). docs/serving.md, "Telemetry".
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+from hub_vit import registration  # noqa: E402 (after the line above: nothing here may import onnxruntime first)
+from hub_vit.catalog import DEFAULT_MODEL, MODELS, ModelEntry, Weights, default_model_folder, get_entry  # noqa: E402
+from hub_vit.variants import SIZES, ViTSpec, parse_variant  # noqa: E402
+from hub_vit.version import __version__  # noqa: E402
 
 if TYPE_CHECKING:
     from hub_vit.folder import ModelFolderInfo, load_model_folder, save_model_folder

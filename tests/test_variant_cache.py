@@ -74,8 +74,28 @@ def test_a_cache_that_cannot_be_written_costs_only_the_reuse(tmp_path: Path, mon
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv(variant_cache.ENV, str(blocker / "cache"))
-    assert variant_cache.store(_key(), {"variant": "fp32"}, _graph(tmp_path)) is None
+    with pytest.raises(OSError) as refused:
+        variant_cache.store(_key(), {"variant": "fp32"}, _graph(tmp_path))
+    assert refused.value.filename == str(blocker / "cache")  # the folder to point elsewhere, not a staging file
     assert variant_cache.load(_key()) is None
+
+
+def test_a_build_whose_cache_cannot_be_written_says_each_start_will_build_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # under an arbitrary user id (OpenShift) ~/.cache is /.cache, which that user cannot write: every start built and
+    # timed the variants again, minutes each, and nothing said why
+    from hub_vit.server.repository.manifest import cpu_variant_line
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(variant_cache.ENV, str(blocker / "cache"))
+    repo = write_repository(resolve(None), tmp_path / "repo", ServingOptions(cpu_variant="int8-dynamic"))
+    recorded = json.loads((repo / MANIFEST).read_text())["cpu_variant"]
+    assert recorded["variant"] == "int8-dynamic" and recorded["cache"]["entry"] is None
+    assert recorded["cache"]["unwritable"] == f"{blocker / 'cache'}: Not a directory"
+    assert cpu_variant_line(repo).endswith(
+        f"; not kept for later starts: the variant cache '{blocker / 'cache'}' cannot be written (Not a directory), so "
+        "each start builds and times the variants again; set HUB_VIT_VARIANT_CACHE to a writable folder)")
 
 
 def test_the_key_follows_weights_host_libraries_criterion_and_request(monkeypatch: pytest.MonkeyPatch) -> None:

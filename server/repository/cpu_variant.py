@@ -209,12 +209,24 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
                                    host=host, with_token_means=with_token_means)
     try:
         files = ir_files(graph) if graph.suffix == ".xml" else [graph]
-        entry = variant_cache.store(key, selection.to_dict(), files)
-        selection.cache = {"hit": False, "entry": None if entry is None else str(entry)}
+        _keep(key, selection, files)
         _place(files, target)
     finally:
         tmp.cleanup()
     return selection
+
+
+def _keep(key: variant_cache.CacheKey, selection: CpuSelection, files: list[Path]) -> None:
+    """`selection` and its graph into the variant cache; one that cannot be written is said in the reason the start
+    prints (under an arbitrary user id, as OpenShift runs containers, `~/.cache` is `/.cache`: every start took minutes
+    again without a word)."""
+    try:
+        selection.cache = {"hit": False, "entry": str(variant_cache.store(key, selection.to_dict(), files))}
+    except OSError as err:
+        selection.cache = {"hit": False, "entry": None, "unwritable": f"{err.filename}: {err.strerror}"}
+        selection.reason += (f"; not kept for later starts: the variant cache {err.filename!r} cannot be written "
+                             f"({err.strerror}), so each start builds and times the variants again; set "
+                             f"{variant_cache.ENV} to a writable folder")
 
 
 def _from_cache(key: variant_cache.CacheKey, target: Path) -> CpuSelection | None:

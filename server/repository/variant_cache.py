@@ -164,25 +164,26 @@ def load(key: CacheKey, root: Path | None = None) -> tuple[dict[str, Any], list[
     return record["selection"], [entry / name for name in record["graph"]]
 
 
-def store(key: CacheKey, selection: dict[str, Any], graph: list[Path], root: Path | None = None) -> Path | None:
-    """Keep the chosen `graph` (its files) and the `selection` under `key`; returns the entry, or None when the cache
-    cannot be written (a read-only or full disk costs the next start its time, not this one its repository)."""
-    entry = (root or cache_root()) / key.name
+def store(key: CacheKey, selection: dict[str, Any], graph: list[Path], root: Path | None = None) -> Path:
+    """Keep the chosen `graph` (its files) and the `selection` under `key`; returns the entry. OSError naming the
+    cache's folder (`filename`) when it cannot be written (read-only, not this user's, full): nothing half-written is
+    left, and the caller goes on (it costs the next start its time, not this one its repository)."""
+    root = root or cache_root()
+    entry = root / key.name
+    staging = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = staging_dir(entry)
-    except OSError:
-        return None
-    try:
         for path in graph:
             shutil.copyfile(path, staging / path.name)
         body = {"key": key.parts, "selection": selection, "graph": [path.name for path in graph],
                 "files": {path.name: sha256_file(staging / path.name) for path in graph}}
         (staging / ENTRY).write_text(json.dumps(body | {"digest": _digest(body)}, indent=2) + "\n", encoding="utf-8")
         replace_dir(staging, entry)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        return None
+    except OSError as err:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise OSError(err.errno, err.strerror or str(err), str(root)) from err
     return entry
 
 
@@ -203,7 +204,10 @@ def exported_graphs(module: Any, logits: Path, attentions: Path, token_means: bo
         return True
     export_onnx(module, attentions, dynamic_batch=True, with_attentions=True, with_token_means=token_means)
     logits_subgraph(attentions, logits)
-    store(key, {"graphs": "the fp32 attention graph and the logits graph cut from it"}, [logits, attentions])
+    try:
+        store(key, {"graphs": "the fp32 attention graph and the logits graph cut from it"}, [logits, attentions])
+    except OSError:  # the next build exports them again (seconds); `cpu_variant` says when its choice (minutes) is lost
+        pass
     return False
 
 

@@ -29,15 +29,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
-import triton_python_backend_utils as pb_utils
-from cgroup_limits import usable_cores  # these seven: copied beside this file by hub-vit repository
-from domain_outputs import DomainOutputs
-from imageprep import Preprocess
-from openvino_runtime import OpenVINOSession, served_model  # imports openvino only when a session is built
-from stub_gc import freeze_loaded
-from topk import top_k
-from triton_errors import request_error
+
+# ONNX Runtime 1.29+ on Linux sends usage telemetry to Microsoft and keeps a device id in ~/.cache from its import on,
+# unless this is set first: a served model does not phone home, in whichever Triton runs it (a value the deployment
+# set is kept)
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+import onnxruntime as ort  # noqa: E402 (these after the line above)
+import triton_python_backend_utils as pb_utils  # noqa: E402
+from cgroup_limits import usable_cores  # noqa: E402 (these seven: copied beside this file by hub-vit repository)
+from domain_outputs import DomainOutputs  # noqa: E402
+from imageprep import Preprocess  # noqa: E402
+from openvino_runtime import OpenVINOSession, served_model  # noqa: E402 (imports openvino only for a session)
+from stub_gc import freeze_loaded  # noqa: E402
+from topk import top_k  # noqa: E402
+from triton_errors import request_error  # noqa: E402
 
 
 def _threads(setting: str, config: dict) -> int:
