@@ -81,12 +81,13 @@ def slow_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.triton
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm-to-serve", "sigkill-to-serve", "sigkill-to-the-child"])
+@pytest.mark.parametrize("stop", ["ctrl-c", "terminal-closed", "sigterm-to-serve", "sigkill-to-serve",
+                                  "sigkill-to-the-child"])
 def test_a_stop_while_building_leaves_nothing_behind(slow_build: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch, stop: str) -> None:
-    """Ctrl-C reaches the whole process group; `docker stop` and systemd send SIGTERM to serve alone; the OOM killer
-    or kill -9 ends serve outright, or the child (exporting is the likeliest to reach a memory limit). After each the
-    child is gone and so is the temporary folder."""
+    """Ctrl-C and a closed terminal's SIGHUP reach the whole process group; `docker stop` and systemd send SIGTERM to
+    serve alone; the OOM killer or kill -9 ends serve outright, or the child (exporting is the likeliest to reach a
+    memory limit). After each the child is gone and so is the temporary folder."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     serve = Serve(str(slow_build), new_session=True)
     try:
@@ -96,8 +97,8 @@ def test_a_stop_while_building_leaves_nothing_behind(slow_build: Path, tmp_path:
         time.sleep(3)  # into the export
         assert any(workdir.rglob("*")), "nothing written yet"
         assert "CPU variant:" not in serve.text  # still building
-        if stop == "ctrl-c":
-            os.killpg(serve.process.pid, signal.SIGINT)
+        if stop in ("ctrl-c", "terminal-closed"):
+            os.killpg(serve.process.pid, signal.SIGINT if stop == "ctrl-c" else signal.SIGHUP)
         elif stop == "sigkill-to-the-child":
             os.kill(child, signal.SIGKILL)
         else:
@@ -105,8 +106,8 @@ def test_a_stop_while_building_leaves_nothing_behind(slow_build: Path, tmp_path:
         code = serve.finish(timeout_s=60)
         assert wait_until(lambda: child not in _children(serve.process.pid) and not _alive(child), timeout_s=40)
         assert wait_until(lambda: not workdir.exists(), timeout_s=10), sorted(workdir.rglob("*"))
-        if stop == "sigkill-to-serve":
-            assert code == -signal.SIGKILL
+        if stop in ("sigkill-to-serve", "terminal-closed"):  # serve catches SIGHUP only once it serves
+            assert code == (-signal.SIGKILL if stop == "sigkill-to-serve" else -signal.SIGHUP)
         elif stop == "sigkill-to-the-child":
             assert code == 1 and "error: building the repository failed: the process building it was killed by " \
                 "SIGKILL (the OOM killer, or kill -9)" in serve.text, serve.text

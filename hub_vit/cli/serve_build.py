@@ -9,9 +9,9 @@ The two speak over a socket pair (`multiprocessing.connection`, pickled dataclas
 parent -> child `BuildRequest`; child -> parent `Loaded` once the model is loaded, then `Built` or `Refused`. A child
 that ends without either (a crash, the OOM killer) is named by its exit status; its output is on serve's stderr.
 
-Stopping: Ctrl-C reaches both (one process group) and the child removes what it wrote; a SIGTERM to serve alone
-(`docker stop`) is passed on; a serve killed outright sends its child SIGTERM (PR_SET_PDEATHSIG). After each, the
-child's `write_temporary_repository` removes the temporary folder.
+Stopping: Ctrl-C and a closed terminal's SIGHUP reach both (one process group); a SIGTERM to serve alone (`docker
+stop`) is passed on; a serve killed outright sends its child SIGTERM (PR_SET_PDEATHSIG). After each, the child's
+`write_temporary_repository` removes the temporary folder.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
+# What ends the child after it removed its folder: SIGTERM (passed on by serve, or sent at serve's death) and SIGHUP
+# (the terminal closed: it reaches the whole process group, and serve does not catch it before it serves)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 CHILD_STOP_GRACE_S = 30  # what a stopped child gets to remove its folder before SIGKILL (an export step may not yield)
 
 
@@ -167,11 +170,13 @@ def builds_variants(source: Any, opts: Any) -> bool:
 def _child(fd: int, parent: int) -> NoReturn:
     from hub_vit.server.runtime.processes import die_with_parent
 
-    def stop(signum: int, frame: object) -> None:  # SIGTERM from serve (passed on, or its death): clean up and exit
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    def stop(signum: int, frame: object) -> None:  # SIGTERM from serve (passed on, or its death), SIGHUP: clean up
+        for stopping in STOP_SIGNALS:  # a second one must not cut the clean-up short
+            signal.signal(stopping, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, stop)
+    for stopping in STOP_SIGNALS:
+        signal.signal(stopping, stop)
     die_with_parent()
     code: Any = 0
     if os.getppid() == parent:  # else serve died before the line above: nobody waits for this build

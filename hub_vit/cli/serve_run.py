@@ -73,8 +73,7 @@ class ServeRun:
 
         try:
             with repository_build(BuildRequest(self.model, opts, workdir)) as child:
-                with console.status("loading the model"):
-                    loaded = child.loaded()
+                loaded = child.loaded()  # no spinner here: the child's own download bar may be drawn meanwhile
                 if isinstance(loaded, Refused):
                     raise fail(loaded.message, code=loaded.code)
                 self.example = loaded.example
