@@ -81,15 +81,16 @@ def slow_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.triton
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", ["ctrl-c", "terminal-closed", "sigterm-to-serve", "sigkill-to-serve",
-                                  "sigkill-to-the-child"])
+@pytest.mark.parametrize("stop", ["ctrl-c", "terminal-closed", "terminal-closed-under-nohup", "sigterm-to-serve",
+                                  "sigkill-to-serve", "sigkill-to-the-child"])
 def test_a_stop_while_building_leaves_nothing_behind(slow_build: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch, stop: str) -> None:
-    """Ctrl-C and a closed terminal's SIGHUP reach the whole process group; `docker stop` and systemd send SIGTERM to
-    serve alone; the OOM killer or kill -9 ends serve outright, or the child (exporting is the likeliest to reach a
-    memory limit). After each the child is gone and so is the temporary folder."""
+    """Ctrl-C and a closed terminal's SIGHUP reach the whole process group (under `nohup` neither stops); `docker stop`
+    and systemd send SIGTERM to serve alone; the OOM killer or kill -9 ends serve outright, or the child (exporting is
+    the likeliest to reach a memory limit). After each the child is gone and so is the temporary folder."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    serve = Serve(str(slow_build), new_session=True)
+    hangup = signal.SIG_IGN if stop.endswith("nohup") else signal.SIG_DFL  # not this test run's own (CI's nohup)
+    serve = Serve(str(slow_build), new_session=True, preexec=lambda: signal.signal(signal.SIGHUP, hangup))
     try:
         serve.wait_for("building the Triton repository for ti16")  # the child loaded the model and writes
         [workdir] = tmp_path.glob("hub-vit-serve-*")
@@ -97,8 +98,14 @@ def test_a_stop_while_building_leaves_nothing_behind(slow_build: Path, tmp_path:
         time.sleep(3)  # into the export
         assert any(workdir.rglob("*")), "nothing written yet"
         assert "CPU variant:" not in serve.text  # still building
-        if stop in ("ctrl-c", "terminal-closed"):
-            os.killpg(serve.process.pid, signal.SIGINT if stop == "ctrl-c" else signal.SIGHUP)
+        if stop == "ctrl-c":
+            os.killpg(serve.process.pid, signal.SIGINT)
+        elif stop.startswith("terminal-closed"):
+            os.killpg(serve.process.pid, signal.SIGHUP)
+            if stop.endswith("nohup"):  # both go on building, until a stop they do not ignore
+                time.sleep(3)
+                assert serve.process.poll() is None and _alive(child), serve.text
+                serve.process.send_signal(signal.SIGTERM)
         elif stop == "sigkill-to-the-child":
             os.kill(child, signal.SIGKILL)
         else:

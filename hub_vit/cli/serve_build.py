@@ -23,11 +23,15 @@ import socket
 import subprocess
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from hub_vit.resolve import ResolvedModel
+    from hub_vit.server.repository.options import ServingOptions
 
 # What ends the child after it removed its folder: SIGTERM (passed on by serve, or sent at serve's death) and SIGHUP
 # (the terminal closed: it reaches the whole process group, and serve does not catch it before it serves)
@@ -38,7 +42,7 @@ CHILD_STOP_GRACE_S = 30  # what a stopped child gets to remove its folder before
 @dataclass(frozen=True)
 class BuildRequest:
     model: str | None  # what the user named (None: the shipped model)
-    options: Any  # ServingOptions
+    options: ServingOptions
     workdir: Path  # the temporary folder the repository goes into (`serving.temporary_workdir`)
 
 
@@ -127,7 +131,7 @@ def repository_build(request: BuildRequest) -> Iterator[RepositoryBuild]:
         build.stop()
 
 
-def build(request: BuildRequest, answer: Any) -> None:
+def build(request: BuildRequest, answer: Callable[[Loaded | Built | Refused], None]) -> None:
     """The child's work: load the model, `answer(Loaded)`, write the repository, `answer(Built | Refused)`."""
     from hub_vit.cli.app import DISK_REFUSED_ERRNOS
     from hub_vit.cli.serve_screen import example_image
@@ -158,7 +162,7 @@ def build(request: BuildRequest, answer: Any) -> None:
                        "make room there, or set TMPDIR to a folder on a disk with room", 1))
 
 
-def builds_variants(source: Any, opts: Any) -> bool:
+def builds_variants(source: ResolvedModel, opts: ServingOptions) -> bool:
     """Whether writing `source`'s repository builds, verifies and times the CPU flavour's variants: minutes for a
     compute-bound model (`cpu_variant.place`), which serve says so that the wait does not look like a hang."""
     from hub_vit.server.repository.writer import compute_bound_model
@@ -176,7 +180,8 @@ def _child(fd: int, parent: int) -> NoReturn:
         raise SystemExit(128 + signum)
 
     for stopping in STOP_SIGNALS:
-        signal.signal(stopping, stop)
+        if signal.getsignal(stopping) != signal.SIG_IGN:  # `nohup hub-vit serve`: a closed terminal stops neither
+            signal.signal(stopping, stop)
     die_with_parent()
     code: Any = 0
     if os.getppid() == parent:  # else serve died before the line above: nobody waits for this build

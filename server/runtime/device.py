@@ -58,7 +58,8 @@ def cuda_device_name() -> str | None:
         last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         raise NoCudaDevice(f"asking torch for a CUDA device failed: its process {exit_description(probe.returncode)} "
                            f"({last}); check `nvidia-smi`, or serve with --device cpu")
-    return probe.stdout.strip() or None
+    said = probe.stdout.strip().splitlines()  # the name is the last line (a start-up hook may print before it)
+    return said[-1].strip() or None if said else None
 
 
 def choose_device(device: str | None, flavour: str | None = None) -> DeviceChoice:
