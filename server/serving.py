@@ -33,17 +33,15 @@ def temporary_workdir() -> Path:
 
 
 def write_temporary_repository(source: Any, options: ServingOptions, workdir: Path) -> Path:
-    """The Triton repository of `source` written as `workdir/repository`; after an error, Ctrl-C or SIGTERM while
-    exporting, `workdir` itself is removed (its maker may be gone: `serve_build`'s child outlives a killed serve only
-    to clean up). ValueError: a bad model; OSError naming the temporary folder it was written in (`filename`) when
-    its disk refused the files (full, over quota)."""
+    """The Triton repository of `source` written as `workdir/repository` (whoever made `workdir` removes it, after a
+    failure too). ValueError: a bad model; OSError naming the temporary folder it was written in (`filename`) when its
+    disk refused the files (full, over quota)."""
     from hub_vit.server.repository.writer import write_repository
 
     try:
         return write_repository(source, workdir / "repository", options)
-    except BaseException as exc:
-        remove_workdir(workdir)
-        if isinstance(exc, OSError) and exc.errno in DISK_REFUSED_ERRNOS:
+    except OSError as exc:
+        if exc.errno in DISK_REFUSED_ERRNOS:
             # a write() refused for a full disk names no file: name the folder the user can make room in (or move
             # TMPDIR)
             raise OSError(exc.errno, exc.strerror, str(workdir.parent)) from exc

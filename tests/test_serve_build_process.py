@@ -37,21 +37,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _children(pid: int) -> dict[int, str]:
-    """pid -> command line of `pid`'s live child processes."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid and " Z " not in stat[stat.rindex(")"):]:
-                found[int(entry.name)] = command
-    return found
-
-
 @pytest.mark.triton
 @pytest.mark.slow
 def test_the_serving_process_never_loads_the_model() -> None:
@@ -61,7 +46,7 @@ def test_the_serving_process_never_loads_the_model() -> None:
         assert serve.classify() == expected_digits()  # it serves what the child built
         mapped = _mapped(serve.process.pid)
         assert not [path for path in mapped if any(name in path for name in BUILD_LIBRARIES)], sorted(mapped)
-        assert not [cmd for cmd in _children(serve.process.pid).values() if "serve_build" in cmd]  # the child is gone
+        assert not [cmd for cmd in serve.children().values() if "serve_build" in cmd]  # the child is gone
     finally:
         serve.stop()
 
@@ -94,7 +79,7 @@ def test_a_stop_while_building_leaves_nothing_behind(slow_build: Path, tmp_path:
     try:
         serve.wait_for("building the Triton repository for ti16")  # the child loaded the model and writes
         [workdir] = tmp_path.glob("hub-vit-serve-*")
-        [child] = [pid for pid, cmd in _children(serve.process.pid).items() if "hub_vit.cli.serve_build" in cmd]
+        [child] = [pid for pid, cmd in serve.children().items() if "hub_vit.cli.serve_build" in cmd]
         time.sleep(3)  # into the export
         assert any(workdir.rglob("*")), "nothing written yet"
         assert "CPU variant:" not in serve.text  # still building
@@ -111,7 +96,7 @@ def test_a_stop_while_building_leaves_nothing_behind(slow_build: Path, tmp_path:
         else:
             serve.process.send_signal(signal.SIGTERM if stop == "sigterm-to-serve" else signal.SIGKILL)
         code = serve.finish(timeout_s=60)
-        assert wait_until(lambda: child not in _children(serve.process.pid) and not _alive(child), timeout_s=40)
+        assert wait_until(lambda: child not in serve.children() and not _alive(child), timeout_s=40)
         assert wait_until(lambda: not workdir.exists(), timeout_s=10), sorted(workdir.rglob("*"))
         if stop in ("sigkill-to-serve", "terminal-closed"):  # serve catches SIGHUP only once it serves
             assert code == (-signal.SIGKILL if stop == "sigkill-to-serve" else -signal.SIGHUP)

@@ -98,32 +98,31 @@ class Serve:
                 return pid
         raise AssertionError("no tritonserver found")
 
-    def _child_group(self) -> int:
+    def children(self) -> dict[int, str]:
+        """pid -> command line of serve's live child processes, from /proc (a zombie's command line is empty: it
+        could not be told by it anyway)."""
+        found = {}
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
                     stat = (entry / "stat").read_text()
+                    command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 except OSError:
                     continue
-                ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-                if ppid == self.process.pid and b"tritonserver" in (entry / "cmdline").read_bytes():
-                    return int(entry.name)
+                state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+                if int(ppid) == self.process.pid and state != "Z":
+                    found[int(entry.name)] = command
+        return found
+
+    def _child_group(self) -> int:
+        for pid, command in self.children().items():
+            if "tritonserver" in command:
+                return pid
         raise AssertionError("serve has no tritonserver child")
 
     def front_pids(self) -> list[int]:
         """The front's worker processes (serve's children)."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                    command = (entry / "cmdline").read_bytes()
-                except OSError:
-                    continue
-                if int(stat[stat.rindex(")") + 2:].split()[1]) == self.process.pid and \
-                        b"hub_vit.server.front.worker" in command:
-                    found.append(int(entry.name))
-        return found
+        return [pid for pid, command in self.children().items() if "hub_vit.server.front.worker" in command]
 
     def stubs(self) -> dict[int, str]:
         return live_stubs(self.tritonserver_pid())

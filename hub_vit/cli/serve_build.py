@@ -10,8 +10,8 @@ parent -> child `BuildRequest`; child -> parent `Loaded` once the model is loade
 that ends without either (a crash, the OOM killer) is named by its exit status; its output is on serve's stderr.
 
 Stopping: Ctrl-C and a closed terminal's SIGHUP reach both (one process group); a SIGTERM to serve alone (`docker
-stop`) is passed on; a serve killed outright sends its child SIGTERM (PR_SET_PDEATHSIG). After each, the child's
-`write_temporary_repository` removes the temporary folder.
+stop`) is passed on; a serve killed outright sends its child SIGTERM (PR_SET_PDEATHSIG). A child that did not hand
+a repository over removes the temporary folder as it exits, whatever ended it; serve removes it too (after SIGKILL).
 """
 
 from __future__ import annotations
@@ -131,35 +131,33 @@ def repository_build(request: BuildRequest) -> Iterator[RepositoryBuild]:
         build.stop()
 
 
-def build(request: BuildRequest, answer: Callable[[Loaded | Built | Refused], None]) -> None:
-    """The child's work: load the model, `answer(Loaded)`, write the repository, `answer(Built | Refused)`."""
+def build(request: BuildRequest, loaded: Callable[[Loaded], None]) -> Built | Refused:
+    """The child's work: load the model, tell `loaded`, write the repository; returns the last answer."""
     from hub_vit.cli.app import DISK_REFUSED_ERRNOS
     from hub_vit.cli.serve_screen import example_image
     from hub_vit.cli.serving_options import load_refusal
     from hub_vit.resolve import resolve_model
     from hub_vit.server.runtime.launcher import ServerError
-    from hub_vit.server.serving import remove_workdir, write_temporary_repository
+    from hub_vit.server.serving import write_temporary_repository
 
     opts = request.options
     try:
         source = resolve_model(request.model)
     except Exception as err:
-        remove_workdir(request.workdir)
         refusal = load_refusal(err, request.model)
         if refusal is None:
             raise
-        answer(Refused(*refusal))
-        return
-    answer(Loaded(source.name, source.origin, builds_variants(source, opts), example_image(source.origin)))
+        return Refused(*refusal)
+    loaded(Loaded(source.name, source.origin, builds_variants(source, opts), example_image(source.origin)))
     try:
-        answer(Built(write_temporary_repository(source, opts, request.workdir)))
-    except (ServerError, ValueError) as err:  # a bad model; nothing is left behind
-        answer(Refused(str(err), 2))
+        return Built(write_temporary_repository(source, opts, request.workdir))
+    except (ServerError, ValueError) as err:  # a bad model
+        return Refused(str(err), 2)
     except OSError as err:  # the temporary folder's disk refused the repository: named by write_temporary_repository
         if err.errno not in DISK_REFUSED_ERRNOS:
             raise
-        answer(Refused(f"cannot write the Triton repository in the temporary folder {err.filename!r}: {err.strerror}; "
-                       "make room there, or set TMPDIR to a folder on a disk with room", 1))
+        return Refused(f"cannot write the Triton repository in the temporary folder {err.filename!r}: {err.strerror}; "
+                       "make room there, or set TMPDIR to a folder on a disk with room", 1)
 
 
 def builds_variants(source: ResolvedModel, opts: ServingOptions) -> bool:
@@ -186,8 +184,12 @@ def _child(fd: int, parent: int) -> NoReturn:
     code: Any = 0
     if os.getppid() == parent:  # else serve died before the line above: nobody waits for this build
         channel = Connection(fd)
+        request, handed_over = None, False
         try:
-            build(channel.recv(), channel.send)
+            request = channel.recv()
+            answer = build(request, channel.send)
+            channel.send(answer)
+            handed_over = isinstance(answer, Built)  # serve owns the repository now
         except KeyboardInterrupt:  # Ctrl-C reached the whole process group: serve says it stopped
             code = 128 + signal.SIGINT
         except SystemExit as stopped:
@@ -195,6 +197,11 @@ def _child(fd: int, parent: int) -> NoReturn:
         except BaseException:  # a bug: its traceback on serve's stderr, serve names the exit status
             traceback.print_exc()
             code = 1
+        finally:  # whatever ended the build (a refusal, a stop, serve's death): nothing of it is left
+            if request is not None and not handed_over:
+                from hub_vit.server.serving import remove_workdir
+
+                remove_workdir(request.workdir)
     # without the interpreter's teardown: torch's takes seconds, and its atexit hooks have nothing to keep
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):

@@ -59,7 +59,7 @@ def cuda_device_name() -> str | None:
         raise NoCudaDevice(f"asking torch for a CUDA device failed: its process {exit_description(probe.returncode)} "
                            f"({last}); check `nvidia-smi`, or serve with --device cpu")
     said = probe.stdout.strip().splitlines()  # the name is the last line (a start-up hook may print before it)
-    return said[-1].strip() or None if said else None
+    return (said[-1].strip() or None) if said else None
 
 
 def choose_device(device: str | None, flavour: str | None = None) -> DeviceChoice:
