@@ -146,3 +146,16 @@ def test_a_cuda_check_that_crashes_is_named(tmp_path: Path, monkeypatch: pytest.
         device_module.cuda_device_name()
     result = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True)
     assert result.returncode == -signal.SIGSEGV  # the emulation is what crashed it
+
+
+def test_a_cuda_check_that_hangs_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(triton_install, "has_gpu", lambda: True)
+    monkeypatch.setattr(device_module, "CUDA_PROBE_TIMEOUT_S", 2)
+    hang = "import sys, time\nif sys.argv[0] == '-c':\n    time.sleep(60)\n"  # a driver call that never returns
+    for key, value in _emulated_torch(tmp_path / "site", hang).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delitem(sys.modules, "torch")
+    with pytest.raises(device_module.NoCudaDevice, match=r"asking torch for a CUDA device did not finish within 2 s "
+                                                         r"\(a hung NVIDIA driver\?\); check `nvidia-smi`, or serve "
+                                                         "with --device cpu"):
+        device_module.cuda_device_name()
