@@ -23,27 +23,34 @@ def distinct_names(paths: Sequence[Path]) -> list[str]:
             depth[path] += 1
 
 
-def image_files(folder: str | Path, flag: str, suffixes: Sequence[str]) -> list[Path]:
+def image_files(folder: str | Path, flag: str, suffixes: Sequence[str], leave_out: Path | None = None) -> list[Path]:
     """The image files of `folder` and its subfolders, sorted: those whose suffix is one of `suffixes`
-    (`hub_vit.image_formats.SUFFIXES`, or `OWN_FILE_SUFFIXES` where the user's own files are read).
-    NotADirectoryError naming `flag` for a file, FileNotFoundError for a folder that does not exist, ValueError for
-    one without images."""
+    (`hub_vit.image_formats.SUFFIXES`, or `OWN_FILE_SUFFIXES` where the user's own files are read). Hidden files and
+    folders are left out: a zip made on a Mac unpacks `__MACOSX/._photo.jpg` (not an image) beside each photo, Jupyter
+    keeps `.ipynb_checkpoints/`. So is `leave_out` (a command's output folder inside `folder`: its overlays are not
+    its input the next time). NotADirectoryError naming `flag` for a file, FileNotFoundError for a folder that does
+    not exist, ValueError for one without images."""
     folder = Path(folder)
     if folder.is_file():
         raise NotADirectoryError(f"{flag} {str(folder)!r} is a file; give a folder of images")
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
+    skipped = leave_out.resolve() if leave_out is not None else None
+    named = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
+    files = [p for p in named if not any(part.startswith(".") for part in p.relative_to(folder).parts)
+             and (skipped is None or not p.resolve().is_relative_to(skipped))]
     if not files:
-        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(suffixes)} files")
+        besides = f" besides {len(named)} hidden or in the output folder" if named else ""
+        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(suffixes)} files{besides}")
     return files
 
 
-def with_folders_listed(paths: Sequence[Path], suffixes: Sequence[str]) -> list[Path]:
-    """`paths` in order, each folder replaced by its image files (`suffixes`; subfolders too, sorted; `image_files`:
-    ValueError for a folder without any), so a command given `photos/` classifies what is in it. Files are kept as
-    given, also ones of other formats: the image's own error names them."""
+def with_folders_listed(paths: Sequence[Path], suffixes: Sequence[str], leave_out: Path | None = None) -> list[Path]:
+    """`paths` in order, each folder replaced by its image files (`suffixes`; subfolders too, sorted; hidden ones and
+    `leave_out`, the command's output folder, left out; `image_files`: ValueError for a folder without any), so a
+    command given `photos/` classifies what is in it, and `hub-vit rollout .` run twice does not take its own overlays
+    in `out/` for photos. Files are kept as given, also ones of other formats: the image's own error names them."""
     files: list[Path] = []
     for path in paths:
-        files += image_files(path, "an image argument", suffixes) if Path(path).is_dir() else [Path(path)]
+        files += image_files(path, "an image argument", suffixes, leave_out) if Path(path).is_dir() else [Path(path)]
     return files

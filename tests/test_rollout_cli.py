@@ -123,6 +123,33 @@ def test_cli_a_folder_of_images_is_every_image_in_it(model_folder: Path, photo_f
         ["x_rollout.png", "x-2_rollout.png", f"{photo_files[0].stem}_rollout.png"])
 
 
+def test_cli_a_folder_leaves_out_hidden_files_and_its_own_overlays(model_folder: Path, photo_files: list[Path],
+                                                                   tmp_path: Path) -> None:
+    # was: `hub-vit rollout .` run twice took the first run's overlays in ./out for photos (x_rollout_rollout.png),
+    # and the `__MACOSX/._x.png` a zip made on a Mac holds beside each photo failed as "cannot read ... as an image"
+    folder = tmp_path / "imgs"
+    (folder / "__MACOSX").mkdir(parents=True)
+    (folder / ".ipynb_checkpoints").mkdir()
+    shutil.copy(photo_files[0], folder / "x.png")
+    (folder / "__MACOSX" / "._x.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble resource fork")
+    shutil.copy(photo_files[1], folder / ".ipynb_checkpoints" / "y.png")
+    out = folder / "out"
+    for _ in range(2):
+        result = CliRunner().invoke(_runner_app(), ["rollout", str(folder), "-o", str(out), "--model",
+                                                    str(model_folder)])
+        assert result.exit_code == 0, result.output
+        assert sorted(p.name for p in out.iterdir()) == ["x_rollout.png"]
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(out), "-o", str(tmp_path / "again"), "--model",
+                                                str(model_folder)])  # named itself, the output folder is input
+    assert result.exit_code == 0, result.output
+    (folder / "x.png").unlink()
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(folder), "-o", str(out), "--model", str(model_folder)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert (f"image folder {str(folder)!r} has no .jpg/.jpeg/.png/.webp files besides 3 hidden or in the output "
+            "folder") in text, text
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--head-fusion", "median"], "mean, max, min"),
     (["--discard-ratio", "1.5"], "--discard-ratio must be a number in [0, 1), got 1.5"),

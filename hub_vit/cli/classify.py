@@ -20,8 +20,8 @@ from hub_vit.image_formats import NAMES, SUFFIXES
 
 @app.command()
 def classify(
-    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}), or folders of them (subfolders too).",
-                                        exists=True),
+    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}), or folders of them (subfolders too; "
+                                        "hidden files and, with --explain, the --out folder left out).", exists=True),
     url: flags.Url = None,
     grpc: flags.Grpc = False,
     model: str = typer.Option("vit", help="Served model name."),
@@ -47,7 +47,7 @@ def classify(
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
     try:
-        images = with_folders_listed(images, SUFFIXES)
+        images = with_folders_listed(images, SUFFIXES, leave_out=out if explain else None)
     except ValueError as exc:  # a folder without images
         raise fail(str(exc)) from None
     _check_explain_flags(explain, head_fusion, discard_ratio, out)

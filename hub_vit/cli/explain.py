@@ -143,8 +143,8 @@ def _print_labels(path: Path, target: Path, top: list[tuple[str, float]], verdic
 
 @app.command()
 def rollout(
-    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}), or folders of them (subfolders too).",
-                                        parser=given_path),
+    images: list[Path] = typer.Argument(..., help=f"Image files ({NAMES}), or folders of them (subfolders too; "
+                                        "hidden files and the --out folder left out).", parser=given_path),
     out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the overlay PNGs (created if needed).",
                              parser=given_path),
     model: str = typer.Option(None, "--model", "-m",
@@ -174,7 +174,7 @@ def rollout(
     except ValueError as exc:
         raise fail(str(exc)) from None  # in classify's words
     try:
-        images = with_folders_listed(images, SUFFIXES)
+        images = with_folders_listed(images, SUFFIXES, leave_out=out)
         explainer = load_explainer(resolve_choice(model))
     except ValueError as exc:
         raise fail(str(exc)) from exc
