@@ -1,9 +1,10 @@
 """Atomic file output: readers see the old file or the complete new one, never half of it.
 
-Every temporary file or folder is a hidden sibling of its target named `.<name>.tmp-<host>-<pid>-<random>` (the
-copy `replace_dir` moves aside: `.<name>.old-...`). A process killed before it could clean up (SIGKILL, the OOM
-killer, a power cut) leaves one behind, a whole model's weights for a converted folder; the next write of the same
-target removes those whose process is gone (`sweep_staging`).
+Every temporary file or folder is a hidden sibling of its target named `.<name>.tmp-<host>-<pid>-n<PID namespace>-
+<random>` (the copy `replace_dir` moves aside: `.<name>.old-...`). A process killed before it could clean up (SIGKILL,
+the OOM killer, a power cut) leaves one behind, a whole model's weights for a converted folder; the next write of the
+same target removes those whose process is gone (`sweep_staging`): of this host and PID namespace, where its pid
+means that process.
 """
 
 from __future__ import annotations
@@ -25,17 +26,54 @@ DISK_REFUSED_ERRNOS = frozenset(
     code for code in (errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG) if code is not None
 )
 
+def pid_namespace() -> int | None:
+    """The inode of this process's PID namespace (None where /proc does not say). A pid means something only inside
+    its namespace: another container sharing a folder (a volume) or /dev/shm (`docker run --ipc=host`) has pids this
+    process cannot see, whatever its host name (containers of one Kubernetes pod share theirs)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def owner_tag() -> str:
+    """`<pid>-n<PID namespace>-` (`<pid>-` where the namespace is unknown): what names of this process's leftovers
+    carry before their random part, so a later process can remove them once this one is gone (`owner_gone`)."""
+    namespace = pid_namespace()
+    return f"{os.getpid()}-" if namespace is None else f"{os.getpid()}-n{namespace}-"
+
+
+# what `owner_tag` writes, for a regular expression; names from before the namespace was recorded have the pid alone
+OWNER_PATTERN = r"(?P<pid>\d+)-(?:n(?P<namespace>\d+)-)?"
+
+
+def owner_gone(match: re.Match[str]) -> bool:
+    """Whether the process named in a leftover's name (`OWNER_PATTERN`'s groups) is gone: only one of this PID
+    namespace is looked up; one of another namespace is never taken for gone. A name without a namespace is judged
+    by its pid."""
+    namespace = match["namespace"]
+    if namespace is not None and int(namespace) != pid_namespace():
+        return False
+    return process_gone(int(match["pid"]))
+
+
+def _host() -> str:
+    """This machine's name as staging names carry it: a pid says nothing about another machine's processes (a
+    shared file system)."""
+    return re.sub(r"[^A-Za-z0-9.]", ".", socket.gethostname())[:64] or "host"
+
+
 # what follows `.<name>.` in a temporary name; mkdtemp / mkstemp add 8 characters of [a-z0-9_]
-_STAGING = re.compile(r"(?P<kind>tmp|old)-(?P<host>[A-Za-z0-9.]+)-(?P<pid>\d+)-[a-z0-9_]{8}")
+_STAGING = re.compile(rf"(?P<kind>tmp|old)-(?P<host>[A-Za-z0-9.]+)-{OWNER_PATTERN}[a-z0-9_]{{8}}")
 
 
 def _owner() -> str:
-    """`<host>-<pid>`: a pid says nothing about another machine's processes (a shared file system)."""
-    return f"{re.sub(r'[^A-Za-z0-9.]', '.', socket.gethostname())[:64] or 'host'}-{os.getpid()}"
+    """`<host>-<owner_tag>`: the start of this process's staging names after `tmp-` / `old-`."""
+    return f"{_host()}-{owner_tag()}"
 
 
 def process_gone(pid: int) -> bool:
-    """No process `pid` on this host (a live one, also another user's that we may not signal, is not gone)."""
+    """No process `pid` in this PID namespace (a live one, also another user's that we may not signal, is not gone)."""
     if os.name != "posix":  # Windows' os.kill(pid, 0) sends CTRL_C_EVENT instead of probing: assume alive
         return False
     try:
@@ -54,11 +92,11 @@ def sweep_staging(target: str | Path) -> list[Path]:
     two renames leaves it as the only copy of the old folder. Live processes' files, other hosts' and names of other
     forms are left alone."""
     target = Path(target)
-    host = _owner().rsplit("-", 1)[0]
+    host = _host()
     removed = []
     for path in target.parent.glob(f".{glob.escape(target.name)}.*-*"):
         match = _STAGING.fullmatch(path.name[len(target.name) + 2:])
-        if (match is None or match["host"] != host or not process_gone(int(match["pid"])) or path.is_symlink()
+        if (match is None or match["host"] != host or not owner_gone(match) or path.is_symlink()
                 or (match["kind"] == "old" and not target.exists())):
             continue
         if path.is_dir():
@@ -74,7 +112,7 @@ def staging_dir(target: str | Path) -> Path:
     of killed writers of the same target are swept first."""
     target = Path(target)
     sweep_staging(target)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{_owner()}-", dir=target.parent))
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{_owner()}", dir=target.parent))
 
 
 def staging_file(target: str | Path) -> Path:
@@ -83,7 +121,7 @@ def staging_file(target: str | Path) -> Path:
     the same target are swept first. OSError when the folder refuses it."""
     target = Path(target)
     sweep_staging(target)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-{_owner()}-", dir=target.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-{_owner()}", dir=target.parent)
     os.close(fd)
     return Path(name)
 
@@ -173,7 +211,7 @@ def replace_dir(staging: Path, final: Path) -> None:
     if not final.exists():
         os.replace(staging, final)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-{_owner()}-", dir=final.parent))
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-{_owner()}", dir=final.parent))
     os.replace(final, old / final.name)
     try:
         os.replace(staging, final)

@@ -249,17 +249,22 @@ def test_convert_refuses_an_npz_declaring_huge_kernels(tmp_path: Path) -> None:
 def test_staging_of_dead_processes_is_swept_and_live_ones_kept(tmp_path: Path) -> None:
     target = tmp_path / "out"
     live = staging_dir(target)  # this process: alive
-    owner = live.name[len(".out.tmp-"):].rsplit("-", 2)[0]
-    dead = tmp_path / f".out.tmp-{owner}-999999999-abcdefgh"  # above any pid_max: no such process
+    host, pid, namespace = live.name[len(".out.tmp-"):].split("-")[:3]
+    assert (pid, namespace) == (str(os.getpid()), f"n{os.stat('/proc/self/ns/pid').st_ino}"), live.name
+    dead = tmp_path / f".out.tmp-{host}-999999999-{namespace}-abcdefgh"  # above any pid_max: no such process
+    unnamed = tmp_path / f".out.tmp-{host}-999999999-abcdefgh"  # named without a namespace: judged by its pid
     other_host = tmp_path / ".out.tmp-elsewhere-999999999-abcdefgh"
-    old_copy = tmp_path / f".out.old-{owner}-999999999-abcdefgh"  # the only copy while `out` does not exist
+    # another container of this host name (one Kubernetes pod) sharing the folder: its pid means nothing here
+    other_namespace = tmp_path / f".out.tmp-{host}-999999999-n1-abcdefgh"
+    old_copy = tmp_path / f".out.old-{host}-999999999-{namespace}-abcdefgh"  # the only copy while `out` is missing
     unrelated = tmp_path / ".out.tmp-notours"
-    for folder in (dead, other_host, old_copy, unrelated):
+    for folder in (dead, unnamed, other_host, other_namespace, old_copy, unrelated):
         folder.mkdir()
-    assert sweep_staging(target) == [dead]
+    assert sorted(sweep_staging(target)) == sorted([dead, unnamed])
     target.mkdir()
     assert sweep_staging(target) == [old_copy]  # `out` exists again: the old copy is garbage
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other_host.name, unrelated.name, "out"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other_host.name, other_namespace.name,
+                                                                 unrelated.name, "out"])
 
 
 def test_a_killed_convert_leaves_staging_that_the_next_run_sweeps(tmp_path: Path) -> None:

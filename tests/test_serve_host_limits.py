@@ -1,6 +1,6 @@
 """`hub-vit serve` on hosts that limit it as real ones do, each met for real: a small /dev/shm (Docker gives a container
-64 MB unless told `--shm-size`), temporary folders mounted `noexec` (a common hardening of /tmp and /var/tmp), and a
-low limit on open files (a shell's soft limit is often 1,024).
+64 MB unless told `--shm-size`), temporary folders mounted `noexec` (a common hardening of /tmp and /var/tmp), a low
+limit on open files (a shell's soft limit is often 1,024), and serve as a container's PID 1.
 
 * /dev/shm: Triton's Python backend passes every batch through a pool per stub there; a batch its pool cannot grow to
   hold fails with Triton's "Failed to increase the shared memory pool size ..." (a key, and a hint the client cuts
@@ -11,8 +11,12 @@ low limit on open files (a shell's soft limit is often 1,024).
 * open files: each front process raises its soft limit as far as the hard one allows before it takes a connection;
   serve warns when the hard limit itself is short. Was: with a soft limit of 1,024, 1,500 idle connections left every
   health probe reset, far below the cap (4,096) under which probes are promised an answer.
+* PID 1: as a container's command serve is its PID namespace's init, to which the kernel hands every orphan: the stubs
+  of each server that died stayed zombies until the container's pid limit stopped the next start. serve now waits for
+  them when it replaces the server.
 
-/dev/shm and /tmp are replaced in a mount namespace of serve's own (skipped where this machine may not make one).
+/dev/shm and /tmp are replaced in a mount namespace of serve's own, PID 1 is a PID namespace's (each skipped where this
+machine may not make one).
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +41,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hub_vit.atomic import owner_tag
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.runtime.launcher import free_port
 from hub_vit.server.runtime.triton_install import ServerError
@@ -322,3 +329,49 @@ def test_the_oom_killer_ends_the_server_not_serve_and_is_named_with_the_containe
 def _classify_at(http_port: int, image: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, "classify", "--url", f"127.0.0.1:{http_port}", str(image)], capture_output=True,
                           text=True, timeout=120)
+
+
+def _pid_namespace_refused() -> str | None:
+    """Why this machine cannot run a process as the init of a PID namespace of its own, or None when it can."""
+    tried = subprocess.run([*INIT_OF_A_NEW_PID_NAMESPACE, "true"], capture_output=True, text=True)
+    return None if tried.returncode == 0 else f"cannot make a PID namespace: {tried.stderr.strip()}"
+
+
+# serve as PID 1, as in a container whose command it is (`CMD ["hub-vit", "serve"]`, a Kubernetes pod without an
+# init); --kill-child: a test killing the wrapper ends serve, and with it the namespace
+INIT_OF_A_NEW_PID_NAMESPACE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
+def test_as_a_containers_init_serve_waits_for_the_stubs_of_a_server_it_replaced() -> None:
+    # was: the kernel hands orphans to a PID namespace's init, here serve: the stubs of every tritonserver that died
+    # stayed zombies, a few more pids taken for each restart until a container's pid limit stopped the next start
+    why = _pid_namespace_refused()
+    if why:
+        pytest.skip(why)
+    # what a live serve of this namespace holds (this test's pid, unseen from serve's namespace), sharing /tmp and
+    # /dev/shm with serve as another container's can: was removed at serve's start, as if its process were gone
+    other = owner_tag()
+    live_folder = Path(tempfile.mkdtemp(prefix=f"hub-vit-serve-{other}"))
+    live_region = Path(f"/dev/shm/hub-vit-{other}0123abcd_region")
+    live_region.write_bytes(b"\0" * 16)
+    serve = Serve(wrapper=INIT_OF_A_NEW_PID_NAMESPACE)
+    try:
+        serve.wait_for("metrics")
+        assert live_folder.is_dir() and live_region.exists()
+        ids = next(line for line in Path(f"/proc/{serve.pid}/status").read_text().splitlines()
+                   if line.startswith("NSpid:"))
+        assert ids.split()[-1] == "1", ids  # its id in the innermost namespace
+        stubs = serve.stubs()
+        assert len(stubs) == 2, stubs
+        os.kill(serve.tritonserver_pid(), signal.SIGKILL)  # its stubs are orphaned: serve's to wait for
+        serve.wait_for("serving again")
+        assert serve.classify() == expected_digits()
+        assert not set(stubs) & set(serve.zombies()), f"zombies {serve.zombies()} of the stubs {stubs}"
+        os.kill(serve.pid, signal.SIGTERM)  # `docker stop`: a handled signal reaches a namespace's init
+        assert serve.finish() == 0, serve.text
+        assert "tritonserver stopped" in serve.text, serve.text
+    finally:
+        serve.stop()
+        shutil.rmtree(live_folder, ignore_errors=True)
+        live_region.unlink(missing_ok=True)
+

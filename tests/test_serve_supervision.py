@@ -44,14 +44,16 @@ class Serve:
     """`hub-vit serve` (the default model) in a subprocess on free ports; its output lines read as they come.
     `open_files`: its (soft, hard) limit on open files (RLIMIT_NOFILE), else this process's; `preexec`: run in the
     child before serve starts (it may place it in a cgroup); `new_session`: in a process group of its own (a test
-    sends Ctrl-C's SIGINT to the group)."""
+    sends Ctrl-C's SIGINT to the group); `wrapper`: a command that runs serve as its only child (`unshare ...`)."""
 
     def __init__(self, *args: str, open_files: tuple[int, int] | None = None,
-                 preexec: Callable[[], None] | None = None, new_session: bool = False) -> None:
+                 preexec: Callable[[], None] | None = None, new_session: bool = False,
+                 wrapper: tuple[str, ...] = ()) -> None:
         self.ports = [free_port() for _ in range(3)]
-        command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet", "--http-port",
-                   str(self.ports[0]), "--grpc-port", str(self.ports[1]), "--metrics-port", str(self.ports[2]),
-                   "--exit-timeout", "10", *args]
+        command = [*wrapper, sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet",
+                   "--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]), "--metrics-port",
+                   str(self.ports[2]), "--exit-timeout", "10", *args]
+        self.wrapped = bool(wrapper)
         def before_exec() -> None:
             if open_files is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
@@ -98,21 +100,23 @@ class Serve:
                 return pid
         raise AssertionError("no tritonserver found")
 
+    @property
+    def pid(self) -> int:
+        """serve's process id (the wrapper's only child, where there is one)."""
+        if not self.wrapped:
+            return self.process.pid
+        found = _children(self.process.pid)
+        assert len(found) == 1, f"the wrapper has children {found}"
+        return next(iter(found))
+
     def children(self) -> dict[int, str]:
         """pid -> command line of serve's live child processes, from /proc (a zombie's command line is empty: it
         could not be told by it anyway)."""
-        found = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                    command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
-                if int(ppid) == self.process.pid and state != "Z":
-                    found[int(entry.name)] = command
-        return found
+        return _children(self.pid)
+
+    def zombies(self) -> list[int]:
+        """serve's children that have ended and that it has not waited for."""
+        return sorted(_children(self.pid, state="Z"))
 
     def _child_group(self) -> int:
         for pid, command in self.children().items():
@@ -159,6 +163,22 @@ class Serve:
                 except ProcessLookupError:
                     pass
         log_path(self.ports[0]).unlink(missing_ok=True)
+
+
+def _children(parent: int, state: str | None = None) -> dict[int, str]:
+    """pid -> command line of `parent`'s child processes in `state` (`Z`: zombies), else of its live ones (/proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            its_state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+            if int(ppid) == parent and (its_state == state if state else its_state != "Z"):
+                found[int(entry.name)] = command
+    return found
 
 
 def classification_of_labels(grpc_port: int) -> None:

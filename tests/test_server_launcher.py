@@ -3,7 +3,10 @@ tests/test_stub_environment.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -312,14 +315,19 @@ def test_regions_of_servers_whose_process_is_gone_are_removed(tmp_path):
     import subprocess
     import sys
 
+    from hub_vit.atomic import pid_namespace
     from hub_vit.server.runtime.workspace import remove_orphaned_regions
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
     dead_pid = int(gone.stdout)
+    here, elsewhere = pid_namespace(), pid_namespace() + 1
     regions = {name: tmp_path / name for name in (
-        f"hub-vit-{dead_pid}-0123abcd_5a56b7e7-f1a7-4981-adea-dc5ffc0526ed",  # its process is gone: removed
-        f"hub-vit-{os.getpid()}-0123abcd_18f220cf-b91c-4e4c-8c55-17d5d7748421",  # this live process's: kept
+        f"hub-vit-{dead_pid}-n{here}-0123abcd_5a56b7e7-f1a7-4981-adea-dc5ffc0526ed",  # its process is gone: removed
+        f"hub-vit-{dead_pid}-0123abcd_5a56b7e7-f1a7-4981-adea-dc5ffc0526ed",  # named without its namespace: removed
+        f"hub-vit-{os.getpid()}-n{here}-0123abcd_18f220cf-b91c-4e4c-8c55-17d5d7748421",  # this live process's: kept
+        # another container's, sharing /dev/shm (docker run --ipc=host): its pid means nothing here: kept
+        f"hub-vit-{dead_pid}-n{elsewhere}-0123abcd_18f220cf",
         "hub-vit-1-0123abcd_18f220cf",  # init's (alive, maybe not ours to signal): kept
         "hub-vit-notes",  # not a region name: kept
         "triton_python_backend_shm_region_1",  # another program's: kept
@@ -327,7 +335,7 @@ def test_regions_of_servers_whose_process_is_gone_are_removed(tmp_path):
     for path in regions.values():
         path.write_bytes(b"\0" * 16)
     remove_orphaned_regions(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(list(regions)[1:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(list(regions)[2:])
 
 
 def test_temporary_folders_of_processes_that_are_gone_are_removed(tmp_path):
@@ -335,21 +343,27 @@ def test_temporary_folders_of_processes_that_are_gone_are_removed(tmp_path):
     import subprocess
     import sys
 
+    from hub_vit.atomic import pid_namespace
     from hub_vit.server.runtime.workspace import remove_orphaned_workspaces, shell_safe_tempdir
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
     dead_pid = int(gone.stdout)
-    folders = [f"hub-vit-serve-{dead_pid}-abc123", f"hub-vit-triton-{dead_pid}-x_9"]  # removed
-    kept = [f"hub-vit-serve-{os.getpid()}-abc123", "hub-vit-serve-1-abc", "hub-vit-serve-xk2j", "hub-vit-notes"]
+    here, elsewhere = pid_namespace(), pid_namespace() + 1
+    folders = [f"hub-vit-serve-{dead_pid}-n{here}-abc123", f"hub-vit-triton-{dead_pid}-n{here}-x_9",
+               f"hub-vit-serve-{dead_pid}-abc123"]  # removed (the last named without its namespace)
+    kept = [f"hub-vit-serve-{os.getpid()}-n{here}-abc123", "hub-vit-serve-1-abc", "hub-vit-serve-xk2j",
+            "hub-vit-notes",
+            # another container's serve sharing this folder: its pid means nothing in this PID namespace
+            f"hub-vit-serve-{dead_pid}-n{elsewhere}-abc123"]
     for name in folders + kept:
         (tmp_path / name / "repository").mkdir(parents=True)
         (tmp_path / name / "repository" / "model.onnx").write_bytes(b"onnx")
     remove_orphaned_workspaces((str(tmp_path),))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
-    mine = shell_safe_tempdir("hub-vit-serve-")  # named by this process, so a later start can tell
+    mine = shell_safe_tempdir("hub-vit-serve-")  # named by this process and its namespace, so a later start can tell
     try:
-        assert mine.name.startswith(f"hub-vit-serve-{os.getpid()}-")
+        assert mine.name.startswith(f"hub-vit-serve-{os.getpid()}-n{here}-")
     finally:
         mine.rmdir()
 
@@ -402,3 +416,49 @@ def test_cli_demo_refuses_an_empty_triton_url():
     _load_commands()
     result = CliRunner().invoke(app, ["demo", "--triton-url", "", "--port", "7931"])
     assert result.exit_code == 2 and "server URL must be host:port" in result.output, result.output
+
+
+ADOPTING = r'''
+import ctypes, json, os, signal, subprocess, sys, time
+from hub_vit.server.runtime.processes import reap_adopted
+
+def zombies():
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+            if state == "Z" and int(ppid) == os.getpid():
+                found.append(int(entry))
+    return sorted(found)
+
+def settle():
+    time.sleep(0.5)
+
+ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans come here, as to a PID 1
+# a server (own session, as tritonserver) with two workers (as its stubs); it dies and leaves them to this process
+server = subprocess.Popen([sys.executable, "-c", "import subprocess; [subprocess.Popen(['sleep', '60']) for _ in "
+                           "range(2)]"], start_new_session=True)
+server.wait()
+other = subprocess.Popen(["sh", "-c", "exit 3"], start_new_session=True)  # this process's own child, ended
+settle()
+os.killpg(server.pid, signal.SIGKILL)
+settle()
+before = zombies()
+reap_adopted(server.pid)
+after = zombies()
+print(json.dumps({"before": len(before), "after": after, "other": other.pid, "other_code": other.wait()}))
+'''
+
+
+def test_processes_adopted_from_a_dead_server_are_waited_for_and_own_children_left_to_their_popen():
+    # serve as a container's PID 1 adopts the stubs of a tritonserver that died; a subreaper adopts orphans the same way
+    done = subprocess.run([sys.executable, "-c", ADOPTING], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["before"] == 3, found  # the two workers, and the other child not yet waited for
+    assert found["after"] == [found["other"]], found  # only the workers were waited for
+    assert found["other_code"] == 3, found  # its Popen still reads its real exit status

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from hub_vit.atomic import owner_tag
 from hub_vit.cgroup_limits import oom_kills
 from hub_vit.ports import (
     GRPC_PORT,
@@ -49,6 +50,7 @@ from hub_vit.server.runtime.processes import (
     kill_process_group,
     live_processes,
     oom_killed,
+    reap_adopted,
     server_child_setup,
     stub_instance,
 )
@@ -149,7 +151,7 @@ class TritonServer:
         self._workspace: Path | None = None
         self._reader: threading.Thread | None = None
         # `--id`: GET /v2 answers it, so readiness is never taken from another server that got our port first
-        self.server_id = f"hub-vit-{os.getpid()}-{secrets.token_hex(4)}"
+        self.server_id = f"hub-vit-{owner_tag()}{secrets.token_hex(4)}"  # its /dev/shm regions' prefix too
         self.shm_prefix = f"{self.server_id}_"
         # The control APIs (RESTRICTED_APIS) answer only requests carrying this header; hub-vit's own calls send it
         self.control_key = secrets.token_hex(16)
@@ -344,6 +346,7 @@ class TritonServer:
         its timeout first (`hub-vit serve` spent 12 s cleaning up a dead server, instead of 1-2 s)."""
         if self.process is not None:  # None: stopped before `start` launched it
             kill_process_group(self.process.pid)
+            reap_adopted(self.process.pid)  # serve as a container's init: the stubs are its to wait for
         if self._reader is not None:
             self._reader.join(timeout=5)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from hub_vit.cgroup_limits import memory_limit, oom_kills
@@ -77,23 +79,60 @@ def oom_killed(kills_before: int | None) -> str | None:
             "instances (--instances) or smaller batches (--max-batch-size)")
 
 
+def _stat(entry: Path) -> tuple[str, int, int]:
+    """(state, parent pid, process group) of /proc/<pid>; OSError once the process is gone, ValueError if unreadable."""
+    stat = (entry / "stat").read_text()
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'
+    state, ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+    return state, int(ppid), int(pgrp)
+
+
+def _processes() -> Iterator[tuple[int, Path]]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            yield int(entry.name), entry
+
+
 def live_processes(pgid: int | None = None) -> dict[int, str]:
     """pid -> command line of the live processes (zombies count as dead) in process group `pgid`, or of every one
     this user may read when `pgid` is None, from /proc."""
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid, entry in _processes():
         try:
-            stat = (entry / "stat").read_text()
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'
-            state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
-            if (pgid is not None and int(pgrp) != pgid) or state in ("Z", "X"):
+            state, _ppid, pgrp = _stat(entry)
+            if (pgid is not None and pgrp != pgid) or state in ("Z", "X"):
                 continue
-            found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found[pid] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, ValueError):  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+def reap_adopted(pgid: int, timeout_s: float = 2.0) -> None:
+    """Wait for the processes of group `pgid` that became this process's children when their parent died: Triton's
+    stubs once tritonserver is gone. The kernel hands orphans to the PID namespace's init, and serve is that init
+    when a container runs it as its command (`CMD ["hub-vit", "serve"]`, a Kubernetes pod without an init): without
+    this each replaced server left its stubs as zombies, a few more pids taken for every restart until the container's
+    pid limit stops the next server from starting. Elsewhere init adopts them and there is nothing to wait for. Call
+    it after SIGKILLing the group; the server's own process, still to be waited by its `Popen`, is left alone."""
+    adopted = []
+    for pid, entry in _processes():
+        try:
+            _state, ppid, pgrp = _stat(entry)
+        except (OSError, ValueError):
+            continue
+        if ppid == os.getpid() and pgrp == pgid and pid != pgid:
+            adopted.append(pid)
+    deadline = time.monotonic() + timeout_s
+    for pid in adopted:
+        while True:
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped meanwhile
+                break
+            if done or time.monotonic() > deadline:  # a process stuck in the kernel is left to a later call
+                break
+            time.sleep(0.01)
 
 
 # A Python-backend stub's command line, the same in Triton 2.51 and the GPU image's (python_backend stub_launcher.cc):

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hub_vit.atomic import process_gone
+from hub_vit.atomic import OWNER_PATTERN, owner_gone, owner_tag
 from hub_vit.server.runtime.triton_install import ServerError
 
 # Triton's Python backend starts each stub as `bash -c "exec <stub> <repository>/<model>/1/model.py ..."` without
@@ -40,14 +40,14 @@ def _temp_bases() -> tuple[str, ...]:  # computed when asked: $TMPDIR may change
     return (tempfile.gettempdir(), "/tmp", "/var/tmp")
 
 
-# `<prefix><pid>-<random>`: the pid of the process that made it, so a later start can remove what a killed one left
-_WORKSPACE = re.compile(r"hub-vit-[a-z]+-(?P<pid>\d+)-")
+# `<prefix><owner_tag><random>`: the process that made it, so a later start can remove what a killed one left
+_WORKSPACE = re.compile(rf"hub-vit-[a-z]+-{OWNER_PATTERN}")
 
 
 def shell_safe_tempdir(prefix: str, *, runs_programs: bool = False) -> Path:
-    """`tempfile.mkdtemp` in `temp_base(runs_programs=...)`; its name carries this process's id
+    """`tempfile.mkdtemp` in `temp_base(runs_programs=...)`; its name carries this process's id and PID namespace
     (`remove_orphaned_workspaces`)."""
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=temp_base(runs_programs=runs_programs)))
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}", dir=temp_base(runs_programs=runs_programs)))
 
 
 def temp_base(*, runs_programs: bool = False) -> str:
@@ -79,17 +79,17 @@ def _unusable(base: str, runs_programs: bool) -> str:
 
 
 # /dev/shm/<server id>_<uuid>: the Python-backend stubs' regions, named after `TritonServer.server_id`
-_REGION = re.compile(r"hub-vit-(?P<pid>\d+)-[0-9a-f]{8}_")
+_REGION = re.compile(rf"hub-vit-{OWNER_PATTERN}[0-9a-f]{{8}}_")
 
 
 def remove_orphaned_regions(shm: Path = Path("/dev/shm")) -> None:
     """Remove the shared-memory regions of hub-vit servers whose starting process is gone: `stop` removes a server's
     own, but a process killed before it could (SIGKILL, a crash, a power cut) leaves them, 1 MB or what the stub's pool
-    grew to, until reboot. A region whose process is alive, or not ours to signal, is left alone. (A /dev/shm shared
-    between PID namespaces would make a live server of another container look gone; Docker gives each its own.)"""
+    grew to, until reboot. A region whose process is alive, not ours to signal, or of another PID namespace (a
+    container sharing /dev/shm: `docker run --ipc=host`) is left alone."""
     for region in shm.glob("hub-vit-*"):
         match = _REGION.match(region.name)
-        if match is None or not process_gone(int(match["pid"])):
+        if match is None or not owner_gone(match):
             continue
         try:
             region.unlink()
@@ -100,9 +100,10 @@ def remove_orphaned_regions(shm: Path = Path("/dev/shm")) -> None:
 def remove_orphaned_workspaces(bases: tuple[str, ...] | None = None) -> None:
     """Remove the temporary folders (`shell_safe_tempdir`) of hub-vit processes that are gone: `hub-vit serve`'s
     repository (a whole model.onnx: hundreds of MB for a ViT-B) and the server's backend copy are removed on every
-    stop, but not after a SIGKILL. Folders of live processes, other users' and older unnamed ones are left alone."""
+    stop, but not after a SIGKILL. Folders of live processes, of other PID namespaces (another container's serve
+    sharing the folder), other users' and older unnamed ones are left alone."""
     for base in bases or _temp_bases():
         for folder in Path(base).glob("hub-vit-*"):
             match = _WORKSPACE.match(folder.name)
-            if match is not None and folder.is_dir() and not folder.is_symlink() and process_gone(int(match["pid"])):
+            if match is not None and folder.is_dir() and not folder.is_symlink() and owner_gone(match):
                 shutil.rmtree(folder, ignore_errors=True)
