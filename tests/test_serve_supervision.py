@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.runtime.launcher import free_port
@@ -509,5 +510,62 @@ def test_without_the_queue_policy_a_request_s_queue_timeout_is_refused_and_the_r
             raw.close()
         pairs, status = TritonLabels(f"127.0.0.1:{serve.ports[0]}").top_k(None, source=SAMPLES[0])
         assert pairs and pairs[0][0] == expected_digits()[0], status
+    finally:
+        serve.stop()
+
+
+class _ServerDiesAfterFirstAnswer:
+    """A real Classifier whose server's tritonserver is SIGKILLed right after the first answer, the next request
+    sent once serve has seen the death: serve's gate then answers "restarting" until the new server is ready."""
+
+    def __init__(self, serve: Serve, real: type) -> None:
+        self.serve, self.answers, self.real = serve, 0, real  # `real`: the Classifier class this stands in for
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        outer = self
+
+        class Dying(self.real):  # type: ignore[name-defined]
+            def classify(self, *args: object, **kwargs: object) -> list:  # type: ignore[override]
+                if outer.answers == 1:
+                    os.kill(outer.serve.tritonserver_pid(), signal.SIGKILL)
+                    outer.serve.wait_for("restarting tritonserver")
+                outer.answers += 1
+                return super().classify(*args, **kwargs)
+
+        return Dying(*args, **kwargs)
+
+
+def test_classify_waits_through_a_restart_and_keeps_its_answers_when_the_server_does_not_come_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: a server that died halfway through a folder discarded every answer already received (one error line for
+    # 1,500 classified photos), and a restarting server ended the run at once
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.server.client import classifier
+
+    _load_commands()
+    real = classifier.Classifier
+    files = [tmp_path / f"{index:02d}_{SAMPLES[index % len(SAMPLES)].name}" for index in range(40)]  # 3 requests
+    for index, path in enumerate(files):
+        path.write_bytes(SAMPLES[index % len(SAMPLES)].read_bytes())
+    serve = Serve()
+    try:
+        serve.wait_for("metrics")
+        url = f"127.0.0.1:{serve.ports[0]}"
+        monkeypatch.setattr(classifier, "Classifier", _ServerDiesAfterFirstAnswer(serve, real))
+        waited = CliRunner().invoke(app, ["classify", "--url", url, "--top", "1", str(tmp_path)])
+        text = " ".join(waited.output.split())
+        assert waited.exit_code == 0, text
+        assert f"note: {url} says its server is restarting; waiting up to 60 s (--timeout) for it" in text, text
+        assert all(path.name in text for path in files), text
+        serve.wait_for("serving again")
+
+        monkeypatch.setattr(classifier, "Classifier", _ServerDiesAfterFirstAnswer(serve, real))
+        stopped = CliRunner().invoke(app, ["classify", "--url", url, "--top", "1", "--timeout", "1", str(tmp_path)])
+        text = " ".join(stopped.output.split())
+        assert stopped.exit_code == 1, text
+        assert all(path.name in text for path in files[:16]), text  # the first request's answers stand
+        assert files[16].name not in text.split("error:")[0], text
+        assert (f"the server is starting or restarting; retry shortly 24 of 40 files were not classified, from "
+                f"{files[16]} on; the answers above stand") in text, text
     finally:
         serve.stop()

@@ -27,7 +27,7 @@ def classify(
     model: str = typer.Option("vit", help="Served model name."),
     top: int = typer.Option(3, help="How many of the returned labels to print."),
     queue_timeout_ms: flags.RequestQueueTimeoutMs = None,
-    timeout: flags.ClientTimeout = flags.DEFAULT_CLIENT_TIMEOUT_S,
+    timeout: flags.ClassifyTimeout = flags.DEFAULT_CLIENT_TIMEOUT_S,
     explain: bool = typer.Option(False, "--explain", help="Also ask the server for each image's attention-rollout "
                                  "map and write it as hub-vit rollout does: <image>_rollout.png in --out."),
     out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the --explain overlay PNGs.",
@@ -42,7 +42,6 @@ def classify(
     from hub_vit.cli.classify_files import classify_files
     from hub_vit.paths import with_folders_listed
     from hub_vit.server.client.classifier import Classifier
-    from hub_vit.server.client.errors import empty_reply
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
@@ -54,27 +53,44 @@ def classify(
     url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
     request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}
     created = make_out(out) if explain else []  # before any request: an --out that cannot be made wastes none
+    def waiting() -> None:
+        err_console.print(f"note: {url} says its server is restarting; waiting up to {wait_s:g} s (--timeout) for it",
+                          soft_wrap=True, markup=False, highlight=False)
+
     try:
         try:
             with Classifier(url, protocol=protocol, model=model, timeout_s=wait_s) as client:
-                predictions, errors = classify_files(client, list(images), timeout_s, **request)
-        except ValueError as err:
-            if not empty_reply(err):  # a reply that is not Triton's, ...
-                raise fail(f"{protocol} {url}: {err}", code=1) from None
-            raise fail(request_failure(protocol, url, model, err), code=1) from None
-        except Exception as err:  # refused, not Triton, the other protocol's port (HTTPParseError), unknown model, ...
-            raise fail(request_failure(protocol, url, model, err), code=1) from None
-        if predictions:
-            _print_table(list(images), predictions, top, f"{model} @ {url} ({protocol})")
+                done = classify_files(client, list(images), timeout_s, restart_wait_s=wait_s, on_restart=waiting,
+                                      **request)
+        except Exception as err:  # before any request: refused, not Triton, the other protocol's port, unknown model
+            raise fail(_failure(protocol, url, model, err), code=1) from None
+        if done.stopped is not None and not done.predictions and not done.errors:
+            raise fail(_failure(protocol, url, model, done.stopped), code=1)  # nothing to show: the one line
+        if done.predictions:
+            _print_table(list(images), done.predictions, top, f"{model} @ {url} ({protocol})")
             if explain:
-                _write_explained(list(images), predictions, out, created)
+                _write_explained(list(images), done.predictions, out, created)
     finally:
         remove_empty_folders(created)  # no overlay written (every request failed): no empty folder left behind
-    for index, message in sorted(errors.items()):
+    for index, message in sorted(done.errors.items()):
         err_console.print(f"[bold red]error:[/] {escape(str(images[index]))}: {escape(message)}", soft_wrap=True,
                           emoji=False)
-    if errors:
+    if done.stopped is not None:
+        unsent = [images[i] for i in range(len(images)) if i not in done.predictions and i not in done.errors]
+        err_console.print(f"[bold red]error:[/] {escape(_failure(protocol, url, model, done.stopped))}\n"
+                          f"{len(unsent):,} of {len(images):,} files were not classified, from "
+                          f"{escape(str(unsent[0]))} on; the answers above stand", soft_wrap=True, emoji=False)
+    if done.errors or done.stopped is not None:
         raise typer.Exit(1)
+
+
+def _failure(protocol: str, url: str, model: str, err: Exception) -> str:
+    """The line for a request that failed for a reason not about one file."""
+    from hub_vit.server.client.errors import empty_reply
+
+    if isinstance(err, ValueError) and not empty_reply(err):  # a reply that is not Triton's, ...
+        return f"{protocol} {url}: {err}"
+    return request_failure(protocol, url, model, err)
 
 
 def _check_explain_flags(explain: bool, head_fusion: str | None, discard_ratio: float | None, out: Path) -> None:

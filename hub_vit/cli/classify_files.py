@@ -3,58 +3,96 @@ named with the reason it was refused, whatever else in its request."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hub_vit.server.client.classifier import Classifier
-from hub_vit.server.client.errors import CLIENT_ERROR_STATUSES, ImageTooLarge, refused_image
+from hub_vit.server.client.errors import CLIENT_ERROR_STATUSES, ImageTooLarge, refused_image, restarting
 from hub_vit.server.client.messages import Prediction, split
 
+# the waits between two tries while serve's gate says its server is restarting (s): a restart takes 1-15 s
+RESTART_POLL_S = (0.5, 1.0, 2.0)
 
-def classify_files(client: Classifier, images: list[Path], queue_timeout_s: float | None = None,
-                   **request: Any) -> tuple[dict[int, Prediction], dict[int, str]]:
-    """{position: prediction} for the files the server classified, {position: why not} for the others (`hub-vit
-    classify`). Requests hold at most the model's max_batch_size files, and no more bytes than the server takes (the
-    client splits them). The server refuses a request at its first bad file and names that file's index in the
-    request, and the client names a file too large to send alone: the file is set aside with the reason and the rest
-    is sent again, so k bad files cost k more requests, the good files are still classified and each bad one is named
-    by its path.
-    A refusal that names no file (a file the client could not read) is resolved file by file. Other errors (no
-    server, overload, unknown model) are raised: they are not about one file. `request`: more keywords for
-    `Classifier.classify` (explain, head_fusion, discard_ratio)."""
-    predictions: dict[int, Prediction] = {}
-    errors: dict[int, str] = {}
+
+@dataclass
+class Classified:
+    """What `classify_files` got: {position: prediction} for the files the server classified, {position: why not}
+    for those it refused or the client could not send, and `stopped`, the error that ended the run early (no server,
+    a server that died with requests in flight, overload), after which the other files were not sent."""
+
+    predictions: dict[int, Prediction] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    stopped: Exception | None = None
+
+
+def classify_files(client: Classifier, images: list[Path], queue_timeout_s: float | None = None, *,
+                   restart_wait_s: float = 0.0, on_restart: Callable[[], None] = lambda: None,
+                   **request: Any) -> Classified:
+    """Every file of `images` classified or named with the reason it was not (`hub-vit classify`). Requests hold at
+    most the model's max_batch_size files, and no more bytes than the server takes (the client splits them). The
+    server refuses a request at its first bad file and names that file's index in the request, and the client names
+    a file too large to send alone: the file is set aside with the reason and the rest is sent again, so k bad files
+    cost k more requests, the good files are still classified and each bad one is named by its path.
+    A refusal that names no file (a file the client could not read) is resolved file by file. While serve's gate says
+    its server is restarting, a request is sent again for up to `restart_wait_s` in all (`on_restart` is called when
+    the first wait begins). Any other error that is not about one file ends the run: what was classified before is
+    kept, with the error in `stopped`. `request`: more keywords for `Classifier.classify` (explain, head_fusion,
+    discard_ratio)."""
+    done = Classified()
+    waited: list[float] = []  # the seconds waited for restarts so far, one entry per wait
     for offset, chunk in split(images, client.max_batch_size()):
         pending = list(enumerate(chunk, offset))  # (position in `images`, path) still to classify
         while pending:
             try:
                 answers = client.classify([path for _, path in pending], queue_timeout_s=queue_timeout_s, **request)
-                predictions.update(zip([position for position, _ in pending], answers, strict=True))
+                done.predictions.update(zip([position for position, _ in pending], answers, strict=True))
                 break
             except Exception as err:
                 failed = failed_file(err, len(pending))
                 if failed is not None:
                     index, message = failed
-                    errors[pending.pop(index)[0]] = message
+                    done.errors[pending.pop(index)[0]] = message
+                    continue
+                if restarting(err) and _waited_for_restart(waited, restart_wait_s, on_restart):
                     continue
                 if file_error(err) is None:
-                    raise
-            _one_by_one(client, pending, predictions, errors, queue_timeout_s, request)
+                    done.stopped = err
+                    return done
+            if not _one_by_one(client, pending, done, queue_timeout_s, request):
+                return done
             break
-    return predictions, errors
+    return done
 
 
-def _one_by_one(client: Classifier, pending: list[tuple[int, Path]], predictions: dict[int, Prediction],
-                errors: dict[int, str], queue_timeout_s: float | None, request: dict[str, Any]) -> None:
-    """A refusal that names no file: each of `pending` sent alone, its answer or its reason recorded."""
+def _waited_for_restart(waited: list[float], restart_wait_s: float, on_restart: Callable[[], None]) -> bool:
+    """Wait a little for a restarting server, unless `restart_wait_s` is spent; whether it waited."""
+    pause = RESTART_POLL_S[min(len(waited), len(RESTART_POLL_S) - 1)]
+    if sum(waited) + pause > restart_wait_s:
+        return False
+    if not waited:
+        on_restart()
+    time.sleep(pause)
+    waited.append(pause)
+    return True
+
+
+def _one_by_one(client: Classifier, pending: list[tuple[int, Path]], done: Classified,
+                queue_timeout_s: float | None, request: dict[str, Any]) -> bool:
+    """A refusal that names no file: each of `pending` sent alone, its answer or its reason recorded; False when an
+    error that is not about a file ended the run (`done.stopped`)."""
     for position, path in pending:
         try:
-            predictions[position] = client.classify([path], queue_timeout_s=queue_timeout_s, **request)[0]
+            done.predictions[position] = client.classify([path], queue_timeout_s=queue_timeout_s, **request)[0]
         except Exception as err:
             message = file_error(err)
             if message is None:
-                raise
-            errors[position] = message
+                done.stopped = err
+                return False
+            done.errors[position] = message
+    return True
 
 
 def failed_file(err: Exception, count: int) -> tuple[int, str] | None:

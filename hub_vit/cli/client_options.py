@@ -21,6 +21,9 @@ Grpc = Annotated[bool, typer.Option("--grpc", help=f"Speak gRPC instead of HTTP,
 # `classify` and `loadtest`: how long the client waits for any one answer (a server that took the connection and
 # stays silent held both for tritonclient's 60 s whatever --duration said).
 ClientTimeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the server.")]
+# `classify` also waits, up to this in all, for a server `hub-vit serve` restarts (its ports answer "restarting")
+ClassifyTimeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the server, and "
+                                                "in all for a server hub-vit serve restarts to come back.")]
 DEFAULT_CLIENT_TIMEOUT_S = 60.0
 
 

@@ -94,6 +94,13 @@ def no_server(err: Exception) -> bool:
     return message is not None and protocol.read_server_state(message) is not None
 
 
+def restarting(err: Exception) -> bool:
+    """Whether `hub-vit serve`'s gate answered that its server is starting or restarting: the request never reached a
+    server, so sending it again once the server is back is safe (unlike one lost in flight when a server died)."""
+    message = _message(err)
+    return message is not None and protocol.read_server_state(message) == protocol.RESTARTING
+
+
 def refused_image(err: Exception) -> protocol.RefusedImage | None:
     """The server's refusal of one image (its index in the request, the reason); None for any other error (no
     server, overload, a wrong tensor, too large a batch)."""
