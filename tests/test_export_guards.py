@@ -146,6 +146,23 @@ def test_an_out_that_cannot_be_made_is_refused_before_the_export(tmp_path: Path,
     assert not list(Path("/proc").glob(".hub-vit-probe-*"))
 
 
+def test_an_out_named_like_an_onnx_file_is_refused_with_the_flags_that_name_the_file(tmp_path: Path) -> None:
+    # was: `-o vit.onnx` (as torch.onnx.export takes it) made a folder vit.onnx/ holding model.onnx and four more files
+    _load_commands()
+    out = tmp_path / "vit.onnx"
+    result = CliRunner().invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(out)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert (f"error: --out {str(out)!r} names an .onnx file, but export onnx writes a folder (model.onnx, its other "
+            f"variants and model.export.json); give a folder, e.g. -o {str(tmp_path / 'vit')!r}, and --stem 'vit' to "
+            "name the files vit.onnx ...") in text, text
+    assert not out.exists() and "exporting" not in text
+    out.mkdir()  # a folder that exists is the user's choice of name
+    result = CliRunner().invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(out), "-v", "fp32"])
+    assert result.exit_code == 0, result.output
+    assert (out / "model.onnx").is_file()
+
+
 @pytest.mark.parametrize("blocked", ["model.onnx", "model.openvino-fp32.bin", "model.export.json"])
 def test_a_folder_where_an_export_file_goes_is_named_before_anything_is_built(tmp_path: Path, blocked: str) -> None:
     # was: after the whole build, "[Errno 21] Is a directory" naming the hidden staging file it was moved from

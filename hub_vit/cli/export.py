@@ -161,6 +161,10 @@ def _checked_flags(variant: list[str], stem: str, opset: int, exporter: str, out
         raise ValueError(f"--opset must be >= {MIN_OPSET}, got {opset}")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a folder")
+    if out.suffix.lower() == ".onnx" and not out.is_dir():  # torch.onnx.export's habit: -o names the file
+        raise ValueError(f"--out {str(out)!r} names an .onnx file, but export onnx writes a folder ({stem}.onnx, its "
+                         f"other variants and {stem}.export.json); give a folder, e.g. -o "
+                         f"{str(out.with_suffix(''))!r}, and --stem {out.stem!r} to name the files {out.stem}.onnx ...")
     blocker = file_in_the_way(out)
     if blocker is not None:  # found before the export, not after it (minutes on a large model)
         raise ValueError(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
