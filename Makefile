@@ -34,11 +34,15 @@ $(VENV)/numpy2/.installed: $(VENV)/.installed
 
 setup: $(VENV)/.installed $(VENV)/numpy2/.installed
 
-# Debian's Chromium for the Playwright browser tests (Playwright cannot download its own browser here).
+# Debian's Chromium for the Playwright browser tests (Playwright cannot download its own browser here), and nginx for
+# the demo behind a reverse proxy (tests/test_demo_proxy.py) and the front benchmark's native floor.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium is missing: install Debian's 'chromium' package to run the browser tests"; fi; }
+	@[ -x /usr/sbin/nginx ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \
+	  else echo "nginx is missing: install Debian's 'nginx' package to run the reverse-proxy test"; fi; }
 
 # The test suite. pytest exit code 5 ("no tests collected", e.g. a -k filter that matches nothing) is reported, not fatal.
 test: setup browser

@@ -223,6 +223,9 @@ def demo(
     triton_model: str = typer.Option("vit", help="Model name on the Triton server."),
     max_queue: int = typer.Option(16, min=1, help="Requests allowed to wait; more get a 'queue full' message."),
     concurrency: int = typer.Option(2, min=1, help="Requests computed at the same time."),
+    root_path: str = typer.Option(None, help="The URL path a reverse proxy serves the demo under (/vit for "
+                                  "https://example.com/vit/), or that whole URL; default: $GRADIO_ROOT_PATH, else "
+                                  "none."),
 ) -> None:
     """Start the Gradio attention-rollout demo (blocks until Ctrl-C)."""
     from hub_vit.ports import PortError, check_ports
@@ -245,10 +248,31 @@ def demo(
         raise fail(f"--host {host!r}: IPv6 addresses are not supported by the demo; use an IPv4 address such as "
                    "127.0.0.1 (loopback) or 0.0.0.0 (every interface)")
     try:
+        root_path = proxy_root_path(root_path)
         check_ports(host, {"--port": port})
-    except PortError as exc:
+    except (ValueError, PortError) as exc:
         raise fail(str(exc)) from exc
     console.print(f"models: {', '.join(c.key for c in choices)}")
-    console.print(f"demo on http://{host}:{port} (Ctrl-C to stop)")
+    behind = f", for a reverse proxy that serves it under {root_path}/; open it through the proxy" if root_path else ""
+    console.print(f"demo on http://{host}:{port}{behind} (Ctrl-C to stop)", markup=False, soft_wrap=True)
     launch(Demo(cache=ModelCache(choices), triton=triton), host=host, port=port, max_size=max_queue,
-           concurrency=concurrency)
+           concurrency=concurrency, root_path=root_path)
+
+
+def proxy_root_path(given: str | None) -> str | None:
+    """--root-path checked, without a trailing '/' ('/vit/' -> '/vit'); None: Gradio's own default
+    ($GRADIO_ROOT_PATH). Behind a proxy that serves the demo under a path, the page's files and its queue are asked
+    for under that path: without it the page loads without its styles and never answers an upload."""
+    if given is None:
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(given)
+    if given.startswith(("http://", "https://")):
+        ok = bool(parts.netloc) and not parts.query and not parts.fragment
+    else:
+        ok = given.startswith("/") and not parts.netloc and not parts.query and not parts.fragment
+    if not ok or any(c.isspace() for c in given):
+        raise ValueError(f"--root-path {given!r} is not a URL path such as /vit (where a reverse proxy serves the "
+                         "demo) nor a whole URL such as https://example.com/vit")
+    return given.rstrip("/")

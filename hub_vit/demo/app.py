@@ -394,15 +394,17 @@ def gradio_analytics_opted_in() -> bool:
 
 
 def launch(demo: Demo, *, host: str = "127.0.0.1", port: int | None = None, max_size: int = 16,
-           concurrency: int = 2, share: bool = False, block: bool = True) -> gr.Blocks:
+           concurrency: int = 2, share: bool = False, block: bool = True, root_path: str | None = None) -> gr.Blocks:
     """Start the server; blocks unless `block=False` (then it runs in a thread and the Blocks are returned, e.g. for
     `hub-vit serve` to run the demo next to Triton; stop it with `.close()`). Only the example folders are served
-    besides Gradio's own upload cache. Blocking, SIGTERM stops it as Ctrl-C does, so the cache is deleted too."""
+    besides Gradio's own upload cache. Blocking, SIGTERM stops it as Ctrl-C does, so the cache is deleted too.
+    `root_path`: the path (or URL) a reverse proxy serves the demo under; None: Gradio's default, $GRADIO_ROOT_PATH."""
     blocks = demo.build().queue(default_concurrency_limit=concurrency, max_size=max_size)
     allowed = sorted({str(p.parent) for p in demo.examples})
+    under = {"root_path": root_path} if root_path is not None else {}
     blocks.launch(server_name=host, server_port=port, max_file_size=MAX_FILE_SIZE, allowed_paths=allowed,
                   share=share, show_error=False, ssr_mode=False, prevent_thread_lock=True, js=a11y_js(demo.examples),
-                  quiet=True)  # its "set `share=True`" tip, and a URL line both callers print in their own words
+                  quiet=True, **under)  # quiet: its "set `share=True`" tip, and a URL line callers print themselves
     if block:
         on_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
