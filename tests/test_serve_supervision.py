@@ -9,6 +9,7 @@ Two real ways the local Triton 2.51 stops serving, both reproduced here against 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import resource
@@ -567,5 +568,12 @@ def test_classify_waits_through_a_restart_and_keeps_its_answers_when_the_server_
         assert files[16].name not in text.split("error:")[0], text
         assert (f"the server is starting or restarting; retry shortly 24 of 40 files were not classified, from "
                 f"{files[16]} on; the answers above stand") in text, text
+        serve.wait_for("serving again")
+
+        monkeypatch.setattr(classifier, "Classifier", _ServerDiesAfterFirstAnswer(serve, real))
+        as_json = CliRunner().invoke(app, ["classify", "--url", url, "--json", "--timeout", "1", str(tmp_path)])
+        assert as_json.exit_code == 1, as_json.output
+        assert [json.loads(line)["file"] for line in as_json.stdout.splitlines()] == [str(p) for p in files[:16]]
+        assert "24 of 40 files were not classified" in " ".join(as_json.stderr.split()), as_json.stderr
     finally:
         serve.stop()

@@ -122,11 +122,15 @@ def test_a_bad_image_in_a_later_request_is_named_by_its_index_in_the_list(server
 
 
 # -- 2 and 3. the command line --------------------------------------------------------------------------------------
-def _cli(*args: str):
+def _app():
     from hub_vit.cli import _load_commands, app
 
     _load_commands()
-    return CliRunner().invoke(app, ["classify", *args])
+    return app
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(_app(), ["classify", *args])
 
 
 def test_cli_classifies_every_good_file_and_names_each_bad_one(server, digits, tmp_path):
@@ -159,6 +163,29 @@ def test_cli_classifies_every_good_file_and_names_each_bad_one(server, digits, t
         assert f"{tmp_path / 'cut.png'}: cannot decode PNG image" in output, output
         assert "image 0" not in output and "ensemble" not in output, output  # a position in a request means nothing
         assert "batch-size" not in output, output
+
+
+def test_cli_json_is_one_object_per_file_in_the_order_given(server, digits, tmp_path):
+    import json
+
+    files = []
+    for index, payload in enumerate(digits[:18]):  # two requests
+        files.append(tmp_path / f"digit{index:02d}.png")
+        files[-1].write_bytes(payload)
+    (tmp_path / "bad.jpg").write_bytes(b"this is not an image")
+    files.insert(1, tmp_path / "bad.jpg")
+    result = CliRunner().invoke(_app(), ["classify", "--url", server.http_url, "--json", "--top", "2",
+                                         *map(str, files)])
+    assert result.exit_code == 1, result.output  # a file failed
+    lines = [json.loads(line) for line in result.stdout.splitlines()]  # nothing but JSON on stdout
+    assert [line["file"] for line in lines] == [str(path) for path in files]
+    assert lines[1] == {"file": str(files[1]), "error": lines[1]["error"]} and "not an image" in lines[1]["error"]
+    with Classifier(server.http_url) as client:
+        expected = client.classify([path for path in files if path.name != "bad.jpg"])
+    for line, prediction in zip([line for line in lines if "error" not in line], expected, strict=True):
+        assert line == {"file": line["file"], "labels": prediction.labels[:2], "scores": prediction.scores[:2],
+                        "class_ids": prediction.class_ids[:2], "domain": prediction.domain,
+                        "domain_score": prediction.domain_score}, line
 
 
 def test_cli_top_is_validated_and_capped_with_a_note(server, digits, tmp_path):

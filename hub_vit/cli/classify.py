@@ -36,6 +36,10 @@ def classify(
                                     "min."),
     discard_ratio: float = typer.Option(None, help="--explain: share of the lowest attentions the server drops per "
                                         "row, in [0, 1) (default 0)."),
+    json_lines: bool = typer.Option(False, "--json", help="Instead of the table, one JSON object per image as its "
+                                    "request is answered, in the order given (JSON Lines): file, labels, scores, "
+                                    "class_ids, domain, domain_score (and rollout_png with --explain), or file and "
+                                    "error."),
 ) -> None:
     """Classify images with a running server and print a table."""
     from hub_vit.atomic import remove_empty_folders
@@ -53,6 +57,9 @@ def classify(
     url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
     request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}
     created = make_out(out) if explain else []  # before any request: an --out that cannot be made wastes none
+    images = list(images)
+    lines = JsonLines(images, top, out if explain else None, created) if json_lines else None
+
     def waiting() -> None:
         err_console.print(f"note: {url} says its server is restarting; waiting up to {wait_s:g} s (--timeout) for it",
                           soft_wrap=True, markup=False, highlight=False)
@@ -60,21 +67,24 @@ def classify(
     try:
         try:
             with Classifier(url, protocol=protocol, model=model, timeout_s=wait_s) as client:
-                done = classify_files(client, list(images), timeout_s, restart_wait_s=wait_s, on_restart=waiting,
-                                      **request)
+                done = classify_files(client, images, timeout_s, restart_wait_s=wait_s, on_restart=waiting,
+                                      on_chunk=lines.write if lines is not None else None, **request)
         except Exception as err:  # before any request: refused, not Triton, the other protocol's port, unknown model
             raise fail(_failure(protocol, url, model, err), code=1) from None
         if done.stopped is not None and not done.predictions and not done.errors:
             raise fail(_failure(protocol, url, model, done.stopped), code=1)  # nothing to show: the one line
-        if done.predictions:
-            _print_table(list(images), done.predictions, top, f"{model} @ {url} ({protocol})")
+        if lines is not None:
+            lines.write(done)  # what the request that ended the run had resolved
+        elif done.predictions:
+            _print_table(images, done.predictions, top, f"{model} @ {url} ({protocol})")
             if explain:
-                _write_explained(list(images), done.predictions, out, created)
+                _write_explained(images, done.predictions, out, created)
     finally:
         remove_empty_folders(created)  # no overlay written (every request failed): no empty folder left behind
-    for index, message in sorted(done.errors.items()):
-        err_console.print(f"[bold red]error:[/] {escape(str(images[index]))}: {escape(message)}", soft_wrap=True,
-                          emoji=False)
+    if lines is None:  # JSON: each file's error is in its line
+        for index, message in sorted(done.errors.items()):
+            err_console.print(f"[bold red]error:[/] {escape(str(images[index]))}: {escape(message)}", soft_wrap=True,
+                              emoji=False)
     if done.stopped is not None:
         unsent = [images[i] for i in range(len(images)) if i not in done.predictions and i not in done.errors]
         err_console.print(f"[bold red]error:[/] {escape(_failure(protocol, url, model, done.stopped))}\n"
@@ -153,14 +163,17 @@ def _domain_notes(names: list[str], predictions: list[Any]) -> None:
                       "an exported file has none)", soft_wrap=True, markup=False, highlight=False)
 
 
-def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path, created: list[Path]) -> None:
+def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path, created: list[Path],
+                     say: bool = True) -> dict[int, Path]:
     """`classify --explain`: the server's map of each classified image drawn on it, as `hub-vit rollout` draws its
-    own (the same names, `<stem>_rollout.png`, colours and crop placement), one line per file written."""
+    own (the same names, `<stem>_rollout.png`, colours and crop placement), one line per file written (`say`);
+    {position: file written}."""
     from hub_vit.cli.explain import _save_overlay, output_stems
     from hub_vit.explain.image import ImageReadError, load_image
     from hub_vit.explain.overlay import blend
 
     stems = output_stems(images)
+    written = {}
     for index, prediction in sorted(predictions.items()):
         try:
             image = load_image(images[index], large=True)  # the server decoded it; a format only it reads is named
@@ -169,5 +182,40 @@ def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path,
             continue
         target = out / f"{stems[index]}_rollout.png"
         _save_overlay(blend(image, prediction.rollout, prediction.rollout_box), target, created)
-        console.print(f"{images[index]} -> {target}", markup=False, soft_wrap=True, highlight=False)
+        written[index] = target
+        if say:
+            console.print(f"{images[index]} -> {target}", markup=False, soft_wrap=True, highlight=False)
+    return written
+
+
+class JsonLines:
+    """`classify --json`: one JSON object per file on stdout, written as each request's files are resolved, in the
+    order given; each file once."""
+
+    def __init__(self, images: list[Path], top: int, out: Path | None, created: list[Path]) -> None:
+        self.images, self.top, self.out, self.created = images, top, out, created
+        self.written: set[int] = set()
+
+    def write(self, done: Any) -> None:
+        """The lines of the files `done` (a `Classified`) has resolved and that are not written yet."""
+        import json
+        import sys
+
+        fresh = sorted((set(done.predictions) | set(done.errors)) - self.written)
+        found = {i: done.predictions[i] for i in fresh if i in done.predictions}
+        overlays = _write_explained(self.images, found, self.out, self.created, say=False) if self.out else {}
+        for index in fresh:
+            line: dict[str, Any] = {"file": str(self.images[index])}
+            if index in found:
+                prediction = found[index]
+                line.update(labels=prediction.labels[:self.top], scores=prediction.scores[:self.top],
+                            class_ids=prediction.class_ids[:self.top], domain=prediction.domain,
+                            domain_score=prediction.domain_score)
+                if index in overlays:
+                    line["rollout_png"] = str(overlays[index])
+            else:
+                line["error"] = done.errors[index]
+            sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+        sys.stdout.flush()  # a pipe (jq, a log) gets each request's lines as they come
+        self.written.update(fresh)
 

@@ -30,7 +30,7 @@ class Classified:
 
 def classify_files(client: Classifier, images: list[Path], queue_timeout_s: float | None = None, *,
                    restart_wait_s: float = 0.0, on_restart: Callable[[], None] = lambda: None,
-                   **request: Any) -> Classified:
+                   on_chunk: Callable[[Classified], None] | None = None, **request: Any) -> Classified:
     """Every file of `images` classified or named with the reason it was not (`hub-vit classify`). Requests hold at
     most the model's max_batch_size files, and no more bytes than the server takes (the client splits them). The
     server refuses a request at its first bad file and names that file's index in the request, and the client names
@@ -39,8 +39,8 @@ def classify_files(client: Classifier, images: list[Path], queue_timeout_s: floa
     A refusal that names no file (a file the client could not read) is resolved file by file. While serve's gate says
     its server is restarting, a request is sent again for up to `restart_wait_s` in all (`on_restart` is called when
     the first wait begins). Any other error that is not about one file ends the run: what was classified before is
-    kept, with the error in `stopped`. `request`: more keywords for `Classifier.classify` (explain, head_fusion,
-    discard_ratio)."""
+    kept, with the error in `stopped`. `on_chunk(done so far)` is called as each request's files are all resolved.
+    `request`: more keywords for `Classifier.classify` (explain, head_fusion, discard_ratio)."""
     done = Classified()
     waited: list[float] = []  # the seconds waited for restarts so far, one entry per wait
     for offset, chunk in split(images, client.max_batch_size()):
@@ -64,6 +64,8 @@ def classify_files(client: Classifier, images: list[Path], queue_timeout_s: floa
             if not _one_by_one(client, pending, done, queue_timeout_s, request):
                 return done
             break
+        if on_chunk is not None:
+            on_chunk(done)
     return done
 
 
