@@ -51,6 +51,23 @@ def test_the_serving_process_never_loads_the_model() -> None:
         serve.stop()
 
 
+@pytest.mark.triton
+@pytest.mark.slow
+def test_children_import_the_package_serve_runs_not_a_folder_of_its_name_in_the_working_folder(tmp_path: Path) -> None:
+    # was: `python -m` put the working folder first on the children's sys.path, so serve started from a folder
+    # holding a `hub_vit` (a clone beside an installed hub-vit) built and relayed with that copy, or not at all
+    for package in ("hub_vit", "torch"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(f"raise ImportError('the working folder\\'s {package}')\n")
+    serve = Serve("--front-processes", "2", cwd=tmp_path)
+    try:
+        serve.wait_for("metrics")
+        assert serve.classify() == expected_digits()  # built by the child, relayed by the front's workers
+        assert len(serve.front_pids()) == 2
+    finally:
+        serve.stop()
+
+
 @pytest.fixture(scope="module")
 def slow_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ViT-Ti/16 folder with a trained-looking (non-zero) head: serve's default `auto` builds, verifies and times

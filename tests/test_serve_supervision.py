@@ -46,13 +46,15 @@ class Serve:
     """`hub-vit serve` (the default model) in a subprocess on free ports; its output lines read as they come.
     `open_files`: its (soft, hard) limit on open files (RLIMIT_NOFILE), else this process's; `preexec`: run in the
     child before serve starts (it may place it in a cgroup); `new_session`: in a process group of its own (a test
-    sends Ctrl-C's SIGINT to the group); `wrapper`: a command that runs serve as its only child (`unshare ...`)."""
+    sends Ctrl-C's SIGINT to the group); `wrapper`: a command that runs serve as its only child (`unshare ...`);
+    `cwd`: the folder it runs in."""
 
     def __init__(self, *args: str, open_files: tuple[int, int] | None = None,
                  preexec: Callable[[], None] | None = None, new_session: bool = False,
-                 wrapper: tuple[str, ...] = ()) -> None:
+                 wrapper: tuple[str, ...] = (), cwd: Path | None = None) -> None:
         self.ports = [free_port() for _ in range(3)]
-        command = [*wrapper, sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet",
+        # -P: the working folder is not on sys.path, as for the `hub-vit` script
+        command = [*wrapper, sys.executable, "-P", "-c", "from hub_vit.cli import main; main()", "serve", "--quiet",
                    "--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]), "--metrics-port",
                    str(self.ports[2]), "--exit-timeout", "10", *args]
         self.wrapped = bool(wrapper)
@@ -63,7 +65,7 @@ class Serve:
                 preexec()
 
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        preexec_fn=before_exec, start_new_session=new_session)
+                                        preexec_fn=before_exec, start_new_session=new_session, cwd=cwd)
         self.lines: queue.Queue[str] = queue.Queue()
         self.text = ""
         threading.Thread(target=self._read, daemon=True).start()

@@ -29,6 +29,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from hub_vit.child_python import python_command
+
 if TYPE_CHECKING:
     from hub_vit.resolve import ResolvedModel
     from hub_vit.server.repository.options import ServingOptions
@@ -79,8 +81,9 @@ class RepositoryBuild:
     def __init__(self, request: BuildRequest) -> None:
         ours, theirs = socket.socketpair()
         try:
-            self.process = subprocess.Popen([sys.executable, "-m", "hub_vit.cli.serve_build", str(theirs.fileno()),
-                                             str(os.getpid())], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(python_command("-m", "hub_vit.cli.serve_build", str(theirs.fileno()),
+                                                           str(os.getpid())),
+                                            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
         self.channel = Connection(ours.detach())

@@ -21,12 +21,12 @@ import select
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict
 from typing import Any
 
+from hub_vit.child_python import python_command
 from hub_vit.server.front.limits import FrontLimits
 
 START_TIMEOUT_S = 60.0
@@ -89,7 +89,7 @@ class Worker:
     def __init__(self, settings: dict[str, Any]) -> None:
         self.control, theirs = socket.socketpair()
         try:
-            self.process = subprocess.Popen([sys.executable, "-m", "hub_vit.server.front.worker", str(theirs.fileno())],
+            self.process = subprocess.Popen(python_command("-m", "hub_vit.server.front.worker", str(theirs.fileno())),
                                             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                             stdout=subprocess.DEVNULL)
         finally:

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hub_vit.child_python import python_command
 from hub_vit.server.repository.manifest import read_manifest
 from hub_vit.server.repository.options import DEVICES, FLAVOURS
 
@@ -47,7 +48,7 @@ def cuda_device_name() -> str | None:
 
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     try:
-        probe = subprocess.run([sys.executable, "-c", _CUDA_PROBE], capture_output=True, text=True,
+        probe = subprocess.run(python_command("-c", _CUDA_PROBE), capture_output=True, text=True,
                                stdin=subprocess.DEVNULL, timeout=CUDA_PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise NoCudaDevice(f"asking torch for a CUDA device did not finish within {CUDA_PROBE_TIMEOUT_S} s (a hung "
