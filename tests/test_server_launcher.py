@@ -462,3 +462,33 @@ def test_processes_adopted_from_a_dead_server_are_waited_for_and_own_children_le
     assert found["before"] == 3, found  # the two workers, and the other child not yet waited for
     assert found["after"] == [found["other"]], found  # only the workers were waited for
     assert found["other_code"] == 3, found  # its Popen still reads its real exit status
+
+
+EMULATED_TRITON = r'''
+import os, signal, sys, time
+for line in sys.argv[1:]:
+    print(line, flush=True)
+time.sleep(0.3)
+os.kill(os.getpid(), signal.SIGFPE)  # a request's crash (Triton 2.51's classification of a STRING output)
+'''
+MODELS_LOADED = ["| vit            | 1       | READY  |", 'I1201 10:47:03.604790 25840 metrics.cc:770] "Collecting CPU '
+                 'metrics"']
+OPTIONS_TABLE = ["| server_id                        | hub-vit-1-n1-17a8382c |", "| server_version | 2.51.0 |"]
+
+
+@pytest.mark.parametrize(("printed", "reachable"), [
+    (MODELS_LOADED, False),  # died before its endpoints: a failed start (a model that crashes it, say)
+    (MODELS_LOADED + OPTIONS_TABLE, True),  # killed once its endpoints opened, before their "Started ..." line
+])
+def test_a_server_killed_once_its_endpoints_opened_counts_as_reachable(tmp_path, monkeypatch, printed, reachable):
+    # was: a crash request landing between the gRPC port's opening and Triton's "Started GRPCInferenceService" line
+    # counted as a start that never answered: two of them in a row ended serve under --max-restarts 1 (seen in CI)
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
+
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(TritonServer, "command", lambda self, install, backends: [sys.executable, "-c",
+                                                                                  EMULATED_TRITON, *printed])
+    server = TritonServer(tmp_path / "empty", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    with pytest.raises(ServerError, match="tritonserver was killed by SIGFPE"):
+        server.start(timeout_s=60)
+    assert server.reachable is reachable

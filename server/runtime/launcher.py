@@ -56,7 +56,7 @@ from hub_vit.server.runtime.processes import (
 )
 from hub_vit.server.runtime.stub_env import StubEnvironment, stub_environment
 from hub_vit.server.runtime.triton_install import ServerError, TritonInstall, find_triton, has_gpu
-from hub_vit.server.runtime.triton_log import ENDPOINT_STARTED, PORT_IN_USE, load_failure
+from hub_vit.server.runtime.triton_log import ENDPOINT_STARTED, ENDPOINTS_NEXT, PORT_IN_USE, load_failure
 from hub_vit.server.runtime.workspace import (
     remove_orphaned_regions,
     remove_orphaned_workspaces,
@@ -156,6 +156,7 @@ class TritonServer:
         # The control APIs (RESTRICTED_APIS) answer only requests carrying this header; hub-vit's own calls send it
         self.control_key = secrets.token_hex(16)
         self.reachable = False  # it opened its HTTP or gRPC endpoint: clients could reach it (supervisor.py)
+        self._endpoints_next = False  # its log reached the options table printed right before its endpoints open
         self.stub_environment: StubEnvironment | None = None  # the stubs' Python environment, once started
         self.oom_kills_at_start: int | None = None  # this cgroup's OOM kills when it started (`wait` names a new one)
 
@@ -267,6 +268,8 @@ class TritonServer:
             self.log_tail.append(line)
             if ENDPOINT_STARTED.search(line):  # from the log: a crash right after it is too quick for any poll
                 self.reachable = True
+            elif ENDPOINTS_NEXT.search(line):
+                self._endpoints_next = True
             failure = load_failure(line)
             if failure is not None:
                 self.load_failures.append(failure)
@@ -287,6 +290,11 @@ class TritonServer:
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
                 self._reap()  # the process is gone: the reader takes in its last lines
+                if code is not None and code < 0 and self._endpoints_next:
+                    # killed by a signal once its endpoints were opening: a client's request can crash it there before
+                    # the "Started ..." line is read (seen with the SIGFPE request), so it was reachable, not a failed
+                    # start (supervisor.py counts only those against --max-restarts)
+                    self.reachable = True
                 taken = self._port_taken()
                 if taken is not None:
                     raise taken

@@ -15,6 +15,11 @@ import re
 #   I1127 05:11:33.007673 11532 grpc_server.cc:2558] "Started GRPCInferenceService at 127.0.0.1:34373"
 #   I1127 05:11:33.008040 11532 http_server.cc:4713] "Started HTTPService at 127.0.0.1:49259"
 ENDPOINT_STARTED = re.compile(r"Started (HTTPService|GRPCInferenceService) at ")
+# The options table Triton prints once every model loaded, right before it opens its endpoints:
+#   | server_id                        | hub-vit-25818-n4026531836-17a8382c |
+# A request can reach an endpoint, and crash the server, before the endpoint's "Started ..." line is read: a server
+# killed by a signal after this table had opened its endpoints as far as anyone can tell.
+ENDPOINTS_NEXT = re.compile(r"^\|\s*server_id\s*\|")
 PORT_IN_USE = re.compile(r"Socket '[^']*:(?P<port>\d+)' already in use")
 LOAD_FAILURE = re.compile(r"failed to load '(?P<model>[^']+)' version (?P<version>\d+): (?P<reason>.*)")
 
