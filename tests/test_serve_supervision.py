@@ -555,7 +555,7 @@ def test_classify_waits_through_a_restart_and_keeps_its_answers_when_the_server_
         serve.wait_for("metrics")
         url = f"127.0.0.1:{serve.ports[0]}"
         monkeypatch.setattr(classifier, "Classifier", _ServerDiesAfterFirstAnswer(serve, real))
-        waited = CliRunner().invoke(app, ["classify", "--url", url, "--top", "1", str(tmp_path)])
+        waited = CliRunner().invoke(app, ["classify", "--url", url, "--top", "1", "--concurrency", "1", str(tmp_path)])
         text = " ".join(waited.output.split())
         assert waited.exit_code == 0, text
         assert f"note: {url} says its server is restarting; waiting up to 60 s (--timeout) for it" in text, text
@@ -563,17 +563,19 @@ def test_classify_waits_through_a_restart_and_keeps_its_answers_when_the_server_
         serve.wait_for("serving again")
 
         monkeypatch.setattr(classifier, "Classifier", _ServerDiesAfterFirstAnswer(serve, real))
-        stopped = CliRunner().invoke(app, ["classify", "--url", url, "--top", "1", "--timeout", "1", str(tmp_path)])
+        stopped = CliRunner().invoke(app, ["classify", "--url", url, "--top", "1", "--timeout", "1", "--concurrency",
+                                           "1", str(tmp_path)])
         text = " ".join(stopped.output.split())
         assert stopped.exit_code == 1, text
         assert all(path.name in text for path in files[:16]), text  # the first request's answers stand
         assert files[16].name not in text.split("error:")[0], text
-        assert (f"the server is starting or restarting; retry shortly 24 of 40 files were not classified, from "
-                f"{files[16]} on; the answers above stand") in text, text
+        assert (f"the server is starting or restarting; retry shortly 24 of 40 files were not classified (the first: "
+                f"{files[16]}); the answers above stand") in text, text
         serve.wait_for("serving again")
 
         monkeypatch.setattr(classifier, "Classifier", _ServerDiesAfterFirstAnswer(serve, real))
-        as_json = CliRunner().invoke(app, ["classify", "--url", url, "--json", "--timeout", "1", str(tmp_path)])
+        as_json = CliRunner().invoke(app, ["classify", "--url", url, "--json", "--timeout", "1", "--concurrency", "1",
+                                           str(tmp_path)])
         assert as_json.exit_code == 1, as_json.output
         assert [json.loads(line)["file"] for line in as_json.stdout.splitlines()] == [str(p) for p in files[:16]]
         assert "24 of 40 files were not classified" in " ".join(as_json.stderr.split()), as_json.stderr

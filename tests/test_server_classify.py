@@ -174,9 +174,12 @@ def test_cli_json_is_one_object_per_file_in_the_order_given(server, digits, tmp_
         files[-1].write_bytes(payload)
     (tmp_path / "bad.jpg").write_bytes(b"this is not an image")
     files.insert(1, tmp_path / "bad.jpg")
-    result = CliRunner().invoke(_app(), ["classify", "--url", server.http_url, "--json", "--top", "2",
-                                         *map(str, files)])
-    assert result.exit_code == 1, result.output  # a file failed
+    runs = {concurrency: CliRunner().invoke(_app(), ["classify", "--url", server.http_url, "--json", "--top", "2",
+                                                     "--concurrency", concurrency, *map(str, files)])
+            for concurrency in ("1", "3")}
+    assert runs["1"].exit_code == 1 and runs["3"].exit_code == 1, runs["1"].output  # a file failed
+    assert runs["1"].stdout == runs["3"].stdout  # requests in flight at once answer as one after another
+    result = runs["3"]
     lines = [json.loads(line) for line in result.stdout.splitlines()]  # nothing but JSON on stdout
     assert [line["file"] for line in lines] == [str(path) for path in files]
     assert lines[1] == {"file": str(files[1]), "error": lines[1]["error"]} and "not an image" in lines[1]["error"]

@@ -36,6 +36,8 @@ def classify(
                                     "min."),
     discard_ratio: float = typer.Option(None, help="--explain: share of the lowest attentions the server drops per "
                                         "row, in [0, 1) (default 0)."),
+    concurrency: int = typer.Option(2, help="Requests in flight at once, each on its own connection (a server's "
+                                    "instances compute them side by side)."),
     json_lines: bool = typer.Option(False, "--json", help="Instead of the table, one JSON object per image as its "
                                     "request is answered, in the order given (JSON Lines): file, labels, scores, "
                                     "class_ids, domain, domain_score (and rollout_png with --explain), or file and "
@@ -43,12 +45,14 @@ def classify(
 ) -> None:
     """Classify images with a running server and print a table."""
     from hub_vit.atomic import remove_empty_folders
-    from hub_vit.cli.classify_files import classify_files
+    from hub_vit.cli.classify_files import MAX_CONCURRENCY, classify_files
     from hub_vit.paths import with_folders_listed
     from hub_vit.server.client.classifier import Classifier
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise fail(f"--concurrency (requests in flight) must be between 1 and {MAX_CONCURRENCY}, got {concurrency}")
     try:
         images = with_folders_listed(images, SUFFIXES, leave_out=out if explain else None)
     except ValueError as exc:  # a folder without images
@@ -66,9 +70,9 @@ def classify(
 
     try:
         try:
-            with Classifier(url, protocol=protocol, model=model, timeout_s=wait_s) as client:
-                done = classify_files(client, images, timeout_s, restart_wait_s=wait_s, on_restart=waiting,
-                                      on_chunk=lines.write if lines is not None else None, **request)
+            done = classify_files(lambda: Classifier(url, protocol=protocol, model=model, timeout_s=wait_s), images,
+                                  timeout_s, concurrency=concurrency, restart_wait_s=wait_s, on_restart=waiting,
+                                  on_chunk=lines.write if lines is not None else None, **request)
         except Exception as err:  # before any request: refused, not Triton, the other protocol's port, unknown model
             raise fail(_failure(protocol, url, model, err), code=1) from None
         if done.stopped is not None and not done.predictions and not done.errors:
@@ -88,8 +92,8 @@ def classify(
     if done.stopped is not None:
         unsent = [images[i] for i in range(len(images)) if i not in done.predictions and i not in done.errors]
         err_console.print(f"[bold red]error:[/] {escape(_failure(protocol, url, model, done.stopped))}\n"
-                          f"{len(unsent):,} of {len(images):,} files were not classified, from "
-                          f"{escape(str(unsent[0]))} on; the answers above stand", soft_wrap=True, emoji=False)
+                          f"{len(unsent):,} of {len(images):,} files were not classified (the first: "
+                          f"{escape(str(unsent[0]))}); the answers above stand", soft_wrap=True, emoji=False)
     if done.errors or done.stopped is not None:
         raise typer.Exit(1)
 

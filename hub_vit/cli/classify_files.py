@@ -3,6 +3,8 @@ named with the reason it was refused, whatever else in its request."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,88 +15,164 @@ from hub_vit.server.client.classifier import Classifier
 from hub_vit.server.client.errors import CLIENT_ERROR_STATUSES, ImageTooLarge, refused_image, restarting
 from hub_vit.server.client.messages import Prediction, split
 
-# the waits between two tries while serve's gate says its server is restarting (s): a restart takes 1-15 s
-RESTART_POLL_S = (0.5, 1.0, 2.0)
+# the wait between two tries while serve's gate says its server is restarting: half the time waited so far, within
+# these bounds (s); a restart takes 1-15 s
+RESTART_POLL_S = (0.5, 2.0)
+MAX_CONCURRENCY = 64  # `hub-vit classify --concurrency`: requests in flight, each a connection and a thread
 
 
 @dataclass
 class Classified:
     """What `classify_files` got: {position: prediction} for the files the server classified, {position: why not}
     for those it refused or the client could not send, and `stopped`, the error that ended the run early (no server,
-    a server that died with requests in flight, overload), after which the other files were not sent."""
+    a server that died with requests in flight, overload), after which no other request was sent."""
 
     predictions: dict[int, Prediction] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     stopped: Exception | None = None
 
+    def take(self, other: Classified) -> None:
+        self.predictions.update(other.predictions)
+        self.errors.update(other.errors)
+        self.stopped = self.stopped or other.stopped
 
-def classify_files(client: Classifier, images: list[Path], queue_timeout_s: float | None = None, *,
-                   restart_wait_s: float = 0.0, on_restart: Callable[[], None] = lambda: None,
+
+def classify_files(connect: Callable[[], Classifier], images: list[Path], queue_timeout_s: float | None = None, *,
+                   concurrency: int = 1, restart_wait_s: float = 0.0, on_restart: Callable[[], None] = lambda: None,
                    on_chunk: Callable[[Classified], None] | None = None, **request: Any) -> Classified:
-    """Every file of `images` classified or named with the reason it was not (`hub-vit classify`). Requests hold at
-    most the model's max_batch_size files, and no more bytes than the server takes (the client splits them). The
-    server refuses a request at its first bad file and names that file's index in the request, and the client names
-    a file too large to send alone: the file is set aside with the reason and the rest is sent again, so k bad files
-    cost k more requests, the good files are still classified and each bad one is named by its path.
-    A refusal that names no file (a file the client could not read) is resolved file by file. While serve's gate says
-    its server is restarting, a request is sent again for up to `restart_wait_s` in all (`on_restart` is called when
-    the first wait begins). Any other error that is not about one file ends the run: what was classified before is
-    kept, with the error in `stopped`. `on_chunk(done so far)` is called as each request's files are all resolved.
-    `request`: more keywords for `Classifier.classify` (explain, head_fusion, discard_ratio)."""
-    done = Classified()
-    waited: list[float] = []  # the seconds waited for restarts so far, one entry per wait
-    for offset, chunk in split(images, client.max_batch_size()):
-        pending = list(enumerate(chunk, offset))  # (position in `images`, path) still to classify
+    """Every file of `images` classified or named with the reason it was not (`hub-vit classify`), with up to
+    `concurrency` requests in flight, each from a client `connect()` made in its own thread (tritonclient's HTTP
+    client belongs to the thread that made it; a server's instances compute the requests side by side).
+    Requests hold at most the model's max_batch_size files, and no more bytes than the server takes (the client
+    splits them). The server refuses a request at its first bad file and names that file's index in the request, and
+    the client names a file too large to send alone: the file is set aside with the reason and the rest is sent
+    again, so k bad files cost k more requests, the good files are still classified and each bad one is named by its
+    path. A refusal that names no file (a file the client could not read) is resolved file by file.
+    While serve's gate says its server is restarting, a request is sent again until `restart_wait_s` after the first
+    such answer (`on_restart` is called then). Any other error that is not about one file ends the run: no further
+    request is sent, and what was classified is kept, with the error in `stopped`. `on_chunk(done so far)` is called
+    as the files of each request are resolved, in the order of `images`. `request`: more keywords for
+    `Classifier.classify` (explain, head_fusion, discard_ratio)."""
+    with connect() as client:  # errors here (no server, not Triton, no such model) are raised: nothing was sent
+        chunks = list(split(images, client.max_batch_size()))
+    run = _Run(chunks, restart_wait_s, on_restart, on_chunk)
+    workers = [threading.Thread(target=run.work, args=(connect, queue_timeout_s, request), daemon=True,
+                                name=f"classify-{index}") for index in range(min(concurrency, len(chunks)))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        while worker.is_alive():  # a timed join: Ctrl-C reaches this thread at once (the workers are daemons)
+            worker.join(0.2)
+    return run.finish()
+
+
+class _Run:
+    """The chunks of one `classify_files` call, taken in order by its workers; their answers handed on in order."""
+
+    def __init__(self, chunks: list[tuple[int, list[Path]]], restart_wait_s: float, on_restart: Callable[[], None],
+                 on_chunk: Callable[[Classified], None] | None) -> None:
+        self.chunks, self.restart_wait_s, self.on_restart, self.on_chunk = chunks, restart_wait_s, on_restart, on_chunk
+        self.lock = threading.Lock()
+        self.taken = 0  # chunks handed to a worker
+        self.finished: dict[int, Classified] = {}  # chunk number -> its answers, until the chunks before are in
+        self.reported = 0  # chunks merged into `done`, in order
+        self.done = Classified()
+        self.restart_deadline: float | None = None  # set by the first "restarting" answer
+        self.failure: Exception | None = None  # a worker's client could not be made
+
+    def work(self, connect: Callable[[], Classifier], queue_timeout_s: float | None, request: dict[str, Any]) -> None:
+        try:
+            client = connect()
+        except Exception as err:  # a client that cannot be made stops the run, as a request's error does
+            with self.lock:
+                self.failure = self.failure or err
+            return
+        try:
+            self._work(client, queue_timeout_s, request)
+        finally:
+            with contextlib.suppress(Exception):  # its answers are in; a close that fails changes none of them
+                client.close()
+
+    def _work(self, client: Classifier, queue_timeout_s: float | None, request: dict[str, Any]) -> None:
+        while True:
+            with self.lock:
+                if self.taken == len(self.chunks) or self.failure is not None or self.done.stopped is not None or any(
+                        result.stopped is not None for result in self.finished.values()):
+                    return
+                number, self.taken = self.taken, self.taken + 1
+            offset, chunk = self.chunks[number]
+            result = self._chunk(client, list(enumerate(chunk, offset)), queue_timeout_s, request)
+            with self.lock:
+                self.finished[number] = result
+                while self.reported in self.finished and self.done.stopped is None:
+                    self.done.take(self.finished.pop(self.reported))
+                    self.reported += 1
+                    if self.on_chunk is not None and self.done.stopped is None:
+                        self.on_chunk(self.done)
+
+    def finish(self) -> Classified:
+        """`done` with the answers of the requests in flight when the run stopped, in order."""
+        for number in sorted(self.finished):
+            self.done.take(self.finished[number])
+        if self.failure is not None and self.done.stopped is None and self.taken < len(self.chunks):
+            self.done.stopped = self.failure  # files were left unsent for it
+        return self.done
+
+    def _chunk(self, client: Classifier, pending: list[tuple[int, Path]], queue_timeout_s: float | None,
+               request: dict[str, Any]) -> Classified:
+        """One request's files (position in `images`, path) classified or named, or the error that stopped it."""
+        found = Classified()
         while pending:
             try:
                 answers = client.classify([path for _, path in pending], queue_timeout_s=queue_timeout_s, **request)
-                done.predictions.update(zip([position for position, _ in pending], answers, strict=True))
-                break
+                found.predictions.update(zip([position for position, _ in pending], answers, strict=True))
+                return found
             except Exception as err:
                 failed = failed_file(err, len(pending))
                 if failed is not None:
                     index, message = failed
-                    done.errors[pending.pop(index)[0]] = message
+                    found.errors[pending.pop(index)[0]] = message
                     continue
-                if restarting(err) and _waited_for_restart(waited, restart_wait_s, on_restart):
+                if restarting(err) and self._waited_for_restart():
                     continue
                 if file_error(err) is None:
-                    done.stopped = err
-                    return done
-            if not _one_by_one(client, pending, done, queue_timeout_s, request):
-                return done
-            break
-        if on_chunk is not None:
-            on_chunk(done)
-    return done
+                    found.stopped = err
+                    return found
+            _one_by_one(client, pending, found, queue_timeout_s, request)
+            return found
+        return found
+
+    def _waited_for_restart(self) -> bool:
+        """Wait a little for a restarting server, unless `restart_wait_s` after the first such answer has passed;
+        whether it waited."""
+        with self.lock:
+            now = time.monotonic()
+            first = self.restart_deadline is None
+            if self.restart_deadline is None:
+                self.restart_deadline = now + self.restart_wait_s
+            waited_s = self.restart_wait_s - (self.restart_deadline - now)
+            pause = min(RESTART_POLL_S[1], max(RESTART_POLL_S[0], waited_s / 2))
+            if now + pause > self.restart_deadline:
+                return False
+        if first:
+            self.on_restart()
+        time.sleep(pause)
+        return True
 
 
-def _waited_for_restart(waited: list[float], restart_wait_s: float, on_restart: Callable[[], None]) -> bool:
-    """Wait a little for a restarting server, unless `restart_wait_s` is spent; whether it waited."""
-    pause = RESTART_POLL_S[min(len(waited), len(RESTART_POLL_S) - 1)]
-    if sum(waited) + pause > restart_wait_s:
-        return False
-    if not waited:
-        on_restart()
-    time.sleep(pause)
-    waited.append(pause)
-    return True
-
-
-def _one_by_one(client: Classifier, pending: list[tuple[int, Path]], done: Classified,
-                queue_timeout_s: float | None, request: dict[str, Any]) -> bool:
-    """A refusal that names no file: each of `pending` sent alone, its answer or its reason recorded; False when an
-    error that is not about a file ended the run (`done.stopped`)."""
+def _one_by_one(client: Classifier, pending: list[tuple[int, Path]], found: Classified,
+                queue_timeout_s: float | None, request: dict[str, Any]) -> None:
+    """A refusal that names no file: each of `pending` sent alone, its answer or its reason recorded, until an error
+    that is not about a file stops it (`found.stopped`)."""
     for position, path in pending:
         try:
-            done.predictions[position] = client.classify([path], queue_timeout_s=queue_timeout_s, **request)[0]
+            found.predictions[position] = client.classify([path], queue_timeout_s=queue_timeout_s, **request)[0]
         except Exception as err:
             message = file_error(err)
             if message is None:
-                done.stopped = err
-                return False
-            done.errors[position] = message
-    return True
+                found.stopped = err
+                return
+            found.errors[position] = message
 
 
 def failed_file(err: Exception, count: int) -> tuple[int, str] | None:
