@@ -245,6 +245,15 @@ def test_classify_explain_writes_the_rollout_overlays(server, models, repo_root,
         b = np.asarray(Image.open(tmp_path / "local" / name)).astype(int)
         assert a.shape == b.shape
         assert np.abs(a - b).max() <= 2  # one colour-table step, where a map value sits on a rounding edge
+    as_json = runner.invoke(app, ["classify", "--url", server.http_url, "--model", "digits", "--explain", "-o",
+                                  str(tmp_path / "json"), "--head-fusion", "max", "--json", *files])
+    assert as_json.exit_code == 0, as_json.output
+    written = [json.loads(line)["rollout_png"] for line in as_json.stdout.splitlines()]  # the same overlays, named
+    assert written == [str(tmp_path / "json" / name) for name in ("3_0_rollout.png", "8_0_rollout.png",
+                                                                  "chelsea_rollout.png")]
+    for name in written:
+        served_png = tmp_path / "served" / Path(name).name
+        assert np.array_equal(np.asarray(Image.open(name)), np.asarray(Image.open(served_png)))
 
 
 def test_classify_explain_bad_settings_fail_before_any_request(tmp_path, repo_root):

@@ -168,15 +168,15 @@ def _domain_notes(names: list[str], predictions: list[Any]) -> None:
 
 
 def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path, created: list[Path],
-                     say: bool = True) -> dict[int, Path]:
+                     say: bool = True, stems: list[str] | None = None) -> dict[int, Path]:
     """`classify --explain`: the server's map of each classified image drawn on it, as `hub-vit rollout` draws its
     own (the same names, `<stem>_rollout.png`, colours and crop placement), one line per file written (`say`);
-    {position: file written}."""
+    {position: file written}. `stems`: `output_stems(images)`, for a caller that writes a few at a time."""
     from hub_vit.cli.explain import _save_overlay, output_stems
     from hub_vit.explain.image import ImageReadError, load_image
     from hub_vit.explain.overlay import blend
 
-    stems = output_stems(images)
+    stems = stems if stems is not None else output_stems(images)
     written = {}
     for index, prediction in sorted(predictions.items()):
         try:
@@ -197,7 +197,10 @@ class JsonLines:
     order given; each file once."""
 
     def __init__(self, images: list[Path], top: int, out: Path | None, created: list[Path]) -> None:
+        from hub_vit.cli.explain import output_stems
+
         self.images, self.top, self.out, self.created = images, top, out, created
+        self.stems = output_stems(images) if out is not None else None  # once: the overlays come a request at a time
         self.written: set[int] = set()
 
     def write(self, done: Any) -> None:
@@ -207,7 +210,8 @@ class JsonLines:
 
         fresh = sorted((set(done.predictions) | set(done.errors)) - self.written)
         found = {i: done.predictions[i] for i in fresh if i in done.predictions}
-        overlays = _write_explained(self.images, found, self.out, self.created, say=False) if self.out else {}
+        overlays = (_write_explained(self.images, found, self.out, self.created, say=False, stems=self.stems)
+                    if self.out is not None else {})
         for index in fresh:
             line: dict[str, Any] = {"file": str(self.images[index])}
             if index in found:
