@@ -5,9 +5,9 @@ Cache: `$HUB_VIT_CACHE`, else `$XDG_CACHE_HOME/hub_vit` (`~/.cache/hub_vit` when
 huggingface_hub and torch), under `downloads/<first 32 hex digits of the URL's sha256>/<file name>`, plus a
 `<file name>.sha256` sidecar holding the content hash (computed while downloading; checked against the catalog's
 hash when it has one). A download is written to a hidden file of its own beside its place (`hub_vit.atomic`:
-`.<file name>.tmp-<host>-<pid>-<random>`, so two processes fetching the same URL never write into one file) and
-renamed when complete, so the cache never holds a half file: a connection that closes before the Content-Length the
-server announced is a failed download, not a shorter file. With no network (or `HUB_VIT_OFFLINE` /
+`.<file name>.tmp-<host>-<pid>-n<PID namespace>-<random>`, so two processes fetching the same URL never write into
+one file) and renamed when complete, so the cache never holds a half file: a connection that closes before the
+Content-Length the server announced is a failed download, not a shorter file. With no network (or `HUB_VIT_OFFLINE` /
 `HF_HUB_OFFLINE` set to 1, true, yes or on) a download fails at once and says which URL to fetch by hand and where to
 put it; an HTTP error status (404: a wrong URL) is named as the server's answer, and only a 5xx, which may pass, keeps
 that help. A cache that cannot be written (read-only
