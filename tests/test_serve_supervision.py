@@ -513,6 +513,15 @@ def test_without_the_queue_policy_a_request_s_queue_timeout_is_refused_and_the_r
             raw.close()
         pairs, status = TritonLabels(f"127.0.0.1:{serve.ports[0]}").top_k(None, source=SAMPLES[0])
         assert pairs and pairs[0][0] == expected_digits()[0], status
+        # the command line: one line naming its flag, not the refusal once per file as if each file were at fault
+        from hub_vit.cli import _load_commands, app
+
+        _load_commands()
+        result = CliRunner().invoke(app, ["classify", "--url", f"127.0.0.1:{serve.ports[0]}", "--queue-timeout-ms",
+                                          "100", *map(str, SAMPLES)])
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 1 and len(lines) == 1, result.output
+        assert "applies no per-request queue timeout" in lines[0] and "--queue-timeout-ms)" in lines[0], lines
     finally:
         serve.stop()
 

@@ -222,6 +222,21 @@ def test_model_without_rollout_is_named(server, images, protocol):
             client.classify(images[:1], explain=True)
 
 
+def test_classify_explain_of_a_model_without_rollout_is_one_line(server, repo_root, tmp_path):
+    # was: the model's refusal was taken for each file's own, one line per file (4,000 for a folder), every file sent
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    samples = sorted((repo_root / "hub_vit" / "assets" / "digits" / "samples").glob("*.png"))
+    result = CliRunner().invoke(app, ["classify", "--url", server.http_url, "--model", "plain", "--explain", "-o",
+                                      str(tmp_path / "out"), *map(str, samples)])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "the served model 'plain' has no explanation" in lines[0], result.output
+    assert lines[0].endswith("ask without explain (hub-vit classify: --explain)"), result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_classify_explain_writes_the_rollout_overlays(server, models, repo_root, tmp_path):
     """`hub-vit classify --explain -o DIR` writes what `hub-vit rollout -o DIR` writes for the same model."""
     from hub_vit.cli import _load_commands, app

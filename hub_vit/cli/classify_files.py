@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from hub_vit.server.client.classifier import Classifier
-from hub_vit.server.client.errors import CLIENT_ERROR_STATUSES, ImageTooLarge, refused_image, restarting
+from hub_vit.server.client.errors import (
+    CLIENT_ERROR_STATUSES,
+    ImageTooLarge,
+    NoExplanation,
+    NoQueueTimeouts,
+    refused_image,
+    restarting,
+)
 from hub_vit.server.client.messages import Prediction, split
 
 # the wait between two tries while serve's gate says its server is restarting: half the time waited so far, within
@@ -198,6 +205,8 @@ def file_error(err: Exception) -> str | None:
         return failed.reason if failed is not None else " ".join((err.message() or str(err)).split())
     if isinstance(err, OSError) and err.filename is not None:  # unreadable (permissions, removed since the start);
         return f"cannot read the file: {err.strerror or err}"  # a socket error has no file name: not about a file
+    if isinstance(err, (NoExplanation, NoQueueTimeouts)):  # what the request asks of this server: no file's fault
+        return None
     if isinstance(err, ValueError):  # the client's own checks (e.g. not a regular file)
         return str(err)
     return None

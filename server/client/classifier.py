@@ -100,7 +100,8 @@ def refusal(model: str, config: ServedConfig, explain: bool, queue_timeout_s: fl
         return NoQueueTimeouts(f"the served model {model!r} applies no per-request queue timeout: its server runs "
                                "without Triton's queue policy, which is what applies one (hub-vit serve "
                                "--no-queue-policy, the default on cuda; --queue-policy keeps it); send the request "
-                               "without queue_timeout_s")
+                               "without a queue timeout (queue_timeout_s; hub-vit classify and loadtest: "
+                               "--queue-timeout-ms)")
     return None
 
 
@@ -111,7 +112,8 @@ def no_explanation(model: str, config: ServedConfig) -> NoExplanation | None:
         return None
     return NoExplanation(f"the served model {model!r} has no explanation (no rollout output): explanations are "
                          "served by the CPU and torch flavours of a repository built from a hub-vit model (a name or "
-                         "folder, not an .onnx file), with options.explain on")
+                         "folder, not an .onnx file), with options.explain on; ask without explain (hub-vit "
+                         "classify: --explain)")
 
 
 class Classifier:
