@@ -26,6 +26,7 @@ DISK_REFUSED_ERRNOS = frozenset(
     code for code in (errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG) if code is not None
 )
 
+
 def pid_namespace() -> int | None:
     """The inode of this process's PID namespace (None where /proc does not say). A pid means something only inside
     its namespace: another container sharing a folder (a volume) or /dev/shm (`docker run --ipc=host`) has pids this
