@@ -1,5 +1,5 @@
-"""`hub-vit classify`: classify image files with a running server and print a table (--explain: the server's
-rollout maps drawn on the images, as `hub-vit rollout` draws its own)."""
+"""`hub-vit classify`: classify image files with a running server and print a table, or JSON Lines (--explain: the
+server's rollout maps drawn on the images, as `hub-vit rollout` draws its own)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def classify(
                                     "class_ids, domain, domain_score (and rollout_png with --explain), or file and "
                                     "error."),
 ) -> None:
-    """Classify images with a running server and print a table."""
+    """Classify images with a running server and print a table (--json: JSON Lines)."""
     from hub_vit.atomic import remove_empty_folders
     from hub_vit.cli.classify_files import MAX_CONCURRENCY, classify_files
     from hub_vit.paths import with_folders_listed
