@@ -54,18 +54,17 @@ CLI = [sys.executable, "-c", "from hub_vit.cli import main; main()"]
 SAMPLE = sorted((default_model_folder() / "samples").glob("*.png"))[0]
 
 
-def _namespaces_allowed() -> str | None:
-    """Why this machine cannot give a process its own /dev/shm, or None when it can."""
-    tried = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
-                           capture_output=True, text=True)
-    return None if tried.returncode == 0 else f"cannot mount a tmpfs in a mount namespace: {tried.stderr.strip()}"
+def _skip_unless_it_runs(command: list[str], what: str) -> None:
+    """Skip the test where this machine refuses `command` (namespaces need privileges a container may not have)."""
+    tried = subprocess.run(command, capture_output=True, text=True)
+    if tried.returncode != 0:
+        pytest.skip(f"cannot {what}: {tried.stderr.strip()}")
 
 
 @pytest.fixture(scope="module")
 def own_mounts() -> None:
-    why = _namespaces_allowed()
-    if why:
-        pytest.skip(why)
+    _skip_unless_it_runs(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+                         "mount a tmpfs in a mount namespace")
 
 
 class ServeMounted:
@@ -331,12 +330,6 @@ def _classify_at(http_port: int, image: Path) -> subprocess.CompletedProcess[str
                           text=True, timeout=120)
 
 
-def _pid_namespace_refused() -> str | None:
-    """Why this machine cannot run a process as the init of a PID namespace of its own, or None when it can."""
-    tried = subprocess.run([*INIT_OF_A_NEW_PID_NAMESPACE, "true"], capture_output=True, text=True)
-    return None if tried.returncode == 0 else f"cannot make a PID namespace: {tried.stderr.strip()}"
-
-
 # serve as PID 1, as in a container whose command it is (`CMD ["hub-vit", "serve"]`, a Kubernetes pod without an
 # init); --kill-child: a test killing the wrapper ends serve, and with it the namespace
 INIT_OF_A_NEW_PID_NAMESPACE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
@@ -345,9 +338,7 @@ INIT_OF_A_NEW_PID_NAMESPACE = ("unshare", "--pid", "--fork", "--mount-proc", "--
 def test_as_a_containers_init_serve_waits_for_the_stubs_of_a_server_it_replaced() -> None:
     # was: the kernel hands orphans to a PID namespace's init, here serve: the stubs of every tritonserver that died
     # stayed zombies, a few more pids taken for each restart until a container's pid limit stopped the next start
-    why = _pid_namespace_refused()
-    if why:
-        pytest.skip(why)
+    _skip_unless_it_runs([*INIT_OF_A_NEW_PID_NAMESPACE, "true"], "make a PID namespace")
     # what a live serve of this namespace holds (this test's pid, unseen from serve's namespace), sharing /tmp and
     # /dev/shm with serve as another container's can: was removed at serve's start, as if its process were gone
     other = owner_tag()

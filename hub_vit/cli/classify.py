@@ -61,7 +61,6 @@ def classify(
     url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
     request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}
     created = make_out(out) if explain else []  # before any request: an --out that cannot be made wastes none
-    images = list(images)
     lines = JsonLines(images, top, out if explain else None, created) if json_lines else None
 
     def waiting() -> None:

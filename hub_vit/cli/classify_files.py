@@ -86,13 +86,14 @@ class _Run:
         self.done = Classified()
         self.restart_deadline: float | None = None  # set by the first "restarting" answer
         self.failure: Exception | None = None  # a worker's client could not be made
+        self.halted = False  # a request stopped the run, or a client could not be made: no further chunk is taken
 
     def work(self, connect: Callable[[], Classifier], queue_timeout_s: float | None, request: dict[str, Any]) -> None:
         try:
             client = connect()
         except Exception as err:  # a client that cannot be made stops the run, as a request's error does
             with self.lock:
-                self.failure = self.failure or err
+                self.failure, self.halted = self.failure or err, True
             return
         try:
             self._work(client, queue_timeout_s, request)
@@ -103,14 +104,14 @@ class _Run:
     def _work(self, client: Classifier, queue_timeout_s: float | None, request: dict[str, Any]) -> None:
         while True:
             with self.lock:
-                if self.taken == len(self.chunks) or self.failure is not None or self.done.stopped is not None or any(
-                        result.stopped is not None for result in self.finished.values()):
+                if self.halted or self.taken == len(self.chunks):
                     return
                 number, self.taken = self.taken, self.taken + 1
             offset, chunk = self.chunks[number]
             result = self._chunk(client, list(enumerate(chunk, offset)), queue_timeout_s, request)
             with self.lock:
                 self.finished[number] = result
+                self.halted = self.halted or result.stopped is not None
                 while self.reported in self.finished and self.done.stopped is None:
                     self.done.take(self.finished.pop(self.reported))
                     self.reported += 1
