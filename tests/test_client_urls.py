@@ -39,6 +39,22 @@ def test_refused_forms_name_the_problem(url, message):
             Classifier(url, protocol=protocol)
 
 
+@pytest.mark.parametrize("concurrency", ["0", "-1", "65"])
+def test_classify_refuses_a_concurrency_out_of_range_before_any_request(tmp_path, concurrency):
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    image = tmp_path / "x.png"
+    Image.new("RGB", (8, 8)).save(image)
+    _load_commands()
+    result = CliRunner().invoke(app, ["classify", "--url", "127.0.0.1:9", "--concurrency", concurrency, str(image)])
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2, flat  # a usage mistake, named before the (absent) server is asked anything
+    assert f"error: --concurrency (requests in flight) must be between 1 and 64, got {concurrency}" in flat, flat
+
+
 @pytest.mark.parametrize("command", ["classify", "loadtest"])
 @pytest.mark.parametrize(("url", "message"), [("notaurl:xx", "must be host:port"), ("127.0.0.1", "must be host:port"),
                                               ("127.0.0.1:8000/x", "has a path")])
