@@ -17,6 +17,10 @@ SUFFIXES: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp")  # file names of 
 OWN_FILE_FORMATS: tuple[str, ...] = (*FORMATS, "BMP", "GIF")
 OWN_FILE_SUFFIXES: tuple[str, ...] = (*SUFFIXES, ".bmp", ".gif")
 OWN_FILE_NAMES = "JPEG, PNG, WebP, BMP or GIF"
+# The names of images in formats hub-vit does not read that people keep beside their photos (a phone's HEIC, a
+# scanner's TIFF): a folder's such files are named as left out, not passed over in silence.
+OTHER_SUFFIXES: dict[str, str] = {".gif": "GIF", ".bmp": "BMP", ".tif": "TIFF", ".tiff": "TIFF", ".heic": "HEIC",
+                                  ".heif": "HEIF", ".avif": "AVIF", ".jxl": "JPEG XL"}
 
 
 def signature_format(data: bytes) -> str | None:

@@ -3,7 +3,8 @@ demo's model picker, `hub-vit classify`'s table). Standard library only: the cli
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -23,34 +24,87 @@ def distinct_names(paths: Sequence[Path]) -> list[str]:
             depth[path] += 1
 
 
-def image_files(folder: str | Path, flag: str, suffixes: Sequence[str], leave_out: Path | None = None) -> list[Path]:
+@dataclass(frozen=True)
+class ListedImages:
+    """What a command reads (`files`, in order) and the images its folders held in formats it does not read
+    (`other_formats`: by name, left out and named in a note)."""
+
+    files: list[Path]
+    other_formats: list[Path] = field(default_factory=list)
+
+
+def _listed(folder: Path, suffixes: Sequence[str], others: Mapping[str, str], leave_out: Path | None,
+            ) -> tuple[list[Path], list[Path], int]:
+    """`folder`'s files of `suffixes` and of `others`' suffixes, sorted, neither hidden nor under `leave_out`, and the
+    count of those left out as hidden or under `leave_out`."""
+    skipped = leave_out.resolve() if leave_out is not None else None
+    named = sorted(p for p in folder.rglob("*") if p.is_file() and (p.suffix.lower() in suffixes
+                                                                    or p.suffix.lower() in others))
+    kept = [p for p in named if not any(part.startswith(".") for part in p.relative_to(folder).parts)
+            and (skipped is None or not p.resolve().is_relative_to(skipped))]
+    files = [p for p in kept if p.suffix.lower() in suffixes]
+    return files, [p for p in kept if p.suffix.lower() not in suffixes], len(named) - len(kept)
+
+
+def folder_images(folder: str | Path, flag: str, suffixes: Sequence[str], leave_out: Path | None = None,
+                  others: Mapping[str, str] | None = None) -> ListedImages:
     """The image files of `folder` and its subfolders, sorted: those whose suffix is one of `suffixes`
-    (`hub_vit.image_formats.SUFFIXES`, or `OWN_FILE_SUFFIXES` where the user's own files are read). Hidden files and
-    folders are left out: a zip made on a Mac unpacks `__MACOSX/._photo.jpg` (not an image) beside each photo, Jupyter
-    keeps `.ipynb_checkpoints/`. So is `leave_out` (a command's output folder inside `folder`: its overlays are not
-    its input the next time). NotADirectoryError naming `flag` for a file, FileNotFoundError for a folder that does
-    not exist, ValueError for one without images."""
+    (`hub_vit.image_formats.SUFFIXES`, or `OWN_FILE_SUFFIXES` where the user's own files are read), and apart those of
+    `others` (suffix -> format name, `hub_vit.image_formats.OTHER_SUFFIXES`: images of formats not read). Hidden files
+    and folders are left out: a zip made on a Mac unpacks `__MACOSX/._photo.jpg` (not an image) beside each photo,
+    Jupyter keeps `.ipynb_checkpoints/`. So is `leave_out` (a command's output folder inside `folder`: its overlays are
+    not its input the next time). NotADirectoryError naming `flag` for a file, FileNotFoundError for a folder that
+    does not exist, ValueError for one without images (naming the images of other formats it holds)."""
     folder = Path(folder)
     if folder.is_file():
         raise NotADirectoryError(f"{flag} {str(folder)!r} is a file; give a folder of images")
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
-    skipped = leave_out.resolve() if leave_out is not None else None
-    named = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
-    files = [p for p in named if not any(part.startswith(".") for part in p.relative_to(folder).parts)
-             and (skipped is None or not p.resolve().is_relative_to(skipped))]
+    others = {suffix: name for suffix, name in (others or {}).items() if suffix not in suffixes}
+    files, other_formats, hidden = _listed(folder, suffixes, others, leave_out)
     if not files:
-        besides = f" besides {len(named)} hidden or in the output folder" if named else ""
-        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(suffixes)} files{besides}")
-    return files
+        besides = f" besides {hidden} hidden or in the output folder" if hidden else ""
+        kinds = _kinds(other_formats, others)
+        them = "them" if len(other_formats) > 1 else "it"
+        held = f"; it holds {len(other_formats)} {kinds} (convert {them} to one of these)" if other_formats else ""
+        raise ValueError(f"image folder {str(folder)!r} has no {'/'.join(suffixes)} files{besides}{held}")
+    return ListedImages(files, other_formats)
 
 
-def with_folders_listed(paths: Sequence[Path], suffixes: Sequence[str], leave_out: Path | None = None) -> list[Path]:
-    """`paths` in order, each folder replaced by its image files (`suffixes`; subfolders too, sorted; hidden ones and
-    `leave_out`, the command's output folder, left out; `image_files`: ValueError for a folder without any), so a
-    command given `photos/` classifies what is in it, and `hub-vit rollout .` run twice does not take its own overlays
-    in `out/` for photos. Files are kept as given, also ones of other formats: the image's own error names them."""
-    files: list[Path] = []
+def image_files(folder: str | Path, flag: str, suffixes: Sequence[str], leave_out: Path | None = None) -> list[Path]:
+    """`folder_images`' files, for readers of the user's own folders (a training set, calibration images)."""
+    return folder_images(folder, flag, suffixes, leave_out).files
+
+
+def with_folders_listed(paths: Sequence[Path], suffixes: Sequence[str], leave_out: Path | None = None,
+                        others: Mapping[str, str] | None = None) -> ListedImages:
+    """`paths` in order, each folder replaced by its image files (`folder_images`: subfolders too, sorted; hidden ones
+    and `leave_out`, the command's output folder, left out; ValueError for a folder without any), so a command given
+    `photos/` classifies what is in it, and `hub-vit rollout .` run twice does not take its own overlays in `out/` for
+    photos. Files are kept as given, also ones of other formats: the image's own error names them. A folder's images
+    of `others`' formats are left out and listed in `other_formats`."""
+    listed = ListedImages([])
     for path in paths:
-        files += image_files(path, "an image argument", suffixes, leave_out) if Path(path).is_dir() else [Path(path)]
-    return files
+        if Path(path).is_dir():
+            found = folder_images(path, "an image argument", suffixes, leave_out, others)
+            listed.files.extend(found.files)
+            listed.other_formats.extend(found.other_formats)
+        else:
+            listed.files.append(Path(path))
+    return listed
+
+
+def left_out_note(other_formats: Sequence[Path], others: Mapping[str, str], taken: str, shown: int = 3) -> str:
+    """One line for the images of other formats a folder held: how many, which formats, the first `shown` of them,
+    and what to do (`taken`: the formats read, as people write them)."""
+    names = ", ".join(str(path) for path in other_formats[:shown])
+    more = f" and {len(other_formats) - shown} more" if len(other_formats) > shown else ""
+    them = "them" if len(other_formats) > 1 else "it"
+    return (f"left out {len(other_formats)} {_kinds(other_formats, others)}: {names}{more}; convert {them} to {taken} "
+            f"to include {them}")
+
+
+def _kinds(paths: Sequence[Path], others: Mapping[str, str]) -> str:
+    """`GIF / TIFF images`: the formats of `paths`, in first-seen order, as in "left out 2 GIF / TIFF images"."""
+    kinds = " / ".join(dict.fromkeys(others.get(path.suffix.lower(), path.suffix) for path in paths))
+    return f"{kinds} image{'s' if len(paths) != 1 else ''}"

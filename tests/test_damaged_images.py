@@ -61,6 +61,14 @@ def test_bytes_of_another_kind_are_still_not_an_image(imageprep, prep, tmp_path:
     with pytest.raises(ImageReadError, match=r"^'x\.gif' is a GIF image, not one of the supported formats: JPEG, "
                        r"PNG or WebP \(convert it to one of them\)$"):  # named by its signature: no GIF decoder ran
         load_image(gif.getvalue(), name="x.gif")
+    # the server names it the same way (was: "not an image: 35 bytes starting b'GIF87a...' are not JPEG, PNG or WebP")
+    with pytest.raises(imageprep.BadImageError, match=r"^a GIF image, not one of the supported formats: JPEG, PNG or "
+                       r"WebP \(convert it to one of them\)$"):
+        prep.decode(gif.getvalue())
+    tiff = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(tiff, "TIFF")
+    with pytest.raises(imageprep.BadImageError, match=r"^a TIFF image, not one of the supported formats"):
+        prep.decode(tiff.getvalue())
     bmp = io.BytesIO()
     Image.new("RGB", (8, 8)).save(bmp, "BMP")
     with pytest.raises(ImageReadError, match=r"^'x\.bmp' is a BMP image, not one of the supported"):

@@ -112,13 +112,22 @@ def test_cli_a_folder_of_images_is_every_image_in_it(model_folder: Path, photo_f
                                                 str(model_folder)])
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and f"image folder {str(folder)!r} has no .jpg/.jpeg/.png/.webp files" in text, text
+    (folder / "sub" / "IMG_0001.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(folder), "-o", str(tmp_path / "out"), "--model",
+                                                str(model_folder)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and text.endswith("files; it holds 1 HEIC image (convert it to one of these)"), text
+    (folder / "sub" / "IMG_0001.heic").unlink()
     assert not (tmp_path / "out").exists()
     shutil.copy(photo_files[0], folder / "sub" / "x.png")  # subfolders too; the same name twice stays apart
     shutil.copy(photo_files[1], folder / "x.png")
     (folder / "notes.txt").write_text("not an image")  # not an image file by its name: left out
+    Image.new("RGB", (8, 8)).save(folder / "sub" / "scan.tiff")  # an image of another format: left out, named
     result = CliRunner().invoke(_runner_app(), ["rollout", str(folder), str(photo_files[0]), "-o",
                                                 str(tmp_path / "out"), "--model", str(model_folder)])
     assert result.exit_code == 0, result.output
+    assert (f"note: left out 1 TIFF image: {folder / 'sub' / 'scan.tiff'}; convert it to JPEG, PNG or WebP to "
+            "include it") in " ".join(result.output.split()), result.output
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
         ["x_rollout.png", "x-2_rollout.png", f"{photo_files[0].stem}_rollout.png"])
 

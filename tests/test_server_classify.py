@@ -165,6 +165,24 @@ def test_cli_classifies_every_good_file_and_names_each_bad_one(server, digits, t
         assert "batch-size" not in output, output
 
 
+def test_cli_names_images_of_other_formats_left_out_of_a_folder_or_refused(server, digits, tmp_path):
+    # a folder's GIF and HEIC files were passed over in silence (7 rows for 9 photos); a GIF given by name was "not an
+    # image: 35 bytes starting b'GIF87a...'", though `hub-vit rollout` named it a GIF
+    (tmp_path / "photos" / "phone").mkdir(parents=True)
+    (tmp_path / "photos" / "x.png").write_bytes(digits[0])
+    gif = tmp_path / "photos" / "y.gif"
+    Image.new("RGB", (8, 8)).save(gif, "GIF")
+    (tmp_path / "photos" / "phone" / "IMG_0001.HEIC").write_bytes(b"\x00\x00\x00\x18ftypheic")
+    result = _cli("--url", server.http_url, "--top", "1", str(tmp_path / "photos"), str(gif))
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1, output
+    assert (f"note: left out 2 HEIC / GIF images: {tmp_path / 'photos' / 'phone' / 'IMG_0001.HEIC'}, {gif}; convert "
+            "them to JPEG, PNG or WebP to include them") in output, output  # in the folder's sorted order
+    assert "x.png" in output, output
+    assert (f"{gif}: a GIF image, not one of the supported formats: JPEG, PNG or WebP (convert it to one of them)"
+            in output), output
+
+
 def test_cli_json_is_one_object_per_file_in_the_order_given(server, digits, tmp_path):
     import json
 

@@ -13,9 +13,9 @@ from rich.table import Table
 from hub_vit.cli import client_options as flags
 from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import client_settings, request_failure
-from hub_vit.cli.explain import OUTSIDE_NOTE, make_out, verdict_cell
+from hub_vit.cli.explain import OUTSIDE_NOTE, listed_images, make_out, verdict_cell
 from hub_vit.cli.path_option import given_path
-from hub_vit.image_formats import NAMES, SUFFIXES
+from hub_vit.image_formats import NAMES
 
 
 @app.command()
@@ -46,17 +46,13 @@ def classify(
     """Classify images with a running server and print a table (--json: JSON Lines)."""
     from hub_vit.atomic import remove_empty_folders
     from hub_vit.cli.classify_files import MAX_CONCURRENCY, classify_files
-    from hub_vit.paths import with_folders_listed
     from hub_vit.server.client.classifier import Classifier
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
         raise fail(f"--top must be at least 1 (labels printed per image), got {top}")
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise fail(f"--concurrency (requests in flight) must be between 1 and {MAX_CONCURRENCY}, got {concurrency}")
-    try:
-        images = with_folders_listed(images, SUFFIXES, leave_out=out if explain else None)
-    except ValueError as exc:  # a folder without images
-        raise fail(str(exc)) from None
+    images = listed_images(images, out if explain else None)
     _check_explain_flags(explain, head_fusion, discard_ratio, out)
     url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
     request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}

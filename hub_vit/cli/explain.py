@@ -9,9 +9,9 @@ import typer
 from rich.markup import escape
 
 from hub_vit.atomic import file_in_the_way, missing_folders, remove_empty_folders
-from hub_vit.cli.app import app, console, fail, write_failed
+from hub_vit.cli.app import app, console, err_console, fail, write_failed
 from hub_vit.cli.path_option import given_path
-from hub_vit.image_formats import NAMES, SUFFIXES
+from hub_vit.image_formats import NAMES, OTHER_SUFFIXES, SUFFIXES
 from hub_vit.ports import DEMO_PORT
 from hub_vit.rollout_settings import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION, HEAD_FUSIONS, check_discard_ratio
 from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
@@ -51,6 +51,22 @@ def output_stems(paths: list[Path]) -> list[str]:
         used.add(stem.casefold())
         stems.append(stem)
     return stems
+
+
+def listed_images(images: list[Path], leave_out: Path | None) -> list[Path]:
+    """The images a command reads: the files given and the JPEG, PNG and WebP files of the folders given (`leave_out`,
+    its output folder, left out); a note names a folder's images of other formats, which are left out, and a folder
+    without images is exit 2."""
+    from hub_vit.paths import left_out_note, with_folders_listed
+
+    try:
+        listed = with_folders_listed(images, SUFFIXES, leave_out=leave_out, others=OTHER_SUFFIXES)
+    except ValueError as exc:  # a folder without images
+        raise fail(str(exc)) from None
+    if listed.other_formats:
+        err_console.print(f"note: {left_out_note(listed.other_formats, OTHER_SUFFIXES, NAMES)}", soft_wrap=True,
+                          markup=False, highlight=False)
+    return listed.files
 
 
 def make_out(out: Path) -> list[Path]:
@@ -161,7 +177,6 @@ def rollout(
     from hub_vit.demo.models import in_process_verdicts, load_explainer, resolve_choice
     from hub_vit.domain import read_domain
     from hub_vit.explain.overlay import COLORMAPS
-    from hub_vit.paths import with_folders_listed
 
     if head_fusion not in HEAD_FUSIONS:
         raise fail(f"unknown --head-fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
@@ -173,8 +188,8 @@ def rollout(
         check_discard_ratio(discard_ratio, "--discard-ratio")
     except ValueError as exc:
         raise fail(str(exc)) from None  # in classify's words
+    images = listed_images(images, out)
     try:
-        images = with_folders_listed(images, SUFFIXES, leave_out=out)
         explainer = load_explainer(resolve_choice(model))
     except ValueError as exc:
         raise fail(str(exc)) from exc

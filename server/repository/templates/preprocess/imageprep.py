@@ -29,11 +29,11 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 # hub_vit/image_modes.py, image_formats.py and server/protocol.py, copied beside this file by hub-vit repository
 try:  # (Triton runs it without hub_vit)
-    from image_formats import FORMATS, NAMES, signature_format  # FORMATS: the only decoders that run
+    from image_formats import FORMATS, NAMES, other_format, signature_format  # FORMATS: the only decoders that run
     from image_modes import to_8bit
     from protocol import image_refused
 except ImportError:  # in process (tests, benchmarks): the package's own modules
-    from hub_vit.image_formats import FORMATS, NAMES, signature_format
+    from hub_vit.image_formats import FORMATS, NAMES, other_format, signature_format
     from hub_vit.image_modes import to_8bit
     from hub_vit.server.protocol import image_refused
 
@@ -301,6 +301,10 @@ class Preprocess:
                     detail = "" if isinstance(err, UnidentifiedImageError) else f" ({err})"
                     raise BadImageError(f"damaged {claimed} image: its {len(data)} bytes start as {claimed}, but its "
                                         f"header cannot be read (truncated or corrupt){detail}") from None
+                other = other_format(data)  # by its signature alone: no decoder of that format runs
+                if other is not None:
+                    raise BadImageError(f"a {other} image, not one of the supported formats: {NAMES} (convert it to "
+                                        "one of them)") from None
                 if isinstance(err, UnidentifiedImageError):
                     raise BadImageError(
                         f"not an image: {len(data)} bytes starting {data[:8]!r} are not {NAMES}"
