@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +35,7 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
 OPTIONS = ServingOptions()  # the defaults `hub-vit serve` uses
 IMAGES = 2 * OPTIONS.max_batch_size + 3  # three requests: 16 + 16 + 3
+HUB_VIT = [sys.executable, "-c", "from hub_vit.cli import run; run()"]  # the `hub-vit` program
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +211,24 @@ def test_cli_json_is_one_object_per_file_in_the_order_given(server, digits, tmp_
         assert line == {"file": line["file"], "labels": prediction.labels[:2], "scores": prediction.scores[:2],
                         "class_ids": prediction.class_ids[:2], "domain": prediction.domain,
                         "domain_score": prediction.domain_score}, line
+
+
+def test_cli_json_into_a_closed_pipe_stops_sending_and_ends_quietly(server, digits, tmp_path):
+    # `hub-vit classify --json photos/ | head -1`: each worker thread died with a BrokenPipeError traceback, the other
+    # went on sending; then the closed pipe was reported as "no HTTP answer from ...: is a server running there"
+    files = []
+    for index, payload in enumerate(digits[:IMAGES]):  # three requests
+        files.append(tmp_path / f"digit{index:02d}.png")
+        files[-1].write_bytes(payload)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line: every write fails with EPIPE
+    with Classifier(server.http_url) as stats:
+        before = quiet_statistics(stats)
+        with os.fdopen(write_end, "wb") as stdout:
+            result = subprocess.run([*HUB_VIT, "classify", "--url", server.http_url, "--json", "--concurrency", "1",
+                                     *map(str, files)], stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert result.returncode == 1 and result.stderr == "", result.stderr  # click's exit for a closed pipe
+        assert _requests_counted(stats, before["vit"]["success"], 3, timeout_s=1.0) == 1  # the first request only
 
 
 def test_cli_top_is_validated_and_capped_with_a_note(server, digits, tmp_path):

@@ -45,7 +45,7 @@ def classify(
 ) -> None:
     """Classify images with a running server and print a table (--json: JSON Lines)."""
     from hub_vit.atomic import remove_empty_folders
-    from hub_vit.cli.classify_files import MAX_CONCURRENCY, classify_files
+    from hub_vit.cli.classify_files import MAX_CONCURRENCY, OutputFailed, classify_files
     from hub_vit.server.client.classifier import Classifier
 
     if top < 1:  # checked before any request: 0 printed an empty table, a negative value sliced from the end
@@ -68,6 +68,8 @@ def classify(
             done = classify_files(lambda: Classifier(url, protocol=protocol, model=model, timeout_s=wait_s), images,
                                   timeout_s, concurrency=concurrency, restart_wait_s=wait_s, on_restart=waiting,
                                   on_chunk=lines.write if lines is not None else None, **request)
+        except OutputFailed as err:  # stdout's reader went away (`| head`: typer ends quietly), a full disk (one line)
+            raise err.__cause__ from None
         except Exception as err:  # before any request: refused, not Triton, the other protocol's port, unknown model
             raise fail(_failure(protocol, url, model, err), code=1) from None
         if done.stopped is not None and not done.predictions and not done.errors:

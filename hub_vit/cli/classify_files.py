@@ -28,6 +28,11 @@ RESTART_POLL_S = (0.5, 2.0)
 MAX_CONCURRENCY = 64  # `hub-vit classify --concurrency`: requests in flight, each a connection and a thread
 
 
+class OutputFailed(Exception):
+    """`classify_files`' `on_chunk` raised (the error is the `__cause__`): where the answers go failed (stdout's
+    reader went away, a full disk), not a request; the run stopped."""
+
+
 @dataclass
 class Classified:
     """What `classify_files` got: {position: prediction} for the files the server classified, {position: why not}
@@ -58,7 +63,8 @@ def classify_files(connect: Callable[[], Classifier], images: list[Path], queue_
     While serve's gate says its server is restarting, a request is sent again until `restart_wait_s` after the first
     such answer (`on_restart` is called then). Any other error that is not about one file ends the run: no further
     request is sent, and what was classified is kept, with the error in `stopped`. `on_chunk(done so far)` is called
-    as the files of each request are resolved, in the order of `images`. `request`: more keywords for
+    as the files of each request are resolved, in the order of `images`; what it raises (a closed stdout) stops the
+    run: `OutputFailed` from it. `request`: more keywords for
     `Classifier.classify` (explain, head_fusion, discard_ratio)."""
     with connect() as client:  # errors here (no server, not Triton, no such model) are raised: nothing was sent
         chunks = list(split(images, client.max_batch_size()))
@@ -70,6 +76,8 @@ def classify_files(connect: Callable[[], Classifier], images: list[Path], queue_
     for worker in workers:
         while worker.is_alive():  # a timed join: Ctrl-C reaches this thread at once (the workers are daemons)
             worker.join(0.2)
+    if run.on_chunk_error is not None:
+        raise OutputFailed(str(run.on_chunk_error)) from run.on_chunk_error
     return run.finish()
 
 
@@ -86,6 +94,7 @@ class _Run:
         self.done = Classified()
         self.restart_deadline: float | None = None  # set by the first "restarting" answer
         self.failure: Exception | None = None  # a worker's client could not be made
+        self.on_chunk_error: BaseException | None = None  # on_chunk's (stdout closed by `| head`): raised by the caller
         self.halted = False  # a request stopped the run, or a client could not be made: no further chunk is taken
 
     def work(self, connect: Callable[[], Classifier], queue_timeout_s: float | None, request: dict[str, Any]) -> None:
@@ -116,7 +125,11 @@ class _Run:
                     self.done.take(self.finished.pop(self.reported))
                     self.reported += 1
                     if self.on_chunk is not None and self.done.stopped is None:
-                        self.on_chunk(self.done)
+                        try:
+                            self.on_chunk(self.done)
+                        except BaseException as err:  # where the answers go is gone: no further request is sent
+                            self.on_chunk_error, self.halted = err, True
+                            return
 
     def finish(self) -> Classified:
         """`done` with the answers of the requests in flight when the run stopped, in order."""
