@@ -27,9 +27,10 @@ def exposure_warning(host: str) -> str | None:
     """Why serving on `host` reaches beyond this machine is unsafe with the local Triton 2.51, or None for loopback."""
     if ipaddress.ip_address(ipv4_address(host)).is_loopback:
         return None
-    return (f"--host {host} serves beyond this machine, and the local tritonserver is 2.51 (from nvidia-pytriton): "
-            "it predates the fixes for CVE-2025-23310/23311 (a chunked HTTP request overflows its stack) and "
-            "CVE-2025-23319/23320/23334 (Python-backend shared memory), and it has no request body cap (one gzip "
-            "body can take gigabytes), and some single requests crash it (serve restarts it). Serve other machines "
-            "from the Dockerfile's container (Triton 25.07+, body caps set) behind a proxy; keep this server on "
-            "127.0.0.1")
+    return (f"--host {host} serves beyond this machine. serve's front caps HTTP and gRPC bodies (also inflated), "
+            "refuses the requests known to crash Triton and restricts its control APIs, but the tritonserver behind it "
+            "is 2.51 (from nvidia-pytriton): it predates the fixes for CVE-2025-23310/23311 (chunked HTTP) and "
+            "CVE-2025-23319/23320/23334 (Python-backend shared memory), a crashing request the front does not know "
+            "still kills it (serve restarts it), and the metrics port is Triton's own, not fronted. Serve other "
+            "machines from the Dockerfile's container (Triton 25.07+, body caps set) behind a proxy; keep this server "
+            "on 127.0.0.1")
