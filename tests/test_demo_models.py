@@ -247,6 +247,13 @@ def test_serve_demo_opens_on_the_served_model(tmp_path: Path, caches) -> None:
         demo.close()
     from hub_vit.demo.backends import TritonLabels
 
+    # behind a reverse proxy at /vit/ (serve --demo-root-path): the page asks for its files and queue under /vit
+    demo = start_demo(str(folder), False, "127.0.0.1", free_port(), triton, "vit", "/vit")
+    try:
+        with urllib.request.urlopen(f"{demo.local_url}config", timeout=30) as response:
+            assert json.loads(response.read())["root"].endswith("/vit")
+    finally:
+        demo.close()
     labels = TritonLabels(triton, served_name="'model.onnx'")
     assert "'model.onnx'" in labels.mismatch(DEFAULT_KEY) and "not that model's" in labels.mismatch(DEFAULT_KEY)
     assert TritonLabels(triton, served_key="folder: flowers").mismatch("folder: flowers") is None

@@ -56,6 +56,8 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--max-batch-size", "1000000"), "--max-batch-size must be at most 4096 (each instance warms up with one batch "
                                       "of this size when the server starts), got 1000000"),
     (("--demo-port", "7931"), "--demo-port only applies with --demo (serve starts no demo without it)"),
+    (("--demo-root-path", "/vit"), "--demo-root-path only applies with --demo (serve starts no demo without it)"),
+    (("--demo", "--demo-root-path", "vit"), "--demo-root-path 'vit' is not a URL path such as /vit"),
     # the model name is part of the stub's model path, which it reads as ASCII: a load failure before
     (("--name", "vït"), "--name 'vït' (the model clients call) may only use ASCII letters, digits, '_' and '-'"),
     # the user's own value is not rewritten ('has --top-k here' before)

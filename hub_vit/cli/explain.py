@@ -268,14 +268,19 @@ def demo(
     except (ValueError, PortError) as exc:
         raise fail(str(exc)) from exc
     console.print(f"models: {', '.join(c.key for c in choices)}")
-    behind = f", for a reverse proxy that serves it under {root_path}/; open it through the proxy" if root_path else ""
-    console.print(f"demo on http://{host}:{port}{behind} (Ctrl-C to stop)", markup=False, soft_wrap=True)
+    console.print(f"demo on http://{host}:{port}{behind_proxy(root_path)} (Ctrl-C to stop)", markup=False,
+                  soft_wrap=True)
     launch(Demo(cache=ModelCache(choices), triton=triton), host=host, port=port, max_size=max_queue,
            concurrency=concurrency, root_path=root_path)
 
 
-def proxy_root_path(given: str | None) -> str | None:
-    """--root-path checked, without a trailing '/' ('/vit/' -> '/vit'); None: Gradio's own default
+def behind_proxy(root_path: str | None) -> str:
+    """What follows the demo's own address where a reverse proxy serves it under `root_path`."""
+    return f", for a reverse proxy that serves it under {root_path}/; open it through the proxy" if root_path else ""
+
+
+def proxy_root_path(given: str | None, flag: str = "--root-path") -> str | None:
+    """--root-path (`flag`) checked, without a trailing '/' ('/vit/' -> '/vit'); None: Gradio's own default
     ($GRADIO_ROOT_PATH). Behind a proxy that serves the demo under a path, the page's files and its queue are asked
     for under that path: without it the page loads without its styles and never answers an upload."""
     if given is None:
@@ -288,6 +293,6 @@ def proxy_root_path(given: str | None) -> str | None:
     else:
         ok = given.startswith("/") and not parts.netloc and not parts.query and not parts.fragment
     if not ok or any(c.isspace() for c in given):
-        raise ValueError(f"--root-path {given!r} is not a URL path such as /vit (where a reverse proxy serves the "
+        raise ValueError(f"{flag} {given!r} is not a URL path such as /vit (where a reverse proxy serves the "
                          "demo) nor a whole URL such as https://example.com/vit")
     return given.rstrip("/")

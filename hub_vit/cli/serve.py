@@ -96,6 +96,9 @@ def serve(
     verbose: Verbose = False,
     demo: Demo = False,
     demo_port: int = typer.Option(DEMO_PORT, help="Port of the demo (with --demo)."),
+    demo_root_path: str = typer.Option(None, help="The URL path a reverse proxy serves the demo under (/vit for "
+                                       "https://example.com/vit/), or that whole URL (with --demo); default: "
+                                       "$GRADIO_ROOT_PATH, else none."),
     max_pixels: MaxPixels = DEFAULTS.max_pixels,
     device: Device = None,
     flavour: Flavour = None,
@@ -108,19 +111,25 @@ def serve(
     cpu_variant: CpuVariant = "auto",
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
+    from hub_vit.cli.explain import proxy_root_path
     from hub_vit.server.front.limits import FrontLimits, default_processes
     from hub_vit.server.serving import Endpoints
 
     endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
-    if given(ctx, "demo_port") and not demo:  # was dropped without a word
-        raise fail("--demo-port only applies with --demo (serve starts no demo without it)")
+    for flag in ("demo_port", "demo_root_path"):
+        if given(ctx, flag) and not demo:  # was dropped without a word
+            raise fail(f"--{flag.replace('_', '-')} only applies with --demo (serve starts no demo without it)")
+    try:
+        demo_root_path = proxy_root_path(demo_root_path, "--demo-root-path")
+    except ValueError as err:
+        raise fail(str(err)) from None
     _check_flags(endpoints, demo_port if demo else None, exit_timeout=exit_timeout, max_restarts=max_restarts,
                  max_request_mb=max_request_mb, max_connections=max_connections, front_processes=front_processes,
                  quiet=quiet, verbose=verbose)
     where = _serve_device(ctx, repository_dir, device, flavour)
     run = ServeRun(endpoints, name, model, where, demo_port if demo else None, exit_timeout, max_restarts, verbose,
                FrontLimits(max_body_bytes=max_request_mb << 20, max_connections=max_connections,
-                           processes=front_processes or default_processes()))
+                           processes=front_processes or default_processes()), demo_root_path)
     sizes = {"max_batch_size": max_batch_size, "max_queue_delay_us": max_queue_delay_us,
              "max_queue_size": max_queue_size, "queue_timeout_us": queue_timeout_us, "queue_policy": queue_policy,
              "top_k": top_k, "max_pixels": max_pixels}

@@ -26,12 +26,15 @@ def build_status(builds_variants: bool) -> str:
 
 
 class ServeRun:
-    """What is served where, and how the run is shown. `demo_port` None: no demo."""
+    """What is served where, and how the run is shown. `demo_port` None: no demo; `demo_root_path`: where a reverse
+    proxy serves the demo (--demo-root-path)."""
 
     def __init__(self, endpoints: Any, name: str, model: str | None, where: Any, demo_port: int | None,
-                 exit_timeout: int, max_restarts: int, verbose: bool, limits: Any) -> None:
+                 exit_timeout: int, max_restarts: int, verbose: bool, limits: Any,
+                 demo_root_path: str | None = None) -> None:
         self.endpoints, self.name, self.model, self.where = endpoints, name, model, where
-        self.demo_port, self.exit_timeout, self.max_restarts = demo_port, exit_timeout, max_restarts
+        self.demo_port, self.demo_root_path = demo_port, demo_root_path
+        self.exit_timeout, self.max_restarts = exit_timeout, max_restarts
         self.verbose, self.limits = verbose, limits
         self.example = "IMAGE..."
 
@@ -147,7 +150,7 @@ class ServeRun:
         screen.summary(server, http_url, self.endpoints.grpc_url, self.name, self.example, self.where)
         if self.demo_port is not None:
             demo_apps.append(start_demo(self.model, not built, self.endpoints.host, self.demo_port, http_url,
-                                        self.name))
+                                        self.name, self.demo_root_path))
 
     def _check_shared_memory(self, repository: Path) -> None:
         """Refused when /dev/shm cannot hold the stubs' first pools; a warning when it cannot hold what the largest

@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from hub_vit.cli.app import console, err_console, fail
 from hub_vit.cli.client_options import samples_of
+from hub_vit.cli.explain import behind_proxy
 
 if TYPE_CHECKING:
     from rich.status import Status
@@ -83,11 +84,12 @@ def example_image(origin: str) -> str:
 
 
 def start_demo(model: str | None, repository: bool, host: str, port: int, triton_url: str,
-                triton_model: str) -> object:
+                triton_model: str, root_path: str | None = None) -> object:
     """The Gradio demo in a background thread, its labels taken from the server just started. It opens on the served
     model when it can run that model in-process (the default model, a folder, a registered name); an exported .onnx
     / .plan runs only on the server, so the page opens on the default model and says so next to Triton's labels.
-    With --repository the demo cannot tell what is served."""
+    With --repository the demo cannot tell what is served. `root_path`: where a reverse proxy serves it
+    (--demo-root-path)."""
     try:
         from hub_vit.demo.app import start_in_background
     except ImportError as exc:
@@ -104,7 +106,7 @@ def start_demo(model: str | None, repository: bool, host: str, port: int, triton
             served_name = f"{Path(model).name!r}" if model else "the default model"
     try:
         demo_app = start_in_background(served, triton_url=triton_url, triton_model=triton_model,
-                                       served_name=served_name, host=host, port=port)
+                                       served_name=served_name, host=host, port=port, root_path=root_path)
     except ValueError as exc:  # no model to show in-process
         raise fail(f"--demo: {exc}", code=1) from exc
     if served is not None:
@@ -114,7 +116,7 @@ def start_demo(model: str | None, repository: bool, host: str, port: int, triton
                  "those of the maps")
     else:
         shown = "shows in-process models; pick the one the repository serves"
-    console.print(f"[bold green]demo[/]     http://{host}:{port}  (attention rollout; {escape(shown)}; its 'Labels "
-                  "from' choice offers this server)", soft_wrap=True)
+    console.print(f"[bold green]demo[/]     http://{host}:{port}{escape(behind_proxy(root_path))}  (attention rollout; "
+                  f"{escape(shown)}; its 'Labels from' choice offers this server)", soft_wrap=True)
     return demo_app
 

@@ -422,11 +422,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def start_in_background(served: ModelChoice | None = None, *, triton_url: str | None = None,
                         triton_model: str = "vit", served_name: str | None = None, host: str = "127.0.0.1",
-                        port: int | None = None) -> gr.Blocks:
+                        port: int | None = None, root_path: str | None = None) -> gr.Blocks:
     """For `hub-vit serve`: the demo in a background thread next to Triton (labels from it when `triton_url` is
     given). `served`: the served model, offered and preselected, when the demo can run it in-process; else the page
     opens on the default model and `served_name` (what the server serves) lets the status line say the labels are
-    another model's. Returns the running Blocks; `.close()` stops it."""
+    another model's. `root_path`: as `launch`'s. Returns the running Blocks; `.close()` stops it."""
     from hub_vit.demo.models import discover_choices, with_choice
 
     choices, key = discover_choices(), None
@@ -434,7 +434,8 @@ def start_in_background(served: ModelChoice | None = None, *, triton_url: str | 
         choices, key = with_choice(choices, served)
     triton = (TritonLabels(triton_url, triton_model, served_key=key, served_name=served_name)
               if triton_url else None)
-    return launch(Demo(cache=ModelCache(choices), triton=triton, selected=key), host=host, port=port, block=False)
+    return launch(Demo(cache=ModelCache(choices), triton=triton, selected=key), host=host, port=port, block=False,
+                  root_path=root_path)
 
 
 __all__: Sequence[str] = ("Demo", "example_images", "launch", "start_in_background")
