@@ -24,7 +24,7 @@ def distinct_names(paths: Sequence[Path]) -> list[str]:
             depth[path] += 1
 
 
-@dataclass(frozen=True)
+@dataclass
 class ListedImages:
     """What a command reads (`files`, in order) and the images its folders held in formats it does not read
     (`other_formats`: by name, left out and named in a note)."""

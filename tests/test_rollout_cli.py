@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,21 @@ def test_cli_writes_png_of_the_image_size(model_folder: Path, photo_files: list[
         assert photo.name in proc.stdout
     assert len(list(out.glob("*_class_*.png"))) == 2
     assert "north" in proc.stdout or "south" in proc.stdout  # the top-5 table names the labels
+
+
+def test_cli_prints_a_file_name_that_is_not_utf8(model_folder: Path, photo_files: list[Path], tmp_path: Path) -> None:
+    # was: under a strict locale (en_US.UTF-8) a latin-1 name from an old zip ended the run with a UnicodeEncodeError
+    # traceback after its first overlay
+    folder = tmp_path / "zip"
+    folder.mkdir()
+    name = os.fsdecode(b"caf\xe9.png")  # 'caf\udce9.png': the byte that is not UTF-8, as Python holds it
+    shutil.copy(photo_files[0], folder / name)
+    exe = Path(sys.executable).with_name("hub-vit")
+    proc = subprocess.run([str(exe), "rollout", str(folder), "-o", str(tmp_path / "out"), "--model", str(model_folder)],
+                          capture_output=True, timeout=300, env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert b"caf\\udce9.png -> " in proc.stdout, proc.stdout  # escaped
+    assert (tmp_path / "out" / os.fsdecode(b"caf\xe9_rollout.png")).is_file()  # written under the file's own bytes
 
 
 def _runner_app():

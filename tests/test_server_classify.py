@@ -213,6 +213,24 @@ def test_cli_json_is_one_object_per_file_in_the_order_given(server, digits, tmp_
                         "domain_score": prediction.domain_score}, line
 
 
+def test_cli_json_of_a_file_name_that_is_not_utf8_is_valid_json_that_gives_the_name_back(server, digits, tmp_path):
+    # was: the name's byte written raw (invalid UTF-8: jq refused the line), or under a strict locale (en_US.UTF-8) a
+    # UnicodeEncodeError; the table's row was the same error
+    import json
+
+    name = tmp_path / os.fsdecode(b"caf\xe9.png")  # a latin-1 name from an old zip, as Python holds it
+    name.write_bytes(digits[0])
+    for args, encoding in ((["--json"], "utf-8:strict"), (["--json"], "utf-8:surrogateescape"), ([], "utf-8:strict")):
+        result = subprocess.run([*HUB_VIT, "classify", "--url", server.http_url, *args, str(name)], capture_output=True,
+                                timeout=120, env={**os.environ, "PYTHONIOENCODING": encoding})
+        assert result.returncode == 0, result.stderr.decode(errors="replace")
+        text = result.stdout.decode("utf-8")  # valid UTF-8 whatever the locale
+        if args:
+            assert json.loads(text)["file"] == str(name), text
+        else:
+            assert "caf\\udce9.png" in text, text
+
+
 def test_cli_json_into_a_closed_pipe_stops_sending_and_ends_quietly(server, digits, tmp_path):
     # `hub-vit classify --json photos/ | head -1`: each worker thread died with a BrokenPipeError traceback, the other
     # went on sending; then the closed pipe was reported as "no HTTP answer from ...: is a server running there"

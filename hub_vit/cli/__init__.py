@@ -34,8 +34,18 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _print_any_name() -> None:
+    """A file name that is not valid in the locale's encoding (latin-1 bytes from an old zip: `caf\\udce9.png` to
+    Python) is printed escaped, not a UnicodeEncodeError mid-run: where the locale's stdout is strict (en_US.UTF-8;
+    C.UTF-8 already writes such names back as their bytes)."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    _print_any_name()
     _load_commands()
     try:
         app()

@@ -220,7 +220,12 @@ class JsonLines:
                     line["rollout_png"] = str(overlays[index])
             else:
                 line["error"] = done.errors[index]
-            sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+            text = json.dumps(line, ensure_ascii=False)
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a file name that is not UTF-8 (its bytes as surrogates): escaped, so each
+                text = json.dumps(line)  # line stays valid UTF-8 JSON, and json.loads + os.fsencode give the name back
+            sys.stdout.write(text + "\n")
         sys.stdout.flush()  # a pipe (jq, a log) gets each request's lines as they come
         self.written.update(fresh)
 
