@@ -35,7 +35,6 @@ def loadtest(
     timeout: flags.ClientTimeout = flags.DEFAULT_CLIENT_TIMEOUT_S,
 ) -> None:
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
-    """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
     from hub_vit.server.client.errors import empty_reply
     from hub_vit.server.client.loadtest import load_test
 
