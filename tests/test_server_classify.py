@@ -302,6 +302,32 @@ def test_a_directory_is_named_as_one(server, tmp_path: Path):
             client.classify(tmp_path / "missing.png")
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_one_classifier_serves_many_threads(server, digits, protocol):
+    # was: a Classifier made in one thread and called from others (a web app's request handlers) hung forever over
+    # HTTP: tritonclient's HTTP client belongs to the thread that made it
+    import threading
+
+    with Classifier(_url(server, protocol), protocol=protocol) as client:
+        expected = client.classify(digits[:4])
+        answers: dict[int, list[Prediction]] = {}
+
+        def work(index: int) -> None:
+            for _ in range(5):
+                answers[index] = client.classify(digits[:4])
+
+        threads = [threading.Thread(target=work, args=(index,), daemon=True) for index in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads), "a thread's request never came back"
+        assert sorted(answers) == [0, 1, 2, 3]
+        for got in answers.values():
+            _same(got, expected)
+        assert len(client._others) == 0  # each ended thread's own client went with it: none accumulate
+
+
 def test_a_grpc_url_speaks_grpc_without_being_told(server, digits, tmp_path):
     # `hub-vit serve` prints the gRPC endpoint as host:port; users paste it as grpc://host:port, which was spoken to
     # over HTTP and failed with "('Expected HTTP/, RTSP/ or ICE/', 8)" and a hint that the port was wrong

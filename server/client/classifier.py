@@ -12,6 +12,8 @@ model's own transform. What a request and its answer hold is `messages.py`; what
 from __future__ import annotations
 
 import asyncio
+import threading
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -65,8 +67,6 @@ def _module(protocol: str, aio: bool = False) -> Any:
     return grpc_aio if aio else grpc
 
 
-
-
 def requests(encoded: list[bytes], offset: int, limit: RequestLimit) -> deque[tuple[int, list[bytes]]]:
     """Encoded images (`offset`, ... in the caller's list; at most the model's max_batch_size) in requests no larger
     than the server takes as far as `limit` knows; `ImageTooLarge` for one over a known limit, before anything is
@@ -118,7 +118,12 @@ def no_explanation(model: str, config: ServedConfig) -> NoExplanation | None:
 
 class Classifier:
     """Blocking client. `url` is `host:port` (8000 for HTTP, 8001 for gRPC by default); see `server_address`.
-    `protocol` is "http" or "grpc"; None (the default) takes it from a `grpc://` / `http://` URL, else HTTP."""
+    `protocol` is "http" or "grpc"; None (the default) takes it from a `grpc://` / `http://` URL, else HTTP.
+
+    One Classifier may be shared by threads (a web app's request handlers): tritonclient's HTTP client belongs to the
+    thread that made it (geventhttpclient: a request from another thread waited forever), so each thread that calls
+    gets an HTTP client of its own, closed when the thread ends or by `close`; gRPC's client, whose channel is
+    thread-safe, is one."""
 
     def __init__(self, url: str = f"{LOOPBACK}:{HTTP_PORT}", *, protocol: str | None = None, model: str = "vit",
                  timeout_s: float = 60.0) -> None:
@@ -127,10 +132,15 @@ class Classifier:
         check_timeout(timeout_s)
         self.module, self.model, self.protocol = _module(protocol), model, protocol
         if protocol == "http":
-            self.client = self.module.InferenceServerClient(address, ssl=tls, connection_timeout=timeout_s,
-                                                            network_timeout=timeout_s)
+            settings = {"ssl": tls, "connection_timeout": timeout_s, "network_timeout": timeout_s}
         else:
-            self.client = self.module.InferenceServerClient(address, ssl=tls)
+            settings = {"ssl": tls}
+        self._connect = lambda: self.module.InferenceServerClient(address, **settings)
+        self._first = self._connect()  # made here, so a bad address is refused now; this thread's, and gRPC's only
+        self._own = threading.local()  # .client: this thread's HTTP client, dropped (and closed) when the thread ends
+        self._own.client = self._first
+        self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # the other threads' HTTP clients still alive
+        self._made = threading.Lock()
         self.timeout_s = timeout_s
         # gRPC calls take their deadline per call (HTTP's was set on the connection): a server that accepts and then
         # stalls must not hang the caller
@@ -198,8 +208,24 @@ class Classifier:
     def statistics(self) -> dict[str, dict[str, int]]:
         return model_counts(self.client.get_inference_statistics(**self._deadline), self.protocol)
 
+    @property
+    def client(self) -> Any:
+        """The tritonclient client of the calling thread (HTTP), or the one client (gRPC)."""
+        if self.protocol == "grpc":
+            return self._first
+        client = getattr(self._own, "client", None)
+        if client is None:
+            client = self._own.client = self._connect()
+            with self._made:
+                self._others.add(client)
+        return client
+
     def close(self) -> None:
-        self.client.close()
+        with self._made:
+            others = list(self._others)
+            self._others.clear()
+        for client in (self._first, *others):
+            client.close()
 
     def __enter__(self) -> Classifier:
         return self
