@@ -328,6 +328,45 @@ def test_one_classifier_serves_many_threads(server, digits, protocol):
         assert len(client._others) == 0  # each ended thread's own client went with it: none accumulate
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_forked_process_makes_its_own_connections(server, digits, protocol):
+    # was: a child forked after its parent's first request (multiprocessing's fork, gunicorn --preload) used the
+    # parent's connection: over HTTP both read answers off one socket, and 7 of 50 labels were the other process's
+    # image's, the parent's too; over gRPC some of the child's calls failed (the channel does not cross a fork)
+    def answer(client: Classifier, image: bytes) -> tuple:
+        prediction = client.classify([image])[0]
+        return tuple(prediction.class_ids), round(prediction.scores[0], 4)
+
+    with Classifier(_url(server, protocol), protocol=protocol) as client:
+        expected = [answer(client, digits[index]) for index in range(3)]
+        assert len(set(expected)) == 3  # three images the answers tell apart
+        children = {}
+        for index in (1, 2):
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: only os._exit leaves it (no pytest teardown in a forked copy)
+                try:
+                    wrong = sum(answer(client, digits[index]) != expected[index] for _ in range(30))
+                    os.write(write, f"{wrong} wrong".encode())
+                except BaseException as err:  # noqa: BLE001 (reported to the parent, which fails the test)
+                    os.write(write, repr(err).encode()[:500])
+                finally:
+                    os._exit(0)
+            os.close(write)
+            children[pid] = read
+        parent_wrong = sum(answer(client, digits[0]) != expected[0] for _ in range(30))
+        reports, deadline = [], time.monotonic() + 60
+        for pid, read in children.items():
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    pytest.fail("a forked child's request never came back")
+                time.sleep(0.05)
+            with os.fdopen(read, "rb") as pipe:
+                reports.append(pipe.read().decode())
+        assert reports == ["0 wrong", "0 wrong"] and parent_wrong == 0, (reports, parent_wrong)
+
+
 def test_a_grpc_url_speaks_grpc_without_being_told(server, digits, tmp_path):
     # `hub-vit serve` prints the gRPC endpoint as host:port; users paste it as grpc://host:port, which was spoken to
     # over HTTP and failed with "('Expected HTTP/, RTSP/ or ICE/', 8)" and a hint that the port was wrong

@@ -12,6 +12,7 @@ model's own transform. What a request and its answer hold is `messages.py`; what
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from collections import deque
@@ -123,7 +124,8 @@ class Classifier:
     One Classifier may be shared by threads (a web app's request handlers): tritonclient's HTTP client belongs to the
     thread that made it (geventhttpclient: a request from another thread waited forever), so each thread that calls
     gets an HTTP client of its own, closed when the thread ends or by `close`; gRPC's client, whose channel is
-    thread-safe, is one."""
+    thread-safe, is one. A process forked from the one that made it (multiprocessing, gunicorn --preload) makes its
+    own clients at its first call."""
 
     def __init__(self, url: str = f"{LOOPBACK}:{HTTP_PORT}", *, protocol: str | None = None, model: str = "vit",
                  timeout_s: float = 60.0) -> None:
@@ -136,11 +138,8 @@ class Classifier:
         else:
             settings = {"ssl": tls}
         self._connect = lambda: self.module.InferenceServerClient(address, **settings)
-        self._first = self._connect()  # made here, so a bad address is refused now; this thread's, and gRPC's only
-        self._own = threading.local()  # .client: this thread's HTTP client, dropped (and closed) when the thread ends
-        self._own.client = self._first
-        self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # the other threads' HTTP clients still alive
-        self._made = threading.Lock()
+        self._start()  # its first client made here, so a bad address is refused now
+        self._inherited: list[Any] = []  # a forked child's copies of its parent's clients: never used, never closed
         self.timeout_s = timeout_s
         # gRPC calls take their deadline per call (HTTP's was set on the connection): a server that accepts and then
         # stalls must not hang the caller
@@ -208,9 +207,29 @@ class Classifier:
     def statistics(self) -> dict[str, dict[str, int]]:
         return model_counts(self.client.get_inference_statistics(**self._deadline), self.protocol)
 
+    def _start(self) -> None:
+        """The clients of this process: the first (the calling thread's, and gRPC's only), none for other threads."""
+        self._pid = os.getpid()
+        self._first = self._connect()
+        self._own = threading.local()  # .client: this thread's HTTP client, dropped (and closed) when the thread ends
+        self._own.client = self._first
+        self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # the other threads' HTTP clients still alive
+        self._made = threading.Lock()  # new in a forked child: the parent's may have been held at the fork
+
     @property
     def client(self) -> Any:
-        """The tritonclient client of the calling thread (HTTP), or the one client (gRPC)."""
+        """The tritonclient client of the calling thread (HTTP), or the one client (gRPC), of this process."""
+        if os.getpid() != self._pid:
+            # a forked child (multiprocessing's fork, gunicorn --preload) holds copies of its parent's connections:
+            # over HTTP both processes read answers from the same socket and took each other's (wrong labels), and a
+            # gRPC channel does not work across a fork. The child makes its own; the copies stay untouched, since
+            # closing them could end the parent's connections.
+            self._inherited += [self._first, *self._others]
+            if self.protocol == "http":  # geventhttpclient's loop shares its parent's epoll: it hung the child's calls
+                import gevent
+
+                gevent.reinit()
+            self._start()
         if self.protocol == "grpc":
             return self._first
         client = getattr(self._own, "client", None)
