@@ -367,6 +367,22 @@ def test_a_forked_process_makes_its_own_connections(server, digits, protocol):
         assert reports == ["0 wrong", "0 wrong"] and parent_wrong == 0, (reports, parent_wrong)
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_async_classifier_made_outside_a_coroutine_works_in_each_event_loop(server, digits, protocol):
+    # was: made outside a running event loop (a web app's module-level client), HTTP's raised "no running event loop"
+    # and every gRPC call failed with "attached to a different loop"; a second asyncio.run failed alike
+    with Classifier(_url(server, protocol), protocol=protocol) as reference:
+        expected = reference.classify(digits[:3])
+    client = AsyncClassifier(_url(server, protocol), protocol=protocol)
+
+    async def run() -> list[Prediction]:
+        async with client:
+            return await client.classify(digits[:3])
+
+    for _ in range(2):  # two event loops, one after the other
+        _same(asyncio.run(run()), expected)
+
+
 def test_a_grpc_url_speaks_grpc_without_being_told(server, digits, tmp_path):
     # `hub-vit serve` prints the gRPC endpoint as host:port; users paste it as grpc://host:port, which was spoken to
     # over HTTP and failed with "('Expected HTTP/, RTSP/ or ICE/', 8)" and a hint that the port was wrong

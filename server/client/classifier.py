@@ -267,12 +267,24 @@ class AsyncClassifier:
         check_timeout(timeout_s)
         self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
         extra = {"conn_limit": max(1, connections), "conn_timeout": timeout_s} if protocol == "http" else {}
-        self.client = self.module.InferenceServerClient(address, ssl=tls, **extra)
+        self._make = lambda: self.module.InferenceServerClient(address, ssl=tls, **extra)
+        self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop `_client` belongs to
         self.timeout_s = timeout_s
         self._headers = PLAIN_ANSWERS if protocol == "http" else None
         self._deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
         self._config: ServedConfig | None = None  # read from the server once
         self.request_limit = RequestLimit()  # as Classifier's
+
+    @property
+    def client(self) -> Any:
+        """The tritonclient aio client of the running event loop, made at its first use there: such a client belongs
+        to the loop it was made in, so one made outside a coroutine failed (HTTP: "no running event loop"; gRPC:
+        every call "attached to a different loop"), and so did the same AsyncClassifier in a second `asyncio.run`."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # the earlier loop has ended (asyncio.run closes it), and its connections with it
+            self._client, self._loop = self._make(), loop
+        return self._client
 
     async def config(self) -> ServedConfig:
         """As `Classifier.config`."""
@@ -353,7 +365,9 @@ class AsyncClassifier:
         return model_counts(await self.client.get_inference_statistics(**self._deadline), self.protocol)
 
     async def close(self) -> None:
-        await self.client.close()
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            await self._client.close()
+        self._client, self._loop = None, None
 
     async def __aenter__(self) -> AsyncClassifier:
         return self
