@@ -16,7 +16,7 @@ import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from hub_vit.ports import HTTP_PORT, LOOPBACK
@@ -157,7 +157,7 @@ class Classifier:
         """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
         return self.config().max_batch_size
 
-    def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
+    def classify(self, images: Iterable[ImageLike] | ImageLike, *, with_logits: bool = False,
                  queue_timeout_s: float | None = None, explain: bool = False, head_fusion: str | None = None,
                  discard_ratio: float | None = None) -> list[Prediction]:
         """Predictions in the order of `images`; a list longer than the model's `max_batch_size` is sent as several
@@ -296,7 +296,7 @@ class AsyncClassifier:
         """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
         return (await self.config()).max_batch_size
 
-    async def classify(self, images: Sequence[ImageLike] | ImageLike, *, with_logits: bool = False,
+    async def classify(self, images: Iterable[ImageLike] | ImageLike, *, with_logits: bool = False,
                        queue_timeout_s: float | None = None, explain: bool = False, head_fusion: str | None = None,
                        discard_ratio: float | None = None) -> list[Prediction]:
         """As `Classifier.classify`; the requests of a long list run concurrently (at most MAX_IN_FLIGHT at once)."""
@@ -336,7 +336,7 @@ class AsyncClassifier:
             raise
         return [prediction for chunk in chunks for prediction in chunk]
 
-    def prepare(self, images: Sequence[ImageLike] | ImageLike, *,
+    def prepare(self, images: Iterable[ImageLike] | ImageLike, *,
                 queue_timeout_s: float | None = None) -> PreparedRequest:
         """One request holding `images` (at most the model's `max_batch_size`; `classify` splits, this does not),
         encoded and serialised now, for `send`. `queue_timeout_s`: as in `classify`."""

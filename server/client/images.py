@@ -4,7 +4,7 @@ decoding, resizing and normalising happen on the server, exactly once, with the 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,10 @@ def encode(image: ImageLike) -> bytes:
         buffer = io.BytesIO()
         _png_ready(image).save(buffer, format="PNG")
         return buffer.getvalue()
+    if isinstance(image, np.ndarray):  # its channel order and value range are the caller's to state
+        raise ValueError(f"cannot send a numpy array (shape {image.shape}, {image.dtype}): its channel order and value "
+                         "range are unknown; pass PIL.Image.fromarray(array) of an RGB uint8 array (an OpenCV image "
+                         "is BGR: cv2.cvtColor(array, cv2.COLOR_BGR2RGB) first), or the image's file or bytes")
     raise ValueError(f"cannot send {type(image).__name__}; valid image types: path, bytes, PIL.Image")
 
 
@@ -62,11 +66,11 @@ def _png_ready(image: Any) -> Any:
     return image.convert("RGB")  # CMYK, YCbCr, ...
 
 
-
-
-def as_batch(images: Sequence[ImageLike] | ImageLike) -> list[ImageLike]:
-    """One image or a list/tuple of them -> a non-empty list."""
-    batch = list(images) if isinstance(images, (list, tuple)) else [images]
+def as_batch(images: Iterable[ImageLike] | ImageLike) -> list[ImageLike]:
+    """One image, or any iterable of them (a list, a tuple, `Path("photos").glob("*.jpg")`), -> a non-empty list.
+    A path, bytes, a PIL image or a numpy array is one image, though some of them iterate."""
+    one = isinstance(images, (str, Path, bytes, bytearray, memoryview, np.ndarray)) or hasattr(images, "mode")
+    batch = [images] if one or not isinstance(images, Iterable) else list(images)
     if not batch:
         raise ValueError("no images given; pass at least one path, bytes object or PIL image")
     return batch
