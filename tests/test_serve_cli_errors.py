@@ -222,6 +222,18 @@ def test_another_web_server_at_the_url_is_named_as_not_triton(web_page_port):
         "answers 200 when ready, 400 when not); give the HTTP port of a Triton server, usually 8000" in out, out
 
 
+@pytest.mark.parametrize("protocol_args", [[], ["--grpc"]], ids=["http", "grpc"])
+def test_https_to_a_port_without_tls_says_so(web_page_port, protocol_args):
+    # was: "[SSL: WRONG_VERSION_NUMBER] wrong version number" and "no HTTP answer ...: is a server running there?"
+    from hub_vit.catalog import default_model_folder
+
+    url = f"https://127.0.0.1:{web_page_port}"  # a plain HTTP server answers the TLS hello in plain text
+    code, out = _run("classify", "--url", url, *protocol_args, str(default_model_folder() / "samples" / "3_0.png"))
+    assert code == 1 and f"{url} does not speak TLS: give the address without https:// (hub-vit serve's ports speak " \
+        "plain HTTP and gRPC; TLS belongs to a proxy in front of them)" in out, out
+    assert "is a server running there" not in out, out
+
+
 def test_timeout_bounds_every_wait_of_classify_and_loadtest(silent_port):
     # a server that takes the connection and stays silent held both for tritonclient's 60 s, whatever --duration said
     import time
