@@ -234,6 +234,23 @@ def test_https_to_a_port_without_tls_says_so(web_page_port, protocol_args):
     assert "is a server running there" not in out, out
 
 
+def test_grpc_core_logs_no_info_lines_above_the_message(web_page_port):
+    # was: "I1201 13:48:56 ... ssl_transport_security.cc:2563] Handshake failed with error SSL_ERROR_SSL ..." on stderr
+    # before hub-vit's own line, from grpc's core
+    import os
+    import subprocess
+    import sys
+
+    from hub_vit.catalog import default_model_folder
+
+    result = subprocess.run([sys.executable, "-c", "from hub_vit.cli import run; run()", "classify", "--grpc", "--url",
+                             f"https://127.0.0.1:{web_page_port}", str(default_model_folder() / "samples" / "3_0.png")],
+                            capture_output=True, text=True, timeout=120,
+                            env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"})
+    assert result.returncode == 1 and "does not speak TLS" in result.stderr, result.stderr
+    assert "Handshake failed" not in result.stderr, result.stderr
+
+
 def test_timeout_bounds_every_wait_of_classify_and_loadtest(silent_port):
     # a server that takes the connection and stays silent held both for tritonclient's 60 s, whatever --duration said
     import time

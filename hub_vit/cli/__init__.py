@@ -46,6 +46,9 @@ def _print_any_name() -> None:
 def main() -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _print_any_name()
+    # grpc's core logs at INFO to stderr by default (a TLS handshake to a plain port: "I1201 ... Handshake failed with
+    # error SSL_ERROR_SSL ..." above hub-vit's own message); its errors still show. A user's GRPC_VERBOSITY wins.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     _load_commands()
     try:
         app()
