@@ -178,10 +178,20 @@ def _folder_ref(path: Path, text: str) -> ModelRef:
                         key=lambda p: (p.suffix.lower() != ".onnx", p.name))  # ONNX first
         # said of the file, not as advice to every caller: rollout, export and the demo need a model folder
         hint = (f"; it holds an exported file, which `hub-vit serve` and `hub-vit repository` take: {str(graphs[0])!r}"
-                if graphs else "")
+                if graphs else _sharded(path))
         raise ValueError(f"{text!r} is not a hub-vit model folder (expected config.json and model.safetensors in "
                          f"it; make one with `hub-vit convert` or `hub-vit train`){hint}")
     return ModelRef("folder", str(path.resolve()), folder=path.resolve())
+
+
+def _sharded(path: Path) -> str:
+    """What to do with a folder whose weights transformers' `save_pretrained` split into shards (past its
+    `max_shard_size`), which hub-vit's loaders, reading one `model.safetensors`, do not take; "" for any other."""
+    shards = sorted(path.glob("model-*-of-*.safetensors"))
+    if not shards or not (path / "model.safetensors.index.json").is_file():
+        return ""
+    return (f"; its weights are split into {len(shards)} shards, as save_pretrained writes them past its "
+            "max_shard_size: save the model again in one file, save_pretrained(FOLDER, max_shard_size=\"50GB\")")
 
 
 def _file_ref(path: Path, text: str, suffix: str, model_name: str | None) -> ModelRef:

@@ -182,6 +182,21 @@ def test_bad_references_name_the_problem_and_the_choices(tmp_path: Path, bare_on
         resolve_model(tmp_path / "broken.onnx")
 
 
+def test_a_folder_of_sharded_weights_says_how_to_save_it_whole(tmp_path: Path) -> None:
+    # was: "not a hub-vit model folder (expected config.json and model.safetensors in it)" for a folder transformers'
+    # save_pretrained had just written, its weights split into shards
+    from transformers import AutoModelForImageClassification  # hub_vit, imported above, registers its model type
+
+    model = AutoModelForImageClassification.from_pretrained(default_model_folder())
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="300KB")
+    with pytest.raises(ValueError, match=r"is not a hub-vit model folder .*; its weights are split into [2-9] shards, "
+                                         r"as save_pretrained writes them past its max_shard_size: save the model "
+                                         r'again in one file, save_pretrained\(FOLDER, max_shard_size="50GB"\)'):
+        locate(tmp_path / "sharded")
+    model.save_pretrained(tmp_path / "whole", max_shard_size="50GB")  # the advice, followed
+    assert resolve_model(tmp_path / "whole").kind == "folder"
+
+
 def test_no_download_accepts_only_cached_checkpoints(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ValueError, match=r"the checkpoint of simplevit_s16\.i1k_90ep is not in hub-vit's download "
