@@ -65,9 +65,10 @@ def classify(
 
     try:
         try:
-            done = classify_files(lambda: Classifier(url, protocol=protocol, model=model, timeout_s=wait_s), images,
-                                  timeout_s, concurrency=concurrency, restart_wait_s=wait_s, on_restart=waiting,
-                                  on_chunk=lines.write if lines is not None else None, **request)
+            with Classifier(url, protocol=protocol, model=model, timeout_s=wait_s) as client:
+                done = classify_files(client, images, timeout_s, concurrency=concurrency, restart_wait_s=wait_s,
+                                      on_restart=waiting, on_chunk=lines.write if lines is not None else None,
+                                      **request)
         except OutputFailed as err:  # stdout's reader went away (`| head`: typer ends quietly), a full disk (one line)
             raise err.__cause__ from None
         except Exception as err:  # before any request: refused, not Triton, the other protocol's port, unknown model

@@ -3,7 +3,6 @@ named with the reason it was refused, whatever else in its request."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -49,12 +48,12 @@ class Classified:
         self.stopped = self.stopped or other.stopped
 
 
-def classify_files(connect: Callable[[], Classifier], images: list[Path], queue_timeout_s: float | None = None, *,
+def classify_files(client: Classifier, images: list[Path], queue_timeout_s: float | None = None, *,
                    concurrency: int = 1, restart_wait_s: float = 0.0, on_restart: Callable[[], None] = lambda: None,
                    on_chunk: Callable[[Classified], None] | None = None, **request: Any) -> Classified:
     """Every file of `images` classified or named with the reason it was not (`hub-vit classify`), with up to
-    `concurrency` requests in flight, each from a client `connect()` made in its own thread (tritonclient's HTTP
-    client belongs to the thread that made it; a server's instances compute the requests side by side).
+    `concurrency` requests in flight, from as many threads sharing `client` (a server's instances compute the requests
+    side by side; the Classifier gives each thread its own connection).
     Requests hold at most the model's max_batch_size files, and no more bytes than the server takes (the client
     splits them). The server refuses a request at its first bad file and names that file's index in the request, and
     the client names a file too large to send alone: the file is set aside with the reason and the rest is sent
@@ -66,10 +65,10 @@ def classify_files(connect: Callable[[], Classifier], images: list[Path], queue_
     as the files of each request are resolved, in the order of `images`; what it raises (a closed stdout) stops the
     run: `OutputFailed` from it. `request`: more keywords for
     `Classifier.classify` (explain, head_fusion, discard_ratio)."""
-    with connect() as client:  # errors here (no server, not Triton, no such model) are raised: nothing was sent
-        chunks = list(split(images, client.max_batch_size()))
+    # errors here (no server, not Triton, no such model) are raised: nothing was sent
+    chunks = list(split(images, client.max_batch_size()))
     run = _Run(chunks, restart_wait_s, on_restart, on_chunk)
-    workers = [threading.Thread(target=run.work, args=(connect, queue_timeout_s, request), daemon=True,
+    workers = [threading.Thread(target=run.work, args=(client, queue_timeout_s, request), daemon=True,
                                 name=f"classify-{index}") for index in range(min(concurrency, len(chunks)))]
     for worker in workers:
         worker.start()
@@ -93,24 +92,11 @@ class _Run:
         self.reported = 0  # chunks merged into `done`, in order
         self.done = Classified()
         self.restart_deadline: float | None = None  # set by the first "restarting" answer
-        self.failure: Exception | None = None  # a worker's client could not be made
         self.on_chunk_error: BaseException | None = None  # on_chunk's (stdout closed by `| head`): raised by the caller
-        self.halted = False  # a request stopped the run, or a client could not be made: no further chunk is taken
+        self.halted = False  # a request stopped the run, or on_chunk failed: no further chunk is taken
 
-    def work(self, connect: Callable[[], Classifier], queue_timeout_s: float | None, request: dict[str, Any]) -> None:
-        try:
-            client = connect()
-        except Exception as err:  # a client that cannot be made stops the run, as a request's error does
-            with self.lock:
-                self.failure, self.halted = self.failure or err, True
-            return
-        try:
-            self._work(client, queue_timeout_s, request)
-        finally:
-            with contextlib.suppress(Exception):  # its answers are in; a close that fails changes none of them
-                client.close()
-
-    def _work(self, client: Classifier, queue_timeout_s: float | None, request: dict[str, Any]) -> None:
+    def work(self, client: Classifier, queue_timeout_s: float | None, request: dict[str, Any]) -> None:
+        """One worker thread: chunks taken in order until none is left or the run halts."""
         while True:
             with self.lock:
                 if self.halted or self.taken == len(self.chunks):
@@ -135,8 +121,6 @@ class _Run:
         """`done` with the answers of the requests in flight when the run stopped, in order."""
         for number in sorted(self.finished):
             self.done.take(self.finished[number])
-        if self.failure is not None and self.done.stopped is None and self.taken < len(self.chunks):
-            self.done.stopped = self.failure  # files were left unsent for it
         return self.done
 
     def _chunk(self, client: Classifier, pending: list[tuple[int, Path]], queue_timeout_s: float | None,
