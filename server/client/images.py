@@ -33,7 +33,7 @@ def encode(image: ImageLike) -> bytes:
         if not path.is_file():
             raise ValueError(f"{str(path)!r} is not a regular file; give image files ({NAMES})")
         return path.read_bytes()
-    if hasattr(image, "save") and hasattr(image, "mode"):
+    if _pil_image(image):
         buffer = io.BytesIO()
         _png_ready(image).save(buffer, format="PNG")
         return buffer.getvalue()
@@ -42,6 +42,11 @@ def encode(image: ImageLike) -> bytes:
                          "range are unknown; pass PIL.Image.fromarray(array) of an RGB uint8 array (an OpenCV image "
                          "is BGR: cv2.cvtColor(array, cv2.COLOR_BGR2RGB) first), or the image's file or bytes")
     raise ValueError(f"cannot send {type(image).__name__}; valid image types: path, bytes, PIL.Image")
+
+
+def _pil_image(image: Any) -> bool:
+    """A PIL image, known by what encoding it uses (PIL itself is imported only where an image is encoded)."""
+    return hasattr(image, "save") and hasattr(image, "mode")
 
 
 def _png_ready(image: Any) -> Any:
@@ -69,7 +74,7 @@ def _png_ready(image: Any) -> Any:
 def as_batch(images: Iterable[ImageLike] | ImageLike) -> list[ImageLike]:
     """One image, or any iterable of them (a list, a tuple, `Path("photos").glob("*.jpg")`), -> a non-empty list.
     A path, bytes, a PIL image or a numpy array is one image, though some of them iterate."""
-    one = isinstance(images, (str, Path, bytes, bytearray, memoryview, np.ndarray)) or hasattr(images, "mode")
+    one = isinstance(images, (str, Path, bytes, bytearray, memoryview, np.ndarray)) or _pil_image(images)
     batch = [images] if one or not isinstance(images, Iterable) else list(images)
     if not batch:
         raise ValueError("no images given; pass at least one path, bytes object or PIL image")
