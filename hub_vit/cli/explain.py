@@ -19,6 +19,9 @@ from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOM
 if TYPE_CHECKING:
     import numpy as np
 
+# `hub-vit demo --root-path`, `hub-vit serve --demo-root-path`
+ROOT_PATH_HELP = ("The URL path a reverse proxy serves the demo under (/vit for https://example.com/vit/), or that "
+                  "whole URL; default: $GRADIO_ROOT_PATH, else none.")
 BATCH = 8  # images per forward pass: bounded memory, still batched
 # decoded pixels that rollout's first pass over the images keeps for writing (about 0.75 GB as RGB); the images past
 # it are decoded a second time, a batch at a time
@@ -238,9 +241,7 @@ def demo(
     triton_model: str = typer.Option("vit", help="Model name on the Triton server."),
     max_queue: int = typer.Option(16, min=1, help="Requests allowed to wait; more get a 'queue full' message."),
     concurrency: int = typer.Option(2, min=1, help="Requests computed at the same time."),
-    root_path: str = typer.Option(None, help="The URL path a reverse proxy serves the demo under (/vit for "
-                                  "https://example.com/vit/), or that whole URL; default: $GRADIO_ROOT_PATH, else "
-                                  "none."),
+    root_path: str = typer.Option(None, help=ROOT_PATH_HELP),
 ) -> None:
     """Start the Gradio attention-rollout demo (blocks until Ctrl-C)."""
     from hub_vit.ports import PortError, check_ports

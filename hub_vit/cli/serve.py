@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import CANNOT_NOW, app, err_console, fail
+from hub_vit.cli.explain import ROOT_PATH_HELP, proxy_root_path
 from hub_vit.cli.path_option import given_path
 from hub_vit.cli.serve_run import ServeRun
 from hub_vit.cli.serving_options import (
@@ -96,9 +97,7 @@ def serve(
     verbose: Verbose = False,
     demo: Demo = False,
     demo_port: int = typer.Option(DEMO_PORT, help="Port of the demo (with --demo)."),
-    demo_root_path: str = typer.Option(None, help="The URL path a reverse proxy serves the demo under (/vit for "
-                                       "https://example.com/vit/), or that whole URL (with --demo); default: "
-                                       "$GRADIO_ROOT_PATH, else none."),
+    demo_root_path: str = typer.Option(None, help=f"With --demo: {ROOT_PATH_HELP}"),
     max_pixels: MaxPixels = DEFAULTS.max_pixels,
     device: Device = None,
     flavour: Flavour = None,
@@ -111,7 +110,6 @@ def serve(
     cpu_variant: CpuVariant = "auto",
 ) -> None:
     """Serve a classifier on the real tritonserver (HTTP + gRPC + metrics) until Ctrl-C / SIGTERM."""
-    from hub_vit.cli.explain import proxy_root_path
     from hub_vit.server.front.limits import FrontLimits, default_processes
     from hub_vit.server.serving import Endpoints
 
