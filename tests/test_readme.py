@@ -24,7 +24,6 @@ decision, or a decision whose command is gone from the README, fails `test_every
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -32,7 +31,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -44,6 +42,7 @@ import pytest
 from hub_vit.export import registry
 from hub_vit.ports import DEMO_PORT, GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT
 from hub_vit.server.runtime.launcher import free_port
+from tests.tracked_copy import tracked_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton]
 
@@ -167,14 +166,7 @@ class Checkout:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Checkout:
     """The checkout's tracked files in a new folder, `.venv` linked, and an offline environment."""
-    if not (REPO / ".git").exists():
-        pytest.fail(f"{REPO} is not a git checkout: this test copies its tracked files (git archive)")
-    state = subprocess.run(["git", "stash", "create"], cwd=REPO, capture_output=True, text=True, check=True)
-    tree = state.stdout.strip() or "HEAD"  # nothing changed: the commit itself
-    archive = subprocess.run(["git", "archive", "--format=tar", tree], cwd=REPO, capture_output=True, check=True)
-    path = tmp_path_factory.mktemp("checkout") / "hub-vit"
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))  # 3.10.12+
+    path = tracked_copy(tmp_path_factory.mktemp("checkout") / "hub-vit")
     (path / ".venv").symlink_to(Path(sys.prefix))
     closed = f"http://127.0.0.1:{free_port()}"  # bound and closed again: nothing listens there
     # a user's shell: not inside `make test` (whose MAKELEVEL makes a nested make print "Entering directory")

@@ -9,18 +9,17 @@ for everyone who installs the package.
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
 import sysconfig
-import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.tracked_copy import REPO, tracked_copy
+
 # the repository's folders and the packages they install as (pyproject.toml, [tool.setuptools] package-dir)
 INSTALLED_AS = {"hub_vit": "hub_vit", "conversion": "hub_vit/conversion", "server": "hub_vit/server",
                 "model_cards": "hub_vit/model_cards"}
@@ -31,14 +30,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel `pip wheel` builds from the checkout's tracked files as they are now (no `build/` left over here)."""
-    if not (REPO / ".git").exists():
-        pytest.fail(f"{REPO} is not a git checkout: this test builds from its tracked files (git archive)")
-    state = subprocess.run(["git", "stash", "create"], cwd=REPO, capture_output=True, text=True, check=True)
-    archive = subprocess.run(["git", "archive", "--format=tar", state.stdout.strip() or "HEAD"], cwd=REPO,
-                             capture_output=True, check=True)
-    source = tmp_path_factory.mktemp("source") / "hub-vit"
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(source, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))  # 3.11.4+
+    source = tracked_copy(tmp_path_factory.mktemp("source") / "hub-vit")
     dist = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
                     "--wheel-dir", str(dist), str(source)], check=True, capture_output=True, timeout=300)
