@@ -19,7 +19,6 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,10 +27,9 @@ import pytest
 
 from hub_vit.catalog import default_model_folder
 from hub_vit.domain import DOMAIN_FILE, STATISTICS_FILE
+from tests.programs import HUB_VIT
 from tests.test_train_cli import QUICK
 from tests.test_train_loop import make_folder
-
-HUB_VIT = [sys.executable, "-c", "from hub_vit.cli import run; run()"]  # the `hub-vit` program
 
 
 def _run_with_file_limit(limit_bytes: int, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:

@@ -239,11 +239,11 @@ def test_grpc_core_logs_no_info_lines_above_the_message(web_page_port):
     # before hub-vit's own line, from grpc's core
     import os
     import subprocess
-    import sys
 
     from hub_vit.catalog import default_model_folder
+    from tests.programs import HUB_VIT
 
-    result = subprocess.run([sys.executable, "-c", "from hub_vit.cli import run; run()", "classify", "--grpc", "--url",
+    result = subprocess.run([*HUB_VIT, "classify", "--grpc", "--url",
                              f"https://127.0.0.1:{web_page_port}", str(default_model_folder() / "samples" / "3_0.png")],
                             capture_output=True, text=True, timeout=120,
                             env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"})

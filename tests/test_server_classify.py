@@ -11,7 +11,6 @@ import asyncio
 import io
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,13 +28,13 @@ from hub_vit.server.client.messages import Prediction
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import write_repository
 from hub_vit.server.runtime.launcher import TritonServer
+from tests.programs import HUB_VIT
 from tests.served import quiet_statistics, start_server
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 PROTOCOLS = ("http", "grpc")
 OPTIONS = ServingOptions()  # the defaults `hub-vit serve` uses
 IMAGES = 2 * OPTIONS.max_batch_size + 3  # three requests: 16 + 16 + 3
-HUB_VIT = [sys.executable, "-c", "from hub_vit.cli import run; run()"]  # the `hub-vit` program
 
 
 @pytest.fixture(scope="module")
