@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import subprocess
 import time
@@ -405,6 +406,28 @@ def test_a_grpc_url_speaks_grpc_without_being_told(server, digits, tmp_path):
 
     result = CliRunner().invoke(app, ["loadtest", "--url", url, "--requests", "4", str(image)])
     assert result.exit_code == 0 and "grpc" in result.output, result.output
+
+
+def test_loadtest_takes_a_folder_as_classify_does(server, digits, tmp_path):
+    """`hub-vit loadtest photos/` was refused ("is a directory") although classify and rollout take folders: it now
+    cycles through the folder's JPEG, PNG and WebP files (a damaged one among them counts as failed requests: the
+    folder's files are what is sent) and names the images of other formats it leaves out."""
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    photos = tmp_path / "photos"
+    (photos / "more").mkdir(parents=True)
+    (photos / "digit.png").write_bytes(digits[0])
+    (photos / "more" / "damaged.png").write_bytes(b"not an image at all")
+    (photos / "phone.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
+    out = tmp_path / "load.json"
+    result = CliRunner().invoke(app, ["loadtest", "--url", _url(server, "http"), "--requests", "6",
+                                      "--concurrency", "1", "--allow-errors", "--json", str(out), str(photos)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 0, output
+    assert f"note: left out 1 HEIC image: {photos / 'phone.heic'}; convert it to JPEG, PNG or WebP" in output
+    report = json.loads(out.read_text())
+    assert report["requests"] > 0 and report["errors"] > 0, report  # both of the folder's files were sent
 
 
 def test_loadtest_whose_duration_ends_before_its_first_request_fails_saying_so(server, digits, tmp_path):

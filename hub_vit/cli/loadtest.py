@@ -13,13 +13,16 @@ from rich.table import Table
 from hub_vit.cli import client_options as flags
 from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import client_settings, request_failure, sample_images
+from hub_vit.cli.explain import listed_images
 from hub_vit.cli.path_option import given_path
+from hub_vit.image_formats import NAMES
 
 
 @app.command()
 def loadtest(
-    images: list[Path] = typer.Argument(None, help="Images to cycle through (default: the shipped samples).",
-                                        exists=True, dir_okay=False),
+    images: list[Path] = typer.Argument(None, help=f"Image files ({NAMES}), or folders of them (subfolders too; "
+                                        "hidden files left out), to cycle through (default: the shipped samples).",
+                                        exists=True),
     url: flags.Url = None,
     grpc: flags.Grpc = False,
     model: str = typer.Option("vit", help="Served model name."),
@@ -38,8 +41,8 @@ def loadtest(
     from hub_vit.server.client.errors import empty_reply
     from hub_vit.server.client.loadtest import load_test
 
+    payloads = listed_images(images, leave_out=None) if images else sample_images()
     url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
-    payloads = list(images) if images else sample_images()
     if json_out is not None:  # checked first: the run's numbers must not be lost at the end
         _check_writable(json_out)
     try:
