@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hub_vit.hub_models import check_repo_id
 from hub_vit.model_cards.facts import (
     CARD,
     CONFIG,
@@ -34,7 +35,6 @@ REQUIRED_FILES = (WEIGHTS, CONFIG, PREPROCESSOR, LABELS, CARD)
 TIMM_KEYS = ("architecture", "pretrained_cfg", "model_args")  # timm's hf-hub loader reads these from config.json
 # Never uploaded: editor/OS litter, bytecode, half-written temp files of our own atomic writers.
 IGNORED = re.compile(r"(^|/)(\.[^/]*|__pycache__)(/|$)|\.pyc$|\.tmp$")
-REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$", re.ASCII)  # the shape; the Hub's validator has the finer rules
 
 
 @dataclass(frozen=True)
@@ -44,22 +44,6 @@ class PushPlan:
     folder: Path
     files: tuple[str, ...]
     card_text: str
-
-
-def check_repo_id(repo_id: str) -> str:
-    """ORG/NAME by the Hub's own rule (`huggingface_hub.utils.validate_repo_id`), checked before any network call;
-    the namespace is required, since a model folder is pushed to a chosen user or organisation."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    rule = ("expected ORG/NAME, e.g. 'my-org/simplevit-s16' (letters, digits, '-', '_', '.'; no '--' or '..'; not "
-            "starting or ending with '-' or '.'; at most 96 characters)")
-    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
-        raise ValueError(f"invalid repo id {repo_id!r}: {rule}")
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as exc:
-        raise ValueError(f"invalid repo id {repo_id!r}: {rule} ({str(exc).splitlines()[0]})") from None
-    return repo_id
 
 
 def required_files(folder: Path) -> tuple[str, ...]:

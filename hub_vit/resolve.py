@@ -1,13 +1,15 @@
 """One model reference: whatever a user names, turned into one resolved model.
 
-`resolve_model(reference)` takes a registered name or `name.tag`, a hub-vit model folder, an exported `.onnx` file,
-a TensorRT engine (`.plan` / `.engine`), a Google `.npz` checkpoint or a weights file (with `model_name`), or None
-for the shipped default model, and returns a `ResolvedModel`: the torch module or the graph path, the class names,
-the eval transform (`hub_vit.data_config.DataConfig`, read from the model's `pretrained_cfg`) and where it came from.
+`resolve_model(reference)` takes a registered name or `name.tag`, a hub-vit model folder (local, or on the Hugging Face
+Hub as `hf-hub:ORG/NAME[@REVISION]`), an exported `.onnx` file, a TensorRT engine (`.plan` / `.engine`), a Google
+`.npz` checkpoint or a weights file (with `model_name`), or None for the shipped default model, and returns a
+`ResolvedModel`: the torch module or the graph path, the class names, the eval transform
+(`hub_vit.data_config.DataConfig`, read from the model's `pretrained_cfg`) and where it came from.
 `hub-vit export`, `serve` / `repository`, `rollout`, `classify --explain` and the demo all go through it.
 
 `locate(reference)` is the cheap half: it checks and classifies the reference (every bad-input message below) without
-loading anything, so a list of models (the demo's picker) is checked at start-up and loaded on first use.
+loading anything, so a list of models (the demo's picker) is checked at start-up and loaded on first use. A Hub model
+is fetched there (`hub_vit.hub_models.hub_folder`: into huggingface_hub's cache, once), and is a folder from then on.
 
 Layer: above the model folder and the weight formats, below conversion / export / server / CLI / demo.
 """
@@ -15,12 +17,13 @@ Layer: above the model folder and the weight formats, below conversion / export 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hub_vit.class_names import default_labels
 from hub_vit.data_config import DataConfig
+from hub_vit.hub_models import PREFIX, REPO_ID, hub_folder, is_hub_reference, repo_name
 
 if TYPE_CHECKING:
     import torch
@@ -41,11 +44,14 @@ class ModelRef:
     target: str
     folder: Path | None = None
     model_name: str | None = None
+    hub: str | None = None  # the `hf-hub:ORG/NAME[@REVISION]` a folder was fetched for (its snapshot in the cache)
 
     @property
     def name(self) -> str:
         if self.kind == "registered":
             return self.target
+        if self.hub is not None:  # not the snapshot's folder name, a commit hash
+            return repo_name(self.hub)
         path = Path(self.target)
         return path.name if self.kind == "folder" else path.stem
 
@@ -123,6 +129,10 @@ def locate(reference: str | Path | None, *, model_name: str | None = None, downl
         raise TypeError(f"a model reference is a name or a path, not a {type(reference).__name__}; an in-memory "
                         "model goes through ResolvedModel.from_module")
     text = str(reference)
+    if is_hub_reference(text):
+        if model_name is not None:
+            raise ValueError(f"--model {model_name!r} is only for weights files; {text!r} is a Hub model folder")
+        return replace(_folder_ref(hub_folder(text, download=download), text), hub=text)
     path = Path(text).expanduser()
     suffix = path.suffix.lower()  # model.ONNX is an ONNX file too
     if path.is_dir():
@@ -131,7 +141,7 @@ def locate(reference: str | Path | None, *, model_name: str | None = None, downl
         ref = _file_ref(path, text, suffix, model_name)
     elif suffix in (".onnx", *ENGINE_SUFFIXES, *WEIGHT_SUFFIXES) or "/" in text:
         raise ValueError(f"model path {text!r} does not exist (expected a model folder, an .onnx file, a TensorRT "
-                         f"engine or a weights file)")
+                         f"engine or a weights file){_hub_hint(text)}")
     else:
         if model_name is not None and model_name != text:
             raise ValueError(f"--model {model_name!r} is only for weights files; {text!r} is not a weights file")
@@ -182,6 +192,11 @@ def _folder_ref(path: Path, text: str) -> ModelRef:
         raise ValueError(f"{text!r} is not a hub-vit model folder (expected config.json and model.safetensors in "
                          f"it; make one with `hub-vit convert` or `hub-vit train`){hint}")
     return ModelRef("folder", str(path.resolve()), folder=path.resolve())
+
+
+def _hub_hint(text: str) -> str:
+    """For a missing path shaped like a Hub repo id (`my-org/tiny-vit`): how to name the Hub's model instead."""
+    return f"; a model on the Hugging Face Hub is named {PREFIX}{text}" if REPO_ID.match(text) else ""
 
 
 def _sharded(path: Path) -> str:

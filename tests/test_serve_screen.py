@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,40 +16,21 @@ from typer.testing import CliRunner
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.runtime.launcher import free_port
 from hub_vit.server.runtime.triton_install import has_gpu
+from tests.programs import LOG_LINE, serving
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 # The start of every line tritonserver logs: `I1127 08:29:10.919255 11916 metrics.cc:770] "Collecting CPU metrics"`
 TRITON_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ", re.MULTILINE)
 CUDA_ERROR = re.compile(r"^E\d{4} .*(CUDA|Cuda|cuda)", re.MULTILINE)
-LOG_LINE = re.compile(r"^  log +(\S+) \(tritonserver's own", re.MULTILINE)
 
 
 def _serve_until_ready(*flags: str) -> tuple[str, str]:
     """(everything `hub-vit serve` (the shipped model) prints from its start to its stop on Ctrl-C once ready, the
     log file the summary names as it is once the server is ready)."""
-    ports = [str(free_port()) for _ in range(3)]
-    command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--http-port", ports[0],
-               "--grpc-port", ports[1], "--metrics-port", ports[2], "--exit-timeout", "10", *flags]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert process.stdout is not None
-    text, written, deadline = "", "", time.monotonic() + 180
-    try:
-        while time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if not line:
-                break
-            text += line
-            if LOG_LINE.search(line):  # the summary's last line: the server is ready
-                written = Path(LOG_LINE.search(line)[1]).read_text()
-                break
-        process.send_signal(signal.SIGINT)
-        rest, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
-    return text + rest, written
+    with serving(*flags, timeout_s=180) as served:
+        written = served.log_file.read_text()
+    return served.text + served.rest, written
 
 
 def test_the_default_screen_is_a_summary_and_names_the_log_file():

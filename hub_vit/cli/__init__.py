@@ -15,7 +15,8 @@ import sys
 import threading
 from typing import NoReturn
 
-from hub_vit.cli.app import app, console, fail, is_environment_error, os_error_text
+from hub_vit.cli.app import CANNOT_NOW, app, console, fail, is_environment_error, os_error_text
+from hub_vit.network import HubUnreachableError
 
 # One module per capability; each adds its commands to `app` on import.
 COMMAND_MODULES = ("models", "convert", "export", "train", "repository", "serve", "classify", "loadtest", "health",
@@ -52,6 +53,9 @@ def main() -> None:
     _load_commands()
     try:
         app()
+    except HubUnreachableError as exc:  # a Hub model (`hf-hub:ORG/NAME`) neither reachable nor cached, for any command
+        fail(str(exc), code=CANNOT_NOW)
+        raise SystemExit(CANNOT_NOW) from None
     except OSError as exc:
         # The safety net for every command: a read-only, full or forbidden destination that a command did not catch
         # itself is one line naming the reason and the path, not a traceback. Other errors (bugs) keep theirs;

@@ -167,8 +167,9 @@ def rollout(
     out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the overlay PNGs (created if needed).",
                              parser=given_path),
     model: str = typer.Option(None, "--model", "-m",
-                              help="Model folder, or a registered name.tag with a cached checkpoint. "
-                                   "Default: the shipped default model."),
+                              help="Model folder (hf-hub:ORG/NAME: one on the Hugging Face Hub, fetched into its "
+                                   "cache), or a registered name.tag with a cached checkpoint. Default: the shipped "
+                                   "default model."),
     head_fusion: str = typer.Option(DEFAULT_HEAD_FUSION, help=f"How to fuse the heads: {', '.join(HEAD_FUSIONS)}."),
     discard_ratio: float = typer.Option(DEFAULT_DISCARD_RATIO,
                                         help="Share of the lowest attentions to drop per row, in [0, 1)."),
@@ -235,7 +236,9 @@ def rollout(
 def demo(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 exposes the demo to the network)."),
     port: int = typer.Option(DEMO_PORT, help="Port to listen on."),
-    model_folder: list[Path] = typer.Option([], "--model-folder", help="Extra model folder(s) to offer; repeatable.",
+    model_folder: list[Path] = typer.Option([], "--model-folder",
+                                            help="Extra model folder(s) to offer (hf-hub:ORG/NAME: one on the Hugging "
+                                                 "Face Hub); repeatable.",
                                             parser=given_path),
     triton_url: str = typer.Option(None, help="host:port of a running `hub-vit serve` (HTTP) to take labels from."),
     triton_model: str = typer.Option("vit", help="Model name on the Triton server."),

@@ -69,7 +69,8 @@ def _print_replaced(report: object) -> None:
 @export_app.command("onnx")
 def onnx_cmd(
     source: str = typer.Argument(..., help="Registered name (vit_s16, simplevit_s16.i1k_300ep), a hub-vit model "
-                                           "folder, or a weights file (.safetensors/.npz/.pt) with --model."),
+                                           "folder (hf-hub:ORG/NAME: one on the Hugging Face Hub), or a weights file "
+                                           "(.safetensors/.npz/.pt) with --model."),
     out: Path = typer.Option(Path("exports"), "-o", "--out", help="Output folder.", parser=given_path),
     model_name: str = typer.Option(None, "--model", help="Architecture for a weights file, e.g. vit_s16."),
     variant: list[str] = typer.Option(

@@ -15,8 +15,10 @@ from hub_vit.cli.app import in_flag_words as flag_words
 from hub_vit.export import registry
 from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, QUEUE_POLICY_FIELDS, ServingOptions
 
-MODEL_HELP = "Registered name, hub-vit model folder, or exported .onnx/.plan file (default: the shipped model)."
-SERVE_MODEL_HELP = ("Registered name, hub-vit model folder, or exported .onnx file (default: the shipped model). A "
+MODEL_HELP = ("Registered name, hub-vit model folder (hf-hub:ORG/NAME: one on the Hugging Face Hub), or exported "
+              ".onnx/.plan file (default: the shipped model).")
+SERVE_MODEL_HELP = ("Registered name, hub-vit model folder (hf-hub:ORG/NAME: one on the Hugging Face Hub), or exported "
+                    ".onnx file (default: the shipped model). A "
                     "TensorRT engine is served by the GPU container: hub-vit repository --flavour gpu.")
 DEFAULTS = ServingOptions()  # every repository default below comes from here (a test compares the configs)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +27,7 @@ from PIL import Image
 
 from hub_vit.domain import Domain
 from hub_vit.explain.pipeline import Explainer
+from hub_vit.hub_models import is_hub_reference
 from hub_vit.paths import distinct_names
 from hub_vit.resolve import ModelRef, cached_checkpoint, checkpoint_path, locate, resolve_model
 from hub_vit.server.protocol import UNKNOWN_DOMAIN, domain_verdict
@@ -67,8 +68,11 @@ def no_head_message(what: str) -> str:
             "`hub-vit train`)")
 
 
-def folder_choice(folder: str | Path, key: str | None = None) -> ModelChoice:
-    """A model folder given by the user; refuses anything that is not one, and a folder without a classifier head."""
+def folder_choice(folder: str | Path) -> ModelChoice:
+    """A model folder given by the user (local, or `hf-hub:ORG/NAME`: fetched now); refuses anything that is not one,
+    and a folder without a classifier head."""
+    if is_hub_reference(str(folder)):
+        return _choice(locate(str(folder)), str(folder))
     path = Path(folder).expanduser()
     if not path.exists():
         raise ValueError(f"model folder {str(folder)!r} does not exist")
@@ -76,7 +80,7 @@ def folder_choice(folder: str | Path, key: str | None = None) -> ModelChoice:
     if ref is None or ref.folder is None:
         raise ValueError(f"{str(folder)!r} is not a hub-vit model folder (expected config.json and "
                          "model.safetensors in it; make one with `hub-vit convert` or `hub-vit train`)")
-    return _checked_folder(ref.folder, key or f"folder: {ref.folder.name}", f"model folder {str(folder)!r}")
+    return _checked_folder(ref.folder, f"folder: {ref.folder.name}", f"model folder {str(folder)!r}")
 
 
 def _checked_folder(path: Path, key: str, what: str) -> ModelChoice:
@@ -109,9 +113,14 @@ def discover_choices(folders: Sequence[str | Path] = ()) -> list[ModelChoice]:
     default = default_model_path()
     if default is not None:
         choices.append(ModelChoice(key=DEFAULT_KEY, kind="folder", target=str(default)))
-    found = {Path(folder_choice(folder).target): None for folder in folders}  # checked, resolved, once each
-    for path, name in zip(found, distinct_names(list(found)), strict=True):
-        choices.append(folder_choice(path, key=f"folder: {name}"))
+    found: dict[Path, ModelChoice] = {}  # checked, resolved, once each
+    for folder in folders:
+        choice = folder_choice(folder)
+        found.setdefault(Path(choice.target), choice)
+    local = [path for path, choice in found.items() if not is_hub_reference(choice.key)]  # a Hub model keeps its key
+    names = dict(zip(local, distinct_names(local), strict=True))
+    choices += [replace(choice, key=f"folder: {names[path]}") if path in names else choice
+                for path, choice in found.items()]
     return choices + registered_choices()
 
 
@@ -127,12 +136,15 @@ def resolve_choice(model: str | None, choices: Sequence[ModelChoice] = ()) -> Mo
     for choice in choices:
         if choice.key == model:
             return choice
-    return _choice(locate(model, download=False), model)
+    # a registered checkpoint is never downloaded here (`hub-vit convert` fetches it); a Hub model the user names is
+    # fetched now, at start-up, into huggingface_hub's cache, and is a model folder from then on
+    return _choice(locate(model, download=is_hub_reference(model)), model)
 
 
 def _choice(ref: ModelRef, model: str) -> ModelChoice:
-    if ref.kind == "folder" and ref.folder is not None:
-        return _checked_folder(ref.folder, f"folder: {ref.folder.name}", f"model folder {model!r}")
+    if ref.kind == "folder" and ref.folder is not None:  # a Hub model goes by its reference, not its snapshot's hash
+        key = ref.hub or f"folder: {ref.folder.name}"
+        return _checked_folder(ref.folder, key, f"model {model!r}" if ref.hub else f"model folder {model!r}")
     if ref.kind != "registered":
         raise ValueError(f"{model!r} is an exported or weights file ({ref.kind}); the demo and `hub-vit rollout` "
                          "run a model folder or a registered name in PyTorch")
