@@ -146,7 +146,8 @@ def test_a_malformed_hub_reference_is_refused_before_any_request(reference, mess
 
 
 def test_the_demos_picker_and_serve_take_a_hub_model(digits_repo, tmp_path):
-    """serve fetches the model in its own process, builds in its child, and answers as the local folder does."""
+    """serve fetches the model in its own process, builds in its child from that snapshot (the Hub is asked once),
+    and answers as the local folder does."""
     from hub_vit.server.client.classifier import Classifier
 
     cache = tmp_path / "hf-cache"
@@ -156,6 +157,8 @@ def test_the_demos_picker_and_serve_take_a_hub_model(digits_repo, tmp_path):
         prediction = client.classify(SAMPLE.read_bytes())[0]
     assert prediction.labels[0] == "4", prediction
     assert "serving model vit" in served.text and served.process.returncode == 0, served.text + served.rest
+    assert hub.asked.count("HEAD /my-org/digits/resolve/main/config.json") == 1, hub.asked
+    # asked once: the build child gets the model as serve located it, and does not ask the Hub again
     from hub_vit.demo.models import discover_choices, resolve_choice
 
     with pytest.MonkeyPatch.context() as env:  # the demo's picker, the Hub gone: its key is the reference

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from hub_vit.child_python import python_command
 
 if TYPE_CHECKING:
-    from hub_vit.resolve import ResolvedModel
+    from hub_vit.resolve import ModelRef, ResolvedModel
     from hub_vit.server.repository.options import ServingOptions
 
 # What ends the child after it removed its folder: SIGTERM (passed on by serve, or sent at serve's death) and SIGHUP
@@ -46,6 +46,7 @@ class BuildRequest:
     model: str | None  # what the user named (None: the shipped model)
     options: ServingOptions
     workdir: Path  # the temporary folder the repository goes into (`serving.temporary_workdir`)
+    ref: ModelRef | None = None  # `model` as serve located it (a Hub model: fetched), so the child does not again
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def build(request: BuildRequest, loaded: Callable[[Loaded], None]) -> Built | Re
 
     opts = request.options
     try:
-        source = resolve_model(request.model)
+        source = resolve_model(request.ref if request.ref is not None else request.model)
     except Exception as err:
         refusal = load_refusal(err, request.model)
         if refusal is None:

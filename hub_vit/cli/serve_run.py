@@ -64,18 +64,18 @@ class ServeRun:
         except ServerError as err:  # no usable temporary folder
             raise fail(str(err)) from None
         try:
-            repository = self._build(opts, workdir)
+            repository = self._build(opts, workdir, ref)
             print_cpu_variant(repository)
             self.serve(repository, built=True)
         finally:
             remove_workdir(workdir)
 
-    def _build(self, opts: Any, workdir: Path) -> Path:
-        """The repository written into `workdir` by the child, each phase shown here."""
+    def _build(self, opts: Any, workdir: Path, ref: Any) -> Path:
+        """The repository written into `workdir` by the child from the located model `ref`, each phase shown here."""
         from hub_vit.cli.serve_build import BuildFailed, BuildRequest, Refused, repository_build
 
         try:
-            with repository_build(BuildRequest(self.model, opts, workdir)) as child:
+            with repository_build(BuildRequest(self.model, opts, workdir, ref)) as child:
                 loaded = child.loaded()  # no spinner here: the child's own download bar may be drawn meanwhile
                 if isinstance(loaded, Refused):
                     raise fail(loaded.message, code=loaded.code)
