@@ -129,6 +129,34 @@ def test_what_the_hub_does_not_have_is_named(digits_repo, hub_cache):
     assert model.name == "digits" and model.labels[4] == "4"  # the repository's name, not its snapshot's hash
 
 
+def test_train_fine_tunes_a_hub_model_and_leaves_no_run_folder_when_it_cannot_be_had(digits_repo, hub_cache,
+                                                                                        tmp_path):
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+    from tests.test_train_loop import make_folder
+
+    _load_commands()
+    data = make_folder(tmp_path / "data")  # 32x32 images of 3 colours
+    quick = ["--steps", "1", "--batch-size", "8", "--warmup-steps", "1", "--mixup", "0", "--randaug", "", "--workers",
+             "0", "--threads", "1", "--no-progress"]
+    with emulated_hub({"my-org/digits": digits_repo}) as hub, pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_ENDPOINT", hub.endpoint)
+        done = CliRunner().invoke(app, ["train", str(data), "--out", str(tmp_path / "ft"), "--init",
+                                        "hf-hub:my-org/digits", *quick])
+    assert done.exit_code == 0, done.output
+    recipe = json.loads((tmp_path / "ft" / "recipe.json").read_text())
+    assert recipe["model"] == "simplevit_digits", recipe  # the Hub folder's architecture, not the preset's
+    assert recipe["init"] == str(hub_cache / "models--my-org--digits" / "snapshots" / digits_repo.commit)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_ENDPOINT", _closed_endpoint())
+        failed = CliRunner().invoke(app, ["train", str(data), "--out", str(tmp_path / "ft2"), "--init",
+                                          "hf-hub:my-org/other", *quick])
+    assert failed.exit_code == 3, failed.output
+    assert "cannot load 'hf-hub:my-org/other': cannot reach the Hugging Face Hub" in " ".join(failed.output.split())
+    assert not (tmp_path / "ft2").exists()  # nothing half-made
+
+
 @pytest.mark.parametrize(("reference", "message"), [
     ("hf-hub:", r"'hf-hub:': invalid repo id '': expected ORG/NAME"),
     ("hf-hub:digits", r"'hf-hub:digits': invalid repo id 'digits': expected ORG/NAME"),

@@ -21,6 +21,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import (
+    CANNOT_NOW,
     DISK_REFUSED_ERRNOS,
     app,
     console,
@@ -46,7 +47,8 @@ def train_command(
     preset: str = typer.Option("vit_s16_i1k", help=f"Starting recipe: {', '.join(PRESETS)}."),
     model: str | None = typer.Option(None, help="Registered architecture, e.g. simplevit_s16 (`hub-vit models`)."),
     pretrained: bool | None = typer.Option(None, "--pretrained/--scratch", help="Start from published weights."),
-    init: Path | None = typer.Option(None, help="Fine-tune from a hub-vit model folder or weights file.",
+    init: Path | None = typer.Option(None, help="Fine-tune from a hub-vit model folder (hf-hub:ORG/NAME: one on the "
+                                                "Hugging Face Hub) or weights file.",
                                      parser=given_path),
     img_size: int | None = typer.Option(None, help="Training/eval image size."),
     batch_size: int | None = typer.Option(None, help="Global batch (all processes, all accumulation steps)."),
@@ -138,6 +140,7 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     half-made run folder."""
     from hub_vit.conversion.download import DownloadError
     from hub_vit.domain import Domain
+    from hub_vit.network import HubUnreachableError
     from hub_vit.train import digits
     from hub_vit.train.data import DataFolderError
     from hub_vit.train.loop import TrainingWarning, train
@@ -165,6 +168,9 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
         _discard_fresh_run_folder(out, created)
         raise download_failed(exc) from None
+    except HubUnreachableError as exc:  # --init hf-hub:ORG/NAME, neither reachable nor cached
+        _discard_fresh_run_folder(out, created)
+        raise fail(str(exc), code=CANNOT_NOW) from None
     except SettingError as exc:  # `--steps 0`: the library names `total_steps`; a setting given by --set keeps its name
         _discard_fresh_run_folder(out, created)
         given = {_set_key(item) for item in set_}

@@ -27,6 +27,7 @@ from timm.loss import SoftTargetCrossEntropy
 from torch.utils.data import DataLoader, Subset
 
 from hub_vit.domain import Domain
+from hub_vit.hub_models import hub_folder, is_hub_reference
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train import distributed
 from hub_vit.train.data import (
@@ -71,11 +72,14 @@ def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: st
           domain: Domain | None = None) -> TrainResult:
     """Train (or resume) the run in `run_dir` on `data_dir/{train,val}/<class>/<image>`.
 
+    `init`: a model folder (`hf-hub:ORG/NAME[@REVISION]`: one on the Hugging Face Hub) or weights file to fine-tune.
     `stop_at`: stop after this global step (a checkpoint is written) without finishing the run; calling `train`
     again resumes from the newest checkpoint. Every input is checked before anything is written to `run_dir`.
     """
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     recipe.micro_batch_for(distributed.world_size_from_env())  # a batch that cannot split fails before any setup
+    if init is not None and is_hub_reference(str(init)):  # fetched into huggingface_hub's cache: a folder from here on
+        init = hub_folder(str(init))
     d = distributed.setup(device)
     try:
         plan = _Plan.check(recipe, data_dir, run_dir, d, init, stop_at)
