@@ -63,9 +63,10 @@ def find_reference(checkpoint: str | Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def _diff(ours: torch.Tensor, theirs: np.ndarray) -> float:
+def _diff(ours: torch.Tensor, theirs: np.ndarray, name: str, reference: str | Path) -> float:
     if tuple(ours.shape) != tuple(theirs.shape):
-        raise ValueError(f"output shape {tuple(ours.shape)} differs from the reference {tuple(theirs.shape)}")
+        raise ValueError(f"reference outputs {str(reference)!r}: their {name!r} array has shape {tuple(theirs.shape)}, "
+                         f"the converted model's {tuple(ours.shape)}; are they the outputs of this checkpoint?")
     return float((ours.double() - torch.from_numpy(np.asarray(theirs)).double()).abs().max())
 
 
@@ -159,7 +160,7 @@ def compare_to_reference(model: VisionTransformer, reference: str | Path, *, fun
         elif head_changed and name in ("logits", "pre_logits"):
             report.skipped[name] = "the head / pre-logits layer was replaced by an option"
         else:
-            report.max_abs_diff[name] = _diff(value, ref[name])
+            report.max_abs_diff[name] = _diff(value, ref[name], name, reference)
     if "logits" in report.max_abs_diff:
         report.top1_agreement = float((ours["logits"].argmax(-1).numpy() == ref["logits"].argmax(-1)).mean())
     _nonparametric_facts(model, report)

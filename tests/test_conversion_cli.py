@@ -220,6 +220,18 @@ def test_reference_that_is_not_reference_outputs_is_named(tmp_path: Path) -> Non
 
 
 
+def test_reference_of_another_model_names_the_array_whose_shape_differs(tmp_path: Path) -> None:
+    """was `error: output shape (2, 17, 64) differs from the reference (2, 16, 64)`: which array, of which file?"""
+    reference = JAX / "big_vision" / "tiny_learn_map.io.npz"  # a MAP-head model's: no class token
+    result = CliRunner().invoke(app, ["convert", str(JAX / "big_vision" / "tiny_learn_tok.npz"), "-o",
+                                      str(tmp_path / "out"), "--reference", str(reference)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert (f"reference outputs {str(reference)!r}: their 'encoded' array has shape (2, 16, 64), the converted "
+            "model's (2, 17, 64); are they the outputs of this checkpoint?") in text
+    assert not (tmp_path / "out").exists()
+
+
 def _damaged_reference(kind: str, path: Path) -> None:
     """Write a real damaged copy of a valid reference file to `path`."""
     data = bytearray((JAX / "big_vision" / "tiny_learn_tok.io.npz").read_bytes())
