@@ -86,13 +86,14 @@ def hub_folder(reference: str, *, download: bool = True) -> Path:
     local_only = unreachable is not None or not download
     try:
         folder = _fetch(repo_id, revision, reference, local_only)
-    except _NotCached:
+    except _NotCached as missing:
         from huggingface_hub import constants
 
         why = (f"{unreachable}, and" if unreachable is not None
                else "hub-vit does not download here (download=False), and")
+        held = "holds only part of it (an interrupted download?)" if missing.partial else "does not hold it"
         raise HubUnreachableError(f"cannot load {reference!r}: {why} huggingface_hub's cache "
-                                  f"({constants.HF_HUB_CACHE}) does not hold it; fetch it once with network (e.g. "
+                                  f"({constants.HF_HUB_CACHE}) {held}; fetch it once with network (e.g. "
                                   f"`hub-vit rollout --model {reference} IMAGE`), or set HF_HUB_CACHE to the cache "
                                   "that has it") from None
     if unreachable is not None:
@@ -101,7 +102,11 @@ def hub_folder(reference: str, *, download: bool = True) -> Path:
 
 
 class _NotCached(Exception):
-    """The cache does not hold what was asked for, and the Hub was not asked."""
+    """The cache does not hold what was asked for (`partial`: some of its files), and the Hub was not asked."""
+
+    def __init__(self, partial: bool) -> None:
+        super().__init__()
+        self.partial = partial
 
 
 def _fetch(repo_id: str, revision: str | None, reference: str, local_only: bool) -> Path:
@@ -111,6 +116,7 @@ def _fetch(repo_id: str, revision: str | None, reference: str, local_only: bool)
         EntryNotFoundError,
         GatedRepoError,
         HfHubHTTPError,
+        IncompleteSnapshotError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -126,7 +132,7 @@ def _fetch(repo_id: str, revision: str | None, reference: str, local_only: bool)
                                       local_files_only=local_only, endpoint=endpoint))
     except LocalEntryNotFoundError as exc:
         if local_only:
-            raise _NotCached() from None
+            raise _NotCached(partial=isinstance(exc, IncompleteSnapshotError)) from None
         raise HubUnreachableError(f"cannot load {reference!r}: the connection to {where} failed during the download "
                                   f"({str(exc).splitlines()[0]}); try again") from None
     except GatedRepoError:  # before RepositoryNotFoundError: it is one

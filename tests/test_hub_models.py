@@ -78,6 +78,12 @@ def test_rollout_fetches_a_hub_model_once_and_then_runs_it_from_the_cache_withou
     assert again.returncode == 0, again.stderr
     assert "cannot reach the Hugging Face Hub" in again.stderr and "from huggingface_hub's cache" in again.stderr
     assert time.monotonic() - started < 60  # no retries waited out (huggingface_hub's take about 23 s per file)
+    # a download cut short (its weights missing from the snapshot), the Hub gone: said as such, not "not cached"
+    next((cache / "models--my-org--digits" / "snapshots").iterdir()).joinpath("model.safetensors").unlink()
+    cut = _hub_vit("rollout", "--model", "hf-hub:my-org/digits", str(SAMPLE), env=_env(_closed_endpoint(), cache),
+                   cwd=tmp_path)
+    assert cut.returncode == 3, cut.stderr
+    assert "holds only part of it (an interrupted download?)" in " ".join(cut.stderr.split()), cut.stderr
 
 
 def test_a_hub_model_neither_reachable_nor_cached_fails_at_once_with_exit_3(tmp_path):
