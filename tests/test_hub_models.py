@@ -179,7 +179,7 @@ def test_a_malformed_hub_reference_is_refused_before_any_request(reference, mess
         locate(reference)
 
 
-def test_the_demos_picker_and_serve_take_a_hub_model(digits_repo, tmp_path):
+def test_the_demos_picker_and_serve_take_a_hub_model(digits_repo, tmp_path, caplog):
     """serve fetches the model in its own process, builds in its child from that snapshot (the Hub is asked once),
     and answers as the local folder does."""
     from hub_vit.server.client.classifier import Classifier
@@ -193,7 +193,7 @@ def test_the_demos_picker_and_serve_take_a_hub_model(digits_repo, tmp_path):
     assert "serving model vit" in served.text and served.process.returncode == 0, served.text + served.rest
     assert hub.asked.count("HEAD /my-org/digits/resolve/main/config.json") == 1, hub.asked
     # asked once: the build child gets the model as serve located it, and does not ask the Hub again
-    from hub_vit.demo.models import discover_choices, resolve_choice
+    from hub_vit.demo.models import discover_choices, resolve_choice, served_choice
 
     with pytest.MonkeyPatch.context() as env:  # the demo's picker, the Hub gone: its key is the reference
         from huggingface_hub import constants
@@ -202,6 +202,9 @@ def test_the_demos_picker_and_serve_take_a_hub_model(digits_repo, tmp_path):
         env.setenv("HF_ENDPOINT", _closed_endpoint())
         choice = resolve_choice("hf-hub:my-org/digits")  # `hub-vit demo` / `rollout --model`
         offered = discover_choices([Path("hf-hub:my-org/digits"), default_model_folder()])  # `--model-folder`
+        caplog.clear()
+        served = served_choice("hf-hub:my-org/digits")  # `serve --demo`: serve has just fetched it; not asked again
+    assert served == choice and "cannot reach" not in caplog.text, caplog.text
     assert choice.key == "hf-hub:my-org/digits" and choice.kind == "folder", choice
     assert Path(choice.target).parent.parent == cache / "models--my-org--digits"
     assert [c.key for c in offered][1:3] == ["hf-hub:my-org/digits", "folder: digits"], offered

@@ -191,11 +191,13 @@ def _load(choice: ModelChoice) -> Explainer:
 
 def served_choice(model: str | None) -> ModelChoice | None:
     """What `hub-vit serve MODEL` serves, as a demo choice: the default model (None), a model folder, or a registered
-    `name.tag` (serve itself has just put its checkpoint into the download cache). None for an exported .onnx /
-    .plan file: the demo runs models in PyTorch and cannot show that one."""
-    if model is not None and locate(model, download=False).kind in ("onnx", "engine"):
-        return None
-    return resolve_choice(model)
+    `name.tag` (serve itself has just put its checkpoint into the download cache, or a Hub model into
+    huggingface_hub's: neither is asked for again). None for an exported .onnx / .plan file: the demo runs models in
+    PyTorch and cannot show that one."""
+    if model is None:
+        return resolve_choice(None)
+    ref = locate(model, download=False)
+    return None if ref.kind in ("onnx", "engine") else _choice(ref, model)
 
 
 def with_choice(choices: Sequence[ModelChoice], wanted: ModelChoice) -> tuple[list[ModelChoice], str]:
