@@ -71,9 +71,20 @@ def folder_images(folder: str | Path, flag: str, suffixes: Sequence[str], leave_
     return ListedImages(files, other_formats)
 
 
-def image_files(folder: str | Path, flag: str, suffixes: Sequence[str], leave_out: Path | None = None) -> list[Path]:
-    """`folder_images`' files, for readers of the user's own folders (a training set, calibration images)."""
-    return folder_images(folder, flag, suffixes, leave_out).files
+def image_files(folder: str | Path, flag: str, suffixes: Sequence[str], leave_out: Path | None = None,
+                others: Mapping[str, str] | None = None, taken: str = "") -> list[Path]:
+    """`folder_images`' files, for readers of the user's own folders (calibration and verification images). A folder
+    that also holds images of `others`' formats is refused (ValueError naming them; `taken`: the formats read, as
+    people write them): a score fitted, or a graph judged, on part of the folder the user gave is not what was asked
+    for, as `hub-vit train` refuses a file it cannot read."""
+    listed = folder_images(folder, flag, suffixes, leave_out, others)
+    if listed.other_formats:
+        many = len(listed.other_formats) > 1
+        them = "them" if many else "it"
+        raise ValueError(f"{flag} {str(folder)!r} holds {len(listed.other_formats)} "
+                         f"{_kinds(listed.other_formats, others or {})} that {'are' if many else 'is'} not read: "
+                         f"{_first(listed.other_formats)}; convert {them} to {taken}, or move {them} out of the folder")
+    return listed.files
 
 
 def with_folders_listed(paths: Sequence[Path], suffixes: Sequence[str], leave_out: Path | None = None,
@@ -97,11 +108,15 @@ def with_folders_listed(paths: Sequence[Path], suffixes: Sequence[str], leave_ou
 def left_out_note(other_formats: Sequence[Path], others: Mapping[str, str], taken: str, shown: int = 3) -> str:
     """One line for the images of other formats a folder held: how many, which formats, the first `shown` of them,
     and what to do (`taken`: the formats read, as people write them)."""
-    names = ", ".join(str(path) for path in other_formats[:shown])
-    more = f" and {len(other_formats) - shown} more" if len(other_formats) > shown else ""
     them = "them" if len(other_formats) > 1 else "it"
-    return (f"left out {len(other_formats)} {_kinds(other_formats, others)}: {names}{more}; convert {them} to {taken} "
-            f"to include {them}")
+    return (f"left out {len(other_formats)} {_kinds(other_formats, others)}: {_first(other_formats, shown)}; convert "
+            f"{them} to {taken} to include {them}")
+
+
+def _first(paths: Sequence[Path], shown: int = 3) -> str:
+    """`a.heic, b.heic, c.heic and 2 more`: the first `shown` of `paths`."""
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(str(path) for path in paths[:shown]) + more
 
 
 def _kinds(paths: Sequence[Path], others: Mapping[str, str]) -> str:

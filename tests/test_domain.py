@@ -269,6 +269,9 @@ def test_a_training_set_of_bmp_and_gif_files_is_calibrated_on(digits_copy, digit
     ("missing", r"image folder '.*nowhere' does not exist"),
     ("missing-model", r"model folder '.*no-model' does not exist"),  # named first: its images are missing too
     ("rate", r"the false-alarm rate must be in \(0, 1\), got 0.0"),
+    # was fitted on the folder's PNGs alone, in silence
+    ("phone-photos", r"--images '.*images' holds 2 HEIC / TIFF images that are not read: .*images/a.heic, "
+                     r".*images/b.tif; convert them to JPEG, PNG, WebP, BMP or GIF, or move them out of the folder"),
     ("examples", r"unknown examples 'sketches'; valid: digits, photos"),
     # was: a traceback after the fit had replaced domain.safetensors
     ("record-folder", r"'.*domain.json' is a folder; calibrate-domain writes the file domain.json there: move the "
@@ -291,6 +294,9 @@ def test_bad_calibrations_are_refused_by_name_before_anything_is_written(digits_
              "ood-images": [*lenient, "--out-of-domain", str(images)],
              "ood-held": [*lenient, "--out-of-domain", f"{tmp_path}/./held"],  # another spelling of the same folder
              "rate": ["--false-alarm-rate", "0"], "examples": ["--examples", "sketches"]}.get(case, [])
+    if case == "phone-photos":
+        (images / "a.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
+        (images / "b.tif").write_bytes(b"II*\x00")
     if case == "record-folder":
         (digits_copy / "domain.json").unlink()
         (digits_copy / "domain.json").mkdir()

@@ -346,3 +346,13 @@ def test_cli_bad_opset_or_image_leaves_no_folder(tmp_path: Path) -> None:
                                  "fp32", "--images", str(images)])
     assert result.exit_code == 2 and "x.png' as an image" in " ".join(result.output.split())
     assert not (tmp_path / "o").exists()
+    # a phone's photo among them was passed over in silence: calibration and verification on part of the folder
+    (images / "x.png").unlink()
+    (images / "photo.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
+    (images / "4_1.png").write_bytes((default_model_folder() / "samples" / "4_1.png").read_bytes())
+    result = runner.invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(tmp_path / "o"), "-v",
+                                 "fp32", "--images", str(images)])
+    assert result.exit_code == 2 and (f"--images {str(images)!r} holds 1 HEIC image that is not read: "
+                                      f"{images / 'photo.heic'}; convert it to JPEG, PNG, WebP, BMP or GIF") in \
+        " ".join(result.output.split()), result.output
+    assert not (tmp_path / "o").exists()
