@@ -588,5 +588,16 @@ def test_classify_waits_through_a_restart_and_keeps_its_answers_when_the_server_
         assert as_json.exit_code == 1, as_json.output
         assert [json.loads(line)["file"] for line in as_json.stdout.splitlines()] == [str(p) for p in files[:16]]
         assert "24 of 40 files were not classified" in " ".join(as_json.stderr.split()), as_json.stderr
+        serve.wait_for("serving again")
+
+        # started while the server restarts: its first request, for the model's config, was refused at once (exit 1)
+        monkeypatch.setattr(classifier, "Classifier", real)
+        os.kill(serve.tritonserver_pid(), signal.SIGKILL)
+        serve.wait_for("restarting tritonserver")
+        late = CliRunner().invoke(app, ["classify", "--url", url, "--top", "1", str(tmp_path)])
+        text = " ".join(late.output.split())
+        assert late.exit_code == 0, text
+        assert f"note: {url} says its server is restarting; waiting up to 60 s (--timeout) for it" in text, text
+        assert all(path.name in text for path in files), text
     finally:
         serve.stop()

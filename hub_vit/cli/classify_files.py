@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hub_vit.server.client.classifier import Classifier
 from hub_vit.server.client.errors import (
@@ -20,6 +20,8 @@ from hub_vit.server.client.errors import (
     restarting,
 )
 from hub_vit.server.client.messages import Prediction, split
+
+T = TypeVar("T")
 
 # the wait between two tries while serve's gate says its server is restarting: half the time waited so far, within
 # these bounds (s); a restart takes 1-15 s
@@ -59,17 +61,17 @@ def classify_files(client: Classifier, images: list[Path], queue_timeout_s: floa
     the client names a file too large to send alone: the file is set aside with the reason and the rest is sent
     again, so k bad files cost k more requests, the good files are still classified and each bad one is named by its
     path. A refusal that names no file (a file the client could not read) is resolved file by file.
-    While serve's gate says its server is restarting, a request is sent again until `restart_wait_s` after the first
-    such answer (`on_restart` is called then). Any other error that is not about one file ends the run: no further
-    request is sent, and what was classified is kept, with the error in `stopped`. `on_chunk(done so far)` is called
-    as the files of each request are resolved, in the order of `images`; what it raises (a closed stdout) stops the
-    run: `OutputFailed` from it. `request`: more keywords for
+    While serve's gate says its server is restarting, a request (the first one too, for the model's config) is sent
+    again until `restart_wait_s` after the first such answer (`on_restart` is called then). Any other error that is
+    not about one file ends the run: no further request is sent, and what was classified is kept, with the error in
+    `stopped`. `on_chunk(done so far)` is called as the files of each request are resolved, in the order of `images`;
+    what it raises (a closed stdout) stops the run: `OutputFailed` from it. `request`: more keywords for
     `Classifier.classify` (explain, head_fusion, discard_ratio)."""
+    run = _Run(restart_wait_s, on_restart, on_chunk)
     # errors here (no server, not Triton, no such model) are raised: nothing was sent
-    chunks = list(split(images, client.max_batch_size()))
-    run = _Run(chunks, restart_wait_s, on_restart, on_chunk)
+    run.chunks = list(split(images, run.through_restarts(client.max_batch_size)))
     workers = [threading.Thread(target=run.work, args=(client, queue_timeout_s, request), daemon=True,
-                                name=f"classify-{index}") for index in range(min(concurrency, len(chunks)))]
+                                name=f"classify-{index}") for index in range(min(concurrency, len(run.chunks)))]
     for worker in workers:
         worker.start()
     for worker in workers:
@@ -83,9 +85,10 @@ def classify_files(client: Classifier, images: list[Path], queue_timeout_s: floa
 class _Run:
     """The chunks of one `classify_files` call, taken in order by its workers; their answers handed on in order."""
 
-    def __init__(self, chunks: list[tuple[int, list[Path]]], restart_wait_s: float, on_restart: Callable[[], None],
+    def __init__(self, restart_wait_s: float, on_restart: Callable[[], None],
                  on_chunk: Callable[[Classified], None] | None) -> None:
-        self.chunks, self.restart_wait_s, self.on_restart, self.on_chunk = chunks, restart_wait_s, on_restart, on_chunk
+        self.restart_wait_s, self.on_restart, self.on_chunk = restart_wait_s, on_restart, on_chunk
+        self.chunks: list[tuple[int, list[Path]]] = []  # (offset, files) of each request, set once the limit is read
         self.lock = threading.Lock()
         self.taken = 0  # chunks handed to a worker
         self.finished: dict[int, Classified] = {}  # chunk number -> its answers, until the chunks before are in
@@ -146,6 +149,16 @@ class _Run:
             _one_by_one(client, pending, found, queue_timeout_s, request)
             return found
         return found
+
+    def through_restarts(self, call: Callable[[], T]) -> T:
+        """`call()`, made again while the server is restarting (as a request is), until `restart_wait_s` after the
+        first such answer; its other errors, or the last one, raised."""
+        while True:
+            try:
+                return call()
+            except Exception as err:
+                if not (restarting(err) and self._waited_for_restart()):
+                    raise
 
     def _waited_for_restart(self) -> bool:
         """Wait a little for a restarting server, unless `restart_wait_s` after the first such answer has passed;
