@@ -85,10 +85,13 @@ class ServeHooks:
 @dataclass(frozen=True)
 class StopReport:
     """How a run ended without failing: `ready` False when stopped while still loading; `drain_code` Triton's exit
-    status when it is not 0 (its drain outlasted the exit timeout), else None."""
+    status when it is not 0 (its stop outlasted the exit timeout), else None; `answered_all`: whether the front had
+    answered every request it took when Triton was told to stop (if so, a `drain_code` is Triton unloading its models
+    slowly, and no client lost an answer)."""
 
     ready: bool
     drain_code: int | None = None
+    answered_all: bool = True
 
 
 class CannotStart(ValueError):
@@ -135,11 +138,12 @@ def _outcome(supervisor: Supervisor, forced: threading.Event) -> StopReport:
     if not supervisor.served:  # stopped while the first server was still loading or warming up
         return StopReport(ready=False)
     code = server.process.returncode if server.process is not None else None
-    # Triton's "Exit timeout expired": something held the drain open for the exit timeout. That may be requests
-    # still running (they got no answer) or only idle keep-alive connections (a load balancer's), which a normal stop
-    # must not report as a failure: the caller warns, and exits with the status of a requested stop.
+    # Triton's "Exit timeout expired": its stop outlasted the exit timeout. The front waited for the requests it took
+    # before Triton got its SIGTERM, so unless that wait ran out too (`answered_all` False: requests got no answer),
+    # what held Triton was unloading its models (the Python-backend stubs take a few seconds). A requested stop either
+    # way: the caller says which, and exits with the status of a requested stop.
     failed_drain = bool(code) and not forced.is_set() and supervisor.stopped_serving
-    return StopReport(ready=True, drain_code=code if failed_drain else None)
+    return StopReport(ready=True, drain_code=code if failed_drain else None, answered_all=supervisor.answered_all)
 
 
 def not_served(http_url: str, name: str, headers: dict[str, str]) -> str | None:

@@ -28,7 +28,9 @@ def test_accepted_forms(url, address, tls):
     (":8000", "must be host:port"),
     ("127.0.0.1:8000/v2/models/vit/infer", "has a path"),
     ("ftp://127.0.0.1:21", "unsupported scheme 'ftp'"),
-    ("127.0.0.1:8000#top", "has a path"),  # passed, then `loadtest` got 404 from the fragment
+    ("127.0.0.1:8000#top", "has a fragment"),  # passed, then `loadtest` got 404 from the fragment
+    ("127.0.0.1:8000?model=vit", "has a query"),
+    ("127.0.0.1:8000?next=/v2", "has a query"),
     ("user@127.0.0.1:8000", "holds a user name"),  # passed as a host name
 ])
 def test_refused_forms_name_the_problem(url, message):

@@ -129,11 +129,14 @@ class ServeRun:
         if not report.ready:  # interrupted while still loading: a normal exit
             console.print("stopped before the server was ready")
             return
-        if report.drain_code:
+        if report.drain_code and report.answered_all:  # every request answered: only Triton's own unloading was slow
+            err_console.print(f"note: tritonserver {exit_description(report.drain_code)} while stopping: it did not "
+                              f"unload its models within --exit-timeout {self.exit_timeout} s (every request had been "
+                              "answered; a longer --exit-timeout lets it finish)", soft_wrap=True, markup=False)
+        elif report.drain_code:
             err_console.print(f"[yellow]warning:[/] tritonserver {exit_description(report.drain_code)} while "
-                              f"stopping: its drain did not finish within --exit-timeout {self.exit_timeout} s "
-                              "(requests still running got no answer; idle keep-alive connections also hold it open)",
-                              soft_wrap=True)
+                              f"stopping: requests still running when --exit-timeout {self.exit_timeout} s ran out got "
+                              "no answer", soft_wrap=True)
         console.print("tritonserver stopped")
 
     def _serving(self, screen: Screen, server: Any, restarted: bool, built: bool, demo_apps: list[Any]) -> None:

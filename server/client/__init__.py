@@ -3,6 +3,9 @@ generator (`loadtest`) and readable failures (`errors`). Imports neither the run
 """
 
 from hub_vit.server.client.classifier import AsyncClassifier, Classifier
+from hub_vit.server.client.errors import ImageTooLarge, NoExplanation, NoQueueTimeouts
 from hub_vit.server.client.messages import Prediction
 
-__all__ = ["AsyncClassifier", "Classifier", "Prediction"]
+# what a caller catches: a file too large to send, a request this server cannot honour (no rollout for its model, no
+# per-request queue timeouts); `errors` has the rest
+__all__ = ["AsyncClassifier", "Classifier", "ImageTooLarge", "NoExplanation", "NoQueueTimeouts", "Prediction"]

@@ -25,8 +25,10 @@ def server_address(url: str, protocols: tuple[str, ...] = PROTOCOLS) -> tuple[st
     if scheme not in ("", "http", "https", "grpc"):
         raise ValueError(f"unsupported scheme {scheme!r} in server URL {url!r}; give host:port ({example})")
     rest = rest.rstrip("/")
-    if "/" in rest or "?" in rest or "#" in rest:
-        raise ValueError(f"server URL {url!r} has a path; give host:port only ({example})")
+    extras = sorted((rest.index(mark), what) for mark, what in (("/", "a path"), ("?", "a query"), ("#", "a fragment"))
+                    if mark in rest)
+    if extras:  # named by the first of them
+        raise ValueError(f"server URL {url!r} has {extras[0][1]}; give host:port only ({example})")
     if "@" in rest:  # tritonclient would take `user@host` as the host name
         raise ValueError(f"server URL {url!r} holds a user name; give host:port only ({example})")
     try:

@@ -94,6 +94,7 @@ class Supervisor:
         # whether the server `run` returned was serving when `stop` was set: only then is its exit status its drain's
         # (one stopped while loading or restarting dies of the signal)
         self.stopped_serving = False
+        self.answered_all = True  # whether, at the stop, the gates answered every request they took within the timeout
 
     def terminate(self) -> None:
         """Stop gracefully: returns at once (a signal handler calls it); the drain runs in a thread."""
@@ -107,8 +108,8 @@ class Supervisor:
 
     def _drain_then_terminate(self) -> None:
         deadline = time.monotonic() + self.server.exit_timeout_s
-        for gate in self.gates:
-            gate.drained(max(deadline - time.monotonic(), 0.0))
+        answered = [gate.drained(max(deadline - time.monotonic(), 0.0)) for gate in self.gates]  # every gate waited for
+        self.answered_all = all(answered)
         self.server.terminate()
 
     def kill(self) -> None:
