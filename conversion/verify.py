@@ -139,11 +139,12 @@ def _nonparametric_facts(model: VisionTransformer, report: ParityReport) -> None
 
 
 def compare_to_reference(model: VisionTransformer, reference: str | Path, *, function_changed: str | None = None,
-                         head_changed: bool = False) -> ParityReport:
+                         head_changed: bool = False, pre_logits_changed: bool = False) -> ParityReport:
     """Run `model` on the reference inputs and compare every array the reference has.
 
     `function_changed` (e.g. the posemb was resampled) limits the comparison to the patch embeddings, which no
-    option changes; `head_changed` (new class count, dropped pre-logits) skips `logits` and `pre_logits`.
+    option changes; `head_changed` (a new class count) skips `logits`, `pre_logits_changed` (the pre-logits layer
+    dropped) `pre_logits` and `logits`: the layers before them, and so `pooled`, are compared still.
     """
     ref = _read_reference(reference)
     if "inputs" not in ref:
@@ -157,8 +158,10 @@ def compare_to_reference(model: VisionTransformer, reference: str | Path, *, fun
             continue
         if function_changed and name != "patch_embeddings":
             report.skipped[name] = function_changed
-        elif head_changed and name in ("logits", "pre_logits"):
-            report.skipped[name] = "the head / pre-logits layer was replaced by an option"
+        elif pre_logits_changed and name in ("logits", "pre_logits"):
+            report.skipped[name] = "the pre-logits layer was dropped (--drop-pre-logits)"
+        elif head_changed and name == "logits":
+            report.skipped[name] = "the head was replaced (--num-classes)"
         else:
             report.max_abs_diff[name] = _diff(value, ref[name], name, reference)
     if "logits" in report.max_abs_diff:

@@ -164,10 +164,10 @@ def convert_to_folder(source: str | Path, out: str | Path, *, variant: str | Non
     model.eval()
 
     resampled = spec.posemb == "learn" and spec.grid_size != conv.source_spec.grid_size
-    head_changed = spec.num_classes != conv.source_spec.num_classes or spec.rep_size != conv.source_spec.rep_size
     if ref is not None:
         parity = compare_to_reference(
-            model, ref, head_changed=head_changed,
+            model, ref, head_changed=spec.num_classes != conv.source_spec.num_classes,
+            pre_logits_changed=spec.rep_size != conv.source_spec.rep_size,
             function_changed="position embedding resampled to a new grid" if resampled else None)
     elif verify:
         parity = self_consistency(model)

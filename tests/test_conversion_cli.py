@@ -69,6 +69,21 @@ def test_self_consistency_without_reference(tmp_path: Path) -> None:
     assert "parity (reference" in output and "PASSED" in output
 
 
+@pytest.mark.parametrize(("option", "compared", "skipped"), [
+    # a new head leaves the pre-logits layer before it as converted: it was skipped with the head
+    (["--num-classes", "5"], "pre_logits", {"logits": "the head was replaced (--num-classes)"}),
+    (["--drop-pre-logits"], "pooled", {"logits": "the pre-logits layer was dropped (--drop-pre-logits)",
+                                       "pre_logits": "the pre-logits layer was dropped (--drop-pre-logits)"}),
+])
+def test_a_changed_head_skips_only_what_it_changes(tmp_path: Path, option: list[str], compared: str,
+                                                    skipped: dict[str, str]) -> None:
+    src = JAX / "vit_jax" / "tiny_token_rep.published.npz"  # with a pre-logits layer (rep_size 32)
+    run(str(src), "-o", str(tmp_path / "out"), *option, "--reference", str(JAX / "vit_jax" / "tiny_token_rep.io.npz"))
+    parity = json.loads((tmp_path / "out" / "conversion.json").read_text())["parity"]
+    assert parity["skipped"] == skipped and parity["passed"], parity
+    assert {compared, "pooled", "encoded"} <= set(parity["max_abs_diff"]), parity
+
+
 def test_self_consistency_with_a_fresh_zero_head_compares_pooled_features(tmp_path: Path) -> None:
     # Comparing the logits of an all-zero head was 0 vs 0: "100% agreement" whatever the backbone computed
     src = tmp_path / "lonely.npz"
