@@ -163,6 +163,38 @@ def test_train_fine_tunes_a_hub_model_and_leaves_no_run_folder_when_it_cannot_be
     assert not (tmp_path / "ft2").exists()  # nothing half-made
 
 
+def test_what_push_uploads_is_what_hf_hub_serves(tmp_path, hub_cache, monkeypatch):
+    """`hub-vit push` into the emulated Hub (its one commit taken as the repository), then the model by name: the same
+    weights and labels as the folder pushed, and push says the name to use."""
+    import shutil
+
+    import torch
+    from huggingface_hub import HfApi
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.resolve import resolve_model
+
+    folder = tmp_path / "digits"
+    shutil.copytree(default_model_folder(), folder, ignore=shutil.ignore_patterns("__pycache__"))
+    with emulated_hub({}) as hub:
+        def commit(api: HfApi, repo_id: str, operations: list, **kwargs: object) -> None:
+            hub.repos[repo_id] = Repo({op.path_in_repo: op.path_or_fileobj if isinstance(op.path_or_fileobj, bytes)
+                                       else Path(op.path_or_fileobj).read_bytes() for op in operations})
+
+        monkeypatch.setattr(HfApi, "create_repo", lambda api, repo_id, **kwargs: f"{api.endpoint}/{repo_id}")
+        monkeypatch.setattr(HfApi, "create_commit", commit)
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        _load_commands()
+        pushed = CliRunner().invoke(app, ["push", str(folder), "--repo-id", "my-org/digits", "--token", "hf_dummy"])
+        assert pushed.exit_code == 0, pushed.output
+        assert "serve it: hub-vit serve hf-hub:my-org/digits" in pushed.output, pushed.output
+        served, local = resolve_model("hf-hub:my-org/digits"), resolve_model(folder)
+    assert served.labels == local.labels and served.name == "digits"
+    assert all(torch.equal(a, b) for a, b in zip(served.module.state_dict().values(),
+                                                  local.module.state_dict().values(), strict=True))
+
+
 @pytest.mark.parametrize(("reference", "message"), [
     ("hf-hub:", r"'hf-hub:': invalid repo id '': expected ORG/NAME"),
     ("hf-hub:digits", r"'hf-hub:digits': invalid repo id 'digits': expected ORG/NAME"),

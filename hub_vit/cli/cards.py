@@ -64,3 +64,4 @@ def push(
     except Exception as exc:  # HTTP errors from the Hub (auth, permissions, quota): report, don't dump a traceback
         raise fail(f"the Hub refused the upload: {type(exc).__name__}: {exc}", code=1) from None
     console.print(f"pushed {folder} to {url}", markup=False)
+    console.print(f"serve it: hub-vit serve hf-hub:{repo_id}", markup=False)  # any command taking a model folder
