@@ -250,7 +250,7 @@ def snippet_refs(folder_name: str, repo_id: str | None, timm_name: str | None) -
     local = f"path/to/{folder_name}"
     onnx_dir = f"{folder_name}-onnx"
     return dict(
-        cli_ref=shlex.quote(local),
+        cli_ref=shlex.quote(f"hf-hub:{repo_id}" if repo_id else local),  # every hub-vit command takes the Hub name
         cli_onnx_dir=shlex.quote(onnx_dir),
         py_hf_hub=py_str(f"hf-hub:{repo_id}") if repo_id else None,
         py_local_dir=py_str(f"local-dir:{local}"),

@@ -265,6 +265,8 @@ def test_converted_card_content(converted: dict[str, Path]) -> None:
     with_repo = str(render_model_card(converted["vit_jax"], repo_id="my-org/tiny-vit"))
     assert 'timm.create_model("hf-hub:my-org/tiny-vit"' in with_repo
     assert 'model="my-org/tiny-vit", trust_remote_code=True' in with_repo
+    assert "hub-vit serve hf-hub:my-org/tiny-vit\n" in with_repo and "hub-vit export onnx hf-hub:my-org/tiny-vit " in \
+        with_repo  # the published card's command lines name the Hub repository, which hub-vit fetches
 
 
 def test_card_usage_snippets_run(converted: dict[str, Path], tmp_path: Path) -> None:
