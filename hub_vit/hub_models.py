@@ -24,9 +24,11 @@ from hub_vit.network import HubUnreachableError, check_reachable, hub_endpoint
 
 PREFIX = "hf-hub:"  # timm's prefix for a Hub repository (`timm.create_model("hf-hub:ORG/NAME")`)
 MODEL_TYPE = "hub_vit"  # config.json's model_type in a hub-vit model folder (hub_vit.hf's config class)
-# What a model folder holds and hub-vit reads: weights, config.json and the processor's, labels.txt, the card, the
-# transformers remote code, domain.json / domain.safetensors. Not fetched: exported graphs, other weight formats.
+# What a model folder holds and hub-vit reads, at its top level: weights, config.json and the processor's, labels.txt,
+# the card, the transformers remote code, domain.json / domain.safetensors. Not fetched: exported graphs, other weight
+# formats, and subfolders (a classic ViT's `native/` is a second copy of the weights, for transformers' own ViT class).
 FOLDER_FILES = ("*.safetensors", "*.json", "*.txt", "*.md", "*.py")
+NOT_FETCHED = ("*/*",)  # huggingface_hub matches patterns with fnmatch, whose `*` also matches `/`
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$", re.ASCII)  # the shape; the Hub's validator has the finer rules
 REPO_ID_RULE = ("expected ORG/NAME, e.g. 'my-org/simplevit-s16' (letters, digits, '-', '_', '.'; no '--' or '..'; not "
                 "starting or ending with '-' or '.'; at most 96 characters)")
@@ -129,7 +131,8 @@ def _fetch(repo_id: str, revision: str | None, reference: str, local_only: bool)
                                       endpoint=endpoint))
         _check_model_type(config, reference)
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=list(FOLDER_FILES),
-                                      local_files_only=local_only, endpoint=endpoint))
+                                      ignore_patterns=list(NOT_FETCHED), local_files_only=local_only,
+                                      endpoint=endpoint))
     except LocalEntryNotFoundError as exc:
         if local_only:
             raise _NotCached(partial=isinstance(exc, IncompleteSnapshotError)) from None

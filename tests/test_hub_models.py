@@ -25,9 +25,12 @@ SAMPLE = default_model_folder() / "samples" / "4_1.png"  # a held-out digit 4 (i
 
 @pytest.fixture
 def digits_repo() -> Repo:
-    """The shipped digits model folder as a Hub repository, with an exported graph beside it (not fetched)."""
+    """The shipped digits model folder as a Hub repository, with an exported graph and a classic ViT's `native/`
+    copy of the weights beside it (neither fetched)."""
     repo = repo_of_folder(default_model_folder())
     repo.files["model.onnx"] = b"\0" * 1000
+    repo.files["native/model.safetensors"] = b"\0" * 1000
+    repo.files["native/config.json"] = b"{}"
     return repo
 
 
@@ -70,7 +73,7 @@ def test_rollout_fetches_a_hub_model_once_and_then_runs_it_from_the_cache_withou
     assert (tmp_path / "out" / "4_1_rollout.png").is_file()
     # what a model folder uses, not its exported graph or its sample images
     assert {"config.json", "model.safetensors", "labels.txt", "domain.json"} <= fetched, fetched
-    assert "model.onnx" not in fetched and not any(name.startswith("samples/") for name in fetched), fetched
+    assert "model.onnx" not in fetched and not any("/" in name for name in fetched), fetched  # samples/, native/
     # the Hub gone: the cached snapshot is used at once, and the user is told
     started = time.monotonic()
     again = _hub_vit("rollout", "--model", "hf-hub:my-org/digits", str(SAMPLE), "-o", "out",
