@@ -198,6 +198,20 @@ def test_what_push_uploads_is_what_hf_hub_serves(tmp_path, hub_cache, monkeypatc
                                                   local.module.state_dict().values(), strict=True))
 
 
+@pytest.mark.parametrize("command", [["card"], ["calibrate-domain", "--images", "."], ["push", "--repo-id", "a/b"]])
+def test_commands_that_write_into_the_folder_say_how_to_copy_a_hub_model_first(command: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    done = CliRunner().invoke(app, [command[0], "hf-hub:my-org/digits@v1", *command[1:]])
+    text = " ".join(done.output.replace("│", " ").split())
+    assert done.exit_code == 2, text
+    assert ("'hf-hub:my-org/digits@v1' is a model on the Hugging Face Hub, and this command writes into a local model "
+            "folder: fetch one first (`hf download my-org/digits --local-dir DIR`) and give DIR") in text, text
+
+
 @pytest.mark.parametrize(("reference", "message"), [
     ("hf-hub:", r"'hf-hub:': invalid repo id '': expected ORG/NAME"),
     ("hf-hub:digits", r"'hf-hub:digits': invalid repo id 'digits': expected ORG/NAME"),

@@ -7,13 +7,13 @@ from pathlib import Path
 import typer
 
 from hub_vit.cli.app import CANNOT_NOW, app, console, fail, write_failed
-from hub_vit.cli.path_option import given_path
+from hub_vit.cli.path_option import local_model_folder
 
 
 @app.command()
 def card(
     folder: Path = typer.Argument(..., help="A hub-vit model folder (config.json + model.safetensors).",
-                                  parser=given_path),
+                                  parser=local_model_folder),
     repo_id: str = typer.Option(None, "--repo-id", help="Write the usage snippets for this Hub repo (ORG/NAME)."),
     stdout: bool = typer.Option(False, "--stdout", help="Print the card instead of writing README.md."),
 ) -> None:
@@ -44,7 +44,7 @@ def card(
 @app.command()
 def push(
     folder: Path = typer.Argument(..., help="A hub-vit model folder with its card (see `hub-vit card`).",
-                                  parser=given_path),
+                                  parser=local_model_folder),
     repo_id: str = typer.Option(..., "--repo-id", help="Hub model repository to create or update: ORG/NAME."),
     private: bool = typer.Option(False, "--private", help="Create the repository as private."),
     token: str = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN or the `hf auth login` token).",

@@ -13,14 +13,14 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import app, console, fail, is_environment_error, write_failed
-from hub_vit.cli.path_option import given_path
+from hub_vit.cli.path_option import given_path, local_model_folder
 from hub_vit.domain import EXAMPLE_KINDS
 
 
 @app.command("calibrate-domain")
 def calibrate_domain_command(
     folder: Path = typer.Argument(..., help="A hub-vit model folder; domain.json and domain.safetensors go there.",
-                                  parser=given_path),
+                                  parser=local_model_folder),
     images: Path = typer.Option(..., "--images", help="Folder of images of the kind the model knows (subfolders "
                                                       "too); the score is fitted on them.", parser=given_path),
     held_out: Path | None = typer.Option(None, "--held-out", help="Other such images, never fitted: half set the "

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import typer
 
+from hub_vit.hub_models import PREFIX, is_hub_reference
+
 
 def given_path(text: str | Path) -> Path:
     """`text` as a Path; typer.BadParameter (exit 2, naming the flag) when it is empty or blank. Defaults arrive as
@@ -20,4 +22,15 @@ def given_path(text: str | Path) -> Path:
     return Path(text)
 
 
-__all__ = ["given_path"]
+def local_model_folder(text: str | Path) -> Path:
+    """`given_path`, for a command that writes into the model folder it is given (calibrate-domain, card, push): a Hub
+    model (`hf-hub:ORG/NAME`, which the other commands fetch) is refused with how to make a local copy of it."""
+    if is_hub_reference(str(text)):
+        repo_id = str(text)[len(PREFIX):].partition("@")[0]
+        raise typer.BadParameter(f"{str(text)!r} is a model on the Hugging Face Hub, and this command writes into a "
+                                 f"local model folder: fetch one first (`hf download {repo_id} --local-dir DIR`) and "
+                                 "give DIR")
+    return given_path(text)
+
+
+__all__ = ["given_path", "local_model_folder"]
