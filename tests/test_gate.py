@@ -308,3 +308,51 @@ def test_a_grpc_call_still_relayed_when_the_front_closes_gets_triton_s_answer():
             await triton.stop(None)
 
     assert asyncio.run(scenario()) == ("answered", b"\x08\x01")
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_tritonserver_gone_mid_request_is_named_by_whether_serve_is_stopping(stopping: bool) -> None:
+    # was: also while serve stopped (a second signal stops Triton at once) the answer said "it died? hub-vit serve
+    # restarts it", and nothing restarted it; a stop is now the protocol's shutting-down fact
+    import asyncio
+    import json
+
+    from hub_vit.server.front.http_front import HttpFront
+    from hub_vit.server.runtime.launcher import free_port
+
+    async def scenario() -> tuple[int, dict]:
+        front = HttpFront(FrontLimits())
+        taken = asyncio.Event()
+
+        async def vanishing_triton(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")  # the relayed request's head: then gone without an answer
+            taken.set()
+            await asyncio.sleep(0.2)
+            writer.close()
+
+        triton = await asyncio.start_server(vanishing_triton, "127.0.0.1", 0)
+        public = free_port()
+        await front.listen("127.0.0.1", public)
+        await front.upstream("127.0.0.1", triton.sockets[0].getsockname()[1])
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", public)
+            writer.write(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(taken.wait(), 10)
+            if stopping:
+                front.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+                         .split(b":")[1])
+            body = await reader.readexactly(length)
+            writer.close()
+            return int(head.split()[1]), json.loads(body)
+        finally:
+            await front.close()
+            triton.close()
+
+    status, body = asyncio.run(scenario())
+    if stopping:
+        assert status == 503 and protocol.read_server_state(body["error"]) == protocol.SHUTTING_DOWN, body
+        assert "the server stopped before answering (it is shutting down)" in body["error"], body
+    else:
+        assert status == 502 and "it died? hub-vit serve restarts it" in body["error"], body

@@ -39,6 +39,7 @@ import httptools
 from hub_vit.server.front.checks import (
     SHUTTING_DOWN,
     STARTING,
+    STOPPED,
     Refused,
     check_inference,
     inference_header,
@@ -263,6 +264,9 @@ class Exchange:
             self.front._connect(self)  # retried once, on a fresh connection (pooled=False there)
             return
         self.done = True
+        if self.front.draining:  # serve is stopping (a second signal stops Triton at once): nothing restarts it
+            self.failed(Refused(503, STOPPED, close=True))
+            return
         self.failed(Refused(502, "tritonserver closed the connection without an answer (it died? hub-vit serve "
                                  "restarts it)", close=True))
 
