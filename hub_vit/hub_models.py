@@ -95,9 +95,9 @@ def hub_folder(reference: str, *, download: bool = True) -> Path:
                else "hub-vit does not download here (download=False), and")
         held = "holds only part of it (an interrupted download?)" if missing.partial else "does not hold it"
         raise HubUnreachableError(f"cannot load {reference!r}: {why} huggingface_hub's cache "
-                                  f"({constants.HF_HUB_CACHE}) {held}; fetch it once with network (e.g. "
-                                  f"`hub-vit rollout --model {reference} IMAGE`), or set HF_HUB_CACHE to the cache "
-                                  "that has it") from None
+                                  f"({constants.HF_HUB_CACHE}) {held}; run the command once where the Hub can be "
+                                  "reached (it is cached from then on), or set HF_HUB_CACHE to a cache that has it"
+                                  ) from None
     if unreachable is not None:
         logger.warning(f"{unreachable}: using {reference!r} from huggingface_hub's cache ({folder})")
     return folder
