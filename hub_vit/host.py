@@ -1,5 +1,6 @@
 """What this machine offers the exported variants (`hub_vit.export.registry`): the CPU's vector and matrix-unit flags,
-whether OpenVINO and NNCF are installed, and ONNX Runtime's execution providers and bf16 kernels.
+whether OpenVINO and NNCF are installed, and ONNX Runtime's execution providers and bf16 kernels; and how to install
+one of hub-vit's extras where something is missing (`install_extra`).
 
 Each fact is read the first time it is asked for (ONNX Runtime is imported only for the provider facts), so the
 command line can list the variants without paying for any of it. `Host(flags=...)` describes another machine, as the
@@ -18,6 +19,13 @@ INT8_FLAGS: tuple[str, ...] = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 do
 _REPORTED_FLAGS = ("avx2", "fma", "avx512", "avx_vnni", "amx")  # prefixes of the flags recorded
 
 
+def install_extra(extra: str) -> str:
+    """How to install hub-vit's optional `extra` (serve, demo, onnx, bench), for every message that asks for one.
+    hub-vit is not on PyPI, so `pip install 'hub-vit[serve]'` finds nothing: extras come from the clone (or the
+    wheel built there)."""
+    return f"pip install '.[{extra}]' in hub-vit's clone, or the wheel built there with [{extra}]"
+
+
 def isa_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
     """The CPU's vector / matrix-unit flags (avx2, avx512*, avx_vnni, amx*), sorted; [] where unreadable."""
     try:
@@ -33,7 +41,7 @@ def openvino_missing() -> str | None:
     NNCF's import alone probes every backend it knows (torch included)."""
     for name in ("openvino", "nncf"):
         if importlib.util.find_spec(name) is None:
-            return f"{name} is not installed (pip install 'hub-vit[serve]')"
+            return f"{name} is not installed ({install_extra('serve')})"
     return None
 
 

@@ -5,8 +5,10 @@ server that fails still has its own last lines printed."""
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from typer.testing import CliRunner
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.runtime.launcher import free_port
 from hub_vit.server.runtime.triton_install import has_gpu
-from tests.programs import LOG_LINE, serving
+from tests.programs import HUB_VIT, LOG_LINE, serving
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -41,6 +43,17 @@ def test_the_default_screen_is_a_summary_and_names_the_log_file():
     assert "tritonserver stopped" in text, text
     assert "Started GRPCInferenceService" in written and TRITON_LINE.search(written), written  # Triton's own log
     assert not Path(LOG_LINE.search(text)[1]).exists()  # a clean stop leaves nothing in the temporary folder
+
+
+def test_the_summarys_health_line_checks_the_stubs_of_the_repository_served():
+    """`hub-vit health` sees a dead stub only given the repository, which for `serve MODEL` is a temporary folder
+    the summary did not name (its parent, the one a user could find, was refused: "holds no model")."""
+    with serving() as served:
+        line = next(line for line in served.text.splitlines() if line.startswith("  health:  hub-vit health "))
+        args = shlex.split(line.partition("hub-vit ")[2])  # as a shell would split the pasted line
+        done = subprocess.run([*HUB_VIT, *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "is ready; 2 of 2 Python-backend stubs alive" in " ".join(done.stdout.split()), done.stdout
 
 
 def test_verbose_shows_tritons_log_and_no_cuda_complaint_as_an_error():

@@ -64,7 +64,9 @@ def test_without_the_wheel_a_too_new_python_is_told_why(monkeypatch):
     with pytest.raises(ServerError) as too_new:
         find_triton(TOO_NEW)
     assert str(too_new.value) == unservable_python(TOO_NEW)
-    with pytest.raises(ServerError, match=r"tritonserver not found: install the serve extra"):
+    with pytest.raises(ServerError, match=r"tritonserver not found: install the serve extra, which brings "
+                                          r"nvidia-pytriton \(pip install '\.\[serve\]' in hub-vit's clone, or the "
+                                          r"wheel built there with \[serve\]\)"):  # hub-vit is not on PyPI
         find_triton(NEWEST)
 
 

@@ -11,6 +11,7 @@ from rich.markup import escape
 from hub_vit.atomic import file_in_the_way, missing_folders, remove_empty_folders
 from hub_vit.cli.app import app, console, err_console, fail, write_failed
 from hub_vit.cli.path_option import given_path
+from hub_vit.host import install_extra
 from hub_vit.image_formats import NAMES, OTHER_SUFFIXES, SUFFIXES
 from hub_vit.ports import DEMO_PORT
 from hub_vit.rollout_settings import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION, HEAD_FUSIONS, check_discard_ratio
@@ -254,7 +255,7 @@ def demo(
         from hub_vit.demo.backends import TritonLabels
         from hub_vit.demo.models import ModelCache, discover_choices
     except ImportError as exc:
-        raise fail(f"the demo needs gradio ({exc}); install it with: pip install 'hub-vit[demo]'") from exc
+        raise fail(f"the demo needs gradio ({exc}); install it with: {install_extra('demo')}") from exc
     try:
         choices = discover_choices(model_folder)
         triton = TritonLabels(triton_url, triton_model) if triton_url is not None else None  # '' is a bad address

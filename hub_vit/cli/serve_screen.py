@@ -16,6 +16,7 @@ from rich.markup import escape
 from hub_vit.cli.app import console, err_console, fail
 from hub_vit.cli.client_options import samples_of
 from hub_vit.cli.explain import behind_proxy
+from hub_vit.host import install_extra
 
 if TYPE_CHECKING:
     from rich.status import Status
@@ -67,6 +68,9 @@ class Screen:
         # plain text on one line however narrow the terminal: pasted as a command (a path may hold [brackets])
         console.print(f"  try:     hub-vit classify --url {http_url} --model {name} {example}",
                       markup=False, highlight=False, soft_wrap=True)
+        # the probe that also sees a dead stub needs the repository, which for `serve MODEL` is a temporary folder
+        console.print(f"  health:  hub-vit health --url {http_url} --repository {shlex.quote(str(server.repository))}",
+                      markup=False, highlight=False, soft_wrap=True)
         shown = "also shown above" if self.verbose else "--verbose shows it here"
         console.print(f"  log      {self.log_file.path} (tritonserver's own, kept if serve fails; {shown})",
                       markup=False, highlight=False, soft_wrap=True)
@@ -93,7 +97,7 @@ def start_demo(model: str | None, repository: bool, host: str, port: int, triton
     try:
         from hub_vit.demo.app import start_in_background
     except ImportError as exc:
-        raise fail(f"--demo needs gradio ({exc}); install it with: pip install 'hub-vit[demo]'") from exc
+        raise fail(f"--demo needs gradio ({exc}); install it with: {install_extra('demo')}") from exc
     from hub_vit.demo.models import served_choice
 
     served, served_name = None, None

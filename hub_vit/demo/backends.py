@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from hub_vit.host import install_extra
+
 IN_PROCESS = "in-process"
 
 
@@ -133,7 +135,7 @@ class TritonLabels:
         server is fine and says why, in full), no room for it in the server's /dev/shm, or the server unreachable or
         failing (the first line of why)."""
         if isinstance(exc, ImportError):
-            return f"Triton backend unavailable ({exc}); install hub-vit[serve]. Labels: in-process model."
+            return f"Triton backend unavailable ({exc}); {install_extra('serve')}. Labels: in-process model."
         from hub_vit.server.client.errors import out_of_shared_memory, refused_image
 
         refused = refused_image(exc)

@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hub_vit.host import install_extra
+
 # nvidia-pytriton's stubs (Triton 2.51's Python backend) need numpy<2 (stub_env.py), and numpy<2 has no release for
 # Python 3.13 or later: the newest Python that can serve with the wheel. pyproject.toml's serve extra installs
 # nvidia-pytriton only up to it, and the Makefile picks an interpreter within it; tests/test_serving_python.py checks
@@ -74,8 +76,8 @@ def find_triton(python: tuple[int, int] = sys.version_info[:2]) -> TritonInstall
         return TritonInstall(binary, system / "backends" / "python", None, (system / "lib",))
     if (too_new := unservable_python(python)) is not None:
         raise ServerError(too_new)
-    raise ServerError("tritonserver not found: install the serve extra (pip install 'hub-vit[serve]', which brings "
-                      "nvidia-pytriton) or run inside an nvcr.io/nvidia/tritonserver container")
+    raise ServerError(f"tritonserver not found: install the serve extra, which brings nvidia-pytriton "
+                      f"({install_extra('serve')}), or run inside an nvcr.io/nvidia/tritonserver container")
 
 
 def has_gpu() -> bool:
