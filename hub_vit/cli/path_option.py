@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from hub_vit.hub_models import PREFIX, is_hub_reference
+from hub_vit.hub_models import is_hub_reference, parse_reference
 
 
 def given_path(text: str | Path) -> Path:
@@ -26,7 +26,10 @@ def local_model_folder(text: str | Path) -> Path:
     """`given_path`, for a command that writes into the model folder it is given (calibrate-domain, card, push): a Hub
     model (`hf-hub:ORG/NAME`, which the other commands fetch) is refused with how to make a local copy of it."""
     if is_hub_reference(str(text)):
-        repo_id = str(text)[len(PREFIX):].partition("@")[0]
+        try:
+            repo_id, _ = parse_reference(str(text))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         raise typer.BadParameter(f"{str(text)!r} is a model on the Hugging Face Hub, and this command writes into a "
                                  f"local model folder: fetch one first (`hf download {repo_id} --local-dir DIR`) and "
                                  "give DIR")
