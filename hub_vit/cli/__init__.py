@@ -16,6 +16,7 @@ import threading
 from typing import NoReturn
 
 from hub_vit.cli.app import CANNOT_NOW, app, console, fail, is_environment_error, os_error_text
+from hub_vit.cli.stop_signals import raise_on
 from hub_vit.network import HubUnreachableError
 
 # One module per capability; each adds its commands to `app` on import.
@@ -28,13 +29,6 @@ def _load_commands() -> None:
         importlib.import_module(f"hub_vit.cli.{name}")
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # Python's default SIGTERM ends the process at once, skipping the `finally` / `except BaseException` blocks that
-    # remove staging folders (a killed convert left `.OUT.tmp-*` with a full copy of the weights); a SystemExit runs
-    # them. `hub-vit serve` installs its own handler (drain, then exit).
-    raise SystemExit(128 + signum)
-
-
 def _print_any_name() -> None:
     """A file name that is not valid in the locale's encoding (latin-1 bytes from an old zip: `caf\\udce9.png` to
     Python) is printed escaped, not a UnicodeEncodeError mid-run: where the locale's stdout is strict (en_US.UTF-8;
@@ -45,7 +39,10 @@ def _print_any_name() -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # Python's default SIGTERM ends the process at once, skipping the `finally` / `except BaseException` blocks that
+    # remove staging folders (a killed convert left `.OUT.tmp-*` with a full copy of the weights); an exception runs
+    # them. `hub-vit serve` installs its own handler (drain, then exit).
+    raise_on([signal.SIGTERM])
     _print_any_name()
     # grpc's core logs at INFO to stderr by default (a TLS handshake to a plain port: "I1201 ... Handshake failed with
     # error SSL_ERROR_SSL ..." above hub-vit's own message); its errors still show. A user's GRPC_VERBOSITY wins.

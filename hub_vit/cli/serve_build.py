@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hub_vit.child_python import python_command
+from hub_vit.cli.stop_signals import cleaning_up, raise_on
 
 if TYPE_CHECKING:
     from hub_vit.resolve import ModelRef, ResolvedModel
@@ -176,14 +177,8 @@ def builds_variants(source: ResolvedModel, opts: ServingOptions) -> bool:
 def _child(fd: int, parent: int) -> NoReturn:
     from hub_vit.server.runtime.processes import die_with_parent
 
-    def stop(signum: int, frame: object) -> None:  # SIGTERM from serve (passed on, or its death), SIGHUP: clean up
-        for stopping in STOP_SIGNALS:  # a second one must not cut the clean-up short
-            signal.signal(stopping, signal.SIG_IGN)
-        raise SystemExit(128 + signum)
-
-    for stopping in STOP_SIGNALS:
-        if signal.getsignal(stopping) != signal.SIG_IGN:  # `nohup hub-vit serve`: a closed terminal stops neither
-            signal.signal(stopping, stop)
+    # SIGTERM from serve (passed on, or at its death), SIGHUP: clean up; a second one must not cut that short
+    raise_on(STOP_SIGNALS, once=True)
     die_with_parent()
     code: Any = 0
     if os.getppid() == parent:  # else serve died before the line above: nobody waits for this build
@@ -195,13 +190,17 @@ def _child(fd: int, parent: int) -> NoReturn:
             channel.send(answer)
             handed_over = isinstance(answer, Built)  # serve owns the repository now
         except KeyboardInterrupt:  # Ctrl-C reached the whole process group: serve says it stopped
+            cleaning_up()
             code = 128 + signal.SIGINT
         except SystemExit as stopped:
+            cleaning_up()
             code = stopped.code
         except BaseException:  # a bug: its traceback on serve's stderr, serve names the exit status
+            cleaning_up()
             traceback.print_exc()
             code = 1
         finally:  # whatever ended the build (a refusal, a stop, serve's death): nothing of it is left
+            cleaning_up()
             if request is not None and not handed_over:
                 from hub_vit.server.serving import remove_workdir
 
