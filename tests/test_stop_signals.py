@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-# A SIGTERM that lands inside a __del__, in a process whose stop signals are set as `how` says.
+# A signal (argv[2]) that lands inside a __del__, in a process whose stop signals are set as argv[1] says.
 LANDS_IN_DEL = """
 import os, signal, sys, time
 from hub_vit.cli import serve_build
@@ -25,7 +25,7 @@ else:  # as every hub-vit command sets SIGTERM
 
 class LandsInDel:
     def __del__(self):
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), getattr(signal, sys.argv[2]))
         for _ in range(100000):  # the handler runs between these bytecodes, inside __del__
             pass
 
@@ -35,15 +35,19 @@ try:
     code = 0  # went on
 except SystemExit as stopped:
     code = stopped.code
+except KeyboardInterrupt:
+    code = 130
 sys.exit(code)
 """
 
 
-@pytest.mark.parametrize("how", ["build-child", "command"])
-def test_a_stop_that_lands_where_python_drops_exceptions_still_stops(how: str) -> None:
+@pytest.mark.parametrize(("how", "signum"), [("build-child", signal.SIGTERM), ("command", signal.SIGTERM),
+                                             ("command", signal.SIGINT)])  # Ctrl-C: Python's KeyboardInterrupt
+def test_a_stop_that_lands_where_python_drops_exceptions_still_stops(how: str, signum: signal.Signals) -> None:
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", LANDS_IN_DEL, how], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    done = subprocess.run([sys.executable, "-c", LANDS_IN_DEL, how, signum.name], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 128 + signum, done.stderr
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     assert time.monotonic() - started < 15
 

@@ -4,8 +4,8 @@ ends the process at once, skipping them).
 
 Python drops an exception raised while a `__del__` or a weakref callback runs (torch runs them all through an
 export): it prints "Exception ignored in ... Traceback ... SystemExit: 143" and goes on. `raise_on(...)` installs
-`sys.unraisablehook` so that a dropped stop is raised again a moment later (SIGALRM), in the program's own code, and
-nothing is printed.
+`sys.unraisablehook` so that a dropped stop, or a dropped Ctrl-C (KeyboardInterrupt), is raised again a moment later
+(SIGALRM), in the program's own code, and nothing is printed.
 """
 
 from __future__ import annotations
@@ -45,15 +45,15 @@ def cleaning_up() -> None:
 
 
 def _dropped(unraisable: Any) -> None:
-    if isinstance(unraisable.exc_value, StopRequested):
-        _raise_again(unraisable.exc_value.code)
+    if isinstance(unraisable.exc_value, (StopRequested, KeyboardInterrupt)):
+        _raise_again(unraisable.exc_value)
         return
     sys.__unraisablehook__(unraisable)
 
 
-def _raise_again(code: int) -> None:
+def _raise_again(dropped: BaseException) -> None:
     def again(signum: int, frame: object) -> None:
-        raise StopRequested(code)
+        raise StopRequested(dropped.code) if isinstance(dropped, StopRequested) else KeyboardInterrupt
 
     signal.signal(signal.SIGALRM, again)
     signal.setitimer(signal.ITIMER_REAL, 0.05)
