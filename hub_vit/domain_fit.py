@@ -27,10 +27,9 @@ from PIL import Image
 from hub_vit.data_config import DataConfig
 from hub_vit.domain import EXAMPLE_KINDS, Domain, read_domain, record_file_in_the_way, write_domain
 from hub_vit.domain_score import DomainStatistics, conformal_threshold, fewest_held_out, fit, score_blocks
-from hub_vit.explain.image import load_image, prepare_image
-from hub_vit.image_formats import OTHER_SUFFIXES, OWN_FILE_FORMATS, OWN_FILE_NAMES, OWN_FILE_SUFFIXES
+from hub_vit.explain.image import load_image, own_image_files, prepare_image
+from hub_vit.image_formats import OWN_FILE_FORMATS
 from hub_vit.model import VisionTransformer, token_means
-from hub_vit.paths import image_files
 
 DEFAULT_FALSE_ALARM_RATE = 0.01
 MAX_IMAGES = 10_000  # per set: the fit images, the held-out ones (evenly spread over the sorted files beyond it)
@@ -122,7 +121,7 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
         raise ValueError(f"a false-alarm rate of {false_alarm_rate:.2%} needs at least "
                          f"{fewest_held_out(false_alarm_rate)} held-out images to set the threshold, got "
                          f"{len(held_files)}; give more held-out images or a higher false-alarm rate")
-    ood_files = _own_files(out_of_domain, "--out-of-domain") if out_of_domain is not None else []
+    ood_files = own_image_files(out_of_domain, "--out-of-domain") if out_of_domain is not None else []
     for flag, given, files in (("--images", images, fit_files), ("--held-out", held_out, held_files)):
         shared = _shared(ood_files, files)
         if shared:  # was measured as it came: an AUROC of 0.5 for a set scored against itself
@@ -160,12 +159,6 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
     return domain
 
 
-def _own_files(folder: str | Path, flag: str) -> list[Path]:
-    """The image files of the user's folder `folder` (`flag`), as `hub-vit train` reads them; one holding images of
-    formats not read (HEIC, TIFF, ...) is refused, naming them: the score would be fitted on part of it."""
-    return image_files(folder, flag, OWN_FILE_SUFFIXES, others=OTHER_SUFFIXES, taken=OWN_FILE_NAMES)
-
-
 def _shared(first: list[Path], second: list[Path]) -> set[Path]:
     """The files in both lists, however each was written (`data/x.png`, `./data/x.png`, a link to it)."""
     return {p.resolve() for p in first} & {p.resolve() for p in second}
@@ -174,9 +167,9 @@ def _shared(first: list[Path], second: list[Path]) -> set[Path]:
 def _sets(images: str | Path, held_out: str | Path | None, max_images: int) -> tuple[list[Path], list[Path]]:
     """(fit files, held-out files): the two folders, or one folder of which every HELD_OUT_EVERY-th image is held
     out; each at most `max_images`, spread evenly."""
-    files = _own_files(images, "--images")
+    files = own_image_files(images, "--images")
     if held_out is not None:
-        fit_files, held_files = files, _own_files(held_out, "--held-out")
+        fit_files, held_files = files, own_image_files(held_out, "--held-out")
         overlap = _shared(fit_files, held_files)
         if overlap:
             raise ValueError(f"--held-out {str(held_out)!r} shares {len(overlap)} images with --images "

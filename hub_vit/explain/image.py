@@ -24,12 +24,15 @@ from hub_vit.data_config import DataConfig
 from hub_vit.image_formats import (
     FORMATS,
     NAMES,
+    OTHER_SUFFIXES,
     OWN_FILE_NAMES,
+    OWN_FILE_SUFFIXES,
     SIGNATURE_BYTES,
     other_format,
     signature_format,
 )
 from hub_vit.image_modes import to_8bit
+from hub_vit.paths import image_files
 from hub_vit.resize_bound import check_resize, eval_resize
 
 # Only these decoders ever run on a user's file or upload: the server's (hub_vit.image_formats)
@@ -40,6 +43,13 @@ INTERPOLATIONS: dict[str, Image.Resampling] = {name: Image.Resampling[name.upper
 
 class ImageReadError(ValueError):
     """A file could not be read as an image; the message names the file and the supported formats."""
+
+
+def own_image_files(folder: str | Path, flag: str) -> list[Path]:
+    """The image files of the user's own folder `folder` (`flag`: the option that named it), as `hub-vit train` reads
+    them (`OWN_FILE_SUFFIXES`: BMP and GIF too); one that also holds images of formats not read (HEIC, TIFF, ...) is
+    refused, naming them: a score fitted, or int8 calibrated and judged, on part of the folder is not what was asked."""
+    return image_files(folder, flag, OWN_FILE_SUFFIXES, others=OTHER_SUFFIXES, taken=OWN_FILE_NAMES)
 
 
 def load_image(source: str | Path | bytes, name: str | None = None, *, large: bool = False,

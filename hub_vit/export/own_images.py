@@ -30,15 +30,14 @@ def load_image_folder(folder: str | Path, data: DataConfig, limit: int | None = 
     own eval transform `data` prepares it (EXIF orientation, resize, centre crop, mean/std), so int8 calibration
     and verification see the activations the served model will see. `limit` (0 or None: all) takes files evenly
     spaced over the sorted list, so a folder of class folders gives every class its share."""
-    from hub_vit.explain.image import ImageReadError, load_image, prepare_image
-    from hub_vit.image_formats import OTHER_SUFFIXES, OWN_FILE_FORMATS, OWN_FILE_NAMES, OWN_FILE_SUFFIXES
-    from hub_vit.paths import image_files
+    from hub_vit.explain.image import ImageReadError, load_image, own_image_files, prepare_image
+    from hub_vit.image_formats import OWN_FILE_FORMATS
 
     if limit is not None and limit < 0:
         raise ValueError(f"the image limit must be >= 0 (0 = all), got {limit}")
     # the user's own files, read as `hub-vit train` and `calibrate-domain` read them: a model trained on BMP or GIF
     # files names a held-out split of them
-    files = image_files(folder, "--images", OWN_FILE_SUFFIXES, others=OTHER_SUFFIXES, taken=OWN_FILE_NAMES)
+    files = own_image_files(folder, "--images")
     if limit and len(files) > limit:
         files = [files[i] for i in np.linspace(0, len(files) - 1, limit).round().astype(int)]
     out = np.empty((len(files), data.in_chans, *data.img_size), dtype=np.float32)
