@@ -190,17 +190,14 @@ def _child(fd: int, parent: int) -> NoReturn:
             channel.send(answer)
             handed_over = isinstance(answer, Built)  # serve owns the repository now
         except KeyboardInterrupt:  # Ctrl-C reached the whole process group: serve says it stopped
-            cleaning_up()
             code = 128 + signal.SIGINT
         except SystemExit as stopped:
-            cleaning_up()
             code = stopped.code
         except BaseException:  # a bug: its traceback on serve's stderr, serve names the exit status
-            cleaning_up()
             traceback.print_exc()
             code = 1
         finally:  # whatever ended the build (a refusal, a stop, serve's death): nothing of it is left
-            cleaning_up()
+            cleaning_up()  # Ctrl-C's SIGINT and serve's SIGTERM both come: the second must not cut this short
             if request is not None and not handed_over:
                 from hub_vit.server.serving import remove_workdir
 
