@@ -26,6 +26,7 @@ from hub_vit.server.front.checks import (
 )
 from hub_vit.server.front.limits import FrontLimits
 from hub_vit.server.runtime.supervisor import RestartPolicy
+from tests.programs import children_of
 
 
 def test_inflate_stops_at_the_cap_without_inflating_the_rest():
@@ -147,17 +148,7 @@ def test_an_inference_body_of_the_protocol_passes():
 
 
 def _front_pids(parent: int) -> list[int]:
-    from hub_vit.server.runtime.processes import live_processes
-
-    found = []
-    for pid, command in live_processes().items():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if "hub_vit.server.front.worker" in command and int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
-            found.append(pid)
-    return found
+    return [pid for pid, command in children_of(parent).items() if "hub_vit.server.front.worker" in command]
 
 
 def test_a_front_that_cannot_bind_leaves_no_process():

@@ -26,11 +26,12 @@ from hub_vit.server.runtime.health import Health, http_base, python_instances, s
 from hub_vit.server.runtime.launcher import TritonServer, free_port
 from hub_vit.server.runtime.processes import is_stub, stub_instance
 from tests.polling import wait_until
+from tests.programs import HUB_VIT
 from tests.test_dockerfile import _instructions
 
 
 def _health(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from hub_vit.cli import main; main()", "health", *args],
+    return subprocess.run([*HUB_VIT, "health", *args],
                           capture_output=True, text=True, timeout=60)
 
 

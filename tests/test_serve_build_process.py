@@ -18,7 +18,7 @@ import torch
 from hub_vit.server.runtime import device as device_module
 from hub_vit.server.runtime import triton_install
 from tests.polling import wait_until
-from tests.test_serve_supervision import Serve, expected_digits
+from tests.programs import Serve, expected_digits
 
 # Shared libraries only model loading and export map: none may be in the serving process.
 BUILD_LIBRARIES = ("libtorch", "onnxruntime", "onnx_cpp2py_export", "libopenvino")

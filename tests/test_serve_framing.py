@@ -17,8 +17,8 @@ import time
 import pytest
 
 from hub_vit.server import protocol
+from tests.programs import Serve
 from tests.test_serve_limits import MAX_REQUEST_MB, assert_healthy, grpc_stub, infer_message
-from tests.test_serve_supervision import Serve
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -152,8 +152,8 @@ def test_grpc_malformed_messages_and_frames_are_refused(serve: Serve) -> None:
 
 def test_an_image_posted_as_the_inference_body_is_told_what_the_endpoint_takes(serve: Serve) -> None:
     # was: HTTP 500 "failed to parse the request JSON buffer" from Triton (`curl --data-binary @3_0.png .../infer`)
+    from tests.programs import SAMPLES
     from tests.test_serve_limits import post
-    from tests.test_serve_supervision import SAMPLES
 
     status, text = post(serve.ports[0], "/v2/models/vit/infer", SAMPLES[0].read_bytes(),
                         {"Content-Type": "application/x-www-form-urlencoded"})  # what curl --data-binary sends

@@ -26,7 +26,6 @@ import io
 import os
 import re
 import resource
-import shlex
 import shutil
 import signal
 import socket
@@ -43,15 +42,12 @@ from PIL import Image
 
 from hub_vit.atomic import owner_tag
 from hub_vit.catalog import default_model_folder
-from hub_vit.server.runtime.launcher import free_port
 from hub_vit.server.runtime.triton_install import ServerError
-from hub_vit.server.serving import log_path
-from tests.test_serve_supervision import Serve, expected_digits
+from tests.programs import HUB_VIT, SAMPLES, Serve, expected_digits
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
-CLI = [sys.executable, "-c", "from hub_vit.cli import main; main()"]
-SAMPLE = sorted((default_model_folder() / "samples").glob("*.png"))[0]
+SAMPLE = SAMPLES[0]
 
 
 def _skip_unless_it_runs(command: list[str], what: str) -> None:
@@ -67,50 +63,18 @@ def own_mounts() -> None:
                          "mount a tmpfs in a mount namespace")
 
 
-class ServeMounted:
+def serve_mounted(mounts: dict[str, str], env: dict[str, str] | None = None) -> Serve:
     """`hub-vit serve` (the default model) on free ports, in its own mount namespace where each of `mounts` (folder ->
-    tmpfs mount options: `size=4m`, `noexec`) is a fresh tmpfs."""
-
-    def __init__(self, mounts: dict[str, str], env: dict[str, str] | None = None) -> None:
-        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
-        serve = [*CLI, "serve", "--quiet", "--http-port", str(self.http), "--grpc-port", str(self.grpc),
-                 "--metrics-port", str(self.metrics), "--exit-timeout", "5"]
-        mount = " && ".join(f"mount -t tmpfs -o {options} tmpfs {folder}" for folder, options in mounts.items())
-        self.process = subprocess.Popen(["unshare", "-m", "sh", "-c", f"{mount} && exec {shlex.join(serve)}"],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        start_new_session=True, env={**os.environ, **(env or {})})
-        self.output = ""
-
-    def wait_for(self, text: str, timeout_s: float = 180) -> str:
-        """Everything printed until a line holding `text` (AssertionError with the output if it never comes)."""
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + timeout_s
-        for line in self.process.stdout:
-            self.output += line
-            if text in line or time.monotonic() > deadline:
-                break
-        assert text in self.output, f"{text!r} never printed; output:\n{self.output}"
-        return self.output
-
-    def exit_code(self) -> int:
-        """serve's exit status, once it ended by itself, with all it printed read."""
-        code = self.process.wait(180)
-        assert self.process.stdout is not None
-        self.output += self.process.stdout.read()
-        return code
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # serve, its tritonserver and stubs: one session
-        except ProcessLookupError:
-            pass
-        self.process.wait(30)
-        log_path(self.http).unlink(missing_ok=True)
+    tmpfs mount options: `size=4m`, `noexec`) is a fresh tmpfs; `env`: added to this process's environment."""
+    mount = " && ".join(f"mount -t tmpfs -o {options} tmpfs {folder}" for folder, options in mounts.items())
+    # sh mounts, then execs serve with the arguments after "sh" (its $0)
+    return Serve(wrapper=("unshare", "-m", "sh", "-c", f'{mount} && exec "$@"', "sh"), new_session=True,
+                 env={**os.environ, **(env or {})})
 
 
 @pytest.fixture
-def serve_4m(own_mounts: None) -> Iterator[ServeMounted]:
-    serve = ServeMounted({"/dev/shm": "size=4m"})
+def serve_4m(own_mounts: None) -> Iterator[Serve]:
+    serve = serve_mounted({"/dev/shm": "size=4m"})
     yield serve
     serve.stop()
 
@@ -126,13 +90,13 @@ def _noise_jpeg(path: Path, size_bytes: int) -> Path:
     return path
 
 
-def _classify(serve: ServeMounted, image: Path, *, grpc: bool = False) -> subprocess.CompletedProcess[str]:
-    url = ["--grpc", "--url", f"127.0.0.1:{serve.grpc}"] if grpc else ["--url", f"127.0.0.1:{serve.http}"]
-    return subprocess.run([*CLI, "classify", *url, str(image)], capture_output=True, text=True, timeout=120)
+def _classify(serve: Serve, image: Path, *, grpc: bool = False) -> subprocess.CompletedProcess[str]:
+    url = ["--grpc", "--url", f"127.0.0.1:{serve.grpc_port}"] if grpc else ["--url", f"127.0.0.1:{serve.http_port}"]
+    return subprocess.run([*HUB_VIT, "classify", *url, str(image)], capture_output=True, text=True, timeout=120)
 
 
 def test_on_a_small_dev_shm_serve_warns_and_a_batch_without_room_is_named_while_the_rest_is_served(
-        serve_4m: ServeMounted, tmp_path: Path) -> None:
+        serve_4m: Serve, tmp_path: Path) -> None:
     started = serve_4m.wait_for("serving model")
     # 4 MiB free before the two stubs start; each will want 1 MiB + twice a 64 MiB request
     assert "warning: /dev/shm has 4 MiB free, and the 2 Python-backend model instances may need up to 258 MiB" in \
@@ -151,21 +115,21 @@ def test_on_a_small_dev_shm_serve_warns_and_a_batch_without_room_is_named_while_
     # the demo's page says so too, and shows its in-process labels instead
     from hub_vit.demo.backends import TritonLabels
 
-    url = f"127.0.0.1:{serve_4m.http}"
+    url = f"127.0.0.1:{serve_4m.http_port}"
     labels, status = TritonLabels(url).top_k(Image.open(big), 3, source=big)
     assert labels is None and status.startswith(f"Triton server at {url} had no shared memory (/dev/shm) left for "
                                                 "this image: restart it with more"), status
 
 
 def test_a_dev_shm_too_small_for_the_first_pools_is_refused_before_triton_starts(own_mounts: None) -> None:
-    serve = ServeMounted({"/dev/shm": "size=1m"})
+    serve = serve_mounted({"/dev/shm": "size=1m"})
     try:
-        assert serve.exit_code() == 3  # this machine cannot serve now, though nothing asked is wrong
+        assert serve.finish(180) == 3  # this machine cannot serve now, though nothing asked is wrong
     finally:
         serve.stop()
-    said = " ".join(serve.output.split())
+    said = " ".join(serve.text.split())
     assert re.search(r"error: /dev/shm has [\d,]+ [KM]iB free, less than the 2 MiB the 2 Python-backend model "
-                     r"instances take at their start \(1 MiB each\): the models would not load", said), serve.output
+                     r"instances take at their start \(1 MiB each\): the models would not load", said), serve.text
     assert "tritonserver" not in said and "Traceback" not in said
 
 
@@ -173,7 +137,7 @@ def test_a_noexec_tmpdir_is_passed_over_for_the_servers_backends(own_mounts: Non
     # was: "model 'vit_classifier' failed to load: ... libtriton_python.so: failed to map segment from shared object"
     noexec = tmp_path / "noexec"
     noexec.mkdir()
-    serve = ServeMounted({str(noexec): "noexec"}, env={"TMPDIR": str(noexec)})
+    serve = serve_mounted({str(noexec): "noexec"}, env={"TMPDIR": str(noexec)})
     try:
         serve.wait_for("serving model")
         served = _classify(serve, SAMPLE)
@@ -187,12 +151,12 @@ def test_with_every_temporary_folder_noexec_serve_names_them_before_building(own
     hidden = [path for path in needed for base in ("/tmp", "/var/tmp") if path.is_relative_to(base)]
     if hidden:  # a fresh tmpfs there would hide it from serve
         pytest.skip(f"{hidden[0]} lies under /tmp or /var/tmp, which the test mounts over")
-    serve = ServeMounted({"/tmp": "noexec", "/var/tmp": "noexec"}, env={"TMPDIR": "/tmp"})
+    serve = serve_mounted({"/tmp": "noexec", "/var/tmp": "noexec"}, env={"TMPDIR": "/tmp"})
     try:
-        assert serve.exit_code() == 3
+        assert serve.finish(180) == 3
     finally:
         serve.stop()
-    said = " ".join(serve.output.split())
+    said = " ".join(serve.text.split())
     assert ("error: no temporary folder Triton's Python backend can use ('/tmp': mounted noexec: programs cannot run "
             "from it; '/var/tmp': mounted noexec: programs cannot run from it); point TMPDIR at a folder that is "
             "writable, allowing programs to run (not mounted noexec)") in said, said
@@ -326,7 +290,7 @@ def test_the_oom_killer_ends_the_server_not_serve_and_is_named_with_the_containe
 
 
 def _classify_at(http_port: int, image: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, "classify", "--url", f"127.0.0.1:{http_port}", str(image)], capture_output=True,
+    return subprocess.run([*HUB_VIT, "classify", "--url", f"127.0.0.1:{http_port}", str(image)], capture_output=True,
                           text=True, timeout=120)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_serve_supervision import SAMPLES, Serve, expected_digits
+from tests.programs import SAMPLES, Serve, expected_digits
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 

@@ -11,178 +11,21 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import resource
 import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hub_vit.catalog import default_model_folder
-from hub_vit.server.runtime.launcher import free_port
-from hub_vit.server.runtime.processes import is_stub, live_processes
+from hub_vit.server.runtime.processes import live_processes
 from hub_vit.server.serving import log_path
 from tests.polling import wait_until
+from tests.programs import HUB_VIT, SAMPLES, Serve, expected_digits, live_stubs
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
-
-SAMPLES = sorted((default_model_folder() / "samples").glob("*.png"))
-
-
-def live_stubs(group: int) -> dict[int, str]:
-    """pid -> command line of the live Python-backend stubs in process group `group` (a tritonserver's), recognised
-    as the server's own watch recognises them."""
-    return {pid: cmd for pid, cmd in live_processes(group).items() if is_stub(cmd)}
-
-
-class Serve:
-    """`hub-vit serve` (the default model) in a subprocess on free ports; its output lines read as they come.
-    `open_files`: its (soft, hard) limit on open files (RLIMIT_NOFILE), else this process's; `preexec`: run in the
-    child before serve starts (it may place it in a cgroup); `new_session`: in a process group of its own (a test
-    sends Ctrl-C's SIGINT to the group); `wrapper`: a command that runs serve as its only child (`unshare ...`);
-    `cwd`: the folder it runs in."""
-
-    def __init__(self, *args: str, open_files: tuple[int, int] | None = None,
-                 preexec: Callable[[], None] | None = None, new_session: bool = False,
-                 wrapper: tuple[str, ...] = (), cwd: Path | None = None) -> None:
-        self.ports = [free_port() for _ in range(3)]
-        # -P: the working folder is not on sys.path, as for the `hub-vit` script
-        command = [*wrapper, sys.executable, "-P", "-c", "from hub_vit.cli import main; main()", "serve", "--quiet",
-                   "--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]), "--metrics-port",
-                   str(self.ports[2]), "--exit-timeout", "10", *args]
-        self.wrapped = bool(wrapper)
-        def before_exec() -> None:
-            if open_files is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
-            if preexec is not None:
-                preexec()
-
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        preexec_fn=before_exec, start_new_session=new_session, cwd=cwd)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.text = ""
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.put(line)
-
-    def wait_for(self, text: str, timeout_s: float = 120) -> str:
-        """Everything printed until a line holding `text` (AssertionError with the output if it never comes)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.process.poll() is not None and self.lines.empty():
-                    break
-                continue
-            self.text += line
-            if text in line:
-                return self.text
-        raise AssertionError(f"{text!r} never printed; output:\n{self.text}")
-
-    def finish(self, timeout_s: float = 60) -> int:
-        self.process.wait(timeout_s)
-        time.sleep(0.2)  # the reader thread takes the last lines
-        while not self.lines.empty():
-            self.text += self.lines.get()
-        return self.process.returncode
-
-    def tritonserver_pid(self) -> int:
-        """The tritonserver this serve started (its child, and the leader of its own process group)."""
-        for pid, cmd in live_processes(self._child_group()).items():
-            if "tritonserver --id=" in cmd:
-                return pid
-        raise AssertionError("no tritonserver found")
-
-    @property
-    def pid(self) -> int:
-        """serve's process id (the wrapper's only child, where there is one)."""
-        if not self.wrapped:
-            return self.process.pid
-        found = _children(self.process.pid)
-        assert len(found) == 1, f"the wrapper has children {found}"
-        return next(iter(found))
-
-    def children(self) -> dict[int, str]:
-        """pid -> command line of serve's live child processes, from /proc (a zombie's command line is empty: it
-        could not be told by it anyway)."""
-        return _children(self.pid)
-
-    def zombies(self) -> list[int]:
-        """serve's children that have ended and that it has not waited for."""
-        return sorted(_children(self.pid, state="Z"))
-
-    def _child_group(self) -> int:
-        for pid, command in self.children().items():
-            if "tritonserver" in command:
-                return pid
-        raise AssertionError("serve has no tritonserver child")
-
-    def front_pids(self) -> list[int]:
-        """The front's worker processes (serve's children)."""
-        return [pid for pid, command in self.children().items() if "hub_vit.server.front.worker" in command]
-
-    def stubs(self) -> dict[int, str]:
-        return live_stubs(self.tritonserver_pid())
-
-    def triton_grpc_port(self) -> int | None:
-        """The gRPC port of the tritonserver serve runs now, from its command line (None between two servers): serve's
-        gRPC gate refuses the requests that crash Triton, so a test that needs the crash sends it there."""
-        try:
-            command = Path(f"/proc/{self.tritonserver_pid()}/cmdline").read_bytes().split(b"\0")
-        except (AssertionError, OSError):
-            return None
-        return next(int(arg.split(b"=")[1]) for arg in command if arg.startswith(b"--grpc-port="))
-
-    def classify(self) -> list[str]:
-        from hub_vit.server.client.classifier import Classifier
-
-        with Classifier(f"127.0.0.1:{self.ports[0]}", timeout_s=30) as client:
-            return [p.labels[0] for p in client.classify(SAMPLES[:4])]
-
-    def stop(self) -> None:
-        """Kill serve if it still runs, and its server's whole process group with it: a serve killed midway cannot
-        clean up, and a test must not leave a tritonserver or its stubs running (a stub left so ran for 30 min). The
-        Triton log a killed or failed serve keeps is removed (a test that wants it reads it before)."""
-        if self.process.poll() is None:
-            try:
-                group = self._child_group()
-            except AssertionError:  # no tritonserver child (not started yet, or between two servers)
-                group = None
-            self.process.kill()
-            self.process.wait(30)
-            if group is not None:
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        log_path(self.ports[0]).unlink(missing_ok=True)
-
-
-def _children(parent: int, state: str | None = None) -> dict[int, str]:
-    """pid -> command line of `parent`'s child processes in `state` (`Z`: zombies), else of its live ones (/proc)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            its_state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
-            if int(ppid) == parent and (its_state == state if state else its_state != "Z"):
-                found[int(entry.name)] = command
-    return found
 
 
 def classification_of_labels(grpc_port: int) -> None:
@@ -196,10 +39,6 @@ def classification_of_labels(grpc_port: int) -> None:
     with pytest.raises(Exception):  # noqa: B017 (the connection drops: whatever tritonclient makes of that)
         client.infer("vit", [image], outputs=[grpcclient.InferRequestedOutput("labels", class_count=3)],
                      client_timeout=30)
-
-
-def expected_digits() -> list[str]:
-    return [path.name.split("_")[0] for path in SAMPLES[:4]]  # samples are named <digit>_<n>.png
 
 
 def test_a_crashed_server_and_a_dead_stub_are_replaced(tmp_path: Path) -> None:
@@ -272,14 +111,14 @@ def test_without_restarts_a_crash_is_an_error_naming_it() -> None:
 
 
 def test_max_restarts_must_not_be_negative() -> None:
-    result = subprocess.run([sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--max-restarts",
+    result = subprocess.run([*HUB_VIT, "serve", "--max-restarts",
                              "-1"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--max-restarts must be >= 0, got -1" in result.stderr + result.stdout
 
 
 # -- hub-vit loadtest against a server that stops, and a user who stops it -------------------------------------------
 def _loadtest(port: int, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "from hub_vit.cli import main; main()", "loadtest", "--url",
+    return subprocess.Popen([*HUB_VIT, "loadtest", "--url",
                              f"127.0.0.1:{port}", "--concurrency", "4", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -297,7 +136,7 @@ def test_loadtest_interrupted_reports_what_it_measured(tmp_path: Path) -> None:
         load.send_signal(signal.SIGINT)
         out, err = load.communicate(timeout=60)
         assert load.returncode == 130, out + err
-        assert "interrupted (Ctrl-C)" in err and "requests (0 errors)" in out, out + err
+        assert "interrupted (Ctrl-C)" in err and " answered, 0 failed, in " in out, out + err
         saved = json.loads(out_json.read_text())
         assert saved["interrupted"] is True and saved["requests"] > 0 and saved["seconds"] < 60
         assert saved["batching"]["vit_classifier"]["inferences"] >= saved["requests"]
@@ -322,7 +161,7 @@ def test_loadtest_keeps_its_numbers_when_the_server_goes_away() -> None:
         flat = " ".join((out + err).split())
         assert load.returncode == 0, flat
         assert "no server batching statistics: reading them after the run failed" in flat, flat
-        answered = int(out.split(" requests (")[0].split()[-1])
+        answered = int(out.split(" answered, ")[0].split()[-1])
         assert answered > 0, out
     finally:
         serve.stop()
@@ -342,7 +181,7 @@ def test_loadtest_across_a_restart_reports_no_wrong_batching() -> None:
         flat = " ".join((out + err).split())
         assert load.returncode == 0, flat
         assert "no server batching statistics: the server restarted during the run" in flat, flat
-        errors = int(out.split(" requests (")[1].split()[0])
+        errors = int(out.split(" answered, ")[1].split()[0])
         assert 0 < errors < 4 * 30 / 0.05, flat  # 4 workers backing off 50 ms: at most 2,400 in 30 s
     finally:
         serve.stop()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from hub_vit.server.repository.config import cuda_graph_buckets
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import write_repository
 from hub_vit.server.runtime.launcher import free_port
+from tests.programs import HUB_VIT
 from tests.served import classify_concurrently, start_server
 from tests.test_server_triton import BAD_IMAGES, _encode, _url
 
@@ -224,7 +224,7 @@ def test_bad_images_on_the_gpu_server_are_client_errors(servers, photos, payload
 
 def test_serve_picks_cuda_by_itself_and_says_so(model_folder):
     ports = [str(free_port()) for _ in range(3)]
-    command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", str(model_folder),
+    command = [*HUB_VIT, "serve", str(model_folder),
                "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--quiet",
                "--max-batch-size", "32"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)

@@ -14,7 +14,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import time
 import urllib.request
 import zlib
@@ -42,6 +41,7 @@ from hub_vit.server.runtime.launcher import ServerError, TritonServer, free_port
 from hub_vit.server.runtime.port_claims import claims_file
 from hub_vit.server.serving import log_path
 from tests.polling import wait_until
+from tests.programs import HUB_VIT
 from tests.served import classify_concurrently, quiet_statistics, start_server
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -662,7 +662,7 @@ def _cli_serve(repo: Path, exit_timeout: int, env: dict[str, str] | None = None
     """`hub-vit serve` in a subprocess on free ports, read until it printed its endpoints."""
     onnx = repo / "vit_classifier" / "1" / "model.onnx"  # labels.txt beside it: no export needed
     ports = [str(free_port()) for _ in range(3)]
-    command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", str(onnx),
+    command = [*HUB_VIT, "serve", str(onnx),
                "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--exit-timeout",
                str(exit_timeout), "--quiet"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -841,7 +841,7 @@ def test_cli_serve_try_line_pastes_for_a_folder_with_brackets(tmp_path):
     folder = tmp_path / "m [/]x"
     shutil.copytree(default_model_folder(), folder)
     ports = [str(free_port()) for _ in range(3)]
-    command = [sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", str(folder), "--http-port",
+    command = [*HUB_VIT, "serve", str(folder), "--http-port",
                ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--quiet"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "COLUMNS": "40"})

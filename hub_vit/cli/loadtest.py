@@ -76,7 +76,9 @@ def _report(result: Any, protocol: str) -> None:
     lat = result.latency_ms
     if result.interrupted:
         err_console.print("[yellow]interrupted (Ctrl-C):[/] the numbers cover the run until then")
-    console.print(f"[bold]{result.requests}[/] requests ({result.errors} errors) in {result.seconds:.1f} s, "
+    # the throughput counts the answered requests; the failed ones are named below, by reason
+    console.print(f"{result.requests + result.errors} requests: [bold]{result.requests}[/] answered, {result.errors} "
+                  f"failed, in {result.seconds:.1f} s, "
                   f"concurrency {result.concurrency}, {protocol}: [bold]{result.throughput_rps:.1f} req/s[/], "
                   f"{result.images_per_s:.1f} images/s")
     console.print(f"latency ms  p50 {lat['p50']:.2f}  p90 {lat['p90']:.2f}  p99 {lat['p99']:.2f}  "
