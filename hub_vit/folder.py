@@ -207,16 +207,29 @@ def save_model_folder(
 ) -> Path:
     """Write `model` as a hub-vit model folder (see module docstring) and return its path.
 
-    labels: one name per class (default `LABEL_i`). pretrained_cfg: timm data config of the weights (crop_pct,
-    interpolation, mean/std, license, ...); input size and class count always come from the model. architecture: timm
+    labels: one name per class (default: the model's own, `label_names` in its `pretrained_cfg` (timm's from a model
+    folder), else `LABEL_i`). pretrained_cfg: timm data config of the weights (crop_pct, interpolation, mean/std,
+    license, ...; default: the model's own `pretrained_cfg`, which timm's builder and `load_model_folder` set, else
+    hub-vit's defaults); input size and class count always come from the model. architecture: timm
     name for `config.json` (default: the registered name with this architecture, else the generic "hub_vit").
     extra_files: name -> str / bytes / Path (copied) / JSON data. native_vit: also write `native/` (classic ViT only).
     Atomic: written into a temporary directory beside `folder` and renamed into place at the end.
     """
     if not isinstance(model, VisionTransformer):
-        raise TypeError(f"save_model_folder expects a hub_vit VisionTransformer, got {type(model).__name__}")
+        hint = ("; a transformers HubViT model writes the same folder with its own save_pretrained"
+                if hasattr(model, "vit") else "")
+        raise TypeError(f"save_model_folder expects a hub_vit VisionTransformer, got {type(model).__name__}{hint}")
     folder = Path(folder)
     spec = model.spec
+    # what the model was built or loaded with: writing a model back must not change its preprocessing (crop_pct 1.0
+    # was saved as the default 0.875) or drop its class names
+    own = dict(getattr(model, "pretrained_cfg", None) or {})
+    own_labels = own.pop("label_names", None)
+    own.pop("label_descriptions", None)
+    if labels is None and own_labels is not None and len(own_labels) == spec.num_classes:
+        labels = list(own_labels)
+    if pretrained_cfg is None:
+        pretrained_cfg = own
     checked_labels = _check_labels(labels, spec)
     arch = _check_architecture(architecture, spec)
     extra = _check_extra_files(extra_files)
@@ -396,6 +409,10 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
         raise ValueError(f"{folder}: {LABELS_FILE} disagrees with config.json id2label: "
                          f"{_first_difference(labels, id2label)}")
     timm_cfg = config.timm_config()
+    # the data config and class names on the model, as timm's builder puts them there for a `local-dir:` folder
+    # (timm.data.resolve_data_config(model=...) reads it; save_model_folder(model) keeps both)
+    model.pretrained_cfg = model.default_cfg = {**timm_cfg["pretrained_cfg"],
+                                                **({"label_names": labels or id2label} if labels or id2label else {})}
     files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*"))
              if p.is_file() and p.relative_to(folder).parts[0] not in _reserved_names()}
     info = ModelFolderInfo(path=folder, spec=spec, labels=labels or id2label, pretrained_cfg=timm_cfg["pretrained_cfg"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -51,20 +52,33 @@ def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwarg
     from hub_vit.weights import adapt_state_dict
 
     if pretrained:
+        _check_file(cfg)
         _check_weights(architecture, spec, cfg, kwargs)
-    model = build_model_with_cfg(
-        _timm_model,
-        architecture,
-        pretrained,
-        pretrained_cfg=cfg,
-        spec=spec,
-        pretrained_filter_fn=adapt_state_dict,
-        feature_cfg=dict(out_indices=min(3, spec.depth), feature_cls="getter"),  # timm ViT: the last 3 blocks
-        **kwargs,
-    )
+    builder_log = logging.getLogger("timm.models._builder")
+    builder_log.addFilter(_drop_adapted_conv_notice)
+    try:
+        model = build_model_with_cfg(
+            _timm_model,
+            architecture,
+            pretrained,
+            pretrained_cfg=cfg,
+            spec=spec,
+            pretrained_filter_fn=adapt_state_dict,
+            feature_cfg=dict(out_indices=min(3, spec.depth), feature_cls="getter"),  # timm ViT: the last 3 blocks
+            **kwargs,
+        )
+    finally:
+        builder_log.removeFilter(_drop_adapted_conv_notice)
     for module in model.modules():  # the hook has served (or was not needed): the model leaves as the plain class
         vars(module).pop("load_pretrained", None)
     return model
+
+
+def _drop_adapted_conv_notice(record: logging.LogRecord) -> bool:
+    """timm's loader warns "Pretrained patch_embed.proj weights already match the model, but input_size declares 3
+    source channels and the model has 1. Loading unchanged." for every `in_chans=` build: they match because
+    `adapt_state_dict` (timm's filter here) adapted them already, by timm's own rule (`adapt_input_conv`)."""
+    return "weights already match the model" not in record.getMessage()
 
 
 def _timm_model(**kwargs: Any) -> VisionTransformer:
@@ -84,6 +98,20 @@ def _load_pretrained(model: VisionTransformer, checkpoint_path: str, prefix: str
     from hub_vit.weights import load_adapted_state_dict
 
     load_adapted_state_dict(model, load_checkpoint(checkpoint_path, spec=model.spec))
+
+
+def _check_file(cfg: Any) -> None:
+    """A `pretrained_cfg_overlay=dict(file=...)` that names no file: timm's loader raises a `FileNotFoundError` with
+    no message (its log alone names the path)."""
+    if not cfg.file or cfg.source == "local-dir":  # (a local-dir: cfg's `file` is its folder)
+        return
+    path = Path(cfg.file)
+    if path.is_dir():
+        raise IsADirectoryError(f"pretrained_cfg_overlay file={str(path)!r} is a folder; give the weights file in it "
+                                f"(model.safetensors, a .pth, a Google .npz), or load a model folder as "
+                                f"timm.create_model('local-dir:{path}', pretrained=True)")
+    if not path.is_file():
+        raise FileNotFoundError(f"pretrained_cfg_overlay file={str(path)!r}: no such file")
 
 
 def _check_weights(architecture: str, spec: ViTSpec, cfg: Any, kwargs: dict[str, Any]) -> None:
@@ -193,6 +221,9 @@ def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
         spec = ViTSpec(**{**dataclasses.asdict(default), **spec_fields})
     cfg = _npz_through_converter(resolve_pretrained_cfg(CUSTOM_ARCHITECTURE, kwargs.pop("pretrained_cfg", None),
                                                         kwargs.pop("pretrained_cfg_overlay", None)))
+    # given back to timm's builder, which otherwise fills them in from the cfg's input size (3 channels) and class
+    # count, over the spec's: `in_chans=1` built a 3-channel model without a word
     kwargs.setdefault("img_size", spec.img_size)
     kwargs.setdefault("num_classes", spec.num_classes)
+    kwargs.setdefault("in_chans", spec.in_chans)
     return _build(CUSTOM_ARCHITECTURE, spec, pretrained, cfg, **kwargs)

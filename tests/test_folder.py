@@ -112,6 +112,30 @@ def test_timm_local_dir_and_transformers_load_the_same_weights(simple_folder) ->
     assert timm_model.pretrained_cfg["label_names"] == LABELS
 
 
+def test_in_chans_adapts_a_generic_architecture_folder_as_timm_adapts_its_own(simple_folder, caplog) -> None:
+    # was: a folder whose architecture is the generic `hub_vit` built a 3-channel model for in_chans=1, without a word
+    model, folder = simple_folder
+    grey = timm.create_model(f"local-dir:{folder}", pretrained=True, in_chans=1).eval()
+    x = _pixels(SIMPLE)[:, :1]
+    with torch.no_grad():  # the RGB filters summed: a grey image gives the RGB model's output for it on 3 channels
+        torch.testing.assert_close(grey(x), model(x.expand(-1, 3, -1, -1)), atol=1e-5, rtol=0)
+    assert "already match" not in caplog.text  # timm's notice for filters adapted before it saw them
+    assert timm.create_model("hub_vit", variant="mu/16", in_chans=4).patch_embed.proj.in_channels == 4
+
+
+def test_a_model_written_back_keeps_its_data_config_and_labels(simple_folder, tmp_path) -> None:
+    # was: save_model_folder(model) wrote hub-vit's default data config (crop_pct 0.875, bilinear) over the model's own
+    # and LABEL_i names, so reloading and saving a model changed its preprocessing without a word
+    _, folder = simple_folder
+    loaded, _ = load_model_folder(folder)
+    built = timm.create_model(f"local-dir:{folder}", pretrained=True)
+    for name, model in (("loaded", loaded), ("built", built)):
+        _, info = load_model_folder(save_model_folder(model, tmp_path / name))
+        assert info.pretrained_cfg["crop_pct"] == 0.9 and info.pretrained_cfg["interpolation"] == "bicubic", name
+        assert info.labels == LABELS, name
+    assert timm.data.resolve_data_config(model=loaded)["crop_pct"] == 0.9  # as for the model timm built
+
+
 def test_registered_architecture_name_is_used_and_loads(tmp_path) -> None:
     spec = hub_vit.MODELS["vit_ti16"].spec.replace(img_size=32, num_classes=2, head_zeroinit=False)
     model = _model(spec)

@@ -356,6 +356,7 @@ def test_bad_model_inputs_raise_clear_errors() -> None:
         model()
     with pytest.raises(ValueError, match="expected normalised float pixels, got a torch.uint8 tensor"):
         model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))  # cast to float silently before
+    assert model(torch.zeros(1, 3, 32, 32, dtype=torch.float64)).logits.dtype == torch.float32  # transformers casts
     with pytest.raises(TypeError, match="unexpected argument"):
         model(torch.zeros(1, 3, 32, 32), interpolate_pos_encodings=True)
     with pytest.raises(ValueError, match="num_labels >= 1"):

@@ -192,6 +192,19 @@ def test_raw_uint8_pixels_are_a_clear_error() -> None:
         model(torch.randint(0, 255, (2, 3, 64, 64), dtype=torch.uint8))
 
 
+def test_float_pixels_of_another_dtype_are_a_clear_error_outside_autocast() -> None:
+    """Was torch's "Input type (double) and bias type (float) should be the same" from inside the conv; transformers'
+    front door casts them instead (tests/test_hf.py)."""
+    model = _model("simplevit_gap_rep").eval()
+    x = torch.randn(2, 3, 64, 64)
+    with pytest.raises(ValueError, match=r"the pixels are torch.float64 and the model's weights torch.float32: "
+                                         r"cast one to the other \(pixels.to\(torch.float32\), or model.to"):
+        model(x.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts them for the ops
+        assert model(x.bfloat16()).shape == (2, 10)
+    assert model.to(torch.float64)(x.double()).dtype == torch.float64
+
+
 def test_forward_intermediates() -> None:
     model = _model("vit_jax_token")
     x = torch.randn(2, 3, 64, 64)

@@ -249,3 +249,32 @@ def test_row_chains_equal_full_matrix_products(readout: str, prefix: int) -> Non
         joint = joint_attention(attn[:depth], "min", 0.25, prefix)  # (B, N, N)
         row = joint[:, 0] if readout == "tok" else joint.mean(dim=1)
         torch.testing.assert_close(maps[:, depth - 1].reshape(2, -1), row[:, prefix:])
+
+
+def test_attentions_stacked_or_from_numpy_give_the_same_maps() -> None:
+    # was: one (B, depth, heads, N, N) stack, the layout of an exported model.attentions.onnx, failed in `if not
+    # attentions` ("Boolean value of Tensor with more than one value is ambiguous")
+    model = tiny_model("tok")
+    with torch.no_grad():
+        layers = model.forward_all(torch.randn(2, 3, 32, 32), output_attentions=True).attentions
+    stacked = torch.stack(layers, 1)
+    expected = rollout_from_attentions(layers, (4, 4), readout_type="tok", num_prefix_tokens=1)
+    for given in (stacked, stacked.numpy(), [a.numpy() for a in layers]):
+        torch.testing.assert_close(rollout_from_attentions(given, (4, 4), readout_type="tok", num_prefix_tokens=1),
+                                   expected, atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"be \(batch, depth, heads, tokens, tokens\), got shape \(2, 2, 17, 17\)"):
+        rollout_from_attentions(stacked[:, 0], (4, 4), readout_type="tok", num_prefix_tokens=1)
+
+
+def test_a_transformers_model_is_explained_as_the_module_it_holds() -> None:
+    # was: AttributeError 'HubViTForImageClassification' object has no attribute 'forward_all'
+    from hub_vit.hf import HubViTConfig, HubViTForImageClassification
+
+    model = tiny_model("map")
+    wrapper = HubViTForImageClassification(HubViTConfig.from_spec(model.spec)).eval()
+    wrapper.vit.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(attention_rollout(wrapper, x).maps, attention_rollout(model, x).maps, atol=0, rtol=0)
+    torch.testing.assert_close(gradient_rollout(wrapper, x).maps, gradient_rollout(model, x).maps, atol=0, rtol=0)
+    with pytest.raises(TypeError, match="attention_rollout needs a hub-vit VisionTransformer .* got Linear"):
+        attention_rollout(torch.nn.Linear(2, 2), x)

@@ -225,3 +225,19 @@ def test_resampled_filters_keep_flexivits_property() -> None:
     image = grown.reshape(1, 4, 4, 3, 8, 8).permute(0, 3, 1, 4, 2, 5).reshape(1, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model.patch_embed.proj(image), tokens, rtol=0, atol=1e-5)
+
+
+def test_patch_embed_describes_the_input_size_as_timms_vit() -> None:
+    # was: AttributeError for code written for timm's ViTs (Grad-CAM reshape helpers read patch_embed.grid_size)
+    model = timm.create_model("vit_ti16", img_size=(32, 48), num_classes=5)
+    reference = timm.create_model("vit_tiny_patch16_224", img_size=(32, 48), num_classes=5)  # timm's own ViT
+
+    def described(vit: torch.nn.Module) -> tuple:
+        embed = vit.patch_embed
+        return embed.img_size, embed.patch_size, embed.grid_size, embed.num_patches, vit.has_class_token
+
+    assert described(model) == described(reference) == ((32, 48), (16, 16), (2, 3), 6, True)
+    model.set_input_size((64, 64), patch_size=8)
+    reference.set_input_size((64, 64), patch_size=8)
+    assert described(model) == described(reference) == ((64, 64), (8, 8), (8, 8), 64, True)
+    assert timm.create_model("simplevit_ti16", img_size=32).has_class_token is False

@@ -120,6 +120,15 @@ def test_unknown_model_name() -> None:
         hub_vit.get_entry("simplevit_s17")
 
 
+def test_pretrained_cfg_overlay_of_no_file_names_the_path(tmp_path) -> None:
+    # was: timm's bare FileNotFoundError() (its log alone named the path)
+    missing = tmp_path / "model.safetensors"
+    with pytest.raises(FileNotFoundError, match=f"file='{missing}': no such file"):
+        timm.create_model("simplevit_digits", pretrained=True, pretrained_cfg_overlay=dict(file=str(missing)))
+    with pytest.raises(IsADirectoryError, match=f"is a folder; .* timm.create_model\\('local-dir:{tmp_path}'"):
+        timm.create_model("hub_vit", pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path)))
+
+
 def test_pretrained_cfg_overlay_loads_local_safetensors(tmp_path) -> None:
     source = timm.create_model("vit_ti16", img_size=64, num_classes=5)
     with torch.no_grad():

@@ -70,8 +70,12 @@ def gradient_rollout(model: torch.nn.Module, x: torch.Tensor,
                      labels: torch.Tensor | Sequence[int] | int | None = None) -> RolloutResult:
     """Class-specific maps for `labels` (one per image, or one for all; default: each image's top-1 class).
 
-    Returns a `RolloutResult` whose `layer_maps` holds just the final map (B, 1, grid_h, grid_w).
+    Returns a `RolloutResult` whose `layer_maps` holds just the final map (B, 1, grid_h, grid_w). `model`: a hub-vit
+    `VisionTransformer`, or a transformers HubViT model (its `.vit`).
     """
+    from hub_vit.model import vision_transformer_of
+
+    model = vision_transformer_of(model, "gradient_rollout")
     if model.spec.num_classes == 0:
         raise ValueError("gradient rollout needs a classifier head; this model has num_classes=0")
     if torch.is_inference_mode_enabled():  # enable_grad cannot lift it, and the backward pass would fail obscurely

@@ -93,8 +93,26 @@ def readout_row(kind: str, batch: int, num_tokens: int, probe: torch.Tensor | No
     raise ValueError(f"unknown readout {kind!r}; valid choices: {', '.join(map(repr, READOUTS))}")
 
 
+def _layers(attentions: Sequence[torch.Tensor] | torch.Tensor | object) -> list[torch.Tensor]:
+    """depth tensors (B, heads, N, N) from a sequence of them (torch or numpy: `forward_all`, transformers'
+    `output_attentions`), or from one (B, depth, heads, N, N) stack (the `attentions` output of an exported
+    `model.attentions.onnx`)."""
+    if not isinstance(attentions, (torch.Tensor, Sequence)) and hasattr(attentions, "__array__"):
+        attentions = torch.as_tensor(attentions)  # a numpy stack, as ONNX Runtime returns it
+    if isinstance(attentions, torch.Tensor):
+        if attentions.ndim != 5:
+            raise ValueError(f"attentions as one tensor must be (batch, depth, heads, tokens, tokens), got shape "
+                             f"{tuple(attentions.shape)}; or give a sequence of (batch, heads, tokens, tokens)")
+        return list(attentions.unbind(1))
+    layers = [torch.as_tensor(a) for a in attentions]
+    for i, a in enumerate(layers):
+        if a.ndim != 4 or a.shape[-1] != a.shape[-2]:
+            raise ValueError(f"attentions[{i}] must be (batch, heads, tokens, tokens), got shape {tuple(a.shape)}")
+    return layers
+
+
 def rollout_from_attentions(
-    attentions: Sequence[torch.Tensor],
+    attentions: Sequence[torch.Tensor] | torch.Tensor,
     grid_size: tuple[int, int],
     *,
     readout_type: str,
@@ -105,15 +123,19 @@ def rollout_from_attentions(
 ) -> torch.Tensor:
     """Per-layer rollout maps from a model's attention probabilities: returns (B, depth, grid_h, grid_w).
 
-    `attentions`: depth tensors (B, heads, N, N), N = num_prefix_tokens + grid_h * grid_w. `pool_attention`:
+    `attentions`: depth tensors (B, heads, N, N), N = num_prefix_tokens + grid_h * grid_w, or one stack of them
+    (B, depth, heads, N, N), as torch tensors or numpy arrays. `pool_attention`:
     (B, heads, 1, N), required for readout 'map'. Entry `[:, l]` is the rollout through blocks 1..l+1, read out as
     the classifier reads the tokens; `[:, -1]` is the full rollout. Maps are relevance mass (not rescaled): for
     'gap' and 'map' each map sums to 1, for 'tok' it sums to 1 minus what stays on the class token.
     """
     check_head_fusion(head_fusion)
     check_discard_ratio(discard_ratio)
+    attentions = _layers(attentions)
     if not attentions:
         raise ValueError("no attention tensors given; call forward_all(x, output_attentions=True)")
+    if pool_attention is not None:
+        pool_attention = torch.as_tensor(pool_attention)
     B, _, N, _ = attentions[0].shape
     gh, gw = grid_size
     if N != num_prefix_tokens + gh * gw:
@@ -175,7 +197,11 @@ def model_grid(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
 @torch.no_grad()
 def attention_rollout(model: torch.nn.Module, x: torch.Tensor, head_fusion: str = "mean",
                       discard_ratio: float = 0.0) -> RolloutResult:
-    """One forward pass of a hub-vit `VisionTransformer` on (B, C, H, W) `x` in [-1, 1], and its rollout maps."""
+    """One forward pass of a hub-vit `VisionTransformer` (or a transformers HubViT model: its `.vit`) on (B, C, H, W)
+    `x` in [-1, 1], and its rollout maps."""
+    from hub_vit.model import vision_transformer_of
+
+    model = vision_transformer_of(model, "attention_rollout")
     check_head_fusion(head_fusion)
     check_discard_ratio(discard_ratio)
     out = model.forward_all(x, output_attentions=True)

@@ -22,7 +22,7 @@ from torch import nn
 
 from hub_vit.atomic import atomic_path
 from hub_vit.export.fusable import fusable_copy
-from hub_vit.model import VisionTransformer, token_means
+from hub_vit.model import VisionTransformer, token_means, vision_transformer_of
 
 if TYPE_CHECKING:
     import onnx
@@ -79,8 +79,6 @@ def output_names(model: VisionTransformer, with_attentions: bool, with_token_mea
 
 
 def _check_args(model: VisionTransformer, opset: int, dynamic_size: bool, exporter: str) -> None:
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f"export_onnx needs a hub_vit VisionTransformer, got {type(model).__name__}")
     if isinstance(opset, bool) or not isinstance(opset, int) or opset < MIN_OPSET:
         raise ValueError(f"opset must be an integer >= {MIN_OPSET} (one LayerNormalization op), got {opset!r}")
     if exporter not in EXPORTERS:
@@ -199,7 +197,7 @@ def _drop_noop_with_empty_axes(graph: onnx.GraphProto) -> bool:
     return True
 
 
-def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, dynamic_batch: bool = True,
+def export_onnx(model: torch.nn.Module, path: str | Path, *, opset: int = 17, dynamic_batch: bool = True,
                 dynamic_size: bool = False, with_attentions: bool = False, exporter: Exporter = "dynamo",
                 fusable_attention: bool = True, with_token_means: bool = False) -> Path:
     """Write `model` as an fp32 ONNX graph `pixel_values` -> `logits` (+ `attentions`, + `token_means`) and return the
@@ -212,6 +210,7 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, opset: int = 17, 
     """
     import onnx
 
+    model = vision_transformer_of(model, "export_onnx")
     _check_args(model, opset, dynamic_size, exporter)
     path = Path(path)
     was_training = model.training

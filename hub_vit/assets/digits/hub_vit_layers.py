@@ -67,11 +67,28 @@ def resample_pos_table(pos: torch.Tensor, old_grid: tuple[int, int], new_grid: t
 
 
 class PatchEmbed(nn.Module):
-    """(B, C, H, W) pixels -> (B, D, H/p, W/p): one p x p convolution with stride p (timm's key `patch_embed.proj`)."""
+    """(B, C, H, W) pixels -> (B, D, H/p, W/p): one p x p convolution with stride p (timm's key `patch_embed.proj`).
 
-    def __init__(self, in_chans: int, dim: int, patch_size: int) -> None:
+    It also carries the attributes of timm's `PatchEmbed` that code written for timm's ViTs reads (Grad-CAM reshape
+    helpers, adapters): `img_size`, `patch_size` (pairs), `grid_size`, `num_patches` for the model's own input size
+    (`VisionTransformer` keeps them current through `set_input_size`), and what its output is: not flattened, NCHW.
+    """
+
+    def __init__(self, in_chans: int, dim: int, patch_size: int,
+                 img_size: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+        self.flatten = False
+        self.output_fmt = "NCHW"
+        self.dynamic_img_size = True  # any image that tiles into whole patches
+        self.describe(img_size or (patch_size, patch_size), patch_size)
+
+    def describe(self, img_size: tuple[int, int], patch_size: int) -> None:
+        """Record the input size the model is set to (`img_size`, a multiple of `patch_size`)."""
+        self.img_size = (int(img_size[0]), int(img_size[1]))
+        self.patch_size = (patch_size, patch_size)
+        self.grid_size = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x)

@@ -66,9 +66,11 @@ def _tracing() -> bool:
 # (`torch.fx.wrap`, what timm's `register_notrace_function` does), so symbolic tracing (timm's features_only on ViTs,
 # torchvision's create_feature_extractor) sees no control flow on traced values, and the traced graph still runs them.
 @torch.jit.ignore
-def check_pixels(x: torch.Tensor, in_chans: int, patch_size: int) -> torch.Tensor:
-    """Clear errors for the classic mistakes (wrong rank, raw uint8 pixels, wrong channel count, a size that is not a
-    patch multiple); returns `x` unchanged."""
+def check_pixels(x: torch.Tensor, in_chans: int, patch_size: int, weight_dtype: torch.dtype | None = None
+                 ) -> torch.Tensor:
+    """Clear errors for the classic mistakes (wrong rank, raw uint8 pixels, float pixels of another dtype than the
+    weights' `weight_dtype` outside autocast, wrong channel count, a size that is not a patch multiple); returns `x`
+    unchanged."""
     if _tracing():
         return x
     if x.ndim != 4:
@@ -76,14 +78,28 @@ def check_pixels(x: torch.Tensor, in_chans: int, patch_size: int) -> torch.Tenso
     if not x.is_floating_point():
         raise ValueError(
             f"expected normalised float pixels, got a {x.dtype} tensor; prepare images with the model's own "
-            "transform: timm.data.create_transform(**timm.data.resolve_data_config(model=model))"
+            "transform: timm.data.create_transform(**timm.data.resolve_data_config(model=model)), or transformers' "
+            "AutoImageProcessor of its folder"
         )
+    if weight_dtype is not None and x.dtype != weight_dtype and not _autocasting(x.device.type):
+        # else the patch conv's own "Input type (double) and bias type (float) should be the same"
+        raise ValueError(f"the pixels are {x.dtype} and the model's weights {weight_dtype}: cast one to the other "
+                         f"(pixels.to({weight_dtype}), or model.to({x.dtype})), or run under torch.autocast")
     if x.shape[1] != in_chans:
         raise ValueError(
             f"expected {in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)}); images must be NCHW"
         )
     check_image_size((x.shape[2], x.shape[3]), patch_size)
     return x
+
+
+def _autocasting(device_type: str) -> bool:
+    """Whether torch.autocast casts the ops' inputs on this device type (a type it does not know, such as meta: leave
+    the dtypes to the ops)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return True
 
 
 def patch_tokens(x: torch.Tensor, cls_token: torch.Tensor | None, pos_embed: torch.Tensor | None, sincos: bool,
@@ -155,9 +171,11 @@ class VisionTransformer(nn.Module):
         self.embed_dim = D
         self.num_prefix_tokens = spec.num_prefix_tokens
         self.global_pool = _POOL_NAMES[spec.pool_type]
+        self.has_class_token = spec.class_token
+        self.dynamic_img_size = True  # (see dynamic_img_pad above)
         self.grad_checkpointing = False
 
-        self.patch_embed = PatchEmbed(spec.in_chans, D, spec.patch_size)
+        self.patch_embed = PatchEmbed(spec.in_chans, D, spec.patch_size, spec.img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if spec.class_token else None
         if spec.posemb == "learn":
             n_pos = spec.num_patches + (1 if spec.posemb_on_cls else 0)
@@ -191,7 +209,8 @@ class VisionTransformer(nn.Module):
     @property
     def spec(self) -> ViTSpec:
         """The architecture (a frozen `ViTSpec`). Setting it (set_input_size, reset_classifier, pruning) also updates
-        the plain attributes the scriptable forward reads: the patch size and the grid a learned posemb is stored at."""
+        the plain attributes the scriptable forward reads (the patch size, the grid a learned posemb is stored at) and
+        the sizes `patch_embed` describes."""
         return self._spec
 
     @spec.setter
@@ -200,6 +219,8 @@ class VisionTransformer(nn.Module):
         self.in_chans = spec.in_chans
         self.patch_size = spec.patch_size
         self.pos_grid = spec.grid_size
+        if "patch_embed" in self._modules:  # (built after the spec is first set)
+            self.patch_embed.describe(spec.img_size, spec.patch_size)
 
     # ---------------------------------------------------------------------------------------------------- init
     def init_plan(self) -> dict[nn.Module, Callable[[nn.Module], None]]:
@@ -248,12 +269,12 @@ class VisionTransformer(nn.Module):
     def check_input(self, x: torch.Tensor) -> None:
         """Clear errors for the classic mistakes: wrong rank, raw uint8 pixels, wrong channel count, size not a
         patch multiple."""
-        check_pixels(x, self.in_chans, self.patch_size)
+        check_pixels(x, self.in_chans, self.patch_size)  # any float dtype: transformers' path casts it after this
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) pixels -> (B, N, D) tokens with position embeddings (and the class token, if any)."""
         if not torch.jit.is_scripting():  # a scripted model leaves the checks to the conv
-            x = check_pixels(x, self.in_chans, self.patch_size)
+            x = check_pixels(x, self.in_chans, self.patch_size, self.patch_embed.proj.weight.dtype)
         x = self.patch_embed(x)  # (B, D, h, w)
         return patch_tokens(x, self.cls_token, self.pos_embed, self.posemb_sincos, self.posemb_on_cls, self.pos_grid)
 
@@ -533,4 +554,18 @@ def token_means(hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([hidden.mean(dim=1) for hidden in hidden_states[1:]], dim=1)
 
 
-__all__ = ["VisionTransformer", "ViTOutput", "count_parameters", "token_means"]
+def vision_transformer_of(model: object, caller: str) -> VisionTransformer:
+    """`model` itself, or the `VisionTransformer` a transformers HubViT model holds as `.vit` (the same module: same
+    weights, same outputs), so that hub-vit's functions take what either front door built. Else a TypeError naming
+    what `caller` takes."""
+    if isinstance(model, VisionTransformer):
+        return model
+    inner = getattr(model, "vit", None)
+    if isinstance(inner, VisionTransformer):
+        return inner
+    raise TypeError(f"{caller} needs a hub-vit VisionTransformer (timm.create_model('simplevit_s16'), "
+                    f"hub_vit.load_model_folder) or a transformers HubViT model (AutoModelForImageClassification of a "
+                    f"hub-vit folder); got {type(model).__name__}")
+
+
+__all__ = ["VisionTransformer", "ViTOutput", "count_parameters", "token_means", "vision_transformer_of"]
