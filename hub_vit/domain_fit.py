@@ -102,10 +102,11 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
     record, else guessed from its labels). `sources`: how the record describes the `images`, `held_out` and
     `out_of_domain` sets (default: the folders as given). Checked before any image is read: bad arguments raise
     ValueError naming them."""
-    from hub_vit.folder import load_model_folder, model_folder_files
+    from hub_vit.folder import check_model_type, load_model_folder, model_folder_files, read_config_json
 
     folder = Path(folder)
-    model_folder_files(folder)  # the folder named first is reported first, before any image folder is listed
+    config_path, _ = model_folder_files(folder)  # the folder named first is reported first, before any image folder
+    check_model_type(read_config_json(config_path), config_path)  # ... and a transformers or timm folder with it
     blocked = record_file_in_the_way(folder)  # found now, not after the fit
     if blocked is not None:
         raise IsADirectoryError(f"{str(blocked)!r} is a folder; calibrate-domain writes the file {blocked.name} "
@@ -117,11 +118,12 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
     if max_images < 2 * FEWEST_FIT_IMAGES:
         raise ValueError(f"max_images must be at least {2 * FEWEST_FIT_IMAGES}, got {max_images}")
     fit_files, held_files = _sets(images, held_out, max_images)
+    # every folder given is checked before what their image counts allow
+    ood_files = own_image_files(out_of_domain, "--out-of-domain") if out_of_domain is not None else []
     if len(held_files) < fewest_held_out(false_alarm_rate):
         raise ValueError(f"a false-alarm rate of {false_alarm_rate:.2%} needs at least "
                          f"{fewest_held_out(false_alarm_rate)} held-out images to set the threshold, got "
                          f"{len(held_files)}; give more held-out images or a higher false-alarm rate")
-    ood_files = own_image_files(out_of_domain, "--out-of-domain") if out_of_domain is not None else []
     for flag, given, files in (("--images", images, fit_files), ("--held-out", held_out, held_files)):
         shared = _shared(ood_files, files)
         if shared:  # was measured as it came: an AUROC of 0.5 for a set scored against itself

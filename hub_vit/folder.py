@@ -378,6 +378,16 @@ def model_folder_files(folder: str | os.PathLike[str]) -> tuple[Path, Path]:
     return config_path, weights_path
 
 
+def check_model_type(config: Mapping[str, Any], config_path: Path) -> None:
+    """ValueError unless `config` (the parsed `config_path`) is a hub-vit model's: a transformers or timm folder names
+    its own model_type (or none)."""
+    from hub_vit.hf.configuration_hub_vit import HubViTConfig
+
+    if config.get("model_type") != HubViTConfig.model_type:
+        raise ValueError(f"{config_path} has model_type {config.get('model_type')!r}, expected "
+                         f"{HubViTConfig.model_type!r} (is this a hub-vit model folder?)")
+
+
 def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer, ModelFolderInfo]:
     """Load a hub-vit model folder into a `VisionTransformer` (eval mode, strict) plus its `ModelFolderInfo`."""
     from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
@@ -387,9 +397,7 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     folder = Path(folder)
     config_path, weights_path = model_folder_files(folder)
     raw = read_config_json(config_path)
-    if raw.get("model_type") != HubViTConfig.model_type:
-        raise ValueError(f"{config_path} has model_type {raw.get('model_type')!r}, expected "
-                         f"{HubViTConfig.model_type!r} (is this a hub-vit model folder?)")
+    check_model_type(raw, config_path)
     try:  # ViTSpec bounds every size field: `depth: 1000000000` is refused here, before a block is built
         config = HubViTConfig.from_dict({k: v for k, v in raw.items() if k not in ("transformers_version",)})
     except ValueError as exc:

@@ -103,6 +103,11 @@ def parse_variant(variant: str) -> tuple[Size, int]:
     return SIZES[letter], int(patch)
 
 
+class UnknownFieldError(TypeError, ValueError):
+    """A keyword argument that no `ViTSpec` field takes (`create_model(..., not_a_model_arg=1)`): a TypeError, as Python
+    raises for an unexpected keyword and timm's model contract asks, and a ValueError, as hub-vit raised it before."""
+
+
 @dataclass(frozen=True)
 class ViTSpec:
     """Everything that determines a hub-vit model's architecture (and hence its state-dict keys and shapes).
@@ -170,7 +175,7 @@ class ViTSpec:
         size, patch = parse_variant(variant)
         unknown = set(switches) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"unknown switch(es) {sorted(unknown)}; valid switches: {sorted(SWITCHES)}")
+            raise UnknownFieldError(f"unknown switch(es) {sorted(unknown)}; valid switches: {sorted(SWITCHES)}")
         return cls(**{**size._asdict(), "patch_size": patch, **switches})
 
     @property
@@ -204,7 +209,7 @@ class ViTSpec:
     def replace(self, **changes: Any) -> ViTSpec:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise ValueError(f"unknown field(s) {sorted(unknown)}; valid fields: {sorted(SWITCHES)}")
+            raise UnknownFieldError(f"unknown field(s) {sorted(unknown)}; valid fields: {sorted(SWITCHES)}")
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

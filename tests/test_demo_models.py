@@ -139,6 +139,19 @@ def test_a_folder_without_a_classifier_head_is_refused_at_start_up(tmp_path: Pat
     assert result.exit_code == 2 and "no classifier head" in " ".join(result.output.split()), result.output
 
 
+def test_a_transformers_folder_is_refused_at_start_up(tmp_path: Path) -> None:
+    # was: offered in the page ("folder: vit"), then "config.json has model_type 'vit'" when picked
+    from transformers import ViTConfig, ViTForImageClassification
+
+    folder = tmp_path / "vit"
+    ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=64, image_size=32, patch_size=16)).save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"has model_type 'vit', expected 'hub_vit' \(is this a hub-vit model"):
+        folder_choice(folder)
+    result = CliRunner().invoke(_cli(), ["demo", "--model-folder", str(folder), "--port", "1"])
+    assert result.exit_code == 2 and "model_type 'vit'" in " ".join(result.output.split()), result.output
+
+
 def test_a_damaged_model_names_itself_and_the_reason(tmp_path: Path, photos) -> None:
     folder = _folder(tmp_path / "corrupt")
     weights = folder / "model.safetensors"

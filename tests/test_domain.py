@@ -268,6 +268,10 @@ def test_a_training_set_of_bmp_and_gif_files_is_calibrated_on(digits_copy, digit
     ("file", r"--images '.*00.png' is a file; give a folder of images"),
     ("missing", r"image folder '.*nowhere' does not exist"),
     ("missing-model", r"model folder '.*no-model' does not exist"),  # named first: its images are missing too
+    # was: "needs at least 99 held-out images", then, with enough images, that the folder is no hub-vit model's
+    ("transformers-model", r"config.json has model_type 'vit', expected 'hub_vit' \(is this a hub-vit model folder"),
+    # was: named only once there were enough held-out images
+    ("ood-empty", r"image folder '.*empty' has no .jpg/.jpeg/.png/.webp/.bmp/.gif files"),
     ("rate", r"the false-alarm rate must be in \(0, 1\), got 0.0"),
     # was fitted on the folder's PNGs alone, in silence
     ("phone-photos", r"--images '.*images' holds 2 HEIC / TIFF images that are not read: .*images/a.heic, "
@@ -289,11 +293,19 @@ def test_bad_calibrations_are_refused_by_name_before_anything_is_written(digits_
     target = {"file": images / "00.png", "missing": tmp_path / "nowhere",
               "missing-model": tmp_path / "nowhere"}.get(case, images)
     model = tmp_path / "no-model" if case == "missing-model" else digits_copy
+    if case == "transformers-model":
+        from transformers import ViTConfig, ViTForImageClassification
+
+        model = tmp_path / "vit"
+        ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64, image_size=32, patch_size=16)).save_pretrained(model)
+    (tmp_path / "empty").mkdir()
     lenient = ["--held-out", str(held), "--false-alarm-rate", "0.2"]  # few held-out images are enough at 20 %
     extra = {"few-held-out": ["--held-out", str(held)], "overlap": ["--held-out", str(images)],
              "ood-images": [*lenient, "--out-of-domain", str(images)],
              "ood-held": [*lenient, "--out-of-domain", f"{tmp_path}/./held"],  # another spelling of the same folder
-             "rate": ["--false-alarm-rate", "0"], "examples": ["--examples", "sketches"]}.get(case, [])
+             "rate": ["--false-alarm-rate", "0"], "examples": ["--examples", "sketches"],
+             "ood-empty": ["--out-of-domain", str(tmp_path / "empty")]}.get(case, [])
     if case == "phone-photos":
         (images / "a.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
         (images / "b.tif").write_bytes(b"II*\x00")

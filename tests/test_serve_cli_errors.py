@@ -52,6 +52,9 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     # protobuf said only "Value out of range: 5000000000", naming no option
     (("--max-queue-size", "5000000000"), "--max-queue-size must be at most 4294967295 (Triton's config holds it as a "
                                          "uint32), got 5000000000"),
+    # was written: 1000 processes, each loading the model, at start
+    (("--instances", "1000"), "--instances must be at most 128 (each instance is a process of its own, with its own "
+                              "copy of the model), got 1000"),
     # was written: a warm-up of a million images at start
     (("--max-batch-size", "1000000"), "--max-batch-size must be at most 4096 (each instance warms up with one batch "
                                       "of this size when the server starts), got 1000000"),
@@ -161,6 +164,17 @@ def test_repository_onto_a_file_or_the_current_directory(tmp_path, monkeypatch):
 def test_loadtest_refuses_runs_that_cannot_end_or_mean_nothing(args, message):
     code, out = _run("loadtest", "--url", "127.0.0.1:18409", *args)  # refused before any connection
     assert code == 2 and message in out, out
+
+
+@pytest.mark.parametrize("command, flag", [("loadtest", "--model"), ("classify", "--model"),
+                                           ("demo", "--triton-model")])
+@pytest.mark.parametrize("name", ["", "a/b", "two words"])
+def test_a_model_name_that_names_no_model_is_refused_before_any_request(command, flag, name):
+    # was: `classify --model ''` sent the request and printed Triton's bare "[404] Not Found"
+    code, out = _run(command, flag, name, *(["--port", "1"] if command == "demo" else ["--url", "127.0.0.1:18409"]),
+                     *([str(Path(__file__))] if command == "classify" else []))
+    assert code == 2 and f"{flag} must name a served model (hub-vit serve's is 'vit'): not empty, without '/', " \
+                         f"spaces or control characters; got {name!r}" in out, out
 
 
 @pytest.mark.parametrize("command", ["loadtest", "classify"])
@@ -467,3 +481,11 @@ def test_serve_refuses_a_tensorrt_engine_and_names_the_container_command(tmp_pat
            "cannot load" in out, out
     assert f"hub-vit repository OUT --model {engine} --flavour gpu --gpu-backend tensorrt" in out, out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.plan", "model.plan.json"]
+
+
+def test_the_clients_refuse_a_model_name_that_names_no_model():
+    from hub_vit.server.client import AsyncClassifier, Classifier
+
+    for client in (Classifier, AsyncClassifier):
+        with pytest.raises(ValueError, match=r"model must name a served model .* got 'a/b'"):
+            client("127.0.0.1:18409", model="a/b")

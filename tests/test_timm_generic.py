@@ -165,3 +165,23 @@ def test_backward_and_checkpointing(family: str) -> None:
         model.set_grad_checkpointing()
         torch.testing.assert_close(model(x), plain)
         torch.testing.assert_close(model.forward_intermediates(x)[0], model.forward_features(x))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_factory_arguments_unknown_arguments_and_a_new_head_follow_timms_contract(family: str) -> None:
+    # timm 1.0.31's own suite: create_model(..., device=, dtype=) builds there (was "unknown field(s) ['device',
+    # 'dtype']"); an unknown argument is a TypeError; reset_classifier builds the head in the model's dtype and
+    # device, in its training mode (a float64 model got a float32 head)
+    model = build(family, device="meta", dtype=torch.bfloat16).eval()
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("meta", torch.bfloat16)}
+    assert build(family, num_classes=0, device="meta").num_features == model.num_features
+    with pytest.raises(TypeError, match=r"unknown field\(s\) \['not_a_model_arg'\]"):
+        build(family, not_a_model_arg=1)
+    model.to(dtype=torch.float64)
+    model.reset_classifier(0)
+    model.reset_classifier(2)
+    assert (model.head.weight.device.type, model.head.weight.dtype, model.head.training) == ("meta", torch.float64,
+                                                                                              False)
+    real = build(family).eval().to(torch.bfloat16)  # a dtype changed after building: its output follows
+    with torch.no_grad():
+        assert real(pixels(real).to(torch.bfloat16)).dtype == torch.bfloat16

@@ -611,6 +611,27 @@ def test_damaged_val_image_is_found_before_the_first_step(data: Path, tmp_path: 
     assert not (tmp_path / "run").exists()
 
 
+def test_a_val_jpeg_cut_short_is_found_before_the_first_step_and_one_with_a_trailer_is_not(tmp_path: Path) -> None:
+    # was: a JPEG cut in half passed `verify` (its header is whole), and the run failed at its first eval, after the
+    # steps before it, leaving a checkpoint and exit 2 ("bad input; nothing was done")
+    import io
+
+    from hub_vit.train.data import check_headers, scan_split
+
+    pixels = np.random.default_rng(0).integers(0, 256, (48, 48, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    whole = buffer.getvalue()
+    folder = tmp_path / "data" / "val" / "noise"
+    for name in ("noise", "more_noise"):  # a classifier's two classes
+        (tmp_path / "data" / "val" / name).mkdir(parents=True)
+        (tmp_path / "data" / "val" / name / "trailer.jpg").write_bytes(whole + b"camera maker's trailer")  # valid
+    check_headers(scan_split(tmp_path / "data", "val"))
+    (folder / "cut.jpg").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(DataFolderError, match=r"cannot decode image .*cut\.jpg': image file is truncated"):
+        check_headers(scan_split(tmp_path / "data", "val"))
+
+
 def test_oversized_image_is_one_line_in_val_and_in_train(data: Path, tmp_path: Path) -> None:
     # a 14000x13000 1-bit PNG (25 kB) is over Pillow's decompression-bomb limit: DecompressionBombError is no OSError,
     # and escaped the val header check (and the training loader) as a traceback

@@ -210,6 +210,21 @@ def test_the_cache_command_lists_and_clears(cache: Path, tmp_path: Path) -> None
     assert variant_cache.entries() == []
 
 
+def test_the_cache_command_refuses_a_cache_that_is_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: "variant cache: .../afile (0 entries)" and "removed 0 cached variants", exit 0, as for an empty cache
+    from hub_vit.cli import _load_commands, app
+
+    a_file = tmp_path / "afile"
+    a_file.write_text("mine")
+    monkeypatch.setenv(variant_cache.ENV, str(a_file))
+    _load_commands()
+    for command in ("list", "clear"):
+        result = CliRunner().invoke(app, ["cache", command])
+        assert result.exit_code == 2 and f"$HUB_VIT_VARIANT_CACHE names '{a_file}', which is a file; the cache is a " \
+                                         "folder" in " ".join(result.output.split()), result.output
+    assert a_file.read_text() == "mine"
+
+
 def test_clear_removes_the_cache_s_entries_and_nothing_else_in_its_folder(cache: Path, tmp_path: Path) -> None:
     # $HUB_VIT_VARIANT_CACHE may name a folder that holds other things: clear removed the whole folder
     from hub_vit.cli import _load_commands, app

@@ -3,6 +3,9 @@ serve` and `hub-vit repository` keep the graph they chose for a model on this ho
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -14,14 +17,28 @@ cache_app = typer.Typer(help="The CPU variant cache: the graphs `serve` / `repos
 app.add_typer(cache_app, name="cache")
 
 
+def _root() -> Path:
+    """The cache's folder; refused when it is a file (as `$HUB_VIT_VARIANT_CACHE` may name one): listing it said
+    "0 entries" and clearing it "removed 0", as if it were an empty cache."""
+    from hub_vit.server.repository import variant_cache
+
+    root = variant_cache.cache_root()
+    if root.exists() and not root.is_dir():
+        named = f"${variant_cache.ENV} names" if os.environ.get(variant_cache.ENV) else "the variant cache is"
+        raise fail(f"{named} {str(root)!r}, which is a file; the cache is a folder (made when serve or repository "
+                   "first keeps a variant there): name another path")
+    return root
+
+
 @cache_app.command("list")
 def list_cmd() -> None:
     """List the cached variants: graph, request, weights, size, and whether each reads back whole."""
     from hub_vit.server.repository import variant_cache
 
-    found = variant_cache.entries()
+    root = _root()
+    found = variant_cache.entries(root)
     count = f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}"
-    console.print(f"variant cache: {escape(str(variant_cache.cache_root()))} ({count})", soft_wrap=True)
+    console.print(f"variant cache: {escape(str(root))} ({count})", soft_wrap=True)
     if not found:
         return
     table = Table()
@@ -41,9 +58,9 @@ def clear_cmd() -> None:
     own entries are removed, never other files in its folder."""
     from hub_vit.server.repository import variant_cache
 
-    root = variant_cache.cache_root()
+    root = _root()
     try:
-        removed, others = variant_cache.clear()
+        removed, others = variant_cache.clear(root)
     except OSError as exc:
         raise fail(f"cannot clear the variant cache: {os_error_text(exc)}", code=1) from None
     left = f"; left {others} other file{'s' if others != 1 else ''} there (not cache entries)" if others else ""

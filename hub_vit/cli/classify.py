@@ -54,7 +54,7 @@ def classify(
         raise fail(f"--concurrency (requests in flight) must be between 1 and {MAX_CONCURRENCY}, got {concurrency}")
     images = listed_images(images, out if explain else None)
     _check_explain_flags(explain, head_fusion, discard_ratio, out)
-    url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
+    url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout, model)
     request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}
     created = make_out(out) if explain else []  # before any request: an --out that cannot be made wastes none
     lines = JsonLines(images, top, out if explain else None, created) if json_lines else None

@@ -114,9 +114,15 @@ def request_failure(protocol: str, url: str, model: str, err: Exception) -> str:
             "(--model names one)")
 
 
-def client_settings(url: str | None, grpc: bool, queue_timeout_ms: float | None, timeout: float
+def client_settings(url: str | None, grpc: bool, queue_timeout_ms: float | None, timeout: float, model: str
                     ) -> tuple[str, str, float | None, float]:
     """(url, protocol, each request's queue timeout in s, the wait for each answer in s) from the flags `classify`
-    and `loadtest` share, each checked and refused in its flag's words."""
+    and `loadtest` share, each checked and refused in its flag's words (`--model` too)."""
+    from hub_vit.server.client.addresses import check_model_name
+
+    try:
+        check_model_name(model, name="--model")
+    except ValueError as err:
+        raise fail(str(err)) from None
     queue_s, wait_s = queue_timeout_s(queue_timeout_ms), client_timeout(timeout)
     return (*endpoint(url, grpc), queue_s, wait_s)

@@ -254,9 +254,11 @@ def demo(
         from hub_vit.demo.app import Demo, launch
         from hub_vit.demo.backends import TritonLabels
         from hub_vit.demo.models import ModelCache, discover_choices
+        from hub_vit.server.client.addresses import check_model_name
     except ImportError as exc:
         raise fail(f"the demo needs gradio ({exc}); install it with: {install_extra('demo')}") from exc
     try:
+        check_model_name(triton_model, name="--triton-model")
         choices = discover_choices(model_folder)
         triton = TritonLabels(triton_url, triton_model) if triton_url is not None else None  # '' is a bad address
     except ValueError as exc:

@@ -42,7 +42,7 @@ def loadtest(
     from hub_vit.server.client.loadtest import load_test
 
     payloads = listed_images(images, leave_out=None) if images else sample_images()
-    url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout)
+    url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout, model)
     if json_out is not None:  # checked first: the run's numbers must not be lost at the end
         _check_writable(json_out)
     try:

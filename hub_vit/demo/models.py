@@ -84,16 +84,21 @@ def folder_choice(folder: str | Path) -> ModelChoice:
 
 
 def _checked_folder(path: Path, key: str, what: str) -> ModelChoice:
-    """A folder choice, refused at start-up (not on the first click) when the model has no classifier head or its
-    weights file is truncated or damaged (its header says so: read without loading a tensor), as `hub-vit rollout`
-    and `export` refuse it. A file damaged after start-up is named when the model is picked."""
+    """A folder choice, refused at start-up (not on the first click) when it is not a hub-vit model's (a transformers
+    or timm folder), the model has no classifier head, or its weights file is truncated or damaged (its header says
+    so: read without loading a tensor), as `hub-vit rollout` and `export` refuse it. A file damaged after start-up is
+    named when the model is picked."""
+    from hub_vit.folder import check_model_type
     from hub_vit.weights_check import read_safetensors_header
 
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"{str(path)!r}: config.json is not readable JSON ({exc})") from exc
-    if isinstance(config, dict) and config.get("num_classes") == 0:
+    if not isinstance(config, dict):
+        raise ValueError(f"{str(path)!r}: config.json holds no JSON object")
+    check_model_type(config, path / "config.json")  # a transformers or timm folder, as rollout and serve refuse it
+    if config.get("num_classes") == 0:
         raise ValueError(no_head_message(what))
     read_safetensors_header(path / "model.safetensors")  # ValueError naming the file: "truncated or corrupt"
     return ModelChoice(key=key, kind="folder", target=str(path))

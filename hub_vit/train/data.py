@@ -129,17 +129,29 @@ def fingerprint(split: ImageFolderSplit) -> dict[str, object]:
 
 
 def check_headers(split: ImageFolderSplit) -> None:
-    """DataFolderError naming the first file PIL cannot identify (or whose structure is broken, for the formats whose
-    `verify` checks it without decoding, e.g. PNG's chunk CRCs). Cheap: the pixels are not decoded, so a truncated
-    image can still fail later, when it is decoded."""
+    """DataFolderError naming the first file PIL cannot identify, or whose structure is broken: `verify` checks it
+    without decoding for some formats (PNG's chunk CRCs), and a JPEG that does not end with its end-of-image marker
+    (cut short: a copy or download that stopped) is decoded whole to see whether it is. Cheap: the pixels of whole
+    files are not decoded, so an image damaged inside can still fail later, when it is decoded."""
     for path, _ in split.samples:
         try:
             with Image.open(path) as img:
+                is_jpeg = img.format == "JPEG"
                 img.verify()
+            if is_jpeg and not _ends_with_jpeg_eoi(path):  # also a valid file with data after its end (a trailer)
+                with Image.open(path) as img:
+                    img.load()
         except Image.DecompressionBombError as exc:  # not an OSError: it would escape as a traceback
             raise DataFolderError(_too_large(path, exc)) from exc
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:  # PIL's PNG verify raises SyntaxError
             raise DataFolderError(f"cannot decode image {str(path)!r}: {exc}") from exc
+
+
+def _ends_with_jpeg_eoi(path: Path) -> bool:
+    """The file's last bytes, less any padding, are JPEG's end-of-image marker FF D9."""
+    with path.open("rb") as file:
+        file.seek(max(0, path.stat().st_size - 64))
+        return file.read().rstrip(b"\0\r\n ").endswith(b"\xff\xd9")
 
 
 def load_rgb(path: Path) -> Image.Image:

@@ -63,6 +63,14 @@ def resolve_protocol(url: str, protocol: str | None = None) -> str:
 
 
 
+def check_model_name(model: str, *, name: str = "model") -> None:
+    """A served model's name (`name` in the message): Triton's are folder names, so one that is empty, or holds a
+    '/', a space or a control character, names no model, and tritonclient sends it on to a bare `[404] Not Found`."""
+    if not isinstance(model, str) or not model or any(c == "/" or c.isspace() or not c.isprintable() for c in model):
+        raise ValueError(f"{name} must name a served model (hub-vit serve's is 'vit'): not empty, without '/', spaces "
+                         f"or control characters; got {model!r}")
+
+
 def check_timeout(timeout_s: float, *, name: str = "timeout_s", most: float = float("inf")) -> None:
     """A wait for an answer (`timeout_s`, named `name` in the message) must be a positive, finite number of seconds,
     at most `most`: tritonclient and sockets fail on others with unrelated errors (0: BlockingIOError; -1: "Timeout

@@ -21,7 +21,7 @@ from typing import Any
 
 from hub_vit.ports import HTTP_PORT, LOOPBACK
 from hub_vit.server import protocol
-from hub_vit.server.client.addresses import PROTOCOLS, check_timeout, resolve_protocol, server_address
+from hub_vit.server.client.addresses import PROTOCOLS, check_model_name, check_timeout, resolve_protocol, server_address
 from hub_vit.server.client.errors import (
     ImageTooLarge,
     NoExplanation,
@@ -132,6 +132,7 @@ class Classifier:
         address, tls = server_address(url)
         protocol = resolve_protocol(url, protocol)
         check_timeout(timeout_s)
+        check_model_name(model)
         self.module, self.model, self.protocol = _module(protocol), model, protocol
         if protocol == "http":
             settings = {"ssl": tls, "connection_timeout": timeout_s, "network_timeout": timeout_s}
@@ -265,6 +266,7 @@ class AsyncClassifier:
         address, tls = server_address(url)
         protocol = resolve_protocol(url, protocol)
         check_timeout(timeout_s)
+        check_model_name(model)
         self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
         extra = {"conn_limit": max(1, connections), "conn_timeout": timeout_s} if protocol == "http" else {}
         self._make = lambda: self.module.InferenceServerClient(address, ssl=tls, **extra)

@@ -18,9 +18,11 @@ GPU_BACKENDS = ("onnxruntime", "tensorrt")
 PRECISIONS = ("FP16", "FP32")
 
 # The largest value of each option that Triton's ModelConfig field (model_config.proto) can hold.
-_INT32, _UINT32 = 2**31 - 1, 2**32 - 1
-_CONFIG_LIMITS = {"preprocess_instances": (_INT32, "an int32"),
-                  "classifier_instances": (_INT32, "an int32"), "max_queue_size": (_UINT32, "a uint32")}
+_UINT32 = 2**32 - 1
+_CONFIG_LIMITS = {"max_queue_size": (_UINT32, "a uint32")}
+# Each instance is a process of its own (a Python-backend stub) with its own copy of the model and room for a batch:
+# `--instances 1000` wrote a repository no host starts (1000 processes loading the model at once)
+MOST_INSTANCES = 128
 # A request alone waits the whole delay whenever an instance is free; a delay of seconds is a unit slip (ms or s for
 # us) that makes every lone request wait that long, past clients' timeouts (60 s by default)
 LONGEST_QUEUE_DELAY_US = 10_000_000
@@ -159,6 +161,10 @@ class ServingOptions:
         if self.queue_timeout_us > LONGEST_QUEUE_TIMEOUT_US:
             raise ValueError(f"queue_timeout_us must be at most {LONGEST_QUEUE_TIMEOUT_US} (one day), got "
                              f"{self.queue_timeout_us}; 0 = no limit")
+        for key in ("preprocess_instances", "classifier_instances"):
+            if getattr(self, key) > MOST_INSTANCES:
+                raise ValueError(f"{key} must be at most {MOST_INSTANCES} (each instance is a process of its own, "
+                                 f"with its own copy of the model), got {getattr(self, key)}")
         for key, (limit, kind) in _CONFIG_LIMITS.items():  # else protobuf's "Value out of range", naming nothing
             value = getattr(self, key)
             if value > limit:

@@ -9,6 +9,7 @@ No `from __future__ import annotations` here: torch.fx copies `forward`'s annota
 which TorchScript can then not read back as strings (scripting a traced model fails on them).
 """
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -66,11 +67,12 @@ def _tracing() -> bool:
 # (`torch.fx.wrap`, what timm's `register_notrace_function` does), so symbolic tracing (timm's features_only on ViTs,
 # torchvision's create_feature_extractor) sees no control flow on traced values, and the traced graph still runs them.
 @torch.jit.ignore
-def check_pixels(x: torch.Tensor, in_chans: int, patch_size: int, weight_dtype: torch.dtype | None = None
+def check_pixels(x: torch.Tensor, in_chans: int, patch_size: int, filters: torch.Tensor | None = None
                  ) -> torch.Tensor:
     """Clear errors for the classic mistakes (wrong rank, raw uint8 pixels, float pixels of another dtype than the
-    weights' `weight_dtype` outside autocast, wrong channel count, a size that is not a patch multiple); returns `x`
-    unchanged."""
+    patch `filters` outside autocast, wrong channel count, a size that is not a patch multiple); returns `x`
+    unchanged. (The filters, not their dtype: a model traced by FX and then scripted hands this function a dtype as
+    the integer TorchScript keeps it as, a tensor as itself.)"""
     if _tracing():
         return x
     if x.ndim != 4:
@@ -81,6 +83,7 @@ def check_pixels(x: torch.Tensor, in_chans: int, patch_size: int, weight_dtype: 
             "transform: timm.data.create_transform(**timm.data.resolve_data_config(model=model)), or transformers' "
             "AutoImageProcessor of its folder"
         )
+    weight_dtype = None if filters is None else filters.dtype
     if weight_dtype is not None and x.dtype != weight_dtype and not _autocasting(x.device.type):
         # else the patch conv's own "Input type (double) and bias type (float) should be the same"
         raise ValueError(f"the pixels are {x.dtype} and the model's weights {weight_dtype}: cast one to the other "
@@ -144,8 +147,17 @@ class VisionTransformer(nn.Module):
 
     def __init__(self, spec: ViTSpec | None = None, *, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
                  global_pool: str | None = None, dynamic_img_size: bool = False, dynamic_img_pad: bool = False,
-                 block_fn: type[Block] = Block, **overrides: Any) -> None:
+                 block_fn: type[Block] = Block, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, **overrides: Any) -> None:
         super().__init__()
+        # timm's factory arguments (create_model(..., device="meta", dtype=torch.bfloat16)): built there, in that dtype
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            self._build(spec, drop_rate, drop_path_rate, global_pool, dynamic_img_pad, block_fn, overrides)
+        if dtype is not None:
+            self.to(dtype=dtype)
+
+    def _build(self, spec: ViTSpec | None, drop_rate: float, drop_path_rate: float, global_pool: str | None,
+               dynamic_img_pad: bool, block_fn: type[Block], overrides: dict[str, Any]) -> None:
         if spec is None:
             raise ValueError("VisionTransformer needs a ViTSpec, e.g. ViTSpec.from_variant('S/16')")
         # timm's dynamic_img_size=True asks for what these models always do: any image that tiles into whole patches
@@ -274,7 +286,7 @@ class VisionTransformer(nn.Module):
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) pixels -> (B, N, D) tokens with position embeddings (and the class token, if any)."""
         if not torch.jit.is_scripting():  # a scripted model leaves the checks to the conv
-            x = check_pixels(x, self.in_chans, self.patch_size, self.patch_embed.proj.weight.dtype)
+            x = check_pixels(x, self.in_chans, self.patch_size, self.patch_embed.proj.weight)
         x = self.patch_embed(x)  # (B, D, h, w)
         return patch_tokens(x, self.cls_token, self.pos_embed, self.posemb_sincos, self.posemb_on_cls, self.pos_grid)
 
@@ -357,8 +369,10 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"this model's pooling is {self.global_pool!r}; it cannot be changed to {global_pool!r}")
         self.spec = self.spec.replace(num_classes=num_classes)
         self.num_classes = num_classes
-        device = next(self.parameters()).device
-        self.head = nn.Linear(self.num_features, num_classes, device=device) if num_classes else nn.Identity()
+        like = next(self.parameters())  # the new head's device and dtype: the model's (a bf16 model got fp32 ones)
+        head = nn.Linear(self.num_features, num_classes, device=like.device, dtype=like.dtype) if num_classes else \
+            nn.Identity()
+        self.head = head.train(self.training)
         self._init_head()
 
     @torch.no_grad()
