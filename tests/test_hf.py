@@ -313,6 +313,19 @@ def test_an_uncached_hub_repo_fails_at_once_naming_the_hub_and_the_cache(tmp_pat
     assert unreachable_hub == []
 
 
+def test_a_timm_name_says_how_to_load_its_weights(tmp_path, unreachable_hub) -> None:
+    # was: the Hub's failure alone, for a name a user has just used with timm.create_model
+    from hub_vit.network import HubUnreachableError
+
+    with pytest.raises(HubUnreachableError, match=r"'simplevit_s16' names a hub-vit model in timm, not a folder or a "
+                                                  r"Hugging Face Hub repository: timm.create_model\('simplevit_s16', "
+                                                  r"pretrained=True\) .*`hub-vit convert simplevit_s16 -o FOLDER`"):
+        HubViTForImageClassification.from_pretrained("simplevit_s16", cache_dir=tmp_path)
+    with pytest.raises(HubUnreachableError) as absent:
+        HubViTForImageClassification.from_pretrained("hub-vit-test/absent", cache_dir=tmp_path)
+    assert "names a hub-vit model" not in str(absent.value)
+
+
 def test_a_missing_local_folder_is_not_taken_for_a_hub_repo(tmp_path, unreachable_hub, caplog) -> None:
     with caplog.at_level("WARNING"), pytest.raises(OSError, match="missing"):
         HubViTForImageClassification.from_pretrained(str(tmp_path / "missing"))

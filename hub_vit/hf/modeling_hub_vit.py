@@ -126,10 +126,13 @@ class HubViTPreTrainedModel(PreTrainedModel):
         try:
             return cls._load(pretrained_model_name_or_path, model_args, kwargs)
         except OSError as err:
+            hint = _registered_name_hint(pretrained_model_name_or_path)
             if unreachable is None or not isinstance(err.__cause__, LocalEntryNotFoundError):
+                if hint:
+                    raise OSError(f"{err}\n{hint}") from err
                 raise
             raise HubUnreachableError(f"cannot load {pretrained_model_name_or_path!r}: {unreachable}, and the local "
-                                      f"cache does not hold it ({err.__cause__})") from err
+                                      f"cache does not hold it ({err.__cause__}){hint and chr(10) + hint}") from err
 
     @classmethod
     def _load(cls, pretrained_model_name_or_path: Any, model_args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -223,6 +226,22 @@ class HubViTPreTrainedModel(PreTrainedModel):
 
 
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+
+
+def _registered_name_hint(name: Any) -> str:
+    """For a name hub-vit registers with timm (`simplevit_s16`, `vit_b16.augreg_in21k_ft_in1k`), which is no folder
+    and no Hub repository: how to get its weights into one; else ''."""
+    if not isinstance(name, str) or os.path.exists(name):
+        return ""
+    try:  # not in the remote-code bundle: a folder loaded without hub_vit installed has no catalog to ask
+        from hub_vit.catalog import get_entry
+
+        get_entry(name.split(".")[0])
+    except (ImportError, KeyError):
+        return ""
+    return (f"{name!r} names a hub-vit model in timm, not a folder or a Hugging Face Hub repository: "
+            f"timm.create_model({name!r}, pretrained=True) builds it with Google's weights, and "
+            f"`hub-vit convert {name} -o FOLDER` writes a folder that from_pretrained(FOLDER) loads")
 
 
 def _hub_options(kwargs: dict[str, Any]) -> dict[str, Any]:
