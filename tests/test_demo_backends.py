@@ -171,7 +171,7 @@ def test_folders_with_the_same_name_are_told_apart_the_same_way(tmp_path: Path) 
     folders = [tmp_path / "runs" / "d2" / "model", tmp_path / "runs" / "ft" / "model", tmp_path / "flowers"]
     for folder in folders:
         folder.mkdir(parents=True)
-        (folder / "config.json").write_text("{}")
+        (folder / "config.json").write_text('{"model_type": "hub_vit"}')
         save_file({"x": np.zeros(1, np.float32)}, folder / "model.safetensors")  # a header the demo checks
     keys = [c.key for c in discover_choices([*folders, folders[0]]) if c.key != DEFAULT_KEY and c.kind == "folder"]
     assert keys == ["folder: d2/model", "folder: ft/model", "folder: flowers"]  # the repeated folder offered once
