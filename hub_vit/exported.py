@@ -59,9 +59,12 @@ def load_onnx_graph(path: Path) -> Any:
     from google.protobuf.message import DecodeError
 
     try:
-        return onnx.load(str(path), load_external_data=False).graph
+        graph = onnx.load(str(path), load_external_data=False).graph
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise ValueError(f"{str(path)!r} is not a valid ONNX model (truncated or corrupt?): {exc}") from None
+    if not graph.node:  # protobuf reads many short files of other kinds as an empty model
+        raise ValueError(f"{str(path)!r} is not a valid ONNX model (truncated or corrupt?): it holds no graph")
+    return graph
 
 
 def onnx_signature(path: Path) -> tuple[tuple[int, int, int], int]:

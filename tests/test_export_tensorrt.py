@@ -27,11 +27,12 @@ def _unavailable_reason() -> str | None:
 REASON = _unavailable_reason()
 
 
-def _tiny_onnx(tmp_path: Path, *, dynamic_size: bool = False) -> Path:
+def _tiny_onnx(tmp_path: Path, *, dynamic_size: bool = False, with_attentions: bool = False) -> Path:
     torch.manual_seed(0)
     spec = ViTSpec(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=8, img_size=32, num_classes=10,
                    head_zeroinit=False, posemb="sincos2d", pool_type="gap", rep_size=True)
-    return export_onnx(VisionTransformer(spec).eval(), tmp_path / "tiny.onnx", dynamic_size=dynamic_size)
+    return export_onnx(VisionTransformer(spec).eval(), tmp_path / "tiny.onnx", dynamic_size=dynamic_size,
+                       with_attentions=with_attentions)
 
 
 def _export_tensorrt(*args: str) -> tuple[int, str]:
@@ -86,13 +87,27 @@ def test_cli_stops_at_once_without_gpu_or_tensorrt(tmp_path: Path) -> None:
     ("not an ONNX file", "tiny.onnx' is not a valid ONNX model (truncated or corrupt?)"),  # was a DecodeError traceback
     ("seed -1", "--seed must be between 0 and 18446744073709551615 (2**64 - 1), got -1"),  # was not checked at all
     ("engine under a file", "tiny.onnx/model.plan' cannot be written: "),  # was found when writing, after the build
+    # a 2-byte text file protobuf reads as an empty model: was "has no input named 'pixel_values'"
+    ("an empty model", "tiny.onnx' is not a valid ONNX model (truncated or corrupt?): it holds no graph"),
+    ("the attention graph", "has outputs ['logits', 'attentions']: the TensorRT export takes the fp32 graph whose "
+                            "only output is 'logits'"),
+    ("an int8 graph", "is a quantized graph (ConvInteger, DynamicQuantizeLinear, MatMulInteger): the TensorRT export "
+                      "takes the fp32 graph"),
 ])
 def test_the_users_mistakes_are_named_before_tensorrt_is_looked_for(tmp_path: Path, case: str, named: str) -> None:
     """was: on a machine without TensorRT every mistake read "TensorRT export needs ...", and on one with it a
     negative workspace reached the builder and an engine path naming a folder failed after the build, uncaught."""
-    onnx_path = _tiny_onnx(tmp_path, dynamic_size=case == "dynamic image size")
+    attentions = case == "the attention graph"
+    onnx_path = _tiny_onnx(tmp_path, dynamic_size=case == "dynamic image size", with_attentions=attentions)
     if case == "not an ONNX file":
         onnx_path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))  # a picture saved under the graph's name
+    if case == "an empty model":
+        onnx_path.write_bytes(b"x\n")
+    if case == "an int8 graph":
+        from onnxruntime.quantization import quantize_dynamic
+
+        quantize_dynamic(onnx_path, tmp_path / "int8.onnx")
+        (tmp_path / "int8.onnx").replace(onnx_path)
     args = {"missing file": [str(tmp_path / "never-exported.onnx")],
             "workspace 0": [str(onnx_path), "--workspace-gib", "0"],
             "workspace nan": [str(onnx_path), "--workspace-gib", "nan"],

@@ -66,12 +66,32 @@ def require_tensorrt() -> Any:
     return trt
 
 
+# ONNX Runtime's quantized operators (QDQ pairs, dynamic quantization, integer MatMul / Conv): an int8 variant's graph
+_QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger")
+
+
+def _check_fp32_logits_graph(graph: Any, onnx_path: Path) -> None:
+    """The engine is built from the fp32 logits graph (`model.onnx`): not from the attention graph, whose extra outputs
+    the engine would carry for nothing, nor from an int8 variant, whose quantized operators TensorRT's fp16 build
+    does not take as the fp32 graph's (and whose verification is against another reference)."""
+    outputs = [o.name for o in graph.output]
+    if outputs != [LOGITS]:
+        raise ValueError(f"{onnx_path} has outputs {outputs}: the TensorRT export takes the fp32 graph whose only "
+                         f"output is {LOGITS!r} (model.onnx of `hub-vit export onnx`, not model.attentions.onnx)")
+    quantized = sorted({node.op_type for node in graph.node
+                        if node.op_type in _QUANTIZED_OPS or node.op_type.startswith("QLinear")})
+    if quantized:
+        raise ValueError(f"{onnx_path} is a quantized graph ({', '.join(quantized)}): the TensorRT export takes the "
+                         "fp32 graph (model.onnx of `hub-vit export onnx`) and makes its own fp16 engine")
+
+
 def _onnx_image_shape(onnx_path: Path) -> tuple[int, int, int]:
     """(C, H, W) of the graph input; TensorRT profiles here fix H and W, so they must be static."""
     graph = load_onnx_graph(onnx_path)  # a file that is not ONNX (a PNG, a truncated download) is a ValueError
     inp = next((i for i in graph.input if i.name == INPUT_NAME), None)
     if inp is None:
         raise ValueError(f"{onnx_path} has no input named {INPUT_NAME!r}; export it with `hub-vit export onnx`")
+    _check_fp32_logits_graph(graph, onnx_path)
     dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim][1:]
     if len(dims) != 3 or None in dims:
         raise ValueError(f"{onnx_path}: input {INPUT_NAME!r} has channel/height/width dims {dims}; the TensorRT "
