@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hub_vit.atomic import disk_errors_as_os_errors, file_in_the_way, holds_cwd, replace_dir, staging_dir
+from hub_vit.atomic import (
+    cannot_create,
+    disk_errors_as_os_errors,
+    file_in_the_way,
+    holds_cwd,
+    replace_dir,
+    staging_dir,
+)
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
 
@@ -287,6 +294,11 @@ def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: S
     blocker = file_in_the_way(folder)
     if blocker is not None:
         raise NotADirectoryError(f"output folder {str(folder)!r} cannot be created: {str(blocker)!r} is a file")
+    # the folder is written beside its place and renamed into it: its parent must take a new entry (a read-only
+    # destination was found after a download and a conversion)
+    why = cannot_create(folder.parent / f".{folder.name}.probe")
+    if why is not None:
+        raise PermissionError(f"output folder {str(folder)!r} cannot be written: {why}")
     if not folder.exists():
         return
     if not overwrite:

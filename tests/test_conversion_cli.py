@@ -349,8 +349,21 @@ def _card_read_only(monkeypatch, root: Path) -> None:  # atomic_path's own Permi
     _card_dir_read_only(monkeypatch)
 
 
+def test_a_read_only_destination_is_refused_before_the_conversion(tmp_path: Path, monkeypatch) -> None:
+    # was found when the converted model was written (exit 1), after a download of up to a few GB and the conversion
+    import hub_vit.conversion.writer as writer
+
+    out = tmp_path / "new" / "out"
+    _mkdtemp_on_read_only(monkeypatch, tmp_path)
+    monkeypatch.setattr(writer, "convert_file", lambda *a, **k: pytest.fail("converted"))
+    result = CliRunner().invoke(app, ["convert", str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(out)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, said
+    assert f"error: output folder '{out}' cannot be written: Read-only file system in '{tmp_path}'" in said, said
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(("break_disk", "reason"), [
-    (_mkdtemp_on_read_only, "Read-only file system"),
     (_safetensors_disk_full, "No space left on device"),
     (_card_disk_full, "No space left on device"),
     (_card_read_only, "Read-only file system"),
