@@ -198,6 +198,11 @@ def test_non_image_upload_shows_error_and_app_recovers(page, photo_path: Path, t
     error = page.locator(".toast-body", has_text="thin.png")
     error.first.wait_for(state="visible")
     assert "aspect ratio too extreme" in error.first.inner_text()
+    # ... and the status line keeps saying so once the toast is gone, with the previous results cleared and no red
+    # "Error" badge over the outputs (was: a badge on each, over the previous image's status, blocking the controls)
+    page.wait_for_function("text => document.querySelector('#status').innerText.includes(text)",
+                           arg="Not analysed: 'thin.png'")
+    assert overlay_src(page) is None and page.locator("#labels span.error, #overlay span.error").count() == 0
     # A plain text file is refused too (by the upload widget itself).
     text = tmp_path / "readme.txt"
     text.write_text("hello\n")

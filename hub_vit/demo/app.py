@@ -2,7 +2,8 @@
 
 One handler (`Demo.analyze`) serves every control, so the page always shows one consistent state; models are loaded
 once (`ModelCache`) and the rollout itself costs about one forward pass. Hardening (see docs/explain.md):
-`gr.Error` with a readable message for any bad upload, the server's pixel limit, a bounded queue, a file-size limit,
+a readable message for any bad upload (a toast, and the status line once the upload reached the analysis), the
+server's pixel limit, a bounded queue, a file-size limit,
 127.0.0.1 by default, only this package's example folders in `allowed_paths`, and uploads deleted after an hour.
 """
 
@@ -213,12 +214,12 @@ class Demo:
         try:
             image = load_image(image_path, name=name, max_pixels=MAX_PIXELS)
         except ImageReadError as exc:
-            raise refusal(str(exc)) from exc
+            return self._refused(str(exc))
         start = time.perf_counter()
         try:
             prepared = explainer.prepare(image)
         except ImageReadError as exc:  # an aspect ratio too extreme to resize
-            raise refusal(f"{name!r}: {exc}") from exc
+            return self._refused(f"{name!r}: {exc}")
         result = explainer.rollout(prepared, head_fusion, float(discard_ratio))
         top = explainer.top_k(result.logits[0], 5)
         status = f"**{explainer.name}** in-process"
@@ -296,6 +297,16 @@ class Demo:
                          label=f"Block (per-layer view, 1..{depth})")
 
     @staticmethod
+    def _refused(message: str) -> tuple[Any, ...]:
+        """An upload the page cannot analyse (a format it does not read, damaged, too large): a toast and the status
+        line say why, and the previous image's results are cleared. (A raised `gr.Error` put a red "Error" badge
+        over every output, left the previous image's status under them and blocked the controls until the next good
+        upload, and the reason went with the toast.)"""
+        log.warning("refused: %s", message)
+        gr.Warning(message)
+        return None, None, None, gr.update(choices=[], value=None), None, f"**Not analysed:** {message}", gr.update()
+
+    @staticmethod
     def _failed(exc: ModelLoadError) -> tuple[Any, ...]:
         """A model that cannot be shown: a toast and the status line say why, and the previous model's results are
         cleared rather than left looking current."""
@@ -341,11 +352,11 @@ class Demo:
                     labels = gr.Label(num_top_classes=5, label="Top-5", elem_id="labels")
                     with gr.Row():
                         overlay = gr.Image(label="Attention rollout (all blocks)", elem_id="overlay",
-                                           interactive=False, format="png", height=300)
+                                           interactive=False, format="png", height=300, buttons=RESULT_BUTTONS)
                         layer_view = gr.Image(label="Rollout through the chosen block", elem_id="layer-view",
-                                              interactive=False, format="png", height=300)
+                                              interactive=False, format="png", height=300, buttons=RESULT_BUTTONS)
                         class_map = gr.Image(label="Class-specific (gradient-weighted) rollout", elem_id="class-map",
-                                             interactive=False, format="png", height=300)
+                                             interactive=False, format="png", height=300, buttons=RESULT_BUTTONS)
                     with gr.Row():
                         layer = gr.Slider(1, max(depth, 2), value=depth, step=1, elem_id="layer",
                                           label=f"Block (per-layer view, 1..{depth})")
@@ -381,6 +392,10 @@ class Demo:
                           trigger_mode="always_last")
         return blocks
 
+
+# The result images' corner buttons: not Gradio's "share", which only works on Hugging Face Spaces ("Must be on
+# Spaces to share.")
+RESULT_BUTTONS = ["download", "fullscreen"]
 
 # The page's next action number (`Demo.build`): an event that runs only this, in the browser, sets `action` to it.
 NEXT_ACTION_JS = "() => { window.hubVitActions = (window.hubVitActions || 0) + 1; return window.hubVitActions; }"
