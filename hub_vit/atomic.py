@@ -241,9 +241,14 @@ def cannot_create(folder: str | Path) -> str | None:
     nearest existing parent: a read-only or pseudo file system, no permission), or None when it exists or could be.
     Checked before long work whose result would go there."""
     folder = Path(folder)
-    if folder.is_dir():
-        return None
-    parent = next((p for p in folder.parents if p.exists()), Path("."))
+    return None if folder.is_dir() else cannot_write_in(folder.parent)
+
+
+def cannot_write_in(folder: str | Path) -> str | None:
+    """Why nothing could be created in `folder`, or in its nearest existing parent when it does not exist yet (the
+    OS's reason, found by making and removing an empty folder there), or None."""
+    folder = Path(folder)
+    parent = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".hub-vit-probe-", dir=parent))
     except OSError as exc:

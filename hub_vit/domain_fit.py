@@ -102,11 +102,10 @@ def calibrate_domain(folder: str | Path, images: str | Path, *, held_out: str | 
     record, else guessed from its labels). `sources`: how the record describes the `images`, `held_out` and
     `out_of_domain` sets (default: the folders as given). Checked before any image is read: bad arguments raise
     ValueError naming them."""
-    from hub_vit.folder import check_model_type, load_model_folder, model_folder_files, read_config_json
+    from hub_vit.folder import load_model_folder, read_model_config
 
     folder = Path(folder)
-    config_path, _ = model_folder_files(folder)  # the folder named first is reported first, before any image folder
-    check_model_type(read_config_json(config_path), config_path)  # ... and a transformers or timm folder with it
+    read_model_config(folder)  # the folder named first is reported first (a transformers one too), before any image
     blocked = record_file_in_the_way(folder)  # found now, not after the fit
     if blocked is not None:
         raise IsADirectoryError(f"{str(blocked)!r} is a folder; calibrate-domain writes the file {blocked.name} "

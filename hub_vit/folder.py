@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hub_vit.atomic import (
-    cannot_create,
+    cannot_write_in,
     disk_errors_as_os_errors,
     file_in_the_way,
     holds_cwd,
@@ -36,7 +36,7 @@ from hub_vit.atomic import (
     staging_dir,
 )
 from hub_vit.model import VisionTransformer
-from hub_vit.variants import ViTSpec
+from hub_vit.variants import MODEL_TYPE, ViTSpec
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -278,7 +278,7 @@ def read_folder_config(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
         config = json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return config if isinstance(config, dict) and config.get("model_type") == "hub_vit" else None
+    return config if isinstance(config, dict) and config.get("model_type") == MODEL_TYPE else None
 
 
 def is_model_folder(folder: Path) -> bool:
@@ -296,7 +296,7 @@ def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: S
         raise NotADirectoryError(f"output folder {str(folder)!r} cannot be created: {str(blocker)!r} is a file")
     # the folder is written beside its place and renamed into it: its parent must take a new entry (a read-only
     # destination was found after a download and a conversion)
-    why = cannot_create(folder.parent / f".{folder.name}.probe")
+    why = cannot_write_in(folder.parent)
     if why is not None:
         raise PermissionError(f"output folder {str(folder)!r} cannot be written: {why}")
     if not folder.exists():
@@ -393,11 +393,18 @@ def model_folder_files(folder: str | os.PathLike[str]) -> tuple[Path, Path]:
 def check_model_type(config: Mapping[str, Any], config_path: Path) -> None:
     """ValueError unless `config` (the parsed `config_path`) is a hub-vit model's: a transformers or timm folder names
     its own model_type (or none)."""
-    from hub_vit.hf.configuration_hub_vit import HubViTConfig
+    if config.get("model_type") != MODEL_TYPE:
+        raise ValueError(f"{config_path} has model_type {config.get('model_type')!r}, expected {MODEL_TYPE!r} (is "
+                         "this a hub-vit model folder?)")
 
-    if config.get("model_type") != HubViTConfig.model_type:
-        raise ValueError(f"{config_path} has model_type {config.get('model_type')!r}, expected "
-                         f"{HubViTConfig.model_type!r} (is this a hub-vit model folder?)")
+
+def read_model_config(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], Path, Path]:
+    """(config.json parsed, its path, the weights file's path) of the hub-vit model folder `folder`, without loading
+    the model: FileNotFoundError naming what is missing, ValueError for a config that is not a hub-vit model's."""
+    config_path, weights_path = model_folder_files(folder)
+    raw = read_config_json(config_path)
+    check_model_type(raw, config_path)
+    return raw, config_path, weights_path
 
 
 def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer, ModelFolderInfo]:
@@ -407,9 +414,7 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     from hub_vit.weights_check import check_weights_file
 
     folder = Path(folder)
-    config_path, weights_path = model_folder_files(folder)
-    raw = read_config_json(config_path)
-    check_model_type(raw, config_path)
+    raw, config_path, weights_path = read_model_config(folder)
     try:  # ViTSpec bounds every size field: `depth: 1000000000` is refused here, before a block is built
         config = HubViTConfig.from_dict({k: v for k, v in raw.items() if k not in ("transformers_version",)})
     except ValueError as exc:

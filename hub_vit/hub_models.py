@@ -21,9 +21,9 @@ import re
 from pathlib import Path
 
 from hub_vit.network import HubUnreachableError, check_reachable, hub_endpoint
+from hub_vit.variants import MODEL_TYPE
 
 PREFIX = "hf-hub:"  # timm's prefix for a Hub repository (`timm.create_model("hf-hub:ORG/NAME")`)
-MODEL_TYPE = "hub_vit"  # config.json's model_type in a hub-vit model folder (hub_vit.hf's config class)
 # What a model folder holds and hub-vit reads, at its top level: weights, config.json and the processor's, labels.txt,
 # the card, the transformers remote code, domain.json / domain.safetensors. Not fetched: exported graphs, other weight
 # formats, and subfolders (a classic ViT's `native/` is a second copy of the weights, for transformers' own ViT class).

@@ -198,8 +198,7 @@ class Demo:
                     return self._failed(exc)
                 except ValueError as exc:
                     raise refusal(str(exc)) from exc
-            return None, None, None, gr.update(choices=[], value=None), None, "Upload an image or pick an example.", \
-                slider
+            return Demo._nothing_shown("Upload an image or pick an example.", slider)
         try:
             explainer = self.cache.get(model_key)
         except ModelLoadError as exc:
@@ -297,6 +296,13 @@ class Demo:
                          label=f"Block (per-layer view, 1..{depth})")
 
     @staticmethod
+    def _nothing_shown(status: str, slider: Any = None) -> tuple[Any, ...]:
+        """`analyze`'s outputs with no result: no labels, maps or label choices, `status` in the status line, and the
+        block slider as `slider` updates it (None: as it is)."""
+        return None, None, None, gr.update(choices=[], value=None), None, status, \
+            gr.update() if slider is None else slider
+
+    @staticmethod
     def _refused(message: str) -> tuple[Any, ...]:
         """An upload the page cannot analyse (a format it does not read, damaged, too large): a toast and the status
         line say why, and the previous image's results are cleared. (A raised `gr.Error` put a red "Error" badge
@@ -304,7 +310,7 @@ class Demo:
         upload, and the reason went with the toast.)"""
         log.warning("refused: %s", message)
         gr.Warning(message)
-        return None, None, None, gr.update(choices=[], value=None), None, f"**Not analysed:** {message}", gr.update()
+        return Demo._nothing_shown(f"**Not analysed:** {message}")
 
     @staticmethod
     def _failed(exc: ModelLoadError) -> tuple[Any, ...]:
@@ -313,8 +319,7 @@ class Demo:
         message = str(exc)
         log.warning("%s", message)
         gr.Warning(message)
-        return None, None, None, gr.update(choices=[], value=None), None, f"**{message[:1].upper()}{message[1:]}**", \
-            gr.update()
+        return Demo._nothing_shown(f"**{message[:1].upper()}{message[1:]}**")
 
     def build(self) -> gr.Blocks:
         keys = self.cache.keys

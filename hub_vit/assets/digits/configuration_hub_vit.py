@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from .hub_vit_variants import DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, SWITCHES, ViTSpec
+from .hub_vit_variants import DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, MODEL_TYPE, SWITCHES, ViTSpec
 
 # The default config is the paper's SimpleViT-S/16 (what `HubViTConfig()` builds).
 _DEFAULT = GENERIC_SPEC
@@ -86,7 +86,7 @@ class HubViTConfig(PreTrainedConfig):
     ```
     """
 
-    model_type = "hub_vit"
+    model_type = MODEL_TYPE
     # timm's name for the classifier size (transformers keeps it as len(id2label)), and the names transformers' own
     # configs use for the spec fields, read by its tooling (ConfigTester, DeepSpeed's "auto" sizes, ...): aliases of
     # the one field each, never second copies

@@ -254,6 +254,9 @@ CLASSIC_VIT: dict[str, Any] = dict(posemb="learn", pool_type="tok", posemb_on_cl
 # which builds any spec (passed as `model_args`).
 GENERIC_SPEC = ViTSpec.from_variant("S/16", **SIMPLEVIT)
 GENERIC_ARCHITECTURE = "hub_vit"
+# config.json's `model_type` in a hub-vit model folder: transformers' HubViTConfig, and what the folder readers and
+# the Hub fetch check
+MODEL_TYPE = "hub_vit"
 
 # timm data config of a Google ViT without published weights: Google's evaluation transform (hub_vit.data_config),
 # without an input size (the spec's img_size gives it)
