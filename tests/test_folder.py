@@ -82,6 +82,15 @@ def test_folder_layout_and_config_serving_both_front_doors(simple_folder) -> Non
     assert oct(folder.stat().st_mode & 0o777) == "0o755"
 
 
+def test_a_transformers_model_is_refused_with_the_way_to_save_it(tmp_path) -> None:
+    model = HubViTForImageClassification.from_vit(_model(SIMPLE))
+    with pytest.raises(TypeError, match="save_model_folder expects a hub_vit VisionTransformer, got "
+                                        "HubViTForImageClassification; a transformers HubViT model writes the same "
+                                        "folder with its own save_pretrained"):
+        save_model_folder(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_load_model_folder_round_trip_is_exact(simple_folder) -> None:
     model, folder = simple_folder
     loaded, info = load_model_folder(folder)
