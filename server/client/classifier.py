@@ -272,6 +272,7 @@ class AsyncClassifier:
         self._make = lambda: self.module.InferenceServerClient(address, ssl=tls, **extra)
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop `_client` belongs to
+        self._stale: list[Any] = []  # clients of event loops that have ended, to be closed
         self.timeout_s = timeout_s
         self._headers = PLAIN_ANSWERS if protocol == "http" else None
         self._deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
@@ -282,16 +283,29 @@ class AsyncClassifier:
     def client(self) -> Any:
         """The tritonclient aio client of the running event loop, made at its first use there: such a client belongs
         to the loop it was made in, so one made outside a coroutine failed (HTTP: "no running event loop"; gRPC:
-        every call "attached to a different loop"), and so did the same AsyncClassifier in a second `asyncio.run`."""
+        every call "attached to a different loop"), and so did the same AsyncClassifier in a second `asyncio.run`.
+        The client of an earlier loop is kept to be closed (`_current`, `close`): left to the garbage collector, its
+        aiohttp session warned "Unclosed client session"."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # the earlier loop has ended (asyncio.run closes it), and its connections with it
+        if self._loop is not loop:
+            if self._client is not None:
+                self._stale.append(self._client)
             self._client, self._loop = self._make(), loop
         return self._client
+
+    async def _current(self) -> Any:
+        """`client`, once the clients of ended loops are closed (their loop is closed, so closing them only marks
+        them closed: no socket of theirs is used)."""
+        client = self.client
+        while self._stale:
+            await self._stale.pop().close()
+        return client
 
     async def config(self) -> ServedConfig:
         """As `Classifier.config`."""
         if self._config is None:
-            self._config = ServedConfig.read(await self.client.get_model_config(self.model, **self._deadline))
+            client = await self._current()
+            self._config = ServedConfig.read(await client.get_model_config(self.model, **self._deadline))
         return self._config
 
     async def max_batch_size(self) -> int:
@@ -310,7 +324,7 @@ class AsyncClassifier:
         if refused is not None:
             raise refused
         limit = await self.max_batch_size() if len(batch) > 1 else 0
-        gate = asyncio.Semaphore(MAX_IN_FLIGHT)
+        gate, client = asyncio.Semaphore(MAX_IN_FLIGHT), await self._current()
 
         async def one(start: int, images: list[ImageLike]) -> list[Prediction]:
             predictions: list[Prediction] = []
@@ -320,8 +334,8 @@ class AsyncClassifier:
                     offset, chunk = pending.popleft()
                     inputs, outputs = build_request(self.module, chunk, with_logits, explain)
                     try:
-                        result = await self.client.infer(self.model, inputs, outputs=outputs, headers=self._headers,
-                                                         **timeout, **self._deadline)
+                        result = await client.infer(self.model, inputs, outputs=outputs, headers=self._headers,
+                                                    **timeout, **self._deadline)
                     except Exception as err:
                         pending.extendleft(reversed(smaller_requests(err, offset, chunk, self.request_limit)))
                         continue
@@ -350,8 +364,9 @@ class AsyncClassifier:
     async def send(self, request: PreparedRequest) -> None:
         """Send a prepared request and wait for its answer; raises the server's error as `classify` does. The answer
         is checked (one row of scores per image), not turned into `Prediction`s."""
-        result = await self.client.infer(self.model, request.inputs, outputs=request.outputs, headers=self._headers,
-                                         timeout=request.timeout_us, **self._deadline)
+        client = await self._current()
+        result = await client.infer(self.model, request.inputs, outputs=request.outputs, headers=self._headers,
+                                    timeout=request.timeout_us, **self._deadline)
         scores = result.as_numpy("scores")  # (B, K)
         if scores is None or len(scores) != request.images:
             rows = "no scores" if scores is None else f"{len(scores)} rows of scores"
@@ -360,16 +375,18 @@ class AsyncClassifier:
     async def server_id(self) -> str:
         """The server's id (`GET /v2` "name"; `hub-vit serve` gives every server it starts its own): a changed id
         means another server process, whose statistics counters started from zero."""
-        metadata = await self.client.get_server_metadata(**self._deadline)
+        metadata = await (await self._current()).get_server_metadata(**self._deadline)
         return str(metadata["name"] if isinstance(metadata, dict) else metadata.name)
 
     async def statistics(self) -> dict[str, dict[str, int]]:
-        return model_counts(await self.client.get_inference_statistics(**self._deadline), self.protocol)
+        return model_counts(await (await self._current()).get_inference_statistics(**self._deadline), self.protocol)
 
     async def close(self) -> None:
-        if self._client is not None and self._loop is asyncio.get_running_loop():
-            await self._client.close()
+        """Close its clients: the running loop's, and those of loops that have ended."""
+        clients, self._stale = [*self._stale, *([self._client] if self._client is not None else [])], []
         self._client, self._loop = None, None
+        for client in clients:
+            await client.close()
 
     async def __aenter__(self) -> AsyncClassifier:
         return self
