@@ -296,6 +296,27 @@ def pick(page, elem_id: str, option: str) -> None:
     page.locator(f"li[role=option][aria-label='{option}']").first.click()
 
 
+def keyboard_pick(page, elem_id: str, option: str | None = None) -> str:
+    """Pick `option` in a dropdown with the keyboard alone (None: the option after the current one): the arrow key
+    through the list, then Enter. Returns the option picked."""
+    box = page.locator(f"#{elem_id} input")
+    box.focus()
+    active = None
+    for _ in range(100):
+        page.keyboard.press("ArrowDown")  # opens the list on the current option's successor, then moves on
+        page.wait_for_function("([box, previous]) => { const id = box.getAttribute('aria-activedescendant'); "
+                               "return id && id !== previous; }", arg=[box.element_handle(), active])
+        active = box.get_attribute("aria-activedescendant")
+        label = page.locator(f"[id='{active}']").get_attribute("aria-label")
+        if option is None or label == option:
+            break
+    else:
+        raise AssertionError(f"no option {option!r} in #{elem_id}")
+    page.keyboard.press("Enter")
+    page.wait_for_function("([box, label]) => box.value === label", arg=[box.element_handle(), label])
+    return label
+
+
 def test_the_class_map_follows_each_new_images_top1(page, photo_path: Path, tmp_path: Path) -> None:
     # was: the label the app had filled in for the previous image stayed, so a new image's "class-specific" map was
     # for a class the model did not predict (and "Remove Image" kept it too)
@@ -313,6 +334,11 @@ def test_the_class_map_follows_each_new_images_top1(page, photo_path: Path, tmp_
     wait_for_new_src(page, "class-map", class_map)
     assert page.locator("#target input").input_value() == other  # the user's pick, for this image
     assert_runs(page, runs, 1, "one pick in the label list")  # was twice
+    class_map = src_of(page, "class-map")
+    picked = keyboard_pick(page, "target")  # was: a pick with the keyboard was not analysed (no `select` event)
+    wait_for_new_src(page, "class-map", class_map)
+    assert picked != other and page.locator("#target input").input_value() == picked
+    assert_runs(page, runs, 1, "one keyboard pick in the label list")
     page.locator("#input-image button[aria-label='Remove Image']").click()
     page.wait_for_function("() => !document.querySelector('#labels').innerText.includes('%')")
     assert page.locator("#target input").input_value() == ""
@@ -453,8 +479,9 @@ def test_switching_models_resets_the_block_and_a_failed_load_says_why(models_pag
     assert page.locator("#layer input[type=number]").input_value() == "1"
     assert_runs(page, runs, 1, "one pick in the model list")  # was twice
     before = overlay_src(page)
-    pick(page, "model", first)
+    keyboard_pick(page, "model", first)  # was: a pick with the keyboard was not analysed (no `select` event)
     wait_for_new_overlay(page, before)
+    assert_runs(page, runs, 1, "one keyboard pick in the model list")
     # was: block 1 of the one-block model stayed selected for every model after it
     assert page.locator("#layer input[type=number]").input_value() == depth != "1"
     assert "folder: corrupt" in [c.key for c in discover_choices(model_folders)]

@@ -382,14 +382,16 @@ class Demo:
             image.clear(**ask)
             for examples in example_sets:
                 examples.load_input_event.then(**ask)
-            # User actions only (`select` / `input`), so the app's own updates of `target` and `layer` never ask for
-            # a run. A dropdown fires `input` twice per pick in Gradio 6.31 and `select` once. A slider fires
-            # `input` for the keyboard (arrow keys, typing in its number box) as well as for the mouse, where
-            # `release` missed the keyboard entirely.
-            model.select(**ask)
+            # User actions only, so the app's own updates of `target` and `layer` never ask for a run. In Gradio
+            # 6.31 a dropdown pick fires, with the mouse, `input` twice and `change` and `select` once each; with the
+            # keyboard (arrow keys, Enter) `input` and `change` once, and no `select`, which left a keyboard pick
+            # unanalysed. `model` is never updated by the app, so its `change` is the user's pick; `target` is, so
+            # its `input` asks, counted once per pick (PICK_JS). A slider fires `input` for the keyboard (arrow keys,
+            # typing in its number box) as well as for the mouse, where `release` missed the keyboard entirely.
+            model.change(**ask)
             # Outside the queue: it only reads the model's domain, and it must not count as a second analysis run
-            model.select(self.domain_view, inputs=[model], outputs=[knows, *galleries], queue=False)
-            target.select(**ask)
+            model.change(self.domain_view, inputs=[model], outputs=[knows, *galleries], queue=False)
+            target.input(**{**ask, "inputs": [target], "js": PICK_JS})
             for control in (backend, fusion, discard, layer):
                 control.input(**ask)
             action.change(self.analyze_latest, inputs=[image, model, backend, fusion, discard, layer, target, shown],
@@ -404,6 +406,15 @@ RESULT_BUTTONS = ["download", "fullscreen"]
 
 # The page's next action number (`Demo.build`): an event that runs only this, in the browser, sets `action` to it.
 NEXT_ACTION_JS = "() => { window.hubVitActions = (window.hubVitActions || 0) + 1; return window.hubVitActions; }"
+# The same, for a dropdown's `input`, which a mouse pick fires twice: the second event of a pick (the same value within
+# half a second) returns the number unchanged, which asks for nothing.
+PICK_JS = """(value) => {
+  const now = performance.now(), last = window.hubVitPick;
+  window.hubVitPick = {value, at: now};
+  if (last && last.value === value && now - last.at < 500) return window.hubVitActions;
+  window.hubVitActions = (window.hubVitActions || 0) + 1;
+  return window.hubVitActions;
+}"""
 
 
 def gradio_analytics_opted_in() -> bool:
