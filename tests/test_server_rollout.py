@@ -290,6 +290,10 @@ def test_classify_explain_bad_settings_fail_before_any_request(tmp_path, repo_ro
     result = runner.invoke(app, ["classify", "--url", url, "--explain", "-o", "/proc/hub-vit-no-such", image])
     assert result.exit_code == 2 and "cannot create --out '/proc/hub-vit-no-such': No such file or directory" in \
         result.output, result.output
+    # an existing folder nothing can be written in: was found after every request was answered, and with --json the
+    # answers were never printed
+    result = runner.invoke(app, ["classify", "--url", url, "--explain", "--json", "-o", "/sys", image])
+    assert result.exit_code == 2 and "cannot write in --out '/sys': " in result.output, result.output
     # made before the request, and taken away again when no overlay was written (here: no server)
     result = runner.invoke(app, ["classify", "--url", url, "--explain", "-o", str(tmp_path / "new" / "out"), image])
     assert result.exit_code == 1 and "Connection refused" in result.output, result.output

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
-from hub_vit.atomic import file_in_the_way, missing_folders, remove_empty_folders
+from hub_vit.atomic import cannot_write_in, file_in_the_way, missing_folders, remove_empty_folders
 from hub_vit.cli.app import app, console, err_console, fail, write_failed
 from hub_vit.cli.path_option import given_path
 from hub_vit.host import install_extra
@@ -82,6 +82,10 @@ def make_out(out: Path) -> list[Path]:
     except OSError as exc:  # no permission, read-only file system, a parent that cannot hold folders (/proc)
         remove_empty_folders(created)
         raise fail(f"cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
+    why = cannot_write_in(out)  # an existing read-only folder: found after every request was answered
+    if why is not None:
+        remove_empty_folders(created)
+        raise fail(f"cannot write in --out {str(out)!r}: {why}")
     return created
 
 
