@@ -372,6 +372,10 @@ def test_repository_out_that_cannot_be_made_is_one_line():
     # was a FileNotFoundError traceback: /proc holds no folders a process may make
     code, out = _run("repository", "/proc/hub-vit-no-such/repo")
     assert code == 2 and "cannot create OUT '/proc/hub-vit-no-such/repo': No such file or directory" in out, out
+    # a forbidden place (sysfs): was main's safety net, exit 1, without OUT or what was written
+    code, out = _run("repository", "/sys/hub-vit-no-such")
+    assert code == 2 and "cannot create OUT '/sys/hub-vit-no-such': Operation not permitted; nothing was written" \
+        in " ".join(out.split()), out
 
 
 def test_serve_repository_that_holds_no_model_or_a_stray_folder(tmp_path):

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import DISK_REFUSED_ERRNOS, app, as_flags, console, err_console, fail, is_environment_error
+from hub_vit.cli.app import DISK_REFUSED_ERRNOS, app, as_flags, console, err_console, fail
 from hub_vit.cli.path_option import given_path
 from hub_vit.cli.serving_options import (
     DEFAULTS,
@@ -100,10 +100,11 @@ def repository(
         if err.errno in DISK_REFUSED_ERRNOS:  # named by OUT, not by the hidden staging file the disk refused
             raise fail(f"cannot write the Triton repository to {str(out)!r}: {err.strerror or err}; nothing was "
                        "written", code=1) from None
-        if err.filename != str(out) or is_environment_error(err):  # forbidden: main's safety net
+        if err.filename is None or Path(err.filename) != out.expanduser().resolve():  # not OUT: main's safety net
             raise
-        # the folder cannot be made where OUT says (its parent cannot hold one, e.g. under /proc): the path typed
-        raise fail(f"cannot create OUT {str(out)!r}: {err.strerror or err}") from None
+        # the folder cannot be made where OUT says (forbidden, or a parent that cannot hold one, e.g. under /proc or
+        # /sys), found before any work: the path typed
+        raise fail(f"cannot create OUT {str(out)!r}: {err.strerror or err}; nothing was written") from None
     where = f", device {opts.device}" if opts.flavour == "torch" else ""
     console.print(f"wrote Triton repository [bold]{escape(str(path))}[/] (model [bold]{name}[/], flavour {flavour}"
                   f"{where})", soft_wrap=True)
