@@ -58,6 +58,9 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     # was written: a warm-up of a million images at start
     (("--max-batch-size", "1000000"), "--max-batch-size must be at most 4096 (each instance warms up with one batch "
                                       "of this size when the server starts), got 1000000"),
+    # the valid range, not "a positive integer" alone
+    (("--instances", "0"), "--instances must be an integer from 1 to 128, got 0"),
+    (("--max-batch-size", "0"), "--max-batch-size must be an integer from 1 to 4096, got 0"),
     (("--demo-port", "7931"), "--demo-port only applies with --demo (serve starts no demo without it)"),
     (("--demo-root-path", "/vit"), "--demo-root-path only applies with --demo (serve starts no demo without it)"),
     (("--demo", "--demo-root-path", "vit"), "--demo-root-path 'vit' is not a URL path such as /vit"),

@@ -275,7 +275,7 @@ def test_serve_takes_the_classifier_instances_as_repository_does(monkeypatch, tm
     assert code == 0, output
     assert built[0].classifier_instances == 3
     code, output, built = _serve_options_on_a_gpu_host(monkeypatch, "--instances", "0")
-    assert code == 2 and "--instances must be a positive integer, got 0" in output and not built, output
+    assert code == 2 and "--instances must be an integer from 1 to 128, got 0" in output and not built, output
     code, output = _cli("serve", *PORTS, "--instances", "3", "--repository", str(tmp_path))
     assert code == 2 and "--instances only applies when serve builds the repository" in output, output
 

@@ -140,9 +140,11 @@ class ServingOptions:
             raise ValueError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
         for key in ("max_batch_size", "top_k", "preprocess_instances", "classifier_instances", "max_pixels",
                     "max_queue_size"):
-            value = getattr(self, key)
+            value, most = getattr(self, key), {"max_batch_size": LARGEST_BATCH, "preprocess_instances": MOST_INSTANCES,
+                                               "classifier_instances": MOST_INSTANCES}.get(key)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+                bounds = "a positive integer" if most is None else f"an integer from 1 to {most}"
+                raise ValueError(f"{key} must be {bounds}, got {value!r}")
         for key in ("max_queue_delay_us", "queue_timeout_us"):  # Triton's config holds them as uint64
             value = getattr(self, key)
             if not isinstance(value, int) or value < 0:
