@@ -136,6 +136,24 @@ def test_a_down_server_is_one_line_about_the_address():
     assert report.problems() == ["no answer"]  # a server that is down has no stubs: not a second problem
 
 
+def test_serves_front_without_a_server_is_named_by_its_state():
+    # was: "answered HTTP 503 (starting, stopping, or a model failed to load; the server's log says which)", while the
+    # front's answer says which (the `server state=` fact, hub_vit.server.protocol)
+    from hub_vit.server.front.limits import FrontLimits
+    from hub_vit.server.front.workers import FrontProcesses
+
+    http = free_port()
+    front = FrontProcesses("127.0.0.1", http, free_port(), FrontLimits(processes=1)).start()  # no server behind it
+    try:
+        result = _health("--url", f"127.0.0.1:{http}")
+    finally:
+        front.close()
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 1, said
+    assert f"not ready: http://127.0.0.1:{http}/v2/health/ready answered HTTP 503: the server is starting or " \
+           "restarting; retry shortly" in said, said
+
+
 def _ready_status(url: str) -> int:
     with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=10) as reply:
         return reply.status

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hub_vit.ports import GRPC_PORT, HTTP_PORT, METRICS_PORT
+from hub_vit.server import protocol
 from hub_vit.server.client import addresses as client
 from hub_vit.server.runtime.processes import STUB_MODEL_FILE_ARG, live_processes, stub_args, stub_instance
 
@@ -218,6 +219,9 @@ def readiness(url: str, timeout_s: float = 3.0) -> str | None:
         if err.code not in NOT_READY_CODES:  # 404, 405, ...: no such endpoint there, so no Triton
             return (f"{ready} answered HTTP {err.code}: not Triton's HTTP endpoint (Triton answers 200 when ready, "
                     f"400 when not); give the HTTP port of a Triton server, usually {HTTP_PORT}")
+        state = _server_state(err)
+        if state is not None:  # hub-vit serve's front, for a server it is replacing or stopping
+            return f"not ready: {ready} answered HTTP {err.code}: {state}"
         return (f"not ready: {ready} answered HTTP {err.code} (starting, stopping, or a model failed to load; "
                 "the server's log says which)")
     except NoAnswer as err:
@@ -234,6 +238,19 @@ def readiness(url: str, timeout_s: float = 3.0) -> str | None:
                 "gave no server metadata (JSON with name and version); give the HTTP port, usually "
                 f"{HTTP_PORT}")
     return None
+
+
+def _server_state(err: urllib.error.HTTPError) -> str | None:
+    """The sentence of a `server state=` fact in a not-ready answer's JSON error (hub-vit serve's front: restarting,
+    shutting down), or None."""
+    try:
+        message = json.loads(err.read(64 * 1024)).get("error", "")
+    except (OSError, ValueError, AttributeError):  # no body, not JSON, not an object
+        return None
+    if not isinstance(message, str) or protocol.read_server_state(message) is None:
+        return None
+    fact = protocol.read(message)
+    return fact.sentence if fact is not None else None
 
 
 def check(url: str, repository: str | Path | None = None, timeout_s: float = 3.0) -> Health:
