@@ -16,6 +16,7 @@ Layer: above the model folder and the weight formats, below conversion / export 
 
 from __future__ import annotations
 
+import difflib
 import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -235,8 +236,10 @@ def _entry(name: str) -> Any:
     from hub_vit.catalog import MODELS
 
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}: not a file or folder, and not a registered name; valid names: "
-                         f"{', '.join(MODELS)}")
+        close = difflib.get_close_matches(name, list(MODELS), n=1, cutoff=0.8)  # a typo: the name meant, first
+        meant = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown model {name!r}: not a file or folder, and not a registered name; {meant}valid "
+                         f"names: {', '.join(MODELS)}")
     return MODELS[name]
 
 

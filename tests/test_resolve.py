@@ -96,6 +96,10 @@ def test_weights_file_needs_and_uses_its_architecture(folder: Path, tmp_path: Pa
         locate(weights)
     with pytest.raises(ValueError, match=r"unknown model 'vit_nope': .* valid names: simplevit_ti16, .*vit_ti16"):
         locate(weights, model_name="vit_nope")
+    # a typo names the model meant first (was only the list of 19 names)
+    with pytest.raises(ValueError, match=r"unknown model 'simplevit_digit': .*; did you mean 'simplevit_digits'\? "
+                                         r"valid names: simplevit_ti16, "):
+        locate(weights, model_name="simplevit_digit")
     with pytest.raises(ValueError, match=r"--model 'vit_ti16' is only for weights files; .*tiny' is not a weights"):
         locate(folder, model_name="vit_ti16")
     model = resolve_model(weights, model_name="vit_ti16")
