@@ -22,6 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	  "$$($(PYTHON) --version 2>&1): the tritonserver they run (nvidia-pytriton, Triton 2.51) has Python-backend" \
 	  "stubs that need numpy<2, which has no release for Python 3.13 or later. Install one (uv python install 3.12," \
 	  "or pyenv) and name it: make PYTHON=python3.12 serve" >&2; exit 1; }
+	@echo "installing hub-vit and every extra into $(VENV) (a few minutes the first time; quiet until done)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[all]'
