@@ -109,8 +109,9 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
                             metrics_port=endpoints.metrics_port, exit_timeout_s=exit_timeout_s, log=hooks.log,
                             http_host="127.0.0.1", grpc_host="127.0.0.1", picked_ports=("http_port", "grpc_port"))
 
-    # the front refuses per-request queue timeouts a repository without a queue policy would silently ignore
-    limits = replace(limits, queue_timeouts=takes_queue_timeouts(repository))
+    # the front refuses per-request queue timeouts a repository without a queue policy would silently ignore, and
+    # tells clients whether a server it cannot reach is being replaced
+    limits = replace(limits, queue_timeouts=takes_queue_timeouts(repository), restarts=max_restarts > 0)
     front = FrontProcesses(endpoints.host, endpoints.http_port, endpoints.grpc_port, limits)
     try:  # the public HTTP and gRPC ports, each checking requests before Triton
         front.start()

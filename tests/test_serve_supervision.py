@@ -110,6 +110,38 @@ def test_without_restarts_a_crash_is_an_error_naming_it() -> None:
         serve.stop()
 
 
+def test_without_restarts_clients_are_not_told_to_wait_for_a_restart() -> None:
+    # was: with --max-restarts 0, the front answered "[hub-vit server state=restarting]" until serve exited, and
+    # `hub-vit classify` waited up to its --timeout for a server that was not coming back
+    import http.client
+
+    from hub_vit.server.protocol import RESTARTING, read_server_state
+
+    serve = Serve("--max-restarts", "0")
+    states: list[str | None] = []
+    try:
+        serve.wait_for("metrics")
+        os.kill(serve.tritonserver_pid(), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the front stops taking connections
+            connection = http.client.HTTPConnection("127.0.0.1", serve.ports[0], timeout=10)
+            try:
+                connection.request("GET", "/v2/health/ready")
+                reply = connection.getresponse()
+                body = reply.read()
+            except (OSError, http.client.HTTPException):
+                break
+            finally:
+                connection.close()
+            if reply.status == 503:
+                states.append(read_server_state(json.loads(body)["error"]))
+            time.sleep(0.005)
+        assert serve.finish(30) == 1, serve.text
+    finally:
+        serve.stop()
+    assert RESTARTING not in states, states
+
+
 def test_max_restarts_must_not_be_negative() -> None:
     result = subprocess.run([*HUB_VIT, "serve", "--max-restarts",
                              "-1"], capture_output=True, text=True, timeout=60)

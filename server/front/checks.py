@@ -30,6 +30,8 @@ NUMERIC = {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT3
 STARTING = protocol.server_state(protocol.RESTARTING, "the server is starting or restarting; retry shortly")
 SHUTTING_DOWN = protocol.server_state(protocol.SHUTTING_DOWN, "the server is shutting down: no new request is taken")
 STOPPED = protocol.server_state(protocol.SHUTTING_DOWN, "the server stopped before answering (it is shutting down)")
+GONE = protocol.server_state(protocol.SHUTTING_DOWN, "the server stopped and is not restarted (--max-restarts 0): "
+                                                     "hub-vit serve is shutting down")
 RAW_HTTP_EXAMPLE = "docs/serving.md#raw-http"
 NO_QUEUE_TIMEOUTS = ("this server applies no per-request queue timeout (the request's 'timeout' parameter): it serves "
                      "without Triton's queue policy, which is what applies one (--no-queue-policy, the default on "

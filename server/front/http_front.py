@@ -37,6 +37,7 @@ from typing import Any
 import httptools
 
 from hub_vit.server.front.checks import (
+    GONE,
     SHUTTING_DOWN,
     STARTING,
     STOPPED,
@@ -170,7 +171,8 @@ class HttpFront:
                 self.upstreams -= 1
                 if not task.cancelled() and task.exception() is None:
                     task.result()[0].close()
-                exchange.failed(Refused(503, STARTING))
+                # no server where one should be: dead, being replaced, or (no restarts) gone for good
+                exchange.failed(Refused(503, STARTING) if self.limits.restarts else Refused(503, GONE, close=True))
                 self._next_waiting()
                 return
             exchange.send(task.result()[1], pooled=False)

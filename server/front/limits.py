@@ -39,6 +39,9 @@ class FrontLimits:
     # Whether the served repository applies clients' per-request queue timeouts (its queue policy allows them); when
     # not, the front refuses a request that carries one, which Triton would silently ignore
     queue_timeouts: bool = True
+    # Whether serve replaces a server that dies (--max-restarts above 0): a server the front cannot reach is then
+    # "restarting"; without restarts it is gone, and serve shutting down
+    restarts: bool = True
 
     def __post_init__(self) -> None:
         for key in ("max_body_bytes", "max_buffered_bytes", "max_head_bytes", "max_connections",
@@ -46,8 +49,9 @@ class FrontLimits:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        if not isinstance(self.queue_timeouts, bool):
-            raise ValueError(f"queue_timeouts must be True or False, got {self.queue_timeouts!r}")
+        for key in ("queue_timeouts", "restarts"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be True or False, got {getattr(self, key)!r}")
         if self.processes > MAX_PROCESSES:
             raise ValueError(f"processes must be at most {MAX_PROCESSES}, got {self.processes}")
         for key in ("head_timeout_s", "body_timeout_s"):

@@ -143,8 +143,9 @@ class Supervisor:
                 if not self.server.reachable and self.policy.max_failed_starts:  # never answered: not a client's doing
                     failed_starts += 1
                     if failed_starts >= self.policy.max_failed_starts:
-                        raise GaveUp(f"{err}\nnot restarting: {failed_starts} starts in a row failed before the server "
-                                     f"answered (--max-restarts {self.policy.max_failed_starts})") from None
+                        raise self._give_up(f"{err}\nnot restarting: {failed_starts} starts in a row failed before the "
+                                            f"server answered (--max-restarts {self.policy.max_failed_starts})") \
+                            from None
             else:
                 failed_starts = 0
                 self.served = True
@@ -152,14 +153,16 @@ class Supervisor:
                 self._point_gates(self.server)
                 self.serving(self.server, restarted)
                 self.failure = self.server.watch(self.stop)
-                self._point_gates(None)
+                if self.failure is None or self.policy.max_failed_starts:  # else `_give_up` below says so
+                    self._point_gates(None)
                 if self.failure is None:
                     self.stopped_serving = True
                     return self.server
                 if time.monotonic() - served_since >= self.policy.stable_s:
                     in_a_row = 0
             if not self.policy.max_failed_starts:
-                raise GaveUp(f"{self.failure}; not restarting (--max-restarts 0); log tail:\n{self.server.tail()}")
+                raise self._give_up(f"{self.failure}; not restarting (--max-restarts 0); log tail:\n"
+                                    f"{self.server.tail()}")
             in_a_row += 1
             wait_s = self.policy.backoff_s(in_a_row)
             self.event(f"{self.failure}; restarting tritonserver in {wait_s:.1f} s (restart {self.restarts + 1}); "
@@ -168,6 +171,13 @@ class Supervisor:
             restarted = True
             if self.stop.is_set():
                 return self.server
+
+    def _give_up(self, message: str) -> GaveUp:
+        """The end of serving for good: the gates answer "shutting down" from now on (told "restarting", clients
+        waited for a server that was not coming back) while serve exits."""
+        for gate in self.gates:
+            gate.drain()
+        return GaveUp(message)
 
     def _point_gates(self, server: TritonServer | None) -> None:
         """Each gate relays to `server`'s endpoint of its protocol; None: to no server ("restarting")."""
