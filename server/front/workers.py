@@ -15,11 +15,9 @@ are reset: SO_REUSEPORT moves none of them). Only a replacement that cannot star
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import select
 import socket
-import struct
 import subprocess
 import threading
 import time
@@ -27,6 +25,7 @@ from dataclasses import asdict
 from typing import Any
 
 from hub_vit.child_python import python_command
+from hub_vit.claim import Claim, Claimed
 from hub_vit.server.front.limits import FrontLimits
 
 START_TIMEOUT_S = 60.0
@@ -35,42 +34,20 @@ WATCH_INTERVAL_S = 0.5
 
 
 class PortLock:
-    """An exclusive claim on a public port among hub-vit serve processes: a Unix socket bound to the abstract address
-    `hub-vit-front-<port>` (Linux). Nothing on disk, so nothing is left behind; the kernel ends the claim when its
-    holder exits, even killed; and it is per network namespace, as the port itself is. OSError naming the holder's pid
-    when another serve holds it."""
+    """An exclusive claim on a public port among hub-vit serve processes (`hub_vit.claim`, `hub-vit-front-<port>`): it
+    is per network namespace, as the port itself is. OSError naming the holder's pid when another serve holds it."""
 
     def __init__(self, host: str, port: int) -> None:
-        self.address = f"\0hub-vit-front-{port}"
-        self.socket: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.socket.bind(self.address)
-        except OSError as exc:
-            self.socket.close()
-            self.socket = None
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            raise OSError(f"{host}:{port} is already served by another hub-vit serve (pid {_holder(self.address)}); "
-                          "choose another port") from None
-        self.socket.listen(1)  # so a second serve can connect and learn who holds the port
+            self.claim: Claim | None = Claim(f"hub-vit-front-{port}")
+        except Claimed as exc:
+            raise OSError(f"{host}:{port} is already served by another hub-vit serve (pid {exc.holder}); choose "
+                          "another port") from None
 
     def release(self) -> None:
-        if self.socket is not None:
-            self.socket.close()
-            self.socket = None
-
-
-def _holder(address: str) -> str:
-    """The pid of the process listening on the abstract `address` (SO_PEERCRED), or "unknown"."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(address)
-            pid, _uid, _gid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                   struct.calcsize("3i")))
-        except OSError:
-            return "unknown"
-    return str(pid)
+        if self.claim is not None:
+            self.claim.release()
+            self.claim = None
 
 
 def check_free(host: str, port: int) -> None:
