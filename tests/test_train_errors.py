@@ -224,3 +224,32 @@ def test_warmup_longer_than_the_run_is_a_one_line_warning(data: Path, tmp_path: 
     # the one warning left: its 6 held-out images are too few to calibrate the out-of-domain score
     warnings = [line for line in text.splitlines() if line.startswith("warning:")]
     assert code == 0 and len(warnings) == 1 and "out-of-domain score is not calibrated" in warnings[0], text
+
+
+
+def test_a_run_folder_another_process_trains_is_refused_naming_it(data: Path, tmp_path: Path) -> None:
+    # was: a second `hub-vit train` of the same --out trained alongside the first; checkpoints of both runs, and
+    # metrics.jsonl steps 120, 15, 125 interleaved
+    import subprocess
+    import sys
+
+    from hub_vit.train.recipe import Recipe
+    from hub_vit.train.run_folder import RunFolderError
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom hub_vit.train.run_folder import claimed\n"
+                               f"with claimed({str(out)!r}):\n    print('held', flush=True)\n    sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        text = _refused(out, str(data), *QUICK, "--stop-at", "1")  # nothing written
+        assert f"error: run folder '{out}' is being trained by another process (pid {holder.pid}): wait for it to " \
+               "end" in text, text
+        with pytest.raises(RunFolderError, match=f"pid {holder.pid}"):  # the library's own check, too
+            from hub_vit.train.loop import train
+            train(Recipe(), data, out / "sub" / "..", stop_at=1)  # the same folder, named another way
+    finally:
+        holder.kill()
+        holder.wait()
+    code, text = _train(str(data), "--out", str(out), *QUICK, "--stop-at", "1")  # its holder gone: trained
+    assert code == 0, text

@@ -11,6 +11,7 @@ Running the same command again resumes from the newest checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import warnings
@@ -75,17 +76,28 @@ def train_command(
 ) -> None:
     """Train or fine-tune a ViT with the "Better plain ViT baselines" recipe (resumes if --out has checkpoints)."""
     _check_flags(threads, preset, install_to, data, out)
+    from hub_vit.train.run_folder import RunFolderError, claimed
+
+    try:  # before anything is written there (the digits data, too); held by the process that writes the folder
+        with claimed(out) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
+            _train(out, data, preset, install_to, flags=dict(
+                model=model, pretrained=pretrained, img_size=img_size, batch_size=batch_size, micro_batch=micro_batch,
+                total_epochs=epochs, total_steps=steps, lr=lr, wd=wd, warmup_steps=warmup_steps, mixup=mixup,
+                randaug=randaug, seed=seed, precision=precision, workers=workers), set_=set_,
+                options=dict(init=init, device=device, stop_at=stop_at, progress=progress))
+    except RunFolderError as exc:  # another process trains it
+        raise fail(str(exc)) from None
+
+
+def _train(out: Path, data: Path | None, preset: str, install_to: Path | None, *, flags: dict[str, Any],
+           set_: list[str], options: dict[str, Any]) -> None:
+    """The run, once its folder is held: `flags` are the recipe's settings given as flags, `options` train()'s."""
     created = _created_folder(out)
-    flags: dict[str, Any] = dict(model=model, pretrained=pretrained, img_size=img_size, batch_size=batch_size,
-                                 micro_batch=micro_batch, total_epochs=epochs, total_steps=steps, lr=lr, wd=wd,
-                                 warmup_steps=warmup_steps, mixup=mixup, randaug=randaug, seed=seed,
-                                 precision=precision, workers=workers)
     for item in set_:  # `--lr 1e-3 --set lr=3e-3` used to let --set win without a word
         key = _set_key(item)
         if flags.get(key) is not None:
             raise fail(f"{_flag(key)} and --set {item} both set {key}; pass one of them")
-    result = _run(preset, flags, set_, data, out, created, dict(init=init, device=device, stop_at=stop_at,
-                                                                progress=progress))
+    result = _run(preset, flags, set_, data, out, created, options)
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
         return
     _report(result, install_to)

@@ -43,7 +43,7 @@ from hub_vit.train.data import (
 )
 from hub_vit.train.models import build_model, init_folder_architecture, init_resized_note
 from hub_vit.train.recipe import Recipe, SettingError
-from hub_vit.train.run_folder import check_run_folder, trim_metrics, write_settings
+from hub_vit.train.run_folder import check_run_folder, claimed, trim_metrics, write_settings
 from hub_vit.train.schedule import current_lr, make_optimizer, make_scheduler
 from hub_vit.train.workers import StopOnSignal, ignore_stop_signals, one_line_errors, shut_down_workers, start_workers
 from hub_vit.weights_digest import state_dict_digest
@@ -82,10 +82,11 @@ def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: st
         init = hub_folder(str(init))
     d = distributed.setup(device)
     try:
-        plan = _Plan.check(recipe, data_dir, run_dir, d, init, stop_at)
-        trainer = Trainer(plan, d, progress)
-        trainer.fit()
-        return trainer.finish(architecture, dataset_info or {}, domain)
+        with claimed(run_dir) if d.is_main else contextlib.nullcontext():  # the process that writes the folder
+            plan = _Plan.check(recipe, data_dir, run_dir, d, init, stop_at)
+            trainer = Trainer(plan, d, progress)
+            trainer.fit()
+            return trainer.finish(architecture, dataset_info or {}, domain)
     finally:
         distributed.teardown(d)
 

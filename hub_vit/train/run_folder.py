@@ -6,12 +6,16 @@ A run folder holds `recipe.json` (the recipe, the starting weights, the classes,
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hub_vit.atomic import atomic_path, file_in_the_way
+from hub_vit.claim import Claim, Claimed
 from hub_vit.file_hash import sha256_file
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train.models import init_folder_architecture
@@ -25,6 +29,30 @@ class RunFolderError(ValueError):
 # What a run folder holds (`data` is the digits preset's image folder, written by the command line)
 RUN_ENTRIES = frozenset({"recipe.json", "metrics.jsonl", "checkpoints", "model", "data"})
 LOG_SUFFIXES = frozenset({".log", ".out", ".err"})  # files a run folder may hold besides its own
+_CLAIMED: set[str] = set()  # the run folders this process holds (`claimed`)
+
+
+@contextlib.contextmanager
+def claimed(run_dir: str | Path) -> Iterator[None]:
+    """Hold `run_dir` against every other process's run while inside (`hub_vit.claim`; within this process it may be
+    entered again): two runs of one folder interleaved their checkpoints and metrics.jsonl. RunFolderError naming the
+    other run's pid when it is held."""
+    name = "hub-vit-train-" + hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:40]
+    if name in _CLAIMED:
+        yield
+        return
+    try:
+        claim = Claim(name)
+    except Claimed as exc:
+        raise RunFolderError(f"run folder {str(run_dir)!r} is being trained by another process (pid {exc.holder}): "
+                             "wait for it to end, or stop it (the same command resumes it from its last "
+                             "checkpoint), or give another folder") from None
+    _CLAIMED.add(name)
+    try:
+        yield
+    finally:
+        _CLAIMED.discard(name)
+        claim.release()
 
 
 
