@@ -83,7 +83,12 @@ def check_ports(host: str, ports: dict[str, int], *, in_use: bool = True) -> Non
     for port, settings in by_port.items():
         if len(settings) > 1:
             raise PortError(f"{' and '.join(settings)} are both {port}; each server needs its own port")
-    for setting, port in ports.items() if in_use else ():
-        if port_in_use(host, port):
-            raise PortInUse(f"{setting} {port}: {host}:{port} is already in use (another server?); "
-                            f"choose another port", setting)
+    taken = [(setting, port) for setting, port in ports.items() if in_use and port_in_use(host, port)]
+    if len(taken) == 1:
+        setting, port = taken[0]
+        raise PortInUse(f"{setting} {port}: {host}:{port} is already in use (another server?); choose another port",
+                        setting)
+    if taken:  # every one named at once: they were found one per attempt
+        raise PortInUse(f"{', '.join(f'{setting} {port}' for setting, port in taken)}: all already in use on {host} "
+                        "(another server, or an earlier run of this command?); choose other ports",
+                        taken[0][0])

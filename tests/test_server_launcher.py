@@ -127,6 +127,27 @@ def test_cli_demo_refuses_an_impossible_port():
     assert result.exit_code == 2 and "--port 99999 is not a TCP port (1-65535)" in result.output
 
 
+def test_cli_names_every_taken_port_at_once(listening_port):
+    # was: only the first (`make serve` run twice: four reruns to find four taken ports)
+    import socket
+
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    with socket.socket() as second:
+        second.bind(("127.0.0.1", 0))
+        second.listen()
+        other = second.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--quiet", "--http-port", str(listening_port), "--grpc-port",
+                                          str(other)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, said
+    assert f"--http-port {listening_port}, --grpc-port {other}: all already in use on 127.0.0.1 (another server, or " \
+           "an earlier run of this command?); choose other ports" in said, said
+
+
 @pytest.mark.parametrize(("host", "message"), [
     # the first two were reported as "--port 7931: ... is already in use (another server?)"
     ("no-such-host.invalid", "host 'no-such-host.invalid': cannot resolve this name to an address"),
