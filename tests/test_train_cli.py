@@ -84,6 +84,18 @@ def test_stop_at_hint_says_how_to_resume(data: Path, tmp_path: Path) -> None:
     assert code == 0 and "after 2 steps" in text, text
 
 
+def test_progress_into_a_log_file_says_where_the_run_starts(data: Path, tmp_path: Path) -> None:
+    # was: nothing until the first eval (step 225 of the digits preset, half a minute), rich drawing its bar only at
+    # the end where the output is not a terminal
+    out = tmp_path / "run"
+    args = [str(data), "--out", str(out), "--model", "simplevit_digits", "--steps", "2",
+            *(arg for arg in QUICK if arg != "--no-progress")]
+    code, text = _train(*args, "--stop-at", "1")
+    assert code == 0 and "train: 2 steps" in text and "resuming" not in text, text
+    code, text = _train(*args)
+    assert code == 0 and "train: 2 steps, resuming after step 1" in text, text
+
+
 @pytest.mark.parametrize(("cpus", "expected"), [({0}, 1), ({0, 1}, 2), (set(range(64)), 4)])
 def test_default_workers_fit_the_cpus_this_process_may_use(monkeypatch: pytest.MonkeyPatch, cpus: set[int],
                                                            expected: int) -> None:

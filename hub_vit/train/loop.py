@@ -425,10 +425,12 @@ def _training_record(plan: _Plan, val: dict[str, float], source: str, d: distrib
 
 
 class _Progress:
-    """rich progress bar (step, loss, lr, img/s) on the main process; silent elsewhere."""
+    """rich progress bar (step, loss, lr, img/s) on the main process; silent elsewhere. Where the output is not a
+    terminal (a log file, a job's output), rich draws the bar only when the run ends: there a line says where the run
+    starts, and one line per tenth of the run or per minute gives the same numbers."""
 
     def __init__(self, enabled: bool, total: int, start: int) -> None:
-        self.enabled = enabled
+        self.enabled, self.total, self.start = enabled, total, start
         if not enabled:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -438,10 +440,15 @@ class _Progress:
             TimeRemainingColumn(), transient=False,
         )
         self.task = self.progress.add_task("train", total=total, completed=start, stats="")
+        self.lines = not self.progress.console.is_terminal
+        self.said_step, self.said_at = start, time.monotonic()
 
     def __enter__(self) -> _Progress:
         if self.enabled:
             self.progress.start()
+            if self.lines:
+                resumed = f", resuming after step {self.start}" if self.start else ""
+                self.note(f"train: {self.total} steps{resumed}")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -450,8 +457,13 @@ class _Progress:
 
     def update(self, step: int, loss: float, lr: float, rate: float) -> None:
         if self.enabled:
-            self.progress.update(self.task, completed=step,
-                                 stats=f"loss {loss:.4f}  lr {lr:.2e}  {rate:,.0f} img/s")
+            stats = f"loss {loss:.4f}  lr {lr:.2e}  {rate:,.0f} img/s"
+            self.progress.update(self.task, completed=step, stats=stats)
+            now = time.monotonic()
+            if self.lines and step < self.total and (10 * (step - self.said_step) >= self.total
+                                                     or now - self.said_at >= 60):
+                self.note(f"step {step}/{self.total}  {stats}")
+                self.said_step, self.said_at = step, now
 
     def note(self, message: str) -> None:
         if self.enabled:
