@@ -434,6 +434,9 @@ def test_examples_and_results_have_accessible_names(page) -> None:
         wait_for_new_overlay(page, None)
     for elem_id in ("overlay", "layer-view", "class-map"):
         page.wait_for_function(f"() => document.querySelector('#{elem_id} img')?.alt")
+    # the status line is announced (was silent: the result, or why there is none, was seen only)
+    assert page.locator("#status").evaluate("e => [e.getAttribute('role'), e.getAttribute('aria-live')]") == \
+        ["status", "polite"]
 
 
 # -- several models -----------------------------------------------------------------------------------------------

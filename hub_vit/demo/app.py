@@ -124,8 +124,9 @@ def _guard_upload(component: gr.Image) -> None:
 
 
 # Accessible names Gradio cannot set itself: an example thumbnail is an image-only button whose <img> has alt=""
-# (example_labels would replace the thumbnails with text), and the result images have alt="" too. Runs on page load
-# and again whenever an image appears or changes.
+# (example_labels would replace the thumbnails with text), and the result images have alt="" too; the status line is
+# a live region (role=status), so a screen reader says the outcome of an analysis, or why there is none. Runs on page
+# load and again whenever an image appears or changes.
 RESULT_ALT = {"overlay": "attention rollout over the image (all blocks)",
               "layer-view": "attention rollout through the chosen block",
               "class-map": "class-specific rollout for the chosen label"}
@@ -141,6 +142,11 @@ _A11Y_JS = """() => {
     }
     for (const [id, text] of Object.entries(results)) {
       for (const img of document.querySelectorAll(`#${id} img`)) if (img.alt !== text) img.alt = text;
+    }
+    const status = document.querySelector("#status");  // what a screen reader says when an analysis ends
+    if (status && status.getAttribute("role") !== "status") {
+      status.setAttribute("role", "status");
+      status.setAttribute("aria-live", "polite");
     }
   };
   new MutationObserver(name).observe(document.body, {childList: true, subtree: true, attributeFilter: ["src"]});
