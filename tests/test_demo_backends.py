@@ -325,6 +325,7 @@ def test_triton_gets_the_uploaded_files_own_bytes(served, folder: Path, tmp_path
     Image.fromarray(photos["chelsea"][::2, ::2]).save(jpeg, quality=90)
     labels, *_, status, _ = demo.analyze(str(jpeg), "folder: probe", demo.triton.choice, "mean", 0.0, 1, None)
     assert "labels from **Triton**" in status and set(labels) <= {"red", "green", "blue"}
+    assert "**note**" not in status  # the server's labels are the page's model's
     assert sent == [jpeg.read_bytes()]
 
 
@@ -342,3 +343,22 @@ def test_a_triton_refusal_is_reported_as_one_with_its_whole_reason(served, folde
     assert "refused before decoding, as a decompression bomb guard; labels shown from the in-process model" in status
     assert "not reachable" not in status
     assert set(labels) == {"red", "green", "blue"}  # the in-process labels instead
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_a_server_of_another_model_is_noted_by_its_labels(served, tmp_path: Path, photos: dict) -> None:
+    # was: `hub-vit demo --triton-url` (nothing known of the served model) showed another model's labels beside the
+    # in-process model's maps without a word
+    from hub_vit import VisionTransformer, ViTSpec
+    from hub_vit.folder import save_model_folder
+
+    torch.manual_seed(1)
+    spec = ViTSpec.from_variant("mu/16", img_size=64, num_classes=3, depth=1, pool_type="gap", head_zeroinit=False)
+    other = save_model_folder(VisionTransformer(spec), tmp_path / "other", labels=["x", "y", "z"])
+    photo = tmp_path / "cat.jpg"
+    Image.fromarray(photos["chelsea"][::2, ::2]).save(photo)  # under the server's pixel limit
+    demo = Demo(cache=ModelCache([folder_choice(other)]), triton=TritonLabels(served.http_url), examples=[])
+    labels, *_, status, _ = demo.analyze(str(photo), "folder: other", demo.triton.choice, "mean", 0.0, 1, None)
+    assert set(labels) <= {"red", "green", "blue"}, labels  # the server's
+    assert "**note**: the server's labels are not those of the in-process model 'folder: other'" in status, status

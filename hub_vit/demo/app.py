@@ -244,6 +244,9 @@ class Demo:
                 else:
                     status += "; maps from the in-process model"
             mismatch = self.triton.mismatch(model_key)
+            if mismatch is None and answer is not None and not answer.page_labels:  # `demo --triton-url`: unknown
+                mismatch = (f"the server's labels are not those of the in-process model {model_key!r}: it serves "
+                            "another model, so its labels and the in-process maps are of different models")
             if mismatch and answer is not None:
                 status += f" · **note**: {mismatch}"
         depth = explainer.depth

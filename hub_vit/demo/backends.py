@@ -40,6 +40,7 @@ class ServedAnswer:
     answered_by: str  # "Triton model 'vit' v1 (simplevit_digits)"
     domain: str = "unknown"
     domain_score: float | None = None
+    page_labels: bool = True  # every class of the top-k is named as the page's model names that class id
 
 
 class TritonLabels:
@@ -116,7 +117,7 @@ class TritonLabels:
         version = f" v{prediction.model_version}" if prediction.model_version else ""
         who = f"Triton model {prediction.model_name or self.model!r}{version}" + (f" ({served})" if served else "")
         answer = ServedAnswer(pairs, prediction.rollout, prediction.rollout_box, who, prediction.domain,
-                              prediction.domain_score)
+                              prediction.domain_score, labels is None or _named_alike(prediction, labels))
         return answer, f"labels from **Triton** ({who}) at {self.url}"
 
     @staticmethod
@@ -148,6 +149,13 @@ class TritonLabels:
         reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         return (f"Triton server at {self.url} not reachable or failed ({reason}); labels shown from the in-process "
                 "model.")
+
+
+def _named_alike(prediction: Any, page_labels: list[str]) -> bool:
+    """Whether the page's model names each served class id as the server does (`served_labels`' test): else the
+    server serves another model, whatever serve was told."""
+    return all(0 <= index < len(page_labels) and page_labels[index] in (name, f"{name} ({index})")
+               for name, index in zip(prediction.labels, prediction.class_ids, strict=False))
 
 
 def _top_pairs(prediction: Any, k: int, labels: list[str] | None) -> list[tuple[str, float]]:
