@@ -195,6 +195,10 @@ def test_loadtest_keeps_its_numbers_when_the_server_goes_away() -> None:
         assert "no server batching statistics: reading them after the run failed" in flat, flat
         answered = int(out.split(" answered, ")[0].split()[-1])
         assert answered > 0, out
+        # the attempts after the server went away are told apart from requests a server failed
+        said = flat.split(" of them reached no server, each worker trying again every 50 ms")
+        unreached = int(said[0].split("(")[-1])
+        assert 0 < unreached <= int(flat.split(" answered, ")[1].split()[0]), flat
     finally:
         serve.stop()
 

@@ -77,8 +77,10 @@ def _report(result: Any, protocol: str) -> None:
     if result.interrupted:
         err_console.print("[yellow]interrupted (Ctrl-C):[/] the numbers cover the run until then")
     # the throughput counts the answered requests; the failed ones are named below, by reason
+    unreached = (f" ({result.unreached} of them reached no server, each worker trying again every 50 ms)"
+                 if result.unreached else "")
     console.print(f"{result.requests + result.errors} requests: [bold]{result.requests}[/] answered, {result.errors} "
-                  f"failed, in {result.seconds:.1f} s, "
+                  f"failed{unreached}, in {result.seconds:.1f} s, "
                   f"concurrency {result.concurrency}, {protocol}: [bold]{result.throughput_rps:.1f} req/s[/], "
                   f"{result.images_per_s:.1f} images/s")
     console.print(f"latency ms  p50 {lat['p50']:.2f}  p90 {lat['p90']:.2f}  p99 {lat['p99']:.2f}  "

@@ -70,6 +70,9 @@ class LoadResult:
     load_generator_cpu_ms_per_request: float = float("nan")
     load_generator_cores: float = float("nan")
     queue_timeout_ms: float | None = None  # each request's queue timeout; None: the repository's own
+    # of `errors`, those that reached no server (refused connections; serve's front with no server behind it): each
+    # worker tries again after 50 ms, so a server that went away adds about 20 per worker per second
+    unreached: int = 0
 
     @property
     def load_generator_saturated(self) -> bool:
@@ -164,7 +167,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
     latencies: list[float] = []
     answered_at: list[float] = []  # perf_counter time of each answer
     errors: Counter[str] = Counter()
-    issued = 0
+    issued = unreached = 0
 
     # as many HTTP connections as workers: tritonclient's default of 100 would queue the rest in the client, and a
     # "concurrency 2000" run would offer the server 100 requests at a time without saying so
@@ -202,7 +205,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         interrupted = _on_first_interrupt()
 
         async def worker() -> None:
-            nonlocal issued
+            nonlocal issued, unreached
             while not interrupted.is_set():
                 if requests is not None:
                     if issued >= requests:
@@ -220,6 +223,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
                 except Exception as err:  # any server answer that is not a result is an error of the run
                     errors[error_message(err, client.timeout_s, named[id(request)])] += 1
                     if not _answered(err):  # refused connection (a server restarting): no tight retry loop
+                        unreached += 1
                         await asyncio.sleep(0.05)
 
         try:
@@ -255,7 +259,7 @@ async def run_load(url: str, images: Sequence[ImageLike], *, protocol: str | Non
         interrupted=stopped_at is not None, statistics_error=statistics_error,
         load_generator_cpu_ms_per_request=cpu_s * 1000 / attempts if attempts else float("nan"),
         load_generator_cores=cpu_s / elapsed if elapsed > 0 else float("nan"),
-        queue_timeout_ms=None if queue_timeout_s is None else queue_timeout_s * 1000,
+        queue_timeout_ms=None if queue_timeout_s is None else queue_timeout_s * 1000, unreached=unreached,
     )
 
 
