@@ -54,6 +54,27 @@ MAX_IN_FLIGHT = 4
 PLAIN_ANSWERS = {"Accept-Encoding": "identity"}
 
 
+# gRPC's reconnect backoff, capped: grpc's default grows 1.6x per failed attempt up to 120 s, so a client that saw a
+# server down for a minute kept failing ("failed to connect to all addresses") for tens of seconds after it was back
+RECONNECT_BACKOFF_MS = {"grpc.initial_reconnect_backoff_ms": 250, "grpc.min_reconnect_backoff_ms": 250,
+                        "grpc.max_reconnect_backoff_ms": 2000}
+
+
+def grpc_channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own gRPC channel settings (message sizes, keep-alive), which any `channel_args` replace whole,
+    with the reconnect backoff capped (RECONNECT_BACKOFF_MS)."""
+    from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions
+
+    keepalive = KeepAliveOptions()
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            *RECONNECT_BACKOFF_MS.items()]
+
+
 def _module(protocol: str, aio: bool = False) -> Any:
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
@@ -137,7 +158,7 @@ class Classifier:
         if protocol == "http":
             settings = {"ssl": tls, "connection_timeout": timeout_s, "network_timeout": timeout_s}
         else:
-            settings = {"ssl": tls}
+            settings = {"ssl": tls, "channel_args": grpc_channel_args()}
         self._connect = lambda: self.module.InferenceServerClient(address, **settings)
         self._start()  # its first client made here, so a bad address is refused now
         self._inherited: list[Any] = []  # a forked child's copies of its parent's clients: never used, never closed
@@ -268,7 +289,8 @@ class AsyncClassifier:
         check_timeout(timeout_s)
         check_model_name(model)
         self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
-        extra = {"conn_limit": max(1, connections), "conn_timeout": timeout_s} if protocol == "http" else {}
+        extra = ({"conn_limit": max(1, connections), "conn_timeout": timeout_s} if protocol == "http"
+                 else {"channel_args": grpc_channel_args()})
         self._make = lambda: self.module.InferenceServerClient(address, ssl=tls, **extra)
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop `_client` belongs to
