@@ -347,3 +347,99 @@ def test_a_tritonserver_gone_mid_request_is_named_by_whether_serve_is_stopping(s
         assert "the server stopped before answering (it is shutting down)" in body["error"], body
     else:
         assert status == 502 and "it died? hub-vit serve restarts it" in body["error"], body
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_grpc_call_whose_server_goes_is_answered_at_once(stopping: bool) -> None:
+    # was: serve closing the channel to a dead (or stopped) server cancelled the relayed call inside the front, whose
+    # handler then ended without a status: the client waited out its whole deadline (DEADLINE_EXCEEDED after 60 s),
+    # where an HTTP client got its 502 within a second
+    import asyncio
+    import time
+
+    import grpc
+    from grpc import aio
+
+    from hub_vit.server.front.grpc_front import SERVICE, GrpcFront
+    from hub_vit.server.runtime.launcher import free_port
+
+    class HungTriton(grpc.GenericRpcHandler):  # a server whose model step died: the call is never answered
+        def service(self, details):
+            async def live(message: bytes, context) -> bytes:
+                await asyncio.sleep(60)
+                return b"\x08\x01"
+            return grpc.unary_unary_rpc_method_handler(live)
+
+    def call(port: int) -> tuple[str, str, float]:
+        start = time.monotonic()
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                channel.unary_unary(SERVICE + "ServerLive")(b"", timeout=30)
+                return "answered", "", time.monotonic() - start
+            except grpc.RpcError as err:
+                return err.code().name, err.details() or "", time.monotonic() - start
+
+    async def scenario() -> tuple[str, str, float]:
+        upstream, public = free_port(), free_port()
+        triton = aio.server()
+        triton.add_generic_rpc_handlers((HungTriton(),))
+        triton.add_insecure_port(f"127.0.0.1:{upstream}")
+        await triton.start()
+        front = GrpcFront(FrontLimits())
+        await front.listen("127.0.0.1", public)
+        await front.upstream("127.0.0.1", upstream)
+        try:
+            relayed = asyncio.get_running_loop().run_in_executor(None, call, public)
+            deadline = time.monotonic() + 10
+            while not front.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert front.in_flight == 1
+            if stopping:
+                front.drain()
+            await front.upstream(None, None)  # what serve does once the server is dead (or stopped)
+            return await relayed
+        finally:
+            await front.close()
+            await triton.stop(None)
+
+    code, details, seconds = asyncio.run(scenario())
+    assert code == "UNAVAILABLE" and seconds < 10, (code, details, seconds)
+    if stopping:
+        assert protocol.read_server_state(details) == protocol.SHUTTING_DOWN, details
+    else:
+        assert "tritonserver closed the connection without an answer" in details, details
+        assert protocol.read_server_state(details) is None  # lost, not refused: a client does not just resend it
+
+
+def test_a_grpc_server_that_does_not_answer_its_port_is_restarting_not_grpc_s_words() -> None:
+    # was: "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:56775" (the private port), which
+    # clients could not tell from any other UNAVAILABLE, so they did not wait for the restart
+    import asyncio
+
+    import grpc
+
+    from hub_vit.server.front.grpc_front import SERVICE, GrpcFront
+    from hub_vit.server.runtime.launcher import free_port
+
+    def call(port: int) -> tuple[str, str]:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                channel.unary_unary(SERVICE + "ServerLive")(b"", timeout=30)
+                return "answered", ""
+            except grpc.RpcError as err:
+                return err.code().name, err.details() or ""
+
+    async def scenario(restarts: bool) -> tuple[str, str]:
+        public = free_port()
+        front = GrpcFront(FrontLimits(restarts=restarts))
+        await front.listen("127.0.0.1", public)
+        await front.upstream("127.0.0.1", free_port())  # a server that died before serve noticed: nothing listens
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, call, public)
+        finally:
+            await front.close()
+
+    code, details = asyncio.run(scenario(restarts=True))
+    assert code == "UNAVAILABLE" and protocol.read_server_state(details) == protocol.RESTARTING, details
+    code, details = asyncio.run(scenario(restarts=False))  # serve --max-restarts 0: it is not coming back
+    assert code == "UNAVAILABLE" and protocol.read_server_state(details) == protocol.SHUTTING_DOWN, details

@@ -13,8 +13,11 @@ are parsed (`ModelInferRequest`, tritonclient's protobuf classes). What is refus
   contents whose element count differs from the shape) -> INVALID_ARGUMENT;
 * `ModelStreamInfer`: each message is checked the same way; the first refused one ends the stream with its refusal
   (the answers to the messages before it have been relayed);
-* no server behind it (starting, restarting) -> UNAVAILABLE "starting or restarting"; after `drain()` -> UNAVAILABLE
-  "shutting down", while calls already relayed get their answers.
+* no server behind it (starting, restarting; or its private port not answering: it died before serve noticed) ->
+  UNAVAILABLE "starting or restarting" (with `--max-restarts 0`: "shutting down"); after `drain()` -> UNAVAILABLE
+  "shutting down", while calls already relayed get their answers;
+* a call relayed to a server that died or was stopped before answering -> UNAVAILABLE with the HTTP front's 502 words
+  (lost, not refused: it may have run).
 
 Malformed HTTP/2 (a frame past the negotiated size, a header block that is not HPACK, HTTP/1.1 on this port) is
 grpc's own: it ends the connection. Triton's own answers (errors included) go back with Triton's status and message;
@@ -37,8 +40,11 @@ import grpc  # noqa: E402
 from grpc import aio  # noqa: E402
 
 from hub_vit.server.front.checks import (  # noqa: E402
+    GONE,
+    LOST,
     SHUTTING_DOWN,
     STARTING,
+    STOPPED,
     inference_refusal,
     numeric_outputs,
     parse_inference,
@@ -164,19 +170,37 @@ class GrpcFront:
             refusal = self._too_large(message)
         if refusal is not None:
             await context.abort(*refusal)
-        call = self.calls.get(method)
+        channel, call = self.channel, self.calls.get(method)
+        assert channel is not None
         if call is None:
-            assert self.channel is not None
-            call = self.calls[method] = self.channel.unary_unary(method)
+            call = self.calls[method] = channel.unary_unary(method)
         self.in_flight += 1
         try:
             return await call(message, metadata=_passed_on(context), timeout=context.time_remaining())
         except aio.AioRpcError as err:
-            failure = (err.code(), err.details() or "")
+            failure = self._failure(err, channel)
+        except asyncio.CancelledError:
+            if self.channel is channel:  # this call itself was cancelled (its client went away)
+                raise
+            failure = self._lost()  # its server was replaced or stopped: the channel to it was closed under the call
         finally:
             self.in_flight -= 1
-        await context.abort(*failure)  # Triton's own status and message
+        await context.abort(*failure)
         raise AssertionError("unreachable")
+
+    def _failure(self, err: aio.AioRpcError, channel: aio.Channel) -> tuple[grpc.StatusCode, str]:
+        """What a client is told of a relayed call that failed: Triton's own status and message, or, where the
+        private port did not answer (the channel failed to connect: the server died before serve noticed), the same
+        server state the HTTP front gives for it, never grpc's words naming the private port."""
+        if err.code() == grpc.StatusCode.UNAVAILABLE and \
+                channel.get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            return grpc.StatusCode.UNAVAILABLE, STARTING if self.limits.restarts else GONE
+        return err.code(), err.details() or ""
+
+    def _lost(self) -> tuple[grpc.StatusCode, str]:
+        """A call in flight when its server went: grpc cancels it when the channel closes, and a handler that ended
+        with that cancellation sent no status, so its client waited out its whole deadline."""
+        return grpc.StatusCode.UNAVAILABLE, STOPPED if self.draining else LOST
 
     async def stream(self, method: str, messages: AsyncIterator[bytes],
                      context: aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -203,9 +227,12 @@ class GrpcFront:
         try:
             async for answer in call:
                 yield answer
-        except (aio.AioRpcError, asyncio.CancelledError) as err:
-            if not refused and isinstance(err, aio.AioRpcError):
-                failure = (err.code(), err.details() or "")
+        except aio.AioRpcError as err:
+            if not refused:
+                failure = self._failure(err, channel)
+        except asyncio.CancelledError:
+            if not refused and self.channel is not channel:  # as in `unary`: the channel closed under the stream
+                failure = self._lost()
         finally:
             self.in_flight -= 1
             writer.cancel()

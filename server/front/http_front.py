@@ -38,6 +38,7 @@ import httptools
 
 from hub_vit.server.front.checks import (
     GONE,
+    LOST,
     SHUTTING_DOWN,
     STARTING,
     STOPPED,
@@ -269,8 +270,7 @@ class Exchange:
         if self.front.draining:  # serve is stopping (a second signal stops Triton at once): nothing restarts it
             self.failed(Refused(503, STOPPED, close=True))
             return
-        self.failed(Refused(502, "tritonserver closed the connection without an answer (it died? hub-vit serve "
-                                 "restarts it)", close=True))
+        self.failed(Refused(502, LOST, close=True))
 
 
 class Upstream(asyncio.Protocol):
