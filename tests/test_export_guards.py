@@ -176,3 +176,33 @@ def test_a_folder_where_an_export_file_goes_is_named_before_anything_is_built(tm
     assert (f"error: {str(out / blocked)!r} is a folder where the export writes the file {blocked}: move it away or "
             "give another --out or --stem") in text, text
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [blocked, f"{blocked}/kept"]
+
+
+def test_only_the_fp32_graph_is_required_when_no_variant_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: every default variant counted as named, so an int8-static graph that failed verification on a run's fresh
+    # photo crops failed the export (exit 1 on one run, 0 on the next, for the same model and command)
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.export import registry
+    from hub_vit.export.plan import ExportPlan
+
+    plan = ExportPlan.of(None)
+    assert plan.variants == registry.names(default=True)
+    assert [name for name in plan.variants if plan.required(name)] == ["fp32"]
+    named = ExportPlan.of(["fp32", "int8-static"])  # named: each must be written
+    assert named.required("fp32") and named.required("int8-static")
+
+    asked: list[object] = []
+    real = ExportPlan.of.__func__
+
+    def recording(cls, requested, *args, **kwargs):
+        asked.append(requested)
+        return real(cls, requested, *args, **kwargs)
+
+    monkeypatch.setattr(ExportPlan, "of", classmethod(recording))
+    _load_commands()
+    for args in ([], ["-v", "int8-static"]):  # stopped at once by the missing model, after the plan
+        result = CliRunner().invoke(app, ["export", "onnx", "/nonexistent/model", *args])
+        assert result.exit_code == 2, result.output
+    assert asked == [None, ["int8-static"]]

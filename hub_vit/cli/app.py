@@ -128,3 +128,10 @@ def _root(
                                  help="Print hub-vit's version and exit."),
 ) -> None:
     """Google's Vision Transformers for timm, transformers, ONNX and Triton."""
+
+
+def given(ctx: typer.Context, key: str) -> bool:
+    """Option `key` was set on the command line (or by an environment variable), not left at its default. By name:
+    typer vendors its own click, whose ParameterSource is not click's."""
+    source = ctx.get_parameter_source(key)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hub_vit.atomic import cannot_create, file_in_the_way
-from hub_vit.cli.app import CANNOT_NOW, DISK_REFUSED_ERRNOS, app, console, download_failed, err_console, fail
+from hub_vit.cli.app import CANNOT_NOW, DISK_REFUSED_ERRNOS, app, console, download_failed, err_console, fail, given
 from hub_vit.cli.path_option import given_path
 from hub_vit.export import registry
 from hub_vit.export.plan import ALL
@@ -68,6 +68,7 @@ def _print_replaced(report: object) -> None:
 
 @export_app.command("onnx")
 def onnx_cmd(
+    ctx: typer.Context,
     source: str = typer.Argument(..., help="Registered name (vit_s16, simplevit_s16.i1k_300ep), a hub-vit model "
                                            "folder (hf-hub:ORG/NAME: one on the Hugging Face Hub), or a weights file "
                                            "(.safetensors/.npz/.pt) with --model."),
@@ -111,8 +112,8 @@ def onnx_cmd(
     if images_limit < 0:
         raise fail(f"--images-limit must be >= 0 (0: all of them), got {images_limit}")
     try:  # validate everything cheap before building a model
-        plan = _checked_flags(variant, stem, opset, exporter, out, provider, dynamic_batch=dynamic_batch,
-                              dynamic_size=dynamic_size, attentions=attentions)
+        plan = _checked_flags(variant, given(ctx, "variant"), stem, opset, exporter, out, provider,
+                              dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, attentions=attentions)
         VerificationSet(**counts)  # the counts' own check, before the model is built
         src = load_source(source, model_name=model_name, pretrained=pretrained)
         check = verification_set(src, images=images, limit=images_limit, **counts)
@@ -140,22 +141,25 @@ def onnx_cmd(
     refused = [o.variant for o in report.refused()]
     passed_by = [o.variant for o in report.variants if not o.written and not o.required]
     if passed_by:
-        err_console.print(f"[yellow]not written:[/] {', '.join(passed_by)} (tried or left out by '{ALL}'; reasons "
-                          "in the table and the report)", soft_wrap=True)
+        chose = f"'{ALL}'" if ALL in variant else "default"
+        err_console.print(f"[yellow]not written:[/] {', '.join(passed_by)} (tried or left out as {chose} variants, "
+                          "not named; reasons in the table and the report)", soft_wrap=True)
     if refused:
         err_console.print(f"[red]not written:[/] {', '.join(refused)} (reasons in the table and the report)",
                           soft_wrap=True)
         raise typer.Exit(1)
 
 
-def _checked_flags(variant: list[str], stem: str, opset: int, exporter: str, out: Path, provider: list[str] | None,
-                   **how: bool) -> Any:
-    """The export plan; ValueError naming the first bad flag (all of them cheap to check)."""
+def _checked_flags(variant: list[str], named: bool, stem: str, opset: int, exporter: str, out: Path,
+                   provider: list[str] | None, **how: bool) -> Any:
+    """The export plan (`named`: --variant was given; else its defaults, of which only fp32 is required); ValueError
+    naming the first bad flag (all of them cheap to check)."""
     from hub_vit.export.onnx_export import MIN_OPSET
     from hub_vit.export.plan import ExportPlan, VariantChoiceError
 
     try:
-        plan = ExportPlan.of(variant, stem=stem, opset=opset, exporter=exporter, providers=provider or None, **how)
+        plan = ExportPlan.of(variant if named else None, stem=stem, opset=opset, exporter=exporter,
+                             providers=provider or None, **how)
     except VariantChoiceError as exc:  # the CLI also takes "all" for --variant (only there: --exporter has no "all")
         raise ValueError(f"{exc}, or {ALL}") from None
     if opset < MIN_OPSET:

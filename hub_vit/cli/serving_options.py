@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import console, download_status, fail
+from hub_vit.cli.app import console, download_status, fail, given
 from hub_vit.cli.app import in_flag_words as flag_words
 from hub_vit.export import registry
 from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, QUEUE_POLICY_FIELDS, ServingOptions
@@ -81,13 +81,6 @@ def device_fields(ctx: typer.Context, device: str, max_batch_size: int) -> dict[
     largest = int(fields.get("max_batch_size", max_batch_size))
     sizes = tuple(s for s in CUDA_DEFAULTS["preferred_batch_sizes"] if s <= largest)  # type: ignore[union-attr]
     return fields | {"preferred_batch_sizes": sizes or (largest,)}
-
-
-def given(ctx: typer.Context, key: str) -> bool:
-    """Option `key` was set on the command line (or by an environment variable), not left at its default. By name:
-    typer vendors its own click, whose ParameterSource is not click's."""
-    source = ctx.get_parameter_source(key)
-    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 # ServingOptions fields as the CLI spells them, so a validation error names the flag the user typed.

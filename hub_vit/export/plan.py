@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 ALL = "all"  # every variant this host can build and that pays off on it (`registry.worth_building`)
+FP32 = "fp32"  # the graph every export writes: the one a run without named variants must write
 
 
 def check_stem(stem: str) -> None:
@@ -70,9 +71,14 @@ class ExportPlan:
             raise ValueError(f"unknown exporter {self.exporter!r}; valid choices: {', '.join(map(repr, EXPORTERS))}")
 
     @classmethod
-    def of(cls, requested: Sequence[str], host: Host | None = None, **how: object) -> ExportPlan:
+    def of(cls, requested: Sequence[str] | None, host: Host | None = None, **how: object) -> ExportPlan:
         """The plan for what a user names: registry names, or `all` (every variant `host` can build and that pays
-        off there; the rest are reported as left out). A name given besides `all` must be written."""
+        off there; the rest are reported as left out). A name given besides `all` must be written. None: nothing
+        named, so the default variants, of which only the fp32 graph must be written (an int8 graph that fails
+        verification is reported, as `all` reports one, without failing the export)."""
+        if requested is None:
+            defaults = registry.names(default=True)
+            return cls(defaults, optional=frozenset(defaults) - {FP32}, host=host, **how)  # type: ignore[arg-type]
         requested = [requested] if isinstance(requested, str) else list(requested)
         if ALL not in requested:
             return cls(tuple(requested), host=host, **how)  # type: ignore[arg-type]
