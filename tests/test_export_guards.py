@@ -206,3 +206,29 @@ def test_only_the_fp32_graph_is_required_when_no_variant_is_named(monkeypatch: p
         result = CliRunner().invoke(app, ["export", "onnx", "/nonexistent/model", *args])
         assert result.exit_code == 2, result.output
     assert asked == [None, ["int8-static"]]
+
+
+def test_a_model_without_a_classifier_head_exports(tmp_path: Path) -> None:
+    # was: exit 2, "'logits' is written by a Gather node, not a Gemm/MatMul head; cannot find the pre-logits features
+    # to verify", for a folder its own model card says exports to ONNX (`hub-vit convert --num-classes 0`)
+    import json
+
+    from hub_vit.folder import load_model_folder
+
+    _load_commands()
+    folder, out = tmp_path / "features", tmp_path / "exports"
+    fixture = Path(__file__).parent / "fixtures" / "jax" / "big_vision" / "tiny_learn_map.npz"
+    result = CliRunner().invoke(app, ["convert", str(fixture), "-o", str(folder), "--num-classes", "0"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["export", "onnx", str(folder), "-o", str(out), "-v", "fp32", "-v",
+                                      "int8-dynamic", "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    report = {v["variant"]: v for v in json.loads((out / "model.export.json").read_text())["variants"]}
+    # its `logits` are its features: no classes, so top-1 agreement is reported, never judged
+    assert report["int8-dynamic"]["verification"]["top1_scope"] == "reported only", report["int8-dynamic"]
+    model = load_model_folder(folder)[0].eval()
+    x = np.random.default_rng(0).random((2, 3, *model.spec.img_size), dtype=np.float32)
+    with torch.no_grad():
+        features = model(torch.from_numpy(x)).numpy()  # (2, width): the head is the identity
+    assert features.shape == (2, model.spec.width)
+    np.testing.assert_allclose(_ort_logits(out / "model.onnx", x), features, atol=1e-4)

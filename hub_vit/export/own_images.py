@@ -76,7 +76,8 @@ def verification_set(source: ResolvedModel, *, images: str | Path | None = None,
     limit = limit or 1 << 30
     module = source.module
     data = replace(source.data, img_size=tuple(module.spec.img_size))  # the graph's size, whatever the transform's
-    check = VerificationSet(**counts, trained=not (source.kind == "module" or source.random_weights))
+    check = VerificationSet(**counts, trained=not (source.kind == "module" or source.random_weights),
+                            classifier=bool(module.spec.num_classes))
     if images is not None:
         return replace(check, own=OwnImages(load_image_folder(images, data, limit), source=f"--images {images}"))
     record = None if source.folder is None else held_out_images(source.folder)

@@ -119,7 +119,8 @@ def check_seed(seed: int | None) -> None:
 class VerificationSet:
     """What every variant is judged on: `n_random` uniform noise images (a fresh seed unless `seed`), `n_photos`
     photo crops, and half of the model's `own` images (the other half joins the `n_calibration` calibration images).
-    Top-1 agreement is judged on the own images, else on the photos when the model is `trained`, else reported."""
+    Top-1 agreement is judged on the own images, else on the photos when the model is `trained`, else reported (also
+    for a model without a classifier head)."""
 
     n_random: int = 16
     n_photos: int = 32
@@ -128,6 +129,7 @@ class VerificationSet:
     own: OwnImages | None = None
     trained: bool = False
     note: str = ""  # why the own images the model folder names were not used
+    classifier: bool = True  # False: no classifier head (num_classes 0): its `logits` are features, no top-1 to judge
 
     def __post_init__(self) -> None:
         for flag, count in (("--random-inputs", self.n_random), ("--photos", self.n_photos),
@@ -140,7 +142,10 @@ class VerificationSet:
 
     @property
     def top1_scope(self) -> str:
-        """Which images' top-1 agreement is judged: the own images', the photos' (trained model), or none."""
+        """Which images' top-1 agreement is judged: the own images', the photos' (trained model), or none (random
+        weights, or no classifier head)."""
+        if not self.classifier:
+            return "reported only"
         if self.own is not None and len(self.own.images):
             return self.own.scope
         return "photos" if self.trained else "reported only"

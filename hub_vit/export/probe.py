@@ -34,12 +34,13 @@ def head_input(path: str | Path) -> str:
     return node.input[0]
 
 
-def expose_pre_logits(src: str | Path, dst: str | Path) -> Path:
-    """Copy of `src` with an extra output `pre_logits` (B, features) = the head's input; returns `dst`."""
+def expose_pre_logits(src: str | Path, dst: str | Path, headless: bool = False) -> Path:
+    """Copy of `src` with an extra output `pre_logits` (B, features) = the head's input; returns `dst`. `headless`: a
+    model without a classifier head (num_classes 0), whose `logits` are the pre-logits features themselves."""
     import onnx
     from onnx import helper
 
-    name = head_input(src)
+    name = "logits" if headless else head_input(src)
     proto = onnx.load(str(src))
     proto.graph.node.append(helper.make_node("Identity", [name], [PRE_LOGITS], name="expose_pre_logits"))
     logits = next(o for o in proto.graph.output if o.name == "logits")

@@ -169,7 +169,7 @@ class _Run:
         self.graph_opset = graph_opset(fp32)
         # every variant is built from the graph that also writes the pre-logits features, verified on both, and
         # written without that output (probe.py)
-        self.fp32 = expose_pre_logits(fp32, work / "fp32.probe.onnx")
+        self.fp32 = expose_pre_logits(fp32, work / "fp32.probe.onnx", headless=not model.spec.num_classes)
         self.export_seconds = time.perf_counter() - start
         self.fp32_ok = True
 
