@@ -232,3 +232,21 @@ def test_a_model_without_a_classifier_head_exports(tmp_path: Path) -> None:
         features = model(torch.from_numpy(x)).numpy()  # (2, width): the head is the identity
     assert features.shape == (2, model.spec.width)
     np.testing.assert_allclose(_ort_logits(out / "model.onnx", x), features, atol=1e-4)
+
+
+def test_a_named_variant_this_host_cannot_build_is_refused_before_the_export(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: the whole export ran, then exit 1 with a folder holding only model.export.json ("bf16: not written - not
+    # built: onnxruntime has no bfloat16 MatMul kernel ..."), where the docs call an unsupported precision bad input
+    from hub_vit.export import registry
+
+    monkeypatch.setattr(registry.Variant, "missing", lambda self, host=None: (
+        ["onnxruntime has no bfloat16 MatMul kernel here"] if self.name == "bf16" else []))
+    _load_commands()
+    out = tmp_path / "exports"
+    result = CliRunner().invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(out), "-v", "bf16"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert "error: --variant bf16 cannot be built on this host: onnxruntime has no bfloat16 MatMul kernel here (this " \
+           "host builds fp32, optimized," in text, text
+    assert not out.exists()
