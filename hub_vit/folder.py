@@ -301,7 +301,7 @@ def check_output_folder(folder: str | os.PathLike[str], overwrite: bool, keep: S
         raise PermissionError(f"output folder {str(folder)!r} cannot be written: {why}")
     if not folder.exists():
         return
-    if not overwrite:
+    if not overwrite and (not any(folder.iterdir()) or is_model_folder(folder)):  # else: --overwrite would not help
         raise FileExistsError(f"output folder {str(folder)!r} already exists; choose another or pass overwrite=True "
                               "(--overwrite) to replace it")
     if holds_cwd(folder):

@@ -423,6 +423,15 @@ def test_an_existing_output_names_the_flag_not_the_keyword(tmp_path: Path) -> No
     output = " ".join(result.output.split())
     assert result.exit_code == 2, output
     assert "already exists; choose another or pass --overwrite to replace it" in output, output
+    # a folder of other files: --overwrite would be refused too, so it is not offered (it was, then refused)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["convert", str(JAX / "vit_jax" / "tiny_token.published.npz"), "-o", str(notes)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and "is not a hub-vit model folder" in output and "pass --overwrite" not in output, \
+        output
+    assert [p.name for p in notes.iterdir()] == ["notes.txt"]
 
 
 @pytest.mark.parametrize("source", ["i1k-s16-300ep", "simplevit_s16.i1k_300ep"])  # vanity name, catalog name
