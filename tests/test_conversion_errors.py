@@ -142,7 +142,7 @@ def test_existing_output_folder_is_not_touched(tmp_path: Path) -> None:
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     code, output = run_convert(GOOD, out)
-    assert code != 0 and "already exists" in output
+    assert code != 0 and "is not a hub-vit model folder" in output and "choose another output folder" in output
     assert (out / "keep.txt").read_text() == "mine"
 
 

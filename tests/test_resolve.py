@@ -105,6 +105,15 @@ def test_weights_file_needs_and_uses_its_architecture(folder: Path, tmp_path: Pa
     model = resolve_model(weights, model_name="vit_ti16")
     assert model.kind == "weights" and model.name == "vit_ti16" and model.weights == str(weights.resolve())
     assert torch.equal(model.module.blocks[0].attn.qkv.weight, reference.blocks[0].attn.qkv.weight)
+    # another architecture named: its size first, a few keys of each kind (was every key: 4.8 kB for a ViT-S)
+    from hub_vit.weights import CheckpointMismatchError
+
+    with pytest.raises(CheckpointMismatchError) as mismatch:
+        resolve_model(weights, model_name="vit_s16")
+    message = str(mismatch.value)
+    assert message.startswith("checkpoint does not match the model: width 192, depth 12 (checkpoint) vs width 384, "
+                              "depth 12 (model), another architecture"), message
+    assert "... " in message and len(message) < 1500, message
 
 
 def test_google_npz_reproduces_googles_logits(jax_fixtures: Path) -> None:

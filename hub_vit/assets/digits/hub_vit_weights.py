@@ -95,8 +95,24 @@ def check_state_dict(state_dict: dict[str, torch.Tensor], model: torch.nn.Module
         if tuple(state_dict[k].shape) != tuple(expected[k].shape)
     ]
     if missing or unexpected or mis_shaped:
-        raise CheckpointMismatchError(mismatch_message("checkpoint does not match the model:", missing, unexpected,
-                                                       mis_shaped))
+        other = _other_architecture(state_dict, expected)
+        header = "checkpoint does not match the model" + (f": {other}, another architecture" if other else ":")
+        raise CheckpointMismatchError(mismatch_message(header, missing, unexpected, mis_shaped,
+                                                       most=5 if other else None))
+
+
+def _other_architecture(state_dict: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> str:
+    """'width 64, depth 2 (checkpoint) vs width 384, depth 12 (model)' where those differ, else '': a weights file
+    of another size than the model named for it differs in every block, and the keys alone said it in 4 kB."""
+    def size(weights: dict[str, torch.Tensor]) -> tuple[int | None, int]:
+        kernel = weights.get("patch_embed.proj.weight")
+        return (None if kernel is None else int(kernel.shape[0]),
+                len({key.split(".")[1] for key in weights if key.startswith("blocks.")}))
+
+    (width, depth), (model_width, model_depth) = size(state_dict), size(expected)
+    if (width, depth) == (model_width, model_depth) or width is None:
+        return ""
+    return f"width {width}, depth {depth} (checkpoint) vs width {model_width}, depth {model_depth} (model)"
 
 
 def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:

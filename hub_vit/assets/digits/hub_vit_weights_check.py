@@ -46,15 +46,20 @@ def strip_prefix(state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...] 
 
 
 def mismatch_message(header: str, missing: list[str], unexpected: list[str], mis_shaped: list[str],
-                     missing_note: str = "") -> str:
-    """One message naming every missing, unexpected and mis-shaped key, each group with its count."""
+                     missing_note: str = "", most: int | None = None) -> str:
+    """One message naming every missing, unexpected and mis-shaped key, each group with its count; `most`: at most
+    that many keys of each group (the header then says what they add up to, e.g. another architecture)."""
+    def some(keys: list[str], sep: str) -> str:
+        shown = keys if most is None or len(keys) <= most else [*keys[:most], f"... {len(keys) - most} more"]
+        return sep.join(shown)
+
     lines = [header]
     if missing:
-        lines.append(f"  missing keys ({len(missing)}){missing_note}: {', '.join(missing)}")
+        lines.append(f"  missing keys ({len(missing)}){missing_note}: {some(missing, ', ')}")
     if unexpected:
-        lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+        lines.append(f"  unexpected keys ({len(unexpected)}): {some(unexpected, ', ')}")
     if mis_shaped:
-        lines.append(f"  shape mismatches ({len(mis_shaped)}): {'; '.join(mis_shaped)}")
+        lines.append(f"  shape mismatches ({len(mis_shaped)}): {some(mis_shaped, '; ')}")
     return "\n".join(lines)
 
 
