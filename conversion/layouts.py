@@ -130,7 +130,8 @@ def _find_prefix(shapes: dict[str, tuple[int, ...]]) -> str:
     preview = ", ".join(sorted(shapes)[:8])
     raise LayoutError(
         "not a ViT checkpoint from vit_jax or big_vision: no 'embedding/kernel' under any of the prefixes "
-        f"{', '.join(repr(p) for p in PREFIXES)}; the file has {len(shapes)} arrays, e.g. {preview}"
+        f"{', '.join(repr(p) for p in PREFIXES)}; the file has {len(shapes)} array{'s' if len(shapes) != 1 else ''}, "
+        f"e.g. {preview}"
     )
 
 

@@ -210,7 +210,8 @@ def format_report(report: ParityReport) -> str:
     lines = [f"parity ({report.mode}{': ' + report.reference if report.reference else ''}):"]
     for name, value in report.max_abs_diff.items():
         flag = "ok" if value <= report.tolerance else "FAIL"
-        lines.append(f"  {name:<28} max abs diff {value:.3g}  ({flag}, tolerance {report.tolerance:g})")
+        what = "max rel diff" if name.endswith("_rel") else "max abs diff"  # the self-check's rows are relative
+        lines.append(f"  {name:<28} {what} {value:.3g}  ({flag}, tolerance {report.tolerance:g})")
     if report.top1_agreement is not None:
         lines.append(f"  top-1 agreement              {report.top1_agreement:.0%}")
     for name, why in report.skipped.items():
