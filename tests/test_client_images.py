@@ -40,3 +40,43 @@ def test_a_numpy_array_is_refused_with_the_way_to_send_it() -> None:
     with pytest.raises(ValueError, match=r"cannot send a numpy array \(shape \(32, 48, 3\), uint8\).*"
                                          r"PIL\.Image\.fromarray\(array\).*cv2\.COLOR_BGR2RGB"):
         encode(array)
+
+
+def test_a_url_is_refused_as_one_not_as_a_missing_file() -> None:
+    # was: "image file 'http:/example.com/x.png' does not exist" (Path folded the '//')
+    with pytest.raises(ValueError, match=r"'http://example.com/x.png' is a URL: the client sends image files, bytes "
+                                         r"or PIL images, it fetches nothing; download it first"):
+        encode("http://example.com/x.png")
+
+
+@pytest.mark.parametrize(("image", "off_loop"), [(Image.new("RGB", (64, 64)), True), (b"\x89PNG not sent", False)])
+def test_an_async_classifier_encodes_images_off_its_event_loop(image, off_loop: bool, monkeypatch) -> None:
+    # was: PIL images encoded (and files read) on the event loop: two 1500x1500 images held it for 0.6 s
+    import asyncio
+    import threading
+
+    import hub_vit.server.client.classifier as classifier
+    from hub_vit.server.client import AsyncClassifier
+    from hub_vit.server.runtime.launcher import free_port
+
+    threads: list[threading.Thread] = []
+    real = classifier.encode
+    monkeypatch.setattr(classifier, "encode", lambda one: threads.append(threading.current_thread()) or real(one))
+    client = AsyncClassifier(f"127.0.0.1:{free_port()}", protocol="http", timeout_s=5)
+
+    async def run() -> None:
+        async with client:
+            await client.classify(image)  # nothing listens: refused once the image is encoded
+
+    with pytest.raises(Exception):  # noqa: B017 (connection refused, as aiohttp says it)
+        asyncio.run(run())
+    assert len(threads) == 1 and (threads[0] is not threading.main_thread()) == off_loop, threads
+
+
+def test_what_the_clients_take_and_return_is_importable_from_the_package() -> None:
+    # was: `config()` and `prepare()` returned classes only their modules exported
+    import hub_vit.server.client as client
+
+    assert {"ServedConfig", "PreparedRequest", "ImageLike", "Prediction"} <= set(client.__all__)
+    for name in client.__all__:
+        assert getattr(client, name) is not None

@@ -30,7 +30,7 @@ from hub_vit.server.client.errors import (
     too_large,
     too_large_limit,
 )
-from hub_vit.server.client.images import ImageLike, as_batch, encode
+from hub_vit.server.client.images import ImageLike, as_batch, encode, encoded_off_loop
 from hub_vit.server.client.messages import (
     Prediction,
     PreparedRequest,
@@ -351,7 +351,9 @@ class AsyncClassifier:
         async def one(start: int, images: list[ImageLike]) -> list[Prediction]:
             predictions: list[Prediction] = []
             async with gate:
-                pending = requests([encode(image) for image in images], start, self.request_limit)  # when sent
+                encoded = (await asyncio.to_thread(lambda: [encode(image) for image in images])
+                           if encoded_off_loop(images) else [encode(image) for image in images])  # when sent
+                pending = requests(encoded, start, self.request_limit)
                 while pending:
                     offset, chunk = pending.popleft()
                     inputs, outputs = build_request(self.module, chunk, with_logits, explain)

@@ -6,13 +6,18 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hub_vit.image_formats import NAMES
 
-ImageLike = Any  # str | Path | bytes | PIL.Image.Image
+if TYPE_CHECKING:  # PIL is imported only where an image is encoded
+    from PIL import Image
+
+    ImageLike = str | Path | bytes | bytearray | memoryview | Image.Image
+else:
+    ImageLike = Any
 # Modes a PNG holds as they are; Pillow refuses to write the others (CMYK, YCbCr, LAB, HSV, RGBX, RGBa, La, PA, F,
 # and the 16-bit "I;16L" / "I;16N", which `_png_ready` rewrites as "I;16") as PNG, and writing "I" is deprecated.
 PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I;16B")
@@ -24,6 +29,9 @@ def encode(image: ImageLike) -> bytes:
     """Path / bytes / PIL image -> encoded bytes as sent to the server."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         return bytes(image)
+    if isinstance(image, str) and "://" in image:  # Path() would fold its '//' and call it a missing file
+        raise ValueError(f"{image!r} is a URL: the client sends image files, bytes or PIL images, it fetches nothing; "
+                         "download it first (e.g. urllib.request.urlopen(url).read()) and pass the bytes")
     if isinstance(image, (str, Path)):
         path = Path(image)
         if path.is_dir():
@@ -42,6 +50,12 @@ def encode(image: ImageLike) -> bytes:
                          "range are unknown; pass PIL.Image.fromarray(array) of an RGB uint8 array (an OpenCV image "
                          "is BGR: cv2.cvtColor(array, cv2.COLOR_BGR2RGB) first), or the image's file or bytes")
     raise ValueError(f"cannot send {type(image).__name__}; valid image types: path, bytes, PIL.Image")
+
+
+def encoded_off_loop(images: list[ImageLike]) -> bool:
+    """Whether encoding `images` is worth a thread rather than the event loop: anything but bytes is read from disk
+    or encoded as PNG (two 1500x1500 PIL images held an AsyncClassifier's loop for 0.6 s)."""
+    return any(not isinstance(image, (bytes, bytearray, memoryview)) for image in images)
 
 
 def _pil_image(image: Any) -> bool:
