@@ -243,3 +243,39 @@ def test_a_dead_stub_makes_a_ready_server_unhealthy(served, tmp_path):
     # the copy no tritonserver serves is still "not this host"
     result = _health("--url", server.http_url, "--repository", str(elsewhere))
     assert result.returncode == 1 and "run the check where the server runs" in result.stderr
+
+
+def test_wait_asks_again_until_the_server_is_ready():
+    # a script that has just started a server waited for it with a loop of its own (health asked once)
+    import http.server
+    import threading
+    import time
+
+    class Ready(http.server.BaseHTTPRequestHandler):  # Triton's two answers the probe reads
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = b'{"name": "triton", "version": "2.51.0", "extensions": []}' if self.path == "/v2" else b""
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    port = free_port()
+    probe = subprocess.Popen([*HUB_VIT, "health", "--url", f"127.0.0.1:{port}", "--wait", "60"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4)  # it has asked, and nothing answered
+        assert probe.poll() is None, probe.communicate()
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Ready)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        out, err = probe.communicate(timeout=30)
+        server.shutdown()
+    finally:
+        probe.kill()
+    assert probe.returncode == 0 and f"healthy: http://127.0.0.1:{port} is ready" in out, out + err
+    result = _health("--url", f"127.0.0.1:{free_port()}", "--wait", "1")  # gives up after the wait
+    assert result.returncode == 1 and result.stderr.count("unhealthy:") == 1, result.stderr
+    result = _health("--wait", "-1")
+    assert result.returncode == 2 and "--wait must be 0 to 3600 seconds, got -1.0" in result.stderr, result.stderr

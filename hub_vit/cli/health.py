@@ -19,11 +19,13 @@ def health(
                                                "every Python-backend model instance has a live stub (run this on "
                                                "the server's host, inside its container).", parser=given_path),
     timeout: float = typer.Option(3.0, help="Seconds to wait for the server's answers (at most 3600)."),
+    wait: float = typer.Option(0.0, help="Ask again every 0.5 s until healthy, for up to this many seconds (a script "
+                                         "waiting for a server it has just started; at most 3600). 0: ask once."),
 ) -> None:
     """Exit 0 when the server is ready and (with --repository) none of its Python-backend stubs has died; else print
     what is wrong and exit 1. Triton keeps answering ready after a stub died, while failing every request routed to
     that model instance; this sees it. Sends no inference request, so a busy server is not reported unhealthy."""
-    from hub_vit.server.runtime.health import check, check_timeout, http_base
+    from hub_vit.server.runtime.health import check_timeout, http_base, wait_until_healthy
 
     try:  # before anything is asked: nan, inf or 1e300 would otherwise end in a socket's error, not naming the flag
         check_timeout(timeout, name="--timeout")
@@ -33,8 +35,10 @@ def health(
         http_base(url)
     except ValueError as err:  # a mistyped or gRPC address: the user's mistake, named with its flag
         raise fail(f"--url: {err}") from None
+    if not 0 <= wait <= 3600:  # also NaN
+        raise fail(f"--wait must be 0 to 3600 seconds, got {wait}")
     try:
-        report = check(url, repository, timeout_s=timeout)
+        report = wait_until_healthy(url, repository, timeout_s=timeout, wait_s=wait)
     except ValueError as err:  # not a repository, an unreadable config, a gRPC address
         raise fail(str(err)) from None
     if not report.healthy:

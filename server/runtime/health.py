@@ -263,3 +263,20 @@ def check(url: str, repository: str | Path | None = None, timeout_s: float = 3.0
     alive = {name: pid for name, pid in live_stubs(repository).items() if name in expected}
     servers = live_servers(repository) if expected and not alive else []  # only needed to explain no stub at all
     return Health(base, not_ready, expected, alive, stubs_checked=True, servers=servers)
+
+
+WAIT_INTERVAL_S = 0.5  # how often `wait_until_healthy` asks again
+
+
+def wait_until_healthy(url: str, repository: str | Path | None = None, timeout_s: float = 3.0,
+                       wait_s: float = 0.0) -> Health:
+    """`check` until the server is healthy or `wait_s` seconds have passed (0: ask once): a script that has just
+    started a server waits for it with one command. Returns the last report."""
+    if not 0 <= wait_s <= MAX_TIMEOUT_S:  # also NaN
+        raise ValueError(f"the wait must be 0 to {MAX_TIMEOUT_S:g} seconds, got {wait_s}")
+    deadline = time.monotonic() + wait_s
+    while True:
+        report = check(url, repository, timeout_s)
+        if report.healthy or time.monotonic() + WAIT_INTERVAL_S > deadline:
+            return report
+        time.sleep(WAIT_INTERVAL_S)
