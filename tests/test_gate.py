@@ -248,57 +248,82 @@ def test_front_processes_end_with_a_serve_process_that_was_killed():
         parent.kill()
 
 
+def _live_call(port: int) -> tuple[str, bytes | str, float]:
+    """`ServerLive` through 127.0.0.1:`port`: ("answered", the answer, seconds) or (grpc's status name, its details,
+    seconds)."""
+    import time
+
+    import grpc
+
+    from hub_vit.server.front.grpc_front import SERVICE
+
+    start = time.monotonic()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            return "answered", channel.unary_unary(SERVICE + "ServerLive")(b"", timeout=30), time.monotonic() - start
+        except grpc.RpcError as err:
+            return err.code().name, err.details() or "", time.monotonic() - start
+
+
+def _fake_triton(answer_after_s: float) -> object:
+    """A gRPC handler answering every call `ServerLiveResponse(live=True)` after `answer_after_s` seconds."""
+    import asyncio
+
+    import grpc
+
+    class Triton(grpc.GenericRpcHandler):
+        def service(self, details):
+            async def live(message: bytes, context) -> bytes:
+                await asyncio.sleep(answer_after_s)
+                return b"\x08\x01"
+            return grpc.unary_unary_rpc_method_handler(live)
+    return Triton()
+
+
+async def _relayed_to(triton: object, act) -> tuple[str, bytes | str, float]:
+    """`_live_call` through a GrpcFront relaying to a server answering as `triton`; `await act(front)` once the front
+    holds the call."""
+    import asyncio
+    import time
+
+    from grpc import aio
+
+    from hub_vit.server.front.grpc_front import GrpcFront
+    from hub_vit.server.runtime.launcher import free_port
+
+    upstream, public = free_port(), free_port()
+    server = aio.server()
+    server.add_generic_rpc_handlers((triton,))
+    server.add_insecure_port(f"127.0.0.1:{upstream}")
+    await server.start()
+    front = GrpcFront(FrontLimits())
+    await front.listen("127.0.0.1", public)
+    await front.upstream("127.0.0.1", upstream)
+    try:
+        relayed = asyncio.get_running_loop().run_in_executor(None, _live_call, public)
+        deadline = time.monotonic() + 10
+        while not front.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert front.in_flight == 1
+        await act(front)
+        return await relayed
+    finally:
+        await front.close()
+        await server.stop(None)
+
+
 def test_a_grpc_call_still_relayed_when_the_front_closes_gets_triton_s_answer():
     # was: closing cancelled it (a client saw UNAVAILABLE "Cancelling all calls" or CANCELLED: neither answered nor
     # refused); also the calls being refused "shutting down" at that instant
     import asyncio
-    import time
 
-    import grpc
-    from grpc import aio
+    async def drain_then_close(front) -> None:  # Triton answers after the front has been told to close
+        front.drain()
+        assert not await front.drained(0.05)  # still in flight when the drain's time is up
+        await front.close()
 
-    from hub_vit.server.front.grpc_front import SERVICE, GrpcFront
-    from hub_vit.server.runtime.launcher import free_port
-
-    method = SERVICE + "ServerLive"
-
-    class SlowTriton(grpc.GenericRpcHandler):  # answers after the front has been told to close
-        def service(self, details):
-            async def live(message: bytes, context) -> bytes:
-                await asyncio.sleep(0.5)
-                return b"\x08\x01"  # ServerLiveResponse(live=True)
-            return grpc.unary_unary_rpc_method_handler(live)
-
-    def call(port: int) -> tuple[str, bytes | str]:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            try:
-                return "answered", channel.unary_unary(method)(b"", timeout=10)
-            except grpc.RpcError as err:
-                return err.code().name, err.details() or ""
-
-    async def scenario() -> tuple[str, bytes | str]:
-        upstream, public = free_port(), free_port()
-        triton = aio.server()
-        triton.add_generic_rpc_handlers((SlowTriton(),))
-        triton.add_insecure_port(f"127.0.0.1:{upstream}")
-        await triton.start()
-        front = GrpcFront(FrontLimits())
-        await front.listen("127.0.0.1", public)
-        await front.upstream("127.0.0.1", upstream)
-        try:
-            relayed = asyncio.get_running_loop().run_in_executor(None, call, public)
-            deadline = time.monotonic() + 10
-            while not front.in_flight and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            assert front.in_flight == 1
-            front.drain()
-            assert not await front.drained(0.05)  # still in flight when the drain's time is up
-            await front.close()
-            return await relayed
-        finally:
-            await triton.stop(None)
-
-    assert asyncio.run(scenario()) == ("answered", b"\x08\x01")
+    code, answer, _ = asyncio.run(_relayed_to(_fake_triton(0.5), drain_then_close))
+    assert (code, answer) == ("answered", b"\x08\x01")
 
 
 @pytest.mark.parametrize("stopping", [False, True])
@@ -355,54 +380,13 @@ def test_a_grpc_call_whose_server_goes_is_answered_at_once(stopping: bool) -> No
     # handler then ended without a status: the client waited out its whole deadline (DEADLINE_EXCEEDED after 60 s),
     # where an HTTP client got its 502 within a second
     import asyncio
-    import time
 
-    import grpc
-    from grpc import aio
+    async def server_gone(front) -> None:  # a server whose model step died: the call is never answered
+        if stopping:
+            front.drain()
+        await front.upstream(None, None)  # what serve does once the server is dead (or stopped)
 
-    from hub_vit.server.front.grpc_front import SERVICE, GrpcFront
-    from hub_vit.server.runtime.launcher import free_port
-
-    class HungTriton(grpc.GenericRpcHandler):  # a server whose model step died: the call is never answered
-        def service(self, details):
-            async def live(message: bytes, context) -> bytes:
-                await asyncio.sleep(60)
-                return b"\x08\x01"
-            return grpc.unary_unary_rpc_method_handler(live)
-
-    def call(port: int) -> tuple[str, str, float]:
-        start = time.monotonic()
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            try:
-                channel.unary_unary(SERVICE + "ServerLive")(b"", timeout=30)
-                return "answered", "", time.monotonic() - start
-            except grpc.RpcError as err:
-                return err.code().name, err.details() or "", time.monotonic() - start
-
-    async def scenario() -> tuple[str, str, float]:
-        upstream, public = free_port(), free_port()
-        triton = aio.server()
-        triton.add_generic_rpc_handlers((HungTriton(),))
-        triton.add_insecure_port(f"127.0.0.1:{upstream}")
-        await triton.start()
-        front = GrpcFront(FrontLimits())
-        await front.listen("127.0.0.1", public)
-        await front.upstream("127.0.0.1", upstream)
-        try:
-            relayed = asyncio.get_running_loop().run_in_executor(None, call, public)
-            deadline = time.monotonic() + 10
-            while not front.in_flight and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            assert front.in_flight == 1
-            if stopping:
-                front.drain()
-            await front.upstream(None, None)  # what serve does once the server is dead (or stopped)
-            return await relayed
-        finally:
-            await front.close()
-            await triton.stop(None)
-
-    code, details, seconds = asyncio.run(scenario())
+    code, details, seconds = asyncio.run(_relayed_to(_fake_triton(60), server_gone))
     assert code == "UNAVAILABLE" and seconds < 10, (code, details, seconds)
     if stopping:
         assert protocol.read_server_state(details) == protocol.SHUTTING_DOWN, details
@@ -416,30 +400,20 @@ def test_a_grpc_server_that_does_not_answer_its_port_is_restarting_not_grpc_s_wo
     # clients could not tell from any other UNAVAILABLE, so they did not wait for the restart
     import asyncio
 
-    import grpc
-
-    from hub_vit.server.front.grpc_front import SERVICE, GrpcFront
+    from hub_vit.server.front.grpc_front import GrpcFront
     from hub_vit.server.runtime.launcher import free_port
 
-    def call(port: int) -> tuple[str, str]:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            try:
-                channel.unary_unary(SERVICE + "ServerLive")(b"", timeout=30)
-                return "answered", ""
-            except grpc.RpcError as err:
-                return err.code().name, err.details() or ""
-
-    async def scenario(restarts: bool) -> tuple[str, str]:
+    async def scenario(restarts: bool) -> tuple[str, bytes | str, float]:
         public = free_port()
         front = GrpcFront(FrontLimits(restarts=restarts))
         await front.listen("127.0.0.1", public)
         await front.upstream("127.0.0.1", free_port())  # a server that died before serve noticed: nothing listens
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, call, public)
+            return await asyncio.get_running_loop().run_in_executor(None, _live_call, public)
         finally:
             await front.close()
 
-    code, details = asyncio.run(scenario(restarts=True))
+    code, details, _ = asyncio.run(scenario(restarts=True))
     assert code == "UNAVAILABLE" and protocol.read_server_state(details) == protocol.RESTARTING, details
-    code, details = asyncio.run(scenario(restarts=False))  # serve --max-restarts 0: it is not coming back
+    code, details, _ = asyncio.run(scenario(restarts=False))  # serve --max-restarts 0: it is not coming back
     assert code == "UNAVAILABLE" and protocol.read_server_state(details) == protocol.SHUTTING_DOWN, details
