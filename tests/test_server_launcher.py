@@ -513,3 +513,32 @@ def test_a_server_killed_once_its_endpoints_opened_counts_as_reachable(tmp_path,
     with pytest.raises(ServerError, match="tritonserver was killed by SIGFPE"):
         server.start(timeout_s=60)
     assert server.reachable is reachable
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_the_python_backends_folder_of_a_killed_server_is_removed(tmp_path):
+    # was: libtriton_python.so's /tmp/python_env_XXXXXX (made at start whatever $TMPDIR says, removed at a clean stop)
+    # stayed behind every SIGKILLed server: 926 of them on a host whose servers were replaced under tests
+    import signal
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.resolve import resolve_model
+    from hub_vit.server.repository.writer import write_repository
+    from hub_vit.server.runtime.launcher import TritonServer, free_port, python_env_folders
+
+    repo = write_repository(resolve_model(default_model_folder()), tmp_path / "models")
+    for _ in range(5):  # another test's server started at the same moment: which folder is whose is not known, and
+        server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()).start()
+        if server._python_env is not None:  # ... both are left; this one starts again, alone
+            break
+        server.stop()
+    try:
+        made = server._python_env
+        assert made is not None and made in python_env_folders(), made  # the one that appeared while it started
+        os.killpg(server.process.pid, signal.SIGKILL)  # the OOM killer, a crash
+        server.process.wait(30)
+        assert made.is_dir()  # left by the server itself
+    finally:
+        server.stop()
+    assert not made.exists()

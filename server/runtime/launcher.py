@@ -14,6 +14,8 @@ The server binds to 127.0.0.1 unless told otherwise, and SIGTERM makes it drain 
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import secrets
@@ -120,6 +122,25 @@ class PortTaken(ServerError):
         self.setting, self.port = setting, port
 
 
+# The Python backend's own temporary folder: libtriton_python.so makes /tmp/python_env_XXXXXX at start (whatever
+# $TMPDIR says) and removes it at a clean stop; a server killed with SIGKILL (the OOM killer, a crash, a supervised
+# restart) left it, empty, for good: hundreds of them on a host whose servers get replaced.
+PYTHON_ENV_FOLDERS = "/tmp/python_env_??????"
+
+
+def python_env_folders() -> set[Path]:
+    return {Path(path) for path in glob.glob(PYTHON_ENV_FOLDERS)}
+
+
+def _made_by_this_start(new: set[Path], started_at: float) -> Path | None:
+    """The one Python-backend folder that appeared while this server started, or None when it is not known which (two
+    servers started at once: each leaves its folder rather than remove the other's)."""
+    with contextlib.suppress(OSError):
+        new = {path for path in new if path.stat().st_mtime >= started_at - 1}
+        return next(iter(new)) if len(new) == 1 else None
+    return None
+
+
 class TritonServer:
     """One tritonserver process. `with TritonServer(repo) as server:` starts, waits until ready and stops it."""
 
@@ -149,6 +170,7 @@ class TritonServer:
         self.log_tail: deque[str] = deque(maxlen=400)
         self.load_failures: list[str] = []  # `load_failure` summaries, kept even when the tail has moved on
         self._workspace: Path | None = None
+        self._python_env: Path | None = None  # the Python backend's own temporary folder, once known (`start`)
         self._reader: threading.Thread | None = None
         # `--id`: GET /v2 answers it, so readiness is never taken from another server that got our port first
         self.server_id = f"hub-vit-{owner_tag()}{secrets.token_hex(4)}"  # its /dev/shm regions' prefix too
@@ -228,6 +250,7 @@ class TritonServer:
             self._workspace = None
             raise
         self.oom_kills_at_start = oom_kills()
+        envs_before, started_at = python_env_folders(), time.time()
         self.process = subprocess.Popen(
             self.command(install, backends), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             cwd=self._workspace, preexec_fn=server_child_setup,
@@ -242,6 +265,7 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        self._python_env = _made_by_this_start(python_env_folders() - envs_before, started_at)
         return self
 
     def _prepare(self, install: TritonInstall, workspace: Path) -> tuple[Path, dict[str, str]]:
@@ -372,6 +396,10 @@ class TritonServer:
         if self._workspace is not None:
             shutil.rmtree(self._workspace, ignore_errors=True)
             self._workspace = None
+        if self._python_env is not None:  # a clean stop removes it; a killed server left it (empty) for good
+            with contextlib.suppress(OSError):  # not empty: not only the backend's, kept
+                self._python_env.rmdir()
+            self._python_env = None
         return code
 
     def _remove_shm_regions(self) -> None:
