@@ -433,14 +433,15 @@ class _Progress:
         self.enabled, self.total, self.start = enabled, total, start
         if not enabled:
             return
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+        self.lines = not Console().is_terminal  # a log file: lines, and no bar drawn once at the end
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
-            TimeRemainingColumn(), transient=False,
+            TimeRemainingColumn(), transient=False, disable=self.lines,
         )
         self.task = self.progress.add_task("train", total=total, completed=start, stats="")
-        self.lines = not self.progress.console.is_terminal
         self.said_step, self.said_at = start, time.monotonic()
 
     def __enter__(self) -> _Progress:
