@@ -58,6 +58,13 @@ def test_fine_tuning_a_folder_records_the_folder_architecture(data: Path, tmp_pa
     card = (out / "model" / "README.md").read_text()
     assert "simplevit_digits" in card and "simplevit_s16" not in card
     assert "its position embedding is" not in text  # the folder's own 32 px: nothing to say
+    assert "--model" not in text  # none given: nothing to say
+    # a contradicting --model: the folder's architecture is still what is trained, and now it is said (was silent)
+    code, text = _train(str(data), "--out", str(tmp_path / "ft2"), "--init", str(default_model_folder()), "--model",
+                        "vit_b16", "--steps", "1", *QUICK)
+    assert code == 0 and "warning: --model vit_b16 is not used: --init" in text, text
+    assert "its architecture (simplevit_digits) is what is trained" in text, text
+    assert json.loads((tmp_path / "ft2" / "recipe.json").read_text())["model"] == "simplevit_digits"
 
 
 def test_fine_tuning_a_folder_at_another_size_says_so(data: Path, tmp_path: Path) -> None:

@@ -103,6 +103,18 @@ def _train(out: Path, data: Path | None, preset: str, install_to: Path | None, *
     _report(result, install_to)
 
 
+def _unused_model_flag(model: str | None, init: Path | str | None) -> str | None:
+    """Why `--model` is not what is trained, when `--init` names a model folder of another architecture (the folder
+    decides, as documented; a contradicting --model was dropped without a word), else None."""
+    from hub_vit.train.models import init_folder_architecture
+
+    architecture = init_folder_architecture(init)
+    if model is None or architecture is None or architecture == model:
+        return None
+    return (f"--model {model} is not used: --init {str(init)!r} is a model folder, and its architecture "
+            f"({architecture}) is what is trained; leave --model out, or start from {model} (--pretrained)")
+
+
 def _check_flags(threads: int | None, preset: str, install_to: Path | None, data: Path | None, out: Path) -> None:
     """Refused before anything is written or trained."""
     from hub_vit.train.run_folder import RunFolderError, check_run_folder_path
@@ -175,6 +187,9 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
         with warnings.catch_warnings():  # restores showwarning and the filters afterwards
             warnings.simplefilter("always", TrainingWarning)
             warnings.showwarning = _show_warning(warnings.showwarning, TrainingWarning)
+            unused = _unused_model_flag(flags.get("model"), options["init"])
+            if unused:
+                warnings.warn(unused, TrainingWarning, stacklevel=1)
             return train(recipe, data, out, **options, architecture=architecture, dataset_info=dataset_info,
                          domain=domain)
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
