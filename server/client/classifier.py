@@ -55,9 +55,10 @@ PLAIN_ANSWERS = {"Accept-Encoding": "identity"}
 
 
 # gRPC's reconnect backoff, capped: grpc's default grows 1.6x per failed attempt up to 120 s, so a client that saw a
-# server down for a minute kept failing ("failed to connect to all addresses") for tens of seconds after it was back
-RECONNECT_BACKOFF_MS = {"grpc.initial_reconnect_backoff_ms": 250, "grpc.min_reconnect_backoff_ms": 250,
-                        "grpc.max_reconnect_backoff_ms": 2000}
+# server down for a minute kept failing ("failed to connect to all addresses") for tens of seconds after it was back.
+# Not `grpc.min_reconnect_backoff_ms`: grpc takes it as each connection attempt's timeout too (20 s by default), and
+# at 250 ms a server slow to complete its HTTP/2 handshake failed the call (UNAVAILABLE, not its deadline).
+RECONNECT_BACKOFF_MS = {"grpc.initial_reconnect_backoff_ms": 250, "grpc.max_reconnect_backoff_ms": 2000}
 
 
 def grpc_channel_args() -> list[tuple[str, int]]:
