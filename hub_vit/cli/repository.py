@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import DISK_REFUSED_ERRNOS, app, as_flags, console, err_console, fail
+from hub_vit.cli.app import DISK_REFUSED_ERRNOS, app, as_flags, console, err_console, fail, given
 from hub_vit.cli.path_option import given_path
 from hub_vit.cli.serving_options import (
     DEFAULTS,
@@ -26,7 +26,6 @@ from hub_vit.cli.serving_options import (
     QueueTimeoutUs,
     TopK,
     TorchCompile,
-    given,
     model_source,
     print_cpu_variant,
     serving_options,

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import CANNOT_NOW, app, err_console, fail
+from hub_vit.cli.app import CANNOT_NOW, app, err_console, fail, given
 from hub_vit.cli.explain import ROOT_PATH_HELP, proxy_root_path
 from hub_vit.cli.path_option import given_path
 from hub_vit.cli.serve_run import ServeRun
@@ -33,7 +33,6 @@ from hub_vit.cli.serving_options import (
     QueueTimeoutUs,
     TopK,
     TorchCompile,
-    given,
     in_flag_words,
     print_cpu_variant,
     serving_options,

@@ -152,10 +152,15 @@ class TritonLabels:
 
 
 def _named_alike(prediction: Any, page_labels: list[str]) -> bool:
-    """Whether the page's model names each served class id as the server does (`served_labels`' test): else the
-    server serves another model, whatever serve was told."""
-    return all(0 <= index < len(page_labels) and page_labels[index] in (name, f"{name} ({index})")
+    """Whether the page's model names each served class id as the server does: else the server serves another
+    model, whatever serve was told."""
+    return all(_page_names(page_labels, name, index)
                for name, index in zip(prediction.labels, prediction.class_ids, strict=False))
+
+
+def _page_names(page_labels: list[str], name: str, index: int) -> bool:
+    """Whether the page's model names class `index` as the server does (`crane` as `crane (134)` or plain `cat`)."""
+    return 0 <= index < len(page_labels) and page_labels[index] in (name, f"{name} ({index})")
 
 
 def _top_pairs(prediction: Any, k: int, labels: list[str] | None) -> list[tuple[str, float]]:
@@ -174,7 +179,7 @@ def served_labels(classes: list[tuple[str, int]], page_labels: list[str] | None 
     page = page_labels or []
     out = []
     for name, index in classes:
-        if 0 <= index < len(page) and page[index] in (name, f"{name} ({index})"):
+        if _page_names(page, name, index):
             out.append(page[index])
         else:
             out.append(f"{name} ({index})" if names.count(name) > 1 else name)

@@ -151,6 +151,11 @@ class VerificationSet:
         return "photos" if self.trained else "reported only"
 
     @property
+    def judges_top1(self) -> bool:
+        """Whether top-1 agreement is judged on some images (`top1_scope`), not only reported."""
+        return self.top1_scope != "reported only"
+
+    @property
     def calibrated_bounds_scope(self) -> str:
         """Which images the cosine / relative-error bounds judge for a calibrated (static int8) variant: the own
         images where there are some (it is promised inside its calibration's domain), else every image."""

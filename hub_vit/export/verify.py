@@ -149,10 +149,9 @@ def gather_evidence(model: VisionTransformer, check: VerificationSet, calibrated
     x, seed = verification_inputs(model, n_random=check.n_random, n_photos=check.n_photos, seed=check.seed,
                                   images=None if own is None else own[0::2])
     n_own = 0 if own is None else len(own[0::2])
-    # top-1 agreement is judged where the classes mean something: own images, else photos of a trained model; a model
-    # without a classifier head has no classes (its `logits` are its features)
-    top1_from = None if not check.classifier else len(x) - n_own if n_own else check.n_random if check.trained \
-        else None
+    # top-1 agreement is judged where the classes mean something (`VerificationSet.top1_scope`): own images, else
+    # photos of a trained model; a model without a classifier head has no classes (its `logits` are its features)
+    top1_from = (len(x) - n_own if n_own else check.n_random) if check.judges_top1 else None
     calibration, top1_counts, own_mask = x[:0], None, None
     if calibrated:
         mixed, n_photos = calibration_images(model, check.n_calibration, check.n_random, check.n_photos, seed)

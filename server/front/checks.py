@@ -35,6 +35,12 @@ STOPPED = protocol.server_state(protocol.SHUTTING_DOWN, "the server stopped befo
 LOST = "tritonserver closed the connection without an answer (it died? hub-vit serve restarts it)"
 GONE = protocol.server_state(protocol.SHUTTING_DOWN, "the server stopped and is not restarted (--max-restarts 0): "
                                                      "hub-vit serve is shutting down")
+
+
+def unreachable(restarts: bool) -> str:
+    """The answer where a server should be and its private port does not answer: it died (serve has not noticed
+    yet) or is being replaced, "restarting"; without restarts (`--max-restarts 0`) it is gone, "shutting down"."""
+    return STARTING if restarts else GONE
 RAW_HTTP_EXAMPLE = "docs/serving.md#raw-http"
 NO_QUEUE_TIMEOUTS = ("this server applies no per-request queue timeout (the request's 'timeout' parameter): it serves "
                      "without Triton's queue policy, which is what applies one (--no-queue-policy, the default on "

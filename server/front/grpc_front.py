@@ -40,7 +40,6 @@ import grpc  # noqa: E402
 from grpc import aio  # noqa: E402
 
 from hub_vit.server.front.checks import (  # noqa: E402
-    GONE,
     LOST,
     SHUTTING_DOWN,
     STARTING,
@@ -49,6 +48,7 @@ from hub_vit.server.front.checks import (  # noqa: E402
     numeric_outputs,
     parse_inference,
     too_large,
+    unreachable,
 )
 from hub_vit.server.front.limits import FrontLimits  # noqa: E402
 
@@ -194,7 +194,7 @@ class GrpcFront:
         server state the HTTP front gives for it, never grpc's words naming the private port."""
         if err.code() == grpc.StatusCode.UNAVAILABLE and \
                 channel.get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            return grpc.StatusCode.UNAVAILABLE, STARTING if self.limits.restarts else GONE
+            return grpc.StatusCode.UNAVAILABLE, unreachable(self.limits.restarts)
         return err.code(), err.details() or ""
 
     def _lost(self) -> tuple[grpc.StatusCode, str]:

@@ -37,7 +37,6 @@ from typing import Any
 import httptools
 
 from hub_vit.server.front.checks import (
-    GONE,
     LOST,
     SHUTTING_DOWN,
     STARTING,
@@ -48,6 +47,7 @@ from hub_vit.server.front.checks import (
     inflate,
     numeric_outputs,
     too_large,
+    unreachable,
     wants_classification,
 )
 from hub_vit.server.front.limits import FrontLimits
@@ -173,7 +173,7 @@ class HttpFront:
                 if not task.cancelled() and task.exception() is None:
                     task.result()[0].close()
                 # no server where one should be: dead, being replaced, or (no restarts) gone for good
-                exchange.failed(Refused(503, STARTING) if self.limits.restarts else Refused(503, GONE, close=True))
+                exchange.failed(Refused(503, unreachable(self.limits.restarts), close=not self.limits.restarts))
                 self._next_waiting()
                 return
             exchange.send(task.result()[1], pooled=False)

@@ -268,12 +268,17 @@ def check(url: str, repository: str | Path | None = None, timeout_s: float = 3.0
 WAIT_INTERVAL_S = 0.5  # how often `wait_until_healthy` asks again
 
 
+def check_wait(wait_s: float, name: str = "wait_s") -> None:
+    """How long `wait_until_healthy` may ask: 0 (once) to an hour."""
+    if not 0 <= wait_s <= MAX_TIMEOUT_S:  # also NaN
+        raise ValueError(f"{name} must be 0 to {MAX_TIMEOUT_S:g} seconds, got {wait_s}")
+
+
 def wait_until_healthy(url: str, repository: str | Path | None = None, timeout_s: float = 3.0,
                        wait_s: float = 0.0) -> Health:
     """`check` until the server is healthy or `wait_s` seconds have passed (0: ask once): a script that has just
     started a server waits for it with one command. Returns the last report."""
-    if not 0 <= wait_s <= MAX_TIMEOUT_S:  # also NaN
-        raise ValueError(f"the wait must be 0 to {MAX_TIMEOUT_S:g} seconds, got {wait_s}")
+    check_wait(wait_s)
     deadline = time.monotonic() + wait_s
     while True:
         report = check(url, repository, timeout_s)
