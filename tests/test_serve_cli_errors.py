@@ -251,6 +251,13 @@ def test_https_to_a_port_without_tls_says_so(web_page_port, protocol_args):
     assert "is a server running there" not in out, out
 
 
+def test_health_over_https_to_a_port_without_tls_says_so(web_page_port):
+    # was: "no answer from https://...: [SSL: WRONG_VERSION_NUMBER] wrong version number" and nothing more
+    url = f"https://127.0.0.1:{web_page_port}"
+    code, out = _run("health", "--url", url)
+    assert code == 1 and f"{url} does not speak TLS: give the address without https://" in out, out
+
+
 def test_grpc_core_logs_no_info_lines_above_the_message(web_page_port):
     # was: "I1201 13:48:56 ... ssl_transport_security.cc:2563] Handshake failed with error SSL_ERROR_SSL ..." on stderr
     # before hub-vit's own line, from grpc's core

@@ -11,6 +11,14 @@ from hub_vit.ports import GRPC_PORT, HTTP_PORT, LOOPBACK
 PROTOCOLS = ("http", "grpc")
 
 
+def plain_port_hint(url: str, error: object) -> str | None:
+    """Why a TLS hello to `url` failed, when the port answered it in plain text (OpenSSL's WRONG_VERSION_NUMBER)."""
+    if not (url.lower().startswith("https://") and "WRONG_VERSION_NUMBER" in str(error)):
+        return None
+    return (f"{url} does not speak TLS: give the address without https:// (hub-vit serve's ports speak plain HTTP and "
+            "gRPC; TLS belongs to a proxy in front of them)")
+
+
 def server_address(url: str, protocols: tuple[str, ...] = PROTOCOLS) -> tuple[str, bool]:
     """`host:port`, optionally written as a URL (`http://`, `grpc://`; `https://` for TLS) -> (host:port, use TLS).
     `ValueError` naming the problem otherwise: tritonclient itself fails on these with unrelated errors (a bad port

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from hub_vit.ports import DEMO_PORT, GRPC_PORT, HTTP_PORT, METRICS_PORT
 from hub_vit.server import protocol
+from hub_vit.server.client.addresses import plain_port_hint
 
 # A request refused for what it holds (a bad image, a wrong tensor): HTTP 400 / gRPC INVALID_ARGUMENT.
 CLIENT_ERROR_STATUSES = ("400", "StatusCode.INVALID_ARGUMENT")
@@ -182,9 +183,8 @@ def request_failed(protocol_name: str, url: str, err: Exception) -> str:
         return (f"{protocol_name} {url}: {text}\nno {this} answer from {url} within the client's timeout: a server "
                 "there may be overloaded, or hold lone requests to batch them (hub-vit serve --max-queue-delay-us); "
                 f"else check that a server runs there and that this is its {this} port")
-    if url.lower().startswith("https://") and "WRONG_VERSION_NUMBER" in str(err):  # a TLS hello, answered in plain text
-        return (f"{protocol_name} {url}: {text}\n{url} does not speak TLS: give the address without https:// "
-                "(hub-vit serve's ports speak plain HTTP and gRPC; TLS belongs to a proxy in front of them)")
+    if (hint := plain_port_hint(url, err)) is not None:  # a TLS hello, answered in plain text
+        return f"{protocol_name} {url}: {text}\n{hint}"
     if not_triton(err):  # another web server there: its page is no answer of Triton's
         text = text.split(" response: ", 1)[0]  # not the page itself
         return (f"{protocol_name} {url}: {text}\n{url} answered, but not as Triton does (no Triton JSON): is this a "

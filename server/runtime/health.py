@@ -24,6 +24,7 @@ import json
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,7 +189,10 @@ def _get(address: str, timeout_s: float) -> bytes:
     except urllib.error.HTTPError:  # an answer with a status, the caller's to read (HTTPError is a URLError too)
         raise
     except (urllib.error.URLError, OSError) as err:
-        raise NoAnswer(f"no answer from {address}: {getattr(err, 'reason', err)}") from None
+        reason = getattr(err, "reason", err)
+        scheme, netloc, *_ = urllib.parse.urlsplit(address)
+        hint = client.plain_port_hint(f"{scheme}://{netloc}", reason)  # the server's address, as the user gave it
+        raise NoAnswer(f"no answer from {address}: {reason}" + (f"\n{hint}" if hint else "")) from None
     except http.client.HTTPException as err:  # something answered, not in HTTP/1 (gRPC's HTTP/2 frames, say)
         # the class name, not the message: BadStatusLine's message is the binary bytes the other end sent
         raise NoAnswer(f"no HTTP answer from {address}: {type(err).__name__} ({NOT_HTTP_HINT})") from None
