@@ -203,6 +203,31 @@ def test_a_model_saved_alone_loads_its_image_processor(tmp_path) -> None:
     assert AutoImageProcessor.from_pretrained(tmp_path / "both").crop_pct == 0.5
 
 
+def test_saving_over_a_model_folder_leaves_a_folder_hub_vit_loads(tmp_path, caplog) -> None:
+    # was: labels.txt kept the old model's 10 digit names beside a 2-class head, and load_model_folder refused the
+    # folder ("labels.txt disagrees with config.json id2label: 10 lines against 2 entries")
+    import shutil
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.folder import load_model_folder, read_labels
+
+    folder = tmp_path / "digits"
+    shutil.copytree(default_model_folder(), folder)
+    parity = AutoModelForImageClassification.from_pretrained(
+        folder, id2label={0: "even", 1: "odd"}, label2id={"even": 0, "odd": 1}, ignore_mismatched_sizes=True)
+    parity.save_pretrained(folder)
+    assert read_labels(folder) == ["even", "odd"]
+    assert load_model_folder(folder)[1].labels == ["even", "odd"]
+    AutoModel.from_pretrained(folder).save_pretrained(folder)  # a backbone has no classes to name
+    assert not (folder / "labels.txt").exists()
+    assert load_model_folder(folder)[0].spec.num_classes == 0
+    # the folder's processor is kept, and one sized for another input than the model's is named
+    with caplog.at_level("WARNING"):
+        AutoModelForImageClassification.from_pretrained(folder, img_size=64, num_labels=2).save_pretrained(folder)
+    assert "preprocessor_config.json in" in caplog.text and "prepares 32x32 images, but the model saved there " \
+        "takes 64x64" in caplog.text
+
+
 def test_new_head_on_load_keeps_the_backbone(tmp_path) -> None:
     spec = SPECS["vit"]
     vit = _randomised(spec)
@@ -557,5 +582,13 @@ def test_interpolate_pos_encoding_is_accepted_as_vit_code_passes_it() -> None:
     x = torch.randn(1, 3, 64, 64).clamp(-1, 1)
     with torch.no_grad():  # the position embedding follows the input size either way
         assert torch.equal(model(x, interpolate_pos_encoding=True).logits, model(x).logits)
+        # None is ViT's own default, which generic wrappers pass on explicitly (was: refused as unexpected)
+        assert torch.equal(model(x, interpolate_pos_encoding=None).logits, model(x).logits)
     with pytest.raises(TypeError, match=r"unexpected argument\(s\) \['head_mask'\]"):
         model(x, head_mask=torch.ones(4))
+    backbone = AutoModel.from_pretrained(default_model_folder())
+    with torch.no_grad():
+        backbone(x, interpolate_pos_encoding=None)
+    with pytest.raises(TypeError) as refused:  # the backbone takes no labels, and does not offer them
+        backbone(x, labels=torch.tensor([1]))
+    assert "['labels']; valid arguments: pixel_values, output_attentions," in str(refused.value)

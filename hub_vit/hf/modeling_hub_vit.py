@@ -11,6 +11,7 @@ This file is also bundled into saved model folders as transformers remote code (
 from __future__ import annotations
 
 import copy
+import json
 import os
 from typing import Any
 
@@ -22,7 +23,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 from transformers.utils import logging
 
-from hub_vit.hf.configuration_hub_vit import HubViTConfig
+from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
 from hub_vit.hf.image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from hub_vit.layers import Block
 from hub_vit.model import VisionTransformer
@@ -41,8 +42,6 @@ except ImportError:  # older 5.x: loading still works through base_model_prefix;
     _PREFIX_RULE = None
 
 logger = logging.get_logger(__name__)
-_FORWARD_KWARGS = ("pixel_values", "labels", "output_attentions", "output_hidden_states", "return_dict",
-                   "interpolate_pos_encoding")
 
 
 class HubViTLayer(GradientCheckpointingLayer, Block):
@@ -69,6 +68,9 @@ class HubViTPreTrainedModel(PreTrainedModel):
     # path; output_attentions=True always takes the explicit one, which returns the probabilities it computed
     _supports_sdpa = True
     accepts_loss_kwargs = False
+    # the keyword arguments forward() takes, named when it refuses another
+    forward_arguments: tuple[str, ...] = ("pixel_values", "output_attentions", "output_hidden_states", "return_dict",
+                                          "interpolate_pos_encoding")
 
     vit: VisionTransformer
 
@@ -111,7 +113,44 @@ class HubViTPreTrainedModel(PreTrainedModel):
                 write_remote_code(save_directory)
             if not os.path.exists(os.path.join(save_directory, PREPROCESSOR_FILE)):
                 write_processor_config(save_directory, self.config.timm_config()["pretrained_cfg"])
+            else:
+                self._warn_if_processor_size_differs(save_directory)
+            self._update_labels_file(save_directory)
         return result
+
+    def _update_labels_file(self, folder: str | os.PathLike) -> None:
+        """A model folder's labels.txt (one class name per line), where the folder has one, rewritten from the saved
+        id2label (removed for a backbone, which has no classes): saving over a folder must not leave the old model's
+        names beside the new head, which hub-vit's folder loader would refuse as a disagreement."""
+        try:
+            from hub_vit.folder import LABELS_FILE
+        except ImportError:  # running as remote code: the folder format is hub_vit's, and hub_vit is not installed
+            return
+        path = os.path.join(folder, LABELS_FILE)
+        if not os.path.isfile(path):
+            return
+        if not self.vit.spec.num_classes:
+            os.remove(path)
+            return
+        names = [label_at(self.config.id2label, i) for i in range(self.vit.spec.num_classes)]
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(f"{name}\n" for name in names))
+
+    def _warn_if_processor_size_differs(self, folder: str | os.PathLike) -> None:
+        """The folder's own preprocessor_config.json is kept (a processor saved there first); one sized for another
+        input than the model's (a folder saved over after `img_size=` / `resize_image`) is named, with the fix."""
+        try:
+            with open(os.path.join(folder, PREPROCESSOR_FILE), encoding="utf-8") as f:
+                size = json.load(f).get("size") or {}
+            kept = (int(size["height"]), int(size["width"]))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return  # not a hub-vit processor's file: not ours to judge
+        if kept != tuple(self.vit.spec.img_size):
+            logger.warning(f"{PREPROCESSOR_FILE} in {folder} (kept) prepares {kept[0]}x{kept[1]} images, but the "
+                           f"model saved there takes {self.vit.spec.img_size[0]}x{self.vit.spec.img_size[1]}: "
+                           "save the model's processor there too, e.g. AutoImageProcessor.from_pretrained(folder, "
+                           f"size={{'height': {self.vit.spec.img_size[0]}, 'width': {self.vit.spec.img_size[1]}}})"
+                           ".save_pretrained(folder), or delete the file before saving to have it written anew")
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *model_args: Any, **kwargs: Any) -> Any:
@@ -205,11 +244,12 @@ class HubViTPreTrainedModel(PreTrainedModel):
 
     def _check_kwargs(self, kwargs: dict[str, Any]) -> None:
         # ViT code passes interpolate_pos_encoding=True for other image sizes; here the position embedding always
-        # follows the input size (sincos computed, learned resampled), so the flag asks for what happens anyway
-        kwargs = {k: v for k, v in kwargs.items() if not (k == "interpolate_pos_encoding" and v is not None)}
-        if kwargs:
-            raise TypeError(f"{type(self).__name__}.forward() got unexpected argument(s) {sorted(kwargs)}; "
-                            f"valid arguments: {', '.join(_FORWARD_KWARGS)}")
+        # follows the input size (sincos computed, learned resampled), so the flag (True, False or ViT's default None)
+        # asks for what happens anyway
+        unexpected = sorted(k for k in kwargs if k != "interpolate_pos_encoding")
+        if unexpected:
+            raise TypeError(f"{type(self).__name__}.forward() got unexpected argument(s) {unexpected}; "
+                            f"valid arguments: {', '.join(self.forward_arguments)}")
 
     def _run(self, pixel_values: torch.Tensor, output_attentions: bool | None, output_hidden_states: bool | None):
         if pixel_values is None:
@@ -348,6 +388,9 @@ class HubViTModel(HubViTPreTrainedModel):
 
 class HubViTForImageClassification(HubViTPreTrainedModel):
     """Backbone + linear head (`vit.head`); `logits` (B, num_labels) and, given `labels`, the loss."""
+
+    forward_arguments = ("pixel_values", "labels", "output_attentions", "output_hidden_states", "return_dict",
+                         "interpolate_pos_encoding")
 
     def __init__(self, config: HubViTConfig) -> None:
         super().__init__(config)
