@@ -99,10 +99,59 @@ def test_config_json_serves_timm_too(spec: ViTSpec) -> None:
     (dict(img_size=230), "not divisible by the patch size 16"),
     (dict(widht=384), "did you mean 'width'"),
     (dict(num_classes=3, id2label={0: "a", 1: "b"}), "disagrees with id2label"),
+    (dict(drop_path_rate=1.0), r"drop_path_rate must be a number in \[0, 1\), got 1.0"),
+    # transformers' ViT dropout, which these blocks do not have, was stored and silently did nothing
+    (dict(hidden_dropout_prob=0.1), "hidden_dropout_prob=0.1: hub-vit models have no dropout inside the blocks"),
 ])
 def test_bad_config_values_raise_clear_errors(kwargs: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
         HubViTConfig(**kwargs)
+
+
+def test_assigned_config_values_are_checked() -> None:
+    # was: `config.width = "x"` and `config.pool_type = "xx"` accepted, failing later when a model was built or the
+    # config printed
+    from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
+
+    config = HubViTConfig()
+    with pytest.raises(StrictDataclassFieldValidationError, match="expected int, got str"):
+        config.width = "x"
+    config.pool_type = "xx"  # a value of the right type: checked by validate(), which save_pretrained runs
+    with pytest.raises(StrictDataclassClassValidationError, match="unknown pool_type 'xx'; valid choices"):
+        config.validate()
+
+
+def test_from_pretrained_names_the_field_meant_and_takes_timms_regularisation() -> None:
+    # was: TypeError "__init__() got an unexpected keyword argument 'image_size'" (ViT's name), and drop_path_rate
+    # refused the same way although the model implements it
+    from hub_vit.catalog import default_model_folder
+
+    folder = default_model_folder()
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['image_size'\] \(did you mean 'img_size'\?\)"):
+        AutoModelForImageClassification.from_pretrained(folder, image_size=64)
+    with pytest.raises(ValueError, match="attention_probs_dropout_prob=0.1: hub-vit models have no dropout"):
+        AutoModelForImageClassification.from_pretrained(folder, attention_probs_dropout_prob=0.1)
+    model = AutoModelForImageClassification.from_pretrained(folder, drop_path_rate=0.2, drop_rate=0.1)
+    assert model.vit.head_drop.p == 0.1
+    assert model.vit.blocks[-1].drop_path.drop_prob == pytest.approx(0.2)  # rising linearly to the rate
+    model.train()
+    x = torch.randn(2, 3, 32, 32).clamp(-1, 1)
+    assert not torch.equal(model(x).logits, model(x).logits)  # regularisation acts in training
+    model.eval()
+    assert torch.equal(model(x).logits, model(x).logits)
+
+
+def test_a_changed_spec_is_not_saved_under_the_loaded_name(tmp_path) -> None:
+    # was: a model loaded as simplevit_digits with depth=2 saved architecture 'simplevit_digits', which names another
+    # model to every card and tool that reads it
+    import json
+
+    from hub_vit.catalog import default_model_folder
+
+    AutoModelForImageClassification.from_pretrained(default_model_folder(), depth=2).save_pretrained(tmp_path / "d2")
+    assert json.loads((tmp_path / "d2" / "config.json").read_text())["architecture"] == "hub_vit"
+    AutoModelForImageClassification.from_pretrained(default_model_folder()).save_pretrained(tmp_path / "same")
+    assert json.loads((tmp_path / "same" / "config.json").read_text())["architecture"] == "simplevit_digits"
 
 
 def test_another_models_config_is_named_by_its_type(tmp_path) -> None:

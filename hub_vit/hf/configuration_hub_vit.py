@@ -8,8 +8,6 @@ This file is also bundled into every saved model folder as transformers remote c
 at module level it may import only the bundled hub_vit modules (variants), transformers and the standard library.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import difflib
 from typing import Any, ClassVar
@@ -25,18 +23,29 @@ SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ViTSpec)
 
 # Keys of a timm pretrained_cfg that describe where *other* weights live; a saved folder is its own source.
 _SOURCE_KEYS = ("url", "file", "state_dict", "hf_hub_id", "source", "custom_load", "architecture", "tag")
+# transformers' ViT dropout settings, which these models do not have: refused unless 0
+VIT_DROPOUT = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 # Keys that timm wants at the top of config.json and that we derive from the spec and labels on every save.
 _DERIVED_TIMM_KEYS = ("num_features", "model_args", "label_names")
 
 
-def timm_architecture(spec: ViTSpec) -> str:
+def timm_architecture(spec: ViTSpec, named: str | None = None) -> str:
     """The registered timm name whose architecture equals `spec` (`hub_vit.catalog.timm_architecture`), else the
-    generic 'hub_vit' entry point. As remote code, without the hub_vit package and its catalog of names, always the
-    generic one: it builds any spec."""
+    generic 'hub_vit' entry point. `named` (the config's own `architecture`) is kept while it still describes `spec`:
+    a model loaded as `simplevit_digits` and rebuilt with `depth=2` is no longer that model. As remote code, without
+    the hub_vit package and its catalog of names, `named` or the generic name: it builds any spec."""
     try:
+        from hub_vit.catalog import architecture_key, get_entry
         from hub_vit.catalog import timm_architecture as registered
     except ImportError:
-        return GENERIC_ARCHITECTURE
+        return named or GENERIC_ARCHITECTURE
+    if named is not None:
+        try:
+            entry = get_entry(named)
+        except KeyError:  # the generic entry point, or a name hub-vit does not register: the user's to keep
+            return named
+        if architecture_key(entry.spec) == architecture_key(spec):
+            return named
     return registered(spec)
 
 
@@ -54,6 +63,12 @@ def data_config(spec: ViTSpec, pretrained_cfg: dict[str, Any] | None = None) -> 
         fixed_input_size=False,  # sincos is recomputed and learned embeddings resampled for any size
     )
     return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
+
+
+def vit_dropout_refused(name: str, value: Any) -> str:
+    """Why transformers' ViT dropout setting `name` (one of `VIT_DROPOUT`) is refused at a value other than 0."""
+    return (f"{name}={value!r}: hub-vit models have no dropout inside the blocks (Google's recipes use none); their "
+            "regularisation is drop_rate (dropout before the head) and drop_path_rate (stochastic depth)")
 
 
 def label_at(id2label: dict[Any, str], index: int) -> str:
@@ -117,6 +132,10 @@ class HubViTConfig(PreTrainedConfig):
     # timm side: model name and data config (None = derived from the spec / defaults when saved)
     architecture: str | None = None
     pretrained_cfg: dict | None = None
+    # training-only regularisation, as timm's models take it (`VisionTransformer`): dropout on the features the head
+    # reads, and stochastic depth rising linearly to this rate over the blocks; neither changes the weights
+    drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
 
     def __post_init__(self, **kwargs: Any) -> None:
         # A dict that to_dict() wrote (config.json: it always has timm's `model_args`) is data: its extra attributes
@@ -133,6 +152,10 @@ class HubViTConfig(PreTrainedConfig):
         if "variant" in kwargs:  # the timm generic entry point's spelling; a config stores the fields themselves
             raise ValueError(f"HubViTConfig has no 'variant' field; build it from the variant table: "
                              f"HubViTConfig.from_spec(ViTSpec.from_variant({kwargs['variant']!r}, ...))")
+        for name in VIT_DROPOUT:  # transformers' ViT names: a ported recipe must not lose its dropout silently
+            if kwargs.get(name):
+                raise ValueError(vit_dropout_refused(name, kwargs[name]))
+        self._check_rates()
         known = set(SWITCHES) | set(self.attribute_map)
         typos = {k: difflib.get_close_matches(k, SWITCHES, n=1, cutoff=0.8) for k in kwargs if k not in known}
         typos = {k: v[0] for k, v in typos.items() if v and not saved}
@@ -154,6 +177,18 @@ class HubViTConfig(PreTrainedConfig):
         self.class_token = spec.class_token
         self.rep_size = spec.rep_size
 
+    def validate_fields(self) -> None:
+        """transformers' `validate()`, which `save_pretrained` runs: the checks `__post_init__` makes, again, for
+        values assigned after construction (`config.pool_type = "cls"`; assignment itself checks only the type)."""
+        self._check_rates()
+        self.to_spec()
+
+    def _check_rates(self) -> None:
+        for name in ("drop_rate", "drop_path_rate"):
+            rate = getattr(self, name)
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+                raise ValueError(f"{name} must be a number in [0, 1), got {rate!r}")
+
     # ------------------------------------------------------------------------------------------------------- spec
     def to_spec(self) -> ViTSpec:
         """The `ViTSpec` this config describes (raises ValueError for any invalid field)."""
@@ -167,7 +202,7 @@ class HubViTConfig(PreTrainedConfig):
             raise ValueError(f"invalid HubViTConfig: {exc}") from exc
 
     @classmethod
-    def from_spec(cls, spec: ViTSpec, **kwargs: Any) -> HubViTConfig:
+    def from_spec(cls, spec: ViTSpec, **kwargs: Any) -> "HubViTConfig":
         """`HubViTConfig.from_spec(spec, id2label=..., pretrained_cfg=...)`; id2label needs num_classes entries.
         A keyword that is a spec field (`num_classes=5`, `img_size=384`) overrides the spec's value."""
         fields = spec.to_dict()
@@ -189,7 +224,7 @@ class HubViTConfig(PreTrainedConfig):
         labels = [label_at(self.id2label, i) for i in range(spec.num_classes)] if self.id2label else []
         generic = all(label == f"LABEL_{i}" for i, label in enumerate(labels))
         out: dict[str, Any] = dict(
-            architecture=self.architecture or timm_architecture(spec),
+            architecture=timm_architecture(spec, self.architecture),
             num_classes=spec.num_classes,
             num_features=spec.num_features,
             model_args=spec.to_dict(),

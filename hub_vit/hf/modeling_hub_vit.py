@@ -11,6 +11,7 @@ This file is also bundled into saved model folders as transformers remote code (
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import os
 from typing import Any
@@ -23,7 +24,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 from transformers.utils import logging
 
-from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
+from hub_vit.hf.configuration_hub_vit import SPEC_FIELDS, VIT_DROPOUT, HubViTConfig, label_at, vit_dropout_refused
 from hub_vit.hf.image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from hub_vit.layers import Block
 from hub_vit.model import VisionTransformer
@@ -50,8 +51,27 @@ class HubViTLayer(GradientCheckpointingLayer, Block):
     and forward as `hub_vit.layers.Block`."""
 
 
-def _vit(spec: Any) -> VisionTransformer:
-    return VisionTransformer(spec, block_fn=HubViTLayer)
+def _vit(spec: Any, config: HubViTConfig) -> VisionTransformer:
+    return VisionTransformer(spec, block_fn=HubViTLayer, drop_rate=config.drop_rate,
+                             drop_path_rate=config.drop_path_rate)
+
+
+def _refuse_unknown(cls: type, args: tuple, kwargs: dict[str, Any]) -> None:
+    """What `from_pretrained` passes on to the model because the config has no such field (`image_size=64`), named
+    with the field meant, instead of Python's bare "unexpected keyword argument"."""
+    if args:
+        raise TypeError(f"{cls.__name__} takes its config only; got {len(args)} more positional argument(s)")
+    for name in VIT_DROPOUT:  # transformers' ViT settings: 0 asks for nothing
+        value = kwargs.pop(name, 0)
+        if value:
+            raise ValueError(vit_dropout_refused(name, value))
+    if kwargs:
+        bad = sorted(kwargs)[0]
+        fields = [*SPEC_FIELDS, *HubViTConfig.attribute_map, "drop_rate", "drop_path_rate"]
+        guess = difflib.get_close_matches(bad, fields, n=1, cutoff=0.7)
+        raise TypeError(f"{cls.__name__}: unknown argument(s) {sorted(kwargs)}"
+                        + (f" (did you mean {guess[0]!r}?)" if guess else "")
+                        + f"; valid config fields: {', '.join(SPEC_FIELDS)}, drop_rate, drop_path_rate")
 
 
 class HubViTPreTrainedModel(PreTrainedModel):
@@ -206,7 +226,7 @@ class HubViTPreTrainedModel(PreTrainedModel):
             return self
         param = next(self.vit.parameters())
         with torch.device("meta"):
-            vit = _vit(spec)
+            vit = _vit(spec, self.config)
         vit.load_state_dict(adapt_state_dict(self.vit.state_dict(), vit, self.vit.spec.grid_size), assign=True)
         vit.grad_checkpointing = self.vit.grad_checkpointing
         self.vit = vit.to(device=param.device, dtype=param.dtype).train(self.vit.training)
@@ -359,11 +379,12 @@ class HubViTModel(HubViTPreTrainedModel):
 
     _keys_to_ignore_on_load_unexpected = [r"head\."]  # loading a classifier checkpoint into the backbone
 
-    def __init__(self, config: HubViTConfig) -> None:
+    def __init__(self, config: HubViTConfig, *args: Any, **kwargs: Any) -> None:
         # the config keeps its labels (a classifier can be built from it, as from transformers' ViTModel's); the
         # module has no head, and a saved folder says so to timm (`HubViTConfig.weights_spec`)
+        _refuse_unknown(type(self), args, kwargs)
         super().__init__(config)
-        self.vit = _vit(config.to_spec().replace(num_classes=0))
+        self.vit = _vit(config.to_spec().replace(num_classes=0), config)
         self.post_init()
 
     def forward(
@@ -392,13 +413,14 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
     forward_arguments = ("pixel_values", "labels", "output_attentions", "output_hidden_states", "return_dict",
                          "interpolate_pos_encoding")
 
-    def __init__(self, config: HubViTConfig) -> None:
+    def __init__(self, config: HubViTConfig, *args: Any, **kwargs: Any) -> None:
+        _refuse_unknown(type(self), args, kwargs)
         super().__init__(config)
         if not config.num_labels:
             raise ValueError("HubViTForImageClassification needs num_labels >= 1 (got 0); use HubViTModel for "
                              "features, or pass num_labels=... / id2label=...")
         self.num_labels = config.num_labels
-        self.vit = _vit(config.to_spec())
+        self.vit = _vit(config.to_spec(), config)
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Module:
