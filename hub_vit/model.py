@@ -57,10 +57,6 @@ def _check_timm_regularisation(overrides: dict[str, Any], **rates: float) -> Non
                              "drop_rate (dropout before the head) and drop_path_rate (stochastic depth)")
 
 
-def _tracing() -> bool:
-    return torch.jit.is_tracing() or torch.compiler.is_compiling()
-
-
 # The two functions below hold every shape-dependent branch of the forward pass. torch.fx keeps them as single calls
 # (`torch.fx.wrap`, what timm's `register_notrace_function` does), so symbolic tracing (timm's features_only on ViTs,
 # torchvision's create_feature_extractor) sees no control flow on traced values, and the traced graph still runs them.
@@ -71,7 +67,9 @@ def check_pixels(x: torch.Tensor, in_chans: int, patch_size: int, filters: torch
     patch `filters` outside autocast, wrong channel count, a size that is not a patch multiple); returns `x`
     unchanged. (The filters, not their dtype: a model traced by FX and then scripted hands this function a dtype as
     the integer TorchScript keeps it as, a tensor as itself.)"""
-    if _tracing():
+    # torch.jit.trace would bake each check's outcome into its graph; torch.compile and torch.export keep them as
+    # shape guards (an export with a dynamic image size declares it as `patch * Dim`, which satisfies the check)
+    if torch.jit.is_tracing():
         return x
     if x.ndim != 4:
         raise ValueError(f"expected a (batch, channels, height, width) image tensor, got shape {tuple(x.shape)}")

@@ -185,6 +185,20 @@ def test_bad_input_is_a_clear_error(shape: tuple[int, ...], message: str) -> Non
         model(torch.randn(*shape))
 
 
+def test_a_compiled_model_checks_its_input_too() -> None:
+    # was: torch.compile skipped the checks, and a 60x64 image was cropped silently to 48x64 (eager: the error below);
+    # backend="eager" runs dynamo's tracing, where the checks were skipped, without compiling kernels
+    model = _model("simplevit_gap_rep").eval()
+    compiled = torch.compile(model, backend="eager")
+    with pytest.raises(ValueError, match="image size 60x64 is not divisible by the patch size 16"):
+        compiled(torch.randn(1, 3, 60, 64))
+    with pytest.raises(ValueError, match="expected 3 input channels, got 1"):
+        compiled(torch.randn(1, 1, 64, 64))
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-5)
+
+
 def test_raw_uint8_pixels_are_a_clear_error() -> None:
     """Was torch's "Input type (unsigned char) and bias type (float) should be the same" from inside the conv."""
     model = _model("simplevit_gap_rep")
