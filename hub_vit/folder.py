@@ -41,6 +41,7 @@ from hub_vit.variants import MODEL_TYPE, ViTSpec
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 LABELS_FILE = "labels.txt"
+SHARDED_INDEX = "model.safetensors.index.json"  # transformers' index of weights saved in several files
 NATIVE_DIR = "native"
 
 ExtraFile = str | bytes | Path | Mapping[str, Any] | Sequence[Any]
@@ -384,6 +385,10 @@ def model_folder_files(folder: str | os.PathLike[str]) -> tuple[Path, Path]:
     if problem is not None:
         raise problem
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    if not weights_path.is_file() and (folder / SHARDED_INDEX).is_file():
+        raise FileNotFoundError(f"{folder} holds its weights in shards ({SHARDED_INDEX}, save_pretrained with a "
+                                f"max_shard_size below the model's size); a hub-vit model folder holds one "
+                                f"{WEIGHTS_FILE}, which timm reads too: save it again without max_shard_size")
     for path in (config_path, weights_path):
         if not path.is_file():
             raise FileNotFoundError(f"{folder} is not a hub-vit model folder: {path.name} is missing")

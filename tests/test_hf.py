@@ -277,6 +277,20 @@ def test_saving_over_a_model_folder_leaves_a_folder_hub_vit_loads(tmp_path, capl
         "takes 64x64" in caplog.text
 
 
+def test_a_sharded_save_is_named_as_such(tmp_path, caplog) -> None:
+    # was: saved silently, then "model.safetensors is missing" from hub-vit's loader (timm: "missing keys (44)")
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.folder import load_model_folder
+
+    model = AutoModelForImageClassification.from_pretrained(default_model_folder())
+    with caplog.at_level("WARNING"):
+        model.save_pretrained(tmp_path, max_shard_size="200KB")
+    assert "the weights were saved in shards (max_shard_size)" in caplog.text
+    with pytest.raises(FileNotFoundError, match=r"holds its weights in shards \(model.safetensors.index.json"):
+        load_model_folder(tmp_path)
+    assert AutoModelForImageClassification.from_pretrained(tmp_path).config.num_labels == 10  # transformers' own
+
+
 def test_new_head_on_load_keeps_the_backbone(tmp_path) -> None:
     spec = SPECS["vit"]
     vit = _randomised(spec)
@@ -382,9 +396,12 @@ def test_an_uncached_hub_repo_fails_at_once_naming_the_hub_and_the_cache(tmp_pat
     from hub_vit.network import HubUnreachableError
 
     with pytest.raises(HubUnreachableError, match=r"cannot load 'hub-vit-test/absent': cannot reach the Hugging "
-                                                  r"Face Hub at http://hub\.invalid.*the local cache does not hold it"):
+                                                  r"Face Hub at http://hub\.invalid.*the local cache") as refused:
         HubViTForImageClassification.from_pretrained("hub-vit-test/absent", cache_dir=tmp_path)
     assert unreachable_hub == []
+    assert f"the local cache ({tmp_path}) does not hold it" in str(refused.value)
+    # was: huggingface_hub's advice to set local_files_only=False, which the caller never set
+    assert "local_files_only" not in str(refused.value)
 
 
 def test_a_timm_name_says_how_to_load_its_weights(tmp_path, unreachable_hub) -> None:

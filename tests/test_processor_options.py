@@ -134,9 +134,20 @@ def test_return_tensors_none_gives_a_list_as_vits_processor(odd: Image.Image, at
     assert _processor()([odd, at_size])["pixel_values"].shape == (2, 3, 32, 32)
 
 
+def test_device_is_taken_as_vits_processor_takes_it(odd: Image.Image) -> None:
+    # was: TypeError "unexpected preprocessing argument(s) ['device']"; the meta device shows the move on any host
+    ours = _processor()(odd, device="meta")["pixel_values"]
+    theirs = _vit()(odd, device="meta", return_tensors="pt")["pixel_values"]
+    assert ours.device == theirs.device == torch.device("meta") and ours.shape == theirs.shape
+    assert all(p.device.type == "meta" for p in _processor()([odd, odd], device="meta", return_tensors=None)[
+        "pixel_values"])
+    with pytest.raises(ValueError, match="needs torch tensors; numpy arrays"):
+        _processor()(odd, device="meta", return_tensors="np")
+
+
 @pytest.mark.parametrize(("options", "error", "needle"), [
     (dict(rescale_factor=1 / 127.5), TypeError, r"unexpected preprocessing argument\(s\) \['rescale_factor'\]; valid: "
-                                                r"images, return_tensors, size, crop_pct"),
+                                                r"images, return_tensors, device, size, crop_pct"),
     (dict(crop_size=32), TypeError, r"\['crop_size'\]; valid: .*do_resize, do_center_crop, do_rescale"),
     (dict(size={"shortest_edge": 40}), ValueError, r"'shortest_edge' and 'longest_edge' are not supported"),
     (dict(do_resize="no"), ValueError, "do_resize must be True or False, got 'no'"),

@@ -188,14 +188,21 @@ class HubViTImageProcessor(BaseImageProcessor):
             cached = self._own_transform = (copy.deepcopy(own), _build_transform(own))
         return cached[1]
 
-    def preprocess(self, images: Any, return_tensors: str | None = "pt", **options: Any) -> BatchFeature:
+    def preprocess(self, images: Any, return_tensors: str | None = "pt", device: str | torch.device | None = None,
+                   **options: Any) -> BatchFeature:
         """One image or a list (PIL; numpy or torch, HWC / CHW / (H, W) grey, uint8, 16-bit grey or [0, 1] floats; a
         4-D array is a batch) -> `pixel_values` (B, C, H, W); `return_tensors=None` gives a list of (C, H, W)
-        tensors, as ViT's processor does. `options`: any setting (`SETTINGS`, or ViT's `resample`), for this call."""
+        tensors, as ViT's processor does. `device`: where the tensors go (transformers' processors take it; the
+        preparation itself runs on the CPU). `options`: any setting (`SETTINGS`, or ViT's `resample`), for this
+        call."""
         unknown = sorted(set(options) - set(CALL_OPTIONS))
         if unknown:
-            raise TypeError(f"unexpected preprocessing argument(s) {unknown}; valid: images, return_tensors, "
+            raise TypeError(f"unexpected preprocessing argument(s) {unknown}; valid: images, return_tensors, device, "
                             f"{', '.join(CALL_OPTIONS)}")
+        target = None if device is None else torch.device(device)  # a bad name fails here, before any image work
+        if target is not None and target.type != "cpu" and return_tensors == "np":
+            raise ValueError(f"device={str(device)!r} needs torch tensors; numpy arrays (return_tensors='np') live on "
+                             "the CPU")
         if return_tensors not in (None, "pt", "np"):
             raise ValueError(f"return_tensors must be 'pt', 'np' or None, got {return_tensors!r}")
         settings = self.settings(**options)
@@ -211,6 +218,8 @@ class HubViTImageProcessor(BaseImageProcessor):
             if settings["do_resize"]:
                 _check_resize(settings, *pil.size)
             pixels.append(transform(pil))  # (C, H, W)
+        if target is not None:
+            pixels = [p.to(target) for p in pixels]
         if return_tensors is None:
             return BatchFeature(data={"pixel_values": pixels})
         shapes = sorted({tuple(p.shape) for p in pixels})

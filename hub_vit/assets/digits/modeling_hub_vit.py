@@ -138,6 +138,10 @@ class HubViTPreTrainedModel(PreTrainedModel):
             else:
                 self._warn_if_processor_size_differs(save_directory)
             self._update_labels_file(save_directory)
+            if os.path.exists(os.path.join(save_directory, "model.safetensors.index.json")):
+                logger.warning(f"{save_directory}: the weights were saved in shards (max_shard_size); transformers "
+                               "loads them, but timm and hub-vit's own commands read one model.safetensors: save "
+                               "without max_shard_size for a folder all of them read")
         return result
 
     def _update_labels_file(self, folder: str | os.PathLike) -> None:
@@ -192,8 +196,12 @@ class HubViTPreTrainedModel(PreTrainedModel):
                 if hint:
                     raise OSError(f"{err}\n{hint}") from err
                 raise
+            # not huggingface_hub's own words: they advise setting local_files_only=False, which hub-vit set here
+            from huggingface_hub.constants import HF_HUB_CACHE
+
+            cache = kwargs.get("cache_dir") or HF_HUB_CACHE
             raise HubUnreachableError(f"cannot load {pretrained_model_name_or_path!r}: {unreachable}, and the local "
-                                      f"cache does not hold it ({err.__cause__}){hint and chr(10) + hint}") from err
+                                      f"cache ({cache}) does not hold it{hint and chr(10) + hint}") from err
 
     @classmethod
     def _load(cls, pretrained_model_name_or_path: Any, model_args: tuple, kwargs: dict[str, Any]) -> Any:
