@@ -36,11 +36,10 @@ from hub_vit.atomic import (
     staging_dir,
 )
 from hub_vit.model import VisionTransformer
-from hub_vit.variants import MODEL_TYPE, ViTSpec
+from hub_vit.variants import LABELS_FILE, MODEL_TYPE, ViTSpec
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-LABELS_FILE = "labels.txt"
 SHARDED_INDEX = "model.safetensors.index.json"  # transformers' index of weights saved in several files
 NATIVE_DIR = "native"
 

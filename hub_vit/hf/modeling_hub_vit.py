@@ -29,7 +29,7 @@ from hub_vit.hf.image_processing_hub_vit import PREPROCESSOR_FILE, write_process
 from hub_vit.layers import Block
 from hub_vit.model import VisionTransformer
 from hub_vit.network import HubUnreachableError, check_reachable, hub_endpoint
-from hub_vit.variants import to_2tuple
+from hub_vit.variants import LABELS_FILE, to_2tuple
 from hub_vit.weights import adapt_state_dict
 from hub_vit.weights_check import check_values, check_weights_file
 
@@ -146,10 +146,6 @@ class HubViTPreTrainedModel(PreTrainedModel):
         """A model folder's labels.txt (one class name per line), where the folder has one, rewritten from the saved
         id2label (removed for a backbone, which has no classes): saving over a folder must not leave the old model's
         names beside the new head, which hub-vit's folder loader would refuse as a disagreement."""
-        try:
-            from hub_vit.folder import LABELS_FILE
-        except ImportError:  # running as remote code: the folder format is hub_vit's, and hub_vit is not installed
-            return
         path = os.path.join(folder, LABELS_FILE)
         if not os.path.isfile(path):
             return

@@ -257,6 +257,9 @@ GENERIC_ARCHITECTURE = "hub_vit"
 # config.json's `model_type` in a hub-vit model folder: transformers' HubViTConfig, and what the folder readers and
 # the Hub fetch check
 MODEL_TYPE = "hub_vit"
+# a model folder's class names, one per line (line i = class i): hub_vit.folder writes and checks it, and a
+# transformers save_pretrained over a folder rewrites it (the remote-code bundle holds this module, not the folder's)
+LABELS_FILE = "labels.txt"
 
 # timm data config of a Google ViT without published weights: Google's evaluation transform (hub_vit.data_config),
 # without an input size (the spec's img_size gives it)

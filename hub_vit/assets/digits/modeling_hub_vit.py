@@ -31,7 +31,7 @@ from .image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from .hub_vit_layers import Block
 from .hub_vit_model import VisionTransformer
 from .hub_vit_network import HubUnreachableError, check_reachable, hub_endpoint
-from .hub_vit_variants import to_2tuple
+from .hub_vit_variants import LABELS_FILE, to_2tuple
 from .hub_vit_weights import adapt_state_dict
 from .hub_vit_weights_check import check_values, check_weights_file
 
@@ -148,10 +148,6 @@ class HubViTPreTrainedModel(PreTrainedModel):
         """A model folder's labels.txt (one class name per line), where the folder has one, rewritten from the saved
         id2label (removed for a backbone, which has no classes): saving over a folder must not leave the old model's
         names beside the new head, which hub-vit's folder loader would refuse as a disagreement."""
-        try:
-            raise ImportError('hub_vit.folder is not bundled with this model folder; install hub-vit for this feature')
-        except ImportError:  # running as remote code: the folder format is hub_vit's, and hub_vit is not installed
-            return
         path = os.path.join(folder, LABELS_FILE)
         if not os.path.isfile(path):
             return
