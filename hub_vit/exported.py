@@ -56,12 +56,15 @@ def find_model_metadata(exported: Path) -> dict[str, Any] | None:
 def load_onnx_graph(path: Path) -> Any:
     """The graph of an ONNX file (weights not loaded); a corrupt or truncated file is a ValueError naming it."""
     import onnx
+    from google.protobuf import json_format, text_format
     from google.protobuf.message import DecodeError
 
     try:
         graph = onnx.load(str(path), load_external_data=False).graph
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"{str(path)!r} is not a valid ONNX model (truncated or corrupt?): {exc}") from None
+    except (DecodeError, ValueError, RuntimeError, json_format.Error, text_format.Error) as exc:
+        # onnx.load reads a .json / .txt file as protobuf JSON / text: an export report beside the graph, say
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{str(path)!r} is not a valid ONNX model (truncated or corrupt?): {reason}") from None
     if not graph.node:  # protobuf reads many short files of other kinds as an empty model
         raise ValueError(f"{str(path)!r} is not a valid ONNX model (truncated or corrupt?): it holds no graph")
     return graph

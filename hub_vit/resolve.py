@@ -121,9 +121,12 @@ class ResolvedModel:
                             origin=f"in-memory module {name!r}", weights="in memory")
 
 
-def locate(reference: str | Path | None, *, model_name: str | None = None, download: bool = True) -> ModelRef:
+def locate(reference: str | Path | None, *, model_name: str | None = None, download: bool = True,
+           graphs: bool = True) -> ModelRef:
     """Check and classify `reference` (see the module docstring); nothing is loaded. `download=False` accepts a
-    registered checkpoint only when it is in hub-vit's download cache already (or ships in the package)."""
+    registered checkpoint only when it is in hub-vit's download cache already (or ships in the package).
+    `graphs=False`: the caller needs a torch model (export, rollout, the demo), so an exported file is refused, and
+    the messages offer only what it takes."""
     if reference is None:
         return _default_ref()
     if not isinstance(reference, (str, Path)):  # e.g. a module: its repr would be taken for a path
@@ -139,10 +142,9 @@ def locate(reference: str | Path | None, *, model_name: str | None = None, downl
     if path.is_dir():
         ref = _folder_ref(path, text)
     elif path.is_file():
-        ref = _file_ref(path, text, suffix, model_name)
+        ref = _file_ref(path, text, suffix, model_name, graphs)
     elif suffix in (".onnx", *ENGINE_SUFFIXES, *WEIGHT_SUFFIXES) or "/" in text:
-        raise ValueError(f"model path {text!r} does not exist (expected a model folder, an .onnx file, a TensorRT "
-                         f"engine or a weights file){_hub_hint(text)}")
+        raise ValueError(f"model path {text!r} does not exist (expected {_takes(graphs)}){_hub_hint(text)}")
     else:
         if model_name is not None and model_name != text:
             raise ValueError(f"--model {model_name!r} is only for weights files; {text!r} is not a weights file")
@@ -210,7 +212,15 @@ def _sharded(path: Path) -> str:
             "max_shard_size: save the model again in one file, save_pretrained(FOLDER, max_shard_size=\"50GB\")")
 
 
-def _file_ref(path: Path, text: str, suffix: str, model_name: str | None) -> ModelRef:
+def _takes(graphs: bool) -> str:
+    """What a model reference given as a path may be, for a caller that takes exported graphs or not."""
+    weights = f"a weights file ({', '.join(WEIGHT_SUFFIXES)})"
+    if not graphs:
+        return f"a model folder or {weights}"
+    return f"a model folder, an .onnx file, a TensorRT engine ({', '.join(ENGINE_SUFFIXES)}) or {weights}"
+
+
+def _file_ref(path: Path, text: str, suffix: str, model_name: str | None, graphs: bool = True) -> ModelRef:
     if suffix == ".onnx":
         return ModelRef("onnx", str(path.resolve()))
     if suffix in ENGINE_SUFFIXES:
@@ -222,8 +232,7 @@ def _file_ref(path: Path, text: str, suffix: str, model_name: str | None) -> Mod
         if model_name is not None:
             _entry(model_name)
         return ModelRef("npz" if suffix == ".npz" else "weights", str(path.resolve()), model_name=model_name)
-    raise ValueError(f"{text!r} is a file but not a model: give a model folder, an .onnx file, a TensorRT engine "
-                     f"({', '.join(ENGINE_SUFFIXES)}) or a weights file ({', '.join(WEIGHT_SUFFIXES)})")
+    raise ValueError(f"{text!r} is a file but not a model: give {_takes(graphs)}")
 
 
 def _names() -> list[str]:

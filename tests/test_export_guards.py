@@ -3,6 +3,7 @@ and an unavailable execution provider. Tiny models (width 64, depth 2, 32x32) ke
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -206,6 +207,54 @@ def test_only_the_fp32_graph_is_required_when_no_variant_is_named(monkeypatch: p
         result = CliRunner().invoke(app, ["export", "onnx", "/nonexistent/model", *args])
         assert result.exit_code == 2, result.output
     assert asked == [None, ["int8-static"]]
+
+
+def test_the_fp32_graph_is_required_under_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: `all` marked fp32 optional like the variants it chose itself, so an fp32 graph that failed verification
+    # exited 0 (report: "required": false) while the completed export replaced a good earlier one with nothing
+    from hub_vit.export import criterion
+
+    assert ExportPlan.of(["all"]).required("fp32") and ExportPlan.of(["all", "fp32"]).required("fp32")
+    assert ExportPlan(("fp32", "optimized"), optional={"fp32", "optimized"}).optional == {"optimized"}
+    out = tmp_path / "exports"
+    export_variants(_model(FAMILIES["simplevit_gap"]), out, ExportPlan(("fp32",), exporter="torchscript"),
+                    VerificationSet(n_random=4, n_photos=4, seed=0))  # the good earlier export
+    monkeypatch.setattr(criterion, "FP32_MAX_ABS", -1.0)  # below any |diff|: every fp32 graph fails its bound
+    _load_commands()
+    result = CliRunner().invoke(app, ["export", "onnx", str(default_model_folder()), "-o", str(out), "-v", "all",
+                                      "--random-inputs", "4", "--photos", "4", "--calibration", "4", "--seed", "0",
+                                      "--exporter", "torchscript"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, text  # as `-v fp32` or no --variant: a required variant was not written
+    assert "not written: fp32 (reasons in the table and the report)" in text, text
+    report = json.loads((out / "model.export.json").read_text())
+    fp32 = next(v for v in report["variants"] if v["variant"] == "fp32")
+    assert fp32["required"] and not fp32["written"] and fp32["error"].startswith("verification failed: ")
+    # a completed export replaces the earlier one whatever failed, as for every required variant (docs/export.md)
+    assert report["removed"] == ["model.onnx"] and not (out / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("case", ["a picture", "a missing .onnx file", "a missing folder"])
+def test_a_source_that_is_no_model_is_told_what_export_takes(tmp_path: Path, case: str) -> None:
+    # was: "give a model folder, an .onnx file, a TensorRT engine (.plan, .engine) or a weights file" (what serve
+    # takes), for a command that refuses .onnx files and engines
+    from PIL import Image
+
+    picture = tmp_path / "image.jpg"
+    Image.new("RGB", (8, 8)).save(picture)
+    source = {"a picture": picture, "a missing .onnx file": tmp_path / "missing.onnx",
+              "a missing folder": tmp_path / "no-such-model"}[case]
+    _load_commands()
+    out = tmp_path / "exports"
+    result = CliRunner().invoke(app, ["export", "onnx", str(source), "-o", str(out)])
+    text = " ".join(result.output.split())
+    takes = "a model folder or a weights file (.safetensors, .npz, .pt, .pth, .bin)"
+    said = f"{str(source)!r} is a file but not a model: give {takes}" if case == "a picture" else \
+        f"model path {str(source)!r} does not exist (expected {takes})"
+    assert result.exit_code == 2, text
+    assert f"error: {said}" in text, text
+    assert ".onnx file" not in text and "TensorRT engine" not in text, text
+    assert not out.exists()
 
 
 def test_a_model_without_a_classifier_head_exports(tmp_path: Path) -> None:

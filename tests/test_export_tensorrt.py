@@ -120,6 +120,31 @@ def test_the_users_mistakes_are_named_before_tensorrt_is_looked_for(tmp_path: Pa
     assert [p.name for p in tmp_path.iterdir()] == ["tiny.onnx"]
 
 
+def test_the_export_report_is_named_as_such_with_the_graph_beside_it(tmp_path: Path) -> None:
+    # was: a rich traceback, `ParseError: Message type "onnx.ModelProto" has no field named "source"`, exit 1 (onnx
+    # reads a .json file as protobuf JSON), where a picture or an empty file got a one-line "not a valid ONNX model"
+    from hub_vit.export.plan import ExportPlan, VerificationSet
+    from hub_vit.export.variants import export_variants
+
+    torch.manual_seed(0)
+    spec = ViTSpec(width=64, depth=2, mlp_dim=128, num_heads=2, patch_size=8, img_size=32, num_classes=10,
+                   head_zeroinit=False, posemb="sincos2d", pool_type="gap")
+    out = tmp_path / "digits-onnx"
+    report = export_variants(VisionTransformer(spec).eval(), out, ExportPlan(("fp32",), exporter="torchscript"),
+                             VerificationSet(n_random=4, n_photos=4, seed=0))
+    code, said = _export_tensorrt(report.report_file)
+    assert code == 2 and "Traceback" not in said and "NVIDIA GPU" not in said, said
+    assert (f"error: {report.report_file!r} is not a valid ONNX model: it is the report of `hub-vit export onnx`; "
+            f"give the fp32 graph beside it: {str(out / 'model.onnx')!r}") in said, said
+    renamed = tmp_path / "report.json"  # any protobuf JSON that is not a model: the generic answer
+    renamed.write_text(Path(report.report_file).read_text())
+    code, said = _export_tensorrt(str(renamed))
+    assert code == 2 and "Traceback" not in said, said
+    assert f"error: {str(renamed)!r} is not a valid ONNX model (truncated or corrupt?): Message type " \
+           "\"onnx.ModelProto\" has no field named \"source\"" in said, said
+    assert sorted(p.name for p in out.iterdir()) == ["model.export.json", "model.onnx"]  # no engine, no record
+
+
 def test_batch_profile_is_validated() -> None:
     with pytest.raises(ValueError, match="min <= opt <= max"):
         BatchProfile(8, 4, 16)

@@ -78,7 +78,7 @@ def onnx_cmd(
         list(registry.names(default=True)), "-v", "--variant",
         help=f"Variant(s) to write: {registry.help_text()}; or '{ALL}': every variant this host can build and gains "
              "from (the others are listed as not built; a refusal of one of them is reported, and fails the command "
-             "only for a variant also named). Repeatable."),
+             "only for fp32, which every other variant is built from, or a variant also named). Repeatable."),
     attentions: bool = typer.Option(False, "--attentions", help="Also write <stem>.attentions.onnx (attention maps)."),
     dynamic_size: bool = typer.Option(False, help="Symbolic height/width (sincos2d models only)."),
     dynamic_batch: bool = typer.Option(True, help="Symbolic batch axis (default), or a graph fixed to batch 1."),

@@ -36,8 +36,9 @@ class ExportPlan:
     """The variants to write, in order (registry names), and how.
 
     `optional`: variants that may be refused (not built on this host, or failing verification) without failing the
-    export: the ones `all` chose, or `--cpu-variant auto`'s candidates. Every other variant was named, and must be
-    written. `left_out`: variants `all` did not try on this host, and why (reported beside the others)."""
+    export: the ones `all` chose, or `--cpu-variant auto`'s candidates; never the fp32 graph, which is required
+    whenever it is built. Every other variant was named, and must be written. `left_out`: variants `all` did not try
+    on this host, and why (reported beside the others)."""
 
     variants: tuple[str, ...] = registry.names(default=True)
     optional: frozenset[str] = frozenset()
@@ -61,7 +62,9 @@ class ExportPlan:
             raise VariantChoiceError(f"unsupported precision/variant {', '.join(map(repr, unknown))}; valid choices: "
                                      f"{', '.join(registry.names())}")
         object.__setattr__(self, "variants", tuple(dict.fromkeys(names)))
-        object.__setattr__(self, "optional", frozenset(self.optional))
+        # every other variant is built from the fp32 graph, and a completed export replaces the earlier one: an
+        # optional fp32 let `--variant all` exit 0 with nothing written in place of a good earlier export
+        object.__setattr__(self, "optional", frozenset(self.optional) - {FP32})
         if self.providers is not None:
             object.__setattr__(self, "providers", tuple(self.providers) or None)
         check_stem(self.stem)
@@ -73,9 +76,9 @@ class ExportPlan:
     @classmethod
     def of(cls, requested: Sequence[str] | None, host: Host | None = None, **how: object) -> ExportPlan:
         """The plan for what a user names: registry names, or `all` (every variant `host` can build and that pays
-        off there; the rest are reported as left out). A name given besides `all` must be written. None: nothing
-        named, so the default variants, of which only the fp32 graph must be written (an int8 graph that fails
-        verification is reported, as `all` reports one, without failing the export)."""
+        off there; the rest are reported as left out). A name given besides `all`, and the fp32 graph, must be
+        written. None: nothing named, so the default variants, of which only the fp32 graph must be written (an int8
+        graph that fails verification is reported, as `all` reports one, without failing the export)."""
         if requested is None:
             defaults = registry.names(default=True)
             return cls(defaults, optional=frozenset(defaults) - {FP32}, host=host, **how)  # type: ignore[arg-type]

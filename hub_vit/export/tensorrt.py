@@ -20,7 +20,7 @@ import numpy as np
 from hub_vit.atomic import atomic_path, file_in_the_way
 from hub_vit.export.onnx_export import INPUT_NAME, LOGITS
 from hub_vit.export.plan import check_seed
-from hub_vit.exported import load_onnx_graph
+from hub_vit.exported import REPORT_SUFFIX, load_onnx_graph
 
 SUPPORTED_MAJOR = 10  # the API this build uses; see the module docstring
 INSTALL = "pip install 'tensorrt>=10,<11'"
@@ -85,9 +85,32 @@ def _check_fp32_logits_graph(graph: Any, onnx_path: Path) -> None:
                          "fp32 graph (model.onnx of `hub-vit export onnx`) and makes its own fp16 engine")
 
 
+def _refuse_export_report(onnx_path: Path) -> None:
+    """`<stem>.export.json` sits beside the graphs it describes and is easily taken for one: name it as the report,
+    and the fp32 graph to give instead (else the .onnx files beside it)."""
+    if not onnx_path.name.endswith(REPORT_SUFFIX):
+        return
+    fp32 = onnx_path.with_name(onnx_path.name[:-len(REPORT_SUFFIX)] + ".onnx")  # <stem>.onnx, as the report's stem
+    others = sorted(onnx_path.parent.glob("*.onnx"))
+    if fp32.is_file():
+        hint = f"give the fp32 graph beside it: {str(fp32)!r}"
+    elif others:
+        hint = f"give the fp32 graph; the .onnx files beside it: {', '.join(repr(str(p)) for p in others)}"
+    else:
+        hint = "no .onnx file is beside it; write the fp32 graph with `hub-vit export onnx`"
+    raise ValueError(f"{str(onnx_path)!r} is not a valid ONNX model: it is the report of `hub-vit export onnx`; {hint}")
+
+
+def _load_graph(onnx_path: Path) -> Any:
+    """The graph of `onnx_path`; ValueError naming the file when it is not ONNX (a PNG, a truncated download, the
+    export report)."""
+    _refuse_export_report(onnx_path)
+    return load_onnx_graph(onnx_path)
+
+
 def _onnx_image_shape(onnx_path: Path) -> tuple[int, int, int]:
     """(C, H, W) of the graph input; TensorRT profiles here fix H and W, so they must be static."""
-    graph = load_onnx_graph(onnx_path)  # a file that is not ONNX (a PNG, a truncated download) is a ValueError
+    graph = _load_graph(onnx_path)
     inp = next((i for i in graph.input if i.name == INPUT_NAME), None)
     if inp is None:
         raise ValueError(f"{onnx_path} has no input named {INPUT_NAME!r}; export it with `hub-vit export onnx`")
