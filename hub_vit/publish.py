@@ -56,23 +56,30 @@ def required_files(folder: Path) -> tuple[str, ...]:
     return REQUIRED_FILES
 
 
+def missing_files(folder: Path, required: tuple[str, ...]) -> list[str]:
+    """What keeps `required` from being files in `folder`: `missing labels.txt, README.md`, and a directory under a
+    file's name named as one (`labels.txt is a directory`: "missing" next to a labels.txt reads as a bug)."""
+    absent = [name for name in required if not (folder / name).exists()]
+    other = [f"{name} is {'a directory' if (folder / name).is_dir() else 'not a regular file'}" for name in required
+             if (folder / name).exists() and not (folder / name).is_file()]
+    return ([f"missing {', '.join(absent)}"] if absent else []) + other
+
+
 def validate_folder(folder: str | Path, repo_id: str | None = None) -> PushPlan:
     """Check `folder` is a complete hub-vit model folder with a parsable card; returns what would be uploaded."""
-    from huggingface_hub import ModelCard
-
     from hub_vit.folder import not_a_folder  # here: the folder module imports torch, checking a push needs none
-    from hub_vit.model_cards.render import is_generated_card, render_model_card
+    from hub_vit.model_cards.render import is_generated_card, parse_card, render_model_card
 
     folder = Path(folder)
     problem = not_a_folder(folder)
     if problem is not None:
         raise ModelFolderError(str(problem))
     required = required_files(folder)
-    missing = [name for name in required if not (folder / name).is_file()]
-    if missing:
-        hint = f"; write the card with `hub-vit card {folder}`" if missing == [CARD] else ""
-        raise ModelFolderError(f"refusing to push {folder}: missing {', '.join(missing)} (a hub-vit model folder "
-                               f"needs {', '.join(required)}){hint}")
+    problems = missing_files(folder, required)
+    if problems:
+        hint = f"; write the card with `hub-vit card {folder}`" if problems == [f"missing {CARD}"] else ""
+        raise ModelFolderError(f"refusing to push {folder}: {'; '.join(problems)} (a hub-vit model folder needs the "
+                               f"files {', '.join(required)}){hint}")
     facts = read_folder(folder)  # spec, labels and weights agree with each other
     absent = [k for k in TIMM_KEYS if k not in facts.config]
     if absent:
@@ -83,7 +90,7 @@ def validate_folder(folder: str | Path, repo_id: str | None = None) -> PushPlan:
                                "missing, so transformers' trust_remote_code=True could not load the model")
     card_text = (folder / CARD).read_text(encoding="utf-8")
     try:
-        card = ModelCard(card_text)
+        card = parse_card(card_text)
     except Exception as exc:  # huggingface_hub raises ValueError / yaml errors for a broken header
         raise ModelFolderError(f"refusing to push {folder}: {CARD} does not parse as a model card: {exc}") from exc
     if not card.data.to_dict():

@@ -114,10 +114,15 @@ class FolderFacts:
         return "simplevit" if self.spec.posemb == "sincos2d" and self.spec.pool_type == "gap" else "vit"
 
     @property
+    def labels_file(self) -> bool:
+        """The labels come from `labels.txt` (`card_labels`), not from `config.json`'s `label_names`."""
+        return (self.path / LABELS).is_file()
+
+    @property
     def has_remote_code(self) -> bool:
         """transformers `trust_remote_code=True` works: every module named in `auto_map` ships in the folder."""
         modules = _auto_map_modules(self.config)
-        return bool(modules) and all(f"{m}.py" in self.files for m in modules)
+        return bool(modules) and all((self.path / f"{m}.py").is_file() for m in modules)  # a folder named so: no
 
 
 def read_json(path: Path) -> dict[str, Any]:

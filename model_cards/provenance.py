@@ -89,8 +89,11 @@ def summary(facts: FolderFacts, family: str) -> str:
     if facts.weights_note and facts.withheld is None and facts.namesake is None:
         what_is_withheld = "conversion parity" if facts.kind == "converted" else "held-out accuracy"
         origin += f"; the {what_is_withheld} recorded then is not claimed for these weights: {facts.weights_note}"
+    # `trust_remote_code=True` only works while the modules `auto_map` names ship in the folder
+    transformers = ("`trust_remote_code=True`, or `import hub_vit`" if facts.has_remote_code else
+                    "with `import hub_vit`; this folder ships no remote code for `trust_remote_code=True`")
     return (f"{what}: {origin}. One folder serves timm (`config.json` with `architecture` and `pretrained_cfg`) and "
-            f"transformers (`trust_remote_code=True`, or `import hub_vit`), and exports to {exports}.")
+            f"transformers ({transformers}), and exports to {exports}.")
 
 
 def architecture_note(spec: ViTSpec, family: str) -> str:

@@ -10,9 +10,12 @@ hand: numbers come from the folder's JSON, the catalog or a computation from the
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import shlex
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,7 +28,7 @@ from hub_vit.variants import ViTSpec
 
 from . import provenance, sections
 from .citations import TITLES, arxiv_url, bibtex_for, papers_for
-from .facts import CARD, FolderFacts, read_folder
+from .facts import CARD, FolderFacts, ModelFolderError, read_folder
 from .metrics import published_results
 
 TEMPLATE = Path(__file__).with_name("hub_vit_card.md.j2")
@@ -123,6 +126,25 @@ def task_text(spec: ViTSpec) -> str:
     return f"image classification, {sections.fmt_number(spec.num_classes)} classes"
 
 
+@contextlib.contextmanager
+def _card_parser_quiet() -> Iterator[None]:
+    """huggingface_hub logs "Repo card metadata block was not found" for a card without YAML; hub-vit reports that
+    itself (push refuses the card, naming the fix; a re-render replaces it), so the library's line only got in first."""
+    logger = logging.getLogger("huggingface_hub.repocard")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def parse_card(text: str) -> ModelCard:
+    """`huggingface_hub.ModelCard(text)`, without the library's warning for a card that has no metadata."""
+    with _card_parser_quiet():
+        return ModelCard(text)
+
+
 def stated_license(folder: Path) -> str | None:
     """The license a person wrote into the metadata of the folder's current card, if any: what a publisher states
     where hub-vit states none (`license_of`), kept when the card is rendered again (`hub-vit card`, `hub-vit push`).
@@ -137,7 +159,7 @@ def stated_license(folder: Path) -> str | None:
         return None
     try:
         text = path.read_text(encoding="utf-8")
-        lic = ModelCard(text).data.to_dict().get("license")
+        lic = parse_card(text).data.to_dict().get("license")
     except Exception:  # an unreadable or hand-broken card states nothing usable; rendering replaces it
         return None
     if is_generated_card(text):
@@ -223,10 +245,13 @@ def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, An
         provenance=provenance.rows(facts, _version()),
         training_recipe=provenance.recipe_rows(facts),
         repo_id=repo_id,
+        # the transformers snippets ask for trust_remote_code only where the code it runs ships in the folder
+        remote_code=facts.has_remote_code,
+        trust_remote_code=", trust_remote_code=True" if facts.has_remote_code else "",
         **snippet_refs(folder_name, repo_id, facts.bundled.entry.name if facts.bundled is not None else None),
         triton_client=provenance.triton_client(),
         labels=facts.labels,
-        labels_note=sections.labels_note(facts.labels) if facts.labels else "",
+        labels_note=sections.labels_note(facts.labels, facts.labels_file) if facts.labels else "",
         license_note=lic.note,
         bibtex=bibtex_for(papers),
     )
@@ -306,11 +331,23 @@ def write_text_atomic(path: Path, text: str) -> Path:
     return path
 
 
+def card_path(folder: Path) -> Path:
+    """`folder/README.md`, where the card goes; `ModelFolderError` when a directory holds that name (the atomic
+    writer's own message, "give a file name such as model.md", fits its callers with an output option, not a card:
+    its name is fixed)."""
+    path = folder / CARD
+    if path.is_dir():
+        raise ModelFolderError(f"{CARD} in {str(folder)!r} is a directory, where the model card belongs: remove or "
+                               "rename it")
+    return path
+
+
 def write_model_card(folder: str | Path, repo_id: str | None = None) -> Path:
     """Render `folder`'s card and write it to `folder/README.md` atomically; returns the path."""
     folder = Path(folder)
+    path = card_path(folder)  # before the render: nothing to do when the card cannot be written
     card = render_model_card(folder, repo_id)
-    return write_text_atomic(folder / CARD, str(card))
+    return write_text_atomic(path, str(card))
 
 
 def write_card_or_remove(folder: str | Path) -> Path:

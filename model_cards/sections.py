@@ -6,6 +6,7 @@ significant digits (`format(x, ".6g")`), GMACs with two decimals.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +129,14 @@ def published_table(facts: FolderFacts) -> dict[str, Any] | None:
     return {"columns": [RESULT_COLUMNS[k].column for k in keys], "rows": rows}
 
 
-def labels_note(labels: list[str], shown: int = 10) -> str:
+def labels_note(labels: list[str], in_labels_file: bool, shown: int = 10) -> str:
+    """The class names and the file that holds them: `labels.txt`, or where the folder has none, `config.json`'s
+    `label_names` (`facts.card_labels` reads them from there), so the card never names a file the folder lacks."""
     head = ", ".join(f"`{label}`" for label in labels[:shown])
     more = f", ... ({fmt_number(len(labels) - shown)} more)" if len(labels) > shown else ""
-    return f"{fmt_number(len(labels))} classes, in `labels.txt` (line i = class i): {head}{more}."
+    where = ("in `labels.txt` (line i = class i)" if in_labels_file else
+             "in `config.json` `label_names` (entry i = class i; this folder has no `labels.txt`)")
+    return f"{fmt_number(len(labels))} classes, {where}: {head}{more}."
 
 
 DOMAIN_ROWS = (  # domain.json `measured` key -> the card's words
@@ -149,18 +154,20 @@ DOMAIN_BENCHMARK = "bench/results/domain_digits.json"
 
 def domain_section(folder: Path, labels: list[str]) -> dict[str, Any] | None:
     """What the model knows and its out-of-domain score (`domain.json`, `hub_vit.domain`), with the numbers measured
-    when the score was fitted on these weights; None without a record."""
+    when the score was fitted on these weights. Uncalibrated for them (no record, or one for other weights), the
+    section says the answers are "unknown" and how to calibrate, with no table; None for a model without classes (no
+    record and no labels: a headless feature extractor answers with features, not classes)."""
     from hub_vit.domain import DOMAIN_FILE, read_domain
 
-    if not (folder / DOMAIN_FILE).is_file():
+    recorded = (folder / DOMAIN_FILE).is_file()
+    if not recorded and not labels:
         return None
     domain = read_domain(folder, labels)
     note = (f"This model knows {domain.knows}; it answers every image with one of those classes, whatever the image "
             "shows. ")
     statistics = domain.statistics
     if statistics is None:
-        return {"note": note + "No out-of-domain score is calibrated for these weights, so its answers say "
-                "\"unknown\" to whether an image is of that kind (`hub-vit calibrate-domain` fits one).", "rows": []}
+        return {"note": note + uncalibrated_note(recorded), "rows": []}
     measured = domain.measured
     blocks = ", ".join(str(block + 1) for block in statistics.blocks)
     note += (f"Each answer also carries an out-of-domain score: the squared Mahalanobis distance of the image's "
@@ -168,12 +175,44 @@ def domain_section(folder: Path, labels: list[str]) -> dict[str, Any] | None:
              "averaged over the blocks (the feature ensemble of Lee et al.). Above the threshold the image is \"not "
              "the kind of image this model knows\" (served as `domain` and `domain_score`; `hub-vit classify` and "
              "the demo say so). "
-             f"Fitted on {measured.get('fit_source', 'see domain.json')}; threshold: split conformal on "
-             f"{measured.get('held_out_source', 'see domain.json')}"
-             + (f"; out-of-domain images: {measured['out_of_domain_source']}" if "out_of_domain_source" in measured
-                else "")
+             f"Fitted on {source_text(measured.get('fit_source'))}; threshold: split conformal on "
+             f"{source_text(measured.get('held_out_source'))}"
+             + (f"; out-of-domain images: {source_text(measured['out_of_domain_source'])}"
+                if measured.get("out_of_domain_source") else "")
              + f". From `domain.json` (`hub-vit calibrate-domain`), tied to these weights by their digest; the choice "
              f"of score is measured in hub-vit's `{DOMAIN_BENCHMARK}`.")
     rows = [("out-of-domain threshold (score)", fmt_number(round(statistics.threshold, 4)))]
     rows += [(words, fmt_value(measured[key])) for key, words in DOMAIN_ROWS if key in measured]
     return {"note": note, "rows": rows}
+
+
+def uncalibrated_note(recorded: bool) -> str:
+    """Why the answers cannot say whether an image is of the kind the model knows, and how to make them."""
+    why = ("`domain.json` holds no out-of-domain score for these weights (it was fitted on other weights, or "
+           "`domain.safetensors` is missing or not the file it records)" if recorded else
+           "No out-of-domain score is calibrated for this model (the folder has no `domain.json`)")
+    return (f"{why}, so its answers say \"unknown\" to whether an image is of that kind. `hub-vit calibrate-domain "
+            "<this folder> --images DIR --held-out DIR` fits one on images of the kind it knows (`hub-vit train` "
+            "does so on its own train and val splits).")
+
+
+# a path in a record: `/`- or `\\`-separated; only its last part is shown (docs/model_cards.md: no absolute paths)
+_PATH_LIKE = re.compile(r"[^\s]*[/\\][^\s]*")
+_NAME_FIRST = re.compile(r"(?P<name>\S+)(?P<rest> \(.*\))?", re.S)  # `train`, `train (every 4th image, not fitted)`
+
+
+def source_text(source: Any) -> str:
+    """A `measured` source of domain.json as the card says it: a folder by its name alone, in backticks (records
+    written before hub-vit recorded names, or `sources` given as paths, hold `data/digits/train`), prose as written
+    with any path in it cut to its last part."""
+    if not isinstance(source, str) or not source.strip():
+        return "images `domain.json` does not name"
+    bare = _NAME_FIRST.fullmatch(source.strip())
+    if bare is not None:  # a folder, maybe with a note on how it was used
+        return f"`{last_part(bare['name'])}`{bare['rest'] or ''}"
+    return _PATH_LIKE.sub(lambda m: last_part(m.group()), source)
+
+
+def last_part(path: str) -> str:
+    """`data/digits/train/` -> `train`, `C:\\data\\val` -> `val`: a path's last component, the path itself if none."""
+    return next((part for part in reversed(re.split(r"[/\\]", path)) if part), path)

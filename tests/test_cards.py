@@ -11,11 +11,13 @@ import errno
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from huggingface_hub import ModelCard, ModelCardData
@@ -547,6 +549,10 @@ def test_trained_run_card(tmp_path: Path) -> None:
     meta = ModelCard(text).data.to_dict()
     assert meta["model-index"][0]["results"][0]["dataset"]["type"] == "imagefolder"  # free-text name, not an id
     assert "# run" in text  # titled by the run folder, not by its `model/` sub-folder
+    # the calibration on the run's splits names them `train` and `val`, not the data folder's path here
+    record = (result.model_dir / "domain.json").read_text()
+    assert str(tmp_path) not in record and str(tmp_path) not in text
+    assert "Fitted on `train`; threshold: split conformal on `val`." in " ".join(text.split())
 
 
 def test_trained_card_withholds_the_accuracy_once_the_weights_change(tmp_path: Path) -> None:
@@ -798,3 +804,169 @@ def test_cli_card_wrote_line_keeps_the_whole_path_on_one_line(converted: dict[st
     result = CliRunner().invoke(app, ["card", str(folder)])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [f"wrote {folder / 'README.md'}"]
+
+
+# ----------------------------------------------------------------------------- what the card says it has, and where
+def digits_copy(tmp_path: Path, name: str = "k1") -> Path:
+    """A copy of the shipped default model (weights, labels, remote code, domain.json, its card)."""
+    from hub_vit import catalog
+
+    return Path(shutil.copytree(catalog.default_model_folder(), tmp_path / name))
+
+
+def knows_section(card_text: str) -> str:
+    part = re.split(r"^## What this model knows\s*$", card_text, flags=re.M)[1]
+    return re.split(r"^## ", part, maxsplit=1, flags=re.M)[0]
+
+
+def test_calibration_records_folder_names_not_local_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hub-vit calibrate-domain k1 --images data/digits/train --held-out data/digits/val --out-of-domain /abs/...`:
+    domain.json (pushed with the folder) and the card held the paths as given; docs/model_cards.md: no local paths."""
+    from hub_vit.domain_fit import calibrate_domain
+    from hub_vit.train.digits import write_image_folder
+
+    monkeypatch.chdir(tmp_path)
+    write_image_folder(tmp_path / "data" / "digits")
+    folder = digits_copy(tmp_path)
+    examples = REPO / "hub_vit" / "demo" / "examples"  # absolute, as the audit gave it
+    calibrate_domain(folder, "data/digits/train", held_out="data/digits/val", out_of_domain=examples,
+                     false_alarm_rate=0.05, max_images=40)
+    record = (folder / "domain.json").read_text()
+    measured = json.loads(record)["measured"]
+    assert (measured["fit_source"], measured["held_out_source"], measured["out_of_domain_source"]) == (
+        "train", "val", "examples")
+    text = write_model_card(folder).read_text()
+    assert "Fitted on `train`; threshold: split conformal on `val`; out-of-domain images: `examples`." in text
+    for where in (record, text):
+        assert "data/digits" not in where and str(REPO) not in where and str(tmp_path) not in where
+
+
+def test_card_shows_only_the_last_part_of_a_path_an_older_record_holds(tmp_path: Path) -> None:
+    """A domain.json written before the names were recorded (or `sources` given as paths) still renders no path."""
+    folder = digits_copy(tmp_path)
+    record = json.loads((folder / "domain.json").read_text())
+    record["measured"] |= {"fit_source": "data/digits/train", "held_out_source": "/home/someone/data/val/ (every 4th "
+                           "image, not fitted)", "out_of_domain_source": "photos from /home/someone/photos and more"}
+    (folder / "domain.json").write_text(json.dumps(record))  # the statistics still apply: they are tied by sha256
+    note = knows_section(str(render_model_card(folder)))
+    assert ("Fitted on `train`; threshold: split conformal on `val` (every 4th image, not fitted); out-of-domain "
+            "images: photos from photos and more.") in " ".join(note.split())
+    assert "/home/someone" not in note and "data/digits" not in note
+
+
+def test_shipped_records_name_no_local_path() -> None:
+    """The shipped domain.json describes its images in words, and the committed card quotes them unchanged."""
+    from hub_vit import catalog
+
+    folder = catalog.default_model_folder()
+    measured = json.loads((folder / "domain.json").read_text())["measured"]
+    card = (folder / "README.md").read_text()
+    for key in ("fit_source", "held_out_source", "out_of_domain_source"):
+        assert "/" not in measured[key] and measured[key] in card, key
+
+
+@pytest.mark.parametrize("uncalibrated", ["statistics deleted", "record for other weights", "no record"])
+def test_uncalibrated_card_says_unknown_and_how_to_calibrate(uncalibrated: str, tmp_path: Path) -> None:
+    """Was: an empty `| measured | value |` table (statistics not for these weights), or no section at all (no
+    domain.json: a conversion, a run too small to calibrate), where docs/model_cards.md promises "unknown"."""
+    folder = digits_copy(tmp_path)
+    if uncalibrated == "statistics deleted":
+        (folder / "domain.safetensors").unlink()
+    elif uncalibrated == "record for other weights":
+        record = json.loads((folder / "domain.json").read_text())
+        (folder / "domain.json").write_text(json.dumps(record | {"weights_digest": "tensors-sha256:" + "0" * 64}))
+    else:
+        (folder / "domain.json").unlink()
+        (folder / "domain.safetensors").unlink()
+    text = str(render_model_card(folder))
+    section = " ".join(knows_section(text).split())
+    assert 'its answers say "unknown" to whether an image is of that kind' in section
+    assert "`hub-vit calibrate-domain <this folder> --images DIR --held-out DIR`" in section
+    assert "|" not in section  # no table, empty or not
+    assert ("no `domain.json`" in section) == (uncalibrated == "no record")
+    assert_every_number_accounted(text, folder)
+
+
+def test_a_headless_model_without_a_record_has_no_knows_section(tmp_path: Path) -> None:
+    from hub_vit.folder import save_model_folder
+
+    spec = ViTSpec.from_variant("mu/16", img_size=32, num_classes=0, posemb="sincos2d", pool_type="gap")
+    folder = save_model_folder(VisionTransformer(spec), tmp_path / "tower", labels=None)
+    assert "## What this model knows" not in str(render_model_card(folder))  # no classes: nothing it answers with
+
+
+@pytest.mark.parametrize("labels_file", ["deleted", "a directory"])
+def test_card_names_where_the_labels_are(labels_file: str, tmp_path: Path) -> None:
+    """Was "10 classes, in `labels.txt`" for a folder without one (the labels came from config.json)."""
+    folder = digits_copy(tmp_path)
+    (folder / "labels.txt").unlink()
+    if labels_file == "a directory":
+        (folder / "labels.txt").mkdir()
+    text = str(render_model_card(folder))
+    assert "in `labels.txt`" not in text
+    assert ("10 classes, in `config.json` `label_names` (entry i = class i; this folder has no `labels.txt`): `0`, "
+            "`1`,") in text
+
+
+def test_card_without_remote_code_asks_for_no_trust_remote_code_and_its_snippet_runs(tmp_path: Path) -> None:
+    """Was: the custom_code tag dropped, but every transformers snippet still said trust_remote_code=True, which
+    needs the module the folder lacks. Its transformers snippet, run as written, classifies an image."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    folder = digits_copy(tmp_path)
+    (folder / "modeling_hub_vit.py").unlink()
+    text = str(render_model_card(folder))
+    assert "custom_code" not in ModelCard(text).data.tags
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    hf_code = next(b for b in blocks if "AutoModelForImageClassification" in b)
+    assert "trust_remote_code=True" not in hf_code and "import hub_vit" in hf_code
+    assert "ships no remote code for `trust_remote_code=True`" in text  # the summary says the same
+    Image.fromarray(np.full((8, 8, 3), 200, np.uint8)).save(tmp_path / "image.jpg")
+    (tmp_path / "snippet.py").write_text(hf_code.replace(f"path/to/{folder.name}", str(folder)) +
+                                         "\nprint('SNIPPET OK', type(model).__name__)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SNIPPET OK HubViTForImageClassification" in proc.stdout
+
+
+def test_cli_card_with_a_directory_named_readme(tmp_path: Path) -> None:
+    """Was "output path ... is a directory; give a file name such as model.md", exit 1: card has no output option."""
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    _load_commands()
+    folder = digits_copy(tmp_path, "r1")
+    (folder / "README.md").unlink()
+    (folder / "README.md").mkdir()
+    result = CliRunner().invoke(app, ["card", str(folder)])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"README.md in {str(folder)!r} is a directory, where the model card belongs: remove or rename it" in message
+    assert "model.md" not in message
+    with pytest.raises(ModelFolderError, match="is a directory, where the model card belongs"):
+        write_model_card(folder)
+    assert (folder / "README.md").is_dir()
+    result = CliRunner().invoke(app, ["card", str(folder), "--stdout"])  # nothing is written: no problem
+    assert result.exit_code == 0 and result.output.startswith("---\n")
+
+
+def test_rendering_a_card_without_metadata_logs_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """huggingface_hub's "Repo card metadata block was not found" came out of a re-render (the old card is read for a
+    license its publisher stated)."""
+    import logging
+
+    folder = digits_copy(tmp_path)
+    (folder / "training.json").unlink()  # no license from the folder: the current card's is looked for
+    (folder / "README.md").write_text("# a card without metadata\n")
+    with caplog.at_level(logging.INFO):
+        card = render_model_card(folder)
+    assert "license: " not in str(card).split("\n---\n")[0]  # read, and stated none
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("huggingface_hub")] == []
+    logging.getLogger("huggingface_hub.repocard").warning("still logged elsewhere")  # the level is put back
+    assert [r.getMessage() for r in caplog.records][-1:] == ["still logged elsewhere"]

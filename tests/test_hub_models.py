@@ -208,7 +208,8 @@ def test_commands_that_write_into_the_folder_say_how_to_copy_a_hub_model_first(c
     done = CliRunner().invoke(app, [command[0], "hf-hub:my-org/digits@v1", *command[1:]])
     text = " ".join(done.output.replace("│", " ").split())
     assert done.exit_code == 2, text
-    assert ("'hf-hub:my-org/digits@v1' is a model on the Hugging Face Hub, and this command writes into a local model "
+    # "works on", not "writes into": push uploads the folder and never changes it
+    assert ("'hf-hub:my-org/digits@v1' is a model on the Hugging Face Hub, and this command works on a local model "
             "folder: fetch one first (`hf download my-org/digits --local-dir DIR`) and give DIR") in text, text
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -251,3 +252,46 @@ def test_upload_is_one_commit_of_the_whole_folder(folder: Path, monkeypatch: pyt
     card = ModelCard(ops["README.md"].path_or_fileobj.decode())  # the uploaded card names the repo
     assert 'timm.create_model("hf-hub:hub-vit-test/tiny"' in card.text
     assert "hf-hub:hub-vit-test/tiny" not in (folder / "README.md").read_text()  # the local card is unchanged
+
+
+# ---------------------------------------------------------------------------------------------------- messages
+def test_cli_push_of_a_card_without_metadata_prints_only_hub_vits_error(folder: Path, tmp_path: Path) -> None:
+    """huggingface_hub's "Repo card metadata block was not found. Setting CardData to empty." came first."""
+    broken = tmp_path / "no-metadata"
+    shutil.copytree(folder, broken)
+    (broken / "README.md").write_text("# a card without YAML metadata\n")
+    proc, _ = _cli_push(broken, {}, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and proc.stderr.splitlines() == [
+        f"error: refusing to push {broken}: README.md has no YAML metadata; regenerate it with `hub-vit card "
+        f"{broken}`. Nothing was uploaded."]
+
+
+@pytest.mark.parametrize("name", ["labels.txt", "README.md"])
+def test_a_directory_where_a_file_belongs_is_named(name: str, folder: Path, tmp_path: Path, hub_calls: list[str],
+                                                   no_network_check: list[str]) -> None:
+    """Was "missing labels.txt" for a folder that has a labels.txt (a directory)."""
+    broken = tmp_path / "dir"
+    shutil.copytree(folder, broken)
+    (broken / name).unlink()
+    (broken / name).mkdir()
+    with pytest.raises(ModelFolderError, match=rf"refusing to push .*: {re.escape(name)} is a directory \(") as err:
+        publish.push_folder(broken, "hub-vit-test/tiny", token="hf_dummy")
+    assert "missing" not in str(err.value) and "hub-vit card" not in str(err.value)
+    assert hub_calls == [] and no_network_check == []
+
+
+def test_what_push_uploads_is_every_file_but_hidden_bytecode_and_temp_files(tmp_path: Path) -> None:
+    """docs/model_cards.md's list, on a copy of the shipped folder: its records, calibration and samples go up."""
+    from hub_vit import catalog
+
+    copy = Path(shutil.copytree(catalog.default_model_folder(), tmp_path / "digits"))
+    for litter in (".DS_Store", ".git/config", "__pycache__/m.cpython-312.pyc", "samples/__pycache__/x.pyc",
+                   "stray.pyc", ".README.md.abc.tmp", "samples/part.tmp"):
+        (copy / litter).parent.mkdir(parents=True, exist_ok=True)
+        (copy / litter).write_bytes(b"x")
+    files = set(publish.validate_folder(copy).files)
+    assert {"training.json", "domain.json", "domain.safetensors", "labels.txt", "README.md"} <= files
+    assert any(name.startswith("samples/") for name in files)
+    kept = {p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()}
+    assert files == {name for name in kept if not re.search(r"(^|/)(\.|__pycache__/)|\.(pyc|tmp)$", name)}

@@ -19,20 +19,19 @@ def card(
 ) -> None:
     """(Re)write FOLDER/README.md: the model card, rendered from the folder's own JSON."""
     from hub_vit.model_cards import ModelFolderError, render_model_card
-    from hub_vit.model_cards.facts import CARD
-    from hub_vit.model_cards.render import write_text_atomic
+    from hub_vit.model_cards.render import card_path, write_text_atomic
     from hub_vit.publish import check_repo_id
 
     try:
         if repo_id is not None:
             check_repo_id(repo_id)
+        path = None if stdout else card_path(folder)  # a directory named README.md: refused before the render
         text = str(render_model_card(folder, repo_id=repo_id))
     except (ModelFolderError, ValueError) as exc:
         raise fail(str(exc)) from None
-    if stdout:
+    if path is None:
         print(text, end="")
         return
-    path = folder / CARD
     try:
         write_text_atomic(path, text)
     except OSError as exc:  # read-only or full file system: written atomically, so the old README.md stays intact

@@ -23,14 +23,15 @@ def given_path(text: str | Path) -> Path:
 
 
 def local_model_folder(text: str | Path) -> Path:
-    """`given_path`, for a command that writes into the model folder it is given (calibrate-domain, card, push): a Hub
-    model (`hf-hub:ORG/NAME`, which the other commands fetch) is refused with how to make a local copy of it."""
+    """`given_path`, for a command that works on a local model folder (calibrate-domain and card write into it, push
+    uploads it): a Hub model (`hf-hub:ORG/NAME`, which the other commands fetch) is refused with how to make a local
+    copy of it."""
     if is_hub_reference(str(text)):
         try:
             repo_id, _ = parse_reference(str(text))
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
-        raise typer.BadParameter(f"{str(text)!r} is a model on the Hugging Face Hub, and this command writes into a "
+        raise typer.BadParameter(f"{str(text)!r} is a model on the Hugging Face Hub, and this command works on a "
                                  f"local model folder: fetch one first (`hf download {repo_id} --local-dir DIR`) and "
                                  "give DIR")
     return given_path(text)
