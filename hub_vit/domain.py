@@ -55,24 +55,54 @@ def guess_domain(labels: list[str]) -> Domain:
 def read_domain(folder: str | Path | None, labels: list[str]) -> Domain:
     """The folder's `domain.json`, with its statistics only while `model.safetensors` holds the weights they were
     fitted on and `domain.safetensors` is the file recorded; without the record, `guess_domain`. ValueError naming
-    the file when it is not a domain record."""
+    the file when it is not a domain record, and how to replace it."""
     path = None if folder is None else Path(folder) / DOMAIN_FILE
     if path is None or not path.is_file():
         return guess_domain(labels)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        domain = Domain(knows=str(data["knows"]), examples=str(data["examples"]))
-        measured = dict(data.get("measured") or {})
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path} is not a domain record ({type(exc).__name__}: {exc}); write it with "
-                         "`hub-vit calibrate-domain`") from None
-    if domain.examples not in EXAMPLE_KINDS:
-        raise ValueError(f"{path}: unknown examples {domain.examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
+        domain, data = _record(path)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {REPLACE_RECORD}") from None
     statistics = Path(folder) / STATISTICS_FILE
     if not (statistics.is_file() and _same_file(statistics, data.get("statistics_sha256"))
             and _same_weights(Path(folder), data.get("weights_digest"))):
         return domain  # not calibrated, or for other weights / another statistics file: nothing to apply
-    return Domain(domain.knows, domain.examples, load_statistics(statistics), measured)
+    return Domain(domain.knows, domain.examples, load_statistics(statistics), dict(data.get("measured") or {}))
+
+
+# what to do about a damaged record: `hub-vit calibrate-domain` replaces it when told what the model knows
+REPLACE_RECORD = ("rewrite it with `hub-vit calibrate-domain FOLDER --images DIR --knows PHRASE --examples "
+                  f"{'|'.join(EXAMPLE_KINDS)}`, or delete it (then what the model knows is guessed from its labels)")
+
+
+def stated_domain(folder: str | Path) -> Domain | None:
+    """What the folder's `domain.json` says the model knows (`knows`, `examples`; no statistics: nothing is hashed
+    or loaded, so it is cheap), None without one. ValueError naming the file and what is wrong with it."""
+    path = Path(folder) / DOMAIN_FILE
+    return _record(path)[0] if path.is_file() else None
+
+
+def check_domain_record(folder: str | Path) -> None:
+    """ValueError, as `read_domain`'s, when the folder's `domain.json` is not a domain record; cheap (nothing is
+    hashed or loaded): for refusing a folder at start-up rather than on its first image."""
+    try:
+        stated_domain(folder)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {REPLACE_RECORD}") from None
+
+
+def _record(path: Path) -> tuple[Domain, dict[str, Any]]:
+    """(knows and examples, the whole record) of the `domain.json` at `path`; ValueError naming the file and what
+    is wrong with it (no advice: each caller knows what its user can do about it)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        domain = Domain(knows=str(data["knows"]), examples=str(data["examples"]))
+        dict(data.get("measured") or {})  # a `measured` that is no mapping makes it no record either
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a domain record ({type(exc).__name__}: {exc})") from None
+    if domain.examples not in EXAMPLE_KINDS:
+        raise ValueError(f"{path}: unknown examples {domain.examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
+    return domain, data
 
 
 def _same_file(path: Path, sha256: Any) -> bool:
@@ -120,5 +150,5 @@ def write_domain(folder: str | Path, domain: Domain) -> Path:
     return path
 
 
-__all__ = ["DOMAIN_FILE", "EXAMPLE_KINDS", "STATISTICS_FILE", "Domain", "guess_domain", "read_domain",
-           "record_file_in_the_way", "write_domain"]
+__all__ = ["DOMAIN_FILE", "EXAMPLE_KINDS", "REPLACE_RECORD", "STATISTICS_FILE", "Domain", "check_domain_record",
+           "guess_domain", "read_domain", "record_file_in_the_way", "stated_domain", "write_domain"]

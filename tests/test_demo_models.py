@@ -272,3 +272,35 @@ def test_serve_demo_opens_on_the_served_model(tmp_path: Path, caches) -> None:
     assert TritonLabels(triton, served_key="folder: flowers").mismatch("folder: flowers") is None
     assert TritonLabels(triton).mismatch(DEFAULT_KEY) is None  # `hub-vit demo --triton-url`: nothing known
 
+
+
+@pytest.mark.parametrize("record", ["{", '{"knows": "digits", "examples": "sketches"}'])
+def test_a_damaged_domain_record_is_a_model_that_cannot_be_shown(tmp_path: Path, record: str, caplog) -> None:
+    # was: `analyze` raised (a bare red "Error" on the page, a traceback in the log), `domain_view` went blank
+    import logging
+
+    import gradio as gr
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.demo.app import Demo
+    from hub_vit.demo.backends import IN_PROCESS
+
+    folder = Path(shutil.copytree(default_model_folder(), tmp_path / "digits"))
+    choice = folder_choice(folder)
+    demo = Demo(cache=ModelCache([choice]), examples=[])
+    (folder / "domain.json").write_text(record)  # damaged after start-up: named when the model is shown
+    digit = str(folder / "samples" / "3_0.png")
+    with caplog.at_level(logging.WARNING, logger="hub_vit.demo.app"), \
+            pytest.warns(UserWarning, match="cannot load model 'folder: digits'"):  # the toast
+        labels, overlay, layer_view, target, class_map, status, _ = demo.analyze_new_model(
+            digit, choice.key, IN_PROCESS, "mean", 0.0, None, None)
+    assert labels is None and overlay is None and layer_view is None and class_map is None
+    assert target == gr.update(choices=[], value=None)
+    assert status.startswith("**Cannot load model 'folder: digits'") and "domain.json" in status, status
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused: cannot load model")]
+    assert len(refused) == 1 and "domain.json" in refused[0] and not any(r.exc_info for r in caplog.records)
+    # and at start-up, as rollout refuses it
+    with pytest.raises(ValueError, match="domain.json"):
+        folder_choice(folder)
+    result = CliRunner().invoke(_cli(), ["demo", "--model-folder", str(folder), "--port", "1"])
+    assert result.exit_code == 2 and "domain.json" in result.output, result.output

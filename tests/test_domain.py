@@ -139,7 +139,8 @@ def test_bad_records_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"unknown examples 'sketches'; valid: digits, photos"):
         read_domain(tmp_path, ["a"])
     (tmp_path / DOMAIN_FILE).write_text("[]")
-    with pytest.raises(ValueError, match="is not a domain record .* write it with `hub-vit calibrate-domain`"):
+    with pytest.raises(ValueError, match=r"is not a domain record .*; rewrite it with `hub-vit calibrate-domain FOLDER "
+                                         r"--images DIR --knows PHRASE --examples digits\|photos`, or delete it"):
         read_domain(tmp_path, ["a"])
     with pytest.raises(ValueError, match=r"unknown examples 'sketches'; valid: digits, photos"):
         write_domain(tmp_path, Domain("x", "sketches"))
@@ -475,3 +476,144 @@ def test_the_demo_marks_a_photo_and_not_an_unsure_digit():
     uncalibrated = Domain("the handwritten digits 0-9", "digits")
     assert domain_note(uncalibrated).endswith("No out-of-domain score is calibrated for it: whether an image is of "
                                               "that kind is unknown.")
+
+
+# -- calibrate-domain on a folder as users leave it: a damaged record, files that are no images, a card -------------
+def _few(source: Path, target: Path, count: int) -> Path:
+    """`count` of the digit images under `source` (every class, sorted) copied into `target`: a calibration that
+    takes seconds."""
+    files = sorted(source.rglob("*.png"))
+    for path in files[:: max(len(files) // count, 1)][:count]:
+        (target / path.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target / path.parent.name / path.name)
+    return target
+
+
+def _calibrate(*args: str):
+    from hub_vit.cli import _load_commands
+    from hub_vit.cli.app import app
+
+    _load_commands()
+    return CliRunner().invoke(app, ["calibrate-domain", *args])
+
+
+@pytest.fixture(scope="module")
+def few_digits(digit_folders, tmp_path_factory) -> tuple[Path, Path]:
+    """150 training digits to fit on, 30 held-out ones: at 5 % enough to set a threshold, too few to split."""
+    root = tmp_path_factory.mktemp("few")
+    return _few(digit_folders / "train", root / "train", 150), _few(digit_folders / "val", root / "val", 30)
+
+
+@pytest.mark.parametrize("damage", ["{", json.dumps({"knows": "x", "examples": "sketches"})])
+def test_a_damaged_record_is_refused_before_the_fit_or_replaced_when_told_what_the_model_knows(
+        digits_copy, few_digits, damage):
+    # was: the whole fit, then "is not a domain record ...; write it with `hub-vit calibrate-domain`", the command run
+    train, val = few_digits
+    (digits_copy / DOMAIN_FILE).write_text(damage)
+    statistics = (digits_copy / STATISTICS_FILE).read_bytes()
+    fake = train / "no_image.png"  # would stop a run that reads the images: the refusal comes before that
+    fake.write_text("not an image")
+    try:
+        result = _calibrate(str(digits_copy), "--images", str(train), "--held-out", str(val), "--false-alarm-rate",
+                            "0.05")
+    finally:
+        fake.unlink()
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "domain.json" in text and "give both --knows and --examples to replace it " \
+        "with a new record, or delete it" in text, text
+    assert (digits_copy / DOMAIN_FILE).read_text() == damage and \
+        (digits_copy / STATISTICS_FILE).read_bytes() == statistics  # nothing written
+    result = _calibrate(str(digits_copy), "--images", str(train), "--held-out", str(val), "--false-alarm-rate",
+                        "0.05", "--knows", "digits, scanned", "--examples", "digits")
+    assert result.exit_code == 0, result.output
+    domain = read_domain(digits_copy, LABELS)
+    assert domain.knows == "digits, scanned" and domain.examples == "digits" and domain.statistics is not None
+
+
+def test_the_cli_says_what_an_unchecked_false_alarm_rate_means_and_when_the_threshold_applies(digits_copy,
+                                                                                           few_digits):
+    # was: "check_false_alarms: None", and nothing said that a running serve or demo keeps the old threshold
+    train, val = few_digits
+    result = _calibrate(str(digits_copy), "--images", str(train), "--held-out", str(val), "--false-alarm-rate",
+                        "0.05")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, text
+    assert "check_false_alarms: not measured: 30 held-out images do not split into two halves of at least 19 each" \
+        in text and "None" not in text, text
+    assert "a running `hub-vit serve` or `hub-vit demo` of this folder uses the new threshold once restarted" in text
+
+
+def test_held_out_help_says_all_of_them_set_the_threshold():
+    # was: "half set the threshold, half check it"; every held-out image sets it, the check is 2-fold
+    import typer.main
+
+    from hub_vit.cli import _load_commands
+    from hub_vit.cli.app import app
+
+    _load_commands()
+    command = typer.main.get_command(app).commands["calibrate-domain"]  # type: ignore[attr-defined]
+    [held_out] = [param for param in command.params if param.name == "held_out"]
+    assert "all of them set the threshold" in held_out.help and "half set" not in held_out.help
+
+
+@pytest.mark.parametrize("case", ["all-text", "one-among-many"])
+def test_files_that_are_no_images_are_named_before_they_are_counted_or_fitted(digits_copy, few_digits, tmp_path,
+                                                                               case):
+    # was: ten text files named *.png gave "8 images to fit the score on", and one fake among real images was named
+    # only after the features of the others were computed
+    train, val = few_digits
+    if case == "all-text":
+        images = tmp_path / "text"
+        images.mkdir()
+        for i in range(10):
+            (images / f"{i:02d}.png").write_text("notes")
+        first = images / "00.png"
+    else:
+        images = Path(shutil.copytree(train, tmp_path / "train"))
+        first = images / "5" / "0000_copy.png"
+        first.write_text("notes")
+    before = sorted(p.name for p in digits_copy.iterdir())
+    held = [] if case == "all-text" else ["--held-out", str(val)]  # all-text: 8 fitted, 2 held out, as counted
+    result = _calibrate(str(digits_copy), "--images", str(images), *held, "--false-alarm-rate", "0.05")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"cannot decode image {str(first)!r}" in text, text
+    assert sorted(p.name for p in digits_copy.iterdir()) == before
+
+
+def test_the_model_card_is_rerendered_when_it_is_the_card_hub_vit_writes(digits_copy, few_digits):
+    # was: README.md kept the old threshold and rates; scripts/calibrate_domain.py re-rendered it, the CLI did not
+    from hub_vit.model_cards import render_model_card, write_model_card
+
+    train, val = few_digits
+    card = digits_copy / "README.md"
+    edited = card.read_text() + "\nA note of the publisher's.\n"
+    card.write_text(edited)  # a person's edit is never overwritten: the note says how to update it
+    result = _calibrate(str(digits_copy), "--images", str(train), "--held-out", str(val), "--false-alarm-rate", "0.05")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0 and card.read_text() == edited, text
+    assert "is not the card `hub-vit card` writes for this folder now" in text and \
+        f"`hub-vit card {digits_copy}` re-renders it" in text, text
+    write_model_card(digits_copy)
+    old = card.read_text()
+    result = _calibrate(str(digits_copy), "--images", str(train), "--held-out", str(val), "--false-alarm-rate", "0.1")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0 and f"updated {card}" in text, text
+    assert card.read_text() == str(render_model_card(digits_copy)) != old  # the new record's numbers
+
+
+def test_trainings_uncalibrated_warning_names_the_runs_own_domain(digits_copy, few_digits, tmp_path):
+    # was: `hub-vit calibrate-domain FOLDER --images DIR --held-out DIR`, which records 'photos' for the digits
+    import shlex
+
+    from hub_vit.train.digits import DOMAIN_KNOWS
+    from hub_vit.train.loop import TrainingWarning, calibrate_domain_or_warn
+
+    train, val = few_digits
+    data = tmp_path / "data"
+    shutil.copytree(train, data / "train")
+    _few(val, data / "val", 10)  # too few to set a threshold at 1 %
+    with pytest.warns(TrainingWarning) as warned:
+        calibrate_domain_or_warn(digits_copy, data, Domain(DOMAIN_KNOWS, "digits"))
+    message = str(warned[0].message)
+    assert f"hub-vit calibrate-domain {digits_copy} --images DIR --held-out DIR --knows {shlex.quote(DOMAIN_KNOWS)} " \
+        "--examples digits`" in message, message

@@ -436,3 +436,20 @@ def test_cli_says_whether_each_image_is_what_the_model_knows(photo_files: list[P
     text = " ".join(result.output.split())
     assert result.exit_code == 0 and "domain: unknown (no out-of-domain score is calibrated for this model: hub-vit " \
         "calibrate-domain)" in text, text
+
+
+@pytest.mark.parametrize("record", ["{", '{"knows": "digits", "examples": "sketches"}'])
+def test_cli_a_damaged_domain_record_is_one_error_line(record: str, tmp_path: Path) -> None:
+    # was: a traceback (ValueError from read_domain, outside the model's try), exit 1; `hub-vit card` gave exit 2
+    from hub_vit.catalog import default_model_folder
+
+    folder = Path(shutil.copytree(default_model_folder(), tmp_path / "digits"))
+    (folder / "domain.json").write_text(record)
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(folder / "samples" / "3_0.png"), "-o",
+                                                str(tmp_path / "out"), "--model", str(folder)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert text.startswith("error: ") and "domain.json" in text and "delete it" in text, text
+    assert "Traceback" not in result.output and lines[0].startswith("error: "), text
+    assert not (tmp_path / "out").exists()

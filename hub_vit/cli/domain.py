@@ -7,10 +7,10 @@ model knows (`hub_vit.domain_fit`), so its answers say whether an image is one o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from hub_vit.cli.app import app, console, fail, is_environment_error, write_failed
 from hub_vit.cli.path_option import given_path, local_model_folder
@@ -23,9 +23,11 @@ def calibrate_domain_command(
                                   parser=local_model_folder),
     images: Path = typer.Option(..., "--images", help="Folder of images of the kind the model knows (subfolders "
                                                       "too); the score is fitted on them.", parser=given_path),
-    held_out: Path | None = typer.Option(None, "--held-out", help="Other such images, never fitted: half set the "
-                                                                  "threshold, half check it. Default: every 4th of "
-                                                                  "--images.", parser=given_path),
+    held_out: Path | None = typer.Option(None, "--held-out", help="Other such images, never fitted: all of them set "
+                                                                  "the threshold; the false alarms are checked 2-fold "
+                                                                  "(each half against the other half's threshold). "
+                                                                  "Default: every 4th of --images.",
+                                         parser=given_path),
     out_of_domain: Path | None = typer.Option(None, "--out-of-domain", help="Images the model should not know: the "
                                                                             "share flagged and the AUROC are "
                                                                             "measured on them (never fitted).",
@@ -38,20 +40,53 @@ def calibrate_domain_command(
                                                                  f"{', '.join(EXAMPLE_KINDS)}."),
 ) -> None:
     """Fit FOLDER's out-of-domain score on --images, set its threshold on held-out images and write it there."""
-    from hub_vit.domain_fit import calibrate_domain
+    from hub_vit.domain_fit import calibrate_folder
     from hub_vit.explain.image import ImageReadError
 
     try:
-        domain = calibrate_domain(folder, images, held_out=held_out, out_of_domain=out_of_domain,
-                                  false_alarm_rate=false_alarm_rate, knows=knows, examples=examples)
+        done = calibrate_folder(folder, images, held_out=held_out, out_of_domain=out_of_domain,
+                                false_alarm_rate=false_alarm_rate, knows=knows, examples=examples,
+                                check_images=_check_headers)
     except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, ImageReadError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         if is_environment_error(exc):
             raise write_failed(folder, exc) from None
         raise
-    assert domain.statistics is not None
-    console.print(f"wrote {escape(str(folder))}/domain.json and domain.safetensors: threshold "
-                  f"{domain.statistics.threshold:.4g}", soft_wrap=True)
-    for key, value in domain.measured.items():
-        console.print(f"  {key}: {escape(str(value))}", soft_wrap=True)
+    statistics = done.domain.statistics
+    assert statistics is not None
+    say(f"wrote {folder}/domain.json and domain.safetensors: threshold {statistics.threshold:.4g}")
+    for key, value in done.domain.measured.items():
+        say(f"  {key}: {_measured(key, value, done.domain.measured)}")
+    if done.card is not None:
+        say(f"updated {done.card} (the model card) with the new numbers")
+    elif done.card_note is not None:
+        say(f"note: {done.card_note}")
+    # the served repository holds a copy of the statistics, and serve and the demo read the record once, at start
+    say("a running `hub-vit serve` or `hub-vit demo` of this folder uses the new threshold once restarted; a "
+        "repository written by `hub-vit repository` keeps the old one until it is written again")
+
+
+def say(text: str) -> None:
+    """One line on the terminal as it is (paths and values are not rich markup), whole on one line for scripts."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _measured(key: str, value: object, measured: dict[str, object]) -> str:
+    """A measured value as printed: the 2-fold check's None says why nothing was checked."""
+    if key == "check_false_alarms" and value is None:
+        from hub_vit.domain_score import fewest_held_out
+
+        rate = float(measured["false_alarm_rate"])  # type: ignore[arg-type]
+        return (f"not measured: {measured['held_out_images']} held-out images do not split into two halves of at "
+                f"least {fewest_held_out(rate)} each, the fewest that set a threshold at {rate:.2%} (give "
+                f"{2 * fewest_held_out(rate)} or more held-out images to have the false alarms checked)")
+    return str(value)
+
+
+def _check_headers(files: Sequence[Path]) -> None:
+    """The training code's header check (`hub-vit train` runs it on its val split) on the files a calibration
+    reads: cheap, and before any feature is computed, so a file that is no image is named in seconds."""
+    from hub_vit.train.data import ImageFolderSplit, check_headers
+
+    check_headers(ImageFolderSplit(Path("."), tuple((path, 0) for path in files), ()))

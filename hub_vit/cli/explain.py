@@ -183,8 +183,7 @@ def rollout(
     colormap: str = typer.Option("jet", help="Colour map: jet, inferno or gray."),
 ) -> None:
     """Write `<image>_rollout.png` (same size as the image) per image and print its top-5 labels."""
-    from hub_vit.demo.models import in_process_verdicts, load_explainer, resolve_choice
-    from hub_vit.domain import read_domain
+    from hub_vit.demo.models import in_process_verdicts, load_explainer, model_domain, resolve_choice
     from hub_vit.explain.overlay import COLORMAPS
 
     if head_fusion not in HEAD_FUSIONS:
@@ -200,10 +199,10 @@ def rollout(
     images = listed_images(images, out)
     try:
         explainer = load_explainer(resolve_choice(model))
+        domain = model_domain(explainer)  # what the model knows, its calibration; a damaged record is exit 2 too
     except ValueError as exc:
         raise fail(str(exc)) from exc
     ready = _prepared(explainer, images)
-    domain = read_domain(explainer.info.get("path"), explainer.labels)  # what the model knows, its calibration
     blocker = file_in_the_way(out)
     if blocker is not None:
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")

@@ -25,8 +25,8 @@ import gradio as gr
 from PIL import Image
 
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
-from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError, in_process_verdicts
-from hub_vit.domain import EXAMPLE_KINDS, Domain, read_domain
+from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError, in_process_verdicts, model_domain
+from hub_vit.domain import EXAMPLE_KINDS, Domain
 from hub_vit.explain.image import ImageReadError, load_image
 from hub_vit.explain.rollout import HEAD_FUSIONS
 from hub_vit.image_formats import NAMES, SUFFIXES
@@ -171,10 +171,10 @@ class Demo:
     _domains: dict[str, Domain] = field(default_factory=dict)
 
     def domain(self, model_key: str) -> Domain:
-        """What the model knows (its folder's domain.json, else guessed from its labels); loads the model."""
+        """What the model knows (its folder's domain.json, else guessed from its labels); loads the model.
+        ModelLoadError when the model or its domain.json cannot be read."""
         if model_key not in self._domains:
-            explainer = self.cache.get(model_key)
-            self._domains[model_key] = read_domain(explainer.info.get("path"), explainer.labels)
+            self._domains[model_key] = model_domain(self.cache.get(model_key))
         return self._domains[model_key]
 
     def domain_view(self, model_key: str) -> tuple[Any, ...]:
@@ -200,6 +200,7 @@ class Demo:
             if layer is None:  # a model picked with no image yet: its slider already, and a load failure said now
                 try:
                     slider = self._slider(self.cache.get(model_key).depth)
+                    self.domain(model_key)  # a damaged domain.json is said now too
                 except ModelLoadError as exc:
                     return self._failed(exc)
                 except ValueError as exc:
@@ -207,6 +208,7 @@ class Demo:
             return Demo._nothing_shown("Upload an image or pick an example.", slider)
         try:
             explainer = self.cache.get(model_key)
+            domain = self.domain(model_key)  # its damaged domain.json is a model that cannot be shown, as its weights
         except ModelLoadError as exc:
             return self._failed(exc)
         except ValueError as exc:  # not one of the listed models
@@ -228,7 +230,6 @@ class Demo:
         result = explainer.rollout(prepared, head_fusion, float(discard_ratio))
         top = explainer.top_k(result.logits[0], 5)
         status = f"**{explainer.name}** in-process"
-        domain = self.domain(model_key)
         verdict, domain_score = in_process_verdicts(explainer, [image], domain)[0]
         full_map, on = result.maps[0], prepared  # the full rollout and the image + crop box it is drawn on
         if backend != IN_PROCESS:
@@ -326,7 +327,7 @@ class Demo:
         """A model that cannot be shown: a toast and the status line say why, and the previous model's results are
         cleared rather than left looking current."""
         message = str(exc)
-        log.warning("%s", message)
+        log.warning("refused: %s", message)  # one line, as for a refused upload: the reason, no traceback
         gr.Warning(message)
         return Demo._nothing_shown(f"**{message[:1].upper()}{message[1:]}**")
 

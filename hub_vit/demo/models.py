@@ -25,7 +25,7 @@ from typing import Literal
 
 from PIL import Image
 
-from hub_vit.domain import Domain
+from hub_vit.domain import Domain, check_domain_record, read_domain
 from hub_vit.explain.pipeline import Explainer
 from hub_vit.hub_models import is_hub_reference
 from hub_vit.paths import distinct_names
@@ -101,6 +101,7 @@ def _checked_folder(path: Path, key: str, what: str) -> ModelChoice:
     if config.get("num_classes") == 0:
         raise ValueError(no_head_message(what))
     read_safetensors_header(path / "model.safetensors")  # ValueError naming the file: "truncated or corrupt"
+    check_domain_record(path)  # a damaged domain.json: its verdicts cannot be given, as rollout and serve refuse it
     return ModelChoice(key=key, kind="folder", target=str(path))
 
 
@@ -192,6 +193,16 @@ def _load(choice: ModelChoice) -> Explainer:
     info = ({"path": str(model.folder), "architecture": model.architecture} if model.folder is not None
             else {"architecture": choice.target})
     return Explainer(model=model.module, labels=list(model.labels), data=model.data, name=choice.key, info=info)
+
+
+def model_domain(explainer: Explainer) -> Domain:
+    """What the loaded model knows and its out-of-domain calibration (`hub_vit.domain.read_domain`). A damaged
+    `domain.json` (since start-up) is a ModelLoadError naming the model: like damaged weights, it keeps the model
+    from being shown, rather than shown with a verdict ("unknown") that hides the damage."""
+    try:
+        return read_domain(explainer.info.get("path"), explainer.labels)
+    except ValueError as exc:
+        raise ModelLoadError(f"cannot load model {explainer.name!r}: {exc}") from None
 
 
 def served_choice(model: str | None) -> ModelChoice | None:

@@ -380,8 +380,20 @@ def calibrate_domain_or_warn(folder: Path, data_dir: Path, domain: Domain | None
     except ValueError as exc:
         warnings.warn(TrainingWarning(f"the model's out-of-domain score is not calibrated ({exc}); its answers say "
                                       "\"unknown\" to whether an image is of the kind it knows. Calibrate it with "
-                                      f"`hub-vit calibrate-domain {folder} --images DIR --held-out DIR`"),
+                                      f"`{calibrate_command(folder, domain)}`"),
                       stacklevel=2)
+
+
+def calibrate_command(folder: Path, domain: Domain | None) -> str:
+    """The `hub-vit calibrate-domain` command that calibrates `folder` later with what this run says the model knows
+    (the preset's --knows / --examples): without them the record would say what the labels suggest ('photos' for the
+    digits)."""
+    import shlex
+
+    words = ["hub-vit", "calibrate-domain", str(folder), "--images", "DIR", "--held-out", "DIR"]
+    if domain is not None:
+        words += ["--knows", domain.knows, "--examples", domain.examples]
+    return " ".join(word if word == "DIR" else shlex.quote(word) for word in words)
 
 
 def hardware(d: distributed.Dist) -> dict[str, Any]:
