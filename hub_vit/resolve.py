@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 Kind = Literal["registered", "folder", "onnx", "engine", "npz", "weights", "module"]
 ENGINE_SUFFIXES: tuple[str, ...] = (".plan", ".engine")
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".npz", ".pt", ".pth", ".bin")
+# what a model given as a path may be: a model folder, an exported graph (.onnx / TensorRT engine), a weights file
+PATH_KINDS: frozenset[str] = frozenset({"folder", "graph", "weights"})
 RANDOM_INIT = "random init"  # `ResolvedModel.weights` of a registered name built without published weights
 
 
@@ -122,11 +124,11 @@ class ResolvedModel:
 
 
 def locate(reference: str | Path | None, *, model_name: str | None = None, download: bool = True,
-           graphs: bool = True) -> ModelRef:
+           takes: frozenset[str] = PATH_KINDS) -> ModelRef:
     """Check and classify `reference` (see the module docstring); nothing is loaded. `download=False` accepts a
     registered checkpoint only when it is in hub-vit's download cache already (or ships in the package).
-    `graphs=False`: the caller needs a torch model (export, rollout, the demo), so an exported file is refused, and
-    the messages offer only what it takes."""
+    `takes`: the kinds of path the caller can use (`PATH_KINDS`: serve takes all; export no graph; rollout and the
+    demo a folder only), which its refusals of a path offer."""
     if reference is None:
         return _default_ref()
     if not isinstance(reference, (str, Path)):  # e.g. a module: its repr would be taken for a path
@@ -142,9 +144,9 @@ def locate(reference: str | Path | None, *, model_name: str | None = None, downl
     if path.is_dir():
         ref = _folder_ref(path, text)
     elif path.is_file():
-        ref = _file_ref(path, text, suffix, model_name, graphs)
+        ref = _file_ref(path, text, suffix, model_name, takes)
     elif suffix in (".onnx", *ENGINE_SUFFIXES, *WEIGHT_SUFFIXES) or "/" in text:
-        raise ValueError(f"model path {text!r} does not exist (expected {_takes(graphs)}){_hub_hint(text)}")
+        raise ValueError(f"model path {text!r} does not exist (expected {_takes(takes)}){_hub_hint(text)}")
     else:
         if model_name is not None and model_name != text:
             raise ValueError(f"--model {model_name!r} is only for weights files; {text!r} is not a weights file")
@@ -212,27 +214,35 @@ def _sharded(path: Path) -> str:
             "max_shard_size: save the model again in one file, save_pretrained(FOLDER, max_shard_size=\"50GB\")")
 
 
-def _takes(graphs: bool) -> str:
-    """What a model reference given as a path may be, for a caller that takes exported graphs or not."""
-    weights = f"a weights file ({', '.join(WEIGHT_SUFFIXES)})"
-    if not graphs:
-        return f"a model folder or {weights}"
-    return f"a model folder, an .onnx file, a TensorRT engine ({', '.join(ENGINE_SUFFIXES)}) or {weights}"
+def _takes(takes: frozenset[str]) -> str:
+    """What a model given as a path may be, for a caller that `takes` these `PATH_KINDS`."""
+    unknown = takes - PATH_KINDS
+    if unknown or not takes:
+        raise ValueError(f"unknown path kind(s) {sorted(unknown)}; valid: {', '.join(sorted(PATH_KINDS))}")
+    offered = {"folder": "a model folder", "graph": f"an .onnx file, a TensorRT engine ({', '.join(ENGINE_SUFFIXES)})",
+               "weights": f"a weights file ({', '.join(WEIGHT_SUFFIXES)})"}
+    names = [offered[kind] for kind in ("folder", "graph", "weights") if kind in takes]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-def _file_ref(path: Path, text: str, suffix: str, model_name: str | None, graphs: bool = True) -> ModelRef:
+def _file_ref(path: Path, text: str, suffix: str, model_name: str | None,
+              takes: frozenset[str] = PATH_KINDS) -> ModelRef:
     if suffix == ".onnx":
         return ModelRef("onnx", str(path.resolve()))
     if suffix in ENGINE_SUFFIXES:
         return ModelRef("engine", str(path.resolve()))
     if suffix in WEIGHT_SUFFIXES:
+        if "weights" not in takes:  # its --model would be this command's model, not the file's architecture
+            raise ValueError(f"{text!r} is a weights file; give {_takes(takes)} (of a Google .npz: `hub-vit convert "
+                             "FILE -o FOLDER`; of another: hub_vit.save_model_folder(timm.create_model(NAME, "
+                             "checkpoint_path=FILE), FOLDER))")
         if model_name is None and suffix != ".npz":  # a Google .npz names its own architecture (inferred)
             raise ValueError(f"a weights file needs the architecture: pass --model NAME (one of "
                              f"{', '.join(_names())})")
         if model_name is not None:
             _entry(model_name)
         return ModelRef("npz" if suffix == ".npz" else "weights", str(path.resolve()), model_name=model_name)
-    raise ValueError(f"{text!r} is a file but not a model: give {_takes(graphs)}")
+    raise ValueError(f"{text!r} is a file but not a model: give {_takes(takes)}")
 
 
 def _names() -> list[str]:

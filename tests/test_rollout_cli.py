@@ -119,6 +119,28 @@ def test_cli_bad_image_writes_nothing(model_folder: Path, photo_files: list[Path
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("given", "said"), [
+    ("ORG/NAME", "model path 'ORG/NAME' does not exist (expected a model folder); a model on the Hugging Face Hub is "
+                 "named hf-hub:ORG/NAME"),
+    ("{tmp}/picture.png", "'{tmp}/picture.png' is a file but not a model: give a model folder"),
+    ("{tmp}/w.safetensors", "'{tmp}/w.safetensors' is a weights file; give a model folder (of a Google .npz: "
+                            "`hub-vit convert FILE -o FOLDER`"),
+])
+def test_cli_a_model_that_is_no_folder_is_told_what_rollout_takes(photo_files: list[Path], tmp_path: Path,
+                                                                  given: str, said: str) -> None:
+    # was: "expected a model folder, an .onnx file, a TensorRT engine or a weights file", and for a weights file
+    # "pass --model NAME": rollout's --model is the model itself, and it takes neither graphs nor weights files
+    shutil.copy(photo_files[0], tmp_path / "picture.png")
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(_runner_app(), ["rollout", str(photo_files[0]), "-o", str(out),
+                                                "--model", given.format(tmp=tmp_path)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert f"error: {said.format(tmp=tmp_path)}" in text, text
+    assert "TensorRT" not in text and not out.exists()
+
+
 def test_cli_a_folder_of_images_is_every_image_in_it(model_folder: Path, photo_files: list[Path],
                                                     tmp_path: Path) -> None:
     # was: "'imgs' is a folder, not an image file"; a folder without images is still named

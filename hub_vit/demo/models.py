@@ -144,7 +144,7 @@ def resolve_choice(model: str | None, choices: Sequence[ModelChoice] = ()) -> Mo
             return choice
     # a registered checkpoint is never downloaded here (`hub-vit convert` fetches it); a Hub model the user names is
     # fetched now, at start-up, into huggingface_hub's cache, and is a model folder from then on
-    return _choice(locate(model, download=is_hub_reference(model)), model)
+    return _choice(locate(model, download=is_hub_reference(model), takes=frozenset({"folder"})), model)
 
 
 def _choice(ref: ModelRef, model: str) -> ModelChoice:

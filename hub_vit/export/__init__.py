@@ -51,7 +51,7 @@ def load_source(source: str | Path, *, model_name: str | None = None, pretrained
     exported graph is refused: there is no torch model in it to export."""
     from hub_vit.resolve import locate, resolve_model
 
-    ref = locate(source, model_name=model_name, graphs=False)
+    ref = locate(source, model_name=model_name, takes=frozenset({"folder", "weights"}))
     if ref.kind in ("onnx", "engine"):
         raise ValueError(f"{str(source)!r} is already an exported file ({ref.kind}); export takes a registered name, "
                          "a model folder or a weights file (.safetensors/.npz/.pt with --model)")
