@@ -74,7 +74,10 @@ def read_safetensors_header(path: Path) -> dict[str, TensorHeader]:
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
-        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if len(head) < 8:
+            raise ValueError(f"{str(path)!r} is not a safetensors file: {size} bytes, shorter than the 8-byte header "
+                             "length a safetensors file starts with; truncated or corrupt")
+        length = int.from_bytes(head, "little")
         if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
             raise ValueError(f"{str(path)!r} is not a safetensors file (its header length {length} does not fit the "
                              f"{size}-byte file); truncated or corrupt")

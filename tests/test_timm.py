@@ -129,6 +129,14 @@ def test_pretrained_cfg_overlay_of_no_file_names_the_path(tmp_path) -> None:
         timm.create_model("hub_vit", pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path)))
 
 
+def test_a_file_shorter_than_a_safetensors_header_says_so(tmp_path) -> None:
+    # was: "its header length -1 does not fit the 6-byte file", a length no file held
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"hello\n")
+    with pytest.raises(ValueError, match=r"is not a safetensors file: 6 bytes, shorter than the 8-byte header length"):
+        timm.create_model("simplevit_digits", pretrained=True, pretrained_cfg_overlay=dict(file=str(junk)))
+
+
 def test_pretrained_cfg_overlay_loads_local_safetensors(tmp_path) -> None:
     source = timm.create_model("vit_ti16", img_size=64, num_classes=5)
     with torch.no_grad():
