@@ -239,6 +239,9 @@ def test_a_model_saved_alone_loads_its_image_processor(tmp_path) -> None:
     cfg = dict(crop_pct=1.0, interpolation="bicubic", mean=(0.1, 0.2, 0.3), std=(0.5, 0.4, 0.3))
     model = HubViTForImageClassification.from_vit(_randomised(spec), pretrained_cfg=cfg)
     model.save_pretrained(tmp_path / "alone")
+    # and its labels.txt (was: none, so a transformers save was no whole hub-vit folder for Triton's repository)
+    assert (tmp_path / "alone" / "labels.txt").read_text().splitlines() == [
+        model.config.id2label[i] for i in range(model.config.num_labels)]
     processor = AutoImageProcessor.from_pretrained(tmp_path / "alone")
     # the reference: timm's own eval transform for the same folder
     timm_model = timm.create_model(f"local-dir:{tmp_path / 'alone'}", pretrained=True)

@@ -112,7 +112,8 @@ class HubViTPreTrainedModel(PreTrainedModel):
         """transformers' save (config.json + model.safetensors with plain timm keys), plus the remote-code files and
         their `auto_map`, so the folder also loads with `trust_remote_code=True` where hub_vit is not installed, and
         the model's own `preprocessor_config.json` unless the folder has one (a processor saved there first is kept):
-        `AutoImageProcessor.from_pretrained` reads only that file, and the model alone holds its transform."""
+        `AutoImageProcessor.from_pretrained` reads only that file, and the model alone holds its transform; and a
+        classifier's `labels.txt`: the output is a whole hub-vit model folder (`push_to_hub` uploads one too)."""
         if _PREFIX_RULE is not None and getattr(self, "_weight_conversions", None) is None:
             # transformers only reverses the rename for models that came from from_pretrained; a model built in
             # memory must write the same plain timm keys
@@ -143,14 +144,14 @@ class HubViTPreTrainedModel(PreTrainedModel):
         return result
 
     def _update_labels_file(self, folder: str | os.PathLike) -> None:
-        """A model folder's labels.txt (one class name per line), where the folder has one, rewritten from the saved
-        id2label (removed for a backbone, which has no classes): saving over a folder must not leave the old model's
-        names beside the new head, which hub-vit's folder loader would refuse as a disagreement."""
+        """The folder's labels.txt (one class name per line, line i = class i), written from the saved id2label, so
+        a saved classifier is a whole hub-vit model folder (Triton's repository reads it) and saving over a folder
+        never leaves the old model's names beside the new head, which hub-vit's folder loader refuses; removed for a
+        backbone, which has no classes."""
         path = os.path.join(folder, LABELS_FILE)
-        if not os.path.isfile(path):
-            return
         if not self.vit.spec.num_classes:
-            os.remove(path)
+            if os.path.isfile(path):
+                os.remove(path)
             return
         names = [label_at(self.config.id2label, i) for i in range(self.vit.spec.num_classes)]
         with open(path, "w", encoding="utf-8") as f:
