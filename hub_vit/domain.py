@@ -8,9 +8,11 @@ kind: the statistics of `hub_vit.domain_score` (`domain.safetensors`: per-block 
 the threshold) with what was measured when they were fitted (`measured` in `domain.json`). `hub_vit.domain_fit` fits
 them (`hub-vit calibrate-domain`, `hub-vit train`).
 
-Like the other records of a folder, `domain.json` holds the digest of the weights the statistics were fitted on, and
-the sha256 of the statistics file it goes with: statistics fitted on other weights, or a statistics file that is not
-the one recorded, are not applied (the model's answers then say "unknown", never "in domain").
+Like the other records of a folder, `domain.json` holds the digest of the weights the statistics were fitted on, the
+sha256 of the statistics file it goes with, and how the images were prepared (`input`: the data config's size, crop
+and normalisation in config.json): statistics fitted on other weights, with another statistics file or on images
+prepared otherwise (a folder saved at another `img_size` keeps sincos weights unchanged, but every feature moves) are
+not applied (the model's answers then say "unknown", never "in domain").
 
 No torch at import: the demo and the card read it cheaply.
 """
@@ -65,8 +67,9 @@ def read_domain(folder: str | Path | None, labels: list[str]) -> Domain:
         raise ValueError(f"{exc}; {REPLACE_RECORD}") from None
     statistics = Path(folder) / STATISTICS_FILE
     if not (statistics.is_file() and _same_file(statistics, data.get("statistics_sha256"))
-            and _same_weights(Path(folder), data.get("weights_digest"))):
-        return domain  # not calibrated, or for other weights / another statistics file: nothing to apply
+            and _same_weights(Path(folder), data.get("weights_digest"))
+            and data.get("input", _NOT_RECORDED) in (_NOT_RECORDED, prepared_input(Path(folder)))):
+        return domain  # not calibrated, or for other weights / statistics file / inputs: nothing to apply
     return Domain(domain.knows, domain.examples, load_statistics(statistics), dict(data.get("measured") or {}))
 
 
@@ -103,6 +106,21 @@ def _record(path: Path) -> tuple[Domain, dict[str, Any]]:
     if domain.examples not in EXAMPLE_KINDS:
         raise ValueError(f"{path}: unknown examples {domain.examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
     return domain, data
+
+
+_NOT_RECORDED = object()  # a record written before `input` was: its statistics are judged by the weights alone
+# the fields of config.json's pretrained_cfg (timm's data config) that decide what the model's features are
+_INPUT_KEYS = ("input_size", "crop_pct", "crop_mode", "interpolation", "mean", "std")
+
+
+def prepared_input(folder: Path) -> dict[str, Any] | None:
+    """How the folder's model prepares images (`_INPUT_KEYS` of config.json's pretrained_cfg), as `input` records it;
+    None when config.json cannot be read (then no recorded input matches)."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("pretrained_cfg") or {}
+        return {key: cfg.get(key) for key in _INPUT_KEYS}
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _same_file(path: Path, sha256: Any) -> bool:
@@ -143,7 +161,7 @@ def write_domain(folder: str | Path, domain: Domain) -> Path:
         with atomic_path(folder / STATISTICS_FILE, suffix=".safetensors") as tmp, disk_errors_as_os_errors(tmp):
             save_statistics(domain.statistics, tmp)
         record |= {"measured": domain.measured, "statistics_sha256": sha256_file(folder / STATISTICS_FILE),
-                   "weights_digest": file_digest(folder / "model.safetensors")}
+                   "weights_digest": file_digest(folder / "model.safetensors"), "input": prepared_input(folder)}
     path = folder / DOMAIN_FILE
     with atomic_path(path, suffix=".json") as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
