@@ -188,8 +188,8 @@ def domain_section(folder: Path, labels: list[str]) -> dict[str, Any] | None:
 
 def uncalibrated_note(recorded: bool) -> str:
     """Why the answers cannot say whether an image is of the kind the model knows, and how to make them."""
-    why = ("`domain.json` holds no out-of-domain score for these weights (it was fitted on other weights, or "
-           "`domain.safetensors` is missing or not the file it records)" if recorded else
+    why = ("`domain.json` holds no out-of-domain score for this model (it was fitted on other weights or on images "
+           "prepared otherwise, or `domain.safetensors` is missing or not the file it records)" if recorded else
            "No out-of-domain score is calibrated for this model (the folder has no `domain.json`)")
     return (f"{why}, so its answers say \"unknown\" to whether an image is of that kind. `hub-vit calibrate-domain "
             "<this folder> --images DIR --held-out DIR` fits one on images of the kind it knows (`hub-vit train` "
