@@ -187,6 +187,22 @@ def test_existing_repository_is_not_replaced_silently(tmp_path, onnx_file, meta)
     with pytest.raises(FileExistsError, match="not a repository written by `hub-vit repository`"):
         write_repository(source, other, overwrite=True)
     assert (other / "cat.jpg").read_bytes() == b"jpeg"
+    with pytest.raises(FileExistsError, match="not a repository written by"):  # said without --overwrite too
+        write_repository(source, other)
+
+
+def test_overwrite_keeps_models_added_beside_the_generated_ones(tmp_path, onnx_file, meta):
+    # was: `--overwrite` replaced the whole folder, deleting a model added by hand beside hub-vit's (one Triton
+    # repository often holds several) without a word
+    source = graph_model(meta, onnx_file)
+    repo = write_repository(source, tmp_path / "repo")
+    (repo / "handmade" / "1").mkdir(parents=True)
+    (repo / "handmade" / "config.pbtxt").write_text('name: "handmade"\nbackend: "python"\n')
+    (repo / "NOTES.md").write_text("notes")
+    with pytest.raises(FileExistsError, match=r"also holds what `hub-vit repository` did not write \('NOTES.md', "
+                                              r"'handmade/'\); replacing it would delete them"):
+        write_repository(source, repo, ServingOptions(top_k=2), overwrite=True)
+    assert (repo / "handmade" / "config.pbtxt").is_file() and (repo / "NOTES.md").read_text() == "notes"
 
 
 

@@ -87,11 +87,17 @@ def write_repository(source: ResolvedModel, out_dir: str | Path, options: Servin
         raise FileExistsError(f"{str(out)!r} is the current directory (or holds it); replacing it would leave the "
                               "shell in a deleted folder: choose another folder")
     occupied = out.exists() and any(out.iterdir())  # an empty folder (mkdir first) is taken as is
-    if occupied and not overwrite:
-        raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
-    if occupied and not _is_generated_repository(out):
+    if occupied and not _is_generated_repository(out):  # said first: --overwrite would not help
         raise FileExistsError(f"{str(out)!r} is not a repository written by `hub-vit repository` (no generated "
                               "config.pbtxt); replacing it would delete everything in it: choose another folder")
+    if occupied and not overwrite:
+        raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
+    foreign = _not_generated(out) if occupied else []
+    if foreign:  # models added by hand beside hub-vit's in one Triton repository: replacing would delete them
+        shown = ", ".join(repr(name) for name in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5
+                                                                 else "")
+        raise FileExistsError(f"{str(out)!r} also holds what `hub-vit repository` did not write ({shown}); "
+                              "replacing it would delete them: move them out first, or choose another folder")
     created = [folder for folder in out.parents if not folder.exists()]  # deepest first: removed again on failure
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -109,16 +115,25 @@ def write_repository(source: ResolvedModel, out_dir: str | Path, options: Servin
     return out
 
 
+def _not_generated(folder: Path) -> list[str]:
+    """The entries of a generated repository `folder` that the writer did not make: anything but its manifest and
+    model folders whose config.pbtxt carries the generated header (sorted names, a folder with a trailing /)."""
+    return sorted(entry.name + ("/" if entry.is_dir() else "") for entry in folder.iterdir()
+                  if entry.name != MANIFEST and not _generated_model(entry))
+
+
+def _generated_model(entry: Path) -> bool:
+    config = entry / "config.pbtxt"
+    try:
+        with config.open(encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith(GENERATED_HEADER)
+    except OSError:  # no such file (not a model folder, or a plain file), or unreadable: not one we wrote
+        return False
+
+
 def _is_generated_repository(folder: Path) -> bool:
     """Some `<model>/config.pbtxt` in `folder` starts with the header `config.render` writes."""
-    for config in folder.glob("*/config.pbtxt"):
-        try:
-            with config.open(encoding="utf-8", errors="replace") as f:
-                if f.readline().startswith(GENERATED_HEADER):
-                    return True
-        except OSError:
-            continue
-    return False
+    return any(_generated_model(entry) for entry in folder.iterdir())
 
 
 def compute_bound_model(source: ResolvedModel) -> bool:
