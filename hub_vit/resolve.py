@@ -341,7 +341,7 @@ def _load_registered(ref: ModelRef, pretrained: bool | None, download: bool) -> 
         with_weights = [name for name, other in MODELS.items() if other.weights]
         raise ValueError(f"{base!r} has no published weights to serve (architecture only): give a trained model "
                          f"folder or a registered name with weights ({', '.join(with_weights)}); to export it with "
-                         "random weights, drop --pretrained")
+                         "random weights, `hub-vit export onnx` without --pretrained")
     if not pretrained:
         from hub_vit.model import VisionTransformer
 

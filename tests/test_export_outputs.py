@@ -169,7 +169,8 @@ def test_a_tag_loads_its_published_weights(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_bare_name_without_bundled_weights_stays_random() -> None:
     src = load_source("simplevit_ti16")
     assert src.weights == RANDOM_INIT and src.random_weights
-    with pytest.raises(ValueError, match="'simplevit_ti16' has no published weights.*drop --pretrained"):
+    with pytest.raises(ValueError, match="'simplevit_ti16' has no published weights.*`hub-vit export onnx` without "
+                                         "--pretrained"):
         load_source("simplevit_ti16", pretrained=True)
     assert not load_source("simplevit_digits").random_weights  # shipped in the package: loaded by default
 

@@ -116,6 +116,7 @@ def test_corrupt_onnx_is_named_not_a_traceback(tmp_path):
 def test_registered_names_without_those_weights(tmp_path, model, message):
     code, out = _run("repository", str(tmp_path / "repo"), "--model", model)
     assert code == 2 and message in out, out
+    assert "drop --pretrained" not in out, out  # was: export's flag, which repository does not have
 
 
 def test_non_model_file_and_export_folder_are_explained(tmp_path):

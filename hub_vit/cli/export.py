@@ -164,12 +164,8 @@ def _checked_flags(variant: list[str], named: bool, stem: str, opset: int, expor
         raise ValueError(f"{exc}, or {ALL}") from None
     if opset < MIN_OPSET:
         raise ValueError(f"--opset must be >= {MIN_OPSET}, got {opset}")
-    lacking = {name: registry.get(name).missing(plan.host) for name in plan.variants if plan.required(name)}
-    lacking = {name: why for name, why in lacking.items() if why}
-    if lacking:  # named, so required: refused before the export, not reported after it with exit 1
-        builds = [name for name in registry.names() if not registry.get(name).missing(plan.host)]
-        raise ValueError("; ".join(f"--variant {name} cannot be built on this host: {'; '.join(why)}"
-                                   for name, why in lacking.items()) + f" (this host builds {', '.join(builds)})")
+    # named, so required: refused before the export, not reported after it with exit 1
+    registry.check_buildable([name for name in plan.variants if plan.required(name)], plan.host)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a folder")
     if out.suffix.lower() == ".onnx" and not out.is_dir():  # torch.onnx.export's habit: -o names the file

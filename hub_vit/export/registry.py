@@ -146,6 +146,19 @@ def get(name: str) -> Variant:
         raise ValueError(f"unknown variant {name!r}; valid choices: {', '.join(_REGISTRY)}") from None
 
 
+def check_buildable(wanted: Iterable[str], host: Host | None = None, *, flag: str = "--variant",
+                    cpu: bool | None = None) -> None:
+    """ValueError naming each of the `wanted` variants that `host` (default: this one) cannot build, why, and what it
+    builds (of the `cpu` ones, if given): said before any export, not as a verification failure after it."""
+    host = host or this_host()
+    lacking = {name: get(name).missing(host) for name in wanted}
+    lacking = {name: why for name, why in lacking.items() if why}
+    if lacking:
+        builds = [name for name in names(cpu=cpu) if not get(name).missing(host)]
+        raise ValueError("; ".join(f"{flag} {name} cannot be built on this host: {'; '.join(why)}"
+                                   for name, why in lacking.items()) + f" (this host builds {', '.join(builds)})")
+
+
 def worth_building(host: Host | None = None, *, cpu: bool | None = None) -> tuple[list[str], dict[str, str]]:
     """(the variants `host` can build and that pay off there, {every other variant: why not}), in declaration
     order: what `--variant all` and `--cpu-variant auto` try."""
@@ -275,4 +288,5 @@ def _openvino_int8_dynamic(job: BuildJob) -> Built:
 
 
 __all__ = ["BF16_UNITS", "GPU_PROVIDER", "INT8_UNITS", "OPENVINO", "ORT_BF16_MATMUL", "RUNTIMES", "BuildJob", "Built",
-           "Need", "Variant", "get", "help_text", "names", "register_variant", "worth_building"]
+           "Need", "Variant", "check_buildable", "get", "help_text", "names", "register_variant",
+           "worth_building"]

@@ -120,6 +120,8 @@ def select(module: Any, requested: str, check: VerificationSet, *, batch: int, t
 
     check_cpu_variant(requested)
     host = host or this_host()
+    if requested != AUTO:  # named: a host that cannot build it is told so before the export (it took 27 s)
+        registry.check_buildable([requested], host, flag="--cpu-variant", cpu=True)
     names, left_out = candidates(host) if requested == AUTO else ([requested], {})
     threads = threads or usable_cores()
     tmp = tempfile.TemporaryDirectory(prefix=".cpu-variant-", dir=work_dir)
