@@ -190,7 +190,7 @@ def test_non_image_upload_shows_error_and_app_recovers(page, photo_path: Path, t
     upload(page, fake)
     error = page.locator(".toast-body", has_text="notes.png")
     error.first.wait_for(state="visible")
-    assert "not an image" in error.first.inner_text()
+    assert "cannot read 'notes.png' as an image" in error.first.inner_text()
     # A real image too thin to resize (2x200000 px would become 256x25600000 before the crop) is refused by name.
     thin = tmp_path / "thin.png"
     Image.new("RGB", (2, 200_000), (200, 10, 10)).save(thin)
@@ -217,8 +217,116 @@ def test_non_image_upload_shows_error_and_app_recovers(page, photo_path: Path, t
     assert "%" in page.locator("#labels").inner_text()
     # Expected refusals are one log line each, not a 30-40 line traceback per bad upload
     log = demo_process[1].read_text()
-    assert "refused: 'notes.png' is not an image" in log and "refused: 'thin.png'" in log
+    assert "refused: cannot read 'notes.png' as an image" in log and "refused: 'thin.png'" in log
     assert "Traceback" not in log, log[-3000:]
+
+
+OUTPUT_BADGES = ", ".join(f"#{elem_id} span.error" for elem_id in ("status", "labels", "overlay", "layer-view",
+                                                                       "class-map"))
+
+
+def notes_file(folder: Path) -> Path:
+    """A text file named like a PNG."""
+    fake = folder / "notes.png"
+    fake.write_text("these are meeting notes, not pixels\n")
+    return fake
+
+
+def wait_for_status(page, text: str) -> None:
+    page.wait_for_function("text => document.querySelector('#status').innerText.includes(text)", arg=text,
+                           timeout=30_000)
+
+
+def log_since(log: Path, start: int, needle: str, count: int) -> str:
+    """The demo's log written after character `start`, once it holds `needle` `count` times (at most 30 s)."""
+    deadline = time.monotonic() + 30
+    while (new := log.read_text()[start:]).count(needle) < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return new
+
+
+def assert_refused_in_words(page, log: Path, start: int, name: str, actions: int) -> None:
+    """The page's answer to an upload it cannot analyse (docs/explain.md, "Hardening"): the status line names the file
+    and no result is left standing, without a red "Error" badge; one `refused:` log line per action, no traceback."""
+    wait_for_status(page, "Not analysed: ")
+    assert repr(name) in page.locator("#status").inner_text()
+    assert overlay_src(page) is None and "%" not in page.locator("#labels").inner_text()
+    assert page.locator(OUTPUT_BADGES).count() == 0
+    new = log_since(log, start, "refused: ", actions)
+    assert [line for line in new.splitlines() if "refused: " in line and name in line] and \
+        new.count("refused: ") == actions, new[-3000:]
+    assert "Traceback" not in new and "ComponentProcessingError" not in new, new[-3000:]
+
+
+def test_a_non_image_after_a_picked_example_is_refused_in_words(browser, demo_process: tuple[str, Path],
+                                                                  tmp_path: Path) -> None:
+    # was: once an example had set the image, Gradio preprocessed uploads with a per-session copy of the component
+    # that lacked the upload guard: bare "Error" badges, no toast, the example's results kept, and two chained
+    # tracebacks in the log for that upload and for every control changed after it
+    url, log = demo_process
+    page = open_page(browser, url)
+    try:
+        page.locator("[id^='examples-'] img").locator("visible=true").first.click()
+        wait_for_new_overlay(page, None)
+        start = len(log.read_text())
+        upload(page, notes_file(tmp_path))
+        page.locator(".toast-body", has_text="notes.png").first.wait_for(state="visible", timeout=30_000)
+        assert_refused_in_words(page, log, start, "notes.png", 1)
+        page.locator("#head-fusion label", has_text="max").click()  # a control changed after it: refused again
+        assert_refused_in_words(page, log, start, "notes.png", 2)
+    finally:
+        page.close()
+
+
+def test_a_non_image_in_place_of_an_image_clears_its_results(browser, demo_process: tuple[str, Path],
+                                                             tmp_path: Path) -> None:
+    # was: the toast, but an "Error" badge over every output with the previous image's status and results under it
+    url, log = demo_process
+    page = open_page(browser, url)
+    try:
+        dot = tmp_path / "dot.png"
+        Image.new("RGB", (1, 1), (40, 40, 40)).save(dot)
+        upload(page, dot)
+        wait_for_new_overlay(page, None)
+        start = len(log.read_text())
+        upload(page, notes_file(tmp_path))
+        page.locator(".toast-body", has_text="notes.png").first.wait_for(state="visible", timeout=30_000)
+        assert_refused_in_words(page, log, start, "notes.png", 1)
+    finally:
+        page.close()
+
+
+def test_an_upload_over_the_size_limit_clears_the_results(browser, demo_process: tuple[str, Path],
+                                                          tmp_path: Path) -> None:
+    # was: Gradio's toast and an empty image box, with the previous image's Top-5, maps and status left beside it
+    url, log = demo_process
+    page = open_page(browser, url)
+    try:
+        dot = tmp_path / "dot.png"
+        Image.new("RGB", (1, 1), (40, 40, 40)).save(dot)
+        runs = count_runs(page)
+        upload(page, dot)
+        wait_for_new_overlay(page, None)
+        assert_runs(page, runs, 1, "the page's first upload")  # its `change` is not taken for an emptied box
+        big = tmp_path / "big.png"
+        big.write_bytes(np.random.default_rng(0).bytes(11 * 1024 * 1024))  # over the demo's 10 MB
+        start = len(log.read_text())
+        upload(page, big)
+        page.locator(".toast-body", has_text="exceed the maximum allowed size").first.wait_for(state="visible")
+        wait_for_status(page, "Not analysed: the file was not uploaded (the page takes files up to 10 MB)")
+        assert overlay_src(page) is None and "%" not in page.locator("#labels").inner_text()
+        assert page.locator(OUTPUT_BADGES).count() == 0
+        assert log_since(log, start, "refused: ", 1).count("refused: the file was not uploaded") == 1
+        assert_runs(page, runs, 1, "an upload over the limit")
+        # "Remove Image" empties the box too, and is not taken for a refused upload
+        upload(page, dot)
+        wait_for_new_overlay(page, None)
+        runs.clear()
+        page.locator("#input-image button[aria-label='Remove Image']").click()
+        wait_for_status(page, "Upload an image or pick an example.")
+        assert_runs(page, runs, 1, "removing the image")
+    finally:
+        page.close()
 
 
 def test_the_start_is_calm(demo_process: tuple[str, Path]) -> None:

@@ -151,25 +151,41 @@ def test_large_upload_is_shown_scaled_down(folder: Path, tmp_path: Path, photos:
     assert overlay.shape == (681, 1024, 3)  # long side capped at 1024, aspect kept (1200 * 1024 / 1804 = 681.2)
 
 
-def test_a_decompression_bomb_upload_is_called_too_large(tmp_path: Path) -> None:
+def test_a_decompression_bomb_upload_is_called_too_large(folder: Path, tmp_path: Path) -> None:
     # gradio decodes the upload before the handler; a 50000x50000 PNG header was "not an image this demo can read"
-    import struct
-    import zlib
+    import base64
 
-    from gradio.data_classes import FileData
+    from gradio.data_classes import ImageData
 
-    from hub_vit.demo.app import _guard_upload
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    from hub_vit.demo.app import UploadImage
 
     bomb = tmp_path / "bomb.png"
-    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 50_000, 50_000, 8, 2, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
-    component = gr.Image(type="filepath")
-    _guard_upload(component)
+    bomb.write_bytes(_png_header(50_000, 50_000))
+    component = UploadImage(type="filepath", image_mode=None, render=False)
+    # an uploaded file reaches the analysis undecoded, which refuses it on its header
+    assert component.preprocess(ImageData(path=str(bomb), orig_name="bomb.png")) == str(bomb)
+    _assert_refused(Demo(cache=ModelCache([folder_choice(folder)]), examples=[]), bomb,
+                    r"'bomb\.png' is too large to decode safely \(Image size \(2500000000 pixels")
+    # an API caller's inline image is still decoded by Gradio: its failure is said in words too
+    inline = ImageData(url=f"data:image/png;base64,{base64.b64encode(bomb.read_bytes()).decode()}",
+                       orig_name="bomb.png")
     with pytest.raises(gr.Error, match=r"'bomb\.png' is too large to decode safely \(Image size \(2500000000 pixels"):
-        component.preprocess(FileData(path=str(bomb), orig_name="bomb.png"))
+        component.preprocess(inline)
+
+
+def test_every_copy_of_the_upload_box_lets_the_analysis_refuse_a_non_image(folder: Path, tmp_path: Path) -> None:
+    # was: once an example had set the image, Gradio preprocessed uploads with a per-session copy of the component
+    # (`block.__class__(**kwargs)`, blocks.py) that lacked the guard patched onto the page's instance: a traceback
+    # and a bare "Error" in the page
+    from gradio.data_classes import ImageData
+
+    fake = tmp_path / "notes.png"
+    fake.write_text("these are meeting notes, not pixels\n")
+    page = Demo(cache=ModelCache([folder_choice(folder)]), examples=[]).build()
+    box = next(block for block in page.blocks.values() if getattr(block, "elem_id", None) == "input-image")
+    copy = box.__class__(**{**box.constructor_args, "render": False})  # as Gradio's per-session copy is made
+    for component in (box, copy):
+        assert component.preprocess(ImageData(path=str(fake), orig_name="notes.png")) == str(fake)
 
 
 def test_folders_with_the_same_name_are_told_apart_the_same_way(tmp_path: Path) -> None:

@@ -2,13 +2,14 @@
 
 One handler (`Demo.analyze`) serves every control, so the page always shows one consistent state; models are loaded
 once (`ModelCache`) and the rollout itself costs about one forward pass. Hardening (see docs/explain.md):
-a readable message for any bad upload (a toast, and the status line once the upload reached the analysis), the
+a readable message for any bad upload (a toast and the status line, the previous results cleared), the
 server's pixel limit, a bounded queue, a file-size limit,
 127.0.0.1 by default, only this package's example folders in `allowed_paths`, and uploads deleted after an hour.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import logging
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+from gradio.component_meta import ComponentMeta
+from gradio.data_classes import ImageData
 from PIL import Image
 
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
@@ -39,6 +42,7 @@ EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 DIGIT_SAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "digits" / "samples"
 EXAMPLE_SUFFIXES = SUFFIXES
 MAX_FILE_SIZE = "10mb"
+MAX_FILE_SIZE_SHOWN = "10 MB"  # MAX_FILE_SIZE in the status line's words
 MAX_SIDE = 1024  # pictures shown in the page have a long side of at most MAX_SIDE ...
 MIN_SIDE = 384  # ... and at least MIN_SIDE pixels (a 128 px digit sample is shown 3x, pixels kept sharp)
 # Most pixels an upload may declare: `hub-vit serve`'s default --max-pixels (the same bound as the resize before the
@@ -101,26 +105,47 @@ def refusal(message: str) -> gr.Error:
     return gr.Error(message, print_exception=False)
 
 
-def _guard_upload(component: gr.Image) -> None:
-    """Turn the image component's decode failure (a non-image upload) into a readable `gr.Error`.
+class _NoStubComponentMeta(ComponentMeta):
+    """Gradio's component metaclass without its side effect: for every component subclass it writes a `.pyi` stub
+    next to the subclass's module (here app.pyi, which type checkers would read instead of app.py). Its other work
+    applies to a subclass that defines `__init__` or `EVENTS`, which those built with this one may not."""
 
-    Gradio decodes the upload before our handler runs; without this the page shows a bare "Error".
+    def __new__(mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> ComponentMeta:
+        if "__init__" in attrs or "EVENTS" in attrs:
+            raise TypeError(f"{name} defines __init__ or EVENTS: Gradio's ComponentMeta must build it")
+        return abc.ABCMeta.__new__(mcs, name, bases, attrs)
+
+
+class UploadImage(gr.Image, metaclass=_NoStubComponentMeta):
+    """The upload box: a `gr.Image` that hands the uploaded file's path to the analysis without decoding it.
+
+    Gradio's own preprocessing opens the upload with every Pillow plugin before our handler runs, and a file that is
+    no image failed there: a bare red "Error" on every output, the previous image's results left standing. The
+    analysis reads the file with hub-vit's reader instead (`load_image`: JPEG, PNG, WebP only), and refuses it as it
+    refuses a GIF, in the status line too (`Demo._refused`). A method, not a patch of one instance: Gradio replaces a
+    component by a new instance of its class per session once an update (a picked example) has set it.
     """
-    preprocess = component.preprocess
 
-    def checked(payload: Any) -> Any:
+    is_template = True  # drawn in the page as Gradio's own image component (`Block.get_block_name`)
+
+    def preprocess(self, payload: ImageData | None) -> Any:
+        if payload is not None and self._decoded_by_the_analysis(payload):
+            return payload.path
         try:
-            return preprocess(payload)
+            return super().preprocess(payload)
         except gr.Error as exc:
             raise refusal(exc.message) from exc
-        except Exception as exc:
+        except Exception as exc:  # an API caller's inline (data: URL) image that Pillow cannot read
             name = getattr(payload, "orig_name", None) or "the upload"
             if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):  # it is an image
                 raise refusal(f"{name!r} is too large to decode safely ({exc})") from exc
             raise refusal(f"{name!r} is not an image this demo can read ({type(exc).__name__}); "
                           f"upload {NAMES}") from exc
 
-    component.preprocess = checked  # type: ignore[method-assign]
+    def _decoded_by_the_analysis(self, payload: ImageData) -> bool:
+        """Whether Gradio would only check the file and pass its path on (a file upload, no mode to convert to)."""
+        inline = (payload.url or "").startswith("data:")
+        return self.type == "filepath" and self.image_mode is None and payload.path is not None and not inline
 
 
 # Accessible names Gradio cannot set itself: an example thumbnail is an image-only button whose <img> has alt=""
@@ -286,10 +311,17 @@ class Demo:
 
     def analyze_latest(self, image_path: str | None, model_key: str, backend: str, head_fusion: str,
                        discard_ratio: float, layer: float | None, target: str | None,
-                       shown: tuple[str | None, str] | None) -> tuple[Any, ...]:
+                       shown: tuple[str | None, str] | None, action: float | None = None,
+                       emptied_at: float | None = None) -> tuple[Any, ...]:
         """The page's one analysis listener: what changed since the page's last analysis (`shown`: its image and
         model, a `gr.State`) says how: another model as `analyze_new_model`, another image as `analyze_new_image`,
-        else the controls as they are. Returns the outputs and the new `shown`."""
+        else the controls as they are. Returns the outputs and the new `shown`.
+
+        `action`: the number of the page's action this run answers; `emptied_at`: that of the last time the page
+        emptied the image box itself (EMPTIED_JS: an upload it refused to send), so equal numbers mean that is what
+        this run answers."""
+        if image_path is None and action is not None and emptied_at == action:
+            return (*self._not_uploaded(), (None, model_key))
         if shown is None or model_key != shown[1]:
             handler = self.analyze_new_model
         elif image_path != shown[0]:
@@ -323,6 +355,15 @@ class Demo:
         return Demo._nothing_shown(f"**Not analysed:** {message}")
 
     @staticmethod
+    def _not_uploaded() -> tuple[Any, ...]:
+        """The page emptied the image box on its own: Gradio's page refuses to send a file over MAX_FILE_SIZE (its
+        toast names the file and the limit), leaving the previous image's results under an empty box. They are
+        cleared and the status line says why, as for any refused upload; no second toast."""
+        message = f"the file was not uploaded (the page takes files up to {MAX_FILE_SIZE_SHOWN})"
+        log.warning("refused: %s", message)  # the server never sees the file: its name is in the page's toast only
+        return Demo._nothing_shown(f"**Not analysed:** {message}.")
+
+    @staticmethod
     def _failed(exc: ModelLoadError) -> tuple[Any, ...]:
         """A model that cannot be shown: a toast and the status line say why, and the previous model's results are
         cleared rather than left looking current."""
@@ -342,9 +383,8 @@ class Demo:
             gr.Markdown(INTRO)
             with gr.Row():
                 with gr.Column(scale=1):
-                    image = gr.Image(type="filepath", label="Image", sources=["upload"], elem_id="input-image",
-                                     image_mode=None, height=320)
-                    _guard_upload(image)
+                    image = UploadImage(type="filepath", label="Image", sources=["upload"], elem_id="input-image",
+                                        image_mode=None, height=320)
                     model = gr.Dropdown(keys, value=first, label="Model", elem_id="model")
                     shown = self.domain(first)
                     knows = gr.Markdown(domain_note(shown), elem_id="domain")
@@ -382,6 +422,9 @@ class Demo:
             # its newest analysis: separate listeners computed at once, and an upload that finished after the example
             # picked next put the upload's labels and maps beside the example's picture.
             action = gr.Number(visible=False, precision=0)
+            # The action that is the page emptying the image box; 0: none (actions are numbered from 1). Not None:
+            # then EMPTIED_JS's answer to the page's first upload (nothing emptied) changed it, a second run.
+            emptied_at = gr.Number(0, visible=False, precision=0)
             shown = gr.State(None)  # (image, model) of the page's last analysis: what the next one resets
             ask = dict(fn=None, inputs=None, outputs=[action], js=NEXT_ACTION_JS, queue=False)
             # A new image is an upload, a removal or a picked example. Not `image.change`: in Gradio 6.31 it fires
@@ -389,7 +432,12 @@ class Demo:
             # and rewrote the first run's result files (Gradio names them by their content) while the browser was
             # reading them.
             image.upload(**ask)
-            image.clear(**ask)
+            image.clear(**{**ask, "js": REMOVED_JS})
+            # A file over the size limit is never sent: the page shows a toast and empties the box, which fires
+            # `change` with no value and neither `upload` nor `clear` (Gradio 6.31). Only that `change` is an action
+            # (EMPTIED_JS), numbered in `emptied_at` so that the run says why nothing is shown.
+            image.change(fn=None, inputs=[image], outputs=[emptied_at], js=EMPTIED_JS, queue=False)
+            emptied_at.change(fn=None, inputs=[emptied_at], outputs=[action], js="(n) => n", queue=False)
             for examples in example_sets:
                 examples.load_input_event.then(**ask)
             # User actions only, so the app's own updates of `target` and `layer` never ask for a run. In Gradio
@@ -404,7 +452,8 @@ class Demo:
             target.input(**{**ask, "inputs": [target], "js": PICK_JS})
             for control in (backend, fusion, discard, layer):
                 control.input(**ask)
-            action.change(self.analyze_latest, inputs=[image, model, backend, fusion, discard, layer, target, shown],
+            action.change(self.analyze_latest,
+                          inputs=[image, model, backend, fusion, discard, layer, target, shown, action, emptied_at],
                           outputs=[labels, overlay, layer_view, target, class_map, status, layer, shown],
                           trigger_mode="always_last")
         return blocks
@@ -416,6 +465,19 @@ RESULT_BUTTONS = ["download", "fullscreen"]
 
 # The page's next action number (`Demo.build`): an event that runs only this, in the browser, sets `action` to it.
 NEXT_ACTION_JS = "() => { window.hubVitActions = (window.hubVitActions || 0) + 1; return window.hubVitActions; }"
+# The same for "Remove Image", which also marks the `change` (with no value) that follows it as the user's removal.
+REMOVED_JS = f"() => {{ window.hubVitRemoved = true; return ({NEXT_ACTION_JS})(); }}"
+# The image box's `change`: an action only when the box was emptied and not by "Remove Image" (an upload the page did
+# not send); its number, else the number held (unchanged: nothing is asked). Every other `change` (an upload, an
+# example) is already asked for by `upload` or the examples.
+EMPTIED_JS = """(value) => {
+  const removed = window.hubVitRemoved;
+  window.hubVitRemoved = false;
+  if (value !== null || removed) return window.hubVitEmptiedAt ?? 0;
+  window.hubVitActions = (window.hubVitActions || 0) + 1;
+  window.hubVitEmptiedAt = window.hubVitActions;
+  return window.hubVitEmptiedAt;
+}"""
 # The same, for a dropdown's `input`, which a mouse pick fires twice: the second event of a pick (the same value within
 # half a second) returns the number unchanged, which asks for nothing.
 PICK_JS = """(value) => {
