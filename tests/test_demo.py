@@ -258,6 +258,16 @@ def assert_refused_in_words(page, log: Path, start: int, name: str, actions: int
     assert "Traceback" not in new and "ComponentProcessingError" not in new, new[-3000:]
 
 
+def show_a_dot(page, tmp_path: Path) -> Path:
+    """Upload a 1x1 image and wait for its analysis: results on the page that a refused upload must clear. Returns the
+    image's file."""
+    dot = tmp_path / "dot.png"
+    Image.new("RGB", (1, 1), (40, 40, 40)).save(dot)
+    upload(page, dot)
+    wait_for_new_overlay(page, None)
+    return dot
+
+
 def test_a_non_image_after_a_picked_example_is_refused_in_words(browser, demo_process: tuple[str, Path],
                                                                   tmp_path: Path) -> None:
     # was: once an example had set the image, Gradio preprocessed uploads with a per-session copy of the component
@@ -284,10 +294,7 @@ def test_a_non_image_in_place_of_an_image_clears_its_results(browser, demo_proce
     url, log = demo_process
     page = open_page(browser, url)
     try:
-        dot = tmp_path / "dot.png"
-        Image.new("RGB", (1, 1), (40, 40, 40)).save(dot)
-        upload(page, dot)
-        wait_for_new_overlay(page, None)
+        show_a_dot(page, tmp_path)
         start = len(log.read_text())
         upload(page, notes_file(tmp_path))
         page.locator(".toast-body", has_text="notes.png").first.wait_for(state="visible", timeout=30_000)
@@ -302,11 +309,8 @@ def test_an_upload_over_the_size_limit_clears_the_results(browser, demo_process:
     url, log = demo_process
     page = open_page(browser, url)
     try:
-        dot = tmp_path / "dot.png"
-        Image.new("RGB", (1, 1), (40, 40, 40)).save(dot)
         runs = count_runs(page)
-        upload(page, dot)
-        wait_for_new_overlay(page, None)
+        dot = show_a_dot(page, tmp_path)
         assert_runs(page, runs, 1, "the page's first upload")  # its `change` is not taken for an emptied box
         big = tmp_path / "big.png"
         big.write_bytes(np.random.default_rng(0).bytes(11 * 1024 * 1024))  # over the demo's 10 MB
