@@ -200,8 +200,8 @@ def test_without_openvino_the_variants_are_refused_by_name_or_left_out(digits: R
     without = Host()
     without.openvino_missing = missing
     monkeypatch.setattr(cpu_variant, "this_host", lambda: without)
-    with pytest.raises(ValueError, match=r"cpu_variant 'openvino-int8' is not served: not built: "
-                                         + re.escape(missing)):
+    with pytest.raises(ValueError, match=r"--cpu-variant openvino-int8 cannot be built on this host: "
+                                         + re.escape(missing) + r" \(this host builds fp32, "):  # before any export
         write_repository(digits, tmp_path / "repo", ServingOptions(cpu_variant="openvino-int8"))
     assert not (tmp_path / "repo").exists()
     openvino = {name for name in registry.names() if registry.get(name).runtime == "openvino"}
