@@ -61,10 +61,7 @@ def read_domain(folder: str | Path | None, labels: list[str]) -> Domain:
     path = None if folder is None else Path(folder) / DOMAIN_FILE
     if path is None or not path.is_file():
         return guess_domain(labels)
-    try:
-        domain, data = _record(path)
-    except ValueError as exc:
-        raise ValueError(f"{exc}; {REPLACE_RECORD}") from None
+    domain, data = _advised_record(path)
     statistics = Path(folder) / STATISTICS_FILE
     if not (statistics.is_file() and _same_file(statistics, data.get("statistics_sha256"))
             and _same_weights(Path(folder), data.get("weights_digest"))
@@ -88,8 +85,15 @@ def stated_domain(folder: str | Path) -> Domain | None:
 def check_domain_record(folder: str | Path) -> None:
     """ValueError, as `read_domain`'s, when the folder's `domain.json` is not a domain record; cheap (nothing is
     hashed or loaded): for refusing a folder at start-up rather than on its first image."""
+    path = Path(folder) / DOMAIN_FILE
+    if path.is_file():
+        _advised_record(path)
+
+
+def _advised_record(path: Path) -> tuple[Domain, dict[str, Any]]:
+    """`_record`, its ValueError saying how to replace the record (`REPLACE_RECORD`)."""
     try:
-        stated_domain(folder)
+        return _record(path)
     except ValueError as exc:
         raise ValueError(f"{exc}; {REPLACE_RECORD}") from None
 

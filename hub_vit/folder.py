@@ -40,7 +40,8 @@ from hub_vit.variants import LABELS_FILE, MODEL_TYPE, ViTSpec
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-SHARDED_INDEX = "model.safetensors.index.json"  # transformers' index of weights saved in several files
+SHARDED_INDEX = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME: weights in several files
+SAVE_WHOLE = 'save the model again in one file, save_pretrained(FOLDER, max_shard_size="50GB")'
 NATIVE_DIR = "native"
 
 ExtraFile = str | bytes | Path | Mapping[str, Any] | Sequence[Any]
@@ -376,6 +377,14 @@ def not_a_folder(folder: Path) -> OSError | None:
     return FileNotFoundError(f"model folder {str(folder)!r} does not exist")
 
 
+def weight_shards(folder: Path) -> list[Path]:
+    """The files of weights transformers' `save_pretrained` split into shards (past its `max_shard_size`), which
+    hub-vit's loaders, reading one `model.safetensors`, do not take; [] for any other folder."""
+    if not (folder / SHARDED_INDEX).is_file():
+        return []
+    return sorted(folder.glob("model-*-of-*.safetensors"))
+
+
 def model_folder_files(folder: str | os.PathLike[str]) -> tuple[Path, Path]:
     """(config.json, model.safetensors) of the model folder `folder`; FileNotFoundError naming what is missing.
     Cheap: callers that read other inputs first check the folder with it before they do."""
@@ -384,10 +393,10 @@ def model_folder_files(folder: str | os.PathLike[str]) -> tuple[Path, Path]:
     if problem is not None:
         raise problem
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    if not weights_path.is_file() and (folder / SHARDED_INDEX).is_file():
+    if not weights_path.is_file() and weight_shards(folder):
         raise FileNotFoundError(f"{folder} holds its weights in shards ({SHARDED_INDEX}, save_pretrained with a "
                                 f"max_shard_size below the model's size); a hub-vit model folder holds one "
-                                f"{WEIGHTS_FILE}, which timm reads too: save it again without max_shard_size")
+                                f"{WEIGHTS_FILE}, which timm reads too: {SAVE_WHOLE}")
     for path in (config_path, weights_path):
         if not path.is_file():
             raise FileNotFoundError(f"{folder} is not a hub-vit model folder: {path.name} is missing")

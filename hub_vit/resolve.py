@@ -207,11 +207,13 @@ def _hub_hint(text: str) -> str:
 def _sharded(path: Path) -> str:
     """What to do with a folder whose weights transformers' `save_pretrained` split into shards (past its
     `max_shard_size`), which hub-vit's loaders, reading one `model.safetensors`, do not take; "" for any other."""
-    shards = sorted(path.glob("model-*-of-*.safetensors"))
-    if not shards or not (path / "model.safetensors.index.json").is_file():
+    from hub_vit.folder import SAVE_WHOLE, weight_shards  # an error's path: the folder module imports torch
+
+    shards = weight_shards(path)
+    if not shards:
         return ""
     return (f"; its weights are split into {len(shards)} shards, as save_pretrained writes them past its "
-            "max_shard_size: save the model again in one file, save_pretrained(FOLDER, max_shard_size=\"50GB\")")
+            f"max_shard_size: {SAVE_WHOLE}")
 
 
 def _takes(takes: frozenset[str]) -> str:

@@ -7,7 +7,6 @@ model knows (`hub_vit.domain_fit`), so its answers say whether an image is one o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -42,11 +41,12 @@ def calibrate_domain_command(
     """Fit FOLDER's out-of-domain score on --images, set its threshold on held-out images and write it there."""
     from hub_vit.domain_fit import calibrate_folder
     from hub_vit.explain.image import ImageReadError
+    from hub_vit.train.data import check_headers  # `hub-vit train`'s check of its val split: cheap, before any feature
 
     try:
         done = calibrate_folder(folder, images, held_out=held_out, out_of_domain=out_of_domain,
                                 false_alarm_rate=false_alarm_rate, knows=knows, examples=examples,
-                                check_images=_check_headers)
+                                check_images=check_headers)
     except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, ImageReadError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
@@ -82,11 +82,3 @@ def _measured(key: str, value: object, measured: dict[str, object]) -> str:
                 f"least {fewest_held_out(rate)} each, the fewest that set a threshold at {rate:.2%} (give "
                 f"{2 * fewest_held_out(rate)} or more held-out images to have the false alarms checked)")
     return str(value)
-
-
-def _check_headers(files: Sequence[Path]) -> None:
-    """The training code's header check (`hub-vit train` runs it on its val split) on the files a calibration
-    reads: cheap, and before any feature is computed, so a file that is no image is named in seconds."""
-    from hub_vit.train.data import ImageFolderSplit, check_headers
-
-    check_headers(ImageFolderSplit(Path("."), tuple((path, 0) for path in files), ()))

@@ -25,6 +25,8 @@ SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ViTSpec)
 _SOURCE_KEYS = ("url", "file", "state_dict", "hf_hub_id", "source", "custom_load", "architecture", "tag")
 # transformers' ViT dropout settings, which these models do not have: refused unless 0
 VIT_DROPOUT = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+# the config's training-only fields (timm's regularisation), beside the architecture's SPEC_FIELDS
+TRAINING_FIELDS = ("drop_rate", "drop_path_rate")
 # Keys that timm wants at the top of config.json and that we derive from the spec and labels on every save.
 _DERIVED_TIMM_KEYS = ("num_features", "model_args", "label_names")
 
@@ -65,10 +67,14 @@ def data_config(spec: ViTSpec, pretrained_cfg: dict[str, Any] | None = None) -> 
     return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
 
 
-def vit_dropout_refused(name: str, value: Any) -> str:
-    """Why transformers' ViT dropout setting `name` (one of `VIT_DROPOUT`) is refused at a value other than 0."""
-    return (f"{name}={value!r}: hub-vit models have no dropout inside the blocks (Google's recipes use none); their "
-            "regularisation is drop_rate (dropout before the head) and drop_path_rate (stochastic depth)")
+def refuse_vit_dropout(kwargs: dict[str, Any]) -> None:
+    """ValueError for a transformers ViT dropout setting (`VIT_DROPOUT`) in `kwargs` at a value other than 0: a ported
+    recipe must not lose its dropout silently. At 0 it asks for nothing."""
+    for name in VIT_DROPOUT:
+        if kwargs.get(name):
+            raise ValueError(f"{name}={kwargs[name]!r}: hub-vit models have no dropout inside the blocks (Google's "
+                             "recipes use none); their regularisation is drop_rate (dropout before the head) and "
+                             "drop_path_rate (stochastic depth)")
 
 
 def label_at(id2label: dict[Any, str], index: int) -> str:
@@ -152,9 +158,7 @@ class HubViTConfig(PreTrainedConfig):
         if "variant" in kwargs:  # the timm generic entry point's spelling; a config stores the fields themselves
             raise ValueError(f"HubViTConfig has no 'variant' field; build it from the variant table: "
                              f"HubViTConfig.from_spec(ViTSpec.from_variant({kwargs['variant']!r}, ...))")
-        for name in VIT_DROPOUT:  # transformers' ViT names: a ported recipe must not lose its dropout silently
-            if kwargs.get(name):
-                raise ValueError(vit_dropout_refused(name, kwargs[name]))
+        refuse_vit_dropout(kwargs)
         self._check_rates()
         known = set(SWITCHES) | set(self.attribute_map)
         typos = {k: difflib.get_close_matches(k, SWITCHES, n=1, cutoff=0.8) for k in kwargs if k not in known}
@@ -184,7 +188,7 @@ class HubViTConfig(PreTrainedConfig):
         self.to_spec()
 
     def _check_rates(self) -> None:
-        for name in ("drop_rate", "drop_path_rate"):
+        for name in TRAINING_FIELDS:
             rate = getattr(self, name)
             if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
                 raise ValueError(f"{name} must be a number in [0, 1), got {rate!r}")

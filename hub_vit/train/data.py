@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,12 +128,12 @@ def fingerprint(split: ImageFolderSplit) -> dict[str, object]:
     return dict(images=len(files), names_sha256=names.hexdigest(), files_sha256=sized.hexdigest())
 
 
-def check_headers(split: ImageFolderSplit) -> None:
-    """DataFolderError naming the first file PIL cannot identify, or whose structure is broken: `verify` checks it
+def check_headers(files: Iterable[Path]) -> None:
+    """DataFolderError naming the first of `files` PIL cannot identify, or whose structure is broken: `verify` checks it
     without decoding for some formats (PNG's chunk CRCs), and a JPEG that does not end with its end-of-image marker
     (cut short: a copy or download that stopped) is decoded whole to see whether it is. Cheap: the pixels of whole
     files are not decoded, so an image damaged inside can still fail later, when it is decoded."""
-    for path, _ in split.samples:
+    for path in files:
         try:
             with Image.open(path) as img:
                 is_jpeg = img.format == "JPEG"

@@ -128,7 +128,8 @@ class _Plan:
             recipe = recipe.replace(model=folder_architecture)
         data = {"train": fingerprint(train_split), "val": fingerprint(val_split)}
         notes = check_run_folder(run_dir, recipe, init, train_split.classes, data)
-        check_headers(val_split)  # a damaged val image would surface at the first eval, after (possibly) hours
+        # a damaged val image would surface at the first eval, after (possibly) hours
+        check_headers(path for path, _ in val_split.samples)
         try:  # timm builds the augmentation here, before anything is written, not in the first data-loader worker
             stream = TrainStream(train_split, recipe)
         except (AssertionError, KeyError) as exc:  # timm's RandAugment parser asserts; the recipe's check is stricter

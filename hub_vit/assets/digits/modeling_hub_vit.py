@@ -24,9 +24,9 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
-from transformers.utils import logging
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, logging
 
-from .configuration_hub_vit import SPEC_FIELDS, VIT_DROPOUT, HubViTConfig, label_at, vit_dropout_refused
+from .configuration_hub_vit import SPEC_FIELDS, TRAINING_FIELDS, VIT_DROPOUT, HubViTConfig, label_at, refuse_vit_dropout
 from .image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from .hub_vit_layers import Block
 from .hub_vit_model import VisionTransformer
@@ -63,17 +63,15 @@ def _refuse_unknown(cls: type, args: tuple, kwargs: dict[str, Any]) -> None:
     with the field meant, instead of Python's bare "unexpected keyword argument"."""
     if args:
         raise TypeError(f"{cls.__name__} takes its config only; got {len(args)} more positional argument(s)")
-    for name in VIT_DROPOUT:  # transformers' ViT settings: 0 asks for nothing
-        value = kwargs.pop(name, 0)
-        if value:
-            raise ValueError(vit_dropout_refused(name, value))
+    refuse_vit_dropout(kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k not in VIT_DROPOUT}  # at 0: nothing asked
     if kwargs:
         bad = sorted(kwargs)[0]
-        fields = [*SPEC_FIELDS, *HubViTConfig.attribute_map, "drop_rate", "drop_path_rate"]
+        fields = [*SPEC_FIELDS, *HubViTConfig.attribute_map, *TRAINING_FIELDS]
         guess = difflib.get_close_matches(bad, fields, n=1, cutoff=0.7)
         raise TypeError(f"{cls.__name__}: unknown argument(s) {sorted(kwargs)}"
                         + (f" (did you mean {guess[0]!r}?)" if guess else "")
-                        + f"; valid config fields: {', '.join(SPEC_FIELDS)}, drop_rate, drop_path_rate")
+                        + f"; valid config fields: {', '.join((*SPEC_FIELDS, *TRAINING_FIELDS))}")
 
 
 class HubViTPreTrainedModel(PreTrainedModel):
@@ -139,7 +137,7 @@ class HubViTPreTrainedModel(PreTrainedModel):
             else:
                 self._warn_if_processor_size_differs(save_directory)
             self._update_labels_file(save_directory)
-            if os.path.exists(os.path.join(save_directory, "model.safetensors.index.json")):
+            if os.path.exists(os.path.join(save_directory, SAFE_WEIGHTS_INDEX_NAME)):
                 logger.warning(f"{save_directory}: the weights were saved in shards (max_shard_size); transformers "
                                "loads them, but timm and hub-vit's own commands read one model.safetensors: save "
                                "without max_shard_size for a folder all of them read")
