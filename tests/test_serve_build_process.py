@@ -176,3 +176,28 @@ def test_a_cuda_check_that_hangs_is_named(tmp_path: Path, monkeypatch: pytest.Mo
                                                          r"\(a hung NVIDIA driver\?\); check `nvidia-smi`, or serve "
                                                          "with --device cpu"):
         device_module.cuda_device_name()
+
+
+def test_a_stop_that_a_library_wrapped_is_still_the_stop() -> None:
+    # was: Ctrl-C landing inside torch.export came back as torch's "Attempted to unset ProxyTorchDispatchMode", wrapped
+    # in torch.onnx's ConversionError, and the build printed it as a bug's traceback under "stopped while building"
+    import signal
+
+    from hub_vit.cli.serve_build import _stop_behind
+    from hub_vit.cli.stop_signals import StopRequested
+
+    def wrapped(stop: BaseException) -> Exception:
+        try:
+            try:
+                raise stop
+            except BaseException:
+                raise RuntimeError("Attempted to unset ProxyTorchDispatchMode, but there wasn't one active.") from None
+        except RuntimeError as err:
+            try:
+                raise ValueError("Failed to decompose the FX graph for ONNX compatibility.") from err
+            except ValueError as conversion:
+                return conversion
+
+    assert _stop_behind(wrapped(KeyboardInterrupt())) == 128 + signal.SIGINT
+    assert _stop_behind(wrapped(StopRequested(128 + signal.SIGTERM))) == 128 + signal.SIGTERM
+    assert _stop_behind(ValueError("a bug")) is None

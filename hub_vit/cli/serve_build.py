@@ -193,9 +193,13 @@ def _child(fd: int, parent: int) -> NoReturn:
             code = 128 + signal.SIGINT
         except SystemExit as stopped:
             code = stopped.code
-        except BaseException:  # a bug: its traceback on serve's stderr, serve names the exit status
-            traceback.print_exc()
-            code = 1
+        except BaseException as err:
+            stop = _stop_behind(err)
+            if stop is not None:  # the stop landed inside a library that wrapped it in its own error
+                code = stop
+            else:  # a bug: its traceback on serve's stderr, serve names the exit status
+                traceback.print_exc()
+                code = 1
         finally:  # whatever ended the build (a refusal, a stop, serve's death): nothing of it is left
             cleaning_up()  # Ctrl-C's SIGINT and serve's SIGTERM both come: the second must not cut this short
             if request is not None and not handed_over:
@@ -207,6 +211,22 @@ def _child(fd: int, parent: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code if isinstance(code, int) else 1)
+
+
+def _stop_behind(err: BaseException) -> int | None:
+    """The exit status of a stop (Ctrl-C's KeyboardInterrupt, a stop signal's `StopRequested`) that `err` was raised
+    on top of, else None: one landing inside torch.export is re-raised as torch's "Attempted to unset
+    ProxyTorchDispatchMode" and then as torch.onnx's ConversionError, which is the stop, not a bug to print."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, KeyboardInterrupt):
+            return 128 + signal.SIGINT
+        if isinstance(cause, SystemExit) and isinstance(cause.code, int):
+            return cause.code
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 if __name__ == "__main__":  # run by module name, so what it pickles names this module, not `__main__`
