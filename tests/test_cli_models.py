@@ -61,3 +61,20 @@ def test_models_on_a_narrow_terminal_cuts_nothing(monkeypatch) -> None:
         assert result.exit_code == 0 and "…" not in text, text
         assert "simplevit_so400m14" in text and "414,628,696" in text and "i1k_300ep" in text, text
         assert ("┃" in text) == table and all(len(line) <= width for line in text.splitlines()), text
+
+
+def test_models_marks_the_tags_that_need_no_download(tmp_path, monkeypatch) -> None:
+    # nothing told a user offline which tags would load: the shipped one and those already downloaded are marked
+    from hub_vit.resolve import checkpoint_path
+
+    monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path))
+    cached = checkpoint_path("simplevit_s16", "i1k_150ep")
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"npz")
+    exe = shutil.which("hub-vit", path=str(Path(sys.executable).parent)) or "hub-vit"
+    out = subprocess.run([exe, "models"], capture_output=True, text=True,
+                         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HUB_VIT_CACHE": str(tmp_path)})
+    lines = {line.split("\t")[0]: line.split("\t") for line in out.stdout.splitlines()}
+    assert lines["simplevit_s16"][6] == "i1k_90ep, i1k_150ep (cached), i1k_300ep", out.stdout
+    assert lines["simplevit_digits"][6] == "sklearn_digits (shipped)", out.stdout
+    assert "(cached)" not in lines["vit_s16"][6]

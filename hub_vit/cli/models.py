@@ -1,23 +1,29 @@
-"""`hub-vit models`: the registered architectures, their pretrained tags and parameter counts."""
+"""`hub-vit models`: the registered architectures, their pretrained tags (which of them need no download) and
+parameter counts."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from hub_vit.catalog import MODELS
+from hub_vit.catalog import MODELS, Weights
 from hub_vit.cli.app import app, console, fail
 
 
 @app.command()
 def models(
     family: str = typer.Option(None, help="Only this family: 'vit' or 'simplevit'."),
-    tags: bool = typer.Option(True, help="List the pretrained tags of each model."),
+    tags: bool = typer.Option(True, help="List the pretrained tags of each model, marking those that need no download: "
+                              "(shipped) in the package, (cached) in hub-vit's download cache ($HUB_VIT_CACHE)."),
 ) -> None:
     """List the architectures hub-vit registers with timm and transformers."""
     import torch  # here, not at the top: every `hub-vit` command imports this module
 
     from hub_vit.model import VisionTransformer, count_parameters
+    from hub_vit.resolve import cached_checkpoint
 
     families = sorted({e.family for e in MODELS.values()})
     family = family.lower() if family is not None else None  # `--family ViT`: names are case-insensitive to people
@@ -31,7 +37,8 @@ def models(
         spec = entry.spec
         with torch.device("meta"):  # count without allocating (H/14 has 632M parameters)
             params = count_parameters(VisionTransformer(spec))
-        tag_text = ", ".join(w.tag for w in entry.weights) if tags else str(len(entry.weights))
+        tag_text = (", ".join(_tag(entry.name, w, cached_checkpoint) for w in entry.weights) if tags
+                    else str(len(entry.weights)))
         rows.append((entry.name, spec.variant or "-", spec.posemb, spec.pool_type, str(spec.rep_size or "-"),
                      f"{params:,}", tag_text or "-"))
     if not console.is_terminal:  # piped: one tab-separated line per model, never cut (`hub-vit models | grep s16`)
@@ -51,6 +58,16 @@ def models(
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    if tags:
+        console.print("(shipped): in the package; (cached): in hub-vit's download cache ($HUB_VIT_CACHE); the other "
+                      "tags download on first use", highlight=False, markup=False)
+
+
+def _tag(name: str, weights: Weights, cached_checkpoint: Callable[[str, str], Path | None]) -> str:
+    """`weights.tag`, marked when loading it needs no network: shipped in the package, or already downloaded."""
+    if weights.file:
+        return f"{weights.tag} (shipped)"
+    return f"{weights.tag} (cached)" if cached_checkpoint(name, weights.tag) is not None else weights.tag
 
 
 def _table_width(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> int:
