@@ -84,6 +84,15 @@ def test_serve_refuses_bad_settings_before_starting(args, message):
     assert "Traceback" not in out
 
 
+@pytest.mark.parametrize("command, flavour", [("repository", "gpu"), ("repository", "torch"), ("serve", "torch")])
+def test_a_cpu_variant_for_a_flavour_without_one_is_refused(tmp_path, command, flavour):
+    # `--flavour gpu --cpu-variant fp32` was accepted and recorded in the manifest of a repository that has no CPU graph
+    out_args = (str(tmp_path / "repo"),) if command == "repository" else PORTS
+    code, out = _run(command, *out_args, "--flavour", flavour, "--cpu-variant", "fp32")
+    assert code == 2 and f"--cpu-variant chooses the CPU flavour's ONNX graph; the {flavour} flavour" in out, out
+    assert "pass --flavour cpu, or leave --cpu-variant out" in out and not (tmp_path / "repo").exists()
+
+
 def test_serve_repository_refuses_options_it_would_ignore(tmp_path):
     (tmp_path / "repo").mkdir()
     code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"), "--top-k", "2", "--max-batch-size", "4")

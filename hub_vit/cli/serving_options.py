@@ -97,6 +97,11 @@ def serving_options(ctx: typer.Context, **fields: Any) -> ServingOptions:
             raise fail(f"{' and '.join(applied)} {'is' if len(applied) == 1 else 'are'} applied by Triton's queue "
                        "policy, which --no-queue-policy leaves out: give one or the other")
     device = fields.get("device", DEFAULTS.device)
+    flavour = fields.get("flavour", DEFAULTS.flavour)
+    if given(ctx, "cpu_variant") and flavour != "cpu":  # was: recorded in the manifest of a repository that has none
+        on = f" on {device}" if flavour == "torch" else ""
+        raise fail(f"--cpu-variant chooses the CPU flavour's ONNX graph; the {flavour} flavour{on} has none: pass "
+                   "--flavour cpu, or leave --cpu-variant out")
     on_cuda_only = [flag for flag, key in (("--cuda-graphs", "cuda_graphs"), ("--torch-compile", "torch_compile"))
                     if fields.get(key) and given(ctx, key)]
     if on_cuda_only and device != "cuda":  # the torch flavour on the CPU runs eagerly: they were accepted and ignored

@@ -187,7 +187,8 @@ def place(source: ResolvedModel, target: Path, requested: str, *, batch: int, th
                              f"{requested}) and serve its file, or use cpu_variant auto / fp32")
         return CpuSelection("as given", requested, "an exported ONNX file is served as given", flags)
     if requested == "fp32":
-        return CpuSelection("fp32", requested, "forced (cpu_variant fp32): the fp32 graph, no candidates timed", flags)
+        return CpuSelection("fp32", requested, "forced (--cpu-variant fp32); the fp32 graph, no candidates timed",
+                            flags)
     if requested == AUTO and not compute_bound:
         return CpuSelection("fp32", requested, "a tiny model (< 0.1 GMACs per image): per-op overhead, not matmuls, "
                             "sets its speed, so the exact fp32 graph is served without measuring", flags)
