@@ -28,6 +28,21 @@ def test_one_image_is_a_batch_of_one_though_it_iterates(image) -> None:
     assert as_batch(image) == [image]
 
 
+def test_a_binary_file_object_is_one_image_read_whole(tmp_path) -> None:
+    # was: iterated as a batch, one "image" per line: a 12 KB JPEG went out as 62 junk images in 4 requests
+    import io
+
+    png = (SAMPLES / "3_0.png").read_bytes()
+    assert png.count(b"\n") >= 1
+    with open(SAMPLES / "3_0.png", "rb") as file:
+        assert as_batch(file) == [file] and encode(file) == png
+    assert [encode(image) for image in as_batch([io.BytesIO(png), io.BytesIO(b"x")])] == [png, b"x"]
+    (tmp_path / "a.png").write_bytes(png)
+    with open(tmp_path / "a.png") as text, pytest.raises(ValueError, match=r"is open in text mode; open the image in "
+                                                                            r"binary mode: open\(path, 'rb'\)"):
+        encode(text)
+
+
 def test_no_images_is_refused() -> None:
     with pytest.raises(ValueError, match="no images given"):
         as_batch(iter([]))

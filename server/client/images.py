@@ -1,12 +1,13 @@
-"""Images as a client sends them: encoded bytes (paths read as they are, PIL images encoded losslessly as PNG);
-decoding, resizing and normalising happen on the server, exactly once, with the model's own transform."""
+"""Images as a client sends them: encoded bytes (paths and binary file objects read as they are, PIL images encoded
+losslessly as PNG); decoding, resizing and normalising happen on the server, exactly once, with the model's own
+transform."""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from hub_vit.image_formats import NAMES
 if TYPE_CHECKING:  # PIL is imported only where an image is encoded
     from PIL import Image
 
-    ImageLike = str | Path | bytes | bytearray | memoryview | Image.Image
+    ImageLike = str | Path | bytes | bytearray | memoryview | BinaryIO | Image.Image
 else:
     ImageLike = Any
 # Modes a PNG holds as they are; Pillow refuses to write the others (CMYK, YCbCr, LAB, HSV, RGBX, RGBa, La, PA, F,
@@ -26,7 +27,7 @@ _OTHER_16BIT_MODES = ("I;16L", "I;16N")
 
 
 def encode(image: ImageLike) -> bytes:
-    """Path / bytes / PIL image -> encoded bytes as sent to the server."""
+    """Path / bytes / binary file object / PIL image -> encoded bytes as sent to the server."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         return bytes(image)
     if isinstance(image, str) and "://" in image:  # Path() would fold its '//' and call it a missing file
@@ -41,6 +42,12 @@ def encode(image: ImageLike) -> bytes:
         if not path.is_file():
             raise ValueError(f"{str(path)!r} is not a regular file; give image files ({NAMES})")
         return path.read_bytes()
+    if _file_object(image):  # open(path, "rb"), io.BytesIO, a download's response: read from where it stands
+        data = "" if isinstance(image, io.TextIOBase) else image.read()  # text: reading an image would not decode
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ValueError(f"{type(image).__name__} {getattr(image, 'name', '')!r} is open in text mode; open the "
+                             "image in binary mode: open(path, 'rb')")
+        return bytes(data)
     if _pil_image(image):
         buffer = io.BytesIO()
         _png_ready(image).save(buffer, format="PNG")
@@ -49,13 +56,19 @@ def encode(image: ImageLike) -> bytes:
         raise ValueError(f"cannot send a numpy array (shape {image.shape}, {image.dtype}): its channel order and value "
                          "range are unknown; pass PIL.Image.fromarray(array) of an RGB uint8 array (an OpenCV image "
                          "is BGR: cv2.cvtColor(array, cv2.COLOR_BGR2RGB) first), or the image's file or bytes")
-    raise ValueError(f"cannot send {type(image).__name__}; valid image types: path, bytes, PIL.Image")
+    raise ValueError(f"cannot send {type(image).__name__}; valid image types: path, bytes, a binary file object, "
+                     "PIL.Image")
 
 
 def encoded_off_loop(images: list[ImageLike]) -> bool:
     """Whether encoding `images` is worth a thread rather than the event loop: anything but bytes is read from disk
     or encoded as PNG (two 1500x1500 PIL images held an AsyncClassifier's loop for 0.6 s)."""
     return any(not isinstance(image, (bytes, bytearray, memoryview)) for image in images)
+
+
+def _file_object(image: Any) -> bool:
+    """A file object (open(path, "rb"), io.BytesIO): one image, though it iterates (line by line)."""
+    return callable(getattr(image, "read", None)) and not _pil_image(image)
 
 
 def _pil_image(image: Any) -> bool:
@@ -87,8 +100,10 @@ def _png_ready(image: Any) -> Any:
 
 def as_batch(images: Iterable[ImageLike] | ImageLike) -> list[ImageLike]:
     """One image, or any iterable of them (a list, a tuple, `Path("photos").glob("*.jpg")`), -> a non-empty list.
-    A path, bytes, a PIL image or a numpy array is one image, though some of them iterate."""
-    one = isinstance(images, (str, Path, bytes, bytearray, memoryview, np.ndarray)) or _pil_image(images)
+    A path, bytes, a file object, a PIL image or a numpy array is one image, though some of them iterate (a file
+    object line by line: its lines were sent as images)."""
+    one = (isinstance(images, (str, Path, bytes, bytearray, memoryview, np.ndarray)) or _pil_image(images)
+           or _file_object(images))
     batch = [images] if one or not isinstance(images, Iterable) else list(images)
     if not batch:
         raise ValueError("no images given; pass at least one path, bytes object or PIL image")
