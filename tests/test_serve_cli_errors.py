@@ -216,6 +216,24 @@ def test_a_shed_grpc_request_is_not_reported_as_no_server(message, why):
     assert "is a server running there" in request_failed("grpc", "127.0.0.1:8001", no_server)
 
 
+@pytest.mark.parametrize("protocol, err", [
+    ("http", ConnectionRefusedError(111, "Connection refused")),
+    ("grpc", "failed to connect to all addresses"),
+])
+def test_a_server_that_answered_and_then_went_away_is_not_blamed_on_the_port(protocol, err):
+    # was: after 64 answers from that port, "is a server running there ..., and is this its HTTP port?"
+    from tritonclient.utils import InferenceServerException
+
+    from hub_vit.server.client.errors import request_failed
+
+    if isinstance(err, str):
+        err = InferenceServerException(err, "StatusCode.UNAVAILABLE")
+    text = " ".join(request_failed(protocol, "127.0.0.1:8000", err, answered=64).split())
+    assert "the server at 127.0.0.1:8000 stopped answering after 64 images: it was stopped, or it died" in text, text
+    assert "is a server running there" not in text, text
+    assert "is a server running there" in request_failed(protocol, "127.0.0.1:8000", err)  # before any answer
+
+
 def test_grpcs_own_cancel_at_a_servers_stop_says_retry():
     """The status and words a grpc client got for a call its server received as it stopped (a CI run of the drain test;
     grpc/grpc#41785): was the bare "[StatusCode.CANCELLED] CANCELLED", which says neither why nor what to do."""

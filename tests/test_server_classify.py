@@ -471,3 +471,43 @@ def test_loadtest_whose_duration_ends_before_its_first_request_fails_saying_so(s
     assert "no request was sent: the --duration of 1e-09 s ended before the first one; give a longer --duration" \
         in output
     assert "may be its limit" not in output and "batching" not in output  # no numbers of a run that sent nothing
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_cli_ctrl_c_shows_what_was_answered_and_says_it_was_interrupted(server, digits, tmp_path, monkeypatch,
+                                                                         as_json):
+    # was: exit 130 with nothing on stdout or stderr: the table of the answers already received was thrown away
+    import _thread
+
+    from hub_vit.server.client import classifier
+
+    files = []
+    for index, payload in enumerate(digits[:IMAGES]):  # three requests: 16 + 16 + 3
+        files.append(tmp_path / f"digit{index:02d}.png")
+        files[-1].write_bytes(payload)
+    calls = []
+
+    class Interrupted(Classifier):
+        def classify(self, *args, **kwargs):  # the second request: Ctrl-C while it is in flight
+            calls.append(len(calls))
+            if len(calls) == 2:
+                _thread.interrupt_main()
+                time.sleep(2.0)
+            return super().classify(*args, **kwargs)
+
+    monkeypatch.setattr(classifier, "Classifier", Interrupted)
+    result = _cli("--url", server.http_url, "--top", "1", "--concurrency", "1", *(["--json"] if as_json else []),
+                  *map(str, files))
+    assert result.exit_code == 130, result.output
+    assert len(calls) == 2  # no request after the Ctrl-C
+    stderr = " ".join(result.stderr.split())
+    assert (f"interrupted (Ctrl-C): 16 of {IMAGES} files classified, {IMAGES - 16} not (the first: {files[16]}); the "
+            "answers above stand") in stderr, stderr
+    if as_json:
+        lines = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [line["file"] for line in lines] == [str(path) for path in files]  # every file has its line
+        assert all("labels" in line for line in lines[:16]) and all(
+            line.get("error") == "not classified: interrupted (Ctrl-C)" for line in lines[16:]), lines
+    else:
+        assert all(path.name in result.stdout for path in files[:16]), result.stdout
+        assert files[16].name not in result.stdout, result.stdout

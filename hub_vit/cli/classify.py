@@ -72,11 +72,14 @@ def classify(
         except OutputFailed as err:  # stdout's reader went away (`| head`: typer ends quietly), a full disk (one line)
             raise err.__cause__ from None
         except Exception as err:  # before any request: refused, not Triton, the other protocol's port, unknown model
-            raise fail(_failure(protocol, url, model, err), code=1) from None
+            raise _refusal(protocol, url, model, err) from None
         if done.stopped is not None and not done.predictions and not done.errors:
-            raise fail(_failure(protocol, url, model, done.stopped), code=1)  # nothing to show: the one line
+            raise _refusal(protocol, url, model, done.stopped)  # nothing to show: the one line
         if lines is not None:
-            lines.write(done)  # what the request that ended the run had resolved
+            # what the request that ended the run had resolved; and every file has its line: the ones never sent too
+            why = ("interrupted (Ctrl-C)" if done.interrupted else
+                   _failure(protocol, url, model, done.stopped, len(done.predictions)) if done.stopped else None)
+            lines.write(done, unresolved=f"not classified: {why}" if why else None)
         elif done.predictions:
             _print_table(images, done.predictions, top, f"{model} @ {url} ({protocol})")
             if explain:
@@ -87,22 +90,39 @@ def classify(
         for index, message in sorted(done.errors.items()):
             err_console.print(f"[bold red]error:[/] {escape(str(images[index]))}: {escape(message)}", soft_wrap=True,
                               emoji=False)
+    unsent = [images[i] for i in done.unresolved(len(images))]
     if done.stopped is not None:
-        unsent = [images[i] for i in range(len(images)) if i not in done.predictions and i not in done.errors]
-        err_console.print(f"[bold red]error:[/] {escape(_failure(protocol, url, model, done.stopped))}\n"
+        err_console.print(f"[bold red]error:[/] "
+                          f"{escape(_failure(protocol, url, model, done.stopped, len(done.predictions)))}\n"
                           f"{len(unsent):,} of {len(images):,} files were not classified (the first: "
                           f"{escape(str(unsent[0]))}); the answers above stand", soft_wrap=True, emoji=False)
+    elif done.interrupted:
+        err_console.print(f"interrupted (Ctrl-C): {len(done.predictions):,} of {len(images):,} files classified"
+                          + (f", {len(unsent):,} not (the first: {escape(str(unsent[0]))})" if unsent else "")
+                          + ("; the answers above stand" if done.predictions else ""), soft_wrap=True, emoji=False)
+    if done.interrupted:  # the shell's code for Ctrl-C, after what was answered is shown
+        raise typer.Exit(130)
     if done.errors or done.stopped is not None:
         raise typer.Exit(1)
 
 
-def _failure(protocol: str, url: str, model: str, err: Exception) -> str:
-    """The line for a request that failed for a reason not about one file."""
+def _failure(protocol: str, url: str, model: str, err: Exception, answered: int = 0) -> str:
+    """The line for a request that failed for a reason not about one file (`answered`: images answered before)."""
     from hub_vit.server.client.errors import empty_reply
 
     if isinstance(err, ValueError) and not empty_reply(err):  # a reply that is not Triton's, ...
         return f"{protocol} {url}: {err}"
-    return request_failure(protocol, url, model, err)
+    return request_failure(protocol, url, model, err, answered)
+
+
+def _refusal(protocol: str, url: str, model: str, err: Exception) -> typer.Exit:
+    """The run ended before any answer: a request this server cannot take (--queue-timeout-ms on a server without a
+    queue policy, --explain on one that explains nothing) is bad input (2, as in loadtest), anything else 1."""
+    from hub_vit.server.client.errors import NoExplanation, NoQueueTimeouts
+
+    if isinstance(err, (NoExplanation, NoQueueTimeouts)):
+        return fail(str(err))
+    return fail(_failure(protocol, url, model, err), code=1)
 
 
 def _check_explain_flags(explain: bool, head_fusion: str | None, discard_ratio: float | None, out: Path) -> None:
@@ -201,12 +221,15 @@ class JsonLines:
         self.stems = output_stems(images) if out is not None else None  # once: the overlays come a request at a time
         self.written: set[int] = set()
 
-    def write(self, done: Any) -> None:
-        """The lines of the files `done` (a `Classified`) has resolved and that are not written yet."""
+    def write(self, done: Any, unresolved: str | None = None) -> None:
+        """The lines of the files `done` (a `Classified`) has resolved and that are not written yet; with
+        `unresolved`, the run has ended (a stopped server, Ctrl-C), and each file it did not reach gets that error:
+        a pipeline filtering on `error` misses none."""
         import json
         import sys
 
-        fresh = sorted((set(done.predictions) | set(done.errors)) - self.written)
+        errors = done.errors | ({i: unresolved for i in done.unresolved(len(self.images))} if unresolved else {})
+        fresh = sorted((set(done.predictions) | set(errors)) - self.written)
         found = {i: done.predictions[i] for i in fresh if i in done.predictions}
         overlays = (_write_explained(self.images, found, self.out, self.created, say=False, stems=self.stems)
                     if self.out is not None else {})
@@ -220,7 +243,7 @@ class JsonLines:
                 if index in overlays:
                     line["rollout_png"] = str(overlays[index])
             else:
-                line["error"] = done.errors[index]
+                line["error"] = errors[index]
             text = json.dumps(line, ensure_ascii=False)
             try:
                 text.encode("utf-8")

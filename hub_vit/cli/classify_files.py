@@ -43,11 +43,16 @@ class Classified:
     predictions: dict[int, Prediction] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     stopped: Exception | None = None
+    interrupted: bool = False  # Ctrl-C ended the run: what had been answered is here, the requests in flight are not
 
     def take(self, other: Classified) -> None:
         self.predictions.update(other.predictions)
         self.errors.update(other.errors)
         self.stopped = self.stopped or other.stopped
+
+    def unresolved(self, count: int) -> list[int]:
+        """Positions of the `count` files neither classified nor refused: the run ended before them."""
+        return [i for i in range(count) if i not in self.predictions and i not in self.errors]
 
 
 def classify_files(client: Classifier, images: list[Path], queue_timeout_s: float | None = None, *,
@@ -65,8 +70,9 @@ def classify_files(client: Classifier, images: list[Path], queue_timeout_s: floa
     again until `restart_wait_s` after the first such answer (`on_restart` is called then). Any other error that is
     not about one file ends the run: no further request is sent, and what was classified is kept, with the error in
     `stopped`. `on_chunk(done so far)` is called as the files of each request are resolved, in the order of `images`;
-    what it raises (a closed stdout) stops the run: `OutputFailed` from it. `request`: more keywords for
-    `Classifier.classify` (explain, head_fusion, discard_ratio)."""
+    what it raises (a closed stdout) stops the run: `OutputFailed` from it. Ctrl-C stops it too: what had been
+    answered is returned, marked `interrupted` (the requests in flight are left to their daemon threads).
+    `request`: more keywords for `Classifier.classify` (explain, head_fusion, discard_ratio)."""
     run = _Run(restart_wait_s, on_restart, on_chunk)
     # errors here (no server, not Triton, no such model) are raised: nothing was sent
     run.chunks = list(split(images, run.through_restarts(client.max_batch_size)))
@@ -74,9 +80,14 @@ def classify_files(client: Classifier, images: list[Path], queue_timeout_s: floa
                                 name=f"classify-{index}") for index in range(min(concurrency, len(run.chunks)))]
     for worker in workers:
         worker.start()
-    for worker in workers:
-        while worker.is_alive():  # a timed join: Ctrl-C reaches this thread at once (the workers are daemons)
-            worker.join(0.2)
+    try:
+        for worker in workers:
+            while worker.is_alive():  # a timed join: Ctrl-C reaches this thread at once (the workers are daemons)
+                worker.join(0.2)
+    except KeyboardInterrupt:  # the answers so far are the caller's to show; no further request is sent
+        with run.lock:  # a worker hands its answers on under the lock: none is half-reported
+            run.halted = run.done.interrupted = True
+            return run.finish()
     if run.on_chunk_error is not None:
         raise OutputFailed(str(run.on_chunk_error)) from run.on_chunk_error
     return run.finish()
@@ -110,7 +121,7 @@ class _Run:
             with self.lock:
                 self.finished[number] = result
                 self.halted = self.halted or result.stopped is not None
-                while self.reported in self.finished and self.done.stopped is None:
+                while self.reported in self.finished and self.done.stopped is None and not self.done.interrupted:
                     self.done.take(self.finished.pop(self.reported))
                     self.reported += 1
                     if self.on_chunk is not None and self.done.stopped is None:

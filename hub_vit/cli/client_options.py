@@ -96,13 +96,14 @@ def sample_images() -> list[Any]:
     return [Image.fromarray(rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)) for _ in range(4)]
 
 
-def request_failure(protocol: str, url: str, model: str, err: Exception) -> str:
-    """`request_failed`'s line for `err`, and for a model the server does not serve, the models it does (read from
-    its statistics, which the front leaves open; the repository index is a restricted API)."""
+def request_failure(protocol: str, url: str, model: str, err: Exception, answered: int = 0) -> str:
+    """`request_failed`'s line for `err` (`answered`: images the server answered before), and for a model the server
+    does not serve, the models it does (read from its statistics, which the front leaves open; the repository index
+    is a restricted API)."""
     from hub_vit.server.client.classifier import Classifier
     from hub_vit.server.client.errors import request_failed, unknown_model
 
-    message = request_failed(protocol, url, err)
+    message = request_failed(protocol, url, err, answered)
     if not unknown_model(err):
         return message
     try:

@@ -162,9 +162,10 @@ def _cancelled_by_grpc(err: Exception) -> bool:
         (err.message() or "").strip() == "CANCELLED"
 
 
-def request_failed(protocol_name: str, url: str, err: Exception) -> str:
+def request_failed(protocol_name: str, url: str, err: Exception, answered: int = 0) -> str:
     """One readable line for a request that got no answer from the model: the error, shortened (aiohttp quotes the
-    whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look."""
+    whole reply of a port that does not speak HTTP), and, unless Triton itself answered, where to look. `answered`:
+    images this server had answered before, so a lost connection is a server that went away, not a wrong port."""
     from tritonclient.utils import InferenceServerException
 
     # aiohttp says "ssl:default" for plain HTTP too
@@ -200,6 +201,9 @@ def request_failed(protocol_name: str, url: str, err: Exception) -> str:
                 "container: docker run --shm-size=1g), or send fewer or smaller images per request")
     if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
         return f"{protocol_name} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
+    if answered:
+        return (f"{protocol_name} {url}: {text}\nthe server at {url} stopped answering after {answered:,} image"
+                f"{'s' if answered != 1 else ''}: it was stopped, or it died")
     return (f"{protocol_name} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), "
             f"and is this its {this} port, not its {other} or metrics port? Defaults: HTTP {HTTP_PORT}, gRPC "
             f"{GRPC_PORT} (--grpc), metrics {METRICS_PORT}.")
