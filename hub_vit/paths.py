@@ -83,7 +83,8 @@ def image_files(folder: str | Path, flag: str, suffixes: Sequence[str], leave_ou
         them = "them" if many else "it"
         raise ValueError(f"{flag} {str(folder)!r} holds {len(listed.other_formats)} "
                          f"{_kinds(listed.other_formats, others or {})} that {'are' if many else 'is'} not read: "
-                         f"{_first(listed.other_formats)}; convert {them} to {taken}, or move {them} out of the folder")
+                         f"{first_few(listed.other_formats)}; convert {them} to {taken}, or move {them} out of the "
+                         "folder")
     return listed.files
 
 
@@ -109,12 +110,13 @@ def left_out_note(other_formats: Sequence[Path], others: Mapping[str, str], take
     """One line for the images of other formats a folder held: how many, which formats, the first `shown` of them,
     and what to do (`taken`: the formats read, as people write them)."""
     them = "them" if len(other_formats) > 1 else "it"
-    return (f"left out {len(other_formats)} {_kinds(other_formats, others)}: {_first(other_formats, shown)}; convert "
-            f"{them} to {taken} to include {them}")
+    return (f"left out {len(other_formats)} {_kinds(other_formats, others)}: {first_few(other_formats, shown)}; "
+            f"convert {them} to {taken} to include {them}")
 
 
-def _first(paths: Sequence[Path], shown: int = 3) -> str:
-    """`a.heic, b.heic, c.heic and 2 more`: the first `shown` of `paths`."""
+def first_few(paths: Sequence[Path | str], shown: int = 3) -> str:
+    """`a.heic, b.heic, c.heic and 2 more`: the first `shown` of `paths` (a note stays one readable line for a folder
+    of thousands)."""
     more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
     return ", ".join(str(path) for path in paths[:shown]) + more
 

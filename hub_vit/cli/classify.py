@@ -172,12 +172,14 @@ def _print_table(images: list[Path], predictions: dict[int, Any], top: int, titl
 
 def _domain_notes(names: list[str], predictions: list[Any]) -> None:
     """Below the table, in words: which images are not the kind the model knows, or that nobody can tell."""
+    from hub_vit.paths import first_few
     from hub_vit.server.protocol import DOMAIN_SENTENCES, OUT_OF_DOMAIN, UNKNOWN_DOMAIN
 
     outside = [name for name, prediction in zip(names, predictions, strict=True) if prediction.domain == OUT_OF_DOMAIN]
-    if outside:
-        console.print(f"note: {', '.join(outside)}: {OUTSIDE_NOTE}: the labels above are guesses", soft_wrap=True,
-                      markup=False, highlight=False)
+    if outside:  # the table's domain column names each; a folder of thousands keeps this one readable line
+        count = f"{len(outside):,} images: " if len(outside) > 3 else ""
+        console.print(f"note: {count}{first_few(outside)}: {OUTSIDE_NOTE}: the labels above are guesses",
+                      soft_wrap=True, markup=False, highlight=False)
     if any(prediction.domain == UNKNOWN_DOMAIN for prediction in predictions):
         # the server may run a model folder (calibrated by `calibrate-domain`) or an exported file (which has none)
         console.print(f"note: {DOMAIN_SENTENCES[UNKNOWN_DOMAIN]}: the served model carries no out-of-domain score "
