@@ -531,3 +531,14 @@ def test_the_clients_refuse_a_model_name_that_names_no_model():
     for client in (Classifier, AsyncClassifier):
         with pytest.raises(ValueError, match=r"model must name a served model .* got 'a/b'"):
             client("127.0.0.1:18409", model="a/b")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ready_is_false_where_no_server_answers(silent_port, protocol):
+    # was: `if client.ready():` raised ConnectionRefusedError / InferenceServerException UNAVAILABLE with no server
+    from hub_vit.server.client.classifier import Classifier
+    from hub_vit.server.runtime.launcher import free_port
+
+    for port in (free_port(), silent_port):  # nothing listens; a server that takes the connection and stays silent
+        with Classifier(f"127.0.0.1:{port}", protocol=protocol, timeout_s=1.0) as client:
+            assert client.ready() is False

@@ -26,6 +26,7 @@ from hub_vit.server.client.errors import (
     ImageTooLarge,
     NoExplanation,
     NoQueueTimeouts,
+    no_server,
     renumbered,
     too_large,
     too_large_limit,
@@ -224,8 +225,19 @@ class Classifier:
         return protocol.queue_timeouts(self.config().parameters) is not False
 
     def ready(self) -> bool:
-        return (bool(self.client.is_server_ready(**self._deadline))
-                and bool(self.client.is_model_ready(self.model, **self._deadline)))
+        """Whether the server and the model are ready; False, too, when no server answers at the address (nothing
+        listens, a restart, no answer within `timeout_s`), so `if client.ready():` needs no try."""
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return (bool(self.client.is_server_ready(**self._deadline))
+                    and bool(self.client.is_model_ready(self.model, **self._deadline)))
+        except (ConnectionError, TimeoutError):  # HTTP: refused, reset, timed out (socket.timeout included)
+            return False
+        except InferenceServerException as err:  # gRPC: no server, no answer in time, or serve's gate's state
+            if err.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED") or no_server(err):
+                return False
+            raise
 
     def statistics(self) -> dict[str, dict[str, int]]:
         return model_counts(self.client.get_inference_statistics(**self._deadline), self.protocol)
