@@ -96,13 +96,3 @@ def test_what_the_clients_take_and_return_is_importable_from_the_package() -> No
     for name in client.__all__:
         assert getattr(client, name) is not None
 
-
-def test_the_serving_docs_name_every_field_of_loadtests_json() -> None:
-    # the JSON's `requests` counts answered requests while the text's counts every one: the docs say so, field by field
-    import dataclasses
-
-    from hub_vit.server.client.loadtest import LoadResult
-
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
-    row = next(line for line in docs.splitlines() if line.startswith("| `--json out.json` |"))
-    assert [f.name for f in dataclasses.fields(LoadResult) if f"`{f.name}`" not in row] == [], row

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -264,3 +265,12 @@ def test_no_more_requests_are_in_flight_than_the_run_sends() -> None:
     # was: --concurrency 1000000 --requests 5 started a million workers (and connections) for five requests
     result, handler = _load_test_on_lagging_counts(concurrency=64, requests=3)
     assert result.concurrency == 3 and result.requests == 3 and len(handler.answered) == 3 + 2, result
+
+
+def test_the_serving_docs_name_every_field_of_loadtests_json() -> None:
+    # the JSON's `requests` counts answered requests while the text's counts every one: the docs say so, field by field
+    import dataclasses
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
+    row = next(line for line in docs.splitlines() if line.startswith("| `--json out.json` |"))
+    assert [f.name for f in dataclasses.fields(LoadResult) if f"`{f.name}`" not in row] == [], row
