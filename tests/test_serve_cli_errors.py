@@ -234,6 +234,22 @@ def test_a_server_that_answered_and_then_went_away_is_not_blamed_on_the_port(pro
     assert "is a server running there" in request_failed(protocol, "127.0.0.1:8000", err)  # before any answer
 
 
+def test_a_grpc_client_at_an_http_port_that_answers_is_told_so():
+    # serve's front answers a gRPC client's HTTP/2 preface in HTTP/1.1; grpc's own words, as a client got them
+    from tritonclient.utils import InferenceServerException
+
+    from hub_vit.server.client.errors import request_failed
+
+    err = InferenceServerException("failed to connect to all addresses; last error: INTERNAL: ipv4:127.0.0.1:8000: "
+                                   "Failed parsing HTTP/2 (Expected SETTINGS frame as the first frame, got frame type "
+                                   "80) (Trying to connect an http1.x server (HTTP status 400))",
+                                   "StatusCode.UNAVAILABLE")
+    text = " ".join(request_failed("grpc", "127.0.0.1:8000", err).split())
+    assert text.startswith("grpc 127.0.0.1:8000: the port answered in HTTP/1.x, not gRPC's HTTP/2 127.0.0.1:8000 "
+                           "speaks HTTP (a server's HTTP port?): leave out --grpc, or give the server's gRPC "
+                           "port."), text
+
+
 def test_grpcs_own_cancel_at_a_servers_stop_says_retry():
     """The status and words a grpc client got for a call its server received as it stopped (a CI run of the drain test;
     grpc/grpc#41785): was the bare "[StatusCode.CANCELLED] CANCELLED", which says neither why nor what to do."""

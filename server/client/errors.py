@@ -143,6 +143,13 @@ def empty_reply(err: Exception) -> bool:
     return "The document is empty" in str(err)
 
 
+def other_protocol(err: Exception) -> bool:
+    """The port spoke the other protocol: HTTP/2 frames to an HTTP/1.1 client (aiohttp's and geventhttpclient's
+    "Expected HTTP/"), or HTTP/1.x to a gRPC one (grpc's "Trying to connect an http1.x server")."""
+    text = str(err)
+    return "Expected HTTP/" in text or "Trying to connect an http1.x server" in text
+
+
 def _timed_out(err: Exception) -> bool:
     """The client's own timeout ended the wait: HTTP's socket timeout, gRPC's deadline (Triton's queue timeout is
     UNAVAILABLE "Request timeout expired", `shed`)."""
@@ -191,6 +198,15 @@ def request_failed(protocol_name: str, url: str, err: Exception, answered: int =
         return (f"{protocol_name} {url}: {text}\n{url} answered, but not as Triton does (no Triton JSON): is this a "
                 f"Triton server's {this} port? Defaults: HTTP {HTTP_PORT}, gRPC {GRPC_PORT} (--grpc); the demo's "
                 f"page ({DEMO_PORT}) is not one.")
+    ports = f"Defaults: HTTP {HTTP_PORT}, gRPC {GRPC_PORT} (--grpc), metrics {METRICS_PORT}."
+    if other_protocol(err):  # the reply quoted as bytes says nothing to a person: what it was, and the way out
+        said, spoken = ("HTTP/1.x", "gRPC's HTTP/2") if protocol_name == "grpc" else ("HTTP/2", "HTTP/1.1")
+        switch = "leave out --grpc" if protocol_name == "grpc" else "add --grpc"
+        return (f"{protocol_name} {url}: the port answered in {said}, not {spoken}\n{url} speaks {other} (a server's "
+                f"{other} port?): {switch}, or give the server's {this} port. {ports}")
+    if empty_reply(err):  # Triton's metrics port answers every path with 200 and an empty body
+        return (f"{protocol_name} {url}: an empty reply, not Triton's JSON\n{url} answers as Triton's metrics port "
+                f"does: give the server's {this} port. {ports}")
     if _cancelled_by_grpc(err):
         return (f"{protocol_name} {url}: {text}\nthe server cancelled this request before computing it: a gRPC server "
                 "that stops cancels the calls it has not started yet (grpc/grpc#41785); retry once it serves again")
