@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import weakref
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -146,7 +145,8 @@ class Classifier:
 
     One Classifier may be shared by threads (a web app's request handlers): tritonclient's HTTP client belongs to the
     thread that made it (geventhttpclient: a request from another thread waited forever), so each thread that calls
-    gets an HTTP client of its own, closed when the thread ends or by `close`; gRPC's client, whose channel is
+    gets an HTTP client of its own, closed when the thread ends or by `close` (the thread's gevent loop is destroyed
+    once the thread has ended, at `close` or when another thread makes its client); gRPC's client, whose channel is
     thread-safe, is one. A process forked from the one that made it (multiprocessing, gunicorn --preload) makes its
     own clients at its first call."""
 
@@ -248,7 +248,10 @@ class Classifier:
         self._first = self._connect()
         self._own = threading.local()  # .client: this thread's HTTP client, dropped (and closed) when the thread ends
         self._own.client = self._first
-        self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # the other threads' HTTP clients still alive
+        # (thread, its HTTP client, its gevent hub) for each other thread that made a client: gevent keeps a thread's
+        # hub and its loop's descriptors after the thread ends, and the client its connection until it is collected;
+        # both are released once the thread has ended (`_release_ended_threads`)
+        self._threads: list[tuple[threading.Thread, Any, Any]] = []
         self._made = threading.Lock()  # new in a forked child: the parent's may have been held at the fork
 
     @property
@@ -259,7 +262,7 @@ class Classifier:
             # over HTTP both processes read answers from the same socket and took each other's (wrong labels), and a
             # gRPC channel does not work across a fork. The child makes its own; the copies stay untouched, since
             # closing them could end the parent's connections.
-            self._inherited += [self._first, *self._others]
+            self._inherited += [self._first, *(client for _, client, _ in self._threads)]
             if self.protocol == "http":  # geventhttpclient's loop shares its parent's epoll: it hung the child's calls
                 import gevent
 
@@ -269,17 +272,31 @@ class Classifier:
             return self._first
         client = getattr(self._own, "client", None)
         if client is None:
+            import gevent
+
+            self._release_ended_threads()  # a thread per request (a threaded web server): each new one frees the ended
             client = self._own.client = self._connect()
             with self._made:
-                self._others.add(client)
+                self._threads.append((threading.current_thread(), client, gevent.get_hub()))
         return client
 
     def close(self) -> None:
         with self._made:
-            others = list(self._others)
-            self._others.clear()
+            others = [client for _, client, _ in self._threads]
         for client in (self._first, *others):
             client.close()
+        self._release_ended_threads()
+
+    def _release_ended_threads(self) -> None:
+        """Close the HTTP clients of the threads that made one and have ended, and destroy their gevent hubs (and
+        loops: 2 descriptors each; gevent allows it from another thread once that thread has exited). Those still
+        running keep theirs (their client is closed by `close`)."""
+        with self._made:
+            ended = [(client, hub) for thread, client, hub in self._threads if not thread.is_alive()]
+            self._threads = [entry for entry in self._threads if entry[0].is_alive()]
+        for client, hub in ended:
+            client.close()
+            hub.destroy(destroy_loop=True)
 
     def __enter__(self) -> Classifier:
         return self
