@@ -19,6 +19,32 @@ INT8_FLAGS: tuple[str, ...] = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 do
 _REPORTED_FLAGS = ("avx2", "fma", "avx512", "avx_vnni", "amx")  # prefixes of the flags recorded
 
 
+# The top-level modules (as `import` names them) that only one of hub-vit's extras brings (pyproject.toml,
+# [project.optional-dependencies]); a test checks each against the extra's requirements. protobuf ("google") comes
+# with tritonclient and onnx; the commands that fail without it are serve's (the repository's configs).
+EXTRA_MODULES = {
+    "tritonclient": "serve", "geventhttpclient": "serve", "grpc": "serve", "google": "serve", "httptools": "serve",
+    "uvloop": "serve", "pytriton": "serve", "openvino": "serve", "nncf": "serve",
+    "onnx": "onnx", "onnxruntime": "onnx", "onnxscript": "onnx", "skimage": "onnx",
+    "gradio": "demo",
+}
+
+
+def module_not_found(err: BaseException | None) -> ModuleNotFoundError | None:
+    """The ModuleNotFoundError behind `err`: itself, or its cause (tritonclient raises its own RuntimeError for a
+    protocol installed without its extra, caused by the missing geventhttpclient)."""
+    while err is not None and not isinstance(err, ModuleNotFoundError):
+        err = err.__cause__
+    return err
+
+
+def missing_extra(err: BaseException) -> str | None:
+    """The extra whose module `err` did not find; None for a module no extra brings (a bug, or a broken install: the
+    traceback stands)."""
+    found = module_not_found(err)
+    return EXTRA_MODULES.get((found.name or "").split(".")[0]) if found is not None else None
+
+
 def install_extra(extra: str) -> str:
     """How to install hub-vit's optional `extra` (serve, demo, onnx, bench), for every message that asks for one.
     hub-vit is not on PyPI, so `pip install 'hub-vit[serve]'` finds nothing: extras come from the clone (or the

@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from hub_vit.cli.app import CANNOT_NOW, app, console, fail, is_environment_error, os_error_text
 from hub_vit.cli.stop_signals import raise_on
+from hub_vit.host import install_extra, missing_extra, module_not_found
 from hub_vit.network import HubUnreachableError
 
 # One module per capability; each adds its commands to `app` on import.
@@ -52,6 +53,13 @@ def main() -> None:
         app()
     except HubUnreachableError as exc:  # a Hub model (`hf-hub:ORG/NAME`) neither reachable nor cached, for any command
         fail(str(exc), code=CANNOT_NOW)
+        raise SystemExit(CANNOT_NOW) from None
+    except (ModuleNotFoundError, RuntimeError) as exc:  # an extra not installed (a wheel without [serve]): one line
+        extra = missing_extra(exc)
+        if extra is None:
+            raise
+        fail(f"hub-vit {' '.join(sys.argv[1:2])} needs hub-vit's {extra} extra, which is not installed here (no module "
+             f"{(module_not_found(exc).name or '').split('.')[0]!r}): {install_extra(extra)}", code=CANNOT_NOW)
         raise SystemExit(CANNOT_NOW) from None
     except OSError as exc:
         # The safety net for every command: a read-only, full or forbidden destination that a command did not catch

@@ -15,6 +15,7 @@ from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import client_settings, request_failure
 from hub_vit.cli.explain import OUTSIDE_NOTE, listed_images, make_out, verdict_cell
 from hub_vit.cli.path_option import given_path
+from hub_vit.host import missing_extra
 from hub_vit.image_formats import NAMES
 
 
@@ -72,6 +73,8 @@ def classify(
         except OutputFailed as err:  # stdout's reader went away (`| head`: typer ends quietly), a full disk (one line)
             raise err.__cause__ from None
         except Exception as err:  # before any request: refused, not Triton, the other protocol's port, unknown model
+            if missing_extra(err) is not None:  # tritonclient without this protocol: the install, not the server
+                raise
             raise _refusal(protocol, url, model, err) from None
         if done.stopped is not None and not done.predictions and not done.errors:
             raise _refusal(protocol, url, model, done.stopped)  # nothing to show: the one line

@@ -15,6 +15,7 @@ from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import client_settings, request_failure, sample_images
 from hub_vit.cli.explain import listed_images
 from hub_vit.cli.path_option import given_path
+from hub_vit.host import missing_extra
 from hub_vit.image_formats import NAMES
 
 
@@ -54,6 +55,8 @@ def loadtest(
             raise fail(str(err)) from None
         raise fail(request_failure(protocol, url, model, err), code=1) from None
     except Exception as err:  # connection refused, unknown model, ...
+        if missing_extra(err) is not None:  # tritonclient without this protocol: the install, not the server
+            raise
         raise fail(request_failure(protocol, url, model, err), code=1) from None
     if not result.interrupted and not result.requests and not result.errors:  # nothing was sent: no numbers to show
         raise fail(f"no request was sent: the --duration of {duration:g} s ended before the first one; give a "
