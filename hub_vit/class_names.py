@@ -25,4 +25,11 @@ def default_labels(num_classes: int, *, unique: bool = False) -> list[str]:
     return [f"{n} ({info.index_to_label_name(i)})" if seen[n] > 1 else n for i, n in enumerate(names)]
 
 
-__all__ = ["IMAGENET_SUBSETS", "default_labels"]
+def numbered_labels(labels: list[str] | tuple[str, ...]) -> bool:
+    """Whether `labels` only number the classes: `class_i` (`default_labels`, a head converted without names) or
+    `LABEL_i` (transformers' default, a folder saved without labels)."""
+    return bool(labels) and any(all(label == f"{stem}{i}" for i, label in enumerate(labels))
+                                for stem in ("class_", "LABEL_"))
+
+
+__all__ = ["IMAGENET_SUBSETS", "default_labels", "numbered_labels"]

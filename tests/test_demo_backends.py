@@ -188,6 +188,38 @@ def test_every_copy_of_the_upload_box_lets_the_analysis_refuse_a_non_image(folde
         assert component.preprocess(ImageData(path=str(fake), orig_name="notes.png")) == str(fake)
 
 
+@pytest.mark.parametrize("stem", ["class_", "LABEL_", None])
+def test_a_model_whose_classes_are_only_numbered_is_offered_no_examples(tmp_path: Path, stem: str | None) -> None:
+    # was: `guess_domain` makes every head without a domain.json a photo model, so a head converted without class
+    # names (class_0..class_N: `default_labels`; LABEL_i: saved without labels) was offered the cat and coffee photos
+    from hub_vit import VisionTransformer, ViTSpec
+    from hub_vit.domain import Domain, write_domain
+    from hub_vit.folder import save_model_folder
+
+    spec = ViTSpec.from_variant("mu/16", img_size=32, num_classes=3, depth=1, pool_type="gap", head_zeroinit=False)
+    labels = None if stem == "LABEL_" else [f"{stem}{i}" for i in range(3)] if stem else ["red", "green", "blue"]
+    model = save_model_folder(VisionTransformer(spec), tmp_path / "model", labels=labels)
+
+    def offered() -> tuple[list[str], list[str], str]:
+        """(the galleries the page opens with, those the picked model shows, its domain line)."""
+        demo = Demo(cache=ModelCache([folder_choice(model)]))
+        page = demo.build()
+        opened = [kind for kind in ("digits", "photos") if next(
+            block for block in page.blocks.values() if getattr(block, "elem_id", None) == f"examples-{kind}").visible]
+        note, *galleries = demo.domain_view("folder: model")
+        return opened, [kind for kind, update in zip(("digits", "photos"), galleries, strict=True)
+                        if update["visible"]], note["value"]
+
+    opened, picked, note = offered()
+    if stem is None:  # named classes: photos, as before
+        assert opened == picked == ["photos"] and "numbered" not in note
+        return
+    assert opened == picked == [], (opened, picked)
+    assert "numbered, not named, so no example images are offered" in note
+    write_domain(model, Domain(knows="photos of three things", examples="photos"))  # the folder's own word counts
+    assert offered()[:2] == (["photos"], ["photos"])
+
+
 def test_folders_with_the_same_name_are_told_apart_the_same_way(tmp_path: Path) -> None:
     # was: "folder: model" for the first and the full path for the second of two training runs' model folders
     from hub_vit.demo.models import DEFAULT_KEY, discover_choices

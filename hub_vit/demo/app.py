@@ -27,9 +27,10 @@ from gradio.component_meta import ComponentMeta
 from gradio.data_classes import ImageData
 from PIL import Image
 
+from hub_vit.class_names import numbered_labels
 from hub_vit.demo.backends import IN_PROCESS, TritonLabels
 from hub_vit.demo.models import ModelCache, ModelChoice, ModelLoadError, in_process_verdicts, model_domain
-from hub_vit.domain import EXAMPLE_KINDS, Domain
+from hub_vit.domain import DOMAIN_FILE, EXAMPLE_KINDS, Domain
 from hub_vit.explain.image import ImageReadError, load_image
 from hub_vit.explain.rollout import HEAD_FUSIONS
 from hub_vit.image_formats import NAMES, SUFFIXES
@@ -69,9 +70,14 @@ def examples_of(kind: str) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in EXAMPLE_SUFFIXES) if folder.is_dir() else []
 
 
+NO_EXAMPLES = "none"  # `Domain.examples` of a model no bundled example fits: every gallery is hidden
+
+
 def domain_note(domain: Domain) -> str:
     """The line under the model picker: what the model can recognise, and how an image of another kind is told."""
     text = f"This model knows {domain.knows}."
+    if domain.examples == NO_EXAMPLES:
+        text += " Its classes are numbered, not named, so no example images are offered: upload one of your own."
     if domain.statistics is None:
         return text + " No out-of-domain score is calibrated for it: whether an image is of that kind is unknown."
     return text + (f" An image whose out-of-domain score is above {domain.statistics.threshold:.3g} is marked as not "
@@ -199,7 +205,15 @@ class Demo:
         """What the model knows (its folder's domain.json, else guessed from its labels); loads the model.
         ModelLoadError when the model or its domain.json cannot be read."""
         if model_key not in self._domains:
-            self._domains[model_key] = model_domain(self.cache.get(model_key))
+            explainer = self.cache.get(model_key)
+            domain = model_domain(explainer)
+            folder = explainer.info.get("path")
+            # `guess_domain` calls every head without a domain.json a photo model; but a cat photo and its "class_3"
+            # mean nothing for a head whose classes nobody named, so it is offered no examples (a domain.json that
+            # says otherwise is followed)
+            if numbered_labels(explainer.labels) and not (folder and (Path(folder) / DOMAIN_FILE).is_file()):
+                domain = dataclasses.replace(domain, examples=NO_EXAMPLES)
+            self._domains[model_key] = domain
         return self._domains[model_key]
 
     def domain_view(self, model_key: str) -> tuple[Any, ...]:
@@ -319,17 +333,26 @@ class Demo:
 
         `action`: the number of the page's action this run answers; `emptied_at`: that of the last time the page
         emptied the image box itself (EMPTIED_JS: an upload it refused to send), so equal numbers mean that is what
-        this run answers."""
+        this run answers. The image box's update comes second: an upload the analysis refuses is taken out of it."""
         if image_path is None and action is not None and emptied_at == action:
-            return (*self._not_uploaded(), (None, model_key))
+            if shown is not None and shown[0] == EMPTIED:  # this page's last run emptied the box: the refusal stands
+                return (*(gr.update() for _ in range(8)), (None, model_key))
+            labels, *rest = self._not_uploaded()
+            return (labels, gr.update(), *rest, (None, model_key))
         if shown is None or model_key != shown[1]:
             handler = self.analyze_new_model
         elif image_path != shown[0]:
             handler = self.analyze_new_image
         else:
             handler = self.analyze
-        return (*handler(image_path, model_key, backend, head_fusion, discard_ratio, layer, target),
-                (image_path, model_key))
+        outputs = handler(image_path, model_key, backend, head_fusion, discard_ratio, layer, target)
+        labels, *rest = outputs
+        if isinstance(outputs, _Refusal):
+            # Emptied, not left in the box: a file the browser cannot draw either (text named .png) showed its
+            # broken-image icon there. Emptying fires the box's `change` as an over-limit file's does (EMPTIED_JS);
+            # EMPTIED in `shown` tells that run it is this one's doing.
+            return (labels, gr.update(value=None), *rest, (EMPTIED, model_key))
+        return (labels, gr.update(), *rest, (image_path, model_key))
 
     @staticmethod
     def _slider(depth: int, value: int | None = None) -> Any:
@@ -349,10 +372,10 @@ class Demo:
         """An upload the page cannot analyse (a format it does not read, damaged, too large): a toast and the status
         line say why, and the previous image's results are cleared. (A raised `gr.Error` put a red "Error" badge
         over every output, left the previous image's status under them and blocked the controls until the next good
-        upload, and the reason went with the toast.)"""
+        upload, and the reason went with the toast.) `analyze_latest` empties the image box too."""
         log.warning("refused: %s", message)
         gr.Warning(message)
-        return Demo._nothing_shown(f"**Not analysed:** {message}")
+        return _Refusal(Demo._nothing_shown(f"**Not analysed:** {message}"))
 
     @staticmethod
     def _not_uploaded() -> tuple[Any, ...]:
@@ -392,16 +415,6 @@ class Demo:
                     fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion", elem_id="head-fusion")
                     discard = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio (lowest attentions)",
                                         elem_id="discard-ratio")
-                    galleries, example_sets = [], []  # one gallery per domain; only the picked model's is visible
-                    for kind in EXAMPLE_KINDS:
-                        paths = [p for p in self.examples if p in examples_of(kind)]
-                        with gr.Column(visible=kind == shown.examples and bool(paths),
-                                       elem_id=f"examples-{kind}") as gallery:
-                            if paths:
-                                example_sets.append(gr.Examples(
-                                    [[str(p)] for p in paths], inputs=[image], label=f"Examples ({kind})",
-                                    examples_per_page=24, elem_id=f"examples-{kind}-gallery"))
-                        galleries.append(gallery)
                 with gr.Column(scale=2):
                     status = gr.Markdown("Upload an image or pick an example.", elem_id="status")
                     labels = gr.Label(num_top_classes=5, label="Top-5", elem_id="labels")
@@ -416,6 +429,18 @@ class Demo:
                         layer = gr.Slider(1, max(depth, 2), value=depth, step=1, elem_id="layer",
                                           label=f"Block (per-layer view, 1..{depth})")
                         target = gr.Dropdown([], label="Class-specific map for label", elem_id="target")
+                    # The examples under the results, not under the controls: where the columns stack (a phone), the
+                    # status line came after the whole gallery, out of sight of the image box and the controls
+                    galleries, example_sets = [], []  # one gallery per domain; only the picked model's is visible
+                    for kind in EXAMPLE_KINDS:
+                        paths = [p for p in self.examples if p in examples_of(kind)]
+                        with gr.Column(visible=kind == shown.examples and bool(paths),
+                                       elem_id=f"examples-{kind}") as gallery:
+                            if paths:
+                                example_sets.append(gr.Examples(
+                                    [[str(p)] for p in paths], inputs=[image], label=f"Examples ({kind})",
+                                    examples_per_page=24, elem_id=f"examples-{kind}-gallery"))
+                        galleries.append(gallery)
             # Every action that asks for an analysis numbers it in the browser (`action`); one listener on that number
             # runs the analysis. Gradio runs one listener's events of a page one after another, and `always_last`
             # folds the actions taken meanwhile into one run with the controls as they are then. So the page shows
@@ -452,12 +477,27 @@ class Demo:
             target.input(**{**ask, "inputs": [target], "js": PICK_JS})
             for control in (backend, fusion, discard, layer):
                 control.input(**ask)
+            results = [labels, overlay, layer_view, target, class_map, status, layer]
             action.change(self.analyze_latest,
                           inputs=[image, model, backend, fusion, discard, layer, target, shown, action, emptied_at],
-                          outputs=[labels, overlay, layer_view, target, class_map, status, layer, shown],
-                          trigger_mode="always_last")
+                          outputs=[results[0], image, *results[1:], shown], trigger_mode="always_last",
+                          show_progress_on=results)  # not over the upload box, which only a refusal empties
         return blocks
 
+
+class _Refusal(tuple):
+    """`Demo.analyze`'s outputs for an upload it refused (`Demo._refused`): `analyze_latest` empties the box too."""
+
+
+# `shown`'s image after a run that emptied the image box (`Demo.analyze_latest`); never an upload's path
+EMPTIED = "<emptied by the analysis>"
+
+# The result images' titles float over their top-left corner, and once an image is shown its buttons (RESULT_BUTTONS)
+# over the top-right one, on top of the title: from about 1024 to 1400 px wide "Rollout through the chosen block" read
+# "Rollout through the chos". Kept clear of the buttons (about 50 px: two of them) while they are there, the title
+# wraps instead.
+CSS = ", ".join(f"#{elem_id}:has(.icon-button-wrapper) > label[data-testid=block-label]" for elem_id in RESULT_ALT) \
+    + " { max-width: calc(100% - 64px); }"
 
 # The result images' corner buttons: not Gradio's "share", which only works on Hugging Face Spaces ("Must be on
 # Spaces to share.")
@@ -505,9 +545,10 @@ def launch(demo: Demo, *, host: str = "127.0.0.1", port: int | None = None, max_
     blocks = demo.build().queue(default_concurrency_limit=concurrency, max_size=max_size)
     allowed = sorted({str(p.parent) for p in demo.examples})
     under = {"root_path": root_path} if root_path is not None else {}
+    # quiet: its "set `share=True`" tip, and a URL line callers print themselves
     blocks.launch(server_name=host, server_port=port, max_file_size=MAX_FILE_SIZE, allowed_paths=allowed,
                   share=share, show_error=False, ssr_mode=False, prevent_thread_lock=True, js=a11y_js(demo.examples),
-                  quiet=True, **under)  # quiet: its "set `share=True`" tip, and a URL line callers print themselves
+                  css=CSS, quiet=True, **under)
     if block:
         on_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
