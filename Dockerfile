@@ -48,7 +48,9 @@ EXPOSE 8000 8001 8002
 # Healthy = ready (/v2/health/ready) and every Python-backend instance's stub alive: Triton keeps answering ready
 # after a stub died (OOM killer, decoder crash) while failing each request routed to it. No inference is sent, so a
 # busy server stays healthy. Docker only marks the container unhealthy (Swarm replaces it); in Kubernetes, give the
-# same command to an exec livenessProbe.
+# same command to an exec livenessProbe behind a startupProbe of 300 s (docs/serving.md, "Health probe": Kubernetes'
+# defaults would kill the pod while it builds its engines). Stop it with room for the 30 s drain below: docker run
+# --stop-timeout 45 (docker stop kills after 10 s by default).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
     CMD hub-vit health --url 127.0.0.1:8000 --repository /models --timeout 3 || exit 1
 # Limits and restrictions (docs/serving.md, "Limits and security"): the control APIs (shared memory, logging, trace,

@@ -31,6 +31,11 @@ pytestmark = pytest.mark.slow
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel `pip wheel` builds from the checkout's tracked files as they are now (no `build/` left over here)."""
     source = tracked_copy(tmp_path_factory.mktemp("source") / "hub-vit")
+    # a checkout where a template or the remote code was imported once (PYTHONDONTWRITEBYTECODE unset): its caches
+    # were shipped by the package-data globs
+    for folder in ("server/repository/templates/common", "hub_vit/assets/digits"):
+        (source / folder / "__pycache__").mkdir(exist_ok=True)
+        (source / folder / "__pycache__" / "cached.cpython-311.pyc").write_bytes(b"\0")
     dist = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
                     "--wheel-dir", str(dist), str(source)], check=True, capture_output=True, timeout=300)
