@@ -41,7 +41,11 @@ def unreachable(restarts: bool) -> str:
     """The answer where a server should be and its private port does not answer: it died (serve has not noticed
     yet) or is being replaced, "restarting"; without restarts (`--max-restarts 0`) it is gone, "shutting down"."""
     return STARTING if restarts else GONE
-RAW_HTTP_EXAMPLE = "docs/serving.md#raw-http"
+# The form of one image, for a client that has no copy of the docs (this text is sent to remote clients)
+RAW_HTTP_EXAMPLE = ('the JSON header {"inputs": [{"name": "image", "shape": [1, 1], "datatype": "BYTES", '
+                    '"parameters": {"binary_data_size": N + 4}}]}, then the file\'s length N as 4 little-endian '
+                    "bytes, then the file, with Inference-Header-Content-Length: the header's length (hub-vit's "
+                    'docs/serving.md, "Raw HTTP", builds it with curl)')
 NO_QUEUE_TIMEOUTS = ("this server applies no per-request queue timeout (the request's 'timeout' parameter): it serves "
                      "without Triton's queue policy, which is what applies one (--no-queue-policy, the default on "
                      "cuda; hub-vit serve --queue-policy keeps it); send the request without a queue timeout")
@@ -89,8 +93,7 @@ def inference_header(model: str, body: bytes, header_length: bytes | None) -> di
     def refused(what: str) -> Refused:
         return Refused(400, f"{what}: POST /v2/models/{model}/infer takes a KServe v2 inference request, a JSON object "
                             '{"inputs": [...]} or, with an Inference-Header-Content-Length header, that JSON followed '
-                            f"by the inputs' binary data; an image file is sent as a BYTES input (an example with "
-                            f"curl: {RAW_HTTP_EXAMPLE})")
+                            f"by the inputs' binary data; an image file is sent as a BYTES input: {RAW_HTTP_EXAMPLE}")
     json_part = body
     if header_length is not None:
         if not header_length.isdigit() or int(header_length) > len(body):
