@@ -410,3 +410,23 @@ def test_a_server_of_another_model_is_noted_by_its_labels(served, tmp_path: Path
     labels, *_, status, _ = demo.analyze(str(photo), "folder: other", demo.triton.choice, "mean", 0.0, 1, None)
     assert set(labels) <= {"red", "green", "blue"}, labels  # the server's
     assert "**note**: the server's labels are not those of the in-process model 'folder: other'" in status, status
+
+
+def test_the_servers_round_trip_is_timed_apart_from_the_in_process_maps(folder: Path, photo: str, monkeypatch) -> None:
+    # was: "rollout + class map 5.00 s" counted the server's round trip (request, queue, its model) as the maps' time
+    import hub_vit.demo.app as app
+
+    now = [0.0]  # a clock only the server's answer moves: the in-process work takes no time on it
+    monkeypatch.setattr(app.time, "perf_counter", lambda: now[0])
+
+    class SlowServer(TritonLabels):
+        def explain(self, *args, **kwargs):
+            now[0] += 5.0
+            return super().explain(*args, **kwargs)
+
+    triton = SlowServer(f"127.0.0.1:{closed_port()}", timeout_s=2.0)
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), triton=triton, examples=[])
+    *_, status, _ = demo.analyze(photo, "folder: probe", triton.choice, "mean", 0.0, 2, None)
+    assert "rollout + class map 0.00 s · server's answer 5.00 s" in status, status
+    *_, status, _ = demo.analyze(photo, "folder: probe", IN_PROCESS, "mean", 0.0, 2, None)
+    assert "rollout + class map 0.00 s · crop" in status and "server's answer" not in status, status

@@ -271,11 +271,14 @@ class Demo:
         status = f"**{explainer.name}** in-process"
         verdict, domain_score = in_process_verdicts(explainer, [image], domain)[0]
         full_map, on = result.maps[0], prepared  # the full rollout and the image + crop box it is drawn on
+        server_s = 0.0
         if backend != IN_PROCESS:
             if self.triton is None:
                 raise refusal(f"unknown backend {backend!r}; valid choices: {', '.join(self.backends())}")
+            asked = time.perf_counter()
             answer, status = self.triton.explain(image, 5, source=image_path, labels=explainer.labels,
                                                  head_fusion=head_fusion, discard_ratio=float(discard_ratio))
+            server_s = time.perf_counter() - asked
             if answer is not None:
                 top, verdict, domain_score = answer.top, answer.domain, answer.domain_score
                 if answer.rollout is not None:  # the server's own map, on the crop box the server reports
@@ -297,7 +300,11 @@ class Demo:
         target = target if target in explainer.labels else explainer.labels[int(result.logits[0].argmax())]
         cam = explainer.class_map(prepared, explainer.label_index(target)).maps[0]
         class_map = explainer.overlay(prepared, cam, **display)
-        status += f" · rollout + class map {time.perf_counter() - start:.2f} s · crop {explainer.data.img_size}"
+        # the in-process work apart from the server's round trip (request, queue, its model, answer), each timed
+        status += f" · rollout + class map {time.perf_counter() - start - server_s:.2f} s"
+        if backend != IN_PROCESS:
+            status += f" · server's answer {server_s:.2f} s"
+        status += f" · crop {explainer.data.img_size}"
         mark, words = domain_mark(domain, verdict, domain_score)
         status += f" · {words}"
         if mark is not None:  # not presented as a result: said first
