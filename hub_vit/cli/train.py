@@ -26,7 +26,7 @@ from hub_vit.cli.app import (
     DISK_REFUSED_ERRNOS,
     app,
     console,
-    download_failed,
+    download_status,
     err_console,
     fail,
     in_flag_words,
@@ -39,6 +39,22 @@ PRESETS = ("vit_s16_i1k", "digits")
 FLAG_NAMES = {"total_epochs": "--epochs", "total_steps": "--steps"}
 
 
+def _preset_default(setting: str) -> str:
+    """` (default 0.001 for vit_s16_i1k, 0.003 for digits)` for --help: a flag that defaults to its preset's value
+    has no default of its own for typer to show, and the values were only in docs/training.md."""
+    from hub_vit.train.digits import DIGITS_RECIPE  # light: no torch (`hub-vit --help` loads this module)
+    from hub_vit.train.recipe import VIT_S16_I1K
+
+    def shown(value: object) -> str:
+        return repr(value) if value == "" else f"{value:g}" if isinstance(value, float) else str(value)
+
+    values = [(name, getattr(recipe, setting)) for name, recipe in zip(PRESETS, (VIT_S16_I1K, DIGITS_RECIPE),
+                                                                        strict=True)]
+    if len({shown(v) for _, v in values}) == 1:
+        return f" (default {shown(values[0][1])}, both presets)"
+    return " (default " + ", ".join(f"{shown(v)} for {name}" for name, v in values) + ")"
+
+
 @app.command("train")
 def train_command(
     data: Path | None = typer.Argument(None, help="Data folder with train/<class>/* and val/<class>/* images.",
@@ -46,22 +62,30 @@ def train_command(
     out: Path = typer.Option(..., "--out", "-o", help="Run folder (recipe.json, metrics.jsonl, checkpoints/, model/).",
                              parser=given_path),
     preset: str = typer.Option("vit_s16_i1k", help=f"Starting recipe: {', '.join(PRESETS)}."),
-    model: str | None = typer.Option(None, help="Registered architecture, e.g. simplevit_s16 (`hub-vit models`)."),
+    model: str | None = typer.Option(None, help="Registered architecture, e.g. simplevit_s16 (`hub-vit models`)."
+                                     + _preset_default("model")),
     pretrained: bool | None = typer.Option(None, "--pretrained/--scratch", help="Start from published weights."),
     init: Path | None = typer.Option(None, help="Fine-tune from a hub-vit model folder (hf-hub:ORG/NAME: one on the "
                                                 "Hugging Face Hub) or weights file.",
                                      parser=given_path),
-    img_size: int | None = typer.Option(None, help="Training/eval image size."),
-    batch_size: int | None = typer.Option(None, help="Global batch (all processes, all accumulation steps)."),
+    img_size: int | None = typer.Option(None, help="Training/eval image size." + _preset_default("img_size")),
+    batch_size: int | None = typer.Option(None, help="Global batch (all processes, all accumulation steps)."
+                                          + _preset_default("batch_size")),
     micro_batch: int | None = typer.Option(None, help="Images per process per forward pass (gradient accumulation)."),
-    epochs: float | None = typer.Option(None, help="Training epochs (big_vision total_epochs)."),
+    epochs: float | None = typer.Option(None, help="Training epochs (big_vision total_epochs)."
+                                        + _preset_default("total_epochs")),
     steps: int | None = typer.Option(None, help="Optimizer steps; overrides --epochs."),
-    lr: float | None = typer.Option(None, help="Peak learning rate."),
-    wd: float | None = typer.Option(None, help="big_vision decoupled weight decay (AdamW gets wd / lr)."),
-    warmup_steps: int | None = typer.Option(None, help="Linear warm-up steps before the cosine decay."),
-    mixup: float | None = typer.Option(None, help="Mixup Beta(p, p) concentration; 0 turns it off."),
-    randaug: str | None = typer.Option(None, help="timm RandAugment string, '' turns it off."),
-    seed: int | None = typer.Option(None, help="Seed of the init, data order, augmentation and mixup."),
+    lr: float | None = typer.Option(None, help="Peak learning rate." + _preset_default("lr")),
+    wd: float | None = typer.Option(None, help="big_vision decoupled weight decay (AdamW gets wd / lr)."
+                                    + _preset_default("wd")),
+    warmup_steps: int | None = typer.Option(None, help="Linear warm-up steps before the cosine decay."
+                                            + _preset_default("warmup_steps")),
+    mixup: float | None = typer.Option(None, help="Mixup Beta(p, p) concentration; 0 turns it off."
+                                       + _preset_default("mixup")),
+    randaug: str | None = typer.Option(None, help="timm RandAugment string, '' turns it off."
+                                       + _preset_default("randaug")),
+    seed: int | None = typer.Option(None, help="Seed of the init, data order, augmentation and mixup."
+                                    + _preset_default("seed")),
     precision: str | None = typer.Option(None, help="auto (bf16 autocast on CUDA), fp32 or bf16."),
     workers: int | None = typer.Option(None, help="Data-loading worker processes per training process "
                                                    "(default: the preset's, at most the CPUs this process may use)."),
@@ -148,6 +172,19 @@ def _check_flags(threads: int | None, preset: str, install_to: Path | None, data
         raise fail(str(exc)) from None
 
 
+def _settings_as_flags(message: str) -> str:
+    """A TrainingWarning's advice in flag words: `warmup_steps=2` -> `--warmup-steps 2` (outside quoted values: a
+    path may hold `lr=`)."""
+    import re
+
+    from hub_vit.train.recipe import FIELDS
+
+    pattern = re.compile(rf"(?<![\w-])({'|'.join(FIELDS)})=")
+    parts = re.split(r"""('[^']*'|"[^"]*")""", message)
+    parts[::2] = [pattern.sub(lambda m: f"{_flag(m.group(1))} ", part) for part in parts[::2]]
+    return "".join(parts)
+
+
 def _flag(setting: str) -> str:
     """The flag of a recipe setting (or of train()'s `stop_at`, `device`): `total_steps` -> `--steps`."""
     return FLAG_NAMES.get(setting, "--" + setting.replace("_", "-"))
@@ -167,7 +204,7 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     from hub_vit.network import HubUnreachableError
     from hub_vit.train import digits
     from hub_vit.train.data import DataFolderError
-    from hub_vit.train.loop import TrainingWarning, train
+    from hub_vit.train.loop import TrainingWarning
     from hub_vit.train.models import ModelChoiceError
     from hub_vit.train.recipe import VIT_S16_I1K, SettingError
     from hub_vit.train.run_folder import RunFolderError
@@ -190,11 +227,11 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
             unused = _unused_model_flag(flags.get("model"), options["init"])
             if unused:
                 warnings.warn(unused, TrainingWarning, stacklevel=1)
-            return train(recipe, data, out, **options, architecture=architecture, dataset_info=dataset_info,
-                         domain=domain)
+            return _train_until_stopped(recipe, data, out, **options, architecture=architecture,
+                                        dataset_info=dataset_info, domain=domain)
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
         _discard_fresh_run_folder(out, created)
-        raise download_failed(exc) from None
+        raise _pretrained_download_failed(exc, recipe.model) from None
     except HubUnreachableError as exc:  # --init hf-hub:ORG/NAME, neither reachable nor cached
         _discard_fresh_run_folder(out, created)
         raise fail(str(exc), code=CANNOT_NOW) from None
@@ -228,6 +265,33 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
         raise
 
 
+def _train_until_stopped(*args: Any, **kwargs: Any) -> Any:
+    """`train()`'s result, also when a stop signal ended it: the API raises the signal again once the step is
+    checkpointed (KeyboardInterrupt, SystemExit(143)), and the command reports it in one line with the shell's exit
+    code (`_report`)."""
+    from hub_vit.train.loop import stopped_by_signal, train
+
+    try:
+        return train(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        result = stopped_by_signal(exc)
+        if result is None:  # a second signal, or one outside the steps: `_run` handles it
+            raise
+        return result
+
+
+def _pretrained_download_failed(exc: Exception, model: str) -> typer.Exit:
+    """The download's own line (the URL, the cache, `hub-vit convert`), and, when this machine cannot download now,
+    how this run can start from a copy of the file fetched elsewhere: the download's advice is written for
+    conversion."""
+    code = download_status(exc)
+    hint = ""
+    if code == CANNOT_NOW:
+        hint = (f" To train from a copy of the file fetched elsewhere, pass it in place of --pretrained: --init "
+                f"FILE.npz --model {model.partition('.')[0]}.")
+    return fail(f"{exc}{hint}", code=code)
+
+
 def _disk_refused(out: Path, exc: OSError) -> typer.Exit:
     """`error: cannot write to 'OUT': No space left on device` (exit 1), and whether the run can be resumed: the
     checkpoint being written was removed, those written before are kept."""
@@ -246,13 +310,18 @@ def _report(result: Any, install_to: Path | None) -> None:
         console.print(f"stopped by {name} after step {result.step}/{result.total_steps}, checkpoint written; run the "
                       "same command to resume")
         raise typer.Exit(128 + (result.stop_signal or signal.SIGINT))  # 130 for Ctrl-C, 143 for SIGTERM
-    if result.model_dir is None:
+    if result.already_complete:  # a rerun of a finished command (a Makefile, a job script): nothing to do
+        top1 = "" if result.val_top1 is None else f" (held-out top-1 {result.val_top1:.2%})"
+        console.print(f"run already complete{top1}: the model folder is {escape(str(result.model_dir))}, left as it "
+                      "is; choose a new --out to train again", soft_wrap=True)
+    elif result.model_dir is None:
         # the same --stop-at would stop again at once: the run goes on only with a later stop or none
         console.print(f"stopped at step {result.step}/{result.total_steps}; to resume, run the same command with a "
                       f"larger --stop-at or without it")
         return
-    console.print(f"held-out top-1 {result.val_top1:.2%} after {result.step} steps -> {escape(str(result.model_dir))}",
-                  soft_wrap=True)
+    else:
+        console.print(f"held-out top-1 {result.val_top1:.2%} after {result.step} steps -> "
+                      f"{escape(str(result.model_dir))}", soft_wrap=True)
     if install_to is not None and result.model_dir is not None:
         digits.install_default_model(result.model_dir, install_to)
         console.print(f"installed the model folder, samples and card stub in {escape(str(install_to))}",
@@ -297,10 +366,12 @@ def _discard_fresh_run_folder(out: Path, created: Path | None) -> None:
 
 def _show_warning(default, category: type[Warning]):
     """`warnings.showwarning` that prints the run's own warnings as one `warning:` line (not Python's
-    'file:line: TrainingWarning: ...' with a source line) and leaves every other warning to `default`."""
+    'file:line: TrainingWarning: ...' with a source line), in flag words, and leaves every other warning to
+    `default`."""
     def show(message, kind, filename, lineno, file=None, line=None):  # warnings.showwarning's signature
         if issubclass(kind, category):
-            err_console.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True, emoji=False)
+            text = escape(_settings_as_flags(str(message)))
+            err_console.print(f"[yellow]warning:[/] {text}", soft_wrap=True, emoji=False)
         else:
             default(message, kind, filename, lineno, file, line)
     return show

@@ -93,11 +93,75 @@ def latest(run_dir: Path) -> Checkpoint | None:
     return found[-1] if found else None
 
 
+class CheckpointReadError(ValueError):
+    """A checkpoint whose files cannot be read back (cut short by a full disk or a copy that stopped, or garbled):
+    the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    checkpoint: Checkpoint
+    reason: str  # which file, and why it cannot be read
+
+
 def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
          ) -> dict[str, Any]:
-    """Restore weights, optimizer and scheduler in place; returns the saved `extra` dict (with `step`)."""
-    model.load_state_dict(load_file(str(ckpt.path / "model.safetensors")), strict=True)
-    state = torch.load(ckpt.path / "state.pt", map_location="cpu", weights_only=True)
+    """Restore weights, optimizer and scheduler in place; returns the saved `extra` dict (with `step`).
+    CheckpointReadError, before anything is restored, when a file of the checkpoint cannot be read."""
+    weights, state = _read(ckpt)
+    model.load_state_dict(weights, strict=True)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     return {**state.get("extra", {}), "step": int(state["step"])}
+
+
+def load_newest(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+                ) -> tuple[Checkpoint | None, dict[str, Any], list[Unreadable]]:
+    """Restore the newest checkpoint that can be read: (it, its `extra` dict, the newer ones that could not be).
+
+    Two are kept so that one damaged by a full disk or a copy cut short costs the steps since the one before, not
+    the run. (None, {}, [...]) when none can be read; (None, {}, []) when there is none."""
+    unreadable: list[Unreadable] = []
+    for candidate in reversed(list_checkpoints(run_dir)):
+        try:
+            return candidate, load(candidate, model, optimizer, scheduler), unreadable
+        except CheckpointReadError as exc:
+            unreadable.append(Unreadable(candidate, str(exc)))
+    return None, {}, unreadable
+
+
+def remove(checkpoints: list[Checkpoint]) -> None:
+    """Remove checkpoints (the unreadable ones a resume skipped: newer than the step it resumes from, they would be
+    picked up as the newest again, and the resumed run writes those steps anew)."""
+    for checkpoint in checkpoints:
+        shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+
+def _read(ckpt: Checkpoint) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The weights and the training state of `ckpt`, checked for the entries `load` restores."""
+    import pickle
+    import struct
+    import zipfile
+
+    from safetensors import SafetensorError
+
+    errors = (SafetensorError, RuntimeError, OSError, EOFError, pickle.UnpicklingError, struct.error,
+              zipfile.BadZipFile, ValueError)
+    path = ckpt.path / "model.safetensors"
+    try:
+        weights = load_file(str(path))
+        path = ckpt.path / "state.pt"
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except errors as exc:  # torch: "PytorchStreamReader failed reading zip archive: ..." for a file cut short
+        raise CheckpointReadError(f"{path.name}: {_first_sentence(exc)}") from None
+    missing = [key for key in ("step", "optimizer", "scheduler") if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise CheckpointReadError(f"state.pt: no {', '.join(missing)} entry")
+    return weights, state
+
+
+def _first_sentence(exc: BaseException) -> str:
+    """The first sentence of an error's message: torch follows "failed finding central directory" with a paragraph
+    on how files get corrupted."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.split(". ", 1)[0].rstrip(".")

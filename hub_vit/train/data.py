@@ -71,6 +71,9 @@ def scan_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
     a class folder not in that list is an error, so label indices always mean the same class.
     """
     folder = Path(root) / split
+    if Path(root).is_file():  # was "data folder 'DATA/train' does not exist"
+        raise DataFolderError(f"data folder {str(root)!r} is a file, not a folder; expected a folder that holds "
+                              f"{' and '.join(f'{s}/<class>/<image>' for s in SPLITS)}")
     if not folder.is_dir():
         raise DataFolderError(
             f"data folder {str(folder)!r} does not exist; expected {str(Path(root))!r} to hold "
@@ -96,8 +99,7 @@ def scan_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
     samples: list[tuple[Path, int]] = []
     for name in found:
         index = classes.index(name)
-        files = (Path(d) / f for d, _, fs in os.walk(folder / name, followlinks=True) for f in fs)
-        for path in sorted(files, key=lambda p: natural_key(str(p))):
+        for path in sorted(_class_files(folder / name), key=lambda p: natural_key(str(p))):
             if path.name.startswith("."):
                 continue
             if path.suffix.lower() not in extensions:
@@ -115,6 +117,14 @@ def scan_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
         raise DataFolderError(f"data folder {str(folder)!r} has no images; expected {split}/<class>/<image> with "
                               f"one of the extensions {', '.join(sorted(extensions))}")
     return ImageFolderSplit(folder, tuple(samples), tuple(classes))
+
+
+def _class_files(folder: Path) -> Iterator[Path]:
+    """The files under a class folder, hidden folders skipped as hidden files are: Jupyter's `.ipynb_checkpoints`
+    copies of images were read as images of the class (without a word, possibly of another class)."""
+    for parent, dirs, files in os.walk(folder, followlinks=True):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        yield from (Path(parent) / f for f in files)
 
 
 def fingerprint(split: ImageFolderSplit) -> dict[str, object]:

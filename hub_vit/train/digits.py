@@ -24,7 +24,6 @@ from hub_vit.atomic import process_gone
 
 # the data and its split (below the export, which verifies the shipped model on the held-out split)
 from hub_vit.digits_data import HELD_OUT_FRACTION, IMG_SIZE, SPLIT_SEED, SPLITS, load_digits_split, original_indices
-from hub_vit.folder import DIGITS_HELD_OUT
 from hub_vit.train.recipe import Recipe
 from hub_vit.variants import ViTSpec
 
@@ -60,9 +59,12 @@ DIGITS_RECIPE = Recipe(
 def write_image_folder(root: str | Path) -> Path:
     """`root/{train,val}/<digit>/<index in load_digits>.png`: the data folder `hub-vit train` reads.
 
-    Written into a temporary sibling and renamed, so an interrupted call leaves no half-filled folder.
+    Written into a temporary sibling and renamed, so an interrupted call leaves no half-filled folder. A ValueError
+    naming what `root` holds, before anything is written, when it is something else (an unrelated `data/` folder in
+    a run folder ended in an 'OSError: Directory not empty' traceback, or was trained on as if it were the digits).
     """
     root = Path(root)
+    check_image_folder_target(root)
     if (root / "train").is_dir() and (root / "val").is_dir():
         return root
     _remove_abandoned_tmps(root)
@@ -81,6 +83,25 @@ def write_image_folder(root: str | Path) -> Path:
         if not (root / "val").is_dir():
             raise
     return root
+
+
+def check_image_folder_target(root: Path) -> None:
+    """ValueError unless `root` is absent, an empty folder, or the digits image folder `write_image_folder` wrote
+    (train/ and val/ with digit class folders only): anything else would be replaced or read as the digits."""
+    if not root.exists() and not root.is_symlink():
+        return
+    if not root.is_dir():
+        raise ValueError(f"{str(root)!r} is a file, where the digits image folder is written: move it away or "
+                         "choose another folder")
+    entries = sorted(p.name for p in root.iterdir())
+    splits_ok = all(name in SPLITS and (root / name).is_dir() for name in entries)
+    classes_ok = splits_ok and all(p.is_dir() and p.name in LABELS for name in entries for p in (root / name).iterdir())
+    if splits_ok and classes_ok:
+        return
+    held = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+    raise ValueError(f"{str(root)!r} holds files that are not the digits image folder hub-vit writes there (it holds "
+                     f"{held}); --preset digits without DATA writes its images into it: move it away or choose another "
+                     "folder")
 
 
 def _write_splits(tmp: Path) -> None:
@@ -126,6 +147,8 @@ def export_samples(folder: str | Path, per_class: int = 2, size: int = 128, usab
 def dataset_info() -> dict:
     """How the image folder was made (goes into training.json)."""
     import sklearn
+
+    from hub_vit.folder import DIGITS_HELD_OUT  # here: it loads torch, and `hub-vit --help` reads DIGITS_RECIPE
 
     return dict(
         name="scikit-learn load_digits (UCI optical recognition of handwritten digits, test part)",

@@ -14,6 +14,8 @@ import json
 import math
 import os
 import platform
+import shutil
+import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -41,9 +43,17 @@ from hub_vit.train.data import (
     fingerprint,
     scan_split,
 )
-from hub_vit.train.models import build_model, init_folder_architecture, init_resized_note
+from hub_vit.train.models import build_model, check_init_path, init_folder_architecture, init_resized_note
 from hub_vit.train.recipe import Recipe, SettingError
-from hub_vit.train.run_folder import check_run_folder, claimed, trim_metrics, write_settings
+from hub_vit.train.run_folder import (
+    RunFolderError,
+    check_out_outside_data,
+    check_run_folder,
+    claimed,
+    finished_model,
+    trim_metrics,
+    write_settings,
+)
 from hub_vit.train.schedule import current_lr, make_optimizer, make_scheduler
 from hub_vit.train.workers import StopOnSignal, ignore_stop_signals, one_line_errors, shut_down_workers, start_workers
 from hub_vit.weights_digest import state_dict_digest
@@ -59,11 +69,14 @@ class TrainResult:
     interrupted: bool = False  # Ctrl-C or SIGTERM: stopped after a step, with a checkpoint of it
     history: list[dict[str, Any]] = field(default_factory=list)
     stop_signal: int | None = None  # the signal that stopped the run (signal.SIGINT or signal.SIGTERM)
+    already_complete: bool = False  # the run folder's model/ was there: nothing was trained or written
 
 
 class TrainingWarning(UserWarning):
     """Something the run goes on with but the user should know: a warm-up longer than the run, data edited since the
-    checkpoint, a run folder too old to record its data. The command line prints each as one `warning:` line."""
+    checkpoint, a run folder too old to record its data. The command line prints each as one `warning:` line. A
+    setting it advises is written `name=value` as `train()` takes it (`warmup_steps=2`); the command line shows the
+    flag (`--warmup-steps 2`)."""
 
 
 def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: str | Path | None = None,
@@ -74,7 +87,12 @@ def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: st
 
     `init`: a model folder (`hf-hub:ORG/NAME[@REVISION]`: one on the Hugging Face Hub) or weights file to fine-tune.
     `stop_at`: stop after this global step (a checkpoint is written) without finishing the run; calling `train`
-    again resumes from the newest checkpoint. Every input is checked before anything is written to `run_dir`.
+    again resumes from the newest checkpoint. Every input is checked before anything is written to `run_dir`. A run
+    whose `model/` is already there is complete: it is returned as it is (`already_complete`), nothing is trained.
+
+    Ctrl-C and SIGTERM (single process) end the run after the current step, with a checkpoint of it, and are then
+    raised again (`stopped_by_signal`): KeyboardInterrupt and SystemExit(143), each with the `TrainResult` as
+    `result`.
     """
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     recipe.micro_batch_for(distributed.world_size_from_env())  # a batch that cannot split fails before any setup
@@ -84,11 +102,50 @@ def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: st
     try:
         with claimed(run_dir) if d.is_main else contextlib.nullcontext():  # the process that writes the folder
             plan = _Plan.check(recipe, data_dir, run_dir, d, init, stop_at)
-            trainer = Trainer(plan, d, progress)
-            trainer.fit()
-            return trainer.finish(architecture, dataset_info or {}, domain)
+            result = _already_complete(plan)
+            if result is None:
+                trainer = Trainer(plan, d, progress)
+                trainer.fit()
+                result = trainer.finish(architecture, dataset_info or {}, domain)
     finally:
         distributed.teardown(d)
+    _raise_stop_signal(result)
+    return result
+
+
+def _already_complete(plan: _Plan) -> TrainResult | None:
+    """The result of a run whose model folder is written (a rerun of a finished command, in a Makefile or a job
+    script): model/ is left as it is, with the calibration and the files added to it since."""
+    training = finished_model(plan.run_dir, plan.recipe, plan.total_steps)
+    if training is None:
+        return None
+    held_out = training.get("held_out")
+    top1 = held_out.get("top1") if isinstance(held_out, dict) else None
+    return TrainResult(run_dir=plan.run_dir, step=plan.total_steps, total_steps=plan.total_steps,
+                       model_dir=plan.run_dir / "model",
+                       val_top1=float(top1) if isinstance(top1, (int, float)) else None,
+                       already_complete=True)
+
+
+def _raise_stop_signal(result: TrainResult) -> None:
+    """A stop signal the run ended on, raised again now that its step is checkpointed: a script (a sweep, `train();
+    export()`) must stop as it would on the signal anywhere else, not go on and end with 0. Plain KeyboardInterrupt
+    and SystemExit, not subclasses: Python ends a script on an uncaught KeyboardInterrupt with the shell's 130 only
+    for that exact class (1 for a subclass), and a scheduler reads SystemExit's 143 as "terminated"."""
+    if result.stop_signal is None:
+        return
+    stop: BaseException = (SystemExit(128 + signal.SIGTERM) if result.stop_signal == signal.SIGTERM else
+                           KeyboardInterrupt(f"stopped by Ctrl-C after step {result.step}/{result.total_steps}, "
+                                             "checkpoint written; call train() again to resume"))
+    stop.result = result  # type: ignore[attr-defined]
+    raise stop
+
+
+def stopped_by_signal(exc: BaseException) -> TrainResult | None:
+    """The result a KeyboardInterrupt or SystemExit raised by `train()` after a stop signal carries (the run up to
+    the step it stopped after, checkpointed), else None (one raised anywhere else)."""
+    result = getattr(exc, "result", None)
+    return result if isinstance(result, TrainResult) else None
 
 
 @dataclass
@@ -118,16 +175,18 @@ class _Plan:
     def check(cls, recipe: Recipe, data_dir: Path, run_dir: Path, d: distributed.Dist, init: str | Path | None,
               stop_at: int | None) -> _Plan:
         micro, accum = recipe.micro_batch_for(d.world_size)
+        check_out_outside_data(run_dir, data_dir)  # before the run folder is read as a class of images
         train_split = scan_split(data_dir, "train")
         val_split = scan_split(data_dir, "val", classes=train_split.classes)
         total_steps = recipe.steps_for(len(train_split))
         if stop_at is not None and stop_at < 1:
             raise SettingError(f"stop_at must be a step >= 1, got {stop_at}")
+        check_init_path(init)
         folder_architecture = init_folder_architecture(init)
         if folder_architecture is not None:  # record what is trained, not the preset's default `model`
             recipe = recipe.replace(model=folder_architecture)
         data = {"train": fingerprint(train_split), "val": fingerprint(val_split)}
-        notes = check_run_folder(run_dir, recipe, init, train_split.classes, data)
+        notes = check_run_folder(run_dir, recipe, init, train_split.classes, data, micro=micro)
         # a damaged val image would surface at the first eval, after (possibly) hours
         check_headers(path for path, _ in val_split.samples)
         try:  # timm builds the augmentation here, before anything is written, not in the first data-loader worker
@@ -142,10 +201,28 @@ class _Plan:
             # annealed. A warning, not an error: short trial runs of a preset (`--steps 30`) do this on purpose.
             notes.append(f"the warm-up ({recipe.warmup_steps} steps) is not shorter than the run ({total_steps} "
                          "steps): the learning rate rises for the whole run and never decays; for a cosine decay "
-                         f"pass e.g. --warmup-steps {max(1, total_steps // 10) if total_steps > 1 else 0}")
+                         f"pass e.g. warmup_steps={max(1, total_steps // 10) if total_steps > 1 else 0}")
+        batch_note = _batch_larger_than_data(recipe, len(train_split), total_steps, d.world_size)
+        if batch_note:
+            notes.append(batch_note)
         end_step = min(total_steps, stop_at) if stop_at is not None else total_steps
         return cls(recipe, data_dir, run_dir, init, micro, accum, train_split, val_split, total_steps, end_step, data,
                    notes, stream)
+
+
+def _batch_larger_than_data(recipe: Recipe, images: int, total_steps: int, world_size: int) -> str | None:
+    """What a run says when its batch holds more images than the training set: every step then repeats each image,
+    and the run's steps (at least 1) make other epochs than those asked for. None otherwise."""
+    if recipe.batch_size <= images:
+        return None
+    # the largest batch that fits and still splits: over the processes, into the micro batch, into mixup's pairs
+    unit = world_size * (2 if recipe.mixup else 1)
+    fits = max(unit, images // unit * unit)
+    epochs = round(total_steps * recipe.batch_size / images, 2)
+    asked = "" if recipe.total_steps is not None else f", not the {recipe.total_epochs:g} asked for"
+    return (f"batch_size={recipe.batch_size} is larger than the {images} training images: each step repeats them "
+            f"({recipe.batch_size / images:.3g} times each on average), and the run's {total_steps} step(s) are "
+            f"{epochs:g} epochs{asked}; pass e.g. batch_size={fits}")
 
 
 class Trainer:
@@ -160,18 +237,21 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, recipe)
         self.scheduler = make_scheduler(self.optimizer, recipe, plan.total_steps)
         self.start_step, self.wall_before = 0, 0.0
-        found = ckpt.latest(plan.run_dir)
+        found, extra, unreadable = ckpt.load_newest(plan.run_dir, self.model, self.optimizer, self.scheduler)
         if found is not None:
-            extra = ckpt.load(found, self.model, self.optimizer, self.scheduler)
             self.start_step, self.wall_before = extra["step"], float(extra.get("wall_time_s", 0.0))
+        elif unreadable:
+            raise RunFolderError(_no_readable_checkpoint(plan.run_dir, unreadable))
         if d.is_main:
-            for note in plan.notes:
+            for note in [*plan.notes, *_fall_back_notes(unreadable, found)]:
                 warnings.warn(note, TrainingWarning, stacklevel=3)
             plan.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.remove_staging(plan.run_dir)  # left by a process killed while writing a checkpoint
-            write_settings(plan.run_dir, recipe, plan.init, plan.classes, plan.data)
+            write_settings(plan.run_dir, recipe, plan.init, plan.classes, plan.data, plan.micro)
             trim_metrics(plan.run_dir / "metrics.jsonl", self.start_step)
         distributed.barrier(d)
+        if d.is_main:  # once every process has read its checkpoint
+            ckpt.remove([u.checkpoint for u in unreadable])
 
         self.net: torch.nn.Module = self.model
         if d.enabled:
@@ -325,6 +405,21 @@ class Trainer:
         return result
 
 
+def _fall_back_notes(unreadable: list[ckpt.Unreadable], used: ckpt.Checkpoint | None) -> list[str]:
+    """The warning of a resume that skipped newer checkpoints it could not read."""
+    if not unreadable or used is None:
+        return []
+    return [f"checkpoint {str(u.checkpoint.path)!r} cannot be read ({u.reason}): removed it, and resuming from "
+            f"{used.path.name} instead (the steps after it are trained again)" for u in unreadable]
+
+
+def _no_readable_checkpoint(run_dir: Path, unreadable: list[ckpt.Unreadable]) -> str:
+    listed = "; ".join(f"{u.checkpoint.path.name}: {u.reason}" for u in unreadable)
+    return (f"no checkpoint of run folder {str(run_dir)!r} can be read ({listed}): delete "
+            f"{str(ckpt.checkpoint_dir(run_dir))!r} to train the run again from step 0, or restore the checkpoints "
+            "from a copy")
+
+
 @torch.no_grad()
 def evaluate(net: torch.nn.Module, split: ImageFolderSplit, recipe: Recipe, d: distributed.Dist,
              autocast: Callable[[], Any] = contextlib.nullcontext) -> dict[str, float]:
@@ -353,25 +448,56 @@ def export_model(model: torch.nn.Module, folder: Path, recipe: Recipe, classes: 
                  domain: Domain | None = None) -> Path:
     """The finished run as a hub-vit model folder (timm + transformers), with `training.json` inside and, given the
     run's `data_dir`, its out-of-domain score fitted on the train split and calibrated on the val split
-    (`calibrate_domain_or_warn`; `domain`: what the record says the model knows, default guessed from the classes)."""
-    from hub_vit.folder import save_model_folder
-    from hub_vit.model_cards import write_card_or_remove
+    (`calibrate_domain_or_warn`; `domain`: what the record says the model knows, default guessed from the classes).
 
+    The folder is written, calibrated and given its card in a staging folder, then renamed into place: `folder`
+    only ever appears complete (Ctrl-C during the calibration left one without card or domain files, which looked
+    finished). Files a person added to an earlier `folder` that this one does not have are copied into the new one."""
+    from hub_vit.atomic import replace_dir, staging_dir
+    from hub_vit.folder import save_model_folder
+    from hub_vit.model_cards import write_model_card
+
+    folder = Path(folder)
     pretrained_cfg = dict(recipe.eval_data().pretrained_cfg(), num_classes=len(classes))
     model = model.to("cpu").eval()
-    folder = save_model_folder(model, folder, labels=list(classes), pretrained_cfg=pretrained_cfg,
-                               architecture=architecture,
-                               extra_files={"training.json": json.dumps(training, indent=2) + "\n"}, overwrite=True)
-    if data_dir is not None:
-        calibrate_domain_or_warn(folder, data_dir, domain)
-    write_card_or_remove(folder)  # the card is rendered from training.json; no card, no folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    stage = staging_dir(folder)  # a hidden sibling; one a killed writer left is swept here
+    try:
+        # the card is titled after the run folder (`<run>/model`): the staged copy has the same last two names
+        staged = stage / folder.resolve().parent.name / folder.name
+        save_model_folder(model, staged, labels=list(classes), pretrained_cfg=pretrained_cfg, architecture=architecture,
+                          extra_files={"training.json": json.dumps(training, indent=2) + "\n"})
+        if data_dir is not None:
+            calibrate_domain_or_warn(staged, data_dir, domain, named=folder)
+        write_model_card(staged)  # rendered from training.json
+        _keep_added_files(folder, staged)
+        replace_dir(staged, folder)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return folder
 
 
-def calibrate_domain_or_warn(folder: Path, data_dir: Path, domain: Domain | None) -> None:
+def _keep_added_files(old: Path, new: Path) -> None:
+    """Copy the entries of the model folder `old` that the new export `new` does not write (notes, a person's own
+    files) into `new`, which replaces `old`: a run never deletes what it did not write. Copied, not moved: should the
+    swap fail, `old` stays as it was."""
+    if not old.is_dir():
+        return
+    for entry in old.iterdir():
+        if (new / entry.name).exists():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, new / entry.name, symlinks=True)
+        else:
+            shutil.copy2(entry, new / entry.name, follow_symlinks=False)
+
+
+def calibrate_domain_or_warn(folder: Path, data_dir: Path, domain: Domain | None, *, named: Path | None = None
+                             ) -> None:
     """Fit the model folder's out-of-domain score on the run's train split and set its threshold on the val split
     (`hub_vit.domain_fit`); a val split too small for the threshold (or an unreadable image) leaves the model
-    uncalibrated, with a TrainingWarning that says how to calibrate it later."""
+    uncalibrated, with a TrainingWarning that says how to calibrate it later (`named`: the folder's path in that
+    command, where `folder` is the staged copy that becomes it)."""
     from hub_vit.domain_fit import calibrate_domain
 
     try:
@@ -381,7 +507,7 @@ def calibrate_domain_or_warn(folder: Path, data_dir: Path, domain: Domain | None
     except ValueError as exc:
         warnings.warn(TrainingWarning(f"the model's out-of-domain score is not calibrated ({exc}); its answers say "
                                       "\"unknown\" to whether an image is of the kind it knows. Calibrate it with "
-                                      f"`{calibrate_command(folder, domain)}`"),
+                                      f"`{calibrate_command(named or folder, domain)}`"),
                       stacklevel=2)
 
 

@@ -4,6 +4,7 @@ folder / weights file to fine-tune, with a new classifier head when the class co
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hub_vit.model import VisionTransformer
 from hub_vit.train.recipe import Recipe
@@ -39,7 +40,7 @@ def init_resized_note(init: str | Path | None, img_size: int) -> str | None:
         return None
     # a learned embedding is interpolated to the new grid; a sincos2d one is a formula of the grid, computed anew
     how = "computed for the new grid" if config.get("posemb") == "sincos2d" else "resampled"
-    keep = f"; pass --img-size {size[0]} to keep its size" if size[0] == size[1] else ""
+    keep = f"; pass img_size={size[0]} to keep its size" if size[0] == size[1] else ""
     return (f"--init {str(init)!r} is a {size[0]}x{size[1]} model and this run trains at {img_size}x{img_size} (the "
             f"recipe's img_size): its position embedding is {how}{keep}")
 
@@ -47,6 +48,48 @@ def init_resized_note(init: str | Path | None, img_size: int) -> str | None:
 class ModelChoiceError(ValueError):
     """The model or starting weights cannot be used: an unknown pretrained tag, --pretrained for a model without
     published weights, or an --init file that is unreadable or does not fit the model (the message names the file)."""
+
+
+# where a torch file that holds more than weights (a training checkpoint's epoch, optimizer) keeps them, by convention
+WEIGHTS_KEYS = ("model", "state_dict", "model_state_dict")
+
+
+def check_init_path(init: str | Path | None) -> None:
+    """ModelChoiceError for an --init folder that is not a model folder but one of a run's: the run folder (whose
+    model folder is `model/`) or one of its checkpoints (weights in `model.safetensors`, architecture in the run's
+    recipe.json). Both are easy to pass by mistake, and were answered with 'config.json is missing' alone."""
+    if init is None or not Path(init).is_dir() or (Path(init) / "config.json").is_file():
+        return
+    path = Path(init)
+    if (path / "recipe.json").is_file() or (path / "checkpoints").is_dir():
+        if (path / "model" / "config.json").is_file():
+            raise ModelChoiceError(f"--init {str(path)!r} is a training run folder, not a model folder: pass its "
+                                   f"model folder, --init {str(path / 'model')!r}")
+        raise ModelChoiceError(f"--init {str(path)!r} is a training run folder whose run is not complete (no model/ "
+                               "yet): finish it, or pass one of its checkpoints' weights, --init "
+                               f"{str(path / 'checkpoints' / 'step_N' / 'model.safetensors')!r} with "
+                               f"--model {_run_model(path) or 'ARCH'}")
+    if (path / "model.safetensors").is_file() and (path / "state.pt").is_file():
+        run = path.parent.parent
+        raise ModelChoiceError(f"--init {str(path)!r} is a training checkpoint, not a model folder: pass its weights, "
+                               f"--init {str(path / 'model.safetensors')!r} with --model {_run_model(run) or 'ARCH'} "
+                               f"(the run's architecture){_or_model_folder(run)}")
+
+
+def _run_model(run: Path) -> str | None:
+    """The architecture a run folder's recipe.json records, if it can be read."""
+    import json
+
+    try:
+        model = json.loads((run / "recipe.json").read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return model if isinstance(model, str) else None
+
+
+def _or_model_folder(run: Path) -> str:
+    model = run / "model"
+    return f", or the finished run's model folder, --init {str(model)!r}" if (model / "config.json").is_file() else ""
 
 
 def build_model(recipe: Recipe, num_classes: int, init: str | Path | None = None) -> tuple[VisionTransformer, str]:
@@ -107,12 +150,50 @@ def _load_init(path: Path, recipe: Recipe, num_classes: int, img: tuple[int, int
         from hub_vit.conversion import load_checkpoint
 
         spec = MODELS[recipe.model.split(".", 1)[0]].spec
-        state = load_checkpoint(path, spec=spec)
+        state = _torch_file_weights(path) if path.suffix.lower() in TORCH_SUFFIXES else load_checkpoint(path, spec=spec)
     from hub_vit.weights import load_adapted_state_dict
 
     model = VisionTransformer(spec.replace(num_classes=num_classes, img_size=img))
     load_adapted_state_dict(model, state)  # resamples pos_embed, swaps a head of another size for a zero-init one
     return model
+
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+class NotWeightsError(ValueError):
+    """A torch file that holds something other than weights (the message says what, and what to pass instead)."""
+
+
+def _torch_file_weights(path: Path) -> dict[str, Any]:
+    """The weights of a torch file: its top level when that is all tensors, else the dict of tensors under one of
+    WEIGHTS_KEYS (`{'model': sd, 'optimizer': ..., 'epoch': 3}`); a ValueError saying what it holds otherwise (a
+    hub-vit checkpoint's state.pt, an optimizer state), which `build_model` names the file in."""
+    import torch
+
+    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise NotWeightsError(f"it holds a {type(state).__name__}, not a dict of weights; pass a file of "
+                              "model.state_dict()")
+    if _all_tensors(state):
+        return state
+    for key in WEIGHTS_KEYS:
+        if isinstance(state.get(key), dict) and _all_tensors(state[key]):
+            return state[key]
+    if {"optimizer", "scheduler", "step"} <= set(state):
+        weights, run = path.with_name("model.safetensors"), path.parent.parent.parent
+        raise NotWeightsError("it is the training state of a hub-vit checkpoint (optimizer, scheduler, step), not "
+                              f"weights; pass the weights beside it, --init {str(weights)!r} with --model "
+                              f"{_run_model(run) or 'ARCH (the run architecture)'}")
+    entries = ", ".join(f"{k}: {type(v).__name__}" for k, v in list(state.items())[:5])
+    raise NotWeightsError(f"not a weights file: its top level holds non-tensor entries ({entries}) and none of "
+                          f"{', '.join(WEIGHTS_KEYS)} is a dict of tensors; pass a file of model.state_dict()")
+
+
+def _all_tensors(entries: dict[str, Any]) -> bool:
+    import torch
+
+    return bool(entries) and all(isinstance(v, torch.Tensor) for v in entries.values())
 
 
 def _init_errors() -> tuple[type[BaseException], ...]:
@@ -147,6 +228,8 @@ def _init_error_text(path: Path, recipe: Recipe, exc: BaseException) -> str:
     elif isinstance(exc, (OSError, EOFError, RuntimeError, struct.error)):
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         reason = f"cannot read it ({first}); is the file complete?"
+    elif isinstance(exc, NotWeightsError):  # one line already, with its own advice
+        reason = str(exc)
     else:
         reason = _one_line(str(exc))
     hint = ""

@@ -189,8 +189,22 @@ class Recipe:
                 f"(batch_size {self.batch_size} / {world_size} processes); valid micro batches: {divisors}"
             )
         if self.mixup and micro % 2:
-            raise SettingError(f"mixup needs an even micro batch (it pairs images), got {micro}")
+            raise SettingError(self._odd_micro_batch(micro, per_rank, world_size))
         return micro, per_rank // micro
+
+    def _odd_micro_batch(self, micro: int, per_rank: int, world_size: int) -> str:
+        """Why mixup refuses an odd micro batch, and the values that work: other micro batches when micro_batch set
+        it, else other batch sizes (the micro batch is then batch_size / processes)."""
+        head = f"mixup needs an even number of images per forward pass (it pairs them), got {micro}"
+        if micro < per_rank:
+            even = [d for d in range(2, per_rank + 1, 2) if per_rank % d == 0]
+            return (f"{head} (micro_batch); valid micro batches for the per-process batch {per_rank}: {even or 'none'}"
+                    " (or mixup 0 to turn it off)")
+        unit = 2 * world_size
+        near = sorted({max(unit, self.batch_size // unit * unit), (self.batch_size // unit + 1) * unit})
+        per = f" = batch_size {self.batch_size} / {world_size} processes" if world_size > 1 else " (batch_size)"
+        return (f"{head}{per}; valid batch sizes: multiples of {unit} (e.g. {' or '.join(map(str, near))}), or "
+                "mixup 0 to turn it off")
 
     # ------------------------------------------------------------------------------------------------ I/O
     def replace(self, **changes: Any) -> Recipe:

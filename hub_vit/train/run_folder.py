@@ -29,6 +29,9 @@ class RunFolderError(ValueError):
 # What a run folder holds (`data` is the digits preset's image folder, written by the command line)
 RUN_ENTRIES = frozenset({"recipe.json", "metrics.jsonl", "checkpoints", "model", "data"})
 LOG_SUFFIXES = frozenset({".log", ".out", ".err"})  # files a run folder may hold besides its own
+# settings that do not change the result: a resumed run may change them
+NOT_COMPARED = frozenset({"workers", "log_every_steps", "checkpoint_every_steps"})
+MODEL_DIR = "model"
 _CLAIMED: set[str] = set()  # the run folders this process holds (`claimed`)
 
 
@@ -57,10 +60,12 @@ def claimed(run_dir: str | Path) -> Iterator[None]:
 
 
 def run_settings(recipe: Recipe, init: str | Path | None, classes: tuple[str, ...],
-                  data: dict[str, Any] | None = None) -> dict[str, Any]:
+                  data: dict[str, Any] | None = None, micro: int | None = None) -> dict[str, Any]:
     """What `recipe.json` records, and what a resumed run must match: the recipe, the starting weights (resolved
-    path and sha256 of the weights file), the classes and a fingerprint of the data (`data.fingerprint`)."""
-    return {**recipe.to_dict(), **_init_settings(init), "classes": list(classes), "data": data}
+    path and sha256 of the weights file), the classes, a fingerprint of the data (`data.fingerprint`) and the
+    images per forward pass of each process (`micro`: --micro-batch, or batch_size / processes)."""
+    return {**recipe.to_dict(), **_init_settings(init), "classes": list(classes), "data": data,
+            "effective_micro_batch": micro}
 
 
 def _init_settings(init: str | Path | None) -> dict[str, Any]:
@@ -102,9 +107,75 @@ def check_run_folder_path(run_dir: str | Path) -> None:
         foreign = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".") and p.name not in RUN_ENTRIES
                          and not (p.is_file() and p.suffix in LOG_SUFFIXES))
         if foreign:
-            listed = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-            raise RunFolderError(f"--out {str(run_dir)!r} is not a run folder (it holds {listed}); choose a new or "
-                                 "empty folder")
+            raise RunFolderError(f"--out {str(run_dir)!r} is not a run folder (it holds {_listed(foreign)}); choose a "
+                                 "new or empty folder")
+    _check_model_dir(run_dir)
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
+def _check_model_dir(run_dir: Path) -> None:
+    """RunFolderError when `run_dir/model` is something the run would have to replace at its end without having
+    written it: a file, or a folder that is not a model folder `hub-vit train` wrote (no training.json). It used to
+    be found after the whole run, with a traceback; an empty folder is fine."""
+    folder = run_dir / MODEL_DIR
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if not folder.is_dir():
+        raise RunFolderError(f"--out {str(run_dir)!r} holds a file {MODEL_DIR!r} where the run writes its model "
+                             "folder: move it away or choose another --out folder")
+    if is_trained_model_folder(folder) or not any(folder.iterdir()):
+        return
+    held = sorted(p.name for p in folder.iterdir())
+    raise RunFolderError(f"--out {str(run_dir)!r} holds a {MODEL_DIR}/ folder that hub-vit train did not write (it "
+                         f"holds {_listed(held)}; no training.json), where the run writes its model folder: move "
+                         f"{str(folder)!r} away or choose another --out folder")
+
+
+def is_trained_model_folder(folder: Path) -> bool:
+    """A hub-vit model folder with a `training.json`: what `hub-vit train` writes as `<run>/model`."""
+    from hub_vit.folder import TRAINING_RECORD, is_model_folder
+
+    return is_model_folder(folder) and (folder / TRAINING_RECORD).is_file()
+
+
+def finished_model(run_dir: Path, recipe: Recipe, total_steps: int) -> dict[str, Any] | None:
+    """The `training.json` of `run_dir`'s model folder when it is the complete result of this run (model card
+    written, the same steps and recipe): the run is then complete and its folder is left alone. None otherwise."""
+    from hub_vit.folder import TRAINING_RECORD
+    from hub_vit.model_cards.facts import CARD
+
+    folder = run_dir / MODEL_DIR
+    if not is_trained_model_folder(folder) or not (folder / CARD).is_file():
+        return None  # a folder from before model/ was staged may lack its card: exported again
+    try:
+        training = json.loads((folder / TRAINING_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(training, dict) or training.get("steps") != total_steps:
+        return None
+    # the micro batch is compared by `check_run_folder` (allowed to change with mixup off): not a reason to export again
+    ignored = NOT_COMPARED | {"micro_batch"}
+    recorded = training.get("recipe")
+    if not isinstance(recorded, dict) or any(recorded.get(k) != v for k, v in recipe.to_dict().items()
+                                             if k not in ignored):
+        return None
+    return training
+
+
+def check_out_outside_data(run_dir: Path, data_dir: Path) -> None:
+    """RunFolderError when the run folder is inside the data's `train` or `val` split: its checkpoints would be read
+    as images of a class (the next run failed on 'model.safetensors is not an image file')."""
+    run = Path(run_dir).resolve()
+    for split in ("train", "val"):
+        folder = (Path(data_dir) / split).resolve()
+        if run == folder or folder in run.parents:
+            raise RunFolderError(f"--out {str(run_dir)!r} is inside the data folder's {split} split "
+                                 f"({str(Path(data_dir) / split)!r}), where every folder is a class of images: choose "
+                                 f"a run folder outside {str(Path(data_dir) / 'train')!r} and "
+                                 f"{str(Path(data_dir) / 'val')!r}")
 
 
 def nothing_trained(run_dir: Path) -> bool:
@@ -114,9 +185,10 @@ def nothing_trained(run_dir: Path) -> bool:
 
 
 def check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, classes: tuple[str, ...],
-                      data: dict[str, Any] | None = None) -> list[str]:
+                      data: dict[str, Any] | None = None, micro: int | None = None) -> list[str]:
     """RunFolderError when resuming `run_dir` would change the experiment; returns the warnings to print (data edited
-    in place, a val split that changed, a run folder that predates the data fingerprint)."""
+    in place, a val split that changed, a run folder that predates the data fingerprint, another micro batch with
+    mixup off). `micro`: the images per forward pass of each process this run would use."""
     check_run_folder_path(run_dir)
     saved = run_dir / "recipe.json"
     if not saved.is_file():
@@ -126,7 +198,7 @@ def check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, cla
         # and the corrected command (the error's own advice) must be able to start over in the same folder
         return []
     old = json.loads(saved.read_text())
-    new = run_settings(recipe, init, classes, data)
+    new = run_settings(recipe, init, classes, data, micro)
     if "classes" in old and old["classes"] != new["classes"]:  # runs from before it was recorded: not checked
         added = sorted(set(new["classes"]) - set(old["classes"]))
         removed = sorted(set(old["classes"]) - set(new["classes"]))
@@ -134,9 +206,11 @@ def check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, cla
                              f"removed: {removed or 'none'}); its head and labels would not match: resume with the "
                              "same data or choose a new --out folder")
     # do not change the result, or compared below
-    ignore = {"workers", "log_every_steps", "checkpoint_every_steps", "classes", "data", "init", "init_sha256"}
+    ignore = {*NOT_COMPARED, "classes", "data", "init", "init_sha256", "effective_micro_batch"}
     if init_folder_architecture(init) is not None:
         ignore.add("model")  # the folder (compared as `init`) decides it; runs before the fix recorded the default
+    if old.get("effective_micro_batch") is not None and micro is not None:
+        ignore.add("micro_batch")  # what it makes is compared (`_micro_batch_change`), whichever way it is set
     diff = {k: (old.get(k), v) for k, v in new.items() if k not in ignore and old.get(k) != v}
     init_change = _init_change(old, new)
     if init_change:
@@ -145,12 +219,12 @@ def check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, cla
         lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
         raise RunFolderError(f"run folder {str(run_dir)!r} was started with another recipe ({lines}); "
                              "resume it with the same settings or choose a new --out folder")
+    notes = _micro_batch_change(run_dir, old.get("effective_micro_batch"), micro, recipe)
     if data is None:
-        return []
+        return notes
     if not isinstance(old.get("data"), dict):
-        return [f"run folder {str(run_dir)!r} was started before hub-vit recorded a fingerprint of the data: the "
-                "data is not compared with the data the checkpoint was trained on"]
-    notes = []
+        return [*notes, f"run folder {str(run_dir)!r} was started before hub-vit recorded a fingerprint of the data: "
+                "the data is not compared with the data the checkpoint was trained on"]
     for split in ("train", "val"):
         change = _data_change(split, old["data"].get(split), data[split])
         if change is None:
@@ -164,6 +238,23 @@ def check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, cla
             " (same image order and schedule)" if split == "train" else
             ": the held-out numbers before and after this point are measured on different images"))
     return notes
+
+
+def _micro_batch_change(run_dir: Path, old: Any, new: int | None, recipe: Recipe) -> list[str]:
+    """The rule for a resume whose images per forward pass of each process differ from the run's (another
+    --micro-batch, or another number of torchrun processes): Mixup draws one ratio per micro batch and pairs images
+    within it, so with mixup on the rest of the run would be another recipe, refused; with mixup off only float
+    rounding changes (the optimizer still sees the mean gradient of batch_size images): a warning."""
+    if not isinstance(old, int) or new is None or old == new:
+        return []
+    what = (f"run folder {str(run_dir)!r} was trained with {old} images per forward pass of each process and this "
+            f"run would use {new} (micro_batch, else batch_size {recipe.batch_size} / the number of processes)")
+    if recipe.mixup:
+        raise RunFolderError(f"{what}; with mixup on ({recipe.mixup:g}) that changes which images are mixed and "
+                             "with what ratio, so the rest of the run would follow another recipe: resume with the "
+                             "same number of processes and micro_batch, or choose a new --out folder")
+    return [f"{what}; with mixup off only float rounding changes: resuming on it (training.json records the new "
+            "value)"]
 
 
 def _data_change(split: str, old: Any, new: dict[str, Any]) -> tuple[str, str] | None:
@@ -216,9 +307,9 @@ def trim_metrics(path: Path, step: int) -> None:
 
 
 def write_settings(run_dir: Path, recipe: Recipe, init: str | Path | None, classes: tuple[str, ...],
-                   data: dict[str, Any]) -> None:
+                   data: dict[str, Any], micro: int | None = None) -> None:
     """Write `recipe.json`: what a resumed run is compared with (`check_run_folder`)."""
-    write_text(run_dir / "recipe.json", json.dumps(run_settings(recipe, init, classes, data), indent=2))
+    write_text(run_dir / "recipe.json", json.dumps(run_settings(recipe, init, classes, data, micro), indent=2))
 
 
 def write_text(path: Path, text: str) -> None:
