@@ -10,9 +10,11 @@ One run, written to one JSON file:
   reported: the medians of requests/s on each side and of the paired ratios, p50 latency, the front processes' CPU per
   request (their CPU during the public rounds, less their idle CPU, per request answered) and Triton's (tritonserver +
   its stub) for scale;
-* **the HTTP byte pipe** (with the first process count's Triton): the cheapest relay Python can be, passing bytes on
-  without parsing them, against Triton's own port the same way: what any Python front pays on these cores before its
-  own work, as grpcio's empty server (**grpcio floor**) is for gRPC;
+* **the byte pipes** (with the first process count's Triton), one per protocol: the cheapest relay Python can be,
+  passing bytes on without parsing them, against Triton's own port the same way: what any Python front pays on these
+  cores before its own work; for gRPC also the pipe reading every client frame with hpack (**the frame watcher**),
+  what a front that watches HTTP/2 go by pays before its checks, and grpcio's empty server (**grpcio floor**), what a
+  relay that ends each call in grpcio pays;
 * **the native floor**, where nginx is installed (with the same Triton): nginx relaying both protocols (proxy_pass,
   grpc_pass; one process, nothing checked) against Triton's own ports the same way: what a relay outside Python's
   per-request cost reaches on these cores.
@@ -25,6 +27,7 @@ cost"): public >= 80 % of Triton's own ports on both protocols; front CPU <= 0.1
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import shutil
@@ -189,10 +192,52 @@ def grpcio_floor(seconds: float) -> dict[str, float]:
     return found
 
 
-# -- the cheapest HTTP relay Python can be ---------------------------------------------------------------------------
+# -- the cheapest relay Python can be, and one that reads every gRPC frame -------------------------------------------
+# argv: its port, Triton's private port, and "watch" for the frame reader: each client->server HTTP/2 frame's header
+# read, header blocks decoded with hpack (the HPACK state kept per connection, :path of each call noted), DATA lengths
+# summed per stream and each call's gRPC message prefix read; bytes passed on as they come either way. The frame reader
+# costs what a gRPC front that watches HTTP/2 go by (rather than ending each call in grpcio) pays before its checks.
 BYTE_PIPE = """
-import asyncio, sys
+import asyncio, struct, sys
 import uvloop
+
+PREFACE = b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n"
+DATA, HEADERS, PADDED, PRIORITY, END_STREAM = 0x0, 0x1, 0x8, 0x20, 0x1
+
+class FrameReader:
+    def __init__(self):
+        from hpack import Decoder
+        self.buffer, self.preface, self.decoder, self.paths, self.received = bytearray(), False, Decoder(), {}, {}
+
+    def read(self, data):
+        buffer = self.buffer
+        buffer += data
+        at = 0
+        if not self.preface:
+            if len(buffer) < len(PREFACE):
+                return
+            at, self.preface = len(PREFACE), True
+        while len(buffer) - at >= 9:
+            high, low, kind, flags, stream = struct.unpack_from(">HBBBL", buffer, at)
+            length, stream = (high << 8) | low, stream & 0x7FFFFFFF
+            if len(buffer) - at - 9 < length:
+                break
+            payload = bytes(buffer[at + 9:at + 9 + length])
+            if kind == HEADERS:
+                pad = payload[0] if flags & PADDED else 0
+                start = (1 if flags & PADDED else 0) + (5 if flags & PRIORITY else 0)
+                for name, value in self.decoder.decode(payload[start:len(payload) - pad]):
+                    if name == ":path":
+                        self.paths[stream] = value
+            elif kind == DATA:
+                if stream not in self.received and len(payload) >= 5:
+                    compressed, size = struct.unpack_from(">BL", payload)
+                self.received[stream] = self.received.get(stream, 0) + length
+                if flags & END_STREAM:
+                    self.received.pop(stream, None)
+                    self.paths.pop(stream, None)
+            at += 9 + length
+        del buffer[:at]
 
 class Upstream(asyncio.Protocol):
     def __init__(self, client):
@@ -207,6 +252,7 @@ class Upstream(asyncio.Protocol):
 class Client(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport, self.upstream, self.early = transport, None, []
+        self.frames = FrameReader() if WATCH else None
         asyncio.ensure_future(self.connect())
 
     async def connect(self):
@@ -215,6 +261,8 @@ class Client(asyncio.Protocol):
         self.upstream.write(b"".join(self.early))
 
     def data_received(self, data):
+        if self.frames is not None:
+            self.frames.read(data)
         if self.upstream is None:
             self.early.append(data)
         else:
@@ -229,28 +277,36 @@ async def main():
     print("ready", flush=True)
     await server.serve_forever()
 
-UPSTREAM = int(sys.argv[2])
+UPSTREAM, WATCH = int(sys.argv[2]), sys.argv[3:] == ["watch"]
 uvloop.run(main())
 """
 
 
-def http_pipe_floor(private_port: int, rounds: int, seconds: float) -> dict[str, Any]:
-    """What any HTTP relay written in Python costs on this host, before parsing or checking anything: a byte pipe (one
-    asyncio connection to Triton's private HTTP port per client connection, bytes passed on as they come, in a process
-    of its own, on the front's event loop, uvloop) loaded like the HTTP rounds, `rounds` pairs against Triton's own
-    port in alternating order. Its CPU per request is the event loop's and the loopback hop's (a recv and a send on
-    each side); its ratio is the most a Python front can reach on these cores."""
+def pipe_floor(protocol: str, private_port: int, rounds: int, seconds: float, watch: bool = False) -> dict[str, Any]:
+    """What any relay written in Python costs on this host, before parsing or checking anything: a byte pipe (one
+    asyncio connection to Triton's private port of `protocol` per client connection, bytes passed on as they come, in
+    a process of its own, on the front's event loop, uvloop) loaded like that protocol's rounds, `rounds` pairs against
+    Triton's own port in alternating order. Its CPU per request is the event loop's and the loopback hop's (a recv and
+    a send on each side); its ratio is the most a Python front can reach on these cores. For gRPC, HTTP/2 runs end to
+    end through it. `watch` (gRPC): the pipe also reads every client frame (BYTE_PIPE's FrameReader, hpack); skipped,
+    and said so, where hpack is not installed (the bench extra has it)."""
+    name = "watcher" if watch else "pipe"
+    if watch and importlib.util.find_spec("hpack") is None:
+        why = "hpack is not installed (pip install '.[bench]')"
+        print(f"{protocol} frame watcher: skipped, {why}", flush=True)
+        return {"skipped": why}
     port = free_port()
-    pipe = subprocess.Popen([sys.executable, "-c", BYTE_PIPE, str(port), str(private_port)], stdout=subprocess.PIPE,
-                            text=True)
+    mode = ["watch"] if watch else []
+    pipe = subprocess.Popen([sys.executable, "-c", BYTE_PIPE, str(port), str(private_port), *mode],
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert pipe.stdout is not None and pipe.stdout.readline().strip() == "ready"
-        found = _relay_vs_private("pipe", "http", port, private_port, pipe.pid, rounds, seconds)
+        found = _relay_vs_private(name, protocol, port, private_port, pipe.pid, rounds, seconds)
     finally:
         pipe.terminate()
         pipe.wait()
-    print(f"HTTP byte pipe: {found['pipe_vs_private']:.0%} of Triton's own port, "
-          f"{found['pipe_cpu_ms_per_request']:.3f} ms of its CPU per request", flush=True)
+    print(f"{protocol} {'frame watcher' if watch else 'byte pipe'}: {found[f'{name}_vs_private']:.0%} of Triton's own "
+          f"port, {found[f'{name}_cpu_ms_per_request']:.3f} ms of its CPU per request", flush=True)
     return found
 
 
@@ -482,7 +538,7 @@ def _served(serve_pid: int) -> tuple[list[int], list[int], dict[str, int]]:
 def measure_processes(repository: Path, processes: int, rounds: int, seconds: float,
                       floors: bool = False) -> dict[str, Any]:
     """One `hub-vit serve` with `processes` front processes: both protocols, public vs private, `rounds` pairs; with
-    `floors`, then the HTTP byte pipe (`http_pipe_floor`) and nginx (`native_floor`) against the same Triton."""
+    `floors`, then the byte pipe of each protocol (`pipe_floor`) and nginx (`native_floor`) against the same Triton."""
     public = {"http": free_port(), "grpc": free_port()}
     serve = subprocess.Popen([sys.executable, "-c", "from hub_vit.cli import main; main()", "serve", "--quiet",
                               "--repository", str(repository), "--name", MODEL, "--front-processes", str(processes),
@@ -529,7 +585,9 @@ def measure_processes(repository: Path, processes: int, rounds: int, seconds: fl
                   f"errors {row['errors']}", flush=True)
         measured = {"front_idle_cpu_ms_per_s": idle_per_s * 1000, "rows": rows}
         if floors:
-            measured["http_pipe_floor"] = http_pipe_floor(private["http"], rounds, seconds)
+            measured["http_pipe_floor"] = pipe_floor("http", private["http"], rounds, seconds)
+            measured["grpc_pipe_floor"] = pipe_floor("grpc", private["grpc"], rounds, seconds)
+            measured["grpc_watch_floor"] = pipe_floor("grpc", private["grpc"], rounds, seconds, watch=True)
             measured["native_floor"] = native_floor(private, rounds, seconds)
         return measured
     finally:
@@ -565,7 +623,7 @@ def front_cost(process_counts: list[int], rounds: int, seconds: float, parser_re
         repository = write_identity_repository(Path(tmp) / "repository")
         for count in process_counts:
             measured = measure_processes(repository, count, rounds, seconds, floors=count == process_counts[0])
-            for floor in ("http_pipe_floor", "native_floor"):
+            for floor in ("http_pipe_floor", "grpc_pipe_floor", "grpc_watch_floor", "native_floor"):
                 if floor in measured:
                     report[floor] = measured.pop(floor)
             report["processes"][str(count)] = measured

@@ -38,3 +38,42 @@ def test_nginx_accepts_the_native_floors_configuration(front_cost: ModuleType, t
                              capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stderr
     assert "syntax is ok" in checked.stderr
+
+
+def test_without_hpack_the_frame_watcher_is_skipped_and_says_how_to_get_it(front_cost: ModuleType,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "hpack" else real(name, *rest))
+    monkeypatch.setattr(front_cost, "load", lambda *args: pytest.fail("nothing is to be loaded without hpack"))
+    found = front_cost.pipe_floor("grpc", 1, rounds=1, seconds=0.1, watch=True)
+    assert found == {"skipped": "hpack is not installed (pip install '.[bench]')"}
+
+
+@pytest.mark.parametrize("watch", [False, True], ids=["pipe", "watcher"])
+def test_the_pipes_relay_grpc_calls_whole(front_cost: ModuleType, watch: bool) -> None:
+    # the relay under measurement must pass every call (a frame the watcher misread would end the connection): an
+    # empty grpc.aio server behind it, each call's answer through it
+    import sys
+
+    import grpc
+
+    from hub_vit.server.runtime.launcher import free_port
+
+    server_port, pipe_port = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, "-c", front_cost.EMPTY_GRPC_SERVER, str(server_port)],
+                              stdout=subprocess.PIPE, text=True)
+    pipe = subprocess.Popen([sys.executable, "-c", front_cost.BYTE_PIPE, str(pipe_port), str(server_port),
+                             *(["watch"] if watch else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready" and pipe.stdout.readline().strip() == "ready"
+        with grpc.insecure_channel(f"127.0.0.1:{pipe_port}") as channel:
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            answers = [call(b"\0" * size, timeout=10) for size in (0, 5, 70_000, 300)]  # one over a frame's 16 KiB
+        assert answers == [b"answer"] * 4
+        assert pipe.poll() is None, pipe.stderr.read()
+    finally:
+        for process in (pipe, server):
+            process.terminate()
+            process.wait()
