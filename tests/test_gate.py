@@ -418,3 +418,31 @@ def test_a_grpc_server_that_does_not_answer_its_port_is_restarting_not_grpc_s_wo
     assert code == "UNAVAILABLE" and protocol.read_server_state(details) == protocol.RESTARTING, details
     code, details, _ = asyncio.run(scenario(restarts=False))  # serve --max-restarts 0: it is not coming back
     assert code == "UNAVAILABLE" and protocol.read_server_state(details) == protocol.SHUTTING_DOWN, details
+
+
+def test_the_grpc_front_binds_the_ipv4_address_a_name_stands_for() -> None:
+    # was: `--host localhost` also opened the gRPC port on [::1] (grpc binds every address a name resolves to), which
+    # an IPv4-only firewall rule does not cover
+    import asyncio
+
+    from hub_vit.server.front.grpc_front import GrpcFront
+    from hub_vit.server.runtime.launcher import free_port
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+
+    def accepts(family: socket.AddressFamily, address: str, port: int) -> bool:
+        with socket.socket(family) as probe:
+            probe.settimeout(2.0)
+            return probe.connect_ex((address, port)) == 0
+
+    async def scenario() -> tuple[bool, bool]:
+        port = free_port()
+        front = GrpcFront(FrontLimits())
+        await front.listen("localhost", port)
+        try:
+            return accepts(socket.AF_INET, "127.0.0.1", port), accepts(socket.AF_INET6, "::1", port)
+        finally:
+            await front.server.stop(None)
+
+    assert asyncio.run(scenario()) == (True, False)

@@ -40,7 +40,7 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--host", "10.9.8.7"), "is not an address of this machine"),
     (("--host", "::1"), "IPv6 addresses are not supported"),
     (("--repository", "/nonexistent/repo"), "--repository '/nonexistent/repo' is missing"),
-    (("--exit-timeout", "-1"), "--exit-timeout must be >= 0"),
+    (("--exit-timeout", "-1"), "--exit-timeout must be from 0 to 2147483647 seconds, got -1"),
     (("--max-queue-delay-us", "-1"), "--max-queue-delay-us must be 0 or a positive number of microseconds"),
     # was taken: a lone request then waited in the queue until the client timed out, told to check the port
     (("--max-queue-delay-us", "1000000000000"), "--max-queue-delay-us must be at most 10000000 (10 s; a request "
@@ -69,6 +69,10 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     # the user's own value is not rewritten ('has --top-k here' before)
     (("--name", "has top_k here"), "--name 'has top_k here' (the model clients call) may only use"),
     (("--max-request-mb", "0"), "--max-request-mb must be a positive integer, got 0"),
+    # was: a traceback from grpc (OverflowError) after the build; and Triton's 40-line usage text, exit 1
+    (("--max-request-mb", "1024"), "--max-request-mb must be from 1 to 1023 (the gRPC front takes messages up to "
+                                   "twice it, and grpc's limit is 2 GiB), got 1024"),
+    (("--exit-timeout", "2147483648"), "--exit-timeout must be from 0 to 2147483647 seconds, got 2147483648"),
     (("--max-connections", "-3"), "--max-connections must be a positive integer, got -3"),
     (("--front-processes", "0"), "--front-processes must be between 1 and 64, got 0"),
     (("--front-processes", "65"), "--front-processes must be between 1 and 64, got 65"),

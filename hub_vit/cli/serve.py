@@ -156,7 +156,7 @@ def serve(
 def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
     """Refused before anything is built: a taken port is the likeliest reason a second `serve` fails."""
     from hub_vit.ports import PortError, check_host, check_ports
-    from hub_vit.server.front.limits import MAX_PROCESSES
+    from hub_vit.server.front.limits import MAX_EXIT_TIMEOUT_S, MAX_PROCESSES, MAX_REQUEST_MB
     from hub_vit.server.runtime.api_access import exposure_warning
 
     try:
@@ -169,14 +169,17 @@ def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
     exposed = exposure_warning(endpoints.host)
     if exposed:
         err_console.print(f"[bold red]WARNING:[/] {escape(exposed)}", soft_wrap=True)
-    if values["exit_timeout"] < 0:
-        raise fail(f"--exit-timeout must be >= 0 seconds, got {values['exit_timeout']}")
+    if not 0 <= values["exit_timeout"] <= MAX_EXIT_TIMEOUT_S:  # above: accepted, then tritonserver refused it
+        raise fail(f"--exit-timeout must be from 0 to {MAX_EXIT_TIMEOUT_S} seconds, got {values['exit_timeout']}")
     if values["max_restarts"] < 0:
         raise fail(f"--max-restarts must be >= 0, got {values['max_restarts']}")
     for flag in ("--max-request-mb", "--max-connections"):
         value = values[flag[2:].replace("-", "_")]
         if value < 1:
             raise fail(f"{flag} must be a positive integer, got {value}")
+    if values["max_request_mb"] > MAX_REQUEST_MB:  # above: a traceback from grpc after the build
+        raise fail(f"--max-request-mb must be from 1 to {MAX_REQUEST_MB} (the gRPC front takes messages up to twice "
+                   f"it, and grpc's limit is 2 GiB), got {values['max_request_mb']}")
     if values["front_processes"] is not None and not 1 <= values["front_processes"] <= MAX_PROCESSES:
         raise fail(f"--front-processes must be between 1 and {MAX_PROCESSES}, got {values['front_processes']}")
     if values["quiet"] and values["verbose"]:

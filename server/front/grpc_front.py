@@ -39,6 +39,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import grpc  # noqa: E402
 from grpc import aio  # noqa: E402
 
+from hub_vit.ports import ipv4_address  # noqa: E402
 from hub_vit.server.front.checks import (  # noqa: E402
     LOST,
     SHUTTING_DOWN,
@@ -82,7 +83,9 @@ class GrpcFront:
             ("grpc.so_reuseport", 1),  # shared with the other front processes; workers.py keeps other serves out
         ])
         self.server.add_generic_rpc_handlers((_Relay(self),))
-        if not self.server.add_insecure_port(f"{host}:{port}"):
+        # the IPv4 address, not the name: grpc binds every address a name resolves to (`localhost`: [::1] too).
+        # 0.0.0.0 stays grpc's wildcard, which is dual-stack: every IPv6 address as well (exposure_warning says so)
+        if not self.server.add_insecure_port(f"{ipv4_address(host)}:{port}"):
             raise OSError(f"cannot bind the gRPC port {host}:{port}")
         await self.server.start()
 

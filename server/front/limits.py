@@ -9,6 +9,10 @@ from dataclasses import dataclass
 from hub_vit.cgroup_limits import usable_cores
 
 MAX_PROCESSES = 64
+# --max-request-mb: grpc's receive limit (twice the body limit, `grpc_receive_bytes`) is a C int (2 GiB - 1)
+MAX_REQUEST_MB = ((1 << 31) - 1) // 2 >> 20
+# --exit-timeout: tritonserver reads --exit-timeout-secs as a 32-bit int and refuses more
+MAX_EXIT_TIMEOUT_S = (1 << 31) - 1
 # per client connection of a front process's share: one on each protocol, and one more for HTTP over the cap
 DESCRIPTORS_PER_CONNECTION = 3
 OWN_DESCRIPTORS = 64  # listeners, control socket, event loop, log
