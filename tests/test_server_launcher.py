@@ -542,3 +542,49 @@ def test_the_python_backends_folder_of_a_killed_server_is_removed(tmp_path):
     finally:
         server.stop()
     assert not made.exists()
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_the_python_backends_folder_of_a_server_killed_while_it_loads_is_removed(tmp_path):
+    # was: a server that died before it was ready (a crash loop during warm-up) left its /tmp/python_env_XXXXXX, one
+    # per start: the folder was looked for only once the server was ready
+    import signal
+    import threading
+    import time
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.resolve import resolve_model
+    from hub_vit.server.repository.writer import write_repository
+    from hub_vit.server.runtime.launcher import TritonServer, free_port, python_env_folders
+
+    repo = write_repository(resolve_model(default_model_folder()), tmp_path / "models")
+    for _ in range(5):  # another test's server started at the same moment, or this one was ready first: again
+        before = python_env_folders()
+        server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+        seen: list[set] = []
+
+        def kill_once_its_folder_is_made(server: TritonServer = server, before: set = before,
+                                         seen: list[set] = seen) -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                made = python_env_folders() - before
+                if made and server.process is not None:
+                    seen.append(made)
+                    os.killpg(server.process.pid, signal.SIGKILL)  # the OOM killer while it loads
+                    return
+                time.sleep(0.01)
+
+        killer = threading.Thread(target=kill_once_its_folder_is_made)
+        killer.start()
+        try:
+            server.start()
+        except Exception:  # died before it was ready: what this test is about
+            killer.join()
+            if len(seen[0]) == 1:
+                assert not any(path.exists() for path in seen[0]), seen
+                return
+        else:
+            killer.join()
+            server.stop()
+    pytest.skip("no start was killed alone before it was ready")

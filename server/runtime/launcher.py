@@ -263,6 +263,9 @@ class TritonServer:
         try:
             self.wait_ready(timeout_s)
         except BaseException:
+            # a server that died (or was stopped) while it loaded made its folder too: found first, so `stop` removes
+            # it (a crash loop during warm-up left one empty /tmp/python_env_* per start)
+            self._python_env = _made_by_this_start(python_env_folders() - envs_before, started_at)
             self.stop()
             raise
         self._python_env = _made_by_this_start(python_env_folders() - envs_before, started_at)
