@@ -588,3 +588,42 @@ def test_the_python_backends_folder_of_a_server_killed_while_it_loads_is_removed
             killer.join()
             server.stop()
     pytest.skip("no start was killed alone before it was ready")
+
+
+def test_a_chosen_port_taken_while_tritonserver_restarts_is_named_by_its_flag(tmp_path):
+    # was "metrics_port 18002: ... is already in use (another server?); choose another port" on every restart: the
+    # field's name, and advice for a start; the metrics port is tritonserver's own and free between its runs
+    import signal
+    import socket
+    import threading
+
+    from hub_vit.server.runtime.launcher import TritonServer, free_port
+    from hub_vit.server.runtime.supervisor import GaveUp, RestartPolicy, Supervisor
+
+    (tmp_path / "empty").mkdir()  # Triton is ready with no model
+    metrics_port = free_port()
+    taker = socket.socket()
+
+    def new_server() -> TritonServer:
+        return TritonServer(tmp_path / "empty", http_port=free_port(), grpc_port=free_port(), metrics_port=metrics_port,
+                            picked_ports=("http_port", "grpc_port"))
+
+    def serving(server: TritonServer, restarted: bool) -> None:  # it dies, and another program takes the port
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(30)
+        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taker.bind(("127.0.0.1", metrics_port))
+        taker.listen(1)
+
+    events: list[str] = []
+    supervisor = Supervisor(new_server, RestartPolicy(max_failed_starts=1, first_backoff_s=0.1), threading.Event(),
+                            serving=serving, event=events.append)
+    try:
+        with pytest.raises(GaveUp) as gave_up:
+            supervisor.run()
+    finally:
+        taker.close()
+        supervisor.server.stop()
+    assert (f"--metrics-port {metrics_port} was taken by another process while tritonserver restarted (the port is "
+            "tritonserver's own, free between its runs); free it, or start serve with another --metrics-port"
+            ) in str(gave_up.value), (gave_up.value, events)

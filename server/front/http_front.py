@@ -418,8 +418,8 @@ class Client(asyncio.Protocol):
         request.method = self.parser.get_method()
         request.keep_alive = self.parser.should_keep_alive()
         if self.over and not HEALTH_PATH.match(request.url):
-            raise Refused(503, f"too many open connections (over {front.limits.max_connections}); only health "
-                               "requests are answered until some close", close=True)
+            raise Refused(503, f"too many open connections ({_cap_words(front.limits)}); only health requests are "
+                               "answered until some close", close=True)
         if front.draining:
             raise Refused(503, SHUTTING_DOWN, close=True)
         if request.method not in (b"GET", b"POST"):
@@ -583,3 +583,12 @@ class Client(asyncio.Protocol):
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n")
         return head.encode() + body
+
+
+def _cap_words(limits: FrontLimits) -> str:
+    """The connection cap as this process applies it: with several front processes, each takes its share of
+    --max-connections, and the kernel does not spread connections evenly, so the cap may be met below the total."""
+    if limits.processes == 1:
+        return f"over {limits.max_connections}"
+    return (f"over {limits.share(limits.max_connections)} on this front process: its share of --max-connections "
+            f"{limits.max_connections} across {limits.processes} processes")

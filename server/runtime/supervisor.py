@@ -139,6 +139,11 @@ class Supervisor:
                     continue
                 if not restarted and not self.server.reachable:
                     raise
+                if isinstance(err, PortTaken) and restarted:  # a port the user chose: its flag, and why it was free
+                    flag = "--" + err.setting.replace("_", "-")
+                    err = ServerError(f"{flag} {err.port} was taken by another process while tritonserver restarted "
+                                      f"(the port is tritonserver's own, free between its runs); free it, or start "
+                                      f"serve with another {flag}")
                 self.failure = str(err).split("\n")[0]
                 if not self.server.reachable and self.policy.max_failed_starts:  # never answered: not a client's doing
                     failed_starts += 1
