@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hub_vit.domain_score import DomainStatistics, load_statistics, save_statistics
+from hub_vit.paths import listed
 
 DOMAIN_FILE = "domain.json"
 STATISTICS_FILE = "domain.safetensors"
@@ -50,8 +51,7 @@ def guess_domain(labels: list[str]) -> Domain:
     if name is not None:
         return Domain(knows=f"the {len(labels):,} {name} classes (photos of objects, animals and scenes)",
                       examples="photos")
-    shown = ", ".join(labels[:5]) + (", ..." if len(labels) > 5 else "")
-    return Domain(knows=f"its {len(labels)} classes ({shown})", examples="photos")
+    return Domain(knows=f"its {len(labels)} classes ({listed(labels)})", examples="photos")
 
 
 def read_domain(folder: str | Path | None, labels: list[str]) -> Domain:

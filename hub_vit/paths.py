@@ -114,6 +114,12 @@ def left_out_note(other_formats: Sequence[Path], others: Mapping[str, str], take
             f"convert {them} to {taken} to include {them}")
 
 
+def listed(names: Sequence[str], most: int = 5) -> str:
+    """`a, b, c, d, e, ...`: the first `most` of `names`, an ellipsis for the rest (what a folder holds, a head's
+    labels, in one line)."""
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
 def first_few(paths: Sequence[Path | str], shown: int = 3) -> str:
     """`a.heic, b.heic, c.heic and 2 more`: the first `shown` of `paths` (a note stays one readable line for a folder
     of thousands)."""

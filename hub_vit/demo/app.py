@@ -343,7 +343,8 @@ class Demo:
         this run answers. The image box's update comes second: an upload the analysis refuses is taken out of it."""
         if image_path is None and action is not None and emptied_at == action:
             if shown is not None and shown[0] == EMPTIED:  # this page's last run emptied the box: the refusal stands
-                return (*(gr.update() for _ in range(8)), (None, model_key))
+                as_they_are = len(self._nothing_shown("")) + 1  # the results and the image box
+                return (*(gr.update() for _ in range(as_they_are)), (None, model_key))
             labels, *rest = self._not_uploaded()
             return (labels, gr.update(), *rest, (None, model_key))
         if shown is None or model_key != shown[1]:

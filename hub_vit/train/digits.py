@@ -24,6 +24,7 @@ from hub_vit.atomic import process_gone
 
 # the data and its split (below the export, which verifies the shipped model on the held-out split)
 from hub_vit.digits_data import HELD_OUT_FRACTION, IMG_SIZE, SPLIT_SEED, SPLITS, load_digits_split, original_indices
+from hub_vit.paths import listed
 from hub_vit.train.recipe import Recipe
 from hub_vit.variants import ViTSpec
 
@@ -98,10 +99,9 @@ def check_image_folder_target(root: Path) -> None:
     classes_ok = splits_ok and all(p.is_dir() and p.name in LABELS for name in entries for p in (root / name).iterdir())
     if splits_ok and classes_ok:
         return
-    held = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
     raise ValueError(f"{str(root)!r} holds files that are not the digits image folder hub-vit writes there (it holds "
-                     f"{held}); --preset digits without DATA writes its images into it: move it away or choose another "
-                     "folder")
+                     f"{listed(entries)}); --preset digits without DATA writes its images into it: move it away or "
+                     "choose another folder")
 
 
 def _write_splits(tmp: Path) -> None:

@@ -46,6 +46,7 @@ from hub_vit.train.data import (
 from hub_vit.train.models import build_model, check_init_path, init_folder_architecture, init_resized_note
 from hub_vit.train.recipe import Recipe, SettingError
 from hub_vit.train.run_folder import (
+    MODEL_DIR,
     RunFolderError,
     check_out_outside_data,
     check_run_folder,
@@ -122,7 +123,7 @@ def _already_complete(plan: _Plan) -> TrainResult | None:
     held_out = training.get("held_out")
     top1 = held_out.get("top1") if isinstance(held_out, dict) else None
     return TrainResult(run_dir=plan.run_dir, step=plan.total_steps, total_steps=plan.total_steps,
-                       model_dir=plan.run_dir / "model",
+                       model_dir=plan.run_dir / MODEL_DIR,
                        val_top1=float(top1) if isinstance(top1, (int, float)) else None,
                        already_complete=True)
 
@@ -398,10 +399,10 @@ class Trainer:
         if d.is_main:
             wall = self.wall_before + time.perf_counter() - self.t0
             training = _training_record(plan, self.val, self.source, d, wall, digests, dataset_info)
-            export_model(self.model, plan.run_dir / "model", plan.recipe, plan.classes, training, architecture,
+            export_model(self.model, plan.run_dir / MODEL_DIR, plan.recipe, plan.classes, training, architecture,
                          data_dir=plan.data_dir, domain=domain)
         distributed.barrier(d)
-        result.model_dir = plan.run_dir / "model"
+        result.model_dir = plan.run_dir / MODEL_DIR
         return result
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from hub_vit.atomic import atomic_path, file_in_the_way
 from hub_vit.claim import Claim, Claimed
 from hub_vit.file_hash import sha256_file
+from hub_vit.paths import listed
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train.models import init_folder_architecture
 from hub_vit.train.recipe import Recipe
@@ -107,13 +108,9 @@ def check_run_folder_path(run_dir: str | Path) -> None:
         foreign = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".") and p.name not in RUN_ENTRIES
                          and not (p.is_file() and p.suffix in LOG_SUFFIXES))
         if foreign:
-            raise RunFolderError(f"--out {str(run_dir)!r} is not a run folder (it holds {_listed(foreign)}); choose a "
+            raise RunFolderError(f"--out {str(run_dir)!r} is not a run folder (it holds {listed(foreign)}); choose a "
                                  "new or empty folder")
     _check_model_dir(run_dir)
-
-
-def _listed(names: list[str], most: int = 5) -> str:
-    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
 def _check_model_dir(run_dir: Path) -> None:
@@ -130,7 +127,7 @@ def _check_model_dir(run_dir: Path) -> None:
         return
     held = sorted(p.name for p in folder.iterdir())
     raise RunFolderError(f"--out {str(run_dir)!r} holds a {MODEL_DIR}/ folder that hub-vit train did not write (it "
-                         f"holds {_listed(held)}; no training.json), where the run writes its model folder: move "
+                         f"holds {listed(held)}; no training.json), where the run writes its model folder: move "
                          f"{str(folder)!r} away or choose another --out folder")
 
 

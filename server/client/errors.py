@@ -198,7 +198,7 @@ def request_failed(protocol_name: str, url: str, err: Exception, answered: int =
         return (f"{protocol_name} {url}: {text}\n{url} answered, but not as Triton does (no Triton JSON): is this a "
                 f"Triton server's {this} port? Defaults: HTTP {HTTP_PORT}, gRPC {GRPC_PORT} (--grpc); the demo's "
                 f"page ({DEMO_PORT}) is not one.")
-    ports = f"Defaults: HTTP {HTTP_PORT}, gRPC {GRPC_PORT} (--grpc), metrics {METRICS_PORT}."
+    ports = f"Defaults: HTTP {HTTP_PORT}, gRPC {GRPC_PORT} (--grpc), metrics {METRICS_PORT}."  # where to look
     if other_protocol(err):  # the reply quoted as bytes says nothing to a person: what it was, and the way out
         said, spoken = ("HTTP/1.x", "gRPC's HTTP/2") if protocol_name == "grpc" else ("HTTP/2", "HTTP/1.1")
         switch = "leave out --grpc" if protocol_name == "grpc" else "add --grpc"
@@ -221,5 +221,4 @@ def request_failed(protocol_name: str, url: str, err: Exception, answered: int =
         return (f"{protocol_name} {url}: {text}\nthe server at {url} stopped answering after {answered:,} image"
                 f"{'s' if answered != 1 else ''}: it was stopped, or it died")
     return (f"{protocol_name} {url}: {text}\nno {this} answer from {url}: is a server running there (hub-vit serve), "
-            f"and is this its {this} port, not its {other} or metrics port? Defaults: HTTP {HTTP_PORT}, gRPC "
-            f"{GRPC_PORT} (--grpc), metrics {METRICS_PORT}.")
+            f"and is this its {this} port, not its {other} or metrics port? {ports}")
