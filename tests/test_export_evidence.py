@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from hub_vit.export.plan import OwnImages, VerificationSet
-from hub_vit.export.verify import gather_evidence
+from hub_vit.export.plan import LARGEST_SEED, OwnImages, VerificationSet
+from hub_vit.export.verify import PHOTO_NAMES, gather_evidence
 from hub_vit.model import VisionTransformer
 from hub_vit.variants import ViTSpec
 
@@ -28,13 +28,15 @@ def _rows(images: np.ndarray) -> set[bytes]:
     return {image.tobytes() for image in images}
 
 
-def test_calibration_and_verification_share_no_image(model: VisionTransformer) -> None:
+@pytest.mark.parametrize("seed", [0, 1, LARGEST_SEED])  # the calibration draws from one seed of its own
+def test_calibration_and_verification_share_no_image(model: VisionTransformer, seed: int) -> None:
     own = np.random.default_rng(12345).uniform(-1, 1, (N_OWN, 3, 32, 32)).astype(np.float32)
-    check = VerificationSet(n_random=N_RANDOM, n_photos=N_PHOTOS, n_calibration=N_CALIBRATION, seed=0,
+    n_photos = len(PHOTO_NAMES) + 4  # the centre crops and some random ones
+    check = VerificationSet(n_random=N_RANDOM, n_photos=n_photos, n_calibration=N_CALIBRATION, seed=seed,
                             own=OwnImages(own, source="test"))
     evidence = gather_evidence(model, check, calibrated=True)
     verification, calibration = _rows(evidence.x), _rows(evidence.calibration)
-    assert len(evidence.x) == N_RANDOM + N_PHOTOS + N_OWN // 2
+    assert len(evidence.x) == N_RANDOM + n_photos + N_OWN // 2
     assert len(evidence.calibration) == N_CALIBRATION + N_OWN // 2
     assert not verification & calibration  # the photos' centre crops included: the verification's alone
     assert _rows(own[0::2]) <= verification and _rows(own[1::2]) <= calibration
@@ -44,8 +46,8 @@ def test_calibration_and_verification_share_no_image(model: VisionTransformer) -
     # the bounds judge a calibrated variant on the own images alone, in the verification and in the search
     assert evidence.own_mask is not None
     assert _rows(evidence.calibration[evidence.own_mask]) == _rows(own[1::2])
-    assert evidence.own_from == N_RANDOM + N_PHOTOS and _rows(evidence.x[evidence.own_from:]) == _rows(own[0::2])
-    assert check.bounds_for(True, evidence.own_from) == {"bounds_from": N_RANDOM + N_PHOTOS,
+    assert evidence.own_from == N_RANDOM + n_photos and _rows(evidence.x[evidence.own_from:]) == _rows(own[0::2])
+    assert check.bounds_for(True, evidence.own_from) == {"bounds_from": N_RANDOM + n_photos,
                                                          "bounds_scope": "own images"}
     assert check.bounds_for(False, evidence.own_from) == {"bounds_from": 0, "bounds_scope": "every image"}
     assert check.describe()["calibrated_bounds_scope"] == "own images"
@@ -70,3 +72,12 @@ def test_an_untrained_model_counts_no_top1_and_nothing_is_drawn_without_calibrat
     assert gather_evidence(model, check, calibrated=True).top1_counts is None
     evidence = gather_evidence(model, check, calibrated=False)
     assert not len(evidence.calibration) and evidence.top1_counts is None
+
+
+def test_the_calibration_images_are_the_same_whatever_the_verification_seed(model: VisionTransformer) -> None:
+    # a model exports to the same static int8 graph every time (a fresh draw per run moved the digits model's held-out
+    # cosine across the 0.99 bound one run in 60)
+    drawn = [gather_evidence(model, VerificationSet(n_random=N_RANDOM, n_photos=N_PHOTOS, n_calibration=N_CALIBRATION,
+                                                    seed=seed), calibrated=True).calibration for seed in (0, 7, None)]
+    assert len(drawn[0]) == N_CALIBRATION
+    assert all(np.array_equal(drawn[0], other) for other in drawn[1:])

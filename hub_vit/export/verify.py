@@ -29,6 +29,13 @@ PHOTO_NAMES: tuple[str, ...] = (
 )
 
 
+# The calibration images are drawn from this seed on every run, whatever the verification's (fresh) seed, so a model
+# exports to the same static int8 graph every time: over 60 seeds the draw moved the digits model's held-out
+# pre-logits cosine between 0.9899 and 0.9981 (median 0.9962), one seed in 60 under the 0.99 bound. One past the
+# largest verification seed (`plan.LARGEST_SEED`): no --seed draws the same photo crops.
+CALIBRATION_SEED = 2**64
+
+
 def load_photos(names: Sequence[str] = PHOTO_NAMES) -> dict[str, np.ndarray]:
     """name -> RGB uint8 (H, W, 3) from `skimage.data`; photos missing from this scikit-image build are skipped."""
     try:
@@ -100,11 +107,12 @@ def verification_inputs(model: VisionTransformer, n_random: int = 16, n_photos: 
     return np.concatenate([noise, photos, own]).astype(np.float32), seed
 
 
-def calibration_images(model: VisionTransformer, count: int, n_random: int, n_photos: int, seed: int
-                       ) -> tuple[np.ndarray, int]:
-    """int8 calibration set: the verification set's mix of photo crops and noise, drawn with another seed, the crops
-    all random (the centre crops, the same for every seed, are the verification's alone: a variant is never judged on
-    an image it was calibrated on); returns the images (photos first) and how many are photos.
+def calibration_images(model: VisionTransformer, count: int, n_random: int, n_photos: int,
+                       seed: int = CALIBRATION_SEED) -> tuple[np.ndarray, int]:
+    """int8 calibration set: the verification set's mix of photo crops and noise, drawn from `seed` (by default the
+    fixed CALIBRATION_SEED), the crops all random (the centre crops, the same for every seed, are the verification's
+    alone: a variant is never judged on an image it was calibrated on); returns the images (photos first) and how many
+    are photos.
 
     Calibrating on photos alone left the activation ranges too narrow for the noise images the verification also
     uses (digits model, one experiment: 95 % top-1 agreement with photo-only calibration, 100 % with the mix), so the
@@ -112,9 +120,9 @@ def calibration_images(model: VisionTransformer, count: int, n_random: int, n_ph
     """
     spec = model.spec
     n_noise = round(count * n_random / max(1, n_random + n_photos))
-    rng = np.random.default_rng(seed + 1)
+    rng = np.random.default_rng(seed)
     noise = rng.uniform(-1, 1, (n_noise, spec.in_chans, *spec.img_size)).astype(np.float32)
-    photos = photo_batch(spec.img_size, count - n_noise, seed=seed + 1, in_chans=spec.in_chans, centre_first=False)
+    photos = photo_batch(spec.img_size, count - n_noise, seed=seed, in_chans=spec.in_chans, centre_first=False)
     return np.concatenate([photos, noise]), len(photos)
 
 
@@ -154,7 +162,7 @@ def gather_evidence(model: VisionTransformer, check: VerificationSet, calibrated
     top1_from = (len(x) - n_own if n_own else check.n_random) if check.judges_top1 else None
     calibration, top1_counts, own_mask = x[:0], None, None
     if calibrated:
-        mixed, n_photos = calibration_images(model, check.n_calibration, check.n_random, check.n_photos, seed)
+        mixed, n_photos = calibration_images(model, check.n_calibration, check.n_random, check.n_photos)
         own_calibration = mixed[:0] if own is None else own[1::2]
         calibration = np.concatenate([mixed, own_calibration])
         counts = np.zeros(len(calibration), bool)
@@ -243,7 +251,7 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float,
     return float(diff.max()), float(diff.mean()), agree
 
 
-__all__ = ["FP32_MAX_ABS", "MIN_TOP1_AGREEMENT", "PHOTO_NAMES", "Evidence", "VerifyResult", "calibration_images",
-           "check_informative", "gather_evidence",
+__all__ = ["CALIBRATION_SEED", "FP32_MAX_ABS", "MIN_TOP1_AGREEMENT", "PHOTO_NAMES", "Evidence", "VerifyResult",
+           "calibration_images", "check_informative", "gather_evidence",
            "check_providers", "compare", "judge", "load_photos",
            "ort_outputs", "ort_session", "photo_batch", "torch_outputs", "verification_inputs"]
