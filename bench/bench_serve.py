@@ -486,7 +486,7 @@ def measure_front(args: argparse.Namespace) -> None:
                          f"{seconds}")
     check_writable(out.parent)
     report = {"run": run_info(args, packages=("nvidia-pytriton", "tritonclient", "grpcio", "httptools", "uvloop",
-                                              "h11")),
+                                              "hpack", "h11")),
               "quick": args.quick,
               **front_cost(counts, rounds, seconds, parser_requests=5000 if args.quick else 20000)}
     write_json(out, report)

@@ -289,10 +289,10 @@ def pipe_floor(protocol: str, private_port: int, rounds: int, seconds: float, wa
     Triton's own port in alternating order. Its CPU per request is the event loop's and the loopback hop's (a recv and
     a send on each side); its ratio is the most a Python front can reach on these cores. For gRPC, HTTP/2 runs end to
     end through it. `watch` (gRPC): the pipe also reads every client frame (BYTE_PIPE's FrameReader, hpack); skipped,
-    and said so, where hpack is not installed (the bench extra has it)."""
+    and said so, where hpack is not installed (the serve extra has it: the gRPC front decodes with it)."""
     name = "watcher" if watch else "pipe"
     if watch and importlib.util.find_spec("hpack") is None:
-        why = "hpack is not installed (pip install '.[bench]')"
+        why = "hpack is not installed (pip install '.[serve]')"
         print(f"{protocol} frame watcher: skipped, {why}", flush=True)
         return {"skipped": why}
     port = free_port()

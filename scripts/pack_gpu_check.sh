@@ -25,10 +25,11 @@ UBUNTU_SUITE=noble-updates       # Ubuntu 24.04: python3.12 3.12.3, as on the GP
 LIBPYTHON_DEB=libpython3.12t64
 # what serving needs and the GPU hosts lack (scripts/gpu_host_packages.txt lists what they hold; tests/
 # test_gpu_pack_contents.py checks the two cover serve's requirements): tritonclient and its HTTP stack, httptools
-# and uvloop (serve's HTTP front parses with the one and runs on the other), and a setuptools for the editable install
+# and uvloop (serve's HTTP front parses with the one and runs on the other), hpack (the gRPC front decodes header
+# blocks with it), and a setuptools for the editable install
 CLIENT_WHEELS=(tritonclient==2.73.0 geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.3.2 zope.event==6.2
                zope.interface==8.7 python-rapidjson==1.25 brotli==1.2.1 httptools==0.9.0 uvloop==0.23.0
-               setuptools==80.9.0)
+               hpack==4.2.0 setuptools==80.9.0)
 PLATFORMS=(--platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
            --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
            --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64)

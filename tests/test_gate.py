@@ -443,6 +443,6 @@ def test_the_grpc_front_binds_the_ipv4_address_a_name_stands_for() -> None:
         try:
             return accepts(socket.AF_INET, "127.0.0.1", port), accepts(socket.AF_INET6, "::1", port)
         finally:
-            await front.server.stop(None)
+            await front.close()
 
     assert asyncio.run(scenario()) == (True, False)

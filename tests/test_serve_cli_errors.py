@@ -70,8 +70,8 @@ PORTS = ("--http-port", "18401", "--grpc-port", "18402", "--metrics-port", "1840
     (("--name", "has top_k here"), "--name 'has top_k here' (the model clients call) may only use"),
     (("--max-request-mb", "0"), "--max-request-mb must be a positive integer, got 0"),
     # was: a traceback from grpc (OverflowError) after the build; and Triton's 40-line usage text, exit 1
-    (("--max-request-mb", "1024"), "--max-request-mb must be from 1 to 1023 (the gRPC front takes messages up to "
-                                   "twice it, and grpc's limit is 2 GiB), got 1024"),
+    (("--max-request-mb", "2048"), "--max-request-mb must be from 1 to 2047 (Triton's gRPC server takes messages up to "
+                                   "2 GiB), got 2048"),
     (("--exit-timeout", "2147483648"), "--exit-timeout must be from 0 to 2147483647 seconds, got 2147483648"),
     (("--max-connections", "-3"), "--max-connections must be a positive integer, got -3"),
     (("--front-processes", "0"), "--front-processes must be between 1 and 64, got 0"),

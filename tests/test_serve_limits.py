@@ -179,8 +179,9 @@ def test_grpc_messages_over_the_cap_are_refused_without_growing_memory(serve: Se
     bomb = infer_message([1, 1], [b"\0" * (256 << 20)])  # gzip-compressed on the wire: about 250 kB
     for _ in range(3):
         code, text = grpc_refusal(stub.ModelInfer, bomb, compression=grpc.Compression.Gzip)
-        # past twice the limit grpc stops inflating it, in its own words (no grpcio hook rewrites them)
-        assert code == "RESOURCE_EXHAUSTED" and text == "Decompressed message larger than max", text
+        # inflated in bounded steps and refused once past the limit, tagged with it
+        assert code == "RESOURCE_EXHAUSTED" and protocol.read_too_large(text) == limit, text
+        assert "the gRPC message inflates (gzip) to more than" in text and "--max-request-mb" in text, text
     plain = infer_message([1, 1], [image + b"\0" * limit])
     code, text = grpc_refusal(stub.ModelInfer, plain)
     size = len(plain.SerializeToString())

@@ -177,9 +177,9 @@ def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
         value = values[flag[2:].replace("-", "_")]
         if value < 1:
             raise fail(f"{flag} must be a positive integer, got {value}")
-    if values["max_request_mb"] > MAX_REQUEST_MB:  # above: a traceback from grpc after the build
-        raise fail(f"--max-request-mb must be from 1 to {MAX_REQUEST_MB} (the gRPC front takes messages up to twice "
-                   f"it, and grpc's limit is 2 GiB), got {values['max_request_mb']}")
+    if values["max_request_mb"] > MAX_REQUEST_MB:  # a cap Triton's own gRPC limit would undercut
+        raise fail(f"--max-request-mb must be from 1 to {MAX_REQUEST_MB} (Triton's gRPC server takes messages up to "
+                   f"2 GiB), got {values['max_request_mb']}")
     if values["front_processes"] is not None and not 1 <= values["front_processes"] <= MAX_PROCESSES:
         raise fail(f"--front-processes must be between 1 and {MAX_PROCESSES}, got {values['front_processes']}")
     if values["quiet"] and values["verbose"]:

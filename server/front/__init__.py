@@ -1,6 +1,7 @@
 """The public front of `hub-vit serve`: processes on the public HTTP and gRPC ports (SO_REUSEPORT) that refuse what
 Triton 2.51 cannot take safely and relay the rest to Triton's private loopback ports.
 
-`limits` (the bounds), `checks` (what both protocols refuse), `http_front` (HTTP/1.1 by llhttp), `grpc_front`
-(grpcio), `worker` (one front process), `workers` (the processes, from the serve process).
+`limits` (the bounds), `checks` (what both protocols refuse), `http_front` (HTTP/1.1 by llhttp), `grpc_front` (gRPC's
+HTTP/2 passed through and watched frame by frame, hpack) with `h2` (the frames it reads and writes), `worker` (one front
+process), `workers` (the processes, from the serve process).
 """

@@ -64,9 +64,9 @@ def too_large(limit: int, why: str) -> Refused:
     return Refused(413, protocol.too_large(limit, f"{why} (hub-vit serve --max-request-mb)"), close=True)
 
 
-def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+def inflate(body: bytes, encoding: str, limit: int, what: str = "the request body") -> bytes:
     """`body` inflated (gzip or deflate, as Triton 2.51 reads them), refused once it passes `limit` bytes: at most
-    `limit` + 64 KiB is ever held."""
+    `limit` + 64 KiB is ever held. `what` names the body in the refusal."""
     inflater = zlib.decompressobj(wbits=47 if encoding == "gzip" else 15)  # 47: gzip or zlib header
     out, pending = [], body
     size = 0
@@ -76,13 +76,13 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
             pending = inflater.unconsumed_tail
             size += len(chunk)
             if size > limit:
-                raise too_large(limit, f"the request body inflates ({encoding}) to more than {limit} bytes, the limit")
+                raise too_large(limit, f"{what} inflates ({encoding}) to more than {limit} bytes, the limit")
             out.append(chunk)
             if inflater.eof:
                 break
         out.append(inflater.flush())
     except zlib.error as err:
-        raise Refused(400, f"the request body is not valid {encoding} data: {err}") from None
+        raise Refused(400, f"{what} is not valid {encoding} data: {err}") from None
     return b"".join(out)
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from hub_vit.cgroup_limits import usable_cores
 
 MAX_PROCESSES = 64
-# --max-request-mb: grpc's receive limit (twice the body limit, `grpc_receive_bytes`) is a C int (2 GiB - 1)
-MAX_REQUEST_MB = ((1 << 31) - 1) // 2 >> 20
+# --max-request-mb: Triton's gRPC server takes messages up to 2 GiB - 1 (grpc's receive limit is a C int)
+MAX_REQUEST_MB = ((1 << 31) - 1) >> 20
 # --exit-timeout: tritonserver reads --exit-timeout-secs as a 32-bit int and refuses more
 MAX_EXIT_TIMEOUT_S = (1 << 31) - 1
 # per client connection of a front process's share: one on each protocol, and one more for HTTP over the cap
@@ -81,10 +81,3 @@ class FrontLimits:
     @property
     def _fixed_descriptors(self) -> int:  # one front process's own, whatever its client connections
         return 2 * self.upstream_connections + OWN_DESCRIPTORS
-
-    @property
-    def grpc_receive_bytes(self) -> int:
-        """What grpc itself lets through, on the wire and inflated: twice the limit, so that a message up to that
-        size reaches the front's own check, which answers it with the limit and the flag (grpc's own refusal says
-        neither, and no grpcio hook rewrites it); a larger one is refused by grpc from its length prefix, unread."""
-        return 2 * self.max_body_bytes

@@ -13,8 +13,7 @@ The end of the socket (the serve process is gone, even killed with SIGKILL) ends
 Ctrl-C, SIGTERM and SIGHUP, which reach a whole process group, are ignored here: serve drains its front itself.
 
 The event loop is uvloop's (libuv): the front's CPU per relayed HTTP request is mostly the loop and its socket calls,
-and uvloop's cost less than asyncio's own (CHANGELOG.md; docs/serving.md, "The front's cost"); grpc.aio runs on it
-unchanged.
+and uvloop's cost less than asyncio's own (CHANGELOG.md; docs/serving.md, "The front's cost").
 """
 
 from __future__ import annotations

@@ -1,0 +1,197 @@
+"""The gRPC front as it watches HTTP/2 go by (server/front/grpc_front.py), between a real grpc client and a real grpc
+server standing in for Triton: what it refuses must leave the connection usable (both ends' HPACK tables in step,
+the client's connection window given back), and what it passes must arrive unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from hub_vit.server.front.limits import FrontLimits
+
+grpc = pytest.importorskip("grpc")
+pytest.importorskip("hpack")
+
+LIMIT = 1 << 20
+SERVICE = "/inference.GRPCInferenceService/"
+
+
+class Recorder(grpc.GenericRpcHandler):
+    """Triton's stand-in: every call is answered with its message's length (4 bytes); the metadata of `ServerLive`
+    calls is kept (the front itself asks for the repository index)."""
+
+    def __init__(self) -> None:
+        self.metadata: list[dict[str, str]] = []
+
+    def service(self, details):  # noqa: ANN001, ANN201
+        async def unary(message: bytes, context) -> bytes:  # noqa: ANN001
+            if details.method.endswith("/ServerLive"):
+                self.metadata.append(dict(context.invocation_metadata()))
+            return struct.pack(">L", len(message))
+
+        async def stream(messages, context):  # noqa: ANN001, ANN202
+            async for message in messages:
+                yield struct.pack(">L", len(message))
+        if details.method.endswith("/ModelStreamInfer"):
+            return grpc.stream_stream_rpc_method_handler(stream)
+        return grpc.unary_unary_rpc_method_handler(unary)
+
+
+@pytest.fixture(scope="module")
+def front() -> Iterator[tuple[int, Recorder]]:
+    """A GrpcFront (limit LIMIT) on its own event loop in a thread, relaying to a grpc aio server; (its port, the
+    server's recorder)."""
+    from grpc import aio
+
+    from hub_vit.server.front.grpc_front import GrpcFront
+    from hub_vit.server.runtime.launcher import free_port
+
+    recorder, ready, stop = Recorder(), threading.Event(), threading.Event()
+    ports = {"public": free_port(), "upstream": free_port()}
+
+    async def run() -> None:
+        server = aio.server(options=[("grpc.max_receive_message_length", -1)])
+        server.add_generic_rpc_handlers((recorder,))
+        server.add_insecure_port(f"127.0.0.1:{ports['upstream']}")
+        await server.start()
+        relay = GrpcFront(FrontLimits(max_body_bytes=LIMIT))
+        await relay.listen("127.0.0.1", ports["public"])
+        await relay.upstream("127.0.0.1", ports["upstream"])
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await relay.close()
+        await server.stop(None)
+
+    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    yield ports["public"], recorder
+    stop.set()
+    thread.join(30)
+
+
+def _channel(port: int):  # noqa: ANN202
+    return grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", -1)])
+
+
+def _too_large(call, message: bytes, **options: object) -> str:  # noqa: ANN001
+    """`call(message)` refused RESOURCE_EXHAUSTED by the front; its details."""
+    with pytest.raises(grpc.RpcError) as refused:
+        call(message, timeout=10, **options)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+    return refused.value.details()
+
+
+def test_calls_after_refused_ones_on_the_same_connection_keep_their_metadata(front) -> None:
+    # the front decodes every header block and writes its refusals with HPACK literals: were its own frames to touch
+    # the client's header table, or a header block to be kept from Triton, the next call's metadata would be misread
+    port, recorder = front
+    with _channel(port) as channel:
+        call = channel.unary_unary(SERVICE + "ServerLive")
+        for i in range(12):
+            _too_large(call, b"\0" * (LIMIT + 1), metadata=(("x-refused", f"r{i}"),))
+            assert call(b"abc", metadata=(("x-call", f"c{i}"), ("x-same", "kept")), timeout=10) == b"\0\0\0\x03"
+            seen = recorder.metadata[-1]
+            assert (seen.get("x-call"), seen.get("x-same")) == (f"c{i}", "kept"), (i, recorder.metadata[-4:])
+            assert "x-refused" not in seen
+
+
+def test_a_connection_s_window_survives_the_bytes_of_refused_messages(front) -> None:
+    # a message refused from its prefix is not passed on, and its client keeps sending it: unless the front gives
+    # those bytes back to the client's connection window, a few refused megabytes stall every later call
+    port, _ = front
+    with _channel(port) as channel:
+        call = channel.unary_unary(SERVICE + "ServerLive")
+        for _ in range(8):
+            _too_large(call, b"\1" * (4 * LIMIT))
+        assert call(b"x" * (LIMIT - 10), timeout=10) == struct.pack(">L", LIMIT - 10)
+
+
+def test_messages_across_many_frames_and_compressed_ones_arrive_whole(front) -> None:
+    port, _ = front
+    with _channel(port) as channel:
+        call = channel.unary_unary(SERVICE + "ServerLive")
+        body = bytes(range(256)) * (LIMIT // 256 - 1)  # some 64 DATA frames
+        assert call(body, timeout=10) == struct.pack(">L", len(body))
+        assert call(body, compression=grpc.Compression.Gzip, timeout=10) == struct.pack(">L", len(body))
+        # inflating past the limit: refused in the front's words, tagged with the limit
+        from hub_vit.server import protocol
+
+        details = _too_large(call, b"\0" * (4 * LIMIT), compression=grpc.Compression.Gzip)
+        assert protocol.read_too_large(details) == LIMIT, details
+        assert call(b"", timeout=10) == b"\0\0\0\0"
+
+
+def _raw(port: int, data: bytes) -> tuple[bytes, bool]:
+    """Send `data` on a new connection; (what came back within 3 s, whether the front closed the connection)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as raw:
+        raw.sendall(data)
+        got = b""
+        try:
+            while chunk := raw.recv(65536):
+                got += chunk
+        except TimeoutError:
+            return got, False
+        return got, True
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return struct.pack(">L", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">L", stream) + payload
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0, b"")
+
+
+@pytest.mark.parametrize("case, data, words", [
+    ("a header block that is not HPACK", PREFACE + _frame(1, 5, 1, b"\xff" * 5), b"not HPACK"),
+    ("a frame longer than Triton's SETTINGS allow", PREFACE + b"\xff\xff\xff\x00\x00\x00\x00\x00\x01" + b"\0" * 64,
+     b"a frame of 16777215 bytes, over the"),
+    ("DATA inside a header block", PREFACE + _frame(1, 0, 1, b"\x83") + _frame(0, 0, 1, b"\0"), b"CONTINUATION"),
+    ("a CONTINUATION of nothing", PREFACE + _frame(9, 4, 1, b"\x83"), b"continues no header block"),
+    ("padding longer than the frame", PREFACE + _frame(1, 0x4 | 0x8, 1, b"\x09\x83"), b"padding"),
+])
+def test_broken_http2_ends_the_connection_with_a_goaway_naming_it(front, case: str, data: bytes, words: bytes) -> None:
+    port, _ = front
+    answer, closed = _raw(port, data)
+    goaway = answer.find(b"\x07\x00\x00\x00\x00\x00")  # a GOAWAY frame's type, flags and stream 0
+    assert closed and goaway >= 3 and words in answer[goaway:], (case, answer[:300])
+    with _channel(port) as channel:  # and the front still serves
+        assert channel.unary_unary(SERVICE + "ServerLive")(b"ok", timeout=10) == b"\0\0\0\x02"
+
+
+
+def test_a_stream_s_refused_message_ends_it_after_the_answers_to_those_before(front) -> None:
+    # the messages before the refused one may share its DATA frame: they go on, and are answered, before the refusal
+    port, _ = front
+    with _channel(port) as channel:
+        stream = channel.stream_stream(SERVICE + "ModelStreamInfer")
+        for _ in range(5):
+            answers = stream(iter([b"", b"", b"\0" * (LIMIT + 1)]), timeout=10)
+            assert [next(answers), next(answers)] == [b"\0\0\0\0"] * 2
+            with pytest.raises(grpc.RpcError) as refused:
+                next(answers)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+        assert channel.unary_unary(SERVICE + "ServerLive")(b"ok", timeout=10) == b"\0\0\0\x02"
+
+
+def test_a_header_block_decoded_once_is_read_again_only_while_the_table_is_unchanged() -> None:
+    # the front decodes a repeated block of indexed fields once; after a table change the same bytes mean other fields
+    from hpack import Encoder
+
+    from hub_vit.server.front.grpc_front import GrpcFront, _Connection
+
+    connection, client = _Connection(GrpcFront(FrontLimits())), Encoder()
+    first = client.encode([("grpc-encoding", "gzip"), (":path", "/a")])  # literals, indexed into both tables
+    assert connection._read_block(first) == (b"/a", b"gzip")
+    again = client.encode([(":path", "/a")])  # now a table index
+    assert connection._read_block(again) == (b"/a", b"") == connection._read_block(again)
+    assert connection._read_block(client.encode([(":path", "/b")])) == (b"/b", b"")
+    shifted = client.encode([(":path", "/b")])
+    assert shifted == again  # the same bytes ...
+    assert connection._read_block(shifted) == (b"/b", b"")  # ... meaning the new field
