@@ -19,18 +19,20 @@ in the HTTP front's words:
   contents whose element count differs from the shape, a queue timeout the server does not apply) -> INVALID_ARGUMENT;
 * `ModelStreamInfer`: each message is checked the same way; the first refused one is not passed on, the stream is
   closed towards Triton and ends with the refusal once Triton has answered the messages before it;
-* messages held for checking past the front's buffer share (`--max-connections`' sibling, the HTTP front's
-  max_buffered_bytes) -> UNAVAILABLE, retry shortly;
+* messages being reassembled past the process's share of the bytes the front holds at once
+  (`FrontLimits.max_buffered_bytes`, bounded apart from the HTTP front's bodies) -> UNAVAILABLE, retry shortly;
 * no server behind it (starting, restarting; or its private port not answering: it died before serve noticed) ->
   UNAVAILABLE "starting or restarting" (with `--max-restarts 0`: "shutting down"), answered by the front itself;
   after `drain()` -> UNAVAILABLE "shutting down", while calls already relayed get their answers;
 * a call relayed to a server that died or was stopped before answering -> UNAVAILABLE with the HTTP front's 502 words
   (lost, not refused: it may have run); the connection then ends (GOAWAY), and the client's next call reconnects.
 
-Malformed HTTP/2 ends the connection with a GOAWAY naming the error: not the connection preface (HTTP/1.1 on this
-port), a frame past the size Triton's SETTINGS allow, a header block that is not HPACK or is larger than the head
-limit, a broken padding or CONTINUATION sequence. A connection that has not sent its preface and first frame within
-the head timeout is closed, and connections past the process's share of `--max-connections` are closed at once.
+Malformed HTTP/2 ends the connection. Bytes that are not the connection preface (HTTP/1.1 on this port) are closed
+at once; after the preface a GOAWAY names the error: a frame over 16 KiB (Triton's SETTINGS reach the client with their
+frame size lowered to that, as the front holds each client frame whole), a header block that is not HPACK or is larger
+than the head limit, broken padding, a frame inside a header block, a CONTINUATION of nothing. A connection that has
+not sent its preface and first frame within the head timeout is closed, and connections past the process's share of
+`--max-connections` are closed at once.
 """
 
 from __future__ import annotations

@@ -61,6 +61,8 @@ REASONS = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout"
            413: "Payload Too Large", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large",
            502: "Bad Gateway", 503: "Service Unavailable"}
 LARGE_JSON = 1 << 20  # a JSON header this long is parsed off the event loop
+# inference JSON headers remembered as passed, per front process: at most this many, each at most this long
+PASSED_HEADERS, REMEMBERED_HEADER_BYTES = 256, 4096
 SWEEP_S = 0.5  # how often connection deadlines are checked
 
 
@@ -91,6 +93,7 @@ class HttpFront:
         self.upstream_address: tuple[str, int] | None = None  # None: no server ready (starting, restarting) -> 503
         self.generation = 0  # bumped at each `upstream`: pooled connections of an older server are dropped
         self.outputs: dict[bytes, set[str] | None] = {}  # model -> its numeric outputs, per upstream
+        self.passed_headers: set[bytes] = set()  # inference JSON headers that passed the checks needing no model
         self.idle: list[Upstream] = []
         self.upstreams = 0  # open connections to Triton
         self.waiting: deque[tuple[bytes, Callable[[Upstream | None], None]]] = deque()  # for a free upstream
@@ -490,12 +493,22 @@ class Client(asyncio.Protocol):
         if infer is None:
             return body
         length = request.header(b"inference-header-content-length")
-        if (int(length) if length is not None and length.isdigit() else len(body)) >= LARGE_JSON:
+        size = int(length) if length is not None and length.isdigit() else len(body)
+        if size >= LARGE_JSON:
             return None
+        # clients repeat the same JSON header (the tensors follow it): one that passed is not parsed again
+        passed = self.front.passed_headers
+        json_part = body[:size] if length is not None and size <= min(len(body), REMEMBERED_HEADER_BYTES) else None
+        if json_part is not None and json_part in passed:
+            return body
         header = inference_header(infer["model"].decode("latin-1"), body, length)
         if wants_classification(header):
             return None
         check_inference(header, set(), self.front.limits.queue_timeouts)
+        if json_part is not None:
+            if len(passed) >= PASSED_HEADERS:
+                passed.clear()
+            passed.add(json_part)
         return body
 
     async def _check_then_relay(self, request: Request) -> None:

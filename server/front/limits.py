@@ -33,7 +33,9 @@ class FrontLimits:
     evenly across them)."""
 
     max_body_bytes: int = 64 << 20  # Triton 25.x's own --http-max-input-size default; also the inflated size
-    max_buffered_bytes: int = 256 << 20  # bodies held at once across connections (beyond: 503, retry)
+    # HTTP bodies, and apart gRPC messages being reassembled, held at once across connections (beyond: 503 /
+    # UNAVAILABLE, retry)
+    max_buffered_bytes: int = 256 << 20
     max_head_bytes: int = 64 << 10
     head_timeout_s: float = 10.0  # a request's head, and an idle keep-alive connection's next one
     body_timeout_s: float = 60.0
