@@ -1,6 +1,6 @@
-"""The gRPC front as it watches HTTP/2 go by (server/front/grpc_front.py), between a real grpc client and a real grpc
-server standing in for Triton: what it refuses must leave the connection usable (both ends' HPACK tables in step,
-the client's connection window given back), and what it passes must arrive unchanged."""
+"""The gRPC front as it watches HTTP/2 go by (server/front/grpc_front.py, grpc_calls.py), between a real grpc client
+and a real grpc server standing in for Triton: what it refuses must leave the connection usable (both ends' HPACK
+tables in step, the client's connection window given back), and what it passes must arrive unchanged."""
 
 from __future__ import annotations
 
@@ -184,9 +184,10 @@ def test_a_header_block_decoded_once_is_read_again_only_while_the_table_is_uncha
     # the front decodes a repeated block of indexed fields once; after a table change the same bytes mean other fields
     from hpack import Encoder
 
-    from hub_vit.server.front.grpc_front import GrpcFront, _Connection
+    from hub_vit.server.front.grpc_calls import Connection
+    from hub_vit.server.front.grpc_front import GrpcFront
 
-    connection, client = _Connection(GrpcFront(FrontLimits())), Encoder()
+    connection, client = Connection(GrpcFront(FrontLimits())), Encoder()
     first = client.encode([("grpc-encoding", "gzip"), (":path", "/a")])  # literals, indexed into both tables
     assert connection._read_block(first) == (b"/a", b"gzip")
     again = client.encode([(":path", "/a")])  # now a table index

@@ -2,6 +2,7 @@
 Triton 2.51 cannot take safely and relay the rest to Triton's private loopback ports.
 
 `limits` (the bounds), `checks` (what both protocols refuse), `http_front` (HTTP/1.1 by llhttp), `grpc_front` (gRPC's
-HTTP/2 passed through and watched frame by frame, hpack) with `h2` (the frames it reads and writes), `worker` (one front
-process), `workers` (the processes, from the serve process).
+HTTP/2 passed through and watched frame by frame) with `grpc_calls` (one client connection's frames, calls and
+messages, hpack) and `h2` (the frames they read and write), `worker` (one front process), `workers` (the processes,
+from the serve process).
 """
