@@ -375,6 +375,21 @@ def test_a_tritonserver_gone_mid_request_is_named_by_whether_serve_is_stopping(s
         assert status == 502 and "it died? hub-vit serve restarts it" in body["error"], body
 
 
+def test_a_grpc_call_still_at_triton_when_the_front_closes_is_answered_shutting_down() -> None:
+    # was: past the close's grace the connection was closed under it: the client got grpc's own "Socket closed"
+    # (UNAVAILABLE, untagged), which it could not tell from a server that died
+    import asyncio
+
+    async def drain_then_close(front) -> None:
+        front.drain()
+        assert not await front.drained(0.05)
+        await front.close()
+
+    code, details, seconds = asyncio.run(_relayed_to(_fake_triton(30), drain_then_close))
+    assert code == "UNAVAILABLE" and protocol.read_server_state(details) == protocol.SHUTTING_DOWN, (code, details)
+    assert seconds < 10, seconds
+
+
 @pytest.mark.parametrize("stopping", [False, True])
 def test_a_grpc_call_whose_server_goes_is_answered_at_once(stopping: bool) -> None:
     # was: serve closing the channel to a dead (or stopped) server cancelled the relayed call inside the front, whose

@@ -112,7 +112,10 @@ class GrpcFront:
         while self.in_flight and loop.time() < deadline:  # calls already relayed end with their own answer
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
-            connection.close()
+            if connection.upstream is not None:  # the calls still at Triton are answered "stopped", then it closes
+                connection.upstream.lost()
+            else:
+                connection.close()
 
     # -- the models' numeric outputs (the classification check) ------------------------------------------------------
     def numeric(self, model: str, version: str) -> set[str] | None:
