@@ -126,6 +126,29 @@ def test_grpc_checks_are_the_http_fronts_plus_contents_against_shape():
     assert parse_inference(b"\xff\xff not a protobuf") is None
 
 
+def test_a_shape_of_many_large_dimensions_is_refused_at_once_and_named_briefly():
+    # was: 500 dimensions of 2^31-1 made a product of 4,300+ digits: formatting it raised (the connection died
+    # without a status), and 60,000 of them held the event loop 3.3 s
+    import time
+
+    start = time.perf_counter()
+    why = inference_refusal(_message([2**31 - 1] * 60_000, struct.pack("<I", 1) + b"x"), set())
+    assert time.perf_counter() - start < 1.0
+    assert why == "input 'image' has shape [2147483647, 2147483647, 2147483647, 2147483647, 2147483647, 2147483647, " \
+                  "2147483647, 2147483647, ...] (60000 dimensions) (more than 18446744073709551616 elements) but its " \
+                  "contents hold 1", why
+
+
+def test_the_grpc_front_looks_up_no_model_triton_does_not_serve():
+    # was: every new model name a client chose (up to 64 MiB each) was looked up while the event loop waited, and kept
+    from hub_vit.server.front.grpc_front import MAX_NAME, GrpcFront
+
+    front = GrpcFront(FrontLimits())
+    front.target, front.served = ("127.0.0.1", 9), {"vit"}  # nothing listens on port 9: a lookup would fail, slowly
+    assert front.numeric("not-served", "") is None and front.numeric("x" * (MAX_NAME + 1), "") is None
+    assert front.outputs == {}
+
+
 @pytest.mark.parametrize("body, length, message", [
     # was: HTTP 500 "failed to parse the request JSON buffer" from Triton for an image file posted as is
     (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", None, "the request body is not JSON (it starts with b'\\x89PNG"),

@@ -181,18 +181,36 @@ def inference_refusal(request: Any, numeric: set[str] | None, queue_timeouts: bo
     for index, tensor in enumerate(request.inputs):
         if tensor.datatype != "BYTES" or index >= len(raw):
             continue
-        declared, found = _product(tensor.shape), _bytes_elements(raw[index])
-        if found is not None and found != declared:
-            return (f"input {tensor.name!r} has shape {list(tensor.shape)} ({declared} elements) but its contents hold "
-                    f"{found}")
+        found = _bytes_elements(raw[index])
+        if found is None:
+            continue
+        declared = _product_up_to(tensor.shape, MOST_ELEMENTS)
+        if declared != found:
+            count = f"{declared}" if declared <= MOST_ELEMENTS else f"more than {MOST_ELEMENTS}"
+            return (f"input {tensor.name!r} has shape {_shape_text(tensor.shape)} ({count} elements) but its contents "
+                    f"hold {found}")
     return None
 
 
-def _product(shape: Any) -> int:
+MOST_ELEMENTS = 2**64  # past this a tensor's element count is only "more than": no number of thousands of digits
+
+
+def _product_up_to(shape: Any, most: int) -> int:
+    """The product of `shape`, or `most` + 1 once it passes `most` (a shape of thousands of large dimensions would
+    otherwise make a number of thousands of digits, slowly)."""
     total = 1
     for dim in shape:
         total *= dim
+        if total > most:
+            return most + 1
     return total
+
+
+def _shape_text(shape: Any, shown: int = 8) -> str:
+    dims = list(shape[:shown + 1])
+    if len(dims) <= shown:
+        return str(dims)
+    return f"[{', '.join(map(str, dims[:shown]))}, ...] ({len(shape)} dimensions)"
 
 
 def _bytes_elements(raw: bytes) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -46,6 +47,7 @@ class Front(Protocol):
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = (SERVICE + "ModelInfer").encode()
 STREAM_INFER = (SERVICE + "ModelStreamInfer").encode()
+RESET_REMEMBERED = 1024  # per connection: streams the front reset whose frames in flight are still dropped
 REMEMBERED_BLOCKS = 64  # per connection: header blocks of indexed fields decoded once
 # The largest frame a client may send: Triton's SETTINGS are passed on with their frame size lowered to HTTP/2's
 # default (grpc advertises 4 MiB), as the front holds each client frame whole before passing it on
@@ -121,6 +123,8 @@ class Connection(asyncio.Protocol):
         self.buffer = bytearray()
         self.preface = False
         self.decoder = Decoder()
+        self.reset: set[int] = set()  # streams the front reset towards the client (the last RESET_REMEMBERED)
+        self.reset_order: deque[int] = deque()
         self.indexed: dict[bytes, tuple[bytes, bytes]] = {}  # header blocks of indexed fields -> :path, grpc-encoding
         self.block: bytearray | None = None  # a header block awaiting CONTINUATION frames
         self.block_stream = 0
@@ -203,8 +207,10 @@ class Connection(asyncio.Protocol):
             self.upstream.transport.close()
 
     def go_away(self, code: int = h2.NO_ERROR, debug: str = "") -> None:
-        """Tell the client no new call is taken on this connection (calls up to the last one it opened still are)."""
-        self.to_client(h2.goaway(self.last_stream, code, debug.encode()))
+        """Tell the client no new call is taken on this connection (calls up to the last one it opened still are).
+        Not before the front's own SETTINGS, where it answers alone: a server's first frame must be SETTINGS."""
+        if self.alone is None or self.preface:
+            self.to_client(h2.goaway(self.last_stream, code, debug.encode()))
 
     def to_client(self, data: bytes) -> None:
         """Frames of the front's own, written between Triton's frames."""
@@ -275,6 +281,11 @@ class Connection(asyncio.Protocol):
         """Follow one client frame: (whether it is passed on to Triton, frames of the front's own to send after it)."""
         if self.block is not None and kind != h2.CONTINUATION:
             raise _Broken(h2.PROTOCOL_ERROR, "a frame inside a header block (CONTINUATION expected)")
+        if flags & h2.PADDED and kind in (h2.DATA, h2.HEADERS):
+            # grpc reads a HEADERS frame's padding as header block (and has read DATA padding as message bytes): what
+            # the front checked would not be what Triton runs. gRPC clients do not pad
+            raise _Broken(h2.PROTOCOL_ERROR, "a padded frame: refused, as Triton's gRPC server would read its padding "
+                                             "as content")
         if kind == h2.DATA:
             return self._data(flags, stream, payload)
         if kind == h2.HEADERS:
@@ -294,7 +305,7 @@ class Connection(asyncio.Protocol):
             if known is not None:
                 self._forget(known)
                 return not known.refused, []  # a refused call was reset at Triton already
-            return True, []
+            return stream not in self.reset, []
         if self.alone is not None:
             return self._alone_frame(kind, flags, payload)
         return True, []  # SETTINGS, PING, WINDOW_UPDATE, PRIORITY, GOAWAY, ...: Triton's business
@@ -330,11 +341,11 @@ class Connection(asyncio.Protocol):
             self.transport.close()
             self.closed = True
             return False, []
-        self.streams[stream] = call
-        if self.front.draining:
-            call.refused = True
+        if self.front.draining:  # Triton has seen the header block (its HPACK state), not the call
             self.to_client(h2.grpc_status(stream, UNAVAILABLE, SHUTTING_DOWN, headers_sent=False))
-            return True, [h2.rst_stream(stream)]  # Triton has seen the header block (its HPACK state), not the call
+            self.to_client(self._reset(call))
+            return True, [h2.rst_stream(stream)]
+        self.streams[stream] = call
         call.relayed = True
         self.front.in_flight += 1
         return True, []
@@ -367,10 +378,13 @@ class Connection(asyncio.Protocol):
     def _data(self, flags: int, stream: int, payload: memoryview) -> tuple[bool, list[bytes]]:
         call = self.streams.get(stream)
         if call is None:
+            if stream in self.reset:  # sent before the client saw the front end the call: dropped, window given back
+                self.credit += len(payload)
+                return False, []
             return self.alone is None, []  # a stream Triton knows the state of
         if flags & h2.END_STREAM:
             call.client_done = True
-        if call.refused or call.pending is not None:  # what the client still sends is dropped, its window given back
+        if call.pending is not None:  # what the client still sends is dropped, its window given back
             self.credit += len(payload)
             self._done_with(call)
             return False, []
@@ -393,7 +407,6 @@ class Connection(asyncio.Protocol):
             after = [h2.frame(h2.DATA, 0, stream, bytes(body[:passed]))] if passed else []
             self.credit += len(payload) - passed
             after += self._refuse(call, refusal)
-            self._done_with(call)
             return False, after
         return True, []
 
@@ -402,6 +415,21 @@ class Connection(asyncio.Protocol):
         if call.client_done and (call.server_done or call.refused) and call.pending is None:
             self.streams.pop(call.id, None)
             self._forget(call)
+
+    def _reset(self, call: _Stream) -> bytes:
+        """Forget a call the front has ended towards the client; the RST_STREAM (NO_ERROR) that tells a client still
+        sending it to stop (RFC 9113, 8.1), or nothing. Its frames still on their way are dropped: the last
+        RESET_REMEMBERED such streams are remembered."""
+        call.refused = True
+        self.streams.pop(call.id, None)
+        self._forget(call)
+        if call.client_done:
+            return b""
+        self.reset.add(call.id)
+        self.reset_order.append(call.id)
+        if len(self.reset_order) > RESET_REMEMBERED:
+            self.reset.discard(self.reset_order.popleft())
+        return h2.rst_stream(call.id, h2.NO_ERROR)
 
     def _messages(self, call: _Stream, body: memoryview) -> Iterator[tuple[int, bytes, int]]:
         """The gRPC messages `body` completes (compressed flag, message, where it ends in `body`), the rest kept in
@@ -475,9 +503,8 @@ class Connection(asyncio.Protocol):
         if call.path == STREAM_INFER and call.messages:
             call.pending = (refusal.code, refusal.text)  # in flight until Triton ends the stream
             return [h2.frame(h2.DATA, h2.END_STREAM, call.id)]
-        self._forget(call)
-        call.refused = True
         self.to_client(h2.grpc_status(call.id, refusal.code, refusal.text, call.headers_sent))
+        self.to_client(self._reset(call))
         return [h2.rst_stream(call.id)]
 
     # -- Triton -> client (called by `_Upstream`) -----------------------------------------------------------------
@@ -491,8 +518,8 @@ class Connection(asyncio.Protocol):
             ends = kind == h2.RST_STREAM or flags & h2.END_STREAM
             if call.pending is not None and ends:  # the refused stream's answers are through: its refusal now
                 code, text = call.pending
-                call.pending, call.refused = None, True  # the client's further frames are dropped
-                before = h2.grpc_status(stream, code, text, call.headers_sent)
+                call.pending = None
+                before = h2.grpc_status(stream, code, text, call.headers_sent) + self._reset(call)
             if kind == h2.HEADERS:
                 call.headers_sent = True
             if ends:

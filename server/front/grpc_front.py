@@ -30,7 +30,8 @@ What is refused, in the HTTP front's words:
 Malformed HTTP/2 ends the connection. Bytes that are not the connection preface (HTTP/1.1 on this port) are closed
 at once; after the preface a GOAWAY names the error: a frame over 16 KiB (Triton's SETTINGS reach the client with their
 frame size lowered to that, as the front holds each client frame whole), a header block that is not HPACK or is larger
-than the head limit, broken padding, a frame inside a header block, a CONTINUATION of nothing. A connection that has
+than the head limit, a padded HEADERS or DATA frame (grpc reads HEADERS padding as header block: what the front checked
+would not be what Triton runs), a frame inside a header block, a CONTINUATION of nothing. A connection that has
 not sent its preface and first frame within the head timeout is closed, and connections past the process's share of
 `--max-connections` are closed at once.
 """
@@ -53,6 +54,7 @@ METADATA = SERVICE + "ModelMetadata"
 INDEX = SERVICE + "RepositoryIndex"
 CLOSE_GRACE_S = 2.0  # at close, how long calls already relayed may still run
 LOOKUP_TIMEOUT_S = 5.0
+MAX_LOOKUPS, MAX_NAME = 64, 1024  # per server: models (and versions) looked up on demand; the longest name asked for
 
 
 class GrpcFront:
@@ -70,6 +72,7 @@ class GrpcFront:
         self.draining = False
         self.server: asyncio.base_events.Server | None = None
         self._prefetch: asyncio.Task | None = None
+        self.served: set[str] | None = None  # the ready models, once the lookup ahead has listed them
 
     async def listen(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -82,6 +85,7 @@ class GrpcFront:
         old server is dead or stopped: the calls still relayed to it are answered as lost (stopped, when draining)."""
         self.target = None if host is None else (host, int(port or 0))
         self.outputs.clear()
+        self.served = None
         for connection in list(self.connections):
             if connection.upstream is not None:
                 connection.upstream.lost()
@@ -119,12 +123,18 @@ class GrpcFront:
 
     # -- the models' numeric outputs (the classification check) ------------------------------------------------------
     def numeric(self, model: str, version: str) -> set[str] | None:
-        """The numeric outputs of `model` (None: unknown). Looked up once per server, normally ahead of time; a model
-        the lookup ahead did not cover is asked for here, blocking this loop for one local call."""
+        """The numeric outputs of `model` (None: unknown, so classification is refused). Looked up once per server,
+        normally ahead of time (every ready model); another version of a served model, or any model before that
+        lookup has ended, is asked for here, blocking this loop for one local call: at most MAX_LOOKUPS of them per
+        server, for names of a plausible length (a client chooses them)."""
         key = (model, version)
-        if key not in self.outputs and self.target is not None:
-            self.outputs[key] = _lookup(self.target, model, version)
-        return self.outputs.get(key)
+        if key in self.outputs:
+            return self.outputs[key]
+        if self.target is None or (self.served is not None and model not in self.served) \
+                or len(model) > MAX_NAME or len(version) > MAX_NAME or len(self.outputs) >= MAX_LOOKUPS:
+            return None
+        self.outputs[key] = found = _lookup(self.target, model, version)
+        return found
 
     def _prefetch_outputs(self, target: tuple[str, int]) -> None:
         import grpc
@@ -140,6 +150,8 @@ class GrpcFront:
             found = _lookup(target, model.name, "")
             if self.target == target:
                 self.outputs.setdefault((model.name, ""), found)
+        if self.target == target:
+            self.served = {model.name for model in index.models}
 
 
 def _lookup(target: tuple[str, int], model: str, version: str) -> set[str] | None:
@@ -153,7 +165,6 @@ def _lookup(target: tuple[str, int], model: str, version: str) -> set[str] | Non
         except grpc.RpcError:
             return None
     return numeric_outputs(service_pb2.ModelMetadataResponse.FromString(answer))
-
 
 
 __all__ = ["CLOSE_GRACE_S", "SERVICE", "GrpcFront"]
