@@ -48,7 +48,7 @@ def test_without_hpack_the_frame_watcher_is_skipped_and_says_how_to_get_it(front
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "hpack" else real(name, *rest))
     monkeypatch.setattr(front_cost, "load", lambda *args: pytest.fail("nothing is to be loaded without hpack"))
     found = front_cost.pipe_floor("grpc", 1, rounds=1, seconds=0.1, watch=True)
-    assert found == {"skipped": "hpack is not installed (pip install '.[bench]')"}
+    assert found == {"skipped": "hpack is not installed (pip install '.[serve]')"}
 
 
 @pytest.mark.parametrize("watch", [False, True], ids=["pipe", "watcher"])
