@@ -4,15 +4,14 @@ tables in step, the client's connection window given back), and what it passes m
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from hub_vit.server.front.limits import FrontLimits
+from tests.own_loop import Teardown, on_own_loop
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("hpack")
@@ -52,10 +51,9 @@ def front() -> Iterator[tuple[int, Recorder]]:
     from hub_vit.server.front.grpc_front import GrpcFront
     from hub_vit.server.runtime.launcher import free_port
 
-    recorder, ready, stop = Recorder(), threading.Event(), threading.Event()
-    ports = {"public": free_port(), "upstream": free_port()}
+    recorder, ports = Recorder(), {"public": free_port(), "upstream": free_port()}
 
-    async def run() -> None:
+    async def setup() -> Teardown:
         server = aio.server(options=[("grpc.max_receive_message_length", -1)])
         server.add_generic_rpc_handlers((recorder,))
         server.add_insecure_port(f"127.0.0.1:{ports['upstream']}")
@@ -63,18 +61,14 @@ def front() -> Iterator[tuple[int, Recorder]]:
         relay = recorder.front = GrpcFront(FrontLimits(max_body_bytes=LIMIT))
         await relay.listen("127.0.0.1", ports["public"])
         await relay.upstream("127.0.0.1", ports["upstream"])
-        ready.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.05)
-        await relay.close()
-        await server.stop(None)
 
-    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    yield ports["public"], recorder
-    stop.set()
-    thread.join(30)
+        async def teardown() -> None:
+            await relay.close()
+            await server.stop(None)
+        return teardown
+
+    with on_own_loop(setup):
+        yield ports["public"], recorder
 
 
 def _channel(port: int):  # noqa: ANN202

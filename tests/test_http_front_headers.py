@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from hub_vit.server.front.limits import FrontLimits
+from tests.own_loop import Teardown, on_own_loop
 
 httptools = pytest.importorskip("httptools")
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
@@ -34,25 +34,21 @@ def port() -> Iterator[int]:
     from hub_vit.server.front.http_front import HttpFront
     from hub_vit.server.runtime.launcher import free_port
 
-    ports, ready, stop = {"public": free_port(), "upstream": free_port()}, threading.Event(), threading.Event()
+    ports = {"public": free_port(), "upstream": free_port()}
 
-    async def run() -> None:
+    async def setup() -> Teardown:
         upstream = await asyncio.get_running_loop().create_server(_Triton, "127.0.0.1", ports["upstream"])
         front = HttpFront(FrontLimits())
         await front.listen("127.0.0.1", ports["public"])
         await front.upstream("127.0.0.1", ports["upstream"])
-        ready.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.05)
-        await front.close()
-        upstream.close()
 
-    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    yield ports["public"]
-    stop.set()
-    thread.join(30)
+        async def teardown() -> None:
+            await front.close()
+            upstream.close()
+        return teardown
+
+    with on_own_loop(setup):
+        yield ports["public"]
 
 
 def _status(port: int, header: bytes, declared: int | None = None, tensors: bytes = b"\0\0\x80?") -> int:

@@ -30,6 +30,8 @@ NUMERIC = {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT3
 STARTING = protocol.server_state(protocol.RESTARTING, "the server is starting or restarting; retry shortly")
 SHUTTING_DOWN = protocol.server_state(protocol.SHUTTING_DOWN, "the server is shutting down: no new request is taken")
 STOPPED = protocol.server_state(protocol.SHUTTING_DOWN, "the server stopped before answering (it is shutting down)")
+# Bodies (HTTP) or messages (gRPC) held for checking past the front's share of max_buffered_bytes: retry shortly
+BUSY = "the server holds too many large requests at once; retry shortly"
 # A request relayed to a server that died before answering (HTTP 502, gRPC UNAVAILABLE): lost, not refused; it may
 # have run, so it is not tagged as a server state a client would simply send again into
 LOST = "tritonserver closed the connection without an answer (it died? hub-vit serve restarts it)"

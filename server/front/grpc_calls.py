@@ -16,6 +16,7 @@ from hpack.exceptions import HPACKError
 
 from hub_vit.server.front import h2
 from hub_vit.server.front.checks import (
+    BUSY,
     LOST,
     SHUTTING_DOWN,
     STARTING,
@@ -28,6 +29,19 @@ from hub_vit.server.front.checks import (
     unreachable,
 )
 from hub_vit.server.front.limits import FrontLimits
+
+SERVICE = "/inference.GRPCInferenceService/"
+INFER = (SERVICE + "ModelInfer").encode()
+STREAM_INFER = (SERVICE + "ModelStreamInfer").encode()
+RESET_REMEMBERED = 1024  # per connection: streams the front reset whose frames in flight are still dropped
+REMEMBERED_BLOCKS = 64  # per connection: header blocks of indexed fields decoded once
+# The largest frame a client may send: Triton's SETTINGS are passed on with their frame size lowered to HTTP/2's
+# default (grpc advertises 4 MiB), as the front holds each client frame whole before passing it on
+MAX_CLIENT_FRAME = h2.DEFAULT_MAX_FRAME_SIZE
+# gRPC status codes (grpc.StatusCode's numbers)
+INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAVAILABLE = 3, 8, 12, 14
+ENCODINGS = (b"gzip", b"deflate")  # the message encodings Triton 2.51 reads
+_PREFIX = struct.Struct(">BL")  # a gRPC message's prefix: compressed flag, length
 
 
 class Front(Protocol):
@@ -44,20 +58,6 @@ class Front(Protocol):
 
     def numeric(self, model: str, version: str) -> set[str] | None: ...
 
-SERVICE = "/inference.GRPCInferenceService/"
-INFER = (SERVICE + "ModelInfer").encode()
-STREAM_INFER = (SERVICE + "ModelStreamInfer").encode()
-RESET_REMEMBERED = 1024  # per connection: streams the front reset whose frames in flight are still dropped
-REMEMBERED_BLOCKS = 64  # per connection: header blocks of indexed fields decoded once
-# The largest frame a client may send: Triton's SETTINGS are passed on with their frame size lowered to HTTP/2's
-# default (grpc advertises 4 MiB), as the front holds each client frame whole before passing it on
-MAX_CLIENT_FRAME = h2.DEFAULT_MAX_FRAME_SIZE
-# gRPC status codes (grpc.StatusCode's numbers)
-INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAVAILABLE = 3, 8, 12, 14
-ENCODINGS = (b"gzip", b"deflate")  # the message encodings Triton 2.51 reads
-BUSY = "the server holds too many large requests at once; retry shortly"
-_PREFIX = struct.Struct(">BL")  # a gRPC message's prefix: compressed flag, length
-
 
 class _Refusal(Exception):
     def __init__(self, code: int, text: str) -> None:
@@ -71,7 +71,6 @@ class _Broken(Exception):
     def __init__(self, code: int, text: str) -> None:
         super().__init__(text)
         self.code, self.text = code, text
-
 
 
 def _all_indexed(block: bytes) -> bool:
@@ -93,7 +92,7 @@ class _Stream:
     """One call as the front follows it: its method, its message being reassembled, and where it stands."""
 
     __slots__ = ("id", "path", "encoding", "prefix", "remaining", "compressed", "parts", "reserved", "relayed",
-                 "refused", "server_done", "client_done", "headers_sent", "pending", "messages")
+                 "server_done", "client_done", "headers_sent", "pending", "messages")
 
     def __init__(self, stream: int, path: bytes, encoding: bytes) -> None:
         self.id, self.path, self.encoding = stream, path, encoding
@@ -103,7 +102,6 @@ class _Stream:
         self.parts: list[bytes] = []  # the current message so far
         self.reserved = 0  # of the front's buffer share, for this message
         self.relayed = False  # passed on to Triton and not answered yet: counted in flight
-        self.refused = False  # the front ended it (reset at Triton): the client's further frames are dropped
         self.server_done = False  # Triton ended it
         self.client_done = False  # the client has sent END_STREAM
         self.headers_sent = False  # response headers went to the client: a refusal is then trailers
@@ -304,8 +302,7 @@ class Connection(asyncio.Protocol):
             known = self.streams.pop(stream, None)
             if known is not None:
                 self._forget(known)
-                return not known.refused, []  # a refused call was reset at Triton already
-            return stream not in self.reset, []
+            return stream not in self.reset, []  # a call the front ended was reset at Triton already
         if self.alone is not None:
             return self._alone_frame(kind, flags, payload)
         return True, []  # SETTINGS, PING, WINDOW_UPDATE, PRIORITY, GOAWAY, ...: Triton's business
@@ -386,7 +383,6 @@ class Connection(asyncio.Protocol):
             call.client_done = True
         if call.pending is not None:  # what the client still sends is dropped, its window given back
             self.credit += len(payload)
-            self._done_with(call)
             return False, []
         if call.server_done:  # Triton answered before the client finished: its business
             self._done_with(call)
@@ -411,8 +407,8 @@ class Connection(asyncio.Protocol):
         return True, []
 
     def _done_with(self, call: _Stream) -> None:
-        """Forget a call both sides have ended."""
-        if call.client_done and (call.server_done or call.refused) and call.pending is None:
+        """Forget a call both sides have ended (one the front ended is forgotten by `_reset`)."""
+        if call.client_done and call.server_done and call.pending is None:
             self.streams.pop(call.id, None)
             self._forget(call)
 
@@ -420,7 +416,6 @@ class Connection(asyncio.Protocol):
         """Forget a call the front has ended towards the client; the RST_STREAM (NO_ERROR) that tells a client still
         sending it to stop (RFC 9113, 8.1), or nothing. Its frames still on their way are dropped: the last
         RESET_REMEMBERED such streams are remembered."""
-        call.refused = True
         self.streams.pop(call.id, None)
         self._forget(call)
         if call.client_done:
@@ -543,7 +538,7 @@ class Connection(asyncio.Protocol):
         text = STOPPED if self.front.draining else LOST
         frames = []
         for call in self.streams.values():
-            if not (call.refused or call.server_done):
+            if not call.server_done:
                 frames.append(h2.grpc_status(call.id, UNAVAILABLE, text, call.headers_sent))
             self._forget(call)
         self.streams.clear()
@@ -570,8 +565,13 @@ class _Upstream(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
 
+    @property
+    def at_boundary(self) -> bool:
+        """Whether the next byte to the client starts a frame outside any header block: where the front's own may go."""
+        return not (self.remaining or self.partial or self.in_block)
+
     def inject(self, data: bytes) -> None:
-        if self.remaining or self.partial or self.in_block:
+        if not self.at_boundary:
             self.pending.append(data)
         else:
             self.connection.transport.write(data)
@@ -621,7 +621,7 @@ class _Upstream(asyncio.Protocol):
             out.append(data)
         else:
             out.append(data[start:at])
-        if self.pending and not (self.remaining or self.partial or self.in_block):
+        if self.pending and self.at_boundary:
             out.extend(self.pending)
             self.pending.clear()
         if connection.transport is not None:
@@ -629,7 +629,7 @@ class _Upstream(asyncio.Protocol):
 
     def lost(self) -> None:
         """Triton is gone (or being let go): end the client's connection, answering its calls."""
-        self.connection.upstream_lost(clean=not (self.remaining or self.partial or self.in_block))
+        self.connection.upstream_lost(clean=self.at_boundary)
         if self.transport is not None:
             self.transport.close()
 
@@ -637,4 +637,4 @@ class _Upstream(asyncio.Protocol):
         self.lost()
 
 
-__all__ = ["BUSY", "INFER", "SERVICE", "STREAM_INFER", "Connection"]
+__all__ = ["INFER", "SERVICE", "STREAM_INFER", "Connection"]

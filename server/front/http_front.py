@@ -37,6 +37,7 @@ from typing import Any
 import httptools
 
 from hub_vit.server.front.checks import (
+    BUSY,
     LOST,
     SHUTTING_DOWN,
     STARTING,
@@ -436,7 +437,7 @@ class Client(asyncio.Protocol):
             raise too_large(limits.max_body_bytes, f"the request body is {length} bytes, over the limit of "
                                                    f"{limits.max_body_bytes}")
         if front.buffered + length > self.front.max_buffered:
-            raise Refused(503, "the server holds too many large requests at once; retry shortly", close=True)
+            raise Refused(503, BUSY, close=True)
         request.length, request.taken = length, True  # from here the request is answered, whatever happens
         front.buffered += length
         front.in_flight += 1
