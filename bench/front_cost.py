@@ -141,6 +141,83 @@ def parser_cost(requests: int) -> dict[str, dict[str, float]]:
     return found
 
 
+# -- the HTTP front's own code ---------------------------------------------------------------------------------------
+class _Transport:
+    """Where the front's writes go when no socket is there: kept until read, nothing sent."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        raise RuntimeError("the front closed a connection in the code benchmark")
+
+
+def front_code_cost(requests: int, rounds: int = 9, front: Any = None) -> dict[str, float]:
+    """CPU microseconds per request of the HTTP front's own code (server/front/http_front.py, or the module `front`),
+    in this process, no sockets: a client's inference request handed to the front as one read, relayed on a pooled
+    connection, Triton's answer handed back as one read, relayed to the client. `repeated`: the same request and answer
+    each time (what clients and Triton send: heads met before); `fresh`: each request and answer head a new one (every
+    one parsed by llhttp and checked). `rounds` rounds of each, alternating, `requests` requests each; the medians.
+    Free of the loopback's and the scheduler's noise: the cost the front adds per request where it has a core of its
+    own (docs/serving.md, "The front's cost")."""
+    from hub_vit.server.front import http_front
+    from hub_vit.server.front.limits import FrontLimits
+
+    front = front or http_front
+    header = _infer_header()
+    body = header + struct.pack("<f", 1.0)
+    answer_header = json.dumps({"model_name": MODEL, "model_version": "1", "outputs": [
+        {"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 1], "parameters": {"binary_data_size": 4}}]}).encode()
+
+    def request(tag: int) -> bytes:
+        return (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: %d\r\n"
+                b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+                % (MODEL.encode(), tag, len(header), len(body))) + body
+
+    def answer(tag: int) -> bytes:
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nX-Tag: %d\r\n"
+                b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+                % (tag, len(answer_header), len(answer_header) + 4)) + answer_header + struct.pack("<f", 1.0)
+
+    fresh = [(request(i), answer(i)) for i in range(requests)]
+    repeated = [fresh[0]] * requests
+
+    async def us(pairs: list[tuple[bytes, bytes]]) -> float:
+        relaying = front.HttpFront(FrontLimits())
+        await relaying.upstream("127.0.0.1", 1)
+        upstream, client = front.Upstream(relaying, relaying.generation), front.Client(relaying)
+        upstream_transport, client_transport = _Transport(), _Transport()
+        upstream.connection_made(upstream_transport)
+        client.connection_made(client_transport)
+        relaying.idle.append(upstream)
+        relaying.upstreams = 1
+        start = time.process_time()
+        for sent, answered in pairs:
+            client.data_received(sent)
+            upstream.data_received(answered)
+        elapsed = time.process_time() - start
+        assert len(client_transport.written) == requests and client_transport.written[-1].startswith(b"HTTP/1.1 200")
+        return elapsed * 1e6 / requests
+
+    measured: dict[str, list[float]] = {"repeated": [], "fresh": []}
+    for index in range(rounds):
+        for kind in ("repeated", "fresh") if index % 2 == 0 else ("fresh", "repeated"):
+            measured[kind].append(asyncio.run(us(repeated if kind == "repeated" else fresh)))
+    found = {kind: float(np.median(values)) for kind, values in measured.items()}
+    print(f"HTTP front's code: {found['repeated']:.1f} us per request repeated, {found['fresh']:.1f} us per fresh "
+          "request", flush=True)
+    return found
+
+
 # -- grpcio's own floor ---------------------------------------------------------------------------------------------
 EMPTY_GRPC_SERVER = """
 import sys
@@ -617,7 +694,9 @@ def front_cost(process_counts: list[int], rounds: int, seconds: float, parser_re
     """The whole run (see the module docstring)."""
     report: dict[str, Any] = {"concurrency": CONCURRENCY, "batch": 1, "rounds": rounds, "seconds": seconds,
                               "cores": len(os.sched_getaffinity(0)), "load_average_start": os.getloadavg(),
-                              "parsers": parser_cost(parser_requests), "grpcio_floor": grpcio_floor(seconds),
+                              "parsers": parser_cost(parser_requests),
+                              "http_front_code_us": front_code_cost(parser_requests // 10),
+                              "grpcio_floor": grpcio_floor(seconds),
                               "processes": {}}
     with tempfile.TemporaryDirectory(prefix="bench-front-") as tmp:
         repository = write_identity_repository(Path(tmp) / "repository")

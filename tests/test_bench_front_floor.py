@@ -77,3 +77,8 @@ def test_the_pipes_relay_grpc_calls_whole(front_cost: ModuleType, watch: bool) -
         for process in (pipe, server):
             process.terminate()
             process.wait()
+
+
+def test_the_http_front_code_cost_relays_every_request_of_both_kinds(front_cost: ModuleType) -> None:
+    found = front_cost.front_code_cost(40, rounds=2)  # it asserts each of the 40 requests got Triton's 200 back
+    assert set(found) == {"repeated", "fresh"} and all(0 < us < 10_000 for us in found.values()), found

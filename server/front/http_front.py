@@ -21,7 +21,10 @@ framing. On top of llhttp, what the front refuses (docs/serving.md, "Limits and 
   them and closes the pooled connections to Triton, so Triton's own drain is not held open by them.
 
 Everything is callbacks on the process's event loop (no task per request): a coroutine runs only for the rare request
-that needs one (the model's metadata, a large JSON header, a compressed body).
+that needs one (the model's metadata, a large JSON header, a compressed body). Clients repeat themselves, and so does
+Triton: a request head, an inference JSON header or an answer head met before, byte for byte, is not parsed or checked
+again; what was derived from it is reused (remembered.py). A repeated head is recognised only when a read holds exactly
+one whole message that starts with it, between messages (else llhttp parses the read), so framing is never guessed.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from hub_vit.server.front.checks import (
     wants_classification,
 )
 from hub_vit.server.front.limits import FrontLimits
+from hub_vit.server.front.remembered import Remembered
 
 INFER_PATH = re.compile(rb"^/v2/models/(?P<model>[^/?]+)(?:/versions/[^/?]+)?/infer(?:\?.*)?$")
 HEALTH_PATH = re.compile(rb"^/v2/health/(live|ready)(?:\?.*)?$")
@@ -62,15 +66,17 @@ REASONS = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout"
            413: "Payload Too Large", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large",
            502: "Bad Gateway", 503: "Service Unavailable"}
 LARGE_JSON = 1 << 20  # a JSON header this long is parsed off the event loop
-# inference JSON headers remembered as passed, per front process: at most this many, each at most this long
-PASSED_HEADERS, REMEMBERED_HEADER_BYTES = 256, 4096
+# request heads, inference JSON headers and answer heads remembered, per front process: at most this many of each,
+# each at most this long
+REMEMBERED, REMEMBERED_BYTES = 256, 4096
 SWEEP_S = 0.5  # how often connection deadlines are checked
 
 
 class Request:
     """One request as llhttp parsed it."""
 
-    __slots__ = ("method", "url", "fields", "relayed", "head_size", "body", "keep_alive", "length", "taken")
+    __slots__ = ("method", "url", "fields", "relayed", "head_size", "body", "keep_alive", "length", "taken",
+                 "relay_head")
 
     def __init__(self) -> None:
         self.method, self.url, self.body = b"", b"", []
@@ -78,10 +84,54 @@ class Request:
         self.relayed: list[tuple[bytes, bytes]] = []  # the headers relayed to Triton: not hop-by-hop, not framing
         self.head_size = 0  # the headers' bytes, as the head limit counts them (the URL's come on top)
         self.keep_alive, self.length, self.taken = True, 0, False
+        self.relay_head: bytes | None = None  # the head relayed to Triton, for a body of `length` bytes
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of header `name` (lower case)."""
         return self.fields.get(name)
+
+    def relay_head_for(self, length: int) -> bytes:
+        """The head the front writes to Triton for this request with a body of `length` bytes."""
+        head = [self.method, b" ", self.url, b" HTTP/1.1\r\n"]
+        for name, value in self.relayed:
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"Content-Length: ", str(length).encode(), b"\r\nConnection: keep-alive\r\n\r\n"]
+        return b"".join(head)
+
+
+class KnownHead:
+    """What a request head met before, byte for byte, parsed to and passed: a Request for each body that follows it."""
+
+    __slots__ = ("method", "url", "fields", "relayed", "keep_alive", "length", "relay_head")
+
+    def __init__(self, request: Request) -> None:
+        self.method, self.url, self.fields, self.relayed = request.method, request.url, request.fields, request.relayed
+        self.keep_alive, self.length = request.keep_alive, request.length
+        self.relay_head: bytes | None = None  # written when first met again: most heads are never met again
+
+    def request(self, body: bytes) -> Request:
+        if self.relay_head is None:
+            self.relay_head = Request.relay_head_for(self, self.length)  # type: ignore[arg-type]
+        request = Request()
+        request.method, request.url, request.fields, request.relayed = self.method, self.url, self.fields, self.relayed
+        request.keep_alive, request.length, request.relay_head, request.body = (self.keep_alive, self.length,
+                                                                                  self.relay_head, [body])
+        return request
+
+
+class Answer:
+    """Triton's answer head as the front relays it: the status line and the headers that are not hop-by-hop or framing
+    (`lines`; the front adds its own Content-Length and Connection), and how long a body it announced."""
+
+    __slots__ = ("status", "lines", "keep_alive", "length")
+
+    def __init__(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], keep_alive: bool,
+                 length: int) -> None:
+        lines = [b"HTTP/1.1 ", str(status).encode(), b" ", reason, b"\r\n"]
+        for name, value in headers:
+            if name.lower() not in NOT_RELAYED:
+                lines += [name, b": ", value, b"\r\n"]
+        self.status, self.lines, self.keep_alive, self.length = status, b"".join(lines), keep_alive, length
 
 
 class HttpFront:
@@ -94,7 +144,10 @@ class HttpFront:
         self.upstream_address: tuple[str, int] | None = None  # None: no server ready (starting, restarting) -> 503
         self.generation = 0  # bumped at each `upstream`: pooled connections of an older server are dropped
         self.outputs: dict[bytes, set[str] | None] = {}  # model -> its numeric outputs, per upstream
-        self.passed_headers: set[bytes] = set()  # inference JSON headers that passed the checks needing no model
+        # inference JSON headers that passed the checks needing no model; request heads that passed; answer heads
+        self.passed_headers: Remembered[bool] = Remembered(REMEMBERED, REMEMBERED_BYTES)
+        self.known_requests: Remembered[KnownHead] = Remembered(REMEMBERED, REMEMBERED_BYTES)
+        self.known_answers: Remembered[Answer] = Remembered(REMEMBERED, REMEMBERED_BYTES)
         self.idle: list[Upstream] = []
         self.upstreams = 0  # open connections to Triton
         self.waiting: deque[tuple[bytes, Callable[[Upstream | None], None]]] = deque()  # for a free upstream
@@ -116,6 +169,7 @@ class HttpFront:
     async def upstream(self, host: str | None, port: int | None) -> None:
         self.generation += 1
         self.outputs.clear()
+        self.known_answers.forget()
         self._close_idle()
         self.upstream_address = None if host is None else (host, int(port or 0))
 
@@ -152,10 +206,10 @@ class HttpFront:
                 client.timed_out()
 
     # -- relaying ----------------------------------------------------------------------------------------------------
-    def relay(self, request: bytes, answered: Callable[[int, bytes, list, bytes], None],
+    def relay(self, request: bytes, answered: Callable[[Answer, bytes], None],
               failed: Callable[[Refused], None]) -> None:
-        """Send `request` (whole, framed by the front) to Triton on a pooled connection; `answered(status, reason,
-        headers, body)` or `failed(refusal)` is called with the outcome."""
+        """Send `request` (whole, framed by the front) to Triton on a pooled connection; `answered(answer, body)` or
+        `failed(refusal)` is called with the outcome."""
         if self.upstream_address is None:
             failed(Refused(503, STARTING))
             return
@@ -214,8 +268,8 @@ class HttpFront:
         if model not in self.outputs:
             future: asyncio.Future = asyncio.get_running_loop().create_future()
 
-            def answered(status: int, reason: bytes, headers: list, body: bytes) -> None:
-                future.set_result((status, body))
+            def answered(answer: Answer, body: bytes) -> None:
+                future.set_result((answer.status, body))
 
             def failed(refusal: Refused) -> None:
                 future.set_result((refusal.status, b""))
@@ -234,9 +288,9 @@ class Exchange:
     closed meanwhile is retried once on a fresh one."""
 
     __slots__ = ("front", "request", "answered", "failed", "connection", "pooled", "status", "reason", "headers",
-                 "body", "done")
+                 "body", "done", "unread")
 
-    def __init__(self, front: HttpFront, request: bytes, answered: Callable[[int, bytes, list, bytes], None],
+    def __init__(self, front: HttpFront, request: bytes, answered: Callable[[Answer, bytes], None],
                  failed: Callable[[Refused], None]) -> None:
         self.front, self.request, self.answered, self.failed = front, request, answered, failed
         self.connection: Upstream | None = None
@@ -251,17 +305,17 @@ class Exchange:
     def send(self, connection: Upstream, pooled: bool) -> None:
         self.connection, self.pooled = connection, pooled
         self.status, self.reason, self.headers, self.body = 0, b"", [], []
+        self.unread = True  # nothing of the answer read yet: llhttp is between answers
         connection.exchange = self
         connection.transport.write(self.request)
 
-    def complete(self) -> None:
+    def complete(self, answer: Answer, body: bytes) -> None:
         self.done = True
         connection = self.connection
         assert connection is not None
         connection.exchange = None
-        reusable = connection.parser.should_keep_alive()
-        self.front.release(connection, reusable)
-        self.answered(self.status, self.reason, self.headers, b"".join(self.body))
+        self.front.release(connection, answer.keep_alive)
+        self.answered(answer, body)
 
     def broken(self) -> None:
         """The connection ended (or sent garbage) before the whole answer."""
@@ -278,18 +332,30 @@ class Exchange:
 
 
 class Upstream(asyncio.Protocol):
-    """A keep-alive connection to Triton's HTTP port; answers parsed by llhttp."""
+    """A keep-alive connection to Triton's HTTP port; answers parsed by llhttp, or known by their head."""
 
     def __init__(self, front: HttpFront, generation: int) -> None:
         self.front, self.generation = front, generation
         self.exchange: Exchange | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.transport: Any = None
+        self.seen: tuple[bytes, int] | None = None  # the head the read being parsed starts with, and the read's size
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        exchange, self.seen = self.exchange, None
+        if exchange is not None and exchange.unread:
+            exchange.unread = False
+            end = data.find(b"\r\n\r\n") + 4
+            if end > 3:
+                head = data[:end]
+                known = self.front.known_answers.get(head)
+                if known is not None and len(data) - end == known.length:  # one whole answer, its head met before
+                    exchange.complete(known, data[end:])
+                    return
+                self.seen = head, len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -319,10 +385,18 @@ class Upstream(asyncio.Protocol):
             self.exchange.body.append(body)
 
     def on_message_complete(self) -> None:
-        if self.exchange is not None:
-            self.exchange.complete()
-        else:  # an answer nobody asked for: the connection is not to be trusted
+        exchange = self.exchange
+        if exchange is None:  # an answer nobody asked for: the connection is not to be trusted
             self.transport.close()
+            return
+        body = b"".join(exchange.body)
+        answer = Answer(exchange.status, exchange.reason, exchange.headers, self.parser.should_keep_alive(), len(body))
+        seen, self.seen = self.seen, None
+        # the read was this answer, whole and alone, framed by its length (a body up to the connection's end is not)
+        if (seen is not None and seen[1] == len(seen[0]) + len(body) and answer.keep_alive
+                and self.front.known_answers.met(seen[0])):
+            self.front.known_answers.remember(seen[0], answer)
+        exchange.complete(answer, body)
 
 
 class Client(asyncio.Protocol):
@@ -341,6 +415,7 @@ class Client(asyncio.Protocol):
         self.over = False  # beyond the connection cap when it came
         self.deadline = 0.0  # 0: none (a request is being relayed)
         self.closing = False
+        self.seen: tuple[bytes, int] | None = None  # the head the read being parsed starts with, and the read's size
 
     # -- the connection --------------------------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -371,6 +446,16 @@ class Client(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        self.seen = None
+        if self.parsing is None and self.current is None and not self.queue:  # between requests, none being answered
+            end = data.find(b"\r\n\r\n") + 4
+            if end > 3:
+                head = data[:end]
+                known = self.front.known_requests.get(head)
+                if known is not None and len(data) - end == known.length:  # one whole request, its head met before
+                    self._known(known.request(data[end:]))
+                    return
+                self.seen = head, len(data)
         heads = self.heads
         try:
             self.parser.feed_data(data)
@@ -411,7 +496,7 @@ class Client(asyncio.Protocol):
             request.relayed.append((name, value))
 
     def on_headers_complete(self) -> None:
-        request, front, limits = self.parsing, self.front, self.front.limits
+        request, limits = self.parsing, self.front.limits
         assert request is not None
         self.in_head = False
         self.heads += 1
@@ -421,11 +506,6 @@ class Client(asyncio.Protocol):
         self.head_bytes = 0
         request.method = self.parser.get_method()
         request.keep_alive = self.parser.should_keep_alive()
-        if self.over and not HEALTH_PATH.match(request.url):
-            raise Refused(503, f"too many open connections ({_cap_words(front.limits)}); only health requests are "
-                               "answered until some close", close=True)
-        if front.draining:
-            raise Refused(503, SHUTTING_DOWN, close=True)
         if request.method not in (b"GET", b"POST"):
             raise Refused(405, f"method {request.method.decode('latin-1')} is not served; GET and POST are",
                           close=True)
@@ -436,17 +516,42 @@ class Client(asyncio.Protocol):
         if length > limits.max_body_bytes:
             raise too_large(limits.max_body_bytes, f"the request body is {length} bytes, over the limit of "
                                                    f"{limits.max_body_bytes}")
-        if front.buffered + length > self.front.max_buffered:
-            raise Refused(503, BUSY, close=True)
-        request.length, request.taken = length, True  # from here the request is answered, whatever happens
-        front.buffered += length
-        front.in_flight += 1
+        request.length = length
+        self._admit(request)
         if length:
             if (request.header(b"expect") or b"").lower() == b"100-continue":  # curl waits for it before sending
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self.deadline = time.monotonic() + limits.body_timeout_s
         else:
             self.deadline = 0.0
+
+    def _admit(self, request: Request) -> None:
+        """After the head's own checks, refuse what the moment refuses (a connection over the cap, a front draining,
+        the bytes buffered at their bound), else reserve the request's body among the bytes buffered: from here it is
+        answered, whatever happens."""
+        front = self.front
+        if self.over and not HEALTH_PATH.match(request.url):
+            raise Refused(503, f"too many open connections ({_cap_words(front.limits)}); only health requests are "
+                               "answered until some close", close=True)
+        if front.draining:
+            raise Refused(503, SHUTTING_DOWN, close=True)
+        if front.buffered + request.length > front.max_buffered:
+            raise Refused(503, BUSY, close=True)
+        request.taken = True
+        front.buffered += request.length
+        front.in_flight += 1
+
+    def _known(self, request: Request) -> None:
+        """A whole request whose head was met before, byte for byte (its checks passed then): only what depends on
+        the moment is checked, then it is answered as llhttp's would be."""
+        try:
+            self._admit(request)
+        except Refused as refusal:
+            self.refuse(refusal)
+            return
+        self.heads += 1
+        self.queue.append(request)
+        self._next()
 
     def on_body(self, body: bytes) -> None:
         assert self.parsing is not None
@@ -456,6 +561,14 @@ class Client(asyncio.Protocol):
         request, self.parsing = self.parsing, None
         assert request is not None
         self.in_head = True
+        seen, self.seen = self.seen, None
+        if self.parser.should_upgrade():  # llhttp raises HttpParserUpgrade next, and the connection is refused
+            self._release(request)
+            return
+        if (seen is not None and seen[1] == len(seen[0]) + request.length  # the read was this request, whole and alone
+                and b"content-encoding" not in request.fields and b"expect" not in request.fields
+                and self.front.known_requests.met(seen[0])):
+            self.front.known_requests.remember(seen[0], KnownHead(request))
         self.queue.append(request)
         if self.current is None:
             self._next()
@@ -499,17 +612,15 @@ class Client(asyncio.Protocol):
             return None
         # clients repeat the same JSON header (the tensors follow it): one that passed is not parsed again
         passed = self.front.passed_headers
-        json_part = body[:size] if length is not None and size <= min(len(body), REMEMBERED_HEADER_BYTES) else None
-        if json_part is not None and json_part in passed:
+        json_part = body[:size] if length is not None and size <= len(body) else None
+        if json_part is not None and passed.get(json_part):
             return body
         header = inference_header(infer["model"].decode("latin-1"), body, length)
         if wants_classification(header):
             return None
         check_inference(header, set(), self.front.limits.queue_timeouts)
         if json_part is not None:
-            if len(passed) >= PASSED_HEADERS:
-                passed.clear()
-            passed.add(json_part)
+            passed.remember(json_part, True)
         return body
 
     async def _check_then_relay(self, request: Request) -> None:
@@ -534,21 +645,18 @@ class Client(asyncio.Protocol):
         self._relay(request, body)
 
     def _relay(self, request: Request, body: bytes) -> None:
-        head = [request.method, b" ", request.url, b" HTTP/1.1\r\n"]
-        for name, value in request.relayed:
-            head += [name, b": ", value, b"\r\n"]
-        head += [b"Content-Length: ", str(len(body)).encode(), b"\r\nConnection: keep-alive\r\n\r\n", body]
-        self.front.relay(b"".join(head), self._answered, lambda refusal: self._finish(refusal=refusal))
+        head = request.relay_head if request.relay_head is not None and len(body) == request.length else \
+            request.relay_head_for(len(body))  # an inflated body is relayed with its own length
+        self.front.relay(head + body, self._answered, self._refused)
 
-    def _answered(self, status: int, reason: bytes, headers: list, body: bytes) -> None:
+    def _refused(self, refusal: Refused) -> None:
+        self._finish(refusal=refusal)
+
+    def _answered(self, answer: Answer, body: bytes) -> None:
         close = self._closes(self.current)
-        head = [b"HTTP/1.1 ", str(status).encode(), b" ", reason, b"\r\n"]
-        for name, value in headers:
-            if name.lower() not in NOT_RELAYED:
-                head += [name, b": ", value, b"\r\n"]
-        head += [b"Content-Length: ", str(len(body)).encode(), b"\r\nConnection: ",
-                 b"close" if close else b"keep-alive", b"\r\n\r\n", body]
-        self._finish(answer=b"".join(head), close=close)
+        self._finish(answer=b"".join((answer.lines, b"Content-Length: ", str(len(body)).encode(),
+                                      b"\r\nConnection: close\r\n\r\n" if close else
+                                      b"\r\nConnection: keep-alive\r\n\r\n", body)), close=close)
 
     def _closes(self, request: Request | None) -> bool:
         return self.front.draining or request is None or not request.keep_alive
