@@ -612,6 +612,18 @@ def _served(serve_pid: int) -> tuple[list[int], list[int], dict[str, int]]:
     return fronts, triton, ports
 
 
+def idle_cpu_per_s(pids: list[int], windows: int = 4, window_s: float = 1.0) -> float:
+    """The CPU seconds per second `pids` spend with no load: the least over `windows` windows of `window_s`. Right after
+    serve is ready its front processes still finish starting (a second of CPU with 4 processes); activity only adds,
+    so the quietest window is the idle rate, which the rounds then subtract."""
+    rates = []
+    for _ in range(windows):
+        start, cpu = time.monotonic(), _cpu_s(pids)
+        time.sleep(window_s)
+        rates.append((_cpu_s(pids) - cpu) / (time.monotonic() - start))
+    return min(rates)
+
+
 def measure_processes(repository: Path, processes: int, rounds: int, seconds: float,
                       floors: bool = False) -> dict[str, Any]:
     """One `hub-vit serve` with `processes` front processes: both protocols, public vs private, `rounds` pairs; with
@@ -631,9 +643,7 @@ def measure_processes(repository: Path, processes: int, rounds: int, seconds: fl
                 raise SystemExit(f"hub-vit serve exited with {serve.returncode}: {serve.stderr.read()[-2000:]}")
             time.sleep(0.5)
             fronts, triton, private = _served(serve.pid)
-        idle_start, idle_cpu = time.monotonic(), _cpu_s(fronts)
-        time.sleep(2.0)
-        idle_per_s = (_cpu_s(fronts) - idle_cpu) / (time.monotonic() - idle_start)
+        idle_per_s = idle_cpu_per_s(fronts)
         rows = {}
         for protocol in ("http", "grpc"):
             load(protocol, public[protocol], min(seconds, 1.0))  # warm-up: connections, Triton's batcher

@@ -82,3 +82,12 @@ def test_the_pipes_relay_grpc_calls_whole(front_cost: ModuleType, watch: bool) -
 def test_the_http_front_code_cost_relays_every_request_of_both_kinds(front_cost: ModuleType) -> None:
     found = front_cost.front_code_cost(40, rounds=2)  # it asserts each of the 40 requests got Triton's 200 back
     assert set(found) == {"repeated", "fresh"} and all(0 < us < 10_000 for us in found.values()), found
+
+
+def test_the_idle_cpu_is_the_quietest_window_not_the_start_up(front_cost: ModuleType,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # CPU seconds read at each window's start and end: 0.9 s of start-up work in the first window, then 5 ms/s
+    readings = iter([0.0, 0.9, 0.9, 0.905, 0.905, 0.91, 0.91, 0.915])
+    monkeypatch.setattr(front_cost, "_cpu_s", lambda pids: next(readings))
+    rate = front_cost.idle_cpu_per_s([1], windows=4, window_s=0.01)
+    assert 0 < rate <= 0.005 / 0.01, rate  # a window lasts at least its 10 ms: the quiet ones are at most 0.5 s/s

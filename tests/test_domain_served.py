@@ -78,6 +78,10 @@ def int8_server(tmp_path_factory) -> Iterator[TritonServer]:
     still be told apart."""
     pytest.importorskip("openvino")
     pytest.importorskip("nncf")
+    from hub_vit.export import registry
+
+    if unpaid := registry.get("openvino-int8").unpaid():  # no VNNI / AMX-INT8 (tests/test_openvino_variants.py)
+        pytest.skip(f"openvino-int8 does not pay off on this host: {'; '.join(unpaid)}")
     yield from _serve(DIGITS, tmp_path_factory.mktemp("int8") / "repository", cpu_variant="openvino-int8")
 
 

@@ -28,8 +28,19 @@ from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, write_repository
 from tests.served import start_server
 
+# static int8 is declared to pay off only with VNNI / AMX-INT8 (`registry`): on AVX2 alone (a Zen 3) the plugin's int8
+# kernels kept 10 of the tiny model's layers in float and failed the shipped model's bounds; `all` and `auto` leave it
+# out there (tests/test_readme.py), so what these tests hold it to is checked where it is built for
+STATIC_INT8_PAYS = pytest.mark.skipif(bool(registry.get("openvino-int8").unpaid()),
+                                      reason="openvino-int8 does not pay off on this host: "
+                                             + "; ".join(registry.get("openvino-int8").unpaid()))
+
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
+
+# where the CPU plugin runs no bf16 at all (AVX2 alone, a Zen 3; avx512 hosts emulate it), openvino-bf16 is refused
+# for running at f32 (test_a_precision_the_cpu_cannot_run_is_refused_not_silently_replaced)
+RUNS_BF16 = "BF16" in openvino_runtime.core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 COMPILE = {"openvino-fp32": {"INFERENCE_PRECISION_HINT": "f32"}, "openvino-bf16": {"INFERENCE_PRECISION_HINT": "bf16"},
            "openvino-int8-dynamic": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": str(openvino_build.DYNAMIC_GROUP_SIZE)}}
@@ -64,8 +75,7 @@ def _damaged_build(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(Path(fp32_onnx).parent / "damaged.onnx")
 
     monkeypatch.setattr(openvino_build, "read_model", damaged)
-
-
+@STATIC_INT8_PAYS
 def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp_path: Path) -> None:
     """A random SimpleViT with a pre-logits layer: quantised whole, its pre-logits Linear (after the average pool) puts
     the features far outside the bounds; the search keeps that layer in float, the variant passes, and the layers it
@@ -107,8 +117,7 @@ def _asymmetric_activation_quantisers(xml: Path) -> list[str]:
         if not (np.all(low == 0) or np.allclose(low, -high * 128 / 127, rtol=1e-5)):
             found.append(op.get_friendly_name())
     return found
-
-
+@STATIC_INT8_PAYS
 def test_the_shipped_digits_models_static_int8_is_judged_on_its_held_out_digits(tmp_path: Path) -> None:
     """The trained digits model from its folder, as `hub-vit serve` builds it: static int8 passes, its bounds judged on
     the held-out digits its folder names, the noise and photo crops reported beside them; the served manifest says
@@ -131,7 +140,7 @@ def test_the_shipped_digits_models_static_int8_is_judged_on_its_held_out_digits(
 
 
 def test_openvino_variants_are_written_verified_and_replaced_as_a_set(digits: ResolvedModel, tmp_path: Path) -> None:
-    written = ["openvino-fp32", "openvino-bf16", "openvino-int8-dynamic"]
+    written = ["openvino-fp32", *(["openvino-bf16"] if RUNS_BF16 else []), "openvino-int8-dynamic"]
     check = VerificationSet(n_random=4, n_photos=8, seed=0)
     report = export_variants(digits.module, tmp_path, ExportPlan(("fp32", *written)), check)
     evidence = gather_evidence(digits.module, check, calibrated=False)  # the same images, from the same seed
@@ -154,9 +163,10 @@ def test_openvino_variants_are_written_verified_and_replaced_as_a_set(digits: Re
         assert (cosine.min(), rel_error.max()) == pytest.approx((worst["logits_min_cosine"],
                                                                  worst["logits_max_rel_error"]), rel=1e-5)
     assert report.outcome("openvino-fp32").verification["worst"]["logits_max_rel_error"] < 1e-4
-    for variant in ("openvino-bf16", "openvino-int8-dynamic"):  # really reduced precision, within the bounds
+    for variant in written[1:]:  # really reduced precision, within the bounds
         assert 1e-4 < report.outcome(variant).verification["worst"]["logits_max_rel_error"] <= criterion.MAX_REL_ERROR
-    assert report.outcome("openvino-bf16").verification["provider"] == "OpenVINO CPU (bf16)"
+    if RUNS_BF16:
+        assert report.outcome("openvino-bf16").verification["provider"] == "OpenVINO CPU (bf16)"
     # a later export with this stem replaces the earlier one's files, the IR pairs and settings included
     export_variants(digits.module, tmp_path, ExportPlan(("fp32",)), VerificationSet(n_random=2, n_photos=2, seed=0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.export.json", "model.onnx"]
@@ -219,7 +229,8 @@ def test_without_openvino_the_variants_are_refused_by_name_or_left_out(digits: R
 
 @pytest.mark.triton
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["openvino-int8-dynamic", "openvino-bf16"])
+@pytest.mark.parametrize("variant", ["openvino-int8-dynamic", pytest.param("openvino-bf16", marks=pytest.mark.skipif(
+    not RUNS_BF16, reason="OpenVINO's CPU plugin runs no bf16 on this CPU"))])
 def test_a_forced_openvino_variant_is_served_within_the_criterion(digits: ResolvedModel, tmp_path: Path,
                                                                    variant: str) -> None:
     from tests.served import digit_pngs, fp32_logits, served_logits

@@ -82,7 +82,8 @@ def _every_variant_this_host_can_build(checkout: Path) -> None:
     # photos, reported beside them), and pass there
     assert report["settings"]["calibrated_bounds_scope"] == "held-out images"
     for name in ("int8-static", "openvino-int8"):
-        if by_name[name]["error"].startswith("not built"):  # openvino-int8 without OpenVINO
+        # openvino-int8 without OpenVINO, or where it does not pay off (no VNNI / AMX-INT8)
+        if by_name[name]["error"].startswith("not built"):
             continue
         assert by_name[name]["written"], (name, by_name[name]["error"])
         check = by_name[name]["verification"]

@@ -269,8 +269,12 @@ def _openvino_bf16(job: BuildJob) -> Built:
     return Built(build_plain(job.fp32, job.out, "bf16"))
 
 
-@register_variant("openvino-int8", runtime="openvino", precision="int8", needs=(OPENVINO,), calibrated=True,
-                  summary="NNCF static int8, the layers the criterion finds sensitive kept in float")
+# openvino-int8's MatMuls are quantised for the CPU plugin's signed VNNI / AMX kernels (openvino_build.NNCF_SETTINGS).
+# Without those units the plugin's AVX2 path is both slow and, on a Zen 3, outside the bounds: the shipped model's
+# search kept 18 layers in float (1 to 5 on an AMX host, docs/export.md), and a held-out digit still fell to cosine
+# 0.988.
+@register_variant("openvino-int8", runtime="openvino", precision="int8", needs=(OPENVINO,), pays_with=(INT8_UNITS,),
+                  calibrated=True, summary="NNCF static int8, the layers the criterion finds sensitive kept in float")
 def _openvino_int8(job: BuildJob) -> Built:
     from hub_vit.export.openvino_build import build_static_int8
 
