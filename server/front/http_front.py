@@ -88,11 +88,16 @@ class Request:
 
     def relay_head_for(self, length: int) -> bytes:
         """The head the front writes to Triton for this request with a body of `length` bytes."""
-        head = [self.method, b" ", self.url, b" HTTP/1.1\r\n"]
-        for name, value in self.relayed:
-            head += [name, b": ", value, b"\r\n"]
-        head += [b"Content-Length: ", str(length).encode(), b"\r\nConnection: keep-alive\r\n\r\n"]
-        return b"".join(head)
+        return relay_head(self.method, self.url, self.relayed, length)
+
+
+def relay_head(method: bytes, url: bytes, relayed: list[tuple[bytes, bytes]], length: int) -> bytes:
+    """The head the front writes to Triton: the request line, the `relayed` headers, its own framing."""
+    head = [method, b" ", url, b" HTTP/1.1\r\n"]
+    for name, value in relayed:
+        head += [name, b": ", value, b"\r\n"]
+    head += [b"Content-Length: ", str(length).encode(), b"\r\nConnection: keep-alive\r\n\r\n"]
+    return b"".join(head)
 
 
 class KnownHead:
@@ -107,7 +112,7 @@ class KnownHead:
 
     def request(self, body: bytes) -> Request:
         if self.relay_head is None:
-            self.relay_head = Request.relay_head_for(self, self.length)  # type: ignore[arg-type]
+            self.relay_head = relay_head(self.method, self.url, self.relayed, self.length)
         request = Request()
         request.method, request.url, request.fields, request.relayed = self.method, self.url, self.fields, self.relayed
         request.keep_alive, request.length, request.relay_head, request.body = (self.keep_alive, self.length,
