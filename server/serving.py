@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -74,12 +75,14 @@ class Endpoints:
 class ServeHooks:
     """What the caller is told. `serving(server, restarted)`: a server became ready (it may raise to stop);
     `event(line)`: a server died and is replaced; `say(line)`: a stop signal arrived; `log(line)`: each line of
-    Triton's own log (None: not shown)."""
+    Triton's own log (None: not shown); `refused(counts, seconds)`: what the front answered itself in the last
+    `seconds` (`{protocol: {code: count}}`, server/front/refusals.py), when it answered any."""
 
     serving: Callable[[TritonServer, bool], None]
     event: Callable[[str], None]
     say: Callable[[str], None]
     log: Callable[[str], None] | None = None
+    refused: Callable[[dict[str, dict[str, int]], float], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,10 @@ class CannotStart(ValueError):
 
 
 def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, *, exit_timeout_s: int,
-                     max_restarts: int, limits: FrontLimits) -> StopReport:
+                     max_restarts: int, limits: FrontLimits, refusal_report_s: float = 0) -> StopReport:
     """Serve `repository` until Ctrl-C / SIGTERM / SIGHUP (drained) or a failure the restart policy does not cover
-    (ServerError, with the server's own last lines); CannotStart when nothing could start."""
+    (ServerError, with the server's own last lines); CannotStart when nothing could start. Every `refusal_report_s`
+    seconds (0: never), and at the end, `hooks.refused` hears what the front answered itself meanwhile."""
     def new_server() -> TritonServer:  # Triton's HTTP and gRPC on private loopback ports; the front takes the public
         private_http, private_grpc = free_port(), free_port()  # never one port twice (free_port keeps what it gave)
         return TritonServer(repository, host=endpoints.host, http_port=private_http, grpc_port=private_grpc,
@@ -121,12 +125,55 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
     except (ServerError, OSError, ValueError) as err:
         front.close()
         raise CannotStart(str(err)) from None
+    reporter = RefusalReporter(front, hooks.refused, refusal_report_s).start()
     with stop_on_signals(supervisor, hooks.say) as forced:
         try:
             return _outcome(supervisor, forced)
         finally:
             supervisor.server.stop()
+            reporter.stop()  # the requests refused while draining counted too
             front.close()
+
+
+class RefusalReporter:
+    """Asks the front every `every_s` seconds what it answered itself, and tells `refused` when that was anything; a
+    last time at `stop` (for the time since the last ask). Without `refused`, or with `every_s` 0, it does nothing."""
+
+    def __init__(self, front: FrontProcesses, refused: Callable[[dict[str, dict[str, int]], float], None] | None,
+                 every_s: float) -> None:
+        self.front, self.refused, self.every_s = front, refused, every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._since = time.monotonic()
+
+    def start(self) -> RefusalReporter:
+        if self.refused is not None and self.every_s > 0:
+            self._since = time.monotonic()
+            self._thread = threading.Thread(target=self._run, name="hub-vit-refusals", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._report()
+
+    def _report(self) -> None:
+        now = time.monotonic()
+        try:
+            counts = self.front.refusals()
+        except (OSError, TimeoutError):  # a front process that does not answer: the watcher replaces it
+            return
+        seconds, self._since = now - self._since, now
+        if counts and self.refused is not None:
+            self.refused(counts, seconds)
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        self._report()
 
 
 def _outcome(supervisor: Supervisor, forced: threading.Event) -> StopReport:

@@ -46,6 +46,10 @@ MaxRestarts = Annotated[int, typer.Option(help="A server that died or lost a bac
                                                "is always restarted, with backoff; serve exits after this many "
                                                "restarts in a row that failed before answering (0: never restart, "
                                                "exit with the error).")]
+RefusalReportS = Annotated[int, typer.Option(
+    help="Every this many seconds, one line counting the requests the front answered itself (refused, or no server to "
+         "relay them to), by status, when there were any; also at exit. Triton never sees those requests, so its log "
+         "and metrics hold none of them. 0: never.")]
 Demo = Annotated[bool, typer.Option("--demo", help="Also run the Gradio rollout demo (it can take labels from this "
                                                    "server).")]
 Device = Annotated[str, typer.Option(show_default=False,
@@ -92,6 +96,7 @@ def serve(
     instances: Instances = DEFAULTS.classifier_instances,
     exit_timeout: ExitTimeout = 30,
     max_restarts: MaxRestarts = 3,
+    refusal_report_s: RefusalReportS = 60,
     quiet: Quiet = False,
     verbose: Verbose = False,
     demo: Demo = False,
@@ -121,12 +126,12 @@ def serve(
     except ValueError as err:
         raise fail(str(err)) from None
     _check_flags(endpoints, demo_port if demo else None, exit_timeout=exit_timeout, max_restarts=max_restarts,
-                 max_request_mb=max_request_mb, max_connections=max_connections, front_processes=front_processes,
-                 quiet=quiet, verbose=verbose)
+                 refusal_report_s=refusal_report_s, max_request_mb=max_request_mb, max_connections=max_connections,
+                 front_processes=front_processes, quiet=quiet, verbose=verbose)
     where = _serve_device(ctx, repository_dir, device, flavour)
     run = ServeRun(endpoints, name, model, where, demo_port if demo else None, exit_timeout, max_restarts, verbose,
                FrontLimits(max_body_bytes=max_request_mb << 20, max_connections=max_connections,
-                           processes=front_processes or default_processes()), demo_root_path)
+                           processes=front_processes or default_processes()), demo_root_path, refusal_report_s)
     sizes = {"max_batch_size": max_batch_size, "max_queue_delay_us": max_queue_delay_us,
              "max_queue_size": max_queue_size, "queue_timeout_us": queue_timeout_us, "queue_policy": queue_policy,
              "top_k": top_k, "max_pixels": max_pixels}
@@ -171,8 +176,10 @@ def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
         err_console.print(f"[bold red]WARNING:[/] {escape(exposed)}", soft_wrap=True)
     if not 0 <= values["exit_timeout"] <= MAX_EXIT_TIMEOUT_S:  # above: accepted, then tritonserver refused it
         raise fail(f"--exit-timeout must be from 0 to {MAX_EXIT_TIMEOUT_S} seconds, got {values['exit_timeout']}")
-    if values["max_restarts"] < 0:
-        raise fail(f"--max-restarts must be >= 0, got {values['max_restarts']}")
+    for flag in ("--max-restarts", "--refusal-report-s"):
+        value = values[flag[2:].replace("-", "_")]
+        if value < 0:
+            raise fail(f"{flag} must be >= 0, got {value}")
     for flag in ("--max-request-mb", "--max-connections"):
         value = values[flag[2:].replace("-", "_")]
         if value < 1:

@@ -25,17 +25,27 @@ def build_status(builds_variants: bool) -> str:
     return BUILD_STATUS + (VARIANTS_NOTE if builds_variants else "")
 
 
+def refusal_line(counts: dict[str, dict[str, int]], seconds: float) -> str:
+    """serve's line for what the front answered itself (`{protocol: {code: count}}`, server/front/refusals.py)."""
+    total = sum(sum(codes.values()) for codes in counts.values())
+    parts = "; ".join(f"{'HTTP' if protocol == 'http' else 'gRPC'} "
+                      + ", ".join(f"{code} x{count:,}" for code, count in codes.items())
+                      for protocol, codes in counts.items())
+    return (f"the front answered {total:,} request{'s' if total != 1 else ''} itself in the last {seconds:.0f} s "
+            f"({parts}): refused, or no server to relay them to; each client was told why")
+
+
 class ServeRun:
     """What is served where, and how the run is shown. `demo_port` None: no demo; `demo_root_path`: where a reverse
     proxy serves the demo (--demo-root-path)."""
 
     def __init__(self, endpoints: Any, name: str, model: str | None, where: Any, demo_port: int | None,
                  exit_timeout: int, max_restarts: int, verbose: bool, limits: Any,
-                 demo_root_path: str | None = None) -> None:
+                 demo_root_path: str | None = None, refusal_report_s: int = 60) -> None:
         self.endpoints, self.name, self.model, self.where = endpoints, name, model, where
         self.demo_port, self.demo_root_path = demo_port, demo_root_path
         self.exit_timeout, self.max_restarts = exit_timeout, max_restarts
-        self.verbose, self.limits = verbose, limits
+        self.verbose, self.limits, self.refusal_report_s = verbose, limits, refusal_report_s
         self.example = "IMAGE..."
 
     def build_and_serve(self, options_for: Callable[[Any], Any], device_defaulted: bool, flavour: str | None) -> None:
@@ -106,12 +116,13 @@ class ServeRun:
         demo_apps: list[Any] = []  # the demo, once the first server serves
         hooks = ServeHooks(serving=lambda server, restarted: self._serving(screen, server, restarted, built,
                                                                             demo_apps),
-                           event=self._event, say=self._say, log=screen.log)
+                           event=self._event, say=self._say, log=screen.log, refused=self._refused)
         screen.progress("starting tritonserver: loading the models and warming them up")
         keep_log = True  # after a failure its log may explain: Triton's, or an unforeseen one
         try:
             report = serve_repository(repository, self.endpoints, hooks, exit_timeout_s=self.exit_timeout,
-                                      max_restarts=self.max_restarts, limits=self.limits)
+                                      max_restarts=self.max_restarts, limits=self.limits,
+                                      refusal_report_s=self.refusal_report_s)
             keep_log = False
         except CannotStart as err:
             keep_log = False  # nothing ran
@@ -190,6 +201,10 @@ class ServeRun:
     @staticmethod
     def _say(line: str) -> None:  # a stop signal arrived; one line in a log file or journal
         err_console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
+
+    @staticmethod
+    def _refused(counts: dict[str, dict[str, int]], seconds: float) -> None:  # --refusal-report-s
+        err_console.print(f"note: {refusal_line(counts, seconds)}", soft_wrap=True, markup=False, highlight=False)
 
     @staticmethod
     def _event(line: str) -> None:  # a replaced server, not a half-working one: Triton keeps answering ready

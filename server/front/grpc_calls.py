@@ -29,6 +29,7 @@ from hub_vit.server.front.checks import (
     unreachable,
 )
 from hub_vit.server.front.limits import FrontLimits
+from hub_vit.server.front.refusals import GOAWAY, Refusals
 
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = (SERVICE + "ModelInfer").encode()
@@ -55,6 +56,7 @@ class Front(Protocol):
     in_flight: int
     buffered: int
     draining: bool
+    refusals: Refusals  # answers the front gave itself, by code, for serve's log
 
     def numeric(self, model: str, version: str) -> set[str] | None: ...
 
@@ -204,6 +206,11 @@ class Connection(asyncio.Protocol):
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
 
+    def _status(self, stream: int, code: int, text: str, headers_sent: bool) -> bytes:
+        """A call's end with a status of the front's own (a refusal, or no server to answer it), counted."""
+        self.front.refusals.count_grpc(code)
+        return h2.grpc_status(stream, code, text, headers_sent)
+
     def go_away(self, code: int = h2.NO_ERROR, debug: str = "") -> None:
         """Tell the client no new call is taken on this connection (calls up to the last one it opened still are).
         Not before the front's own SETTINGS, where it answers alone: a server's first frame must be SETTINGS."""
@@ -269,6 +276,7 @@ class Connection(asyncio.Protocol):
 
     def _break(self, broken: _Broken) -> None:
         """End the connection for a client that broke HTTP/2 (or is not speaking it): GOAWAY with the reason."""
+        self.front.refusals.count(GOAWAY)
         if self.preface:
             self.go_away(broken.code, broken.text)
         self.buffer = bytearray()  # not cleared in place: the frame being read may still be viewed
@@ -333,13 +341,13 @@ class Connection(asyncio.Protocol):
         call = _Stream(stream, path, encoding)
         call.client_done = end_stream
         if self.alone is not None:  # answered here, then no further call on this connection
-            self.transport.write(h2.grpc_status(stream, UNAVAILABLE, self.alone, headers_sent=False))
+            self.transport.write(self._status(stream, UNAVAILABLE, self.alone, headers_sent=False))
             self.go_away()
             self.transport.close()
             self.closed = True
             return False, []
         if self.front.draining:  # Triton has seen the header block (its HPACK state), not the call
-            self.to_client(h2.grpc_status(stream, UNAVAILABLE, SHUTTING_DOWN, headers_sent=False))
+            self.to_client(self._status(stream, UNAVAILABLE, SHUTTING_DOWN, headers_sent=False))
             self.to_client(self._reset(call))
             return True, [h2.rst_stream(stream)]
         self.streams[stream] = call
@@ -498,7 +506,7 @@ class Connection(asyncio.Protocol):
         if call.path == STREAM_INFER and call.messages:
             call.pending = (refusal.code, refusal.text)  # in flight until Triton ends the stream
             return [h2.frame(h2.DATA, h2.END_STREAM, call.id)]
-        self.to_client(h2.grpc_status(call.id, refusal.code, refusal.text, call.headers_sent))
+        self.to_client(self._status(call.id, refusal.code, refusal.text, call.headers_sent))
         self.to_client(self._reset(call))
         return [h2.rst_stream(call.id)]
 
@@ -514,7 +522,7 @@ class Connection(asyncio.Protocol):
             if call.pending is not None and ends:  # the refused stream's answers are through: its refusal now
                 code, text = call.pending
                 call.pending = None
-                before = h2.grpc_status(stream, code, text, call.headers_sent) + self._reset(call)
+                before = self._status(stream, code, text, call.headers_sent) + self._reset(call)
             if kind == h2.HEADERS:
                 call.headers_sent = True
             if ends:
@@ -539,7 +547,7 @@ class Connection(asyncio.Protocol):
         frames = []
         for call in self.streams.values():
             if not call.server_done:
-                frames.append(h2.grpc_status(call.id, UNAVAILABLE, text, call.headers_sent))
+                frames.append(self._status(call.id, UNAVAILABLE, text, call.headers_sent))
             self._forget(call)
         self.streams.clear()
         self.upstream = None

@@ -45,6 +45,7 @@ from hub_vit.ports import ipv4_address
 from hub_vit.server.front.checks import numeric_outputs
 from hub_vit.server.front.grpc_calls import SERVICE, Connection
 from hub_vit.server.front.limits import FrontLimits
+from hub_vit.server.front.refusals import Refusals
 
 # serve starts tritonserver with fork + exec while grpc threads (the metadata lookups) run in it; grpcio's fork
 # handlers then only log "Other threads are currently calling into gRPC, skipping fork() handlers". Read at import.
@@ -70,6 +71,7 @@ class GrpcFront:
         self.in_flight = 0  # calls relayed and not answered yet
         self.buffered = 0  # bytes of messages held for checking
         self.draining = False
+        self.refusals = Refusals()  # answers the front gave itself, by code, for serve's log
         self.server: asyncio.base_events.Server | None = None
         self._prefetch: asyncio.Task | None = None
         self.served: set[str] | None = None  # the ready models, once the lookup ahead has listed them

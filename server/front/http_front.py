@@ -54,6 +54,7 @@ from hub_vit.server.front.checks import (
 )
 from hub_vit.server.front.http_upstream import NOT_RELAYED, Answer, Exchange, Upstream
 from hub_vit.server.front.limits import FrontLimits
+from hub_vit.server.front.refusals import Refusals
 from hub_vit.server.front.remembered import Remembered
 
 INFER_PATH = re.compile(rb"^/v2/models/(?P<model>[^/?]+)(?:/versions/[^/?]+)?/infer(?:\?.*)?$")
@@ -141,6 +142,7 @@ class HttpFront:
         self.in_flight = 0
         self.buffered = 0
         self.draining = False
+        self.refusals = Refusals()  # answers the front gave itself, by status, for serve's log
         self.server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
 
@@ -570,6 +572,7 @@ class Client(asyncio.Protocol):
             self.front.buffered -= request.length
 
     def _refusal(self, refusal: Refused) -> bytes:
+        self.front.refusals.count(refusal.status)
         body = json.dumps({"error": refusal.message}).encode()
         close = refusal.close or self.front.draining
         head = (f"HTTP/1.1 {refusal.status} {REASONS.get(refusal.status, 'Error')}\r\n"

@@ -7,6 +7,8 @@ The serve process sends JSON lines; the worker answers those marked with a reply
 * `{"op": "upstream", "protocol": "http"|"grpc", "host", "port"}` (host null: no server) -> `{"ok": true}`;
 * `{"op": "drain", "protocol"}`, no reply (a signal handler sends it: it must not wait);
 * `{"op": "drained", "protocol", "timeout_s"}` -> `{"answered": bool}`;
+* `{"op": "refusals"}` -> `{"refusals": {"http": {code: count}, "grpc": {...}}}`: what each front answered itself
+  since the last ask (refusals.py);
 * `{"op": "close"}`, no reply: the worker stops.
 
 The end of the socket (the serve process is gone, even killed with SIGKILL) ends the worker: no front outlives serve.
@@ -62,6 +64,8 @@ async def serve(control: socket.socket) -> None:
                 front.drain()
             elif op == "drained":
                 reply({"answered": await front.drained(command["timeout_s"])})
+            elif op == "refusals":
+                reply({"refusals": {protocol: each.refusals.take() for protocol, each in fronts.items()}})
             elif op == "close":
                 break
     finally:

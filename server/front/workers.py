@@ -27,6 +27,7 @@ from typing import Any
 from hub_vit.child_python import python_command
 from hub_vit.claim import Claim, Claimed
 from hub_vit.server.front.limits import FrontLimits
+from hub_vit.server.front.refusals import merged
 
 START_TIMEOUT_S = 60.0
 REPLY_TIMEOUT_S = 30.0
@@ -198,6 +199,11 @@ class FrontProcesses:
             self._draining.add(message["protocol"])
         for worker in list(self.workers):
             worker.send(message)
+
+    def refusals(self) -> dict[str, dict[str, int]]:
+        """What the front answered itself since the last call, summed over its processes: `{protocol: {code:
+        count}}` (refusals.py; a worker that died meanwhile takes its counts with it)."""
+        return merged(answer["refusals"] for answer in self.ask({"op": "refusals"}) if "refusals" in answer)
 
     def close(self) -> None:
         self._stop.set()
