@@ -151,6 +151,16 @@ def test_grpc_malformed_messages_and_frames_are_refused(serve: Serve) -> None:
     assert_healthy(serve)
 
 
+def test_http1_at_the_grpc_port_is_answered_in_http1_naming_the_http_port(serve: Serve) -> None:
+    # was: Triton's binary SETTINGS frame, then the connection closed (curl: "Received HTTP/0.9 when not allowed")
+    answer, closed = exchange(serve.ports[1], b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n", timeout_s=15)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert closed and head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer[:200]  # nothing of Triton's first
+    assert json.loads(body)["error"] == (f"this is hub-vit serve's gRPC port: it speaks gRPC (HTTP/2) only; send "
+                                         f"HTTP/REST requests to port {serve.ports[0]}"), body
+    health_answered(serve)
+
+
 def test_an_image_posted_as_the_inference_body_is_told_what_the_endpoint_takes(serve: Serve) -> None:
     # was: HTTP 500 "failed to parse the request JSON buffer" from Triton (`curl --data-binary @3_0.png .../infer`)
     from tests.programs import SAMPLES

@@ -6,6 +6,8 @@ own frames (refusals, GOAWAY, window updates) written at frame boundaries."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import struct
 from collections import deque
 from collections.abc import Iterator
@@ -43,6 +45,8 @@ MAX_CLIENT_FRAME = h2.DEFAULT_MAX_FRAME_SIZE
 INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAVAILABLE = 3, 8, 12, 14
 ENCODINGS = (b"gzip", b"deflate")  # the message encodings Triton 2.51 reads
 _PREFIX = struct.Struct(">BL")  # a gRPC message's prefix: compressed flag, length
+# an HTTP/1.x request line's start (`curl` at the gRPC port): answered in HTTP/1.1, which that client reads
+_HTTP1_REQUEST = re.compile(rb"[A-Z]{3,7} [^ ]+ HTTP/1\.[01]\r?\n")
 
 
 class Front(Protocol):
@@ -56,6 +60,7 @@ class Front(Protocol):
     in_flight: int
     buffered: int
     draining: bool
+    http_port: int | None  # the public HTTP port, named to a client that sends HTTP/1.1 here
     refusals: Refusals  # answers the front gave itself, by code, for serve's log
 
     def numeric(self, model: str, version: str) -> set[str] | None: ...
@@ -213,8 +218,9 @@ class Connection(asyncio.Protocol):
 
     def go_away(self, code: int = h2.NO_ERROR, debug: str = "") -> None:
         """Tell the client no new call is taken on this connection (calls up to the last one it opened still are).
-        Not before the front's own SETTINGS, where it answers alone: a server's first frame must be SETTINGS."""
-        if self.alone is None or self.preface:
+        Not before the client's preface: until then no SETTINGS went to it (the front's own where it answers alone,
+        Triton's held in `_Upstream.early`), and a server's first frame must be SETTINGS."""
+        if self.preface:
             self.to_client(h2.goaway(self.last_stream, code, debug.encode()))
 
     def to_client(self, data: bytes) -> None:
@@ -231,10 +237,16 @@ class Connection(asyncio.Protocol):
         try:
             if not self.preface:
                 if buffer[:len(h2.PREFACE)] != h2.PREFACE[:len(buffer)]:
+                    if _HTTP1_REQUEST.match(buffer):
+                        self._answer_http1()
+                        return
                     raise _Broken(h2.PROTOCOL_ERROR, "not an HTTP/2 connection preface (this is the gRPC port)")
                 if len(buffer) < len(h2.PREFACE):
                     return
                 self.preface, at = True, len(h2.PREFACE)
+                if self.upstream is not None and self.upstream.early:  # Triton's SETTINGS, held until now
+                    early, self.upstream.early = self.upstream.early, b""
+                    self.upstream.data_received(early)
                 if self.alone is not None:  # the front is the server: its SETTINGS (all defaults) first
                     start = at
                     self.transport.write(h2.frame(h2.SETTINGS, 0, 0))
@@ -280,6 +292,20 @@ class Connection(asyncio.Protocol):
         if self.preface:
             self.go_away(broken.code, broken.text)
         self.buffer = bytearray()  # not cleared in place: the frame being read may still be viewed
+        self.closed = True
+        self.close()
+
+    def _answer_http1(self) -> None:
+        """A client speaking HTTP/1.1 here (curl at the wrong port): an HTTP/1.1 400 that names the HTTP port, and the
+        connection ends. Nothing of Triton's has reached it (`_Upstream.early`)."""
+        self.front.refusals.count(GOAWAY)
+        port = self.front.http_port
+        where = f"port {port}" if port is not None else "its HTTP port (hub-vit serve --http-port)"
+        body = json.dumps({"error": f"this is hub-vit serve's gRPC port: it speaks gRPC (HTTP/2) only; send HTTP/REST "
+                                    f"requests to {where}"}).encode()
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        self.buffer = bytearray()
         self.closed = True
         self.close()
 
@@ -551,7 +577,7 @@ class Connection(asyncio.Protocol):
             self._forget(call)
         self.streams.clear()
         self.upstream = None
-        if clean and self.transport is not None:
+        if clean and self.preface and self.transport is not None:  # (before the preface: no SETTINGS went first)
             self.transport.write(b"".join(frames) + h2.goaway(self.last_stream))
         self.closed = True
         if self.transport is not None:
@@ -569,6 +595,9 @@ class _Upstream(asyncio.Protocol):
         self.partial = b""  # a frame header (or SETTINGS frame) split across reads, held until whole
         self.in_block = False  # a header block awaiting CONTINUATION: nothing may go between its frames
         self.pending: list[bytes] = []  # the front's frames waiting for a boundary
+        # Triton's first bytes (its SETTINGS), held until the client's preface shows it speaks HTTP/2: a client that
+        # does not is answered in its own protocol, with nothing of Triton's before it
+        self.early = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
@@ -586,6 +615,9 @@ class _Upstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         connection = self.connection
+        if not connection.preface:
+            self.early += data
+            return
         if self.partial:
             data, self.partial = self.partial + data, b""
         out, start, at, size = [], 0, 0, len(data)

@@ -61,8 +61,9 @@ MAX_LOOKUPS, MAX_NAME = 64, 1024  # per server: models (and versions) looked up 
 class GrpcFront:
     """The gRPC front of one process. Coroutines and callbacks of the process's event loop only."""
 
-    def __init__(self, limits: FrontLimits) -> None:
+    def __init__(self, limits: FrontLimits, http_port: int | None = None) -> None:
         self.limits = limits
+        self.http_port = http_port  # the public HTTP port, named to a client that sends HTTP/1.1 to this one
         self.max_connections = limits.share(limits.max_connections)
         self.max_buffered = limits.share(limits.max_buffered_bytes)
         self.target: tuple[str, int] | None = None  # Triton's private gRPC port; None: no server ready -> "starting"

@@ -44,7 +44,7 @@ async def serve(control: socket.socket) -> None:
     settings = json.loads(await reader.readline() or b"{}")
     limits = FrontLimits(**settings["limits"])
     raise_descriptor_limit(limits.descriptors)  # before the first connection
-    fronts = {"http": HttpFront(limits), "grpc": GrpcFront(limits)}
+    fronts = {"http": HttpFront(limits), "grpc": GrpcFront(limits, settings["http_port"])}
     try:
         await fronts["http"].listen(settings["host"], settings["http_port"])
         await fronts["grpc"].listen(settings["host"], settings["grpc_port"])
