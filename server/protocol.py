@@ -14,6 +14,8 @@ returns its fields and the sentence after it, so no reader depends on the wordin
   backs off as from a refused connection).
 * `too-large limit=N`: the front refused a request (HTTP body, gRPC message; also once inflated) over its limit of
   N bytes (`hub-vit serve --max-request-mb`); a client splits what it sends to fit, and names a file that never can.
+* `port speaks=grpc http_port=N`: the front's gRPC port answered an HTTP/1.x request (in HTTP/1.1, 400): it speaks
+  gRPC, and serve's HTTP port is N; a client that sent HTTP there names the way out.
 
 Facts in every answer (outputs of the ensemble clients call, one row per image, written by the classifier steps):
 
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 IMAGE_REFUSED = "image-refused"
 SERVER = "server"
 TOO_LARGE = "too-large"
+PORT = "port"
 RESTARTING, SHUTTING_DOWN = "restarting", "shutting-down"
 SERVER_STATES = (RESTARTING, SHUTTING_DOWN)
 
@@ -155,6 +158,28 @@ def read_too_large(message: str) -> int | None:
     fact = read(message)
     limit = None if fact is None or fact.name != TOO_LARGE else fact.fields.get("limit", "")
     return int(limit) if limit and limit.isdigit() else None
+
+
+# -- port ---------------------------------------------------------------------------------------------------------
+def port_speaks(speaks: str, sentence: str, **ports: int) -> str:
+    """The front's answer at a port to a client speaking another protocol: the port speaks `speaks` (http / grpc);
+    `ports`: serve's ports of the other protocols (`http_port=8000`)."""
+    return tagged(PORT, sentence, speaks=speaks, **{name: int(port) for name, port in ports.items()})
+
+
+@dataclass(frozen=True)
+class PortSpeaks:
+    speaks: str  # http / grpc: what the port the client reached speaks
+    ports: dict[str, int]  # serve's ports of the other protocols, as `http_port`
+
+
+def read_port_speaks(message: str) -> PortSpeaks | None:
+    """What the port speaks when the front said the client reached the other protocol's port; None otherwise."""
+    fact = read(message)
+    if fact is None or fact.name != PORT or fact.fields.get("speaks") not in ("http", "grpc"):
+        return None
+    ports = {name: int(value) for name, value in fact.fields.items() if name.endswith("_port") and value.isdigit()}
+    return PortSpeaks(fact.fields["speaks"], ports)
 
 
 # -- the out-of-domain verdict -------------------------------------------------------------------------------------

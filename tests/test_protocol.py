@@ -94,6 +94,14 @@ def test_too_large_round_trips_its_limit():
 
 
 # -- the out-of-domain verdict ---------------------------------------------------------------------------------------
+def test_the_port_a_client_reached_round_trips_with_the_other_ports():
+    written = protocol.port_speaks("grpc", "this is the gRPC port", http_port=8000)
+    assert protocol.read_port_speaks(f"Bad Request: {written}") == protocol.PortSpeaks("grpc", {"http_port": 8000})
+    assert protocol.untagged(written) == "this is the gRPC port"
+    assert protocol.read_port_speaks(protocol.port_speaks("smtp", "x")) is None  # only the two protocols
+    assert protocol.read_port_speaks(protocol.too_large(10, "x")) is None
+
+
 def test_a_verdict_needs_a_score_and_a_threshold_and_unknown_is_never_in_domain():
     assert protocol.domain_verdict(0.9, 2.5) == protocol.IN_DOMAIN
     assert protocol.domain_verdict(2.5, 2.5) == protocol.IN_DOMAIN  # the threshold is the largest score let in

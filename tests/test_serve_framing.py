@@ -156,8 +156,28 @@ def test_http1_at_the_grpc_port_is_answered_in_http1_naming_the_http_port(serve:
     answer, closed = exchange(serve.ports[1], b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n", timeout_s=15)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert closed and head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer[:200]  # nothing of Triton's first
-    assert json.loads(body)["error"] == (f"this is hub-vit serve's gRPC port: it speaks gRPC (HTTP/2) only; send "
-                                         f"HTTP/REST requests to port {serve.ports[0]}"), body
+    error = json.loads(body)["error"]
+    assert protocol.untagged(error) == (f"this is hub-vit serve's gRPC port: it speaks gRPC (HTTP/2) only; send "
+                                        f"HTTP/REST requests to port {serve.ports[0]}"), error
+    assert protocol.read_port_speaks(error) == protocol.PortSpeaks("grpc", {"http_port": serve.ports[0]}), error
+    # hub-vit's clients say what to do: add --grpc, or the HTTP port (they said "the port answered in HTTP/2")
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+    from tests.programs import SAMPLES
+
+    _load_commands()
+    grpc_url = f"127.0.0.1:{serve.ports[1]}"
+    for command in (["classify", "--url", grpc_url], ["loadtest", "--requests", "2", "--url", grpc_url]):
+        result = CliRunner().invoke(app, [*command, str(SAMPLES[0])])
+        output = " ".join(result.output.split())
+        assert result.exit_code == 1, output
+        assert (f"hub-vit serve answered that this is its gRPC port {grpc_url} speaks gRPC: add --grpc, or give the "
+                f"server's HTTP port ({serve.ports[0]}).") in output, output
+    result = CliRunner().invoke(app, ["health", "--url", grpc_url])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and (f"answered that this is hub-vit serve's gRPC port: give the server's HTTP port "
+                                      f"({serve.ports[0]})") in output, output
     health_answered(serve)
 
 

@@ -16,6 +16,7 @@ from typing import Protocol
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
+from hub_vit.server import protocol
 from hub_vit.server.front import h2
 from hub_vit.server.front.checks import (
     BUSY,
@@ -301,8 +302,10 @@ class Connection(asyncio.Protocol):
         self.front.refusals.count(GOAWAY)
         port = self.front.http_port
         where = f"port {port}" if port is not None else "its HTTP port (hub-vit serve --http-port)"
-        body = json.dumps({"error": f"this is hub-vit serve's gRPC port: it speaks gRPC (HTTP/2) only; send HTTP/REST "
-                                    f"requests to {where}"}).encode()
+        sentence = "this is hub-vit serve's gRPC port: it speaks gRPC (HTTP/2) only; send HTTP/REST requests to " \
+            + where
+        error = protocol.port_speaks("grpc", sentence, **({"http_port": port} if port is not None else {}))
+        body = json.dumps({"error": error}).encode()
         self.transport.write(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: "
                              + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
         self.buffer = bytearray()

@@ -220,10 +220,16 @@ def readiness(url: str, timeout_s: float = 3.0) -> str | None:
     try:
         _get(ready, timeout_s)
     except urllib.error.HTTPError as err:
+        message = _error_message(err)
+        spoken = protocol.read_port_speaks(message)
+        if spoken is not None and spoken.speaks != "http":  # serve's front, at its gRPC port
+            port = spoken.ports.get("http_port")
+            return (f"{ready} answered that this is hub-vit serve's gRPC port: give the server's HTTP port"
+                    + (f" ({port})" if port else f", usually {HTTP_PORT}"))
         if err.code not in NOT_READY_CODES:  # 404, 405, ...: no such endpoint there, so no Triton
             return (f"{ready} answered HTTP {err.code}: not Triton's HTTP endpoint (Triton answers 200 when ready, "
                     f"400 when not); give the HTTP port of a Triton server, usually {HTTP_PORT}")
-        state = _server_state(err)
+        state = _server_state(message)
         if state is not None:  # hub-vit serve's front, for a server it is replacing or stopping
             return f"not ready: {ready} answered HTTP {err.code}: {state}"
         return (f"not ready: {ready} answered HTTP {err.code} (starting, stopping, or a model failed to load; "
@@ -244,14 +250,19 @@ def readiness(url: str, timeout_s: float = 3.0) -> str | None:
     return None
 
 
-def _server_state(err: urllib.error.HTTPError) -> str | None:
-    """The sentence of a `server state=` fact in a not-ready answer's JSON error (hub-vit serve's front: restarting,
-    shutting down), or None."""
+def _error_message(err: urllib.error.HTTPError) -> str:
+    """The `error` of an answer's JSON body (Triton's and hub-vit serve's front's errors), or "" without one."""
     try:
         message = json.loads(err.read(64 * 1024)).get("error", "")
     except (OSError, ValueError, AttributeError):  # no body, not JSON, not an object
-        return None
-    if not isinstance(message, str) or protocol.read_server_state(message) is None:
+        return ""
+    return message if isinstance(message, str) else ""
+
+
+def _server_state(message: str) -> str | None:
+    """The sentence of a `server state=` fact in a not-ready answer's error (hub-vit serve's front: restarting,
+    shutting down), or None."""
+    if protocol.read_server_state(message) is None:
         return None
     fact = protocol.read(message)
     return fact.sentence if fact is not None else None
