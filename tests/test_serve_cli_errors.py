@@ -450,6 +450,13 @@ def test_serve_repository_that_holds_no_model_or_a_stray_folder(tmp_path):
         assert code == 2 and f"has a folder without a config.pbtxt ({stray!r}): tritonserver would take it for a " \
             "model and fail to start" in out, out
         (tmp_path / "repo" / stray).rmdir()
+    # a config Triton cannot parse: named before anything else (was a warning that the repository "differs", then
+    # exit 1 from the shared-memory check)
+    config = tmp_path / "repo" / "digits_classifier" / "config.pbtxt"
+    config.write_text(config.read_text() + "max_batch_size: [\n")
+    code, out = _run("serve", *PORTS, "--repository", str(tmp_path / "repo"))
+    assert code == 2 and f"--repository: cannot read {config}: " in out and "Couldn't parse integer" in out, out
+    assert "warning" not in out, out
 
 
 def test_try_line_names_a_real_sample_of_the_served_model(tmp_path):

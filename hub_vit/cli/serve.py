@@ -256,8 +256,11 @@ def _existing_repository(folder: Path, *, model: str | None, name: str, **sizes:
         verb = "applies" if len(changed) == 1 else "apply"
         raise fail(f"{', '.join(changed)} only {verb} when serve builds the repository; --repository serves "
                    f"{str(folder)!r} as written (rebuild it with `hub-vit repository` to change it)")
+    from hub_vit.server.runtime.health import python_instances
+
     try:
         model_configs(folder)
+        python_instances(folder)  # every config parsed: one Triton cannot read is named here, not after a warning
     except ValueError as err:
         raise fail(f"--repository: {err}; give the folder `hub-vit repository` wrote") from None
     try:
