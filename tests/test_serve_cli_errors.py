@@ -473,6 +473,24 @@ def test_try_line_names_a_real_sample_of_the_served_model(tmp_path):
     assert example_image(str(tmp_path / "model.onnx")) == "IMAGE..."
 
 
+def test_try_line_of_a_written_repository_names_a_sample_of_the_model_it_was_written_from(tmp_path):
+    # `serve --repository` showed `hub-vit classify ... IMAGE...`: its manifest names the model folder, samples and all
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.cli.serve import _existing_repository
+    from hub_vit.cli.serving_options import SERVE_DEFAULTS
+    from hub_vit.resolve import resolve_model
+    from hub_vit.server.repository.options import ServingOptions
+    from hub_vit.server.repository.writer import write_repository
+
+    sizes = {key: SERVE_DEFAULTS[key] for key in ("max_batch_size", "max_queue_delay_us", "max_queue_size",
+                                                  "queue_timeout_us", "queue_policy", "top_k", "max_pixels")}
+    repo = write_repository(resolve_model(str(default_model_folder())), tmp_path / "repository", ServingOptions())
+    name, example = _existing_repository(repo, model=None, name="vit", **sizes)
+    assert name == "vit" and Path(example).parent == default_model_folder() / "samples", example
+    (repo / "hub_vit_repository.json").unlink()  # written by hand: nothing says which model it serves
+    assert _existing_repository(repo, model=None, name="vit", **sizes) == ("vit", "IMAGE...")
+
+
 def test_repository_at_a_path_the_python_backend_cannot_serve_from_says_so(tmp_path):
     # written (a container mounts it elsewhere), with a note; `serve --repository` refuses it at once (it waited 120 s)
     repo = tmp_path / "my models" / "repo (1)"

@@ -142,7 +142,7 @@ def serve(
         if given(ctx, "instances"):
             raise fail("--instances only applies when serve builds the repository; --repository serves "
                        f"{str(repository_dir)!r} as written (rebuild it with `hub-vit repository --instances N`)")
-        run.name = _existing_repository(repository_dir, model=model, name=name, **sizes)
+        run.name, run.example = _existing_repository(repository_dir, model=model, name=name, **sizes)
         _check_triton()
         print_cpu_variant(repository_dir)
         run.serve(repository_dir, built=False)
@@ -241,9 +241,11 @@ def _serve_device(ctx: typer.Context, repository_dir: Path | None, device: str |
     return choice
 
 
-def _existing_repository(folder: Path, *, model: str | None, name: str, **sizes: Any) -> str:
+def _existing_repository(folder: Path, *, model: str | None, name: str, **sizes: Any) -> tuple[str, str]:
     """`serve --repository`: the repository is served as written, so options that would change it are refused
-    (they used to be dropped without a word); returns the ensemble's name (from the manifest, else `--name`)."""
+    (they used to be dropped without a word); returns the ensemble's name (from the manifest, else `--name`) and the
+    `try:` line's image (a sample of the model folder the manifest names, else a placeholder)."""
+    from hub_vit.cli.serve_screen import EXAMPLE_PLACEHOLDER, example_image
     from hub_vit.server.repository.manifest import model_configs, outdated_warning, served_name
 
     if not folder.is_dir():
@@ -270,4 +272,5 @@ def _existing_repository(folder: Path, *, model: str | None, name: str, **sizes:
     warning = None if manifest is None else outdated_warning(folder, manifest)
     if warning:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
-    return name
+    origin = manifest.get("origin") if manifest is not None else None
+    return name, example_image(origin) if isinstance(origin, str) else EXAMPLE_PLACEHOLDER

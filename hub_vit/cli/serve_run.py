@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from hub_vit.cli.app import CANNOT_NOW, console, err_console, fail
-from hub_vit.cli.serve_screen import Screen, start_demo
+from hub_vit.cli.serve_screen import EXAMPLE_PLACEHOLDER, Screen, start_demo
 from hub_vit.cli.serving_options import model_reference, print_cpu_variant
 
 BUILD_STATUS = "exporting the model and writing the repository"
@@ -46,7 +46,7 @@ class ServeRun:
         self.demo_port, self.demo_root_path = demo_port, demo_root_path
         self.exit_timeout, self.max_restarts = exit_timeout, max_restarts
         self.verbose, self.limits, self.refusal_report_s = verbose, limits, refusal_report_s
-        self.example = "IMAGE..."
+        self.example = EXAMPLE_PLACEHOLDER
 
     def build_and_serve(self, options_for: Callable[[Any], Any], device_defaulted: bool, flavour: str | None) -> None:
         """Build the model's repository in a temporary folder (removed at the end) by a child process, then serve it.

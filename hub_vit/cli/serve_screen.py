@@ -80,11 +80,14 @@ class Screen:
         console.print(message)
 
 
+EXAMPLE_PLACEHOLDER = "IMAGE..."  # the `try:` line's image where no sample of the served model is known
+
+
 def example_image(origin: str) -> str:
     """A sample image of the served model folder for the `try:` line (the shipped model has some, wherever pip put
     it), else a placeholder."""
     samples = samples_of(Path(origin))
-    return shlex.quote(str(samples[0])) if samples else "IMAGE..."
+    return shlex.quote(str(samples[0])) if samples else EXAMPLE_PLACEHOLDER
 
 
 def start_demo(model: str | None, repository: bool, host: str, port: int, triton_url: str,
