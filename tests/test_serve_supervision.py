@@ -265,6 +265,21 @@ def test_a_stop_while_the_server_loads_is_a_normal_stop() -> None:
         serve.stop()
 
 
+def test_the_stop_note_tells_a_slow_unload_a_teardown_crash_and_lost_requests_apart() -> None:
+    # was: a tritonserver that aborted in its own teardown after the last answer was said not to have unloaded its
+    # models within --exit-timeout
+    from hub_vit.cli.serve_run import stop_note
+
+    assert stop_note(1, True, 30) == (False, "tritonserver exited with code 1 while stopping: it did not unload its "
+                                             "models within --exit-timeout 30 s (every request had been answered; a "
+                                             "longer --exit-timeout lets it finish)")
+    assert stop_note(-signal.SIGABRT, True, 30) == (False, "tritonserver was killed by SIGABRT while stopping, after "
+                                                           "every request had been answered (a crash in its own "
+                                                           "teardown; nothing was lost)")
+    warns, line = stop_note(1, False, 30)
+    assert warns and line.endswith("requests still running when --exit-timeout 30 s ran out got no answer"), line
+
+
 def test_a_short_exit_timeout_on_an_idle_server_is_a_note_not_a_lost_requests_warning() -> None:
     # was: "warning: tritonserver exited with code 1 while stopping: its drain did not finish within --exit-timeout
     # 1 s (requests still running got no answer; ...)" with no request in flight: Triton's exit timeout also covers

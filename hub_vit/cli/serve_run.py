@@ -35,6 +35,20 @@ def refusal_line(counts: dict[str, dict[str, int]], seconds: float) -> str:
             f"({parts}): refused, or no server to relay them to; each client was told why")
 
 
+def stop_note(code: int, answered_all: bool, exit_timeout: int) -> tuple[bool, str]:
+    """(whether it is a warning, the line) for a tritonserver that ended with `code` (not 0) after a requested stop;
+    `answered_all`: the front had every request it took answered before Triton got its SIGTERM."""
+    from hub_vit.server.runtime.processes import exit_description
+
+    ended = f"tritonserver {exit_description(code)} while stopping"
+    if not answered_all:
+        return True, (f"{ended}: requests still running when --exit-timeout {exit_timeout} s ran out got no answer")
+    if code < 0:  # a signal after the last answer: Triton's own teardown crashed, not its timeout
+        return False, f"{ended}, after every request had been answered (a crash in its own teardown; nothing was lost)"
+    return False, (f"{ended}: it did not unload its models within --exit-timeout {exit_timeout} s (every request had "
+                   "been answered; a longer --exit-timeout lets it finish)")
+
+
 class ServeRun:
     """What is served where, and how the run is shown. `demo_port` None: no demo; `demo_root_path`: where a reverse
     proxy serves the demo (--demo-root-path)."""
@@ -106,7 +120,6 @@ class ServeRun:
     def serve(self, repository: Path, *, built: bool) -> None:
         """Serve `repository` until stopped; `built`: serve built it from MODEL (the demo can show that model)."""
         from hub_vit.server.runtime.launcher import ServerError
-        from hub_vit.server.runtime.processes import exit_description
         from hub_vit.server.serving import CannotStart, LogFile, ServeHooks, serve_repository
 
         self._check_shared_memory(repository)
@@ -140,14 +153,10 @@ class ServeRun:
         if not report.ready:  # interrupted while still loading: a normal exit
             console.print("stopped before the server was ready")
             return
-        if report.drain_code and report.answered_all:  # every request answered: only Triton's own unloading was slow
-            err_console.print(f"note: tritonserver {exit_description(report.drain_code)} while stopping: it did not "
-                              f"unload its models within --exit-timeout {self.exit_timeout} s (every request had been "
-                              "answered; a longer --exit-timeout lets it finish)", soft_wrap=True, markup=False)
-        elif report.drain_code:
-            err_console.print(f"[yellow]warning:[/] tritonserver {exit_description(report.drain_code)} while "
-                              f"stopping: requests still running when --exit-timeout {self.exit_timeout} s ran out got "
-                              "no answer", soft_wrap=True)
+        if report.drain_code:
+            warns, line = stop_note(report.drain_code, report.answered_all, self.exit_timeout)
+            err_console.print(f"[yellow]warning:[/] {escape(line)}" if warns else f"note: {escape(line)}",
+                              soft_wrap=True)
         console.print("tritonserver stopped")
 
     def _serving(self, screen: Screen, server: Any, restarted: bool, built: bool, demo_apps: list[Any]) -> None:
