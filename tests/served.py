@@ -30,6 +30,15 @@ def digit_pngs(count: int) -> list[bytes]:
     return payloads
 
 
+def unpaid_reason(variant: str) -> str | None:
+    """Why `variant` does not pay off on this host (the units it is declared to need are missing), as a skip reason;
+    None where it does. Its tests that hold it to its bounds run only where `all` and `auto` would build it."""
+    from hub_vit.export import registry
+
+    unpaid = registry.get(variant).unpaid()
+    return f"{variant} does not pay off on this host: {'; '.join(unpaid)}" if unpaid else None
+
+
 def start_server(repo: Path, *, exit_timeout_s: int = 20, timeout_s: float = 180) -> TritonServer:
     """The real Triton serving `repo` on free loopback ports, every model ready; stop it, or use it in a `with`."""
     from hub_vit.server.runtime.launcher import TritonServer, free_port

@@ -28,7 +28,7 @@ from hub_vit.server.client.classifier import Classifier
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import write_repository
 from hub_vit.server.runtime.launcher import TritonServer
-from tests.served import start_server
+from tests.served import start_server, unpaid_reason
 from tests.test_domain import DIGITS, LABELS, bundled_photos
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -78,10 +78,8 @@ def int8_server(tmp_path_factory) -> Iterator[TritonServer]:
     still be told apart."""
     pytest.importorskip("openvino")
     pytest.importorskip("nncf")
-    from hub_vit.export import registry
-
-    if unpaid := registry.get("openvino-int8").unpaid():  # no VNNI / AMX-INT8 (tests/test_openvino_variants.py)
-        pytest.skip(f"openvino-int8 does not pay off on this host: {'; '.join(unpaid)}")
+    if why := unpaid_reason("openvino-int8"):  # no VNNI / AMX-INT8 (tests/test_openvino_variants.py)
+        pytest.skip(why)
     yield from _serve(DIGITS, tmp_path_factory.mktemp("int8") / "repository", cpu_variant="openvino-int8")
 
 

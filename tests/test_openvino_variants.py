@@ -26,14 +26,13 @@ from hub_vit.resolve import resolve_model as resolve
 from hub_vit.server.repository import cpu_variant
 from hub_vit.server.repository.options import ServingOptions
 from hub_vit.server.repository.writer import MANIFEST, write_repository
-from tests.served import start_server
+from tests.served import start_server, unpaid_reason
 
 # static int8 is declared to pay off only with VNNI / AMX-INT8 (`registry`): on AVX2 alone (a Zen 3) the plugin's int8
 # kernels kept 10 of the tiny model's layers in float and failed the shipped model's bounds; `all` and `auto` leave it
 # out there (tests/test_readme.py), so what these tests hold it to is checked where it is built for
-STATIC_INT8_PAYS = pytest.mark.skipif(bool(registry.get("openvino-int8").unpaid()),
-                                      reason="openvino-int8 does not pay off on this host: "
-                                             + "; ".join(registry.get("openvino-int8").unpaid()))
+STATIC_INT8_PAYS = pytest.mark.skipif(unpaid_reason("openvino-int8") is not None,
+                                      reason=unpaid_reason("openvino-int8") or "")
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
@@ -75,6 +74,8 @@ def _damaged_build(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(Path(fp32_onnx).parent / "damaged.onnx")
 
     monkeypatch.setattr(openvino_build, "read_model", damaged)
+
+
 @STATIC_INT8_PAYS
 def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp_path: Path) -> None:
     """A random SimpleViT with a pre-logits layer: quantised whole, its pre-logits Linear (after the average pool) puts
@@ -117,6 +118,8 @@ def _asymmetric_activation_quantisers(xml: Path) -> list[str]:
         if not (np.all(low == 0) or np.allclose(low, -high * 128 / 127, rtol=1e-5)):
             found.append(op.get_friendly_name())
     return found
+
+
 @STATIC_INT8_PAYS
 def test_the_shipped_digits_models_static_int8_is_judged_on_its_held_out_digits(tmp_path: Path) -> None:
     """The trained digits model from its folder, as `hub-vit serve` builds it: static int8 passes, its bounds judged on
