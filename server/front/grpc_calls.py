@@ -299,7 +299,6 @@ class Connection(asyncio.Protocol):
     def _answer_http1(self) -> None:
         """A client speaking HTTP/1.1 here (curl at the wrong port): an HTTP/1.1 400 that names the HTTP port, and the
         connection ends. Nothing of Triton's has reached it (`_Upstream.early`)."""
-        self.front.refusals.count(GOAWAY)
         port = self.front.http_port
         where = f"port {port}" if port is not None else "its HTTP port (hub-vit serve --http-port)"
         sentence = "this is hub-vit serve's gRPC port: it speaks gRPC (HTTP/2) only; send HTTP/REST requests to " \
@@ -308,9 +307,7 @@ class Connection(asyncio.Protocol):
         body = json.dumps({"error": error}).encode()
         self.transport.write(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: "
                              + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
-        self.buffer = bytearray()
-        self.closed = True
-        self.close()
+        self._break(_Broken(h2.PROTOCOL_ERROR, "HTTP/1.x on the gRPC port"))  # counted; no GOAWAY before a preface
 
     def _frame(self, kind: int, flags: int, stream: int, payload: memoryview) -> tuple[bool, list[bytes]]:
         """Follow one client frame: (whether it is passed on to Triton, frames of the front's own to send after it)."""
