@@ -231,3 +231,34 @@ def test_calls_refused_while_their_client_still_sends_are_forgotten(front) -> No
         held = [len(connection.streams) for connection in list(recorder.front.connections)]
         assert held and max(held) == 0, held
     assert (recorder.front.in_flight, recorder.front.buffered) == (0, 0)
+
+
+def test_an_http1_request_line_split_across_reads_is_still_answered_in_http1(front) -> None:
+    # was: a first read without the whole request line (a slow client, a small segment) closed the connection without
+    # a word; only a line read whole got the HTTP/1.1 400 that names the protocol
+    import json
+    import time
+
+    from hub_vit.server import protocol
+
+    port, _ = front
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        for part in (b"G", b"ET /v2/health/ready HT", b"TP/1.1\r", b"\nHost: x\r\n\r\n"):
+            raw.sendall(part)
+            time.sleep(0.2)  # each part is read on its own
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer[:200]
+    assert protocol.read_port_speaks(json.loads(body)["error"]).speaks == "grpc"
+
+
+def test_bytes_that_cannot_become_a_request_line_are_closed_at_once(front) -> None:
+    # what is neither a preface nor an HTTP/1.x request line in the making is not waited for
+    port, _ = front
+    for data in (b"get /v2 HTTP/1.1", b"GET /v2 HTTP/2.0\r\n", b"\x16\x03\x01\x02\x00"):  # the last: a TLS hello
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.sendall(data)
+            raw.settimeout(2)  # far below the head timeout: closed for what it is, not for being slow
+            assert raw.recv(65536) == b"", data

@@ -48,6 +48,10 @@ ENCODINGS = (b"gzip", b"deflate")  # the message encodings Triton 2.51 reads
 _PREFIX = struct.Struct(">BL")  # a gRPC message's prefix: compressed flag, length
 # an HTTP/1.x request line's start (`curl` at the gRPC port): answered in HTTP/1.1, which that client reads
 _HTTP1_REQUEST = re.compile(rb"[A-Z]{3,7} [^ ]+ HTTP/1\.[01]\r?\n")
+# what may still become one, its line end not yet read (a line split across reads): waited for, up to MAX_REQUEST_LINE
+# bytes and the head timeout, then closed as any other bytes that are not a preface
+_HTTP1_PARTIAL = re.compile(rb"[A-Z]{1,7}(?: [^\r\n]*)?\r?\Z")
+MAX_REQUEST_LINE = 8 << 10
 
 
 class Front(Protocol):
@@ -241,6 +245,8 @@ class Connection(asyncio.Protocol):
                     if _HTTP1_REQUEST.match(buffer):
                         self._answer_http1()
                         return
+                    if len(buffer) < MAX_REQUEST_LINE and _HTTP1_PARTIAL.match(buffer):
+                        return  # the rest of the line is still to come
                     raise _Broken(h2.PROTOCOL_ERROR, "not an HTTP/2 connection preface (this is the gRPC port)")
                 if len(buffer) < len(h2.PREFACE):
                     return

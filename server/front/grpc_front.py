@@ -28,8 +28,9 @@ What is refused, in the HTTP front's words:
   (lost, not refused: it may have run); the connection then ends (GOAWAY), and the client's next call reconnects.
 
 Malformed HTTP/2 ends the connection. An HTTP/1.x request line (curl at this port) gets an HTTP/1.1 400 tagged
-`protocol.port_speaks`, naming the HTTP port (nothing of Triton's reaches a client before its preface); other bytes that
-are not the connection preface are closed at once; after the preface a GOAWAY names the error: a frame over 16 KiB
+`protocol.port_speaks`, naming the HTTP port (nothing of Triton's reaches a client before its preface; a line that
+arrives in pieces is waited for, up to 8 KiB and the head timeout); other bytes that are not the connection preface are
+closed at once; after the preface a GOAWAY names the error: a frame over 16 KiB
 (Triton's SETTINGS reach the client with their frame size lowered to that, as the front holds each client frame whole),
 a header block that is not HPACK or is larger than the head limit, a padded HEADERS or DATA frame (grpc reads HEADERS
 padding as header block: what the front checked would not be what Triton runs), a frame inside a header block, a
