@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -197,6 +198,27 @@ def test_front_processes_run_on_uvloop():
     try:
         assert [worker.event_loop for worker in front.workers] == ["uvloop", "uvloop"]
     finally:
+        front.close()
+
+
+def test_a_late_reply_is_not_read_as_the_answer_to_the_next_question():
+    # was: replies were matched by order, so a worker that answered after its asker stopped waiting (its loop blocked
+    # past the deadline) had that late reply read as the answer to the next question, and every later one shifted
+    from hub_vit.server.front.workers import FrontProcesses
+    from hub_vit.server.runtime.launcher import free_port
+
+    front = FrontProcesses("127.0.0.1", free_port(), free_port(), FrontLimits(processes=2)).start()
+    stalled = front.workers[0].process
+    try:
+        os.kill(stalled.pid, signal.SIGSTOP)  # a worker whose event loop does not run
+        answered = front.ask({"op": "upstream", "protocol": "http", "host": None, "port": None}, timeout_s=0.5)
+        assert [reply.get("ok") for reply in answered] == [True]  # the other worker's; the stalled one's is to come
+        os.kill(stalled.pid, signal.SIGCONT)
+        for _ in range(3):
+            replies = front.ask({"op": "refusals"})
+            assert len(replies) == 2 and all("refusals" in reply for reply in replies), replies
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
         front.close()
 
 

@@ -1,7 +1,8 @@
 """One front process (`python -m hub_vit.server.front.worker FD`): the HTTP and the gRPC front on one event loop,
 bound to the public ports that all front processes share, steered by the serve process over the socket FD.
 
-The serve process sends JSON lines; the worker answers those marked with a reply:
+The serve process sends JSON lines; the worker answers those marked with a reply, and each reply to an op carries the
+op's `"id"` (a late reply to an op whose asker stopped waiting is then told from the next one's):
 * first the settings `{"host", "http_port", "grpc_port", "limits"}` -> `{"ready": true, "event_loop": "uvloop"}` (the
   loop's package) or `{"error": "..."}`;
 * `{"op": "upstream", "protocol": "http"|"grpc", "host", "port"}` (host null: no server) -> `{"ok": true}`;
@@ -38,7 +39,10 @@ from hub_vit.server.front.limits import FrontLimits
 async def serve(control: socket.socket) -> None:
     reader, writer = await asyncio.open_connection(sock=control)
 
-    def reply(message: dict[str, Any]) -> None:
+    def reply(message: dict[str, Any], question: dict[str, Any] | None = None) -> None:
+        """`message` as one line; the reply to a `question` names its number (workers.Worker.reply)."""
+        if question is not None:
+            message = {**message, "id": question.get("id")}
         writer.write(json.dumps(message).encode() + b"\n")
 
     settings = json.loads(await reader.readline() or b"{}")
@@ -59,13 +63,13 @@ async def serve(control: socket.socket) -> None:
             op, front = command["op"], fronts.get(command.get("protocol", ""))
             if op == "upstream":
                 await front.upstream(command["host"], command["port"])
-                reply({"ok": True})
+                reply({"ok": True}, command)
             elif op == "drain":
                 front.drain()
             elif op == "drained":
-                reply({"answered": await front.drained(command["timeout_s"])})
+                reply({"answered": await front.drained(command["timeout_s"])}, command)
             elif op == "refusals":
-                reply({"refusals": {protocol: each.refusals.take() for protocol, each in fronts.items()}})
+                reply({"refusals": {protocol: each.refusals.take() for protocol, each in fronts.items()}}, command)
             elif op == "close":
                 break
     finally:

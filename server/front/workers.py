@@ -74,6 +74,7 @@ class Worker:
             theirs.close()
         self.buffer = b""
         self.event_loop = ""  # the worker's event loop's package, once ready
+        self.asked = 0  # questions sent: each carries its number, and the worker's reply names it
         self.send(settings)
 
     def send(self, message: dict[str, Any]) -> None:
@@ -83,7 +84,22 @@ class Worker:
         except OSError:
             pass  # the worker is gone: `reply` says so to whoever waits
 
-    def reply(self, deadline: float) -> dict[str, Any]:
+    def question(self, message: dict[str, Any]) -> int:
+        """Send `message` as a question (a reply comes): its number, for `reply`."""
+        self.asked += 1
+        self.send({**message, "id": self.asked})
+        return self.asked
+
+    def reply(self, deadline: float, question: int | None = None) -> dict[str, Any]:
+        """The reply to `question` (None: the next line, as the reply to the settings). Replies to earlier questions
+        are dropped: their asker stopped waiting (a worker whose loop was blocked past the deadline answers late), and
+        read as this one's they would answer the wrong question."""
+        while True:
+            answer = self._line(deadline)
+            if question is None or answer.get("id") == question:
+                return answer
+
+    def _line(self, deadline: float) -> dict[str, Any]:
         while b"\n" not in self.buffer:
             ready, _, _ = select.select([self.control], [], [], max(deadline - time.monotonic(), 0))
             if not ready:
@@ -163,8 +179,7 @@ class FrontProcesses:
             deadline = time.monotonic() + START_TIMEOUT_S
             _ready(worker, deadline)
             for command in self._upstreams.values():
-                worker.send(command)
-                worker.reply(deadline)
+                worker.reply(deadline, worker.question(command))
             for protocol in self._draining:
                 worker.send({"op": "drain", "protocol": protocol})
         except BaseException:
@@ -182,14 +197,13 @@ class FrontProcesses:
         with self._lock:
             if message.get("op") == "upstream":
                 self._upstreams[message["protocol"]] = message
-            for worker in self.workers:
-                worker.send(message)
+            questions = [(worker, worker.question(message)) for worker in self.workers]
             deadline = time.monotonic() + timeout_s
             replies = []
-            for worker in self.workers:
+            for worker, question in questions:
                 try:
-                    replies.append(worker.reply(deadline))
-                except OSError:  # it ended: not an answer, and not an error of the front's
+                    replies.append(worker.reply(deadline, question))
+                except OSError:  # it ended, or did not answer in time (TimeoutError): not an answer
                     continue
             return replies
 
