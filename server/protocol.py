@@ -161,22 +161,24 @@ def read_too_large(message: str) -> int | None:
 
 
 # -- port ---------------------------------------------------------------------------------------------------------
+PORT_KINDS = ("http", "grpc", "metrics")  # what a port of serve's speaks
 def port_speaks(speaks: str, sentence: str, **ports: int) -> str:
-    """The front's answer at a port to a client speaking another protocol: the port speaks `speaks` (http / grpc);
-    `ports`: serve's ports of the other protocols (`http_port=8000`)."""
+    """The front's answer at a port to a client speaking another protocol, or asking the metrics port for anything but
+    metrics: the port speaks `speaks` (http / grpc / metrics); `ports`: serve's ports of the other protocols
+    (`http_port=8000`)."""
     return tagged(PORT, sentence, speaks=speaks, **{name: int(port) for name, port in ports.items()})
 
 
 @dataclass(frozen=True)
 class PortSpeaks:
-    speaks: str  # http / grpc: what the port the client reached speaks
+    speaks: str  # http / grpc / metrics: what the port the client reached speaks
     ports: dict[str, int]  # serve's ports of the other protocols, as `http_port`
 
 
 def read_port_speaks(message: str) -> PortSpeaks | None:
     """What the port speaks when the front said the client reached the other protocol's port; None otherwise."""
     fact = read(message)
-    if fact is None or fact.name != PORT or fact.fields.get("speaks") not in ("http", "grpc"):
+    if fact is None or fact.name != PORT or fact.fields.get("speaks") not in PORT_KINDS:
         return None
     ports = {name: int(value) for name, value in fact.fields.items() if name.endswith("_port") and value.isdigit()}
     return PortSpeaks(fact.fields["speaks"], ports)

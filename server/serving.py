@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from hub_vit.atomic import DISK_REFUSED_ERRNOS
+from hub_vit.server.front.exposition import Family
 from hub_vit.server.front.limits import FrontLimits
+from hub_vit.server.front.metrics_front import MetricsFront
+from hub_vit.server.front.refusals import since
 from hub_vit.server.front.workers import FrontProcesses
 from hub_vit.server.repository.config import takes_queue_timeouts
 from hub_vit.server.repository.options import ServingOptions
@@ -55,7 +58,8 @@ def remove_workdir(workdir: Path) -> None:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where `serve` listens: HTTP and gRPC through the front on `http_port` / `grpc_port`, metrics from Triton."""
+    """Where `serve` listens: HTTP and gRPC through the front on `http_port` / `grpc_port`, metrics (Triton's and
+    serve's own) on `metrics_port`."""
 
     host: str
     http_port: int
@@ -69,6 +73,10 @@ class Endpoints:
     @property
     def grpc_url(self) -> str:
         return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
 
 @dataclass(frozen=True)
@@ -107,24 +115,31 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
     """Serve `repository` until Ctrl-C / SIGTERM / SIGHUP (drained) or a failure the restart policy does not cover
     (ServerError, with the server's own last lines); CannotStart when nothing could start. Every `refusal_report_s`
     seconds (0: never), and at the end, `hooks.refused` hears what the front answered itself meanwhile."""
-    def new_server() -> TritonServer:  # Triton's HTTP and gRPC on private loopback ports; the front takes the public
-        private_http, private_grpc = free_port(), free_port()  # never one port twice (free_port keeps what it gave)
-        return TritonServer(repository, host=endpoints.host, http_port=private_http, grpc_port=private_grpc,
-                            metrics_port=endpoints.metrics_port, exit_timeout_s=exit_timeout_s, log=hooks.log,
-                            http_host="127.0.0.1", grpc_host="127.0.0.1", picked_ports=("http_port", "grpc_port"))
+    def new_server() -> TritonServer:  # Triton's endpoints on private loopback ports; the fronts take the public ones
+        private = [free_port() for _ in range(3)]  # never one port twice (free_port keeps what it gave)
+        return TritonServer(repository, host=endpoints.host, http_port=private[0], grpc_port=private[1],
+                            metrics_port=private[2], exit_timeout_s=exit_timeout_s, log=hooks.log,
+                            http_host="127.0.0.1", grpc_host="127.0.0.1", metrics_host="127.0.0.1",
+                            picked_ports=("http_port", "grpc_port", "metrics_port"))
 
     # the front refuses per-request queue timeouts a repository without a queue policy would silently ignore, and
     # tells clients whether a server it cannot reach is being replaced
     limits = replace(limits, queue_timeouts=takes_queue_timeouts(repository), restarts=max_restarts > 0)
     front = FrontProcesses(endpoints.host, endpoints.http_port, endpoints.grpc_port, limits)
-    try:  # the public HTTP and gRPC ports, each checking requests before Triton
+    supervisors: list[Supervisor] = []  # the one below, once made: the metrics read its restarts
+    metrics = MetricsFront(endpoints.host, endpoints.metrics_port, endpoints.http_port,
+                           lambda: serve_families(front, supervisors, metrics))
+    try:  # the public HTTP and gRPC ports, each checking requests before Triton; the metrics port, relayed
         front.start()
+        metrics.start()
         supervisor = Supervisor(new_server, RestartPolicy(max_failed_starts=max_restarts), threading.Event(),
                                 serving=hooks.serving, event=hooks.event,
-                                gates=(front.front("http"), front.front("grpc")))
+                                gates=(front.front("http"), front.front("grpc"), metrics))
     except (ServerError, OSError, ValueError) as err:
+        metrics.close()
         front.close()
         raise CannotStart(str(err)) from None
+    supervisors.append(supervisor)
     reporter = RefusalReporter(front, hooks.refused, refusal_report_s).start()
     with stop_on_signals(supervisor, hooks.say) as forced:
         try:
@@ -132,7 +147,26 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
         finally:
             supervisor.server.stop()
             reporter.stop()  # the requests refused while draining counted too
+            metrics.close()
             front.close()
+
+
+def serve_families(front: FrontProcesses, supervisors: list[Supervisor], metrics: MetricsFront) -> list[Family]:
+    """serve's own metric families, added after Triton's on the metrics port (docs/serving.md, "Metrics")."""
+    answered = front.answered()
+    restarts = supervisors[0].restarts if supervisors else 0
+    return [
+        Family("hub_vit_server_ready", "gauge", "1 while a ready tritonserver is behind the front, 0 while one starts, "
+               "is replaced or stops (Triton's own metrics are missing then)", [({}, int(metrics.ready))]),
+        Family("hub_vit_server_restarts_total", "counter", "tritonservers started to replace one that died",
+               [({}, restarts)]),
+        Family("hub_vit_front_answers_total", "counter", "requests the front answered itself, never reaching Triton: "
+               "refused (HTTP status or gRPC status name; GOAWAY: a broken HTTP/2 connection), or no server to relay "
+               "them to", [({"protocol": protocol, "code": code}, count)
+                           for protocol, counts in answered.items() for code, count in counts.items()]),
+        Family("hub_vit_front_processes_replaced_total", "counter", "front processes that died and were replaced",
+               [({}, front.replaced)]),
+    ]
 
 
 class RefusalReporter:
@@ -142,6 +176,7 @@ class RefusalReporter:
     def __init__(self, front: FrontProcesses, refused: Callable[[dict[str, dict[str, int]], float], None] | None,
                  every_s: float) -> None:
         self.front, self.refused, self.every_s = front, refused, every_s
+        self._reported: dict[str, dict[str, int]] = {}  # the front's running totals at the last report
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._since = time.monotonic()
@@ -160,9 +195,10 @@ class RefusalReporter:
     def _report(self) -> None:
         now = time.monotonic()
         try:
-            counts = self.front.refusals()
+            totals = self.front.answered()
         except (OSError, TimeoutError):  # a front process that does not answer: the watcher replaces it
             return
+        counts, self._reported = since(totals, self._reported), totals
         seconds, self._since = now - self._since, now
         if counts and self.refused is not None:
             self.refused(counts, seconds)

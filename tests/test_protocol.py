@@ -98,7 +98,9 @@ def test_the_port_a_client_reached_round_trips_with_the_other_ports():
     written = protocol.port_speaks("grpc", "this is the gRPC port", http_port=8000)
     assert protocol.read_port_speaks(f"Bad Request: {written}") == protocol.PortSpeaks("grpc", {"http_port": 8000})
     assert protocol.untagged(written) == "this is the gRPC port"
-    assert protocol.read_port_speaks(protocol.port_speaks("smtp", "x")) is None  # only the two protocols
+    metrics = protocol.port_speaks("metrics", "this is the metrics port", http_port=8000)
+    assert protocol.read_port_speaks(metrics) == protocol.PortSpeaks("metrics", {"http_port": 8000})
+    assert protocol.read_port_speaks(protocol.port_speaks("smtp", "x")) is None  # only serve's kinds of port
     assert protocol.read_port_speaks(protocol.too_large(10, "x")) is None
 
 

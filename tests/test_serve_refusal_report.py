@@ -94,12 +94,12 @@ def test_what_is_left_since_the_last_report_is_reported_at_the_exit() -> None:
 def test_refusal_reports_can_be_switched_off_and_not_set_below_zero() -> None:
     from hub_vit.server.serving import RefusalReporter
 
-    class Front:  # a front that would report a refusal if asked
+    class Front:  # a front that would report a refusal if asked (running totals: one more at each ask)
         asked = 0
 
-        def refusals(self) -> dict[str, dict[str, int]]:
+        def answered(self) -> dict[str, dict[str, int]]:
             self.asked += 1
-            return {"http": {"405": 1}}
+            return {"http": {"405": self.asked}}
 
     heard: list[object] = []
     front = Front()

@@ -170,7 +170,8 @@ class ServeRun:
         if missing:
             raise fail(missing, code=1)
         http_url = self.endpoints.http_url
-        screen.summary(server, http_url, self.endpoints.grpc_url, self.name, self.example, self.where)
+        screen.summary(server, http_url, self.endpoints.grpc_url, self.endpoints.metrics_url, self.name, self.example,
+                       self.where)
         if self.demo_port is not None:
             demo_apps.append(start_demo(self.model, not built, self.endpoints.host, self.demo_port, http_url,
                                         self.name, self.demo_root_path))

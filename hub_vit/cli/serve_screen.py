@@ -58,13 +58,14 @@ class Screen:
         # soft_wrap: one log line stays one line in a log file / journal (rich would cut it at 80 columns off a tty)
         err_console.print(line, markup=False, highlight=False, soft_wrap=True, emoji=False)
 
-    def summary(self, server: Any, http_url: str, grpc_url: str, name: str, example: str, where: Any) -> None:
+    def summary(self, server: Any, http_url: str, grpc_url: str, metrics_url: str, name: str, example: str,
+                where: Any) -> None:
         self.done()
         console.print(f"[bold green]serving[/] model [bold]{name}[/]\n"
                       f"  device   {escape(where.description)} ({where.flavour} flavour)\n"
                       f"  HTTP     http://{http_url}/v2/models/{name}/infer\n"
                       f"  gRPC     {grpc_url}\n"
-                      f"  metrics  {server.metrics_url}")
+                      f"  metrics  {metrics_url}")
         # plain text on one line however narrow the terminal: pasted as a command (a path may hold [brackets])
         console.print(f"  try:     hub-vit classify --url {http_url} --model {name} {example}",
                       markup=False, highlight=False, soft_wrap=True)

@@ -201,10 +201,13 @@ def request_failed(protocol_name: str, url: str, err: Exception, answered: int =
     ports = f"Defaults: HTTP {HTTP_PORT}, gRPC {GRPC_PORT} (--grpc), metrics {METRICS_PORT}."  # where to look
     spoken = protocol.read_port_speaks(_message(err) or "")
     if spoken is not None and spoken.speaks != protocol_name:  # serve's front said which port this is
-        switch = "leave out --grpc" if protocol_name == "grpc" else "add --grpc"
         port = spoken.ports.get(f"{protocol_name}_port")
+        given = f"give the server's {this} port{f' ({port})' if port else ''}. {ports}"
+        if spoken.speaks == "metrics":
+            return f"{protocol_name} {url}: hub-vit serve answered that this is its metrics port\n{given}"
+        switch = "leave out --grpc" if protocol_name == "grpc" else "add --grpc"
         return (f"{protocol_name} {url}: hub-vit serve answered that this is its {other} port\n{url} speaks {other}: "
-                f"{switch}, or give the server's {this} port{f' ({port})' if port else ''}. {ports}")
+                f"{switch}, or {given}")
     if other_protocol(err):  # the reply quoted as bytes says nothing to a person: what it was, and the way out
         said, spoken = ("HTTP/1.x", "gRPC's HTTP/2") if protocol_name == "grpc" else ("HTTP/2", "HTTP/1.1")
         switch = "leave out --grpc" if protocol_name == "grpc" else "add --grpc"

@@ -3,8 +3,9 @@
 The front answers a request itself when it refuses it (a body over the limit, broken framing, a request that would
 crash Triton, the connection cap) or when Triton is not there to answer (restarting, shutting down, lost). Each
 client is told why; Triton never sees these requests, so its log and metrics hold none of them. These counts are how
-the operator sees them: serve asks every front process for them (`{"op": "refusals"}`, worker.py) and logs a line
-(`hub-vit serve --refusal-report-s`).
+the operator sees them: serve asks every front process for them (`{"op": "refusals"}`, worker.py), keeps their running
+totals (`FrontProcesses.answered`), logs a line (`hub-vit serve --refusal-report-s`) and puts them on its metrics port
+(`hub_vit_front_answers_total`, metrics_front.py).
 
 Codes: an HTTP status (`"413"`); a gRPC status by name (`"RESOURCE_EXHAUSTED"`), or `"GOAWAY"` for a connection
 ended because its client broke HTTP/2.
@@ -38,6 +39,14 @@ class Refusals:
         """The counts since the last take (code -> requests), and counting starts again."""
         taken, self.counts = dict(self.counts), Counter()
         return taken
+
+
+def since(now: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """What running totals `now` added to the earlier totals `before` (`merged`'s shape, codes without any left out)."""
+    added = {protocol: {code: count - before.get(protocol, {}).get(code, 0) for code, count in counts.items()}
+             for protocol, counts in now.items()}
+    return {protocol: {code: count for code, count in counts.items() if count > 0}
+            for protocol, counts in added.items() if any(count > 0 for count in counts.values())}
 
 
 def merged(reports: Iterable[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:

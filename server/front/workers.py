@@ -134,6 +134,8 @@ class FrontProcesses:
         # what a replacement worker is told: each protocol's last upstream command, and whether it drains
         self._upstreams: dict[str, dict[str, Any]] = {}
         self._draining: set[str] = set()
+        self._answered: dict[str, dict[str, int]] = {}  # what the front answered itself since it started
+        self._answered_lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -214,10 +216,13 @@ class FrontProcesses:
         for worker in list(self.workers):
             worker.send(message)
 
-    def refusals(self) -> dict[str, dict[str, int]]:
-        """What the front answered itself since the last call, summed over its processes: `{protocol: {code:
-        count}}` (refusals.py; a worker that died meanwhile takes its counts with it)."""
-        return merged(answer["refusals"] for answer in self.ask({"op": "refusals"}) if "refusals" in answer)
+    def answered(self) -> dict[str, dict[str, int]]:
+        """What the front answered itself since it started, summed over its processes: running totals `{protocol:
+        {code: count}}` (refusals.py; what a worker had counted since it was last asked dies with it)."""
+        taken = [answer["refusals"] for answer in self.ask({"op": "refusals"}) if "refusals" in answer]
+        with self._answered_lock:
+            self._answered = merged([self._answered, *taken])
+            return {protocol: dict(counts) for protocol, counts in self._answered.items()}
 
     def close(self) -> None:
         self._stop.set()

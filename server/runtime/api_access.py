@@ -31,6 +31,6 @@ def exposure_warning(host: str) -> str | None:
             "refuses the requests known to crash Triton and restricts its control APIs, but the tritonserver behind it "
             "is 2.51 (from nvidia-pytriton): it predates the fixes for CVE-2025-23310/23311 (chunked HTTP) and "
             "CVE-2025-23319/23320/23334 (Python-backend shared memory), a crashing request the front does not know "
-            "still kills it (serve restarts it), and the metrics port is Triton's own, not fronted. Serve other "
+            "still kills it (serve restarts it). Serve other "
             "machines from the Dockerfile's container (Triton 25.07+, body caps set) behind a proxy; keep this server "
             "on 127.0.0.1")

@@ -222,9 +222,10 @@ def readiness(url: str, timeout_s: float = 3.0) -> str | None:
     except urllib.error.HTTPError as err:
         message = _error_message(err)
         spoken = protocol.read_port_speaks(message)
-        if spoken is not None and spoken.speaks != "http":  # serve's front, at its gRPC port
+        if spoken is not None and spoken.speaks != "http":  # serve's front, at its gRPC or metrics port
             port = spoken.ports.get("http_port")
-            return (f"{ready} answered that this is hub-vit serve's gRPC port: give the server's HTTP port"
+            kind = {"grpc": "gRPC"}.get(spoken.speaks, spoken.speaks)
+            return (f"{ready} answered that this is hub-vit serve's {kind} port: give the server's HTTP port"
                     + (f" ({port})" if port else f", usually {HTTP_PORT}"))
         if err.code not in NOT_READY_CODES:  # 404, 405, ...: no such endpoint there, so no Triton
             return (f"{ready} answered HTTP {err.code}: not Triton's HTTP endpoint (Triton answers 200 when ready, "

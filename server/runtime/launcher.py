@@ -148,7 +148,8 @@ class TritonServer:
                  grpc_port: int = GRPC_PORT, metrics_port: int = METRICS_PORT, exit_timeout_s: int = 30,
                  log: Callable[[str], None] | None = None, log_verbose: int = 0,
                  extra_args: tuple[str, ...] = (), http_host: str | None = None,
-                 grpc_host: str | None = None, picked_ports: Collection[str] = ()) -> None:
+                 grpc_host: str | None = None, metrics_host: str | None = None,
+                 picked_ports: Collection[str] = ()) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise ServerError(f"model repository {str(self.repository)!r} "
@@ -159,6 +160,7 @@ class TritonServer:
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
         self.http_host = http_host or host  # `hub-vit serve` keeps HTTP on loopback, behind its front (front/)
         self.grpc_host = grpc_host or host  # ... and gRPC
+        self.metrics_host = metrics_host or host  # ... and metrics (its front: front/metrics_front.py)
         # the settings whose port the caller picked (free_port), not a user: when one is taken before this server
         # binds it (PortTaken), the caller may start another server on other ports (supervisor.py)
         self.picked_ports = frozenset(picked_ports)
@@ -192,14 +194,16 @@ class TritonServer:
         return f"{self.grpc_host}:{self.grpc_port}"
 
     def endpoint(self, protocol: str) -> tuple[str, int]:
-        """(host, port) of this server's "http" or "grpc" endpoint."""
-        if protocol not in ("http", "grpc"):
-            raise ValueError(f"unknown protocol {protocol!r}; valid: http, grpc")
-        return (self.http_host, self.http_port) if protocol == "http" else (self.grpc_host, self.grpc_port)
+        """(host, port) of this server's "http", "grpc" or "metrics" endpoint."""
+        endpoints = {"http": (self.http_host, self.http_port), "grpc": (self.grpc_host, self.grpc_port),
+                     "metrics": (self.metrics_host, self.metrics_port)}
+        if protocol not in endpoints:
+            raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(endpoints)}")
+        return endpoints[protocol]
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+        return f"http://{self.metrics_host}:{self.metrics_port}/metrics"
 
     @property
     def control_headers(self) -> dict[str, str]:
@@ -208,7 +212,6 @@ class TritonServer:
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def command(self, install: TritonInstall, backends: Path) -> list[str]:
-        address = ipv4_address(self.host)  # a name (`localhost`) would be bound as 255.255.255.255 by Triton 2.51
         return [
             str(install.binary),
             f"--id={self.server_id}",
@@ -217,9 +220,10 @@ class TritonServer:
             "--model-control-mode=none",  # no repository changes over the API (arbitrary code execution risk)
             "--strict-readiness=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            # addresses, not names: `localhost` would be bound as 255.255.255.255 by Triton 2.51
             f"--http-address={ipv4_address(self.http_host)}", f"--http-port={self.http_port}",
             f"--grpc-address={ipv4_address(self.grpc_host)}", f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={address}", f"--metrics-port={self.metrics_port}",
+            f"--metrics-address={ipv4_address(self.metrics_host)}", f"--metrics-port={self.metrics_port}",
             *(("--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0") if not has_gpu() else ()),
             f"--log-verbose={self.log_verbose}",
             *restricted_api_args(CONTROL_HEADER, self.control_key),
