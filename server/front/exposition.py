@@ -22,6 +22,10 @@ def _label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
@@ -31,7 +35,7 @@ def render(families: list[Family]) -> str:
     lines (a counter nothing has counted yet is still declared)."""
     lines = []
     for family in families:
-        lines.append(f"# HELP {family.name} {family.help.replace(chr(92), chr(92) * 2).replace(chr(10), ' ')}")
+        lines.append(f"# HELP {family.name} {_help(family.help)}")
         lines.append(f"# TYPE {family.name} {family.kind}")
         for labels, value in family.samples:
             labelled = ",".join(f'{key}="{_label_value(text)}"' for key, text in labels.items())

@@ -11,7 +11,8 @@ is ready, at nothing while one is replaced; its drain holds nothing (a scrape is
 turns `hub_vit_server_ready` to 0.
 
 Scrapes are rare, so this is Python's own `http.server`, hardened for a port that may face a network: a thread per
-connection up to `MAX_CONNECTIONS` (others are closed at once), each dropped after `HEAD_TIMEOUT_S` of silence,
+connection up to `MAX_CONNECTIONS` (others are closed at once), each cut when its request (head and body) has not
+arrived within `head_timeout_s` (10 s: a client trickling a byte at a time holds no slot for longer),
 request lines up to 64 KiB and 100 header fields (http.server's own limits, answered 414 / 431), HTTP/1.0 (one request
 per connection). Other paths get a 404 tagged `protocol.port_speaks("metrics")` naming the HTTP port (clients pointed
 here by mistake say so), other methods a 405.
@@ -19,8 +20,10 @@ here by mistake say so), other methods a 405.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
 import socketserver
 import threading
 from collections.abc import Callable
@@ -31,7 +34,7 @@ from hub_vit.server.front.exposition import CONTENT_TYPE, Family, render
 
 PATH = "/metrics"
 MAX_CONNECTIONS = 16
-HEAD_TIMEOUT_S = 10.0
+HEAD_TIMEOUT_S = 10.0  # a connection's whole request, as the HTTP front's head timeout
 UPSTREAM_TIMEOUT_S = 5.0
 MAX_UPSTREAM_BYTES = 16 << 20  # Triton's text is a few KiB a model
 MAX_DISCARDED_BODY = 8 << 20  # a request body read (and dropped) before its 404 / 405: an image or a few
@@ -43,8 +46,10 @@ class MetricsFront:
 
     protocol = "metrics"
 
-    def __init__(self, host: str, port: int, http_port: int, own: Callable[[], list[Family]]) -> None:
+    def __init__(self, host: str, port: int, http_port: int, own: Callable[[], list[Family]],
+                 head_timeout_s: float = HEAD_TIMEOUT_S) -> None:
         self.host, self.port, self.http_port, self.own = host, port, http_port, own
+        self.head_timeout_s = head_timeout_s
         self.target: tuple[str, int] | None = None  # Triton's private metrics endpoint; None: no server
         self.draining = False  # serve is stopping: the server behind takes no new requests
         self._server: _Server | None = None
@@ -122,7 +127,7 @@ def _fetch(host: str, port: int) -> str:
 
 
 class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a stalled client does not hold serve's exit (its thread ends at HEAD_TIMEOUT_S anyway)
+    daemon_threads = True  # a stalled client does not hold serve's exit (it is cut at the head timeout anyway)
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -149,7 +154,25 @@ class _Server(ThreadingHTTPServer):
 
 def _handler(front: MetricsFront) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        timeout = HEAD_TIMEOUT_S  # the socket's: a client silent this long is dropped
+        timeout = front.head_timeout_s  # the socket's, for each read: the cut below bounds them all together
+
+        def setup(self) -> None:
+            super().setup()
+            self._cut = threading.Timer(front.head_timeout_s, self._cut_connection)
+            self._cut.daemon = True
+            self._cut.start()
+
+        def _cut_connection(self) -> None:
+            with contextlib.suppress(OSError):  # the blocked read returns at once, and the handler ends
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def send_response(self, code: int, message: str | None = None) -> None:
+            self._cut.cancel()  # the request is in (or refused): its answer, a scrape's included, is not cut
+            super().send_response(code, message)
+
+        def finish(self) -> None:
+            self._cut.cancel()
+            super().finish()
         server_version = "hub-vit-metrics"
         sys_version = ""
 
