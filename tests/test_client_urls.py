@@ -140,3 +140,30 @@ def test_load_test_opens_a_connection_per_worker(protocol, concurrency, limit, m
     assert len(built) == 1
     if limit is not None:
         assert built[0]._conn.limit == limit  # aiohttp's connector behind tritonclient.http.aio
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_call_after_close_says_the_client_was_closed(protocol: str) -> None:
+    # was: gRPC "Cannot invoke RPC on closed channel!", HTTP tritonclient's own error, and the AsyncClassifier made a
+    # new client silently; no server is needed: the call is refused before any request
+    import asyncio
+
+    from hub_vit.server.client import AsyncClassifier, ClientClosed
+
+    url = "127.0.0.1:9"  # nothing answers there: a call that reached the network would fail otherwise
+    client = Classifier(url, protocol=protocol)
+    client.close()
+    client.close()  # a second close does nothing
+    for call in (client.ready, client.statistics, lambda: client.classify([b"x"])):
+        with pytest.raises(ClientClosed, match=f"this Classifier of {url} was closed .*: make a new one"):
+            call()
+
+    async def after_close() -> None:
+        async with AsyncClassifier(url, protocol=protocol) as aio:
+            pass
+        await aio.close()
+        for call in (aio.statistics, aio.config):
+            with pytest.raises(ClientClosed, match=f"this AsyncClassifier of {url} was closed"):
+                await call()
+
+    asyncio.run(after_close())

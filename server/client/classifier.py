@@ -22,6 +22,7 @@ from hub_vit.ports import HTTP_PORT, LOOPBACK
 from hub_vit.server import protocol
 from hub_vit.server.client.addresses import PROTOCOLS, check_model_name, check_timeout, resolve_protocol, server_address
 from hub_vit.server.client.errors import (
+    ClientClosed,
     ImageTooLarge,
     NoExplanation,
     NoQueueTimeouts,
@@ -162,6 +163,7 @@ class Classifier:
         else:
             settings = {"ssl": tls, "channel_args": grpc_channel_args()}
         self._connect = lambda: self.module.InferenceServerClient(address, **settings)
+        self.url, self._closed = url, False
         self._start()  # its first client made here, so a bad address is refused now
         self._inherited: list[Any] = []  # a forked child's copies of its parent's clients: never used, never closed
         self.timeout_s = timeout_s
@@ -256,7 +258,11 @@ class Classifier:
 
     @property
     def client(self) -> Any:
-        """The tritonclient client of the calling thread (HTTP), or the one client (gRPC), of this process."""
+        """The tritonclient client of the calling thread (HTTP), or the one client (gRPC), of this process;
+        ClientClosed after `close` (a closed gRPC channel said "Cannot invoke RPC on closed channel!", an HTTP client
+        something else)."""
+        if self._closed:
+            raise ClientClosed("Classifier", self.url)
         if os.getpid() != self._pid:
             # a forked child (multiprocessing's fork, gunicorn --preload) holds copies of its parent's connections:
             # over HTTP both processes read answers from the same socket and took each other's (wrong labels), and a
@@ -281,6 +287,8 @@ class Classifier:
         return client
 
     def close(self) -> None:
+        """Close its clients; a second call does nothing, any other call after it raises ClientClosed."""
+        self._closed = True
         with self._made:
             others = [client for _, client, _ in self._threads]
         for client in (self._first, *others):
@@ -322,6 +330,7 @@ class AsyncClassifier:
         extra = ({"conn_limit": max(1, connections), "conn_timeout": timeout_s} if protocol == "http"
                  else {"channel_args": grpc_channel_args()})
         self._make = lambda: self.module.InferenceServerClient(address, ssl=tls, **extra)
+        self.url, self._closed = url, False
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop `_client` belongs to
         self._stale: list[Any] = []  # clients of event loops that have ended, to be closed
@@ -337,7 +346,10 @@ class AsyncClassifier:
         to the loop it was made in, so one made outside a coroutine failed (HTTP: "no running event loop"; gRPC:
         every call "attached to a different loop"), and so did the same AsyncClassifier in a second `asyncio.run`.
         The client of an earlier loop is kept to be closed (`_current`, `close`): left to the garbage collector, its
-        aiohttp session warned "Unclosed client session"."""
+        aiohttp session warned "Unclosed client session". ClientClosed after `close` (it made a new client
+        before, silently, unlike `Classifier`)."""
+        if self._closed:
+            raise ClientClosed("AsyncClassifier", self.url)
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             if self._client is not None:
@@ -436,7 +448,9 @@ class AsyncClassifier:
         return model_counts(await (await self._current()).get_inference_statistics(**self._deadline), self.protocol)
 
     async def close(self) -> None:
-        """Close its clients: the running loop's, and those of loops that have ended."""
+        """Close its clients: the running loop's, and those of loops that have ended. A second call does nothing, any
+        other call after it raises ClientClosed."""
+        self._closed = True
         clients, self._stale = [*self._stale, *([self._client] if self._client is not None else [])], []
         self._client, self._loop = None, None
         for client in clients:

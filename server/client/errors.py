@@ -26,6 +26,13 @@ SHED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
 SHM_FULL_MESSAGE = "Failed to increase the shared memory pool size"
 
 
+class ClientClosed(RuntimeError):
+    """A call on a Classifier / AsyncClassifier after its `close` (or the end of its `with` block)."""
+
+    def __init__(self, kind: str, url: str) -> None:
+        super().__init__(f"this {kind} of {url} was closed (close(), or the end of its with block): make a new one")
+
+
 class NoExplanation(ValueError):
     """The served model answers no `explain` request: its repository says so (protocol.py's `hub_vit_explains`)."""
 
