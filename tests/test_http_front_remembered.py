@@ -58,7 +58,7 @@ class Served:
 
 
 @contextmanager
-def _served() -> Iterator[Served]:
+def _served(limits: FrontLimits = FrontLimits()) -> Iterator[Served]:
     from hub_vit.server.front.http_front import HttpFront
     from hub_vit.server.runtime.launcher import free_port
 
@@ -67,7 +67,7 @@ def _served() -> Iterator[Served]:
     async def setup() -> Teardown:
         served.loop = asyncio.get_running_loop()
         upstream = await served.loop.create_server(lambda: _Triton(served.received), "127.0.0.1", upstream_port)
-        served.front = HttpFront(FrontLimits())
+        served.front = HttpFront(limits)
         await served.front.listen("127.0.0.1", served.port)
         await served.front.upstream("127.0.0.1", upstream_port)
 

@@ -64,6 +64,9 @@ MaxRequestMb = Annotated[int, typer.Option(help="Largest HTTP request body or gR
 MaxConnections = Annotated[int, typer.Option(help="Open HTTP connections beyond which only health requests are "
                                                   "answered (others get 503); also the most open gRPC connections "
                                                   "(more are refused).")]
+KeepAliveS = Annotated[int, typer.Option(
+    help="Seconds an idle HTTP keep-alive connection is kept open after its last answer. Keep it above the idle "
+         "timeout of a load balancer in front (AWS ALB: 60 s), so the balancer closes idle connections first.")]
 FrontProcessCount = Annotated[int, typer.Option(
     "--front-processes", show_default=False,
     help="Processes that take the public HTTP and gRPC ports and relay to Triton (they share the ports; each relays "
@@ -110,6 +113,7 @@ def serve(
     decode_threads: DecodeThreads = DEFAULTS.decode_threads,
     max_request_mb: MaxRequestMb = 64,
     max_connections: MaxConnections = 4096,
+    keep_alive_s: KeepAliveS = 75,
     front_processes: FrontProcessCount = None,
     cpu_variant: CpuVariant = "auto",
 ) -> None:
@@ -127,11 +131,12 @@ def serve(
         raise fail(str(err)) from None
     _check_flags(endpoints, demo_port if demo else None, exit_timeout=exit_timeout, max_restarts=max_restarts,
                  refusal_report_s=refusal_report_s, max_request_mb=max_request_mb, max_connections=max_connections,
-                 front_processes=front_processes, quiet=quiet, verbose=verbose)
+                 keep_alive_s=keep_alive_s, front_processes=front_processes, quiet=quiet, verbose=verbose)
     where = _serve_device(ctx, repository_dir, device, flavour)
     run = ServeRun(endpoints, name, model, where, demo_port if demo else None, exit_timeout, max_restarts, verbose,
                FrontLimits(max_body_bytes=max_request_mb << 20, max_connections=max_connections,
-                           processes=front_processes or default_processes()), demo_root_path, refusal_report_s)
+                           keep_alive_s=keep_alive_s, processes=front_processes or default_processes()),
+               demo_root_path, refusal_report_s)
     sizes = {"max_batch_size": max_batch_size, "max_queue_delay_us": max_queue_delay_us,
              "max_queue_size": max_queue_size, "queue_timeout_us": queue_timeout_us, "queue_policy": queue_policy,
              "top_k": top_k, "max_pixels": max_pixels}
@@ -180,7 +185,7 @@ def _check_flags(endpoints: Any, demo_port: int | None, **values: Any) -> None:
         value = values[flag[2:].replace("-", "_")]
         if value < 0:
             raise fail(f"{flag} must be >= 0, got {value}")
-    for flag in ("--max-request-mb", "--max-connections"):
+    for flag in ("--max-request-mb", "--max-connections", "--keep-alive-s"):
         value = values[flag[2:].replace("-", "_")]
         if value < 1:
             raise fail(f"{flag} must be a positive integer, got {value}")

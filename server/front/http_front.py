@@ -12,8 +12,10 @@ framing. On top of llhttp, what the front refuses (docs/serving.md, "Limits and 
 * `Transfer-Encoding` (chunked bodies: CVE-2025-23310/23311, a stack overflow in Triton < 2.59.1) -> 411;
 * methods other than GET and POST -> 405 (Triton serves none);
 * the inference checks of checks.py -> 400;
-* a head over `max_head_bytes` -> 431; a head not complete within `head_timeout_s` (half-sent connections held
-  Triton's descriptors: 20,400 of them made HTTP, gRPC and metrics unreachable) -> 408 and the connection is closed;
+* a head over `max_head_bytes` -> 431; a head not complete within `head_timeout_s` of its first byte, or of a new
+  connection's accept (half-sent connections held Triton's descriptors: 20,400 of them made HTTP, gRPC and metrics
+  unreachable) -> 408 and the connection is closed; a kept-alive connection idle for `keep_alive_s` after its last
+  answer is closed without a word (an unasked 408 there could meet the client's next request on the wire);
   beyond this process's share of `max_connections`, only health requests are relayed (probes stay reachable; their
   head gets 1 s), others get 503;
 * once `drain()` is called (SIGTERM), the listener is closed and a new request on an open connection gets 503
@@ -285,6 +287,7 @@ class Client(asyncio.Protocol):
         self.head_bytes = 0  # of the head being read
         self.heads = 0  # heads completed on this connection
         self.in_head = True
+        self.idle = False  # answered, and no byte of a next request yet: the keep-alive wait
         self.over = False  # beyond the connection cap when it came
         self.deadline = 0.0  # 0: none (a request is being relayed)
         self.closing = False
@@ -308,8 +311,19 @@ class Client(asyncio.Protocol):
     def _await_head(self) -> None:
         self.deadline = time.monotonic() + (1.0 if self.over else self.front.limits.head_timeout_s)
 
+    def _await_next(self) -> None:
+        """After an answer: the keep-alive wait (a connection over the cap keeps its 1 s)."""
+        if self.over:
+            self._await_head()
+            return
+        self.idle = True
+        self.deadline = time.monotonic() + self.front.limits.keep_alive_s
+
     def timed_out(self) -> None:
-        if self.in_head:
+        if self.idle:  # nothing was asked: closed without an answer, as a client closing its idle connection would
+            self.closing = True
+            self.transport.close()
+        elif self.in_head:
             self.refuse(Refused(408, f"no complete request head within {self.front.limits.head_timeout_s:g} s",
                                 close=True))
         else:
@@ -319,6 +333,9 @@ class Client(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        if self.idle:  # a next request begins: its head has the head timeout
+            self.idle = False
+            self._await_head()
         self.seen = None
         if self.parsing is None and self.current is None and not self.queue:  # between requests, none being answered
             end = data.find(b"\r\n\r\n") + 4
@@ -550,7 +567,7 @@ class Client(asyncio.Protocol):
             self._next()
         else:
             self.transport.resume_reading()
-            self._await_head()
+            self._await_next()
 
     def refuse(self, refusal: Refused) -> None:
         """Answer a refusal outside of a request's answer (a parse error, a timeout): the connection closes after it

@@ -37,7 +37,11 @@ class FrontLimits:
     # UNAVAILABLE, retry)
     max_buffered_bytes: int = 256 << 20
     max_head_bytes: int = 64 << 10
-    head_timeout_s: float = 10.0  # a request's head, and an idle keep-alive connection's next one
+    head_timeout_s: float = 10.0  # a request's head, from its first byte (a new connection's: from its accept)
+    # An idle keep-alive connection (answered, no byte of a next request yet) is closed without a word after this long:
+    # longer than load balancers' idle timeouts (AWS ALB 60 s; nginx's own keepalive_timeout is 75 s), so the balancer,
+    # not serve, ends an idle connection (one serve closes just as the balancer sends on it is a 502 there)
+    keep_alive_s: float = 75.0
     body_timeout_s: float = 60.0
     max_connections: int = 4096
     upstream_connections: int = 64  # per process: requests relayed to Triton at once (its descriptors stay few)
@@ -60,7 +64,7 @@ class FrontLimits:
                 raise ValueError(f"{key} must be True or False, got {getattr(self, key)!r}")
         if self.processes > MAX_PROCESSES:
             raise ValueError(f"processes must be at most {MAX_PROCESSES}, got {self.processes}")
-        for key in ("head_timeout_s", "body_timeout_s"):
+        for key in ("head_timeout_s", "body_timeout_s", "keep_alive_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be a positive number of seconds, got {getattr(self, key)!r}")
 
