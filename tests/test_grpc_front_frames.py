@@ -262,3 +262,40 @@ def test_bytes_that_cannot_become_a_request_line_are_closed_at_once(front) -> No
             raw.sendall(data)
             raw.settimeout(2)  # far below the head timeout: closed for what it is, not for being slow
             assert raw.recv(65536) == b"", data
+
+
+def test_a_message_in_a_compression_triton_does_not_read_is_refused_naming_those_it_reads(front) -> None:
+    # Triton 2.51 inflates gzip and deflate only: a message in another encoding is refused before it reaches it, in
+    # grpc's status for an unsupported compression (UNIMPLEMENTED, as grpc's own servers answer it)
+    import time
+    import urllib.parse
+
+    from hpack import Decoder, Encoder
+
+    port, _ = front
+    block = Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "ServerLive"),
+                              (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers"),
+                              ("grpc-encoding", "br")])
+    message = struct.pack(">BL", 1, 5) + b"hello"  # flagged compressed
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(PREFACE + _frame(1, 0x4, 1, block) + _frame(0, 0x1, 1, message))
+        answer, deadline, trailers = b"", time.monotonic() + 10, None
+        decoder = Decoder()
+        while trailers is None and time.monotonic() < deadline:
+            answer += raw.recv(1 << 16)
+            at = 0
+            while len(answer) - at >= 9:
+                length = int.from_bytes(answer[at:at + 3], "big")
+                if len(answer) - at < 9 + length:
+                    break
+                kind, flags, stream = answer[at + 3], answer[at + 4], int.from_bytes(answer[at + 5:at + 9], "big")
+                if kind == 1 and stream == 1:
+                    fields = dict(decoder.decode(answer[at + 9:at + 9 + length]))
+                    if flags & 0x1:  # END_STREAM: the trailers
+                        trailers = fields
+                at += 9 + length
+            answer = answer[at:]
+    assert trailers is not None, "no trailers for the call"
+    assert trailers["grpc-status"] == "12", trailers  # UNIMPLEMENTED
+    assert urllib.parse.unquote(trailers["grpc-message"]) == ("message compression 'br' is not read by this server "
+                                                              "(gzip and deflate are)"), trailers
