@@ -181,7 +181,7 @@ class Serve:
     def stop(self) -> None:
         """Kill serve if it still runs, and its server's whole process group with it: a serve killed midway cannot
         clean up, and a test must not leave a tritonserver or its stubs running (a stub left so ran for 30 min). The
-        Triton log a killed or failed serve keeps is removed (a test that wants it reads it before)."""
+        Triton log a killed, failed or restarted serve keeps is removed (a test that wants it reads it before)."""
         killed = self.process.poll() is None
         if killed:
             try:
@@ -195,8 +195,9 @@ class Serve:
                     os.killpg(group, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        if killed or self.process.returncode != 0:  # a clean stop removes its own (a test checks it does)
-            log_path(self.ports[0]).unlink(missing_ok=True)
+        # a clean stop without a replaced server removes its own (a test checks it does); one that replaced a server
+        # keeps it, as a failed one does
+        log_path(self.ports[0]).unlink(missing_ok=True)
 
 
 @contextmanager

@@ -65,6 +65,14 @@ def test_a_crashed_server_and_a_dead_stub_are_replaced(tmp_path: Path) -> None:
         serve.process.send_signal(signal.SIGTERM)
         assert serve.finish() == 0, serve.text
         assert "tritonserver stopped" in serve.text
+        # was: a clean stop removed Triton's log, and with it the only account of why the two servers died; now it
+        # is kept, each replacement marked in it between the dead server's lines and the next one's
+        log = log_path(serve.ports[0])
+        assert f"tritonserver's log, with the 2 servers that died and were replaced, is kept: {log}" in " ".join(
+            serve.text.split()), serve.text
+        marks = [line for line in log.read_text().splitlines() if line.startswith("hub-vit serve: ")]
+        log.unlink()
+        assert len(marks) == 2 and "killed by SIGFPE" in marks[0] and "vit_classifier_0_0" in marks[1], marks
         # every server's shared-memory regions are gone, the killed ones' included
         assert not list(Path("/dev/shm").glob(f"{server_id}*"))
     finally:

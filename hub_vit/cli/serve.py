@@ -73,8 +73,8 @@ FrontProcessCount = Annotated[int, typer.Option(
          "some thousands of requests a second). Default: one per 4 cores, 1 to 4.")]
 # Where tritonserver's log goes, said once for --verbose, --quiet and the error naming both (a --quiet flag, not a
 # --quiet/--no-quiet pair whose help showed "[default: no-quiet]" while the error called --quiet the default)
-LOG_SHOWN = ("tritonserver's log always goes to the file the start-up summary names (kept if serve fails) and shows "
-             "here only with --verbose: quiet is the default")
+LOG_SHOWN = ("tritonserver's log always goes to the file the start-up summary names (kept if serve fails or "
+             "replaced a server that died) and shows here only with --verbose: quiet is the default")
 Verbose = Annotated[bool, typer.Option("--verbose", help=f"Also show tritonserver's log here ({LOG_SHOWN}).")]
 Quiet = Annotated[bool, typer.Option("--quiet", help=f"Do not show tritonserver's log here ({LOG_SHOWN}).")]
 

@@ -127,16 +127,23 @@ class ServeRun:
         log_file = LogFile(self.endpoints.http_port)
         screen = Screen(log_file, verbose=self.verbose)
         demo_apps: list[Any] = []  # the demo, once the first server serves
+        replaced: list[str] = []  # why each server that died was replaced
+
+        def event(line: str) -> None:  # also marked in Triton's log, between the dead server's lines and the next's
+            replaced.append(line)
+            log_file.write(f"hub-vit serve: {line}")
+            self._event(line)
+
         hooks = ServeHooks(serving=lambda server, restarted: self._serving(screen, server, restarted, built,
                                                                             demo_apps),
-                           event=self._event, say=self._say, log=screen.log, refused=self._refused)
+                           event=event, say=self._say, log=screen.log, refused=self._refused)
         screen.progress("starting tritonserver: loading the models and warming them up")
         keep_log = True  # after a failure its log may explain: Triton's, or an unforeseen one
         try:
             report = serve_repository(repository, self.endpoints, hooks, exit_timeout_s=self.exit_timeout,
                                       max_restarts=self.max_restarts, limits=self.limits,
                                       refusal_report_s=self.refusal_report_s)
-            keep_log = False
+            keep_log = bool(replaced)  # the log of a server that died explains why, after a clean stop too
         except CannotStart as err:
             keep_log = False  # nothing ran
             raise fail(str(err)) from None
@@ -150,6 +157,10 @@ class ServeRun:
             for app_ in demo_apps:
                 app_.close()
             log_file.close(remove=not keep_log)
+        if replaced:
+            count = f"{len(replaced)} server{'s' if len(replaced) > 1 else ''}"
+            console.print(f"tritonserver's log, with the {count} that died and were replaced, is kept: {log_file.path}",
+                          markup=False, highlight=False, soft_wrap=True)
         if not report.ready:  # interrupted while still loading: a normal exit
             console.print("stopped before the server was ready")
             return

@@ -73,7 +73,8 @@ class Screen:
         console.print(f"  health:  hub-vit health --url {http_url} --repository {shlex.quote(str(server.repository))}",
                       markup=False, highlight=False, soft_wrap=True)
         shown = "also shown above" if self.verbose else "--verbose shows it here"
-        console.print(f"  log      {self.log_file.path} (tritonserver's own, kept if serve fails; {shown})",
+        console.print(f"  log      {self.log_file.path} (tritonserver's own, kept if serve fails or a server dies; "
+                      f"{shown})",
                       markup=False, highlight=False, soft_wrap=True)
 
     def stopped(self, message: str) -> None:
