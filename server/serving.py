@@ -151,9 +151,12 @@ def serve_repository(repository: Path, endpoints: Endpoints, hooks: ServeHooks, 
             front.close()
 
 
+SCRAPE_ASK_S = 2.0  # a scrape's wait for the front processes' counts (Prometheus's own scrape timeout is 10 s)
+
+
 def serve_families(front: FrontProcesses, supervisors: list[Supervisor], metrics: MetricsFront) -> list[Family]:
     """serve's own metric families, added after Triton's on the metrics port (docs/serving.md, "Metrics")."""
-    answered = front.answered()
+    answered = front.answered(SCRAPE_ASK_S)
     restarts = supervisors[0].restarts if supervisors else 0
     return [
         Family("hub_vit_server_ready", "gauge", "1 while a ready tritonserver is behind the front, 0 while one starts, "

@@ -222,6 +222,34 @@ def test_a_late_reply_is_not_read_as_the_answer_to_the_next_question():
         front.close()
 
 
+def test_the_fronts_counts_are_neither_lost_to_a_late_reply_nor_waited_for_past_the_timeout():
+    # a worker takes its counts when it answers: an answer that came after its asker left was dropped with them. And a
+    # metrics scrape asks with a short timeout: it must not wait for a worker being replaced (which holds the workers)
+    import http.client
+
+    from hub_vit.server.front.workers import FrontProcesses
+    from hub_vit.server.runtime.launcher import free_port
+
+    http_port = free_port()
+    front = FrontProcesses("127.0.0.1", http_port, free_port(), FrontLimits(processes=2)).start()
+    stalled = front.workers[0].process
+    try:
+        for _ in range(20):  # each on a connection of its own: the kernel spreads them over both workers
+            connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+            connection.request("PUT", "/v2/models/vit/infer")
+            assert connection.getresponse().status == 405
+            connection.close()
+        os.kill(stalled.pid, signal.SIGSTOP)
+        front.answered(timeout_s=0.5)  # the stalled worker's answer, with its counts, comes after this gave up
+        os.kill(stalled.pid, signal.SIGCONT)
+        assert front.answered() == {"http": {"405": 20}}
+        with front._lock:  # held, as while a dead worker is replaced (a plain wait for it would never end here)
+            assert front.answered(timeout_s=0.3) == {"http": {"405": 20}}  # the totals as last known
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+        front.close()
+
+
 def test_a_second_front_on_the_same_ports_fails_instead_of_sharing_them():
     # the front processes share their ports with SO_REUSEPORT, which would let a second serve's processes join them
     from hub_vit.server.front.workers import FrontProcesses, PortLock

@@ -75,6 +75,7 @@ class Worker:
         self.buffer = b""
         self.event_loop = ""  # the worker's event loop's package, once ready
         self.asked = 0  # questions sent: each carries its number, and the worker's reply names it
+        self.late_counts: list[dict[str, dict[str, int]]] = []  # counts in replies that came after their asker left
         self.send(settings)
 
     def send(self, message: dict[str, Any]) -> None:
@@ -98,6 +99,8 @@ class Worker:
             answer = self._line(deadline)
             if question is None or answer.get("id") == question:
                 return answer
+            if "refusals" in answer:  # the worker took these counts when it answered: kept for the next total
+                self.late_counts.append(answer["refusals"])
 
     def _line(self, deadline: float) -> dict[str, Any]:
         while b"\n" not in self.buffer:
@@ -197,17 +200,21 @@ class FrontProcesses:
         """`message` to every worker, and the replies of those that are alive (one that died meanwhile is replaced
         by the watcher, which tells the new one the current upstream)."""
         with self._lock:
-            if message.get("op") == "upstream":
-                self._upstreams[message["protocol"]] = message
-            questions = [(worker, worker.question(message)) for worker in self.workers]
-            deadline = time.monotonic() + timeout_s
-            replies = []
-            for worker, question in questions:
-                try:
-                    replies.append(worker.reply(deadline, question))
-                except OSError:  # it ended, or did not answer in time (TimeoutError): not an answer
-                    continue
-            return replies
+            return self._ask(message, timeout_s)
+
+    def _ask(self, message: dict[str, Any], timeout_s: float) -> list[dict[str, Any]]:
+        """`ask`, under `_lock`."""
+        if message.get("op") == "upstream":
+            self._upstreams[message["protocol"]] = message
+        questions = [(worker, worker.question(message)) for worker in self.workers]
+        deadline = time.monotonic() + timeout_s
+        replies = []
+        for worker, question in questions:
+            try:
+                replies.append(worker.reply(deadline, question))
+            except OSError:  # it ended, or did not answer in time (TimeoutError): not an answer
+                continue
+        return replies
 
     def tell(self, message: dict[str, Any]) -> None:
         """`message` to every worker, without waiting (no reply comes; a signal handler sends it, so no lock)."""
@@ -216,10 +223,22 @@ class FrontProcesses:
         for worker in list(self.workers):
             worker.send(message)
 
-    def answered(self) -> dict[str, dict[str, int]]:
+    def answered(self, timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, dict[str, int]]:
         """What the front answered itself since it started, summed over its processes: running totals `{protocol:
-        {code: count}}` (refusals.py; what a worker had counted since it was last asked dies with it)."""
-        taken = [answer["refusals"] for answer in self.ask({"op": "refusals"}) if "refusals" in answer]
+        {code: count}}` (refusals.py; what a worker had counted since it was last asked dies with it). Within
+        `timeout_s` (a metrics scrape must not wait for a worker being replaced, which holds the workers for up to
+        START_TIMEOUT_S): the workers that answered in time added, or, when the workers could not be asked at all,
+        the totals as last known."""
+        taken = []
+        if self._lock.acquire(timeout=timeout_s):
+            try:
+                taken = [answer["refusals"] for answer in self._ask({"op": "refusals"}, timeout_s)
+                         if "refusals" in answer]
+                for worker in self.workers:  # and what came too late for the asks before
+                    taken += worker.late_counts
+                    worker.late_counts = []
+            finally:
+                self._lock.release()
         with self._answered_lock:
             self._answered = merged([self._answered, *taken])
             return {protocol: dict(counts) for protocol, counts in self._answered.items()}
