@@ -55,6 +55,17 @@ def test_the_servers_log_is_described_alike_in_each_flag_and_the_error() -> None
     assert "quiet is the default" in LOG_SHOWN
 
 
+@pytest.mark.parametrize("command", ["serve", "repository"])
+def test_help_names_the_gpu_sized_defaults_beside_the_cpu_ones(command: str) -> None:
+    # was: `[default: 16]`, `[default: 2]` alone, though on --device cuda the batch is 256 and the instances 4
+    from hub_vit.server.repository.options import CUDA_DEFAULTS
+
+    options = _option_help(command)
+    for flag, key in (("--max-batch-size", "max_batch_size"), ("--instances", "classifier_instances"),
+                      ("--max-queue-size", "max_queue_size")):
+        assert f"On --device cuda: {CUDA_DEFAULTS[key]}" in options[flag], (flag, options[flag])
+
+
 @pytest.mark.parametrize("command", ["classify", "loadtest"])
 def test_grpc_says_that_the_url_names_the_grpc_port(command: str) -> None:
     # was: "--grpc: Use gRPC instead of HTTP.", and the README's "add --grpc for :8001" beside `--url 127.0.0.1:8000`

@@ -22,11 +22,21 @@ SERVE_MODEL_HELP = ("Registered name, hub-vit model folder (hf-hub:ORG/NAME: one
                     "TensorRT engine is served by the GPU container: hub-vit repository --flavour gpu.")
 DEFAULTS = ServingOptions()  # every repository default below comes from here (a test compares the configs)
 
+
+
+def _on_cuda(key: str) -> str:
+    """The help's word on an option whose default is GPU-sized on cuda (CUDA_DEFAULTS, `device_fields`): the [default]
+    typer shows is the CPU's."""
+    return f" On --device cuda: {CUDA_DEFAULTS[key]} unless given."
+
+
 # Options `repository` and `serve` share, declared once.
 Name = Annotated[str, typer.Option(help="Name clients call (the ensemble).")]
-MaxBatchSize = Annotated[int, typer.Option(help="Largest batch one execution runs.")]
+MaxBatchSize = Annotated[int, typer.Option(help="Largest batch one execution runs." + _on_cuda("max_batch_size"))]
 MaxQueueDelayUs = Annotated[int, typer.Option(help="How long the dynamic batcher waits to fill a batch.")]
-MaxQueueSize = Annotated[int, typer.Option(help="Queued requests per step beyond which new ones are rejected.")]
+MaxQueueSize = Annotated[int, typer.Option(help="Queued requests per step beyond which new ones are rejected. On "
+                                                f"--device cuda: {CUDA_DEFAULTS['max_queue_size']} with "
+                                                "--queue-policy.")]
 QueueTimeoutUs = Annotated[int, typer.Option(help="Longest a request may wait in a step's queue before it is rejected "
                                                   "(0: no limit; a client may ask for less per request).")]
 QueuePolicy = Annotated[bool, typer.Option("--queue-policy/--no-queue-policy",
@@ -62,7 +72,8 @@ DecodeThreads = Annotated[int, typer.Option(help="Torch flavour: threads per ins
                                                  "not decode) (0: the cores shared among the instances).")]
 Instances = Annotated[int, typer.Option(help="Classifier instances, each decoding its batch while another computes "
                                              "(CPU flavour: each runs ONNX Runtime; torch flavour: each holds the "
-                                             "model and its CUDA graphs); two keep Triton's batcher from stalling.")]
+                                             "model and its CUDA graphs); two keep Triton's batcher from stalling."
+                                             + _on_cuda("classifier_instances"))]
 _CUDA_SIZED = ("max_batch_size", "max_queue_delay_us", "max_queue_size")
 
 
