@@ -124,7 +124,10 @@ def test_connections_past_the_cap_are_closed_and_scrapes_go_on(serve: Serve) -> 
         time.sleep(0.5)  # each taken by its thread
         with socket.create_connection(("127.0.0.1", serve.ports[2]), timeout=10) as over:
             over.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-            assert over.recv(4096) == b""  # closed unanswered
+            try:  # closed unanswered: a FIN, or a reset when the request had arrived unread
+                assert over.recv(4096) == b""
+            except ConnectionResetError:
+                pass
     finally:
         for sock in idle:
             sock.close()
