@@ -163,7 +163,14 @@ def test_a_call_after_close_says_the_client_was_closed(protocol: str) -> None:
             pass
         await aio.close()
         for call in (aio.statistics, aio.config):
-            with pytest.raises(ClientClosed, match=f"this AsyncClassifier of {url} was closed"):
+            with pytest.raises(ClientClosed, match=f"this AsyncClassifier of {url} was closed .*: make a new one, "
+                                                   "or open it again with `async with`"):
                 await call()
+        async with aio:  # opened again (a module-level client, one block per event loop): the call reaches the network
+            with pytest.raises(Exception) as reached:  # noqa: PT011 - nothing listens: each protocol's own error
+                await aio.statistics()
+            assert not isinstance(reached.value, ClientClosed)
+        with pytest.raises(ClientClosed):
+            await aio.statistics()
 
     asyncio.run(after_close())

@@ -349,7 +349,7 @@ class AsyncClassifier:
         aiohttp session warned "Unclosed client session". ClientClosed after `close` (it made a new client
         before, silently, unlike `Classifier`)."""
         if self._closed:
-            raise ClientClosed("AsyncClassifier", self.url)
+            raise ClientClosed("AsyncClassifier", self.url, reopen="open it again with `async with`")
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             if self._client is not None:
@@ -449,7 +449,7 @@ class AsyncClassifier:
 
     async def close(self) -> None:
         """Close its clients: the running loop's, and those of loops that have ended. A second call does nothing, any
-        other call after it raises ClientClosed."""
+        other call after it raises ClientClosed until an `async with` opens it again."""
         self._closed = True
         clients, self._stale = [*self._stale, *([self._client] if self._client is not None else [])], []
         self._client, self._loop = None, None
@@ -457,6 +457,9 @@ class AsyncClassifier:
             await client.close()
 
     async def __aenter__(self) -> AsyncClassifier:
+        """Open (again, after `close`): a module-level client is used as `async with clf:` in each event loop that
+        uses it (each `asyncio.run`), its block closing that loop's connections."""
+        self._closed = False
         return self
 
     async def __aexit__(self, *exc: object) -> None:

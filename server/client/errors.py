@@ -29,8 +29,9 @@ SHM_FULL_MESSAGE = "Failed to increase the shared memory pool size"
 class ClientClosed(RuntimeError):
     """A call on a Classifier / AsyncClassifier after its `close` (or the end of its `with` block)."""
 
-    def __init__(self, kind: str, url: str) -> None:
-        super().__init__(f"this {kind} of {url} was closed (close(), or the end of its with block): make a new one")
+    def __init__(self, kind: str, url: str, reopen: str = "") -> None:
+        super().__init__(f"this {kind} of {url} was closed (close(), or the end of its with block): make a new one"
+                         + (f", or {reopen}" if reopen else ""))
 
 
 class NoExplanation(ValueError):
