@@ -99,12 +99,21 @@ def run(model: Any, images: np.ndarray, config: dict[str, Any], batch: int = 8) 
     """{output name: (N, ...)} of `model` on `images`, in batches."""
     compiled, _ = _compiled(model, [], config)
     request = compiled.create_infer_request()
-    found: dict[str, list[np.ndarray]] = {port.get_any_name(): [] for port in compiled.outputs}
+    ports = {_output_name(port): port for port in compiled.outputs}
+    found: dict[str, list[np.ndarray]] = {name: [] for name in ports}
     for start in range(0, len(images), batch):
         results = request.infer([images[start:start + batch]])
-        for port in compiled.outputs:
-            found[port.get_any_name()].append(np.array(results[port]))
+        for name, port in ports.items():
+            found[name].append(np.array(results[port]))
     return {name: np.concatenate(parts) for name, parts in found.items()}
+
+
+def _output_name(port: Any) -> str:
+    """A compiled output's name: `logits` / `pre_logits` wherever the port has it among others (the plugin merges an
+    output's names with those of the tensor it copies: a model whose features are its pool's output names that port
+    `{'mean', 'pre_logits'}`, and `get_any_name` gave `mean`)."""
+    names = port.get_names()
+    return next((name for name in ("logits", "pre_logits") if name in names), port.get_any_name())
 
 
 def profile(fp32: Any, quantized: Any, images: np.ndarray, config: dict[str, Any]) -> dict[str, float]:
