@@ -76,8 +76,8 @@ class OpenVINOSession:
         self.probabilities = _softmax_outputs(model) if attentions else 0
         self.compiled = shared.compile_model(model, "CPU", config)
         self.input_names = [port.get_any_name() for port in self.compiled.inputs]
-        self.names = [_name(output) for output in self.compiled.outputs[:len(self.compiled.outputs)
-                                                                        - self.probabilities]]
+        plain = len(self.compiled.outputs) - self.probabilities  # the attention outputs come last
+        self.names = [output_name(output) for output in self.compiled.outputs[:plain]]
         self.pooled = self._pooled()
         if attentions:
             self.names += ["attentions"] + ["pool_attention"] * self.pooled
@@ -114,9 +114,10 @@ class OpenVINOSession:
         return [f"OpenVINO CPU ({self.precision})"]
 
 
-def _name(port: Any) -> str:
+def output_name(port: Any) -> str:
     """An output's name: the graph's contract name where the tensor has several (OpenVINO folds an Identity into its
-    input, so `pre_logits` and the head's input are one tensor with both names), else any of them."""
+    input, so `pre_logits` and the head's input are one tensor with both names, e.g. `{'mean', 'pre_logits'}`), else
+    any of them."""
     names = port.get_names()
     return next((name for name in ("logits", "pre_logits") if name in names), port.get_any_name())
 
@@ -136,4 +137,4 @@ class _Named:
         self.name = name
 
 
-__all__ = ["OpenVINOSession", "core", "ir_files", "served_model"]
+__all__ = ["OpenVINOSession", "core", "ir_files", "output_name", "served_model"]

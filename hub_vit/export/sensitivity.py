@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from hub_vit.export.criterion import MAX_REL_ERROR, MIN_COSINE, MIN_TOP1_AGREEMENT, per_image
-from hub_vit.openvino_runtime import core
+from hub_vit.openvino_runtime import core, output_name
 
 QUANTIZED = ("MatMul", "Convolution")
 _PASS_THROUGH = ("FakeQuantize", "Convert", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Multiply")
@@ -99,21 +99,13 @@ def run(model: Any, images: np.ndarray, config: dict[str, Any], batch: int = 8) 
     """{output name: (N, ...)} of `model` on `images`, in batches."""
     compiled, _ = _compiled(model, [], config)
     request = compiled.create_infer_request()
-    ports = {_output_name(port): port for port in compiled.outputs}
+    ports = {output_name(port): port for port in compiled.outputs}  # `get_any_name` may give another name
     found: dict[str, list[np.ndarray]] = {name: [] for name in ports}
     for start in range(0, len(images), batch):
         results = request.infer([images[start:start + batch]])
         for name, port in ports.items():
             found[name].append(np.array(results[port]))
     return {name: np.concatenate(parts) for name, parts in found.items()}
-
-
-def _output_name(port: Any) -> str:
-    """A compiled output's name: `logits` / `pre_logits` wherever the port has it among others (the plugin merges an
-    output's names with those of the tensor it copies: a model whose features are its pool's output names that port
-    `{'mean', 'pre_logits'}`, and `get_any_name` gave `mean`)."""
-    names = port.get_names()
-    return next((name for name in ("logits", "pre_logits") if name in names), port.get_any_name())
 
 
 def profile(fp32: Any, quantized: Any, images: np.ndarray, config: dict[str, Any]) -> dict[str, float]:
