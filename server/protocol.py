@@ -25,6 +25,12 @@ Facts in every answer (outputs of the ensemble clients call, one row per image, 
 * `domain_score`: that score (about 1 for images like those the model was calibrated on; above the threshold,
   out of domain), -1 where unknown (a score is never negative; NaN would make Triton's JSON answer invalid JSON).
 
+Facts in a request (read by the classifier steps, and by serve's front, which checks a request before Triton runs it):
+
+* the request parameter `explain` (true) asks for the attention-rollout map, the outputs `rollout` and
+  `rollout_box` (`ROLLOUT_OUTPUTS`). Behind an ensemble a step is asked for every output the ensemble maps, whatever
+  the client requested, so the parameter decides; a request naming a rollout output without it is refused.
+
 Facts in a model's config (parameters of the ensemble clients call, written by `hub-vit repository`):
 
 * `hub_vit_model`: the model the repository was built from (a name, a folder, a file);
@@ -43,6 +49,9 @@ TOO_LARGE = "too-large"
 PORT = "port"
 RESTARTING, SHUTTING_DOWN = "restarting", "shutting-down"
 SERVER_STATES = (RESTARTING, SHUTTING_DOWN)
+
+EXPLAIN_PARAMETER = "explain"
+ROLLOUT_OUTPUTS = ("rollout", "rollout_box")
 
 SERVED_MODEL_PARAMETER = "hub_vit_model"
 EXPLAINS_PARAMETER = "hub_vit_explains"

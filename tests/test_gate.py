@@ -82,6 +82,25 @@ def test_a_queue_timeout_is_refused_where_the_server_applies_none():
         FrontLimits(queue_timeouts=1)
 
 
+def test_a_rollout_output_needs_explain_true_on_both_protocols():
+    """The ensemble does not pass requested outputs on, so without `explain` the model answers without the map:
+    the front refuses a rollout output asked for without `explain` true."""
+    for name in ("rollout", "rollout_box"):
+        for parameters in ({}, {"explain": False}, {"explain": "true"}, {"head_fusion": "max"}):
+            with pytest.raises(Refused, match=f"output '{name}' is part of the attention-rollout map") as refused:
+                check_inference({"outputs": [{"name": "labels"}, {"name": name}], "parameters": parameters}, set())
+            assert refused.value.status == 400 and '"explain": true' in refused.value.message
+    check_inference({"outputs": [{"name": "rollout"}, {"name": "rollout_box"}], "parameters": {"explain": True}}, set())
+    check_inference({"outputs": [{"name": "labels"}]}, set())
+    one = struct.pack("<I", 3) + b"abc"
+    asked = _message([1, 1], one, ("labels", "rollout"))
+    assert "output 'rollout' is part of the attention-rollout map" in inference_refusal(asked, set())
+    asked.parameters["explain"].string_param = "true"
+    assert "output 'rollout' is part of the attention-rollout map" in inference_refusal(asked, set())
+    asked.parameters["explain"].bool_param = True
+    assert inference_refusal(asked, set()) is None
+
+
 def test_limits_and_policy_refuse_bad_settings_by_name():
     with pytest.raises(ValueError, match="max_body_bytes must be a positive integer, got 0"):
         FrontLimits(max_body_bytes=0)

@@ -167,6 +167,32 @@ def test_grpc_requests_that_crash_or_mislead_triton_are_refused_before_it(serve:
     assert_healthy(serve)
 
 
+def test_a_rollout_output_without_explain_is_refused_and_with_it_answered(serve: Serve) -> None:
+    # was: 200 with no `rollout` output at all (the ensemble does not pass requested outputs on to its step)
+    image = SAMPLES[0].read_bytes()
+    outputs = [{"name": "labels"}, {"name": "rollout"}]
+    body, headers = infer_body([1, 1], [image], outputs=outputs)
+    status, text = post(serve.ports[0], "/v2/models/vit/infer", body, headers)
+    assert status == 400 and "output 'rollout' is part of the attention-rollout map" in text, text
+    assert 'send the request parameter \\"explain\\": true' in text, text  # JSON-escaped quotes
+    header_length = int(headers["Inference-Header-Content-Length"])
+    header = {**json.loads(body[:header_length]), "parameters": {"explain": True}}
+    text_header = json.dumps(header).encode()
+    status, text = post(serve.ports[0], "/v2/models/vit/infer", text_header + body[header_length:],
+                        {"Inference-Header-Content-Length": str(len(text_header))})
+    assert status == 200, text
+    answered = json.loads(text)  # no binary_data asked: every output in the JSON
+    assert {output["name"] for output in answered["outputs"]} == {"labels", "rollout"}, text
+    stub = grpc_stub(serve)
+    code, text = grpc_refusal(stub.ModelInfer, infer_message([1, 1], [image], ["labels", "rollout_box"]))
+    assert code == "INVALID_ARGUMENT" and "output 'rollout_box' is part of the attention-rollout map" in text, text
+    explained = infer_message([1, 1], [image], ["labels", "rollout_box"])
+    explained.parameters["explain"].bool_param = True
+    answer = stub.ModelInfer(explained, timeout=60)
+    assert sorted(output.name for output in answer.outputs) == ["labels", "rollout_box"]
+    assert_healthy(serve)
+
+
 def test_grpc_messages_over_the_cap_are_refused_without_growing_memory(serve: Serve) -> None:
     # was: Triton 2.51 takes gRPC messages up to 2 GB and inflates compressed ones whole; the front's refusal of a
     # message over the cap was grpc's own words, naming neither the cap's flag nor tagged with the limit

@@ -8,6 +8,8 @@ Refused here (docs/serving.md, "Limits and security"):
   2^32+k was truncated to 32 bits) -> 400 / INVALID_ARGUMENT (`check_inference`);
 * a per-request queue timeout where the served repository has no queue policy (Triton would ignore it)
   -> 400 / INVALID_ARGUMENT (`check_inference`);
+* a rollout output (`rollout`, `rollout_box`) requested without the parameter `explain` true: Triton would answer
+  200 without it, as the ensemble does not pass requested outputs on -> 400 / INVALID_ARGUMENT (`check_inference`);
 * over gRPC, BYTES contents whose element count differs from the shape (`inference_refusal`);
 * an HTTP inference body that is neither the protocol's JSON nor its binary form (`inference_header`: Triton 2.51
   answers an image file posted as is with HTTP 500 "failed to parse the request JSON buffer").
@@ -51,6 +53,14 @@ RAW_HTTP_EXAMPLE = ('the JSON header {"inputs": [{"name": "image", "shape": [1, 
 NO_QUEUE_TIMEOUTS = ("this server applies no per-request queue timeout (the request's 'timeout' parameter): it serves "
                      "without Triton's queue policy, which is what applies one (--no-queue-policy, the default on "
                      "cuda; hub-vit serve --queue-policy keeps it); send the request without a queue timeout")
+
+
+def rollout_without_explain(output: object) -> str:
+    """The refusal of a rollout output requested without `explain`: the model would answer 200 without the map."""
+    explain, outputs = protocol.EXPLAIN_PARAMETER, " and ".join(map(repr, protocol.ROLLOUT_OUTPUTS))
+    return (f"output {output!r} is part of the attention-rollout map, answered only to an explained request: send the "
+            f'request parameter "{explain}": true (tritonclient: infer(..., parameters={{"{explain}": True}})), or '
+            f'leave out {outputs} (hub-vit\'s docs/serving.md, "Explanations from the server")')
 
 
 class Refused(Exception):
@@ -122,15 +132,19 @@ def check_inference(header: object, numeric_outputs: set[str] | None, queue_time
     extension on a non-numeric output, a dimension of 0 or beyond int32, and a per-request queue timeout (parameter
     `timeout`) where the server applies none (`queue_timeouts` False: no queue policy, so Triton would ignore it).
     `numeric_outputs`: the model's numeric outputs (None: unknown, so any classification request is refused).
-    Anything else is left to Triton."""
+    Also a rollout output requested without `explain` true (the model would answer without it). Anything else is
+    left to Triton."""
     if not isinstance(header, dict):
         return
     parameters = header.get("parameters")
     if not queue_timeouts and isinstance(parameters, dict) and "timeout" in parameters:
         raise Refused(400, NO_QUEUE_TIMEOUTS)
+    explained = isinstance(parameters, dict) and parameters.get(protocol.EXPLAIN_PARAMETER) is True
     for output in header.get("outputs") or ():
         if not isinstance(output, dict):
             continue
+        if not explained and output.get("name") in protocol.ROLLOUT_OUTPUTS:
+            raise Refused(400, rollout_without_explain(output["name"]))
         parameters = output.get("parameters")
         if isinstance(parameters, dict) and "classification" in parameters:
             name = output.get("name")
@@ -174,7 +188,7 @@ def inference_refusal(request: Any, numeric: set[str] | None, queue_timeouts: bo
     header = {"inputs": [{"name": tensor.name, "shape": list(tensor.shape)} for tensor in request.inputs],
               "outputs": [{"name": output.name, "parameters": dict.fromkeys(output.parameters)}
                           for output in request.outputs],
-              "parameters": dict.fromkeys(request.parameters)}
+              "parameters": {name: _value(parameter) for name, parameter in request.parameters.items()}}
     try:
         check_inference(header, numeric, queue_timeouts)
     except Refused as refusal:
@@ -192,6 +206,12 @@ def inference_refusal(request: Any, numeric: set[str] | None, queue_timeouts: bo
             return (f"input {tensor.name!r} has shape {_shape_text(tensor.shape)} ({count} elements) but its contents "
                     f"hold {found}")
     return None
+
+
+def _value(parameter: Any) -> object:
+    """An `InferParameter`'s value (bool, int, str or float), None when it has none."""
+    choice = parameter.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(parameter, choice)
 
 
 MOST_ELEMENTS = 2**64  # past this a tensor's element count is only "more than": no number of thousands of digits

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from hub_vit.rollout_settings import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION, check_discard_ratio, check_head_fusion
+from hub_vit.server.protocol import EXPLAIN_PARAMETER as EXPLAIN
 
-EXPLAIN, HEAD_FUSION, DISCARD_RATIO = "explain", "head_fusion", "discard_ratio"
+HEAD_FUSION, DISCARD_RATIO = "head_fusion", "discard_ratio"
 
 
 @dataclass(frozen=True)
