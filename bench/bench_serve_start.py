@@ -32,11 +32,16 @@ TARGET = 5.0
 
 
 def model_folder(name: str, img_size: int, folder: Path) -> Path:
-    """A hub-vit model folder of `name` at `img_size` with random weights (its head non-zero, as a trained one)."""
+    """A hub-vit model folder of `name` at `img_size` with random weights, seed 0 (its head non-zero, as a trained
+    one). `serve` judges a folder as trained (top-1 on the photos), so which int8 candidates pass depends on the draw:
+    the seed makes the run's choice reproducible."""
+    import torch
+
     from hub_vit.catalog import get_entry
     from hub_vit.folder import save_model_folder
     from hub_vit.model import VisionTransformer
 
+    torch.manual_seed(0)
     spec = get_entry(name).spec.replace(img_size=img_size, head_zeroinit=False)
     return save_model_folder(VisionTransformer(spec).eval(), folder)
 
