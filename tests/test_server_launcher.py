@@ -546,6 +546,76 @@ def test_the_python_backends_folder_of_a_killed_server_is_removed(tmp_path):
 
 @pytest.mark.triton
 @pytest.mark.slow
+def test_two_servers_started_at_once_each_know_and_remove_their_python_backends_folder(tmp_path):
+    # was: each of two servers starting at the same moment saw two new folders, could not tell which was its own, and
+    # left it behind when killed (15 empty /tmp/python_env_* per run of the test suite)
+    import signal
+    import threading
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.resolve import resolve_model
+    from hub_vit.server.repository.writer import write_repository
+    from hub_vit.server.runtime.launcher import TritonServer, free_port, python_env_folders
+
+    repo = write_repository(resolve_model(default_model_folder()), tmp_path / "models")
+    servers = [TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+               for _ in range(2)]
+    go = threading.Barrier(2)
+    failures: list[BaseException] = []
+
+    def start(server: TritonServer) -> None:
+        go.wait()
+        try:
+            server.start()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=start, args=(server,)) for server in servers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    try:
+        assert not failures, failures
+        made = [server._python_env for server in servers]
+        assert None not in made and made[0] != made[1], made
+        assert all(path in python_env_folders() for path in made), made
+        for server in servers:
+            os.killpg(server.process.pid, signal.SIGKILL)  # the OOM killer: the server cannot remove its own
+            server.process.wait(30)
+        assert all(path.is_dir() for path in made)
+    finally:
+        for server in servers:
+            server.stop()
+    assert not any(path.exists() for path in made), made
+
+
+def test_the_python_env_claim_is_held_by_one_at_a_time_and_skipped_when_it_cannot_be_opened(tmp_path):
+    import subprocess
+    import sys
+
+    from hub_vit.server.runtime.launcher import python_env_claim
+
+    lock, released = tmp_path / "claim.lock", tmp_path / "released"
+    holder = subprocess.Popen([sys.executable, "-c", "import pathlib, time\n"
+                               "from hub_vit.server.runtime.launcher import python_env_claim\n"
+                               f"with python_env_claim({str(lock)!r}):\n"
+                               "    print('held', flush=True); time.sleep(1)\n"
+                               f"    pathlib.Path({str(released)!r}).touch()"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with python_env_claim(str(lock)) as claimed:
+            assert claimed and released.exists()  # granted only once the holder was about to let go
+    finally:
+        holder.kill()
+        holder.wait()
+    with python_env_claim(str(tmp_path / "no such folder" / "claim.lock")) as claimed:
+        assert claimed is False
+
+
+@pytest.mark.triton
+@pytest.mark.slow
 def test_the_python_backends_folder_of_a_server_killed_while_it_loads_is_removed(tmp_path):
     # was: a server that died before it was ready (a crash loop during warm-up) left its /tmp/python_env_XXXXXX, one
     # per start: the folder was looked for only once the server was ready

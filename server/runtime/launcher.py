@@ -15,6 +15,7 @@ The server binds to 127.0.0.1 unless told otherwise, and SIGTERM makes it drain 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import json
 import os
@@ -29,7 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from hub_vit.atomic import owner_tag
@@ -126,10 +127,35 @@ class PortTaken(ServerError):
 # $TMPDIR says) and removes it at a clean stop; a server killed with SIGKILL (the OOM killer, a crash, a supervised
 # restart) left it, empty, for good: hundreds of them on a host whose servers get replaced.
 PYTHON_ENV_FOLDERS = "/tmp/python_env_??????"
+# Held by a starting hub-vit server until its Python backend has made that folder, so that the one folder appearing
+# meanwhile is known to be its own (two servers starting at once each left theirs: 15 per run of the test suite)
+PYTHON_ENV_CLAIM = "/tmp/hub-vit-python-env.lock"
+PYTHON_ENV_WAIT_S = 30.0  # the longest a start holds the claim: a repository without Python models makes no folder
 
 
 def python_env_folders() -> set[Path]:
     return {Path(path) for path in glob.glob(PYTHON_ENV_FOLDERS)}
+
+
+@contextlib.contextmanager
+def python_env_claim(lock_file: str = PYTHON_ENV_CLAIM) -> Iterator[bool]:
+    """Hold the claim (an exclusive `flock` on `lock_file`, released when the file is closed, also by a process that
+    dies): other hub-vit servers wait to launch until it is released. Yields False, holding nothing, when the lock
+    file cannot be opened (another user's under a protected /tmp, a read-only /tmp): the folder is then found as
+    before, by its time."""
+    try:
+        fd = os.open(lock_file, os.O_RDONLY | os.O_CREAT, 0o666)
+    except OSError:
+        try:  # fs.protected_regular refuses O_CREAT on another user's file in a sticky folder, not a plain open
+            fd = os.open(lock_file, os.O_RDONLY)
+        except OSError:
+            yield False
+            return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)
 
 
 def _made_by_this_start(new: set[Path], started_at: float) -> Path | None:
@@ -255,25 +281,46 @@ class TritonServer:
             raise
         self.oom_kills_at_start = oom_kills()
         envs_before, started_at = python_env_folders(), time.time()
-        self.process = subprocess.Popen(
-            self.command(install, backends), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-            cwd=self._workspace, preexec_fn=server_child_setup,
-            start_new_session=True,  # Ctrl-C reaches only us; we forward one SIGTERM, so the drain starts once
-        )
-        self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
-        self._reader.start()
-        if self._stopping:  # a Ctrl-C while the workspace was prepared: stop now, not after loading every model
-            self.process.send_signal(signal.SIGTERM)
         try:
+            with python_env_claim() as claimed:
+                envs_before, started_at = python_env_folders(), time.time()  # again: after waiting for the claim
+                self.process = subprocess.Popen(
+                    self.command(install, backends), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                    cwd=self._workspace, preexec_fn=server_child_setup,
+                    start_new_session=True,  # Ctrl-C reaches only us; we forward one SIGTERM, so the drain starts once
+                )
+                self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
+                self._reader.start()
+                if self._stopping:  # a Ctrl-C while the workspace was prepared: stop now, not after loading all
+                    self.process.send_signal(signal.SIGTERM)
+                if claimed:
+                    self._python_env = self._await_python_env(envs_before)
             self.wait_ready(timeout_s)
         except BaseException:
             # a server that died (or was stopped) while it loaded made its folder too: found first, so `stop` removes
             # it (a crash loop during warm-up left one empty /tmp/python_env_* per start)
-            self._python_env = _made_by_this_start(python_env_folders() - envs_before, started_at)
+            self._python_env = self._python_env or _made_by_this_start(python_env_folders() - envs_before, started_at)
             self.stop()
             raise
-        self._python_env = _made_by_this_start(python_env_folders() - envs_before, started_at)
+        self._python_env = self._python_env or _made_by_this_start(python_env_folders() - envs_before, started_at)
         return self
+
+    def _await_python_env(self, before: set[Path]) -> Path | None:
+        """The Python backend's folder this start makes (the caller holds the claim, so no other hub-vit server's can
+        appear meanwhile), once it is there; None when the server ends, is ready or `PYTHON_ENV_WAIT_S` passes first,
+        or two appear (a server hub-vit did not start)."""
+        deadline, next_ready_check = time.monotonic() + PYTHON_ENV_WAIT_S, time.monotonic() + 0.2
+        while time.monotonic() < deadline and self.process is not None and self.process.poll() is None:
+            made = python_env_folders() - before
+            if made:
+                return next(iter(made)) if len(made) == 1 else None
+            if time.monotonic() >= next_ready_check:  # ready without one: no Python model in the repository
+                if self.is_ready():
+                    return None
+                next_ready_check = time.monotonic() + 0.2
+            time.sleep(0.02)
+        made = python_env_folders() - before  # made just before the server ended: still its own
+        return next(iter(made)) if len(made) == 1 else None
 
     def _prepare(self, install: TritonInstall, workspace: Path) -> tuple[Path, dict[str, str]]:
         """The backend folder (the Python backend with this interpreter's stub) and the server's environment."""
