@@ -548,7 +548,7 @@ def test_the_python_backends_folder_of_a_killed_server_is_removed(tmp_path):
 @pytest.mark.slow
 def test_two_servers_started_at_once_each_know_and_remove_their_python_backends_folder(tmp_path):
     # was: each of two servers starting at the same moment saw two new folders, could not tell which was its own, and
-    # left it behind when killed (15 empty /tmp/python_env_* per run of the test suite)
+    # left it behind when killed
     import signal
     import threading
 

@@ -128,7 +128,7 @@ class PortTaken(ServerError):
 # restart) left it, empty, for good: hundreds of them on a host whose servers get replaced.
 PYTHON_ENV_FOLDERS = "/tmp/python_env_??????"
 # Held by a starting hub-vit server until its Python backend has made that folder, so that the one folder appearing
-# meanwhile is known to be its own (two servers starting at once each left theirs: 15 per run of the test suite)
+# meanwhile is known to be its own (two servers starting at once could not tell them apart, and each left its own)
 PYTHON_ENV_CLAIM = "/tmp/hub-vit-python-env.lock"
 PYTHON_ENV_WAIT_S = 30.0  # the longest a start holds the claim: a repository without Python models makes no folder
 
