@@ -294,7 +294,7 @@ class TritonServer:
                 if self._stopping:  # a Ctrl-C while the workspace was prepared: stop now, not after loading all
                     self.process.send_signal(signal.SIGTERM)
                 if claimed:
-                    self._python_env = self._await_python_env(envs_before)
+                    self._python_env = self._await_python_env(envs_before, started_at)
             self.wait_ready(timeout_s)
         except BaseException:
             # a server that died (or was stopped) while it loaded made its folder too: found first, so `stop` removes
@@ -305,22 +305,20 @@ class TritonServer:
         self._python_env = self._python_env or _made_by_this_start(python_env_folders() - envs_before, started_at)
         return self
 
-    def _await_python_env(self, before: set[Path]) -> Path | None:
+    def _await_python_env(self, before: set[Path], started_at: float) -> Path | None:
         """The Python backend's folder this start makes (the caller holds the claim, so no other hub-vit server's can
-        appear meanwhile), once it is there; None when the server ends, is ready or `PYTHON_ENV_WAIT_S` passes first,
-        or two appear (a server hub-vit did not start)."""
+        appear meanwhile), once it is there or the server has ended; None when the server is ready without one or
+        `PYTHON_ENV_WAIT_S` passes first, or when two appear (a server hub-vit did not start)."""
         deadline, next_ready_check = time.monotonic() + PYTHON_ENV_WAIT_S, time.monotonic() + 0.2
         while time.monotonic() < deadline and self.process is not None and self.process.poll() is None:
-            made = python_env_folders() - before
-            if made:
-                return next(iter(made)) if len(made) == 1 else None
+            if python_env_folders() - before:
+                break
             if time.monotonic() >= next_ready_check:  # ready without one: no Python model in the repository
                 if self.is_ready():
                     return None
                 next_ready_check = time.monotonic() + 0.2
             time.sleep(0.02)
-        made = python_env_folders() - before  # made just before the server ended: still its own
-        return next(iter(made)) if len(made) == 1 else None
+        return _made_by_this_start(python_env_folders() - before, started_at)  # also one made just before it ended
 
     def _prepare(self, install: TritonInstall, workspace: Path) -> tuple[Path, dict[str, str]]:
         """The backend folder (the Python backend with this interpreter's stub) and the server's environment."""
