@@ -158,7 +158,7 @@ RULES: tuple[Rule, ...] = (
     Rule("pre_logits.fc.weight", ("pre_logits/kernel",), dense, lambda s: ((s.width, s.rep_size),),
          lambda s: bool(s.rep_size)),
     Rule("pre_logits.fc.bias", ("pre_logits/bias",), copy, lambda s: ((s.rep_size,),), lambda s: bool(s.rep_size)),
-    Rule("head.weight", ("head/kernel",), dense, lambda s: ((s.num_features, s.num_classes),),
+    Rule("head.weight", ("head/kernel",), dense, lambda s: ((s.head_hidden_size, s.num_classes),),
          lambda s: s.num_classes > 0),
     Rule("head.bias", ("head/bias",), copy, lambda s: ((s.num_classes,),), lambda s: s.num_classes > 0),
 )

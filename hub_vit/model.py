@@ -29,8 +29,8 @@ class ViTOutput(NamedTuple):
     pool_attention: MAP models only, the probe's attention over the tokens (B, heads, 1, N).
     """
 
-    logits: torch.Tensor  # (B, num_classes), or (B, num_features) when the model has no head
-    pre_logits: torch.Tensor  # (B, num_features): what the head reads
+    logits: torch.Tensor  # (B, num_classes), or (B, head_hidden_size) when the model has no head
+    pre_logits: torch.Tensor  # (B, head_hidden_size): what the head reads
     tokens: torch.Tensor  # (B, N, D) after the final LayerNorm
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
@@ -55,6 +55,18 @@ def _check_timm_regularisation(overrides: dict[str, Any], **rates: float) -> Non
         if value:
             raise ValueError(f"{name}={value!r} is not implemented by hub-vit models; supported regularisation: "
                              "drop_rate (dropout before the head) and drop_path_rate (stochastic depth)")
+
+
+# timm hands a checkpoint it does not read itself (a Google `.npz`: `create_model(..., checkpoint_path="x.npz")`, or a
+# pretrained_cfg with `custom_load`) to `model.load_pretrained(path)`. Reading weight files belongs above the model
+# core, so the layer that can (hub_vit.timm_plugin: the npz converter and strict loading) registers its reader here.
+CheckpointLoader = Callable[["VisionTransformer", str], None]
+_checkpoint_loader: list[CheckpointLoader] = []  # the registered reader (at most one)
+
+
+def register_checkpoint_loader(loader: CheckpointLoader) -> None:
+    """Make `loader(model, path)` what `VisionTransformer.load_pretrained` calls (registering again replaces it)."""
+    _checkpoint_loader[:] = [loader]
 
 
 # The two functions below hold every shape-dependent branch of the forward pass. torch.fx keeps them as single calls
@@ -175,7 +187,8 @@ class VisionTransformer(nn.Module):
         self.posemb_on_cls = spec.posemb_on_cls
         # timm model attributes that timm's helpers (data config, features, optimizers) read
         self.num_classes = spec.num_classes
-        self.num_features = self.head_hidden_size = spec.num_features
+        self.num_features = D  # what forward_features gives per token (timm: before pooling and pre-logits)
+        self.head_hidden_size = spec.head_hidden_size  # what the head reads (the pre-logits width, if any)
         self.embed_dim = D
         self.num_prefix_tokens = spec.num_prefix_tokens
         self.global_pool = _POOL_NAMES[spec.pool_type]
@@ -207,7 +220,7 @@ class VisionTransformer(nn.Module):
         else:
             self.pre_logits = nn.Identity()
         self.head_drop = nn.Dropout(drop_rate) if drop_rate else nn.Identity()
-        self.head = nn.Linear(self.num_features, spec.num_classes) if spec.num_classes else nn.Identity()
+        self.head = nn.Linear(self.head_hidden_size, spec.num_classes) if spec.num_classes else nn.Identity()
         self.feature_info = [
             dict(module=f"blocks.{i}", num_chs=D, reduction=spec.patch_size) for i in range(spec.depth)
         ]
@@ -356,6 +369,19 @@ class VisionTransformer(nn.Module):
         return isinstance(self.head, nn.Linear) and not bool(self.head.weight.any())
 
     # ---------------------------------------------------------------------------------------------------- timm API
+    def load_pretrained(self, checkpoint_path: str, prefix: str = "") -> None:
+        """timm API: load a checkpoint timm does not read itself, such as Google's `.npz` (converted to fit this
+        model), strictly, through the reader hub-vit's timm entry points register (`register_checkpoint_loader`).
+        `prefix` (timm's key prefix inside an npz) is not needed: the converter finds the parameter tree itself."""
+        if prefix:
+            raise ValueError(f"prefix={prefix!r}: hub-vit's converter finds the parameter tree inside the .npz itself "
+                             "(vit_jax and big_vision layouts); leave prefix out")
+        if not _checkpoint_loader:
+            raise RuntimeError("no checkpoint reader is registered: hub-vit's timm entry points register one when "
+                               "they build a model (timm.create_model(...)); or read the file with "
+                               "hub_vit.conversion.load_checkpoint and load its state dict")
+        _checkpoint_loader[0](self, str(checkpoint_path))
+
     def get_classifier(self) -> nn.Module:
         return self.head
 
@@ -366,7 +392,7 @@ class VisionTransformer(nn.Module):
         self.spec = self.spec.replace(num_classes=num_classes)
         self.num_classes = num_classes
         like = next(self.parameters())  # the new head's device and dtype: the model's (a bf16 model got fp32 ones)
-        head = nn.Linear(self.num_features, num_classes, device=like.device, dtype=like.dtype) if num_classes else \
+        head = nn.Linear(self.head_hidden_size, num_classes, device=like.device, dtype=like.dtype) if num_classes else \
             nn.Identity()
         self.head = head.train(self.training)
         self._init_head()
@@ -492,7 +518,7 @@ class VisionTransformer(nn.Module):
             # the pre-logits layer and the classifier go
             self.pre_logits = nn.Identity()
             self.spec = self.spec.replace(rep_size=None)
-            self.num_features = self.head_hidden_size = self.spec.num_features
+            self.head_hidden_size = self.spec.head_hidden_size
             self.reset_classifier(0)
         return take
 

@@ -3,14 +3,14 @@ imported: `hub_vit.registration`).
 
 `timm.create_model("simplevit_s16")` builds the paper's S/16; `timm.create_model("vit_b16.augreg_in21k_ft_in1k_384",
 pretrained=True)` downloads and converts Google's npz; `pretrained_cfg_overlay=dict(file="model.safetensors")`
-loads a local file, and `file="x.npz"` converts a local Google npz (no `custom_load=True` needed). The entry-point
+loads a local file, and `file="x.npz"` converts a local Google npz (no `custom_load=True` needed), as does
+`checkpoint_path="x.npz"` (through `model.load_pretrained`, timm's hook for files it does not read). The entry-point
 functions are generated from the catalog, so the table stays the only source.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -49,8 +49,10 @@ default_cfgs = generate_default_cfgs({k: v for e in MODELS.values() for k, v in 
 def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwargs: Any) -> VisionTransformer:
     """timm's builder (pretrained cfg, weight loading, features_only) for one spec; the one place that imports the
     model, so registration itself stays free of it (see the note at the top)."""
+    from hub_vit.model import VisionTransformer, register_checkpoint_loader
     from hub_vit.weights import adapt_state_dict
 
+    register_checkpoint_loader(_load_pretrained)  # timm's custom_load and checkpoint_path=x.npz read through it
     if pretrained:
         _check_file(cfg)
         _check_weights(architecture, spec, cfg, kwargs)
@@ -58,7 +60,7 @@ def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwarg
     builder_log.addFilter(_drop_adapted_conv_notice)
     try:
         model = build_model_with_cfg(
-            _timm_model,
+            VisionTransformer,
             architecture,
             pretrained,
             pretrained_cfg=cfg,
@@ -69,8 +71,6 @@ def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwarg
         )
     finally:
         builder_log.removeFilter(_drop_adapted_conv_notice)
-    for module in model.modules():  # the hook has served (or was not needed): the model leaves as the plain class
-        vars(module).pop("load_pretrained", None)
     return model
 
 
@@ -81,19 +81,9 @@ def _drop_adapted_conv_notice(record: logging.LogRecord) -> bool:
     return "weights already match the model" not in record.getMessage()
 
 
-def _timm_model(**kwargs: Any) -> VisionTransformer:
-    """timm's `model_cls`: a `VisionTransformer` carrying, for this build only, timm's `custom_load` hook
-    (`model.load_pretrained(path)`, through which timm hands over a Google `.npz`). Reading weight files belongs
-    above the model core, so the hook is bound here rather than defined on the class; `_build` removes it again."""
-    from hub_vit.model import VisionTransformer
-
-    model = VisionTransformer(**kwargs)
-    model.load_pretrained = functools.partial(_load_pretrained, model)
-    return model
-
-
-def _load_pretrained(model: VisionTransformer, checkpoint_path: str, prefix: str = "") -> None:
-    """timm `custom_load`: a Google `.npz` (converted to fit the model's spec) or a safetensors / torch state dict."""
+def _load_pretrained(model: VisionTransformer, checkpoint_path: str) -> None:
+    """`model.load_pretrained(path)` (timm's `custom_load`, and `create_model(..., checkpoint_path="x.npz")`): a Google
+    `.npz` converted to fit the model's spec, or a safetensors / torch state dict, loaded strictly."""
     from hub_vit.conversion import load_checkpoint
     from hub_vit.weights import load_adapted_state_dict
 

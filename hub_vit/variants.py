@@ -202,8 +202,9 @@ class ViTSpec:
         return 1 if self.class_token else 0
 
     @property
-    def num_features(self) -> int:
-        """Width of the vector the classifier head reads (after the optional pre-logits layer)."""
+    def head_hidden_size(self) -> int:
+        """Width of the vector the classifier head reads (after the optional pre-logits layer): timm's
+        `head_hidden_size`. timm's `num_features` is the width, what `forward_features` gives per token."""
         return self.rep_size or self.width
 
     def replace(self, **changes: Any) -> ViTSpec:

@@ -37,7 +37,7 @@ def count_macs(spec: ViTSpec, img_size: int | tuple[int, int] | None = None) -> 
         macs += D * D + tokens * D * 2 * D + _attention_macs(1, tokens, D) + D * D + 2 * D * F
     if spec.rep_size:
         macs += D * spec.rep_size
-    macs += spec.num_features * spec.num_classes
+    macs += spec.head_hidden_size * spec.num_classes
     return macs
 
 

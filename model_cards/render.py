@@ -122,7 +122,7 @@ def task_of(facts: FolderFacts) -> str:
 
 def task_text(spec: ViTSpec) -> str:
     if spec.num_classes == 0:
-        return f"image feature extraction: {sections.fmt_number(spec.num_features)}-dim pooled features, no head"
+        return f"image feature extraction: {sections.fmt_number(spec.head_hidden_size)}-dim pooled features, no head"
     return f"image classification, {sections.fmt_number(spec.num_classes)} classes"
 
 
@@ -229,7 +229,7 @@ def card_context(facts: FolderFacts, repo_id: str | None = None) -> dict[str, An
                   ("input", f"{spec.img_size[0]} x {spec.img_size[1]} RGB")],
         spec=spec,
         headless=spec.num_classes == 0,
-        num_features=spec.num_features,
+        head_hidden_size=spec.head_hidden_size,
         num_tokens=spec.num_patches + spec.num_prefix_tokens,
         architecture_note=provenance.architecture_note(spec, family),
         architecture=sections.architecture_rows(spec),

@@ -208,7 +208,7 @@ def test_base_model_returns_pre_logits_as_pooler_output(spec: ViTSpec, tmp_path)
         expected = vit.forward_head(vit.forward_features(x), pre_logits=True)
     torch.testing.assert_close(out.pooler_output, expected, atol=1e-6, rtol=0)
     assert out.last_hidden_state.shape == (2, spec.num_patches + spec.num_prefix_tokens, spec.width)
-    assert out.pooler_output.shape == (2, spec.num_features)
+    assert out.pooler_output.shape == (2, spec.head_hidden_size)
 
 
 def test_save_pretrained_round_trip_is_exact(spec: ViTSpec, tmp_path) -> None:

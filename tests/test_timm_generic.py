@@ -149,7 +149,7 @@ def test_default_cfg_contract(family: str) -> None:
         torch.testing.assert_close(model(x), pre, atol=0, rtol=0)
     headless = build(family, num_classes=0).eval()
     with torch.no_grad():
-        assert headless(x).shape == (1, headless.num_features)
+        assert headless(x).shape == (1, headless.head_hidden_size)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

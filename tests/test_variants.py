@@ -35,7 +35,7 @@ def test_simplevit_switches_and_normalisation() -> None:
     assert spec.rep_size == 384 and spec.class_token is False and spec.num_prefix_tokens == 0
     assert spec.layer_norm_eps == 1e-6 and spec.gelu == "tanh"
     assert ViTSpec.from_variant("S/16", rep_size=False).rep_size is None
-    assert ViTSpec.from_variant("S/16", rep_size=128).num_features == 128
+    assert ViTSpec.from_variant("S/16", rep_size=128).head_hidden_size == 128
     assert ViTSpec.from_variant("S/16").class_token is True  # 'tok' pooling implies the class token
     assert ViTSpec.from_variant("S/16", img_size=(48, 64)).grid_size == (3, 4)
 

@@ -385,7 +385,7 @@ def _saved_learned_grid_size(saved: dict[str, Any] | None) -> tuple[int, int] | 
 
 class HubViTModel(HubViTPreTrainedModel):
     """The backbone without classifier: `last_hidden_state` (B, N, D) after the final LayerNorm and `pooler_output`
-    (B, num_features): the pooled (class token / GAP / MAP) and, if the spec has one, tanh pre-logits features."""
+    (B, head_hidden_size): the pooled (class token / GAP / MAP) and, if the spec has one, tanh pre-logits features."""
 
     _keys_to_ignore_on_load_unexpected = [r"head\."]  # loading a classifier checkpoint into the backbone
 
@@ -409,7 +409,7 @@ class HubViTModel(HubViTPreTrainedModel):
         out = self._run(pixel_values, output_attentions, output_hidden_states)
         result = BaseModelOutputWithPooling(
             last_hidden_state=out.tokens,  # (B, N, D)
-            pooler_output=out.pre_logits,  # (B, num_features)
+            pooler_output=out.pre_logits,  # (B, head_hidden_size)
             hidden_states=out.hidden_states,  # depth+1 x (B, N, D): embeddings, then every block (before the norm)
             attentions=out.attentions,  # depth x (B, heads, N, N)
         )

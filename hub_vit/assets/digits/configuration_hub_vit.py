@@ -232,7 +232,7 @@ class HubViTConfig(PreTrainedConfig):
         out: dict[str, Any] = dict(
             architecture=timm_architecture(spec, self.architecture),
             num_classes=spec.num_classes,
-            num_features=spec.num_features,
+            num_features=spec.width,  # timm's meaning: what forward_features gives per token (timm writes it so)
             model_args=spec.to_dict(),
             pretrained_cfg=data_config(spec, self.pretrained_cfg),
         )
