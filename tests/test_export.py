@@ -219,9 +219,35 @@ def test_dynamic_height_width_for_sincos(tmp_path: Path) -> None:
         assert np.abs(got - expected).max() <= 1e-4, (h, w)
 
 
-def test_dynamic_size_refused_for_learned_posemb(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="sincos2d"):
-        export_onnx(_model("classic_tok"), tmp_path / "x.onnx", dynamic_size=True)
+def test_dynamic_height_width_for_a_learned_posemb_resamples_it_as_google_does(tmp_path: Path) -> None:
+    # was refused ("needs a sincos2d model"): the table's resampling is now in the graph. Golden values: at the trained
+    # 64 px, vit_jax's own logits (tiny_token.io.npz); at 96 px, a model converted at 96, whose table is Google's
+    # scipy zoom of the trained one (tests/test_conversion_resample.py); at 48x96, the model's own resampling
+    import timm
+
+    import hub_vit  # noqa: F401  (registers the timm architectures)
+
+    jax = Path(__file__).resolve().parent / "fixtures" / "jax" / "vit_jax"
+    tiny_token = dict(width=64, depth=2, num_heads=2, mlp_dim=128, patch_size=16, num_classes=10, posemb="learn",
+                      pool_type="tok", posemb_on_cls=True)
+    checkpoint = str(jax / "tiny_token.published.npz")
+    model = timm.create_model("hub_vit", checkpoint_path=checkpoint, img_size=64, **tiny_token).eval()
+    path = export_onnx(model, tmp_path / "dyn.onnx", dynamic_size=True)
+    with np.load(jax / "tiny_token.io.npz") as io:
+        inputs, logits = np.ascontiguousarray(io["inputs"].transpose(0, 3, 1, 2)), io["logits"]
+    assert np.abs(_run(path, inputs)[0] - logits).max() <= 1e-5
+    at_96 = timm.create_model("hub_vit", checkpoint_path=checkpoint, img_size=96, **tiny_token).eval()
+    for (h, w), reference in (((96, 96), at_96), ((48, 96), model)):
+        x = photo_batch((h, w), 2, seed=h)
+        with torch.no_grad():
+            expected = reference(torch.from_numpy(x)).numpy()
+        assert np.abs(_run(path, x)[0] - expected).max() <= 1e-5, (h, w)
+
+
+def test_dynamic_size_with_a_learned_posemb_refuses_the_torchscript_exporter(tmp_path: Path) -> None:
+    # the tracer keeps the table's resampling for the traced size only: the graph would fail at any other
+    with pytest.raises(ValueError, match=r"learned position embedding needs exporter='dynamo'"):
+        export_onnx(_model("classic_tok"), tmp_path / "x.onnx", dynamic_size=True, exporter="torchscript")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -80,7 +80,8 @@ def onnx_cmd(
              "from (the others are listed as not built; a refusal of one of them is reported, and fails the command "
              "only for fp32, which every other variant is built from, or a variant also named). Repeatable."),
     attentions: bool = typer.Option(False, "--attentions", help="Also write <stem>.attentions.onnx (attention maps)."),
-    dynamic_size: bool = typer.Option(False, help="Symbolic height/width (sincos2d models only)."),
+    dynamic_size: bool = typer.Option(False, help="Symbolic height/width (a learned position embedding is "
+                                      "resampled in the graph; dynamo exporter)."),
     dynamic_batch: bool = typer.Option(True, help="Symbolic batch axis (default), or a graph fixed to batch 1."),
     opset: int = typer.Option(17, help="ONNX opset (>= 17)."),
     exporter: str = typer.Option("dynamo", help="torch.onnx exporter: dynamo (fuses fully) or torchscript."),

@@ -1,4 +1,4 @@
-"""PyTorch -> ONNX for any `VisionTransformer`: named tensors, dynamic batch (and H/W for sincos), atomic write.
+"""PyTorch -> ONNX for any `VisionTransformer`: named tensors, dynamic batch (and H/W), atomic write.
 
 The graph reads `pixel_values` (float32, NCHW, value range [-1, 1]) and writes `logits`. The attention graph is a
 separate file (`with_attentions=True`) that also writes `attentions` (B, depth, heads, N, N) and, for MAP models,
@@ -83,11 +83,9 @@ def _check_args(model: VisionTransformer, opset: int, dynamic_size: bool, export
         raise ValueError(f"opset must be an integer >= {MIN_OPSET} (one LayerNormalization op), got {opset!r}")
     if exporter not in EXPORTERS:
         raise ValueError(f"unknown exporter {exporter!r}; valid choices: {', '.join(map(repr, EXPORTERS))}")
-    if dynamic_size and model.spec.posemb != "sincos2d":
-        raise ValueError(
-            f"dynamic_size needs a sincos2d model (its position embedding is computed for any grid); this model's "
-            f"posemb is {model.spec.posemb!r}, so it is exported for {model.spec.img_size[0]}x{model.spec.img_size[1]}"
-        )
+    if dynamic_size and model.spec.posemb == "learn" and exporter == "torchscript":
+        raise ValueError("dynamic_size with a learned position embedding needs exporter='dynamo' (the default): the "
+                         "torchscript exporter traces the table's resampling for the traced size only")
     n_bytes = sum(p.numel() * 4 for p in model.parameters())
     if n_bytes > MAX_PROTO_BYTES:
         raise ValueError(f"model has {n_bytes / 2**30:.1f} GiB of float32 weights; one ONNX file holds 2 GiB")
@@ -204,7 +202,8 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, opset: int = 17, dy
     path.
 
     The file appears only once the graph passes `onnx.checker` (full check, shape inference included); any failure
-    leaves nothing at `path`. `dynamic_size` (sincos2d models only) makes height and width symbolic.
+    leaves nothing at `path`. `dynamic_size` makes height and width symbolic (a learned position embedding is
+    resampled in the graph, as the model does; the torchscript exporter cannot, and is refused for it).
     `fusable_attention` exports the split-q/k/v layout (`hub_vit.export.fusable`) that ONNX Runtime's transformer
     optimizer fuses; with the default dynamo exporter every block fuses (S/16: 12 of 12; torchscript: 11 of 12).
     """

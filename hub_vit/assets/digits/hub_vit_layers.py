@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
 def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
@@ -40,6 +41,19 @@ def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
     return pe[None].to(dtype=dtype)
 
 
+def _same_grid(old_grid: tuple[int, int], new_grid: tuple[int, int]) -> bool:
+    """Whether the grids are known to be equal. A grid known only symbolically (torch.export or torch.compile with a
+    dynamic image size) is not: the table is then resampled in the graph, which at the same size is exact
+    (align_corners: every sample falls on a source point), where a comparison would pin the size to the traced one."""
+    if torch.jit.is_scripting():  # TorchScript compiles only this branch; its sizes are plain ints
+        same = old_grid[0] == new_grid[0] and old_grid[1] == new_grid[1]
+    elif torch.jit.is_tracing():  # sizes may be traced 0-d tensors; the trace keeps the outcome for its own size
+        same = bool(old_grid[0] == new_grid[0]) and bool(old_grid[1] == new_grid[1])
+    else:
+        same = statically_known_true(new_grid[0] == old_grid[0]) and statically_known_true(new_grid[1] == old_grid[1])
+    return same
+
+
 def resample_posemb(posemb: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
     """Resize a learned (1, h*w, D) position embedding to a new grid the way vit_jax and big_vision do.
 
@@ -47,7 +61,7 @@ def resample_posemb(posemb: torch.Tensor, old_grid: tuple[int, int], new_grid: t
     `interpolate(mode="bilinear", align_corners=True)` without antialiasing. Computed in float32.
     """
     gh, gw = old_grid
-    if gh == new_grid[0] and gw == new_grid[1]:
+    if _same_grid(old_grid, new_grid):
         return posemb
     if posemb.shape[1] != gh * gw:
         raise ValueError(f"position embedding has {posemb.shape[1]} tokens, expected {gh}x{gw}={gh * gw}")
