@@ -178,6 +178,109 @@ def test_a_stream_s_refused_message_ends_it_after_the_answers_to_those_before(fr
         assert channel.unary_unary(SERVICE + "ServerLive")(b"ok", timeout=10) == b"\0\0\0\x02"
 
 
+class _RawClient:
+    """An HTTP/2 client on a plain socket that keeps every frame the server sent, each header block decoded in order
+    (as a client's HPACK table follows the server's): (stream, type, flags, fields or payload)."""
+
+    def __init__(self, port: int) -> None:
+        from hpack import Decoder, Encoder
+
+        self.socket = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.encoder, self.decoder = Encoder(), Decoder()
+        self.frames: list[tuple[int, int, int, object]] = []
+        self.unread = b""
+        self.socket.sendall(PREFACE)
+
+    def call(self, stream: int, method: str, *messages: bytes, end: bool = True) -> None:
+        block = self.encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", SERVICE + method),
+                                     (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+        self.socket.sendall(_frame(1, 0x4, stream, block))
+        self.send(stream, *messages, end=end)
+
+    def send(self, stream: int, *messages: bytes, end: bool = False) -> None:
+        body = b"".join(struct.pack(">BL", 0, len(m)) + m for m in messages)
+        self.socket.sendall(_frame(0, 0x1 if end else 0, stream, body))
+
+    def read_until(self, done, seconds: float = 10):  # noqa: ANN001, ANN201
+        """Frames until `done(frame)` holds for one of them (that frame), else an AssertionError."""
+        import time
+
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            while len(self.unread) >= 9:
+                length = int.from_bytes(self.unread[:3], "big")
+                if len(self.unread) < 9 + length:
+                    break
+                kind, flags = self.unread[3], self.unread[4]
+                stream = int.from_bytes(self.unread[5:9], "big") & 0x7FFFFFFF
+                payload = self.unread[9:9 + length]
+                self.unread = self.unread[9 + length:]
+                content = dict(self.decoder.decode(payload)) if kind == 1 else payload
+                self.frames.append(frame := (stream, kind, flags, content))
+                if done(frame):
+                    return frame
+            self.socket.settimeout(max(deadline - time.monotonic(), 0.01))
+            try:
+                chunk = self.socket.recv(1 << 16)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            self.unread += chunk
+        raise AssertionError(f"not seen; frames: {self.frames}")
+
+
+def _trailers_of(stream: int):  # noqa: ANN202
+    return lambda frame: frame[0] == stream and frame[1] == 1 and frame[2] & 0x1
+
+
+def test_a_refused_stream_ends_once_where_triton_s_own_end_adds_nothing_the_client_needs(front) -> None:
+    # was: the front's refusal (trailers ending the stream) and then Triton's own trailers, a second end of a stream
+    # the client had seen end (grpc's clients ignore it; HTTP/2 lets a client treat it as a connection error). Triton's
+    # trailers are left out now when they are indexed fields only, which change no HPACK table: the next call's header
+    # blocks still decode in step
+    port, _ = front
+    client = _RawClient(port)
+    with client.socket:
+        client.call(1, "ServerLive", b"ok")  # its trailers add `grpc-status: 0` to the table: indexed from now on
+        client.read_until(_trailers_of(1))
+        for stream in (3, 5):
+            client.call(stream, "ModelStreamInfer", b"", end=False)
+            client.read_until(lambda frame, s=stream: frame[0] == s and frame[1] == 0)  # its answer
+            # a message over the limit, refused from its prefix once the answers before it are through
+            client.socket.sendall(_frame(0, 0, stream, struct.pack(">BL", 0, LIMIT + 1)))
+            refusal = client.read_until(_trailers_of(stream))
+            assert refusal[3]["grpc-status"] == "8", refusal  # RESOURCE_EXHAUSTED
+        client.call(7, "ServerLive", b"abc")
+        assert client.read_until(_trailers_of(7))[3]["grpc-status"] == "0"
+    ends = [stream for stream, kind, flags, _ in client.frames if kind == 1 and flags & 0x1]
+    assert ends == [1, 3, 5, 7], client.frames  # one end each
+    answer = [content for stream, kind, _, content in client.frames if stream == 7 and kind == 0]
+    assert answer == [struct.pack(">BL", 0, 4) + b"\0\0\0\x03"], client.frames
+
+
+def test_header_blocks_that_change_no_hpack_table_are_told_from_those_that_do() -> None:
+    # what may be left out of a stream's end: blocks written by hpack's encoder, and grpc's trailers as a grpc server
+    # wrote them after a connection's first call (indexed `grpc-status: 0`, `grpc-message: ""` without indexing)
+    from hpack import Encoder, NeverIndexedHeaderTuple
+
+    from hub_vit.server.front.grpc_calls import _changes_no_table
+
+    encoder = Encoder()
+    added = encoder.encode([("grpc-status", "0")])  # a literal with incremental indexing
+    assert not _changes_no_table(added, 0)
+    indexed = encoder.encode([("grpc-status", "0")], huffman=False)
+    unindexed = bytes.fromhex("be000c677270632d6d65737361676500")  # grpc's, as the stand-in server wrote them
+    never = encoder.encode([NeverIndexedHeaderTuple("x-" + "long" * 40, "v" * 300)])  # long: multi-byte lengths
+    for block in (indexed, unindexed, never, indexed + unindexed + never):
+        assert _changes_no_table(block, 0), block
+    assert not _changes_no_table((indexed + unindexed)[:-1], 0)  # cut inside a string
+    encoder.header_table_size = 1024
+    assert not _changes_no_table(encoder.encode([("grpc-status", "0")]), 0)  # a table size update
+    padded = bytes([3]) + indexed + b"\0" * 3
+    assert _changes_no_table(padded, 0x8) and not _changes_no_table(bytes([9]) + indexed, 0x8)
+
+
 def test_a_header_block_decoded_once_is_read_again_only_while_the_table_is_unchanged() -> None:
     # the front decodes a repeated block of indexed fields once; after a table change the same bytes mean other fields
     from hpack import Encoder

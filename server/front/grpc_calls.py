@@ -1,7 +1,8 @@
 """One client connection of the gRPC front (`grpc_front.py` says what it refuses and why): the client's HTTP/2 read
 frame by frame on its way to Triton (header blocks with hpack, each call's messages reassembled and checked, the frame
-completing a message held until it passes), Triton's frames passed back with only their headers read, and the front's
-own frames (refusals, GOAWAY, window updates) written at frame boundaries."""
+completing a message held until it passes), Triton's frames passed back with only their headers read (but the end of
+a stream the front refused, read whole), and the front's own frames (refusals, GOAWAY, window updates) written at frame
+boundaries."""
 
 from __future__ import annotations
 
@@ -98,6 +99,53 @@ def _all_indexed(block: bytes) -> bool:
                 at += 1
             at += 1
     return True
+
+
+def _integer(block: bytes, at: int, prefix_bits: int) -> tuple[int, int]:
+    """An HPACK integer (RFC 7541, 5.1) at `at` with an N-bit prefix: (its value, where it ends). IndexError when the
+    block ends inside it."""
+    mask = (1 << prefix_bits) - 1
+    value, at = block[at] & mask, at + 1
+    if value < mask:
+        return value, at
+    shift = 0
+    while True:
+        byte, at = block[at], at + 1
+        value += (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _after_string(block: bytes, at: int) -> int:
+    """Where the HPACK string literal at `at` ends (RFC 7541, 5.2). IndexError when the block ends inside it."""
+    length, at = _integer(block, at, 7)
+    if at + length > len(block):
+        raise IndexError("a string past the block's end")
+    return at + length
+
+
+def _changes_no_table(payload: bytes, flags: int) -> bool:
+    """Whether a HEADERS frame's header block (`payload` less its padding and priority) leaves both HPACK tables as
+    they were: indexed fields and literals without indexing or never indexed only (RFC 7541, 6.1 to 6.2.3; grpc
+    writes `grpc-status: 0` indexed and an empty `grpc-message` without indexing)."""
+    try:
+        block = bytes(h2.unpadded(payload, flags, h2.HEADERS))
+        at, size = 0, len(block)
+        while at < size:
+            first = block[at]
+            if first & 0x80:  # an indexed field
+                _, at = _integer(block, at, 7)
+            elif not first & 0xE0:  # 0000xxxx / 0001xxxx: a literal without indexing, or never indexed
+                name, at = _integer(block, at, 4)
+                if name == 0:  # the name is a literal too
+                    at = _after_string(block, at)
+                at = _after_string(block, at)
+            else:  # a literal added to the table, or a table size update
+                return False
+        return True
+    except (IndexError, ValueError):  # not a whole block (padding past the frame, a field cut off): as it came
+        return False
 
 
 class _Stream:
@@ -543,18 +591,33 @@ class Connection(asyncio.Protocol):
         return [h2.rst_stream(call.id)]
 
     # -- Triton -> client (called by `_Upstream`) -----------------------------------------------------------------
-    def server_frame(self, kind: int, flags: int, stream: int) -> bytes:
-        """Follow one frame Triton sends (its header only); returns frames of the front's own that go before it."""
+    def replaces(self, kind: int, flags: int, stream: int) -> bool:
+        """Whether Triton's frame ends a stream the front refused once its earlier messages were answered
+        (`_Stream.pending`), in a way the front's status may stand in for: a RST_STREAM, or trailers in one frame.
+        Such a frame is read whole and handed to `server_frame`."""
+        call = self.streams.get(stream) if stream else None
+        if call is None or call.pending is None:
+            return False
+        return kind == h2.RST_STREAM or (kind == h2.HEADERS and flags & h2.END_STREAM and flags & h2.END_HEADERS)
+
+    def server_frame(self, kind: int, flags: int, stream: int, payload: bytes | None = None) -> tuple[bytes, bool]:
+        """Follow one frame Triton sends (its header; its payload where `replaces` asked for it): (frames of the
+        front's own that go before it, whether the frame itself is left out)."""
         call = self.streams.get(stream) if stream else None
         if call is None:
-            return b""
-        before = b""
+            return b"", False
+        before, drop = b"", False
         if kind == h2.HEADERS or kind == h2.RST_STREAM or (kind == h2.DATA and flags & h2.END_STREAM):
             ends = kind == h2.RST_STREAM or flags & h2.END_STREAM
             if call.pending is not None and ends:  # the refused stream's answers are through: its refusal now
                 code, text = call.pending
                 call.pending = None
                 before = self._status(stream, code, text, call.headers_sent) + self._reset(call)
+                # Triton's own end would be a second one, on a stream the client has seen end. It is left out where
+                # the client needs nothing of it: a RST_STREAM, or trailers that change no HPACK table (grpc's after
+                # a connection's first call). Other trailers still follow the front's, as the client's table must
+                # take in what they add (clients ignore a closed stream's frames, but decode their header blocks)
+                drop = kind == h2.RST_STREAM or (payload is not None and _changes_no_table(payload, flags))
             if kind == h2.HEADERS:
                 call.headers_sent = True
             if ends:
@@ -563,7 +626,7 @@ class Connection(asyncio.Protocol):
                 if kind == h2.RST_STREAM:
                     call.client_done = True
                 self._done_with(call)
-        return before
+        return before, drop
 
     def server_settings(self, values: dict[int, int]) -> None:
         if h2.HEADER_TABLE_SIZE in values:  # the most the client's HPACK encoder may use (never less than before)
@@ -637,27 +700,32 @@ class _Upstream(asyncio.Protocol):
                 self.partial = data[at:]
                 break
             length, kind, flags, stream = h2.read_header(data, at)
-            settings = None
-            if kind == h2.SETTINGS and not flags & h2.ACK:  # read, and sent on with the frame size lowered
+            settings = payload = None
+            whole = kind == h2.SETTINGS and not flags & h2.ACK  # read, and sent on with the frame size lowered
+            if whole or connection.replaces(kind, flags, stream):  # read whole before it is followed
                 end = at + h2.FRAME_HEADER + length
                 if end > size:
                     self.partial = data[at:]
                     break
                 payload = data[at + h2.FRAME_HEADER:end]
+            if whole:
                 connection.server_settings(h2.settings_values(payload))
                 settings = data[at:at + h2.FRAME_HEADER] + h2.with_setting_at_most(payload, h2.MAX_FRAME_SIZE,
                                                                                     MAX_CLIENT_FRAME)
-            before = connection.server_frame(kind, flags, stream)
+            before, drop = connection.server_frame(kind, flags, stream, None if whole else payload)
             if self.pending and not self.in_block:
                 before = b"".join(self.pending) + before
                 self.pending.clear()
-            if before or settings:
+            if before or settings or drop:
                 out.append(data[start:at])
                 out.append(before)
                 start = at
             if settings:
                 out.append(settings)
                 at = start = at + len(settings)
+                continue
+            if drop:  # left out: the bytes after it go on from its end
+                at = start = at + h2.FRAME_HEADER + length
                 continue
             if kind == h2.HEADERS or kind == h2.CONTINUATION:
                 self.in_block = not flags & h2.END_HEADERS
