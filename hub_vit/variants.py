@@ -108,6 +108,26 @@ class UnknownFieldError(TypeError, ValueError):
     raises for an unexpected keyword and timm's model contract asks, and a ValueError, as hub-vit raised it before."""
 
 
+# timm's VisionTransformer arguments that a spec field says otherwise: named in the error for the timm spelling
+TIMM_SPELLINGS = {
+    "embed_dim": "width",
+    "mlp_ratio": "mlp_dim (the MLP's hidden width itself: mlp_ratio x width)",
+    "representation_size": "rep_size",
+    "pos_embed": "posemb ('learn' or 'sincos2d')",
+    "no_embed_class": "posemb_on_cls (its opposite)",
+    "act_layer": "gelu ('tanh' or 'erf')",
+    "norm_layer": "layer_norm_eps (the LayerNorm's epsilon)",
+}
+
+
+def unknown_fields(unknown: set[str], valid: frozenset[str], words: tuple[str, str] = ("field(s)", "fields"),
+                   ) -> UnknownFieldError:
+    """The error for arguments no spec field takes, naming the field a timm spelling stands for."""
+    hints = [f"{name!r} is {TIMM_SPELLINGS[name]} here" for name in sorted(unknown) if name in TIMM_SPELLINGS]
+    return UnknownFieldError(f"unknown {words[0]} {sorted(unknown)}; valid {words[1]}: {sorted(valid)}"
+                             + (f" ({'; '.join(hints)})" if hints else ""))
+
+
 @dataclass(frozen=True)
 class ViTSpec:
     """Everything that determines a hub-vit model's architecture (and hence its state-dict keys and shapes).
@@ -175,7 +195,7 @@ class ViTSpec:
         size, patch = parse_variant(variant)
         unknown = set(switches) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise UnknownFieldError(f"unknown switch(es) {sorted(unknown)}; valid switches: {sorted(SWITCHES)}")
+            raise unknown_fields(unknown, SWITCHES, ("switch(es)", "switches"))
         return cls(**{**size._asdict(), "patch_size": patch, **switches})
 
     @property
@@ -210,7 +230,7 @@ class ViTSpec:
     def replace(self, **changes: Any) -> ViTSpec:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise UnknownFieldError(f"unknown field(s) {sorted(unknown)}; valid fields: {sorted(SWITCHES)}")
+            raise unknown_fields(unknown, SWITCHES)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -285,3 +285,14 @@ def test_dynamic_img_size_is_accepted_as_it_is_always_on() -> None:
     model = timm.create_model("simplevit_ti16", img_size=32, dynamic_img_size=True).eval()
     with torch.no_grad():
         assert model(torch.randn(1, 3, 48, 64)).shape == (1, 1000)
+
+
+def test_timm_s_own_vit_argument_names_are_refused_naming_the_field_they_stand_for() -> None:
+    # code written for timm's VisionTransformer passes embed_dim / mlp_ratio: the error said only "unknown field(s)"
+    from hub_vit.variants import UnknownFieldError
+
+    with pytest.raises(UnknownFieldError, match=r"'embed_dim' is width here; 'mlp_ratio' is mlp_dim \(the MLP's "
+                                                r"hidden width itself: mlp_ratio x width\) here"):
+        timm.create_model("hub_vit", embed_dim=192, mlp_ratio=4.0)
+    with pytest.raises(UnknownFieldError, match=r"\['not_a_field'\]; valid fields: \[[^]]+\]$"):  # no hint
+        timm.create_model("simplevit_ti16", not_a_field=1)
