@@ -20,9 +20,7 @@ def models(
                               "(shipped) in the package, (cached) in hub-vit's download cache ($HUB_VIT_CACHE)."),
 ) -> None:
     """List the architectures hub-vit registers with timm and transformers."""
-    import torch  # here, not at the top: every `hub-vit` command imports this module
-
-    from hub_vit.model import VisionTransformer, count_parameters
+    from hub_vit.model_cards.facts import model_num_params  # here, not at the top: it imports torch when called
     from hub_vit.resolve import cached_checkpoint
 
     families = sorted({e.family for e in MODELS.values()})
@@ -35,8 +33,7 @@ def models(
         if family and entry.family != family:
             continue
         spec = entry.spec
-        with torch.device("meta"):  # count without allocating (H/14 has 632M parameters)
-            params = count_parameters(VisionTransformer(spec))
+        params = model_num_params(spec)  # built on the meta device: nothing allocated (H/14 has 632M parameters)
         tag_text = (", ".join(_tag(entry.name, w, cached_checkpoint) for w in entry.weights) if tags
                     else str(len(entry.weights)))
         rows.append((entry.name, spec.variant or "-", spec.posemb, spec.pool_type, str(spec.rep_size or "-"),
