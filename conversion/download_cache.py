@@ -35,11 +35,10 @@ def downloads_root(root: Path | None = None) -> Path:
     return (root if root is not None else cache_dir()) / "downloads"
 
 
-def _catalog_names(root: Path) -> dict[Path, str]:
-    """Each catalog weight's cache path -> its `name.tag`."""
+def _catalog_names(downloads: Path) -> dict[Path, str]:
+    """Each catalog weight's path under `downloads` -> its `name.tag`."""
     from hub_vit.catalog import MODELS
 
-    downloads = downloads_root(root)
     names = {}
     for entry in MODELS.values():
         for weights in entry.weights:
@@ -47,6 +46,10 @@ def _catalog_names(root: Path) -> dict[Path, str]:
                 relative = cached_path(gs_to_https(weights.gs_url)).relative_to(downloads_root())
                 names[downloads / relative] = f"{entry.name}.{weights.tag}"
     return names
+
+
+def _files(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if p.is_file() and not p.is_symlink()]
 
 
 def _folders(root: Path | None) -> list[Path]:
@@ -58,10 +61,10 @@ def _folders(root: Path | None) -> list[Path]:
 
 def entries(root: Path | None = None) -> list[CachedCheckpoint]:
     """The cache's entries (under `root`, else the cache `download` uses), by folder name."""
-    names = _catalog_names(root if root is not None else cache_dir())
+    names = _catalog_names(downloads_root(root))
     found = []
     for folder in _folders(root):
-        files = [p for p in folder.iterdir() if p.is_file() and not p.is_symlink()]
+        files = _files(folder)
         size = sum(p.stat().st_size for p in files)
         checkpoints = [p for p in files if not p.name.startswith(".") and not p.name.endswith(SIDECAR)]
         if not checkpoints:
@@ -77,7 +80,7 @@ def clear(root: Path | None = None) -> tuple[int, int]:
     """Remove every entry of the cache: (entries removed, bytes freed). Other files under the cache stay."""
     removed = freed = 0
     for folder in _folders(root):
-        size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and not p.is_symlink())
+        size = sum(p.stat().st_size for p in _files(folder))
         shutil.rmtree(folder)
         removed, freed = removed + 1, freed + size
     return removed, freed

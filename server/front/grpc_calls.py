@@ -86,21 +86,6 @@ class _Broken(Exception):
         self.code, self.text = code, text
 
 
-def _all_indexed(block: bytes) -> bool:
-    """Whether every field of an HPACK block is an indexed field (RFC 7541, 6.1), which changes no table."""
-    at, size = 0, len(block)
-    while at < size:
-        first = block[at]
-        at += 1
-        if not first & 0x80:
-            return False
-        if first & 0x7F == 0x7F:  # the index continues: 7-bit groups while the high bit is set
-            while at < size and block[at] & 0x80:
-                at += 1
-            at += 1
-    return True
-
-
 def _integer(block: bytes, at: int, prefix_bits: int) -> tuple[int, int]:
     """An HPACK integer (RFC 7541, 5.1) at `at` with an N-bit prefix: (its value, where it ends). IndexError when the
     block ends inside it."""
@@ -115,6 +100,17 @@ def _integer(block: bytes, at: int, prefix_bits: int) -> tuple[int, int]:
         shift += 7
         if not byte & 0x80:
             return value, at
+
+
+def _all_indexed(block: bytes) -> bool:
+    """Whether every field of an HPACK block (one hpack decoded whole) is an indexed field (RFC 7541, 6.1), which
+    changes no table."""
+    at, size = 0, len(block)
+    while at < size:
+        if not block[at] & 0x80:
+            return False
+        _, at = _integer(block, at, 7)
+    return True
 
 
 def _after_string(block: bytes, at: int) -> int:
