@@ -91,3 +91,19 @@ def test_load_pretrained_refuses_a_key_prefix_it_does_not_need() -> None:
     model = timm.create_model("hub_vit", **TINY_TOKEN)
     with pytest.raises(ValueError, match=r"prefix='opt/target/'.*finds the parameter tree .* leave prefix out"):
         model.load_pretrained(str(CHECKPOINT), prefix="opt/target/")
+
+
+def test_load_pretrained_without_a_registered_reader_says_where_one_comes_from() -> None:
+    # the model core reads no files: its reader is registered by timm's entry points; a model built directly, before
+    # any timm build in the process, is told so instead of failing on a missing attribute
+    import subprocess
+    import sys
+
+    script = ("from hub_vit.model import VisionTransformer; from hub_vit.variants import ViTSpec\n"
+              "VisionTransformer(ViTSpec(width=64, depth=1, num_heads=2, mlp_dim=128, patch_size=16, img_size=32))"
+              f".load_pretrained({str(CHECKPOINT)!r})")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "RuntimeError: no checkpoint reader is registered: hub-vit's timm entry points register one when they " \
+           "build a model (timm.create_model(...)); or read the file with hub_vit.conversion.load_checkpoint" \
+           in done.stderr, done.stderr
