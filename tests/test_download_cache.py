@@ -65,3 +65,24 @@ def test_clear_downloads_removes_the_cache_s_entries_only(cache: Path) -> None:
     assert sorted(p.name for p in (cache / "downloads").iterdir()) == ["keep", "notes.txt"]
     assert "(cached)" not in _hub_vit("models", cache=cache)
     assert "(0 checkpoints, 0.0 MiB)" in _hub_vit("cache", "list", cache=cache)
+
+
+def test_clear_downloads_says_so_when_an_entry_cannot_be_removed(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    def read_only(path: Path, *args: object, **kwargs: object) -> None:  # as on a read-only mount (root ignores modes)
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(shutil, "rmtree", read_only)
+    _load_commands()
+    cleared = CliRunner().invoke(app, ["cache", "clear", "--downloads"])
+    flat = " ".join(cleared.output.split())
+    first = sorted(p for p in (cache / "downloads").iterdir() if re.fullmatch("[0-9a-f]{32}", p.name))[0]
+    assert cleared.exit_code == 1, flat
+    assert f"cannot clear the download cache: Read-only file system: {str(first)!r}" in flat, flat
+    assert "removed 0 cached variants" in flat and "downloaded checkpoint" not in flat, flat

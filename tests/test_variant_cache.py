@@ -201,7 +201,7 @@ def test_a_build_hashes_the_weights_once_for_both_cache_keys(cache: Path, tmp_pa
 def test_the_cache_command_lists_and_clears(cache: Path, tmp_path: Path) -> None:
     from hub_vit.cli import _load_commands, app
 
-    variant_cache.store(_key(), {"variant": "int8-dynamic"}, _graph(tmp_path))
+    variant_cache.store(_current(), {"variant": "int8-dynamic"}, _graph(tmp_path))
     _load_commands()
     listed = CliRunner().invoke(app, ["cache", "list"])
     assert listed.exit_code == 0 and "int8-dynamic" in listed.output and "whole" in listed.output
@@ -264,3 +264,45 @@ def test_clear_says_so_when_an_entry_cannot_be_removed(cache: Path, tmp_path: Pa
     assert cleared.exit_code == 1, flat
     assert f"cannot clear the variant cache: Read-only file system: {str(entry)!r}" in flat, flat
     assert "removed" not in flat
+
+
+def _current(**changed: object) -> variant_cache.CacheKey:
+    """A key holding this installation's and this host's parts (as `cache_key` writes them), with `changed` replaced."""
+    from hub_vit.host import isa_flags
+
+    here = {"format": variant_cache.FORMAT, "libraries": variant_cache.library_versions(),
+            "recipe": variant_cache.recipe_digest(), "isa_flags": isa_flags()}
+    return _key(**(here | changed))
+
+
+def test_stale_names_what_no_start_here_can_match() -> None:
+    assert variant_cache.stale(_current().parts) is None
+    assert variant_cache.stale({k: v for k, v in _current().parts.items() if k != "isa_flags"}) is None  # fp32 graphs
+    older = variant_cache.library_versions() | {"torch": "2.0.0", "nncf": None}
+    assert variant_cache.stale(_current(libraries=older).parts) == "built with nncf absent, torch 2.0.0"
+    assert variant_cache.stale(_current(recipe="0" * 64).parts) == "built by other hub-vit code"
+    assert variant_cache.stale(_current(isa_flags=["avx2", "amx_int8"]).parts) == "built on another CPU"
+    assert variant_cache.stale(_current(format=0).parts).startswith("another entry format")
+    assert variant_cache.stale(None).startswith("another entry format")
+
+
+def test_clear_stale_keeps_what_a_start_here_can_reuse(cache: Path, tmp_path: Path) -> None:
+    from hub_vit.cli import _load_commands, app
+
+    reusable = variant_cache.store(_current(), {"variant": "int8-dynamic"}, _graph(tmp_path))
+    other_code = variant_cache.store(_current(recipe="0" * 64), {"variant": "openvino-int8"}, _graph(tmp_path))
+    other_cpu = variant_cache.store(_current(isa_flags=["amx_int8"]), {"variant": "openvino-int8"}, _graph(tmp_path))
+    damaged = variant_cache.store(_current(requested="int8-static"), {"variant": "int8-static"}, _graph(tmp_path))
+    (damaged / "graph.onnx").write_bytes(b"other bytes")
+    _load_commands()
+    listed = CliRunner().invoke(app, ["cache", "list"])  # piped: tab-separated, whole paths
+    assert listed.exit_code == 0, listed.output
+    rows = {line.split("\t")[-1]: line.split("\t") for line in listed.output.splitlines() if "\t" in line}
+    assert rows[str(reusable)][4] == "whole" and rows[str(other_cpu)][4] == "stale: built on another CPU"
+    assert rows[str(other_code)][4] == "stale: built by other hub-vit code"
+    assert rows[str(damaged)][4] == "graph.onnx has other bytes than were written"
+    assert "(4 entries, 2 stale)" in listed.output
+    cleared = CliRunner().invoke(app, ["cache", "clear", "--stale"])
+    flat = " ".join(cleared.output.split())
+    assert cleared.exit_code == 0 and "removed 3 stale or damaged cached variants from" in flat, flat
+    assert [Path(e["entry"]) for e in variant_cache.entries()] == [reusable]

@@ -34,17 +34,42 @@ def _root() -> Path:
 
 @cache_app.command("list")
 def list_cmd() -> None:
-    """List the cached variants (graph, request, weights, size, whether each reads back whole) and the downloaded
-    checkpoints (catalog name, file, size, how it got there)."""
+    """List the cached variants (graph, request, weights, size, whether each reads back whole and can still be reused
+    here) and the downloaded checkpoints (catalog name, file, size, how it got there). Piped, each is a tab-separated
+    table, never cut."""
     from hub_vit.server.repository import variant_cache
 
     root = _root()
     found = variant_cache.entries(root)
-    count = f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}"
-    console.print(f"variant cache: {escape(str(root))} ({count})", soft_wrap=True)
+    stale = sum(entry["damaged"] is None and entry["stale"] is not None for entry in found)
+    count = f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}" + (f", {stale} stale" if stale else "")
+    _say(f"variant cache: {root} ({count})")
     if found:
         _variants_table(found)
+    if stale:
+        _say("stale: no start of this installation on this host reuses it (`hub-vit cache clear --stale` removes "
+             "those)")
     _list_downloads()
+
+
+def _say(line: str) -> None:
+    console.print(escape(line), soft_wrap=True, highlight=False)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], *, short: dict[str, int | None]) -> None:
+    """`rows` under `header`: tab-separated lines, whole, when piped (`hub-vit cache list | grep openvino`); on a
+    terminal a rich table, its `short` columns cut to that many characters (None: left out)."""
+    if not console.is_terminal:
+        for row in (header, *rows):
+            print("\t".join(row))
+        return
+    shown = [i for i, column in enumerate(header) if short.get(column, 0) is not None]
+    table = Table()
+    for i in shown:
+        table.add_column(header[i], justify="right" if header[i] == "MiB" else "left", no_wrap=header[i] != "state")
+    for row in rows:
+        table.add_row(*(escape(row[i][:short.get(header[i]) or len(row[i])]) for i in shown))
+    console.print(table)
 
 
 def _list_downloads() -> None:
@@ -53,47 +78,45 @@ def _list_downloads() -> None:
     found = download_cache.entries()
     total = sum(entry.bytes for entry in found)
     count = f"{len(found)} checkpoint{'s' if len(found) != 1 else ''}, {total / 2**20:.1f} MiB"
-    console.print(f"download cache: {escape(str(download_cache.downloads_root()))} ({count})", soft_wrap=True)
-    if not found:
-        return
-    table = Table()
-    for column in ("checkpoint", "file", "MiB", "state"):
-        table.add_column(column, justify="right" if column == "MiB" else "left")
-    for entry in found:
-        table.add_row(escape(entry.catalog_name or "-"), escape(entry.file or "-"), f"{entry.bytes / 2**20:.1f}",
-                      entry.state)
-    console.print(table)
+    _say(f"download cache: {download_cache.downloads_root()} ({count})")
+    if found:
+        _table(("checkpoint", "file", "MiB", "state"),
+               [(entry.catalog_name or "-", entry.file or "-", f"{entry.bytes / 2**20:.1f}", entry.state)
+                for entry in found], short={})
 
 
 def _variants_table(found: list[dict]) -> None:
-    table = Table()
-    for column in ("variant", "requested", "weights", "MiB", "state", "entry"):
-        table.add_column(column, justify="right" if column == "MiB" else "left")
+    rows = []
     for entry in found:
-        weights = str(entry["weights"] or "-").removeprefix("tensors-sha256:")[:12]
-        table.add_row(escape(str(entry["variant"])), escape(str(entry["requested"] or "-")), weights,
-                      f"{entry['bytes'] / 2**20:.1f}", escape(entry["damaged"] or "whole"),
-                      escape(entry["entry"].rsplit("/", 1)[-1][:12]))
-    console.print(table)
+        state = entry["damaged"] or (f"stale: {entry['stale']}" if entry["stale"] else "whole")
+        rows.append((str(entry["variant"]), str(entry["requested"] or "-"),
+                     str(entry["weights"] or "-").removeprefix("tensors-sha256:"), f"{entry['bytes'] / 2**20:.1f}",
+                     state, entry["entry"]))
+    _table(("variant", "requested", "weights", "MiB", "state", "entry"), rows, short={"weights": 12, "entry": None})
 
 
 @cache_app.command("clear")
 def clear_cmd(
     downloads: bool = typer.Option(False, help="Also remove the downloaded checkpoints (fetched again when next used; "
                                                "run it while nothing downloads)."),
+    stale: bool = typer.Option(False, help="Remove only the variants this installation on this host never reuses "
+                                           "(built with other library versions, other hub-vit code or on another "
+                                           "CPU) and damaged ones; on a cache shared by hosts or environments, "
+                                           "theirs are stale here."),
 ) -> None:
-    """Remove every cached variant: the next start builds, verifies and times its candidates again. Only the caches'
-    own entries are removed, never other files in their folders."""
+    """Remove every cached variant (the next start builds, verifies and times its candidates again), or with --stale
+    only those no start here can reuse. Only the caches' own entries are removed, never other files in their
+    folders. Run it while no serve or repository build is writing to the cache."""
     from hub_vit.server.repository import variant_cache
 
     root = _root()
     try:
-        removed, others = variant_cache.clear(root)
+        removed, others = variant_cache.clear(root, only_unusable=stale)
     except OSError as exc:
         raise fail(f"cannot clear the variant cache: {os_error_text(exc)}", code=1) from None
     left = f"; left {others} other file{'s' if others != 1 else ''} there (not cache entries)" if others else ""
-    console.print(f"removed {removed} cached variant{'s' if removed != 1 else ''} from {escape(str(root))}{left}",
-                  soft_wrap=True)
+    what = "stale or damaged cached variant" if stale else "cached variant"
+    _say(f"removed {removed} {what}{'s' if removed != 1 else ''} from {root}{left}")
     if downloads:
         _clear_downloads()
 
@@ -105,5 +128,5 @@ def _clear_downloads() -> None:
         removed, freed = download_cache.clear()
     except OSError as exc:
         raise fail(f"cannot clear the download cache: {os_error_text(exc)}", code=1) from None
-    console.print(f"removed {removed} downloaded checkpoint{'s' if removed != 1 else ''} ({freed / 2**20:.1f} MiB) "
-                  f"from {escape(str(download_cache.downloads_root()))}", soft_wrap=True)
+    _say(f"removed {removed} downloaded checkpoint{'s' if removed != 1 else ''} ({freed / 2**20:.1f} MiB) from "
+         f"{download_cache.downloads_root()}")

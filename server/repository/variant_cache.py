@@ -15,7 +15,9 @@ CPU's ISA flags; the versions of hub-vit, onnxruntime, openvino, nncf, torch, on
 (the verification photos and their crops); the recipe (`recipe_digest`: the source of the modules that build, verify
 and time a variant, so a changed build of the same version, such as an editable install, is another key); the
 criterion's thresholds; and the verification set (its counts, seed and the digest of the model's own images). A
-change to any of them is another key: the old entry stays until cleared.
+change to any of them is another key: the old entry stays until cleared. `stale` says which entries this installation
+on this host can never reuse (another format, library version, recipe or CPU): `hub-vit cache clear --stale` removes
+those alone.
 
 An entry is written atomically (built in a staging folder beside it, then renamed into place: `hub_vit.atomic`). One
 that does not read back whole (`entry.json` unparsable or its digest wrong, a file missing, truncated or with other
@@ -38,6 +40,7 @@ from typing import Any
 
 from hub_vit.atomic import replace_dir, staging_dir
 from hub_vit.file_hash import sha256_file
+from hub_vit.host import isa_flags
 
 FORMAT = 1  # the entry layout; a new one is another key
 ENTRY = "entry.json"
@@ -211,42 +214,77 @@ def exported_graphs(module: Any, logits: Path, attentions: Path, token_means: bo
     return False
 
 
+def stale(parts: Any, flags: list[str] | None = None) -> str | None:
+    """Why an entry keyed by `parts` can never be reused by this installation on a host with `flags` (default: this
+    one's), or None when a build here may still ask for it. Only the key's parts that no model or request chooses are
+    compared: the entry format, the library versions, the recipe and the CPU's flags (the fp32 graphs' keys have
+    none). On a cache shared by hosts or environments, their entries are stale here."""
+    if not isinstance(parts, dict) or parts.get("format") != FORMAT:
+        return f"another entry format (this hub-vit's is {FORMAT})"
+    built, here = parts.get("libraries"), library_versions()
+    if built != here:
+        built = built if isinstance(built, dict) else {}
+        changed = [f"{name} {built.get(name) or 'absent'}" for name, version in here.items()
+                   if built.get(name) != version]
+        return f"built with {', '.join(changed) or 'other libraries'}"
+    if parts.get("recipe") != recipe_digest():
+        return "built by other hub-vit code"
+    if "isa_flags" in parts and parts["isa_flags"] != sorted(isa_flags() if flags is None else flags):
+        return "built on another CPU"
+    return None
+
+
+def _record(entry: Path) -> Any:
+    try:
+        return json.loads((entry / ENTRY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _entry_folders(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("*") if p.is_dir() and not p.is_symlink() and _ENTRY_NAME.fullmatch(p.name))
+
+
 def entries(root: Path | None = None) -> list[dict[str, Any]]:
-    """Every entry: its folder, size in bytes, the variant it holds and for which request and weights, and whether it
-    reads back whole (`damaged`: why not)."""
+    """Every entry: its folder, size in bytes, the variant it holds and for which request and weights, whether it
+    reads back whole (`damaged`: why not) and whether this installation on this host can reuse it (`stale`: why
+    not)."""
     root = root or cache_root()
     found = []
-    for entry in sorted(p for p in root.glob("*") if p.is_dir() and _ENTRY_NAME.fullmatch(p.name)):
-        try:
-            record = json.loads((entry / ENTRY).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            record = None
+    for entry in _entry_folders(root):
+        record = _record(entry)
         key = record.get("key", {}) if isinstance(record, dict) else {}
         selection = record.get("selection", {}) if isinstance(record, dict) else {}
         found.append({"entry": str(entry), "bytes": sum(p.stat().st_size for p in entry.iterdir() if p.is_file()),
                       "variant": selection.get("variant") or ("fp32 graphs" if "graphs" in key else None),
                       "requested": key.get("requested"),
-                      "weights": key.get("weights"), "damaged": _damaged(entry, record)})
+                      "weights": key.get("weights"), "damaged": _damaged(entry, record), "stale": stale(key)})
     return found
 
 
-def clear(root: Path | None = None) -> tuple[int, int]:
+def clear(root: Path | None = None, *, only_unusable: bool = False) -> tuple[int, int]:
     """Remove every entry, and what killed writers of entries left; returns (entries removed, other things left).
-    Only what the cache writes is touched: the folder may be one the user named with `$HUB_VIT_VARIANT_CACHE` and
-    share it with other files. OSError (naming the path) when an entry cannot be removed."""
+    `only_unusable`: only the entries that are damaged or `stale` (the others stay, and are not counted as other
+    things). Only what the cache writes is touched: the folder may be one the user named with
+    `$HUB_VIT_VARIANT_CACHE` and share it with other files. OSError (naming the path) when an entry cannot be
+    removed."""
     root = root or cache_root()
     if not root.is_dir():
         return 0, 0
     removed = others = 0
     for path in sorted(root.iterdir()):
-        if path.is_dir() and not path.is_symlink() and (_ENTRY_NAME.fullmatch(path.name)
-                                                         or _LEFTOVER.fullmatch(path.name)):
-            shutil.rmtree(path)
-            removed += _ENTRY_NAME.fullmatch(path.name) is not None
-        else:
+        is_entry = _ENTRY_NAME.fullmatch(path.name) is not None
+        if not path.is_dir() or path.is_symlink() or not (is_entry or _LEFTOVER.fullmatch(path.name)):
             others += 1
+            continue
+        if only_unusable and is_entry:
+            record = _record(path)
+            if _damaged(path, record) is None and stale(record.get("key")) is None:
+                continue
+        shutil.rmtree(path)
+        removed += is_entry
     return removed, others
 
 
 __all__ = ["CacheKey", "cache_key", "cache_root", "clear", "entries", "exported_graphs", "library_versions", "load",
-           "store"]
+           "stale", "store"]
