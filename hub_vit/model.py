@@ -278,6 +278,8 @@ class VisionTransformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """big_vision's init (see `init_plan`), so that training from scratch starts where big_vision starts."""
+        if all(p.is_meta for p in self.parameters()):  # no values to set; `normal_` on meta would import dynamo (1 s)
+            return
         for module, init in self.init_plan().items():
             init(module)
 

@@ -78,3 +78,19 @@ def test_models_marks_the_tags_that_need_no_download(tmp_path, monkeypatch) -> N
     assert lines["simplevit_s16"][6] == "i1k_90ep, i1k_150ep (cached), i1k_300ep", out.stdout
     assert lines["simplevit_digits"][6] == "sklearn_digits (shipped)", out.stdout
     assert "(cached)" not in lines["vit_s16"][6]
+
+
+def test_models_counts_parameters_without_importing_torch_s_compiler() -> None:
+    # initialising a meta-device model's weights ran torch's `normal_` reference, which imports torch._dynamo: 1 s of
+    # `hub-vit models`' 3 s; a meta model has no values to set. Then, moved to a real device, it initialises as ever.
+    code = ("import sys, torch; from hub_vit.model import VisionTransformer; from hub_vit.variants import ViTSpec\n"
+            "spec = ViTSpec.from_variant('Ti/16', num_classes=10)\n"
+            "with torch.device('meta'): model = VisionTransformer(spec)\n"
+            "print('torch._dynamo' in sys.modules)\n"
+            "model = model.to_empty(device='cpu'); model.init_weights()\n"
+            "print(round(model.blocks[0].mlp.fc1.weight.std().item(), 2), model.head.weight.abs().max().item())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    dynamo_imported, stds = out.stdout.splitlines()
+    assert dynamo_imported == "False"
+    assert stds.split()[0] not in ("0.0", "nan") and stds.split()[1] == "0.0"  # xavier-initialised MLP, zero head
