@@ -1,5 +1,5 @@
 """What hub-vit's download cache holds (`download.py` writes it), and clearing it: `hub-vit cache list|clear
---downloads`.
+downloads`.
 
 The cache's own entries are the folders `downloads/<32 hex digits>/` (`download.cached_path`), each holding one
 checkpoint, its `.sha256` sidecar when hub-vit's downloader fetched it (a file placed there by hand has none), and,

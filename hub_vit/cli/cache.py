@@ -95,18 +95,35 @@ def _variants_table(found: list[dict]) -> None:
     _table(("variant", "requested", "weights", "MiB", "state", "entry"), rows, short={"weights": 12, "entry": None})
 
 
+CACHES = ("variants", "downloads", "all")  # what `hub-vit cache clear` empties
+
+
 @cache_app.command("clear")
 def clear_cmd(
-    downloads: bool = typer.Option(False, help="Also remove the downloaded checkpoints (fetched again when next used; "
-                                               "run it while nothing downloads)."),
+    which: str = typer.Argument("variants", help="Which cache to empty: 'variants' (the CPU variants serve and "
+                                                 "repository chose), 'downloads' (Google's checkpoints, fetched again "
+                                                 "when next used; run it while nothing downloads) or 'all'."),
     stale: bool = typer.Option(False, help="Remove only the variants this installation on this host never reuses "
                                            "(built with other library versions, other hub-vit code or on another "
                                            "CPU) and damaged ones; on a cache shared by hosts or environments, "
-                                           "theirs are stale here."),
+                                           "theirs are stale here. For 'variants' only."),
 ) -> None:
-    """Remove every cached variant (the next start builds, verifies and times its candidates again), or with --stale
-    only those no start here can reuse. Only the caches' own entries are removed, never other files in their
-    folders. Run it while no serve or repository build is writing to the cache."""
+    """Empty the variant cache (the next start builds, verifies and times its candidates again; --stale: only the
+    entries no start here can reuse), the download cache, or both. Only the caches' own entries are removed, never
+    other files in their folders. Run it while no serve or repository build writes to the cache."""
+    which = which.lower()
+    if which not in CACHES:
+        raise fail(f"unknown cache {which!r}; valid choices: {', '.join(CACHES)}")
+    if stale and which != "variants":
+        raise fail(f"--stale is for the variant cache ('hub-vit cache clear variants --stale'); {which!r} has no stale "
+                   "entries: a downloaded checkpoint is the file at its URL")
+    if which in ("variants", "all"):
+        _clear_variants(stale)
+    if which in ("downloads", "all"):
+        _clear_downloads()
+
+
+def _clear_variants(stale: bool) -> None:
     from hub_vit.server.repository import variant_cache
 
     root = _root()
@@ -117,8 +134,6 @@ def clear_cmd(
     left = f"; left {others} other file{'s' if others != 1 else ''} there (not cache entries)" if others else ""
     what = "stale or damaged cached variant" if stale else "cached variant"
     _say(f"removed {removed} {what}{'s' if removed != 1 else ''} from {root}{left}")
-    if downloads:
-        _clear_downloads()
 
 
 def _clear_downloads() -> None:
