@@ -423,7 +423,7 @@ def read_model_config(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], P
 def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer, ModelFolderInfo]:
     """Load a hub-vit model folder into a `VisionTransformer` (eval mode, strict) plus its `ModelFolderInfo`."""
     from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
-    from hub_vit.weights import load_adapted_state_dict, load_weights_file
+    from hub_vit.weights import WeightsFileError, load_adapted_state_dict, load_weights_file
     from hub_vit.weights_check import check_weights_file
 
     folder = Path(folder)
@@ -437,6 +437,8 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     model = VisionTransformer(spec)
     try:
         load_adapted_state_dict(model, load_weights_file(weights_path))
+    except WeightsFileError:  # a .pt / .bin the header check could not read first; its message names the file
+        raise
     except ValueError as exc:  # non-finite values (the header had nothing else left to refuse)
         raise type(exc)(f"{weights_path}: {exc}") from None
     model.eval()

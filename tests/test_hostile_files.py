@@ -282,3 +282,57 @@ def test_a_killed_convert_leaves_staging_that_the_next_run_sweeps(tmp_path: Path
     assert result.exit_code == 0, result.output
     assert _leftovers(tmp_path) == [] and (tmp_path / "out" / "model.safetensors").is_file()
     assert os.access(tmp_path / "out", os.R_OK)
+
+
+def _broken_weights_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (a weights file that holds no usable weights, what the refusal says of it)."""
+    good = _folder(tmp_path) / "model.safetensors"
+    state = load_file(str(good))
+    files = {"cut.safetensors": (good.read_bytes()[:2000], "not a readable safetensors file (Error while "
+                                 "deserializing header"),
+             "empty.safetensors": (b"", "not a readable safetensors file"),
+             "junk.pt": (b"hello" * 100, "cannot read it as a torch file (KeyError: 101); is the file complete?"),
+             "pickled.pt": (b"\x80\x04\x95\x0e\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94.",
+                            "not a weights-only torch file")}
+    found = {}
+    for name, (data, said) in files.items():
+        (tmp_path / name).write_bytes(data)
+        found[name] = (tmp_path / name, said)
+    for name, value, said in (("list.pt", [1, 2], "it holds a list, not a dict of weights"),
+                              ("state.pt", {"optimizer": {}, "scheduler": {}, "step": 3},
+                               "the training state of a checkpoint (optimizer, scheduler, step), not weights"),
+                              ("other.pt", {"weights": state, "epoch": 3}, "none of model, state_dict, "
+                               "model_state_dict is a dict of tensors")):
+        torch.save(value, tmp_path / name)
+        found[name] = (tmp_path / name, said)
+    cut = tmp_path / "cut.pt"  # a copy cut short
+    torch.save(state, cut)
+    cut.write_bytes(cut.read_bytes()[:1000])
+    found["cut.pt"] = (cut, "is the file complete?")
+    return found
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol 4")  # pickled.pt's, on its way to the refusal
+def test_a_weights_file_that_holds_no_weights_is_named_by_the_reader(tmp_path: Path) -> None:
+    # was: SafetensorError, KeyError, AttributeError ('int' object has no attribute 'startswith') tracebacks
+    from hub_vit.weights import WeightsFileError, load_weights_file
+
+    for path, said in _broken_weights_files(tmp_path).values():
+        with pytest.raises(WeightsFileError) as caught:
+            load_weights_file(path)
+        assert str(caught.value).startswith(f"weights file {str(path)!r}: ") and said in str(caught.value), caught.value
+    state = load_file(str(tmp_path / "model" / "model.safetensors"))  # the folder _broken_weights_files saved
+    torch.save({"model": state, "optimizer": {}, "epoch": 3}, tmp_path / "checkpoint.pt")  # a training script's
+    assert load_weights_file(tmp_path / "checkpoint.pt").keys() == state.keys()
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol 4")
+def test_export_of_a_broken_weights_file_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    runner = CliRunner()
+    for name, (path, said) in _broken_weights_files(tmp_path).items():
+        out = tmp_path / f"out_{name}"
+        result = runner.invoke(app, ["export", "onnx", str(path), "--model", "simplevit_digits", "-o", str(out),
+                                     "--variant", "fp32"])
+        flat = " ".join(result.output.split())
+        assert result.exit_code == 2 and f"error: weights file {str(path)!r}: " in flat and said in flat, flat
+        assert "Traceback" not in result.output and not out.exists()

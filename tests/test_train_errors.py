@@ -253,3 +253,18 @@ def test_a_run_folder_another_process_trains_is_refused_naming_it(data: Path, tm
         holder.wait()
     code, text = _train(str(data), "--out", str(out), *QUICK, "--stop-at", "1")  # its holder gone: trained
     assert code == 0, text
+
+
+def test_a_model_named_with_its_tag_starts_from_that_tag_s_weights(data: Path, tmp_path: Path) -> None:
+    # was: `--model NAME.TAG` trained from random weights, exit 0, while the card said "initialised from NAME.TAG
+    # (random init, big_vision scheme)"; in export, rollout and serve a tag means its weights
+    text = _refused(tmp_path / "scratch", str(data), "--model", "simplevit_digits.sklearn_digits", "--scratch",
+                    "--steps", "1", *QUICK)
+    assert "model 'simplevit_digits.sklearn_digits' names the published weights 'sklearn_digits', but the run starts " \
+           "from random weights" in text and "('simplevit_digits') to train from scratch" in text, text
+    code, text = _train(str(data), "--model", "simplevit_digits.sklearn_digits", "--steps", "1", *QUICK, "--out",
+                        str(tmp_path / "run"))
+    assert code == 0, text
+    assert json.loads((tmp_path / "run" / "recipe.json").read_text())["pretrained"] is True
+    card = (tmp_path / "run" / "model" / "README.md").read_text()
+    assert "simplevit_digits.sklearn_digits (published weights)" in card, card

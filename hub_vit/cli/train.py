@@ -212,6 +212,9 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     recipe = digits.DIGITS_RECIPE if preset == "digits" else VIT_S16_I1K
     try:
         recipe = recipe.replace(**{k: v for k, v in flags.items() if v is not None}).with_overrides(set_)
+        if "." in recipe.model and flags["pretrained"] is None and options["init"] is None and \
+                not any(_set_key(item) == "pretrained" for item in set_):
+            recipe = recipe.replace(pretrained=True)  # `--model NAME.TAG` starts from that tag's weights, as elsewhere
         dataset_info: dict[str, Any] = {}
         architecture = domain = None
         if data is None:

@@ -4,7 +4,6 @@ folder / weights file to fine-tune, with a new classifier head when the class co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from hub_vit.model import VisionTransformer
 from hub_vit.train.recipe import Recipe
@@ -48,10 +47,6 @@ def init_resized_note(init: str | Path | None, img_size: int) -> str | None:
 class ModelChoiceError(ValueError):
     """The model or starting weights cannot be used: an unknown pretrained tag, --pretrained for a model without
     published weights, or an --init file that is unreadable or does not fit the model (the message names the file)."""
-
-
-# where a torch file that holds more than weights (a training checkpoint's epoch, optimizer) keeps them, by convention
-WEIGHTS_KEYS = ("model", "state_dict", "model_state_dict")
 
 
 def check_init_path(init: str | Path | None) -> None:
@@ -116,6 +111,10 @@ def build_model(recipe: Recipe, num_classes: int, init: str | Path | None = None
                 MODELS[base].weight(tag)
             except ValueError as exc:
                 raise ModelChoiceError(str(exc)) from None
+    if tag and init is None and not recipe.pretrained:  # it trained from random weights, its card naming the tag
+        raise ModelChoiceError(f"model {recipe.model!r} names the published weights {tag!r}, but the run starts from "
+                               f"random weights (--scratch, pretrained=False); start from them (--pretrained) or "
+                               f"name the architecture alone ({base!r}) to train from scratch")
     if init is not None and recipe.pretrained:
         # both choose the starting weights; --init used to win silently while `pretrained: true` was recorded
         raise ModelChoiceError("--pretrained and --init both choose the starting weights; pass one of them")
@@ -150,7 +149,7 @@ def _load_init(path: Path, recipe: Recipe, num_classes: int, img: tuple[int, int
         from hub_vit.conversion import load_checkpoint
 
         spec = MODELS[recipe.model.split(".", 1)[0]].spec
-        state = _torch_file_weights(path) if path.suffix.lower() in TORCH_SUFFIXES else load_checkpoint(path, spec=spec)
+        state = load_checkpoint(path, spec=spec)  # WeightsFileError for a file that holds no weights
     from hub_vit.weights import load_adapted_state_dict
 
     model = VisionTransformer(spec.replace(num_classes=num_classes, img_size=img))
@@ -158,50 +157,11 @@ def _load_init(path: Path, recipe: Recipe, num_classes: int, img: tuple[int, int
     return model
 
 
-TORCH_SUFFIXES = (".pt", ".pth", ".bin")
-
-
-class NotWeightsError(ValueError):
-    """A torch file that holds something other than weights (the message says what, and what to pass instead)."""
-
-
-def _torch_file_weights(path: Path) -> dict[str, Any]:
-    """The weights of a torch file: its top level when that is all tensors, else the dict of tensors under one of
-    WEIGHTS_KEYS (`{'model': sd, 'optimizer': ..., 'epoch': 3}`); a ValueError saying what it holds otherwise (a
-    hub-vit checkpoint's state.pt, an optimizer state), which `build_model` names the file in."""
-    import torch
-
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
-    if not isinstance(state, dict):
-        raise NotWeightsError(f"it holds a {type(state).__name__}, not a dict of weights; pass a file of "
-                              "model.state_dict()")
-    if _all_tensors(state):
-        return state
-    for key in WEIGHTS_KEYS:
-        if isinstance(state.get(key), dict) and _all_tensors(state[key]):
-            return state[key]
-    if {"optimizer", "scheduler", "step"} <= set(state):
-        weights, run = path.with_name("model.safetensors"), path.parent.parent.parent
-        raise NotWeightsError("it is the training state of a hub-vit checkpoint (optimizer, scheduler, step), not "
-                              f"weights; pass the weights beside it, --init {str(weights)!r} with --model "
-                              f"{_run_model(run) or 'ARCH (the run architecture)'}")
-    entries = ", ".join(f"{k}: {type(v).__name__}" for k, v in list(state.items())[:5])
-    raise NotWeightsError(f"not a weights file: its top level holds non-tensor entries ({entries}) and none of "
-                          f"{', '.join(WEIGHTS_KEYS)} is a dict of tensors; pass a file of model.state_dict()")
-
-
-def _all_tensors(entries: dict[str, Any]) -> bool:
-    import torch
-
-    return bool(entries) and all(isinstance(v, torch.Tensor) for v in entries.values())
-
-
 def _init_errors() -> tuple[type[BaseException], ...]:
     """What reading a broken or mismatched --init raises: hub-vit's ValueErrors (CheckpointMismatchError,
-    ArchitectureMismatchError, CheckpointFormatError, a folder that is not a model folder), safetensors' and
-    torch.load's errors for a file that is not what its suffix says or is cut short (UnpicklingError, struct.error,
-    and RuntimeError "PytorchStreamReader failed reading zip archive"; nothing here downloads, so a RuntimeError is
-    the file's), and OSError for an unreadable one."""
+    ArchitectureMismatchError, CheckpointFormatError, WeightsFileError: a weights file cut short, not what its suffix
+    says or holding no weights; a folder that is not a model folder), the readers' own errors where one gets past
+    them (nothing here downloads, so a RuntimeError is the file's), and OSError for an unreadable one."""
     import pickle
     import struct
     import zipfile
@@ -213,23 +173,20 @@ def _init_errors() -> tuple[type[BaseException], ...]:
 
 
 def _init_error_text(path: Path, recipe: Recipe, exc: BaseException) -> str:
-    import pickle
     import struct
 
-    from safetensors import SafetensorError
-
-    from hub_vit.weights import CheckpointMismatchError
+    from hub_vit.weights import CheckpointMismatchError, TrainingStateError, WeightsFileError
 
     what = "model folder" if path.is_dir() else f"weights file (read as --model {recipe.model})"
-    if isinstance(exc, SafetensorError):
-        reason = f"not a readable safetensors file ({exc})"
-    elif isinstance(exc, pickle.UnpicklingError):  # torch's message is a paragraph about weights_only
-        reason = "not a weights-only torch file (torch.load(weights_only=True) refuses it)"
+    if isinstance(exc, TrainingStateError):  # a hub-vit run keeps the weights beside it, and knows their model
+        weights, run = path.with_name("model.safetensors"), path.parent.parent.parent
+        reason = ("it is the training state of a hub-vit checkpoint (optimizer, scheduler, step), not weights; pass "
+                  f"the weights beside it, --init {str(weights)!r} with --model {_run_model(run) or 'ARCH'}")
+    elif isinstance(exc, WeightsFileError):  # one line already, with its own advice
+        reason = exc.reason
     elif isinstance(exc, (OSError, EOFError, RuntimeError, struct.error)):
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         reason = f"cannot read it ({first}); is the file complete?"
-    elif isinstance(exc, NotWeightsError):  # one line already, with its own advice
-        reason = str(exc)
     else:
         reason = _one_line(str(exc))
     hint = ""

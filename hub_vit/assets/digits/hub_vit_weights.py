@@ -9,7 +9,7 @@ Loading is always strict: a mismatch raises an error listing the missing and une
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,23 @@ if TYPE_CHECKING:
     from .hub_vit_model import VisionTransformer
 
 HEAD_KEYS = ("head.weight", "head.bias")
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+# where training scripts keep the weights in a torch file: {'model': sd, 'optimizer': ..., 'epoch': 3}
+WEIGHTS_KEYS = ("model", "state_dict", "model_state_dict")
+_TRAINING_STATE = {"optimizer", "scheduler", "step"}  # a training checkpoint's state, not its weights
+
+
+class WeightsFileError(ValueError):
+    """A weights file that cannot be used as weights: cut short, not the format its suffix says, or holding something
+    other than a dict of tensors. `reason` says which in one line; the message also names the file."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"weights file {str(path)!r}: {reason}")
+        self.path, self.reason = path, reason
+
+
+class TrainingStateError(WeightsFileError):
+    """A torch file holding a training state (optimizer, scheduler, step) rather than weights."""
 
 
 def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
@@ -30,16 +47,58 @@ def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path))
-    if suffix in (".pt", ".pth", ".bin"):
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
-        return state.get("state_dict", state) if isinstance(state, dict) else state
+        try:
+            return load_file(str(path))
+        except SafetensorError as exc:  # cut short, or not safetensors at all
+            raise WeightsFileError(path, f"not a readable safetensors file ({exc})") from None
+    if suffix in TORCH_SUFFIXES:
+        return _torch_file_weights(path)
     if suffix == ".npz":
         raise ValueError(f"{path.name!r} is a Google JAX checkpoint: read it with hub_vit.conversion.load_checkpoint "
                          "(or convert it once with `hub-vit convert`)")
     raise ValueError(f"unsupported weights file {path.name!r}; expected .safetensors, .npz, .pt, .pth or .bin")
+
+
+def _torch_file_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The weights of a torch file: its top level when that is all tensors, else the dict of tensors under one of
+    WEIGHTS_KEYS; WeightsFileError saying what it holds otherwise."""
+    import pickle
+    import struct
+    import zipfile
+
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's message is a paragraph about weights_only
+        raise WeightsFileError(path, "not a weights-only torch file (torch.load(weights_only=True) refuses it)") \
+            from None
+    # a copy cut short: RuntimeError "PytorchStreamReader failed reading zip archive"; other bytes: the legacy
+    # unpickler's KeyError / EOFError / struct.error
+    except (RuntimeError, EOFError, KeyError, struct.error, zipfile.BadZipFile) as exc:
+        first = (str(exc).splitlines() or [""])[0]
+        what = first if isinstance(exc, RuntimeError) and first else f"{type(exc).__name__}: {first}".rstrip(": ")
+        raise WeightsFileError(path, f"cannot read it as a torch file ({what}); is the file complete?") from None
+    if not isinstance(state, dict):
+        raise WeightsFileError(path, f"it holds a {type(state).__name__}, not a dict of weights; pass a file of "
+                                     "model.state_dict()")
+    if _all_tensors(state):
+        return state
+    for key in WEIGHTS_KEYS:
+        if isinstance(state.get(key), dict) and _all_tensors(state[key]):
+            return state[key]
+    if _TRAINING_STATE <= set(state):
+        raise TrainingStateError(path, "it is the training state of a checkpoint (optimizer, scheduler, step), not "
+                                       "weights; pass the model's weights file")
+    entries = ", ".join(f"{k}: {type(v).__name__}" for k, v in list(state.items())[:5])
+    raise WeightsFileError(path, f"not a weights file: its top level holds non-tensor entries ({entries}) and none "
+                                 f"of {', '.join(WEIGHTS_KEYS)} is a dict of tensors; pass a file of "
+                                 "model.state_dict()")
+
+
+def _all_tensors(entries: dict[Any, Any]) -> bool:
+    return bool(entries) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in entries.items())
 
 
 def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransformer,
@@ -126,5 +185,6 @@ def load_adapted_state_dict(model: VisionTransformer, state_dict: dict[str, torc
     load_strict(model, adapt_state_dict(state_dict, model))
 
 
-__all__ = ["CheckpointMismatchError", "adapt_state_dict", "check_state_dict", "load_adapted_state_dict",
-           "load_strict", "load_weights_file", "mismatch_message", "strip_prefix"]
+__all__ = ["TORCH_SUFFIXES", "WEIGHTS_KEYS", "CheckpointMismatchError", "TrainingStateError", "WeightsFileError",
+           "adapt_state_dict", "check_state_dict", "load_adapted_state_dict", "load_strict", "load_weights_file",
+           "mismatch_message", "strip_prefix"]
