@@ -103,6 +103,10 @@ def _catalog_lookup(name: str) -> tuple[str, str | None] | None:
     if entry is None or not entry.weights:
         return None
     weight = entry.weight(tag) if tag else entry.weights[0]
+    if not weight.url:  # shipped inside the package as a model folder: an empty URL read "unknown url type: ''"
+        raise ValueError(f"{base}.{weight.tag} is not a Google checkpoint: it ships with hub-vit as the model folder "
+                         f"{str(Path(weight.file).parent)!r}, so there is nothing to convert; timm, transformers and "
+                         f"every hub-vit command load it by name ({base!r})")
     return weight.url, weight.sha256
 
 

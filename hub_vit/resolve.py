@@ -124,11 +124,13 @@ class ResolvedModel:
 
 
 def locate(reference: str | Path | None, *, model_name: str | None = None, download: bool = True,
-           takes: frozenset[str] = PATH_KINDS) -> ModelRef:
+           takes: frozenset[str] = PATH_KINDS, names_architecture: bool = True) -> ModelRef:
     """Check and classify `reference` (see the module docstring); nothing is loaded. `download=False` accepts a
     registered checkpoint only when it is in hub-vit's download cache already (or ships in the package).
     `takes`: the kinds of path the caller can use (`PATH_KINDS`: serve takes all; export no graph; rollout and the
-    demo a folder only), which its refusals of a path offer."""
+    demo a folder only), which its refusals of a path offer. `names_architecture`: whether the caller can name a
+    weights file's architecture (`model_name`, export's --model); serve and repository cannot, so their refusal of a
+    weights file without one says how to make it a model folder instead."""
     if reference is None:
         return _default_ref()
     if not isinstance(reference, (str, Path)):  # e.g. a module: its repr would be taken for a path
@@ -144,7 +146,7 @@ def locate(reference: str | Path | None, *, model_name: str | None = None, downl
     if path.is_dir():
         ref = _folder_ref(path, text)
     elif path.is_file():
-        ref = _file_ref(path, text, suffix, model_name, takes)
+        ref = _file_ref(path, text, suffix, model_name, takes, names_architecture)
     elif suffix in (".onnx", *ENGINE_SUFFIXES, *WEIGHT_SUFFIXES) or "/" in text:
         raise ValueError(f"model path {text!r} does not exist (expected {_takes(takes)}){_hub_hint(text)}")
     else:
@@ -228,7 +230,7 @@ def _takes(takes: frozenset[str]) -> str:
 
 
 def _file_ref(path: Path, text: str, suffix: str, model_name: str | None,
-              takes: frozenset[str] = PATH_KINDS) -> ModelRef:
+              takes: frozenset[str] = PATH_KINDS, names_architecture: bool = True) -> ModelRef:
     if suffix == ".onnx":
         return ModelRef("onnx", str(path.resolve()))
     if suffix in ENGINE_SUFFIXES:
@@ -238,6 +240,10 @@ def _file_ref(path: Path, text: str, suffix: str, model_name: str | None,
             raise ValueError(f"{text!r} is a weights file; give {_takes(takes)} (of a Google .npz: `hub-vit convert "
                              "FILE -o FOLDER`; of another: hub_vit.save_model_folder(timm.create_model(NAME, "
                              "checkpoint_path=FILE), FOLDER))")
+        if model_name is None and suffix != ".npz" and not names_architecture:
+            raise ValueError(f"{text!r} is a weights file, which holds no architecture; give a model folder made from "
+                             "it: hub_vit.save_model_folder(timm.create_model(NAME, checkpoint_path=FILE), FOLDER), "
+                             f"NAME one of {', '.join(_names())} (a Google .npz names its own)")
         if model_name is None and suffix != ".npz":  # a Google .npz names its own architecture (inferred)
             raise ValueError(f"a weights file needs the architecture: pass --model NAME (one of "
                              f"{', '.join(_names())})")

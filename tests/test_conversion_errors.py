@@ -163,6 +163,16 @@ def test_unknown_source_lists_choices(tmp_path: Path) -> None:
     assert code != 0 and "valid tags" in output
 
 
+@pytest.mark.parametrize("name", ["simplevit_digits", "simplevit_digits.sklearn_digits"])
+def test_the_shipped_model_is_not_a_checkpoint_to_convert(name: str, tmp_path: Path) -> None:
+    # was: "error: unknown url type: ''" (its catalog weight has no URL: it ships as a model folder)
+    result = CliRunner().invoke(app, ["convert", name, "-o", str(tmp_path / "out")])
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2 and "simplevit_digits.sklearn_digits is not a Google checkpoint: it ships with " \
+                                      "hub-vit as the model folder" in flat, flat
+    assert not (tmp_path / "out").exists()
+
+
 def test_offline_download_fails_fast_with_instructions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HUB_VIT_CACHE", str(tmp_path / "cache"))
 

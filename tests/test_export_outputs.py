@@ -173,6 +173,9 @@ def test_a_bare_name_without_bundled_weights_stays_random() -> None:
                                          "--pretrained"):
         load_source("simplevit_ti16", pretrained=True)
     assert not load_source("simplevit_digits").random_weights  # shipped in the package: loaded by default
+    for pretrained, flag in ((False, "--random"), (True, "--pretrained")):  # was ignored: the folder's own weights
+        with pytest.raises(ValueError, match=f"{flag} chooses the weights of a registered name; .* is a model folder"):
+            load_source(str(default_model_folder()), pretrained=pretrained)
 
 
 def test_cli_tag_offline_is_a_one_line_error_and_writes_nothing(tmp_path: Path,

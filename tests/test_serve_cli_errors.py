@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+from hub_vit.catalog import default_model_folder
 from hub_vit.cli import _load_commands, app
 
 pytest.importorskip("tritonclient.grpc")
@@ -145,6 +146,28 @@ def test_non_model_file_and_export_folder_are_explained(tmp_path):
         and "model.onnx" in out
 
 
+@pytest.mark.parametrize("command", ["serve", "repository"])
+def test_a_weights_file_is_refused_with_what_these_commands_take(tmp_path, command):
+    # was: "a weights file needs the architecture: pass --model NAME": serve has no --model, and repository's --model
+    # is the option that held the file
+    weights = str(default_model_folder() / "model.safetensors")
+    args = ["serve", weights, *PORTS] if command == "serve" else ["repository", str(tmp_path / "repo"), "--model",
+                                                                  weights]
+    code, out = _run(*args)
+    assert code == 2 and f"{weights!r} is a weights file, which holds no architecture; give a model folder made " \
+                          "from it: hub_vit.save_model_folder(timm.create_model(NAME, checkpoint_path=FILE)" in out, out
+    assert "pass --model" not in out and not (tmp_path / "repo").exists()
+
+
+def test_repository_of_a_hub_model_that_cannot_be_fetched_now_exits_3(tmp_path, monkeypatch):
+    # was: exit 1 and "cannot load model 'hf-hub:…': cannot load 'hf-hub:…': ..."; serve and export said it with 3
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    code, out = _run("repository", str(tmp_path / "repo"), "--model", "hf-hub:someorg/somemodel")
+    assert code == 3 and out.count("cannot load") == 1 and "hf-hub:someorg/somemodel" in out, out
+    assert not (tmp_path / "repo").exists()
+
+
 def test_repository_onto_a_file_or_the_current_directory(tmp_path, monkeypatch):
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -273,8 +296,6 @@ def test_grpcs_own_cancel_at_a_servers_stop_says_retry():
 def test_another_web_server_at_the_url_is_named_as_not_triton(web_page_port):
     # was tritonclient's "[404] an exception occurred in the client while decoding the response: Parse error at offset
     # 0 ... response: <!DOCTYPE HTML> ...", and health's "not ready ... (starting, stopping, or a model failed to load)"
-    from hub_vit.catalog import default_model_folder
-
     url = f"127.0.0.1:{web_page_port}"
     image = str(default_model_folder() / "samples" / "3_0.png")
     for command in (["classify", "--url", url, image], ["loadtest", "--requests", "2", "--url", url, image]):
@@ -588,3 +609,25 @@ def test_ready_is_false_where_no_server_answers(silent_port, protocol):
     for port in (free_port(), silent_port):  # nothing listens; a server that takes the connection and stays silent
         with Classifier(f"127.0.0.1:{port}", protocol=protocol, timeout_s=1.0) as client:
             assert client.ready() is False
+
+
+@pytest.mark.parametrize("grpc", [False, True])
+def test_classify_json_gives_every_file_its_line_when_no_server_answers(tmp_path, grpc):
+    # was: the one error on stderr and nothing on stdout, so `| jq` saw no file; the docs promise every file a line
+    import json
+
+    from hub_vit.server.runtime.launcher import free_port
+
+    images = []
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (8, 8)).save(tmp_path / name)
+        images.append(str(tmp_path / name))
+    _load_commands()
+    result = CliRunner().invoke(app, ["classify", "--url", f"127.0.0.1:{free_port()}", *(["--grpc"] if grpc else []),
+                                      "--json", *images])
+    assert result.exit_code == 1, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["file"] for line in lines] == images, result.stdout
+    reason = " ".join(result.stderr.split()).removeprefix("error: ")
+    assert all(line["error"].startswith("not classified: ") and " ".join(line["error"].split())
+               == f"not classified: {reason}" for line in lines), (lines, result.stderr)

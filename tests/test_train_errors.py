@@ -268,3 +268,24 @@ def test_a_model_named_with_its_tag_starts_from_that_tag_s_weights(data: Path, t
     assert json.loads((tmp_path / "run" / "recipe.json").read_text())["pretrained"] is True
     card = (tmp_path / "run" / "model" / "README.md").read_text()
     assert "simplevit_digits.sklearn_digits (published weights)" in card, card
+
+
+def test_a_run_folder_that_cannot_be_written_is_named_before_anything_runs(data: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: "error: Permission denied: '/ro/run'", exit 1, where convert, export and rollout name --out (exit 2)
+    import errno
+    import tempfile
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args: object, dir: str | Path | None = None, **kwargs: object) -> str:  # noqa: A002
+        if dir is not None and Path(dir) == read_only:  # as on a read-only mount (root ignores modes)
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    text = _refused(read_only / "run", str(data), "--model", "simplevit_digits", "--steps", "1", *QUICK)
+    assert f"cannot write the run folder --out {str(read_only / 'run')!r}: Read-only file system in " \
+           f"{str(read_only)!r}; choose another folder" in text, text

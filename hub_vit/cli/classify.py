@@ -75,9 +75,9 @@ def classify(
         except Exception as err:  # before any request: refused, not Triton, the other protocol's port, unknown model
             if missing_extra(err) is not None:  # tritonclient without this protocol: the install, not the server
                 raise
-            raise _refusal(protocol, url, model, err) from None
+            raise _refusal(protocol, url, model, err, lines) from None
         if done.stopped is not None and not done.predictions and not done.errors:
-            raise _refusal(protocol, url, model, done.stopped)  # nothing to show: the one line
+            raise _refusal(protocol, url, model, done.stopped, lines)  # nothing to show: the one line
         if lines is not None:
             # what the request that ended the run had resolved; and every file has its line: the ones never sent too
             why = ("interrupted (Ctrl-C)" if done.interrupted else
@@ -118,14 +118,17 @@ def _failure(protocol: str, url: str, model: str, err: Exception, answered: int 
     return request_failure(protocol, url, model, err, answered)
 
 
-def _refusal(protocol: str, url: str, model: str, err: Exception) -> typer.Exit:
+def _refusal(protocol: str, url: str, model: str, err: Exception, lines: JsonLines | None = None) -> typer.Exit:
     """The run ended before any answer: a request this server cannot take (--queue-timeout-ms on a server without a
-    queue policy, --explain on one that explains nothing) is bad input (2, as in loadtest), anything else 1."""
+    queue policy, --explain on one that explains nothing) is bad input (2, as in loadtest), anything else 1. With
+    --json (`lines`) every file still gets its line, naming the same reason."""
     from hub_vit.server.client.errors import NoExplanation, NoQueueTimeouts
 
-    if isinstance(err, (NoExplanation, NoQueueTimeouts)):
-        return fail(str(err))
-    return fail(_failure(protocol, url, model, err), code=1)
+    bad_input = isinstance(err, (NoExplanation, NoQueueTimeouts))
+    message = str(err) if bad_input else _failure(protocol, url, model, err)
+    if lines is not None:  # was: nothing on stdout, so `| jq` saw no file at all
+        lines.unanswered(f"not classified: {message}")
+    return fail(message, code=2 if bad_input else 1)
 
 
 def _check_explain_flags(explain: bool, head_fusion: str | None, discard_ratio: float | None, out: Path) -> None:
@@ -230,12 +233,21 @@ class JsonLines:
         """The lines of the files `done` (a `Classified`) has resolved and that are not written yet; with
         `unresolved`, the run has ended (a stopped server, Ctrl-C), and each file it did not reach gets that error:
         a pipeline filtering on `error` misses none."""
+        errors = done.errors | ({i: unresolved for i in done.unresolved(len(self.images))} if unresolved else {})
+        fresh = sorted((set(done.predictions) | set(errors)) - self.written)
+        self._emit(fresh, {i: done.predictions[i] for i in fresh if i in done.predictions}, errors)
+
+    def unanswered(self, error: str) -> None:
+        """The run ended before any answer: each file not written yet gets `error`."""
+        fresh = sorted(set(range(len(self.images))) - self.written)
+        self._emit(fresh, {}, dict.fromkeys(fresh, error))
+
+    def _emit(self, fresh: list[int], found: dict[int, Any], errors: dict[int, str]) -> None:
+        """The lines of the files `fresh` (indices into the images, in order): their prediction in `found`, else
+        their error."""
         import json
         import sys
 
-        errors = done.errors | ({i: unresolved for i in done.unresolved(len(self.images))} if unresolved else {})
-        fresh = sorted((set(done.predictions) | set(errors)) - self.written)
-        found = {i: done.predictions[i] for i in fresh if i in done.predictions}
         overlays = (_write_explained(self.images, found, self.out, self.created, say=False, stems=self.stems)
                     if self.out is not None else {})
         for index in fresh:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from hub_vit.cli.app import console, download_status, fail, given
+from hub_vit.cli.app import CANNOT_NOW, console, download_status, fail, given
 from hub_vit.cli.app import in_flag_words as flag_words
 from hub_vit.export import registry
 from hub_vit.server.repository.options import CUDA_DEFAULTS, DEVICES, QUEUE_POLICY_FIELDS, ServingOptions
@@ -133,10 +133,10 @@ def in_flag_words(message: str, fields: Iterable[str]) -> str:
 
 
 def model_source(model: str | None) -> Any:
-    from hub_vit.resolve import resolve_model
+    from hub_vit.resolve import locate, resolve_model
 
     try:
-        return resolve_model(model)
+        return resolve_model(locate(model, names_architecture=False))  # repository has no flag for one
     except Exception as err:
         refusal = load_refusal(err, model)
         if refusal is None:
@@ -149,7 +149,7 @@ def model_reference(model: str | None) -> Any:
     from hub_vit.resolve import locate
 
     try:
-        return locate(model)
+        return locate(model, names_architecture=False)  # serve and repository have no flag for one
     except (ValueError, KeyError, ImportError) as err:
         raise fail(str(err)) from None
 
@@ -158,9 +158,12 @@ def load_refusal(err: Exception, model: str | None) -> tuple[str, int] | None:
     """The message and exit status of a model that cannot be loaded (`resolve_model`'s error `err`); None for an
     error that is not the model's (a bug: its traceback stays)."""
     from hub_vit.conversion.download import DownloadError
+    from hub_vit.network import HubUnreachableError
 
     if isinstance(err, DownloadError):  # a registered name whose checkpoint cannot be downloaded
         return f"cannot load model {model!r}: {err}", download_status(err)
+    if isinstance(err, HubUnreachableError):  # names the model already; nothing is wrong with it: not now (exit 3)
+        return str(err), CANNOT_NOW
     if isinstance(err, (ValueError, KeyError, ImportError)):
         return str(err), 2
     if isinstance(err, (OSError, RuntimeError)):  # e.g. weights that cannot be read

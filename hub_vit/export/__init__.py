@@ -55,6 +55,10 @@ def load_source(source: str | Path, *, model_name: str | None = None, pretrained
     if ref.kind in ("onnx", "engine"):
         raise ValueError(f"{str(source)!r} is already an exported file ({ref.kind}); export takes a registered name, "
                          "a model folder or a weights file (.safetensors/.npz/.pt with --model)")
+    if pretrained is not None and ref.kind != "registered":  # was ignored: a folder exported its own weights anyway
+        what = "a model folder" if ref.kind == "folder" else "a weights file"
+        raise ValueError(f"--{'pretrained' if pretrained else 'random'} chooses the weights of a registered name; "
+                         f"{str(source)!r} is {what}, whose own weights are exported: leave the flag out")
     return resolve_model(ref, pretrained=pretrained)
 
 

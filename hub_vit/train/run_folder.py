@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hub_vit.atomic import atomic_path, file_in_the_way
+from hub_vit.atomic import atomic_path, cannot_write_in, file_in_the_way
 from hub_vit.claim import Claim, Claimed
 from hub_vit.file_hash import sha256_file
 from hub_vit.paths import listed
@@ -101,6 +101,9 @@ def check_run_folder_path(run_dir: str | Path) -> None:
         where = "" if blocker == run_dir else f" (its parent {str(blocker)!r} is a file)"
         raise RunFolderError(f"--out {str(run_dir)!r} cannot be a run folder{where}: a file is in the way; choose a "
                              "folder path")
+    problem = cannot_write_in(run_dir)  # a read-only mount, another user's folder: was "Permission denied", exit 1
+    if problem is not None:
+        raise RunFolderError(f"cannot write the run folder --out {str(run_dir)!r}: {problem}; choose another folder")
     if run_dir.is_dir() and not (run_dir / "recipe.json").is_file():
         # an existing folder of something else (a project, a folder of runs) would get checkpoints/, model/ and
         # recipe.json mixed into it
