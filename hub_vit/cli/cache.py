@@ -9,9 +9,9 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from hub_vit.cli.app import app, console, fail, os_error_text
+from hub_vit.cli.tables import print_table
 
 cache_app = typer.Typer(help="hub-vit's caches on this host: the CPU variant cache (the graphs `serve` / `repository` "
                              "chose, reused by the next start; $HUB_VIT_VARIANT_CACHE moves it) and the download cache "
@@ -56,22 +56,6 @@ def _say(line: str) -> None:
     console.print(escape(line), soft_wrap=True, highlight=False)
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], *, short: dict[str, int | None]) -> None:
-    """`rows` under `header`: tab-separated lines, whole, when piped (`hub-vit cache list | grep openvino`); on a
-    terminal a rich table, its `short` columns cut to that many characters (None: left out)."""
-    if not console.is_terminal:
-        for row in (header, *rows):
-            print("\t".join(row))
-        return
-    shown = [i for i, column in enumerate(header) if short.get(column, 0) is not None]
-    table = Table()
-    for i in shown:
-        table.add_column(header[i], justify="right" if header[i] == "MiB" else "left", no_wrap=header[i] != "state")
-    for row in rows:
-        table.add_row(*(escape(row[i][:short.get(header[i]) or len(row[i])]) for i in shown))
-    console.print(table)
-
-
 def _list_downloads() -> None:
     from hub_vit.conversion import download_cache
 
@@ -80,9 +64,9 @@ def _list_downloads() -> None:
     count = f"{len(found)} checkpoint{'s' if len(found) != 1 else ''}, {total / 2**20:.1f} MiB"
     _say(f"download cache: {download_cache.downloads_root()} ({count})")
     if found:
-        _table(("checkpoint", "file", "MiB", "state"),
-               [(entry.catalog_name or "-", entry.file or "-", f"{entry.bytes / 2**20:.1f}", entry.state)
-                for entry in found], short={})
+        print_table(("checkpoint", "file", "MiB", "state"),
+                    [(entry.catalog_name or "-", entry.file or "-", f"{entry.bytes / 2**20:.1f}", entry.state)
+                     for entry in found], right=("MiB",))
 
 
 def _variants_table(found: list[dict]) -> None:
@@ -92,7 +76,8 @@ def _variants_table(found: list[dict]) -> None:
         rows.append((str(entry["variant"]), str(entry["requested"] or "-"),
                      str(entry["weights"] or "-").removeprefix("tensors-sha256:"), f"{entry['bytes'] / 2**20:.1f}",
                      state, entry["entry"]))
-    _table(("variant", "requested", "weights", "MiB", "state", "entry"), rows, short={"weights": 12, "entry": None})
+    print_table(("variant", "requested", "weights", "MiB", "state", "entry"), rows, right=("MiB",),
+                short={"weights": 12, "entry": None}, wrap=("state",))
 
 
 CACHES = ("variants", "downloads", "all")  # what `hub-vit cache clear` empties

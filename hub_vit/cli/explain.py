@@ -146,16 +146,12 @@ def verdict_cell(verdict: str, score: float | None) -> str:
 
 def _print_labels(path: Path, target: Path, top: list[tuple[str, float]], verdict: str,
                   score: float | None) -> None:
-    from rich.table import Table
+    from hub_vit.cli.tables import print_table
 
     # soft-wrapped: a script reading `-> (.*)` from a pipe (80 columns) must get the whole path on one line
     console.print(f"[bold]{escape(str(path))}[/] -> {escape(str(target))}", soft_wrap=True)
-    table = Table(show_edge=False)
-    table.add_column("label")
-    table.add_column("probability", justify="right")
-    for label, prob in top:
-        table.add_row(escape(label), f"{prob:.4f}")
-    console.print(table)
+    print_table(("label", "probability"), [(label, f"{prob:.4f}") for label, prob in top], right=("probability",),
+                wrap=("label",))
     # the verdict `hub-vit classify` and the demo give, in classify's words
     shown = f"domain: {verdict_cell(verdict, score)}"
     if verdict == OUT_OF_DOMAIN:

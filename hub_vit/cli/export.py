@@ -7,11 +7,11 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from hub_vit.atomic import cannot_create, file_in_the_way
 from hub_vit.cli.app import CANNOT_NOW, DISK_REFUSED_ERRNOS, app, console, download_failed, err_console, fail, given
 from hub_vit.cli.path_option import given_path
+from hub_vit.cli.tables import print_table
 from hub_vit.export import registry
 from hub_vit.export.plan import ALL
 
@@ -19,26 +19,21 @@ export_app = typer.Typer(help="Export a model to ONNX (verified variants) or Ten
 app.add_typer(export_app, name="export")
 
 
-def _variant_table(report: object) -> Table:
+def _print_variants(report: object) -> None:
+    """One row per variant tried: written or not, size, the verification's worst numbers, fused ops, verdict."""
     from hub_vit.export.criterion import top1_text
 
-    table = Table(title=f"hub-vit export -> {escape(report.out_dir)}")  # type: ignore[attr-defined]
-    for col in ("variant", "written", "MiB", "max |diff|", "min cos", "top-1", "fused ops", "note"):
-        table.add_column(col, justify="right" if col in ("MiB", "max |diff|", "min cos") else "left")
+    rows = []
     for o in report.variants:  # type: ignore[attr-defined]
         v = o.verification or {}
         fused = " ".join(f"{k.replace('Normalization', 'Norm')}:{n}" for k, n in o.fused_ops.items() if n) or "-"
-        table.add_row(
-            o.variant,
-            "[green]yes[/]" if o.written else "[red]no[/]",
-            f"{o.size_bytes / 2**20:.1f}" if o.size_bytes else "-",
-            f"{v['max_abs_diff']:.2e}" if v else "-",
-            _min_cosine(v),
-            escape(top1_text(v)) if v else "-",
-            fused,
-            "passed" if o.written else "not built" if o.error.startswith("not built") else "refused",
-        )
-    return table
+        rows.append((o.variant, "yes" if o.written else "no", f"{o.size_bytes / 2**20:.1f}" if o.size_bytes else "-",
+                     f"{v['max_abs_diff']:.2e}" if v else "-", _min_cosine(v), top1_text(v) if v else "-", fused,
+                     "passed" if o.written else "not built" if o.error.startswith("not built") else "refused"))
+    title = f"hub-vit export -> {report.out_dir}"  # type: ignore[attr-defined]
+    print_table(("variant", "written", "MiB", "max |diff|", "min cos", "top-1", "fused ops", "note"), rows,
+                title=title, right=("MiB", "max |diff|", "min cos"),
+                styles={"written": {"yes": "green", "no": "red"}}, wrap=("variant", "top-1", "fused ops", "note"))
 
 
 def _min_cosine(verification: dict) -> str:
@@ -187,7 +182,7 @@ def _checked_flags(variant: list[str], named: bool, stem: str, opset: int, expor
 
 
 def _print_outcomes(report: Any) -> None:
-    console.print(_variant_table(report))
+    _print_variants(report)
     for o in report.variants:
         passed = (o.verification or {}).get("extra", {}).get("summary", "")
         outcome = f"[red]not written[/] - {escape(o.error)}" if o.error else \

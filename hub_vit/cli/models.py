@@ -7,10 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from hub_vit.catalog import MODELS, Weights
 from hub_vit.cli.app import app, console, fail
+from hub_vit.cli.tables import print_table
 
 
 @app.command()
@@ -38,23 +38,17 @@ def models(
                     else str(len(entry.weights)))
         rows.append((entry.name, spec.variant or "-", spec.posemb, spec.pool_type, str(spec.rep_size or "-"),
                      f"{params:,}", tag_text or "-"))
-    if not console.is_terminal:  # piped: one tab-separated line per model, never cut (`hub-vit models | grep s16`)
-        for row in (header, *rows):
-            print("\t".join(row))
-        return
-    if _table_width(header, rows) > console.width:  # a narrow terminal: one block per model, nothing cut or dropped
+    if console.is_terminal and _table_width(header, rows) > console.width:  # one block per model, nothing cut
         for row in rows:
             console.print(row[0], style="bold", highlight=False)
             for key, value in zip(header[1:], row[1:], strict=True):
                 console.print(f"  {key}: {value}", highlight=False, markup=False)
         return
-    table = Table(title="hub-vit models")
-    for column in header:  # names and counts never shorten; the tag list folds onto more lines
-        table.add_column(column, justify="right" if column in ("params", "weights") else "left",
-                         no_wrap=column != header[-1], min_width=12 if column == header[-1] else None)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    # piped: one tab-separated line per model (`hub-vit models | grep s16`); on a terminal, names and counts never
+    # shorten and the tag list folds onto more lines
+    print_table(header, rows, title="hub-vit models", right=("params", "weights"), wrap=(header[-1],), console=console)
+    if not console.is_terminal:
+        return
     if tags:
         console.print("(shipped): in the package; (cached): in hub-vit's download cache ($HUB_VIT_CACHE); the other "
                       "tags download on first use", highlight=False, markup=False)
