@@ -40,6 +40,7 @@ class Weights:
     results: dict[str, float] = field(default_factory=dict)
     sha256: str | None = None
     file: str = ""  # weights shipped inside the package (the default model): timm loads `file` before `url`
+    label_names: tuple[str, ...] | None = None  # the class names, where hub-vit ships them (timm's `label_names`)
 
     @property
     def url(self) -> str:
@@ -65,6 +66,7 @@ class Weights:
             license=self.license,
             paper_ids=self.paper,
             origin_url=self.gs_url or None,
+            **({"label_names": list(self.label_names)} if self.label_names else {}),
         )
 
 
@@ -172,6 +174,7 @@ def _vit_weights(jax_name: str) -> tuple[Weights, ...]:
 # The default model: trained in this repository with `hub-vit train` (scripts/train_default_model.sh) and shipped in
 # the package, so everything works offline. The held-out split is `hub_vit.train.digits.load_digits_split("val")`.
 DEFAULT_MODEL = "simplevit_digits"
+DIGIT_LABELS: tuple[str, ...] = tuple(str(d) for d in range(10))  # its classes: the digit each image shows
 # The architecture the generic entry points build with no arguments (timm's `hub_vit`, transformers' `HubViTConfig()`)
 GENERIC_DEFAULT = "simplevit_s16"
 
@@ -189,7 +192,7 @@ DIGITS_SPEC = ViTSpec(width=64, depth=4, mlp_dim=256, num_heads=4, patch_size=4,
 def _digits_entry() -> ModelEntry:
     weights = Weights(
         tag="sklearn_digits", gs_url="", num_classes=10, img_size=32, crop_pct=1.0, dataset="sklearn-digits",
-        paper=PAPER_SIMPLEVIT, file=str(default_model_folder() / "model.safetensors"),
+        paper=PAPER_SIMPLEVIT, file=str(default_model_folder() / "model.safetensors"), label_names=DIGIT_LABELS,
     )
     return ModelEntry(name=DEFAULT_MODEL, spec=DIGITS_SPEC, family="simplevit", weights=(weights,),
                       description="SimpleViT (width 64, depth 4, patch 4) trained on scikit-learn digits, 32x32 RGB")

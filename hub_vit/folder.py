@@ -95,17 +95,21 @@ def _check_labels(labels: Sequence[str] | None, spec: ViTSpec) -> list[str] | No
     return labels
 
 
-def _check_architecture(architecture: str | None, spec: ViTSpec) -> str:
+def check_architecture(architecture: str | None, spec: ViTSpec | None) -> str | None:
+    """The timm architecture a folder of a model with `spec` records: `architecture` when it is the generic name or a
+    registered one describing `spec` (beyond num_classes / img_size), else ValueError naming the valid ones; None
+    given, the name `spec` is registered under. `spec` None (not known yet: a run that has not built its model):
+    the name alone is checked."""
     from hub_vit.catalog import GENERIC_ARCHITECTURE, MODELS, architecture_key, timm_architecture
 
     if architecture is None:
-        return timm_architecture(spec)
+        return None if spec is None else timm_architecture(spec)
     if architecture == GENERIC_ARCHITECTURE:
         return architecture
     if architecture not in MODELS:
         raise ValueError(f"unknown architecture {architecture!r}; valid: {GENERIC_ARCHITECTURE!r} or a registered "
                          f"name ({', '.join(MODELS)})")
-    if architecture_key(MODELS[architecture].spec) != architecture_key(spec):
+    if spec is not None and architecture_key(MODELS[architecture].spec) != architecture_key(spec):
         raise ValueError(f"architecture {architecture!r} does not describe this model (its spec differs beyond "
                          f"num_classes / img_size); use {timm_architecture(spec)!r}")
     return architecture
@@ -239,7 +243,7 @@ def save_model_folder(
     if pretrained_cfg is None:
         pretrained_cfg = own
     checked_labels = _check_labels(labels, spec)
-    arch = _check_architecture(architecture, spec)
+    arch = check_architecture(architecture, spec)
     extra = _check_extra_files(extra_files)
     if native_vit:
         from hub_vit.hf.native_vit import native_vit_config
@@ -460,5 +464,5 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     return model, info
 
 
-__all__ = ["DIGITS_HELD_OUT", "HeldOutImages", "ModelFolderInfo", "held_out_images", "load_model_folder",
-           "read_folder_config", "read_labels", "save_model_folder"]
+__all__ = ["DIGITS_HELD_OUT", "HeldOutImages", "ModelFolderInfo", "check_architecture", "held_out_images",
+           "load_model_folder", "read_folder_config", "read_labels", "save_model_folder"]

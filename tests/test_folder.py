@@ -437,3 +437,15 @@ def test_pipeline_never_asks_to_run_remote_code(monkeypatch) -> None:
     folder = default_model_folder()
     result = pipeline("image-classification", model=str(folder))(str(folder / "samples" / "7_0.png"))
     assert result[0]["label"] == "7"
+
+
+def test_the_shipped_model_built_by_name_saves_its_class_names(tmp_path) -> None:
+    # was: LABEL_0 ... LABEL_9 (its pretrained_cfg had no label_names), where local-dir: kept '0' ... '9'
+    import timm
+
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.folder import load_model_folder, save_model_folder
+
+    save_model_folder(timm.create_model("simplevit_digits", pretrained=True), tmp_path / "digits")
+    shipped = (default_model_folder() / "labels.txt").read_text().split()
+    assert load_model_folder(tmp_path / "digits")[1].labels == shipped == [str(d) for d in range(10)]

@@ -661,3 +661,22 @@ def test_interpolate_pos_encoding_is_accepted_as_vit_code_passes_it() -> None:
     with pytest.raises(TypeError) as refused:  # the backbone takes no labels, and does not offer them
         backbone(x, labels=torch.tensor([1]))
     assert "['labels']; valid arguments: pixel_values, output_attentions," in str(refused.value)
+
+
+def test_a_head_resized_through_vit_saves_a_folder_that_loads_back(tmp_path) -> None:
+    # was: config.json kept num_classes 10 and ten labels beside 3-class weights, labels.txt cut to '0', '1', '2',
+    # and from_pretrained refused the folder ("config.json declares num_classes: 10, model.safetensors holds 3")
+    from hub_vit.catalog import default_model_folder
+    from hub_vit.folder import load_model_folder
+
+    model = AutoModelForImageClassification.from_pretrained(default_model_folder())
+    model.vit.reset_classifier(3)  # timm's API on the wrapped module
+    model.save_pretrained(tmp_path / "three")
+    again = AutoModelForImageClassification.from_pretrained(tmp_path / "three")
+    assert again.config.id2label == {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"}
+    assert again(torch.rand(2, 3, 32, 32)).logits.shape == (2, 3)
+    assert load_model_folder(tmp_path / "three")[1].labels == ["LABEL_0", "LABEL_1", "LABEL_2"]
+    model.vit.reset_classifier(0)
+    with pytest.raises(ValueError, match=r"this classifier's head was removed \(vit.reset_classifier\(0\)\)"):
+        model.save_pretrained(tmp_path / "none")
+    assert not (tmp_path / "none").exists()

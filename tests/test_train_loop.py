@@ -686,3 +686,12 @@ def test_a_val_split_too_small_for_the_threshold_leaves_the_score_uncalibrated_w
                                              r" .*\); its answers say \"unknown\" .* `hub-vit calibrate-domain "):
         result = train(TINY.replace(total_steps=1, warmup_steps=0), data, tmp_path / "run", progress=False)
     assert result.model_dir is not None and read_domain(result.model_dir, ["a"] * 3).statistics is None
+
+
+def test_an_architecture_the_model_folder_cannot_record_is_refused_before_the_run(data: Path, tmp_path: Path) -> None:
+    # was: every step trained and checkpointed, then "unknown architecture 'bogus'" when model/ was written
+    for architecture, said in (("bogus", "unknown architecture 'bogus'; valid: 'hub_vit' or a registered name"),
+                               ("vit_b16", "architecture 'vit_b16' does not describe this model")):
+        with pytest.raises(ValueError, match=said):
+            train(TINY, data, tmp_path / architecture, architecture=architecture, progress=False)
+        assert not (tmp_path / architecture).exists()

@@ -222,7 +222,7 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
                 raise fail("give a DATA folder (train/<class>/*, val/<class>/*), or use --preset digits")
             data = digits.write_image_folder(out / "data")
             dataset_info = digits.dataset_info()
-            architecture = recipe.model if options["init"] is None else None
+            architecture = recipe.model.partition(".")[0] if options["init"] is None else None  # the name, no tag
             domain = Domain(knows=digits.DOMAIN_KNOWS, examples="digits")
         with warnings.catch_warnings():  # restores showwarning and the filters afterwards
             warnings.simplefilter("always", TrainingWarning)

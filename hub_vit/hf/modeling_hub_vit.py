@@ -133,6 +133,7 @@ class HubViTPreTrainedModel(PreTrainedModel):
         # without knowing of this config, and a stale img_size would not load the saved weights back
         self.config.img_size = list(self.vit.spec.img_size)
         self.config.patch_size = self.vit.spec.patch_size
+        self._labels_follow_head()
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             if write_remote_code is not None:
@@ -147,6 +148,23 @@ class HubViTPreTrainedModel(PreTrainedModel):
                                "loads them, but timm and hub-vit's own commands read one model.safetensors: save "
                                "without max_shard_size for a folder all of them read")
         return result
+
+    def _labels_follow_head(self) -> None:
+        """A classifier whose head was resized behind its config's back (`model.vit.reset_classifier(3)`, timm's API)
+        saves with as many labels as the head has: the config's old count and names no longer describe it, and such a
+        folder did not load back ("config.json declares num_classes: 10, model.safetensors holds 3")."""
+        classes = self.vit.spec.num_classes
+        if not isinstance(self, HubViTForImageClassification) or classes == self.config.num_labels:
+            return
+        if not classes:
+            raise ValueError("this classifier's head was removed (vit.reset_classifier(0)), so it would save a "
+                             "folder that loads as no classifier; save the backbone instead: HubViTModel(model.config)"
+                             " with load_state_dict(model.state_dict(), strict=False), or give the head classes again")
+        logger.warning(f"the head has {classes} classes (resized with vit.reset_classifier), the config named "
+                       f"{self.config.num_labels}: saved with {classes} labels, LABEL_0 ...; set config.id2label to "
+                       "name them")
+        self.config.num_labels = classes  # transformers' setter: a new count gets LABEL_i names
+        self.num_labels = classes
 
     def _update_labels_file(self, folder: str | os.PathLike) -> None:
         """The folder's labels.txt (one class name per line, line i = class i), written from the saved id2label, so

@@ -28,7 +28,7 @@ from hub_vit.paths import listed
 from hub_vit.train.recipe import Recipe
 from hub_vit.variants import ViTSpec
 
-LABELS: tuple[str, ...] = tuple(str(d) for d in range(10))
+LABELS = catalog.DIGIT_LABELS  # the class folders, named as the shipped model's classes
 # what the default model knows, as its domain.json says it after "this model knows"
 DOMAIN_KNOWS = "the handwritten digits 0-9 (8x8 scans from scikit-learn's digits data set)"
 

@@ -97,6 +97,7 @@ def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: st
     """
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     recipe.micro_batch_for(distributed.world_size_from_env())  # a batch that cannot split fails before any setup
+    _check_architecture(architecture, recipe, init)  # was found when the model folder was written, after the run
     if init is not None and is_hub_reference(str(init)):  # fetched into huggingface_hub's cache: a folder from here on
         init = hub_folder(str(init))
     d = distributed.setup(device)
@@ -112,6 +113,16 @@ def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: st
         distributed.teardown(d)
     _raise_stop_signal(result)
     return result
+
+
+def _check_architecture(architecture: str | None, recipe: Recipe, init: str | Path | None) -> None:
+    """ValueError for an `architecture` the model folder could not record: checked against the registered model the
+    run trains, or by name where the model comes from `init` (its spec is known once it is read)."""
+    from hub_vit.catalog import MODELS
+    from hub_vit.folder import check_architecture
+
+    base = recipe.model.partition(".")[0]
+    check_architecture(architecture, MODELS[base].spec if init is None and base in MODELS else None)
 
 
 def _already_complete(plan: _Plan) -> TrainResult | None:
