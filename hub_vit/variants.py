@@ -12,6 +12,8 @@ all read this table; nothing else hard-codes a width or a depth.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, get_args
 
@@ -75,10 +77,22 @@ def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
         raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(repr, choices))}")
 
 
+def _integer(value: object) -> int | None:
+    """`value` as a Python int when it is an integer (numpy's too: `np.int64(10)`), else None; a bool is no integer
+    here."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+
+
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    number = _integer(value)
+    if number is None or number <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return number
+
+
+def _bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):  # "false" is truthy: a class-slot embedding was built for posemb_on_cls="false"
+        raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def to_2tuple(value: int | tuple[int, int] | list[int], name: str = "img_size") -> tuple[int, int]:
@@ -158,10 +172,15 @@ class ViTSpec:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise fields in place once, here
         for name in ("width", "depth", "mlp_dim", "num_heads", "patch_size", "in_chans"):
-            _bounded(name, _positive_int(name, getattr(self, name)))
-        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
+            set_(self, name, _bounded(name, _positive_int(name, getattr(self, name))))
+        num_classes = _integer(self.num_classes)
+        if num_classes is None or num_classes < 0:
             raise ValueError(f"num_classes must be an integer >= 0 (0 = no classifier head), got {self.num_classes!r}")
-        _bounded("num_classes", self.num_classes)
+        set_(self, "num_classes", _bounded("num_classes", num_classes))
+        for name in ("posemb_on_cls", "head_zeroinit"):
+            _bool(name, getattr(self, name))
+        if self.class_token is not None:
+            _bool("class_token", self.class_token)
         set_(self, "img_size", to_2tuple(self.img_size))
         _choice("posemb", self.posemb, POSEMBS)
         _choice("pool_type", self.pool_type, POOL_TYPES)
@@ -179,13 +198,13 @@ class ViTSpec:
         elif self.rep_size is False or self.rep_size == 0:
             set_(self, "rep_size", None)
         elif self.rep_size is not None:
-            _bounded("rep_size", _positive_int("rep_size", self.rep_size))
+            set_(self, "rep_size", _bounded("rep_size", _positive_int("rep_size", self.rep_size)))
         if self.width % self.num_heads:
             raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.posemb == "sincos2d" and self.width % 4:
             raise ValueError(f"posemb 'sincos2d' needs a width divisible by 4, got {self.width}")
-        if not (isinstance(self.layer_norm_eps, float) and self.layer_norm_eps > 0):
-            raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
+        if not (isinstance(self.layer_norm_eps, float) and 0 < self.layer_norm_eps < math.inf):
+            raise ValueError(f"layer_norm_eps must be a positive, finite float, got {self.layer_norm_eps!r}")
         check_image_size(self.img_size, self.patch_size)
 
     # ----------------------------------------------------------------------------------------------------------------

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import numpy as np
+import pytest
+import timm
+
+import hub_vit  # noqa: F401  (registers the timm models)
 from hub_vit.variants import SIZES, ViTSpec, parse_variant
 
 # big_vision models/vit.py::decode_variant, copied by hand from the research notes (width, depth, mlp, heads).
@@ -76,3 +81,22 @@ def test_bad_specs_name_the_problem_and_the_choices(variant: str, switches: dict
 def test_width_must_split_into_heads() -> None:
     with pytest.raises(ValueError, match="width 100 is not divisible by num_heads 3"):
         ViTSpec(width=100, depth=1, mlp_dim=10, num_heads=3, patch_size=4, img_size=8)
+
+
+@pytest.mark.parametrize(("field", "value"), [("posemb_on_cls", "false"), ("head_zeroinit", "false"),
+                                              ("class_token", "yes"), ("posemb_on_cls", 1)])
+def test_a_switch_must_be_a_bool(field: str, value: object) -> None:
+    # was: "false" is truthy, so posemb_on_cls="false" built a class-slot position embedding (the opposite)
+    with pytest.raises(ValueError, match=f"{field} must be True or False, got {value!r}"):
+        timm.create_model("hub_vit", variant="mu/8", img_size=32, **{field: value})
+
+
+def test_numpy_integers_are_integers_and_an_infinite_eps_is_refused() -> None:
+    # was: "num_classes must be an integer >= 0 ..., got 10" for np.int64(10), which timm's own ViT accepts
+    model = timm.create_model("simplevit_ti16", num_classes=np.int64(10))
+    assert model.head.out_features == 10 and type(model.spec.num_classes) is int
+    spec = ViTSpec(width=np.int64(32), depth=2, mlp_dim=64, num_heads=2, patch_size=8, img_size=32,
+                   rep_size=np.int32(8))
+    assert json.loads(json.dumps(spec.to_dict()))["width"] == 32 and spec.rep_size == 8
+    with pytest.raises(ValueError, match="layer_norm_eps must be a positive, finite float, got inf"):
+        spec.replace(layer_norm_eps=float("inf"))  # every logit came out 0
