@@ -644,6 +644,19 @@ def test_float_images_are_zero_to_one_whatever_their_values() -> None:
         processor(np.full((32, 32, 3), 127.5, np.float32))
 
 
+def test_a_pil_float_image_in_0_1_is_refused_and_a_boolean_mask_is_white() -> None:
+    # was: Pillow reads mode "F" as 0..255, so a [0, 1] float image came out black (-1 everywhere), as did a 3-D
+    # bool array (0 or 1 of 255)
+    from hub_vit.catalog import default_model_folder
+
+    processor = AutoImageProcessor.from_pretrained(default_model_folder())
+    with pytest.raises(ValueError, match=r"a PIL float image \(mode 'F'\) holding 0.8 .. 0.8: Pillow reads such"):
+        processor(Image.fromarray(np.full((32, 32), 0.8, np.float32), "F"))
+    on_255 = processor(Image.fromarray(np.full((32, 32), 0.8 * 255, np.float32), "F"))["pixel_values"]
+    assert torch.allclose(on_255, processor(np.full((32, 32), 0.8, np.float32))["pixel_values"])  # Pillow's own scale
+    assert processor(np.ones((32, 32, 3), bool))["pixel_values"].min() == 1.0
+
+
 def test_interpolate_pos_encoding_is_accepted_as_vit_code_passes_it() -> None:
     from hub_vit.catalog import default_model_folder
 

@@ -213,7 +213,7 @@ class HubViTImageProcessor(BaseImageProcessor):
         if not batch_images:
             raise ValueError("no images given; pass a PIL image, an array or a list of them")
         for image in batch_images:
-            pil = image if hasattr(image, "convert") else _to_pil(_as_numpy(image))
+            pil = _check_float_mode(image) if hasattr(image, "convert") else _to_pil(_as_numpy(image))
             pil = to_8bit(pil).convert("RGB" if channels == 3 else "L")  # 16-bit grey: scaled, not clipped to white
             if settings["do_resize"]:
                 _check_resize(settings, *pil.size)
@@ -384,11 +384,11 @@ def _as_numpy(image: Any) -> np.ndarray:
         image = image.detach().cpu()
         image = (image.float() if image.dtype in (torch.bfloat16, torch.float16) else image).numpy()  # numpy: no bf16
     array = np.asarray(image)
+    if array.dtype == np.bool_:  # a mask: True is white (to_pil_image read a 3-D one as 0 or 1 of 255: black)
+        array = array.astype(np.uint8) * 255
     if np.issubdtype(array.dtype, np.floating):
         array = _float_to_uint8(array)
     if array.ndim == 2:
-        if array.dtype == np.bool_:
-            array = array.astype(np.uint8) * 255
         return array if array.dtype in (np.uint8, np.uint16) else array[..., None]  # floats: (H, W, 1)
     if array.ndim == 3 and array.shape[0] not in (1, 3) and array.shape[-1] not in (1, 3):
         # RGBA: as a PIL image it is composited onto white like every transparent image; slicing the alpha off would
@@ -398,6 +398,22 @@ def _as_numpy(image: Any) -> np.ndarray:
         raise ValueError(f"expected an RGB or grayscale image (H, W, 3) / (3, H, W) / (H, W), got shape "
                          f"{array.shape}{alpha}")
     return array
+
+
+def _check_float_mode(image: Any) -> Any:
+    """A PIL image, refused when it is a float image (mode "F") Pillow would misread: Pillow takes its values as
+    0..255 (`convert("F")` of a greyscale image makes them so) and clips the rest, so one holding [0, 1], the range
+    float arrays have here, came out black."""
+    if getattr(image, "mode", None) != "F":
+        return image
+    low, high = image.getextrema()
+    if not (np.isfinite(low) and np.isfinite(high)):
+        raise ValueError("the float image (PIL mode 'F') holds NaN or infinite values")
+    if 0 < high <= 1 or low < 0 or high > 255:
+        raise ValueError(f"a PIL float image (mode 'F') holding {low:g} .. {high:g}: Pillow reads such images as "
+                         "0..255 and clips the rest; pass its array (np.asarray(image)), read as [0, 1] floats, or "
+                         "image.point(lambda v: v * 255) for a [0, 1] one")
+    return image
 
 
 def _float_to_uint8(array: np.ndarray) -> np.ndarray:
