@@ -382,3 +382,34 @@ def test_cli_bad_opset_or_image_leaves_no_folder(tmp_path: Path) -> None:
                                       f"{images / 'photo.heic'}; convert it to JPEG, PNG, WebP, BMP or GIF") in \
         " ".join(result.output.split()), result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_bf16_model_exports_as_its_float32_copy(tmp_path: Path) -> None:
+    # was: a TorchExportError with the reason buried in it (torchscript: "Input type (float) and bias type
+    # (c10::BFloat16)"); the graph is fp32 whatever the model's dtype, and the model is left as it is
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTSpec(**TINY))
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    model = model.eval().to(torch.bfloat16)
+    path = export_onnx(model, tmp_path / "bf16.onnx")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        reference = model.float()(x).numpy()  # the bf16 weights, read as float32
+    got = ort.InferenceSession(str(path)).run(None, {"pixel_values": x.numpy()})[0]
+    assert np.abs(got - reference).max() < 1e-4
+
+
+def test_export_variants_takes_a_transformers_model_and_names_a_plan_of_the_wrong_type(tmp_path: Path) -> None:
+    # was: AttributeError ("no attribute 'head_is_constant'"; "'list' object has no attribute 'providers'")
+    from transformers import AutoModelForImageClassification
+
+    from hub_vit.catalog import default_model_folder
+
+    model = AutoModelForImageClassification.from_pretrained(default_model_folder())
+    report = export_variants(model, tmp_path / "hf", ExportPlan.of(["fp32"]), VerificationSet(n_random=2, n_photos=2))
+    assert [o.written for o in report.variants] == [True]
+    with pytest.raises(TypeError, match=r"plan must be an ExportPlan \(ExportPlan.of\(\[...\]\) from variant names\), "
+                                        "got list"):
+        export_variants(model, tmp_path / "list", ["fp32"])  # type: ignore[arg-type]
+    assert not (tmp_path / "list").exists()

@@ -78,6 +78,19 @@ def output_names(model: VisionTransformer, with_attentions: bool, with_token_mea
     return names + ([TOKEN_MEANS] if with_token_means else [])
 
 
+def float32_cpu(model: VisionTransformer) -> VisionTransformer:
+    """`model` itself when its weights are float32 on the CPU, else a float32 CPU copy of it (the model is left as it
+    is): the graphs hub-vit writes are fp32, and a bf16 / fp16 or CUDA model failed deep in the exporter ("Input type
+    (float) and bias type (c10::BFloat16)")."""
+    if all(t.dtype == torch.float32 and t.device.type == "cpu" for t in model.state_dict().values()):
+        return model
+    copy = VisionTransformer(model.spec)
+    copy.load_state_dict({k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()})
+    if hasattr(model, "pretrained_cfg"):  # the data config the export records beside the graph
+        copy.pretrained_cfg = model.pretrained_cfg
+    return copy.train(model.training)
+
+
 def _check_args(model: VisionTransformer, opset: int, dynamic_size: bool, exporter: str) -> None:
     if isinstance(opset, bool) or not isinstance(opset, int) or opset < MIN_OPSET:
         raise ValueError(f"opset must be an integer >= {MIN_OPSET} (one LayerNormalization op), got {opset!r}")
@@ -209,7 +222,7 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, opset: int = 17, dy
     """
     import onnx
 
-    model = vision_transformer_of(model, "export_onnx")
+    model = float32_cpu(vision_transformer_of(model, "export_onnx"))
     _check_args(model, opset, dynamic_size, exporter)
     path = Path(path)
     was_training = model.training

@@ -32,11 +32,11 @@ from hub_vit.export.export_folder import (
     writable_dir,
 )
 from hub_vit.export.metadata import REPORT_SUFFIX, model_metadata
-from hub_vit.export.onnx_export import ATTENTIONS, export_onnx, graph_opset, logits_subgraph, quiet_loggers
+from hub_vit.export.onnx_export import ATTENTIONS, export_onnx, float32_cpu, graph_opset, logits_subgraph, quiet_loggers
 from hub_vit.export.plan import ExportPlan, VerificationSet
 from hub_vit.export.probe import PRE_LOGITS, drop_pre_logits, expose_pre_logits
 from hub_vit.export.verify import Evidence, check_providers, gather_evidence, ort_outputs, ort_session, torch_outputs
-from hub_vit.model import VisionTransformer
+from hub_vit.model import VisionTransformer, vision_transformer_of
 from hub_vit.openvino_runtime import OpenVINOSession, ir_files
 
 ATTENTIONS_VARIANT = "attentions"  # `<stem>.attentions.onnx`, written with --attentions
@@ -112,6 +112,12 @@ def export_variants(model: VisionTransformer, out_dir: str | Path, plan: ExportP
     eval transform recorded for serving (`hub_vit.export.metadata.model_metadata`; default: the model's own
     `pretrained_cfg`, no labels).
     """
+    if not isinstance(plan, ExportPlan):  # a list of names: "'list' object has no attribute 'providers'"
+        raise TypeError(f"plan must be an ExportPlan (ExportPlan.of([...]) from variant names), got "
+                        f"{type(plan).__name__}")
+    if not isinstance(check, VerificationSet):
+        raise TypeError(f"check must be a VerificationSet, got {type(check).__name__}")
+    model = float32_cpu(vision_transformer_of(model, "export_variants"))  # a transformers HubViT model: its .vit
     if plan.providers:
         check_providers(plan.providers)  # before the output folder exists: a bad provider would fail every variant
     # likewise the images and their fp32 reference: a constant (zero) head would "pass" every variant vacuously
