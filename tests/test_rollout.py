@@ -278,3 +278,24 @@ def test_a_transformers_model_is_explained_as_the_module_it_holds() -> None:
     torch.testing.assert_close(gradient_rollout(wrapper, x).maps, gradient_rollout(model, x).maps, atol=0, rtol=0)
     with pytest.raises(TypeError, match="attention_rollout needs a hub-vit VisionTransformer .* got Linear"):
         attention_rollout(torch.nn.Linear(2, 2), x)
+
+
+def test_maps_explain_the_prediction_whatever_mode_the_model_is_in() -> None:
+    # was: a model built with drop_path_rate and left in training mode (timm builds in training mode) gave another
+    # map and other logits on every call
+    import timm
+
+    model = timm.create_model("simplevit_digits", pretrained=True, drop_path_rate=0.5).train()
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        reference = model.eval()(x)
+    model.train()
+    for rollout in (attention_rollout, gradient_rollout):
+        first, second = rollout(model, x), rollout(model, x)
+        assert torch.equal(first.maps, second.maps) and torch.allclose(first.logits, reference, atol=1e-6)
+        assert model.training  # its own mode again
+    with pytest.raises(TypeError, match="attention_rollout takes the pixels as a torch.Tensor .* got ndarray: "
+                                        r"torch.from_numpy\(array\)"):
+        attention_rollout(model, x.numpy())
+    with pytest.raises(ValueError, match="labels must be integer class indices .* got '3'"):
+        gradient_rollout(model, x, labels="3")

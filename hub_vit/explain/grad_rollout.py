@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hub_vit.explain.rollout import RolloutResult, model_grid, readout_row
+from hub_vit.explain.rollout import RolloutResult, check_pixels_tensor, model_grid, predicting, readout_row
 
 
 def weighted_attention(attn: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -54,7 +54,11 @@ def _check_labels(labels: torch.Tensor | Sequence[int] | int | None, logits: tor
     B, C = logits.shape
     if labels is None:
         return logits.argmax(dim=-1)
-    given = torch.as_tensor(labels, device=logits.device).reshape(-1)
+    try:
+        given = torch.as_tensor(labels, device=logits.device).reshape(-1)
+    except (TypeError, ValueError, RuntimeError):  # "3": "new(): invalid data type 'str'"
+        raise ValueError(f"labels must be integer class indices (an int, a list of them or a tensor), got "
+                         f"{labels!r}") from None
     if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
         raise ValueError(f"labels must be integer class indices, got {given.dtype} values {given.tolist()[:8]}")
     given = given.long()
@@ -71,17 +75,18 @@ def gradient_rollout(model: torch.nn.Module, x: torch.Tensor,
     """Class-specific maps for `labels` (one per image, or one for all; default: each image's top-1 class).
 
     Returns a `RolloutResult` whose `layer_maps` holds just the final map (B, 1, grid_h, grid_w). `model`: a hub-vit
-    `VisionTransformer`, or a transformers HubViT model (its `.vit`).
+    `VisionTransformer`, or a transformers HubViT model (its `.vit`). The pass runs in eval mode (`predicting`).
     """
     from hub_vit.model import vision_transformer_of
 
     model = vision_transformer_of(model, "gradient_rollout")
+    x = check_pixels_tensor(x, "gradient_rollout")
     if model.spec.num_classes == 0:
         raise ValueError("gradient rollout needs a classifier head; this model has num_classes=0")
     if torch.is_inference_mode_enabled():  # enable_grad cannot lift it, and the backward pass would fail obscurely
         raise RuntimeError("gradient rollout needs autograd: call it outside torch.inference_mode() "
                            "(torch.no_grad() is fine)")
-    with torch.enable_grad():
+    with torch.enable_grad(), predicting(model):
         # The input is made a leaf that requires grad, so the graph exists even when the weights are frozen.
         x = x.detach().requires_grad_(True)
         out = model.forward_all(x, output_attentions=True)

@@ -21,7 +21,8 @@ columns (the class token) are never dropped: dropping them would cut the very pa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -188,6 +189,28 @@ class RolloutResult:
     layer_maps: torch.Tensor  # (B, depth, grid_h, grid_w): rollout through blocks 1..l+1
 
 
+def check_pixels_tensor(x: object, caller: str) -> torch.Tensor:
+    """`x` when it is a torch tensor, else a TypeError saying how to make one (a numpy array reached the model as
+    "'numpy.ndarray' object has no attribute 'is_floating_point'")."""
+    if not isinstance(x, torch.Tensor):
+        hint = ": torch.from_numpy(array), channels first" if type(x).__module__ == "numpy" else ""
+        raise TypeError(f"{caller} takes the pixels as a torch.Tensor (B, C, H, W) in [-1, 1], got "
+                        f"{type(x).__name__}{hint}")
+    return x
+
+
+@contextlib.contextmanager
+def predicting(model: torch.nn.Module) -> Iterator[None]:
+    """`model` in eval mode for the block, its own mode again after: a map explains the prediction, and dropout or
+    stochastic depth (a model built with `drop_path_rate`, left in training mode) made every call's map another."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
 def model_grid(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
     """The patch grid of input `x` (B, C, H, W) for `model` (any size that tiles into patches)."""
     patch = model.spec.patch_size
@@ -198,13 +221,15 @@ def model_grid(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
 def attention_rollout(model: torch.nn.Module, x: torch.Tensor, head_fusion: str = "mean",
                       discard_ratio: float = 0.0) -> RolloutResult:
     """One forward pass of a hub-vit `VisionTransformer` (or a transformers HubViT model: its `.vit`) on (B, C, H, W)
-    `x` in [-1, 1], and its rollout maps."""
+    `x` in [-1, 1], and its rollout maps. The pass runs in eval mode (`predicting`)."""
     from hub_vit.model import vision_transformer_of
 
     model = vision_transformer_of(model, "attention_rollout")
+    x = check_pixels_tensor(x, "attention_rollout")
     check_head_fusion(head_fusion)
     check_discard_ratio(discard_ratio)
-    out = model.forward_all(x, output_attentions=True)
+    with predicting(model):
+        out = model.forward_all(x, output_attentions=True)
     layer_maps = rollout_from_attentions(
         out.attentions, model_grid(model, x), readout_type=model.spec.pool_type,
         num_prefix_tokens=model.num_prefix_tokens, pool_attention=out.pool_attention,
