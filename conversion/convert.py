@@ -117,7 +117,16 @@ def convert_view(view: CanonicalView, spec: ViTSpec | None = None, *, img_size: 
                  num_classes: int | None = None, drop_pre_logits: bool = False, variant: str | None = None
                  ) -> Conversion:
     """Convert a canonical view. With `spec`, the result fits that spec (used by timm's `custom_load`); otherwise
-    the architecture is inferred and `img_size` / `num_classes` / `drop_pre_logits` adjust it."""
+    the architecture is inferred and `img_size` / `num_classes` / `drop_pre_logits` adjust it (with `spec`, they are
+    refused: the spec says them)."""
+    if spec is not None and not isinstance(spec, ViTSpec):  # a dict or "S/16" failed as "no attribute 'img_size'"
+        raise TypeError(f"spec must be a ViTSpec (ViTSpec.from_dict(d), ViTSpec.from_variant('S/16')), got "
+                        f"{type(spec).__name__} {spec!r:.80}")
+    if spec is not None and (img_size is not None or num_classes is not None or drop_pre_logits):
+        given = [name for name, value in (("img_size", img_size), ("num_classes", num_classes),
+                                          ("drop_pre_logits", drop_pre_logits)) if value not in (None, False)]
+        raise ValueError(f"{', '.join(given)} adjust an inferred architecture; with spec= they were ignored: put them "
+                         f"in the spec (spec.replace(img_size=...)), or leave spec out")
     hint = spec.img_size if spec is not None else img_size
     source, src_grid = infer_from_view(view, hint)
     if variant is not None:
@@ -221,6 +230,9 @@ def load_checkpoint(path: str | Path, spec: ViTSpec | None = None) -> dict[str, 
     """Any weights file as a hub-vit state dict: a Google `.npz` converted to fit `spec` (see `convert_npz_file`),
     `.safetensors` / `.pt` / `.pth` / `.bin` read by `hub_vit.weights.load_weights_file`. timm's `custom_load` and
     `--init` / export of a weights file read through this."""
+    if Path(path).is_dir():  # was "does not exist", of a folder that does
+        raise IsADirectoryError(f"{str(path)!r} is a folder, not a weights file; a hub-vit model folder loads with "
+                                "hub_vit.load_model_folder")
     if Path(path).suffix.lower() == ".npz":
         if not Path(path).is_file():
             raise FileNotFoundError(f"weights file {str(path)!r} does not exist")

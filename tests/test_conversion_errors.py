@@ -137,6 +137,25 @@ def test_spec_disagreement_names_both() -> None:
     assert "width 64 (checkpoint) vs 384 (model)" in str(info.value)
 
 
+def test_a_spec_of_the_wrong_type_or_with_options_it_overrides_is_named(tmp_path: Path) -> None:
+    # was: AttributeError "'dict' object has no attribute 'img_size'"; img_size / num_classes beside a spec were
+    # ignored without a word; a folder was "a weights file that does not exist"
+    from hub_vit.conversion import load_checkpoint
+    from hub_vit.conversion.infer import infer_spec
+
+    spec = infer_spec(read_npz(GOOD))
+    for wrong in (spec.to_dict(), "mu/8"):
+        with pytest.raises(TypeError, match=r"spec must be a ViTSpec \(ViTSpec.from_dict\(d\)"):
+            convert_npz_file(GOOD, wrong)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="img_size, num_classes adjust an inferred architecture; with spec= they were "
+                                         "ignored"):
+        convert_npz_file(GOOD, spec, img_size=96, num_classes=3)
+    assert convert_npz_file(GOOD, spec.replace(img_size=(96, 96)))["pos_embed"].shape[1] > \
+        convert_npz_file(GOOD, spec)["pos_embed"].shape[1]
+    with pytest.raises(IsADirectoryError, match="is a folder, not a weights file; a hub-vit model folder loads with"):
+        load_checkpoint(tmp_path)
+
+
 def test_existing_output_folder_is_not_touched(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
