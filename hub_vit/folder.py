@@ -115,6 +115,39 @@ def check_architecture(architecture: str | None, spec: ViTSpec | None) -> str | 
     return architecture
 
 
+def _check_pretrained_cfg(cfg: Mapping[str, Any], spec: ViTSpec) -> None:
+    """ValueError for a `pretrained_cfg` given to `save_model_folder` that the folder's readers would misread: a key
+    that is no timm `pretrained_cfg` field (a misspelt `crop_pctt` was saved, and `crop_pct` lost), or a mean / std
+    that is not one number or one per input channel (timm's transform failed on the folder, or "could not convert
+    string to float")."""
+    import dataclasses
+    import difflib
+
+    from timm.models._pretrained import PretrainedCfg
+
+    from hub_vit.data_config import DataConfig
+
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"pretrained_cfg must be a dict of timm pretrained_cfg fields, got {type(cfg).__name__}")
+    fields = [f.name for f in dataclasses.fields(PretrainedCfg)]
+    for key in cfg:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(fields)}"
+            raise ValueError(f"pretrained_cfg key {key!r} is not a timm pretrained_cfg field{hint}")
+    for name in ("mean", "std"):
+        value = cfg.get(name)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if value is not None and (len(values) not in (1, spec.in_chans) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
+            raise ValueError(f"pretrained_cfg {name} must be one number or {spec.in_chans} (one per input channel), "
+                             f"got {value!r}")
+    try:  # crop_pct, interpolation, crop_mode, a zero std: the one reader's checks
+        DataConfig.from_pretrained_cfg({k: v for k, v in cfg.items() if k != "input_size"}, spec)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"pretrained_cfg: {exc}") from None
+
+
 def _check_extra_files(extra_files: Mapping[str, ExtraFile] | None) -> dict[str, ExtraFile]:
     extra = dict(extra_files or {})
     reserved = _reserved_names()
@@ -242,6 +275,8 @@ def save_model_folder(
         labels = list(own_labels)
     if pretrained_cfg is None:
         pretrained_cfg = own
+    else:
+        _check_pretrained_cfg(pretrained_cfg, spec)
     checked_labels = _check_labels(labels, spec)
     arch = check_architecture(architecture, spec)
     extra = _check_extra_files(extra_files)

@@ -449,3 +449,22 @@ def test_the_shipped_model_built_by_name_saves_its_class_names(tmp_path) -> None
     save_model_folder(timm.create_model("simplevit_digits", pretrained=True), tmp_path / "digits")
     shipped = (default_model_folder() / "labels.txt").read_text().split()
     assert load_model_folder(tmp_path / "digits")[1].labels == shipped == [str(d) for d in range(10)]
+
+
+@pytest.mark.parametrize(("cfg", "said"), [
+    ({"crop_pctt": 0.9}, "pretrained_cfg key 'crop_pctt' is not a timm pretrained_cfg field; did you mean 'crop_pct'?"),
+    ({"mean": [0.5] * 4}, "pretrained_cfg mean must be one number or 3 (one per input channel), got [0.5, 0.5, 0.5, "),
+    ({"std": "x"}, "pretrained_cfg std must be one number or 3 (one per input channel), got 'x'"),
+    ({"interpolation": "cubic"}, "pretrained_cfg: unknown interpolation 'cubic'; valid choices: bilinear"),
+])
+def test_a_pretrained_cfg_the_folder_s_readers_would_misread_is_refused(tmp_path, cfg, said) -> None:
+    # was: written as given: a misspelt key lost the setting, a 4-value mean broke timm's transform on the folder,
+    # "could not convert string to float: 'x'" named no field
+    import timm
+
+    from hub_vit.folder import save_model_folder
+
+    model = timm.create_model("simplevit_digits", pretrained=True)
+    with pytest.raises(ValueError) as caught:
+        save_model_folder(model, tmp_path / "out", pretrained_cfg=cfg)
+    assert said in str(caught.value) and not (tmp_path / "out").exists()
