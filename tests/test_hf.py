@@ -693,3 +693,14 @@ def test_a_head_resized_through_vit_saves_a_folder_that_loads_back(tmp_path) -> 
     with pytest.raises(ValueError, match=r"this classifier's head was removed \(vit.reset_classifier\(0\)\)"):
         model.save_pretrained(tmp_path / "none")
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize(("fields", "said"), [
+    (dict(num_classes=5, num_labels=3), "num_classes=5 and num_labels=3 are the same setting"),
+    (dict(width=32, hidden_size=64, num_heads=2), "hidden_size=64 and width=32 are the same setting"),
+])
+def test_a_field_and_its_transformers_name_at_two_values_are_refused(fields, said) -> None:
+    # was: one of them silently won (5 labels; width 64)
+    with pytest.raises(ValueError, match=said):
+        HubViTConfig(**fields)
+    assert HubViTConfig(width=32, hidden_size=32, num_heads=2).width == 32  # the same value twice is one setting

@@ -167,7 +167,11 @@ class HubViTConfig(PreTrainedConfig):
             bad, guess = next(iter(typos.items()))
             raise ValueError(f"unknown HubViTConfig field {bad!r} (did you mean {guess!r}?); "
                              f"valid architecture fields: {', '.join(SPEC_FIELDS)}")
+        self._refuse_disagreeing_aliases(kwargs)
         num_classes = kwargs.pop("num_classes", None)
+        if num_classes is not None and kwargs.get("num_labels", num_classes) != num_classes:
+            raise ValueError(f"num_classes={num_classes} and num_labels={kwargs['num_labels']} are the same setting "
+                             "(timm's and transformers' names for it); pass one of them")
         if self.id2label is None and "num_labels" not in kwargs:
             kwargs["num_labels"] = _DEFAULT.num_classes if num_classes is None else num_classes
         elif num_classes is not None and self.id2label is not None and len(self.id2label) != num_classes:
@@ -180,6 +184,17 @@ class HubViTConfig(PreTrainedConfig):
         self.img_size = list(spec.img_size)
         self.class_token = spec.class_token
         self.rep_size = spec.rep_size
+
+    def _refuse_disagreeing_aliases(self, kwargs: dict[str, Any]) -> None:
+        """ValueError for a transformers name (`hidden_size`) given beside its hub-vit field (`width`) at another value
+        than the field's own: one of them was dropped without a word (the alias won). A field at its default counts
+        as not given."""
+        for alias, name in self.attribute_map.items():
+            if alias in kwargs and name in SPEC_FIELDS:
+                value, default = getattr(self, name), getattr(type(self), name, None)
+                if value != default and kwargs[alias] != value:
+                    raise ValueError(f"{alias}={kwargs[alias]!r} and {name}={value!r} are the same setting "
+                                     f"(transformers' and hub-vit's names for it); pass one of them")
 
     def validate_fields(self) -> None:
         """transformers' `validate()`, which `save_pretrained` runs: the checks `__post_init__` makes, again, for
