@@ -174,3 +174,12 @@ def test_a_call_after_close_says_the_client_was_closed(protocol: str) -> None:
             await aio.statistics()
 
     asyncio.run(after_close())
+
+
+@pytest.mark.parametrize("connections", [0, -3, "10", 2.5, True])
+def test_async_client_connections_must_be_a_positive_integer(connections) -> None:
+    # was: 0 and -3 silently made 1; "10" a TypeError "'>' not supported between 'str' and 'int'" at the first request
+    from hub_vit.server.client import AsyncClassifier
+
+    with pytest.raises(ValueError, match=f"connections must be an integer >= 1 .*, got {connections!r}"):
+        AsyncClassifier("127.0.0.1:8000", connections=connections)

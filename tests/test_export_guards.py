@@ -113,8 +113,8 @@ def test_cli_unavailable_provider_is_refused_before_anything_is_built(tmp_path: 
     (("--seed", "18446744073709551616"), "--seed must be between 0 and 18446744073709551615 (2**64 - 1), got "
                                          "18446744073709551616"),
     # was one message for the three flags, naming none
-    (("--photos", "-5"), "--photos must be >= 0, got -5"),
-    (("--calibration", "-1"), "--calibration must be >= 0, got -1"),
+    (("--photos", "-5"), "--photos must be an integer >= 0, got -5"),
+    (("--calibration", "-1"), "--calibration must be an integer >= 0, got -1"),
     (("--random-inputs", "0", "--photos", "0"), "--random-inputs and --photos are both 0: the verification set would "
                                                  "be empty"),
 ])
@@ -299,3 +299,13 @@ def test_a_named_variant_this_host_cannot_build_is_refused_before_the_export(tmp
     assert "error: --variant bf16 cannot be built on this host: onnxruntime has no bfloat16 MatMul kernel here (this " \
            "host builds fp32, optimized," in text, text
     assert not out.exists()
+
+
+def test_verification_counts_in_python_are_named_by_their_fields() -> None:
+    # was: "--random-inputs must be >= 0" from the Python API (a flag its callers never typed), and 2.5 taken
+    from hub_vit.export.plan import VerificationSet
+
+    with pytest.raises(ValueError, match=r"n_random must be an integer >= 0, got 2.5"):
+        VerificationSet(n_random=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="n_random and n_photos are both 0"):
+        VerificationSet(n_random=0, n_photos=0)

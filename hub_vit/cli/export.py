@@ -9,12 +9,23 @@ import typer
 from rich.markup import escape
 
 from hub_vit.atomic import cannot_create, file_in_the_way
-from hub_vit.cli.app import CANNOT_NOW, DISK_REFUSED_ERRNOS, app, console, download_failed, err_console, fail, given
+from hub_vit.cli.app import (
+    CANNOT_NOW,
+    DISK_REFUSED_ERRNOS,
+    app,
+    console,
+    download_failed,
+    err_console,
+    fail,
+    given,
+    in_flag_words,
+)
 from hub_vit.cli.path_option import given_path
 from hub_vit.cli.tables import print_table
 from hub_vit.export import registry
 from hub_vit.export.plan import ALL
 
+COUNT_FLAGS = {"n_random": "--random-inputs", "n_photos": "--photos", "n_calibration": "--calibration"}
 export_app = typer.Typer(help="Export a model to ONNX (verified variants) or TensorRT.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
@@ -110,7 +121,10 @@ def onnx_cmd(
     try:  # validate everything cheap before building a model
         plan = _checked_flags(variant, given(ctx, "variant"), stem, opset, exporter, out, provider,
                               dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, attentions=attentions)
-        VerificationSet(**counts)  # the counts' own check, before the model is built
+        try:  # the counts' own check, before the model is built
+            VerificationSet(**counts)
+        except ValueError as exc:
+            raise ValueError(in_flag_words(str(exc), COUNT_FLAGS, COUNT_FLAGS)) from None
         src = load_source(source, model_name=model_name, pretrained=pretrained)
         check = verification_set(src, images=images, limit=images_limit, **counts)
         console.print(f"exporting [bold]{escape(src.name)}[/] ({src.kind}, weights: {escape(src.weights)}) -> "

@@ -135,12 +135,12 @@ class VerificationSet:
     classifier: bool = True  # False: no classifier head (num_classes 0): its `logits` are features, no top-1 to judge
 
     def __post_init__(self) -> None:
-        for flag, count in (("--random-inputs", self.n_random), ("--photos", self.n_photos),
-                            ("--calibration", self.n_calibration)):
-            if count < 0:
-                raise ValueError(f"{flag} must be >= 0, got {count}")
+        for name, count in (("n_random", self.n_random), ("n_photos", self.n_photos),
+                            ("n_calibration", self.n_calibration)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:  # 2.5 was taken
+                raise ValueError(f"{name} must be an integer >= 0, got {count!r}")
         if self.n_random + self.n_photos == 0:
-            raise ValueError("--random-inputs and --photos are both 0: the verification set would be empty")
+            raise ValueError("n_random and n_photos are both 0: the verification set would be empty")
         check_seed(self.seed)
 
     @property

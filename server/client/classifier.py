@@ -326,8 +326,11 @@ class AsyncClassifier:
         protocol = resolve_protocol(url, protocol)
         check_timeout(timeout_s)
         check_model_name(model)
+        if isinstance(connections, bool) or not isinstance(connections, int) or connections < 1:  # 0 was made 1
+            raise ValueError(f"connections must be an integer >= 1 (HTTP connections open at once), got "
+                             f"{connections!r}")
         self.module, self.model, self.protocol = _module(protocol, aio=True), model, protocol
-        extra = ({"conn_limit": max(1, connections), "conn_timeout": timeout_s} if protocol == "http"
+        extra = ({"conn_limit": connections, "conn_timeout": timeout_s} if protocol == "http"
                  else {"channel_args": grpc_channel_args()})
         self._make = lambda: self.module.InferenceServerClient(address, ssl=tls, **extra)
         self.url, self._closed = url, False
