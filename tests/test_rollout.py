@@ -299,3 +299,17 @@ def test_maps_explain_the_prediction_whatever_mode_the_model_is_in() -> None:
         attention_rollout(model, x.numpy())
     with pytest.raises(ValueError, match="labels must be integer class indices .* got '3'"):
         gradient_rollout(model, x, labels="3")
+
+
+def test_blend_names_a_batch_of_maps_and_a_map_that_is_not_finite() -> None:
+    # was: torch's own interpolate error for (B, h, w), and a NaN map drawn with a RuntimeWarning
+    from PIL import Image
+
+    from hub_vit.explain import blend
+
+    image = Image.new("RGB", (64, 64))
+    assert blend(image, torch.rand(8, 8)).shape == (64, 64, 3)
+    with pytest.raises(ValueError, match=r"blend draws one map \(grid_h, grid_w\), got shape \(2, 8, 8\)"):
+        blend(image, torch.rand(2, 8, 8))
+    with pytest.raises(ValueError, match="the map holds NaN or infinite values"):
+        blend(image, torch.full((8, 8), float("nan")))

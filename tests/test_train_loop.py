@@ -695,3 +695,10 @@ def test_an_architecture_the_model_folder_cannot_record_is_refused_before_the_ru
         with pytest.raises(ValueError, match=said):
             train(TINY, data, tmp_path / architecture, architecture=architecture, progress=False)
         assert not (tmp_path / architecture).exists()
+
+
+def test_a_recipe_that_is_not_a_recipe_is_named(data: Path, tmp_path: Path) -> None:
+    # was: AttributeError "'dict' object has no attribute 'micro_batch_for'"
+    with pytest.raises(TypeError, match=r"recipe must be a Recipe \(Recipe.from_dict\(d\) for a dict"):
+        train(TINY.to_dict(), data, tmp_path / "run")  # type: ignore[arg-type]
+    assert not (tmp_path / "run").exists()

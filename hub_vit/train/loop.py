@@ -95,6 +95,9 @@ def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: st
     raised again (`stopped_by_signal`): KeyboardInterrupt and SystemExit(143), each with the `TrainResult` as
     `result`.
     """
+    if not isinstance(recipe, Recipe):  # a dict failed as "'dict' object has no attribute 'micro_batch_for'"
+        raise TypeError(f"recipe must be a Recipe (Recipe.from_dict(d) for a dict, VIT_S16_I1K.replace(...) for a "
+                        f"preset), got {type(recipe).__name__}")
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     recipe.micro_batch_for(distributed.world_size_from_env())  # a batch that cannot split fails before any setup
     _check_architecture(architecture, recipe, init)  # was found when the model folder was written, after the run
