@@ -245,8 +245,8 @@ def _file_ref(path: Path, text: str, suffix: str, model_name: str | None,
                              "it: hub_vit.save_model_folder(timm.create_model(NAME, checkpoint_path=FILE), FOLDER), "
                              f"NAME one of {', '.join(_names())} (a Google .npz names its own)")
         if model_name is None and suffix != ".npz":  # a Google .npz names its own architecture (inferred)
-            raise ValueError(f"a weights file needs the architecture: pass --model NAME (one of "
-                             f"{', '.join(_names())})")
+            raise ValueError(f"a weights file needs the architecture: pass --model NAME (in Python model_name=NAME), "
+                             f"one of {', '.join(_names())}")
         if model_name is not None:
             _entry(model_name)
         return ModelRef("npz" if suffix == ".npz" else "weights", str(path.resolve()), model_name=model_name)

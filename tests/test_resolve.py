@@ -91,8 +91,8 @@ def test_weights_file_needs_and_uses_its_architecture(folder: Path, tmp_path: Pa
     reference = VisionTransformer(get_entry("vit_ti16").spec)
     weights = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, str(weights))
-    with pytest.raises(ValueError, match=r"a weights file needs the architecture: pass --model NAME \(one of "
-                                         r"simplevit_ti16, .*vit_ti16"):
+    with pytest.raises(ValueError, match=r"a weights file needs the architecture: pass --model NAME \(in Python "
+                                         r"model_name=NAME\), one of simplevit_ti16, .*vit_ti16"):
         locate(weights)
     with pytest.raises(ValueError, match=r"unknown model 'vit_nope': .* valid names: simplevit_ti16, .*vit_ti16"):
         locate(weights, model_name="vit_nope")
