@@ -140,7 +140,7 @@ def test_cli_prints_paths_with_brackets_verbatim(tmp_path: Path, monkeypatch: py
                       "--seed", "0", "--exporter", "torchscript")
     assert code == 0, text
     assert "Traceback" not in text and "MarkupError" not in text
-    assert "-> [draft] v1" in text and "hub-vit export -> [draft] v1" in text
+    assert "-> [draft] v1" in text and "report: [draft] v1/model.export.json" in text
     assert "cv [/]x/model.safetensors" in text  # the folder's weights path, in the "exporting" line
     assert Path("[draft] v1", "model.onnx").is_file()
 

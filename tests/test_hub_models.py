@@ -69,7 +69,8 @@ def test_rollout_fetches_a_hub_model_once_and_then_runs_it_from_the_cache_withou
                         env=_env(hub.endpoint, cache), cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         fetched = set(hub.fetched("my-org/digits"))
-    assert next(line for line in done.stdout.splitlines() if "│" in line).split()[0] == "4", done.stdout
+    lines = done.stdout.splitlines()  # piped: the labels as tab-separated lines under their header
+    assert lines[lines.index("label\tprobability") + 1].split("\t")[0] == "4", done.stdout
     assert (tmp_path / "out" / "4_1_rollout.png").is_file()
     # what a model folder uses, not its exported graph or its sample images
     assert {"config.json", "model.safetensors", "labels.txt", "domain.json"} <= fetched, fetched
