@@ -154,10 +154,7 @@ def load(key: CacheKey, root: Path | None = None) -> tuple[dict[str, Any], list[
     entry = (root or cache_root()) / key.name
     if not entry.is_dir():
         return None
-    try:
-        record = json.loads((entry / ENTRY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        record = None
+    record = _record(entry)
     why = _damaged(entry, record)
     if why is not None:
         shutil.rmtree(entry, ignore_errors=True)
@@ -214,22 +211,28 @@ def exported_graphs(module: Any, logits: Path, attentions: Path, token_means: bo
     return False
 
 
-def stale(parts: Any, flags: list[str] | None = None) -> str | None:
-    """Why an entry keyed by `parts` can never be reused by this installation on a host with `flags` (default: this
-    one's), or None when a build here may still ask for it. Only the key's parts that no model or request chooses are
-    compared: the entry format, the library versions, the recipe and the CPU's flags (the fp32 graphs' keys have
-    none). On a cache shared by hosts or environments, their entries are stale here."""
-    if not isinstance(parts, dict) or parts.get("format") != FORMAT:
-        return f"another entry format (this hub-vit's is {FORMAT})"
-    built, here = parts.get("libraries"), library_versions()
-    if built != here:
+def installation() -> dict[str, Any]:
+    """The key parts no model or request chooses, as this installation on this host has them: the entry format, the
+    library versions, the recipe and the CPU's flags (read once for a whole listing, not once per entry)."""
+    return {"format": FORMAT, "libraries": library_versions(), "recipe": recipe_digest(), "isa_flags": isa_flags()}
+
+
+def stale(parts: Any, here: dict[str, Any] | None = None) -> str | None:
+    """Why an entry keyed by `parts` can never be reused by `here` (an `installation()`; default: this one), or None
+    when a build here may still ask for it. Only the parts `installation` names are compared (the fp32 graphs' keys
+    have no CPU flags). On a cache shared by hosts or environments, their entries are stale here."""
+    here = here or installation()
+    if not isinstance(parts, dict) or parts.get("format") != here["format"]:
+        return f"another entry format (this hub-vit's is {here['format']})"
+    built = parts.get("libraries")
+    if built != here["libraries"]:
         built = built if isinstance(built, dict) else {}
-        changed = [f"{name} {built.get(name) or 'absent'}" for name, version in here.items()
+        changed = [f"{name} {built.get(name) or 'absent'}" for name, version in here["libraries"].items()
                    if built.get(name) != version]
         return f"built with {', '.join(changed) or 'other libraries'}"
-    if parts.get("recipe") != recipe_digest():
+    if parts.get("recipe") != here["recipe"]:
         return "built by other hub-vit code"
-    if "isa_flags" in parts and parts["isa_flags"] != sorted(isa_flags() if flags is None else flags):
+    if "isa_flags" in parts and parts["isa_flags"] != here["isa_flags"]:
         return "built on another CPU"
     return None
 
@@ -250,6 +253,7 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
     reads back whole (`damaged`: why not) and whether this installation on this host can reuse it (`stale`: why
     not)."""
     root = root or cache_root()
+    here = installation()
     found = []
     for entry in _entry_folders(root):
         record = _record(entry)
@@ -258,7 +262,7 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
         found.append({"entry": str(entry), "bytes": sum(p.stat().st_size for p in entry.iterdir() if p.is_file()),
                       "variant": selection.get("variant") or ("fp32 graphs" if "graphs" in key else None),
                       "requested": key.get("requested"),
-                      "weights": key.get("weights"), "damaged": _damaged(entry, record), "stale": stale(key)})
+                      "weights": key.get("weights"), "damaged": _damaged(entry, record), "stale": stale(key, here)})
     return found
 
 
@@ -272,6 +276,7 @@ def clear(root: Path | None = None, *, only_unusable: bool = False) -> tuple[int
     if not root.is_dir():
         return 0, 0
     removed = others = 0
+    here = installation() if only_unusable else None
     for path in sorted(root.iterdir()):
         is_entry = _ENTRY_NAME.fullmatch(path.name) is not None
         if not path.is_dir() or path.is_symlink() or not (is_entry or _LEFTOVER.fullmatch(path.name)):
@@ -279,12 +284,12 @@ def clear(root: Path | None = None, *, only_unusable: bool = False) -> tuple[int
             continue
         if only_unusable and is_entry:
             record = _record(path)
-            if _damaged(path, record) is None and stale(record.get("key")) is None:
+            if _damaged(path, record) is None and stale(record.get("key"), here) is None:
                 continue
         shutil.rmtree(path)
         removed += is_entry
     return removed, others
 
 
-__all__ = ["CacheKey", "cache_key", "cache_root", "clear", "entries", "exported_graphs", "library_versions", "load",
-           "stale", "store"]
+__all__ = ["CacheKey", "cache_key", "cache_root", "clear", "entries", "exported_graphs", "installation",
+           "library_versions", "load", "stale", "store"]
