@@ -78,8 +78,9 @@ def blend(image: Image.Image | np.ndarray, relevance: torch.Tensor | np.ndarray,
     if len(shape) != 2:  # a batch's maps (B, h, w) reached F.interpolate's own shape error
         raise ValueError(f"blend draws one map (grid_h, grid_w), got shape {shape}; for a batch, blend each image's "
                          "own: result.maps[i]")
-    values = relevance.detach().float() if isinstance(relevance, torch.Tensor) else np.asarray(relevance, np.float32)
-    if not bool(np.isfinite(np.asarray(values)).all()):  # drew a map of NaN with a RuntimeWarning
+    # checked where the map lies: numpy cannot read a CUDA tensor, which the drawing below moves to the CPU itself
+    finite = torch.isfinite(relevance).all() if isinstance(relevance, torch.Tensor) else np.isfinite(relevance).all()
+    if not bool(finite):  # drew a map of NaN with a RuntimeWarning
         raise ValueError("the map holds NaN or infinite values; the model's attentions or gradients were not finite")
     table = colormap_table(colormap)
     rgb = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image)
