@@ -3,6 +3,7 @@ server's rollout maps drawn on the images, as `hub-vit rollout` draws its own)."
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +67,13 @@ def classify(
 
     try:
         try:
-            with Classifier(url, protocol=protocol, model=model, timeout_s=wait_s) as client:
+            with contextlib.ExitStack() as open_client:
+                client = open_client.enter_context(Classifier(url, protocol=protocol, model=model, timeout_s=wait_s))
                 done = classify_files(client, images, timeout_s, concurrency=concurrency, restart_wait_s=wait_s,
                                       on_restart=waiting, on_chunk=lines.write if lines is not None else None,
                                       **request)
+                if done.interrupted:  # left open: the process ends once the answers are shown. Closing it destroys
+                    open_client.pop_all()  # the gevent hubs of the workers Ctrl-C stopped, which crashed it (SIGSEGV)
         except OutputFailed as err:  # stdout's reader went away (`| head`: typer ends quietly), a full disk (one line)
             raise err.__cause__ from None
         except Exception as err:  # before any request: refused, not Triton, the other protocol's port, unknown model
@@ -84,9 +88,15 @@ def classify(
                    _failure(protocol, url, model, done.stopped, len(done.predictions)) if done.stopped else None)
             lines.write(done, unresolved=f"not classified: {why}" if why else None)
         elif done.predictions:
-            _print_table(images, done.predictions, top, f"{model} @ {url} ({protocol})")
-            if explain:
-                _write_explained(images, done.predictions, out, created)
+            try:
+                _print_table(images, done.predictions, top, f"{model} @ {url} ({protocol})")
+                if explain:
+                    _write_explained(images, done.predictions, out, created)
+            except KeyboardInterrupt:  # rich draws the whole table before printing it: 1.7 s for 1,800 files
+                err_console.print(f"interrupted (Ctrl-C) while the answers were shown: {len(done.predictions):,} of "
+                                  f"{len(images):,} files were classified (--json writes each file's line as it is "
+                                  "answered)", soft_wrap=True, markup=False, highlight=False)
+                raise typer.Exit(130) from None
     finally:
         remove_empty_folders(created)  # no overlay written (every request failed): no empty folder left behind
     if lines is None:  # JSON: each file's error is in its line

@@ -248,6 +248,7 @@ class Classifier:
         """The clients of this process: the first (the calling thread's, and gRPC's only), none for other threads."""
         self._pid = os.getpid()
         self._first = self._connect()
+        self._first_thread = threading.current_thread()  # over HTTP, the thread whose client it is
         self._own = threading.local()  # .client: this thread's HTTP client, dropped (and closed) when the thread ends
         self._own.client = self._first
         # (thread, its HTTP client, its gevent hub) for each other thread that made a client: gevent keeps a thread's
@@ -262,6 +263,9 @@ class Classifier:
         ClientClosed after `close` (a closed gRPC channel said "Cannot invoke RPC on closed channel!", an HTTP client
         something else)."""
         if self._closed:
+            own = getattr(self._own, "client", None) if os.getpid() == self._pid else None
+            if own is not None and self.protocol == "http":  # left open by `close` in another thread: closed here
+                own.close()
             raise ClientClosed("Classifier", self.url)
         if os.getpid() != self._pid:
             # a forked child (multiprocessing's fork, gunicorn --preload) holds copies of its parent's connections:
@@ -287,12 +291,17 @@ class Classifier:
         return client
 
     def close(self) -> None:
-        """Close its clients; a second call does nothing, any other call after it raises ClientClosed."""
+        """Close its clients; a second call does nothing, any other call after it raises ClientClosed. Over HTTP, a
+        thread still running keeps its client until its next call (which closes it, then raises ClientClosed) or its
+        end: a geventhttpclient connection is its thread's, and closing it under that thread's request in flight
+        crashed the process (SIGSEGV: Ctrl-C in `hub-vit classify` closes the client while its workers still wait)."""
         self._closed = True
+        here = threading.current_thread()
         with self._made:
-            others = [client for _, client, _ in self._threads]
-        for client in (self._first, *others):
-            client.close()
+            owned = [(self._first_thread, self._first), *((thread, client) for thread, client, _ in self._threads)]
+        for thread, client in owned:
+            if self.protocol == "grpc" or thread is here or not thread.is_alive():  # gRPC's channel is thread-safe
+                client.close()
         self._release_ended_threads()
 
     def _release_ended_threads(self) -> None:
