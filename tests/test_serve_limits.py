@@ -141,6 +141,19 @@ def test_the_request_that_crashes_triton_is_refused_before_it(serve: Serve) -> N
     assert_healthy(serve)
 
 
+def test_a_large_body_sent_as_a_form_does_not_crash_triton(serve: Serve) -> None:
+    # was: `curl --data-binary @request.bin` (Content-Type: application/x-www-form-urlencoded) of a 6 MB photo killed
+    # tritonserver (SIGSEGV), which parses such a body as form fields: every such request restarted it
+    import os
+
+    body, headers = infer_body([1, 1], [os.urandom(6_500_000)])
+    status, text = post(serve.ports[0], "/v2/models/vit/infer", body,
+                        headers | {"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 400 and "image 0" in text, text  # the image's own refusal: its bytes are no image
+    assert "restarting" not in serve.text and "SIGSEGV" not in serve.text, serve.text
+    assert_healthy(serve)
+
+
 def test_grpc_requests_that_crash_or_mislead_triton_are_refused_before_it(serve: Serve) -> None:
     # was: gRPC went to Triton as is: the classification extension on `labels` killed it (SIGFPE), a `[0, 1]` shape
     # carrying one image was answered with rank-1 outputs

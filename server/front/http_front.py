@@ -54,7 +54,7 @@ from hub_vit.server.front.checks import (
     unreachable,
     wants_classification,
 )
-from hub_vit.server.front.http_upstream import NOT_RELAYED, Answer, Exchange, Upstream
+from hub_vit.server.front.http_upstream import NOT_RELAYED_TO_TRITON, Answer, Exchange, Upstream
 from hub_vit.server.front.limits import FrontLimits
 from hub_vit.server.front.refusals import Refusals
 from hub_vit.server.front.remembered import Remembered
@@ -382,7 +382,7 @@ class Client(asyncio.Protocol):
         lower = name.lower()
         request.fields.setdefault(lower, value)
         request.head_size += len(name) + len(value) + 4
-        if lower not in NOT_RELAYED:
+        if lower not in NOT_RELAYED_TO_TRITON:
             request.relayed.append((name, value))
 
     def on_headers_complete(self) -> None:

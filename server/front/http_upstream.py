@@ -16,6 +16,10 @@ from hub_vit.server.front.remembered import Remembered
 # Headers the front sets itself on what it relays: hop-by-hop ones (RFC 9110 section 7.6.1) and the framing
 NOT_RELAYED = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade", b"transfer-encoding",
                b"content-length", b"expect"}
+# ... and on a request, its Content-Type too: Triton reads no body by it, and parses an
+# `application/x-www-form-urlencoded` one (curl --data-binary's default) as form fields, which crashed it (SIGSEGV)
+# from about 6 MB
+NOT_RELAYED_TO_TRITON = NOT_RELAYED | {b"content-type"}
 
 
 class Pool(Protocol):
