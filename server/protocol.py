@@ -48,6 +48,7 @@ SERVER = "server"
 TOO_LARGE = "too-large"
 PORT = "port"
 RESTARTING, SHUTTING_DOWN = "restarting", "shutting-down"
+LOST_IN_FLIGHT = "lost-in-flight"  # the server died with the request: it may have been computed, or be what killed it
 SERVER_STATES = (RESTARTING, SHUTTING_DOWN)
 
 EXPLAIN_PARAMETER = "explain"
@@ -154,6 +155,17 @@ def read_server_state(message: str) -> str | None:
     fact = read(message)
     state = None if fact is None or fact.name != SERVER else fact.fields.get("state")
     return state if state in SERVER_STATES else None
+
+
+def lost_in_flight(sentence: str) -> str:
+    """The gate's answer for a request its server took and died with (HTTP 502, gRPC UNAVAILABLE): unlike a
+    restarting server's answer, it is not safe to send again unasked."""
+    return tagged(LOST_IN_FLIGHT, sentence)
+
+
+def read_lost_in_flight(message: str) -> bool:
+    fact = read(message)
+    return fact is not None and fact.name == LOST_IN_FLIGHT
 
 
 # -- too-large ----------------------------------------------------------------------------------------------------

@@ -467,6 +467,66 @@ def test_a_tritonserver_gone_mid_request_is_named_by_whether_serve_is_stopping(s
         assert status == 502 and "it died? hub-vit serve restarts it" in body["error"], body
 
 
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_request_on_a_pooled_connection_to_a_tritonserver_that_died_is_lost_not_restarting(stopping: bool) -> None:
+    # was: a request in flight on a pooled connection when Triton died was retried on a fresh one, which could not
+    # connect, and answered 503 "restarting": the client's promise that it never reached a server, so `hub-vit
+    # classify` sent it again, to the next server too (it may be what killed the first); while serve stopped as well
+    import asyncio
+    import json
+
+    from hub_vit.server.front.http_front import HttpFront
+    from hub_vit.server.runtime.launcher import free_port
+
+    async def answer(reader: asyncio.StreamReader) -> tuple[int, dict | None]:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+                     .split(b":")[1])
+        body = await reader.readexactly(length)
+        return int(head.split()[1]), json.loads(body) if length else None
+
+    async def scenario() -> tuple[int, dict | None]:
+        front = HttpFront(FrontLimits())
+        taken = asyncio.Event()
+        triton: asyncio.Server | None = None
+
+        async def dying_triton(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")  # the first request: answered, the connection kept (pooled)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")  # the second, on the same connection: the server dies with it
+            assert triton is not None
+            triton.close()  # no new connection can be made: a dead server's port
+            taken.set()
+            await asyncio.sleep(0.1)
+            writer.transport.abort()
+
+        triton = await asyncio.start_server(dying_triton, "127.0.0.1", 0)
+        public = free_port()
+        await front.listen("127.0.0.1", public)
+        await front.upstream("127.0.0.1", triton.sockets[0].getsockname()[1])
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", public)
+            writer.write(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await answer(reader))[0] == 200
+            writer.write(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(taken.wait(), 10)
+            if stopping:
+                front.drain()
+            got = await answer(reader)
+            writer.close()
+            return got
+        finally:
+            await front.close()
+
+    status, body = asyncio.run(scenario())
+    assert body is not None
+    assert protocol.read_server_state(body["error"]) != protocol.RESTARTING, body
+    if stopping:
+        assert status == 503 and "the server stopped before answering (it is shutting down)" in body["error"], body
+    else:
+        assert status == 502 and "it died? hub-vit serve restarts it" in body["error"], body
+
+
 def test_a_grpc_call_still_at_triton_when_the_front_closes_is_answered_shutting_down() -> None:
     # was: past the close's grace the connection was closed under it: the client got grpc's own "Socket closed"
     # (UNAVAILABLE, untagged), which it could not tell from a server that died

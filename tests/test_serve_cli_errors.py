@@ -631,3 +631,16 @@ def test_classify_json_gives_every_file_its_line_when_no_server_answers(tmp_path
     reason = " ".join(result.stderr.split()).removeprefix("error: ")
     assert all(line["error"].startswith("not classified: ") and " ".join(line["error"].split())
                == f"not classified: {reason}" for line in lines), (lines, result.stderr)
+
+
+@pytest.mark.parametrize("protocol, status", [("http", "502"), ("grpc", "StatusCode.UNAVAILABLE")])
+def test_a_request_the_server_died_with_is_named_so_not_blamed_on_the_port(protocol, status):
+    # was: over gRPC, a server that died during the first request was "no gRPC answer ...: is this its gRPC port?"
+    from tritonclient.utils import InferenceServerException
+
+    from hub_vit.server.client.errors import request_failed
+    from hub_vit.server.front.checks import LOST
+
+    text = " ".join(request_failed(protocol, "127.0.0.1:8000", InferenceServerException(LOST, status)).split())
+    assert "the server at 127.0.0.1:8000 died with this request in flight (hub-vit serve restarts it)" in text, text
+    assert "is a server running there" not in text and "[hub-vit" not in text, text

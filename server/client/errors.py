@@ -232,6 +232,10 @@ def request_failed(protocol_name: str, url: str, err: Exception, answered: int =
                 "images: Triton's Python backend passes every batch through it, and this server has too little of it "
                 "for batches this large (hub-vit serve says so at its start); restart the server with more (in a "
                 "container: docker run --shm-size=1g), or send fewer or smaller images per request")
+    if protocol.read_lost_in_flight(_message(err) or ""):  # serve's front: its server died with the request
+        after = f" after {answered:,} image{'s' if answered != 1 else ''}" if answered else ""
+        return (f"{protocol_name} {url}: {text}\nthe server at {url} died with this request in flight{after} "
+                "(hub-vit serve restarts it); the request was not sent again: it may be what killed the server")
     if isinstance(err, InferenceServerException) and err.status() not in (None, "StatusCode.UNAVAILABLE"):
         return f"{protocol_name} {url}: {text}"  # Triton answered (unknown model, bad input, ...): its words suffice
     if answered:

@@ -35,8 +35,9 @@ STOPPED = protocol.server_state(protocol.SHUTTING_DOWN, "the server stopped befo
 # Bodies (HTTP) or messages (gRPC) held for checking past the front's share of max_buffered_bytes: retry shortly
 BUSY = "the server holds too many large requests at once; retry shortly"
 # A request relayed to a server that died before answering (HTTP 502, gRPC UNAVAILABLE): lost, not refused; it may
-# have run, so it is not tagged as a server state a client would simply send again into
-LOST = "tritonserver closed the connection without an answer (it died? hub-vit serve restarts it)"
+# have run (or be what killed it), so its fact is its own, not a server state a client would simply send again into
+LOST = protocol.lost_in_flight("tritonserver closed the connection without an answer (it died? hub-vit serve restarts "
+                               "it)")
 GONE = protocol.server_state(protocol.SHUTTING_DOWN, "the server stopped and is not restarted (--max-restarts 0): "
                                                      "hub-vit serve is shutting down")
 

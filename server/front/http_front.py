@@ -221,8 +221,12 @@ class HttpFront:
                 self.upstreams -= 1
                 if not task.cancelled() and task.exception() is None:
                     task.result()[0].close()
-                # no server where one should be: dead, being replaced, or (no restarts) gone for good
-                exchange.failed(Refused(503, unreachable(self.limits.restarts), close=not self.limits.restarts))
+                if exchange.retried:  # sent on a pooled connection to the server that is gone: lost, not unsent
+                    exchange.failed(exchange.lost_answer())
+                elif self.draining:  # serve is stopping: nothing will answer on this port again
+                    exchange.failed(Refused(503, SHUTTING_DOWN, close=True))
+                else:  # no server where one should be: dead, being replaced, or (no restarts) gone for good
+                    exchange.failed(Refused(503, unreachable(self.limits.restarts), close=not self.limits.restarts))
                 self._next_waiting()
                 return
             exchange.send(task.result()[1], pooled=False)

@@ -53,16 +53,18 @@ class Answer:
 
 class Exchange:
     """One request relayed to Triton: sent on a connection, its answer parsed by llhttp; a pooled connection Triton
-    closed meanwhile is retried once on a fresh one."""
+    closed meanwhile is retried once on a fresh one. Where no fresh one can be made, Triton is gone: the request may
+    have been in flight there (it may be what killed it), so it is answered as lost (`lost_answer`), never as
+    "restarting", which tells a client to send it again."""
 
     __slots__ = ("front", "request", "answered", "failed", "connection", "pooled", "status", "reason", "headers",
-                 "body", "done", "unread")
+                 "body", "done", "unread", "retried")
 
     def __init__(self, front: Pool, request: bytes, answered: Callable[[Answer, bytes], None],
                  failed: Callable[[Refused], None]) -> None:
         self.front, self.request, self.answered, self.failed = front, request, answered, failed
         self.connection: Upstream | None = None
-        self.pooled, self.done = False, False
+        self.pooled, self.done, self.retried = False, False, False
 
     def send_on(self, connection: Upstream | None) -> None:
         if connection is None:
@@ -90,13 +92,17 @@ class Exchange:
         if self.done:
             return
         if self.pooled and not self.status and self.front.upstream_address is not None:
+            self.retried = True
             self.front.connect(self)  # retried once, on a fresh connection (pooled=False there)
             return
         self.done = True
+        self.failed(self.lost_answer())
+
+    def lost_answer(self) -> Refused:
+        """The answer for a request Triton took and never answered."""
         if self.front.draining:  # serve is stopping (a second signal stops Triton at once): nothing restarts it
-            self.failed(Refused(503, STOPPED, close=True))
-            return
-        self.failed(Refused(502, LOST, close=True))
+            return Refused(503, STOPPED, close=True)
+        return Refused(502, LOST, close=True)
 
 
 class Upstream(asyncio.Protocol):
