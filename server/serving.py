@@ -265,11 +265,14 @@ class LogFile:
     """Triton's own log, line by line, into a file (`$TMPDIR/hub-vit-serve-<http port>.log`, replaced at each start,
     so the log of a run is where the user expects it). A file that cannot be replaced safely (a symbolic link
     planted in a shared /tmp, another user's file) gives way to a new file of a unique name. `close(remove=True)`
-    after a clean stop: only the log of a failed run is kept (the temporary folder stays clean)."""
+    after a clean stop: only the log of a failed run is kept (the temporary folder stays clean). The file is made at
+    the first line, once the ports are this run's: a second serve on the same ports, refused, emptied and then removed
+    the running one's log."""
 
     def __init__(self, http_port: int) -> None:
         self.path = log_path(http_port)
-        self._file: IO[str] = self._open()
+        self._file: IO[str] | None = None
+        self._closed = False
 
     def _open(self) -> IO[str]:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
@@ -282,6 +285,10 @@ class LogFile:
 
     def write(self, line: str) -> None:
         """One line, flushed: the file is read while the server runs (`tail -f`) and after a crash."""
+        if self._closed:  # a stub's last words after the run ended are dropped, not an error
+            return
+        if self._file is None:
+            self._file = self._open()
         try:
             self._file.write(line + "\n")
             self._file.flush()
@@ -289,6 +296,9 @@ class LogFile:
             pass
 
     def close(self, *, remove: bool = False) -> None:
+        self._closed = True
+        if self._file is None:  # nothing was written: no file of this run's to keep or remove
+            return
         self._file.close()
         if remove:
             self.path.unlink(missing_ok=True)

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from hub_vit.catalog import default_model_folder
 from hub_vit.server.runtime.launcher import free_port
 from hub_vit.server.runtime.triton_install import has_gpu
-from tests.programs import HUB_VIT, LOG_LINE, serving
+from tests.programs import HUB_VIT, LOG_LINE, Serve, serving
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -43,6 +43,33 @@ def test_the_default_screen_is_a_summary_and_names_the_log_file():
     assert "tritonserver stopped" in text, text
     assert "Started GRPCInferenceService" in written and TRITON_LINE.search(written), written  # Triton's own log
     assert not Path(LOG_LINE.search(text)[1]).exists()  # a clean stop leaves nothing in the temporary folder
+
+
+def test_a_second_serve_refused_its_ports_leaves_the_running_ones_log_alone():
+    # was: two serves started together on the same ports both pass the early port check and build; the one refused
+    # the ports had already opened their log file (emptying it) and removed it on its way out: the running serve's
+    # summary named a log that was gone
+    from hub_vit.server.serving import log_path
+
+    first = Serve(quiet=False)
+    ports = [f"--{name}-port={port}" for name, port in zip(("http", "grpc", "metrics"), first.ports, strict=True)]
+    second = Serve(*ports, quiet=False)  # the last of a flag given twice wins: the first serve's ports
+    try:
+        refused = None
+        deadline = time.monotonic() + 240
+        while refused is None and time.monotonic() < deadline:
+            refused = next((serve for serve in (first, second) if serve.process.poll() is not None), None)
+            time.sleep(0.2)
+        assert refused is not None, "neither serve was refused the ports"
+        assert refused.finish() == 2, refused.text
+        assert "is already served by another hub-vit serve" in " ".join(refused.text.split()), refused.text
+        running = second if refused is first else first
+        running.wait_for("serving model", timeout_s=240)
+        log = log_path(first.ports[0])
+        assert log.exists() and "Started GRPCInferenceService" in log.read_text(), "the running serve's log is gone"
+    finally:
+        first.stop()
+        second.stop()
 
 
 def test_the_summarys_health_line_checks_the_stubs_of_the_repository_served():
