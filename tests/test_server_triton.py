@@ -645,14 +645,17 @@ def test_cli_classify_and_loadtest(server, repo, tmp_path, photos):
         assert (f"{metrics} answers as Triton's metrics port does: give the server's HTTP port. Defaults: HTTP 8000, "
                 "gRPC 8001 (--grpc), metrics 8002") in output, output
     result = runner.invoke(app, ["classify", "--url", server.http_url, "--model", "nope", str(image)])
-    assert result.exit_code == 1 and "unknown model" in result.output and "Defaults" not in result.output
-    # a misspelt --model: the names the server does serve (was Triton's "not found" alone)
-    served = ", ".join(sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file()))
+    assert result.exit_code == 2 and "unknown model" in result.output and "Defaults" not in result.output
+    # a misspelt --model (bad input: exit 2): the names the server serves images on (was Triton's "not found" alone;
+    # then every model, the ensemble's steps too, which take tensors)
+    models = sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file())
+    served = ", ".join(name for name in models if "hub_vit_model" in (repo / name / "config.pbtxt").read_text())
+    assert served and len(served.split(", ")) < len(models), (served, models)
     for command in (["classify", "--url", server.http_url], ["classify", "--grpc", "--url", server.grpc_url],
                     ["loadtest", "--requests", "2", "--url", server.http_url]):
         result = runner.invoke(app, [*command, "--model", "nope", str(image)])
         output = " ".join(result.output.split())
-        assert result.exit_code == 1 and f"the server serves no model 'nope'; models it serves: {served} (--model " \
+        assert result.exit_code == 2 and f"the server serves no model 'nope'; models it serves: {served} (--model " \
             "names one)" in output, (command, output)
 
 

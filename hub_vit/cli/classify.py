@@ -62,7 +62,8 @@ def classify(
     lines = JsonLines(images, top, out if explain else None, created) if json_lines else None
 
     def waiting() -> None:
-        err_console.print(f"note: {url} says its server is restarting; waiting up to {wait_s:g} s (--timeout) for it",
+        err_console.print(f"note: {url} says its server is starting or restarting; waiting up to {wait_s:g} s "
+                          "(--timeout) for it",
                           soft_wrap=True, markup=False, highlight=False)
 
     try:
@@ -130,12 +131,14 @@ def _failure(protocol: str, url: str, model: str, err: Exception, answered: int 
 
 def _refusal(protocol: str, url: str, model: str, err: Exception, lines: JsonLines | None = None) -> typer.Exit:
     """The run ended before any answer: a request this server cannot take (--queue-timeout-ms on a server without a
-    queue policy, --explain on one that explains nothing) is bad input (2, as in loadtest), anything else 1. With
+    queue policy, --explain on one that explains nothing, a --model it does not serve) is bad input (2, as in
+    loadtest), anything else 1. With
     --json (`lines`) every file still gets its line, naming the same reason."""
-    from hub_vit.server.client.errors import NoExplanation, NoQueueTimeouts
+    from hub_vit.server.client.errors import NoExplanation, NoQueueTimeouts, unknown_model
 
-    bad_input = isinstance(err, (NoExplanation, NoQueueTimeouts))
-    message = str(err) if bad_input else _failure(protocol, url, model, err)
+    cannot_take = isinstance(err, (NoExplanation, NoQueueTimeouts))  # their message is whole
+    bad_input = cannot_take or unknown_model(err)  # --model names no model: _failure lists those served
+    message = str(err) if cannot_take else _failure(protocol, url, model, err)
     if lines is not None:  # was: nothing on stdout, so `| jq` saw no file at all
         lines.unanswered(f"not classified: {message}")
     return fail(message, code=2 if bad_input else 1)

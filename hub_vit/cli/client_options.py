@@ -109,10 +109,20 @@ def request_failure(protocol: str, url: str, model: str, err: Exception, answere
     try:
         with Classifier(url, protocol=protocol, timeout_s=10.0) as client:
             served = sorted(client.statistics())
+        # a hub-vit repository's steps (`vit_classifier`) take tensors, not images: only the models its config says
+        # it serves are offered (all of them for a repository hub-vit did not write)
+        offered = [name for name in served if _classifies_images(url, protocol, name)] or served
     except Exception:  # the list is a help, not the error: without it the error stands as Triton said it
         return message
-    return (f"{message}\nthe server serves no model {model!r}; models it serves: {', '.join(served) or 'none'} "
+    return (f"{message}\nthe server serves no model {model!r}; models it serves: {', '.join(offered) or 'none'} "
             "(--model names one)")
+
+
+def _classifies_images(url: str, protocol: str, name: str) -> bool:
+    from hub_vit.server.client.classifier import Classifier
+
+    with Classifier(url, protocol=protocol, model=name, timeout_s=10.0) as client:
+        return client.served_model() is not None
 
 
 def client_settings(url: str | None, grpc: bool, queue_timeout_ms: float | None, timeout: float, model: str

@@ -39,7 +39,7 @@ def loadtest(
     timeout: flags.ClientTimeout = flags.DEFAULT_CLIENT_TIMEOUT_S,
 ) -> None:
     """Closed-loop load test: throughput, p50/p90/p99 latency and server-side batching efficiency."""
-    from hub_vit.server.client.errors import empty_reply
+    from hub_vit.server.client.errors import empty_reply, unknown_model
     from hub_vit.server.client.loadtest import load_test
 
     payloads = listed_images(images, leave_out=None) if images else sample_images()
@@ -57,7 +57,7 @@ def loadtest(
     except Exception as err:  # connection refused, unknown model, ...
         if missing_extra(err) is not None:  # tritonclient without this protocol: the install, not the server
             raise
-        raise fail(request_failure(protocol, url, model, err), code=1) from None
+        raise fail(request_failure(protocol, url, model, err), code=2 if unknown_model(err) else 1) from None
     if not result.interrupted and not result.requests and not result.errors:  # nothing was sent: no numbers to show
         raise fail(f"no request was sent: the --duration of {duration:g} s ended before the first one; give a "
                    "longer --duration", code=1)
