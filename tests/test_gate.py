@@ -48,6 +48,13 @@ def test_inflate_stops_at_the_cap_without_inflating_the_rest():
      "classification extension is not served for output 'labels': it needs a numeric output"),
     ({"inputs": [{"name": "image", "shape": [0, 1]}]}, "input 'image' has shape [0, 1]: every dimension must be"),
     ({"inputs": [{"name": "image", "shape": [2**32 + 1, 1]}]}, "has shape [4294967297, 1]"),
+    ({"inputs": [{"name": "image", "shape": [1, 1], "parameters": {"binary_data_size": -1}}]},
+     "tensor 'image': its parameter 'binary_data_size' must be a whole number of bytes (0 or more), got -1"),
+    ({"outputs": [{"name": "labels", "parameters": {"binary_data_size": 2.5}}]}, "'binary_data_size' must be"),
+    ({"parameters": {"timeout": -5}}, "the request parameter 'timeout' (its queue timeout) must be an integer number "
+                                      "of microseconds from 0 to 86400000000 (one day), got -5"),
+    ({"parameters": {"timeout": "5"}}, 'got "5"'),
+    ({"parameters": {"timeout": 86_400_000_001}}, "got 86400000001"),
 ])
 def test_check_inference_refuses_what_crashes_or_misleads_triton(header, message):
     with pytest.raises(Refused) as refused:
@@ -58,6 +65,9 @@ def test_check_inference_refuses_what_crashes_or_misleads_triton(header, message
 def test_check_inference_lets_the_rest_through():
     check_inference({"outputs": [{"name": "logits", "parameters": {"classification": 3}}]}, {"logits"})
     check_inference({"inputs": [{"name": "image", "shape": [16, 1]}], "outputs": [{"name": "labels"}]}, set())
+    check_inference({"inputs": [{"name": "image", "shape": [1, 1], "parameters": {"binary_data_size": 9}}],
+                     "parameters": {"timeout": 86_400_000_000}}, set())
+    check_inference({"inputs": [{"name": "image", "parameters": ["not", "a", "dict"]}, "not a tensor"]}, set())
     check_inference(["not", "an", "object"], None)  # Triton's own error for it
     with pytest.raises(Refused):  # the model's outputs unknown: any classification request is refused
         check_inference({"outputs": [{"name": "logits", "parameters": {"classification": 3}}]}, None)

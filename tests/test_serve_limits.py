@@ -154,6 +154,24 @@ def test_a_large_body_sent_as_a_form_does_not_crash_triton(serve: Serve) -> None
     assert_healthy(serve)
 
 
+@pytest.mark.parametrize("where, value", [("input", -1), ("request", -5)])
+def test_parameters_triton_cannot_parse_are_refused_400_by_name(serve: Serve, where: str, value: int) -> None:
+    # was: 500 "Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer as unsigned-integer"
+    # (and the same for 'timeout'): Triton's own words, as if the server had failed
+    body, headers = infer_body([1, 1], [SAMPLES[0].read_bytes()])
+    header_length = int(headers["Inference-Header-Content-Length"])
+    header = json.loads(body[:header_length])
+    if where == "input":
+        header["inputs"][0]["parameters"]["binary_data_size"] = value
+    else:
+        header["parameters"] = {"timeout": value}
+    text = json.dumps(header).encode()
+    status, answer = post(serve.ports[0], "/v2/models/vit/infer", text + body[header_length:],
+                          {"Inference-Header-Content-Length": str(len(text))})
+    name = "binary_data_size" if where == "input" else "timeout"
+    assert status == 400 and f"parameter '{name}'" in answer and f"got {value}" in answer, (status, answer)
+
+
 def test_grpc_requests_that_crash_or_mislead_triton_are_refused_before_it(serve: Serve) -> None:
     # was: gRPC went to Triton as is: the classification extension on `labels` killed it (SIGFPE), a `[0, 1]` shape
     # carrying one image was answered with rank-1 outputs

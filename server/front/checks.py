@@ -140,6 +140,11 @@ def check_inference(header: object, numeric_outputs: set[str] | None, queue_time
     parameters = header.get("parameters")
     if not queue_timeouts and isinstance(parameters, dict) and "timeout" in parameters:
         raise Refused(400, NO_QUEUE_TIMEOUTS)
+    if isinstance(parameters, dict) and "timeout" in parameters and not _count(parameters["timeout"],
+                                                                                protocol.LONGEST_QUEUE_TIMEOUT_US):
+        raise Refused(400, "the request parameter 'timeout' (its queue timeout) must be an integer number of "
+                           f"microseconds from 0 to {protocol.LONGEST_QUEUE_TIMEOUT_US} (one day), got "
+                           f"{_shown(parameters['timeout'])}")
     explained = isinstance(parameters, dict) and parameters.get(protocol.EXPLAIN_PARAMETER) is True
     for output in header.get("outputs") or ():
         if not isinstance(output, dict):
@@ -153,6 +158,11 @@ def check_inference(header: object, numeric_outputs: set[str] | None, queue_time
                 raise Refused(400, f"the classification extension is not served for output {name!r}: it needs a "
                                    "numeric output, and Triton 2.51 crashes on a STRING one; request 'labels' and "
                                    "'scores' (already the top-k, best first) without 'classification'")
+    for tensor in (*(header.get("inputs") or ()), *(header.get("outputs") or ())):
+        given = tensor.get("parameters") if isinstance(tensor, dict) else None
+        if isinstance(given, dict) and "binary_data_size" in given and not _count(given["binary_data_size"], 2**63 - 1):
+            raise Refused(400, f"tensor {tensor.get('name')!r}: its parameter 'binary_data_size' must be a whole "
+                               f"number of bytes (0 or more), got {_shown(given['binary_data_size'])}")
     for tensor in header.get("inputs") or ():
         if not isinstance(tensor, dict) or not isinstance(tensor.get("shape"), list):
             continue
@@ -160,6 +170,16 @@ def check_inference(header: object, numeric_outputs: set[str] | None, queue_time
             if isinstance(dim, int) and not 1 <= dim <= LARGEST_DIMENSION:
                 raise Refused(400, f"input {tensor.get('name')!r} has shape {tensor['shape']}: every dimension must "
                                    f"be between 1 and {LARGEST_DIMENSION}")
+
+
+def _count(value: object, most: int) -> bool:
+    """Whether a JSON value is an integer from 0 to `most` (Triton 2.51 answers 500, "attempt to access JSON
+    non-unsigned-integer as unsigned-integer", for a negative or fractional one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+
+
+def _shown(value: object) -> str:
+    return json.dumps(value)[:40]
 
 
 def numeric_outputs(metadata: Any) -> set[str]:
