@@ -164,7 +164,8 @@ def serve_families(front: FrontProcesses, supervisors: list[Supervisor], metrics
         Family("hub_vit_server_restarts_total", "counter", "tritonservers started to replace one that died",
                [({}, restarts)]),
         Family("hub_vit_front_answers_total", "counter", "requests the front answered itself, never reaching Triton: "
-               "refused (HTTP status or gRPC status name; GOAWAY: a broken HTTP/2 connection), or no server to relay "
+               "refused (HTTP status or gRPC status name; GOAWAY: a broken HTTP/2 connection; OVER_CAP: a gRPC "
+               "connection reset at --max-connections), or no server to relay "
                "them to", [({"protocol": protocol, "code": code}, count)
                            for protocol, counts in answered.items() for code, count in counts.items()]),
         Family("hub_vit_front_processes_replaced_total", "counter", "front processes that died and were replaced",

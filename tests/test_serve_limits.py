@@ -319,6 +319,12 @@ def test_a_grpc_connection_flood_is_capped_in_serve_and_probes_stay_answered(ser
         connection.request("GET", "/v2/health/ready")
         assert connection.getresponse().status == 200
         connection.close()
+        # counted as the HTTP front's refusals are (was: in neither the log nor the metrics)
+        metrics = http.client.HTTPConnection("127.0.0.1", serve.ports[2], timeout=30)
+        metrics.request("GET", "/metrics")
+        text = metrics.getresponse().read().decode()
+        metrics.close()
+        assert 'hub_vit_front_answers_total{protocol="grpc",code="OVER_CAP"}' in text, text[-2000:]
     finally:
         for channel in channels:
             channel.close()

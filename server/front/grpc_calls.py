@@ -33,7 +33,7 @@ from hub_vit.server.front.checks import (
     unreachable,
 )
 from hub_vit.server.front.limits import FrontLimits
-from hub_vit.server.front.refusals import GOAWAY, Refusals
+from hub_vit.server.front.refusals import GOAWAY, OVER_CAP, Refusals
 
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = (SERVICE + "ModelInfer").encode()
@@ -194,6 +194,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
         front = self.front
         if len(front.connections) >= front.max_connections:
+            front.refusals.count(OVER_CAP)  # in the log and metrics as the HTTP front's 503s are
             transport.abort()
             self.closed = True
             return

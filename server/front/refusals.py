@@ -7,8 +7,9 @@ the operator sees them: serve asks every front process for them (`{"op": "refusa
 totals (`FrontProcesses.answered`), logs a line (`hub-vit serve --refusal-report-s`) and puts them on its metrics port
 (`hub_vit_front_answers_total`, metrics_front.py).
 
-Codes: an HTTP status (`"413"`); a gRPC status by name (`"RESOURCE_EXHAUSTED"`), or `"GOAWAY"` for a connection
-ended because its client broke HTTP/2.
+Codes: an HTTP status (`"413"`); a gRPC status by name (`"RESOURCE_EXHAUSTED"`), `"GOAWAY"` for a connection
+ended because its client broke HTTP/2, or `"OVER_CAP"` for a gRPC connection reset at the connection cap (it has no
+call to answer: a status cannot be sent before HTTP/2's handshake).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 GRPC_CODES = {1: "CANCELLED", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 8: "RESOURCE_EXHAUSTED",
               12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE"}
 GOAWAY = "GOAWAY"
+OVER_CAP = "OVER_CAP"  # a gRPC connection reset as it opened: the front's connections were at --max-connections
 PROTOCOLS = ("http", "grpc")
 
 
