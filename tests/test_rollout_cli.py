@@ -273,6 +273,66 @@ def test_cli_full_disk_after_some_overlays_keeps_them(model_folder: Path, photo_
     assert sorted(p.name for p in out.iterdir()) == [f"{photo_files[0].stem}_rollout.png"]  # complete, and printed
 
 
+def _in_the_way(path: Path, where: str = "the overlay is written") -> str:
+    return f"error: {str(path)!r} is a folder where {where}: remove or rename it, or choose another --out"
+
+
+def test_cli_a_folder_where_an_overlay_goes_is_refused_before_anything_is_written(model_folder: Path,
+                                                                                  photo_files: list[Path],
+                                                                                  tmp_path: Path) -> None:
+    # was: the first image's overlay written and printed, then "output path '.../coffee_rollout.png' is a directory;
+    # give a file name such as model.png" (exit 1): rollout takes no file name, and the model had run for nothing
+    out = tmp_path / "out"
+    blocked = out / f"{photo_files[1].stem}_rollout.png"
+    blocked.mkdir(parents=True)
+    result = CliRunner().invoke(_runner_app(), ["rollout", *map(str, photo_files), "-o", str(out), "--model",
+                                                str(model_folder)])
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.output.split()) == _in_the_way(blocked)
+    assert [p.name for p in out.iterdir()] == [blocked.name] and list(blocked.iterdir()) == []  # nothing written
+
+
+def test_cli_a_folder_where_a_class_map_may_go_is_refused_with_class_map(model_folder: Path, photo_files: list[Path],
+                                                                          tmp_path: Path) -> None:
+    # the class of a map is known only once the model has run: a folder named for any class is in the way up front
+    out = tmp_path / "out"
+    blocked = [out / f"{photo_files[0].stem}_class_{index}.png" for index in range(4)]  # whichever is the top-1
+    for folder in blocked:
+        folder.mkdir(parents=True)
+    args = ["rollout", *map(str, photo_files), "-o", str(out), "--model", str(model_folder)]
+    result = CliRunner().invoke(_runner_app(), [*args, "--class-map"])
+    assert result.exit_code == 2, result.output
+    where = "--class-map writes the image's map when class 0 is its top-1"
+    assert " ".join(result.output.split()) == _in_the_way(blocked[0], where)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in blocked)  # nothing written
+    result = CliRunner().invoke(_runner_app(), args)  # without --class-map they are not in its way
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted(f"{p.stem}_rollout.png" for p in photo_files)
+
+
+def test_cli_a_folder_made_where_an_overlay_goes_while_it_runs_is_named(model_folder: Path, photo_files: list[Path],
+                                                                       tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # after the check, another program makes the folder: the write's own refusal, in the same words (was: "give a
+    # file name such as model.png", exit 1)
+    import hub_vit.explain.overlay as overlay
+
+    out = tmp_path / "out"
+    blocked = out / f"{photo_files[1].stem}_rollout.png"
+    real = overlay.save_png
+
+    def save_png(array, path: str) -> None:
+        real(array, path)
+        blocked.mkdir(exist_ok=True)
+
+    monkeypatch.setattr(overlay, "save_png", save_png)
+    result = CliRunner().invoke(_runner_app(), ["rollout", *map(str, photo_files), "-o", str(out), "--model",
+                                                str(model_folder)])
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.output.split()).endswith(_in_the_way(blocked)), result.output
+    assert (out / f"{photo_files[0].stem}_rollout.png").is_file()  # written (and printed) before: kept
+
+
 @pytest.mark.parametrize("held_pixels", [0, None], ids=["none-held", "default"])
 def test_rollout_holds_at_most_a_batch_of_images_past_its_pixel_budget(model_folder: Path, photo_files: list[Path],
                                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

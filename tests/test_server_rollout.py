@@ -298,6 +298,11 @@ def test_classify_explain_bad_settings_fail_before_any_request(tmp_path, repo_ro
     result = runner.invoke(app, ["classify", "--url", url, "--explain", "-o", str(tmp_path / "new" / "out"), image])
     assert result.exit_code == 1 and "Connection refused" in result.output, result.output
     assert not (tmp_path / "new").exists()
+    # a folder where an overlay goes: was found after the answers came, in atomic's words ("give a file name")
+    (tmp_path / "taken" / "3_0_rollout.png").mkdir(parents=True)
+    result = runner.invoke(app, ["classify", "--url", url, "--explain", "-o", str(tmp_path / "taken"), image])
+    assert result.exit_code == 2 and f"{str(tmp_path / 'taken' / '3_0_rollout.png')!r} is a folder where the overlay " \
+        "is written: remove or rename it, or choose another --out" in " ".join(result.output.split()), result.output
 
 
 @pytest.fixture()

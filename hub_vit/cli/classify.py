@@ -14,7 +14,7 @@ from rich.table import Table
 from hub_vit.cli import client_options as flags
 from hub_vit.cli.app import app, console, err_console, fail
 from hub_vit.cli.client_options import client_settings, request_failure
-from hub_vit.cli.explain import OUTSIDE_NOTE, listed_images, make_out, verdict_cell
+from hub_vit.cli.explain import OUTSIDE_NOTE, listed_images, make_out, output_stems, overlays_in_the_way, verdict_cell
 from hub_vit.cli.path_option import given_path
 from hub_vit.host import missing_extra
 from hub_vit.image_formats import NAMES
@@ -56,6 +56,8 @@ def classify(
         raise fail(f"--concurrency (requests in flight) must be between 1 and {MAX_CONCURRENCY}, got {concurrency}")
     images = listed_images(images, out if explain else None)
     _check_explain_flags(explain, head_fusion, discard_ratio, out)
+    if explain:  # a folder where an overlay goes: refused before any request, not after the answers
+        overlays_in_the_way(out, output_stems(images))
     url, protocol, timeout_s, wait_s = client_settings(url, grpc, queue_timeout_ms, timeout, model)
     request = {"explain": True, "head_fusion": head_fusion, "discard_ratio": discard_ratio} if explain else {}
     created = make_out(out) if explain else []  # before any request: an --out that cannot be made wastes none

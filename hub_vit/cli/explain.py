@@ -89,8 +89,42 @@ def make_out(out: Path) -> list[Path]:
     return created
 
 
+def _folder_in_the_way(path: Path, where: str = "the overlay is written") -> typer.Exit:
+    """exit 2: `path`, where an overlay goes, is a folder. Neither rollout nor classify takes a file name, so the way
+    out is the folder's or --out's (atomic_path's own "give a file name such as model.png" is no help here)."""
+    return fail(f"{str(path)!r} is a folder where {where}: remove or rename it, or choose another --out")
+
+
+def overlays_in_the_way(out: Path, stems: list[str], class_maps: bool = False) -> None:
+    """exit 2 naming the first overlay path in `out` that is a folder: `<stem>_rollout.png` for each of `stems`
+    (`output_stems`), and with `class_maps` any `<stem>_class_<n>.png` (its class is known only once the model has
+    run). Checked before the model runs: found while writing, the error came after earlier overlays were written."""
+    if not out.is_dir():  # nothing in it yet (a file --out is refused by `file_in_the_way`)
+        return
+    for stem in stems:
+        target = out / f"{stem}_rollout.png"
+        if target.is_dir():  # asked of the file system itself: a case-insensitive one finds Cat_rollout.png too
+            raise _folder_in_the_way(target)
+    if not class_maps:
+        return
+    import re
+
+    try:
+        folders = sorted(entry.name for entry in out.iterdir() if entry.is_dir())  # one listing, not a look-up a class
+    except OSError:  # an --out that cannot be listed (no read permission): a folder in the way is named when written
+        return
+    for stem in stems:
+        name = re.compile(rf"{re.escape(stem)}_class_([0-9]+)\.png", re.IGNORECASE)
+        for found in filter(None, map(name.fullmatch, folders)):
+            index = int(found[1])
+            target = out / f"{stem}_class_{index}.png"  # the name written, asked of the file system (its case)
+            if target.is_dir():
+                raise _folder_in_the_way(target, f"--class-map writes the image's map when class {index} is its top-1")
+
+
 def _save_overlay(array: np.ndarray, target: Path, created: list[Path]) -> None:
-    """`save_png`, with a read-only or full disk as one error line (exit 1) naming the file.
+    """`save_png`, with a read-only or full disk as one error line (exit 1) naming the file; a folder at `target`
+    (made since `overlays_in_the_way` looked) is its exit 2, in its words.
 
     Each PNG is written atomically, so a failure leaves no half file. Overlays already written (and printed) stay;
     the folders this run created (`created`, deepest first) are removed if none of them was written there.
@@ -101,6 +135,8 @@ def _save_overlay(array: np.ndarray, target: Path, created: list[Path]) -> None:
         save_png(array, str(target))
     except OSError as exc:
         remove_empty_folders(created)
+        if isinstance(exc, IsADirectoryError) and target.is_dir():
+            raise _folder_in_the_way(target) from None
         raise write_failed(target, exc) from None
 
 
@@ -193,17 +229,19 @@ def rollout(
     except ValueError as exc:
         raise fail(str(exc)) from None  # in classify's words
     images = listed_images(images, out)
+    # where the overlays go, before the model is loaded and every image decoded (minutes for a folder of photos)
+    blocker = file_in_the_way(out)
+    if blocker is not None:
+        raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
+    stems = output_stems(images)
+    overlays_in_the_way(out, stems, class_map)  # found while writing, it came after the earlier overlays were written
     try:
         explainer = load_explainer(resolve_choice(model))
         domain = model_domain(explainer)  # what the model knows, its calibration; a damaged record is exit 2 too
     except ValueError as exc:
         raise fail(str(exc)) from exc
     ready = _prepared(explainer, images)
-    blocker = file_in_the_way(out)
-    if blocker is not None:
-        raise fail(f"--out {str(out)!r} cannot be a folder: {str(blocker)!r} is a file")
     created = make_out(out)
-    stems = output_stems(images)
 
     def write(paths: list[Path], kept: list[Any], names: list[str]) -> None:
         """One forward pass's images: overlays written, labels printed (`kept`: `_prepared`'s, None where an image is

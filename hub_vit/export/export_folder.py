@@ -8,11 +8,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from hub_vit.atomic import staging_dir
 from hub_vit.export.metadata import REPORT_SUFFIX, engine_info
 from hub_vit.openvino_runtime import ir_files
 
@@ -34,6 +36,26 @@ def removed_if_left_empty(folder: Path, created: bool) -> Iterator[None]:
         if created and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
         raise
+
+
+# The name an export's work folders are named after, inside the output folder: `.hub-vit-export.tmp-<host>-<pid>-...`.
+# Nothing of this name is ever written; one name for every stem, so any later export into the folder sweeps them.
+STAGING_NAME = "hub-vit-export"
+
+
+@contextlib.contextmanager
+def staging_folder(out_dir: Path) -> Iterator[Path]:
+    """An export's work folder inside `out_dir` (its graphs, built and staged), removed when the block ends.
+
+    Named as `hub_vit.atomic` names every temporary folder, after its host and process: an export killed where no
+    cleanup runs (SIGKILL, the OOM killer, a crash) leaves it behind, a copy of every graph it built (gigabytes for a
+    ViT-B), and the next export into `out_dir` removes it (`staging_dir` sweeps first), never one of an export that is
+    still running."""
+    staging = staging_dir(out_dir / STAGING_NAME)
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def files_of(graph: Path) -> list[Path]:
@@ -113,5 +135,5 @@ def replace_previous_export(staged: Path, out_dir: Path, stem: str, report: Any)
         os.replace(path, out_dir / path.name)
 
 
-__all__ = ["files_of", "folders_in_the_way", "previous_export_files", "removed_if_left_empty",
-           "replace_previous_export", "writable_dir"]
+__all__ = ["STAGING_NAME", "files_of", "folders_in_the_way", "previous_export_files", "removed_if_left_empty",
+           "replace_previous_export", "staging_folder", "writable_dir"]

@@ -2,7 +2,8 @@
 fp32, fused, fp16, int8, bf16; OpenVINO IR: fp32, bf16, int8), carried out as an `ExportPlan` says and judged on a
 `VerificationSet` (`hub_vit.export.plan`).
 
-Every variant is built from the fp32 graph in a temporary folder inside the output folder, run by its runtime on the
+Every variant is built from the fp32 graph in a temporary folder inside the output folder (`.hub-vit-export.tmp-*`,
+swept by the next export there if this one is killed: `export_folder.staging_folder`), run by its runtime on the
 verification set (`hub_vit.export.verify`, criterion: `hub_vit.export.criterion`) and staged only if it passes; a
 variant that fails or cannot be built is reported with the reason and leaves no file. A JSON report
 (`<stem>.export.json`) records everything. The staged files replace the earlier export of the same stem as a set
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import platform
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ from hub_vit.export.export_folder import (
     folders_in_the_way,
     removed_if_left_empty,
     replace_previous_export,
+    staging_folder,
     writable_dir,
 )
 from hub_vit.export.metadata import REPORT_SUFFIX, model_metadata
@@ -128,9 +129,9 @@ def export_variants(model: VisionTransformer, out_dir: str | Path, plan: ExportP
     folders_in_the_way(out_dir, _planned_files(plan))  # before minutes of building, not when the files are moved in
     created = not out_dir.exists()
     writable_dir(out_dir)
-    # a failed export (bad opset, Ctrl-C) leaves no empty folder
-    with removed_if_left_empty(out_dir, created), tempfile.TemporaryDirectory(prefix=".export-", dir=out_dir) as tmp:
-        run = _Run(model, plan, check, evidence, Path(tmp), out_dir)
+    # a failed export (bad opset, Ctrl-C) leaves no empty folder; a killed one's work folder goes with the next export
+    with removed_if_left_empty(out_dir, created), staging_folder(out_dir) as tmp:
+        run = _Run(model, plan, check, evidence, tmp, out_dir)
         outcomes = [run.variant(name) for name in plan.variants]
         outcomes += [VariantOutcome(name, registry.get(name).precision, written=False, error=f"not built: {why}",
                                     required=False) for name, why in plan.left_out.items()]
