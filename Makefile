@@ -3,9 +3,10 @@ SHELL := /bin/bash
 # The tritonserver that serve and the tests run (nvidia-pytriton's) has Python-backend stubs that need numpy<2, which
 # has no release for Python 3.13+: Python 3.11 (pyproject's requires-python) to 3.12 (server/runtime/triton_install.py,
 # NEWEST_SERVING_PYTHON). PYTHON, unless given: python3 when it is one of those, else python3.12 or python3.11 on PATH.
-SERVING_PYTHON := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 12))
+# PYTHON_FIT prints which: fits, old (below requires-python) or new (past NEWEST_SERVING_PYTHON).
+PYTHON_FIT := import sys; v = sys.version_info[:2]; print("old" if v < (3, 11) else "new" if v > (3, 12) else "fits")
 PYTHON ?= $(or $(shell for p in python3 python3.12 python3.11; do \
-            $$p -c '$(SERVING_PYTHON)' 2>/dev/null && { echo $$p; break; }; done),python3)
+            [ "$$($$p -c '$(PYTHON_FIT)' 2>/dev/null)" = fits ] && { echo $$p; break; }; done),python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -14,19 +15,46 @@ PYTEST_ARGS ?=
 # processes on 2 cores take about 40 % less; PYTEST_WORKERS=0 runs it in make's own pytest process (for pdb).
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup test serve lint browser clean
+.PHONY: setup test serve lint browser clean venv-python
 
-# Virtualenv with hub-vit and every extra, editable. Re-run when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml
-	@$(PYTHON) -c '$(SERVING_PYTHON)' || { echo "make setup, serve and test need Python 3.11 to 3.12, and $(PYTHON) is" \
-	  "$$($(PYTHON) --version 2>&1): the tritonserver they run (nvidia-pytriton, Triton 2.51) has Python-backend" \
-	  "stubs that need numpy<2, which has no release for Python 3.13 or later. Install one (uv python install 3.12," \
-	  "or pyenv) and name it: make PYTHON=python3.12 serve" >&2; exit 1; }
+# TORCH_INDEX_URL: a package index that torch and torchvision are installed from first, before the rest, such as
+# PyTorch's CPU-only wheels (https://download.pytorch.org/whl/cpu) on a host without an NVIDIA GPU, where the default
+# torch wheel brings about 3 GB of CUDA libraries. Empty: they come from pip's own index, with the rest. It applies when
+# .venv is made (`make clean` first to remake one).
+TORCH_INDEX_URL ?=
+MAJOR_MINOR := import sys; print("%d.%d" % sys.version_info[:2])
+
+# Virtualenv with hub-vit and every extra, editable. Re-run when pyproject.toml changes. Its first line refuses a PYTHON
+# that cannot make it, saying which of three: not there (a pyenv shim of a version not selected here is there but does
+# not run: its own first line of error says so), below requires-python, or too new to serve.
+$(VENV)/.installed: pyproject.toml | venv-python
+	@fit=$$($(PYTHON) -c '$(PYTHON_FIT)' 2>/dev/null); [ "$$fit" = fits ] || { \
+	  if [ "$$fit" = old ]; then why="$(PYTHON) is $$($(PYTHON) --version 2>&1): hub-vit needs Python 3.11 or later"; \
+	  elif [ "$$fit" = new ]; then why="$(PYTHON) is $$($(PYTHON) --version 2>&1): the tritonserver they run"; \
+	    why="$$why (nvidia-pytriton, Triton 2.51) has Python-backend stubs that need numpy<2, which has no release for"; \
+	    why="$$why Python 3.13 or later"; \
+	  elif ! command -v $(PYTHON) >/dev/null; then why="$(PYTHON) was not found"; \
+	  else said=$$($(PYTHON) -c '' 2>&1); why="$(PYTHON) did not run ($${said%%$$'\n'*})"; fi; \
+	  echo "make setup, serve and test need Python 3.11 to 3.12, and $$why. Install one (uv python install 3.12, or" \
+	    "pyenv) and name it: make PYTHON=python3.12 serve" >&2; exit 1; }
 	@echo "installing hub-vit and every extra into $(VENV) (a few minutes the first time; quiet until done)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX_URL),$(PY) -m pip install --quiet --index-url $(TORCH_INDEX_URL) torch torchvision)
 	$(PY) -m pip install --quiet -e '.[all]'
 	touch $@
+
+# A PYTHON given on make's command line must be the one an existing .venv was made with: .venv/.installed depends on
+# pyproject.toml alone, so make would otherwise go on with that .venv and its own Python, as if PYTHON had not been
+# said. Without a .venv there is nothing to compare: the one made will be PYTHON's.
+venv-python:
+ifeq ($(origin PYTHON),command line)
+	@have=$$($(PY) -c '$(MAJOR_MINOR)' 2>/dev/null) || exit 0; \
+	want=$$($(PYTHON) -c '$(MAJOR_MINOR)' 2>/dev/null); [ "$$want" = "$$have" ] || { \
+	  echo "the existing $(VENV) uses Python $$have, and PYTHON=$(PYTHON) is $${want:+Python }$${want:-not found}:" \
+	    "make keeps an existing $(VENV) as it is. Run make clean first to make it anew with $(PYTHON), or leave" \
+	    "PYTHON= out to use it." >&2; exit 1; }
+endif
 
 # numpy 2 in a folder of its own: tests/host_emulation.py builds a GPU host's numpy-2 main environment with it
 $(VENV)/numpy2/.installed: $(VENV)/.installed
