@@ -169,7 +169,8 @@ def test_upload_shows_labels_and_overlay_and_fusion_changes_it(page, photo_path:
     assert "%" in labels_text, f"no probabilities in the label panel: {labels_text!r}"
     overlay_mean = fetch_image(page, src_mean)
     photo = np.asarray(Image.open(photo_path))
-    assert overlay_mean.shape[:2] == photo.shape[:2]  # the overlay is drawn at the uploaded image's size
+    # the photo's own size: its long side (451 px) is within the page's 384 to 1024 px (MAX_SIDE, MIN_SIDE)
+    assert overlay_mean.shape[:2] == photo.shape[:2]
     assert page.locator("#layer-view img").count() == 1 and page.locator("#class-map img").count() == 1
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
@@ -550,17 +551,83 @@ def test_sliders_recompute_on_keyboard_changes(page) -> None:
         wait_for_new_overlay(page, None)
     before = overlay_src(page)
     runs = count_runs(page)
+    discard = page.locator("#discard-ratio input[type=number]")
+    # From 0.04 one step (0.01) is 0.05: on the model's 8x8 patch grid 2 and 3 patches a row discarded, another map
+    # (from 0, 0.01 discards none, the same map)
+    discard.fill("0.04")
+    discard.press("Enter")
+    before = wait_for_new_overlay(page, before)
     page.locator("#discard-ratio input[type=range]").focus()
     page.keyboard.press("ArrowRight")
     wait_for_new_overlay(page, before)
-    assert page.locator("#discard-ratio input[type=number]").input_value() == "0.05"
+    assert discard.input_value() == "0.05"
     layer_view = src_of(page, "layer-view")
     box = page.locator("#layer input[type=number]")
     box.fill("1")
     box.press("Enter")
     wait_for_new_src(page, "layer-view", layer_view)
     assert box.input_value() == "1"
-    assert_runs(page, runs, 2, "two slider changes")
+    assert_runs(page, runs, 3, "three slider changes")
+
+
+def test_a_value_typed_outside_a_sliders_range_is_used_at_its_end_and_shown(browser, demo_process: tuple[str, Path],
+                                                                            model_folder: Path) -> None:
+    # was: Gradio's slider refused it before the demo's handler ran: a toast "Error: Value 1.5 is greater than maximum
+    # value", red "Error" badges over the results and the sliders, the label list unclickable under Gradio's status
+    # overlay, the box keeping the typed value beside the previous value's results, and a traceback in the log; an
+    # emptied box (a keystroke on the way to another value) did the same with a TypeError
+    from hub_vit.demo.app import Demo
+    from hub_vit.demo.backends import IN_PROCESS
+    from hub_vit.demo.models import ModelCache, folder_choice
+
+    url, log = demo_process
+    start = len(log.read_text())
+    page = analysed_page(browser, url)
+    try:
+        discard, layer = (page.locator(f"#{elem_id} input[type=number]") for elem_id in ("discard-ratio", "layer"))
+        at_zero = overlay_src(page)
+        discard.fill("0.5")
+        at_half = wait_for_new_overlay(page, at_zero)
+        discard.fill("1.5")
+        discard.press("Enter")
+        at_end = wait_for_new_overlay(page, at_half)
+        page.locator(".toast-body", has_text="Discard ratio 1.5 is outside 0 to 0.99: 0.99 is used.").first.wait_for()
+        page.wait_for_function("box => box.value === '0.99'", arg=discard.element_handle())
+        # the results are those of the value the box shows
+        choice = folder_choice(model_folder)
+        expected = Demo(cache=ModelCache([choice]), examples=[]).analyze(
+            str(REPO / "hub_vit" / "demo" / "examples" / "chelsea.jpg"), choice.key, IN_PROCESS, "mean", 0.99, None,
+            None)[1]
+        assert np.abs(fetch_image(page, at_end).astype(int) - expected.astype(int)).max() <= 1
+        discard.fill("")  # the box emptied: the slider's minimum, which the page shows once the box loses focus
+        wait_for_new_src(page, "overlay", at_end)
+        assert overlay_src(page) == at_zero and discard.input_value() == ""  # not written back while typing there
+        discard.press("Tab")
+        assert discard.input_value() == "0"
+        depth = layer.input_value()
+        for typed, shown in (("0", "1"), ("9", depth)):  # the default model: 4 blocks (a stand-in: 3)
+            layer_view = src_of(page, "layer-view")
+            layer.fill(typed)
+            layer.press("Enter")
+            layer_view = wait_for_new_src(page, "layer-view", layer_view)
+            page.locator(".toast-body", has_text=f"Block {typed} is outside 1 to {depth}: {shown} is used.").first \
+                .wait_for()
+            page.wait_for_function("([box, shown]) => box.value === shown", arg=[layer.element_handle(), shown])
+        # through the last block: the full rollout, the overlay's (the same picture, or a rounding apart)
+        full = fetch_image(page, overlay_src(page)).astype(int)
+        assert np.abs(fetch_image(page, layer_view).astype(int) - full).max() <= 1
+        layer.fill("")  # block 1, not written back either
+        wait_for_new_src(page, "layer-view", layer_view)
+        assert layer.input_value() == ""
+        layer.press("Tab")
+        assert layer.input_value() == "1"
+        assert page.locator("span.error").count() == 0  # no "Error" badge anywhere
+        page.locator("#target input").click(timeout=5_000)  # not covered by Gradio's status overlay
+        page.keyboard.press("Escape")
+    finally:
+        page.close()
+    new = log.read_text()[start:]
+    assert "Traceback" not in new and "refused: " not in new, new[-3000:]
 
 
 def test_examples_and_results_have_accessible_names(page) -> None:
@@ -717,3 +784,43 @@ def test_uploads_and_results_are_deleted_when_the_demo_stops(browser, model_fold
     left = sorted(f.name for f in cache.rglob("*") if f.is_file())
     examples = {p.name for p in example_images()}  # Gradio's copies of the bundled examples may stay
     assert not [name for name in left if name not in examples], left
+
+
+def test_results_after_a_refused_upload_are_deleted_too(browser, model_folder: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: after a refused upload, the results of the page's later uploads (overlays of the user's photo) were missing
+    # from every file set Gradio's cache cleanups delete, on schedule and when the demo stops: they stayed for good
+    from hub_vit.demo.app import Demo, example_images, launch
+    from hub_vit.demo.models import ModelCache, folder_choice
+
+    cache = tmp_path / "gradio-cache"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    animated = tmp_path / "animated.gif"
+    frames = [Image.new("RGB", (64, 64), colour) for colour in ("red", "blue")]
+    frames[0].save(animated, save_all=True, append_images=frames[1:])
+    private = tmp_path / "private_photo.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 96, 3), dtype=np.uint8)).save(private)
+    examples = {p.name for p in example_images()}  # Gradio's copies of the bundled examples may stay
+    port = free_port()
+    blocks = launch(Demo(cache=ModelCache([folder_choice(model_folder)])), port=port, block=False)
+    try:
+        page = open_page(browser, f"http://127.0.0.1:{port}/")
+        runs = count_runs(page)
+        upload(page, animated)
+        wait_for_status(page, "Not analysed: 'animated.gif' is a GIF image")
+        assert_runs(page, runs, 2, "a refused upload")  # its analysis, and the emptied box's, where the refusal stands
+        upload(page, private)
+        wait_for_new_overlay(page, None)
+        page.close()
+        stored = [f for f in cache.rglob("*") if f.is_file()]
+        assert any(f.name == private.name for f in stored) and any(f.name == "image.png" for f in stored)
+        tracked = set().union(*blocks.temp_file_sets)  # all that Gradio's cleanups look at
+        assert [f.name for f in stored if str(f) not in tracked and f.name not in examples] == []
+    finally:
+        blocks.close()  # the demo stops: its cache is emptied
+    deadline = time.monotonic() + 10
+    while (left := sorted(f.name for f in cache.rglob("*") if f.is_file() and f.name not in examples)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], left

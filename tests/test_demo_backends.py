@@ -151,6 +151,18 @@ def test_large_upload_is_shown_scaled_down(folder: Path, tmp_path: Path, photos:
     assert overlay.shape == (681, 1024, 3)  # long side capped at 1024, aspect kept (1200 * 1024 / 1804 = 681.2)
 
 
+def test_small_upload_is_shown_scaled_up_with_sharp_pixels(folder: Path, tmp_path: Path) -> None:
+    # docs/explain.md: a long side under 384 px is brought up to 384 by nearest neighbour (the photo's own size was
+    # promised for every picture); the short side follows the aspect ratio, it is not brought up to 384 too
+    small = tmp_path / "small.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 128, 3), dtype=np.uint8)).save(small)
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    _, overlay, *_ = demo.analyze(str(small), "folder: probe", IN_PROCESS, "mean", 0.0, 2, None)
+    assert overlay.shape == (192, 384, 3)
+    outside = overlay[:, :96].astype(int).reshape(64, 3, 32, 3, 3)  # left of the model's centre crop: dimmed only
+    assert (outside == outside[:, :1, :, :1]).all()  # each pixel of the upload a 3x3 square, not blurred
+
+
 def test_a_decompression_bomb_upload_is_called_too_large(folder: Path, tmp_path: Path) -> None:
     # gradio decodes the upload before the handler; a 50000x50000 PNG header was "not an image this demo can read"
     import base64
@@ -285,6 +297,28 @@ def test_the_pages_one_analysis_resets_what_changed_since_its_last(folder: Path,
     *_, target, _, _, layer, _ = demo.analyze_latest(str(coffee), "folder: probe", IN_PROCESS, "max", 0.0, 1, other,
                                                      (str(coffee), "folder: another"))
     assert layer["value"] == 2 and target["value"] == max(labels, key=labels.get)  # another model: its depth, top-1
+
+
+def test_slider_values_outside_their_range_are_used_at_its_end(folder: Path, photo: str) -> None:
+    # A slider's number box takes any value (`TypedSlider`); the page's answer uses the nearest end of the range and
+    # shows it (outputs: the discard ratio's box third, the block slider last before `shown`). test_demo.py drives it
+    demo = Demo(cache=ModelCache([folder_choice(folder)]), examples=[])
+    key, shown = "folder: probe", (photo, "folder: probe")
+    at_end = demo.analyze(photo, key, IN_PROCESS, "mean", 0.99, 2, None)
+    with pytest.warns(UserWarning, match=r"Discard ratio 1\.5 is outside 0 to 0\.99: 0\.99 is used\."):
+        answer = demo.analyze_latest(photo, key, IN_PROCESS, "mean", 1.5, 2, None, shown)
+    assert answer[2] == gr.update(value=0.99) and np.array_equal(answer[3], at_end[1])
+    with pytest.warns(UserWarning, match=r"Block 7 is outside 1 to 2: 2 is used\."):
+        answer = demo.analyze_latest(photo, key, IN_PROCESS, "mean", 0.99, 7, None, shown)
+    assert answer[2] == gr.update() and answer[-2]["value"] == 2 and np.array_equal(answer[4], at_end[2])
+    # emptied boxes: the minimums (0, block 1), not written back into the boxes while the user types there
+    at_start = demo.analyze(photo, key, IN_PROCESS, "mean", 0.0, 1, None)
+    answer = demo.analyze_latest(photo, key, IN_PROCESS, "mean", None, None, None, shown)
+    assert answer[2] == gr.update() and "value" not in answer[-2]
+    assert np.array_equal(answer[3], at_start[1]) and np.array_equal(answer[4], at_start[2])
+    for value in ("abc", float("nan")):  # an API caller's value that is no number: refused in the demo's words
+        with pytest.raises(gr.Error, match="discard ratio must be a number from 0 to 0.99, got"):
+            demo.analyze_latest(photo, key, IN_PROCESS, "mean", value, 2, None, shown)
 
 
 def _png_header(width: int, height: int) -> bytes:

@@ -13,6 +13,7 @@ import abc
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -45,7 +46,10 @@ EXAMPLE_SUFFIXES = SUFFIXES
 MAX_FILE_SIZE = "10mb"
 MAX_FILE_SIZE_SHOWN = "10 MB"  # MAX_FILE_SIZE in the status line's words
 MAX_SIDE = 1024  # pictures shown in the page have a long side of at most MAX_SIDE ...
-MIN_SIDE = 384  # ... and at least MIN_SIDE pixels (a 128 px digit sample is shown 3x, pixels kept sharp)
+MIN_SIDE = 384  # ... and of at least MIN_SIDE pixels (a 128 px digit sample is shown 3x, pixels kept sharp)
+# The discard-ratio slider: the rollout takes [0, 1) (`hub-vit rollout --discard-ratio`, the server's requests); in
+# steps of 0.01 the slider's last value below 1 is 0.99
+DISCARD_MAX, DISCARD_STEP = 0.99, 0.01
 # Most pixels an upload may declare: `hub-vit serve`'s default --max-pixels (the same bound as the resize before the
 # crop), checked on the header. Pillow's own 89 MP warning let an 88 MP PNG of 277 kB cost 1 GB per request.
 MAX_PIXELS = MAX_RESIZED_PIXELS
@@ -154,6 +158,34 @@ class UploadImage(gr.Image, metaclass=_NoStubComponentMeta):
         return self.type == "filepath" and self.image_mode is None and payload.path is not None and not inline
 
 
+class TypedSlider(gr.Slider, metaclass=_NoStubComponentMeta):
+    """A slider that hands the analysis whatever its number box holds: a typed value outside the slider's range as it
+    is, an emptied box as None. The analysis brings it into range and shows the value it used (`in_range`,
+    `Demo.analyze_latest`). Gradio's own preprocessing raised for it before our handler ran: a red "Error" badge over
+    every output and the controls blocked until the next action, a traceback in the log, and the box kept showing the
+    typed value beside the previous value's results."""
+
+    is_template = True  # drawn in the page as Gradio's own slider (`Block.get_block_name`)
+
+    def preprocess(self, payload: float | None) -> float | None:
+        return payload
+
+
+def in_range(value: Any, lowest: float, highest: float, what: str) -> float:
+    """`value` (a slider's, as `TypedSlider` hands it on) as a number in [lowest, highest]: the nearest end of the
+    range for one outside it, with a toast saying so; a refusal for what is not a number (an API caller's)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise refusal(f"{what} must be a number from {lowest:g} to {highest:g}, got {value!r}")
+    used = min(max(number, lowest), highest)
+    if used != number:
+        gr.Warning(f"{what[:1].upper()}{what[1:]} {number:g} is outside {lowest:g} to {highest:g}: {used:g} is used.")
+    return used
+
+
 # Accessible names Gradio cannot set itself: an example thumbnail is an image-only button whose <img> has alt=""
 # (example_labels would replace the thumbnails with text), and the result images have alt="" too; the status line is
 # a live region (role=status), so a screen reader says the outcome of an analysis, or why there is none. Runs on page
@@ -256,6 +288,9 @@ class Demo:
             raise refusal(f"unknown head fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
         if not 0 <= float(discard_ratio) < 1:
             raise refusal(f"discard ratio must be in [0, 1), got {discard_ratio}")
+        # a block outside the model's (typed into the box, or the 2 of a 1-block model's 1..2 slider): the nearest
+        depth = explainer.depth
+        layer_index = depth if layer is None else int(in_range(layer, 1, depth, "block"))
         name = Path(image_path).name
         try:
             image = load_image(image_path, name=name, max_pixels=MAX_PIXELS)
@@ -292,8 +327,6 @@ class Demo:
                             "another model, so its labels and the in-process maps are of different models")
             if mismatch and answer is not None:
                 status += f" · **note**: {mismatch}"
-        depth = explainer.depth
-        layer_index = int(min(max(int(layer or depth), 1), depth))
         display = dict(max_side=MAX_SIDE, min_side=MIN_SIDE)
         overlay = explainer.overlay(on, full_map, **display)
         layer_view = explainer.overlay(prepared, result.layer_maps[0, layer_index - 1], **display)
@@ -331,7 +364,7 @@ class Demo:
         return self.analyze(image_path, model_key, backend, head_fusion, discard_ratio, None, None)
 
     def analyze_latest(self, image_path: str | None, model_key: str, backend: str, head_fusion: str,
-                       discard_ratio: float, layer: float | None, target: str | None,
+                       discard_ratio: float | None, layer: float | None, target: str | None,
                        shown: tuple[str | None, str] | None, action: float | None = None,
                        emptied_at: float | None = None) -> tuple[Any, ...]:
         """The page's one analysis listener: what changed since the page's last analysis (`shown`: its image and
@@ -340,13 +373,29 @@ class Demo:
 
         `action`: the number of the page's action this run answers; `emptied_at`: that of the last time the page
         emptied the image box itself (EMPTIED_JS: an upload it refused to send), so equal numbers mean that is what
-        this run answers. The image box's update comes second: an upload the analysis refuses is taken out of it."""
+        this run answers. The image box's update comes second: an upload the analysis refuses is taken out of it;
+        the discard-ratio slider's third.
+
+        The sliders' values are their number boxes' (`TypedSlider`): one typed outside the range is used at the
+        nearest end and written back into the box, so the box shows the value of the results; an emptied box (None)
+        counts as the slider's minimum, which the page puts in the box when it loses focus (asking for no run), and is
+        not written back while the user types there."""
+        typed_discard = discard_ratio
+        discard_ratio = 0.0 if typed_discard is None else in_range(typed_discard, 0.0, DISCARD_MAX, "discard ratio")
+        discard = gr.update() if typed_discard is None or discard_ratio == typed_discard else \
+            gr.update(value=discard_ratio)
+        emptied_layer, layer = layer is None, 1 if layer is None else layer
         if image_path is None and action is not None and emptied_at == action:
             if shown is not None and shown[0] == EMPTIED:  # this page's last run emptied the box: the refusal stands
-                as_they_are = len(self._nothing_shown("")) + 1  # the results and the image box
-                return (*(gr.update() for _ in range(as_they_are)), (None, model_key))
+                # Its status line is kept; the results it cleared are given as cleared (None), never `gr.update()`:
+                # Gradio answers an update of a component with a copy of it for the session, which draws that
+                # session's later results (the next photo's overlays) into a file set of its own, outside
+                # `blocks.temp_file_sets`, all its cache cleanup deletes (on schedule and when the demo stops).
+                labels, overlay, layer_view, _, class_map, _, _ = self._nothing_shown("")
+                return (labels, gr.update(), discard, overlay, layer_view, gr.update(), class_map, gr.update(),
+                        gr.update(), (None, model_key))
             labels, *rest = self._not_uploaded()
-            return (labels, gr.update(), *rest, (None, model_key))
+            return (labels, gr.update(), discard, *rest, (None, model_key))
         if shown is None or model_key != shown[1]:
             handler = self.analyze_new_model
         elif image_path != shown[0]:
@@ -355,12 +404,14 @@ class Demo:
             handler = self.analyze
         outputs = handler(image_path, model_key, backend, head_fusion, discard_ratio, layer, target)
         labels, *rest = outputs
+        if emptied_layer and handler != self.analyze_new_model:  # another model's slider shows its last block
+            rest[-1] = {key: value for key, value in rest[-1].items() if key != "value"}
         if isinstance(outputs, _Refusal):
             # Emptied, not left in the box: a file the browser cannot draw either (text named .png) showed its
             # broken-image icon there. Emptying fires the box's `change` as an over-limit file's does (EMPTIED_JS);
             # EMPTIED in `shown` tells that run it is this one's doing.
-            return (labels, gr.update(value=None), *rest, (EMPTIED, model_key))
-        return (labels, gr.update(), *rest, (image_path, model_key))
+            return (labels, gr.update(value=None), discard, *rest, (EMPTIED, model_key))
+        return (labels, gr.update(), discard, *rest, (image_path, model_key))
 
     @staticmethod
     def _slider(depth: int, value: int | None = None) -> Any:
@@ -421,8 +472,8 @@ class Demo:
                     knows = gr.Markdown(domain_note(shown), elem_id="domain")
                     backend = gr.Radio(self.backends(), value=IN_PROCESS, label="Labels from", elem_id="backend")
                     fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion", elem_id="head-fusion")
-                    discard = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio (lowest attentions)",
-                                        elem_id="discard-ratio")
+                    discard = TypedSlider(0.0, DISCARD_MAX, value=0.0, step=DISCARD_STEP, elem_id="discard-ratio",
+                                          label="Discard ratio (lowest attentions)")
                 with gr.Column(scale=2):
                     status = gr.Markdown("Upload an image or pick an example.", elem_id="status")
                     labels = gr.Label(num_top_classes=5, label="Top-5", elem_id="labels")
@@ -434,8 +485,8 @@ class Demo:
                         class_map = gr.Image(label="Class-specific (gradient-weighted) rollout", elem_id="class-map",
                                              interactive=False, format="png", height=300, buttons=RESULT_BUTTONS)
                     with gr.Row():
-                        layer = gr.Slider(1, max(depth, 2), value=depth, step=1, elem_id="layer",
-                                          label=f"Block (per-layer view, 1..{depth})")
+                        layer = TypedSlider(1, max(depth, 2), value=depth, step=1, elem_id="layer",
+                                            label=f"Block (per-layer view, 1..{depth})")
                         target = gr.Dropdown([], label="Class-specific map for label", elem_id="target")
                     # The examples under the results, not under the controls: where the columns stack (a phone), the
                     # status line came after the whole gallery, out of sight of the image box and the controls
@@ -488,7 +539,7 @@ class Demo:
             results = [labels, overlay, layer_view, target, class_map, status, layer]
             action.change(self.analyze_latest,
                           inputs=[image, model, backend, fusion, discard, layer, target, shown, action, emptied_at],
-                          outputs=[results[0], image, *results[1:], shown], trigger_mode="always_last",
+                          outputs=[results[0], image, discard, *results[1:], shown], trigger_mode="always_last",
                           show_progress_on=results)  # not over the upload box, which only a refusal empties
         return blocks
 
