@@ -6,6 +6,7 @@ none of them comes from running the code under test.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -313,3 +314,37 @@ def test_blend_names_a_batch_of_maps_and_a_map_that_is_not_finite() -> None:
         blend(image, torch.rand(2, 8, 8))
     with pytest.raises(ValueError, match="the map holds NaN or infinite values"):
         blend(image, torch.full((8, 8), float("nan")))
+
+
+class _DeviceResidentMap(torch.Tensor):
+    """A map as a CUDA tensor behaves for numpy: unreadable until moved to the CPU (`.cpu()` gives a plain tensor).
+
+    Emulates the one property of a GPU map that blend's drawing depends on, on a CPU-only host."""
+
+    def __array__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host "
+                        "memory first.")
+
+    def numpy(self, *args: object, **kwargs: object) -> None:
+        self.__array__()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = super().__torch_function__(func, types, args, kwargs)
+        return out.as_subclass(torch.Tensor) if func is torch.Tensor.cpu else out
+
+
+def test_blend_draws_a_map_that_lies_on_a_gpu() -> None:
+    # rollout on a cuda model gives cuda maps; blend checked them with np.isfinite, which cannot read a device tensor
+    from PIL import Image
+
+    from hub_vit.explain import blend
+
+    image = Image.new("RGB", (64, 48), (10, 200, 30))
+    relevance = torch.rand(6, 8)
+    on_device = relevance.as_subclass(_DeviceResidentMap)
+    with pytest.raises(TypeError, match="can't convert cuda"):  # the emulation holds
+        np.asarray(on_device)
+    assert np.array_equal(blend(image, on_device, (4, 2, 60, 46)), blend(image, relevance, (4, 2, 60, 46)))
+    with pytest.raises(ValueError, match="the map holds NaN or infinite values"):
+        blend(image, torch.full((6, 8), float("inf")).as_subclass(_DeviceResidentMap))
