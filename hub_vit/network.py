@@ -7,10 +7,16 @@ retries a failed connection five times over about 23 s for each file it does not
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
+
+logger = logging.getLogger(__name__)
+Loaded = TypeVar("Loaded")
 
 CONNECT_TIMEOUT_S = 3.0
 # The switches, in the order they are named: hub-vit's own, then huggingface_hub's and transformers' (which
@@ -88,6 +94,60 @@ def check_reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
                               f"({'; '.join(errors)}); check the network connection")
 
 
+def load_cache_only_when_unreachable(path: Any, kwargs: dict[str, Any], load: Callable[[dict[str, Any]], Loaded],
+                                     file: str, hint: str = "") -> Loaded:
+    """`load(kwargs)`: a transformers `from_pretrained` of `path` that reads `file` first. When `path` names a Hub repo
+    that cannot be reached now (an offline switch is on, or no connection opens within `CONNECT_TIMEOUT_S`: a few
+    milliseconds without DNS), it loads from the local cache only, at once, with a warning saying why; a repo whose
+    `file` is not cached then raises `HubUnreachableError` naming the Hub, the reason, the cache (and `hint`).
+    Otherwise each read of a file that is not cached waits out huggingface_hub's retries, about 23 s, before it
+    fails in huggingface_hub's words (which advise setting `local_files_only=False`: the caller never set it)."""
+    kwargs, unreachable = cache_only_when_unreachable(path, kwargs)
+    try:
+        return load(kwargs)
+    except OSError as err:
+        if unreachable is None or not _cache_miss(err, path, file, kwargs):
+            raise
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        cache = kwargs.get("cache_dir") or HF_HUB_CACHE
+        raise HubUnreachableError(f"cannot load {str(path)!r}: {unreachable}, and the local cache ({cache}) does "
+                                  f"not hold it{hint and chr(10) + hint}") from err
+
+
+def cache_only_when_unreachable(path: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], HubUnreachableError | None]:
+    """`kwargs` for a `from_pretrained` of `path`, with `local_files_only=True` (and a warning) when `path` names a
+    Hub repo that cannot be reached now, and why (None: as given: a local path, or the Hub answers)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(path, (str, os.PathLike)) or os.path.exists(path) or kwargs.get("local_files_only"):
+        return kwargs, None
+    try:
+        validate_repo_id(os.fspath(path))
+    except HFValidationError:  # a local path that does not exist: transformers says so itself
+        return kwargs, None
+    try:
+        check_reachable(hub_endpoint())  # an offline switch on counts as unreachable
+    except HubUnreachableError as unreachable:
+        logger.warning(f"{unreachable}: loading {str(path)!r} from the local cache only")
+        return {**kwargs, "local_files_only": True}, unreachable
+    return kwargs, None
+
+
+def _cache_miss(err: OSError, path: Any, file: str, kwargs: dict[str, Any]) -> bool:
+    """Whether a cache-only load of the Hub repo `path` failed (`err`) for want of a file in huggingface_hub's cache:
+    a file it read (`err`'s cause), or `file`, which transformers' image processor reads without saying so."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    if isinstance(err.__cause__, LocalEntryNotFoundError):
+        return True
+    name = f"{kwargs['subfolder']}/{file}" if kwargs.get("subfolder") else file
+    found = try_to_load_from_cache(os.fspath(path), name, cache_dir=kwargs.get("cache_dir"),
+                                   revision=kwargs.get("revision"))
+    return not isinstance(found, str)
+
+
 def _proxy_for(url: str) -> str | None:
     scheme = urlsplit(url).scheme
     for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"):
@@ -116,5 +176,5 @@ def _resolve(host: str, port: int, timeout: float) -> list[tuple]:
     return result[0]
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "OFFLINE_SWITCHES", "HubUnreachableError", "check_reachable", "hub_endpoint",
-           "offline_mode", "offline_switch"]
+__all__ = ["CONNECT_TIMEOUT_S", "OFFLINE_SWITCHES", "HubUnreachableError", "cache_only_when_unreachable",
+           "check_reachable", "hub_endpoint", "load_cache_only_when_unreachable", "offline_mode", "offline_switch"]

@@ -407,6 +407,24 @@ def test_an_uncached_hub_repo_fails_at_once_naming_the_hub_and_the_cache(tmp_pat
     assert "local_files_only" not in str(refused.value)
 
 
+@pytest.mark.parametrize("cls", [HubViTConfig, HubViTImageProcessor], ids=["config", "processor"])
+def test_the_config_and_processor_of_a_hub_repo_load_from_the_cache_at_once_while_the_hub_is_unreachable(
+        cls, tmp_path, unreachable_hub, caplog) -> None:
+    # was: the configuration and image processor asked the Hub anyway: 23 s / 47 s of retries, then transformers'
+    # advice to check the connection, where the model class failed at once naming the Hub and the cache
+    from hub_vit.network import HubUnreachableError
+
+    model = HubViTForImageClassification.from_vit(_randomised(SPECS["vit"]))
+    cache = _hub_cache(tmp_path / "cache", "hub-vit-test/tiny", model)
+    with caplog.at_level("WARNING"):
+        loaded = cls.from_pretrained("hub-vit-test/tiny", cache_dir=cache)
+    assert isinstance(loaded, cls) and "from the local cache only" in caplog.text
+    with pytest.raises(HubUnreachableError, match=r"cannot load 'hub-vit-test/absent': cannot reach the Hugging "
+                                                  r"Face Hub at http://hub\.invalid.*the local cache .* does not hold"):
+        cls.from_pretrained("hub-vit-test/absent", cache_dir=cache)
+    assert unreachable_hub == []
+
+
 def test_a_timm_name_says_how_to_load_its_weights(tmp_path, unreachable_hub) -> None:
     # was: the Hub's failure alone, for a name a user has just used with timm.create_model
     from hub_vit.network import HubUnreachableError

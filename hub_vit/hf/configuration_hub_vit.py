@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
+from hub_vit.network import load_cache_only_when_unreachable
 from hub_vit.variants import DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, MODEL_TYPE, SWITCHES, ViTSpec
 
 # The default config is the paper's SimpleViT-S/16 (what `HubViTConfig()` builds).
@@ -219,6 +220,15 @@ class HubViTConfig(PreTrainedConfig):
             return ViTSpec(**values)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"invalid HubViTConfig: {exc}") from exc
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """transformers' `from_pretrained`; a Hub repo id while the Hub cannot be reached (an offline switch on, or no
+        connection within a few seconds) loads from the local cache only, at once, with a warning; not cached,
+        `HubUnreachableError` says both (was: huggingface_hub's retries, 23 s, then its advice)."""
+        path = pretrained_model_name_or_path
+        return load_cache_only_when_unreachable(
+            path, kwargs, lambda given: super(HubViTConfig, cls).from_pretrained(path, *args, **given), "config.json")
 
     @classmethod
     def from_spec(cls, spec: ViTSpec, **kwargs: Any) -> "HubViTConfig":

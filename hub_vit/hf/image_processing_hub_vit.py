@@ -28,6 +28,7 @@ from transformers.image_transforms import to_pil_image
 
 from hub_vit.data_config import CROP_MODES, GOOGLE_EVAL, INTERPOLATIONS, DataConfig
 from hub_vit.image_modes import to_8bit
+from hub_vit.network import load_cache_only_when_unreachable
 from hub_vit.resize_bound import check_resize, eval_resize
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -117,6 +118,16 @@ class HubViTImageProcessor(BaseImageProcessor):
         self.do_normalize: bool = settings["do_normalize"]
         # (settings, transform) for the processor's own settings: built once, rebuilt if an attribute is changed
         self._own_transform: tuple[dict[str, Any], Any] | None = None
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """transformers' `from_pretrained`; a Hub repo id while the Hub cannot be reached (an offline switch on, or no
+        connection within a few seconds) loads from the local cache only, at once, with a warning; not cached,
+        `HubUnreachableError` says both (was: huggingface_hub's retries, 47 s, then transformers' words)."""
+        path = pretrained_model_name_or_path
+        return load_cache_only_when_unreachable(
+            path, kwargs, lambda given: super(HubViTImageProcessor, cls).from_pretrained(path, *args, **given),
+            PREPROCESSOR_FILE)
 
     @classmethod
     def from_dict(cls, image_processor_dict: dict[str, Any], **kwargs: Any) -> Any:

@@ -17,12 +17,11 @@ import os
 from typing import Any
 
 import torch
-from huggingface_hub.errors import LocalEntryNotFoundError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, logging
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, logging
 
 from hub_vit.hf.configuration_hub_vit import (
     SPEC_FIELDS,
@@ -35,7 +34,7 @@ from hub_vit.hf.configuration_hub_vit import (
 from hub_vit.hf.image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from hub_vit.layers import Block
 from hub_vit.model import VisionTransformer
-from hub_vit.network import HubUnreachableError, check_reachable, hub_endpoint
+from hub_vit.network import HubUnreachableError, load_cache_only_when_unreachable
 from hub_vit.variants import LABELS_FILE, to_2tuple
 from hub_vit.weights import adapt_state_dict
 from hub_vit.weights_check import check_values, check_weights_file
@@ -205,21 +204,17 @@ class HubViTPreTrainedModel(PreTrainedModel):
 
         A Hub repo id while the Hub cannot be reached (an offline switch on, or no connection within a few seconds)
         loads from the local cache only, at once, with a warning; not cached, `HubUnreachableError` says both."""
-        kwargs, unreachable = _cache_only_when_unreachable(pretrained_model_name_or_path, kwargs)
+        path = pretrained_model_name_or_path
+        hint = _registered_name_hint(path)
         try:
-            return cls._load(pretrained_model_name_or_path, model_args, kwargs)
+            return load_cache_only_when_unreachable(path, kwargs, lambda given: cls._load(path, model_args, given),
+                                                    CONFIG_NAME, hint)
+        except HubUnreachableError:
+            raise
         except OSError as err:
-            hint = _registered_name_hint(pretrained_model_name_or_path)
-            if unreachable is None or not isinstance(err.__cause__, LocalEntryNotFoundError):
-                if hint:
-                    raise OSError(f"{err}\n{hint}") from err
-                raise
-            # not huggingface_hub's own words: they advise setting local_files_only=False, which hub-vit set here
-            from huggingface_hub.constants import HF_HUB_CACHE
-
-            cache = kwargs.get("cache_dir") or HF_HUB_CACHE
-            raise HubUnreachableError(f"cannot load {pretrained_model_name_or_path!r}: {unreachable}, and the local "
-                                      f"cache ({cache}) does not hold it{hint and chr(10) + hint}") from err
+            if hint:
+                raise OSError(f"{err}\n{hint}") from err
+            raise
 
     @classmethod
     def _load(cls, pretrained_model_name_or_path: Any, model_args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -335,27 +330,6 @@ def _registered_name_hint(name: Any) -> str:
 def _hub_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The `from_pretrained` keywords that say where and how to fetch files, for hub-vit's own reads of them."""
     return {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
-
-
-def _cache_only_when_unreachable(path: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Exception | None]:
-    """`kwargs` for a load of `path`, with `local_files_only=True` when `path` names a Hub repo that cannot be reached
-    now (an offline switch is on, or no connection opens within `network.CONNECT_TIMEOUT_S`: a few milliseconds
-    without DNS), and why (None: as given). Otherwise each read of a file that is not cached (hub-vit's config read,
-    then transformers') waits out huggingface_hub's retries, about 23 s, before it fails."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if not isinstance(path, (str, os.PathLike)) or os.path.exists(path) or kwargs.get("local_files_only"):
-        return kwargs, None
-    try:
-        validate_repo_id(os.fspath(path))
-    except HFValidationError:  # a local path that does not exist: transformers says so itself
-        return kwargs, None
-    try:
-        check_reachable(hub_endpoint())  # an offline switch on counts as unreachable
-    except HubUnreachableError as unreachable:
-        logger.warning(f"{unreachable}: loading {str(path)!r} from the local cache only")
-        return {**kwargs, "local_files_only": True}, unreachable
-    return kwargs, None
 
 
 def _saved_config(path: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
