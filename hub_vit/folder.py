@@ -176,14 +176,6 @@ def _write_extra(path: Path, content: ExtraFile) -> None:
                         f"got {type(content).__name__}")
 
 
-def _first_difference(labels: list[str], id2label: list[str]) -> str:
-    """Where `labels.txt` and `id2label` first part: a class count or one class's name."""
-    if len(labels) != len(id2label):
-        return f"{len(labels)} lines against {len(id2label)} entries"
-    index = next(i for i, (a, b) in enumerate(zip(labels, id2label, strict=True)) if a != b)
-    return f"class {index} is {labels[index]!r} in {LABELS_FILE}, {id2label[index]!r} in id2label"
-
-
 def _write_folder(model: VisionTransformer, out: Path, labels: list[str] | None, pretrained_cfg: dict | None,
                   architecture: str, extra: dict[str, ExtraFile], native_vit: bool) -> None:
     from safetensors import safe_open
@@ -461,7 +453,7 @@ def read_model_config(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], P
 
 def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer, ModelFolderInfo]:
     """Load a hub-vit model folder into a `VisionTransformer` (eval mode, strict) plus its `ModelFolderInfo`."""
-    from hub_vit.hf.configuration_hub_vit import HubViTConfig, label_at
+    from hub_vit.hf.configuration_hub_vit import HubViTConfig, check_labels_file, label_at
     from hub_vit.weights import WeightsFileError, load_adapted_state_dict, load_weights_file
     from hub_vit.weights_check import check_weights_file
 
@@ -484,9 +476,7 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
 
     labels = read_labels(folder)
     id2label = [label_at(config.id2label, i) for i in range(spec.num_classes)] if spec.num_classes else []
-    if labels and labels != id2label:
-        raise ValueError(f"{folder}: {LABELS_FILE} disagrees with config.json id2label: "
-                         f"{_first_difference(labels, id2label)}")
+    check_labels_file(folder, labels, id2label)
     timm_cfg = config.timm_config()
     # the data config and class names on the model, as timm's builder puts them there for a `local-dir:` folder
     # (timm.data.resolve_data_config(model=...) reads it; save_model_folder(model) keeps both)

@@ -93,7 +93,10 @@ def _load_pretrained(model: VisionTransformer, checkpoint_path: str) -> None:
 def _check_file(cfg: Any) -> None:
     """A `pretrained_cfg_overlay=dict(file=...)` that names no file: timm's loader raises a `FileNotFoundError` with
     no message (its log alone names the path)."""
-    if not cfg.file or cfg.source == "local-dir":  # (a local-dir: cfg's `file` is its folder)
+    if cfg.source == "local-dir" and cfg.file:  # cfg's `file` is the folder
+        _check_local_folder(Path(cfg.file))
+        return
+    if not cfg.file:
         return
     path = Path(cfg.file)
     if path.is_dir():
@@ -102,6 +105,24 @@ def _check_file(cfg: Any) -> None:
                                 f"timm.create_model('local-dir:{path}', pretrained=True)")
     if not path.is_file():
         raise FileNotFoundError(f"pretrained_cfg_overlay file={str(path)!r}: no such file")
+
+
+# the files timm's `local-dir:` loader takes as the weights, in its order (`timm.models._hub._PREFERRED_FILES`); past
+# them it falls back to the first *.safetensors in the folder: in a hub-vit folder, the out-of-domain statistics
+LOCAL_DIR_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")
+
+
+def _check_local_folder(folder: Path) -> None:
+    """A `local-dir:` folder of a hub-vit model: its weights are there (one file: shards are named), and its
+    labels.txt agrees with config.json's id2label, as hub-vit's folder loader and transformers' check them."""
+    from hub_vit.folder import model_folder_files, read_config_json, read_labels
+    from hub_vit.hf.configuration_hub_vit import check_labels_file, label_at
+
+    if not any((folder / name).is_file() for name in LOCAL_DIR_WEIGHTS):
+        model_folder_files(folder)  # names what is missing (or that the weights are in shards)
+    id2label = read_config_json(folder / "config.json").get("id2label")
+    if isinstance(id2label, dict):
+        check_labels_file(folder, read_labels(folder), [label_at(id2label, i) for i in range(len(id2label))])
 
 
 def _check_weights(architecture: str, spec: ViTSpec, cfg: Any, kwargs: dict[str, Any]) -> None:

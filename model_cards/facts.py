@@ -187,6 +187,14 @@ def card_labels(folder: Path, config: dict[str, Any], num_classes: int) -> list[
     if (labels or from_file) and len(labels) != num_classes:  # an empty labels.txt too: it names no class
         raise ModelFolderError(f"{folder / LABELS} lists {len(labels)} labels but the model has {num_classes} "
                                "classes")
+    id2label = config.get("id2label")
+    if from_file and isinstance(id2label, dict):  # the names transformers answers with: a card (or a push) of a
+        from hub_vit.hf.configuration_hub_vit import check_labels_file, label_at  # folder whose files disagree
+
+        try:
+            check_labels_file(folder, labels, [label_at(id2label, i) for i in range(len(id2label))])
+        except ValueError as exc:
+            raise ModelFolderError(str(exc)) from None
     return labels
 
 

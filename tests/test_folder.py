@@ -313,8 +313,33 @@ def test_bad_folders_on_load(tmp_path, simple_folder) -> None:
         load_model_folder(broken)
     labels = (folder / "labels.txt").read_text().splitlines()
     (broken / "labels.txt").write_text("\n".join([*labels[:2], "renamed", *labels[3:]]) + "\n")
-    with pytest.raises(ValueError, match=f"class 2 is 'renamed' in labels.txt, '{labels[2]}' in id2label"):
+    renamed = f"class 2 is 'renamed' in labels.txt, '{labels[2]}' in id2label"
+    with pytest.raises(ValueError, match=renamed):
         load_model_folder(broken)
+    # the other front doors and the publishing path refuse the same folder (were: loaded with id2label's names, and
+    # `hub-vit push` would have uploaded it)
+    from hub_vit.model_cards.facts import ModelFolderError
+    from hub_vit.publish import validate_folder
+
+    with pytest.raises(ValueError, match=renamed):
+        timm.create_model(f"local-dir:{broken}", pretrained=True)
+    with pytest.raises(ValueError, match=renamed):
+        AutoModelForImageClassification.from_pretrained(broken)
+    with pytest.raises(ModelFolderError, match=renamed):
+        validate_folder(broken)
+
+
+def test_timm_local_dir_without_its_weights_file_names_it(tmp_path, simple_folder) -> None:
+    # was: timm's fallback loaded the folder's first other *.safetensors (the out-of-domain statistics) as the weights
+    _, folder = simple_folder
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for p in folder.iterdir():
+        if p.name != "model.safetensors":
+            (partial / p.name).write_bytes(p.read_bytes())
+    (partial / "domain.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    with pytest.raises(FileNotFoundError, match=r"not a hub-vit model folder: model.safetensors is missing"):
+        timm.create_model(f"local-dir:{partial}", pretrained=True)
 
 
 def test_headless_model_folder(tmp_path) -> None:

@@ -28,6 +28,7 @@ from hub_vit.hf.configuration_hub_vit import (
     TRAINING_FIELDS,
     VIT_DROPOUT,
     HubViTConfig,
+    check_labels_file,
     label_at,
     refuse_vit_dropout,
 )
@@ -220,6 +221,7 @@ class HubViTPreTrainedModel(PreTrainedModel):
     def _load(cls, pretrained_model_name_or_path: Any, model_args: tuple, kwargs: dict[str, Any]) -> Any:
         saved_config = _saved_config(pretrained_model_name_or_path, kwargs)  # read once: each read asks the Hub
         _check_saved_weights(pretrained_model_name_or_path, saved_config, kwargs)  # before anything is built or read
+        _check_saved_labels(pretrained_model_name_or_path, saved_config, kwargs)
         config = kwargs.get("config")
         target = kwargs.get("img_size") if config is None else getattr(config, "img_size", None)
         saved = None if target is None else _saved_learned_grid_size(saved_config)
@@ -365,6 +367,22 @@ def _check_saved_weights(path: Any, saved: dict[str, Any] | None, kwargs: dict[s
     config = HubViTConfig.from_dict({k: v for k, v in saved.items() if k != "transformers_version"})
     spec = config.weights_spec()  # a backbone saved by HubViTModel keeps num_labels but saved no head
     check_weights_file(weights, spec, config="config.json", unrelated_ok=True)
+
+
+def _check_saved_labels(path: Any, saved: dict[str, Any] | None, kwargs: dict[str, Any]) -> None:
+    """A local model folder's labels.txt against its saved config.json's id2label (`check_labels_file`), as hub-vit's
+    own folder loader checks them: the same folder must not answer with other class names there. A Hub repo is not
+    asked for the file (a request per load); a folder without labels.txt, or not hub-vit's, has nothing to compare."""
+    if saved is None or saved.get("model_type") != HubViTConfig.model_type or not isinstance(path, (str, os.PathLike)):
+        return
+    folder = os.path.join(path, kwargs.get("subfolder") or "")
+    labels_path = os.path.join(folder, LABELS_FILE)
+    id2label = saved.get("id2label")
+    if not os.path.isfile(labels_path) or not isinstance(id2label, dict):
+        return
+    with open(labels_path, encoding="utf-8") as f:
+        labels = f.read().splitlines()
+    check_labels_file(os.fspath(path), labels, [label_at(id2label, i) for i in range(len(id2label))])
 
 
 def _saved_learned_grid_size(saved: dict[str, Any] | None) -> tuple[int, int] | None:

@@ -12,13 +12,14 @@ at module level it may import only the bundled hub_vit modules (variants), trans
 
 import dataclasses
 import difflib
+import os
 from typing import Any, ClassVar
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 from .hub_vit_network import load_cache_only_when_unreachable
-from .hub_vit_variants import DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, MODEL_TYPE, SWITCHES, ViTSpec
+from .hub_vit_variants import DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, LABELS_FILE, MODEL_TYPE, SWITCHES, ViTSpec
 
 # The default config is the paper's SimpleViT-S/16 (what `HubViTConfig()` builds).
 _DEFAULT = GENERIC_SPEC
@@ -89,6 +90,20 @@ def label_at(id2label: dict[Any, str], index: int) -> str:
         return id2label[str(index)]
     raise ValueError(f"id2label has no label for class {index}; it needs one for each of the classes (keys 0 .. "
                      f"n-1), got keys {sorted(map(str, id2label))[:10]}")
+
+
+def check_labels_file(folder: str | os.PathLike[str], labels: list[str], id2label: list[str]) -> None:
+    """ValueError when a model folder's labels.txt (`labels`, one class name per line; [] when it has none) names
+    other classes than its config.json (`id2label`, in class order): the two are written together, and a folder whose
+    files disagree answers with other names in hub-vit's CLI and server than in transformers."""
+    if not labels or labels == id2label:
+        return
+    if len(labels) != len(id2label):
+        difference = f"{len(labels)} lines against {len(id2label)} entries"
+    else:
+        index = next(i for i, (a, b) in enumerate(zip(labels, id2label, strict=True)) if a != b)
+        difference = f"class {index} is {labels[index]!r} in {LABELS_FILE}, {id2label[index]!r} in id2label"
+    raise ValueError(f"{folder}: {LABELS_FILE} disagrees with config.json id2label: {difference}")
 
 
 @strict(accept_kwargs=True)
