@@ -16,6 +16,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from hub_vit.ports import HTTP_PORT, LOOPBACK
@@ -31,13 +32,14 @@ from hub_vit.server.client.errors import (
     too_large,
     too_large_limit,
 )
-from hub_vit.server.client.images import ImageLike, as_batch, encode, encoded_off_loop
+from hub_vit.server.client.images import ImageLike, as_batch, check_images, encode, encoded_off_loop
 from hub_vit.server.client.messages import (
     Prediction,
     PreparedRequest,
     RequestLimit,
     ServedConfig,
     build_request,
+    check_flag,
     explain_parameters,
     model_counts,
     parse_result,
@@ -194,9 +196,13 @@ class Classifier:
         that waits longer than this in a step's queue, instead of computing an answer nobody waits for any more;
         None: the repository's own limit (none by default).
         `explain`: each Prediction also holds the server's rollout map and the crop box it covers; `head_fusion`
-        ('mean', 'max', 'min') and `discard_ratio` ([0, 1)) as in `hub-vit rollout`, its defaults when None."""
+        ('mean', 'max', 'min') and `discard_ratio` ([0, 1)) as in `hub-vit rollout`, its defaults when None.
+        Every argument, and every image as far as it can be without reading it (empty bytes, an empty or missing
+        file), is checked before any connection: ValueError / TypeError naming it."""
         batch = as_batch(images)
-        parameters = explain_parameters(explain, head_fusion, discard_ratio)
+        with_logits = check_flag(with_logits, "with_logits")
+        parameters = explain_parameters(explain, head_fusion, discard_ratio)  # `explain` checked with its settings
+        check_images(batch)  # before the config's round trip too: a bad image was found only once connected
         kwargs = queue_timeout(queue_timeout_s) | self._deadline | ({"parameters": parameters} if parameters else {})
         refused = refusal(self.model, self.config(), explain, queue_timeout_s) if explain or queue_timeout_s else None
         if refused is not None:
@@ -393,8 +399,13 @@ class AsyncClassifier:
                        discard_ratio: float | None = None) -> list[Prediction]:
         """As `Classifier.classify`; the requests of a long list run concurrently (at most MAX_IN_FLIGHT at once)."""
         batch = as_batch(images)
-        parameters = explain_parameters(explain, head_fusion, discard_ratio)
+        with_logits = check_flag(with_logits, "with_logits")
+        parameters = explain_parameters(explain, head_fusion, discard_ratio)  # `explain` checked with its settings
         timeout = queue_timeout(queue_timeout_s) | ({"parameters": parameters} if parameters else {})
+        if any(isinstance(image, (str, Path)) for image in batch):  # stat()ed: off the event loop, as files are read
+            await asyncio.to_thread(check_images, batch)
+        else:
+            check_images(batch)
         refused = refusal(self.model, await self.config(), explain, queue_timeout_s) \
             if explain or queue_timeout_s else None
         if refused is not None:
@@ -436,6 +447,7 @@ class AsyncClassifier:
         encoded and serialised now, for `send`. `queue_timeout_s`: as in `classify`."""
         batch = as_batch(images)
         timeout = queue_timeout(queue_timeout_s)
+        check_images(batch)  # each named by its index in `images`, as `classify` names them
         inputs, outputs = build_request(self.module, batch, with_logits=False)
         return PreparedRequest(inputs, outputs, len(batch), timeout.get("timeout"))
 

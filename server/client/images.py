@@ -27,9 +27,38 @@ _OTHER_16BIT_MODES = ("I;16L", "I;16N")
 
 
 def encode(image: ImageLike) -> bytes:
-    """Path / bytes / binary file object / PIL image -> encoded bytes as sent to the server."""
+    """Path / bytes / binary file object / PIL image -> encoded bytes as sent to the server; ValueError for what
+    cannot be sent (`check_image`), and for a file or file object that held no bytes when read."""
+    check_image(image)
     if isinstance(image, (bytes, bytearray, memoryview)):
         return bytes(image)
+    if isinstance(image, (str, Path)):
+        data = Path(image).read_bytes()
+        if not data:  # emptied since it was checked (a download still being written): still nothing to send
+            raise ValueError(_empty_file(Path(image)))
+        return data
+    if _file_object(image):  # open(path, "rb"), io.BytesIO, a download's response: read from where it stands
+        data = image.read()
+        if not isinstance(data, (bytes, bytearray, memoryview)):  # a text stream that is no io.TextIOBase
+            raise ValueError(_text_mode(image))
+        if not memoryview(data).nbytes:
+            raise ValueError(f"{_file_name(image)} gave 0 bytes: it is empty, or was read to its end already (a file "
+                             f"object is read from where it stands: seek(0) first); send an encoded image ({NAMES})")
+        return bytes(data)
+    buffer = io.BytesIO()  # a PIL image: `check_image` let nothing else through
+    _png_ready(image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def check_image(image: ImageLike) -> None:
+    """ValueError naming why `image` cannot be sent, found without reading it (a path's size, not its bytes), so that
+    `classify` refuses it before any connection: the server would only refuse it, and where none listens the caller
+    was told about the connection instead. Empty bytes or an empty file are never an image, whatever the server;
+    which formats it decodes is the server's to say (a repository hub-vit did not write may decode others)."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        if not memoryview(image).nbytes:
+            raise ValueError(f"empty image bytes (b'', 0 bytes); send an encoded image ({NAMES})")
+        return
     if isinstance(image, str) and "://" in image:  # Path() would fold its '//' and call it a missing file
         raise ValueError(f"{image!r} is a URL: the client sends image files, bytes or PIL images, it fetches nothing; "
                          "download it first (e.g. urllib.request.urlopen(url).read()) and pass the bytes")
@@ -41,23 +70,52 @@ def encode(image: ImageLike) -> bytes:
             raise ValueError(f"image file {str(path)!r} does not exist")
         if not path.is_file():
             raise ValueError(f"{str(path)!r} is not a regular file; give image files ({NAMES})")
-        return path.read_bytes()
-    if _file_object(image):  # open(path, "rb"), io.BytesIO, a download's response: read from where it stands
-        data = "" if isinstance(image, io.TextIOBase) else image.read()  # text: reading an image would not decode
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise ValueError(f"{type(image).__name__} {getattr(image, 'name', '')!r} is open in text mode; open the "
-                             "image in binary mode: open(path, 'rb')")
-        return bytes(data)
+        if path.stat().st_size == 0:
+            raise ValueError(_empty_file(path))
+        return
+    if _file_object(image):
+        if isinstance(image, io.TextIOBase):  # reading it would give text, which no decoder takes
+            raise ValueError(_text_mode(image))
+        return  # its bytes are known only once read, when it is sent (`encode`)
     if _pil_image(image):
-        buffer = io.BytesIO()
-        _png_ready(image).save(buffer, format="PNG")
-        return buffer.getvalue()
+        if image.mode == "F":
+            raise ValueError("cannot send a mode 'F' (32-bit float) PIL image: its value range is unknown; convert it "
+                             "to 'L' or 'RGB' first")
+        return
     if isinstance(image, np.ndarray):  # its channel order and value range are the caller's to state
         raise ValueError(f"cannot send a numpy array (shape {image.shape}, {image.dtype}): its channel order and value "
                          "range are unknown; pass PIL.Image.fromarray(array) of an RGB uint8 array (an OpenCV image "
                          "is BGR: cv2.cvtColor(array, cv2.COLOR_BGR2RGB) first), or the image's file or bytes")
     raise ValueError(f"cannot send {type(image).__name__}; valid image types: path, bytes, a binary file object, "
                      "PIL.Image")
+
+
+def check_images(images: list[ImageLike]) -> None:
+    """`check_image` for each of `images` (as `as_batch` gives them); an image that is not a path is named by its index
+    in the list when the list holds more than one (a path names itself)."""
+    for index, image in enumerate(images):
+        try:
+            check_image(image)
+        except ValueError as err:
+            if len(images) == 1 or isinstance(image, (str, Path)):
+                raise
+            raise ValueError(f"image {index}: {err}") from None
+
+
+def _empty_file(path: Path) -> str:
+    # `hub-vit rollout`'s words for the same file (hub_vit.explain.image), so both commands say it alike
+    return f"{str(path)!r} is empty (0 bytes); supported formats: {NAMES}"
+
+
+def _text_mode(image: Any) -> str:
+    return (f"{type(image).__name__} {getattr(image, 'name', '')!r} is open in text mode; open the image in binary "
+            "mode: open(path, 'rb')")
+
+
+def _file_name(image: Any) -> str:
+    """A file object as a message names it: its type, and its name where it has one (open(path, "rb"))."""
+    name = getattr(image, "name", None)
+    return type(image).__name__ + (f" {name!r}" if isinstance(name, (str, bytes)) else "")
 
 
 def encoded_off_loop(images: list[ImageLike]) -> bool:
@@ -77,16 +135,14 @@ def _pil_image(image: Any) -> bool:
 
 
 def _png_ready(image: Any) -> Any:
-    """A PIL image in a mode PNG can hold, converted the way the server's decoder would treat it."""
+    """A PIL image in a mode PNG can hold, converted the way the server's decoder would treat it (mode 'F' was
+    refused by `check_image`)."""
     if image.mode in PNG_MODES:
         return image
     if image.mode in _OTHER_16BIT_MODES:  # same samples, rewritten little-endian as "I;16", which PNG can hold
         from PIL import Image
 
         return Image.frombytes("I;16", image.size, np.asarray(image).astype("<u2").tobytes())
-    if image.mode == "F":
-        raise ValueError("cannot send a mode 'F' (32-bit float) PIL image: its value range is unknown; convert it to "
-                         "'L' or 'RGB' first")
     if image.mode == "I":
         from hub_vit.image_modes import to_8bit
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from hub_vit.rollout_settings import check_discard_ratio, check_head_fusion
 from hub_vit.server import protocol
 from hub_vit.server.client.images import ImageLike, encode
 
@@ -135,14 +136,24 @@ def queue_timeout(seconds: float | None) -> dict[str, int]:
 
 
 
+def check_flag(value: object, name: str) -> bool:
+    """`value` as a bool; TypeError naming `name` otherwise, before any connection: `with_logits="yes"` asked for the
+    logits as True would, `explain="yes"` was sent for the server to refuse, and 1 passed for True."""
+    if not isinstance(value, (bool, np.bool_)):  # numpy's bool (`array.any()`) is one too
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def explain_parameters(explain: bool, head_fusion: str | None, discard_ratio: float | None) -> dict[str, Any]:
-    """The request parameters that ask the server for a rollout map ({} without `explain`). The server checks the
-    values (its client error names the valid ones) and applies `hub-vit rollout`'s defaults to those left None."""
-    if not explain:
+    """The request parameters that ask the server for a rollout map ({} without `explain`), checked here by the rules
+    the server applies (`hub_vit.rollout_settings`, whose errors name the valid values), so that a bad one is refused
+    before any connection; the server applies `hub-vit rollout`'s defaults to those left None."""
+    if not check_flag(explain, "explain"):
         if head_fusion is not None or discard_ratio is not None:
             raise ValueError("head_fusion and discard_ratio set how the map is made: pass explain=True with them")
         return {}
-    given = {"head_fusion": head_fusion, "discard_ratio": discard_ratio}
+    given = {"head_fusion": None if head_fusion is None else check_head_fusion(head_fusion),
+             "discard_ratio": None if discard_ratio is None else check_discard_ratio(discard_ratio)}
     return {"explain": True} | {key: value for key, value in given.items() if value is not None}
 
 
