@@ -55,6 +55,7 @@ def classify(
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise fail(f"--concurrency (requests in flight) must be between 1 and {MAX_CONCURRENCY}, got {concurrency}")
     images = listed_images(images, out if explain else None)
+    _check_files(images)
     _check_explain_flags(explain, head_fusion, discard_ratio, out)
     if explain:  # a folder where an overlay goes: refused before any request, not after the answers
         overlays_in_the_way(out, output_stems(images))
@@ -146,26 +147,38 @@ def _refusal(protocol: str, url: str, model: str, err: Exception, lines: JsonLin
     return fail(message, code=2 if bad_input else 1)
 
 
+def _check_files(images: list[Path]) -> None:
+    """Each file as the client checks it before sending (`check_images`: an empty file, one that went away), refused
+    before any request (exit 2, in `hub-vit rollout`'s words): an empty file was sent, and where no server listened
+    the run failed on the connection instead. Whether its bytes are an image the server decodes is the server's to
+    say, per file, while the other files are still classified."""
+    from hub_vit.server.client.images import check_images
+
+    try:
+        check_images(images)  # paths: each message names its file
+    except ValueError as err:
+        raise fail(str(err)) from None
+
+
 def _check_explain_flags(explain: bool, head_fusion: str | None, discard_ratio: float | None, out: Path) -> None:
-    """--explain's flags, refused before any request by the server's own rules."""
+    """--explain's flags, refused before any request by the rules the client and the server apply
+    (`hub_vit.rollout_settings`), in the flags' words."""
     from hub_vit.atomic import file_in_the_way
+    from hub_vit.rollout_settings import HEAD_FUSIONS, check_discard_ratio
     from hub_vit.server.client.messages import explain_parameters
 
+    if head_fusion is not None and head_fusion not in HEAD_FUSIONS:  # as `hub-vit rollout` says it
+        raise fail(f"unknown --head-fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
+    if discard_ratio is not None:
+        try:
+            check_discard_ratio(discard_ratio, "--discard-ratio")
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     try:
-        explain_parameters(explain, head_fusion, discard_ratio)
+        explain_parameters(explain, head_fusion, discard_ratio)  # the values are good: what is left is their --explain
     except ValueError:
         raise fail("--head-fusion and --discard-ratio set the server's rollout map: add --explain") from None
-    if not explain:
-        return
-    from hub_vit.explain.rollout import HEAD_FUSIONS, check_discard_ratio  # the overlays import torch anyway
-
-    if head_fusion is not None and head_fusion not in HEAD_FUSIONS:
-        raise fail(f"unknown --head-fusion {head_fusion!r}; valid choices: {', '.join(HEAD_FUSIONS)}")
-    try:
-        check_discard_ratio(0.0 if discard_ratio is None else discard_ratio, "--discard-ratio")
-    except ValueError as exc:
-        raise fail(str(exc)) from None
-    if file_in_the_way(out) is not None:  # before any request
+    if explain and file_in_the_way(out) is not None:  # before any request
         raise fail(f"--out {str(out)!r} cannot be a folder: {str(file_in_the_way(out))!r} is a file")
 
 
@@ -204,8 +217,8 @@ def _domain_notes(names: list[str], predictions: list[Any]) -> None:
     if any(prediction.domain == UNKNOWN_DOMAIN for prediction in predictions):
         # the server may run a model folder (calibrated by `calibrate-domain`) or an exported file (which has none)
         console.print(f"note: {DOMAIN_SENTENCES[UNKNOWN_DOMAIN]}: the served model carries no out-of-domain score "
-                      "for its weights (a model folder gets one from hub-vit calibrate-domain, then serve it again; "
-                      "an exported file has none)", soft_wrap=True, markup=False, highlight=False)
+                      "for its weights (a model folder gets one from hub-vit calibrate-domain FOLDER --images DIR, "
+                      "then serve it again; an exported file has none)", soft_wrap=True, markup=False, highlight=False)
 
 
 def _write_explained(images: list[Path], predictions: dict[int, Any], out: Path, created: list[Path],
