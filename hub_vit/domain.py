@@ -98,15 +98,43 @@ def _advised_record(path: Path) -> tuple[Domain, dict[str, Any]]:
         raise ValueError(f"{exc}; {REPLACE_RECORD}") from None
 
 
+# the fields every record has, and the JSON type of each field `_record` reads (`measured` may be absent or null)
+_REQUIRED = ("knows", "examples")
+_FIELD_TYPES: dict[str, tuple[type, str]] = {"knows": (str, "a string"), "examples": (str, "a string"),
+                                             "measured": (dict, "an object (names and values)")}
+
+
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words ("an array", "a number", ...)."""
+    kinds = ((bool, "true/false"), (dict, "an object"), (list, "an array"), (str, "a string"), (int, "a number"),
+             (float, "a number"))
+    return "null" if value is None else next((name for kind, name in kinds if isinstance(value, kind)), "a value")
+
+
 def _record(path: Path) -> tuple[Domain, dict[str, Any]]:
     """(knows and examples, the whole record) of the `domain.json` at `path`; ValueError naming the file and what
-    is wrong with it (no advice: each caller knows what its user can do about it)."""
+    is wrong with it in the record's terms: not JSON, not an object, a field missing or of the wrong type (no advice:
+    each caller knows what its user can do about it)."""
+    def refused(why: str) -> ValueError:
+        return ValueError(f"{path} is not a domain record: {why}")
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        domain = Domain(knows=str(data["knows"]), examples=str(data["examples"]))
-        dict(data.get("measured") or {})  # a `measured` that is no mapping makes it no record either
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path} is not a domain record ({type(exc).__name__}: {exc})") from None
+    except UnicodeDecodeError:
+        raise refused("it is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise refused(f"it is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise refused(f"its content is {_json_kind(data)}, where a record is a JSON object with the fields "
+                      f"{' and '.join(map(repr, _REQUIRED))}")
+    missing = [name for name in _REQUIRED if name not in data]
+    if missing:
+        raise refused(f"it lacks the field{'s' if len(missing) > 1 else ''} {' and '.join(map(repr, missing))}")
+    for name, (kind, expected) in _FIELD_TYPES.items():
+        value = data.get(name)
+        if not (isinstance(value, kind) or (value is None and name not in _REQUIRED)):
+            raise refused(f"its field {name!r} is {_json_kind(value)}, expected {expected}")
+    domain = Domain(knows=data["knows"], examples=data["examples"])
     if domain.examples not in EXAMPLE_KINDS:
         raise ValueError(f"{path}: unknown examples {domain.examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
     return domain, data

@@ -28,14 +28,22 @@ from PIL import Image
 
 from hub_vit.data_config import DataConfig
 from hub_vit.domain import EXAMPLE_KINDS, Domain, guess_domain, record_file_in_the_way, stated_domain, write_domain
-from hub_vit.domain_score import DomainStatistics, conformal_threshold, fewest_held_out, fit, score_blocks
+from hub_vit.domain_score import (
+    DomainStatistics,
+    conformal_threshold,
+    fewest_fit_images,
+    fewest_held_out,
+    fit,
+    score_blocks,
+    too_few_fit_images,
+)
 from hub_vit.explain.image import load_image, own_image_files, prepare_image
 from hub_vit.image_formats import OWN_FILE_FORMATS
 from hub_vit.model import VisionTransformer, token_means
 
 DEFAULT_FALSE_ALARM_RATE = 0.01
 MAX_IMAGES = 10_000  # per set: the fit images, the held-out ones (evenly spread over the sorted files beyond it)
-FEWEST_FIT_IMAGES = 10
+# the fewest fit images depend on the model's feature width: `fewest_fit_images(width)` (128 for the digits model)
 HELD_OUT_EVERY = 4  # without a held-out folder: every 4th image (sorted) is held out
 
 
@@ -189,31 +197,37 @@ def plan_calibration(folder: str | Path, images: str | Path, *, held_out: str | 
     from hub_vit.folder import read_model_config
 
     folder = Path(folder)
-    read_model_config(folder)  # the folder named first is reported first (a transformers one too), before any image
+    # the folder named first is reported first (a transformers one too), before any image
+    width = _feature_width(*read_model_config(folder)[:2])
     blocked = record_file_in_the_way(folder)  # found now, not after the fit
     if blocked is not None:
         raise IsADirectoryError(f"{str(blocked)!r} is a folder; calibrate-domain writes the file {blocked.name} "
                                 "there: move the folder away")
     if examples is not None and examples not in EXAMPLE_KINDS:
         raise ValueError(f"unknown examples {examples!r}; valid: {', '.join(EXAMPLE_KINDS)}")
+    if knows is not None and not (knows.strip() and knows.splitlines() == [knows]):
+        # was: "" kept the old phrase in silence, and a line break went into the record and the card
+        raise ValueError(f"--knows must be a phrase on one line, not empty (it is shown after \"this model knows\"), "
+                         f"got {knows!r}; leave --knows out to keep what the folder's record says")
     stated = None if knows and examples else _stated(folder)
     if not 0 < false_alarm_rate < 1:
         raise ValueError(f"the false-alarm rate must be in (0, 1), got {false_alarm_rate}")
-    if max_images < 2 * FEWEST_FIT_IMAGES:
-        raise ValueError(f"max_images must be at least {2 * FEWEST_FIT_IMAGES}, got {max_images}")
+    if max_images < fewest_fit_images(width):
+        raise ValueError(f"max_images must be at least {fewest_fit_images(width)}, the fewest fit images for the "
+                         f"model's feature width {width}, got {max_images}")
     fit_files, held_files = _sets(images, held_out)
     # every folder given is checked before what their image counts allow
     ood_files = own_image_files(out_of_domain, "--out-of-domain") if out_of_domain is not None else []
     fit_files, held_files = spread(fit_files, max_images), spread(held_files, max_images)
     if check_images is not None:  # the files read, before they are counted: ten text files are not 8 images
         check_images([*fit_files, *held_files, *ood_files])
-    _check_counts(images, fit_files, held_files, false_alarm_rate)
     for flag, given, files in (("--images", images, fit_files), ("--held-out", held_out, held_files)):
         shared = _shared(ood_files, files)
         if shared:  # was measured as it came: an AUROC of 0.5 for a set scored against itself
             raise ValueError(f"--out-of-domain {str(out_of_domain)!r} shares {len(shared)} images with {flag} "
                              f"{str(given if given is not None else images)!r}; out-of-domain images must be ones the "
                              "model should not know")
+    _check_counts(images, fit_files, held_files, false_alarm_rate, width)
     named = {"images": source_name(images), "held_out": source_name(held_out if held_out is not None else images),
              "out_of_domain": source_name(out_of_domain) if out_of_domain is not None else ""} | (sources or {})
     return Plan(folder, fit_files, held_files, ood_files, false_alarm_rate, knows, examples, stated, named,
@@ -230,14 +244,32 @@ def _stated(folder: Path) -> Domain | None:
                          "to have them guessed from the model's labels") from None
 
 
-def _check_counts(images: str | Path, fit_files: list[Path], held_files: list[Path], false_alarm_rate: float) -> None:
-    if len(fit_files) < FEWEST_FIT_IMAGES:
-        raise ValueError(f"{len(fit_files)} images to fit the score on ({str(images)!r}); give at least "
-                         f"{FEWEST_FIT_IMAGES} (hundreds or more, of the kind the model knows)")
+def _feature_width(raw: dict[str, Any], config_path: Path) -> int:
+    """The width D of the model's features (the score's), from its config.json (`raw`, read from `config_path`);
+    ValueError naming the file when it is not a config a model loads from, before any image is read."""
+    from hub_vit.hf.configuration_hub_vit import HubViTConfig
+
+    try:  # as load_model_folder reads it
+        config = HubViTConfig.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
+        return config.weights_spec().width
+    except ValueError as exc:
+        raise ValueError(f"{config_path}: {exc}") from None
+
+
+def _check_counts(images: str | Path, fit_files: list[Path], held_files: list[Path], false_alarm_rate: float,
+                  width: int) -> None:
+    """Both sets' counts, every problem in one message (so that one rerun fixes them). `width`: the model's feature
+    width."""
+    problems = []
     if len(held_files) < fewest_held_out(false_alarm_rate):
-        raise ValueError(f"a false-alarm rate of {false_alarm_rate:.2%} needs at least "
-                         f"{fewest_held_out(false_alarm_rate)} held-out images to set the threshold, got "
-                         f"{len(held_files)}; give more held-out images or a higher false-alarm rate")
+        problems.append(f"a false-alarm rate of {false_alarm_rate:.2%} needs at least "
+                        f"{fewest_held_out(false_alarm_rate)} held-out images to set the threshold, got "
+                        f"{len(held_files)}; give more held-out images or a higher false-alarm rate")
+    if len(fit_files) < fewest_fit_images(width):
+        problems.append(f"{len(fit_files)} images to fit the score on ({str(images)!r}): "
+                        f"{too_few_fit_images(len(fit_files), width)}")
+    if problems:
+        raise ValueError("; and ".join(problems))
 
 
 def fit_plan(plan: Plan) -> Domain:

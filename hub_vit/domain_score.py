@@ -5,12 +5,22 @@ image is of the kind it knows (the digits model calls a photo of an astronaut "9
 features instead. `token_means` (B, depth, D) is each block's output averaged over its tokens
 (`hub_vit.model.token_means`). For a few blocks (`score_blocks`: at a quarter, half, three quarters and all of the
 depth) one Gaussian is fitted to the features of in-domain images (scikit-learn's empirical covariance and its
-pseudo-inverse); an image's score is its squared Mahalanobis distance to each block's Gaussian divided by the
-feature width (about 1 for an in-domain image), averaged over the blocks: the feature ensemble of Lee et al. 2018
-("A simple unified framework for detecting out-of-distribution samples and adversarial attacks"), one Gaussian per
-block instead of one per class. `bench/bench_domain.py` measured that choice against softmax confidence, energy,
-Mahalanobis on the pre-logits features, relative Mahalanobis, kNN, class-conditional Gaussians and a shrunk
-(Ledoit-Wolf) covariance (`bench/results/domain_digits.json`).
+inverse, computed as a pseudo-inverse); an image's score is its squared Mahalanobis distance to each block's Gaussian
+divided by the feature width (about 1 for an in-domain image), averaged over the blocks: the feature ensemble of Lee
+et al. 2018 ("A simple unified framework for detecting out-of-distribution samples and adversarial attacks"), one
+Gaussian per block instead of one per class. `bench/bench_domain.py` measured that choice against softmax
+confidence, energy, Mahalanobis on the pre-logits features, relative Mahalanobis, kNN, class-conditional Gaussians
+and a shrunk (Ledoit-Wolf) covariance (`bench/results/domain_digits.json`).
+
+The covariance must be of full rank, and well estimated: its pseudo-inverse gives no weight to a direction the fit
+images do not span (N centred images span at most N - 1 of D), so an image unlike them only there scores as
+in-domain (the digits model fitted on its 20 samples, at width 64, called the astronaut in-domain); and with N just
+above D the smallest eigenvalues of the sample covariance collapse towards 0 (Marchenko-Pastur: to about
+(1 - sqrt(D / N))^2 of the true ones), so noise in those directions decides the score (by Hotelling's T^2, an
+in-domain image's expected score is (N + 1) / (N - D - 2) times its value for many images: unbounded at N = D + 2,
+about 2 at N = 2D). So `fit` refuses fewer than 2D images (`fewest_fit_images`) and features that span fewer than D
+directions (duplicate images). A shrunk covariance would take fewer images, but it is another score than the one
+measured (the bench's Ledoit-Wolf row) and shipped.
 
 The threshold is split conformal (Vovk et al. 2005; Angelopoulos & Bates 2021): of n held-out in-domain scores the
 ceil((n + 1)(1 - rate))-th smallest, so a new in-domain image scores above it with probability at most `rate`.
@@ -65,17 +75,43 @@ def score_blocks(depth: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, round(depth * k / 4)) - 1 for k in range(1, 5)}))
 
 
+def fewest_fit_images(width: int) -> int:
+    """The fewest images a score on features of width D is fitted on: 2D (128 at width 64; see the module
+    docstring: D + 1 make the covariance invertible, not yet a usable estimate). More are better."""
+    return 2 * width
+
+
+def too_few_fit_images(count: int, width: int) -> str:
+    """Why `count` images are too few to fit a score on features of `width` (a sentence; it names what to give)."""
+    fewest = fewest_fit_images(width)
+    return (f"too few for the model's feature width {width}: the score needs at least {fewest}, twice the width (with "
+            "fewer, their covariance is singular or dominated by noise in the directions they barely span, and an "
+            f"image unlike them there passes as in-domain); give at least {fewest} images of the kind the model knows "
+            "(more are better)")
+
+
 def fit(token_means: np.ndarray, blocks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(N, depth, D) token means of in-domain images -> (L, D) means and (L, D, D) precisions of the `blocks`,
-    float32 (the covariance's pseudo-inverse where it is singular: fewer images than feature dimensions)."""
+    """(N, depth, D) token means of in-domain images -> (L, D) means and (L, D, D) precisions (inverse covariances)
+    of the `blocks`, float32. ValueError naming the numbers for fewer than `fewest_fit_images(D)` images, or features
+    that span fewer than D directions (a singular covariance): see the module docstring."""
     from sklearn.covariance import EmpiricalCovariance
 
     features = np.asarray(token_means, dtype=np.float64)
-    if features.ndim != 3 or len(features) < 2:
-        raise ValueError(f"need the token means (N, depth, D) of at least 2 images, got shape {features.shape}")
+    if features.ndim != 3:
+        raise ValueError(f"need the token means (N, depth, D) of the fit images, got shape {features.shape}")
+    count, width = len(features), features.shape[2]
+    if count < fewest_fit_images(width):  # the plan refuses them before any feature; this is the library's guard
+        raise ValueError(f"{count} images to fit the score on: {too_few_fit_images(count, width)}")
     means, precisions = [], []
     for block in blocks:
         estimate = EmpiricalCovariance().fit(features[:, block])
+        # the rank the pseudo-inverse (scipy's pinvh) keeps: the same cut-off, relative to the largest eigenvalue
+        rank = int(np.linalg.matrix_rank(estimate.covariance_, hermitian=True))
+        if rank < width:
+            raise ValueError(f"the features of the {count} fit images span only {rank} of the {width} feature "
+                             f"directions at block {block + 1} (duplicate or near-identical images?), and the score "
+                             f"would ignore the other {width - rank}; give more, and more varied, images of the kind "
+                             "the model knows")
         means.append(estimate.location_)
         precisions.append(estimate.precision_)
     return np.stack(means).astype(np.float32), np.stack(precisions).astype(np.float32)
@@ -130,5 +166,5 @@ def load_statistics(path: str | Path) -> DomainStatistics:
     return DomainStatistics(tuple(int(b) for b in blocks), mean, precision, float(tensors["threshold"][0]))
 
 
-__all__ = ["TENSORS", "DomainStatistics", "conformal_threshold", "fewest_held_out", "fit", "load_statistics",
-           "save_statistics", "score_blocks"]
+__all__ = ["TENSORS", "DomainStatistics", "conformal_threshold", "fewest_fit_images", "fewest_held_out", "fit",
+           "load_statistics", "save_statistics", "score_blocks", "too_few_fit_images"]

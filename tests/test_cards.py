@@ -830,7 +830,7 @@ def test_calibration_records_folder_names_not_local_paths(tmp_path: Path, monkey
     folder = digits_copy(tmp_path)
     examples = REPO / "hub_vit" / "demo" / "examples"  # absolute, as the audit gave it
     calibrate_domain(folder, "data/digits/train", held_out="data/digits/val", out_of_domain=examples,
-                     false_alarm_rate=0.05, max_images=40)
+                     false_alarm_rate=0.05, max_images=128)
     record = (folder / "domain.json").read_text()
     measured = json.loads(record)["measured"]
     assert (measured["fit_source"], measured["held_out_source"], measured["out_of_domain_source"]) == (

@@ -23,6 +23,7 @@ from hub_vit.domain import DOMAIN_FILE, STATISTICS_FILE, Domain, guess_domain, r
 from hub_vit.domain_score import (
     DomainStatistics,
     conformal_threshold,
+    fewest_fit_images,
     fewest_held_out,
     fit,
     load_statistics,
@@ -62,6 +63,25 @@ def test_the_score_is_the_mean_squared_mahalanobis_distance_per_feature():
     with pytest.raises(ValueError, match=r"token means of shape \(3, 4\) do not fit statistics fitted on blocks "
                                          r"\[0, 2\] of width 4"):
         statistics.scores(probe[:, 0])
+
+
+def test_the_fit_refuses_fewer_images_than_twice_the_feature_width():
+    # was: 20 digits fitted at width 64 (pseudo-inverse: the 44 directions they do not span weighed 0) called a photo
+    # of an astronaut in-domain; just above 64, the smallest eigenvalues' noise decided the score
+    rng = np.random.default_rng(0)
+    assert fewest_fit_images(64) == 128 and fewest_fit_images(8) == 16
+    with pytest.raises(ValueError, match=r"^15 images to fit the score on: too few for the model's feature width 8: "
+                                         r"the score needs at least 16, twice the width .*; give at least 16 images of "
+                                         r"the kind the model knows \(more are better\)$"):
+        fit(rng.normal(size=(15, 2, 8)), (0, 1))
+    mean, precision = fit(rng.normal(size=(16, 2, 8)), (0, 1))
+    assert mean.shape == (2, 8) and precision.shape == (2, 8, 8)
+    # enough images, but only 3 different ones: their features span 2 of the 8 directions
+    duplicates = rng.normal(size=(3, 2, 8))[np.arange(40) % 3]
+    with pytest.raises(ValueError, match=r"^the features of the 40 fit images span only 2 of the 8 feature directions "
+                                         r"at block 1 \(duplicate or near-identical images\?\), and the score would "
+                                         r"ignore the other 6; give more, and more varied, images"):
+        fit(duplicates, (0, 1))
 
 
 def test_the_conformal_threshold_is_the_ceil_n_plus_1_quantile():
@@ -156,11 +176,46 @@ def test_bad_records_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"unknown examples 'sketches'; valid: digits, photos"):
         read_domain(tmp_path, ["a"])
     (tmp_path / DOMAIN_FILE).write_text("[]")
-    with pytest.raises(ValueError, match=r"is not a domain record .*; rewrite it with `hub-vit calibrate-domain FOLDER "
-                                         r"--images DIR --knows PHRASE --examples digits\|photos`, or delete it"):
+    with pytest.raises(ValueError, match=r"is not a domain record: .*; rewrite it with `hub-vit calibrate-domain "
+                                         r"FOLDER --images DIR --knows PHRASE --examples digits\|photos`, or delete "
+                                         r"it"):
         read_domain(tmp_path, ["a"])
     with pytest.raises(ValueError, match=r"unknown examples 'sketches'; valid: digits, photos"):
         write_domain(tmp_path, Domain("x", "sketches"))
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"knows": "x",', r"it is not valid JSON \(Expecting property name enclosed in double quotes at line 1, "
+                       r"column 15\)"),
+    (b"\xff\xfe{}", r"it is not UTF-8 text"),
+    ("[]", r"its content is an array, where a record is a JSON object with the fields 'knows' and 'examples'"),
+    ('"digits"', r"its content is a string, where a record is a JSON object"),
+    ('{"examples": "digits"}', r"it lacks the field 'knows'"),
+    ("{}", r"it lacks the fields 'knows' and 'examples'"),
+    ('{"knows": ["digits"], "examples": "digits"}', r"its field 'knows' is an array, expected a string"),
+    ('{"knows": null, "examples": "digits"}', r"its field 'knows' is null, expected a string"),
+    ('{"knows": "x", "examples": 5}', r"its field 'examples' is a number, expected a string"),
+    ('{"knows": "x", "examples": "digits", "measured": "ab"}',
+     r"its field 'measured' is a string, expected an object \(names and values\)"),
+    ('{"knows": "x", "examples": "digits", "measured": [["a", 1]]}', r"its field 'measured' is an array, expected"),
+])
+def test_a_damaged_record_says_which_field_is_wrong_not_pythons_words(tmp_path, text, why):
+    # was: "(KeyError: 'examples')", "(TypeError: list indices must be integers or slices, not str)", "(ValueError:
+    # dictionary update sequence element #0 has length 1; 2 is required)"; and a `measured` of pairs was taken
+    path = tmp_path / DOMAIN_FILE
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
+    with pytest.raises(ValueError) as refused:
+        read_domain(tmp_path, ["a"])
+    message = str(refused.value)
+    assert re.match(re.escape(f"{path} is not a domain record: ") + why, message), message
+    assert not re.search(r"Error|Exception|dictionary update|indices", message), message
+
+
+def test_a_record_without_measured_numbers_is_a_record(tmp_path):
+    # `measured` absent or null: what the model knows, without a calibration (what write_domain writes without one)
+    for record in ({"knows": "x", "examples": "digits"}, {"knows": "x", "examples": "digits", "measured": None}):
+        (tmp_path / DOMAIN_FILE).write_text(json.dumps(record))
+        assert read_domain(tmp_path, ["a"]) == Domain("x", "digits")
 
 
 def test_guessed_domains():
@@ -282,7 +337,20 @@ def test_a_training_set_of_bmp_and_gif_files_is_calibrated_on(digits_copy, digit
                    r"must be ones the model should not know"),  # was measured: an AUROC of 0.5, the set against itself
     ("ood-held", r"--out-of-domain '.*held' shares 20 images with --held-out '.*held'; out-of-domain images must be "
                  r"ones the model should not know"),
-    ("few-fit", r"4 images to fit the score on \('.*'\); give at least 10"),
+    # both counts in one message: one rerun fixes them
+    ("few-fit", r"^error: a false-alarm rate of 1.00% needs at least 99 held-out images to set the threshold, got 1; "
+                r"give more held-out images or a higher false-alarm rate; and 4 images to fit the score on "
+                r"\('.*images'\): too few for the model's feature width 64"),
+    # was: written (10 was the fewest), and the score called a photo in-domain: 20 images span 19 of 64 directions
+    ("few-for-width", r"^error: 20 images to fit the score on \('.*images'\): too few for the model's feature width "
+                      r"64: the score needs at least 128, twice the width \(.*\); give at least 128 images of the "
+                      r"kind the model knows \(more are better\)$"),
+    # was: "" kept the record's phrase in silence, and a line break went into the record and the card
+    ("knows-empty", r"^error: --knows must be a phrase on one line, not empty \(it is shown after \"this model "
+                    r"knows\"\), got ''; leave --knows out to keep what the folder's record says$"),
+    ("knows-blank", r"--knows must be a phrase on one line, not empty .*, got ' '"),
+    ("knows-lines", r"--knows must be a phrase on one line, not empty .*, got 'two\\nlines'"),
+    ("knows-newline", r"--knows must be a phrase on one line, not empty .*, got 'digits\\n'"),
     ("file", r"--images '.*00.png' is a file; give a folder of images"),
     ("missing", r"image folder '.*nowhere' does not exist"),
     ("missing-model", r"model folder '.*no-model' does not exist"),  # named first: its images are missing too
@@ -323,7 +391,10 @@ def test_bad_calibrations_are_refused_by_name_before_anything_is_written(digits_
              "ood-images": [*lenient, "--out-of-domain", str(images)],
              "ood-held": [*lenient, "--out-of-domain", f"{tmp_path}/./held"],  # another spelling of the same folder
              "rate": ["--false-alarm-rate", "0"], "examples": ["--examples", "sketches"],
-             "ood-empty": ["--out-of-domain", str(tmp_path / "empty")]}.get(case, [])
+             "ood-empty": ["--out-of-domain", str(tmp_path / "empty")], "few-for-width": lenient,
+             "knows-empty": [*lenient, "--knows", ""], "knows-blank": [*lenient, "--knows", " "],
+             "knows-lines": [*lenient, "--knows", "two\nlines"],
+             "knows-newline": [*lenient, "--knows", "digits\n", "--examples", "digits"]}.get(case, [])
     if case == "phone-photos":
         (images / "a.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
         (images / "b.tif").write_bytes(b"II*\x00")
@@ -338,6 +409,17 @@ def test_bad_calibrations_are_refused_by_name_before_anything_is_written(digits_
     assert re.search(message, " ".join(result.output.split())), result.output
     assert sorted(p.name for p in digits_copy.iterdir()) == before  # nothing written
     assert (digits_copy / "domain.safetensors").read_bytes() == statistics
+
+
+def test_max_images_below_the_fewest_fit_images_is_refused(digits_copy, tmp_path):
+    # was: at least 20 (twice the old fewest, 10), whatever the model: 100 images fitted at width 64 passed the plan
+    from hub_vit.domain_fit import calibrate_domain
+
+    statistics = (digits_copy / STATISTICS_FILE).read_bytes()
+    with pytest.raises(ValueError, match=r"^max_images must be at least 128, the fewest fit images for the model's "
+                                         r"feature width 64, got 100$"):
+        calibrate_domain(digits_copy, tmp_path / "never read", max_images=100)
+    assert (digits_copy / STATISTICS_FILE).read_bytes() == statistics
 
 
 def test_the_cli_calibrates_and_prints_what_it_measured(digits_copy, digit_folders):

@@ -163,7 +163,7 @@ def test_a_model_without_a_calibration_answers_unknown(tmp_path, photos):
         # was "the served model's folder has no ...": wrong for an exported file, which has no folder
         note = ("note: unknown whether this model knows this kind of image (no out-of-domain score is calibrated "
                 "for it): the served model carries no out-of-domain score for its weights (a model folder gets one "
-                "from hub-vit calibrate-domain, then serve it again; an exported file has none)")
+                "from hub-vit calibrate-domain FOLDER --images DIR, then serve it again; an exported file has none)")
         assert result.exit_code == 0 and note in text, text
 
 

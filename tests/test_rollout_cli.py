@@ -517,7 +517,7 @@ def test_cli_says_whether_each_image_is_what_the_model_knows(photo_files: list[P
     result = CliRunner().invoke(app, ["rollout", str(digit), "-o", str(tmp_path / "b"), "--model", str(model_folder)])
     text = " ".join(result.output.split())
     assert result.exit_code == 0 and "domain: unknown (no out-of-domain score is calibrated for this model: hub-vit " \
-        "calibrate-domain)" in text, text
+        "calibrate-domain FOLDER --images DIR)" in text, text
 
 
 @pytest.mark.parametrize("record", ["{", '{"knows": "digits", "examples": "sketches"}'])

@@ -33,8 +33,9 @@ def calibrate_domain_command(
                                               parser=given_path),
     false_alarm_rate: float = typer.Option(0.01, "--false-alarm-rate", help="Share of in-domain images that may be "
                                                                             "flagged (sets the threshold)."),
-    knows: str | None = typer.Option(None, "--knows", help="What the model knows, as a phrase after \"this model "
-                                                           "knows\" (default: the folder's record, else its labels)."),
+    knows: str | None = typer.Option(None, "--knows", help="What the model knows, as a phrase on one line after "
+                                                           "\"this model knows\" (default: the folder's record, else "
+                                                           "its labels)."),
     examples: str | None = typer.Option(None, "--examples", help=f"Which demo examples fit it: "
                                                                  f"{', '.join(EXAMPLE_KINDS)}."),
 ) -> None:

@@ -193,7 +193,7 @@ def _print_labels(path: Path, target: Path, top: list[tuple[str, float]], verdic
     if verdict == OUT_OF_DOMAIN:
         shown += f": {OUTSIDE_NOTE}: the labels are guesses"
     elif verdict == UNKNOWN_DOMAIN:
-        shown += " (no out-of-domain score is calibrated for this model: hub-vit calibrate-domain)"
+        shown += " (no out-of-domain score is calibrated for this model: hub-vit calibrate-domain FOLDER --images DIR)"
     console.print(shown, soft_wrap=True, markup=False, highlight=False)
 
 
