@@ -296,7 +296,7 @@ def read_config_json(path: Path) -> dict[str, Any]:
     "Expecting property name ...: line 1 column 2", naming no file)."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested 10^5 deep
         raise ValueError(f"{str(path)!r} is not readable JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{str(path)!r} holds a JSON {type(raw).__name__}, not an object of config fields")
@@ -308,7 +308,7 @@ def read_folder_config(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     when `folder` is not one or its config cannot be read."""
     try:
         config = json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return config if isinstance(config, dict) and config.get("model_type") == MODEL_TYPE else None
 
@@ -461,6 +461,10 @@ def load_model_folder(folder: str | os.PathLike[str]) -> tuple[VisionTransformer
     raw, config_path, weights_path = read_model_config(folder)
     try:  # ViTSpec bounds every size field: `depth: 1000000000` is refused here, before a block is built
         config = HubViTConfig.from_dict({k: v for k, v in raw.items() if k not in ("transformers_version",)})
+    except ValueError as exc:
+        raise ValueError(f"{config_path}: {exc}") from None
+    try:
+        config.check_saved_model_args(raw.get("model_args"))
     except ValueError as exc:
         raise ValueError(f"{config_path}: {exc}") from None
     spec = config.weights_spec()  # a backbone saved by transformers keeps its labels but has no head

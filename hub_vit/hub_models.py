@@ -158,7 +158,7 @@ def _check_model_type(config: Path, reference: str) -> None:
     """Refuse, by what it is, a repository whose config.json is not a hub-vit model's (before its weights come)."""
     try:
         raw = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{reference!r}: its config.json is not readable JSON ({exc})") from None
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if model_type == MODEL_TYPE:

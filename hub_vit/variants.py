@@ -150,6 +150,8 @@ class ViTSpec:
     an int = a Dense(int)+tanh layer. It is stored normalised (an int or None).
     `posemb_on_cls` is the original ViT convention (vit_jax, HF `ViTModel`): the learned position embedding has a
     class-token slot and is added *after* the class token is prepended. big_vision adds it to the patches only.
+    `final_norm` is timm's switch of that name: False = no LayerNorm after the last block (`norm` is an identity and
+    has no weights), what `prune_intermediate_layers(prune_norm=True)` leaves; every published model has one.
     """
 
     width: int
@@ -168,6 +170,7 @@ class ViTSpec:
     layer_norm_eps: float = 1e-6
     gelu: Gelu = "tanh"
     head_zeroinit: bool = True
+    final_norm: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise fields in place once, here
@@ -177,7 +180,7 @@ class ViTSpec:
         if num_classes is None or num_classes < 0:
             raise ValueError(f"num_classes must be an integer >= 0 (0 = no classifier head), got {self.num_classes!r}")
         set_(self, "num_classes", _bounded("num_classes", num_classes))
-        for name in ("posemb_on_cls", "head_zeroinit"):
+        for name in ("posemb_on_cls", "head_zeroinit", "final_norm"):
             _bool(name, getattr(self, name))
         if self.class_token is not None:
             _bool("class_token", self.class_token)
@@ -253,9 +256,13 @@ class ViTSpec:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict; `ViTSpec.from_dict(spec.to_dict()) == spec`."""
+        """JSON-safe dict; `ViTSpec.from_dict(spec.to_dict()) == spec`. `final_norm` appears only when False."""
         out = dataclasses.asdict(self)
         out["img_size"] = list(self.img_size)
+        # only a pruned model lacks the final norm: leaving the default out keeps every other model's config.json
+        # `model_args`, card and cache key as they were, and readable by hub-vit versions without the field
+        if self.final_norm:
+            del out["final_norm"]
         return out
 
     @classmethod

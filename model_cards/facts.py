@@ -128,8 +128,8 @@ class FolderFacts:
 def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelFolderError(f"{path} is not valid JSON: {exc}") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested 10^5 deep
+        raise ModelFolderError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ModelFolderError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data

@@ -493,3 +493,98 @@ def test_a_pretrained_cfg_the_folder_s_readers_would_misread_is_refused(tmp_path
     with pytest.raises(ValueError) as caught:
         save_model_folder(model, tmp_path / "out", pretrained_cfg=cfg)
     assert said in str(caught.value) and not (tmp_path / "out").exists()
+
+
+def test_a_config_field_of_the_wrong_type_is_a_value_error_naming_the_field(tmp_path, simple_folder) -> None:
+    # was huggingface_hub's StrictDataclassFieldValidationError (no ValueError): a traceback from `hub-vit
+    # calibrate-domain`, and "cannot load model" from the CLI with the exception's class name
+    from hub_vit.domain_fit import plan_calibration
+
+    _, folder = simple_folder
+    typed = tmp_path / "typed"
+    typed.mkdir()
+    for p in folder.iterdir():
+        (typed / p.name).write_bytes(p.read_bytes())
+    config = json.loads((typed / "config.json").read_text())
+    config["width"] = str(config["width"])
+    (typed / "config.json").write_text(json.dumps(config))
+    said = r"invalid HubViTConfig: Validation error for field 'width': TypeError: Field 'width' expected int, got str"
+    with pytest.raises(ValueError, match=f"{typed / 'config.json'}: {said}"):
+        load_model_folder(typed)
+    with pytest.raises(ValueError, match=said):
+        AutoModelForImageClassification.from_pretrained(typed)
+    with pytest.raises(ValueError, match=f"{typed / 'config.json'}: {said}"):  # before any image is read
+        plan_calibration(typed, tmp_path / "no-images")
+
+
+def test_a_config_nested_too_deep_for_the_parser_is_refused_as_unreadable_json(tmp_path, simple_folder) -> None:
+    # was RecursionError: a traceback from `hub-vit rollout`, exit 1 from `hub-vit repository`
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+    from hub_vit.model_cards.facts import ModelFolderError, read_folder
+
+    _, folder = simple_folder
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    for p in folder.iterdir():
+        (deep / p.name).write_bytes(p.read_bytes())
+    (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="config.json' is not readable JSON"):
+        load_model_folder(deep)
+    with pytest.raises(ModelFolderError, match="config.json is not valid JSON"):
+        read_folder(deep)
+    image = tmp_path / "x.png"
+    Image.new("RGB", (32, 32)).save(image)
+    _load_commands()
+    for args in (["rollout", "--model", str(deep), str(image), "-o", str(tmp_path / "out")],
+                 ["repository", str(tmp_path / "repo"), "--model", str(deep)]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and "is not readable JSON" in " ".join(result.output.split()), result.output
+        assert not isinstance(result.exception, RecursionError)
+
+
+@pytest.mark.parametrize(("cfg", "said"), [
+    ({"mean": "x"}, "pretrained_cfg mean must be a number or a list of numbers, got 'x'"),
+    ({"input_size": [3, -1, 32]}, r"pretrained_cfg input_size must be \(channels, height, width\), positive integers, "
+                                  r"got \[3, -1, 32\]"),
+    ({"crop_pct": "0.9"}, "pretrained_cfg crop_pct must be a number, got '0.9'"),
+])
+def test_a_saved_pretrained_cfg_that_is_no_data_config_is_refused_on_load_naming_the_field(
+        tmp_path, simple_folder, cfg, said) -> None:
+    # was accepted by every loader; the first image then failed with "could not convert string to float: 'x'"
+    # (naming no file or field), or timm's transform with "new(): invalid data type 'str'"
+    _, folder = simple_folder
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for p in folder.iterdir():
+        (edited / p.name).write_bytes(p.read_bytes())
+    config = json.loads((edited / "config.json").read_text())
+    config["pretrained_cfg"] = {**config["pretrained_cfg"], **cfg}
+    (edited / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"{edited / 'config.json'}: .*{said}"):
+        load_model_folder(edited)
+    with pytest.raises(ValueError, match=said):
+        AutoModelForImageClassification.from_pretrained(edited)
+
+
+def test_model_args_that_describe_another_model_than_the_fields_are_refused_by_every_loader(tmp_path,
+                                                                                            simple_folder) -> None:
+    # was: timm (which builds from model_args) refused an edited num_classes, hub-vit and transformers (which build
+    # from the fields) loaded the folder as the other model
+    _, folder = simple_folder
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for p in folder.iterdir():
+        (edited / p.name).write_bytes(p.read_bytes())
+    config = json.loads((edited / "config.json").read_text())
+    classes = config["model_args"]["num_classes"]
+    config["num_classes"] = config["model_args"]["num_classes"] = classes + 1
+    (edited / "config.json").write_text(json.dumps(config))
+    said = f"describe different models: num_classes: {classes + 1} in model_args, {classes} in the fields"
+    with pytest.raises(ValueError, match=said):
+        load_model_folder(edited)
+    with pytest.raises(ValueError, match=said):
+        AutoModelForImageClassification.from_pretrained(edited)
+    with pytest.raises(ValueError):  # timm's own refusal: the weights' head is not model_args' size
+        timm.create_model(f"local-dir:{edited}", pretrained=True)

@@ -251,3 +251,65 @@ def test_pruned_models_run_and_save_as_folders_that_load_back(family: str, tmp_p
     loaded, _ = load_model_folder(tmp_path / "pruned")
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
+
+
+@pytest.mark.parametrize("prune_head", [True, False])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_model_pruned_of_its_norm_loads_back_alike_in_every_loader(family: str, prune_head: bool, tmp_path) -> None:
+    # prune_norm=True left the spec with its final norm: the folder saved, and every loader refused it ("missing
+    # keys (2): norm.bias, norm.weight"), for the config asked for weights the file did not hold
+    import timm
+    from transformers import AutoModel, AutoModelForImageClassification
+
+    from hub_vit.folder import load_model_folder, save_model_folder
+
+    model = _model(family, depth=3)
+    x = torch.randn(2, 3, 64, 64)
+    assert model.prune_intermediate_layers(indices=[1], prune_norm=True, prune_head=prune_head) == [1]
+    assert model.spec.final_norm is False and isinstance(model.norm, torch.nn.Identity)
+    assert not any(key.startswith("norm.") for key in model.state_dict())
+    folder = save_model_folder(model, tmp_path / "pruned")
+    loaded, info = load_model_folder(folder)
+    assert info.spec == model.spec and isinstance(loaded.norm, torch.nn.Identity)
+    timm_model = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    auto = AutoModel if prune_head else AutoModelForImageClassification
+    hf = auto.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected, tokens = model(x), model.forward_features(x)
+        assert torch.equal(loaded(x), expected) and torch.equal(timm_model(x), expected)
+        out = hf(x)
+        assert torch.equal(out.pooler_output if prune_head else out.logits, expected)
+        if prune_head:  # no norm in transformers' build either: its tokens are the last block's, unnormalised
+            assert torch.equal(out.last_hidden_state, tokens)
+
+
+def test_final_norm_is_the_spec_switch_a_norm_pruned_model_is_built_from() -> None:
+    # timm's `final_norm=False`: built that way, a model takes a norm-pruned model's weights strictly and computes the
+    # same; the default is left out of to_dict, so every other model's config and card stay as they were
+    pruned = _model("map", depth=2)
+    pruned.prune_intermediate_layers(indices=[1], prune_norm=True, prune_head=False)
+    built = VisionTransformer(ViTSpec(**{**TINY, **FAMILIES["map"]}, final_norm=False)).eval()
+    assert built.spec == pruned.spec
+    built.load_state_dict(pruned.state_dict())  # strict
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(built(x), pruned(x))
+    assert pruned.spec.to_dict()["final_norm"] is False and ViTSpec.from_dict(pruned.spec.to_dict()) == pruned.spec
+    assert "final_norm" not in built.spec.replace(final_norm=True).to_dict()
+    with pytest.raises(ValueError, match="final_norm must be True or False"):
+        ViTSpec(**TINY, final_norm="false")
+    import timm
+
+    ti = timm.create_model("vit_ti16", final_norm=False)  # timm's own argument, on a registered name
+    assert ti.spec.final_norm is False and isinstance(ti.norm, torch.nn.Identity)
+
+
+def test_a_norm_pruned_model_is_refused_as_a_native_vit_before_anything_is_written(tmp_path) -> None:
+    # HF's ViTForImageClassification always has its final layernorm: was a KeyError 'norm.weight' while writing
+    from hub_vit.folder import save_model_folder
+
+    model = _model("vit_jax_token")
+    model.prune_intermediate_layers(indices=[1], prune_norm=True, prune_head=False)
+    with pytest.raises(ValueError, match=r"native transformers ViTForImageClassification: final_norm=False"):
+        save_model_folder(model, tmp_path / "native", native_vit=True)
+    assert list(tmp_path.iterdir()) == []

@@ -16,7 +16,6 @@ model resolver; nothing is downloaded from here: `download=False`).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -88,15 +87,13 @@ def _checked_folder(path: Path, key: str, what: str) -> ModelChoice:
     or timm folder), the model has no classifier head, or its weights file is truncated or damaged (its header says
     so: read without loading a tensor), as `hub-vit rollout` and `export` refuse it. A file damaged after start-up is
     named when the model is picked."""
-    from hub_vit.folder import check_model_type
+    from hub_vit.folder import check_model_type, read_config_json
     from hub_vit.weights_check import read_safetensors_header
 
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"{str(path)!r}: config.json is not readable JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise ValueError(f"{str(path)!r}: config.json holds no JSON object")
+        config = read_config_json(path / "config.json")
+    except OSError as exc:
+        raise ValueError(f"{str(path)!r}: config.json is not readable ({exc})") from exc
     check_model_type(config, path / "config.json")  # a transformers or timm folder, as rollout and serve refuse it
     if config.get("num_classes") == 0:
         raise ValueError(no_head_message(what))

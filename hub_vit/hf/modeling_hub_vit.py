@@ -365,6 +365,7 @@ def _check_saved_weights(path: Any, saved: dict[str, Any] | None, kwargs: dict[s
     if weights is None:
         return
     config = HubViTConfig.from_dict({k: v for k, v in saved.items() if k != "transformers_version"})
+    config.check_saved_model_args(saved.get("model_args"))
     spec = config.weights_spec()  # a backbone saved by HubViTModel keeps num_labels but saved no head
     check_weights_file(weights, spec, config="config.json", unrelated_ok=True)
 

@@ -32,6 +32,8 @@ def native_vit_blockers(spec: ViTSpec) -> list[str]:
         reasons.append("posemb_on_cls=False (HF ViT adds the position embedding to the class token too: needs True)")
     if spec.rep_size:
         reasons.append(f"rep_size={spec.rep_size} (HF ViTForImageClassification has no tanh pre-logits layer)")
+    if not spec.final_norm:
+        reasons.append("final_norm=False (HF ViT always has its final layernorm: needs True)")
     if not spec.num_classes:
         reasons.append("num_classes=0 (a native classification folder needs a head)")
     return reasons

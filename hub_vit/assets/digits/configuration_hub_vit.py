@@ -16,8 +16,10 @@ import os
 from typing import Any, ClassVar
 
 from huggingface_hub.dataclasses import strict
+from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedConfig
 
+from .hub_vit_data_config import DataConfig
 from .hub_vit_network import load_cache_only_when_unreachable
 from .hub_vit_variants import DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, LABELS_FILE, MODEL_TYPE, SWITCHES, ViTSpec
 
@@ -153,6 +155,7 @@ class HubViTConfig(PreTrainedConfig):
     layer_norm_eps: float = _DEFAULT.layer_norm_eps
     gelu: str = _DEFAULT.gelu
     head_zeroinit: bool = _DEFAULT.head_zeroinit
+    final_norm: bool = _DEFAULT.final_norm
     # timm side: model name and data config (None = derived from the spec / defaults when saved)
     architecture: str | None = None
     pretrained_cfg: dict | None = None
@@ -199,9 +202,33 @@ class HubViTConfig(PreTrainedConfig):
             kwargs["num_labels"] = num_classes
         super().__post_init__(**kwargs)
         spec = self.to_spec()  # validates every field; then store the normalised values (e.g. rep_size=True -> 384)
+        # the data config every reader (processor, hub-vit's CLI, the server) builds from it, checked once here: a
+        # `"mean": "x"` in a config.json was "could not convert string to float: 'x'" at the first image
+        DataConfig.from_pretrained_cfg(self.pretrained_cfg, spec)
         self.img_size = list(spec.img_size)
         self.class_token = spec.class_token
         self.rep_size = spec.rep_size
+
+    def check_saved_model_args(self, model_args: Any) -> None:
+        """ValueError when the `model_args` saved beside this config in a config.json (what timm's `local-dir:` builds
+        the model from) describe another model than its fields (what transformers and hub-vit's folder loader build):
+        written together, they disagree only in a hand-edited file, and the front doors would build different models
+        from one folder (an edited `num_classes` was refused by timm alone). Run by the loaders on the saved config,
+        before what a caller asks on top (`num_labels=`, `img_size=`) changes it."""
+        if not isinstance(model_args, dict):
+            return
+        fields = {k: v for k, v in model_args.items() if k in SPEC_FIELDS}
+        try:
+            described = ViTSpec(**{**fields, "img_size": tuple(fields.get("img_size") or self.img_size)})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"invalid model_args: {exc}") from None
+        built = self.weights_spec()
+        differ = [f"{name}: {getattr(described, name)!r} in model_args, {getattr(built, name)!r} in the fields"
+                  for name in SPEC_FIELDS if name in fields and getattr(described, name) != getattr(built, name)]
+        if differ:
+            raise ValueError("model_args (timm's reading) and the config's fields (transformers' and hub-vit's) "
+                             f"describe different models: {'; '.join(differ)}; the file was edited by hand? Set "
+                             "both, or save the model again")
 
     def _refuse_disagreeing_aliases(self, kwargs: dict[str, Any]) -> None:
         """ValueError for a transformers name (`hidden_size`) given beside its hub-vit field (`width`) at another value
@@ -237,6 +264,16 @@ class HubViTConfig(PreTrainedConfig):
             return ViTSpec(**values)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"invalid HubViTConfig: {exc}") from exc
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """transformers' `from_dict` (what `from_pretrained` and hub-vit's folder loader build with); a field of the
+        wrong type (`"width": "64"` in a config.json) is a ValueError naming it, as every other bad value is (was
+        huggingface_hub's StrictDataclassFieldValidationError, which no reader of a folder expects)."""
+        try:
+            return super().from_dict(config_dict, **kwargs)
+        except StrictDataclassError as exc:
+            raise ValueError(f"invalid HubViTConfig: {' '.join(str(exc).split())}") from None
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:

@@ -17,6 +17,7 @@ are Google's. No torch, no file I/O.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,31 +79,52 @@ class DataConfig:
         """timm's `resolve_data_config` reading of a `pretrained_cfg` (may be None or partial): each field the cfg
         has, else the model's own input size (`spec`: a `ViTSpec`) and Google's defaults. One mean / std value is
         used for every channel."""
+        if cfg is not None and not isinstance(cfg, dict):
+            raise ValueError(f"pretrained_cfg must be an object of timm pretrained_cfg fields, got {cfg!r}")
         cfg = dict(cfg or {})
         default = cls() if spec is None else cls(img_size=tuple(spec.img_size), in_chans=spec.in_chans,
                                                  mean=(0.5,) * spec.in_chans, std=(0.5,) * spec.in_chans)
         size = cfg.get("input_size") or default.input_size
-        if len(size) != 3:
-            raise ValueError(f"pretrained_cfg input_size must be (channels, height, width), got {size!r}")
+        if not (isinstance(size, (list, tuple)) and len(size) == 3 and all(_is_int(v) and v > 0 for v in size)):
+            raise ValueError(f"pretrained_cfg input_size must be (channels, height, width), positive integers, got "
+                             f"{size!r}")
         chans = int(size[0])
 
+        def number(value: Any, name: str, shown: Any = None, what: str = "a number") -> float:
+            # was float(value): "could not convert string to float: 'x'", naming no field
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"pretrained_cfg {name} must be {what}, got {value if shown is None else shown!r}")
+            return float(value)
+
         def per_channel(value: Any, name: str) -> tuple[float, ...]:
-            values = tuple(float(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+            values = tuple(number(v, name, value, "a number or a list of numbers")
+                           for v in (value if isinstance(value, (list, tuple)) else [value]))
             if len(values) == 1:
                 return values * chans
             if len(values) < chans:
                 raise ValueError(f"pretrained_cfg {name} has {len(values)} values for {chans} input channels")
             return values[:chans]
 
+        def text(name: str, fallback: str) -> str:
+            value = cfg.get(name) or fallback
+            if not isinstance(value, str):
+                raise ValueError(f"pretrained_cfg {name} must be a string, got {value!r}")
+            return value
+
         return cls(
             img_size=(int(size[1]), int(size[2])),
-            crop_pct=float(cfg.get("crop_pct") or default.crop_pct),
-            interpolation=str(cfg.get("interpolation") or default.interpolation),
+            crop_pct=number(cfg.get("crop_pct") or default.crop_pct, "crop_pct"),
+            interpolation=text("interpolation", default.interpolation),
             mean=per_channel(cfg.get("mean", default.mean[0]), "mean"),
             std=per_channel(cfg.get("std", default.std[0]), "std"),
             in_chans=chans,
-            crop_mode=str(cfg.get("crop_mode") or default.crop_mode),
+            crop_mode=text("crop_mode", default.crop_mode),
         )
+
+
+def _is_int(value: Any) -> bool:
+    """An integer (numpy's too), not a bool, which Python counts as one."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 GOOGLE_EVAL = DataConfig()  # Google's evaluation transform at 224: the defaults every field above falls back to

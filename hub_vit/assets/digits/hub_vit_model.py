@@ -211,7 +211,8 @@ class VisionTransformer(nn.Module):
             block_fn(D, spec.num_heads, spec.mlp_dim, spec.layer_norm_eps, spec.gelu, rates[i])
             for i in range(spec.depth)
         )
-        self.norm = nn.LayerNorm(D, eps=spec.layer_norm_eps)
+        # timm's `final_norm=False` (and what prune_norm leaves): an identity in the LayerNorm's place, no weights
+        self.norm = nn.LayerNorm(D, eps=spec.layer_norm_eps) if spec.final_norm else nn.Identity()
         self.attn_pool = None
         if spec.pool_type == "map":
             self.attn_pool = MAPHead(D, spec.num_heads, spec.mlp_dim, spec.layer_norm_eps, spec.gelu)
@@ -513,8 +514,9 @@ class VisionTransformer(nn.Module):
 
         take, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[: max_index + 1]
-        # the spec follows, so a pruned model saves as a folder that loads back (config depth = blocks kept)
-        self.spec = self.spec.replace(depth=max_index + 1)
+        # the spec follows, so a pruned model saves as a folder that loads back (config depth = blocks kept, and
+        # final_norm=False for a pruned norm: its config would otherwise ask for norm weights the file lacks)
+        self.spec = self.spec.replace(depth=max_index + 1, final_norm=self.spec.final_norm and not prune_norm)
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
