@@ -8,9 +8,12 @@ one folder interleaved their checkpoints and metrics).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import socket
 import struct
+import threading
 
 MAX_NAME_BYTES = 100  # an abstract address holds at most 107 bytes after its leading NUL
 
@@ -39,10 +42,35 @@ class Claim:
             if exc.errno != errno.EADDRINUSE:
                 raise
             raise Claimed(name, holder(self.address)) from None
-        self.socket.listen(1)  # so a second claimant can connect and learn who holds it
+        self.socket.listen(16)  # so a second claimant can connect and learn who holds it (`holder`)
+        self._released, self._owner = threading.Event(), os.getpid()
+        # A connection the kernel queued stays in the backlog until accepted, even once its prober has gone: never
+        # accepted, the backlog filled after two probes, and every later one waited its timeout and said "unknown".
+        # The prober reads the pid from the connection itself (SO_PEERCRED): accepting and closing it is the answer.
+        self._answering = threading.Thread(target=self._answer, args=(self.socket,), name=f"claim {name}",
+                                           daemon=True)
+        self._answering.start()
+
+    def _answer(self, listening: socket.socket) -> None:
+        while not self._released.is_set():
+            try:
+                connection, _ = listening.accept()
+            except OSError:  # released (`shutdown` ends a blocked accept), or out of file descriptors for a moment
+                if not self._released.wait(0.1):
+                    continue
+                return
+            connection.close()
 
     def release(self) -> None:
         if self.socket is not None:
+            self._released.set()
+            # wakes the accept blocked in `_answer` (close alone does not on Linux); joined before the close, so that
+            # it cannot accept on the descriptor's number once another file reuses it. Not in a forked child (a
+            # data-loader worker): its copy shares the socket, and a shutdown there would end the parent's answers
+            if os.getpid() == self._owner:
+                with contextlib.suppress(OSError):
+                    self.socket.shutdown(socket.SHUT_RDWR)
+                self._answering.join(timeout=5)
             self.socket.close()
             self.socket = None
 

@@ -249,7 +249,7 @@ def test_a_batch_larger_than_the_training_set_warns_with_a_value_to_use(data: Pa
                         *QUICK, "--batch-size", "32")
     assert code == 0, text
     assert ("warning: --batch-size 32 is larger than the 12 training images: each step repeats them (2.67 times each "
-            "on average), and the run's 1 step(s) are 2.67 epochs, not the 2 asked for; pass e.g. --batch-size 12"
+            "on average), and the run's 1 step is 2.67 epochs, not the 2 asked for; pass e.g. --batch-size 12"
             ) in text, text
 
 

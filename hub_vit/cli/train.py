@@ -207,7 +207,7 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     from hub_vit.train.loop import TrainingWarning
     from hub_vit.train.models import ModelChoiceError
     from hub_vit.train.recipe import VIT_S16_I1K, SettingError
-    from hub_vit.train.run_folder import RunFolderError
+    from hub_vit.train.run_folder import RunFolderError, SettingChangeError
 
     recipe = digits.DIGITS_RECIPE if preset == "digits" else VIT_S16_I1K
     try:
@@ -238,9 +238,9 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     except HubUnreachableError as exc:  # --init hf-hub:ORG/NAME, neither reachable nor cached
         _discard_fresh_run_folder(out, created)
         raise fail(str(exc), code=CANNOT_NOW) from None
-    except SettingError as exc:  # `--steps 0`: the library names `total_steps`; a setting given by --set keeps its name
+    except (SettingError, SettingChangeError) as exc:  # `--steps 0`: the library names `total_steps`
         _discard_fresh_run_folder(out, created)
-        given = {_set_key(item) for item in set_}
+        given = {_set_key(item) for item in set_}  # a setting given by --set keeps its name
         raise fail(in_flag_words(str(exc), [k for k in (*flags, "stop_at", "device") if k not in given],
                                   FLAG_NAMES)) from None
     except (ValueError, FileNotFoundError) as exc:
@@ -310,8 +310,8 @@ def _report(result: Any, install_to: Path | None) -> None:
 
     if result.interrupted:
         name = "Ctrl-C" if result.stop_signal in (None, signal.SIGINT) else signal.Signals(result.stop_signal).name
-        console.print(f"stopped by {name} after step {result.step}/{result.total_steps}, checkpoint written; run the "
-                      "same command to resume")
+        console.print(f"stopped by {name} after step {result.step}/{result.total_steps}, checkpoint written"
+                      f"{_before_model(result)}; run the same command to resume")
         raise typer.Exit(128 + (result.stop_signal or signal.SIGINT))  # 130 for Ctrl-C, 143 for SIGTERM
     if result.already_complete:  # a rerun of a finished command (a Makefile, a job script): nothing to do
         top1 = "" if result.val_top1 is None else f" (held-out top-1 {result.val_top1:.2%})"
@@ -329,6 +329,11 @@ def _report(result: Any, install_to: Path | None) -> None:
         digits.install_default_model(result.model_dir, install_to)
         console.print(f"installed the model folder, samples and card stub in {escape(str(install_to))}",
                       soft_wrap=True)
+
+
+def _before_model(result: Any) -> str:
+    """What a run stopped after its last step lacks: its model folder, written by the rerun."""
+    return " (the model folder is not written yet)" if result.step == result.total_steps else ""
 
 
 def _created_folder(out: Path) -> Path | None:

@@ -67,7 +67,8 @@ class TrainResult:
     total_steps: int
     model_dir: Path | None = None  # set when the run reached total_steps
     val_top1: float | None = None
-    interrupted: bool = False  # Ctrl-C or SIGTERM: stopped after a step, with a checkpoint of it
+    # Ctrl-C or SIGTERM: stopped after a step, with a checkpoint of it (after the last step: before model/ is written)
+    interrupted: bool = False
     history: list[dict[str, Any]] = field(default_factory=list)
     stop_signal: int | None = None  # the signal that stopped the run (signal.SIGINT or signal.SIGTERM)
     already_complete: bool = False  # the run folder's model/ was there: nothing was trained or written
@@ -93,7 +94,8 @@ def train(recipe: Recipe, data_dir: str | Path, run_dir: str | Path, *, init: st
 
     Ctrl-C and SIGTERM (single process) end the run after the current step, with a checkpoint of it, and are then
     raised again (`stopped_by_signal`): KeyboardInterrupt and SystemExit(143), each with the `TrainResult` as
-    `result`.
+    `result`. One after the last step, before the model folder is written, stops there the same way (`model_dir` is
+    None; calling `train` again writes it); one while it is written interrupts at once (it is staged: no `model/`).
     """
     if not isinstance(recipe, Recipe):  # a dict failed as "'dict' object has no attribute 'micro_batch_for'"
         raise TypeError(f"recipe must be a Recipe (Recipe.from_dict(d) for a dict, VIT_S16_I1K.replace(...) for a "
@@ -149,9 +151,10 @@ def _raise_stop_signal(result: TrainResult) -> None:
     for that exact class (1 for a subclass), and a scheduler reads SystemExit's 143 as "terminated"."""
     if result.stop_signal is None:
         return
+    last = " (the model folder is not written yet)" if result.step == result.total_steps else ""
     stop: BaseException = (SystemExit(128 + signal.SIGTERM) if result.stop_signal == signal.SIGTERM else
                            KeyboardInterrupt(f"stopped by Ctrl-C after step {result.step}/{result.total_steps}, "
-                                             "checkpoint written; call train() again to resume"))
+                                             f"checkpoint written{last}; call train() again to resume"))
     stop.result = result  # type: ignore[attr-defined]
     raise stop
 
@@ -214,9 +217,16 @@ class _Plan:
         if recipe.warmup_steps >= total_steps and recipe.warmup_steps > 0:
             # timm's scheduler caps it silently (at total_steps - 1): the run would end at the peak lr, never
             # annealed. A warning, not an error: short trial runs of a preset (`--steps 30`) do this on purpose.
-            notes.append(f"the warm-up ({recipe.warmup_steps} steps) is not shorter than the run ({total_steps} "
-                         "steps): the learning rate rises for the whole run and never decays; for a cosine decay "
-                         f"pass e.g. warmup_steps={max(1, total_steps // 10) if total_steps > 1 else 0}")
+            notes.append(f"the warm-up ({_steps(recipe.warmup_steps)}) is not shorter than the run "
+                         f"({_steps(total_steps)}): the learning rate rises for the whole run and never decays; for a "
+                         f"cosine decay pass e.g. warmup_steps={max(1, total_steps // 10) if total_steps > 1 else 0}")
+        if recipe.micro_batch is not None and recipe.micro_batch > micro:
+            # `micro_batch_for` takes the whole per-process batch then: the run was recorded with a micro batch it
+            # never used, without a word
+            per = f" / {d.world_size} processes" if d.world_size > 1 else ""
+            notes.append(f"micro_batch={recipe.micro_batch} is larger than the {micro} images each process takes per "
+                         f"step (batch_size={recipe.batch_size}{per}): each forward pass takes {micro}, without "
+                         f"gradient accumulation; pass micro_batch={micro} or leave it out")
         batch_note = _batch_larger_than_data(recipe, len(train_split), total_steps, d.world_size)
         if batch_note:
             notes.append(batch_note)
@@ -236,8 +246,13 @@ def _batch_larger_than_data(recipe: Recipe, images: int, total_steps: int, world
     epochs = round(total_steps * recipe.batch_size / images, 2)
     asked = "" if recipe.total_steps is not None else f", not the {recipe.total_epochs:g} asked for"
     return (f"batch_size={recipe.batch_size} is larger than the {images} training images: each step repeats them "
-            f"({recipe.batch_size / images:.3g} times each on average), and the run's {total_steps} step(s) are "
-            f"{epochs:g} epochs{asked}; pass e.g. batch_size={fits}")
+            f"({recipe.batch_size / images:.3g} times each on average), and the run's {_steps(total_steps)} "
+            f"{'is' if total_steps == 1 else 'are'} {epochs:g} epoch{'' if epochs == 1 else 's'}{asked}; pass e.g. "
+            f"batch_size={fits}")
+
+
+def _steps(count: int) -> str:
+    return f"{count} step" if count == 1 else f"{count} steps"
 
 
 class Trainer:
@@ -306,7 +321,8 @@ class Trainer:
                 if self.step % recipe.log_every_steps == 0 or self.step == plan.end_step or self.stop.requested:
                     self.log_losses()
                 # the checkpoint comes before the eval: an eval that fails (a damaged val image, out of memory)
-                # must not cost the steps since the last checkpoint
+                # must not cost the steps since the last checkpoint (between checkpoints, `evaluate_keeping_steps`
+                # writes one when a val image cannot be decoded)
                 if (self.step % recipe.checkpoint_every_steps == 0 or self.step == plan.end_step
                         or self.stop.requested):
                     self.checkpoint()
@@ -379,6 +395,23 @@ class Trainer:
         self.bar.update(self.step, mean_loss, self.lr, rate)
         self.last_t, self.last_step, self.loss_sum = now, self.step, 0.0
 
+    def evaluate_keeping_steps(self) -> dict[str, float]:
+        """`evaluate` on the val split; an image that fails to decode there (one `check_headers` passed: damaged
+        inside an intact structure) ends the run with one line naming it, after a checkpoint of the steps done, as a
+        damaged training image does: the eval comes every epoch, so a fresh run lost every step before it (and the
+        command line then deleted its run folder)."""
+        try:
+            return evaluate(self.net, self.plan.val_split, self.plan.recipe, self.d, self.autocast)
+        except DataFolderError as exc:
+            if self.d.enabled:  # no rank may wait for the others in the checkpoint's barrier
+                raise
+            if self.step > self.last_step:
+                self.log_losses()  # the resumed run starts after `step`: these steps would never be logged
+            self.checkpoint()
+            raise DataFolderError(f"{exc}; checkpoint of step {self.step} written: replace the file with a readable "
+                                  "image, or remove it from the val split, and run the same command to resume"
+                                  ) from None
+
     def checkpoint(self) -> None:
         if self.saved_step == self.step:
             return
@@ -389,7 +422,7 @@ class Trainer:
         self.saved_step = self.step
 
     def evaluate_now(self) -> None:
-        self.val = evaluate(self.net, self.plan.val_split, self.plan.recipe, self.d, self.autocast)
+        self.val = self.evaluate_keeping_steps()
         self.log(dict(step=self.step, epoch=round(self.step / self.steps_per_epoch, 3), **self.val))
         self.bar.note(f"step {self.step}: val top-1 {self.val['val_top1']:.2%}  loss {self.val['val_loss']:.4f}")
         self.model.train()
@@ -399,14 +432,22 @@ class Trainer:
                ) -> TrainResult:
         """The result; for a complete run also the model folder (main process) with its training record."""
         plan, d = self.plan, self.d
+        digests: list[str] = []
+        if self.step == plan.total_steps and not self.stop.requested:
+            # up to the export a stop signal ends the run as it ends a step (entered only before one came: after it,
+            # a second signal must interrupt at once)
+            with self.stop:
+                if self.val is None:  # resumed a finished run: measure again
+                    self.val = self.evaluate_keeping_steps()
+                digests = distributed.all_gather(d, state_dict_digest(self.model.state_dict()))
+        # A stop signal after the last step (during its eval) stops here, before the model folder is written: the
+        # export and the calibration take minutes on a large split, and went on against the signal, the command then
+        # exiting 0. The last step is checkpointed: a rerun measures it again and writes model/.
         result = TrainResult(run_dir=plan.run_dir, step=self.step, total_steps=plan.total_steps,
-                             history=self.history, interrupted=self.stop.requested and self.step < plan.total_steps,
-                             stop_signal=self.stop.signum)
-        if self.step < plan.total_steps:
+                             history=self.history, interrupted=self.stop.requested, stop_signal=self.stop.signum)
+        if self.step < plan.total_steps or self.stop.requested:
             return result
-        if self.val is None:  # resumed a finished run: measure again
-            self.val = evaluate(self.net, plan.val_split, plan.recipe, d, self.autocast)
-        digests = distributed.all_gather(d, state_dict_digest(self.model.state_dict()))
+        assert self.val is not None  # measured at the last step, or above
         if len(set(digests)) != 1:
             raise RuntimeError(f"processes ended with different weights (sha256 per rank: {digests})")
         result.val_top1 = self.val["val_top1"]

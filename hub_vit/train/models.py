@@ -52,7 +52,14 @@ class ModelChoiceError(ValueError):
 def check_init_path(init: str | Path | None) -> None:
     """ModelChoiceError for an --init folder that is not a model folder but one of a run's: the run folder (whose
     model folder is `model/`) or one of its checkpoints (weights in `model.safetensors`, architecture in the run's
-    recipe.json). Both are easy to pass by mistake, and were answered with 'config.json is missing' alone."""
+    recipe.json). Both are easy to pass by mistake, and were answered with 'config.json is missing' alone.
+
+    FileNotFoundError for a path that is not there, or a folder without config.json: checked with the rest before
+    the run folder is compared, where a resumed run said it was "started with another recipe" (the model such a
+    folder does not name).
+    """
+    if init is not None and not Path(init).exists():
+        raise FileNotFoundError(f"--init {str(init)!r} is neither a model folder nor a weights file")
     if init is None or not Path(init).is_dir() or (Path(init) / "config.json").is_file():
         return
     path = Path(init)
@@ -69,6 +76,7 @@ def check_init_path(init: str | Path | None) -> None:
         raise ModelChoiceError(f"--init {str(path)!r} is a training checkpoint, not a model folder: pass its weights, "
                                f"--init {str(path / 'model.safetensors')!r} with --model {_run_model(run) or 'ARCH'} "
                                f"(the run's architecture){_or_model_folder(run)}")
+    raise FileNotFoundError(f"--init {str(path)!r} is not a hub-vit model folder: config.json is missing")
 
 
 def _run_model(run: Path) -> str | None:

@@ -244,10 +244,23 @@ class Recipe:
 
     @classmethod
     def load(cls, path: str | Path) -> Recipe:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The recipe in a JSON file: `to_dict()` written out, or a run folder's `recipe.json` (`path` may be the run
+        folder itself). Its run-record keys (`RUN_RECORD`: the starting weights `init` / `init_sha256`, `classes`,
+        the `data` fingerprint, `effective_micro_batch`) describe what the run started from and on, not settings:
+        they are dropped. To run it again, pass `init` (the recorded path) to `train()`; the classes and data come
+        from the data folder, and a resumed run is compared with the record. Any other unknown key is refused."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "recipe.json"
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{str(path)!r} does not hold a recipe (a JSON object of settings)")
+        return cls.from_dict({k: v for k, v in data.items() if k not in RUN_RECORD})
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Recipe))
+# What a run folder's recipe.json records besides the settings (`hub_vit.train.run_folder.run_settings`)
+RUN_RECORD: frozenset[str] = frozenset({"init", "init_sha256", "classes", "data", "effective_micro_batch"})
 
 
 def _is_number(value: object) -> bool:

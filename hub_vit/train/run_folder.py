@@ -20,11 +20,17 @@ from hub_vit.file_hash import sha256_file
 from hub_vit.paths import listed
 from hub_vit.train import checkpoint as ckpt
 from hub_vit.train.models import init_folder_architecture
-from hub_vit.train.recipe import Recipe
+from hub_vit.train.recipe import RUN_RECORD, Recipe
 
 
 class RunFolderError(ValueError):
     """The run folder belongs to another recipe (resuming it would silently change the experiment)."""
+
+
+class SettingChangeError(RunFolderError):
+    """Resuming the run folder would change a setting. As a `SettingError`'s, the message names each setting as
+    `Recipe` spells it (`micro_batch`), outside quotes and never as a plain word, so that a front end can put its own
+    name in its place (`--micro-batch`)."""
 
 
 # What a run folder holds (`data` is the digits preset's image folder, written by the command line)
@@ -65,6 +71,7 @@ def run_settings(recipe: Recipe, init: str | Path | None, classes: tuple[str, ..
     """What `recipe.json` records, and what a resumed run must match: the recipe, the starting weights (resolved
     path and sha256 of the weights file), the classes, a fingerprint of the data (`data.fingerprint`) and the
     images per forward pass of each process (`micro`: --micro-batch, or batch_size / processes)."""
+    # the keys of RUN_RECORD: what Recipe.load drops from recipe.json
     return {**recipe.to_dict(), **_init_settings(init), "classes": list(classes), "data": data,
             "effective_micro_batch": micro}
 
@@ -206,7 +213,7 @@ def check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, cla
                              f"removed: {removed or 'none'}); its head and labels would not match: resume with the "
                              "same data or choose a new --out folder")
     # do not change the result, or compared below
-    ignore = {*NOT_COMPARED, "classes", "data", "init", "init_sha256", "effective_micro_batch"}
+    ignore = {*NOT_COMPARED, *RUN_RECORD}
     if init_folder_architecture(init) is not None:
         ignore.add("model")  # the folder (compared as `init`) decides it; runs before the fix recorded the default
     if old.get("effective_micro_batch") is not None and micro is not None:
@@ -217,8 +224,8 @@ def check_run_folder(run_dir: Path, recipe: Recipe, init: str | Path | None, cla
         diff["init"] = init_change
     if diff:
         lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-        raise RunFolderError(f"run folder {str(run_dir)!r} was started with another recipe ({lines}); "
-                             "resume it with the same settings or choose a new --out folder")
+        raise SettingChangeError(f"run folder {str(run_dir)!r} was started with another recipe ({lines}); "
+                                 "resume it with the same settings or choose a new --out folder")
     notes = _micro_batch_change(run_dir, old.get("effective_micro_batch"), micro, recipe)
     if data is None:
         return notes
@@ -250,9 +257,9 @@ def _micro_batch_change(run_dir: Path, old: Any, new: int | None, recipe: Recipe
     what = (f"run folder {str(run_dir)!r} was trained with {old} images per forward pass of each process and this "
             f"run would use {new} (micro_batch, else batch_size {recipe.batch_size} / the number of processes)")
     if recipe.mixup:
-        raise RunFolderError(f"{what}; with mixup on ({recipe.mixup:g}) that changes which images are mixed and "
-                             "with what ratio, so the rest of the run would follow another recipe: resume with the "
-                             "same number of processes and micro_batch, or choose a new --out folder")
+        raise SettingChangeError(f"{what}; with mixup on ({recipe.mixup:g}) that changes which images are mixed "
+                                 "and with what ratio, so the rest of the run would follow another recipe: resume "
+                                 "with the same number of processes and micro_batch, or choose a new --out folder")
     return [f"{what}; with mixup off only float rounding changes: resuming on it (training.json records the new "
             "value)"]
 
