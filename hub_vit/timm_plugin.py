@@ -4,25 +4,38 @@ imported: `hub_vit.registration`).
 `timm.create_model("simplevit_s16")` builds the paper's S/16; `timm.create_model("vit_b16.augreg_in21k_ft_in1k_384",
 pretrained=True)` downloads and converts Google's npz; `pretrained_cfg_overlay=dict(file="model.safetensors")`
 loads a local file, and `file="x.npz"` converts a local Google npz (no `custom_load=True` needed), as does
-`checkpoint_path="x.npz"` (through `model.load_pretrained`, timm's hook for files it does not read). The entry-point
-functions are generated from the catalog, so the table stays the only source.
+`checkpoint_path="x.npz"` (through `model.load_pretrained`, timm's hook for files it does not read). Every local
+file, `file=` or `checkpoint_path=`, is read by hub-vit's loader with its checks (docs/architecture.md "Loading
+untrusted files"), never by timm's. The entry-point functions are generated from the catalog, so the table stays the
+only source.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
+import timm.models
+from timm.models import (
+    _factory,
+    _helpers,
+    build_model_with_cfg,
+    generate_default_cfgs,
+    register_model,
+    resolve_pretrained_cfg,
+)
 
 from hub_vit.catalog import MODELS, ModelEntry
 from hub_vit.variants import DEFAULT_DATA_CFG, GENERIC_ARCHITECTURE, GENERIC_SPEC, ViTSpec
 
 if TYPE_CHECKING:
+    import torch
+
     from hub_vit.model import VisionTransformer
 
 # The model and the weight adapter are imported inside `_build`, not here: this module runs from the post-import
@@ -82,17 +95,83 @@ def _drop_adapted_conv_notice(record: logging.LogRecord) -> bool:
 
 
 def _load_pretrained(model: VisionTransformer, checkpoint_path: str) -> None:
-    """`model.load_pretrained(path)` (timm's `custom_load`, and `create_model(..., checkpoint_path="x.npz")`): a Google
-    `.npz` converted to fit the model's spec, or a safetensors / torch state dict, loaded strictly."""
-    from hub_vit.conversion import load_checkpoint
-    from hub_vit.weights import load_adapted_state_dict
+    """`model.load_pretrained(path)` (timm's `custom_load`: every local `file=`, and `create_model(...,
+    checkpoint_path="x.npz")`): a Google `.npz` converted to fit the model's spec, or a safetensors / torch state dict
+    read with hub-vit's checks; then adapted (`adapt_state_dict`) and loaded strictly. Refusals name the file."""
+    from hub_vit.weights import load_adapted_state_dict, read_checked_weights, weights_source
 
-    load_adapted_state_dict(model, load_checkpoint(checkpoint_path, spec=model.spec))
+    path = Path(checkpoint_path)
+    if path.suffix.lower() == ".npz":
+        state = _converted(path, model.spec)
+    else:  # values: checked by adapt_state_dict below, one pass
+        state = read_checked_weights(path, model.spec, _architecture(model), adaptable=True, values=False)
+    load_adapted_state_dict(model, state, source=weights_source(path))
+
+
+def _converted(path: Path, spec: ViTSpec) -> dict[str, torch.Tensor]:
+    """A Google `.npz` converted to fit `spec`. The converter's inference raises a KeyError for a checkpoint that lacks
+    a tensor every ViT has (`hub-vit convert` prints its text); here it would surface as a repr-quoted KeyError."""
+    from hub_vit.conversion import load_checkpoint
+    from hub_vit.weights import weights_source
+
+    try:
+        return load_checkpoint(path, spec=spec)
+    except KeyError as exc:
+        raise ValueError(f"{weights_source(path)}: {exc.args[0] if exc.args else 'a tensor is missing'}") from None
+
+
+def _architecture(model: torch.nn.Module) -> str:
+    """The timm name `model` was built as, for messages ("simplevit_digits declares width: 64, ..."); timm sets
+    `pretrained_cfg` before it loads weights."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    return str(cfg.get("architecture") or "the model")
+
+
+# timm's own `load_checkpoint`, which `_load_checkpoint` hands every other model and every call it does not take over
+# (`__wrapped__`: the original still, should this module be imported again)
+_timm_load_checkpoint = getattr(_helpers.load_checkpoint, "__wrapped__", _helpers.load_checkpoint)
+_EMA_KEYS = ("state_dict_ema", "model_ema")  # timm's `use_ema=True`: a training checkpoint's EMA weights first
+
+
+def _load_checkpoint(model: torch.nn.Module, checkpoint_path: str, *args: Any, **kwargs: Any) -> Any:
+    """timm's `load_checkpoint`, which `create_model(..., checkpoint_path=FILE)` calls once the model is built, for a
+    hub-vit model: FILE read by hub-vit's loader with its checks (`read_checked_weights`: a safetensors header before
+    any tensor is read, weights-only torch files, shapes, values), then loaded strictly as timm does, no adaptation.
+    timm reads the file itself for every suffix but `.npz` / `.npy` (those go to `model.load_pretrained`, hub-vit's
+    already): NaN weights loaded silently, and a text file or random bytes gave raw unpickler errors advising
+    `weights_only=False`. The entry point never sees `checkpoint_path`, so this is the only place to catch it. Other
+    models, and calls asking for timm's non-strict / remapping / filtering / unsafe loading, go to timm's own. The
+    options are read from timm's own signature: its releases differ in them (`weights_only` is recent)."""
+    from hub_vit.model import VisionTransformer
+    from hub_vit.weights import check_state_dict, read_checked_weights
+
+    call = inspect.signature(_timm_load_checkpoint).bind(model, checkpoint_path, *args, **kwargs)
+    call.apply_defaults()
+    options = call.arguments
+    path = Path(checkpoint_path)
+    own = (isinstance(model, VisionTransformer) and options.get("strict", True) and options.get("weights_only", True)
+           and not options.get("remap") and options.get("filter_fn") is None)
+    if not own or path.suffix.lower() in (".npz", ".npy"):
+        return _timm_load_checkpoint(model, checkpoint_path, *args, **kwargs)
+    if path.is_dir():
+        raise IsADirectoryError(f"checkpoint_path={str(path)!r} is a folder; give the weights file in it, or load a "
+                                f"model folder as timm.create_model('local-dir:{path}', pretrained=True)")
+    prefer = _EMA_KEYS if options.get("use_ema", True) else ()
+    state = read_checked_weights(path, model.spec, _architecture(model), prefer=prefer)
+    check_state_dict(state, model)  # a mismatch the spec cannot show (a custom block) is still named in full
+    return model.load_state_dict(state, strict=True)
+
+
+# `create_model` calls `_factory.load_checkpoint`; `timm.models.load_checkpoint` is the same function, public
+_load_checkpoint.__wrapped__ = _timm_load_checkpoint  # type: ignore[attr-defined]
+for _module in (_factory, _helpers, timm.models):
+    _module.load_checkpoint = _load_checkpoint  # type: ignore[attr-defined]
 
 
 def _check_file(cfg: Any) -> None:
-    """A `pretrained_cfg_overlay=dict(file=...)` that names no file: timm's loader raises a `FileNotFoundError` with
-    no message (its log alone names the path)."""
+    """A `pretrained_cfg_overlay=dict(file=...)` that names no file (timm's loader raised a `FileNotFoundError` with
+    no message, its log alone naming the path), or a file of no weights format hub-vit reads (a text file gave the
+    unpickler's `KeyError: 101`): refused before the model is built."""
     if cfg.source == "local-dir" and cfg.file:  # cfg's `file` is the folder
         _check_local_folder(Path(cfg.file))
         return
@@ -105,6 +184,10 @@ def _check_file(cfg: Any) -> None:
                                 f"timm.create_model('local-dir:{path}', pretrained=True)")
     if not path.is_file():
         raise FileNotFoundError(f"pretrained_cfg_overlay file={str(path)!r}: no such file")
+    if cfg.source not in ("local-dir", "hf-hub"):  # timm names those files itself
+        from hub_vit.weights import check_weights_suffix
+
+        check_weights_suffix(path)
 
 
 # the files timm's `local-dir:` loader takes as the weights, in its order (`timm.models._hub._PREFERRED_FILES`); past
@@ -129,7 +212,9 @@ def _check_weights(architecture: str, spec: ViTSpec, cfg: Any, kwargs: dict[str,
     """The weights file's header against what describes it, before timm builds the model (`hub_vit.weights_check`).
     A `local-dir:` / `hf-hub:` folder's weights must be exactly what its config.json's `model_args` describe (timm
     passes them as `pretrained_model_args`), head included: a different `num_classes=` asked for here still gets a
-    new head, as in timm. A bare `file=` is compared with the model being built, less what loading adapts."""
+    new head, as in timm. A bare `file=` is compared with the model being built, less what loading adapts. A torch
+    file has no header: it is checked as it is read, right after the build (`_load_pretrained`); reading it here as
+    well would read every weight twice."""
     from hub_vit.weights_check import check_weights_file
 
     saved = kwargs.get("pretrained_model_args")
@@ -166,18 +251,19 @@ def create_hub_vit(name: str, pretrained: bool = False, **kwargs: Any) -> Vision
     # A tag fixes the input size its weights were trained at (e.g. `.augreg_in21k_ft_in1k_384`): build at that size
     # unless the caller asks for another one, in which case learned position embeddings are resampled on load.
     cfg = resolve_pretrained_cfg(name, kwargs.pop("pretrained_cfg", None), kwargs.pop("pretrained_cfg_overlay", None))
-    cfg = _npz_through_converter(cfg)
+    cfg = _file_through_hub_vit(cfg)
     kwargs.setdefault("img_size", tuple(cfg.input_size[-2:]))
     if pretrained and cfg.url and not (cfg.file or cfg.state_dict) and cfg.source in ("", "timm", None):
         cfg = replace(cfg, file=str(_fetch(entry, cfg)))
     return _build(name, entry.spec, pretrained, cfg, **kwargs)
 
 
-def _npz_through_converter(cfg: Any) -> Any:
-    """A `file=` ending in `.npz` is a Google checkpoint: load it through timm's `custom_load` hook (`_load_pretrained`:
-    hub-vit's npz conversion). timm resets `custom_load` whenever a `file` is given, and its own loader would hand
-    the npz to `torch.load`, which fails with a bare `hasRecord("version")` error."""
-    if cfg.file and str(cfg.file).lower().endswith(".npz") and not cfg.custom_load:
+def _file_through_hub_vit(cfg: Any) -> Any:
+    """A local `file=` loads through timm's `custom_load` hook (`_load_pretrained`: hub-vit's reader and checks; a
+    Google `.npz` converted). timm resets `custom_load` whenever a `file` is given, and its own loader hands the file
+    to `torch.load` (an npz failed with a bare `hasRecord("version")` error, random bytes with advice to retry with
+    `weights_only=False`) or to safetensors with no checks (NaN weights, a huge declared shape)."""
+    if cfg.file and cfg.source not in ("local-dir", "hf-hub") and not cfg.state_dict and not cfg.custom_load:
         return replace(cfg, custom_load=True)
     return cfg
 
@@ -230,8 +316,8 @@ def hub_vit(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
         if default.rep_size == default.width:  # its pre-logits layer is as wide as the model, whatever the width
             spec_fields.setdefault("rep_size", True)
         spec = ViTSpec(**{**dataclasses.asdict(default), **spec_fields})
-    cfg = _npz_through_converter(resolve_pretrained_cfg(CUSTOM_ARCHITECTURE, kwargs.pop("pretrained_cfg", None),
-                                                        kwargs.pop("pretrained_cfg_overlay", None)))
+    cfg = _file_through_hub_vit(resolve_pretrained_cfg(CUSTOM_ARCHITECTURE, kwargs.pop("pretrained_cfg", None),
+                                                       kwargs.pop("pretrained_cfg_overlay", None)))
     # given back to timm's builder, which otherwise fills them in from the cfg's input size (3 channels) and class
     # count, over the spec's: `in_chans=1` built a 3-channel model without a word
     kwargs.setdefault("img_size", spec.img_size)

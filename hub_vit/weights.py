@@ -12,13 +12,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hub_vit.layers import resample_pos_table
-from hub_vit.weights_check import CheckpointMismatchError, check_values, mismatch_message, strip_prefix
+from hub_vit.weights_check import (
+    CheckpointMismatchError,
+    check_against_spec,
+    check_values,
+    check_weights_file,
+    mismatch_message,
+    strip_prefix,
+)
 
 if TYPE_CHECKING:
     from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
 
 HEAD_KEYS = ("head.weight", "head.bias")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+# every weights format hub-vit reads (`.npz`: `hub_vit.conversion.load_checkpoint`, the others: `load_weights_file`)
+WEIGHTS_SUFFIXES = (".safetensors", ".npz", *TORCH_SUFFIXES)
 # where training scripts keep the weights in a torch file: {'model': sd, 'optimizer': ..., 'epoch': 3}
 WEIGHTS_KEYS = ("model", "state_dict", "model_state_dict")
 _TRAINING_STATE = {"optimizer", "scheduler", "step"}  # a training checkpoint's state, not its weights
@@ -37,9 +47,18 @@ class TrainingStateError(WeightsFileError):
     """A torch file holding a training state (optimizer, scheduler, step) rather than weights."""
 
 
-def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
+def check_weights_suffix(path: str | Path) -> None:
+    """ValueError naming the file unless its suffix is one of WEIGHTS_SUFFIXES: checked before a model is built for
+    it (a text file reached the torch unpickler, which failed with `KeyError: 101`)."""
+    path = Path(path)
+    if path.suffix.lower() not in WEIGHTS_SUFFIXES:
+        raise ValueError(f"unsupported weights file {path.name!r}; expected .safetensors, .npz, .pt, .pth or .bin")
+
+
+def load_weights_file(path: str | Path, prefer: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """Read `.safetensors` or `.pt/.pth/.bin` (weights only, never arbitrary pickles). A Google `.npz` checkpoint is
-    another format with its own reader: `hub_vit.conversion.load_checkpoint` reads all of them."""
+    another format with its own reader: `hub_vit.conversion.load_checkpoint` reads all of them. `prefer`: keys of a
+    torch checkpoint dict to take the weights from before WEIGHTS_KEYS (timm's EMA weights, `state_dict_ema`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
@@ -53,16 +72,15 @@ def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
         except SafetensorError as exc:  # cut short, or not safetensors at all
             raise WeightsFileError(path, f"not a readable safetensors file ({exc})") from None
     if suffix in TORCH_SUFFIXES:
-        return _torch_file_weights(path)
-    if suffix == ".npz":
-        raise ValueError(f"{path.name!r} is a Google JAX checkpoint: read it with hub_vit.conversion.load_checkpoint "
-                         "(or convert it once with `hub-vit convert`)")
-    raise ValueError(f"unsupported weights file {path.name!r}; expected .safetensors, .npz, .pt, .pth or .bin")
+        return _torch_file_weights(path, prefer)
+    check_weights_suffix(path)
+    raise ValueError(f"{path.name!r} is a Google JAX checkpoint: read it with hub_vit.conversion.load_checkpoint "
+                     "(or convert it once with `hub-vit convert`)")
 
 
-def _torch_file_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The weights of a torch file: its top level when that is all tensors, else the dict of tensors under one of
-    WEIGHTS_KEYS; WeightsFileError saying what it holds otherwise."""
+def _torch_file_weights(path: Path, prefer: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The weights of a torch file: its top level when that is all tensors, else the dict of tensors under the first
+    of `prefer`, then WEIGHTS_KEYS; WeightsFileError saying what it holds otherwise."""
     import pickle
     import struct
     import zipfile
@@ -83,7 +101,8 @@ def _torch_file_weights(path: Path) -> dict[str, torch.Tensor]:
                                      "model.state_dict()")
     if _all_tensors(state):
         return state
-    for key in WEIGHTS_KEYS:
+    keys = tuple(dict.fromkeys((*prefer, *WEIGHTS_KEYS)))
+    for key in keys:
         if isinstance(state.get(key), dict) and _all_tensors(state[key]):
             return state[key]
     if _TRAINING_STATE <= set(state):
@@ -91,7 +110,7 @@ def _torch_file_weights(path: Path) -> dict[str, torch.Tensor]:
                                        "weights; pass the model's weights file")
     entries = ", ".join(f"{k}: {type(v).__name__}" for k, v in list(state.items())[:5])
     raise WeightsFileError(path, f"not a weights file: its top level holds non-tensor entries ({entries}) and none "
-                                 f"of {', '.join(WEIGHTS_KEYS)} is a dict of tensors; pass a file of "
+                                 f"of {', '.join(keys)} is a dict of tensors; pass a file of "
                                  "model.state_dict()")
 
 
@@ -99,16 +118,43 @@ def _all_tensors(entries: dict[Any, Any]) -> bool:
     return bool(entries) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in entries.items())
 
 
+def read_checked_weights(path: str | Path, spec: ViTSpec, config: str, adaptable: bool = False,
+                         prefer: tuple[str, ...] = (), values: bool = True) -> dict[str, torch.Tensor]:
+    """A `.safetensors` / torch weights file for a model of `spec` (what `config` names), read with the checks of
+    docs/architecture.md "Loading untrusted files", each refusal naming the file: a safetensors header before any
+    tensor is read (dtypes, sizes, tensors vs `spec`); a torch file, which has no header, read weights-only and then
+    its tensors' shapes vs `spec`; then (`values`) no integer / NaN / inf weights. `values=False` only for a caller
+    that hands the result to `adapt_state_dict(..., source=...)`, which checks them: one pass over every weight,
+    not two. `adaptable`, `prefer`: as in `check_against_spec`, `load_weights_file`. Prefixes are stripped."""
+    path = Path(path)
+    if path.is_dir():  # load_weights_file would say it does not exist
+        raise IsADirectoryError(f"{weights_source(path)} is a folder; give the weights file in it")
+    check_weights_file(path, spec, config=config, adaptable=adaptable)  # no-op but for a .safetensors file
+    state = strip_prefix(load_weights_file(path, prefer=prefer))
+    if path.suffix.lower() != ".safetensors":
+        check_against_spec({k: tuple(v.shape) for k, v in state.items()}, spec, path.name, config, adaptable)
+    if values:
+        check_values(state, weights_source(path))
+    return state
+
+
+def weights_source(path: str | Path) -> str:
+    """How a refusal names a weights file (`check_values`' `source`)."""
+    return f"weights file {str(path)!r}"
+
+
 def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: VisionTransformer,
-                     source_grid: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+                     source_grid: tuple[int, int] | None = None, source: str = "the checkpoint"
+                     ) -> dict[str, torch.Tensor]:
     """Fit a hub-vit state dict to `model`: strip prefixes, resample a learned position embedding to the model's
     grid, adapt the patch filters to the model's input channels (`in_chans=1` from RGB weights), and drop a head whose
     class count differs (the model keeps its freshly initialised head, as for fine-tuning); refuses non-float and
     non-finite weights (`hub_vit.weights_check.check_values`). Also used as timm's
     `pretrained_filter_fn`. `source_grid` is the (rows, cols) patch grid the checkpoint's learned position embedding
-    was trained on; without it the grid must be square."""
+    was trained on; without it the grid must be square. `source` names the weights in a refusal (`weights_source`:
+    the file they were read from)."""
     state_dict = dict(strip_prefix(state_dict))
-    check_values(state_dict, "the checkpoint")  # NaN weights would serve NaN; integer ones would be cast silently
+    check_values(state_dict, source)  # NaN weights would serve NaN; integer ones would be cast silently
     spec = model.spec
     pos = state_dict.get("pos_embed")
     if pos is not None and model.pos_embed is not None and pos.shape != model.pos_embed.shape:
@@ -178,11 +224,14 @@ def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> 
     model.load_state_dict(state_dict, strict=True)
 
 
-def load_adapted_state_dict(model: VisionTransformer, state_dict: dict[str, torch.Tensor]) -> None:
-    """Strictly load a checkpoint into `model` after adapting it (prefix, position-embedding size, head size)."""
-    load_strict(model, adapt_state_dict(state_dict, model))
+def load_adapted_state_dict(model: VisionTransformer, state_dict: dict[str, torch.Tensor],
+                            source: str = "the checkpoint") -> None:
+    """Strictly load a checkpoint into `model` after adapting it (prefix, position-embedding size, head size);
+    `source` as in `adapt_state_dict`."""
+    load_strict(model, adapt_state_dict(state_dict, model, source=source))
 
 
-__all__ = ["TORCH_SUFFIXES", "WEIGHTS_KEYS", "CheckpointMismatchError", "TrainingStateError", "WeightsFileError",
-           "adapt_state_dict", "check_state_dict", "load_adapted_state_dict", "load_strict", "load_weights_file",
-           "mismatch_message", "strip_prefix"]
+__all__ = ["TORCH_SUFFIXES", "WEIGHTS_KEYS", "WEIGHTS_SUFFIXES", "CheckpointMismatchError", "TrainingStateError",
+           "WeightsFileError", "adapt_state_dict", "check_state_dict", "check_weights_suffix",
+           "load_adapted_state_dict", "load_strict", "load_weights_file", "mismatch_message", "read_checked_weights",
+           "strip_prefix", "weights_source"]
