@@ -14,7 +14,7 @@ from huggingface_hub import EvalResult
 
 from hub_vit.variants import ViTSpec
 
-from .facts import CONVERSION, TRAINING, FolderFacts
+from .facts import CONVERSION, TRAINING, FolderFacts, ModelFolderError
 from .metrics import measured_result
 from .sections import Rows, flatten, fmt_number, fmt_value
 
@@ -248,8 +248,12 @@ def measured_accuracy(facts: FolderFacts) -> Measured | None:
         return None  # measured on the weights `hub-vit train` wrote, which this folder may no longer hold
     held = _dict(facts.training, "held_out")
     top1 = held.get("top1")
-    if not isinstance(top1, (int, float)) or isinstance(top1, bool):
+    if top1 is None:
         return None
+    # a fraction, as `hub-vit train` records it: 7.5 was published as 750 %, and "high" dropped the section unsaid
+    if isinstance(top1, bool) or not isinstance(top1, (int, float)) or not 0 <= top1 <= 1:
+        raise ModelFolderError(f"{facts.path / TRAINING}: held_out.top1 must be the top-1 accuracy as a fraction in "
+                               f"[0, 1] (as hub-vit train records it), got {top1!r}")
     value = float(top1)
     percent = round(value * 100, 10)  # round off float noise (0.9722 * 100 = 97.22000000000001)
     split = str(held.get("split") or "held-out")

@@ -970,3 +970,17 @@ def test_rendering_a_card_without_metadata_logs_nothing(tmp_path: Path, caplog: 
     assert [r.getMessage() for r in caplog.records if r.name.startswith("huggingface_hub")] == []
     logging.getLogger("huggingface_hub.repocard").warning("still logged elsewhere")  # the level is put back
     assert [r.getMessage() for r in caplog.records][-1:] == ["still logged elsewhere"]
+
+
+@pytest.mark.parametrize("top1", [7.5, "high", -0.1])
+def test_a_held_out_accuracy_that_is_no_fraction_is_refused_not_published(tmp_path: Path, top1: object) -> None:
+    # was: 7.5 published as "top-1 accuracy (%) | 750" (and model-index 750.0); "high" dropped the section unsaid
+    folder = digits_copy(tmp_path)
+    before = (folder / "README.md").read_text()
+    training = json.loads((folder / "training.json").read_text())
+    training["held_out"]["top1"] = top1
+    (folder / "training.json").write_text(json.dumps(training))
+    with pytest.raises(ModelFolderError, match=rf"training.json: held_out.top1 must be the top-1 accuracy as a "
+                                               rf"fraction in \[0, 1\] .*got {re.escape(repr(top1))}"):
+        write_model_card(folder)
+    assert (folder / "README.md").read_text() == before
