@@ -67,6 +67,10 @@ def _build(architecture: str, spec: ViTSpec, pretrained: bool, cfg: Any, **kwarg
 
     register_checkpoint_loader(_load_pretrained)  # timm's custom_load and checkpoint_path=x.npz read through it
     if pretrained:
+        if cfg is not None and not (cfg.url or cfg.file or cfg.hf_hub_id):
+            # timm's own words, before the build: it built the model first (vit_h14: 632M parameters, 9 s) to say it
+            raise RuntimeError(f"No pretrained weights exist for {architecture}. Use `pretrained=False` for random "
+                               "init (`hub-vit models` lists the pretrained tags of each model).")
         _check_file(cfg)
         _check_weights(architecture, spec, cfg, kwargs)
     builder_log = logging.getLogger("timm.models._builder")
