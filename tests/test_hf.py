@@ -722,3 +722,12 @@ def test_a_field_and_its_transformers_name_at_two_values_are_refused(fields, sai
     with pytest.raises(ValueError, match=said):
         HubViTConfig(**fields)
     assert HubViTConfig(width=32, hidden_size=32, num_heads=2).width == 32  # the same value twice is one setting
+
+
+def test_a_config_made_invalid_after_construction_is_refused_before_its_folder_is_made(tmp_path) -> None:
+    # was huggingface_hub's StrictDataclassClassValidationError, after transformers had made the (empty) folder
+    config = HubViTConfig()
+    config.pool_type = "cls"  # assignment checks only the type
+    with pytest.raises(ValueError, match="invalid HubViTConfig: unknown pool_type 'cls'; valid choices: 'tok', 'gap'"):
+        config.save_pretrained(tmp_path / "config")
+    assert not (tmp_path / "config").exists()

@@ -241,6 +241,18 @@ class HubViTConfig(PreTrainedConfig):
                     raise ValueError(f"{alias}={kwargs[alias]!r} and {name}={value!r} are the same setting "
                                      f"(transformers' and hub-vit's names for it); pass one of them")
 
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
+        """transformers' `save_pretrained`, validated before the folder is made: transformers made it, then its
+        `validate()` refused the config (a value assigned after construction, `config.pool_type = "cls"`) with
+        huggingface_hub's StrictDataclassClassValidationError, leaving an empty folder. Here a ValueError, nothing
+        written."""
+        try:
+            self.validate()
+        except StrictDataclassError as exc:
+            cause = exc.__cause__ if isinstance(exc.__cause__, ValueError) else exc
+            raise ValueError(" ".join(str(cause).split())) from None
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     def validate_fields(self) -> None:
         """transformers' `validate()`, which `save_pretrained` runs: the checks `__post_init__` makes, again, for
         values assigned after construction (`config.pool_type = "cls"`; assignment itself checks only the type)."""
