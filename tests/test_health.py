@@ -123,8 +123,11 @@ def test_a_timeout_no_socket_or_probe_can_use_is_refused_naming_the_flag(timeout
 
 
 def test_the_longest_timeout_is_taken():
-    result = _health("--timeout", "3600", "--url", f"127.0.0.1:{free_port()}")
+    port = free_port()
+    result = _health("--timeout", "3600", "--url", f"127.0.0.1:{port}")
     assert result.returncode == 1 and "no answer from" in result.stderr  # asked: the port is free, so refused
+    # as the clients say it (was the refusal alone)
+    assert f"is a server running there (hub-vit serve), and is 127.0.0.1:{port} its HTTP port?" in result.stderr
 
 
 def test_a_down_server_is_one_line_about_the_address():

@@ -192,6 +192,8 @@ def _get(address: str, timeout_s: float) -> bytes:
         reason = getattr(err, "reason", err)
         scheme, netloc, *_ = urllib.parse.urlsplit(address)
         hint = client.plain_port_hint(f"{scheme}://{netloc}", reason)  # the server's address, as the user gave it
+        if not hint and isinstance(reason, ConnectionRefusedError):  # nothing listens: as the clients say it
+            hint = f"is a server running there (hub-vit serve), and is {netloc} its HTTP port?"
         raise NoAnswer(f"no answer from {address}: {reason}" + (f"\n{hint}" if hint else "")) from None
     except http.client.HTTPException as err:  # something answered, not in HTTP/1 (gRPC's HTTP/2 frames, say)
         # the class name, not the message: BadStatusLine's message is the binary bytes the other end sent
