@@ -223,6 +223,16 @@ def test_the_cache_command_refuses_a_cache_that_is_a_file(tmp_path: Path, monkey
         assert result.exit_code == 2 and f"$HUB_VIT_VARIANT_CACHE names '{a_file}', which is a file; the cache is a " \
                                          "folder" in " ".join(result.output.split()), result.output
     assert a_file.read_text() == "mine"
+    # a file above the caches (HUB_VIT_CACHE=/etc/passwd): was "download cache: /etc/passwd/downloads (0
+    # checkpoints)", exit 0
+    monkeypatch.delenv(variant_cache.ENV)
+    monkeypatch.setenv("HUB_VIT_CACHE", str(a_file))
+    for command in ("list", "clear"):
+        result = CliRunner().invoke(app, ["cache", command])
+        assert result.exit_code == 2 and f"$HUB_VIT_CACHE names '{a_file}', so the variant cache is " \
+                                         f"'{a_file / variant_cache.cache_root().name}': '{a_file}', a folder above" \
+                                         in " ".join(result.output.split()), result.output
+    assert a_file.read_text() == "mine"
 
 
 def test_clear_removes_the_cache_s_entries_and_nothing_else_in_its_folder(cache: Path, tmp_path: Path) -> None:

@@ -20,15 +20,26 @@ app.add_typer(cache_app, name="cache")
 
 
 def _root() -> Path:
-    """The cache's folder; refused when it is a file (as `$HUB_VIT_VARIANT_CACHE` may name one): listing it said
-    "0 entries" and clearing it "removed 0", as if it were an empty cache."""
+    """The cache's folder; refused when it, or a folder above it, is a file (as `$HUB_VIT_VARIANT_CACHE` or
+    `$HUB_VIT_CACHE` may name one): listing it said "0 entries" and clearing it "removed 0", as if it were an empty
+    cache."""
+    from hub_vit.atomic import file_in_the_way
+    from hub_vit.conversion import download_cache
     from hub_vit.server.repository import variant_cache
 
     root = variant_cache.cache_root()
-    if root.exists() and not root.is_dir():
-        named = f"${variant_cache.ENV} names" if os.environ.get(variant_cache.ENV) else "the variant cache is"
-        raise fail(f"{named} {str(root)!r}, which is a file; the cache is a folder (made when serve or repository "
-                   "first keeps a variant there): name another path")
+    for cache, folder in (("variant cache", root), ("download cache", download_cache.downloads_root())):
+        blocker = file_in_the_way(folder)
+        if blocker is None:
+            continue
+        env = next((name for name in (variant_cache.ENV, "HUB_VIT_CACHE") if os.environ.get(name)), None)
+        named = f"${env} names {os.environ[env]!r}" if env else f"the {cache} is {str(folder)!r}"
+        if blocker == folder:
+            why = f"{named}, which is a file"
+        else:
+            why = (f"{named}{f', so the {cache} is {str(folder)!r}' if env else ''}: {str(blocker)!r}, a folder "
+                   "above it, is a file")
+        raise fail(f"{why}; the cache is a folder (made when hub-vit first keeps something there): name another path")
     return root
 
 
