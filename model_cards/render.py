@@ -318,7 +318,12 @@ def render_template(card_data: ModelCardData, context: dict[str, Any]) -> str:
 
 
 def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCard:
-    """The card for `folder` (not written). `repo_id` turns the usage snippets into `hf-hub:` / Hub references."""
+    """The card for `folder` (not written). `repo_id` (ORG/NAME) turns the usage snippets into `hf-hub:` / Hub
+    references; an invalid one is a ValueError (was rendered as given: `hf-hub:bad id`, `hf-hub:hf-hub:org/x`)."""
+    if repo_id is not None:
+        from hub_vit.hub_models import check_repo_id
+
+        check_repo_id(repo_id)
     facts = read_folder(folder)
     card_data = build_card_data(facts)
     return ModelCard(render_template(card_data, card_context(facts, repo_id)))

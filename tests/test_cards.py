@@ -984,3 +984,14 @@ def test_a_held_out_accuracy_that_is_no_fraction_is_refused_not_published(tmp_pa
                                                rf"fraction in \[0, 1\] .*got {re.escape(repr(top1))}"):
         write_model_card(folder)
     assert (folder / "README.md").read_text() == before
+
+
+@pytest.mark.parametrize("repo_id", ["bad id", "hf-hub:org/x", "name-without-org"])
+def test_an_invalid_repo_id_is_refused_not_rendered(tmp_path: Path, repo_id: str) -> None:
+    # was rendered as given: `hf-hub:bad id`, `hf-hub:hf-hub:org/x` in every usage snippet
+    folder = digits_copy(tmp_path)
+    before = (folder / "README.md").read_text()
+    with pytest.raises(ValueError, match=rf"invalid repo id {re.escape(repr(repo_id))}: expected ORG/NAME"):
+        write_model_card(folder, repo_id=repo_id)
+    assert (folder / "README.md").read_text() == before
+    assert "hf-hub:org/x" in render_model_card(folder, repo_id="org/x").content
