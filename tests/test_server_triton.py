@@ -340,7 +340,6 @@ BAD_IMAGES = {
     "truncated_jpeg": (_jpeg_truncated, "cannot decode JPEG"),
     "decompression_bomb": (lambda photos: _bomb_png(), "decompression bomb"),
     "extreme_aspect_ratio": (lambda photos: _bomb_png(2, 200_000), "aspect ratio too extreme"),  # 0.4 MP, resized 6 GP
-    "empty": (lambda photos: b"", "empty image"),
 }
 
 
@@ -361,6 +360,40 @@ def test_bad_images_are_client_errors(server, photos, photo_payloads, case, prot
     assert message in err.message() and "image 1" in err.message()
     assert err.status() in ("400", "StatusCode.INVALID_ARGUMENT"), err.status()
     _still_serving(server, photo_payloads[1])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_empty_image_is_refused_by_the_clients_before_sending_and_by_the_server(server, photo_payloads, protocol):
+    # the clients refuse b"" up front (no request); another client's empty image is the server's client error
+    async def async_refusal() -> None:
+        async with AsyncClassifier(_url(server, protocol), protocol=protocol) as client:
+            await client.classify([photo_payloads[1], b""])
+
+    refused = r"image 1: empty image bytes \(b'', 0 bytes\); send an encoded image"
+    with Classifier(_url(server, protocol), protocol=protocol) as client:
+        before = quiet_statistics(client)
+        with pytest.raises(ValueError, match=refused):
+            client.classify([photo_payloads[1], b""])
+        with pytest.raises(ValueError, match=refused):
+            asyncio.run(async_refusal())
+        assert quiet_statistics(client) == before  # nothing was sent
+        assert client.ready()
+    with pytest.raises(InferenceServerException) as info:
+        _raw_infer(server, "image", np.array([[photo_payloads[1]], [b""]], dtype=np.object_), "BYTES")
+    assert "empty image" in info.value.message() and "image 1" in info.value.message(), info.value.message()
+    _still_serving(server, photo_payloads[1])
+
+
+def test_async_ready_says_whether_the_server_answers(server) -> None:
+    from hub_vit.server.runtime.launcher import free_port
+
+    async def ready(url: str, protocol: str) -> bool:
+        async with AsyncClassifier(url, protocol=protocol, timeout_s=2.0) as client:
+            return await client.ready()
+
+    for protocol in PROTOCOLS:
+        assert asyncio.run(ready(_url(server, protocol), protocol)) is True
+        assert asyncio.run(ready(f"127.0.0.1:{free_port()}", protocol)) is False  # nothing listens
 
 
 def test_bad_and_good_requests_sent_together_are_answered_apart(server, reference, photo_payloads, digits):

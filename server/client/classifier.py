@@ -390,6 +390,27 @@ class AsyncClassifier:
             self._config = ServedConfig.read(await client.get_model_config(self.model, **self._deadline))
         return self._config
 
+    async def ready(self) -> bool:
+        """As `Classifier.ready`: whether the server and the model are ready; False, too, when no server answers at
+        the address (nothing listens, a restart, no answer within `timeout_s`)."""
+        from tritonclient.utils import InferenceServerException
+
+        unanswered: tuple[type[BaseException], ...] = (TimeoutError, OSError)  # refused (aiohttp's is an OSError)
+        if self.protocol == "http":
+            import aiohttp  # tritonclient's aio HTTP client is aiohttp's: a server that disconnected is no OSError
+
+            unanswered += (aiohttp.ClientConnectionError,)
+        client = await self._current()
+        try:
+            return (bool(await client.is_server_ready(**self._deadline))
+                    and bool(await client.is_model_ready(self.model, **self._deadline)))
+        except unanswered:
+            return False
+        except InferenceServerException as err:  # gRPC: no server, no answer in time, or serve's gate's state
+            if err.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED") or no_server(err):
+                return False
+            raise
+
     async def max_batch_size(self) -> int:
         """Most images the served model takes in one request (its config's `max_batch_size`; 0 = no limit)."""
         return (await self.config()).max_batch_size
