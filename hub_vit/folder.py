@@ -405,7 +405,13 @@ def not_a_folder(folder: Path) -> OSError | None:
     if folder.exists():
         return NotADirectoryError(f"model folder {str(folder)!r} is a file; give the folder that holds config.json "
                                   "and model.safetensors")
-    return FileNotFoundError(f"model folder {str(folder)!r} does not exist")
+    from hub_vit.hub_models import REPO_ID
+
+    # shaped like a Hub repo id (`my-org/tiny-vit`): `card`, `push` and `calibrate-domain` change a folder, so they take
+    # a local copy of a Hub model, never the Hub's name
+    hint = (f"; for a model on the Hugging Face Hub, make a local copy first: hf download {folder} --local-dir DIR"
+            if REPO_ID.match(str(folder)) else "")
+    return FileNotFoundError(f"model folder {str(folder)!r} does not exist{hint}")
 
 
 def weight_shards(folder: Path) -> list[Path]:

@@ -995,3 +995,20 @@ def test_an_invalid_repo_id_is_refused_not_rendered(tmp_path: Path, repo_id: str
         write_model_card(folder, repo_id=repo_id)
     assert (folder / "README.md").read_text() == before
     assert "hf-hub:org/x" in render_model_card(folder, repo_id="org/x").content
+
+
+def test_a_missing_folder_named_like_a_hub_repo_says_how_to_get_a_local_copy(tmp_path: Path, monkeypatch) -> None:
+    # was "model folder 'org/x' does not exist", where hf-hub:org/x got the `hf download` line
+    from typer.testing import CliRunner
+
+    from hub_vit.cli import _load_commands, app
+
+    monkeypatch.chdir(tmp_path)
+    _load_commands()
+    for args in (["card", "org/x"], ["calibrate-domain", "org/x", "--images", str(tmp_path)]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and "model folder 'org/x' does not exist; for a model on the Hugging Face Hub, " \
+            "make a local copy first: hf download org/x --local-dir DIR" in " ".join(result.output.split()), \
+            result.output
+    result = CliRunner().invoke(app, ["card", "missing"])
+    assert result.exit_code == 2 and "hf download" not in result.output  # not shaped like ORG/NAME
