@@ -208,7 +208,7 @@ def _training_rows(facts: FolderFacts) -> Rows:
         if run.get(key) is not None:
             value = run[key]
             if key == "init" and str(value).startswith(FINE_TUNED_FROM):  # a local path: its name only, as for sources
-                value = FINE_TUNED_FROM + local_name(str(value)[len(FINE_TUNED_FROM):])
+                value = FINE_TUNED_FROM + _init_name(str(value)[len(FINE_TUNED_FROM):])
             out.append((label, fmt_value(value)))
     if hw:
         device = hw.get("gpu") or hw.get("device")
@@ -219,6 +219,13 @@ def _training_rows(facts: FolderFacts) -> Rows:
     if run.get("hub_vit_version"):
         out.append(("trained with hub-vit", str(run["hub_vit_version"])))
     return out
+
+
+def _init_name(path: str) -> str:
+    """The folder a run was fine-tuned from, as the card shows it: its name, with its run's for a `hub-vit train`
+    output, which is always named `model` (`runs/s16/model` -> `s16/model`; "fine-tuned from model" told nothing)."""
+    local = PurePath(path)
+    return f"{local.parent.name}/{local.name}" if local.name == "model" and local.parent.name else local_name(path)
 
 
 def recipe_rows(facts: FolderFacts) -> Rows:

@@ -173,7 +173,8 @@ def test_fine_tune_from_model_folder_with_new_classes(data: Path, tmp_path: Path
     from hub_vit.model_cards import write_model_card
 
     card = write_model_card(result.model_dir).read_text()  # cards are published: no local directories in them
-    assert "fine-tuned from model" in card and str(tmp_path) not in card
+    # the run's folder beside its `model`: "fine-tuned from model" told nothing, every train output has that name
+    assert "fine-tuned from base/model" in card and str(tmp_path) not in card
 
 
 # ------------------------------------------------------------------------------------------------ bad input
