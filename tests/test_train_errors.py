@@ -289,3 +289,12 @@ def test_a_run_folder_that_cannot_be_written_is_named_before_anything_runs(data:
     text = _refused(read_only / "run", str(data), "--model", "simplevit_digits", "--steps", "1", *QUICK)
     assert f"cannot write the run folder --out {str(read_only / 'run')!r}: Read-only file system in " \
            f"{str(read_only)!r}; choose another folder" in text, text
+
+
+def test_device_cuda_without_a_gpu_exits_3_as_serve_does(data: Path, tmp_path: Path, monkeypatch) -> None:
+    # was exit 2 ("bad input"): nothing asked is wrong, this host cannot run it (README's exit codes: 3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, text = _train(str(data), "--out", str(tmp_path / "run"), "--model", "simplevit_digits", "--device", "cuda",
+                        *QUICK)
+    assert code == 3 and "error: device 'cuda' was asked for but torch sees no CUDA device; use --device cpu" in text
+    assert "Traceback" not in text and not (tmp_path / "run").exists()

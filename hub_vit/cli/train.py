@@ -204,6 +204,7 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     from hub_vit.network import HubUnreachableError
     from hub_vit.train import digits
     from hub_vit.train.data import DataFolderError
+    from hub_vit.train.distributed import NoCudaDevice
     from hub_vit.train.loop import TrainingWarning
     from hub_vit.train.models import ModelChoiceError
     from hub_vit.train.recipe import VIT_S16_I1K, SettingError
@@ -235,7 +236,7 @@ def _run(preset: str, flags: dict[str, Any], set_: list[str], data: Path | None,
     except DownloadError as exc:  # --pretrained offline: the message names the URL to fetch by hand and the cache
         _discard_fresh_run_folder(out, created)
         raise _pretrained_download_failed(exc, recipe.model) from None
-    except HubUnreachableError as exc:  # --init hf-hub:ORG/NAME, neither reachable nor cached
+    except (HubUnreachableError, NoCudaDevice) as exc:  # --init hf-hub: neither reachable nor cached; no GPU here
         _discard_fresh_run_folder(out, created)
         raise fail(str(exc), code=CANNOT_NOW) from None
     except (SettingError, SettingChangeError) as exc:  # `--steps 0`: the library names `total_steps`

@@ -15,6 +15,11 @@ import torch.distributed as dist
 from hub_vit.train.recipe import SettingError
 
 
+class NoCudaDevice(ValueError):
+    """`--device cuda` where torch sees no CUDA device: nothing asked is wrong, this host cannot run it (the CLI exits
+    3, as `hub-vit serve --device cuda` does)."""
+
+
 @dataclass(frozen=True)
 class Dist:
     rank: int = 0
@@ -48,7 +53,7 @@ def setup(device: str | None = None) -> Dist:
         raise SettingError(f"unknown device {device!r}; valid choices: 'cpu', 'cuda'")
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was asked for but torch sees no CUDA device; use --device cpu")
+            raise NoCudaDevice("device 'cuda' was asked for but torch sees no CUDA device; use --device cpu")
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
     else:
