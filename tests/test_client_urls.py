@@ -24,7 +24,8 @@ def test_accepted_forms(url, address, tls):
 @pytest.mark.parametrize(("url", "message"), [
     ("notaurl:xx", "must be host:port"),
     ("127.0.0.1", "must be host:port"),
-    ("127.0.0.1:70000", "must be host:port"),
+    ("127.0.0.1:70000", "has port 70000, out of range: a port is 1 to 65535"),  # was "must be host:port"
+    ("127.0.0.1:0", "has port 0, out of range: a port is 1 to 65535"),
     (":8000", "must be host:port"),
     ("127.0.0.1:8000/v2/models/vit/infer", "has a path"),
     ("ftp://127.0.0.1:21", "unsupported scheme 'ftp'"),

@@ -39,6 +39,9 @@ def server_address(url: str, protocols: tuple[str, ...] = PROTOCOLS) -> tuple[st
         raise ValueError(f"server URL {url!r} has {extras[0][1]}; give host:port only ({example})")
     if "@" in rest:  # tritonclient would take `user@host` as the host name
         raise ValueError(f"server URL {url!r} holds a user name; give host:port only ({example})")
+    digits = rest.rpartition(":")[2]
+    if digits.isdigit() and not 1 <= int(digits) <= 65535:  # was "must be host:port", which it was
+        raise ValueError(f"server URL {url!r} has port {int(digits)}, out of range: a port is 1 to 65535 ({example})")
     try:
         parts = urllib.parse.urlsplit(f"//{rest}")
         port = parts.port
