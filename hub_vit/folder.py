@@ -405,7 +405,7 @@ def not_a_folder(folder: Path) -> OSError | None:
     if folder.exists():
         return NotADirectoryError(f"model folder {str(folder)!r} is a file; give the folder that holds config.json "
                                   "and model.safetensors")
-    from hub_vit.hub_models import REPO_ID
+    from hub_vit.repo_id import REPO_ID
 
     # shaped like a Hub repo id (`my-org/tiny-vit`): `card`, `push` and `calibrate-domain` change a folder, so they take
     # a local copy of a Hub model, never the Hub's name

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 
 from hub_vit.network import HubUnreachableError, check_reachable, hub_endpoint
+from hub_vit.repo_id import check_repo_id
 from hub_vit.variants import MODEL_TYPE
 
 PREFIX = "hf-hub:"  # timm's prefix for a Hub repository (`timm.create_model("hf-hub:ORG/NAME")`)
@@ -29,24 +29,7 @@ PREFIX = "hf-hub:"  # timm's prefix for a Hub repository (`timm.create_model("hf
 # formats, and subfolders (a classic ViT's `native/` is a second copy of the weights, for transformers' own ViT class).
 FOLDER_FILES = ("*.safetensors", "*.json", "*.txt", "*.md", "*.py")
 NOT_FETCHED = ("*/*",)  # huggingface_hub matches patterns with fnmatch, whose `*` also matches `/`
-REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$", re.ASCII)  # the shape; the Hub's validator has the finer rules
-REPO_ID_RULE = ("expected ORG/NAME, e.g. 'my-org/simplevit-s16' (letters, digits, '-', '_', '.'; no '--' or '..'; not "
-                "starting or ending with '-' or '.'; at most 96 characters)")
 logger = logging.getLogger(__name__)
-
-
-def check_repo_id(repo_id: str) -> str:
-    """ORG/NAME by the Hub's own rule (`huggingface_hub.utils.validate_repo_id`), checked before any network call;
-    the namespace is required: hub-vit's models live under a user or organisation."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
-        raise ValueError(f"invalid repo id {repo_id!r}: {REPO_ID_RULE}")
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as exc:
-        raise ValueError(f"invalid repo id {repo_id!r}: {REPO_ID_RULE} ({str(exc).splitlines()[0]})") from None
-    return repo_id
 
 
 def is_hub_reference(reference: str) -> bool:

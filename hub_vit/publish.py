@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hub_vit.hub_models import check_repo_id
 from hub_vit.model_cards.facts import (
     CARD,
     CONFIG,
@@ -30,6 +29,7 @@ from hub_vit.model_cards.facts import (
     read_spec,
 )
 from hub_vit.network import CONNECT_TIMEOUT_S, HubUnreachableError, check_reachable, hub_endpoint
+from hub_vit.repo_id import check_repo_id
 
 REQUIRED_FILES = (WEIGHTS, CONFIG, PREPROCESSOR, LABELS, CARD)
 TIMM_KEYS = ("architecture", "pretrained_cfg", "model_args")  # timm's hf-hub loader reads these from config.json

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hub_vit.class_names import default_labels
 from hub_vit.data_config import DataConfig
-from hub_vit.hub_models import PREFIX, REPO_ID, hub_folder, is_hub_reference, repo_name
+from hub_vit.hub_models import PREFIX, hub_folder, is_hub_reference, repo_name
+from hub_vit.repo_id import REPO_ID
 
 if TYPE_CHECKING:
     import torch

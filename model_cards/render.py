@@ -321,7 +321,7 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
     """The card for `folder` (not written). `repo_id` (ORG/NAME) turns the usage snippets into `hf-hub:` / Hub
     references; an invalid one is a ValueError (was rendered as given: `hf-hub:bad id`, `hf-hub:hf-hub:org/x`)."""
     if repo_id is not None:
-        from hub_vit.hub_models import check_repo_id
+        from hub_vit.repo_id import check_repo_id
 
         check_repo_id(repo_id)
     facts = read_folder(folder)
