@@ -381,7 +381,7 @@ def _load_weights(ref: ModelRef) -> ResolvedModel:
     """A weights file into its registered architecture (`model_name`), strictly; a Google `.npz` without one into the
     architecture its arrays describe."""
     from hub_vit.model import VisionTransformer
-    from hub_vit.weights import load_adapted_state_dict
+    from hub_vit.weights import load_adapted_state_dict, weights_source
 
     path = Path(ref.target)
     if ref.model_name is not None:
@@ -389,7 +389,8 @@ def _load_weights(ref: ModelRef) -> ResolvedModel:
 
         entry = _entry(ref.model_name)
         model = VisionTransformer(entry.spec)
-        load_adapted_state_dict(model, load_checkpoint(path, spec=entry.spec))
+        # a refusal names the file (was "the checkpoint holds NaN ...")
+        load_adapted_state_dict(model, load_checkpoint(path, spec=entry.spec), source=weights_source(path))
         architecture = entry.name
     else:
         from hub_vit.conversion.convert import convert_file

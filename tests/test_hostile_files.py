@@ -336,3 +336,19 @@ def test_export_of_a_broken_weights_file_is_one_line_and_writes_nothing(tmp_path
         flat = " ".join(result.output.split())
         assert result.exit_code == 2 and f"error: weights file {str(path)!r}: " in flat and said in flat, flat
         assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_weights_file_given_with_its_architecture_is_checked_naming_the_file(tmp_path: Path) -> None:
+    # `hub-vit export FILE --model NAME`: the refusal named no file ("the checkpoint holds NaN ...")
+    from hub_vit.catalog import default_model_folder
+
+    state = load_file(str(default_model_folder() / "model.safetensors"))
+    state["blocks.0.mlp.fc1.weight"][0, :3] = float("nan")
+    weights = tmp_path / "nan.safetensors"
+    save_file(state, str(weights))
+    _load_commands()
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["export", "onnx", str(weights), "--model", "simplevit_digits", "-o", str(out)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"weights file '{weights}' holds NaN or inf values in 1 tensor(s)" in text, text
+    assert not out.exists()
