@@ -65,7 +65,8 @@ def test_bad_settings_name_the_value_and_the_rule(bad, message) -> None:
 
 
 def test_bad_pretrained_cfg_is_named() -> None:
-    with pytest.raises(ValueError, match=r"pretrained_cfg input_size must be \(channels, height, width\), got"):
+    with pytest.raises(ValueError, match=r"pretrained_cfg input_size must be \(channels, height, width\), positive "
+                                         r"integers, got"):
         DataConfig.from_pretrained_cfg({"input_size": (32, 32)})
     with pytest.raises(ValueError, match=r"pretrained_cfg mean has 2 values for 3 input channels"):
         DataConfig.from_pretrained_cfg({"input_size": (3, 32, 32), "mean": (0.5, 0.5)})

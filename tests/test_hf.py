@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import timm
 import torch
+import transformers
+from packaging import version
 from PIL import Image
 from transformers import (
     AutoConfig,
@@ -248,11 +250,18 @@ def test_a_model_saved_alone_loads_its_image_processor(tmp_path) -> None:
     transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=timm_model))
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (61, 83, 3), dtype=np.uint8))
     torch.testing.assert_close(processor(image)["pixel_values"][0], transform(image), atol=1e-6, rtol=0)
-    # a processor saved into the folder first is kept, not replaced by the model's
+    # a processor saved into the folder first is kept, not replaced by the model's; the class reads it, and so does
+    # AutoImageProcessor before transformers 5.25, which reads a folder with a timm `pretrained_cfg` in config.json
+    # as a timm checkpoint: from that data config, the one timm's transform reads
     HubViTImageProcessor.from_pretrained_cfg({**timm_model.pretrained_cfg, "crop_pct": 0.5}).save_pretrained(
         tmp_path / "both")
     model.save_pretrained(tmp_path / "both")
-    assert AutoImageProcessor.from_pretrained(tmp_path / "both").crop_pct == 0.5
+    assert HubViTImageProcessor.from_pretrained(tmp_path / "both").crop_pct == 0.5
+    auto = AutoImageProcessor.from_pretrained(tmp_path / "both")
+    assert isinstance(auto, HubViTImageProcessor)
+    assert auto.crop_pct == (0.5 if version.parse(transformers.__version__) < version.parse("5.25") else 1.0)
+    if auto.crop_pct == 1.0:  # the model's data config, whole (was the processor's defaults: 224 px, bilinear)
+        torch.testing.assert_close(auto(image)["pixel_values"][0], transform(image), atol=1e-6, rtol=0)
 
 
 def test_saving_over_a_model_folder_leaves_a_folder_hub_vit_loads(tmp_path, caplog) -> None:

@@ -64,6 +64,13 @@ class HubViTImageProcessorKwargs(TypedDict, total=False):
     resample: int
 
 
+def _data_config_settings(data: DataConfig) -> dict[str, Any]:
+    """The processor settings that do exactly `data`'s eval transform."""
+    return dict(size={"height": data.img_size[0], "width": data.img_size[1]}, crop_pct=data.crop_pct,
+                interpolation=data.interpolation, crop_mode=data.crop_mode, image_mean=list(data.mean),
+                image_std=list(data.std))
+
+
 class HubViTImageProcessor(BaseImageProcessor):
     """Eval preprocessing of a hub-vit model: resize / centre crop / [-1, 1], built from a timm data config.
 
@@ -136,6 +143,12 @@ class HubViTImageProcessor(BaseImageProcessor):
         processor option of transformers' own processors (`rescale_factor`, `crop_size`, `shortest_edge`, ...) or a
         misspelt setting is named in a warning, with the valid ones."""
         image_processor_dict = dict(image_processor_dict)
+        if "pretrained_cfg" in image_processor_dict and "size" not in image_processor_dict:
+            # a model folder's config.json, not its preprocessor_config.json: transformers (5.25 on) reads a local
+            # folder whose config.json has a timm `pretrained_cfg` as a timm checkpoint and hands the processor that
+            # file. Its data config is the processor (the defaults, 224 px, answered the digits model's 32 px images)
+            image_processor_dict = _data_config_settings(
+                DataConfig.from_pretrained_cfg(image_processor_dict["pretrained_cfg"]))
         if kwargs.get("resample") is not None and "interpolation" not in kwargs:
             image_processor_dict.pop("interpolation", None)  # the override replaces the saved filter
         valid = set(HubViTImageProcessorKwargs.__annotations__)
@@ -162,9 +175,7 @@ class HubViTImageProcessor(BaseImageProcessor):
     @classmethod
     def from_data_config(cls, data: DataConfig) -> HubViTImageProcessor:
         """The processor doing exactly the model's one eval transform."""
-        return cls(size={"height": data.img_size[0], "width": data.img_size[1]}, crop_pct=data.crop_pct,
-                   interpolation=data.interpolation, crop_mode=data.crop_mode, image_mean=data.mean,
-                   image_std=data.std)
+        return cls(**_data_config_settings(data))
 
     def settings(self, **options: Any) -> dict[str, Any]:
         """This processor's settings, with one call's `options` (validated; None = the processor's own) in place."""
