@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,18 @@ def _model(spec: ViTSpec) -> VisionTransformer:
 
 def _pixels(spec: ViTSpec) -> torch.Tensor:
     return torch.rand(2, 3, *spec.img_size) * 2 - 1
+
+
+def _copy(folder: Path, to: Path, leave_out: str | None = None) -> Path:
+    """A copy of the model folder `folder` at `to` (less the file `leave_out`), for a test to damage one file of."""
+    return Path(shutil.copytree(folder, to, ignore=shutil.ignore_patterns(leave_out) if leave_out else None))
+
+
+def _edit_config(folder: Path, edit: Callable[[dict], None]) -> None:
+    """`folder`'s config.json, changed in place by `edit`."""
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
 
 
 def _leftovers(parent: Path) -> list[str]:
@@ -304,10 +318,7 @@ def test_bad_folders_on_load(tmp_path, simple_folder) -> None:
     with pytest.raises(ValueError, match="model_type 'vit', expected 'hub_vit'"):
         load_model_folder(native)
     _, folder = simple_folder
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for p in folder.iterdir():
-        (broken / p.name).write_bytes(p.read_bytes())
+    broken = _copy(folder, tmp_path / "broken")
     (broken / "labels.txt").write_text("x\ny\n")
     with pytest.raises(ValueError, match="disagrees with config.json id2label: 2 lines against 3 entries"):
         load_model_folder(broken)
@@ -332,11 +343,7 @@ def test_bad_folders_on_load(tmp_path, simple_folder) -> None:
 def test_timm_local_dir_without_its_weights_file_names_it(tmp_path, simple_folder) -> None:
     # was: timm's fallback loaded the folder's first other *.safetensors (the out-of-domain statistics) as the weights
     _, folder = simple_folder
-    partial = tmp_path / "partial"
-    partial.mkdir()
-    for p in folder.iterdir():
-        if p.name != "model.safetensors":
-            (partial / p.name).write_bytes(p.read_bytes())
+    partial = _copy(folder, tmp_path / "partial", leave_out="model.safetensors")
     (partial / "domain.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
     with pytest.raises(FileNotFoundError, match=r"not a hub-vit model folder: model.safetensors is missing"):
         timm.create_model(f"local-dir:{partial}", pretrained=True)
@@ -501,13 +508,8 @@ def test_a_config_field_of_the_wrong_type_is_a_value_error_naming_the_field(tmp_
     from hub_vit.domain_fit import plan_calibration
 
     _, folder = simple_folder
-    typed = tmp_path / "typed"
-    typed.mkdir()
-    for p in folder.iterdir():
-        (typed / p.name).write_bytes(p.read_bytes())
-    config = json.loads((typed / "config.json").read_text())
-    config["width"] = str(config["width"])
-    (typed / "config.json").write_text(json.dumps(config))
+    typed = _copy(folder, tmp_path / "typed")
+    _edit_config(typed, lambda config: config.update(width=str(config["width"])))
     said = r"invalid HubViTConfig: Validation error for field 'width': TypeError: Field 'width' expected int, got str"
     with pytest.raises(ValueError, match=f"{typed / 'config.json'}: {said}"):
         load_model_folder(typed)
@@ -525,10 +527,7 @@ def test_a_config_nested_too_deep_for_the_parser_is_refused_as_unreadable_json(t
     from hub_vit.model_cards.facts import ModelFolderError, read_folder
 
     _, folder = simple_folder
-    deep = tmp_path / "deep"
-    deep.mkdir()
-    for p in folder.iterdir():
-        (deep / p.name).write_bytes(p.read_bytes())
+    deep = _copy(folder, tmp_path / "deep")
     (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match="config.json' is not readable JSON"):
         load_model_folder(deep)
@@ -555,13 +554,8 @@ def test_a_saved_pretrained_cfg_that_is_no_data_config_is_refused_on_load_naming
     # was accepted by every loader; the first image then failed with "could not convert string to float: 'x'"
     # (naming no file or field), or timm's transform with "new(): invalid data type 'str'"
     _, folder = simple_folder
-    edited = tmp_path / "edited"
-    edited.mkdir()
-    for p in folder.iterdir():
-        (edited / p.name).write_bytes(p.read_bytes())
-    config = json.loads((edited / "config.json").read_text())
-    config["pretrained_cfg"] = {**config["pretrained_cfg"], **cfg}
-    (edited / "config.json").write_text(json.dumps(config))
+    edited = _copy(folder, tmp_path / "edited")
+    _edit_config(edited, lambda config: config["pretrained_cfg"].update(cfg))
     with pytest.raises(ValueError, match=f"{edited / 'config.json'}: .*{said}"):
         load_model_folder(edited)
     with pytest.raises(ValueError, match=said):
@@ -573,14 +567,13 @@ def test_model_args_that_describe_another_model_than_the_fields_are_refused_by_e
     # was: timm (which builds from model_args) refused an edited num_classes, hub-vit and transformers (which build
     # from the fields) loaded the folder as the other model
     _, folder = simple_folder
-    edited = tmp_path / "edited"
-    edited.mkdir()
-    for p in folder.iterdir():
-        (edited / p.name).write_bytes(p.read_bytes())
-    config = json.loads((edited / "config.json").read_text())
-    classes = config["model_args"]["num_classes"]
-    config["num_classes"] = config["model_args"]["num_classes"] = classes + 1
-    (edited / "config.json").write_text(json.dumps(config))
+    edited = _copy(folder, tmp_path / "edited")
+    classes = json.loads((folder / "config.json").read_text())["model_args"]["num_classes"]
+
+    def one_class_more(config: dict) -> None:
+        config["num_classes"] = config["model_args"]["num_classes"] = classes + 1
+
+    _edit_config(edited, one_class_more)
     said = f"describe different models: num_classes: {classes + 1} in model_args, {classes} in the fields"
     with pytest.raises(ValueError, match=said):
         load_model_folder(edited)
