@@ -203,13 +203,13 @@ def _check_local_folder(folder: Path) -> None:
     """A `local-dir:` folder of a hub-vit model: its weights are there (one file: shards are named), and its
     labels.txt agrees with config.json's id2label, as hub-vit's folder loader and transformers' check them."""
     from hub_vit.folder import model_folder_files, read_config_json, read_labels
-    from hub_vit.hf.configuration_hub_vit import check_labels_file, label_at
+    from hub_vit.hf.configuration_hub_vit import check_labels_file, saved_label_names
 
     if not any((folder / name).is_file() for name in LOCAL_DIR_WEIGHTS):
         model_folder_files(folder)  # names what is missing (or that the weights are in shards)
     id2label = read_config_json(folder / "config.json").get("id2label")
     if isinstance(id2label, dict):
-        check_labels_file(folder, read_labels(folder), [label_at(id2label, i) for i in range(len(id2label))])
+        check_labels_file(folder, read_labels(folder), saved_label_names(id2label))
 
 
 def _check_weights(architecture: str, spec: ViTSpec, cfg: Any, kwargs: dict[str, Any]) -> None:

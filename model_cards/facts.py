@@ -188,11 +188,12 @@ def card_labels(folder: Path, config: dict[str, Any], num_classes: int) -> list[
         raise ModelFolderError(f"{folder / LABELS} lists {len(labels)} labels but the model has {num_classes} "
                                "classes")
     id2label = config.get("id2label")
-    if from_file and isinstance(id2label, dict):  # the names transformers answers with: a card (or a push) of a
-        from hub_vit.hf.configuration_hub_vit import check_labels_file, label_at  # folder whose files disagree
+    # the names transformers answers with: no card (or push) of a folder whose files disagree
+    if from_file and isinstance(id2label, dict):
+        from hub_vit.hf.configuration_hub_vit import check_labels_file, saved_label_names
 
         try:
-            check_labels_file(folder, labels, [label_at(id2label, i) for i in range(len(id2label))])
+            check_labels_file(folder, labels, saved_label_names(id2label))
         except ValueError as exc:
             raise ModelFolderError(str(exc)) from None
     return labels

@@ -31,6 +31,7 @@ from hub_vit.hf.configuration_hub_vit import (
     check_labels_file,
     label_at,
     refuse_vit_dropout,
+    saved_label_names,
 )
 from hub_vit.hf.image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from hub_vit.layers import Block
@@ -383,7 +384,7 @@ def _check_saved_labels(path: Any, saved: dict[str, Any] | None, kwargs: dict[st
         return
     with open(labels_path, encoding="utf-8") as f:
         labels = f.read().splitlines()
-    check_labels_file(os.fspath(path), labels, [label_at(id2label, i) for i in range(len(id2label))])
+    check_labels_file(os.fspath(path), labels, saved_label_names(id2label))
 
 
 def _saved_learned_grid_size(saved: dict[str, Any] | None) -> tuple[int, int] | None:

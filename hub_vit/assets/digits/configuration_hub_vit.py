@@ -94,6 +94,11 @@ def label_at(id2label: dict[Any, str], index: int) -> str:
                      f"n-1), got keys {sorted(map(str, id2label))[:10]}")
 
 
+def saved_label_names(id2label: dict[Any, str]) -> list[str]:
+    """The class names of a saved config.json's `id2label`, in class order (its keys are strings there)."""
+    return [label_at(id2label, i) for i in range(len(id2label))]
+
+
 def check_labels_file(folder: str | os.PathLike[str], labels: list[str], id2label: list[str]) -> None:
     """ValueError when a model folder's labels.txt (`labels`, one class name per line; [] when it has none) names
     other classes than its config.json (`id2label`, in class order): the two are written together, and a folder whose

@@ -25,7 +25,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, logging
 
-from .configuration_hub_vit import SPEC_FIELDS, TRAINING_FIELDS, VIT_DROPOUT, HubViTConfig, check_labels_file, label_at, refuse_vit_dropout
+from .configuration_hub_vit import SPEC_FIELDS, TRAINING_FIELDS, VIT_DROPOUT, HubViTConfig, check_labels_file, label_at, refuse_vit_dropout, saved_label_names
 from .image_processing_hub_vit import PREPROCESSOR_FILE, write_processor_config
 from .hub_vit_layers import Block
 from .hub_vit_model import VisionTransformer
@@ -377,7 +377,7 @@ def _check_saved_labels(path: Any, saved: dict[str, Any] | None, kwargs: dict[st
         return
     with open(labels_path, encoding="utf-8") as f:
         labels = f.read().splitlines()
-    check_labels_file(os.fspath(path), labels, [label_at(id2label, i) for i in range(len(id2label))])
+    check_labels_file(os.fspath(path), labels, saved_label_names(id2label))
 
 
 def _saved_learned_grid_size(saved: dict[str, Any] | None) -> tuple[int, int] | None:
