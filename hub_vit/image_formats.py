@@ -23,6 +23,12 @@ OTHER_SUFFIXES: dict[str, str] = {".gif": "GIF", ".bmp": "BMP", ".tif": "TIFF", 
                                   ".heif": "HEIF", ".avif": "AVIF", ".jxl": "JPEG XL"}
 
 
+def empty_file(label: str, names: str = NAMES) -> str:
+    """The refusal of a file with no bytes at all (an upload cut off, a file created and never written), in the words
+    `hub-vit rollout` and the serving clients both use; `names`: the formats the caller reads."""
+    return f"{label!r} is empty (0 bytes); supported formats: {names}"
+
+
 def signature_format(data: bytes) -> str | None:
     """The format whose signature `data` starts with, as people write it (JPEG, PNG, WebP), or None: bytes that claim
     to be one of these though Pillow cannot read their header are a damaged image, not some other kind of file."""

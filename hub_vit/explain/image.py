@@ -28,6 +28,7 @@ from hub_vit.image_formats import (
     OWN_FILE_NAMES,
     OWN_FILE_SUFFIXES,
     SIGNATURE_BYTES,
+    empty_file,
     other_format,
     signature_format,
 )
@@ -84,7 +85,7 @@ def load_image(source: str | Path | bytes, name: str | None = None, *, large: bo
                 raise ImageReadError(f"{label!r} is a damaged or incomplete {claimed} image ({reason})") from exc
             names = NAMES if tuple(formats) == FORMATS else OWN_FILE_NAMES
             if not head and _empty(source):
-                raise ImageReadError(f"{label!r} is empty (0 bytes); supported formats: {names}") from exc
+                raise ImageReadError(empty_file(label, names)) from exc
             other = other_format(head)
             if other is not None:
                 raise ImageReadError(f"{label!r} is a {other} image, not one of the supported formats: {names} "

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from hub_vit.image_formats import NAMES
+from hub_vit.image_formats import NAMES, empty_file
 
 if TYPE_CHECKING:  # PIL is imported only where an image is encoded
     from PIL import Image
@@ -35,7 +35,7 @@ def encode(image: ImageLike) -> bytes:
     if isinstance(image, (str, Path)):
         data = Path(image).read_bytes()
         if not data:  # emptied since it was checked (a download still being written): still nothing to send
-            raise ValueError(_empty_file(Path(image)))
+            raise ValueError(empty_file(str(image)))
         return data
     if _file_object(image):  # open(path, "rb"), io.BytesIO, a download's response: read from where it stands
         data = image.read()
@@ -71,7 +71,7 @@ def check_image(image: ImageLike) -> None:
         if not path.is_file():
             raise ValueError(f"{str(path)!r} is not a regular file; give image files ({NAMES})")
         if path.stat().st_size == 0:
-            raise ValueError(_empty_file(path))
+            raise ValueError(empty_file(str(path)))
         return
     if _file_object(image):
         if isinstance(image, io.TextIOBase):  # reading it would give text, which no decoder takes
@@ -100,11 +100,6 @@ def check_images(images: list[ImageLike]) -> None:
             if len(images) == 1 or isinstance(image, (str, Path)):
                 raise
             raise ValueError(f"image {index}: {err}") from None
-
-
-def _empty_file(path: Path) -> str:
-    # `hub-vit rollout`'s words for the same file (hub_vit.explain.image), so both commands say it alike
-    return f"{str(path)!r} is empty (0 bytes); supported formats: {NAMES}"
 
 
 def _text_mode(image: Any) -> str:
