@@ -9,6 +9,8 @@ compile settings the variant is verified and served with.
   SmoothQuant and per-channel weights; symmetric activations over their min / max range), calibrated on the export's
   calibration images, with the layers the criterion finds sensitive kept in float (`hub_vit.export.sensitivity`).
 
+Both int8 variants run the MLP's GELU in its erf form (`hub_vit.export.openvino_rewrite.tanh_gelu_as_erf`: within
+the int8 rounding of its output, and faster), recorded as `gelu_as_erf` (how many) in their settings.
 What stays in float runs at OpenVINO's default precision (bf16 on CPUs with bf16 units); the verification on the
 host judges the whole. Each variant is three files: `<name>.xml` + `<name>.bin` (the IR) and `<name>.json` (its
 compile settings), which `hub_vit.openvino_runtime.OpenVINOSession` reads.
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from hub_vit.atomic import disk_errors_as_os_errors
-from hub_vit.export.openvino_rewrite import keys_transposed_by_matmul
+from hub_vit.export.openvino_rewrite import keys_transposed_by_matmul, tanh_gelu_as_erf
 from hub_vit.openvino_runtime import core
 
 # activations quantised in groups of this many channels: one scale per token for rows up to ViT-S/16's 384, a few per
@@ -56,6 +58,13 @@ def read_model(onnx_file: str | Path) -> Any:
     return model
 
 
+def read_int8_model(onnx_file: str | Path) -> tuple[Any, dict[str, int]]:
+    """The graph an int8 variant is quantised from: `read_model`'s, its tanh GELUs in erf form; with what that
+    decided, for the variant's settings."""
+    model = read_model(onnx_file)
+    return model, {"gelu_as_erf": tanh_gelu_as_erf(model)}
+
+
 def save(model: Any, out_xml: Path, compile_settings: dict[str, str], **decided: Any) -> Path:
     """Write `model` as IR at `out_xml` with its settings file (`compile`: the plugin settings it runs with, besides
     the thread count; plus what its build `decided`, e.g. the layers kept in float); returns `out_xml`."""
@@ -73,12 +82,14 @@ def build_plain(fp32: Path, out_xml: Path, precision: str) -> Path:
     return save(read_model(fp32), out_xml, {"INFERENCE_PRECISION_HINT": precision})
 
 
-def build_dynamic_int8(fp32: Path, out_xml: Path) -> Path:
+def build_dynamic_int8(fp32: Path, out_xml: Path) -> tuple[Path, dict[str, Any]]:
+    """int8 weights, activations quantised at run time; returns the IR and what the build decided (`gelu_as_erf`)."""
     import nncf
 
+    model, decided = read_int8_model(fp32)
     with quiet():
-        model = nncf.compress_weights(read_model(fp32), mode=nncf.CompressWeightsMode.INT8_SYM)
-    return save(model, out_xml, {"DYNAMIC_QUANTIZATION_GROUP_SIZE": str(DYNAMIC_GROUP_SIZE)})
+        model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
+    return save(model, out_xml, {"DYNAMIC_QUANTIZATION_GROUP_SIZE": str(DYNAMIC_GROUP_SIZE)}, **decided), decided
 
 
 def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_counts: np.ndarray | None,
@@ -86,8 +97,8 @@ def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_c
     """Static int8 calibrated on `calibration` (N, C, H, W), the layers the criterion finds sensitive kept in float
     (`hub_vit.export.sensitivity.search`, judged on the same images: `top1_counts` marks those whose top-1 counts,
     `own_mask` the model's own images, which alone the bounds judge when given, as the verification does); returns the
-    IR and what the build decided: `nncf` (the quantisation settings), `kept_in_float` (the layers left unquantised)
-    and the search's rounds."""
+    IR and what the build decided: `nncf` (the quantisation settings), `gelu_as_erf`, `kept_in_float` (the layers
+    left unquantised) and the search's rounds."""
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
@@ -96,7 +107,7 @@ def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_c
 
     if not len(calibration):
         raise ValueError("openvino-int8 needs calibration images; none were given")
-    model = read_model(fp32)
+    model, rewritten = read_int8_model(fp32)
     dataset = nncf.Dataset([calibration[i:i + 1] for i in range(len(calibration))])
 
     advanced = AdvancedQuantizationParameters(
@@ -110,7 +121,7 @@ def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_c
                                  ignored_scope=nncf.IgnoredScope(names=kept), advanced_parameters=advanced)
 
     found = search(model, quantize, calibration, top1_counts, {"ENABLE_CPU_PINNING": False}, judged=own_mask)
-    decided = {"nncf": NNCF_SETTINGS, "kept_in_float": found.kept_in_float,
+    decided = {"nncf": NNCF_SETTINGS, **rewritten, "kept_in_float": found.kept_in_float,
                "search": {"calibration_margin": round(found.margin, 4), "rounds": found.rounds}}
     return save(found.model, out_xml, {}, **decided), decided
 
@@ -149,4 +160,4 @@ def drop_output(src_xml: str | Path, dst_xml: str | Path, name: str) -> Path:
 
 
 __all__ = ["DYNAMIC_GROUP_SIZE", "NNCF_SETTINGS", "build_dynamic_int8", "build_plain",
-           "build_static_int8", "drop_output", "quiet", "read_model", "save"]
+           "build_static_int8", "drop_output", "quiet", "read_int8_model", "read_model", "save"]

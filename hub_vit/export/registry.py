@@ -288,7 +288,8 @@ def _openvino_int8(job: BuildJob) -> Built:
 def _openvino_int8_dynamic(job: BuildJob) -> Built:
     from hub_vit.export.openvino_build import build_dynamic_int8
 
-    return Built(build_dynamic_int8(job.fp32, job.out))
+    path, decided = build_dynamic_int8(job.fp32, job.out)
+    return Built(path, settings=decided)
 
 
 __all__ = ["BF16_UNITS", "GPU_PROVIDER", "INT8_UNITS", "OPENVINO", "ORT_BF16_MATMUL", "RUNTIMES", "BuildJob", "Built",
