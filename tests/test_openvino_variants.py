@@ -100,6 +100,7 @@ def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp
     served = openvino_runtime.served_model(repo / "vit_classifier" / "1" / "model.onnx")
     settings = json.loads(served.with_suffix(".json").read_text())
     assert settings["kept_in_float"] == kept and settings["nncf"] == openvino_build.NNCF_SETTINGS
+    assert settings["gelu_as_erf"] == row["settings"]["gelu_as_erf"] == spec.depth  # each block's tanh GELU, as erf
     assert _asymmetric_activation_quantisers(served) == []
     report = export_variants(source.module, tmp_path / "export", ExportPlan(("openvino-int8",)), CHECK)
     assert report.outcome("openvino-int8").written and report.outcome("openvino-int8").settings["kept_in_float"]
@@ -158,6 +159,8 @@ def test_openvino_variants_are_written_verified_and_replaced_as_a_set(digits: Re
         assert [o.name for o in session.get_outputs()] == ["logits"]  # the verification's pre_logits dropped
         settings = json.loads(files[2].read_text())
         assert settings["variant"] == variant and settings["compile"] == COMPILE[variant]
+        if "int8" in variant:  # each block's tanh GELU in erf form, said in the IR's settings and the report's
+            assert settings["gelu_as_erf"] == outcome.settings["gelu_as_erf"] == digits.module.spec.depth
         # the logits judged are the written graph's: the CPU plugin picks precisions per graph, and the graph with
         # the verification's pre_logits output ran its residual stream at another precision on an AMX host
         cosine, rel_error = criterion.per_image(evidence.reference["logits"],
