@@ -18,6 +18,7 @@ import pytest
 from hub_vit import openvino_runtime
 from hub_vit.export import criterion, openvino_build, registry
 from hub_vit.export.plan import ExportPlan, VerificationSet
+from hub_vit.export.sensitivity import SearchResult
 from hub_vit.export.variants import export_variants
 from hub_vit.export.verify import gather_evidence, ort_outputs
 from hub_vit.host import Host, isa_flags
@@ -78,9 +79,13 @@ def _damaged_build(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @STATIC_INT8_PAYS
 def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp_path: Path) -> None:
-    """A random SimpleViT with a pre-logits layer: quantised whole, its pre-logits Linear (after the average pool) puts
-    the features far outside the bounds; the search keeps that layer in float, the variant passes, and the layers it
-    kept are recorded in the IR's settings, the export report and the served manifest."""
+    """A random SimpleViT with a pre-logits layer and two outlier channels in its final LayerNorm (10x their scale,
+    as trained transformers have): quantised whole, its pre-logits Linear (after the average pool) reads them on a
+    per-tensor int8 scale that leaves the other channels a few steps, and puts the features far outside the bounds.
+    The search keeps that layer in float, the variant passes, and the layers it kept are recorded in the IR's
+    settings, the export report and the served manifest. Without SmoothQuant first; as the search kept a layer in
+    float, with it too, which kept the same layer: the build without it (faster) is the one written, the other is
+    recorded as the alternative."""
     import torch
 
     from hub_vit.model import VisionTransformer
@@ -89,7 +94,10 @@ def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp
     torch.manual_seed(0)
     spec = ViTSpec(width=64, depth=2, mlp_dim=256, num_heads=2, patch_size=8, img_size=32, num_classes=10,
                    head_zeroinit=False, posemb="sincos2d", pool_type="gap", rep_size=True)
-    source = ResolvedModel.from_module(VisionTransformer(spec).eval(), name="tiny")
+    module = VisionTransformer(spec).eval()
+    with torch.no_grad():
+        module.norm.weight[[3, 17]] *= 10
+    source = ResolvedModel.from_module(module, name="tiny")
     repo = write_repository(source, tmp_path / "repo", ServingOptions(cpu_variant="openvino-int8"))
     row = json.loads((repo / MANIFEST).read_text())["cpu_variant"]["candidates"][0]
     assert row["variant"] == "openvino-int8" and row["verified"], row["error"]
@@ -97,14 +105,37 @@ def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp
     assert rounds[0] == {"kept_in_float": [], "margin": rounds[0]["margin"]} and rounds[0]["margin"] < 0
     assert rounds[-1]["kept_in_float"] == kept and rounds[-1]["margin"] >= 0 and 1 <= len(kept) <= 3
     assert any("Gemm" in name for name in kept)  # the pre-logits Linear (exported as a Gemm) among them
+    assert row["settings"]["nncf"] == {**openvino_build.NNCF_SETTINGS, "smooth_quant": False}
+    [alternative] = row["settings"]["search"]["alternatives"]
+    assert alternative["smooth_quant"] is True and len(alternative["kept_in_float"]) == len(kept)
     served = openvino_runtime.served_model(repo / "vit_classifier" / "1" / "model.onnx")
     settings = json.loads(served.with_suffix(".json").read_text())
-    assert settings["kept_in_float"] == kept and settings["nncf"] == openvino_build.NNCF_SETTINGS
+    assert settings["kept_in_float"] == kept and settings["nncf"] == row["settings"]["nncf"]
     assert settings["gelu_as_erf"] == row["settings"]["gelu_as_erf"] == spec.depth  # each block's tanh GELU, as erf
     assert _asymmetric_activation_quantisers(served) == []
+    assert not _smooth_quant_scales(served)
     report = export_variants(source.module, tmp_path / "export", ExportPlan(("openvino-int8",)), CHECK)
     assert report.outcome("openvino-int8").written and report.outcome("openvino-int8").settings["kept_in_float"]
     assert json.loads(Path(report.report_file).read_text())["variants"][0]["settings"]["kept_in_float"]
+
+
+def test_the_search_with_smooth_quant_wins_only_where_it_keeps_more_in_int8() -> None:
+    def found(margin: float, kept: int) -> SearchResult:
+        return SearchResult(model=None, kept_in_float=[f"layer{i}" for i in range(kept)], margin=margin)
+
+    wins = openvino_build.smooth_quant_wins
+    assert wins(found(0.5, 0), found(-1.0, 0))  # only SmoothQuant reaches the target margin
+    assert not wins(found(-1.0, 0), found(0.5, 3))  # only the plain search does, however many it kept
+    assert wins(found(0.4, 1), found(0.9, 2))  # both reach it: fewer layers in float
+    assert not wins(found(0.9, 2), found(0.4, 2))  # as many: the plain one, which runs faster
+    assert wins(found(-1.0, 5), found(-3.0, 2)) and not wins(found(-3.0, 2), found(-1.0, 5))  # neither: the margin
+
+
+def _smooth_quant_scales(xml: Path) -> list[str]:
+    """The Multiply nodes NNCF's SmoothQuant put into the IR at `xml`."""
+    model = openvino_runtime.core().read_model(str(xml))
+    return [op.get_friendly_name() for op in model.get_ordered_ops()
+            if op.get_type_name() == "Multiply" and op.get_friendly_name().endswith("nncf_smooth_quant")]
 
 
 def _asymmetric_activation_quantisers(xml: Path) -> list[str]:

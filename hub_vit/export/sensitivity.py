@@ -1,12 +1,12 @@
 """Which layers static int8 keeps in float: a per-layer sensitivity search judged by the verification criterion.
 
-NNCF quantises every MatMul / Convolution of the graph (`openvino_build.NNCF_SETTINGS`: SmoothQuant, per-channel
-weights, symmetric activations). Where the result misses the criterion's bounds on the calibration images (`margin`:
-the worst image's distance to a bound, as a fraction of the bound's slack), the search measures what each quantised
-layer adds to the error (`profile`: the relative error of its output against fp32, less that of its inputs, on the
-same images), keeps the worst few in float, quantises again and measures again, until the margin reaches `target` or
-`max_rounds` are spent. It returns the model and the layers it kept in float, which the variant's settings, the
-export report and the served manifest record.
+NNCF quantises every MatMul / Convolution of the graph (`openvino_build.NNCF_SETTINGS`: per-channel weights,
+symmetric activations; with or without SmoothQuant, as `openvino_build.build_static_int8` decides). Where the result
+misses the criterion's bounds on the calibration images (`margin`: the worst image's distance to a bound, as a fraction
+of the bound's slack), the search measures what each quantised layer adds to the error (`profile`: the relative error
+of its output against fp32, less that of its inputs, on the same images), keeps the worst few in float, quantises
+again and measures again, until the margin reaches `target` or `max_rounds` are spent. It returns the model and the
+layers it kept in float, which the variant's settings, the export report and the served manifest record.
 
 Why not NNCF's `quantize_with_accuracy_control`: it ranks every quantised operation by compiling and running the
 model once per operation (87 operations for SimpleViT-Ti/16: more than 15 minutes on 2 busy cores, still ranking),
