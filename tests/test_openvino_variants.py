@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 from hub_vit import openvino_runtime
-from hub_vit.export import criterion, openvino_build, registry
+from hub_vit.export import criterion, openvino_build, registry, sensitivity
 from hub_vit.export.plan import ExportPlan, VerificationSet
-from hub_vit.export.sensitivity import SearchResult
 from hub_vit.export.variants import export_variants
 from hub_vit.export.verify import gather_evidence, ort_outputs
 from hub_vit.host import Host, isa_flags
@@ -83,9 +82,9 @@ def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp
     as trained transformers have): quantised whole, its pre-logits Linear (after the average pool) reads them on a
     per-tensor int8 scale that leaves the other channels a few steps, and puts the features far outside the bounds.
     The search keeps that layer in float, the variant passes, and the layers it kept are recorded in the IR's
-    settings, the export report and the served manifest. Without SmoothQuant first; as the search kept a layer in
-    float, with it too, which kept the same layer: the build without it (faster) is the one written, the other is
-    recorded as the alternative."""
+    settings, the export report and the served manifest. Quantised whole without SmoothQuant, it misses by more
+    than with it (whose scales take the outliers into the weights), so the search goes on with SmoothQuant, and the
+    model quantised whole without it is recorded as the alternative."""
     import torch
 
     from hub_vit.model import VisionTransformer
@@ -105,30 +104,40 @@ def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp
     assert rounds[0] == {"kept_in_float": [], "margin": rounds[0]["margin"]} and rounds[0]["margin"] < 0
     assert rounds[-1]["kept_in_float"] == kept and rounds[-1]["margin"] >= 0 and 1 <= len(kept) <= 3
     assert any("Gemm" in name for name in kept)  # the pre-logits Linear (exported as a Gemm) among them
-    assert row["settings"]["nncf"] == {**openvino_build.NNCF_SETTINGS, "smooth_quant": False}
+    assert row["settings"]["nncf"] == {**openvino_build.NNCF_SETTINGS, "smooth_quant": True}
     [alternative] = row["settings"]["search"]["alternatives"]
-    assert alternative["smooth_quant"] is True and len(alternative["kept_in_float"]) == len(kept)
+    assert alternative == {"smooth_quant": False, "kept_in_float": [], "calibration_margin": alternative[
+        "calibration_margin"]} and alternative["calibration_margin"] < rounds[0]["margin"]
     served = openvino_runtime.served_model(repo / "vit_classifier" / "1" / "model.onnx")
     settings = json.loads(served.with_suffix(".json").read_text())
     assert settings["kept_in_float"] == kept and settings["nncf"] == row["settings"]["nncf"]
     assert settings["gelu_as_erf"] == row["settings"]["gelu_as_erf"] == spec.depth  # each block's tanh GELU, as erf
     assert _asymmetric_activation_quantisers(served) == []
-    assert not _smooth_quant_scales(served)
+    assert _smooth_quant_scales(served)
     report = export_variants(source.module, tmp_path / "export", ExportPlan(("openvino-int8",)), CHECK)
     assert report.outcome("openvino-int8").written and report.outcome("openvino-int8").settings["kept_in_float"]
     assert json.loads(Path(report.report_file).read_text())["variants"][0]["settings"]["kept_in_float"]
 
 
-def test_the_search_with_smooth_quant_wins_only_where_it_keeps_more_in_int8() -> None:
-    def found(margin: float, kept: int) -> SearchResult:
-        return SearchResult(model=None, kept_in_float=[f"layer{i}" for i in range(kept)], margin=margin)
+def test_static_int8_leaves_smooth_quant_out_where_the_model_quantised_whole_keeps_its_margin(tmp_path: Path) -> None:
+    """The same SimpleViT without outliers: quantised whole without SmoothQuant, it keeps the search's margin, so
+    that model is the variant, with no SmoothQuant scales to run and nothing else tried."""
+    import torch
 
-    wins = openvino_build.smooth_quant_wins
-    assert wins(found(0.5, 0), found(-1.0, 0))  # only SmoothQuant reaches the target margin
-    assert not wins(found(-1.0, 0), found(0.5, 3))  # only the plain search does, however many it kept
-    assert wins(found(0.4, 1), found(0.9, 2))  # both reach it: fewer layers in float
-    assert not wins(found(0.9, 2), found(0.4, 2))  # as many: the plain one, which runs faster
-    assert wins(found(-1.0, 5), found(-3.0, 2)) and not wins(found(-3.0, 2), found(-1.0, 5))  # neither: the margin
+    from hub_vit.model import VisionTransformer
+    from hub_vit.variants import ViTSpec
+
+    torch.manual_seed(0)
+    spec = ViTSpec(width=64, depth=2, mlp_dim=256, num_heads=2, patch_size=8, img_size=32, num_classes=10,
+                   head_zeroinit=False, posemb="sincos2d", pool_type="gap", rep_size=True)
+    report = export_variants(VisionTransformer(spec).eval(), tmp_path, ExportPlan(("openvino-int8",)), CHECK)
+    outcome = report.outcome("openvino-int8")
+    assert outcome.written, outcome.error
+    settings = outcome.settings
+    assert settings["nncf"]["smooth_quant"] is False and settings["kept_in_float"] == []
+    assert settings["search"]["alternatives"] == [] and len(settings["search"]["rounds"]) == 1
+    assert settings["search"]["calibration_margin"] >= sensitivity.TARGET
+    assert not _smooth_quant_scales(Path(outcome.file))
 
 
 def _smooth_quant_scales(xml: Path) -> list[str]:

@@ -61,17 +61,6 @@ def read_model(onnx_file: str | Path) -> Any:
     return model
 
 
-def smooth_quant_wins(smoothed: SearchResult, plain: SearchResult) -> bool:
-    """Whether the search with SmoothQuant (`smoothed`) beats the one without (`plain`): it reaches the search's target
-    margin where `plain` does not; where both do, it keeps fewer layers in float (as many: `plain`, which runs
-    faster); where neither does, its margin is higher (the verification is likelier to pass it)."""
-    def rank(found: SearchResult) -> tuple[bool, float]:
-        reached = found.margin >= TARGET
-        return reached, -len(found.kept_in_float) if reached else found.margin
-
-    return rank(smoothed) > rank(plain)
-
-
 def read_int8_model(onnx_file: str | Path) -> tuple[Any, dict[str, int]]:
     """The graph an int8 variant is quantised from: `read_model`'s, its tanh GELUs in erf form; with what that
     decided, for the variant's settings."""
@@ -117,8 +106,8 @@ def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_c
 
     SmoothQuant (per-channel scales that move activation outliers into the weights) is left out first: its scales
     are a multiplication on every quantised activation the CPU plugin runs on its own (ViT-S/16 at batch 8, 2
-    threads, AMX host: 46.4 ms without, 48.5 ms with). Where the search without it keeps a layer in float or misses
-    its target margin, the search runs again with it, and the better of the two is kept (`smooth_quant_wins`)."""
+    threads, AMX host: 46.4 ms without, 48.5 ms with). Where the model quantised whole without it misses the search's
+    target margin, it is quantised whole with it too, and the search goes on from the one with the higher margin."""
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
@@ -142,17 +131,21 @@ def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_c
                                      advanced_parameters=advanced)
         return quantize
 
-    def searched(smooth_quant: bool) -> SearchResult:
+    def searched(smooth_quant: bool, **settings: Any) -> SearchResult:
         return search(model, quantizer(smooth_quant), calibration, top1_counts, {"ENABLE_CPU_PINNING": False},
-                      judged=own_mask)
+                      judged=own_mask, **settings)
 
-    found, smooth_quant, alternatives = searched(False), False, []
-    if found.kept_in_float or found.margin < TARGET:  # SmoothQuant may keep more in int8, at its cost in time
-        smoothed = searched(True)
-        if smooth_quant_wins(smoothed, found):
-            found, smoothed, smooth_quant = smoothed, found, True
+    # quantised whole without SmoothQuant, then, where that misses the search's target, with it; the search goes on
+    # from the one with the higher margin (a tie: without), the other is recorded
+    whole, smooth_quant, alternatives = searched(False, max_rounds=1), False, []
+    found = whole
+    if whole.margin < TARGET:
+        smoothed = searched(True, max_rounds=1)
+        if smoothed.margin > whole.margin:
+            whole, smoothed, smooth_quant = smoothed, whole, True
         alternatives.append({"smooth_quant": not smooth_quant, "kept_in_float": smoothed.kept_in_float,
                              "calibration_margin": round(smoothed.margin, 4)})
+        found = whole if whole.margin >= TARGET else searched(smooth_quant, whole=whole)
     decided = {"nncf": {**NNCF_SETTINGS, "smooth_quant": smooth_quant}, **rewritten,
                "kept_in_float": found.kept_in_float,
                "search": {"calibration_margin": round(found.margin, 4), "rounds": found.rounds,
@@ -194,4 +187,4 @@ def drop_output(src_xml: str | Path, dst_xml: str | Path, name: str) -> Path:
 
 
 __all__ = ["DYNAMIC_GROUP_SIZE", "NNCF_SETTINGS", "build_dynamic_int8", "build_plain",
-           "build_static_int8", "drop_output", "quiet", "read_int8_model", "read_model", "save", "smooth_quant_wins"]
+           "build_static_int8", "drop_output", "quiet", "read_int8_model", "read_model", "save"]

@@ -156,7 +156,7 @@ class SearchResult:
 
 def search(fp32: Any, quantize: Callable[[list[str]], Any], calibration: np.ndarray, top1_counts: np.ndarray | None,
            config: dict[str, Any], *, target: float = TARGET, max_rounds: int = MAX_ROUNDS,
-           judged: np.ndarray | None = None) -> SearchResult:
+           judged: np.ndarray | None = None, whole: SearchResult | None = None) -> SearchResult:
     """Quantise `fp32` (an OpenVINO model; `quantize(kept)` quantises it with `kept` left in float), judge the result
     on `calibration` against the fp32 model (`margin`), and keep the most sensitive layers in float until the margin
     reaches `target`. Each round profiles the images nearest a bound, tries the `CANDIDATES` layers that add the most
@@ -164,7 +164,9 @@ def search(fp32: Any, quantize: Callable[[list[str]], Any], calibration: np.ndar
     (`without_activation_quantizers`: no new quantisation), keeps the ones that help most, greedily, until the margin
     would reach the target, and quantises once with them in float. `config`: the compile settings the variant runs
     with. `judged`: the mask of the calibration images the bounds judge (the model's own, where it has some: the
-    verification judges a static int8 variant there alone); None: every image. Returns the best model found."""
+    verification judges a static int8 variant there alone); None: every image. `whole`: the first round's result
+    (the model quantised whole, `max_rounds=1`), where the caller has it: the search goes on from it. Returns the best
+    model found."""
     reference = run(fp32, calibration, {**config, "INFERENCE_PRECISION_HINT": "f32"})
 
     def judged_margin(model: Any) -> tuple[float, dict[str, np.ndarray]]:
@@ -175,7 +177,7 @@ def search(fp32: Any, quantize: Callable[[list[str]], Any], calibration: np.ndar
     best: SearchResult | None = None
     rounds: list[dict[str, Any]] = []
     for round_ in range(max_rounds):
-        model = quantize(kept)
+        model = whole.model if whole is not None and not round_ else quantize(kept)
         found, got = judged_margin(model)
         rounds.append({"kept_in_float": list(kept), "margin": round(found, 4)})
         if best is None or found > best.margin:
