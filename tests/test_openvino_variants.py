@@ -119,6 +119,7 @@ def test_static_int8_keeps_the_layers_the_criterion_finds_sensitive_in_float(tmp
     assert json.loads(Path(report.report_file).read_text())["variants"][0]["settings"]["kept_in_float"]
 
 
+@STATIC_INT8_PAYS
 def test_static_int8_leaves_smooth_quant_out_where_the_model_quantised_whole_keeps_its_margin(tmp_path: Path) -> None:
     """The same SimpleViT without outliers: quantised whole without SmoothQuant, it keeps the search's margin, so
     that model is the variant, with no SmoothQuant scales to run and nothing else tried."""

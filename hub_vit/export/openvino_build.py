@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from hub_vit.atomic import disk_errors_as_os_errors
+from hub_vit.export import sensitivity
 from hub_vit.export.openvino_rewrite import keys_transposed_by_matmul, tanh_gelu_as_erf
-from hub_vit.export.sensitivity import TARGET, SearchResult, search
 from hub_vit.openvino_runtime import core
 
 # activations quantised in groups of this many channels: one scale per token for rows up to ViT-S/16's 384, a few per
@@ -131,21 +131,12 @@ def build_static_int8(fp32: Path, out_xml: Path, calibration: np.ndarray, top1_c
                                      advanced_parameters=advanced)
         return quantize
 
-    def searched(smooth_quant: bool, **settings: Any) -> SearchResult:
-        return search(model, quantizer(smooth_quant), calibration, top1_counts, {"ENABLE_CPU_PINNING": False},
-                      judged=own_mask, **settings)
-
-    # quantised whole without SmoothQuant, then, where that misses the search's target, with it; the search goes on
-    # from the one with the higher margin (a tie: without), the other is recorded
-    whole, smooth_quant, alternatives = searched(False, max_rounds=1), False, []
-    found = whole
-    if whole.margin < TARGET:
-        smoothed = searched(True, max_rounds=1)
-        if smoothed.margin > whole.margin:
-            whole, smoothed, smooth_quant = smoothed, whole, True
-        alternatives.append({"smooth_quant": not smooth_quant, "kept_in_float": smoothed.kept_in_float,
-                             "calibration_margin": round(smoothed.margin, 4)})
-        found = whole if whole.margin >= TARGET else searched(smooth_quant, whole=whole)
+    # without SmoothQuant first; with it where the model quantised whole without it misses the search's target
+    found = sensitivity.search(model, [quantizer(False), quantizer(True)], calibration, top1_counts,
+                               {"ENABLE_CPU_PINNING": False}, judged=own_mask)
+    smooth_quant = found.start == 1
+    alternatives = [{"smooth_quant": index == 1, "kept_in_float": [], "calibration_margin": margin}
+                    for index, margin in enumerate(found.starts) if index != found.start]
     decided = {"nncf": {**NNCF_SETTINGS, "smooth_quant": smooth_quant}, **rewritten,
                "kept_in_float": found.kept_in_float,
                "search": {"calibration_margin": round(found.margin, 4), "rounds": found.rounds,

@@ -98,14 +98,15 @@ def _half_x_times(node: Any, x: Any) -> Any | None:
     if first is None:
         return None
     other = _other_input(first, node.output(0))
-    if _is_scalar(other, half) or other == x:  # (0.5 * node) * x or (x * node) * 0.5
-        second = _only_consumer(first, "Multiply")
-        rest = _other_input(second, first.output(0)) if second is not None else None
-        wanted = (lambda value: value == x) if _is_scalar(other, half) else (lambda value: _is_scalar(value, half))
-        return second if rest is not None and wanted(rest) else None
-    halved = other.get_node()  # (0.5 * x) * node
+    halved = other.get_node()
     if halved.get_type_name() == "Multiply" and any(a == x and _is_scalar(b, half) for a, b in _operand_orders(halved)):
-        return first
+        return first  # (0.5 * x) * node
+    second = _only_consumer(first, "Multiply")
+    if second is None:
+        return None
+    rest = _other_input(second, first.output(0))
+    if (_is_scalar(other, half) and rest == x) or (other == x and _is_scalar(rest, half)):
+        return second  # (0.5 * node) * x or (x * node) * 0.5
     return None
 
 

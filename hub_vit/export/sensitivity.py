@@ -15,7 +15,7 @@ where one profile costs two runs; the result is the same kind (the few sensitive
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,44 +152,56 @@ class SearchResult:
     kept_in_float: list[str]
     margin: float
     rounds: list[dict[str, Any]] = field(default_factory=list)  # per round: layers kept in float, margin
+    start: int = 0  # which of the quantisers the search went on with
+    starts: list[float] = field(default_factory=list)  # the margin of the model each one quantised whole, as tried
 
 
-def search(fp32: Any, quantize: Callable[[list[str]], Any], calibration: np.ndarray, top1_counts: np.ndarray | None,
-           config: dict[str, Any], *, target: float = TARGET, max_rounds: int = MAX_ROUNDS,
-           judged: np.ndarray | None = None, whole: SearchResult | None = None) -> SearchResult:
-    """Quantise `fp32` (an OpenVINO model; `quantize(kept)` quantises it with `kept` left in float), judge the result
-    on `calibration` against the fp32 model (`margin`), and keep the most sensitive layers in float until the margin
-    reaches `target`. Each round profiles the images nearest a bound, tries the `CANDIDATES` layers that add the most
-    error (and the last layers, which no normalisation follows) with their activations unquantised
-    (`without_activation_quantizers`: no new quantisation), keeps the ones that help most, greedily, until the margin
-    would reach the target, and quantises once with them in float. `config`: the compile settings the variant runs
-    with. `judged`: the mask of the calibration images the bounds judge (the model's own, where it has some: the
-    verification judges a static int8 variant there alone); None: every image. `whole`: the first round's result
-    (the model quantised whole, `max_rounds=1`), where the caller has it: the search goes on from it. Returns the best
-    model found."""
+def search(fp32: Any, quantizers: Sequence[Callable[[list[str]], Any]], calibration: np.ndarray,
+           top1_counts: np.ndarray | None, config: dict[str, Any], *, target: float = TARGET,
+           max_rounds: int = MAX_ROUNDS, judged: np.ndarray | None = None) -> SearchResult:
+    """Quantise `fp32` (an OpenVINO model; each of `quantizers`, `quantize(kept)`, quantises it with `kept` left in
+    float, in its own way), judge the result on `calibration` against the fp32 model (`margin`), and keep the most
+    sensitive layers in float until the margin reaches `target`. The first round quantises the whole model with each
+    quantiser in turn until one reaches the target; the search goes on with the one whose model had the highest
+    margin (a tie: the earlier). Each further round profiles the images nearest a bound, tries the `CANDIDATES`
+    layers that add the most error (and the last layers, which no normalisation follows) with their activations
+    unquantised (`without_activation_quantizers`: no new quantisation), keeps the ones that help most, greedily,
+    until the margin would reach the target, and quantises once with them in float. `config`: the compile settings
+    the variant runs with. `judged`: the mask of the calibration images the bounds judge (the model's own, where it
+    has some: the verification judges a static int8 variant there alone); None: every image. Returns the best model
+    found."""
     reference = run(fp32, calibration, {**config, "INFERENCE_PRECISION_HINT": "f32"})
 
     def judged_margin(model: Any) -> tuple[float, dict[str, np.ndarray]]:
         got = run(model, calibration, config)
         return margin(reference, got, top1_counts, judged), got
 
-    kept: list[str] = []
-    best: SearchResult | None = None
-    rounds: list[dict[str, Any]] = []
-    for round_ in range(max_rounds):
-        model = whole.model if whole is not None and not round_ else quantize(kept)
+    starts: list[float] = []
+    first: tuple[int, float, Any, dict[str, np.ndarray]] | None = None
+    for index, quantize in enumerate(quantizers):
+        model = quantize([])
         found, got = judged_margin(model)
-        rounds.append({"kept_in_float": list(kept), "margin": round(found, 4)})
-        if best is None or found > best.margin:
-            best = SearchResult(model, list(kept), found, rounds)
-        if found >= target or round_ == max_rounds - 1:
+        starts.append(round(found, 4))
+        if first is None or found > first[1]:
+            first = (index, found, model, got)
+        if found >= target:
             break
+    assert first is not None, "search needs a quantiser"
+    start, found, model, got = first
+    kept: list[str] = []
+    rounds = [{"kept_in_float": [], "margin": round(found, 4)}]
+    best = SearchResult(model, [], found, rounds, start, starts)
+    while found < target and len(rounds) < max_rounds:
         chosen = _more_in_float(fp32, model, calibration, reference, got, kept, found, target, config, judged_margin,
                                 judged)
         if not chosen:
             break
         kept += chosen
-    assert best is not None
+        model = quantizers[start](kept)
+        found, got = judged_margin(model)
+        rounds.append({"kept_in_float": list(kept), "margin": round(found, 4)})
+        if found > best.margin:
+            best = SearchResult(model, list(kept), found, rounds, start, starts)
     return best
 
 
